@@ -1,0 +1,368 @@
+//! The receive buffer: one fixed allocation, frames parsed and lent in
+//! place.
+
+use std::io;
+
+use starwire_transport::TransportError;
+use starwire_wire::{FrameError, Header, HEADER_LEN};
+
+/// How the byte stream ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    /// The peer shut down its side in order (read returned 0).
+    Eof,
+    /// The connection was reset or aborted.
+    Reset,
+}
+
+/// A fixed-size receive buffer. Independent of the socket so it can be
+/// tested against a scripted reader.
+pub(crate) struct RxBuffer {
+    /// Fixed length; never resized.
+    buf: Vec<u8>,
+    /// Unconsumed bytes are `buf[start..end]`.
+    start: usize,
+    end: usize,
+    max_frame: usize,
+    max_body: u32,
+    max_message: u32,
+    end_of_stream: Option<End>,
+    /// A framing error is final: reported on every later call.
+    error: Option<FrameError>,
+}
+
+impl std::fmt::Debug for RxBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RxBuffer")
+            .field("capacity", &self.buf.len())
+            .field("buffered", &(self.end - self.start))
+            .field("end_of_stream", &self.end_of_stream)
+            .field("error", &self.error)
+            .finish()
+    }
+}
+
+impl RxBuffer {
+    /// `len >= 2 * max_frame` (checked by `TcpConfig::validate`).
+    pub(crate) fn new(len: usize, max_frame: usize, max_body: u32, max_message: u32) -> Self {
+        debug_assert!(len / 2 >= max_frame);
+        Self {
+            buf: vec![0; len],
+            start: 0,
+            end: 0,
+            max_frame,
+            max_body,
+            max_message,
+            end_of_stream: None,
+            error: None,
+        }
+    }
+
+    /// Allocated bytes; constant for the life of the buffer.
+    pub(crate) fn capacity(&self) -> usize {
+        self.buf.capacity()
+    }
+
+    /// Received bytes not yet delivered.
+    pub(crate) fn buffered(&self) -> usize {
+        self.end - self.start
+    }
+
+    /// Deliver up to `max` frames to `sink`, reading with `read` at most
+    /// once (retrying only `Interrupted`) and only when the buffer holds no
+    /// complete frame. See `TcpTransport::rx_burst`.
+    pub(crate) fn burst<R>(
+        &mut self,
+        max: usize,
+        sink: &mut dyn FnMut(&[u8]),
+        mut read: R,
+    ) -> Result<usize, TransportError>
+    where
+        R: FnMut(&mut [u8]) -> io::Result<usize>,
+    {
+        if let Some(e) = &self.error {
+            return Err(TransportError::Frame(e.clone()));
+        }
+        if max == 0 {
+            return Ok(0);
+        }
+        let mut delivered = 0;
+        let mut did_read = false;
+        loop {
+            match self.deliver(max - delivered, sink) {
+                Ok(n) => delivered += n,
+                Err((n, e)) => {
+                    delivered += n;
+                    tracing::debug!(error = %e, "tcp: framing error, connection unusable");
+                    self.error = Some(e.clone());
+                    // Frames before the bad one were delivered: report them
+                    // now and the error on the next call.
+                    return if delivered > 0 {
+                        Ok(delivered)
+                    } else {
+                        Err(TransportError::Frame(e))
+                    };
+                }
+            }
+            if delivered == max {
+                return Ok(delivered);
+            }
+            if let Some(end) = self.end_of_stream {
+                return self.finish(delivered, end);
+            }
+            if did_read {
+                return Ok(delivered);
+            }
+            self.make_room();
+            did_read = true;
+            loop {
+                match read(&mut self.buf[self.end..]) {
+                    Ok(0) => {
+                        self.end_of_stream = Some(End::Eof);
+                        break;
+                    }
+                    Ok(n) => {
+                        self.end += n;
+                        break;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(delivered),
+                    Err(e) if is_reset(&e) => {
+                        tracing::debug!(error = %e, "tcp: connection reset");
+                        self.end_of_stream = Some(End::Reset);
+                        break;
+                    }
+                    Err(e) => return Err(TransportError::Io(e)),
+                }
+            }
+        }
+    }
+
+    /// Lend complete frames in place. On a header error returns how many
+    /// were delivered before it, and the error.
+    fn deliver(
+        &mut self,
+        max: usize,
+        sink: &mut dyn FnMut(&[u8]),
+    ) -> Result<usize, (usize, FrameError)> {
+        let mut n = 0;
+        while n < max {
+            let avail = &self.buf[self.start..self.end];
+            if avail.len() < HEADER_LEN {
+                break;
+            }
+            let header =
+                Header::parse(avail, self.max_body, self.max_message).map_err(|e| (n, e))?;
+            let len = header.frame_len();
+            debug_assert!(len <= self.max_frame);
+            if avail.len() < len {
+                break;
+            }
+            sink(&avail[..len]);
+            self.start += len;
+            n += 1;
+        }
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        }
+        Ok(n)
+    }
+
+    /// The stream has ended and no complete frame is buffered.
+    fn finish(&mut self, delivered: usize, end: End) -> Result<usize, TransportError> {
+        if delivered > 0 {
+            return Ok(delivered);
+        }
+        let have = self.end - self.start;
+        if end == End::Eof && have > 0 {
+            // Headers of buffered bytes were validated by `deliver`, so a
+            // complete header here names its frame length.
+            let needed = Header::parse(
+                &self.buf[self.start..self.end],
+                self.max_body,
+                self.max_message,
+            )
+            .map_or(HEADER_LEN, |h| h.frame_len());
+            let e = FrameError::Truncated { needed, have };
+            tracing::debug!(error = %e, "tcp: stream ended inside a frame");
+            self.error = Some(e.clone());
+            return Err(TransportError::Frame(e));
+        }
+        Err(TransportError::Closed)
+    }
+
+    /// Ensure the tail can take the rest of the incomplete frame at
+    /// `start`, moving the unconsumed bytes to the front only when the tail
+    /// is shorter than one maximum frame.
+    ///
+    /// Called only when no complete frame is buffered, so the unconsumed
+    /// bytes are less than one frame (`< max_frame`). Without the move the
+    /// tail is at least `max_frame`, enough for any frame to complete; after
+    /// it the tail is at least `len - max_frame >= max_frame`.
+    fn make_room(&mut self) {
+        if self.start > 0 && self.buf.len() - self.end < self.max_frame {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        debug_assert!(self.end < self.buf.len());
+    }
+}
+
+fn is_reset(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionReset | io::ErrorKind::ConnectionAborted
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use starwire_wire::Opcode;
+
+    fn frame(id: u64, body: usize) -> Vec<u8> {
+        let h = Header::new(Opcode::Rpc, id, body as u32);
+        let mut f = h.to_bytes().to_vec();
+        f.extend((0..body).map(|i| (i as u64 ^ id) as u8));
+        f
+    }
+
+    /// A scripted reader: hands out `data` in pieces of `sizes[i]`
+    /// (0 = would block), then EOF when `eof`, else would block forever.
+    struct Script {
+        data: Vec<u8>,
+        at: usize,
+        sizes: Vec<usize>,
+        calls: usize,
+        eof: bool,
+    }
+
+    impl Script {
+        fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+            let size = self.sizes.get(self.calls).copied().unwrap_or(usize::MAX);
+            self.calls += 1;
+            if self.at == self.data.len() {
+                return if self.eof {
+                    Ok(0)
+                } else {
+                    Err(io::ErrorKind::WouldBlock.into())
+                };
+            }
+            if size == 0 {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            let n = size.min(out.len()).min(self.data.len() - self.at);
+            out[..n].copy_from_slice(&self.data[self.at..self.at + n]);
+            self.at += n;
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn frames_across_odd_reads_with_bounded_buffer() {
+        let max_frame = 4096;
+        let mut rx = RxBuffer::new(
+            2 * max_frame,
+            max_frame,
+            (max_frame - HEADER_LEN) as u32,
+            1 << 20,
+        );
+        let mut data = Vec::new();
+        let mut lens = Vec::new();
+        for id in 0..500u64 {
+            let body = (id as usize * 37) % (max_frame - HEADER_LEN + 1);
+            lens.push(body + HEADER_LEN);
+            data.extend(frame(id, body));
+        }
+        let sizes = (0..100_000)
+            .map(|i| [1, 0, 31, 4095, 7, 8192][i % 6])
+            .collect();
+        let mut s = Script {
+            data,
+            at: 0,
+            sizes,
+            calls: 0,
+            eof: true,
+        };
+        let mut got = Vec::new();
+        let mut result = Ok(0);
+        for _ in 0..100_000 {
+            let before = s.calls;
+            result = rx.burst(3, &mut |f: &[u8]| got.push(f.to_vec()), |b| s.read(b));
+            assert!(s.calls - before <= 1, "more than one read per burst");
+            assert_eq!(rx.capacity(), 2 * max_frame);
+            if result.is_err() {
+                break;
+            }
+        }
+        assert!(matches!(result, Err(TransportError::Closed)), "{result:?}");
+        assert_eq!(got.len(), 500);
+        for (id, f) in got.iter().enumerate() {
+            assert_eq!(f, &frame(id as u64, lens[id] - HEADER_LEN));
+        }
+    }
+
+    #[test]
+    fn bad_header_after_good_frames() {
+        let mut rx = RxBuffer::new(1024, 512, 480, 1 << 20);
+        let mut data = frame(1, 10);
+        data.extend(frame(2, 0));
+        data.extend(b"garbage garbage garbage garbage garbage");
+        let mut s = Script {
+            data,
+            at: 0,
+            sizes: vec![],
+            calls: 0,
+            eof: false,
+        };
+        let mut got = 0;
+        let r = rx.burst(10, &mut |_: &[u8]| got += 1, |b| s.read(b));
+        assert_eq!(r.unwrap(), 2);
+        for _ in 0..2 {
+            let r = rx.burst(10, &mut |_: &[u8]| got += 1, |b| s.read(b));
+            assert!(matches!(
+                r,
+                Err(TransportError::Frame(FrameError::BadMagic(_)))
+            ));
+        }
+        assert_eq!(got, 2);
+    }
+
+    #[test]
+    fn truncated_then_eof() {
+        let mut rx = RxBuffer::new(1024, 512, 480, 1 << 20);
+        let f = frame(1, 100);
+        let mut s = Script {
+            data: f[..60].to_vec(),
+            at: 0,
+            sizes: vec![],
+            calls: 0,
+            eof: true,
+        };
+        let mut r = Ok(0);
+        for _ in 0..10 {
+            r = rx.burst(10, &mut |_: &[u8]| panic!("no frame expected"), |b| {
+                s.read(b)
+            });
+            if r.is_err() {
+                break;
+            }
+        }
+        assert!(matches!(
+            r,
+            Err(TransportError::Frame(FrameError::Truncated {
+                needed: 132,
+                have: 60
+            }))
+        ));
+    }
+
+    #[test]
+    fn max_zero_does_not_read() {
+        let mut rx = RxBuffer::new(1024, 512, 480, 1 << 20);
+        let r = rx.burst(0, &mut |_: &[u8]| {}, |_| panic!("read with max = 0"));
+        assert_eq!(r.unwrap(), 0);
+    }
+}

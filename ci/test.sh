@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# The test command of the README, and what CI runs (.ci/run calls it).
+# Runs the same on a laptop and in CI: installs what it needs (apt only when
+# a package is missing), then formatting, lints, tests for every feature
+# combination that builds here, loom, and a fuzz smoke run. Each stage
+# prints its wall time.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+FUZZ_SECONDS="${FUZZ_SECONDS:-60}"
+export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+export RUST_BACKTRACE=1
+
+T0=$(date +%s)
+stage() {
+    local name="$1"; shift
+    local t=$(date +%s)
+    echo "=== stage: $name"
+    "$@"
+    echo "=== stage: $name: $(( $(date +%s) - t )) s (total $(( $(date +%s) - T0 )) s)"
+}
+
+apt_deps() {
+    local want=(pkg-config libhwloc-dev libudev-dev)
+    local missing=()
+    for p in "${want[@]}"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+    done
+    if ((${#missing[@]})); then
+        echo "installing: ${missing[*]}"
+        local sudo=""
+        [ "$(id -u)" = 0 ] || sudo="sudo"
+        $sudo apt-get update -q
+        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+    else
+        echo "system packages present"
+    fi
+}
+
+fetch() { cargo fetch --locked 2>/dev/null || cargo fetch; }
+fmt() { cargo fmt --all -- --check; }
+clippy() {
+    cargo clippy --workspace --all-targets --locked -- -D warnings
+    cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
+}
+test_default() { cargo test --workspace --locked; }
+test_each_feature() {
+    # Every optional feature of the starwire package, alone.
+    for f in hwloc; do
+        echo "--- feature $f"
+        cargo test -p starwire -p starwire-placement --no-default-features --features "$f" --locked
+    done
+}
+test_all_features() { cargo test --workspace --all-features --locked; }
+loom() { bash ci/loom.sh; }
+fuzz() { bash ci/fuzz.sh "$FUZZ_SECONDS"; }
+
+stage "system packages" apt_deps
+stage "cargo fetch" fetch
+stage "fmt" fmt
+stage "clippy" clippy
+stage "test (default features)" test_default
+stage "test (each feature)" test_each_feature
+stage "test (all features)" test_all_features
+stage "loom" loom
+stage "fuzz (frame decoder, ${FUZZ_SECONDS}s)" fuzz
+echo "=== all stages passed in $(( $(date +%s) - T0 )) s"

@@ -1,0 +1,91 @@
+//! Backend names accepted on the command line, and the hint printed for a
+//! backend that is not compiled into this binary.
+
+use std::fmt;
+use std::str::FromStr;
+
+/// A backend `starwire bench` can measure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// The baseline: plain non-blocking TCP sockets, no starwire code.
+    Raw,
+    /// starwire sessions over the TCP backend (`starwire-tcp`).
+    Tcp,
+}
+
+impl Backend {
+    /// The name used on the command line and in JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Raw => "raw",
+            Backend::Tcp => "tcp",
+        }
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Backends known to starwire but not compiled into this binary, with what
+/// the user has to do to get them.
+pub fn missing_backend_hint(name: &str) -> Option<String> {
+    let hint = match name {
+        "uring" | "io_uring" | "io-uring" => {
+            "the uring backend is not compiled in; rebuild with \
+             `cargo build --release --features uring` (needs Linux >= 5.19 with \
+             io_uring enabled), or use --backends tcp"
+        }
+        "verbs" | "rdma" | "ibverbs" => {
+            "no RDMA support compiled in; build with --features verbs \
+             (needs libibverbs-dev) or use --backends tcp"
+        }
+        "dpdk" => {
+            "the dpdk backend is not compiled in; rebuild with \
+             `cargo build --release --features dpdk` (needs DPDK, libdpdk-dev \
+             and hugepages), or use --backends tcp"
+        }
+        "grpc" => {
+            "the grpc backend is not compiled in; rebuild with \
+             `cargo build --release --features grpc` (needs protobuf-compiler), \
+             or use --backends tcp"
+        }
+        _ => return None,
+    };
+    Some(hint.to_owned())
+}
+
+impl FromStr for Backend {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let s = s.trim().to_ascii_lowercase();
+        match s.as_str() {
+            "raw" => Ok(Backend::Raw),
+            "tcp" => Ok(Backend::Tcp),
+            other => Err(missing_backend_hint(other).unwrap_or_else(|| {
+                format!("unknown backend {other:?}; compiled in: tcp (and the raw baseline)")
+            })),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_compiled_backends_and_hints_the_rest() {
+        assert_eq!("raw".parse::<Backend>(), Ok(Backend::Raw));
+        assert_eq!(" TCP ".parse::<Backend>(), Ok(Backend::Tcp));
+        let e = "uring".parse::<Backend>().unwrap_err();
+        assert!(e.contains("--features uring"), "{e}");
+        let e = "verbs".parse::<Backend>().unwrap_err();
+        assert!(e.contains("libibverbs-dev"), "{e}");
+        let e = "carrier-pigeon".parse::<Backend>().unwrap_err();
+        assert!(e.contains("unknown backend"), "{e}");
+    }
+}

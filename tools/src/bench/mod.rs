@@ -1,0 +1,713 @@
+//! `starwire bench`: the raw-socket baseline against starwire backends.
+//!
+//! Every run goes through the same control protocol, also over loopback:
+//! the client sends the [`Plan`] as one JSON line, and for every [`Run`] the
+//! server opens a data listener, answers `{"ready":{"port":P}}`, serves one
+//! data connection until the client closes it, and answers `{"done":...}`.
+//! Without `--listen`/`--connect` the server side runs on a thread of the
+//! same process.
+
+mod raw;
+mod tcp;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use starwire_config::{FlagOverride, NetworkSettings, Overrides, Role};
+use starwire_placement::{plan, CpuSet, Placement, ReactorMode, Topology};
+use starwire_transport::reactor::IdlePolicy;
+
+use crate::backend::Backend;
+use crate::stats::{median, summarize};
+
+/// What a run measures.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Ping-pong echo, one outstanding; round-trip percentiles.
+    Lat,
+    /// Requests with K outstanding, each answered with an empty ack.
+    Rate,
+    /// One-way stream of payload with K outstanding (acked).
+    Bw,
+    /// Steps of N tensors to one peer, fused vs unfused.
+    Fuse,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Lat => "lat",
+            Mode::Rate => "rate",
+            Mode::Bw => "bw",
+            Mode::Fuse => "fuse",
+        }
+    }
+}
+
+/// The whole benchmark, as sent from the client to the server.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Plan {
+    /// Backends, in the order they alternate.
+    pub backends: Vec<Backend>,
+    /// Modes.
+    pub modes: Vec<Mode>,
+    /// Payload sizes in bytes.
+    pub sizes: Vec<usize>,
+    /// `--inflight`, if given.
+    pub inflight: Option<usize>,
+    /// `--iters`, if given.
+    pub iters: Option<u64>,
+    /// `--duration` in seconds, if given.
+    pub duration_s: Option<f64>,
+    /// `--warmup`, if given.
+    pub warmup: Option<u64>,
+    /// `--tensors` (fuse mode).
+    pub tensors: usize,
+    /// `--repeat`.
+    pub repeat: usize,
+    /// Busy polling on.
+    pub polling: bool,
+    /// Client core.
+    pub client_core: Option<usize>,
+    /// Server core.
+    pub server_core: Option<usize>,
+}
+
+/// One measurement: one backend, mode and size.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Run {
+    /// Backend.
+    pub backend: Backend,
+    /// Mode.
+    pub mode: Mode,
+    /// Payload bytes per message (per tensor in fuse mode).
+    pub size: usize,
+    /// Outstanding messages (1 for lat).
+    pub inflight: usize,
+    /// Measured iterations (steps in fuse mode); ignored with a duration.
+    pub iters: u64,
+    /// Warm-up iterations, not measured.
+    pub warmup: u64,
+    /// Measure for this long instead of `iters`.
+    pub duration_s: Option<f64>,
+    /// Tensors per step (fuse mode).
+    pub tensors: usize,
+    /// Largest payload of the plan (sizes the starwire frame limits
+    /// identically on both ends).
+    pub max_size: usize,
+    /// Repetition index.
+    pub rep: usize,
+}
+
+impl Run {
+    fn duration(&self) -> Option<Duration> {
+        self.duration_s.map(Duration::from_secs_f64)
+    }
+}
+
+fn default_iters(mode: Mode, size: usize, tensors: usize) -> u64 {
+    let size = size.max(1) as u64;
+    match mode {
+        Mode::Lat => ((256u64 << 20) / size).clamp(100, 10_000),
+        Mode::Rate => ((1u64 << 30) / size).clamp(1_000, 200_000),
+        Mode::Bw => ((4u64 << 30) / size).clamp(200, 200_000),
+        Mode::Fuse => (200_000 / tensors.max(1) as u64).clamp(20, 2_000),
+    }
+}
+
+impl Plan {
+    /// Every run, in execution order: for each mode and size, the backends
+    /// alternate `repeat` times.
+    pub fn runs(&self) -> Vec<Run> {
+        let max_size = self.sizes.iter().copied().max().unwrap_or(0);
+        let mut out = Vec::new();
+        for &mode in &self.modes {
+            for &size in &self.sizes {
+                for rep in 0..self.repeat.max(1) {
+                    for &backend in &self.backends {
+                        let inflight = match mode {
+                            Mode::Lat => 1,
+                            Mode::Rate => self.inflight.unwrap_or(16),
+                            Mode::Bw => self.inflight.unwrap_or(8),
+                            Mode::Fuse => self.tensors,
+                        }
+                        .max(1);
+                        let iters = self
+                            .iters
+                            .unwrap_or_else(|| default_iters(mode, size, self.tensors));
+                        let warmup = self.warmup.unwrap_or((iters / 10).clamp(1, 1_000));
+                        out.push(Run {
+                            backend,
+                            mode,
+                            size,
+                            inflight,
+                            iters: iters.max(1),
+                            warmup,
+                            duration_s: self.duration_s,
+                            tensors: self.tensors.max(1),
+                            max_size,
+                            rep,
+                        });
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+/// What the client side of one run measured.
+#[derive(Debug, Clone, Default)]
+pub struct Measured {
+    /// Completed measured iterations (requests, or steps in fuse mode).
+    pub iters: u64,
+    /// Measured wall time.
+    pub elapsed: Duration,
+    /// Round-trip times in ns (lat and rate).
+    pub rtts_ns: Vec<u64>,
+    /// Fused steps per second (fuse mode).
+    pub fused_steps_per_s: Option<f64>,
+    /// Unfused steps per second (fuse mode).
+    pub unfused_steps_per_s: Option<f64>,
+}
+
+/// One result line; the field names are a contract (see docs/CLI.md).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ResultLine {
+    pub backend: Backend,
+    pub mode: Mode,
+    pub size: usize,
+    pub inflight: usize,
+    pub iters: u64,
+    pub p50_us: Option<f64>,
+    pub p99_us: Option<f64>,
+    pub p999_us: Option<f64>,
+    pub min_us: Option<f64>,
+    pub max_us: Option<f64>,
+    pub msgs_per_s: Option<f64>,
+    pub gbps: Option<f64>,
+    pub polling: bool,
+    pub client_core: Option<usize>,
+    pub server_core: Option<usize>,
+    pub fused_steps_per_s: Option<f64>,
+    pub unfused_steps_per_s: Option<f64>,
+    pub tensors: Option<usize>,
+    pub repeat: usize,
+}
+
+fn result_line(plan: &Plan, run: &Run, m: &mut Measured) -> ResultLine {
+    let secs = m.elapsed.as_secs_f64();
+    let rate = (secs > 0.0).then(|| m.iters as f64 / secs);
+    let lat = match run.mode {
+        Mode::Lat | Mode::Rate => summarize(&mut m.rtts_ns),
+        Mode::Bw | Mode::Fuse => None,
+    };
+    let (msgs_per_s, gbps) = match run.mode {
+        Mode::Fuse => (None, None),
+        _ => (rate, rate.map(|r| r * run.size as f64 * 8.0 / 1e9)),
+    };
+    ResultLine {
+        backend: run.backend,
+        mode: run.mode,
+        size: run.size,
+        inflight: run.inflight,
+        iters: m.iters,
+        p50_us: lat.map(|l| l.p50_us),
+        p99_us: lat.map(|l| l.p99_us),
+        p999_us: lat.map(|l| l.p999_us),
+        min_us: lat.map(|l| l.min_us),
+        max_us: lat.map(|l| l.max_us),
+        msgs_per_s,
+        gbps,
+        polling: plan.polling,
+        client_core: plan.client_core,
+        server_core: plan.server_core,
+        fused_steps_per_s: m.fused_steps_per_s,
+        unfused_steps_per_s: m.unfused_steps_per_s,
+        tensors: (run.mode == Mode::Fuse).then_some(run.tensors),
+        repeat: 1,
+    }
+}
+
+/// The median of each metric over the repetitions of one configuration.
+fn median_line(lines: &[ResultLine]) -> ResultLine {
+    let mut out = lines[0].clone();
+    macro_rules! med {
+        ($f:ident) => {
+            out.$f = median(lines.iter().map(|l| l.$f));
+        };
+    }
+    med!(p50_us);
+    med!(p99_us);
+    med!(p999_us);
+    med!(min_us);
+    med!(max_us);
+    med!(msgs_per_s);
+    med!(gbps);
+    med!(fused_steps_per_s);
+    med!(unfused_steps_per_s);
+    let mut iters: Vec<u64> = lines.iter().map(|l| l.iters).collect();
+    iters.sort_unstable();
+    out.iters = iters[iters.len() / 2];
+    out.repeat = lines.len();
+    out
+}
+
+/// Options of `starwire bench` (see docs/CLI.md).
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    /// Backends to compare, comma-separated: raw (plain sockets baseline), tcp.
+    #[arg(long, value_delimiter = ',', default_value = "raw,tcp")]
+    pub backends: Vec<Backend>,
+    /// What to measure (comma-separated list allowed).
+    #[arg(long, value_delimiter = ',', default_value = "lat")]
+    pub mode: Vec<Mode>,
+    /// Payload bytes per message, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "64")]
+    pub sizes: Vec<usize>,
+    /// Outstanding messages for rate (default 16) and bw (default 8).
+    #[arg(long)]
+    pub inflight: Option<usize>,
+    /// Measured iterations per run (steps in fuse mode).
+    #[arg(long, conflicts_with = "duration")]
+    pub iters: Option<u64>,
+    /// Measure each run for this many seconds instead of --iters.
+    #[arg(long)]
+    pub duration: Option<f64>,
+    /// Warm-up iterations per run (default iters/10, at most 1000).
+    #[arg(long)]
+    pub warmup: Option<u64>,
+    /// Alternate the backends this many times; report the median.
+    #[arg(long, default_value_t = 1)]
+    pub repeat: usize,
+    /// Tensors per step in fuse mode.
+    #[arg(long, default_value_t = 100)]
+    pub tensors: usize,
+    /// Busy polling (on, the bench default) or parking reactors / blocking
+    /// recv (off). Overrides *_ENABLE_POLLING.
+    #[arg(long, value_parser = crate::parse_on_off)]
+    pub polling: Option<bool>,
+    /// Client and server cores, `C,S` (default 0,1 with two or more CPUs).
+    #[arg(long, value_parser = parse_cores)]
+    pub cores: Option<Cores>,
+    /// Prefer cores near this NIC when --cores is not given.
+    #[arg(long)]
+    pub device: Option<String>,
+    /// One JSON object per result line instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Serve one benchmark client on ADDR:PORT (the server host).
+    #[arg(long, conflicts_with = "connect")]
+    pub listen: Option<String>,
+    /// Run the plan against a `bench --listen` server at ADDR:PORT.
+    #[arg(long)]
+    pub connect: Option<String>,
+}
+
+/// `--cores C,S`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cores {
+    /// Client core.
+    pub client: usize,
+    /// Server core.
+    pub server: usize,
+}
+
+fn parse_cores(s: &str) -> Result<Cores, String> {
+    let (c, srv) = s
+        .split_once(',')
+        .ok_or_else(|| format!("expected C,S (two core numbers), got {s:?}"))?;
+    let n = |x: &str| {
+        x.trim()
+            .parse::<usize>()
+            .map_err(|_| format!("{x:?} is not a core number"))
+    };
+    Ok(Cores {
+        client: n(c)?,
+        server: n(srv)?,
+    })
+}
+
+/// Client and server cores: `--cores`, else near `--device`, else the first
+/// two usable CPUs (0,1 normally). `None` when only one CPU is usable.
+fn choose_cores(args: &BenchArgs) -> Result<(Option<usize>, Option<usize>), String> {
+    if let Some(c) = args.cores {
+        return Ok((Some(c.client), Some(c.server)));
+    }
+    let usable = CpuSet::process_affinity().map_err(|e| format!("reading CPU affinity: {e}"))?;
+    if usable.len() < 2 {
+        eprintln!("note: only one usable CPU; client and server are not pinned");
+        return Ok((None, None));
+    }
+    if let Some(dev) = &args.device {
+        let topo = Topology::detect().map_err(|e| format!("detecting topology: {e}"))?;
+        let placement = Placement::NearDevice {
+            device: dev.clone(),
+        };
+        let p = plan(&placement, 2, ReactorMode::Polling, &usable, &topo)
+            .map_err(|e| format!("placing near {dev}: {e}"))?;
+        for w in &p.warnings {
+            eprintln!("warning: {w}");
+        }
+        let cpus = p.cpus();
+        return Ok((cpus.first().copied().flatten(), cpus.get(1).copied().flatten()));
+    }
+    let mut it = usable.iter();
+    Ok((it.next(), it.next()))
+}
+
+/// Idle policy of the bench reactors: polling on = busy poll (or
+/// poll-then-park with STARWIRE_IDLE_POLL_US), off = park.
+fn idle_policy(role: Role, polling: bool) -> Result<IdlePolicy, String> {
+    let mut o = Overrides::default();
+    o.role_mut(role).enable_polling = Some(FlagOverride::new("--polling", polling));
+    let s = NetworkSettings::from_process_env(role, 1, &o).map_err(|e| e.to_string())?;
+    Ok(match s.idle_policy() {
+        starwire_config::IdlePolicy::Park => IdlePolicy::Park,
+        starwire_config::IdlePolicy::BusyPoll => IdlePolicy::BusyPoll,
+        starwire_config::IdlePolicy::PollThenPark(d) => IdlePolicy::PollThenPark(d),
+    })
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum ServerMsg {
+    Ready { port: u16 },
+    Done { ok: bool, error: Option<String> },
+    Error(String),
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct ClientHello {
+    plan: Plan,
+}
+
+fn send_line<T: Serialize>(w: &mut TcpStream, v: &T) -> Result<(), String> {
+    let mut s = serde_json::to_string(v).map_err(|e| e.to_string())?;
+    s.push('\n');
+    w.write_all(s.as_bytes())
+        .map_err(|e| format!("control connection: {e}"))
+}
+
+fn recv_line<T: for<'de> Deserialize<'de>>(r: &mut BufReader<TcpStream>) -> Result<T, String> {
+    let mut line = String::new();
+    let n = r
+        .read_line(&mut line)
+        .map_err(|e| format!("control connection: {e}"))?;
+    if n == 0 {
+        return Err("control connection closed by the peer".into());
+    }
+    serde_json::from_str(&line).map_err(|e| format!("bad control message {line:?}: {e}"))
+}
+
+/// The server side: serve one control session on `listener`.
+/// `server_core` overrides the plan's server core (the listen host's own
+/// `--cores`).
+fn serve(listener: TcpListener, server_core: Option<Option<usize>>) -> Result<(), String> {
+    let (ctl, peer) = listener
+        .accept()
+        .map_err(|e| format!("accepting the control connection: {e}"))?;
+    tracing::debug!(%peer, "bench client connected");
+    ctl.set_nodelay(true).ok();
+    let mut w = ctl.try_clone().map_err(|e| e.to_string())?;
+    let mut r = BufReader::new(ctl);
+    let hello: ClientHello = recv_line(&mut r)?;
+    let plan = hello.plan;
+    let core = server_core.unwrap_or(plan.server_core);
+    let idle = idle_policy(Role::Ps, plan.polling)?;
+    let ip = listener
+        .local_addr()
+        .map(|a| a.ip())
+        .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
+    for run in plan.runs() {
+        if run.backend == Backend::Raw && run.mode == Mode::Fuse {
+            continue;
+        }
+        let data = TcpListener::bind(SocketAddr::new(ip, 0))
+            .map_err(|e| format!("binding a data listener on {ip}: {e}"))?;
+        let port = data.local_addr().map_err(|e| e.to_string())?.port();
+        send_line(&mut w, &ServerMsg::Ready { port })?;
+        let (stream, _) = data
+            .accept()
+            .map_err(|e| format!("accepting a data connection: {e}"))?;
+        let res = match run.backend {
+            Backend::Raw => raw::serve(stream, core, plan.polling),
+            Backend::Tcp => tcp::serve(stream, &run, core, idle),
+        };
+        let msg = match &res {
+            Ok(()) => ServerMsg::Done {
+                ok: true,
+                error: None,
+            },
+            Err(e) => ServerMsg::Done {
+                ok: false,
+                error: Some(e.clone()),
+            },
+        };
+        send_line(&mut w, &msg)?;
+        res?;
+    }
+    Ok(())
+}
+
+struct Progress {
+    start: Instant,
+    shown: bool,
+}
+
+impl Progress {
+    fn update(&mut self, i: usize, total: usize, run: &Run) {
+        if self.start.elapsed() < Duration::from_secs(2) {
+            return;
+        }
+        self.shown = true;
+        eprint!(
+            "\r[starwire bench {:>3}/{total}] {} {} {} B rep {}      ",
+            i + 1,
+            run.backend,
+            run.mode.name(),
+            run.size,
+            run.rep + 1
+        );
+        let _ = std::io::stderr().flush();
+    }
+
+    fn finish(&self) {
+        if self.shown {
+            eprintln!();
+        }
+    }
+}
+
+/// The client side: send the plan to the server at `ctl_addr`, run every
+/// run, and return the result lines (medians over repetitions).
+fn drive(plan: &Plan, ctl_addr: SocketAddr) -> Result<Vec<ResultLine>, String> {
+    let ctl = TcpStream::connect(ctl_addr)
+        .map_err(|e| format!("connecting to the bench server {ctl_addr}: {e}"))?;
+    ctl.set_nodelay(true).ok();
+    let mut w = ctl.try_clone().map_err(|e| e.to_string())?;
+    let mut r = BufReader::new(ctl);
+    send_line(&mut w, &ClientHello { plan: plan.clone() })?;
+    let client_idle = idle_policy(Role::Worker, plan.polling)?;
+    let runs = plan.runs();
+    let mut progress = Progress {
+        start: Instant::now(),
+        shown: false,
+    };
+    let mut raw_fuse_noted = false;
+    // (backend, mode, size) -> lines of every repetition, in first-seen order.
+    let mut groups: Vec<((Backend, Mode, usize), Vec<ResultLine>)> = Vec::new();
+    for (i, run) in runs.iter().enumerate() {
+        if run.backend == Backend::Raw && run.mode == Mode::Fuse {
+            if !raw_fuse_noted {
+                eprintln!(
+                    "note: fuse mode does not apply to the raw baseline (no tensors, \
+                     no fusion); skipped"
+                );
+                raw_fuse_noted = true;
+            }
+            continue;
+        }
+        progress.update(i, runs.len(), run);
+        let port = match recv_line::<ServerMsg>(&mut r)? {
+            ServerMsg::Ready { port } => port,
+            other => return Err(format!("bench server: unexpected {other:?}")),
+        };
+        let addr = SocketAddr::new(ctl_addr.ip(), port);
+        let stream = TcpStream::connect(addr)
+            .map_err(|e| format!("connecting the data connection {addr}: {e}"))?;
+        let measured = match run.backend {
+            Backend::Raw => raw::client(stream, run, plan.client_core, plan.polling),
+            Backend::Tcp => tcp::client(stream, run, plan.client_core, client_idle),
+        };
+        match recv_line::<ServerMsg>(&mut r)? {
+            ServerMsg::Done { ok: true, .. } => {}
+            ServerMsg::Done { error, .. } => {
+                return Err(format!(
+                    "bench server failed in {} {} {} B: {}",
+                    run.backend,
+                    run.mode.name(),
+                    run.size,
+                    error.unwrap_or_default()
+                ))
+            }
+            other => return Err(format!("bench server: unexpected {other:?}")),
+        }
+        let mut m = measured?;
+        let line = result_line(plan, run, &mut m);
+        let key = (run.backend, run.mode, run.size);
+        match groups.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, v)) => v.push(line),
+            None => groups.push((key, vec![line])),
+        }
+    }
+    progress.finish();
+    Ok(groups.iter().map(|(_, v)| median_line(v)).collect())
+}
+
+fn fmt_opt(v: Option<f64>, prec: usize) -> String {
+    match v {
+        Some(x) => format!("{x:.prec$}"),
+        None => "-".to_owned(),
+    }
+}
+
+fn print_table(plan: &Plan, lines: &[ResultLine]) {
+    let cores = match (plan.client_core, plan.server_core) {
+        (Some(c), Some(s)) => format!("client core {c}, server core {s}"),
+        _ => "unpinned".to_owned(),
+    };
+    println!("{}", "-".repeat(118));
+    println!(
+        " starwire bench   polling {}   {cores}   repeat {} (median)",
+        if plan.polling { "on" } else { "off" },
+        plan.repeat.max(1)
+    );
+    println!("{}", "-".repeat(118));
+    println!(
+        " {:<7} {:<5} {:>9} {:>8} {:>8} {:>9} {:>9} {:>9} {:>10} {:>9} {:>12} {:>8}",
+        "backend",
+        "mode",
+        "#bytes",
+        "#iters",
+        "inflight",
+        "t_min[us]",
+        "t_p50[us]",
+        "t_p99[us]",
+        "t_p999[us]",
+        "t_max[us]",
+        "msgs/s",
+        "Gb/s"
+    );
+    for l in lines {
+        if l.mode == Mode::Fuse {
+            let ratio = match (l.fused_steps_per_s, l.unfused_steps_per_s) {
+                (Some(f), Some(u)) if u > 0.0 => format!("{:.1}x", f / u),
+                _ => "-".to_owned(),
+            };
+            println!(
+                " {:<7} {:<5} {:>9} {:>8} {:>8}   tensors/step {}   fused steps/s {}   \
+                 unfused steps/s {}   fused/unfused {ratio}",
+                l.backend.name(),
+                l.mode.name(),
+                l.size,
+                l.iters,
+                l.inflight,
+                l.tensors.unwrap_or(0),
+                fmt_opt(l.fused_steps_per_s, 1),
+                fmt_opt(l.unfused_steps_per_s, 1),
+            );
+            continue;
+        }
+        println!(
+            " {:<7} {:<5} {:>9} {:>8} {:>8} {:>9} {:>9} {:>9} {:>10} {:>9} {:>12} {:>8}",
+            l.backend.name(),
+            l.mode.name(),
+            l.size,
+            l.iters,
+            l.inflight,
+            fmt_opt(l.min_us, 2),
+            fmt_opt(l.p50_us, 2),
+            fmt_opt(l.p99_us, 2),
+            fmt_opt(l.p999_us, 2),
+            fmt_opt(l.max_us, 2),
+            fmt_opt(l.msgs_per_s, 0),
+            fmt_opt(l.gbps, 3),
+        );
+    }
+    println!("{}", "-".repeat(118));
+}
+
+fn resolve_addr(s: &str) -> Result<SocketAddr, String> {
+    s.to_socket_addrs()
+        .map_err(|e| format!("{s}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("{s}: no address"))
+}
+
+fn validate(args: &BenchArgs) -> Result<(), String> {
+    if args.backends.is_empty() || args.mode.is_empty() || args.sizes.is_empty() {
+        return Err("--backends, --mode and --sizes must not be empty".into());
+    }
+    if let Some(d) = args.duration {
+        if !(d > 0.0 && d.is_finite()) {
+            return Err(format!("--duration {d}: expected a positive number of seconds"));
+        }
+    }
+    if args.inflight == Some(0) || args.tensors == 0 || args.repeat == 0 {
+        return Err("--inflight, --tensors and --repeat must be at least 1".into());
+    }
+    if args.iters == Some(0) {
+        return Err("--iters must be at least 1".into());
+    }
+    if let Some(&s) = args.sizes.iter().find(|&&s| s > (256 << 20) - 4096) {
+        return Err(format!("--sizes {s}: at most 256 MiB - 4 KiB per message"));
+    }
+    Ok(())
+}
+
+/// Run `starwire bench`.
+pub fn main(args: BenchArgs) -> Result<(), String> {
+    validate(&args)?;
+    if let Some(listen) = &args.listen {
+        let addr = resolve_addr(listen)?;
+        let listener =
+            TcpListener::bind(addr).map_err(|e| format!("binding --listen {addr}: {e}"))?;
+        eprintln!(
+            "starwire bench: waiting for a client on {}",
+            listener.local_addr().map_err(|e| e.to_string())?
+        );
+        let core = args.cores.map(|c| Some(c.server));
+        return serve(listener, core);
+    }
+    let (client_core, server_core) = choose_cores(&args)?;
+    let plan = Plan {
+        backends: args.backends.clone(),
+        modes: args.mode.clone(),
+        sizes: args.sizes.clone(),
+        inflight: args.inflight,
+        iters: args.iters,
+        duration_s: args.duration,
+        warmup: args.warmup,
+        tensors: args.tensors,
+        repeat: args.repeat,
+        polling: args.polling.unwrap_or(true),
+        client_core,
+        server_core,
+    };
+    let lines = match &args.connect {
+        Some(c) => drive(&plan, resolve_addr(c)?)?,
+        None => {
+            let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+                .map_err(|e| format!("binding the loopback control listener: {e}"))?;
+            let addr = listener.local_addr().map_err(|e| e.to_string())?;
+            let server = std::thread::Builder::new()
+                .name("bench-control".into())
+                .spawn(move || serve(listener, None))
+                .map_err(|e| e.to_string())?;
+            let lines = drive(&plan, addr);
+            let served = server
+                .join()
+                .map_err(|_| "bench server thread panicked".to_owned())?;
+            let lines = lines?;
+            served?;
+            lines
+        }
+    };
+    if args.json {
+        let stdout = std::io::stdout();
+        let mut out = stdout.lock();
+        for l in &lines {
+            let s = serde_json::to_string(l).map_err(|e| e.to_string())?;
+            writeln!(out, "{s}").map_err(|e| e.to_string())?;
+        }
+    } else {
+        print_table(&plan, &lines);
+    }
+    Ok(())
+}

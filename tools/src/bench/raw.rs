@@ -1,0 +1,240 @@
+//! The raw baseline: no starwire code in the path. Plain `TcpStream`s with
+//! `TCP_NODELAY`; with polling on they are non-blocking and the loop spins
+//! on `recv` (an `O_NONBLOCK` socket: `recv` behaves as with `MSG_DONTWAIT`)
+//! and `send`; with polling off they block. No epoll.
+//!
+//! Framing: an 8-byte header (`u32` payload length, `u32` op, little
+//! endian) then the payload. `ECHO` is answered with the same frame, `ACK`
+//! with an empty `ACK` frame.
+
+use std::collections::VecDeque;
+use std::io::{ErrorKind, Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use super::{Measured, Mode, Run};
+
+const HDR: usize = 8;
+const OP_ECHO: u32 = 1;
+const OP_ACK: u32 = 2;
+const RX_BUF: usize = 256 << 10;
+
+fn pin(core: Option<usize>) -> Result<(), String> {
+    if let Some(c) = core {
+        starwire_placement::pin_current_thread(c).map_err(|e| format!("pinning to CPU {c}: {e}"))?;
+    }
+    Ok(())
+}
+
+fn setup(stream: &TcpStream, polling: bool) -> Result<(), String> {
+    stream
+        .set_nodelay(true)
+        .and_then(|()| stream.set_nonblocking(polling))
+        .map_err(|e| format!("raw socket setup: {e}"))
+}
+
+fn header(len: usize, op: u32) -> [u8; HDR] {
+    let mut h = [0u8; HDR];
+    h[..4].copy_from_slice(&(len as u32).to_le_bytes());
+    h[4..].copy_from_slice(&op.to_le_bytes());
+    h
+}
+
+/// The echo/ack server of one data connection, on its own thread pinned to
+/// `core`; returns when the client closes.
+pub fn serve(stream: TcpStream, core: Option<usize>, polling: bool) -> Result<(), String> {
+    std::thread::Builder::new()
+        .name("raw-server".into())
+        .spawn(move || serve_here(stream, core, polling))
+        .map_err(|e| e.to_string())?
+        .join()
+        .map_err(|_| "raw server thread panicked".to_owned())?
+}
+
+fn serve_here(mut s: TcpStream, core: Option<usize>, polling: bool) -> Result<(), String> {
+    pin(core)?;
+    setup(&s, polling)?;
+    let mut rx = vec![0u8; RX_BUF];
+    let mut out: Vec<u8> = Vec::with_capacity(RX_BUF);
+    let mut out_at = 0usize;
+    let mut hdr = [0u8; HDR];
+    let mut hdr_have = 0usize;
+    let mut remaining = 0usize;
+    let mut op = 0u32;
+    loop {
+        while out_at < out.len() {
+            match s.write(&out[out_at..]) {
+                Ok(n) => out_at += n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) if is_gone(&e) => return Ok(()),
+                Err(e) => return Err(format!("raw server send: {e}")),
+            }
+        }
+        if out_at == out.len() {
+            out.clear();
+            out_at = 0;
+        }
+        let n = match s.read(&mut rx) {
+            Ok(0) => return Ok(()),
+            Ok(n) => n,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                std::hint::spin_loop();
+                continue;
+            }
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            Err(e) if is_gone(&e) => return Ok(()),
+            Err(e) => return Err(format!("raw server recv: {e}")),
+        };
+        let mut buf = &rx[..n];
+        while !buf.is_empty() {
+            if hdr_have < HDR {
+                let take = (HDR - hdr_have).min(buf.len());
+                hdr[hdr_have..hdr_have + take].copy_from_slice(&buf[..take]);
+                hdr_have += take;
+                buf = &buf[take..];
+                if hdr_have < HDR {
+                    break;
+                }
+                remaining = u32::from_le_bytes([hdr[0], hdr[1], hdr[2], hdr[3]]) as usize;
+                op = u32::from_le_bytes([hdr[4], hdr[5], hdr[6], hdr[7]]);
+                if op == OP_ECHO {
+                    out.extend_from_slice(&hdr);
+                }
+            }
+            let take = remaining.min(buf.len());
+            if op == OP_ECHO {
+                out.extend_from_slice(&buf[..take]);
+            }
+            remaining -= take;
+            buf = &buf[take..];
+            if remaining == 0 {
+                if op == OP_ACK {
+                    out.extend_from_slice(&header(0, OP_ACK));
+                }
+                hdr_have = 0;
+            }
+        }
+    }
+}
+
+fn is_gone(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        ErrorKind::ConnectionReset | ErrorKind::BrokenPipe | ErrorKind::ConnectionAborted
+    )
+}
+
+/// The load generator of one run, on a thread pinned to `core`.
+pub fn client(
+    stream: TcpStream,
+    run: &Run,
+    core: Option<usize>,
+    polling: bool,
+) -> Result<Measured, String> {
+    let run = run.clone();
+    std::thread::Builder::new()
+        .name("raw-client".into())
+        .spawn(move || client_here(stream, &run, core, polling))
+        .map_err(|e| e.to_string())?
+        .join()
+        .map_err(|_| "raw client thread panicked".to_owned())?
+}
+
+fn client_here(
+    mut s: TcpStream,
+    run: &Run,
+    core: Option<usize>,
+    polling: bool,
+) -> Result<Measured, String> {
+    pin(core)?;
+    setup(&s, polling)?;
+    let (op, resp_len, record) = match run.mode {
+        Mode::Lat => (OP_ECHO, HDR + run.size, true),
+        Mode::Rate => (OP_ACK, HDR, true),
+        Mode::Bw | Mode::Fuse => (OP_ACK, HDR, false),
+    };
+    let inflight = run.inflight as u64;
+    let mut req = Vec::with_capacity(HDR + run.size);
+    req.extend_from_slice(&header(run.size, op));
+    req.extend((0..run.size).map(|i| i as u8));
+    let mut rx = vec![0u8; RX_BUF];
+    let duration = run.duration();
+    let total = run.warmup + run.iters;
+    let mut rtts = Vec::with_capacity(if record { run.iters as usize } else { 0 });
+    let mut starts: VecDeque<Instant> = VecDeque::with_capacity(run.inflight);
+    let (mut started, mut completed) = (0u64, 0u64);
+    let mut tx_at: Option<usize> = None;
+    let mut rx_acc = 0usize;
+    let mut measure_start = (run.warmup == 0).then(Instant::now);
+    let mut measure_end = None;
+    loop {
+        let may_start = match (duration, measure_start) {
+            (Some(d), Some(t0)) => t0.elapsed() < d,
+            (Some(_), None) => true,
+            (None, _) => started < total,
+        };
+        if tx_at.is_none() && may_start && started - completed < inflight {
+            starts.push_back(Instant::now());
+            started += 1;
+            tx_at = Some(0);
+        }
+        if let Some(at) = tx_at {
+            match s.write(&req[at..]) {
+                Ok(n) => {
+                    tx_at = (at + n < req.len()).then_some(at + n);
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(format!("raw client send: {e}")),
+            }
+        }
+        let outstanding = started - completed;
+        if outstanding == 0 {
+            if !may_start {
+                break;
+            }
+            continue;
+        }
+        // Blocking mode: read only when nothing more can be sent now.
+        if !polling && (tx_at.is_some() || (may_start && outstanding < inflight)) {
+            continue;
+        }
+        let n = match s.read(&mut rx) {
+            Ok(0) => return Err("raw client: server closed the connection".into()),
+            Ok(n) => n,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                std::hint::spin_loop();
+                continue;
+            }
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            Err(e) => return Err(format!("raw client recv: {e}")),
+        };
+        rx_acc += n;
+        if rx_acc >= resp_len {
+            let now = Instant::now();
+            while rx_acc >= resp_len {
+                rx_acc -= resp_len;
+                let t0 = starts
+                    .pop_front()
+                    .ok_or("raw client: response without a request")?;
+                completed += 1;
+                if completed > run.warmup && record {
+                    rtts.push(now.duration_since(t0).as_nanos() as u64);
+                }
+                if completed == run.warmup {
+                    measure_start = Some(now);
+                }
+                measure_end = Some(now);
+            }
+        }
+    }
+    let t0 = measure_start.unwrap_or_else(Instant::now);
+    let elapsed = measure_end.map_or(Duration::ZERO, |t| t.saturating_duration_since(t0));
+    Ok(Measured {
+        iters: completed.saturating_sub(run.warmup),
+        elapsed,
+        rtts_ns: rtts,
+        ..Measured::default()
+    })
+}

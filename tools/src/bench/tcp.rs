@@ -1,0 +1,473 @@
+//! starwire over TCP: the load generator is a [`Shard`] on the client
+//! reactor (pinned to the client core), the echo/ack server a [`Shard`] on
+//! the server reactor (pinned to the server core). No application thread
+//! sits between them and the sessions.
+
+use std::collections::VecDeque;
+use std::net::TcpStream;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use starwire_tcp::{TcpConfig, TcpTransport};
+use starwire_transport::fusion::{FusionBatcher, FusionConfig, OutTensor};
+use starwire_transport::reactor::{IdlePolicy, Reactor, ReactorSpec, Shard};
+use starwire_transport::wire::tensor::DType;
+use starwire_transport::wire::tensors::TensorList;
+use starwire_transport::wire::{Opcode, Status, HEADER_LEN};
+use starwire_transport::{Body, ConnConfig, Connection, Incoming, PeerInfo, Session, TaskRole};
+
+use super::{Measured, Mode, Run};
+
+/// TCP settings both ends derive from the plan, so they agree: a frame
+/// holds the largest payload whole (no chunking in the measurement).
+pub fn tcp_config(max_payload: usize) -> TcpConfig {
+    let frame = (max_payload + HEADER_LEN).next_power_of_two().max(1 << 20);
+    TcpConfig {
+        max_frame_len: frame,
+        rx_buffer_len: 2 * frame,
+        tx_queue_limit_bytes: (4 * frame).max(4 << 20),
+        ..TcpConfig::default()
+    }
+}
+
+/// Connection settings of one end.
+pub fn conn_config(role: TaskRole, window: u32) -> ConnConfig {
+    let incarnation = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_nanos() as u64);
+    let (job, task_index) = match role {
+        TaskRole::Ps => ("ps", 0),
+        TaskRole::Worker => ("worker", 0),
+    };
+    let mut c = ConnConfig::new(PeerInfo {
+        role,
+        job: job.to_owned(),
+        task_index,
+        incarnation,
+        shards: 1,
+    });
+    c.recv_window = window.max(c.recv_window);
+    c.send_queue_limit = c.send_queue_limit.max(window as usize * 2);
+    c
+}
+
+fn spec(index: usize, cpu: Option<usize>, idle: IdlePolicy) -> ReactorSpec {
+    ReactorSpec {
+        index,
+        cpu,
+        idle,
+        max_park: Duration::from_millis(100),
+    }
+}
+
+/// The server shard: answers `Rpc` with an echo, `Tensors` (after decoding
+/// the list) and everything else with an empty ack.
+#[derive(Debug)]
+pub struct EchoServer {
+    session: Session<TcpTransport>,
+    done: bool,
+    error: Option<String>,
+}
+
+fn answer(conn: &mut Connection, m: Incoming<'_>, error: &mut Option<String>) {
+    let Incoming::Request {
+        id,
+        opcode,
+        oneway: false,
+        body,
+        ..
+    } = m
+    else {
+        return;
+    };
+    let (status, reply) = match opcode {
+        Opcode::Rpc => (Status::Ok, Body::from_bytes(Bytes::copy_from_slice(body))),
+        Opcode::Tensors => match TensorList::parse(body) {
+            Ok(_) => (Status::Ok, Body::empty()),
+            Err(_) => (Status::BadRequest, Body::empty()),
+        },
+        _ => (Status::Ok, Body::empty()),
+    };
+    if let Err(e) = conn.respond(id, opcode, status, reply) {
+        error.get_or_insert_with(|| format!("server respond: {e}"));
+    }
+}
+
+impl Shard for EchoServer {
+    fn turn(&mut self, now: Instant) -> bool {
+        let Self { session, error, .. } = self;
+        match session.turn(now, &mut |conn, m| answer(conn, m, error)) {
+            Ok(s) => s.busy(),
+            Err(_) => {
+                // The client closing the connection ends the run.
+                self.done = true;
+                true
+            }
+        }
+    }
+
+    fn wake_fds<'a>(&'a self, out: &mut Vec<BorrowedFd<'a>>) {
+        out.push(self.session.transport().stream().as_fd());
+    }
+
+    fn finished(&self) -> bool {
+        self.done
+    }
+}
+
+/// Serve one data connection on a reactor pinned to `core`; returns when
+/// the client closes it.
+pub fn serve(
+    stream: TcpStream,
+    run: &Run,
+    core: Option<usize>,
+    idle: IdlePolicy,
+) -> Result<(), String> {
+    let cfg = tcp_config(run.max_size);
+    let window = window_for(run);
+    let t = TcpTransport::new(stream, cfg).map_err(|e| format!("tcp transport: {e}"))?;
+    let reactor = Reactor::spawn(spec(1, core, idle), move |_| EchoServer {
+            session: Session::new(conn_config(TaskRole::Ps, window), t),
+            done: false,
+            error: None,
+    })
+    .map_err(|e| format!("server reactor: {e}"))?;
+    let (shard, _) = reactor
+        .join()
+        .map_err(|e| format!("server reactor: {e}"))?;
+    match shard.error {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+fn window_for(run: &Run) -> u32 {
+    let frames = match run.mode {
+        Mode::Fuse => run.tensors,
+        _ => run.inflight,
+    };
+    (frames as u32 + 16).max(256)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FusePhase {
+    Fused,
+    Unfused,
+}
+
+#[derive(Debug)]
+struct FuseState {
+    tensors: Vec<OutTensor>,
+    fused: FusionBatcher,
+    unfused: FusionBatcher,
+    phase: FusePhase,
+    /// Acks still missing for the current step; 0 = no step running.
+    step_acks: usize,
+    steps: u64,
+    phase_start: Option<Instant>,
+    fused_rate: Option<f64>,
+    unfused_rate: Option<f64>,
+}
+
+/// The load generator, run as the client reactor's shard.
+#[derive(Debug)]
+pub struct LoadGen {
+    session: Session<TcpTransport>,
+    st: GenState,
+}
+
+#[derive(Debug)]
+struct GenState {
+    run: Run,
+    op: Opcode,
+    payload: Bytes,
+    record: bool,
+    starts: VecDeque<(u64, Instant)>,
+    issued: u64,
+    completed: u64,
+    measure_start: Option<Instant>,
+    measure_end: Option<Instant>,
+    rtts: Vec<u64>,
+    fuse: Option<FuseState>,
+    kicked: bool,
+    finished: bool,
+    done: bool,
+    error: Option<String>,
+}
+
+impl GenState {
+    fn new(run: &Run) -> Self {
+        let (op, record) = match run.mode {
+            Mode::Lat => (Opcode::Rpc, true),
+            Mode::Rate => (Opcode::DensePush, true),
+            Mode::Bw | Mode::Fuse => (Opcode::DensePush, false),
+        };
+        let payload = Bytes::from((0..run.size).map(|i| i as u8).collect::<Vec<u8>>());
+        let fuse = (run.mode == Mode::Fuse).then(|| {
+            let tensors = (0..run.tensors as u64)
+                .map(|k| {
+                    OutTensor::new(k, DType::U8, vec![run.size as u64], payload.clone())
+                        .expect("a u8 tensor of `size` elements is valid")
+                })
+                .collect();
+            let on = FusionConfig {
+                enabled: true,
+                ..FusionConfig::default()
+            };
+            let off = FusionConfig {
+                enabled: false,
+                ..FusionConfig::default()
+            };
+            FuseState {
+                tensors,
+                fused: FusionBatcher::new(on, 1),
+                unfused: FusionBatcher::new(off, 1),
+                phase: FusePhase::Fused,
+                step_acks: 0,
+                steps: 0,
+                phase_start: None,
+                fused_rate: None,
+                unfused_rate: None,
+            }
+        });
+        Self {
+            op,
+            payload,
+            record,
+            starts: VecDeque::with_capacity(run.inflight),
+            issued: 0,
+            completed: 0,
+            measure_start: None,
+            measure_end: None,
+            rtts: Vec::with_capacity(if record { run.iters as usize } else { 0 }),
+            fuse,
+            kicked: false,
+            finished: false,
+            done: false,
+            error: None,
+            run: run.clone(),
+        }
+    }
+
+    fn fail(&mut self, e: String) {
+        self.error.get_or_insert(e);
+        self.finished = true;
+    }
+
+    fn may_start(&self, now: Instant) -> bool {
+        match (self.run.duration(), self.measure_start) {
+            (Some(d), Some(t0)) => now.duration_since(t0) < d,
+            (Some(_), None) => true,
+            (None, _) => self.issued < self.run.warmup + self.run.iters,
+        }
+    }
+
+    /// Top up the outstanding requests.
+    fn issue(&mut self, conn: &mut Connection) {
+        if self.fuse.is_some() {
+            return self.issue_step(conn);
+        }
+        let inflight = self.run.inflight as u64;
+        while self.issued - self.completed < inflight {
+            let t = Instant::now();
+            if !self.may_start(t) {
+                break;
+            }
+            match conn.request(self.op, 0, Body::from_bytes(self.payload.clone()), None) {
+                Ok(id) => {
+                    self.starts.push_back((id, t));
+                    self.issued += 1;
+                }
+                Err(e) => return self.fail(format!("request: {e}")),
+            }
+        }
+        if self.issued == self.completed {
+            self.finished = true;
+        }
+    }
+
+    fn on_incoming(&mut self, conn: &mut Connection, m: Incoming<'_>) {
+        let Incoming::Response { id, status, .. } = m else {
+            return;
+        };
+        if status != Status::Ok {
+            return self.fail(format!("request {id} answered {status:?}"));
+        }
+        if self.fuse.is_some() {
+            return self.on_step_ack(conn);
+        }
+        let now = Instant::now();
+        let Some((want, t0)) = self.starts.pop_front() else {
+            return self.fail(format!("response {id} without a request"));
+        };
+        if want != id {
+            return self.fail(format!("response {id} out of order (expected {want})"));
+        }
+        self.completed += 1;
+        if self.completed > self.run.warmup && self.record {
+            self.rtts.push(now.duration_since(t0).as_nanos() as u64);
+        }
+        if self.completed == self.run.warmup {
+            self.measure_start = Some(now);
+        }
+        self.measure_end = Some(now);
+        self.issue(conn);
+    }
+
+    fn issue_step(&mut self, conn: &mut Connection) {
+        let now = Instant::now();
+        let run = &self.run;
+        let Some(f) = self.fuse.as_mut() else { return };
+        if f.step_acks > 0 {
+            return;
+        }
+        let more = match (run.duration(), f.phase_start) {
+            (Some(d), Some(t0)) => now.duration_since(t0) < d,
+            (Some(_), None) => true,
+            (None, _) => f.steps < run.warmup + run.iters,
+        };
+        if !more {
+            let secs = f
+                .phase_start
+                .map_or(0.0, |t0| now.duration_since(t0).as_secs_f64());
+            let measured = f.steps.saturating_sub(run.warmup);
+            let rate = (secs > 0.0).then(|| measured as f64 / secs);
+            match f.phase {
+                FusePhase::Fused => {
+                    f.fused_rate = rate;
+                    self.completed = measured;
+                    f.phase = FusePhase::Unfused;
+                    f.steps = 0;
+                    f.phase_start = None;
+                }
+                FusePhase::Unfused => {
+                    f.unfused_rate = rate;
+                    self.completed = self.completed.min(measured);
+                    self.finished = true;
+                    return;
+                }
+            }
+        }
+        if f.steps == 0 && run.warmup == 0 {
+            f.phase_start = Some(now);
+        }
+        let batcher = match f.phase {
+            FusePhase::Fused => &mut f.fused,
+            FusePhase::Unfused => &mut f.unfused,
+        };
+        for t in &f.tensors {
+            batcher.add(0, t.clone());
+        }
+        let mut sent = 0usize;
+        let mut err = None;
+        batcher.finish_step(&mut |_, body, _| {
+            match conn.request(Opcode::Tensors, 0, body, None) {
+                Ok(_) => sent += 1,
+                Err(e) => {
+                    err.get_or_insert(e.to_string());
+                }
+            }
+        });
+        f.step_acks = sent;
+        if let Some(e) = err {
+            self.fail(format!("fuse request: {e}"));
+        }
+    }
+
+    fn on_step_ack(&mut self, conn: &mut Connection) {
+        let warmup = self.run.warmup;
+        let Some(f) = self.fuse.as_mut() else { return };
+        f.step_acks = f.step_acks.saturating_sub(1);
+        if f.step_acks > 0 {
+            return;
+        }
+        f.steps += 1;
+        if f.steps == warmup {
+            f.phase_start = Some(Instant::now());
+        }
+        self.issue_step(conn);
+    }
+}
+
+impl Shard for LoadGen {
+    fn turn(&mut self, now: Instant) -> bool {
+        if self.st.done {
+            return false;
+        }
+        let Self { session, st } = self;
+        if !st.kicked {
+            st.kicked = true;
+            if st.run.warmup == 0 {
+                st.measure_start = Some(now);
+            }
+            st.issue(session.conn());
+        }
+        let busy = match session.turn(now, &mut |conn, m| st.on_incoming(conn, m)) {
+            Ok(s) => s.busy(),
+            Err(e) => {
+                st.fail(format!("client connection: {e}"));
+                true
+            }
+        };
+        if st.finished {
+            session.conn().close();
+            let _ = session.flush(now);
+            st.done = true;
+        }
+        busy
+    }
+
+    fn wake_fds<'a>(&'a self, out: &mut Vec<BorrowedFd<'a>>) {
+        out.push(self.session.transport().stream().as_fd());
+    }
+
+    fn finished(&self) -> bool {
+        self.st.done
+    }
+}
+
+/// Run the load generator of `run` on a client reactor pinned to `core`.
+pub fn client(
+    stream: TcpStream,
+    run: &Run,
+    core: Option<usize>,
+    idle: IdlePolicy,
+) -> Result<Measured, String> {
+    let cfg = tcp_config(run.max_size);
+    let window = window_for(run);
+    let st = GenState::new(run);
+    let t = TcpTransport::new(stream, cfg).map_err(|e| format!("tcp transport: {e}"))?;
+    let reactor = Reactor::spawn(spec(0, core, idle), move |_| LoadGen {
+        session: Session::new(conn_config(TaskRole::Worker, window), t),
+        st,
+    })
+    .map_err(|e| format!("client reactor: {e}"))?;
+    let (gen, _) = reactor
+        .join()
+        .map_err(|e| format!("client reactor: {e}"))?;
+    let st = gen.st;
+    if let Some(e) = st.error {
+        return Err(e);
+    }
+    if let Some(f) = st.fuse {
+        return Ok(Measured {
+            iters: st.completed,
+            elapsed: Duration::ZERO,
+            rtts_ns: Vec::new(),
+            fused_steps_per_s: f.fused_rate,
+            unfused_steps_per_s: f.unfused_rate,
+        });
+    }
+    let t0 = st.measure_start.unwrap_or_else(Instant::now);
+    let elapsed = st
+        .measure_end
+        .map_or(Duration::ZERO, |t| t.saturating_duration_since(t0));
+    Ok(Measured {
+        iters: st.completed.saturating_sub(st.run.warmup),
+        elapsed,
+        rtts_ns: st.rtts,
+        fused_steps_per_s: None,
+        unfused_steps_per_s: None,
+    })
+}

@@ -1,0 +1,31 @@
+//! starwire's transport core.
+//!
+//! Two layers (see `docs/ARCHITECTURE.md`):
+//!
+//! * the **backend layer**, [`Transport`]: reliable, ordered frames between
+//!   two endpoints, moved in bursts through buffers the backend lends;
+//! * the **message layer** on top, [`Connection`]: a sans-IO core that does
+//!   the handshake, request/response matching, deadlines, cancellation,
+//!   credit-based flow control and chunking, the same for every backend.
+//!   A [`Session`] binds one to its backend for a reactor's turn.
+//!
+//! Around them: Send/Recv [`fusion`], the in-memory and fault-injecting test
+//! backends in [`testing`], and the [`conformance`] suite every backend runs.
+#![deny(unsafe_code)]
+
+pub mod conformance;
+pub mod connection;
+pub mod fusion;
+pub mod reactor;
+pub mod routing;
+pub mod session;
+pub mod testing;
+pub mod transport;
+
+pub use connection::{
+    Body, ConnConfig, ConnError, Connection, Event, Incoming, PeerInfo, RequestError, SendError,
+    TaskRole, PROTOCOL_VERSION,
+};
+pub use session::{Session, TurnStats};
+pub use starwire_wire as wire;
+pub use transport::{Transport, TransportError};

@@ -1,0 +1,311 @@
+//! Reactors: one thread per network core, shared-nothing, run-to-completion.
+//!
+//! A reactor owns a [`Shard`]: the connections bound to it for their life,
+//! their sessions, and whatever per-core state the layer above keeps (a
+//! parameter server's rows for this shard). Each loop iteration reads the
+//! clock once and hands `now` to [`Shard::turn`]; nothing below reads the
+//! clock. When a turn finds no work the [`IdlePolicy`] decides: spin
+//! (busy-poll), spin for a while then park, or park at once.
+//!
+//! Parking waits in `poll(2)` on the shard's file descriptors (sockets,
+//! completion-queue channels) and on an eventfd, so either network input
+//! or a [`ReactorWaker::wake`] from an application thread ends it. The
+//! wake-up uses an eventcount handshake so that no wake-up is lost: the
+//! reactor announces `sleeping` (SeqCst), runs one more turn to re-check
+//! its inputs, and only then sleeps; a producer publishes its item first,
+//! then (SeqCst) reads `sleeping` and writes the eventfd if it is set.
+//! Either the reactor's re-check sees the item or the producer sees the flag.
+
+use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use nix::poll::{PollFd, PollFlags, PollTimeout};
+use nix::sys::eventfd::{EfdFlags, EventFd};
+use thiserror::Error;
+
+/// What a reactor does when a turn found no work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdlePolicy {
+    /// Spin: lowest latency, one core fully used (DeepRec's
+    /// `*_ENABLE_POLLING=true`).
+    BusyPoll,
+    /// Spin for the given time after the last work, then park.
+    PollThenPark(Duration),
+    /// Park at once (DeepRec's default).
+    Park,
+}
+
+/// The per-core state a reactor drives.
+pub trait Shard: Send {
+    /// One run-to-completion turn at `now`. Returns true if it did work.
+    fn turn(&mut self, now: Instant) -> bool;
+
+    /// The earliest instant a turn has timer work, if any.
+    fn next_deadline(&self) -> Option<Instant> {
+        None
+    }
+
+    /// File descriptors whose readability must wake a parked reactor,
+    /// borrowed from the shard for the duration of the park.
+    fn wake_fds<'a>(&'a self, _out: &mut Vec<BorrowedFd<'a>>) {}
+
+    /// True when the shard has finished and the reactor may exit.
+    fn finished(&self) -> bool {
+        false
+    }
+}
+
+/// Where and how a reactor runs.
+#[derive(Debug, Clone)]
+pub struct ReactorSpec {
+    /// Reactor index (its shard id).
+    pub index: usize,
+    /// The CPU to pin to, if pinning.
+    pub cpu: Option<usize>,
+    /// The idle policy.
+    pub idle: IdlePolicy,
+    /// Longest single park, so a shard with no timers still re-checks.
+    pub max_park: Duration,
+}
+
+impl ReactorSpec {
+    /// An unpinned, parking reactor.
+    pub fn new(index: usize) -> Self {
+        Self {
+            index,
+            cpu: None,
+            idle: IdlePolicy::Park,
+            max_park: Duration::from_millis(100),
+        }
+    }
+}
+
+/// A reactor that could not start.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum ReactorError {
+    /// The eventfd could not be created.
+    #[error("eventfd: {0}")]
+    EventFd(#[source] nix::Error),
+    /// The thread could not be spawned.
+    #[error("spawning reactor thread: {0}")]
+    Spawn(#[source] std::io::Error),
+    /// Pinning to the CPU failed.
+    #[error("pinning reactor {reactor} to CPU {cpu}: {source}")]
+    Pin {
+        /// Reactor index.
+        reactor: usize,
+        /// CPU.
+        cpu: usize,
+        /// Why.
+        #[source]
+        source: starwire_placement::PlacementError,
+    },
+    /// The reactor thread panicked.
+    #[error("reactor thread panicked")]
+    Panicked,
+}
+
+#[derive(Debug)]
+struct WakeState {
+    sleeping: AtomicBool,
+    stop: AtomicBool,
+    efd: EventFd,
+    wakes_sent: AtomicU64,
+}
+
+/// Wakes a parked reactor. Cheap to clone; `wake` costs one atomic load
+/// when the reactor is not asleep.
+#[derive(Debug, Clone)]
+pub struct ReactorWaker {
+    state: Arc<WakeState>,
+}
+
+impl ReactorWaker {
+    /// Call after publishing work for the reactor (e.g. a push into its
+    /// queue). Wakes it if it is parked or about to park.
+    pub fn wake(&self) {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.state.sleeping.load(Ordering::SeqCst) {
+            self.state.wakes_sent.fetch_add(1, Ordering::Relaxed);
+            // An eventfd write only fails on counter overflow (EAGAIN),
+            // which still leaves it readable: the reactor wakes either way.
+            let _ = self.state.efd.write(1);
+        }
+    }
+
+    /// Ask the reactor to stop after its current turn.
+    pub fn stop(&self) {
+        self.state.stop.store(true, Ordering::SeqCst);
+        let _ = self.state.efd.write(1);
+    }
+}
+
+/// Counters of one reactor's life.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReactorStats {
+    /// Turns run.
+    pub turns: u64,
+    /// Turns that did work.
+    pub busy_turns: u64,
+    /// Times the reactor parked.
+    pub parks: u64,
+    /// Parks that ended by the timeout rather than by input or a wake-up.
+    pub park_timeouts: u64,
+    /// Parks cancelled because the re-check turn found work.
+    pub park_cancels: u64,
+}
+
+/// A running reactor.
+#[derive(Debug)]
+pub struct Reactor<S> {
+    waker: ReactorWaker,
+    join: Option<JoinHandle<Result<(S, ReactorStats), ReactorError>>>,
+}
+
+impl<S: Shard + 'static> Reactor<S> {
+    /// Start a reactor thread that pins itself (if asked), builds its shard
+    /// with `make` on its own core, and runs it until the shard finishes or
+    /// [`ReactorWaker::stop`] is called.
+    pub fn spawn<F>(spec: ReactorSpec, make: F) -> Result<Self, ReactorError>
+    where
+        F: FnOnce(ReactorWaker) -> S + Send + 'static,
+    {
+        let efd = EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
+            .map_err(ReactorError::EventFd)?;
+        let state = Arc::new(WakeState {
+            sleeping: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            efd,
+            wakes_sent: AtomicU64::new(0),
+        });
+        let waker = ReactorWaker { state };
+        let w = waker.clone();
+        let join = std::thread::Builder::new()
+            .name(format!("starwire-reactor-{}", spec.index))
+            .spawn(move || {
+                if let Some(cpu) = spec.cpu {
+                    starwire_placement::pin_current_thread(cpu).map_err(|source| {
+                        ReactorError::Pin {
+                            reactor: spec.index,
+                            cpu,
+                            source,
+                        }
+                    })?;
+                }
+                let mut shard = make(w.clone());
+                let stats = run(&spec, &w.state, &mut shard);
+                Ok((shard, stats))
+            })
+            .map_err(ReactorError::Spawn)?;
+        Ok(Self {
+            waker,
+            join: Some(join),
+        })
+    }
+
+    /// The reactor's waker.
+    pub fn waker(&self) -> ReactorWaker {
+        self.waker.clone()
+    }
+
+    /// Wait for the reactor to finish and take back its shard.
+    pub fn join(mut self) -> Result<(S, ReactorStats), ReactorError> {
+        let j = self.join.take().ok_or(ReactorError::Panicked)?;
+        j.join().map_err(|_| ReactorError::Panicked)?
+    }
+
+    /// Stop the reactor and take back its shard.
+    pub fn stop(self) -> Result<(S, ReactorStats), ReactorError> {
+        self.waker.stop();
+        self.join()
+    }
+}
+
+/// Run `shard` on the calling thread with the given policy until it
+/// finishes or is stopped through a waker made by [`local_waker`]. Useful
+/// when the caller's thread is itself the reactor (a benchmark client).
+pub fn run_here<S: Shard>(spec: &ReactorSpec, waker: &ReactorWaker, shard: &mut S) -> ReactorStats {
+    run(spec, &waker.state, shard)
+}
+
+/// A waker for [`run_here`].
+pub fn local_waker() -> Result<ReactorWaker, ReactorError> {
+    let efd = EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
+        .map_err(ReactorError::EventFd)?;
+    Ok(ReactorWaker {
+        state: Arc::new(WakeState {
+            sleeping: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            efd,
+            wakes_sent: AtomicU64::new(0),
+        }),
+    })
+}
+
+fn run<S: Shard>(spec: &ReactorSpec, state: &WakeState, shard: &mut S) -> ReactorStats {
+    let mut stats = ReactorStats::default();
+    let mut last_work = Instant::now();
+    loop {
+        if state.stop.load(Ordering::Relaxed) || shard.finished() {
+            break;
+        }
+        let now = Instant::now();
+        stats.turns += 1;
+        if shard.turn(now) {
+            stats.busy_turns += 1;
+            last_work = now;
+            continue;
+        }
+        let park = match spec.idle {
+            IdlePolicy::BusyPoll => false,
+            IdlePolicy::PollThenPark(d) => now.duration_since(last_work) >= d,
+            IdlePolicy::Park => true,
+        };
+        if !park {
+            std::hint::spin_loop();
+            continue;
+        }
+        // Eventcount: announce, re-check, then sleep.
+        state.sleeping.store(true, Ordering::SeqCst);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        let now = Instant::now();
+        if shard.turn(now) || state.stop.load(Ordering::SeqCst) {
+            state.sleeping.store(false, Ordering::SeqCst);
+            stats.park_cancels += 1;
+            last_work = now;
+            continue;
+        }
+        let mut timeout = spec.max_park;
+        if let Some(d) = shard.next_deadline() {
+            timeout = timeout.min(d.saturating_duration_since(now));
+        }
+        let mut fds = Vec::new();
+        shard.wake_fds(&mut fds);
+        stats.parks += 1;
+        if !park_on(&state.efd, &fds, timeout) {
+            stats.park_timeouts += 1;
+        }
+        drop(fds);
+        state.sleeping.store(false, Ordering::SeqCst);
+        // Drain the eventfd; EAGAIN just means nobody wrote.
+        let _ = state.efd.read();
+        last_work = Instant::now();
+    }
+    stats
+}
+
+/// Sleep until the eventfd or one of `fds` is readable, or `timeout`.
+/// Returns false on timeout.
+fn park_on(efd: &EventFd, fds: &[BorrowedFd<'_>], timeout: Duration) -> bool {
+    let mut pfds: Vec<PollFd<'_>> = Vec::with_capacity(fds.len() + 1);
+    pfds.push(PollFd::new(efd.as_fd(), PollFlags::POLLIN));
+    for fd in fds {
+        pfds.push(PollFd::new(*fd, PollFlags::POLLIN));
+    }
+    let ms = u16::try_from(timeout.as_millis().max(1)).unwrap_or(u16::MAX);
+    matches!(nix::poll::poll(&mut pfds, PollTimeout::from(ms)), Ok(n) if n > 0)
+}

@@ -1,0 +1,121 @@
+//! The backend layer: the contract every backend implements.
+//!
+//! A [`Transport`] moves *frames* (a 32-byte [`wire::Header`](starwire_wire::Header)
+//! followed by its body) between two endpoints, reliably and in order. It
+//! is poll-mode: nothing blocks, nothing reads the clock, and progress happens
+//! only inside [`Transport::flush`] and [`Transport::rx_burst`], which the
+//! reactor calls with `now`.
+//!
+//! Buffers are lent, not copied: [`Transport::tx_reserve`] lends a piece of
+//! the backend's own transmit memory (a socket buffer, an io_uring fixed
+//! buffer, an RDMA memory region, a DPDK mbuf) and the codec encodes the
+//! frame into it in place; [`Transport::rx_burst`] lends each received frame
+//! to a sink for the duration of a call, so decoders borrow it without a copy.
+//!
+//! How the three kernel-bypass backends fit:
+//!
+//! * io_uring: `tx_reserve` carves frames out of a registered fixed buffer,
+//!   `flush` submits one `SEND` per buffer with a single `io_uring_enter`,
+//!   `rx_burst` walks completions of a multishot receive.
+//! * ibverbs: `tx_reserve` lends a slot of a registered memory region,
+//!   `flush` posts one RDMA write-with-immediate per frame into the peer's
+//!   receive ring and rings the doorbell once, `rx_burst` polls the
+//!   completion queue and lends frames in place from the local ring.
+//! * DPDK: a reliability core turns lossy MTU-sized datagrams into this
+//!   contract; `tx_reserve` lends mbuf data room, `flush` is one
+//!   `rte_eth_tx_burst`, `rx_burst` one `rte_eth_rx_burst`.
+
+use std::time::Instant;
+
+use bytes::Bytes;
+use starwire_wire::FrameError;
+use thiserror::Error;
+
+/// A backend failure. Every variant ends the connection: pending requests are
+/// failed by the message layer and reconnecting is explicit.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum TransportError {
+    /// The peer closed the connection.
+    #[error("connection closed by peer")]
+    Closed,
+    /// A framing error: the peer sent bytes that are not a valid frame.
+    #[error("framing error: {0}")]
+    Frame(#[from] FrameError),
+    /// An operating-system error.
+    #[error("I/O error: {0}")]
+    Io(#[from] std::io::Error),
+    /// A frame larger than the backend can carry was offered.
+    #[error("frame of {len} bytes exceeds the backend maximum of {max}")]
+    FrameTooLarge {
+        /// Offered length.
+        len: usize,
+        /// Backend maximum.
+        max: usize,
+    },
+    /// The peer stopped acknowledging (reliability core) or the link broke.
+    #[error("link failure: {0}")]
+    Link(String),
+}
+
+/// The backend layer. See the module documentation.
+pub trait Transport {
+    /// The largest frame (header included) the backend carries as one unit.
+    /// Longer messages are chunked by the message layer.
+    fn max_frame_len(&self) -> usize;
+
+    /// Lend `len` bytes of transmit buffer to encode one frame in place.
+    ///
+    /// Returns `Ok(None)` when the backend has no room right now
+    /// (back-pressure): call [`flush`](Self::flush) and retry later; nothing
+    /// is lost. A reservation is completed by [`tx_commit`](Self::tx_commit);
+    /// reserving again without committing abandons the earlier reservation.
+    fn tx_reserve(&mut self, len: usize) -> Result<Option<&mut [u8]>, TransportError>;
+
+    /// Commit the frame written into the last reservation; `len` is at most
+    /// the reserved length.
+    fn tx_commit(&mut self, len: usize);
+
+    /// Queue one frame made of `head` followed by the owned `segs`. Backends
+    /// that can (TCP) keep the segments and write them with a vectored
+    /// write, without copying; the default copies into a reservation.
+    /// Returns `Ok(false)` under back-pressure.
+    fn tx_gather(&mut self, head: &[u8], segs: &[Bytes]) -> Result<bool, TransportError> {
+        let len = head.len() + segs.iter().map(Bytes::len).sum::<usize>();
+        let Some(buf) = self.tx_reserve(len)? else {
+            return Ok(false);
+        };
+        buf[..head.len()].copy_from_slice(head);
+        let mut at = head.len();
+        for s in segs {
+            buf[at..at + s.len()].copy_from_slice(s);
+            at += s.len();
+        }
+        self.tx_commit(len);
+        Ok(true)
+    }
+
+    /// Hand everything queued to the wire: one system call or doorbell per
+    /// call where the backend allows. Also drives the backend's own timers
+    /// (retransmission) with `now`.
+    fn flush(&mut self, now: Instant) -> Result<(), TransportError>;
+
+    /// Lend up to `max` received frames to `sink`, in order, each valid only
+    /// for the duration of its call. Returns how many were delivered.
+    fn rx_burst(
+        &mut self,
+        now: Instant,
+        max: usize,
+        sink: &mut dyn FnMut(&[u8]),
+    ) -> Result<usize, TransportError>;
+
+    /// True while frames are queued that have not been handed to the wire
+    /// (or, for reliable-datagram backends, not yet acknowledged).
+    fn tx_pending(&self) -> bool;
+
+    /// The earliest instant at which the backend needs a call even if no
+    /// traffic arrives (a retransmission timer), if any.
+    fn poll_timeout(&self) -> Option<Instant> {
+        None
+    }
+}

@@ -1,0 +1,271 @@
+//! Bad input: every framing error closes only its own connection with a
+//! typed error; semantic errors fail one request and the connection lives.
+
+use std::time::Instant;
+
+use starwire_transport::testing::MemTransport;
+use starwire_transport::wire::message::{Hello, Role};
+use starwire_transport::wire::{Flags, FrameError, Header, Opcode, Status, HEADER_LEN};
+use starwire_transport::{
+    Body, ConnConfig, ConnError, Connection, Incoming, PeerInfo, Session, TaskRole, Transport,
+};
+
+const MAX_FRAME: usize = 4096;
+
+fn local(role: TaskRole) -> ConnConfig {
+    ConnConfig::new(PeerInfo {
+        role,
+        job: "ps".into(),
+        task_index: 0,
+        incarnation: 1,
+        shards: 1,
+    })
+}
+
+fn hello_frame(credits: u32) -> Vec<u8> {
+    let h = Hello {
+        protocol_version: starwire_transport::PROTOCOL_VERSION,
+        flags: 0,
+        role: Role::Worker,
+        job_name: "worker",
+        task_index: 0,
+        incarnation: 9,
+        initial_credits: credits,
+        max_frame_len: MAX_FRAME as u32,
+        shard_count: 1,
+    };
+    let mut f = vec![0u8; HEADER_LEN + h.encoded_len()];
+    Header::new(Opcode::Hello, 0, h.encoded_len() as u32).emit(&mut f);
+    h.emit(&mut f[HEADER_LEN..]);
+    f
+}
+
+fn send_raw(t: &mut MemTransport, frame: &[u8]) {
+    let buf = t.tx_reserve(frame.len()).expect("reserve").expect("room");
+    buf.copy_from_slice(frame);
+    t.tx_commit(frame.len());
+    t.flush(Instant::now()).expect("flush");
+}
+
+/// A PS session fed raw frames by a hand-driven peer. Returns the error the
+/// session ended with.
+fn feed(frames: &[Vec<u8>]) -> ConnError {
+    let (mut raw, b) = MemTransport::pair(MAX_FRAME, 64);
+    let mut ps = Session::new(local(TaskRole::Ps), b);
+    for f in frames {
+        send_raw(&mut raw, f);
+    }
+    let now = Instant::now();
+    for _ in 0..10 {
+        if let Err(e) = ps.turn(now, &mut |_, _| {}) {
+            assert!(ps.conn_ref().is_closed(), "connection left open after {e}");
+            return e;
+        }
+    }
+    panic!("bad input was accepted");
+}
+
+fn frame(h: Header, body: &[u8]) -> Vec<u8> {
+    let mut f = h.to_bytes().to_vec();
+    f.extend_from_slice(body);
+    f
+}
+
+#[test]
+fn bad_magic_closes() {
+    let mut f = frame(Header::new(Opcode::Rpc, 1, 4), &[1, 2, 3, 4]);
+    f[0] = b'X';
+    let e = feed(&[hello_frame(8), f]);
+    assert!(
+        matches!(e, ConnError::Frame(FrameError::BadMagic(_))),
+        "{e}"
+    );
+}
+
+#[test]
+fn truncated_frame_closes() {
+    let mut f = frame(Header::new(Opcode::Rpc, 1, 100), &[0; 100]);
+    f.truncate(HEADER_LEN + 10);
+    let e = feed(&[hello_frame(8), f]);
+    assert!(
+        matches!(e, ConnError::Frame(FrameError::Truncated { .. })),
+        "{e}"
+    );
+}
+
+#[test]
+fn oversized_length_closes_without_allocating() {
+    // Announces a 4 GiB - 1 body in a short frame.
+    let mut h = Header::new(Opcode::Rpc, 1, 0);
+    h.body_len = u32::MAX;
+    h.message_len = u32::MAX;
+    let e = feed(&[hello_frame(8), frame(h, &[0; 16])]);
+    assert!(
+        matches!(e, ConnError::Frame(FrameError::Oversized { .. })),
+        "{e}"
+    );
+}
+
+#[test]
+fn length_overflow_closes() {
+    // A chunked message whose chunks add up to more than it announced.
+    let mut first = Header::new(Opcode::Rpc, 1, 64);
+    first.flags = Flags::MORE;
+    first.message_len = 100;
+    let mut second = Header::new(Opcode::Rpc, 1, 64);
+    second.flags = Flags::CONTINUATION;
+    second.message_len = 100;
+    let e = feed(&[
+        hello_frame(8),
+        frame(first, &[1; 64]),
+        frame(second, &[2; 64]),
+    ]);
+    assert!(matches!(e, ConnError::Protocol(_)), "{e}");
+}
+
+#[test]
+fn body_longer_than_message_closes() {
+    let mut h = Header::new(Opcode::Rpc, 1, 64);
+    h.message_len = 10;
+    let e = feed(&[hello_frame(8), frame(h, &[0; 64])]);
+    assert!(
+        matches!(e, ConnError::Frame(FrameError::BadLength(_))),
+        "{e}"
+    );
+}
+
+#[test]
+fn unknown_opcode_closes() {
+    let mut f = frame(Header::new(Opcode::Rpc, 1, 0), &[]);
+    f[5] = 0x7e;
+    let e = feed(&[hello_frame(8), f]);
+    assert!(
+        matches!(e, ConnError::Frame(FrameError::UnknownOpcode(0x7e))),
+        "{e}"
+    );
+}
+
+#[test]
+fn data_before_handshake_closes() {
+    let e = feed(&[frame(Header::new(Opcode::Rpc, 1, 0), &[])]);
+    assert!(matches!(e, ConnError::Protocol(_)), "{e}");
+}
+
+#[test]
+fn frames_beyond_credit_close() {
+    let mut cfg = local(TaskRole::Ps);
+    cfg.recv_window = 2;
+    cfg.auto_credit = false;
+    let (mut raw, b) = MemTransport::pair(MAX_FRAME, 64);
+    let mut ps = Session::new(cfg, b);
+    send_raw(&mut raw, &hello_frame(8));
+    for i in 0..3 {
+        let mut h = Header::new(Opcode::Rpc, i + 1, 0);
+        h.flags = Flags::ONEWAY;
+        h.request_id = 0;
+        send_raw(&mut raw, &frame(h, &[]));
+    }
+    let r = ps.turn(Instant::now(), &mut |_, _| {});
+    assert!(matches!(r, Err(ConnError::Protocol(_))), "{r:?}");
+}
+
+#[test]
+fn bad_handshake_closes() {
+    let mut hello = hello_frame(8);
+    hello[HEADER_LEN] = 99; // protocol version 99
+    let e = feed(&[hello]);
+    assert!(matches!(e, ConnError::Handshake(_)), "{e}");
+    let mut short = frame(Header::new(Opcode::Hello, 0, 4), &[1, 0, 0, 0]);
+    short.truncate(HEADER_LEN + 4);
+    let e = feed(&[short]);
+    assert!(matches!(e, ConnError::Handshake(_)), "{e}");
+}
+
+#[test]
+fn one_bad_connection_does_not_disturb_another() {
+    // Two connections side by side; the first gets garbage.
+    let mut f = frame(Header::new(Opcode::Rpc, 1, 4), &[1, 2, 3, 4]);
+    f[4] = 42; // version
+    let e = feed(&[hello_frame(8), f]);
+    assert!(matches!(e, ConnError::Frame(FrameError::BadVersion(42))));
+
+    let mut pair = starwire_transport::conformance::Pair::new(MemTransport::pair(MAX_FRAME, 64));
+    let id = pair
+        .a
+        .conn()
+        .request(Opcode::Rpc, 0, Body::from(vec![5u8; 10]), None)
+        .expect("queue");
+    let mut ok = false;
+    pair.drive(
+        &mut |_, m| {
+            if let Incoming::Response { id: got, .. } = m {
+                assert_eq!(got, id);
+                ok = true;
+            }
+        },
+        &mut |c: &mut Connection, m| {
+            if let Incoming::Request { id, opcode, .. } = m {
+                c.respond(id, opcode, Status::Ok, Body::empty())
+                    .expect("respond");
+            }
+        },
+        &mut |p| p.a.conn_ref().pending_requests() == 0,
+    );
+    assert!(ok);
+}
+
+#[test]
+fn semantic_error_fails_one_request_only() {
+    let mut pair = starwire_transport::conformance::Pair::new(MemTransport::pair(MAX_FRAME, 64));
+    // Variable 99 is unknown at the server; 1 is known.
+    let bad = pair
+        .a
+        .conn()
+        .request(
+            Opcode::DensePull,
+            0,
+            Body::from(99u32.to_le_bytes().to_vec()),
+            None,
+        )
+        .expect("queue");
+    let good = pair
+        .a
+        .conn()
+        .request(
+            Opcode::DensePull,
+            0,
+            Body::from(1u32.to_le_bytes().to_vec()),
+            None,
+        )
+        .expect("queue");
+    let mut statuses = Vec::new();
+    pair.drive(
+        &mut |_, m| {
+            if let Incoming::Response { id, status, .. } = m {
+                statuses.push((id, status));
+            }
+        },
+        &mut |c: &mut Connection, m| {
+            if let Incoming::Request {
+                id, opcode, body, ..
+            } = m
+            {
+                let var = u32::from_le_bytes(body[..4].try_into().expect("4 bytes"));
+                let status = if var == 1 {
+                    Status::Ok
+                } else {
+                    Status::UnknownVariable
+                };
+                c.respond(id, opcode, status, Body::empty())
+                    .expect("respond");
+            }
+        },
+        &mut |p| p.a.conn_ref().pending_requests() == 0,
+    );
+    assert_eq!(
+        statuses,
+        vec![(bad, Status::UnknownVariable), (good, Status::Ok)]
+    );
+    assert!(pair.a.conn_ref().is_established());
+    assert!(pair.b.conn_ref().is_established());
+}

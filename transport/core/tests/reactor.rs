@@ -1,0 +1,166 @@
+//! Reactors: the park/wake path under stress, socket wake-ups, pinning.
+
+use std::io::Write;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use starwire_queue::{grid, Consumer};
+use starwire_transport::reactor::{IdlePolicy, Reactor, ReactorSpec, Shard};
+
+struct Sink {
+    rx: Consumer<u64>,
+    got: Vec<u64>,
+    want: usize,
+}
+
+impl Shard for Sink {
+    fn turn(&mut self, _now: Instant) -> bool {
+        let before = self.got.len();
+        let got = &mut self.got;
+        self.rx.drain(64, |x| got.push(x));
+        self.got.len() > before
+    }
+    fn finished(&self) -> bool {
+        self.got.len() >= self.want
+    }
+}
+
+/// Producers push one item at a time and wake the reactor; a lost wake-up
+/// would leave the reactor asleep until its (long) park timeout, which the
+/// stats record. None may happen.
+#[test]
+fn no_lost_wakeups_under_stress() {
+    for policy in [
+        IdlePolicy::Park,
+        IdlePolicy::PollThenPark(Duration::from_micros(20)),
+    ] {
+        let producers = 3;
+        let per = 20_000u64;
+        let (mut txs, mut rxs) = grid::<u64>(producers, 1, 64);
+        let rx = rxs.pop().expect("one consumer");
+        let mut spec = ReactorSpec::new(0);
+        spec.idle = policy;
+        spec.max_park = Duration::from_secs(30);
+        let want = producers * per as usize;
+        let reactor = Reactor::spawn(spec, move |_| Sink {
+            rx,
+            got: Vec::new(),
+            want,
+        })
+        .expect("spawn");
+        let waker = reactor.waker();
+        let threads: Vec<_> = txs
+            .drain(..)
+            .enumerate()
+            .map(|(p, mut tx)| {
+                let waker = waker.clone();
+                std::thread::spawn(move || {
+                    for i in 0..per {
+                        let mut item = (p as u64) << 32 | i;
+                        loop {
+                            match tx.push_to(0, item) {
+                                Ok(()) => break,
+                                Err(back) => {
+                                    item = back;
+                                    waker.wake();
+                                    std::thread::yield_now();
+                                }
+                            }
+                        }
+                        waker.wake();
+                        if i % 1000 == 0 {
+                            std::thread::sleep(Duration::from_micros(200));
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().expect("producer");
+        }
+        let (shard, stats) = reactor.join().expect("reactor");
+        assert_eq!(shard.got.len(), want);
+        // Per-producer order is kept.
+        let mut next = vec![0u64; producers];
+        for x in &shard.got {
+            let p = (x >> 32) as usize;
+            assert_eq!(x & 0xffff_ffff, next[p]);
+            next[p] += 1;
+        }
+        assert_eq!(stats.park_timeouts, 0, "a wake-up was lost: {stats:?}");
+    }
+}
+
+struct SocketShard {
+    sock: std::net::UdpSocket,
+    got: Arc<AtomicU64>,
+}
+
+impl Shard for SocketShard {
+    fn turn(&mut self, _now: Instant) -> bool {
+        let mut buf = [0u8; 64];
+        let mut any = false;
+        while self.sock.recv(&mut buf).is_ok() {
+            self.got.fetch_add(1, Ordering::SeqCst);
+            any = true;
+        }
+        any
+    }
+    fn wake_fds<'a>(&'a self, out: &mut Vec<BorrowedFd<'a>>) {
+        out.push(self.sock.as_fd());
+    }
+    fn finished(&self) -> bool {
+        self.got.load(Ordering::SeqCst) >= 100
+    }
+}
+
+/// Network input wakes a parked reactor without any waker call.
+#[test]
+fn socket_input_wakes_a_parked_reactor() {
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
+    sock.set_nonblocking(true).expect("nonblocking");
+    let addr = sock.local_addr().expect("addr");
+    let got = Arc::new(AtomicU64::new(0));
+    let mut spec = ReactorSpec::new(0);
+    spec.idle = IdlePolicy::Park;
+    spec.max_park = Duration::from_secs(30);
+    let g = got.clone();
+    let reactor = Reactor::spawn(spec, move |_| SocketShard { sock, got: g }).expect("spawn");
+    let tx = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
+    for _ in 0..100 {
+        tx.send_to(b"x", addr).expect("send");
+        std::thread::sleep(Duration::from_micros(300));
+    }
+    let (_, stats) = reactor.join().expect("join");
+    assert_eq!(got.load(Ordering::SeqCst), 100);
+    assert_eq!(stats.park_timeouts, 0, "{stats:?}");
+    let _ = std::io::stdout().flush();
+}
+
+struct WhereAmI {
+    cpu: Option<usize>,
+}
+
+impl Shard for WhereAmI {
+    fn turn(&mut self, _now: Instant) -> bool {
+        self.cpu = starwire_placement::current_cpu().ok();
+        true
+    }
+    fn finished(&self) -> bool {
+        self.cpu.is_some()
+    }
+}
+
+#[test]
+fn reactor_runs_on_its_pinned_core() {
+    let cpus = starwire_placement::CpuSet::process_affinity().expect("affinity");
+    let cpu = cpus.last().expect("a cpu");
+    let mut spec = ReactorSpec::new(0);
+    spec.cpu = Some(cpu);
+    spec.idle = IdlePolicy::BusyPoll;
+    let r = Reactor::spawn(spec, |_| WhereAmI { cpu: None }).expect("spawn");
+    let (shard, _) = r.join().expect("join");
+    assert_eq!(shard.cpu, Some(cpu));
+}

@@ -1,0 +1,509 @@
+use rand::rngs::SmallRng;
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+
+use super::*;
+
+const MTU: usize = 128; // 96 bytes of payload per packet
+
+fn cfg() -> ReliableConfig {
+    ReliableConfig {
+        max_frame_len: 1024,
+        window: 32,
+        ..ReliableConfig::default()
+    }
+}
+
+fn pair(cfg: ReliableConfig) -> (ReliableCore, ReliableCore) {
+    (
+        ReliableCore::new(cfg.clone(), MTU).unwrap(),
+        ReliableCore::new(cfg, MTU).unwrap(),
+    )
+}
+
+fn frame(i: usize, len: usize) -> Vec<u8> {
+    (0..len).map(|j| (i * 31 + j * 7) as u8).collect()
+}
+
+fn send_frame(c: &mut ReliableCore, bytes: &[u8]) {
+    let b = c.tx_reserve(bytes.len()).unwrap().expect("window has room");
+    b.copy_from_slice(bytes);
+    c.tx_commit(bytes.len());
+}
+
+fn drain_tx(c: &mut ReliableCore, now: Instant) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut buf = vec![0; MTU];
+    for _ in 0..10_000 {
+        match c.poll_transmit(now, &mut buf) {
+            Some(n) => out.push(buf[..n].to_vec()),
+            None => return out,
+        }
+    }
+    panic!("poll_transmit never ran dry");
+}
+
+fn feed(c: &mut ReliableCore, now: Instant, pkts: &[Vec<u8>], out: &mut Vec<Vec<u8>>) {
+    for p in pkts {
+        let mut budget = usize::MAX;
+        c.handle_packet(now, p, &mut |f| out.push(f.to_vec()), &mut budget);
+    }
+    c.deliver(usize::MAX, &mut |f| out.push(f.to_vec()));
+}
+
+fn data_pkt(conn_id: u32, seq: u32, flags: PacketFlags, payload: &[u8]) -> Vec<u8> {
+    let mut buf = vec![0; PACKET_HEADER_LEN + payload.len()];
+    let hdr = PacketHeader {
+        flags: PacketFlags::DATA.with(flags),
+        conn_id,
+        seq,
+        ack: cfg().initial_seq,
+        sack: 0,
+        payload_len: 0,
+    };
+    hdr.encode(payload, &mut buf);
+    buf
+}
+
+fn whole() -> PacketFlags {
+    PacketFlags::FIRST.with(PacketFlags::LAST)
+}
+
+#[test]
+fn duplicate_packets_are_delivered_once_and_acked_at_once() {
+    let (mut a, mut b) = pair(cfg());
+    let now = Instant::now();
+    let frames: Vec<_> = (0..3).map(|i| frame(i, 50)).collect();
+    for f in &frames {
+        send_frame(&mut a, f);
+    }
+    let pkts = drain_tx(&mut a, now);
+    assert_eq!(pkts.len(), 3);
+    let mut got = Vec::new();
+    feed(&mut b, now, &pkts[..2], &mut got);
+    // A duplicate of an already delivered packet.
+    feed(&mut b, now, &pkts[..1], &mut got);
+    assert_eq!(
+        b.poll_timeout(),
+        Some(now),
+        "a duplicate is acknowledged at once"
+    );
+    feed(&mut b, now, &pkts, &mut got);
+    assert_eq!(got, frames);
+    assert_eq!(b.stats().duplicates, 3);
+    assert_eq!(b.stats().frames_delivered, 3);
+    let acks = drain_tx(&mut b, now);
+    assert_eq!(acks.len(), 1);
+    feed(&mut a, now, &acks, &mut Vec::new());
+    assert!(!a.tx_pending());
+    assert_eq!(a.poll_timeout(), None, "nothing outstanding, no timer");
+}
+
+#[test]
+fn buffered_duplicates_are_discarded_too() {
+    let (mut a, mut b) = pair(cfg());
+    let now = Instant::now();
+    for i in 0..4 {
+        send_frame(&mut a, &frame(i, 10));
+    }
+    let pkts = drain_tx(&mut a, now);
+    let mut got = Vec::new();
+    // 3 arrives twice before 0..2.
+    feed(&mut b, now, &[pkts[3].clone(), pkts[3].clone()], &mut got);
+    assert!(got.is_empty());
+    assert_eq!(b.stats().duplicates, 1);
+    feed(&mut b, now, &pkts[..3], &mut got);
+    assert_eq!(got, (0..4).map(|i| frame(i, 10)).collect::<Vec<_>>());
+}
+
+#[test]
+fn out_of_window_and_old_sequence_numbers_are_dropped() {
+    let (_, mut b) = pair(cfg());
+    let now = Instant::now();
+    let w = cfg().window;
+    let mut got = Vec::new();
+    feed(&mut b, now, &[data_pkt(1, w, whole(), b"far")], &mut got);
+    assert_eq!(b.stats().out_of_window, 1);
+    feed(
+        &mut b,
+        now,
+        &[data_pkt(1, u32::MAX, whole(), b"old")],
+        &mut got,
+    );
+    assert_eq!(
+        b.stats().duplicates,
+        1,
+        "behind rcv_nxt counts as a duplicate"
+    );
+    // The last slot of the window is accepted and buffered.
+    feed(
+        &mut b,
+        now,
+        &[data_pkt(1, w - 1, whole(), b"edge")],
+        &mut got,
+    );
+    assert_eq!(b.stats().out_of_order, 1);
+    assert!(got.is_empty());
+    assert_eq!(b.rcv_nxt(), 0);
+    // Filling the gap 0..w-1 delivers everything in order.
+    let fill: Vec<_> = (0..w - 1)
+        .map(|s| data_pkt(1, s, whole(), &s.to_le_bytes()))
+        .collect();
+    feed(&mut b, now, &fill, &mut got);
+    assert_eq!(got.len() as u32, w);
+    assert_eq!(got.last().unwrap(), b"edge");
+    assert_eq!(b.rcv_nxt(), w);
+}
+
+#[test]
+fn sequence_numbers_wrap_around() {
+    let c = ReliableConfig {
+        initial_seq: u32::MAX - 10,
+        ..cfg()
+    };
+    let (mut a, mut b) = pair(c);
+    let now = Instant::now();
+    let mut rng = SmallRng::seed_from_u64(7);
+    let frames: Vec<_> = (0..40)
+        .map(|i| frame(i, [10, 96, 97, 300][i % 4]))
+        .collect();
+    let mut got = Vec::new();
+    let mut next = 0;
+    for _round in 0..100 {
+        while next < frames.len() {
+            let Some(buf) = a.tx_reserve(frames[next].len()).unwrap() else {
+                break;
+            };
+            buf.copy_from_slice(&frames[next]);
+            a.tx_commit(frames[next].len());
+            next += 1;
+        }
+        let mut pkts = drain_tx(&mut a, now);
+        // Reorder and duplicate.
+        let dups: Vec<_> = pkts.iter().step_by(3).cloned().collect();
+        pkts.extend(dups);
+        pkts.shuffle(&mut rng);
+        feed(&mut b, now, &pkts, &mut got);
+        let acks = drain_tx(&mut b, now);
+        feed(&mut a, now, &acks, &mut Vec::new());
+        if next == frames.len() && !a.tx_pending() {
+            break;
+        }
+    }
+    assert_eq!(got, frames);
+    let packets: u32 = frames.iter().map(|f| f.len().div_ceil(96) as u32).sum();
+    assert!(packets > 11, "the run must cross the wrap");
+    assert_eq!(b.rcv_nxt(), (u32::MAX - 10).wrapping_add(packets));
+    assert_eq!(a.snd_una(), b.rcv_nxt());
+    assert!(a.snd_una() < 1000, "wrapped past zero");
+    assert!(b.stats().duplicates > 0 && b.stats().out_of_order > 0);
+}
+
+#[test]
+fn frames_are_fragmented_with_first_and_last_flags() {
+    let (mut a, mut b) = pair(cfg());
+    let now = Instant::now();
+    let big = frame(1, 1024);
+    send_frame(&mut a, &big);
+    let pkts = drain_tx(&mut a, now);
+    assert_eq!(pkts.len(), 11); // ceil(1024 / 96)
+    for (i, p) in pkts.iter().enumerate() {
+        assert!(p.len() <= MTU);
+        let (h, payload) = PacketHeader::decode(p).unwrap();
+        assert_eq!(h.seq, i as u32);
+        assert_eq!(h.flags.contains(PacketFlags::FIRST), i == 0);
+        assert_eq!(h.flags.contains(PacketFlags::LAST), i == 10);
+        assert_eq!(payload.len(), if i == 10 { 1024 - 960 } else { 96 });
+    }
+    let mut got = Vec::new();
+    feed(&mut b, now, &pkts, &mut got);
+    assert_eq!(got, vec![big]);
+    // Empty frames travel too.
+    send_frame(&mut a, &[]);
+    let pkts = drain_tx(&mut a, now);
+    let mut got = Vec::new();
+    feed(&mut b, now, &pkts, &mut got);
+    assert_eq!(got, vec![Vec::<u8>::new()]);
+}
+
+#[test]
+fn retransmission_timer_backs_off_and_resets_on_progress() {
+    let (mut a, mut b) = pair(cfg());
+    let t0 = Instant::now();
+    send_frame(&mut a, b"hello");
+    let first = drain_tx(&mut a, t0);
+    assert_eq!(first.len(), 1);
+    let rto0 = a.current_rto();
+    assert_eq!(a.poll_timeout(), Some(t0 + rto0));
+    // Lost. Nothing happens before the deadline.
+    a.handle_timeout(t0 + rto0 - Duration::from_micros(1));
+    assert!(drain_tx(&mut a, t0).is_empty());
+    let t1 = t0 + rto0;
+    a.handle_timeout(t1);
+    assert_eq!(a.stats().timeouts, 1);
+    assert_eq!(a.current_rto(), (rto0 * 2).min(cfg().rto_max));
+    let again = drain_tx(&mut a, t1);
+    assert_eq!(again, first, "the same packet again");
+    assert_eq!(a.stats().retransmits, 1);
+    assert_eq!(a.poll_timeout(), Some(t1 + a.current_rto()));
+    let mut got = Vec::new();
+    feed(&mut b, t1, &again, &mut got);
+    assert_eq!(got, vec![b"hello".to_vec()]);
+    // Delayed ack: due after ack_delay, not now.
+    assert!(drain_tx(&mut b, t1).is_empty());
+    let t2 = t1 + cfg().ack_delay;
+    assert_eq!(b.poll_timeout(), Some(t2));
+    let acks = drain_tx(&mut b, t2);
+    assert_eq!(acks.len(), 1);
+    feed(&mut a, t2, &acks, &mut Vec::new());
+    assert!(!a.tx_pending());
+    assert!(a.current_rto() < rto0 * 2, "backoff reset");
+}
+
+#[test]
+fn ack_every_n_packets_is_immediate() {
+    let (mut a, mut b) = pair(cfg());
+    let now = Instant::now();
+    let n = cfg().ack_every as usize;
+    for i in 0..n {
+        send_frame(&mut a, &frame(i, 5));
+    }
+    let pkts = drain_tx(&mut a, now);
+    feed(&mut b, now, &pkts[..n - 1], &mut Vec::new());
+    assert_eq!(b.poll_timeout(), Some(now + cfg().ack_delay));
+    feed(&mut b, now, &pkts[n - 1..], &mut Vec::new());
+    assert_eq!(b.poll_timeout(), Some(now));
+    let acks = drain_tx(&mut b, now);
+    assert_eq!(acks.len(), 1);
+    let (h, _) = PacketHeader::decode(&acks[0]).unwrap();
+    assert_eq!(h.ack, n as u32);
+    assert_eq!(h.sack, 0);
+}
+
+#[test]
+fn dead_peer_after_the_timeout_budget() {
+    let c = ReliableConfig {
+        dead_after_timeouts: 4,
+        ..cfg()
+    };
+    let (mut a, _) = pair(c);
+    let mut now = Instant::now();
+    send_frame(&mut a, b"anyone?");
+    let mut sent = drain_tx(&mut a, now).len();
+    for _ in 0..100 {
+        let Some(t) = a.poll_timeout() else { break };
+        now = now.max(t);
+        a.handle_timeout(now);
+        sent += drain_tx(&mut a, now).len();
+    }
+    let err = a.check().unwrap_err();
+    assert!(
+        matches!(&err, TransportError::Link(m) if m.starts_with("peer unreachable")),
+        "{err}"
+    );
+    assert_eq!(a.stats().timeouts, 4);
+    assert_eq!(sent, 4, "one transmission and three retransmissions");
+    assert!(a.tx_reserve(1).is_err());
+    assert_eq!(a.poll_timeout(), None);
+}
+
+#[test]
+fn sack_triggers_fast_retransmit() {
+    let (mut a, mut b) = pair(cfg());
+    let now = Instant::now();
+    for i in 0..6 {
+        send_frame(&mut a, &frame(i, 20));
+    }
+    let pkts = drain_tx(&mut a, now);
+    let mut got = Vec::new();
+    feed(&mut b, now, &pkts[1..], &mut got);
+    assert!(got.is_empty());
+    let acks = drain_tx(&mut b, now);
+    assert_eq!(acks.len(), 1, "out-of-order data is acknowledged at once");
+    let (h, _) = PacketHeader::decode(&acks[0]).unwrap();
+    assert_eq!((h.ack, h.sack), (0, 0b11111));
+    feed(&mut a, now, &acks, &mut Vec::new());
+    assert_eq!(a.stats().fast_retransmits, 1);
+    let rtx = drain_tx(&mut a, now);
+    assert_eq!(
+        rtx,
+        vec![pkts[0].clone()],
+        "only the hole, before any timeout"
+    );
+    feed(&mut b, now, &rtx, &mut got);
+    assert_eq!(got, (0..6).map(|i| frame(i, 20)).collect::<Vec<_>>());
+    // On a timeout, sacked packets are not sent again.
+    let (mut a, _) = pair(cfg());
+    for i in 0..6 {
+        send_frame(&mut a, &frame(i, 20));
+    }
+    drain_tx(&mut a, now);
+    feed(&mut a, now, &acks, &mut Vec::new());
+    let fast = drain_tx(&mut a, now);
+    assert_eq!(fast.len(), 1);
+    let t = a.poll_timeout().unwrap();
+    a.handle_timeout(t);
+    assert_eq!(drain_tx(&mut a, t), fast);
+}
+
+#[test]
+fn corrupted_foreign_and_malformed_packets_are_dropped() {
+    let (mut a, mut b) = pair(cfg());
+    let now = Instant::now();
+    send_frame(&mut a, b"payload");
+    let mut pkt = drain_tx(&mut a, now).remove(0);
+    let mut got = Vec::new();
+    let mut bad = pkt.clone();
+    *bad.last_mut().unwrap() ^= 0x10;
+    feed(&mut b, now, &[bad], &mut got);
+    assert_eq!(b.stats().dropped_corrupt, 1);
+    feed(
+        &mut b,
+        now,
+        &[data_pkt(99, 0, whole(), b"payload")],
+        &mut got,
+    );
+    assert_eq!(b.stats().dropped_foreign, 1);
+    feed(
+        &mut b,
+        now,
+        &[pkt[..20].to_vec(), b"garbage".to_vec()],
+        &mut got,
+    );
+    assert_eq!(b.stats().dropped_malformed, 2);
+    assert!(got.is_empty());
+    assert_eq!(b.rcv_nxt(), 0);
+    assert!(b.check().is_ok());
+    // Ethernet padding after the packet is fine.
+    pkt.extend_from_slice(&[0; 20]);
+    feed(&mut b, now, &[pkt], &mut got);
+    assert_eq!(got, vec![b"payload".to_vec()]);
+}
+
+#[test]
+fn window_back_pressure() {
+    let (mut a, mut b) = pair(cfg());
+    let now = Instant::now();
+    // 4 fragments per frame, window of 32 packets: 8 frames fit.
+    let f = frame(0, 96 * 4);
+    for _ in 0..8 {
+        send_frame(&mut a, &f);
+    }
+    assert!(a.tx_reserve(f.len()).unwrap().is_none());
+    assert!(
+        a.tx_reserve(1).unwrap().is_none(),
+        "full to the last packet"
+    );
+    assert_eq!(a.stats().window_full, 2);
+    assert_eq!(a.in_flight(), 32);
+    let pkts = drain_tx(&mut a, now);
+    assert_eq!(pkts.len(), 32);
+    assert!(a.tx_reserve(1).unwrap().is_none(), "still unacknowledged");
+    let mut got = Vec::new();
+    feed(&mut b, now, &pkts[..4], &mut got);
+    let acks = drain_tx(&mut b, now + cfg().ack_delay);
+    feed(&mut a, now, &acks, &mut Vec::new());
+    assert_eq!(a.in_flight(), 28);
+    assert!(a.tx_reserve(f.len()).unwrap().is_some(), "room after acks");
+    assert!(
+        a.tx_reserve(f.len() + 1).unwrap().is_none(),
+        "5 fragments do not fit"
+    );
+}
+
+#[test]
+fn protocol_violations_fail_the_connection() {
+    let (_, mut b) = pair(cfg());
+    let now = Instant::now();
+    feed(
+        &mut b,
+        now,
+        &[data_pkt(1, 0, PacketFlags::LAST, b"x")],
+        &mut Vec::new(),
+    );
+    let err = b.check().unwrap_err();
+    assert!(err.to_string().contains("protocol violation"), "{err}");
+
+    let (_, mut b) = pair(cfg());
+    let big = vec![0u8; 96];
+    let pkts: Vec<_> = (0..11)
+        .map(|s| {
+            data_pkt(
+                1,
+                s,
+                if s == 0 {
+                    PacketFlags::FIRST
+                } else {
+                    PacketFlags::NONE
+                },
+                &big,
+            )
+        })
+        .collect();
+    feed(&mut b, now, &pkts, &mut Vec::new());
+    assert!(b.check().is_err(), "a frame beyond max_frame_len");
+}
+
+#[test]
+fn direct_delivery_respects_the_budget_and_order() {
+    let (mut a, mut b) = pair(cfg());
+    let now = Instant::now();
+    for i in 0..5 {
+        send_frame(&mut a, &frame(i, 30));
+    }
+    let pkts = drain_tx(&mut a, now);
+    let mut got = Vec::new();
+    let mut budget = 2;
+    for p in &pkts {
+        b.handle_packet(now, p, &mut |f| got.push(f.to_vec()), &mut budget);
+    }
+    assert_eq!(budget, 0);
+    assert_eq!(got.len(), 2);
+    assert_eq!(b.ready_frames(), 3);
+    assert_eq!(b.deliver(2, &mut |f| got.push(f.to_vec())), 2);
+    assert_eq!(b.deliver(9, &mut |f| got.push(f.to_vec())), 1);
+    assert_eq!(got, (0..5).map(|i| frame(i, 30)).collect::<Vec<_>>());
+    assert_eq!(b.stats().frames_delivered, 5);
+
+    // A frame completed while older ones wait is queued behind them, even
+    // with budget to spare.
+    for i in 5..8 {
+        send_frame(&mut a, &frame(i, 30));
+    }
+    let pkts = drain_tx(&mut a, now);
+    let mut zero = 0;
+    b.handle_packet(now, &pkts[0], &mut |_| panic!("no budget"), &mut zero);
+    let mut budget = 10;
+    for p in &pkts[1..] {
+        b.handle_packet(now, p, &mut |f| got.push(f.to_vec()), &mut budget);
+    }
+    assert_eq!(budget, 10, "nothing may overtake the queued frame");
+    assert_eq!(b.deliver(10, &mut |f| got.push(f.to_vec())), 3);
+    assert_eq!(got, (0..8).map(|i| frame(i, 30)).collect::<Vec<_>>());
+}
+
+#[test]
+fn config_validation() {
+    assert!(ReliableCore::new(cfg(), MIN_MTU - 1).is_err());
+    let small = ReliableConfig {
+        window: 10,
+        ..cfg()
+    };
+    assert!(
+        ReliableCore::new(small, MTU).is_err(),
+        "11 fragments > window 10"
+    );
+    let huge = ReliableConfig {
+        window: MAX_WINDOW + 1,
+        ..cfg()
+    };
+    assert!(ReliableCore::new(huge, MTU).is_err());
+    let mut c = ReliableCore::new(cfg(), MTU).unwrap();
+    assert!(matches!(
+        c.tx_reserve(1025),
+        Err(TransportError::FrameTooLarge {
+            len: 1025,
+            max: 1024
+        })
+    ));
+}

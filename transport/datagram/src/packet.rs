@@ -1,0 +1,294 @@
+//! The packet header of the reliability protocol.
+//!
+//! Every datagram starts with a fixed 32-byte header, little-endian:
+//!
+//! ```text
+//! offset size field
+//!  0     2    magic        "SD" (0x53 0x44)
+//!  2     1    version      PACKET_VERSION
+//!  3     1    flags        bit 0 DATA, bit 1 FIRST, bit 2 LAST; others 0
+//!  4     4    conn_id      connection id; packets of another connection are dropped
+//!  8     4    seq          packet sequence number (DATA packets; 0 otherwise)
+//! 12     4    ack          cumulative ack: next sequence number expected from the peer
+//! 16     8    sack         selective ack: bit i set = peer holds seq ack+1+i
+//! 24     2    payload_len  bytes of payload after the header
+//! 26     2    reserved     0
+//! 28     4    checksum     CRC-32C over bytes 0..28 and the payload
+//! 32     ..   payload      one fragment of a frame (DATA packets)
+//! ```
+//!
+//! Bytes after `32 + payload_len` are ignored (Ethernet pads short frames).
+//! Every packet carries `ack`/`sack`, so acknowledgements ride on data; a
+//! packet without DATA is a standalone acknowledgement.
+
+use thiserror::Error;
+
+use crate::crc32c::Crc32c;
+
+/// Size of the packet header in bytes.
+pub const PACKET_HEADER_LEN: usize = 32;
+/// The magic bytes that open every packet.
+pub const PACKET_MAGIC: [u8; 2] = *b"SD";
+/// The packet format version this build speaks.
+pub const PACKET_VERSION: u8 = 1;
+/// Sequence numbers a `sack` bitmap covers beyond the cumulative ack.
+pub const SACK_BITS: u32 = 64;
+
+/// Packet flag bits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PacketFlags(u8);
+
+impl PacketFlags {
+    /// No flags: a standalone acknowledgement.
+    pub const NONE: Self = Self(0);
+    /// The packet carries a fragment and consumes a sequence number.
+    pub const DATA: Self = Self(1 << 0);
+    /// The fragment opens a frame.
+    pub const FIRST: Self = Self(1 << 1);
+    /// The fragment closes a frame.
+    pub const LAST: Self = Self(1 << 2);
+    const ALL: u8 = 0b111;
+
+    /// The raw bits.
+    pub const fn bits(self) -> u8 {
+        self.0
+    }
+    /// Decode, rejecting unknown bits.
+    pub const fn from_bits(bits: u8) -> Option<Self> {
+        if bits & !Self::ALL != 0 {
+            None
+        } else {
+            Some(Self(bits))
+        }
+    }
+    /// True if every bit of `other` is set.
+    pub const fn contains(self, other: Self) -> bool {
+        self.0 & other.0 == other.0
+    }
+    /// `self` with the bits of `other` added.
+    pub const fn with(self, other: Self) -> Self {
+        Self(self.0 | other.0)
+    }
+}
+
+/// The decoded fixed header of a packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PacketHeader {
+    /// Flag bits.
+    pub flags: PacketFlags,
+    /// Connection id.
+    pub conn_id: u32,
+    /// Sequence number (DATA packets).
+    pub seq: u32,
+    /// Cumulative acknowledgement: the next sequence number the sender of
+    /// this packet expects.
+    pub ack: u32,
+    /// Selective acknowledgement bitmap relative to `ack`.
+    pub sack: u64,
+    /// Payload bytes.
+    pub payload_len: u16,
+}
+
+/// Why a datagram was rejected. Rejected datagrams are dropped silently by
+/// the reliability core (and counted); they never end the connection.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum PacketError {
+    /// Shorter than the header or than the header says.
+    #[error("truncated packet: need {needed} bytes, have {have}")]
+    Truncated {
+        /// Bytes needed.
+        needed: usize,
+        /// Bytes present.
+        have: usize,
+    },
+    /// Not one of ours.
+    #[error("bad packet magic {0:02x?}")]
+    BadMagic([u8; 2]),
+    /// Unknown version.
+    #[error("unsupported packet version {0}")]
+    BadVersion(u8),
+    /// The checksum does not match: the packet was corrupted.
+    #[error("packet checksum mismatch")]
+    BadChecksum,
+    /// Fields that contradict each other.
+    #[error("malformed packet: {0}")]
+    Malformed(&'static str),
+}
+
+fn checksum(head: &[u8], payload: &[u8]) -> u32 {
+    let mut c = Crc32c::new();
+    c.update(&head[..28]);
+    c.update(payload);
+    c.finish()
+}
+
+impl PacketHeader {
+    /// Write the header followed by `payload` into `out`, computing the
+    /// checksum. Returns the packet length, `PACKET_HEADER_LEN + payload.len()`.
+    ///
+    /// # Panics
+    /// If `out` is too short or `payload` is longer than `u16::MAX`
+    /// (`payload_len` is taken from `payload`, not from `self`).
+    pub fn encode(&self, payload: &[u8], out: &mut [u8]) -> usize {
+        let plen = u16::try_from(payload.len()).expect("payload longer than u16::MAX");
+        let total = PACKET_HEADER_LEN + payload.len();
+        let out = &mut out[..total];
+        out[0..2].copy_from_slice(&PACKET_MAGIC);
+        out[2] = PACKET_VERSION;
+        out[3] = self.flags.bits();
+        out[4..8].copy_from_slice(&self.conn_id.to_le_bytes());
+        out[8..12].copy_from_slice(&self.seq.to_le_bytes());
+        out[12..16].copy_from_slice(&self.ack.to_le_bytes());
+        out[16..24].copy_from_slice(&self.sack.to_le_bytes());
+        out[24..26].copy_from_slice(&plen.to_le_bytes());
+        out[26..28].copy_from_slice(&[0, 0]);
+        out[PACKET_HEADER_LEN..].copy_from_slice(payload);
+        let (head, body) = out.split_at_mut(PACKET_HEADER_LEN);
+        let crc = checksum(head, body);
+        head[28..32].copy_from_slice(&crc.to_le_bytes());
+        total
+    }
+
+    /// Parse and verify a datagram: the header and its payload.
+    pub fn decode(pkt: &[u8]) -> Result<(Self, &[u8]), PacketError> {
+        let Some(h) = pkt.get(..PACKET_HEADER_LEN) else {
+            return Err(PacketError::Truncated {
+                needed: PACKET_HEADER_LEN,
+                have: pkt.len(),
+            });
+        };
+        if h[0..2] != PACKET_MAGIC {
+            return Err(PacketError::BadMagic([h[0], h[1]]));
+        }
+        if h[2] != PACKET_VERSION {
+            return Err(PacketError::BadVersion(h[2]));
+        }
+        let payload_len = u16::from_le_bytes([h[24], h[25]]);
+        let end = PACKET_HEADER_LEN + usize::from(payload_len);
+        let Some(payload) = pkt.get(PACKET_HEADER_LEN..end) else {
+            return Err(PacketError::Truncated {
+                needed: end,
+                have: pkt.len(),
+            });
+        };
+        let want = u32::from_le_bytes([h[28], h[29], h[30], h[31]]);
+        if checksum(h, payload) != want {
+            return Err(PacketError::BadChecksum);
+        }
+        let flags = PacketFlags::from_bits(h[3]).ok_or(PacketError::Malformed("unknown flags"))?;
+        if h[26] != 0 || h[27] != 0 {
+            return Err(PacketError::Malformed("reserved bytes set"));
+        }
+        let seq = u32::from_le_bytes([h[8], h[9], h[10], h[11]]);
+        if !flags.contains(PacketFlags::DATA)
+            && (flags != PacketFlags::NONE || payload_len != 0 || seq != 0)
+        {
+            return Err(PacketError::Malformed("acknowledgement with data fields"));
+        }
+        let hdr = Self {
+            flags,
+            conn_id: u32::from_le_bytes([h[4], h[5], h[6], h[7]]),
+            seq,
+            ack: u32::from_le_bytes([h[12], h[13], h[14], h[15]]),
+            sack: u64::from_le_bytes([h[16], h[17], h[18], h[19], h[20], h[21], h[22], h[23]]),
+            payload_len,
+        };
+        Ok((hdr, payload))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> PacketHeader {
+        PacketHeader {
+            flags: PacketFlags::DATA.with(PacketFlags::FIRST),
+            conn_id: 0xdead_beef,
+            seq: 0xffff_fff0,
+            ack: 7,
+            sack: 0x8000_0000_0000_0005,
+            payload_len: 0,
+        }
+    }
+
+    #[test]
+    fn roundtrip_and_padding() {
+        let payload: Vec<u8> = (0..100u8).collect();
+        let mut buf = [0u8; 200];
+        let n = sample().encode(&payload, &mut buf);
+        assert_eq!(n, PACKET_HEADER_LEN + 100);
+        let (h, p) = PacketHeader::decode(&buf[..n]).unwrap();
+        assert_eq!(
+            h,
+            PacketHeader {
+                payload_len: 100,
+                ..sample()
+            }
+        );
+        assert_eq!(p, &payload[..]);
+        // Trailing padding is ignored.
+        let (h2, p2) = PacketHeader::decode(&buf[..n + 30]).unwrap();
+        assert_eq!(h2, h);
+        assert_eq!(p2, p);
+        // Truncation is caught.
+        assert!(matches!(
+            PacketHeader::decode(&buf[..n - 1]),
+            Err(PacketError::Truncated { .. })
+        ));
+        assert!(matches!(
+            PacketHeader::decode(&buf[..10]),
+            Err(PacketError::Truncated { .. })
+        ));
+    }
+
+    #[test]
+    fn every_single_and_double_bit_flip_is_rejected() {
+        let payload: Vec<u8> = (0..40u8).map(|i| i.wrapping_mul(37)).collect();
+        let mut buf = [0u8; 128];
+        let n = sample().encode(&payload, &mut buf);
+        let pkt = &buf[..n];
+        let bits = n * 8;
+        for i in 0..bits {
+            let mut c = pkt.to_vec();
+            c[i / 8] ^= 1 << (i % 8);
+            assert!(
+                PacketHeader::decode(&c).is_err(),
+                "flip of bit {i} accepted"
+            );
+            for j in (i + 1..bits).step_by(13) {
+                let mut d = c.clone();
+                d[j / 8] ^= 1 << (j % 8);
+                assert!(
+                    PacketHeader::decode(&d).is_err(),
+                    "flip of bits {i},{j} accepted"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn malformed_acks_are_rejected() {
+        let mut buf = [0u8; 64];
+        let ack = PacketHeader {
+            flags: PacketFlags::FIRST,
+            seq: 0,
+            ..sample()
+        };
+        let n = ack.encode(&[], &mut buf);
+        assert_eq!(
+            PacketHeader::decode(&buf[..n]),
+            Err(PacketError::Malformed("acknowledgement with data fields"))
+        );
+        let bad_magic = {
+            let mut b = buf;
+            b[0] = b'X';
+            b
+        };
+        assert!(matches!(
+            PacketHeader::decode(&bad_magic[..n]),
+            Err(PacketError::BadMagic(_))
+        ));
+    }
+}

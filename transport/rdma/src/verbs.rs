@@ -1,0 +1,316 @@
+//! The verbs model: the handful of ibverbs operations the ring protocol
+//! needs, as plain data plus the [`QueuePair`] trait.
+//!
+//! Names follow rdma-core (`ibv_reg_mr`, `ibv_post_send` with
+//! `IBV_WR_RDMA_WRITE_WITH_IMM`, `ibv_post_recv`, `ibv_poll_cq`,
+//! `struct ibv_wc`) and rust-ibverbs (`MemoryRegion`, local/remote memory
+//! slices). The model is deliberately narrow: one reliable-connected (RC)
+//! queue pair, one completion queue for both directions, every send work
+//! request signaled, receive work requests without scatter entries (a
+//! write-with-immediate consumes a receive WR only to deliver its
+//! immediate; the bytes land where the writer said).
+//!
+//! Two implementations exist or are planned: [`SimRcQp`](crate::SimRcQp), an
+//! in-memory connected pair used by the tests, and the verbs driver over
+//! `rdma-sys` (a later issue; see `docs/backends/rdma.md`).
+
+use std::fmt;
+
+use thiserror::Error;
+
+/// A registered memory region: what `ibv_reg_mr` returns.
+///
+/// `lkey` names the region in local work requests; `rkey` and `addr` are
+/// what the peer puts in its RDMA writes (`wr.rdma.rkey`,
+/// `wr.rdma.remote_addr`) to target this region. Regions are registered
+/// with local write and remote write access.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MemoryRegion {
+    /// Driver-local identifier (registration order).
+    pub id: u32,
+    /// Address of the first byte as the peer names it in `remote_addr`
+    /// (the buffer's virtual address for the verbs driver; synthetic in the
+    /// simulator).
+    pub addr: u64,
+    /// Length in bytes; offsets in work requests are relative to its start.
+    pub len: usize,
+    /// Local key.
+    pub lkey: u32,
+    /// Remote key.
+    pub rkey: u32,
+}
+
+/// A local gather entry (`struct ibv_sge`, addressed by offset instead of
+/// virtual address): `len` bytes at `offset` inside the region `lkey`.
+/// `len == 0` is allowed (an immediate-only write).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LocalSlice {
+    /// Local key of the source region.
+    pub lkey: u32,
+    /// Offset inside the region.
+    pub offset: usize,
+    /// Number of bytes.
+    pub len: usize,
+}
+
+/// The remote target of an RDMA write (`wr.rdma.rkey` and
+/// `wr.rdma.remote_addr`): the write covers `addr .. addr + len` of the
+/// peer's region `rkey`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RemoteSlice {
+    /// Remote key of the peer's region.
+    pub rkey: u32,
+    /// Remote address (the region's [`MemoryRegion::addr`] plus an offset).
+    pub addr: u64,
+}
+
+/// Completion status (`enum ibv_wc_status`, the subset an RC write/recv can
+/// produce).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum WcStatus {
+    /// `IBV_WC_SUCCESS`.
+    #[default]
+    Success,
+    /// `IBV_WC_LOC_LEN_ERR`: the message exceeds the port's maximum.
+    LocalLength,
+    /// `IBV_WC_LOC_PROT_ERR`: the local slice is not inside a region
+    /// registered with this lkey.
+    LocalProtection,
+    /// `IBV_WC_REM_ACCESS_ERR`: the peer rejected the rkey/offset/length.
+    RemoteAccess,
+    /// `IBV_WC_RNR_RETRY_EXC_ERR`: the peer had no receive WR posted and the
+    /// receiver-not-ready retries ran out.
+    RnrRetryExceeded,
+    /// `IBV_WC_RETRY_EXC_ERR`: the peer stopped answering (its QP is in the
+    /// error state or gone).
+    RetryExceeded,
+    /// `IBV_WC_WR_FLUSH_ERR`: the WR was flushed because the QP is in the
+    /// error state.
+    WrFlush,
+}
+
+impl WcStatus {
+    /// True for [`WcStatus::Success`].
+    pub fn is_success(self) -> bool {
+        self == Self::Success
+    }
+
+    /// The rdma-core name of the status.
+    pub fn verbs_name(self) -> &'static str {
+        match self {
+            Self::Success => "IBV_WC_SUCCESS",
+            Self::LocalLength => "IBV_WC_LOC_LEN_ERR",
+            Self::LocalProtection => "IBV_WC_LOC_PROT_ERR",
+            Self::RemoteAccess => "IBV_WC_REM_ACCESS_ERR",
+            Self::RnrRetryExceeded => "IBV_WC_RNR_RETRY_EXC_ERR",
+            Self::RetryExceeded => "IBV_WC_RETRY_EXC_ERR",
+            Self::WrFlush => "IBV_WC_WR_FLUSH_ERR",
+        }
+    }
+
+    fn meaning(self) -> &'static str {
+        match self {
+            Self::Success => "success",
+            Self::LocalLength => "local length error",
+            Self::LocalProtection => "local protection error",
+            Self::RemoteAccess => "remote access error",
+            Self::RnrRetryExceeded => "receiver not ready, RNR retries exhausted",
+            Self::RetryExceeded => "transport retries exhausted",
+            Self::WrFlush => "flushed, QP in error state",
+        }
+    }
+}
+
+impl fmt::Display for WcStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({})", self.verbs_name(), self.meaning())
+    }
+}
+
+/// Completion opcode (`enum ibv_wc_opcode`, the two the ring uses).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum WcOpcode {
+    /// `IBV_WC_RDMA_WRITE`: send-side completion of a write(-with-imm).
+    #[default]
+    RdmaWrite,
+    /// `IBV_WC_RECV_RDMA_WITH_IMM`: a peer's write-with-imm consumed one of
+    /// our receive WRs.
+    RecvRdmaWithImm,
+}
+
+/// One work completion (`struct ibv_wc`).
+///
+/// As in verbs, only `wr_id` and `status` are meaningful on an error
+/// completion; callers classify completions by their own `wr_id` encoding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Completion {
+    /// The `wr_id` given when the WR was posted.
+    pub wr_id: u64,
+    /// Outcome.
+    pub status: WcStatus,
+    /// What completed.
+    pub opcode: WcOpcode,
+    /// The immediate (receive side of a write-with-imm), host order.
+    pub imm: Option<u32>,
+    /// Bytes written by the peer (receive side); the write's length on the
+    /// send side.
+    pub byte_len: u32,
+}
+
+/// Queue-pair state, reduced to what the ring observes (`IBV_QPS_RTS` and
+/// `IBV_QPS_ERR`; the Reset → Init → RTR → RTS walk happens while
+/// connecting).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QpState {
+    /// Ready to send: connected and usable.
+    ReadyToSend,
+    /// Error: every outstanding and future WR completes with
+    /// [`WcStatus::WrFlush`].
+    Error,
+}
+
+/// Queue capacities fixed when the QP was created (`struct ibv_qp_cap` and
+/// the CQ size).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpCaps {
+    /// Send WRs that may be outstanding (posted, completion not yet polled).
+    pub max_send_wr: u32,
+    /// Receive WRs that may be outstanding.
+    pub max_recv_wr: u32,
+    /// Completion-queue entries.
+    pub cq_depth: u32,
+    /// Largest message (`max_msg_sz` of the port).
+    pub max_msg_size: usize,
+}
+
+/// An errno returned by a verb (verbs report failures as positive errno
+/// values).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Errno(pub i32);
+
+impl Errno {
+    /// `ENOMEM`: a queue is full (or memory is exhausted).
+    pub const ENOMEM: Self = Self(12);
+    /// `EINVAL`: an invalid argument (unknown key, zero-length region).
+    pub const EINVAL: Self = Self(22);
+    /// `ENOSYS`: no RDMA support on this host.
+    pub const ENOSYS: Self = Self(38);
+    /// `EOVERFLOW`: the completion queue overran.
+    pub const EOVERFLOW: Self = Self(75);
+}
+
+impl fmt::Display for Errno {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = match *self {
+            Self::ENOMEM => "ENOMEM",
+            Self::EINVAL => "EINVAL",
+            Self::ENOSYS => "ENOSYS",
+            Self::EOVERFLOW => "EOVERFLOW",
+            _ => return write!(f, "errno {}", self.0),
+        };
+        write!(f, "{name}")
+    }
+}
+
+/// A verb that failed synchronously: one variant per verb.
+///
+/// Failures of the *operation* (remote access, receiver not ready, ...)
+/// are not errors of the verb: they arrive as error [`Completion`]s.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum VerbsError {
+    /// `ibv_get_device_list` failed or found no device (e.g. `ENOSYS` on a
+    /// host without RDMA support).
+    #[error("ibv_get_device_list failed: {errno}")]
+    GetDeviceList {
+        /// Reported error.
+        errno: Errno,
+    },
+    /// `ibv_reg_mr` failed.
+    #[error("ibv_reg_mr of {len} bytes failed: {errno}")]
+    RegMr {
+        /// Requested length.
+        len: usize,
+        /// Reported error.
+        errno: Errno,
+    },
+    /// `ibv_post_send` rejected a work request (for example the send queue
+    /// is full: `ENOMEM`).
+    #[error("ibv_post_send (wr_id {wr_id:#x}) failed: {errno}")]
+    PostSend {
+        /// The rejected WR.
+        wr_id: u64,
+        /// Reported error.
+        errno: Errno,
+    },
+    /// `ibv_post_recv` rejected a work request.
+    #[error("ibv_post_recv (wr_id {wr_id:#x}) failed: {errno}")]
+    PostRecv {
+        /// The rejected WR.
+        wr_id: u64,
+        /// Reported error.
+        errno: Errno,
+    },
+    /// `ibv_poll_cq` failed (a negative return; `EOVERFLOW` models a CQ
+    /// overrun).
+    #[error("ibv_poll_cq failed: {errno}")]
+    PollCq {
+        /// Reported error.
+        errno: Errno,
+    },
+}
+
+/// One connected RC queue pair with its completion queue and the memory
+/// regions registered for it: exactly the verbs the ring protocol needs.
+///
+/// Posting is staged: [`post_write_with_imm`](Self::post_write_with_imm)
+/// only queues a WR; [`ring_doorbell`](Self::ring_doorbell) hands every
+/// queued WR to the NIC at once (the real driver links the staged
+/// `ibv_send_wr`s and calls `ibv_post_send` once, which writes the doorbell).
+/// Receive WRs are visible as soon as they are posted.
+///
+/// Every send WR is signaled: each produces exactly one completion, in
+/// posting order (RC). A WR occupies its queue slot until its completion has
+/// been returned by [`poll_cq`](Self::poll_cq).
+pub trait QueuePair {
+    /// Queue capacities.
+    fn caps(&self) -> QpCaps;
+
+    /// Current state.
+    fn state(&self) -> QpState;
+
+    /// Register `len` zeroed bytes for local and remote write access
+    /// (`ibv_reg_mr` over a buffer the driver owns).
+    fn reg_mr(&mut self, len: usize) -> Result<MemoryRegion, VerbsError>;
+
+    /// The bytes of a region registered here, or `None` for an unknown lkey.
+    fn mr_slice(&self, lkey: u32) -> Option<&[u8]>;
+
+    /// The bytes of a region registered here, mutably.
+    fn mr_slice_mut(&mut self, lkey: u32) -> Option<&mut [u8]>;
+
+    /// Stage one `IBV_WR_RDMA_WRITE_WITH_IMM`: write `local` into the peer's
+    /// region at `remote`, then consume one of the peer's receive WRs to
+    /// deliver `imm` (with the write's length). Visible to the NIC only
+    /// after [`ring_doorbell`](Self::ring_doorbell).
+    fn post_write_with_imm(
+        &mut self,
+        wr_id: u64,
+        local: LocalSlice,
+        remote: RemoteSlice,
+        imm: u32,
+    ) -> Result<(), VerbsError>;
+
+    /// Post one receive WR (no scatter entries) for an incoming
+    /// write-with-imm.
+    fn post_recv(&mut self, wr_id: u64) -> Result<(), VerbsError>;
+
+    /// Hand every staged send WR to the NIC with one doorbell.
+    fn ring_doorbell(&mut self) -> Result<(), VerbsError>;
+
+    /// Move up to `out.len()` completions (send and receive) into `out`;
+    /// returns how many.
+    fn poll_cq(&mut self, out: &mut [Completion]) -> Result<usize, VerbsError>;
+}

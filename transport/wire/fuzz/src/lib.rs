@@ -1,0 +1,515 @@
+//! A stable-toolchain mutation fuzzer for [`starwire_wire::decode_any`].
+//!
+//! * [`seeds`] builds a seed corpus of valid encoded frames of every opcode,
+//!   chunked messages and multi-frame streams.
+//! * [`Mutator`] applies stacked byte-level mutations aimed at a
+//!   length-prefixed format: bit flips, interesting bytes, length fields
+//!   overwritten with boundary values, truncation, splicing, duplication,
+//!   and "fix-ups" that make a mutated body reach the body parsers.
+//! * [`fuzz_one`] runs the target on one input.
+//!
+//! The driver is the `fuzz-decode` binary:
+//!
+//! ```text
+//! cargo run --release -p starwire-wire-fuzz --bin fuzz-decode -- --seconds 60 --seed 1
+//! ```
+//!
+//! For cargo-fuzz / libFuzzer users (nightly, not built here), the same
+//! target is:
+//!
+//! ```text
+//! // fuzz_targets/decode.rs
+//! #![no_main]
+//! libfuzzer_sys::fuzz_target!(|data: &[u8]| starwire_wire_fuzz::fuzz_one(data));
+//! ```
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use starwire_wire::{decode_any, DecodeSummary, FrameError, Limits, MAGIC};
+
+/// Limits used for half of the runs: small, so chunking and `Oversized`
+/// are easy to reach.
+pub const SMALL_LIMITS: Limits = Limits::new(256, 1 << 16);
+
+/// Run the target on one input with both the default and the small limits.
+pub fn fuzz_one(data: &[u8]) {
+    let _ = decode_any(data, &Limits::default());
+    let _ = decode_any(data, &SMALL_LIMITS);
+}
+
+/// A short name for a framing error's kind (for statistics).
+pub fn frame_error_kind(e: &FrameError) -> &'static str {
+    match e {
+        FrameError::Truncated { .. } => "Truncated",
+        FrameError::BadMagic(_) => "BadMagic",
+        FrameError::BadVersion(_) => "BadVersion",
+        FrameError::UnknownOpcode(_) => "UnknownOpcode",
+        FrameError::UnknownFlags(_) => "UnknownFlags",
+        FrameError::Oversized { .. } => "Oversized",
+        FrameError::BadLength(_) => "BadLength",
+        FrameError::Malformed(_) => "Malformed",
+        _ => "other",
+    }
+}
+
+/// A cheap signature of an outcome, used as a novelty signal: inputs that
+/// produce a signature not seen before join the corpus.
+pub fn outcome_signature(r: &Result<DecodeSummary, FrameError>) -> u64 {
+    match r {
+        Ok(s) => {
+            let frames = s.frames.min(3) as u64;
+            let ok = u64::from(s.bodies_ok > 0);
+            s.body_error_kinds ^ (frames << 56) ^ (ok << 60) ^ 1
+        }
+        Err(e) => {
+            let k = match e {
+                FrameError::BadLength(m) | FrameError::Malformed(m) => m.len() as u64,
+                FrameError::Oversized { what, .. } => what.len() as u64,
+                _ => 0,
+            };
+            (frame_error_kind(e).len() as u64) << 8 ^ k ^ (2 << 62)
+        }
+    }
+}
+
+pub mod seeds {
+    //! Valid encoded inputs of every opcode.
+
+    use starwire_wire::message::{Hello, Role, Rpc};
+    use starwire_wire::{
+        tensors, ChunkPlan, DType, DensePullRequest, DensePullResponse, DensePushRequest, Flags,
+        Frame, Header, Opcode, SparsePullRequest, SparsePullResponse, SparsePushRequest, Status,
+        TensorRef,
+    };
+
+    /// One single-frame message.
+    pub fn frame(
+        op: Opcode,
+        flags: Flags,
+        status: Status,
+        request_id: u64,
+        body: &[u8],
+    ) -> Vec<u8> {
+        let mut h = Header::new(op, request_id, body.len() as u32);
+        h.flags = flags;
+        h.status = status;
+        let f = Frame { header: h, body };
+        let mut out = vec![0; f.frame_len()];
+        f.emit(&mut out);
+        out
+    }
+
+    /// A message split into frames of at most `max_body` bytes of body.
+    pub fn chunked(
+        op: Opcode,
+        flags: Flags,
+        request_id: u64,
+        body: &[u8],
+        max_body: u32,
+    ) -> Vec<u8> {
+        let mut t = Header::new(op, request_id, 0);
+        t.flags = flags;
+        let mut out = Vec::new();
+        for (h, r) in ChunkPlan::new(t, body.len() as u32, max_body) {
+            let f = Frame {
+                header: h,
+                body: &body[r],
+            };
+            let start = out.len();
+            out.resize(start + f.frame_len(), 0);
+            f.emit(&mut out[start..]);
+        }
+        out
+    }
+
+    fn le<T: Copy>(v: &[T], f: fn(T) -> Vec<u8>) -> Vec<u8> {
+        v.iter().flat_map(|&x| f(x)).collect()
+    }
+
+    /// Encode a body with an `emit`-style closure.
+    fn body(len: usize, emit: impl FnOnce(&mut [u8]) -> usize) -> Vec<u8> {
+        let mut b = vec![0; len];
+        let n = emit(&mut b);
+        b.truncate(n);
+        b
+    }
+
+    /// Message bodies of every kind, with the header they go with.
+    pub fn messages() -> Vec<(Opcode, Flags, Status, Vec<u8>)> {
+        let ids = le(&[3i64, 17, -1, 1 << 40], |x| x.to_le_bytes().to_vec());
+        let rows = le(&[0.5f32; 8], |x| x.to_le_bytes().to_vec());
+        let halfs = le(&[0x3c00u16, 0x8001, 0x7c00, 0x0400], |x| {
+            x.to_le_bytes().to_vec()
+        });
+        let bytes: Vec<u8> = (0u8..13).collect();
+        let ids_t = TensorRef::new(1, DType::I64, &[4], &ids).unwrap();
+        let rows_t = TensorRef::new(0, DType::F32, &[4, 2], &rows).unwrap();
+        let halfs_t = TensorRef::new(9, DType::F16, &[4, 1], &halfs).unwrap();
+        let bf_t = TensorRef::new(9, DType::BF16, &[2, 2], &halfs).unwrap();
+        let u8_t = TensorRef::new(2, DType::U8, &[13], &bytes).unwrap();
+        let scalar_t = TensorRef::new(3, DType::F32, &[], &rows[..4]).unwrap();
+        let empty_t = TensorRef::new(4, DType::F32, &[0, 1 << 20], &[]).unwrap();
+        let dims8 = [1u64, 1, 1, 1, 1, 1, 1, 13];
+        let rank8_t = TensorRef::new(5, DType::U8, &dims8, &bytes).unwrap();
+
+        let hello = Hello {
+            protocol_version: 1,
+            flags: 0,
+            role: Role::Worker,
+            job_name: "worker-é",
+            task_index: 3,
+            incarnation: 0xdead_beef,
+            initial_credits: 64,
+            max_frame_len: 1 << 20,
+            shard_count: 2,
+        };
+        let rpc = Rpc {
+            method: 7,
+            payload: b"opaque payload",
+        };
+        let list = [
+            ids_t, rows_t, halfs_t, bf_t, u8_t, scalar_t, empty_t, rank8_t,
+        ];
+        let spr = SparsePullRequest {
+            variable_id: 11,
+            ids: ids_t,
+        };
+        let spp = SparsePullResponse { rows: rows_t };
+        let sps = SparsePushRequest {
+            variable_id: 11,
+            ids: ids_t,
+            grads: rows_t,
+        };
+        let sps16 = SparsePushRequest {
+            variable_id: 12,
+            ids: ids_t,
+            grads: halfs_t,
+        };
+        let dpr = DensePullRequest { variable_id: 5 };
+        let dpp = DensePullResponse { tensor: rank8_t };
+        let dps = DensePushRequest {
+            variable_id: 5,
+            tensor: bf_t,
+        };
+        let none = Flags::NONE;
+        let resp = Flags::RESPONSE;
+        let ok = Status::Ok;
+        vec![
+            (
+                Opcode::Hello,
+                none,
+                ok,
+                body(hello.encoded_len(), |o| hello.emit(o)),
+            ),
+            (Opcode::Credit, none, ok, vec![]),
+            (Opcode::Cancel, none, ok, vec![]),
+            (Opcode::Goodbye, none, ok, vec![]),
+            (Opcode::Ping, none, ok, vec![]),
+            (
+                Opcode::Rpc,
+                none,
+                ok,
+                body(rpc.encoded_len(), |o| rpc.emit(o)),
+            ),
+            (
+                Opcode::Rpc,
+                resp,
+                ok,
+                body(rpc.encoded_len(), |o| rpc.emit(o)),
+            ),
+            (
+                Opcode::Tensors,
+                Flags::ONEWAY,
+                ok,
+                body(tensors::encoded_len(&list), |o| tensors::emit(&list, o)),
+            ),
+            (
+                Opcode::SparsePull,
+                none,
+                ok,
+                body(spr.encoded_len(), |o| spr.emit(o)),
+            ),
+            (
+                Opcode::SparsePull,
+                resp,
+                ok,
+                body(spp.encoded_len(), |o| spp.emit(o)),
+            ),
+            (
+                Opcode::SparsePush,
+                none,
+                ok,
+                body(sps.encoded_len(), |o| sps.emit(o)),
+            ),
+            (
+                Opcode::SparsePush,
+                none,
+                ok,
+                body(sps16.encoded_len(), |o| sps16.emit(o)),
+            ),
+            (Opcode::SparsePush, resp, ok, vec![]),
+            (
+                Opcode::DensePull,
+                none,
+                ok,
+                body(dpr.encoded_len(), |o| dpr.emit(o)),
+            ),
+            (
+                Opcode::DensePull,
+                resp,
+                ok,
+                body(dpp.encoded_len(), |o| dpp.emit(o)),
+            ),
+            (
+                Opcode::DensePush,
+                none,
+                ok,
+                body(dps.encoded_len(), |o| dps.emit(o)),
+            ),
+            (Opcode::DensePush, resp, ok, vec![]),
+            (
+                Opcode::SparsePull,
+                resp,
+                Status::WrongShape,
+                b"ids must be I64".to_vec(),
+            ),
+            (Opcode::DensePull, resp, Status::UnknownVariable, vec![]),
+        ]
+    }
+
+    /// The seed corpus: every message as a single frame, the larger ones
+    /// chunked, and a few multi-frame streams.
+    pub fn corpus() -> Vec<Vec<u8>> {
+        let msgs = messages();
+        let mut out = Vec::new();
+        let mut stream = Vec::new();
+        for (i, (op, flags, status, b)) in msgs.iter().enumerate() {
+            let f = frame(*op, *flags, *status, i as u64 + 1, b);
+            stream.extend_from_slice(&f);
+            out.push(f);
+            if !op.is_control() && b.len() > 48 && *status == Status::Ok {
+                out.push(chunked(*op, *flags, i as u64 + 100, b, 48));
+                out.push(chunked(*op, *flags, i as u64 + 200, b, 7));
+            }
+        }
+        // a chunked message with control frames interleaved
+        let (op, flags, _, b) = &msgs[7];
+        let c = chunked(*op, *flags, 999, b, 64);
+        let ping = frame(Opcode::Ping, Flags::NONE, Status::Ok, 0, &[]);
+        let mut inter = Vec::new();
+        let mut rest = &c[..];
+        while let Ok((f, used)) = Frame::parse(rest, &starwire_wire::Limits::default()) {
+            let _ = f;
+            inter.extend_from_slice(&rest[..used]);
+            inter.extend_from_slice(&ping);
+            rest = &rest[used..];
+        }
+        out.push(inter);
+        out.push(stream);
+        out
+    }
+}
+
+const INTERESTING_U8: [u8; 8] = [0, 0xff, 0x7f, 0x80, 1, 8, 9, 0x20];
+
+/// A stacked byte-level mutator driven by a seeded [`SmallRng`].
+#[derive(Debug)]
+pub struct Mutator {
+    rng: SmallRng,
+    /// Inputs are kept at most this long.
+    pub max_len: usize,
+}
+
+impl Mutator {
+    /// A mutator with a fixed seed.
+    pub fn new(seed: u64, max_len: usize) -> Self {
+        Self {
+            rng: SmallRng::seed_from_u64(seed),
+            max_len,
+        }
+    }
+
+    /// The random source, for the driver's own choices.
+    pub fn rng(&mut self) -> &mut SmallRng {
+        &mut self.rng
+    }
+
+    fn boundary(&mut self, len: usize) -> u64 {
+        const VALS: [u64; 18] = [
+            0,
+            1,
+            7,
+            8,
+            9,
+            24,
+            31,
+            32,
+            33,
+            64,
+            0x7fff,
+            0xffff,
+            0x7fff_ffff,
+            0x8000_0000,
+            0xffff_fffe,
+            0xffff_ffff,
+            u64::MAX,
+            1 << 62,
+        ];
+        match self.rng.gen_range(0..4) {
+            0 => len as u64,
+            1 => len.saturating_sub(32) as u64,
+            2 => self.rng.gen_range(0..=len as u64 + 64),
+            _ => VALS[self.rng.gen_range(0..VALS.len())],
+        }
+    }
+
+    fn offset_for_field(&mut self, data: &[u8], width: usize) -> Option<usize> {
+        if data.len() < width {
+            return None;
+        }
+        let max = data.len() - width;
+        let magics: Vec<usize> = data
+            .windows(4)
+            .enumerate()
+            .filter(|(_, w)| *w == MAGIC)
+            .map(|(i, _)| i)
+            .take(64)
+            .collect();
+        let off = match self.rng.gen_range(0..4) {
+            // a header length field of some frame
+            0 if !magics.is_empty() => {
+                let m = magics[self.rng.gen_range(0..magics.len())];
+                m + [20, 24, 28, 6][self.rng.gen_range(0..4)]
+            }
+            // an 8-aligned field of a body (tensor key/byte_len/dims, counts)
+            1 if !magics.is_empty() => {
+                let m = magics[self.rng.gen_range(0..magics.len())];
+                m + 32 + 8 * self.rng.gen_range(0..12)
+            }
+            _ => self.rng.gen_range(0..=max),
+        };
+        (off <= max).then_some(off)
+    }
+
+    fn fix_lengths(&mut self, data: &mut [u8]) {
+        // Make the frame at a magic position claim exactly the bytes up to
+        // the next magic (or the end), unchunked, so a mutated body reaches
+        // its parser instead of failing framing.
+        let magics: Vec<usize> = data
+            .windows(4)
+            .enumerate()
+            .filter(|(_, w)| *w == MAGIC)
+            .map(|(i, _)| i)
+            .collect();
+        if magics.is_empty() {
+            return;
+        }
+        let k = self.rng.gen_range(0..magics.len());
+        let start = magics[k];
+        let end = magics.get(k + 1).copied().unwrap_or(data.len());
+        if end < start + 32 {
+            return;
+        }
+        let body = (end - start - 32) as u32;
+        data[start + 20..start + 24].copy_from_slice(&body.to_le_bytes());
+        data[start + 24..start + 28].copy_from_slice(&body.to_le_bytes());
+        if self.rng.gen_bool(0.7) {
+            data[start + 6] &= !0b1100;
+        }
+    }
+
+    /// Apply one to four mutations to `data`; `corpus` supplies splice
+    /// partners.
+    pub fn mutate(&mut self, data: &mut Vec<u8>, corpus: &[Vec<u8>]) {
+        let n = self.rng.gen_range(1..=4);
+        for _ in 0..n {
+            self.mutate_once(data, corpus);
+        }
+        data.truncate(self.max_len);
+    }
+
+    fn mutate_once(&mut self, data: &mut Vec<u8>, corpus: &[Vec<u8>]) {
+        let len = data.len();
+        match self.rng.gen_range(0..11) {
+            0 if len > 0 => {
+                let i = self.rng.gen_range(0..len);
+                data[i] ^= 1 << self.rng.gen_range(0..8);
+            }
+            1 if len > 0 => {
+                let i = self.rng.gen_range(0..len);
+                data[i] = INTERESTING_U8[self.rng.gen_range(0..INTERESTING_U8.len())];
+            }
+            2 | 3 => {
+                let width = [2usize, 4, 4, 8][self.rng.gen_range(0..4)];
+                if let Some(off) = self.offset_for_field(data, width) {
+                    let v = self.boundary(len).to_le_bytes();
+                    data[off..off + width].copy_from_slice(&v[..width]);
+                }
+            }
+            4 if len > 0 => {
+                let keep = self.rng.gen_range(0..len);
+                data.truncate(keep);
+            }
+            5 if !corpus.is_empty() => {
+                let other = &corpus[self.rng.gen_range(0..corpus.len())];
+                let a = self.rng.gen_range(0..=len);
+                let b = self.rng.gen_range(0..=other.len());
+                data.truncate(a);
+                data.extend_from_slice(&other[b..]);
+            }
+            6 if len > 0 => {
+                let a = self.rng.gen_range(0..len);
+                let b = self.rng.gen_range(a..=len.min(a + 256));
+                let at = self.rng.gen_range(0..=len);
+                let piece = data[a..b].to_vec();
+                if len + piece.len() <= self.max_len {
+                    data.splice(at..at, piece);
+                }
+            }
+            7 if len > 0 => {
+                let a = self.rng.gen_range(0..len);
+                let b = self.rng.gen_range(a..=len.min(a + 64));
+                data.drain(a..b);
+            }
+            8 => {
+                let at = self.rng.gen_range(0..=len);
+                let k = self.rng.gen_range(1..=16);
+                let bytes: Vec<u8> = (0..k).map(|_| self.rng.gen()).collect();
+                data.splice(at..at, bytes);
+            }
+            9 if len > 0 => {
+                let i = self.rng.gen_range(0..len);
+                let d: i8 = self.rng.gen_range(-16..=16);
+                data[i] = data[i].wrapping_add_signed(d);
+            }
+            _ => self.fix_lengths(data),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seeds_decode_cleanly() {
+        for (i, s) in seeds::corpus().iter().enumerate() {
+            let r = decode_any(s, &Limits::default()).unwrap_or_else(|e| panic!("seed {i}: {e}"));
+            assert_eq!(r.body_errors, 0, "seed {i}");
+            assert!(r.bodies_ok >= 1, "seed {i}");
+        }
+    }
+
+    #[test]
+    fn short_run_does_not_panic() {
+        let corpus = seeds::corpus();
+        let mut m = Mutator::new(7, 1 << 16);
+        for i in 0..20_000 {
+            let mut d = corpus[i % corpus.len()].clone();
+            m.mutate(&mut d, &corpus);
+            fuzz_one(&d);
+        }
+    }
+}

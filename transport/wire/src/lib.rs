@@ -1,0 +1,44 @@
+//! The starwire wire format: frame headers, tensor records, fused tensor lists
+//! and the parameter-server message bodies.
+//!
+//! The style follows smoltcp's `wire` module: a checked view over bytes that
+//! validates every length before anything is read, a plain `Repr` that is
+//! `parse`d from and `emit`ted into a buffer, and explicit little-endian fields.
+//! Nothing here allocates on the decode path; decoded tensors borrow the frame.
+//!
+//! * [`header`]: the fixed 32-byte frame header.
+//! * [`frame`]: whole frames, [`Limits`], [`peek_frame_len`] for streams.
+//! * [`chunk`]: splitting long messages into frames and checking their order.
+//! * [`tensor`]: one tensor record ([`TensorView`] to read, [`TensorRef`] to write).
+//! * [`tensors`]: fused tensor lists (opcode `Tensors`).
+//! * [`message`]: the PS message bodies and `Hello`, and [`BodyError`].
+//! * [`decode_any`]: parse a whole byte stream; the fuzzing entry point.
+//!
+//! Errors come in two classes. [`FrameError`] from the header, frame or
+//! chunk layer is a framing error: the connection is closed. [`BodyError`]
+//! from a body parser is semantic: that one request is answered with
+//! [`BodyError::status`] and the connection goes on.
+//!
+//! See `docs/WIRE.md` for the byte layout.
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod chunk;
+mod decode;
+pub mod frame;
+pub mod header;
+mod le;
+pub mod message;
+pub mod tensor;
+pub mod tensors;
+
+pub use chunk::{Chunk, ChunkAssembler, ChunkPlan};
+pub use decode::{decode_any, DecodeSummary};
+pub use frame::{peek_frame_len, Frame, Frames, Limits};
+pub use header::{Flags, FrameError, Header, Opcode, Status, HEADER_LEN, MAGIC, VERSION};
+pub use message::{
+    Body, BodyError, DensePullRequest, DensePullResponse, DensePushRequest, Hello, Role, Rpc,
+    SparsePullRequest, SparsePullResponse, SparsePushRequest,
+};
+pub use tensor::{DType, Dims, TensorRecord, TensorRef, TensorView, MAX_RANK};
+pub use tensors::{TensorList, TensorListWriter};
