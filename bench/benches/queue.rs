@@ -4,7 +4,11 @@
 //! `queue/batch1/*`: push/pop one item at a time.
 //! `queue/batch32/*`: starwire `push_batch`/`drain` of 32; ArrayQueue (no
 //! batch API) a loop of 32 `push` / up to 32 `pop`.
-//! `queue/*/starwire-grid`: the 1x1 grid path (adds the parking wake check).
+//! `queue/*/spsc-ring`: one bare SPSC ring (a cell of the grid).
+//! `queue/*/mn-polling`: the 1x1 M:N grid for busy-polling consumers
+//! (`grid_polling`: no wake check).
+//! `queue/*/mn-parking`: the 1x1 M:N grid whose consumer may park (`grid`:
+//! a SeqCst fence and a load per push, once per batch for batch pushes).
 
 use std::hint::{black_box, spin_loop};
 use std::sync::{Arc, Barrier};
@@ -107,8 +111,30 @@ fn starwire_batch32(total: u64) -> Duration {
     )
 }
 
-fn grid_batch1(total: u64) -> Duration {
-    let (mut ps, mut cs) = starwire_queue::grid::<u64>(1, 1, CAPACITY);
+type Grid = fn(
+    usize,
+    usize,
+    usize,
+) -> (
+    Vec<starwire_queue::Producer<u64>>,
+    Vec<starwire_queue::Consumer<u64>>,
+);
+
+fn grid_park_batch1(total: u64) -> Duration {
+    grid_batch1(starwire_queue::grid, total)
+}
+fn grid_poll_batch1(total: u64) -> Duration {
+    grid_batch1(starwire_queue::grid_polling, total)
+}
+fn grid_park_batch32(total: u64) -> Duration {
+    grid_batch32(starwire_queue::grid, total)
+}
+fn grid_poll_batch32(total: u64) -> Duration {
+    grid_batch32(starwire_queue::grid_polling, total)
+}
+
+fn grid_batch1(make: Grid, total: u64) -> Duration {
+    let (mut ps, mut cs) = make(1, 1, CAPACITY);
     let (mut tx, mut rx) = (ps.pop().unwrap(), cs.pop().unwrap());
     timed(
         total,
@@ -137,8 +163,8 @@ fn grid_batch1(total: u64) -> Duration {
     )
 }
 
-fn grid_batch32(total: u64) -> Duration {
-    let (mut ps, mut cs) = starwire_queue::grid::<u64>(1, 1, CAPACITY);
+fn grid_batch32(make: Grid, total: u64) -> Duration {
+    let (mut ps, mut cs) = make(1, 1, CAPACITY);
     let (mut tx, mut rx) = (ps.pop().unwrap(), cs.pop().unwrap());
     timed(
         total,
@@ -239,21 +265,23 @@ fn arrayqueue_batch32(total: u64) -> Duration {
 type Run = fn(u64) -> Duration;
 
 fn bench_queue(c: &mut Criterion) {
-    let groups: [(&str, [(&str, Run); 3]); 2] = [
+    let groups: [(&str, [(&str, Run); 4]); 2] = [
         (
             "queue/batch1",
             [
-                ("starwire", starwire_batch1),
                 ("arrayqueue", arrayqueue_batch1),
-                ("starwire-grid", grid_batch1),
+                ("spsc-ring", starwire_batch1),
+                ("mn-polling", grid_poll_batch1),
+                ("mn-parking", grid_park_batch1),
             ],
         ),
         (
             "queue/batch32",
             [
-                ("starwire", starwire_batch32),
                 ("arrayqueue", arrayqueue_batch32),
-                ("starwire-grid", grid_batch32),
+                ("spsc-ring", starwire_batch32),
+                ("mn-polling", grid_poll_batch32),
+                ("mn-parking", grid_park_batch32),
             ],
         ),
     ];

@@ -1,1 +1,66 @@
-fn main() {}
+//! `starwire`: benchmark, soak-test and inspect starwire transports.
+//! See docs/CLI.md.
+#![deny(unsafe_code)]
+
+mod backend;
+mod bench;
+mod info;
+mod soak;
+mod stats;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// starwire: benchmark, soak-test and inspect starwire transports.
+#[derive(Debug, Parser)]
+#[command(name = "starwire", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Compare the raw-socket baseline with starwire backends
+    /// (latency, message rate, bandwidth, fusion).
+    Bench(bench::BenchArgs),
+    /// Many connections for a while; checks for lost, duplicated, corrupted
+    /// and reordered messages.
+    Soak(soak::SoakArgs),
+    /// Backends, kernel features, topology and effective settings.
+    Info(info::InfoArgs),
+}
+
+/// `on|off` (also true/false/1/0).
+pub(crate) fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "on" | "true" | "1" | "yes" => Ok(true),
+        "off" | "false" | "0" | "no" => Ok(false),
+        other => Err(format!("expected on or off, got {other:?}")),
+    }
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("error")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let r = match cli.cmd {
+        Command::Bench(a) => bench::main(a).map(|()| true),
+        Command::Soak(a) => soak::main(a),
+        Command::Info(a) => info::main(a).map(|()| true),
+    };
+    match r {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("starwire: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -66,9 +66,8 @@ fn parse_soak_backend(s: &str) -> Result<String, String> {
     match s.trim().to_ascii_lowercase().as_str() {
         "tcp" => Ok("tcp".to_owned()),
         "raw" => Err("the raw baseline has no message layer to soak; use --backend tcp".into()),
-        other => Err(crate::backend::missing_backend_hint(other).unwrap_or_else(|| {
-            format!("unknown backend {other:?}; soak supports: tcp")
-        })),
+        other => Err(crate::backend::missing_backend_hint(other)
+            .unwrap_or_else(|| format!("unknown backend {other:?}; soak supports: tcp"))),
     }
 }
 
@@ -495,7 +494,8 @@ fn layout(args: &SoakArgs) -> Result<Layout, String> {
         o.ps.core_number = Some(FlagOverride::new("--server-reactors", n.max(1)));
     }
     let n = args.connections;
-    let worker = NetworkSettings::from_process_env(Role::Worker, n, &o).map_err(|e| e.to_string())?;
+    let worker =
+        NetworkSettings::from_process_env(Role::Worker, n, &o).map_err(|e| e.to_string())?;
     let ps = NetworkSettings::from_process_env(Role::Ps, n, &o).map_err(|e| e.to_string())?;
     let c = worker.cores.value.min(n).max(1);
     let s = ps.cores.value.min(n).max(1);
@@ -519,7 +519,11 @@ fn layout(args: &SoakArgs) -> Result<Layout, String> {
         };
         (
             IdlePolicy::PollThenPark(Duration::from_micros(us)),
-            format!("poll-then-park ({us} us): {} reactors on {} cpus", c + s, usable.len()),
+            format!(
+                "poll-then-park ({us} us): {} reactors on {} cpus",
+                c + s,
+                usable.len()
+            ),
         )
     } else {
         match worker.idle_policy() {
@@ -586,9 +590,11 @@ fn run_soak<T: SoakTransport>(
     }
     let mut servers = Vec::new();
     for (k, conns) in server_groups.into_iter().enumerate() {
-        let r = Reactor::spawn(spec(nc + k, lay.server_cpus[k], lay.idle), move |_| SoakServer {
-            conns,
-            counts: Counts::default(),
+        let r = Reactor::spawn(spec(nc + k, lay.server_cpus[k], lay.idle), move |_| {
+            SoakServer {
+                conns,
+                counts: Counts::default(),
+            }
         })
         .map_err(|e| format!("server reactor {k}: {e}"))?;
         servers.push(r);
@@ -765,7 +771,10 @@ fn print_report(r: &Report) {
             ""
         }
     );
-    println!("  messages     {} sent, {} answered", r.messages, r.answered);
+    println!(
+        "  messages     {} sent, {} answered",
+        r.messages, r.answered
+    );
     println!("  lost         {}", r.lost);
     println!("  duplicated   {}", r.duplicated);
     println!("  corrupted    {}", r.corrupted);

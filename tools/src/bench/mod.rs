@@ -8,7 +8,7 @@
 //! same process.
 
 mod raw;
-mod tcp;
+pub mod tcp;
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -23,9 +23,7 @@ use crate::backend::Backend;
 use crate::stats::{median, summarize};
 
 /// What a run measures.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
     /// Ping-pong echo, one outstanding; round-trip percentiles.
@@ -355,7 +353,10 @@ fn choose_cores(args: &BenchArgs) -> Result<(Option<usize>, Option<usize>), Stri
             eprintln!("warning: {w}");
         }
         let cpus = p.cpus();
-        return Ok((cpus.first().copied().flatten(), cpus.get(1).copied().flatten()));
+        return Ok((
+            cpus.first().copied().flatten(),
+            cpus.get(1).copied().flatten(),
+        ));
     }
     let mut it = usable.iter();
     Ok((it.next(), it.next()))
@@ -636,7 +637,9 @@ fn validate(args: &BenchArgs) -> Result<(), String> {
     }
     if let Some(d) = args.duration {
         if !(d > 0.0 && d.is_finite()) {
-            return Err(format!("--duration {d}: expected a positive number of seconds"));
+            return Err(format!(
+                "--duration {d}: expected a positive number of seconds"
+            ));
         }
     }
     if args.inflight == Some(0) || args.tensors == 0 || args.repeat == 0 {

@@ -8,7 +8,7 @@
 //! with an empty `ACK` frame.
 
 use std::collections::VecDeque;
-use std::io::{ErrorKind, Read, Write};
+use std::io::{ErrorKind, IoSlice, Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
@@ -18,10 +18,12 @@ const HDR: usize = 8;
 const OP_ECHO: u32 = 1;
 const OP_ACK: u32 = 2;
 const RX_BUF: usize = 256 << 10;
+const MAX_IOV: usize = 64;
 
 fn pin(core: Option<usize>) -> Result<(), String> {
     if let Some(c) = core {
-        starwire_placement::pin_current_thread(c).map_err(|e| format!("pinning to CPU {c}: {e}"))?;
+        starwire_placement::pin_current_thread(c)
+            .map_err(|e| format!("pinning to CPU {c}: {e}"))?;
     }
     Ok(())
 }
@@ -165,6 +167,7 @@ fn client_here(
     let mut starts: VecDeque<Instant> = VecDeque::with_capacity(run.inflight);
     let (mut started, mut completed) = (0u64, 0u64);
     let mut tx_at: Option<usize> = None;
+    let mut queued = 0usize;
     let mut rx_acc = 0usize;
     let mut measure_start = (run.warmup == 0).then(Instant::now);
     let mut measure_end = None;
@@ -174,15 +177,40 @@ fn client_here(
             (Some(_), None) => true,
             (None, _) => started < total,
         };
-        if tx_at.is_none() && may_start && started - completed < inflight {
+        // Queue every request that may start now, then write them with one
+        // vectored send (the rest of a partly written one first).
+        while may_start && started - completed < inflight && (duration.is_some() || started < total)
+        {
             starts.push_back(Instant::now());
             started += 1;
-            tx_at = Some(0);
+            queued += 1;
+            if queued == 1 {
+                tx_at = Some(0);
+            }
         }
         if let Some(at) = tx_at {
-            match s.write(&req[at..]) {
+            let n_slices = queued.min(MAX_IOV);
+            let mut iov: [IoSlice<'_>; MAX_IOV] = [IoSlice::new(&[]); MAX_IOV];
+            iov[0] = IoSlice::new(&req[at..]);
+            for slot in iov.iter_mut().take(n_slices).skip(1) {
+                *slot = IoSlice::new(&req);
+            }
+            match s.write_vectored(&iov[..n_slices]) {
                 Ok(n) => {
-                    tx_at = (at + n < req.len()).then_some(at + n);
+                    let mut n = n;
+                    let mut at = at;
+                    while n > 0 {
+                        let left = req.len() - at;
+                        if n >= left {
+                            n -= left;
+                            at = 0;
+                            queued -= 1;
+                        } else {
+                            at += n;
+                            n = 0;
+                        }
+                    }
+                    tx_at = (queued > 0).then_some(at);
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => {}
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
@@ -191,13 +219,14 @@ fn client_here(
         }
         let outstanding = started - completed;
         if outstanding == 0 {
-            if !may_start {
+            if !(may_start && (duration.is_some() || started < total)) {
                 break;
             }
             continue;
         }
         // Blocking mode: read only when nothing more can be sent now.
-        if !polling && (tx_at.is_some() || (may_start && outstanding < inflight)) {
+        let can_send = may_start && (duration.is_some() || started < total);
+        if !polling && (tx_at.is_some() || (can_send && outstanding < inflight)) {
             continue;
         }
         let n = match s.read(&mut rx) {

@@ -128,14 +128,12 @@ pub fn serve(
     let window = window_for(run);
     let t = TcpTransport::new(stream, cfg).map_err(|e| format!("tcp transport: {e}"))?;
     let reactor = Reactor::spawn(spec(1, core, idle), move |_| EchoServer {
-            session: Session::new(conn_config(TaskRole::Ps, window), t),
-            done: false,
-            error: None,
+        session: Session::new(conn_config(TaskRole::Ps, window), t),
+        done: false,
+        error: None,
     })
     .map_err(|e| format!("server reactor: {e}"))?;
-    let (shard, _) = reactor
-        .join()
-        .map_err(|e| format!("server reactor: {e}"))?;
+    let (shard, _) = reactor.join().map_err(|e| format!("server reactor: {e}"))?;
     match shard.error {
         Some(e) => Err(e),
         None => Ok(()),
@@ -191,8 +189,8 @@ struct GenState {
     rtts: Vec<u64>,
     fuse: Option<FuseState>,
     kicked: bool,
-    finished: bool,
-    done: bool,
+    complete: bool,
+    closed: bool,
     error: Option<String>,
 }
 
@@ -243,8 +241,8 @@ impl GenState {
             rtts: Vec::with_capacity(if record { run.iters as usize } else { 0 }),
             fuse,
             kicked: false,
-            finished: false,
-            done: false,
+            complete: false,
+            closed: false,
             error: None,
             run: run.clone(),
         }
@@ -252,7 +250,7 @@ impl GenState {
 
     fn fail(&mut self, e: String) {
         self.error.get_or_insert(e);
-        self.finished = true;
+        self.complete = true;
     }
 
     fn may_start(&self, now: Instant) -> bool {
@@ -283,7 +281,7 @@ impl GenState {
             }
         }
         if self.issued == self.completed {
-            self.finished = true;
+            self.complete = true;
         }
     }
 
@@ -344,7 +342,7 @@ impl GenState {
                 FusePhase::Unfused => {
                     f.unfused_rate = rate;
                     self.completed = self.completed.min(measured);
-                    self.finished = true;
+                    self.complete = true;
                     return;
                 }
             }
@@ -361,14 +359,14 @@ impl GenState {
         }
         let mut sent = 0usize;
         let mut err = None;
-        batcher.finish_step(&mut |_, body, _| {
-            match conn.request(Opcode::Tensors, 0, body, None) {
+        batcher.finish_step(
+            &mut |_, body, _| match conn.request(Opcode::Tensors, 0, body, None) {
                 Ok(_) => sent += 1,
                 Err(e) => {
                     err.get_or_insert(e.to_string());
                 }
-            }
-        });
+            },
+        );
         f.step_acks = sent;
         if let Some(e) = err {
             self.fail(format!("fuse request: {e}"));
@@ -392,7 +390,7 @@ impl GenState {
 
 impl Shard for LoadGen {
     fn turn(&mut self, now: Instant) -> bool {
-        if self.st.done {
+        if self.st.closed {
             return false;
         }
         let Self { session, st } = self;
@@ -410,10 +408,10 @@ impl Shard for LoadGen {
                 true
             }
         };
-        if st.finished {
+        if st.complete {
             session.conn().close();
             let _ = session.flush(now);
-            st.done = true;
+            st.closed = true;
         }
         busy
     }
@@ -423,7 +421,7 @@ impl Shard for LoadGen {
     }
 
     fn finished(&self) -> bool {
-        self.st.done
+        self.st.closed
     }
 }
 
@@ -443,9 +441,7 @@ pub fn client(
         st,
     })
     .map_err(|e| format!("client reactor: {e}"))?;
-    let (gen, _) = reactor
-        .join()
-        .map_err(|e| format!("client reactor: {e}"))?;
+    let (gen, _) = reactor.join().map_err(|e| format!("client reactor: {e}"))?;
     let st = gen.st;
     if let Some(e) = st.error {
         return Err(e);

@@ -22,7 +22,6 @@
 #![warn(missing_docs)]
 
 pub mod core;
-pub mod crc32c;
 pub mod link;
 pub mod lossy;
 pub mod packet;

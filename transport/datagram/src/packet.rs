@@ -23,7 +23,6 @@
 
 use thiserror::Error;
 
-use crate::crc32c::Crc32c;
 
 /// Size of the packet header in bytes.
 pub const PACKET_HEADER_LEN: usize = 32;
@@ -116,11 +115,10 @@ pub enum PacketError {
     Malformed(&'static str),
 }
 
+/// CRC-32C (Castagnoli) over the header's first 28 bytes and the payload,
+/// with the `crc32c` crate (hardware-accelerated where the CPU has it).
 fn checksum(head: &[u8], payload: &[u8]) -> u32 {
-    let mut c = Crc32c::new();
-    c.update(&head[..28]);
-    c.update(payload);
-    c.finish()
+    crc32c::crc32c_append(crc32c::crc32c(&head[..28]), payload)
 }
 
 impl PacketHeader {

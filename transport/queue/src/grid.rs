@@ -34,10 +34,43 @@ pub fn grid<T>(
     consumers: usize,
     capacity: usize,
 ) -> (Vec<Producer<T>>, Vec<Consumer<T>>) {
+    build(producers, consumers, capacity, Wake::Park)
+}
+
+/// Builds a grid whose consumers never park: busy-polling reactors
+/// (DeepRec's `*_ENABLE_POLLING=true`). Producers then skip the wake check
+/// and its SeqCst fence entirely, so a push costs what a push into the bare
+/// SPSC ring costs. [`Consumer::park`] on such a grid returns at once.
+///
+/// # Panics
+/// If `producers`, `consumers` or `capacity` is zero.
+pub fn grid_polling<T>(
+    producers: usize,
+    consumers: usize,
+    capacity: usize,
+) -> (Vec<Producer<T>>, Vec<Consumer<T>>) {
+    build(producers, consumers, capacity, Wake::Never)
+}
+
+/// Whether consumers may park, fixed when the grid is built.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wake {
+    /// Consumers may park; producers run the eventcount check.
+    Park,
+    /// Consumers only poll; producers never check.
+    Never,
+}
+
+fn build<T>(
+    producers: usize,
+    consumers: usize,
+    capacity: usize,
+    wake: Wake,
+) -> (Vec<Producer<T>>, Vec<Consumer<T>>) {
     assert!(producers > 0, "grid needs at least one producer");
     assert!(consumers > 0, "grid needs at least one consumer");
     let waiters: Vec<Arc<CachePadded<Waiter>>> = (0..consumers)
-        .map(|_| Arc::new(CachePadded::new(Waiter::new())))
+        .map(|_| Arc::new(CachePadded::new(Waiter::new(wake))))
         .collect();
     // rx[c][p] is the consuming end of the ring p -> c.
     let mut rx: Vec<Vec<SpscConsumer<T>>> = (0..consumers)
@@ -82,14 +115,17 @@ pub fn grid<T>(
 /// `sleeping` and notifies through the mutex-protected flag, which the
 /// consumer checks under the same mutex before blocking. So no wakeup is lost.
 struct Waiter {
+    /// Immutable after construction: whether the consumer may park.
+    wake: Wake,
     sleeping: AtomicBool,
     notified: Mutex<bool>,
     cv: Condvar,
 }
 
 impl Waiter {
-    fn new() -> Self {
+    fn new(wake: Wake) -> Self {
         Self {
+            wake,
             sleeping: AtomicBool::new(false),
             notified: Mutex::new(false),
             cv: Condvar::new(),
@@ -100,6 +136,9 @@ impl Waiter {
     /// consumer is not parked.
     #[inline]
     fn wake(&self) {
+        if self.wake == Wake::Never {
+            return;
+        }
         fence(Ordering::SeqCst);
         if self.sleeping.load(Ordering::Relaxed) {
             self.notify();
@@ -344,6 +383,10 @@ impl<T> Consumer<T> {
 
     fn park_until(&mut self, deadline: Option<Instant>) {
         let w = &**self.waiter;
+        if w.wake == Wake::Never {
+            // A polling grid: producers never wake anyone, so never sleep.
+            return;
+        }
         // Announce the intention to sleep, then re-check: pairs with the
         // producer's `publish; fence(SeqCst); load(sleeping)`.
         w.sleeping.store(true, Ordering::Relaxed);

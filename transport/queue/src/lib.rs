@@ -60,5 +60,5 @@ mod grid;
 mod spsc;
 mod sync;
 
-pub use grid::{grid, Consumer, Producer};
+pub use grid::{grid, grid_polling, Consumer, Producer};
 pub use spsc::{spsc, SpscConsumer, SpscProducer};
