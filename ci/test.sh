@@ -8,6 +8,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 FUZZ_SECONDS="${FUZZ_SECONDS:-60}"
+SOAK_SECONDS="${SOAK_SECONDS:-120}"
+SOAK_CONNECTIONS="${SOAK_CONNECTIONS:-64}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 export RUST_BACKTRACE=1
 
@@ -54,6 +56,20 @@ test_each_feature() {
 }
 test_all_features() { cargo test --workspace --all-features --locked; }
 loom() { bash ci/loom.sh; }
+soak() {
+    cargo build --release --locked -p starwire
+    ./target/release/starwire soak --backend tcp --connections "$SOAK_CONNECTIONS" --duration "$SOAK_SECONDS" --json
+}
+soak_faulted() {
+    # TCP has no reliability of its own at our layer: with faults injected
+    # under it the soak must detect the damage and fail. Passing is the bug.
+    if ./target/release/starwire soak --backend tcp --connections 8 --duration 5 \
+        --faults drop=0.01,corrupt=0.001 --json; then
+        echo "faulted soak passed: faults went unnoticed" >&2
+        return 1
+    fi
+    echo "faulted soak failed, as it must"
+}
 fuzz() { bash ci/fuzz.sh "$FUZZ_SECONDS"; }
 
 stage "system packages" apt_deps
@@ -65,4 +81,6 @@ stage "test (each feature)" test_each_feature
 stage "test (all features)" test_all_features
 stage "loom" loom
 stage "fuzz (frame decoder, ${FUZZ_SECONDS}s)" fuzz
+stage "soak (tcp, ${SOAK_CONNECTIONS} connections, ${SOAK_SECONDS}s)" soak
+stage "soak with faults (must fail)" soak_faulted
 echo "=== all stages passed in $(( $(date +%s) - T0 )) s"

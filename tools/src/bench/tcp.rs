@@ -355,7 +355,7 @@ impl GenState {
             FusePhase::Unfused => &mut f.unfused,
         };
         for t in &f.tensors {
-            batcher.add(0, t.clone());
+            batcher.add(0, t);
         }
         let mut sent = 0usize;
         let mut err = None;

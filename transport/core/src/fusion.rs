@@ -86,7 +86,10 @@ impl OutTensor {
 /// Builds one `Tensors` body out of copied and referenced segments.
 #[derive(Debug)]
 struct BodyBuilder {
+    /// Finished segments (copied runs and referenced large tensors).
     body: Body,
+    /// The run of copied bytes being written; reused across steps, so a
+    /// steady-state step allocates nothing here.
     inline: BytesMut,
     count: u32,
     len: usize,
@@ -94,25 +97,31 @@ struct BodyBuilder {
 
 impl BodyBuilder {
     fn new() -> Self {
-        let inline = BytesMut::with_capacity(512);
         Self {
             body: Body::empty(),
-            inline,
+            inline: BytesMut::new(),
             count: 0,
             len: LIST_HEAD_LEN,
         }
     }
 
-    fn push(&mut self, t: &OutTensor, copy_below: usize) {
+    fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    fn push(&mut self, t: &OutTensor, copy_below: usize, hint: usize) {
         let r = t.as_ref();
+        if self.inline.capacity() - self.inline.len() < r.header_len() + 8 {
+            self.inline.reserve(hint.max(r.header_len() + 8));
+        }
         let head_at = self.inline.len();
         self.inline.resize(head_at + r.header_len(), 0);
         r.emit_header(&mut self.inline[head_at..]);
         if t.data.len() < copy_below {
             self.inline.extend_from_slice(&t.data);
         } else {
-            let inline = self.inline.split().freeze();
-            self.body.push(inline);
+            let run = self.inline.split().freeze();
+            self.body.push(run);
             self.body.push(t.data.clone());
         }
         self.inline.extend_from_slice(&ZERO_PAD[..r.padding_len()]);
@@ -120,26 +129,44 @@ impl BodyBuilder {
         self.len += r.encoded_len();
     }
 
-    fn finish(mut self) -> (Body, u32) {
+    /// Finish the body and reset for the next one, keeping the buffer.
+    fn take(&mut self) -> (Body, u32) {
         // The list head is its own small segment, written once the count is
         // known, so no segment is copied to patch it.
         let mut head = [0u8; LIST_HEAD_LEN];
         head[0..4].copy_from_slice(&self.count.to_le_bytes());
         let mut body = Body::from_bytes(Bytes::copy_from_slice(&head));
-        for s in self.body.segments() {
+        for s in std::mem::take(&mut self.body).segments() {
             body.push(s.clone());
         }
         body.push(self.inline.split().freeze());
         debug_assert_eq!(body.len(), self.len);
-        (body, self.count)
+        let n = self.count;
+        self.count = 0;
+        self.len = LIST_HEAD_LEN;
+        (body, n)
     }
 }
 
+#[derive(Debug)]
+struct Destination {
+    open: BodyBuilder,
+    /// Bodies closed during this step (split above the threshold, or one
+    /// per tensor with fusion off), in order.
+    closed: Vec<(Body, u32)>,
+    /// Bytes of copied data in the previous step, to size the buffer.
+    hint: usize,
+    pending: usize,
+}
+
 /// Per-destination batches of one step. See the module documentation.
+///
+/// Tensors are encoded as they are added, into a buffer reused from step
+/// to step; nothing is cloned but the `Bytes` handle of a large tensor.
 #[derive(Debug)]
 pub struct FusionBatcher {
     cfg: FusionConfig,
-    pending: Vec<Vec<OutTensor>>,
+    dests: Vec<Destination>,
 }
 
 impl FusionBatcher {
@@ -147,7 +174,14 @@ impl FusionBatcher {
     pub fn new(cfg: FusionConfig, destinations: usize) -> Self {
         Self {
             cfg,
-            pending: (0..destinations).map(|_| Vec::new()).collect(),
+            dests: (0..destinations)
+                .map(|_| Destination {
+                    open: BodyBuilder::new(),
+                    closed: Vec::new(),
+                    hint: 4096,
+                    pending: 0,
+                })
+                .collect(),
         }
     }
 
@@ -160,35 +194,37 @@ impl FusionBatcher {
     ///
     /// # Panics
     /// If `dest` is not below the number of destinations.
-    pub fn add(&mut self, dest: usize, t: OutTensor) {
-        self.pending[dest].push(t);
+    pub fn add(&mut self, dest: usize, t: &OutTensor) {
+        let cfg = self.cfg;
+        let d = &mut self.dests[dest];
+        let grow = t.encoded_len();
+        if !d.open.is_empty() && (!cfg.enabled || d.open.len + grow > cfg.max_fused_bytes) {
+            let body = d.open.take();
+            d.closed.push(body);
+        }
+        d.open.push(t, cfg.copy_below, d.hint);
+        d.pending += 1;
     }
 
     /// Tensors waiting for destination `dest`.
     pub fn pending(&self, dest: usize) -> usize {
-        self.pending[dest].len()
+        self.dests[dest].pending
     }
 
     /// End the step: emit the message bodies for every destination, in the
     /// order the tensors were added, as `(destination, body, tensor count)`.
     pub fn finish_step(&mut self, emit: &mut dyn FnMut(usize, Body, u32)) {
-        for (dest, batch) in self.pending.iter_mut().enumerate() {
-            if batch.is_empty() {
+        for (i, d) in self.dests.iter_mut().enumerate() {
+            if d.pending == 0 {
                 continue;
             }
-            let mut b = BodyBuilder::new();
-            for t in batch.drain(..) {
-                let grow = t.encoded_len();
-                let start_new =
-                    b.count > 0 && (!self.cfg.enabled || b.len + grow > self.cfg.max_fused_bytes);
-                if start_new {
-                    let (body, n) = std::mem::replace(&mut b, BodyBuilder::new()).finish();
-                    emit(dest, body, n);
-                }
-                b.push(&t, self.cfg.copy_below);
+            for (body, n) in d.closed.drain(..) {
+                emit(i, body, n);
             }
-            let (body, n) = b.finish();
-            emit(dest, body, n);
+            let (body, n) = d.open.take();
+            d.hint = d.hint.max(body.len().min(self.cfg.max_fused_bytes));
+            emit(i, body, n);
+            d.pending = 0;
         }
     }
 }
@@ -214,7 +250,7 @@ mod tests {
     fn fuses_one_step_into_one_message_per_destination() {
         let mut f = FusionBatcher::new(FusionConfig::default(), 2);
         for k in 0..100 {
-            f.add((k % 2) as usize, tensor(k, 16));
+            f.add((k % 2) as usize, &tensor(k, 16));
         }
         let mut out = Vec::new();
         f.finish_step(&mut |d, b, n| out.push((d, b, n)));
@@ -241,7 +277,7 @@ mod tests {
         };
         let mut f = FusionBatcher::new(cfg, 1);
         for k in 0..10 {
-            f.add(0, tensor(k, 3));
+            f.add(0, &tensor(k, 3));
         }
         let mut keys = Vec::new();
         f.finish_step(&mut |_, b, n| {
@@ -263,10 +299,10 @@ mod tests {
         let mut f = FusionBatcher::new(cfg, 1);
         let big = tensor(1, 2000); // 8000 bytes, referenced
         let big_ptr = big.data.as_ptr();
-        f.add(0, tensor(0, 10));
-        f.add(0, big);
-        f.add(0, tensor(2, 1000)); // would exceed 10 000: next message
-        f.add(0, tensor(3, 10));
+        f.add(0, &tensor(0, 10));
+        f.add(0, &big);
+        f.add(0, &tensor(2, 1000)); // would exceed 10 000: next message
+        f.add(0, &tensor(3, 10));
         let mut msgs = Vec::new();
         f.finish_step(&mut |_, b, n| msgs.push((b, n)));
         assert_eq!(msgs.len(), 2);
@@ -288,5 +324,29 @@ mod tests {
             );
         }
         assert_eq!(keys, vec![0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn steps_reuse_the_buffer_without_disturbing_earlier_bodies() {
+        let mut f = FusionBatcher::new(FusionConfig::default(), 1);
+        let mut kept = Vec::new();
+        for step in 0..5u64 {
+            for k in 0..50 {
+                f.add(0, &tensor(step * 100 + k, 8));
+            }
+            f.finish_step(&mut |_, b, n| {
+                assert_eq!(n, 50);
+                kept.push((step, b));
+            });
+        }
+        for (step, body) in &kept {
+            let bytes = flat(body);
+            let list = TensorList::parse(&bytes).expect("decodes");
+            let keys: Vec<u64> = list.iter().map(|t| t.key()).collect();
+            assert_eq!(keys, (0..50).map(|k| step * 100 + k).collect::<Vec<_>>());
+            for t in list.iter() {
+                assert_eq!(t.data(), &tensor(t.key(), 8).data[..]);
+            }
+        }
     }
 }

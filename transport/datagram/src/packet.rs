@@ -23,7 +23,6 @@
 
 use thiserror::Error;
 
-
 /// Size of the packet header in bytes.
 pub const PACKET_HEADER_LEN: usize = 32;
 /// The magic bytes that open every packet.
