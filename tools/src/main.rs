@@ -32,12 +32,13 @@ enum Command {
     Info(info::InfoArgs),
 }
 
-/// `on|off` (also true/false/1/0).
+/// `on|off`, or any boolean the DeepRec variables accept (true/false/1/0).
 pub(crate) fn parse_on_off(s: &str) -> Result<bool, String> {
     match s.trim().to_ascii_lowercase().as_str() {
-        "on" | "true" | "1" | "yes" => Ok(true),
-        "off" | "false" | "0" | "no" => Ok(false),
-        other => Err(format!("expected on or off, got {other:?}")),
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => starwire_config::parse_bool(s)
+            .ok_or_else(|| format!("expected on or off, got {:?}", s.trim())),
     }
 }
 

@@ -174,6 +174,11 @@ impl Body {
             self.segs.push(b);
         }
     }
+    /// Move `other`'s segments to the end of this body.
+    pub fn append(&mut self, other: Body) {
+        self.len += other.len;
+        self.segs.extend(other.segs);
+    }
     /// Total length.
     pub fn len(&self) -> usize {
         self.len

@@ -92,7 +92,6 @@ struct BodyBuilder {
     /// steady-state step allocates nothing here.
     inline: BytesMut,
     count: u32,
-    len: usize,
 }
 
 impl BodyBuilder {
@@ -101,12 +100,16 @@ impl BodyBuilder {
             body: Body::empty(),
             inline: BytesMut::new(),
             count: 0,
-            len: LIST_HEAD_LEN,
         }
     }
 
     fn is_empty(&self) -> bool {
         self.count == 0
+    }
+
+    /// Encoded length of the body so far, list head included.
+    fn len(&self) -> usize {
+        LIST_HEAD_LEN + self.body.len() + self.inline.len()
     }
 
     fn push(&mut self, t: &OutTensor, copy_below: usize, hint: usize) {
@@ -126,7 +129,6 @@ impl BodyBuilder {
         }
         self.inline.extend_from_slice(&ZERO_PAD[..r.padding_len()]);
         self.count += 1;
-        self.len += r.encoded_len();
     }
 
     /// Finish the body and reset for the next one, keeping the buffer.
@@ -136,14 +138,10 @@ impl BodyBuilder {
         let mut head = [0u8; LIST_HEAD_LEN];
         head[0..4].copy_from_slice(&self.count.to_le_bytes());
         let mut body = Body::from_bytes(Bytes::copy_from_slice(&head));
-        for s in std::mem::take(&mut self.body).segments() {
-            body.push(s.clone());
-        }
+        body.append(std::mem::take(&mut self.body));
         body.push(self.inline.split().freeze());
-        debug_assert_eq!(body.len(), self.len);
         let n = self.count;
         self.count = 0;
-        self.len = LIST_HEAD_LEN;
         (body, n)
     }
 }
@@ -152,11 +150,12 @@ impl BodyBuilder {
 struct Destination {
     open: BodyBuilder,
     /// Bodies closed during this step (split above the threshold, or one
-    /// per tensor with fusion off), in order.
+    /// per tensor with fusion off), in order. Non-empty only while `open`
+    /// is, since every `add` lands in `open`.
     closed: Vec<(Body, u32)>,
-    /// Bytes of copied data in the previous step, to size the buffer.
+    /// The largest body seen so far (capped at the split threshold): how
+    /// much to reserve when the copy buffer runs out.
     hint: usize,
-    pending: usize,
 }
 
 /// Per-destination batches of one step. See the module documentation.
@@ -179,7 +178,6 @@ impl FusionBatcher {
                     open: BodyBuilder::new(),
                     closed: Vec::new(),
                     hint: 4096,
-                    pending: 0,
                 })
                 .collect(),
         }
@@ -198,24 +196,25 @@ impl FusionBatcher {
         let cfg = self.cfg;
         let d = &mut self.dests[dest];
         let grow = t.encoded_len();
-        if !d.open.is_empty() && (!cfg.enabled || d.open.len + grow > cfg.max_fused_bytes) {
+        if !d.open.is_empty() && (!cfg.enabled || d.open.len() + grow > cfg.max_fused_bytes) {
             let body = d.open.take();
             d.closed.push(body);
         }
         d.open.push(t, cfg.copy_below, d.hint);
-        d.pending += 1;
     }
 
     /// Tensors waiting for destination `dest`.
     pub fn pending(&self, dest: usize) -> usize {
-        self.dests[dest].pending
+        let d = &self.dests[dest];
+        let closed: usize = d.closed.iter().map(|(_, n)| *n as usize).sum();
+        closed + d.open.count as usize
     }
 
     /// End the step: emit the message bodies for every destination, in the
     /// order the tensors were added, as `(destination, body, tensor count)`.
     pub fn finish_step(&mut self, emit: &mut dyn FnMut(usize, Body, u32)) {
         for (i, d) in self.dests.iter_mut().enumerate() {
-            if d.pending == 0 {
+            if d.open.is_empty() {
                 continue;
             }
             for (body, n) in d.closed.drain(..) {
@@ -224,7 +223,6 @@ impl FusionBatcher {
             let (body, n) = d.open.take();
             d.hint = d.hint.max(body.len().min(self.cfg.max_fused_bytes));
             emit(i, body, n);
-            d.pending = 0;
         }
     }
 }
@@ -252,6 +250,7 @@ mod tests {
         for k in 0..100 {
             f.add((k % 2) as usize, &tensor(k, 16));
         }
+        assert_eq!((f.pending(0), f.pending(1)), (50, 50));
         let mut out = Vec::new();
         f.finish_step(&mut |d, b, n| out.push((d, b, n)));
         assert_eq!(out.len(), 2);
@@ -303,6 +302,7 @@ mod tests {
         f.add(0, &big);
         f.add(0, &tensor(2, 1000)); // would exceed 10 000: next message
         f.add(0, &tensor(3, 10));
+        assert_eq!(f.pending(0), 4, "closed and open tensors both count");
         let mut msgs = Vec::new();
         f.finish_step(&mut |_, b, n| msgs.push((b, n)));
         assert_eq!(msgs.len(), 2);
