@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# A fuzz smoke run of the frame decoder on the stable toolchain.
+# Fuzz smoke runs on the stable toolchain: the frame decoder, then the PS
+# pull/push codec and request handlers. SECONDS is split between them.
 # Usage: ci/fuzz.sh [SECONDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs="${1:-60}"
-cargo run --release --locked -p starwire-wire-fuzz --bin fuzz-decode -- --seconds "$secs" --seed "${FUZZ_SEED:-$(date +%s)}"
+half=$(( secs / 2 > 0 ? secs / 2 : 1 ))
+seed="${FUZZ_SEED:-$(date +%s)}"
+cargo run --release --locked -p starwire-wire-fuzz --bin fuzz-decode -- --seconds "$half" --seed "$seed"
+cargo run --release --locked -p starwire-ps-fuzz --bin fuzz-ps-proto -- --seconds "$half" --seed "$seed"

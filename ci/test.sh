@@ -71,6 +71,17 @@ soak_faulted() {
     echo "faulted soak failed, as it must"
 }
 fuzz() { bash ci/fuzz.sh "$FUZZ_SECONDS"; }
+train_check() {
+    # The README's run command must work and come within 0.02 of the oracle
+    # AUC (the bar is 0.01, measured and reported; CI leaves room
+    # for a noisy run).
+    ./target/release/starwire train --json | tail -1 > target/train.json
+    local auc oracle
+    auc=$(grep -o '"auc":[0-9.]*' target/train.json | head -1 | cut -d: -f2)
+    oracle=$(grep -o '"oracle_auc":[0-9.]*' target/train.json | cut -d: -f2)
+    echo "auc $auc oracle $oracle"
+    awk -v a="$auc" -v o="$oracle" 'BEGIN { exit !(a > 0.5 && o - a < 0.02) }'
+}
 
 stage "system packages" apt_deps
 stage "cargo fetch" fetch
@@ -80,7 +91,8 @@ stage "test (default features)" test_default
 stage "test (each feature)" test_each_feature
 stage "test (all features)" test_all_features
 stage "loom" loom
-stage "fuzz (frame decoder, ${FUZZ_SECONDS}s)" fuzz
+stage "fuzz (frame decoder and PS codec, ${FUZZ_SECONDS}s)" fuzz
 stage "soak (tcp, ${SOAK_CONNECTIONS} connections, ${SOAK_SECONDS}s)" soak
 stage "soak with faults (must fail)" soak_faulted
+stage "train (the README run command, checked)" train_check
 echo "=== all stages passed in $(( $(date +%s) - T0 )) s"

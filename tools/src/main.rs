@@ -1,4 +1,5 @@
-//! `starwire`: benchmark, soak-test and inspect starwire transports.
+//! `starwire`: train sparse models on PS/worker clusters, and benchmark,
+//! soak-test and inspect starwire transports.
 //! See docs/CLI.md.
 #![deny(unsafe_code)]
 
@@ -7,6 +8,7 @@ mod bench;
 mod info;
 mod soak;
 mod stats;
+mod train;
 
 use std::process::ExitCode;
 
@@ -30,6 +32,13 @@ enum Command {
     Soak(soak::SoakArgs),
     /// Backends, kernel features, topology and effective settings.
     Info(info::InfoArgs),
+    /// Train a sparse model on a local loopback cluster (PS and workers as
+    /// threads of this process); the main job.
+    Train(train::TrainArgs),
+    /// Run one PS task of a multi-host cluster.
+    Ps(train::RoleArgs),
+    /// Run one worker task of a multi-host cluster.
+    Worker(train::RoleArgs),
 }
 
 /// `on|off`, or any boolean the DeepRec variables accept (true/false/1/0).
@@ -55,6 +64,9 @@ fn main() -> ExitCode {
         Command::Bench(a) => bench::main(a).map(|()| true),
         Command::Soak(a) => soak::main(a),
         Command::Info(a) => info::main(a).map(|()| true),
+        Command::Train(a) => train::main(a).map(|()| true),
+        Command::Ps(a) => train::ps_main(a).map(|()| true),
+        Command::Worker(a) => train::worker_main(a).map(|()| true),
     };
     match r {
         Ok(true) => ExitCode::SUCCESS,

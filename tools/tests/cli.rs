@@ -343,3 +343,121 @@ fn two_processes_over_loopback() {
     let status = server.wait().expect("server exits after its client");
     assert!(status.success());
 }
+
+#[test]
+fn train_json_contract_and_flags() {
+    let out = run(&[
+        "train",
+        "--json",
+        "--train-examples",
+        "8192",
+        "--eval-examples",
+        "2048",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "256",
+        "--tensor-fuse",
+        "off",
+        "--protocol",
+        "star_server_lite",
+        "--placement",
+        "anneal",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let last = stdout.lines().last().expect("a JSON line");
+    let v: Value = serde_json::from_str(last).expect("last line is JSON");
+    for k in [
+        "samples_per_s",
+        "auc",
+        "logloss",
+        "steps",
+        "backend",
+        "protocol",
+    ] {
+        assert!(v.get(k).is_some(), "missing {k}: {v}");
+    }
+    assert_eq!(v["protocol"], "star_server_lite");
+    assert_eq!(v["backend"], "tcp");
+    assert_eq!(v["tensor_fuse"], false);
+    assert_eq!(v["samples"].as_u64(), Some(8192));
+    assert!(num(&v, "auc") > 0.5);
+}
+
+#[test]
+fn train_rejects_bad_flags_with_clear_errors() {
+    let out = run(&["train", "--protocol", "grpc"]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("--backend"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = run(&["train", "--backend", "verbs", "--epochs", "1"]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("libibverbs-dev"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = run(&["train", "--train", "criteo:/nonexistent/x.tsv"]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("/nonexistent/x.tsv"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn ps_and_worker_processes_train_across_processes() {
+    let port = |l: std::net::TcpListener| l.local_addr().unwrap().port();
+    let p0 = port(std::net::TcpListener::bind("127.0.0.1:0").unwrap());
+    let w0 = port(std::net::TcpListener::bind("127.0.0.1:0").unwrap());
+    let hosts = [
+        "--ps-hosts".to_owned(),
+        format!("127.0.0.1:{p0}"),
+        "--worker-hosts".to_owned(),
+        format!("127.0.0.1:{w0}"),
+        "--task-index".to_owned(),
+        "0".to_owned(),
+        "--train-examples".to_owned(),
+        "8192".to_owned(),
+        "--eval-examples".to_owned(),
+        "2048".to_owned(),
+        "--epochs".to_owned(),
+        "1".to_owned(),
+        "--json".to_owned(),
+    ];
+    let mut ps = Command::new(BIN)
+        .arg("ps")
+        .args(&hosts)
+        .env_remove("TF_CONFIG")
+        .env_remove("TF_SEASTAR_ENDPOINT_MAP_PATH")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let w = run(&[
+        &["worker"],
+        &hosts.iter().map(String::as_str).collect::<Vec<_>>()[..],
+    ]
+    .concat());
+    assert!(w.status.success(), "{}", text(&w.stderr));
+    let v: Value = serde_json::from_str(text(&w.stdout).lines().last().unwrap()).unwrap();
+    assert_eq!(v["samples"].as_u64(), Some(8192));
+    assert!(num(&v, "auc") > 0.5);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(st) = ps.try_wait().unwrap() {
+            assert!(st.success(), "ps exit {st}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "ps did not exit after the worker was done"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

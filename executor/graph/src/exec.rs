@@ -1,0 +1,248 @@
+//! The executor: dependency counting, a lock-free ready queue and optional
+//! compute threads for large ops.
+//!
+//! A run is a DAG of tasks ([`TaskSet`]). Every task has an atomic count of
+//! unfinished predecessors; finishing a task decrements the counts of its
+//! successors, and whoever brings a count to zero dispatches that task:
+//!
+//! * a task whose cost (in FLOPs, computed from its actual inputs) is below
+//!   the executor's threshold, or any task when the executor has no compute
+//!   threads, goes to the run's own lock-free queue and is run by the calling
+//!   thread (the reactor), run-to-completion;
+//! * a larger task goes to the pool's lock-free queue and a compute thread
+//!   runs it; its ready successors come back the same way.
+//!
+//! The calling thread drains its queue and parks when it is empty and tasks
+//! are still in flight; the thread that finishes the last task, or queues an
+//! inline task, unparks it. There is no global lock: queues are
+//! `crossbeam_queue::SegQueue`s, counts are atomics.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::thread::{self, JoinHandle, Thread};
+
+use crossbeam_queue::SegQueue;
+
+/// Tasks at or above this many FLOPs are handed to compute threads by
+/// [`Executor::new`]: a few hundred microseconds of single-threaded work,
+/// far more than the few microseconds a handoff costs.
+pub const DEFAULT_HANDOFF_FLOPS: u64 = 1 << 20;
+
+/// One run's tasks, as the executor sees them.
+pub(crate) trait TaskSet: Send + Sync + 'static {
+    /// The number of tasks, numbered `0..len`.
+    fn len(&self) -> usize;
+    /// The tasks that wait for `task` (no duplicates).
+    fn successors(&self, task: usize) -> &[u32];
+    /// How many distinct predecessors `task` has.
+    fn predecessors(&self, task: usize) -> u32;
+    /// The cost of `task` in FLOPs; called once its predecessors are done.
+    fn cost(&self, task: usize) -> u64;
+    /// Runs `task`; errors are recorded by the task set itself.
+    fn run(&self, task: usize);
+    /// Records that `task` panicked.
+    fn panicked(&self, task: usize);
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+#[derive(Debug)]
+struct Pool {
+    jobs: SegQueue<Job>,
+    stop: AtomicBool,
+    workers: OnceLock<Vec<Thread>>,
+}
+
+impl Pool {
+    fn submit(&self, job: Job) {
+        self.jobs.push(job);
+        // Unparking an idle worker is cheap and parking is token-based, so a
+        // wake-up between a worker's empty pop and its park is never lost.
+        if let Some(ws) = self.workers.get() {
+            ws.iter().for_each(Thread::unpark);
+        }
+    }
+
+    fn work(&self) {
+        loop {
+            match self.jobs.pop() {
+                Some(job) => job(),
+                None if self.stop.load(Ordering::Acquire) => return,
+                None => thread::park(),
+            }
+        }
+    }
+}
+
+/// Runs graphs: inline on the calling thread, with large ops optionally handed
+/// to compute threads. See the module docs for the scheduling.
+///
+/// One executor may serve many concurrent runs from many threads.
+#[derive(Debug)]
+pub struct Executor {
+    pool: Option<Arc<Pool>>,
+    handles: Vec<JoinHandle<()>>,
+    threshold: u64,
+    handoffs: Arc<AtomicU64>,
+}
+
+impl Executor {
+    /// An executor with `threads` compute threads and the default handoff
+    /// threshold [`DEFAULT_HANDOFF_FLOPS`]. `threads == 0` runs everything
+    /// inline on the calling thread.
+    ///
+    /// # Panics
+    ///
+    /// If the operating system refuses to start a thread.
+    pub fn new(threads: usize) -> Self {
+        Self::with_threshold(threads, DEFAULT_HANDOFF_FLOPS)
+    }
+
+    /// Like [`Executor::new`] with an explicit handoff threshold in FLOPs
+    /// (`0` hands every op to the compute threads).
+    ///
+    /// # Panics
+    ///
+    /// If the operating system refuses to start a thread.
+    pub fn with_threshold(threads: usize, handoff_flops: u64) -> Self {
+        if threads == 0 {
+            return Self {
+                pool: None,
+                handles: Vec::new(),
+                threshold: handoff_flops,
+                handoffs: Arc::default(),
+            };
+        }
+        let pool = Arc::new(Pool {
+            jobs: SegQueue::new(),
+            stop: AtomicBool::new(false),
+            workers: OnceLock::new(),
+        });
+        let handles: Vec<_> = (0..threads)
+            .map(|i| {
+                let p = Arc::clone(&pool);
+                thread::Builder::new()
+                    .name(format!("starwire-compute-{i}"))
+                    .spawn(move || p.work())
+                    .expect("spawning a compute thread")
+            })
+            .collect();
+        let _ = pool
+            .workers
+            .set(handles.iter().map(|h| h.thread().clone()).collect());
+        Self {
+            pool: Some(pool),
+            handles,
+            threshold: handoff_flops,
+            handoffs: Arc::default(),
+        }
+    }
+
+    /// The number of compute threads.
+    pub fn threads(&self) -> usize {
+        self.handles.len()
+    }
+
+    /// The handoff threshold in FLOPs.
+    pub fn handoff_flops(&self) -> u64 {
+        self.threshold
+    }
+
+    /// How many tasks have been handed to compute threads so far.
+    pub fn handoffs(&self) -> u64 {
+        self.handoffs.load(Ordering::Relaxed)
+    }
+
+    /// Runs every task of `tasks` and returns when all are done.
+    pub(crate) fn run<T: TaskSet>(&self, tasks: Arc<T>) {
+        let n = tasks.len();
+        if n == 0 {
+            return;
+        }
+        let run = Arc::new(Run {
+            pending: (0..n)
+                .map(|t| AtomicU32::new(tasks.predecessors(t)))
+                .collect(),
+            remaining: AtomicUsize::new(n),
+            inline: SegQueue::new(),
+            caller: thread::current(),
+            pool: self.pool.clone(),
+            threshold: self.threshold,
+            handoffs: Arc::clone(&self.handoffs),
+            tasks,
+        });
+        for t in 0..n {
+            if run.tasks.predecessors(t) == 0 {
+                Run::dispatch(&run, t);
+            }
+        }
+        loop {
+            while let Some(t) = run.inline.pop() {
+                Run::execute(&run, t);
+            }
+            if run.remaining.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            thread::park();
+        }
+    }
+}
+
+impl Drop for Executor {
+    fn drop(&mut self) {
+        if let Some(pool) = &self.pool {
+            pool.stop.store(true, Ordering::Release);
+            for h in &self.handles {
+                h.thread().unpark();
+            }
+        }
+        for h in self.handles.drain(..) {
+            let _ = h.join();
+        }
+    }
+}
+
+struct Run<T> {
+    tasks: Arc<T>,
+    pending: Vec<AtomicU32>,
+    remaining: AtomicUsize,
+    inline: SegQueue<usize>,
+    caller: Thread,
+    pool: Option<Arc<Pool>>,
+    threshold: u64,
+    handoffs: Arc<AtomicU64>,
+}
+
+impl<T: TaskSet> Run<T> {
+    fn dispatch(this: &Arc<Self>, t: usize) {
+        match &this.pool {
+            Some(pool) if this.tasks.cost(t) >= this.threshold => {
+                this.handoffs.fetch_add(1, Ordering::Relaxed);
+                let run = Arc::clone(this);
+                pool.submit(Box::new(move || Run::execute(&run, t)));
+            }
+            _ => {
+                this.inline.push(t);
+                if thread::current().id() != this.caller.id() {
+                    this.caller.unpark();
+                }
+            }
+        }
+    }
+
+    fn execute(this: &Arc<Self>, t: usize) {
+        if catch_unwind(AssertUnwindSafe(|| this.tasks.run(t))).is_err() {
+            this.tasks.panicked(t);
+        }
+        for &s in this.tasks.successors(t) {
+            let s = s as usize;
+            if this.pending[s].fetch_sub(1, Ordering::AcqRel) == 1 {
+                Run::dispatch(this, s);
+            }
+        }
+        if this.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+            this.caller.unpark();
+        }
+    }
+}

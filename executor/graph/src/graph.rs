@@ -1,0 +1,918 @@
+//! The dataflow graph: ops, the builder, the autodiff plan and one run.
+
+use std::sync::{Arc, OnceLock};
+
+use crate::error::GraphError;
+use crate::exec::{Executor, TaskSet};
+use crate::ops::{self, Combiner};
+use crate::tensor::Tensor;
+
+/// The id of a variable stored on the parameter servers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct VarId(pub u32);
+
+/// A node of a graph under construction or built.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct NodeId(pub(crate) u32);
+
+impl NodeId {
+    /// The node's position in the graph (nodes are in topological order).
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// An operation. Arities: leaves take no input; `MatMul`, `Add` and
+/// `SigmoidCrossEntropy` take two; `Relu` one; `Concat` one or more.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum Op {
+    /// A fed dense matrix `[B, cols]` (numeric features, labels); no gradient.
+    Input {
+        /// Position in [`GraphFeeds::inputs`].
+        slot: usize,
+        /// The column count.
+        cols: usize,
+    },
+    /// A dense variable, fed from a pull; its gradient is returned.
+    Variable {
+        /// The variable.
+        var: VarId,
+        /// Its shape.
+        shape: Vec<usize>,
+    },
+    /// Embedding lookup done on the worker (`star_server`): fed unique rows
+    /// `[U, dim]` and a ragged key layout, outputs `[B, dim]`; the gradient is
+    /// returned per unique row.
+    EmbeddingLookup {
+        /// The embedding variable.
+        var: VarId,
+        /// Position in [`GraphFeeds::lookups`].
+        slot: usize,
+        /// The row width.
+        dim: usize,
+        /// How rows of one example are pooled.
+        combiner: Combiner,
+    },
+    /// Embedding lookup done on the PS (`star_server_lite`): fed the pooled
+    /// `[B, dim]` tensor; the gradient w.r.t. it is returned.
+    Pooled {
+        /// The embedding variable.
+        var: VarId,
+        /// Position in [`GraphFeeds::lookups`].
+        slot: usize,
+        /// The row width.
+        dim: usize,
+        /// The combiner the PS applied.
+        combiner: Combiner,
+    },
+    /// `[M,K] x [K,N]`.
+    MatMul,
+    /// Elementwise sum; the right operand may be a bias `[N]` or `[1,N]`.
+    Add,
+    /// `max(x, 0)`.
+    Relu,
+    /// Concatenation of matrices along columns.
+    Concat,
+    /// Mean sigmoid cross-entropy of logits `[B,1]` against labels `[B,1]`;
+    /// outputs the loss `[1]` and keeps the probabilities.
+    SigmoidCrossEntropy,
+}
+
+impl Op {
+    fn name(&self) -> &'static str {
+        match self {
+            Op::Input { .. } => "Input",
+            Op::Variable { .. } => "Variable",
+            Op::EmbeddingLookup { .. } => "EmbeddingLookup",
+            Op::Pooled { .. } => "Pooled",
+            Op::MatMul => "MatMul",
+            Op::Add => "Add",
+            Op::Relu => "Relu",
+            Op::Concat => "Concat",
+            Op::SigmoidCrossEntropy => "SigmoidCrossEntropy",
+        }
+    }
+
+    fn arity_ok(&self, n: usize) -> bool {
+        match self {
+            Op::Input { .. }
+            | Op::Variable { .. }
+            | Op::EmbeddingLookup { .. }
+            | Op::Pooled { .. } => n == 0,
+            Op::MatMul | Op::Add | Op::SigmoidCrossEntropy => n == 2,
+            Op::Relu => n == 1,
+            Op::Concat => n >= 1,
+        }
+    }
+
+    /// Whether the op is a leaf whose gradient the run returns.
+    fn is_param(&self) -> bool {
+        matches!(
+            self,
+            Op::Variable { .. } | Op::EmbeddingLookup { .. } | Op::Pooled { .. }
+        )
+    }
+}
+
+/// One node: an op and its inputs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Node {
+    /// The op.
+    pub op: Op,
+    /// The inputs, all earlier in the graph.
+    pub inputs: Vec<NodeId>,
+}
+
+/// Builds a graph node by node; nodes are numbered in insertion order, which
+/// is therefore a topological order.
+#[derive(Debug, Default, Clone)]
+pub struct GraphBuilder {
+    nodes: Vec<Node>,
+}
+
+impl GraphBuilder {
+    /// An empty builder.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds any node; arity and input ids are checked by [`GraphBuilder::build`].
+    pub fn node(&mut self, op: Op, inputs: Vec<NodeId>) -> NodeId {
+        let id = NodeId(self.nodes.len() as u32);
+        self.nodes.push(Node { op, inputs });
+        id
+    }
+
+    /// A fed input `[B, cols]`.
+    pub fn input(&mut self, slot: usize, cols: usize) -> NodeId {
+        self.node(Op::Input { slot, cols }, vec![])
+    }
+
+    /// A dense variable.
+    pub fn variable(&mut self, var: VarId, shape: Vec<usize>) -> NodeId {
+        self.node(Op::Variable { var, shape }, vec![])
+    }
+
+    /// An embedding lookup.
+    pub fn lookup(&mut self, var: VarId, slot: usize, dim: usize, combiner: Combiner) -> NodeId {
+        self.node(
+            Op::EmbeddingLookup {
+                var,
+                slot,
+                dim,
+                combiner,
+            },
+            vec![],
+        )
+    }
+
+    /// `a x b`.
+    pub fn matmul(&mut self, a: NodeId, b: NodeId) -> NodeId {
+        self.node(Op::MatMul, vec![a, b])
+    }
+
+    /// `a + b` (with bias broadcast).
+    pub fn add(&mut self, a: NodeId, b: NodeId) -> NodeId {
+        self.node(Op::Add, vec![a, b])
+    }
+
+    /// `relu(x)`.
+    pub fn relu(&mut self, x: NodeId) -> NodeId {
+        self.node(Op::Relu, vec![x])
+    }
+
+    /// Column concatenation.
+    pub fn concat(&mut self, parts: Vec<NodeId>) -> NodeId {
+        self.node(Op::Concat, parts)
+    }
+
+    /// The loss node.
+    pub fn sigmoid_cross_entropy(&mut self, logits: NodeId, labels: NodeId) -> NodeId {
+        self.node(Op::SigmoidCrossEntropy, vec![logits, labels])
+    }
+
+    /// Checks the graph and plans its forward and backward passes. `loss`
+    /// must be a `SigmoidCrossEntropy` node.
+    pub fn build(self, loss: NodeId) -> Result<Graph, GraphError> {
+        Graph::new(self.nodes, loss)
+    }
+}
+
+/// What the runtime feeds for one lookup.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LookupFeed {
+    /// `star_server`: the unique rows `[U,D]`, per key occurrence the row it
+    /// reads, and ragged offsets (`B+1` entries) of occurrences per example.
+    Rows {
+        /// Unique rows `[U, D]`.
+        rows: Tensor,
+        /// Per key occurrence, its row in `rows`.
+        index: Vec<u32>,
+        /// `B+1` offsets into `index`.
+        offsets: Vec<u32>,
+    },
+    /// `star_server_lite`: the post-combiner pooled tensor `[B,D]`.
+    Pooled(Tensor),
+}
+
+/// The gradient of one lookup.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LookupGrad {
+    /// `[U,D]`, summed per unique row, combiner applied.
+    Rows(Tensor),
+    /// `[B,D]`, w.r.t. the pooled tensor.
+    Pooled(Tensor),
+}
+
+/// Everything one run of a graph reads.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GraphFeeds {
+    /// One matrix per `Input` slot.
+    pub inputs: Vec<Tensor>,
+    /// One tensor per `Variable`, any order.
+    pub dense: Vec<(VarId, Tensor)>,
+    /// One feed per lookup slot.
+    pub lookups: Vec<LookupFeed>,
+}
+
+/// What one run produced.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunOutput {
+    /// The mean loss.
+    pub loss: f32,
+    /// The predicted probabilities, one per example.
+    pub probs: Vec<f32>,
+    /// Per `Variable` (graph order), its gradient; empty for forward-only runs.
+    pub dense_grads: Vec<(VarId, Tensor)>,
+    /// Per lookup slot, its gradient; empty for forward-only runs.
+    pub lookup_grads: Vec<LookupGrad>,
+}
+
+/// The task DAG of one kind of run.
+#[derive(Debug, Clone)]
+struct Plan {
+    successors: Vec<Vec<u32>>,
+    predecessors: Vec<u32>,
+}
+
+impl Plan {
+    fn new(successors: Vec<Vec<u32>>) -> Self {
+        let mut predecessors = vec![0u32; successors.len()];
+        for s in successors.iter().flatten() {
+            predecessors[*s as usize] += 1;
+        }
+        Self {
+            successors,
+            predecessors,
+        }
+    }
+}
+
+/// A checked graph with its forward and forward+backward plans.
+#[derive(Debug, Clone)]
+pub struct Graph {
+    nodes: Vec<Node>,
+    loss: usize,
+    /// Per node, whether it has a backward task.
+    needs_grad: Vec<bool>,
+    /// Per node, the `(consumer, input position)` pairs whose gradient
+    /// contributions sum to its gradient, in a fixed order.
+    grad_sources: Vec<Vec<(usize, usize)>>,
+    /// Backward task -> node.
+    bwd_node: Vec<usize>,
+    forward: Plan,
+    full: Plan,
+    inputs: Vec<usize>,
+    vars: Vec<(VarId, usize)>,
+    lookups: Vec<usize>,
+}
+
+fn invalid(msg: impl Into<String>) -> GraphError {
+    GraphError::InvalidGraph(msg.into())
+}
+
+/// Puts `node` into `by_slot[slot]`, rejecting duplicates.
+fn claim_slot(
+    by_slot: &mut Vec<Option<usize>>,
+    slot: usize,
+    node: usize,
+    what: &str,
+) -> Result<(), GraphError> {
+    if slot > 1 << 20 {
+        return Err(invalid(format!("{what} slot {slot} too large")));
+    }
+    if by_slot.len() <= slot {
+        by_slot.resize(slot + 1, None);
+    }
+    if by_slot[slot].replace(node).is_some() {
+        return Err(invalid(format!("{what} slot {slot} used twice")));
+    }
+    Ok(())
+}
+
+fn dense_slots(by_slot: Vec<Option<usize>>, what: &str) -> Result<Vec<usize>, GraphError> {
+    by_slot
+        .into_iter()
+        .enumerate()
+        .map(|(s, n)| n.ok_or_else(|| invalid(format!("{what} slot {s} has no node"))))
+        .collect()
+}
+
+impl Graph {
+    fn new(nodes: Vec<Node>, loss: NodeId) -> Result<Self, GraphError> {
+        let n = nodes.len();
+        if n > u32::MAX as usize / 2 {
+            return Err(invalid("too many nodes"));
+        }
+        let loss = loss.index();
+        match nodes.get(loss) {
+            Some(Node {
+                op: Op::SigmoidCrossEntropy,
+                ..
+            }) => {}
+            _ => return Err(invalid("the loss node must be a SigmoidCrossEntropy")),
+        }
+        let (mut inputs, mut lookups) = (Vec::new(), Vec::new());
+        let mut vars = Vec::new();
+        for (i, node) in nodes.iter().enumerate() {
+            if !node.op.arity_ok(node.inputs.len()) {
+                return Err(invalid(format!(
+                    "node {i}: {} cannot take {} inputs",
+                    node.op.name(),
+                    node.inputs.len()
+                )));
+            }
+            if node.inputs.iter().any(|x| x.index() >= i) {
+                return Err(invalid(format!("node {i}: input is not an earlier node")));
+            }
+            match &node.op {
+                Op::Input { slot, .. } => claim_slot(&mut inputs, *slot, i, "input")?,
+                Op::EmbeddingLookup { slot, .. } | Op::Pooled { slot, .. } => {
+                    claim_slot(&mut lookups, *slot, i, "lookup")?
+                }
+                Op::Variable { var, .. } => {
+                    if vars.iter().any(|(v, _)| v == var) {
+                        return Err(invalid(format!("variable {var:?} has two nodes")));
+                    }
+                    vars.push((*var, i));
+                }
+                _ => {}
+            }
+        }
+        let inputs = dense_slots(inputs, "input")?;
+        let lookups = dense_slots(lookups, "lookup")?;
+
+        // Which nodes the loss depends on, and which depend on a parameter.
+        let mut reaches_loss = vec![false; n];
+        reaches_loss[loss] = true;
+        for i in (0..n).rev() {
+            if reaches_loss[i] {
+                for x in &nodes[i].inputs {
+                    reaches_loss[x.index()] = true;
+                }
+            }
+        }
+        let mut requires_grad = vec![false; n];
+        for i in 0..n {
+            requires_grad[i] =
+                nodes[i].op.is_param() || nodes[i].inputs.iter().any(|x| requires_grad[x.index()]);
+        }
+        let needs_grad: Vec<bool> = (0..n)
+            .map(|i| requires_grad[i] && reaches_loss[i])
+            .collect();
+
+        let mut grad_sources = vec![Vec::new(); n];
+        let mut consumers: Vec<Vec<u32>> = vec![Vec::new(); n];
+        for (c, node) in nodes.iter().enumerate() {
+            for (k, x) in node.inputs.iter().enumerate() {
+                let x = x.index();
+                if needs_grad[c] && needs_grad[x] {
+                    grad_sources[x].push((c, k));
+                }
+                if !consumers[x].contains(&(c as u32)) {
+                    consumers[x].push(c as u32);
+                }
+            }
+        }
+        let mut bwd_task = vec![None; n];
+        let mut bwd_node = Vec::new();
+        for i in (0..n).filter(|&i| needs_grad[i]) {
+            bwd_task[i] = Some((n + bwd_node.len()) as u32);
+            bwd_node.push(i);
+        }
+        let forward = Plan::new(consumers.clone());
+        let mut full_succ = consumers;
+        full_succ.resize(n + bwd_node.len(), Vec::new());
+        if let Some(t) = bwd_task[loss] {
+            full_succ[loss].push(t);
+        }
+        for (i, sources) in grad_sources.iter().enumerate() {
+            let Some(t) = bwd_task[i] else { continue };
+            for &(c, _) in sources {
+                let ct = bwd_task[c].expect("a gradient source has a backward task") as usize;
+                if !full_succ[ct].contains(&t) {
+                    full_succ[ct].push(t);
+                }
+            }
+        }
+        Ok(Self {
+            full: Plan::new(full_succ),
+            forward,
+            nodes,
+            loss,
+            needs_grad,
+            grad_sources,
+            bwd_node,
+            inputs,
+            vars,
+            lookups,
+        })
+    }
+
+    /// The nodes, in topological order.
+    pub fn nodes(&self) -> &[Node] {
+        &self.nodes
+    }
+
+    /// The loss node.
+    pub fn loss(&self) -> NodeId {
+        NodeId(self.loss as u32)
+    }
+
+    /// The number of `Input` slots.
+    pub fn num_inputs(&self) -> usize {
+        self.inputs.len()
+    }
+
+    /// The dense variables, in graph order, with their shapes.
+    pub fn dense_vars(&self) -> impl Iterator<Item = (VarId, &[usize])> + '_ {
+        self.vars.iter().map(|&(v, i)| match &self.nodes[i].op {
+            Op::Variable { shape, .. } => (v, shape.as_slice()),
+            _ => unreachable!("vars only lists Variable nodes"),
+        })
+    }
+
+    /// The lookup node of each lookup slot.
+    pub fn lookup_nodes(&self) -> impl Iterator<Item = &Op> + '_ {
+        self.lookups.iter().map(|&i| &self.nodes[i].op)
+    }
+
+    /// The same graph with every `EmbeddingLookup` replaced by a `Pooled`
+    /// node fed by the PS (the `star_server_lite` rewrite).
+    pub(crate) fn with_pooled_lookups(&self) -> Result<Self, GraphError> {
+        let nodes = self
+            .nodes
+            .iter()
+            .map(|n| match n.op {
+                Op::EmbeddingLookup {
+                    var,
+                    slot,
+                    dim,
+                    combiner,
+                } => Node {
+                    op: Op::Pooled {
+                        var,
+                        slot,
+                        dim,
+                        combiner,
+                    },
+                    inputs: vec![],
+                },
+                _ => n.clone(),
+            })
+            .collect();
+        Self::new(nodes, self.loss())
+    }
+
+    /// Runs the graph forward, and backward too if `backward`.
+    pub fn run(
+        self: &Arc<Self>,
+        exec: &Executor,
+        feeds: GraphFeeds,
+        backward: bool,
+    ) -> Result<RunOutput, GraphError> {
+        let state = Arc::new(RunState::new(Arc::clone(self), feeds, backward)?);
+        exec.run(Arc::clone(&state));
+        state.output()
+    }
+}
+
+struct RowsFeed {
+    rows: Tensor,
+    index: Vec<u32>,
+    offsets: Vec<u32>,
+}
+
+/// The values of one run. Each slot is written once (by the task that owns
+/// it) and read by later tasks; `OnceLock` gives the happens-before edge.
+struct RunState {
+    graph: Arc<Graph>,
+    backward: bool,
+    fwd: Vec<OnceLock<Tensor>>,
+    probs: OnceLock<Tensor>,
+    rows: Vec<Option<RowsFeed>>,
+    contrib: Vec<Vec<OnceLock<Tensor>>>,
+    grads: Vec<OnceLock<Tensor>>,
+    error: OnceLock<GraphError>,
+}
+
+fn shape(op: &'static str, detail: String) -> GraphError {
+    GraphError::Shape { op, detail }
+}
+
+impl RunState {
+    /// Checks every feed against the graph and places it.
+    fn new(graph: Arc<Graph>, feeds: GraphFeeds, backward: bool) -> Result<Self, GraphError> {
+        let n = graph.nodes.len();
+        let fwd: Vec<OnceLock<Tensor>> = (0..n).map(|_| OnceLock::new()).collect();
+        let mut rows: Vec<Option<RowsFeed>> = (0..n).map(|_| None).collect();
+
+        if feeds.inputs.len() != graph.inputs.len() {
+            return Err(GraphError::MissingFeed(format!(
+                "{} inputs expected, {} given",
+                graph.inputs.len(),
+                feeds.inputs.len()
+            )));
+        }
+        for (slot, t) in feeds.inputs.into_iter().enumerate() {
+            let node = graph.inputs[slot];
+            let Op::Input { cols, .. } = graph.nodes[node].op else {
+                unreachable!("inputs only lists Input nodes")
+            };
+            match t.as_matrix() {
+                Some((_, c)) if c == cols => {}
+                _ => {
+                    return Err(shape(
+                        "Input",
+                        format!("slot {slot}: expected [B,{cols}], got {:?}", t.shape()),
+                    ))
+                }
+            }
+            let _ = fwd[node].set(t);
+        }
+
+        for (var, t) in feeds.dense {
+            let Some(&(_, node)) = graph.vars.iter().find(|(v, _)| *v == var) else {
+                return Err(GraphError::UnknownVariable(var));
+            };
+            let Op::Variable { shape: want, .. } = &graph.nodes[node].op else {
+                unreachable!("vars only lists Variable nodes")
+            };
+            if t.shape() != want.as_slice() {
+                return Err(shape(
+                    "Variable",
+                    format!("{var:?}: expected {want:?}, got {:?}", t.shape()),
+                ));
+            }
+            if fwd[node].set(t).is_err() {
+                return Err(GraphError::DuplicateFeed(format!("{var:?}")));
+            }
+        }
+        if let Some(&(var, _)) = graph.vars.iter().find(|(_, i)| fwd[*i].get().is_none()) {
+            return Err(GraphError::MissingFeed(format!("dense variable {var:?}")));
+        }
+
+        if feeds.lookups.len() != graph.lookups.len() {
+            return Err(GraphError::MissingFeed(format!(
+                "{} lookups expected, {} given",
+                graph.lookups.len(),
+                feeds.lookups.len()
+            )));
+        }
+        for (slot, feed) in feeds.lookups.into_iter().enumerate() {
+            let node = graph.lookups[slot];
+            match (&graph.nodes[node].op, feed) {
+                (
+                    Op::EmbeddingLookup { dim, .. },
+                    LookupFeed::Rows {
+                        rows: r,
+                        index,
+                        offsets,
+                    },
+                ) => {
+                    match r.as_matrix() {
+                        Some((_, d)) if d == *dim => {}
+                        _ => {
+                            return Err(shape(
+                                "EmbeddingLookup",
+                                format!(
+                                    "lookup {slot}: rows must be [U,{dim}], got {:?}",
+                                    r.shape()
+                                ),
+                            ))
+                        }
+                    }
+                    ops::check_ragged(slot, r.shape()[0], &index, &offsets)?;
+                    rows[node] = Some(RowsFeed {
+                        rows: r,
+                        index,
+                        offsets,
+                    });
+                }
+                (Op::Pooled { dim, .. }, LookupFeed::Pooled(t)) => {
+                    match t.as_matrix() {
+                        Some((_, d)) if d == *dim => {}
+                        _ => {
+                            return Err(shape(
+                                "Pooled",
+                                format!("lookup {slot}: expected [B,{dim}], got {:?}", t.shape()),
+                            ))
+                        }
+                    }
+                    let _ = fwd[node].set(t);
+                }
+                (Op::EmbeddingLookup { .. }, _) => {
+                    return Err(GraphError::WrongFeedForm {
+                        index: slot,
+                        expected: "rows",
+                    })
+                }
+                _ => {
+                    return Err(GraphError::WrongFeedForm {
+                        index: slot,
+                        expected: "pooled",
+                    })
+                }
+            }
+        }
+
+        Ok(Self {
+            contrib: graph
+                .nodes
+                .iter()
+                .map(|nd| nd.inputs.iter().map(|_| OnceLock::new()).collect())
+                .collect(),
+            grads: (0..n).map(|_| OnceLock::new()).collect(),
+            probs: OnceLock::new(),
+            error: OnceLock::new(),
+            fwd,
+            rows,
+            backward,
+            graph,
+        })
+    }
+
+    fn plan(&self) -> &Plan {
+        if self.backward {
+            &self.graph.full
+        } else {
+            &self.graph.forward
+        }
+    }
+
+    fn value(&self, node: usize) -> Result<&Tensor, GraphError> {
+        self.fwd[node]
+            .get()
+            .ok_or_else(|| invalid(format!("value of node {node} missing")))
+    }
+
+    fn input(&self, node: usize, k: usize) -> Result<&Tensor, GraphError> {
+        self.value(self.graph.nodes[node].inputs[k].index())
+    }
+
+    fn forward(&self, i: usize) -> Result<(), GraphError> {
+        let node = &self.graph.nodes[i];
+        let out = match &node.op {
+            Op::Input { .. } | Op::Variable { .. } | Op::Pooled { .. } => return Ok(()),
+            Op::EmbeddingLookup { combiner, .. } => {
+                let f = self.rows[i]
+                    .as_ref()
+                    .ok_or_else(|| invalid("lookup rows missing"))?;
+                ops::combine(&f.rows, &f.index, &f.offsets, *combiner)?
+            }
+            Op::MatMul => ops::matmul(self.input(i, 0)?, self.input(i, 1)?)?,
+            Op::Add => ops::add(self.input(i, 0)?, self.input(i, 1)?)?,
+            Op::Relu => ops::relu(self.input(i, 0)?),
+            Op::Concat => {
+                let parts = (0..node.inputs.len())
+                    .map(|k| self.input(i, k))
+                    .collect::<Result<Vec<_>, _>>()?;
+                ops::concat(&parts)?
+            }
+            Op::SigmoidCrossEntropy => {
+                let (loss, probs) =
+                    ops::sigmoid_cross_entropy(self.input(i, 0)?, self.input(i, 1)?)?;
+                let _ = self.probs.set(probs);
+                loss
+            }
+        };
+        let _ = self.fwd[i].set(out);
+        Ok(())
+    }
+
+    /// The gradient of node `i`: 1 for the loss, else the sum of its
+    /// consumers' contributions in a fixed order.
+    fn gradient(&self, i: usize) -> Result<Tensor, GraphError> {
+        if i == self.graph.loss {
+            return Ok(Tensor::scalar(1.0));
+        }
+        let mut acc: Option<Tensor> = None;
+        for &(c, k) in &self.graph.grad_sources[i] {
+            let g = self.contrib[c][k]
+                .get()
+                .ok_or_else(|| invalid(format!("gradient from node {c} missing")))?;
+            match &mut acc {
+                None => acc = Some(g.clone()),
+                Some(a) => {
+                    if a.shape() != g.shape() {
+                        return Err(shape("gradient", "contributions differ in shape".into()));
+                    }
+                    a.data_mut()
+                        .iter_mut()
+                        .zip(g.data())
+                        .for_each(|(x, y)| *x += y);
+                }
+            }
+        }
+        acc.ok_or_else(|| invalid(format!("node {i} has no gradient source")))
+    }
+
+    fn backward(&self, i: usize) -> Result<(), GraphError> {
+        let g = self.gradient(i)?;
+        let graph = &self.graph;
+        let node = &graph.nodes[i];
+        let wants = |k: usize| graph.needs_grad[node.inputs[k].index()];
+        let put = |k: usize, t: Tensor| {
+            let _ = self.contrib[i][k].set(t);
+        };
+        match &node.op {
+            Op::Input { .. } => {}
+            Op::Variable { .. } | Op::Pooled { .. } => {
+                let _ = self.grads[i].set(g);
+            }
+            Op::EmbeddingLookup { combiner, .. } => {
+                let f = self.rows[i]
+                    .as_ref()
+                    .ok_or_else(|| invalid("lookup rows missing"))?;
+                let rg = ops::scatter_pooled_grad(
+                    &g,
+                    &f.index,
+                    &f.offsets,
+                    f.rows.shape()[0],
+                    *combiner,
+                )?;
+                let _ = self.grads[i].set(rg);
+            }
+            Op::MatMul => {
+                let (a, b) = (self.input(i, 0)?, self.input(i, 1)?);
+                if wants(0) {
+                    put(0, ops::matmul_grad_lhs(&g, b)?);
+                }
+                if wants(1) {
+                    put(1, ops::matmul_grad_rhs(a, &g)?);
+                }
+            }
+            Op::Add => {
+                let (a, b) = (self.input(i, 0)?, self.input(i, 1)?);
+                if wants(1) {
+                    put(1, ops::add_grad_rhs(a, b, &g)?);
+                }
+                if wants(0) {
+                    put(0, g);
+                }
+            }
+            Op::Relu => {
+                if wants(0) {
+                    put(0, ops::relu_grad(self.value(i)?, &g));
+                }
+            }
+            Op::Concat => {
+                let mut start = 0;
+                for k in 0..node.inputs.len() {
+                    let w = self.input(i, k)?.shape()[1];
+                    if wants(k) {
+                        put(k, ops::concat_grad(&g, start, w)?);
+                    }
+                    start += w;
+                }
+            }
+            Op::SigmoidCrossEntropy => {
+                let probs = self
+                    .probs
+                    .get()
+                    .ok_or_else(|| invalid("probabilities missing"))?;
+                if wants(0) {
+                    put(
+                        0,
+                        ops::sigmoid_cross_entropy_grad(probs, self.input(i, 1)?, g.data()[0]),
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn input_elems(&self, i: usize) -> u64 {
+        let node = &self.graph.nodes[i];
+        (0..node.inputs.len())
+            .filter_map(|k| self.input(i, k).ok())
+            .map(|t| t.len() as u64)
+            .sum()
+    }
+
+    fn output(&self) -> Result<RunOutput, GraphError> {
+        if let Some(e) = self.error.get() {
+            return Err(e.clone());
+        }
+        let graph = &self.graph;
+        let loss = self.value(graph.loss)?.data()[0];
+        let probs = self
+            .probs
+            .get()
+            .ok_or_else(|| invalid("probabilities missing"))?
+            .data()
+            .to_vec();
+        let (mut dense_grads, mut lookup_grads) = (Vec::new(), Vec::new());
+        if self.backward {
+            for &(var, node) in &graph.vars {
+                let g = match self.grads[node].get() {
+                    Some(g) => g.clone(),
+                    None => Tensor::zeros(self.value(node)?.shape().to_vec())?,
+                };
+                dense_grads.push((var, g));
+            }
+            for &node in &graph.lookups {
+                let g = self.grads[node].get().cloned();
+                lookup_grads.push(match (&graph.nodes[node].op, &self.rows[node]) {
+                    (Op::EmbeddingLookup { .. }, Some(f)) => LookupGrad::Rows(match g {
+                        Some(g) => g,
+                        None => Tensor::zeros(f.rows.shape().to_vec())?,
+                    }),
+                    _ => LookupGrad::Pooled(match g {
+                        Some(g) => g,
+                        None => Tensor::zeros(self.value(node)?.shape().to_vec())?,
+                    }),
+                });
+            }
+        }
+        Ok(RunOutput {
+            loss,
+            probs,
+            dense_grads,
+            lookup_grads,
+        })
+    }
+}
+
+impl TaskSet for RunState {
+    fn len(&self) -> usize {
+        self.plan().successors.len()
+    }
+
+    fn successors(&self, task: usize) -> &[u32] {
+        &self.plan().successors[task]
+    }
+
+    fn predecessors(&self, task: usize) -> u32 {
+        self.plan().predecessors[task]
+    }
+
+    fn cost(&self, task: usize) -> u64 {
+        let n = self.graph.nodes.len();
+        let (i, factor) = if task < n {
+            (task, 1)
+        } else {
+            (self.graph.bwd_node[task - n], 2)
+        };
+        match &self.graph.nodes[i].op {
+            Op::MatMul => match (self.input(i, 0), self.input(i, 1)) {
+                (Ok(a), Ok(b)) => {
+                    let (m, k) = a.as_matrix().unwrap_or((0, 0));
+                    let cols = b.as_matrix().map_or(0, |(_, c)| c);
+                    factor * 2 * (m as u64) * (k as u64) * (cols as u64)
+                }
+                _ => 0,
+            },
+            Op::EmbeddingLookup { dim, .. } => self.rows[i]
+                .as_ref()
+                .map_or(0, |f| (f.index.len() as u64) * (*dim as u64)),
+            _ => factor * self.input_elems(i),
+        }
+    }
+
+    fn run(&self, task: usize) {
+        if self.error.get().is_some() {
+            return;
+        }
+        let n = self.graph.nodes.len();
+        let r = if task < n {
+            self.forward(task)
+        } else {
+            self.backward(self.graph.bwd_node[task - n])
+        };
+        if let Err(e) = r {
+            let _ = self.error.set(e);
+        }
+    }
+
+    fn panicked(&self, task: usize) {
+        let n = self.graph.nodes.len();
+        let node = if task < n {
+            task
+        } else {
+            self.graph.bwd_node[task - n]
+        };
+        let _ = self.error.set(GraphError::KernelPanicked(node));
+    }
+}

@@ -1,0 +1,363 @@
+//! The kernels: forward and gradient of every op, single-threaded and
+//! deterministic (every reduction runs in a fixed order).
+
+use crate::error::GraphError;
+use crate::tensor::Tensor;
+
+/// How the embedding rows of one example are pooled into one row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Combiner {
+    /// The sum of the rows.
+    Sum,
+    /// The mean of the rows; an example with no keys gives a zero row.
+    Mean,
+}
+
+fn shape_err(op: &'static str, detail: String) -> GraphError {
+    GraphError::Shape { op, detail }
+}
+
+fn matrix(op: &'static str, what: &str, t: &Tensor) -> Result<(usize, usize), GraphError> {
+    t.as_matrix()
+        .ok_or_else(|| shape_err(op, format!("{what} must be a matrix, got {:?}", t.shape())))
+}
+
+/// `a [M,K] x b [K,N] -> [M,N]`.
+pub(crate) fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor, GraphError> {
+    let (m, k) = matrix("MatMul", "lhs", a)?;
+    let (k2, n) = matrix("MatMul", "rhs", b)?;
+    if k != k2 {
+        return Err(shape_err(
+            "MatMul",
+            format!("inner dimensions differ: {:?} x {:?}", a.shape(), b.shape()),
+        ));
+    }
+    let (ad, bd) = (a.data(), b.data());
+    let mut out = vec![0.0f32; m * n];
+    for i in 0..m {
+        let orow = &mut out[i * n..(i + 1) * n];
+        for p in 0..k {
+            let av = ad[i * k + p];
+            let brow = &bd[p * n..(p + 1) * n];
+            for (o, &bv) in orow.iter_mut().zip(brow) {
+                *o += av * bv;
+            }
+        }
+    }
+    Ok(Tensor::from_parts(vec![m, n], out))
+}
+
+/// Gradient of `a` in `a x b`: `g [M,N] x b^T -> [M,K]`.
+pub(crate) fn matmul_grad_lhs(g: &Tensor, b: &Tensor) -> Result<Tensor, GraphError> {
+    let (m, n) = matrix("MatMul'", "grad", g)?;
+    let (k, n2) = matrix("MatMul'", "rhs", b)?;
+    if n != n2 {
+        return Err(shape_err("MatMul'", "grad/rhs mismatch".into()));
+    }
+    // b^T first, so the inner loop is an axpy over contiguous rows (it
+    // vectorises; a dot product's ordered f32 sum does not).
+    let bd = b.data();
+    let mut bt = vec![0.0f32; n * k];
+    for p in 0..k {
+        for j in 0..n {
+            bt[j * k + p] = bd[p * n + j];
+        }
+    }
+    let gd = g.data();
+    let mut out = vec![0.0f32; m * k];
+    for i in 0..m {
+        let orow = &mut out[i * k..(i + 1) * k];
+        for j in 0..n {
+            let gv = gd[i * n + j];
+            for (o, &bv) in orow.iter_mut().zip(&bt[j * k..(j + 1) * k]) {
+                *o += gv * bv;
+            }
+        }
+    }
+    Ok(Tensor::from_parts(vec![m, k], out))
+}
+
+/// Gradient of `b` in `a x b`: `a^T x g -> [K,N]`.
+pub(crate) fn matmul_grad_rhs(a: &Tensor, g: &Tensor) -> Result<Tensor, GraphError> {
+    let (m, k) = matrix("MatMul'", "lhs", a)?;
+    let (m2, n) = matrix("MatMul'", "grad", g)?;
+    if m != m2 {
+        return Err(shape_err("MatMul'", "lhs/grad mismatch".into()));
+    }
+    let (ad, gd) = (a.data(), g.data());
+    let mut out = vec![0.0f32; k * n];
+    for i in 0..m {
+        let grow = &gd[i * n..(i + 1) * n];
+        for p in 0..k {
+            let av = ad[i * k + p];
+            let orow = &mut out[p * n..(p + 1) * n];
+            for (o, &gv) in orow.iter_mut().zip(grow) {
+                *o += av * gv;
+            }
+        }
+    }
+    Ok(Tensor::from_parts(vec![k, n], out))
+}
+
+/// How the right operand of `Add` is broadcast.
+fn add_broadcast(a: &Tensor, b: &Tensor) -> Result<bool, GraphError> {
+    if a.shape() == b.shape() {
+        return Ok(false);
+    }
+    let (_, n) = matrix("Add", "lhs", a)?;
+    match b.shape() {
+        [bn] | [1, bn] if *bn == n => Ok(true),
+        _ => Err(shape_err(
+            "Add",
+            format!("cannot add {:?} to {:?}", b.shape(), a.shape()),
+        )),
+    }
+}
+
+/// `a + b`, where `b` has `a`'s shape or is a bias `[N]`/`[1,N]` added to every row.
+pub(crate) fn add(a: &Tensor, b: &Tensor) -> Result<Tensor, GraphError> {
+    let mut out = a.data().to_vec();
+    if add_broadcast(a, b)? {
+        let n = b.len();
+        for row in out.chunks_exact_mut(n) {
+            for (o, &bv) in row.iter_mut().zip(b.data()) {
+                *o += bv;
+            }
+        }
+    } else {
+        for (o, &bv) in out.iter_mut().zip(b.data()) {
+            *o += bv;
+        }
+    }
+    Ok(Tensor::from_parts(a.shape().to_vec(), out))
+}
+
+/// Gradient of the right operand of `Add`: `g` itself, or its column sums.
+pub(crate) fn add_grad_rhs(a: &Tensor, b: &Tensor, g: &Tensor) -> Result<Tensor, GraphError> {
+    if !add_broadcast(a, b)? {
+        return Ok(g.clone());
+    }
+    let n = b.len();
+    let mut out = vec![0.0f32; n];
+    for row in g.data().chunks_exact(n) {
+        for (o, &gv) in out.iter_mut().zip(row) {
+            *o += gv;
+        }
+    }
+    Ok(Tensor::from_parts(b.shape().to_vec(), out))
+}
+
+/// `max(x, 0)`.
+pub(crate) fn relu(x: &Tensor) -> Tensor {
+    let out = x.data().iter().map(|&v| v.max(0.0)).collect();
+    Tensor::from_parts(x.shape().to_vec(), out)
+}
+
+/// Gradient of `relu`, from its output: `g` where the output is positive.
+pub(crate) fn relu_grad(out: &Tensor, g: &Tensor) -> Tensor {
+    let d = out
+        .data()
+        .iter()
+        .zip(g.data())
+        .map(|(&o, &gv)| if o > 0.0 { gv } else { 0.0 })
+        .collect();
+    Tensor::from_parts(out.shape().to_vec(), d)
+}
+
+/// Concatenation of matrices with the same row count along columns.
+pub(crate) fn concat(parts: &[&Tensor]) -> Result<Tensor, GraphError> {
+    let first = parts
+        .first()
+        .ok_or_else(|| shape_err("Concat", "no inputs".into()))?;
+    let (rows, _) = matrix("Concat", "input", first)?;
+    let mut widths = Vec::with_capacity(parts.len());
+    for p in parts {
+        let (r, c) = matrix("Concat", "input", p)?;
+        if r != rows {
+            return Err(shape_err(
+                "Concat",
+                format!("row counts differ: {rows} vs {r}"),
+            ));
+        }
+        widths.push(c);
+    }
+    let total: usize = widths.iter().sum();
+    let mut out = Vec::with_capacity(rows * total);
+    for i in 0..rows {
+        for (p, &w) in parts.iter().zip(&widths) {
+            out.extend_from_slice(&p.data()[i * w..(i + 1) * w]);
+        }
+    }
+    Ok(Tensor::from_parts(vec![rows, total], out))
+}
+
+/// Gradient of input `k` of `concat`: the columns `start..start+width` of `g`.
+pub(crate) fn concat_grad(g: &Tensor, start: usize, width: usize) -> Result<Tensor, GraphError> {
+    let (rows, total) = matrix("Concat'", "grad", g)?;
+    if start + width > total {
+        return Err(shape_err("Concat'", "slice out of range".into()));
+    }
+    let mut out = Vec::with_capacity(rows * width);
+    for row in g.data().chunks_exact(total.max(1)).take(rows) {
+        out.extend_from_slice(&row[start..start + width]);
+    }
+    Ok(Tensor::from_parts(vec![rows, width], out))
+}
+
+/// Mean sigmoid cross-entropy of `logits [B,1]` against `labels [B,1]`.
+/// Returns the loss as a `[1]` tensor and the probabilities `[B,1]`.
+pub(crate) fn sigmoid_cross_entropy(
+    logits: &Tensor,
+    labels: &Tensor,
+) -> Result<(Tensor, Tensor), GraphError> {
+    let (b, one) = matrix("SigmoidCrossEntropy", "logits", logits)?;
+    if one != 1 || labels.shape() != logits.shape() {
+        return Err(shape_err(
+            "SigmoidCrossEntropy",
+            format!(
+                "logits {:?} and labels {:?} must both be [B,1]",
+                logits.shape(),
+                labels.shape()
+            ),
+        ));
+    }
+    let mut sum = 0.0f64;
+    let mut probs = Vec::with_capacity(b);
+    for (&x, &y) in logits.data().iter().zip(labels.data()) {
+        // Stable form: max(x,0) - x*y + ln(1 + e^-|x|).
+        let l = x.max(0.0) - x * y + (-x.abs()).exp().ln_1p();
+        sum += f64::from(l);
+        probs.push(sigmoid(x));
+    }
+    let loss = if b == 0 { 0.0 } else { (sum / b as f64) as f32 };
+    Ok((Tensor::scalar(loss), Tensor::from_parts(vec![b, 1], probs)))
+}
+
+fn sigmoid(x: f32) -> f32 {
+    if x >= 0.0 {
+        1.0 / (1.0 + (-x).exp())
+    } else {
+        let e = x.exp();
+        e / (1.0 + e)
+    }
+}
+
+/// Gradient of the mean loss w.r.t. the logits: `g * (p - y) / B`.
+pub(crate) fn sigmoid_cross_entropy_grad(probs: &Tensor, labels: &Tensor, g: f32) -> Tensor {
+    let b = probs.len().max(1) as f32;
+    let d = probs
+        .data()
+        .iter()
+        .zip(labels.data())
+        .map(|(&p, &y)| g * (p - y) / b)
+        .collect();
+    Tensor::from_parts(probs.shape().to_vec(), d)
+}
+
+/// Checks a ragged key layout: `offsets` has `B+1` non-decreasing entries from
+/// 0 to `index.len()`, and every entry of `index` is below `rows`.
+pub fn check_ragged(
+    lookup: usize,
+    rows: usize,
+    index: &[u32],
+    offsets: &[u32],
+) -> Result<(), GraphError> {
+    let bad = |detail: String| GraphError::BadOffsets {
+        index: lookup,
+        detail,
+    };
+    match (offsets.first(), offsets.last()) {
+        (Some(0), Some(&last)) if last as usize == index.len() => {}
+        _ => {
+            return Err(bad(format!(
+                "offsets must run from 0 to {} (len B+1 >= 1)",
+                index.len()
+            )))
+        }
+    }
+    if offsets.windows(2).any(|w| w[0] > w[1]) {
+        return Err(bad("offsets decrease".into()));
+    }
+    if let Some(&key_index) = index.iter().find(|&&i| i as usize >= rows) {
+        return Err(GraphError::KeyIndexOutOfRange {
+            index: lookup,
+            key_index,
+            rows,
+        });
+    }
+    Ok(())
+}
+
+/// Pools unique embedding rows `[U,D]` into one row per example `[B,D]`.
+///
+/// `index[j]` is the row of key occurrence `j`; example `b` owns occurrences
+/// `offsets[b]..offsets[b+1]`. The layout must pass [`check_ragged`].
+pub fn combine(
+    rows: &Tensor,
+    index: &[u32],
+    offsets: &[u32],
+    combiner: Combiner,
+) -> Result<Tensor, GraphError> {
+    let (u, d) = matrix("EmbeddingLookup", "rows", rows)?;
+    check_ragged(0, u, index, offsets)?;
+    let b = offsets.len() - 1;
+    let mut out = vec![0.0f32; b * d];
+    for (e, w) in offsets.windows(2).enumerate() {
+        let orow = &mut out[e * d..(e + 1) * d];
+        let occ = &index[w[0] as usize..w[1] as usize];
+        for &r in occ {
+            let r = r as usize;
+            for (o, &v) in orow.iter_mut().zip(&rows.data()[r * d..(r + 1) * d]) {
+                *o += v;
+            }
+        }
+        if combiner == Combiner::Mean && !occ.is_empty() {
+            let inv = 1.0 / occ.len() as f32;
+            orow.iter_mut().for_each(|o| *o *= inv);
+        }
+    }
+    Ok(Tensor::from_parts(vec![b, d], out))
+}
+
+/// Maps a gradient w.r.t. the pooled tensor `[B,D]` back to the unique rows
+/// `[num_rows, D]`: each occurrence adds its example's gradient (scaled by
+/// `1/count` for `Mean`), summed per unique row in occurrence order.
+pub fn scatter_pooled_grad(
+    grad: &Tensor,
+    index: &[u32],
+    offsets: &[u32],
+    num_rows: usize,
+    combiner: Combiner,
+) -> Result<Tensor, GraphError> {
+    let (b, d) = matrix("EmbeddingLookup'", "grad", grad)?;
+    check_ragged(0, num_rows, index, offsets)?;
+    if offsets.len() != b + 1 {
+        return Err(shape_err(
+            "EmbeddingLookup'",
+            format!(
+                "grad has {b} rows but offsets describe {}",
+                offsets.len() - 1
+            ),
+        ));
+    }
+    let len = num_rows
+        .checked_mul(d)
+        .ok_or_else(|| shape_err("EmbeddingLookup'", "row count overflows".into()))?;
+    let mut out = vec![0.0f32; len];
+    for (e, w) in offsets.windows(2).enumerate() {
+        let occ = &index[w[0] as usize..w[1] as usize];
+        let scale = match combiner {
+            Combiner::Sum => 1.0,
+            Combiner::Mean if occ.is_empty() => continue,
+            Combiner::Mean => 1.0 / occ.len() as f32,
+        };
+        let grow = &grad.data()[e * d..(e + 1) * d];
+        for &r in occ {
+            let r = r as usize;
+            for (o, &gv) in out[r * d..(r + 1) * d].iter_mut().zip(grow) {
+                *o += gv * scale;
+            }
+        }
+    }
+    Ok(Tensor::from_parts(vec![num_rows, d], out))
+}

@@ -1,0 +1,137 @@
+//! The executor gives bit-identical results inline and with compute threads,
+//! under concurrent and repeated runs.
+
+mod common;
+
+use common::*;
+use starwire_graph::*;
+
+fn bits(out: &StepOutput) -> Vec<u32> {
+    let mut v = vec![out.loss.to_bits()];
+    v.extend(out.probs.iter().map(|p| p.to_bits()));
+    for (var, g) in &out.dense_grads {
+        v.push(var.0);
+        v.extend(g.data().iter().map(|x| x.to_bits()));
+    }
+    for g in &out.lookup_grads {
+        let (LookupGrad::Rows(t) | LookupGrad::Pooled(t)) = g;
+        v.extend(t.data().iter().map(|x| x.to_bits()));
+    }
+    v
+}
+
+struct Case {
+    p: Partitioned,
+    feeds: StepFeeds,
+    expected: Vec<u32>,
+}
+
+fn cases() -> Vec<Case> {
+    let inline = Executor::new(0);
+    let mut out = Vec::new();
+    for (i, spec) in [small_lr(), small_wdl(), ModelSpec::wdl(4)]
+        .into_iter()
+        .enumerate()
+    {
+        let model = Model::build(spec.clone()).unwrap();
+        for protocol in [Protocol::StarServer, Protocol::StarServerLite] {
+            let p = partition(&model, protocol);
+            let mut store = Store::new(&model, 31 + i as u64);
+            let b = batch(&mut rng(32 + i as u64), &spec, 24);
+            let (feeds, _) = step_feeds(&p, &mut store, &b);
+            let expected = bits(&p.forward_backward(&inline, feeds.clone()).unwrap());
+            out.push(Case { p, feeds, expected });
+        }
+    }
+    out
+}
+
+#[test]
+fn threads_give_bit_identical_results() {
+    let cases = cases();
+    // Threshold 0 hands every op off; the default hands off only big ones.
+    for exec in [
+        Executor::with_threshold(2, 0),
+        Executor::with_threshold(1, 0),
+        Executor::with_threshold(3, 2000),
+        Executor::new(2),
+    ] {
+        let before = exec.handoffs();
+        for c in &cases {
+            for _ in 0..3 {
+                let got = bits(&c.p.forward_backward(&exec, c.feeds.clone()).unwrap());
+                assert!(got == c.expected, "threads {} differ", exec.threads());
+            }
+        }
+        // At B=24 no op reaches the default 1 MFLOP; the low thresholds
+        // must have handed some off.
+        if exec.handoff_flops() <= 2000 {
+            assert!(exec.handoffs() > before, "some ops ran on compute threads");
+        }
+    }
+}
+
+#[test]
+fn inline_executor_never_hands_off() {
+    let exec = Executor::new(0);
+    for c in &cases() {
+        let got = bits(&c.p.forward_backward(&exec, c.feeds.clone()).unwrap());
+        assert!(got == c.expected);
+    }
+    assert_eq!(exec.handoffs(), 0);
+    // A threshold above every op keeps everything inline too.
+    let exec = Executor::with_threshold(2, u64::MAX);
+    let c = &cases()[0];
+    c.p.forward_backward(&exec, c.feeds.clone()).unwrap();
+    assert_eq!(exec.handoffs(), 0);
+}
+
+#[test]
+fn concurrent_runs_stress() {
+    let cases = cases();
+    let exec = Executor::with_threshold(2, 500);
+    std::thread::scope(|s| {
+        for t in 0..4 {
+            let (cases, exec) = (&cases, &exec);
+            s.spawn(move || {
+                for round in 0..25 {
+                    let c = &cases[(t + round) % cases.len()];
+                    let got = bits(&c.p.forward_backward(exec, c.feeds.clone()).unwrap());
+                    assert!(got == c.expected, "thread {t} round {round} differs");
+                    let probs = c.p.forward(exec, c.feeds.clone()).unwrap();
+                    let want: Vec<u32> = c.expected[1..=probs.len()].to_vec();
+                    assert_eq!(probs.iter().map(|p| p.to_bits()).collect::<Vec<_>>(), want);
+                }
+            });
+        }
+    });
+}
+
+#[test]
+fn errors_come_back_from_compute_threads() {
+    // Labels with the wrong row count only fail inside the loss kernel.
+    let exec = Executor::with_threshold(2, 0);
+    let c = &cases()[1];
+    let mut feeds = c.feeds.clone();
+    feeds.labels = Tensor::zeros(vec![3, 1]).unwrap();
+    for _ in 0..10 {
+        assert!(matches!(
+            c.p.forward_backward(&exec, feeds.clone()),
+            Err(GraphError::Shape {
+                op: "SigmoidCrossEntropy",
+                ..
+            })
+        ));
+    }
+    // And the executor still works afterwards.
+    let got = bits(&c.p.forward_backward(&exec, c.feeds.clone()).unwrap());
+    assert!(got == c.expected);
+}
+
+#[test]
+fn executor_reports_its_configuration() {
+    let e = Executor::new(0);
+    assert_eq!(e.threads(), 0);
+    assert_eq!(e.handoff_flops(), DEFAULT_HANDOFF_FLOPS);
+    assert_eq!(Executor::with_threshold(2, 7).threads(), 2);
+}

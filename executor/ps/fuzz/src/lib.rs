@@ -1,0 +1,426 @@
+//! A stable-toolchain mutation fuzzer for [`PsShard::handle_pull`] and
+//! [`PsShard::handle_push`].
+//!
+//! An input is one selector byte (bit 0: 0 = pull, 1 = push) followed by a
+//! request body. [`Target`] feeds it to a small shard with a frequency
+//! filter, TTL eviction and Adam slots, and checks more than "no panic":
+//!
+//! * a successful pull's response parses and has one reply per item;
+//! * a successful push's response parses and carries the shard's step;
+//! * a rejected request leaves the shard state byte-for-byte unchanged
+//!   (checked on a sample of errors: it costs a checkpoint per check).
+//!
+//! [`seeds`] builds valid fused and unfused requests of every item kind;
+//! [`Mutator`] mutates them with a view of the layout (4-byte aligned count
+//! fields, tags, item counts). The driver is `fuzz-ps-proto`:
+//!
+//! ```text
+//! cargo run --release -p starwire-ps-fuzz --bin fuzz-ps-proto -- --seconds 30 --seed 1
+//! ```
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use starwire_ps::proto::{self, parse_push_response, Limits, PullRequest, PullResponse};
+use starwire_ps::{Init, OptimizerConfig, PsError, PsShard, ShardConfig, VarDef, VarKind};
+
+/// Selector byte of a pull input.
+pub const PULL: u8 = 0;
+/// Selector byte of a push input.
+pub const PUSH: u8 = 1;
+
+/// Variables of the fuzzed shard: two tables and a dense variable.
+pub fn vars() -> Vec<VarDef> {
+    vec![
+        VarDef {
+            id: 1,
+            name: "emb4".into(),
+            kind: VarKind::Embedding { dim: 4 },
+            init: Init::Uniform { scale: 0.1 },
+        },
+        VarDef {
+            id: 2,
+            name: "emb2".into(),
+            kind: VarKind::Embedding { dim: 2 },
+            init: Init::Normal { std: 0.1 },
+        },
+        VarDef {
+            id: 3,
+            name: "w".into(),
+            kind: VarKind::Dense { shape: vec![2, 3] },
+            init: Init::GlorotUniform,
+        },
+    ]
+}
+
+/// Limits of the fuzzed shard: small, so `Oversized` is reachable.
+pub const LIMITS: Limits = Limits {
+    max_items: 64,
+    max_keys: 4096,
+    max_elems: 1 << 16,
+};
+
+/// A fresh small shard.
+pub fn new_shard() -> PsShard {
+    PsShard::new(
+        0,
+        &vars(),
+        ShardConfig {
+            seed: 1,
+            optimizer: OptimizerConfig::adam(0.01),
+            filter_freq: 2,
+            steps_to_live: 5,
+            evict_interval: 3,
+            filter_capacity: 1024,
+            limits: LIMITS,
+        },
+    )
+}
+
+/// What one input did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// The request was handled.
+    Ok {
+        /// Push (true) or pull.
+        push: bool,
+        /// Items in the request (capped at 4 for signatures).
+        items: usize,
+    },
+    /// The request was rejected; the discriminant of the error.
+    Err(&'static str),
+}
+
+/// A short name of an error's kind.
+pub fn error_kind(e: &PsError) -> &'static str {
+    use starwire_ps::DecodeError as D;
+    match e {
+        PsError::Decode(d) => match d {
+            D::Truncated { .. } => "Truncated",
+            D::BadVersion(_) => "BadVersion",
+            D::BadKind { .. } => "BadKind",
+            D::BadTag(_) => "BadTag",
+            D::Reserved(_) => "Reserved",
+            D::LengthOverflow(_) => "LengthOverflow",
+            D::Oversized { .. } => "Oversized",
+            D::BadOffsets(_) => "BadOffsets",
+            D::Trailing(_) => "Trailing",
+            _ => "Decode(other)",
+        },
+        PsError::UnknownVariable(_) => "UnknownVariable",
+        PsError::ShapeMismatch { .. } => "ShapeMismatch",
+        PsError::KindMismatch { .. } => "KindMismatch",
+        _ => "other",
+    }
+}
+
+/// The fuzzed shard and reused buffers.
+#[derive(Debug)]
+pub struct Target {
+    /// The shard.
+    pub shard: PsShard,
+    out: Vec<u8>,
+    before: Vec<u8>,
+    after: Vec<u8>,
+}
+
+impl Default for Target {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Target {
+    /// A target with a fresh shard.
+    pub fn new() -> Self {
+        Self {
+            shard: new_shard(),
+            out: Vec::new(),
+            before: Vec::new(),
+            after: Vec::new(),
+        }
+    }
+
+    /// Run one input. With `check_unchanged`, a rejected request is checked
+    /// to leave the state unchanged. Panics (which the driver catches) when
+    /// an oracle fails.
+    pub fn run(&mut self, input: &[u8], check_unchanged: bool) -> Outcome {
+        let Some((&sel, body)) = input.split_first() else {
+            return Outcome::Err("empty");
+        };
+        let push = sel & 1 == PUSH;
+        if check_unchanged {
+            self.before.clear();
+            self.shard
+                .save(&mut self.before)
+                .expect("save to a Vec cannot fail");
+        }
+        let step = self.shard.global_step();
+        let r = if push {
+            self.shard.handle_push(body, &mut self.out)
+        } else {
+            self.shard.handle_pull(body, &mut self.out)
+        };
+        match r {
+            Ok(()) => {
+                if push {
+                    let s = parse_push_response(&self.out).expect("push response must parse");
+                    assert_eq!(s, self.shard.global_step());
+                    let req =
+                        proto::PushRequest::parse(body, &LIMITS).expect("accepted push parses");
+                    assert_eq!(s, step + u64::from(req.completes_step));
+                    Outcome::Ok {
+                        push,
+                        items: req.len().min(4),
+                    }
+                } else {
+                    let big = Limits {
+                        max_items: u32::MAX,
+                        max_keys: u32::MAX,
+                        max_elems: u64::MAX,
+                    };
+                    let resp =
+                        PullResponse::parse(&self.out, &big).expect("pull response must parse");
+                    let req = PullRequest::parse(body, &LIMITS).expect("accepted pull parses");
+                    assert_eq!(resp.len(), req.len());
+                    assert_eq!(resp.global_step, step);
+                    Outcome::Ok {
+                        push,
+                        items: req.len().min(4),
+                    }
+                }
+            }
+            Err(e) => {
+                assert!(self.out.is_empty(), "output left after an error");
+                assert_eq!(self.shard.global_step(), step);
+                if check_unchanged {
+                    self.after.clear();
+                    self.shard
+                        .save(&mut self.after)
+                        .expect("save to a Vec cannot fail");
+                    assert!(
+                        self.before == self.after,
+                        "rejected request changed the state: {e}"
+                    );
+                }
+                Outcome::Err(error_kind(&e))
+            }
+        }
+    }
+}
+
+/// Run one input on a fresh shard (the libFuzzer-style entry point).
+pub fn fuzz_one(data: &[u8]) {
+    let _ = Target::new().run(data, true);
+}
+
+pub mod seeds {
+    //! Valid requests of every item kind, fused and unfused.
+
+    use starwire_ps::proto::{PullRequestWriter, PushRequestWriter};
+
+    use super::{PULL, PUSH};
+
+    fn with(sel: u8, body: &[u8]) -> Vec<u8> {
+        let mut v = Vec::with_capacity(body.len() + 1);
+        v.push(sel);
+        v.extend_from_slice(body);
+        v
+    }
+
+    /// The seed corpus.
+    pub fn corpus() -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        let mut b = Vec::new();
+        let keys: Vec<u64> = (1..=12).map(|k| k * 0x9E37_79B9).collect();
+        let offs = [0u32, 3, 3, 7, 12];
+        // Unfused pulls.
+        PullRequestWriter::new(&mut b).dense(3);
+        out.push(with(PULL, &b));
+        PullRequestWriter::new(&mut b).rows(1, &keys);
+        out.push(with(PULL, &b));
+        PullRequestWriter::new(&mut b).pooled(2, &offs, &keys);
+        out.push(with(PULL, &b));
+        PullRequestWriter::new(&mut b);
+        out.push(with(PULL, &b));
+        // Fused pull.
+        PullRequestWriter::new(&mut b)
+            .dense(3)
+            .rows(1, &keys[..5])
+            .pooled(2, &offs, &keys)
+            .rows(2, &keys[4..]);
+        out.push(with(PULL, &b));
+        // Unfused pushes.
+        let g4: Vec<f32> = (0..keys.len() * 4).map(|i| i as f32 * 0.01).collect();
+        let g2: Vec<f32> = (0..4 * 2).map(|i| 0.5 - i as f32 * 0.1).collect();
+        PushRequestWriter::new(&mut b, true).dense(3, &[0.1; 6]);
+        out.push(with(PUSH, &b));
+        PushRequestWriter::new(&mut b, false).rows(1, 4, &keys, &g4);
+        out.push(with(PUSH, &b));
+        PushRequestWriter::new(&mut b, true).pooled(2, 2, &offs, &keys, &g2);
+        out.push(with(PUSH, &b));
+        PushRequestWriter::new(&mut b, true);
+        out.push(with(PUSH, &b));
+        // Fused push.
+        PushRequestWriter::new(&mut b, true)
+            .dense(3, &[0.1; 6])
+            .rows(1, 4, &keys[..3], &g4[..12])
+            .pooled(2, 2, &offs, &keys, &g2)
+            .rows(1, 4, &keys[..3], &g4[..12]);
+        out.push(with(PUSH, &b));
+        out
+    }
+}
+
+const INTERESTING_U32: [u32; 12] = [
+    0,
+    1,
+    2,
+    3,
+    4,
+    5,
+    0x7f,
+    0xffff,
+    0x7fff_ffff,
+    0x8000_0000,
+    0xffff_fffe,
+    0xffff_ffff,
+];
+
+/// A stacked mutator aware of the request layout.
+#[derive(Debug)]
+pub struct Mutator {
+    rng: SmallRng,
+    /// Inputs are kept at most this long.
+    pub max_len: usize,
+}
+
+impl Mutator {
+    /// A mutator with a fixed seed.
+    pub fn new(seed: u64, max_len: usize) -> Self {
+        Self {
+            rng: SmallRng::seed_from_u64(seed),
+            max_len,
+        }
+    }
+
+    /// The random source, for the driver's own choices.
+    pub fn rng(&mut self) -> &mut SmallRng {
+        &mut self.rng
+    }
+
+    /// Apply one to four mutations; `corpus` supplies splice partners.
+    pub fn mutate(&mut self, data: &mut Vec<u8>, corpus: &[Vec<u8>]) {
+        for _ in 0..self.rng.gen_range(1..=4) {
+            self.mutate_once(data, corpus);
+        }
+        data.truncate(self.max_len);
+    }
+
+    fn mutate_once(&mut self, data: &mut Vec<u8>, corpus: &[Vec<u8>]) {
+        let len = data.len();
+        let r = &mut self.rng;
+        match r.gen_range(0..12) {
+            // Flip the pull/push selector.
+            0 if len > 0 => data[0] ^= 1,
+            1 if len > 0 => {
+                let i = r.gen_range(0..len);
+                data[i] ^= 1 << r.gen_range(0..8);
+            }
+            // A 4-aligned u32 of the body (counts, dims, var ids, offsets).
+            2..=4 if len >= 5 => {
+                let slots = (len - 1) / 4;
+                let at = 1 + 4 * r.gen_range(0..slots);
+                let v = if r.gen_bool(0.7) {
+                    INTERESTING_U32[r.gen_range(0..INTERESTING_U32.len())]
+                } else {
+                    let cur =
+                        u32::from_le_bytes([data[at], data[at + 1], data[at + 2], data[at + 3]]);
+                    cur.wrapping_add_signed(r.gen_range(-3..=3))
+                };
+                data[at..at + 4].copy_from_slice(&v.to_le_bytes());
+            }
+            // An item tag (first byte of a 4-aligned word).
+            5 if len >= 5 => {
+                let at = 1 + 4 * r.gen_range(0..(len - 1) / 4);
+                data[at] = r.gen_range(0..5);
+            }
+            6 if len > 0 => data.truncate(r.gen_range(0..len)),
+            7 if !corpus.is_empty() => {
+                let other = &corpus[r.gen_range(0..corpus.len())];
+                let a = r.gen_range(0..=len);
+                let b = r.gen_range(0..=other.len());
+                data.truncate(a);
+                data.extend_from_slice(&other[b..]);
+            }
+            8 if len > 1 => {
+                let a = r.gen_range(1..len);
+                let b = r.gen_range(a..=len.min(a + 64));
+                let at = r.gen_range(1..=len);
+                let piece = data[a..b].to_vec();
+                if len + piece.len() <= self.max_len {
+                    data.splice(at..at, piece);
+                }
+            }
+            9 if len > 1 => {
+                let a = r.gen_range(1..len);
+                let b = r.gen_range(a..=len.min(a + 32));
+                data.drain(a..b);
+            }
+            10 => {
+                let at = r.gen_range(0..=len);
+                let k = r.gen_range(1..=12);
+                let bytes: Vec<u8> = (0..k).map(|_| r.gen()).collect();
+                data.splice(at..at, bytes);
+            }
+            // Re-count the items so a mutated item list still parses that far.
+            _ if len >= 9 => {
+                let n = r.gen_range(0..6u32);
+                data[5..9].copy_from_slice(&n.to_le_bytes());
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Feed `iters` mutated inputs, starting from the seeds; used by the test and
+/// as a smoke run. Returns how many were accepted.
+pub fn smoke(seed: u64, iters: usize) -> usize {
+    let corpus = seeds::corpus();
+    let mut m = Mutator::new(seed, 1 << 14);
+    let mut t = Target::new();
+    let mut ok = 0;
+    let mut input = Vec::new();
+    for i in 0..iters {
+        input.clear();
+        input.extend_from_slice(&corpus[i % corpus.len()]);
+        if i % 8 != 0 {
+            m.mutate(&mut input, &corpus);
+        }
+        if matches!(t.run(&input, i % 4 == 0), Outcome::Ok { .. }) {
+            ok += 1;
+        }
+    }
+    ok
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seeds_are_accepted() {
+        let mut t = Target::new();
+        for (i, s) in seeds::corpus().iter().enumerate() {
+            assert!(matches!(t.run(s, true), Outcome::Ok { .. }), "seed {i}");
+        }
+    }
+
+    #[test]
+    fn short_run_holds_the_oracles() {
+        let ok = smoke(3, 5_000);
+        assert!(ok > 625, "{ok}");
+        assert!(ok < 5_000);
+    }
+}

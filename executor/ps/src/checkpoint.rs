@@ -1,0 +1,460 @@
+//! Checkpoints: [`PsShard::save`] / [`PsShard::restore`] of a shard's whole
+//! state, the JSON [`Manifest`] of a checkpoint and [`write_atomic`].
+//!
+//! The byte layout, versioning and atomicity rules are in
+//! `docs/CHECKPOINT.md`. In short: a magic, a version, a header, every
+//! variable in id order (embedding rows and pending filter counters sorted by
+//! key, so the same state always gives the same bytes), and a CRC-32C of
+//! everything before it.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, BufWriter, Read, Write};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use rustc_hash::FxHashMap;
+use serde::{Deserialize, Serialize};
+
+use crate::error::CheckpointError;
+use crate::optim::OptimizerKind;
+use crate::shard::{PsShard, Var};
+use crate::table::{Pending, Row, TableStats};
+
+/// File magic.
+pub const MAGIC: [u8; 8] = *b"SWPSCKPT";
+/// Current format version.
+pub const FORMAT_VERSION: u32 = 1;
+
+const VAR_DENSE: u8 = 1;
+const VAR_TABLE: u8 = 2;
+
+fn opt_code(k: OptimizerKind) -> u8 {
+    match k {
+        OptimizerKind::Sgd => 1,
+        OptimizerKind::Adagrad => 2,
+        OptimizerKind::Adam => 3,
+    }
+}
+
+/// A writer that computes the CRC-32C of what goes through it, with its own
+/// buffer so small fields do not each reach the underlying writer.
+struct CrcWriter<'w> {
+    inner: &'w mut dyn Write,
+    crc: u32,
+    buf: Vec<u8>,
+}
+
+impl CrcWriter<'_> {
+    fn put(&mut self, b: &[u8]) -> io::Result<()> {
+        self.crc = crc32c::crc32c_append(self.crc, b);
+        self.buf.extend_from_slice(b);
+        if self.buf.len() >= 1 << 16 {
+            self.inner.write_all(&self.buf)?;
+            self.buf.clear();
+        }
+        Ok(())
+    }
+    fn u8(&mut self, v: u8) -> io::Result<()> {
+        self.put(&[v])
+    }
+    fn u32(&mut self, v: u32) -> io::Result<()> {
+        self.put(&v.to_le_bytes())
+    }
+    fn u64(&mut self, v: u64) -> io::Result<()> {
+        self.put(&v.to_le_bytes())
+    }
+    fn f32s(&mut self, v: &[f32]) -> io::Result<()> {
+        for x in v {
+            self.put(&x.to_le_bytes())?;
+        }
+        Ok(())
+    }
+    fn finish(mut self) -> io::Result<()> {
+        let crc = self.crc;
+        self.buf.extend_from_slice(&crc.to_le_bytes());
+        self.inner.write_all(&self.buf)?;
+        self.inner.flush()
+    }
+}
+
+struct Cursor<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn bytes(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], CheckpointError> {
+        if n > self.buf.len() - self.pos {
+            return Err(CheckpointError::Truncated(what));
+        }
+        let b = &self.buf[self.pos..self.pos + n];
+        self.pos += n;
+        Ok(b)
+    }
+    fn left(&self) -> usize {
+        self.buf.len() - self.pos
+    }
+    fn u8(&mut self, what: &'static str) -> Result<u8, CheckpointError> {
+        Ok(self.bytes(1, what)?[0])
+    }
+    fn u32(&mut self, what: &'static str) -> Result<u32, CheckpointError> {
+        let b = self.bytes(4, what)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+    fn u64(&mut self, what: &'static str) -> Result<u64, CheckpointError> {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(self.bytes(8, what)?);
+        Ok(u64::from_le_bytes(a))
+    }
+    fn zeros(&mut self, n: usize, what: &'static str) -> Result<(), CheckpointError> {
+        if self.bytes(n, what)?.iter().any(|&b| b != 0) {
+            return Err(CheckpointError::Corrupt(format!(
+                "reserved bytes set in {what}"
+            )));
+        }
+        Ok(())
+    }
+    fn f32s(&mut self, out: &mut [f32], what: &'static str) -> Result<(), CheckpointError> {
+        let b = self.bytes(out.len() * 4, what)?;
+        for (o, c) in out.iter_mut().zip(b.chunks_exact(4)) {
+            *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        }
+        Ok(())
+    }
+    /// Check that `n` records of `size` bytes fit in what is left.
+    fn fits(&self, n: u64, size: usize, what: &'static str) -> Result<usize, CheckpointError> {
+        let n = usize::try_from(n).map_err(|_| CheckpointError::Truncated(what))?;
+        match n.checked_mul(size) {
+            Some(len) if len <= self.left() => Ok(n),
+            _ => Err(CheckpointError::Truncated(what)),
+        }
+    }
+}
+
+fn mismatch(s: String) -> CheckpointError {
+    CheckpointError::Mismatch(s)
+}
+
+impl PsShard {
+    /// Write the whole shard state: every variable, row, optimizer slot,
+    /// pending filter counter, table counter, and the global step.
+    pub fn save(&self, w: &mut dyn Write) -> Result<(), CheckpointError> {
+        let mut w = CrcWriter {
+            inner: w,
+            crc: 0,
+            buf: Vec::with_capacity(1 << 16),
+        };
+        w.put(&MAGIC)?;
+        w.u32(FORMAT_VERSION)?;
+        w.u32(0)?;
+        w.u64(self.shard_index as u64)?;
+        w.u64(self.global_step)?;
+        w.u64(self.cfg.seed)?;
+        w.u8(opt_code(self.cfg.optimizer.kind))?;
+        w.put(&[0, 0, 0])?;
+        w.u32(self.vars.len() as u32)?;
+        let slots = self.cfg.optimizer.slots() as u32;
+        for v in &self.vars {
+            match v {
+                Var::Dense(d) => {
+                    w.u32(d.def.id)?;
+                    w.u8(VAR_DENSE)?;
+                    w.put(&[0, 0, 0])?;
+                    w.u32(d.values.len() as u32)?;
+                    w.u32(slots)?;
+                    w.u64(d.updates)?;
+                    w.f32s(&d.values)?;
+                    w.f32s(&d.slots)?;
+                }
+                Var::Table(t) => {
+                    w.u32(t.def.id)?;
+                    w.u8(VAR_TABLE)?;
+                    w.put(&[0, 0, 0])?;
+                    w.u32(t.dim as u32)?;
+                    w.u32(slots)?;
+                    let s = t.stats;
+                    for c in [
+                        s.admitted,
+                        s.filtered_pulls,
+                        s.filter_overflow,
+                        s.evicted,
+                        s.ignored_pushes,
+                    ] {
+                        w.u64(c)?;
+                    }
+                    w.u64(t.rows.len() as u64)?;
+                    w.u64(t.pending.len() as u64)?;
+                    let mut keys: Vec<u64> = t.rows.keys().copied().collect();
+                    keys.sort_unstable();
+                    for k in keys {
+                        let r = &t.rows[&k];
+                        w.u64(k)?;
+                        w.u64(r.last_access)?;
+                        w.u64(r.updates)?;
+                        w.f32s(&r.data)?;
+                    }
+                    let mut keys: Vec<u64> = t.pending.keys().copied().collect();
+                    keys.sort_unstable();
+                    for k in keys {
+                        let p = t.pending[&k];
+                        w.u64(k)?;
+                        w.u32(p.count)?;
+                        w.u32(0)?;
+                        w.u64(p.last_seen)?;
+                    }
+                }
+            }
+        }
+        w.finish()?;
+        Ok(())
+    }
+
+    /// Replace this shard's state with a checkpoint written by [`PsShard::save`]
+    /// of a shard built with the same variables, shard index, seed and
+    /// optimizer kind. On any error the shard is unchanged.
+    pub fn restore(&mut self, r: &mut dyn Read) -> Result<(), CheckpointError> {
+        let mut data = Vec::new();
+        r.read_to_end(&mut data)?;
+        if data.len() < 16 {
+            return Err(CheckpointError::Truncated("header"));
+        }
+        if data[..8] != MAGIC {
+            return Err(CheckpointError::BadMagic);
+        }
+        let version = u32::from_le_bytes([data[8], data[9], data[10], data[11]]);
+        if version != FORMAT_VERSION {
+            return Err(CheckpointError::BadVersion(version));
+        }
+        let (body, tail) = data.split_at(data.len() - 4);
+        let stored = u32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]]);
+        let computed = crc32c::crc32c(body);
+        if stored != computed {
+            return Err(CheckpointError::Checksum { stored, computed });
+        }
+        let mut c = Cursor { buf: body, pos: 12 };
+        c.zeros(4, "header")?;
+        let shard_index = c.u64("shard index")?;
+        let global_step = c.u64("global step")?;
+        let seed = c.u64("seed")?;
+        let opt = c.u8("optimizer")?;
+        c.zeros(3, "header")?;
+        let n_vars = c.u32("variable count")?;
+        if shard_index != self.shard_index as u64 {
+            return Err(mismatch(format!(
+                "shard index {shard_index}, this shard is {}",
+                self.shard_index
+            )));
+        }
+        if seed != self.cfg.seed {
+            return Err(mismatch(format!(
+                "seed {seed}, this shard has {}",
+                self.cfg.seed
+            )));
+        }
+        if opt != opt_code(self.cfg.optimizer.kind) {
+            return Err(mismatch(format!("optimizer code {opt}")));
+        }
+        if n_vars as usize != self.vars.len() {
+            return Err(mismatch(format!(
+                "{n_vars} variables, this shard has {}",
+                self.vars.len()
+            )));
+        }
+        let slots = self.cfg.optimizer.slots();
+        let mut vars = self.vars.clone();
+        for v in &mut vars {
+            let id = c.u32("variable id")?;
+            let kind = c.u8("variable kind")?;
+            c.zeros(3, "variable header")?;
+            let width = c.u32("variable width")? as usize;
+            let nslots = c.u32("slot count")? as usize;
+            if id != v.id() {
+                return Err(mismatch(format!("variable {id}, expected {}", v.id())));
+            }
+            if nslots != slots {
+                return Err(mismatch(format!(
+                    "variable {id}: {nslots} slots, expected {slots}"
+                )));
+            }
+            match v {
+                Var::Dense(d) => {
+                    if kind != VAR_DENSE || width != d.values.len() {
+                        return Err(mismatch(format!(
+                            "variable {id}: kind {kind} width {width}"
+                        )));
+                    }
+                    d.updates = c.u64("dense updates")?;
+                    c.f32s(&mut d.values, "dense values")?;
+                    c.f32s(&mut d.slots, "dense slots")?;
+                }
+                Var::Table(t) => {
+                    if kind != VAR_TABLE || width != t.dim {
+                        return Err(mismatch(format!(
+                            "variable {id}: kind {kind} width {width}"
+                        )));
+                    }
+                    let mut s = [0u64; 5];
+                    for x in &mut s {
+                        *x = c.u64("table counters")?;
+                    }
+                    t.stats = TableStats {
+                        admitted: s[0],
+                        filtered_pulls: s[1],
+                        filter_overflow: s[2],
+                        evicted: s[3],
+                        ignored_pushes: s[4],
+                    };
+                    let n_rows = c.u64("row count")?;
+                    let n_pending = c.u64("pending count")?;
+                    let row_floats = width * (1 + slots);
+                    let n_rows = c.fits(n_rows, 24 + 4 * row_floats, "rows")?;
+                    let mut rows = FxHashMap::default();
+                    rows.reserve(n_rows);
+                    let mut prev = None;
+                    for _ in 0..n_rows {
+                        let key = c.u64("row key")?;
+                        if prev.is_some_and(|p| p >= key) {
+                            return Err(CheckpointError::Corrupt(format!(
+                                "variable {id}: row keys not strictly increasing"
+                            )));
+                        }
+                        prev = Some(key);
+                        let last_access = c.u64("row access step")?;
+                        let updates = c.u64("row updates")?;
+                        let mut data = vec![0.0f32; row_floats].into_boxed_slice();
+                        c.f32s(&mut data, "row data")?;
+                        rows.insert(
+                            key,
+                            Row {
+                                data,
+                                last_access,
+                                updates,
+                            },
+                        );
+                    }
+                    let n_pending = c.fits(n_pending, 24, "pending counters")?;
+                    let mut pending = FxHashMap::default();
+                    pending.reserve(n_pending);
+                    for _ in 0..n_pending {
+                        let key = c.u64("pending key")?;
+                        let count = c.u32("pending count")?;
+                        c.zeros(4, "pending counter")?;
+                        let last_seen = c.u64("pending step")?;
+                        if pending.insert(key, Pending { count, last_seen }).is_some() {
+                            return Err(CheckpointError::Corrupt(format!(
+                                "variable {id}: duplicate pending key"
+                            )));
+                        }
+                    }
+                    t.rows = rows;
+                    t.pending = pending;
+                }
+            }
+        }
+        if c.left() != 0 {
+            return Err(CheckpointError::Corrupt(format!(
+                "{} bytes after the last variable",
+                c.left()
+            )));
+        }
+        self.vars = vars;
+        self.global_step = global_step;
+        Ok(())
+    }
+}
+
+/// Progress of one worker at checkpoint time.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerProgress {
+    /// Worker index.
+    pub worker: u32,
+    /// Current epoch.
+    pub epoch: u64,
+    /// Offset into the worker's data (examples or bytes, as the reader defines it).
+    pub offset: u64,
+    /// Steps done by this worker.
+    pub steps: u64,
+}
+
+/// Description of a whole checkpoint (all shards), written last as
+/// `manifest.json`: a checkpoint directory without a manifest is incomplete.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// [`FORMAT_VERSION`] of the shard files.
+    pub format_version: u32,
+    /// Global step of the checkpoint.
+    pub global_step: u64,
+    /// Number of shards (one file each).
+    pub shard_count: usize,
+    /// Initialisation seed.
+    pub seed: u64,
+    /// Model description, filled by the runtime (free-form JSON).
+    pub model: serde_json::Value,
+    /// Shard file names, indexed by shard.
+    pub shard_files: Vec<String>,
+    /// Per-worker progress.
+    pub workers: Vec<WorkerProgress>,
+}
+
+impl Manifest {
+    /// Serialise as pretty JSON.
+    pub fn to_json(&self) -> Result<String, CheckpointError> {
+        Ok(serde_json::to_string_pretty(self)?)
+    }
+
+    /// Parse and check the format version.
+    pub fn from_json(s: &str) -> Result<Self, CheckpointError> {
+        let m: Manifest = serde_json::from_str(s)?;
+        if m.format_version != FORMAT_VERSION {
+            return Err(CheckpointError::BadVersion(m.format_version));
+        }
+        if m.shard_files.len() != m.shard_count {
+            return Err(CheckpointError::Corrupt(format!(
+                "manifest lists {} shard files for {} shards",
+                m.shard_files.len(),
+                m.shard_count
+            )));
+        }
+        Ok(m)
+    }
+}
+
+static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// Write `path` atomically: `f` writes into a temporary file in the same
+/// directory, which is flushed and fsynced, renamed over `path`, and the
+/// directory is fsynced. Readers see the old file or the new one, never a
+/// partial one; after a crash a stray `.*.tmp.*` file may remain.
+pub fn write_atomic<F>(path: &Path, f: F) -> Result<(), CheckpointError>
+where
+    F: FnOnce(&mut dyn Write) -> Result<(), CheckpointError>,
+{
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let name = path
+        .file_name()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no file name"))?;
+    let tmp = dir.join(format!(
+        ".{}.tmp.{}.{}",
+        name.to_string_lossy(),
+        std::process::id(),
+        TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
+    ));
+    let result = (|| {
+        let file = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
+        let mut w = BufWriter::new(file);
+        f(&mut w)?;
+        let file = w.into_inner().map_err(|e| e.into_error())?;
+        file.sync_all()?;
+        drop(file);
+        fs::rename(&tmp, path)?;
+        File::open(dir)?.sync_all()?;
+        Ok(())
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}

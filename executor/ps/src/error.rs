@@ -1,0 +1,127 @@
+//! Error types of the shard, the codec and checkpoints.
+
+/// A request body that could not be decoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DecodeError {
+    /// The buffer ended before a field of `what` could be read.
+    #[error("truncated {what}: need {need} bytes, have {have}")]
+    Truncated {
+        /// The field or section being read.
+        what: &'static str,
+        /// Bytes needed.
+        need: usize,
+        /// Bytes left.
+        have: usize,
+    },
+    /// The version byte is not [`crate::proto::VERSION`].
+    #[error("unsupported protocol version {0}")]
+    BadVersion(u8),
+    /// The message-kind byte is not the one expected.
+    #[error("bad message kind {got} (expected {expected})")]
+    BadKind {
+        /// Kind byte found.
+        got: u8,
+        /// Kind byte expected.
+        expected: u8,
+    },
+    /// An item tag that is not known.
+    #[error("bad item tag {0}")]
+    BadTag(u8),
+    /// A reserved field or flag bit is not zero.
+    #[error("reserved bits set in {0}")]
+    Reserved(&'static str),
+    /// A length computation overflowed `usize`.
+    #[error("length overflow in {0}")]
+    LengthOverflow(&'static str),
+    /// A count is above the configured [`crate::proto::Limits`].
+    #[error("oversized {what}: {len} > {max}")]
+    Oversized {
+        /// What was counted.
+        what: &'static str,
+        /// Value found.
+        len: u64,
+        /// Configured maximum.
+        max: u64,
+    },
+    /// Pooled offsets do not start at 0, decrease, or do not end at the key count.
+    #[error("bad pooled offsets: {0}")]
+    BadOffsets(&'static str),
+    /// Bytes left over after the last item.
+    #[error("{0} trailing bytes after the last item")]
+    Trailing(usize),
+}
+
+/// An error from [`crate::PsShard::handle_pull`] or [`crate::PsShard::handle_push`].
+///
+/// Whatever the error, the shard state is unchanged: every item is validated
+/// before any is applied.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PsError {
+    /// The request body is malformed.
+    #[error("decode: {0}")]
+    Decode(#[from] DecodeError),
+    /// The variable id is not held by this shard.
+    #[error("unknown variable {0}")]
+    UnknownVariable(u32),
+    /// Sizes in the request do not match the variable.
+    #[error(
+        "shape mismatch on variable {var}: expected {expected} elements per {what}, got {got}"
+    )]
+    ShapeMismatch {
+        /// Variable id.
+        var: u32,
+        /// What was measured (`"tensor"`, `"row"`).
+        what: &'static str,
+        /// Expected count.
+        expected: u64,
+        /// Count found in the request.
+        got: u64,
+    },
+    /// The item kind does not fit the variable kind (rows on a dense variable, ...).
+    #[error("kind mismatch on variable {var}: {item} item on a {var_kind} variable")]
+    KindMismatch {
+        /// Variable id.
+        var: u32,
+        /// The item kind (`"dense"`, `"rows"`, `"pooled"`).
+        item: &'static str,
+        /// The variable kind (`"dense"`, `"embedding"`).
+        var_kind: &'static str,
+    },
+}
+
+/// An error while saving or restoring a checkpoint.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CheckpointError {
+    /// Reading or writing failed.
+    #[error("checkpoint i/o: {0}")]
+    Io(#[from] std::io::Error),
+    /// The file does not start with the checkpoint magic.
+    #[error("not a starwire PS checkpoint (bad magic)")]
+    BadMagic,
+    /// The format version is not supported.
+    #[error("unsupported checkpoint version {0}")]
+    BadVersion(u32),
+    /// The trailing CRC-32C does not match the content.
+    #[error("checkpoint checksum mismatch: stored {stored:#010x}, computed {computed:#010x}")]
+    Checksum {
+        /// Stored checksum.
+        stored: u32,
+        /// Checksum of the bytes read.
+        computed: u32,
+    },
+    /// The checkpoint is shorter than its contents say.
+    #[error("truncated checkpoint while reading {0}")]
+    Truncated(&'static str),
+    /// The content is well formed but inconsistent (bad tag, bad sizes, ...).
+    #[error("corrupt checkpoint: {0}")]
+    Corrupt(String),
+    /// The checkpoint does not describe the variables this shard was built with.
+    #[error("checkpoint does not match this shard: {0}")]
+    Mismatch(String),
+    /// The manifest JSON is invalid.
+    #[error("manifest: {0}")]
+    Manifest(#[from] serde_json::Error),
+}

@@ -1,0 +1,70 @@
+//! The parameter-server side of starwire, sans-IO: bytes in, bytes out.
+//!
+//! A [`PsShard`] is the state of one PS reactor (a *shard*; shards = PS
+//! tasks × reactors per PS). It owns the dense variables placed on it
+//! ([`placement`]) and its piece of every embedding table (the keys `k` with
+//! [`placement::shard_of`]`(k, shards) == shard_index`). The runtime does
+//! all networking and hands each request body to [`PsShard::handle_pull`] or
+//! [`PsShard::handle_push`], which write the response body into a reused
+//! buffer. Nothing here reads a clock or touches a socket.
+//!
+//! # Protocol
+//!
+//! [`proto`] defines the messages (layouts in its docs). A pull carries
+//! items of three kinds and the response carries one reply per item, in
+//! order:
+//!
+//! * `Dense { var }`: the whole dense variable.
+//! * `Rows { var, keys }` (DeepRec `star_server`): the rows of the worker's
+//!   deduplicated keys; the worker pushes back one gradient row per key.
+//! * `Pooled { var, offsets, keys }` (`star_server_lite`): the worker sends
+//!   each example's keys and receives, per example, the SUM of this shard's
+//!   rows of those keys; the push carries one pooled gradient per example,
+//!   which the shard adds to every key of that example.
+//!
+//! With fusion a worker sends one pull and one push per shard per step with
+//! many items; without, one item per message. The codec is the same.
+//!
+//! # Semantics
+//!
+//! * **Initialisation**: a row is created on its first (admitted) pull with
+//!   values that depend only on `(seed, var id, key)` (see [`var`]), so
+//!   neither the shard nor the order of creation matters.
+//! * **Frequency filter** (`filter_freq`): a key gets a row on its
+//!   `filter_freq`-th pull (every occurrence in a pull item counts; the
+//!   `Rows` protocol deduplicates keys, so there it is once per pull); until
+//!   then pulls return zeros and pushes for it are ignored and counted.
+//! * **Time to live** (`steps_to_live`): rows neither pulled nor updated in
+//!   the last `steps_to_live` global steps are removed by eviction, which the
+//!   shard runs every `evict_interval` global steps.
+//! * **Optimizers** ([`optim`]): SGD, Adagrad, Adam; duplicate keys of one
+//!   push (also across its items) are summed and the update is applied once
+//!   per row per push; Adam's bias correction uses a per-row update count.
+//! * **Global step**: the shard's clock. It advances by one for every push
+//!   with `completes_step` set (the runtime sets it on the last push of each
+//!   worker step to each shard), so with `W` workers it advances `W` times per
+//!   synchronous round. Pull responses and push responses carry it.
+//! * **Errors**: a malformed or inconsistent request returns a typed
+//!   [`PsError`] and leaves the shard unchanged: every item is validated
+//!   before any is applied.
+//!
+//! [`checkpoint`] saves and restores a shard (format in `docs/CHECKPOINT.md`).
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod checkpoint;
+mod error;
+pub mod optim;
+pub mod placement;
+pub mod proto;
+mod shard;
+mod table;
+pub mod var;
+
+pub use checkpoint::{write_atomic, Manifest, WorkerProgress};
+pub use error::{CheckpointError, DecodeError, PsError};
+pub use optim::{OptimizerConfig, OptimizerKind};
+pub use placement::{place, shard_of, Placement, PlacementReport, Strategy, VarStats};
+pub use shard::{DenseVar, PsShard, ShardConfig, ShardReport, ShardStats, Var};
+pub use table::{EmbeddingTable, TablePolicy, TableStats};
+pub use var::{Init, VarDef, VarKind};

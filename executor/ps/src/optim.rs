@@ -1,0 +1,157 @@
+//! Optimizers: SGD, Adagrad and Adam, one update rule used by both the dense
+//! variables and the sparse (row-wise) embedding updates.
+//!
+//! Sparse variants update only the rows a push touches; duplicate keys of a
+//! push are summed first (see [`crate::PsShard::handle_push`]).
+//!
+//! Adam's bias correction is per row for embeddings: each row carries its own
+//! step count `t`, incremented when the row is updated, so a row updated for
+//! the first time at global step 10 000 gets the same first update as a row
+//! updated at step 1 (this is the "lazy Adam" of TensorFlow/DeepRec). Dense
+//! variables have one step count per variable. `t` is saved in checkpoints.
+
+use serde::{Deserialize, Serialize};
+
+/// The update rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum OptimizerKind {
+    /// `w -= lr * g`.
+    Sgd,
+    /// `acc += g^2; w -= lr * g / sqrt(acc)`.
+    Adagrad,
+    /// Adam with bias correction.
+    Adam,
+}
+
+/// Optimizer configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct OptimizerConfig {
+    /// Which rule.
+    pub kind: OptimizerKind,
+    /// Learning rate.
+    pub lr: f32,
+    /// Adagrad's initial accumulator (default 0.1).
+    pub initial_accumulator: f32,
+    /// Adam's beta1 (default 0.9).
+    pub beta1: f32,
+    /// Adam's beta2 (default 0.999).
+    pub beta2: f32,
+    /// Adam's epsilon (default 1e-8).
+    pub epsilon: f32,
+}
+
+impl OptimizerConfig {
+    /// Plain SGD.
+    pub fn sgd(lr: f32) -> Self {
+        Self::with_kind(OptimizerKind::Sgd, lr)
+    }
+    /// Adagrad with initial accumulator 0.1.
+    pub fn adagrad(lr: f32) -> Self {
+        Self::with_kind(OptimizerKind::Adagrad, lr)
+    }
+    /// Adam with beta1 0.9, beta2 0.999, epsilon 1e-8.
+    pub fn adam(lr: f32) -> Self {
+        Self::with_kind(OptimizerKind::Adam, lr)
+    }
+    /// `kind` with the default hyper-parameters.
+    pub fn with_kind(kind: OptimizerKind, lr: f32) -> Self {
+        Self {
+            kind,
+            lr,
+            initial_accumulator: 0.1,
+            beta1: 0.9,
+            beta2: 0.999,
+            epsilon: 1e-8,
+        }
+    }
+
+    /// Number of slot vectors (each as wide as the variable or row).
+    pub fn slots(&self) -> usize {
+        match self.kind {
+            OptimizerKind::Sgd => 0,
+            OptimizerKind::Adagrad => 1,
+            OptimizerKind::Adam => 2,
+        }
+    }
+
+    /// Initial slot values; `slots.len()` is `self.slots() * width`.
+    pub fn init_slots(&self, slots: &mut [f32]) {
+        match self.kind {
+            OptimizerKind::Adagrad => slots.fill(self.initial_accumulator),
+            OptimizerKind::Sgd | OptimizerKind::Adam => slots.fill(0.0),
+        }
+    }
+
+    /// Apply gradient `g` to `w` with `slots` (`[m.. , v..]` for Adam,
+    /// `[acc..]` for Adagrad); `t` is the step count including this update
+    /// (>= 1), used by Adam's bias correction.
+    pub fn apply(&self, w: &mut [f32], slots: &mut [f32], g: &[f32], t: u64) {
+        let n = w.len();
+        debug_assert_eq!(g.len(), n);
+        debug_assert_eq!(slots.len(), self.slots() * n);
+        let lr = self.lr;
+        match self.kind {
+            OptimizerKind::Sgd => {
+                for (w, g) in w.iter_mut().zip(g) {
+                    *w -= lr * g;
+                }
+            }
+            OptimizerKind::Adagrad => {
+                for ((w, a), g) in w.iter_mut().zip(slots.iter_mut()).zip(g) {
+                    *a += g * g;
+                    *w -= lr * g / a.sqrt();
+                }
+            }
+            OptimizerKind::Adam => {
+                let (m, v) = slots.split_at_mut(n);
+                let (b1, b2) = (f64::from(self.beta1), f64::from(self.beta2));
+                let t = t.clamp(1, i32::MAX as u64) as i32;
+                let lr_t = (f64::from(lr) * (1.0 - b2.powi(t)).sqrt() / (1.0 - b1.powi(t))) as f32;
+                let (b1, b2) = (self.beta1, self.beta2);
+                for i in 0..n {
+                    let gi = g[i];
+                    m[i] = b1 * m[i] + (1.0 - b1) * gi;
+                    v[i] = b2 * v[i] + (1.0 - b2) * gi * gi;
+                    w[i] -= lr_t * m[i] / (v[i].sqrt() + self.epsilon);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sgd_step() {
+        let o = OptimizerConfig::sgd(0.5);
+        let mut w = [1.0, 2.0];
+        o.apply(&mut w, &mut [], &[2.0, -2.0], 1);
+        assert_eq!(w, [0.0, 3.0]);
+    }
+
+    #[test]
+    fn adagrad_step() {
+        let o = OptimizerConfig::adagrad(0.1);
+        let mut w = [1.0f32];
+        let mut s = [0.0f32];
+        o.init_slots(&mut s);
+        assert_eq!(s, [0.1]);
+        o.apply(&mut w, &mut s, &[1.0], 1);
+        assert!((s[0] - 1.1).abs() < 1e-6);
+        assert!((w[0] - (1.0 - 0.1 / 1.1f32.sqrt())).abs() < 1e-6);
+    }
+
+    #[test]
+    fn adam_first_step_moves_by_lr() {
+        // With bias correction the first Adam step is lr * sign(g).
+        let o = OptimizerConfig::adam(0.01);
+        let mut w = [0.0f32, 0.0];
+        let mut s = [0.0f32; 4];
+        o.apply(&mut w, &mut s, &[3.0, -0.2], 1);
+        assert!((w[0] + 0.01).abs() < 1e-5, "{w:?}");
+        assert!((w[1] - 0.01).abs() < 1e-5, "{w:?}");
+        assert!((s[0] - 0.3).abs() < 1e-6);
+    }
+}

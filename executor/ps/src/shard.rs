@@ -1,0 +1,541 @@
+//! [`PsShard`]: the state of one PS reactor and its request handlers.
+
+use rustc_hash::FxHashMap;
+
+use crate::error::{DecodeError, PsError};
+use crate::optim::OptimizerConfig;
+use crate::proto::{
+    self, put_f32s, Limits, PullItem, PullRequest, PullResponseWriter, PushItem, PushRequest,
+};
+use crate::table::{EmbeddingTable, TablePolicy, TableStats};
+use crate::var::{VarDef, VarKind};
+
+/// Configuration of a shard.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ShardConfig {
+    /// Seed of every initial value (see [`crate::var`]).
+    pub seed: u64,
+    /// Optimizer of every variable.
+    pub optimizer: OptimizerConfig,
+    /// Frequency filter: a key gets a row on its `filter_freq`-th pull (0/1: first).
+    pub filter_freq: u32,
+    /// Rows not touched in the last `steps_to_live` global steps are evicted (0: never).
+    pub steps_to_live: u64,
+    /// Eviction runs when the global step becomes a multiple of this (0: only
+    /// when [`PsShard::evict`] is called).
+    pub evict_interval: u64,
+    /// Bound on the keys each table's frequency filter counts at once.
+    pub filter_capacity: usize,
+    /// Codec limits applied to requests.
+    pub limits: Limits,
+}
+
+impl Default for ShardConfig {
+    fn default() -> Self {
+        Self {
+            seed: 0,
+            optimizer: OptimizerConfig::sgd(0.01),
+            filter_freq: 0,
+            steps_to_live: 0,
+            evict_interval: 100,
+            filter_capacity: TablePolicy::default().filter_capacity,
+            limits: Limits::default(),
+        }
+    }
+}
+
+/// A dense variable held whole by this shard.
+#[derive(Debug, Clone)]
+pub struct DenseVar {
+    pub(crate) def: VarDef,
+    pub(crate) values: Vec<f32>,
+    pub(crate) slots: Vec<f32>,
+    pub(crate) updates: u64,
+    /// Gradient accumulated during one push (scratch, not state).
+    pub(crate) acc: Vec<f32>,
+    pub(crate) touched: bool,
+}
+
+/// Equality of the state (definition, values, slots, update count), not of
+/// the push scratch buffer.
+impl PartialEq for DenseVar {
+    fn eq(&self, o: &Self) -> bool {
+        self.def == o.def
+            && self.values == o.values
+            && self.slots == o.slots
+            && self.updates == o.updates
+    }
+}
+
+impl DenseVar {
+    /// The variable.
+    pub fn def(&self) -> &VarDef {
+        &self.def
+    }
+    /// Current values.
+    pub fn values(&self) -> &[f32] {
+        &self.values
+    }
+    /// Optimizer slots (slot after slot).
+    pub fn slots(&self) -> &[f32] {
+        &self.slots
+    }
+    /// Number of optimizer updates applied.
+    pub fn updates(&self) -> u64 {
+        self.updates
+    }
+}
+
+/// A variable of the shard.
+#[derive(Debug, Clone)]
+pub enum Var {
+    /// A dense variable.
+    Dense(DenseVar),
+    /// This shard's piece of an embedding table.
+    Table(EmbeddingTable),
+}
+
+impl Var {
+    pub(crate) fn id(&self) -> u32 {
+        match self {
+            Var::Dense(d) => d.def.id,
+            Var::Table(t) => t.def.id,
+        }
+    }
+}
+
+/// Bytes and message counters for the runtime's report.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ShardStats {
+    /// Pull requests handled successfully.
+    pub pulls: u64,
+    /// Push requests handled successfully.
+    pub pushes: u64,
+    /// Requests rejected with an error.
+    pub errors: u64,
+    /// Request bytes handled (pull and push, including rejected ones).
+    pub request_bytes: u64,
+    /// Response bytes written.
+    pub response_bytes: u64,
+}
+
+/// A summary of a shard for the runtime's report.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ShardReport {
+    /// The shard's index.
+    pub shard_index: usize,
+    /// Completed global steps.
+    pub global_step: u64,
+    /// Request/response counters.
+    pub io: ShardStats,
+    /// Embedding rows held, over all tables.
+    pub rows: u64,
+    /// Keys counted by the frequency filters and not admitted yet.
+    pub pending: u64,
+    /// Table counters summed over all tables.
+    pub tables: TableStats,
+}
+
+/// One parameter-server shard (one per PS reactor).
+#[derive(Debug)]
+pub struct PsShard {
+    pub(crate) shard_index: usize,
+    pub(crate) cfg: ShardConfig,
+    pub(crate) vars: Vec<Var>,
+    pub(crate) index: FxHashMap<u32, usize>,
+    pub(crate) global_step: u64,
+    pub(crate) stats: ShardStats,
+    touched: Vec<usize>,
+}
+
+impl PsShard {
+    /// A shard holding `vars`: the dense variables placed on it and every
+    /// embedding table (of which it holds the keys that hash to it).
+    ///
+    /// # Panics
+    ///
+    /// If two variables share an id (a configuration bug, not input).
+    pub fn new(shard_index: usize, vars: &[VarDef], cfg: ShardConfig) -> Self {
+        let mut sorted: Vec<&VarDef> = vars.iter().collect();
+        sorted.sort_by_key(|v| v.id);
+        let policy = TablePolicy {
+            filter_freq: cfg.filter_freq,
+            steps_to_live: cfg.steps_to_live,
+            filter_capacity: cfg.filter_capacity,
+        };
+        let mut out = Vec::with_capacity(sorted.len());
+        let mut index = FxHashMap::default();
+        for def in sorted {
+            assert!(
+                index.insert(def.id, out.len()).is_none(),
+                "duplicate variable id {}",
+                def.id
+            );
+            out.push(match &def.kind {
+                VarKind::Dense { .. } => {
+                    let n = def.width();
+                    let mut values = vec![0.0; n];
+                    def.init_values(cfg.seed, 0, &mut values);
+                    let mut slots = vec![0.0; n * cfg.optimizer.slots()];
+                    cfg.optimizer.init_slots(&mut slots);
+                    Var::Dense(DenseVar {
+                        def: def.clone(),
+                        values,
+                        slots,
+                        updates: 0,
+                        acc: Vec::new(),
+                        touched: false,
+                    })
+                }
+                VarKind::Embedding { dim } => Var::Table(EmbeddingTable::new(
+                    def.clone(),
+                    *dim,
+                    cfg.seed,
+                    cfg.optimizer,
+                    policy,
+                )),
+            });
+        }
+        Self {
+            shard_index,
+            cfg,
+            vars: out,
+            index,
+            global_step: 0,
+            stats: ShardStats::default(),
+            touched: Vec::new(),
+        }
+    }
+
+    /// This shard's index.
+    pub fn shard_index(&self) -> usize {
+        self.shard_index
+    }
+    /// The configuration.
+    pub fn config(&self) -> &ShardConfig {
+        &self.cfg
+    }
+    /// Number of completed global steps.
+    pub fn global_step(&self) -> u64 {
+        self.global_step
+    }
+    /// Request/response counters.
+    pub fn stats(&self) -> ShardStats {
+        self.stats
+    }
+    /// Counters of the shard and of all its tables.
+    pub fn report(&self) -> ShardReport {
+        let mut r = ShardReport {
+            shard_index: self.shard_index,
+            global_step: self.global_step,
+            io: self.stats,
+            ..ShardReport::default()
+        };
+        for v in &self.vars {
+            if let Var::Table(t) = v {
+                let s = t.stats();
+                r.rows += t.len() as u64;
+                r.pending += t.pending_len() as u64;
+                r.tables.admitted += s.admitted;
+                r.tables.filtered_pulls += s.filtered_pulls;
+                r.tables.filter_overflow += s.filter_overflow;
+                r.tables.evicted += s.evicted;
+                r.tables.ignored_pushes += s.ignored_pushes;
+            }
+        }
+        r
+    }
+
+    /// The variables, sorted by id.
+    pub fn vars(&self) -> &[Var] {
+        &self.vars
+    }
+    /// The variable `id`.
+    pub fn var(&self, id: u32) -> Option<&Var> {
+        self.index.get(&id).map(|&i| &self.vars[i])
+    }
+    /// The table `id`, if it is an embedding.
+    pub fn table(&self, id: u32) -> Option<&EmbeddingTable> {
+        match self.var(id)? {
+            Var::Table(t) => Some(t),
+            Var::Dense(_) => None,
+        }
+    }
+    /// The dense variable `id`.
+    pub fn dense(&self, id: u32) -> Option<&DenseVar> {
+        match self.var(id)? {
+            Var::Dense(d) => Some(d),
+            Var::Table(_) => None,
+        }
+    }
+
+    /// Run TTL eviction on every table at the current global step; returns rows removed.
+    pub fn evict(&mut self) -> usize {
+        let step = self.global_step;
+        self.vars
+            .iter_mut()
+            .map(|v| match v {
+                Var::Table(t) => t.evict(step),
+                Var::Dense(_) => 0,
+            })
+            .sum()
+    }
+
+    fn lookup(&self, var: u32) -> Result<usize, PsError> {
+        self.index
+            .get(&var)
+            .copied()
+            .ok_or(PsError::UnknownVariable(var))
+    }
+
+    fn kind_check(&self, var: u32, item: &'static str, want_table: bool) -> Result<usize, PsError> {
+        let i = self.lookup(var)?;
+        match (&self.vars[i], want_table) {
+            (Var::Table(_), true) | (Var::Dense(_), false) => Ok(i),
+            (Var::Table(_), false) => Err(PsError::KindMismatch {
+                var,
+                item,
+                var_kind: "embedding",
+            }),
+            (Var::Dense(_), true) => Err(PsError::KindMismatch {
+                var,
+                item,
+                var_kind: "dense",
+            }),
+        }
+    }
+
+    /// Answer a pull request: `req` is the body, the response is written to
+    /// `out` (cleared first). Creates rows of admitted keys; counts filter
+    /// pulls. A reply of more than `limits.max_elems` floats is refused
+    /// (`Oversized`). On error nothing is changed and `out` is left empty.
+    pub fn handle_pull(&mut self, req: &[u8], out: &mut Vec<u8>) -> Result<(), PsError> {
+        out.clear();
+        self.stats.request_bytes += req.len() as u64;
+        let r = self.handle_pull_inner(req, out);
+        match &r {
+            Ok(()) => {
+                self.stats.pulls += 1;
+                self.stats.response_bytes += out.len() as u64;
+            }
+            Err(_) => {
+                self.stats.errors += 1;
+                out.clear();
+            }
+        }
+        r
+    }
+
+    fn handle_pull_inner(&mut self, req: &[u8], out: &mut Vec<u8>) -> Result<(), PsError> {
+        let view = PullRequest::parse(req, &self.cfg.limits)?;
+        // Validate every item and size the response before changing anything.
+        let mut size = 16usize;
+        for item in view.items() {
+            let (i, n) = match item {
+                PullItem::Dense { var } => (self.kind_check(var, "dense", false)?, 1),
+                PullItem::Rows { var, keys } => (self.kind_check(var, "rows", true)?, keys.len()),
+                PullItem::Pooled { var, offsets, .. } => {
+                    (self.kind_check(var, "pooled", true)?, offsets.len() - 1)
+                }
+            };
+            let w = match &self.vars[i] {
+                Var::Dense(d) => d.values.len(),
+                Var::Table(t) => t.dim(),
+            };
+            let elems = n.saturating_mul(w) as u64;
+            if elems > self.cfg.limits.max_elems {
+                return Err(DecodeError::Oversized {
+                    what: "reply",
+                    len: elems,
+                    max: self.cfg.limits.max_elems,
+                }
+                .into());
+            }
+            size = size.saturating_add(16 + 4 * elems as usize);
+        }
+        out.reserve(size);
+        let step = self.global_step;
+        let mut w = PullResponseWriter::new(out, step);
+        for item in view.items() {
+            // Indices were checked above.
+            let Some(&i) = self.index.get(&item.var()) else {
+                continue;
+            };
+            match (item, &mut self.vars[i]) {
+                (PullItem::Dense { var }, Var::Dense(d)) => {
+                    w.reply(proto::TAG_DENSE, var, d.values.len() as u32, None);
+                    put_f32s(w.buf, &d.values);
+                }
+                (PullItem::Rows { var, keys }, Var::Table(t)) => {
+                    let dim = t.dim();
+                    w.reply(proto::TAG_ROWS, var, dim as u32, Some(keys.len() as u32));
+                    for k in keys.iter() {
+                        match t.pull(k, step) {
+                            Some(row) => put_f32s(w.buf, row),
+                            None => w.buf.resize(w.buf.len() + 4 * dim, 0),
+                        }
+                    }
+                }
+                (PullItem::Pooled { var, offsets, keys }, Var::Table(t)) => {
+                    let dim = t.dim();
+                    let batch = offsets.len() - 1;
+                    w.reply(proto::TAG_POOLED, var, dim as u32, Some(batch as u32));
+                    let mut sum = vec![0.0f32; dim];
+                    for b in 0..batch {
+                        let (s, e) = (offsets.get(b).unwrap_or(0), offsets.get(b + 1).unwrap_or(0));
+                        sum.fill(0.0);
+                        for k in keys.slice(s as usize, e as usize).iter() {
+                            if let Some(row) = t.pull(k, step) {
+                                for (a, x) in sum.iter_mut().zip(row) {
+                                    *a += x;
+                                }
+                            }
+                        }
+                        put_f32s(w.buf, &sum);
+                    }
+                }
+                // Kinds were checked above.
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Apply a push request and write the push response to `out` (cleared
+    /// first). Duplicate keys across the whole request are summed before the
+    /// optimizer runs, as are several dense items for one variable. When the
+    /// request completes a step, the global step advances and, every
+    /// `evict_interval` steps, TTL eviction runs. On error nothing is changed.
+    pub fn handle_push(&mut self, req: &[u8], out: &mut Vec<u8>) -> Result<(), PsError> {
+        out.clear();
+        self.stats.request_bytes += req.len() as u64;
+        let r = self.handle_push_inner(req, out);
+        match &r {
+            Ok(()) => {
+                self.stats.pushes += 1;
+                self.stats.response_bytes += out.len() as u64;
+            }
+            Err(_) => {
+                self.stats.errors += 1;
+                out.clear();
+            }
+        }
+        r
+    }
+
+    fn shape_check(&self, i: usize, var: u32, what: &'static str, got: u64) -> Result<(), PsError> {
+        let expected = match &self.vars[i] {
+            Var::Dense(d) => d.values.len(),
+            Var::Table(t) => t.dim(),
+        } as u64;
+        if expected != got {
+            return Err(PsError::ShapeMismatch {
+                var,
+                what,
+                expected,
+                got,
+            });
+        }
+        Ok(())
+    }
+
+    fn handle_push_inner(&mut self, req: &[u8], out: &mut Vec<u8>) -> Result<(), PsError> {
+        let view = PushRequest::parse(req, &self.cfg.limits)?;
+        for item in view.items() {
+            match item {
+                PushItem::Dense { var, grad } => {
+                    let i = self.kind_check(var, "dense", false)?;
+                    self.shape_check(i, var, "tensor", grad.len() as u64)?;
+                }
+                PushItem::Rows {
+                    var,
+                    dim,
+                    keys,
+                    grads,
+                } => {
+                    let i = self.kind_check(var, "rows", true)?;
+                    self.shape_check(i, var, "row", dim.into())?;
+                    debug_assert_eq!(grads.len(), keys.len() * dim as usize);
+                }
+                PushItem::Pooled { var, dim, .. } => {
+                    let i = self.kind_check(var, "pooled", true)?;
+                    self.shape_check(i, var, "row", dim.into())?;
+                }
+            }
+        }
+        let step = self.global_step;
+        self.touched.clear();
+        for item in view.items() {
+            let Some(&i) = self.index.get(&item.var()) else {
+                continue;
+            };
+            self.touched.push(i);
+            match (item, &mut self.vars[i]) {
+                (PushItem::Dense { grad, .. }, Var::Dense(d)) => {
+                    if !d.touched {
+                        d.acc.clear();
+                        d.acc.resize(d.values.len(), 0.0);
+                        d.touched = true;
+                    }
+                    for (a, g) in d.acc.iter_mut().zip(grad.iter()) {
+                        *a += g;
+                    }
+                }
+                (
+                    PushItem::Rows {
+                        dim, keys, grads, ..
+                    },
+                    Var::Table(t),
+                ) => {
+                    let dim = dim as usize;
+                    for (j, k) in keys.iter().enumerate() {
+                        t.accumulate(k, grads.slice(j * dim, (j + 1) * dim).iter());
+                    }
+                }
+                (
+                    PushItem::Pooled {
+                        dim,
+                        offsets,
+                        keys,
+                        grads,
+                        ..
+                    },
+                    Var::Table(t),
+                ) => {
+                    let dim = dim as usize;
+                    for b in 0..offsets.len() - 1 {
+                        let (s, e) = (offsets.get(b).unwrap_or(0), offsets.get(b + 1).unwrap_or(0));
+                        let g = grads.slice(b * dim, (b + 1) * dim);
+                        for k in keys.slice(s as usize, e as usize).iter() {
+                            t.accumulate(k, g.iter());
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        let opt = self.cfg.optimizer;
+        for &i in &self.touched {
+            match &mut self.vars[i] {
+                Var::Dense(d) if d.touched => {
+                    d.touched = false;
+                    d.updates += 1;
+                    opt.apply(&mut d.values, &mut d.slots, &d.acc, d.updates);
+                }
+                Var::Table(t) if t.has_accumulated() => {
+                    t.apply_accumulated_at(step);
+                }
+                _ => {}
+            }
+        }
+        if view.completes_step {
+            self.global_step += 1;
+            let iv = self.cfg.evict_interval;
+            if self.cfg.steps_to_live > 0 && iv > 0 && self.global_step % iv == 0 {
+                self.evict();
+            }
+        }
+        proto::write_push_response(out, self.global_step);
+        Ok(())
+    }
+}

@@ -1,0 +1,204 @@
+//! Checkpoint round trips, corruption and atomic writes.
+
+use starwire_ps::proto::{Limits, PullRequestWriter, PullResponse, PushRequestWriter};
+use starwire_ps::{
+    write_atomic, CheckpointError, Init, Manifest, OptimizerConfig, PsShard, ShardConfig, VarDef,
+    VarKind, WorkerProgress,
+};
+
+fn vars() -> Vec<VarDef> {
+    vec![
+        VarDef {
+            id: 1,
+            name: "emb".into(),
+            kind: VarKind::Embedding { dim: 8 },
+            init: Init::Normal { std: 0.05 },
+        },
+        VarDef {
+            id: 2,
+            name: "w".into(),
+            kind: VarKind::Dense { shape: vec![16] },
+            init: Init::Uniform { scale: 0.2 },
+        },
+    ]
+}
+
+fn cfg() -> ShardConfig {
+    ShardConfig {
+        seed: 11,
+        optimizer: OptimizerConfig::adam(0.01),
+        filter_freq: 2,
+        steps_to_live: 50,
+        ..ShardConfig::default()
+    }
+}
+
+/// A shard with rows, pending filter counters, Adam slots and a global step.
+fn trained() -> PsShard {
+    let mut s = PsShard::new(3, &vars(), cfg());
+    let (mut req, mut out) = (Vec::new(), Vec::new());
+    for step in 0..20u64 {
+        let keys: Vec<u64> = (0..10).map(|i| 1 + (step * 7 + i * i) % 40).collect();
+        PullRequestWriter::new(&mut req).rows(1, &keys).dense(2);
+        s.handle_pull(&req, &mut out).unwrap();
+        let grads: Vec<f32> = (0..keys.len() * 8)
+            .map(|i| (i as f32 - 30.0) * 0.01)
+            .collect();
+        PushRequestWriter::new(&mut req, true)
+            .rows(1, 8, &keys, &grads)
+            .dense(2, &[0.1; 16]);
+        s.handle_push(&req, &mut out).unwrap();
+    }
+    // Seen once: pending in the frequency filter.
+    PullRequestWriter::new(&mut req).rows(1, &[100, 101, 102]);
+    s.handle_pull(&req, &mut out).unwrap();
+    s
+}
+
+fn save(s: &PsShard) -> Vec<u8> {
+    let mut b = Vec::new();
+    s.save(&mut b).unwrap();
+    b
+}
+
+fn pull_all(s: &mut PsShard) -> Vec<u8> {
+    let (mut req, mut out) = (Vec::new(), Vec::new());
+    let keys: Vec<u64> = (1..=45).chain(100..=102).collect();
+    PullRequestWriter::new(&mut req)
+        .rows(1, &keys)
+        .pooled(1, &[0, 3, 10], &keys[..10])
+        .dense(2);
+    s.handle_pull(&req, &mut out).unwrap();
+    PullResponse::parse(&out, &Limits::default()).unwrap();
+    out
+}
+
+#[test]
+fn save_restore_is_identical() {
+    let s = trained();
+    assert!(s.table(1).unwrap().pending_len() > 0);
+    assert!(!s.table(1).unwrap().is_empty());
+    let bytes = save(&s);
+    let mut r = PsShard::new(3, &vars(), cfg());
+    r.restore(&mut bytes.as_slice()).unwrap();
+    assert_eq!(r.global_step(), s.global_step());
+    let (a, b) = (s.table(1).unwrap(), r.table(1).unwrap());
+    assert_eq!(a.len(), b.len());
+    assert_eq!(a.stats(), b.stats());
+    assert_eq!(a.pending_len(), b.pending_len());
+    for k in (1..=45).chain(100..=102) {
+        assert_eq!(a.get(k), b.get(k));
+        assert_eq!(a.slots(k), b.slots(k));
+    }
+    assert_eq!(s.dense(2), r.dense(2));
+    // Same bytes again, and the same answers (including filter admissions).
+    assert_eq!(save(&r), bytes);
+    let mut s = s;
+    assert_eq!(pull_all(&mut s), pull_all(&mut r));
+    assert_eq!(save(&s), save(&r));
+}
+
+#[test]
+fn corrupt_and_truncated_checkpoints_are_errors() {
+    let s = trained();
+    let bytes = save(&s);
+    let mut r = PsShard::new(3, &vars(), cfg());
+    let fresh = save(&r);
+    for cut in [0, 5, 15, 40, bytes.len() / 2, bytes.len() - 1] {
+        let e = r.restore(&mut &bytes[..cut]).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                CheckpointError::Truncated(_) | CheckpointError::Checksum { .. }
+            ),
+            "cut {cut}: {e}"
+        );
+    }
+    let mut b = bytes.clone();
+    b[100] ^= 0x40;
+    assert!(matches!(
+        r.restore(&mut b.as_slice()),
+        Err(CheckpointError::Checksum { .. })
+    ));
+    let mut b = bytes.clone();
+    b[0] = b'X';
+    assert!(matches!(
+        r.restore(&mut b.as_slice()),
+        Err(CheckpointError::BadMagic)
+    ));
+    let mut b = bytes.clone();
+    b[8] = 9;
+    assert!(matches!(
+        r.restore(&mut b.as_slice()),
+        Err(CheckpointError::BadVersion(9))
+    ));
+    // Wrong shard index / wrong model.
+    let mut other = PsShard::new(4, &vars(), cfg());
+    assert!(matches!(
+        other.restore(&mut bytes.as_slice()),
+        Err(CheckpointError::Mismatch(_))
+    ));
+    let mut v = vars();
+    v[1].kind = VarKind::Dense { shape: vec![17] };
+    let mut other = PsShard::new(3, &v, cfg());
+    assert!(matches!(
+        other.restore(&mut bytes.as_slice()),
+        Err(CheckpointError::Mismatch(_))
+    ));
+    // Nothing was changed by the failed restores.
+    assert_eq!(save(&r), fresh);
+}
+
+#[test]
+fn atomic_write_and_manifest() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = trained();
+    let path = dir.path().join("shard-3.ckpt");
+    write_atomic(&path, |w| s.save(w)).unwrap();
+    let mut r = PsShard::new(3, &vars(), cfg());
+    r.restore(&mut std::fs::File::open(&path).unwrap()).unwrap();
+    assert_eq!(save(&r), save(&s));
+    // A failing writer leaves the old file and no temporary behind.
+    let err = write_atomic(&path, |w| {
+        w.write_all(b"partial")?;
+        Err(CheckpointError::Corrupt("injected".into()))
+    });
+    assert!(err.is_err());
+    assert_eq!(std::fs::read(&path).unwrap(), save(&s));
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+
+    let missing = dir.path().join("no-such-dir").join("x.ckpt");
+    assert!(matches!(
+        write_atomic(&missing, |w| s.save(w)),
+        Err(CheckpointError::Io(_))
+    ));
+
+    let m = Manifest {
+        format_version: starwire_ps::checkpoint::FORMAT_VERSION,
+        global_step: s.global_step(),
+        shard_count: 1,
+        seed: 11,
+        model: serde_json::json!({"model": "lr"}),
+        shard_files: vec!["shard-3.ckpt".into()],
+        workers: vec![WorkerProgress {
+            worker: 0,
+            epoch: 1,
+            offset: 4096,
+            steps: 20,
+        }],
+    };
+    let mpath = dir.path().join("manifest.json");
+    write_atomic(&mpath, |w| Ok(w.write_all(m.to_json()?.as_bytes())?)).unwrap();
+    let back = Manifest::from_json(&std::fs::read_to_string(&mpath).unwrap()).unwrap();
+    assert_eq!(back, m);
+    assert!(matches!(
+        Manifest::from_json("{"),
+        Err(CheckpointError::Manifest(_))
+    ));
+    let mut bad = m.clone();
+    bad.format_version = 7;
+    assert!(matches!(
+        Manifest::from_json(&bad.to_json().unwrap()),
+        Err(CheckpointError::BadVersion(7))
+    ));
+}

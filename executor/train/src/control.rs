@@ -1,0 +1,126 @@
+//! Control messages between workers and PS shards, carried as
+//! [`Opcode::Rpc`](starwire_wire::Opcode::Rpc) bodies: one method byte,
+//! then the method's fields, little-endian.
+//!
+//! | method | body after the byte | reply |
+//! |---|---|---|
+//! | `WAIT_STEP` (1) | `u64` step `n` | `u64` global step, sent once the shard's global step is ≥ `n` |
+//! | `CHECKPOINT` (2) | UTF-8 directory path | empty, after the shard file is durably in place |
+//! | `STATS` (3) | empty | JSON object of the shard's counters |
+//! | `DONE` (4) | empty | empty; the worker will send nothing more |
+//!
+//! The data path (pull and push) uses its own opcodes,
+//! [`Opcode::SparsePull`](starwire_wire::Opcode::SparsePull) and
+//! [`Opcode::SparsePush`](starwire_wire::Opcode::SparsePush), with the
+//! bodies of `starwire_ps::proto`.
+
+use thiserror::Error;
+
+/// Wait until the shard's global step reaches a value (the `--sync` barrier).
+pub const WAIT_STEP: u8 = 1;
+/// Write the shard's checkpoint file into a directory.
+pub const CHECKPOINT: u8 = 2;
+/// Report the shard's counters.
+pub const STATS: u8 = 3;
+/// The worker has finished.
+pub const DONE: u8 = 4;
+
+/// A decoded control request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Control {
+    /// See [`WAIT_STEP`].
+    WaitStep(u64),
+    /// See [`CHECKPOINT`].
+    Checkpoint(String),
+    /// See [`STATS`].
+    Stats,
+    /// See [`DONE`].
+    Done,
+}
+
+/// A control body that does not decode.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum ControlError {
+    /// No method byte.
+    #[error("empty control message")]
+    Empty,
+    /// The method byte is not known.
+    #[error("unknown control method {0}")]
+    UnknownMethod(u8),
+    /// The fields do not match the method.
+    #[error("malformed {0} control message")]
+    Malformed(&'static str),
+}
+
+impl Control {
+    /// Decode a control body.
+    pub fn parse(body: &[u8]) -> Result<Self, ControlError> {
+        let (&m, rest) = body.split_first().ok_or(ControlError::Empty)?;
+        match m {
+            WAIT_STEP => {
+                let b: [u8; 8] = rest
+                    .try_into()
+                    .map_err(|_| ControlError::Malformed("WAIT_STEP"))?;
+                Ok(Control::WaitStep(u64::from_le_bytes(b)))
+            }
+            CHECKPOINT => std::str::from_utf8(rest)
+                .map(|s| Control::Checkpoint(s.to_owned()))
+                .map_err(|_| ControlError::Malformed("CHECKPOINT")),
+            STATS if rest.is_empty() => Ok(Control::Stats),
+            DONE if rest.is_empty() => Ok(Control::Done),
+            STATS => Err(ControlError::Malformed("STATS")),
+            DONE => Err(ControlError::Malformed("DONE")),
+            other => Err(ControlError::UnknownMethod(other)),
+        }
+    }
+
+    /// Encode into a fresh buffer.
+    pub fn encode(&self) -> Vec<u8> {
+        match self {
+            Control::WaitStep(n) => {
+                let mut v = vec![WAIT_STEP];
+                v.extend_from_slice(&n.to_le_bytes());
+                v
+            }
+            Control::Checkpoint(dir) => {
+                let mut v = vec![CHECKPOINT];
+                v.extend_from_slice(dir.as_bytes());
+                v
+            }
+            Control::Stats => vec![STATS],
+            Control::Done => vec![DONE],
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_rejects() {
+        for c in [
+            Control::WaitStep(42),
+            Control::Checkpoint("/tmp/x".into()),
+            Control::Stats,
+            Control::Done,
+        ] {
+            assert_eq!(Control::parse(&c.encode()), Ok(c));
+        }
+        assert_eq!(Control::parse(&[]), Err(ControlError::Empty));
+        assert_eq!(Control::parse(&[9]), Err(ControlError::UnknownMethod(9)));
+        assert_eq!(
+            Control::parse(&[WAIT_STEP, 1, 2]),
+            Err(ControlError::Malformed("WAIT_STEP"))
+        );
+        assert_eq!(
+            Control::parse(&[CHECKPOINT, 0xff]),
+            Err(ControlError::Malformed("CHECKPOINT"))
+        );
+        assert_eq!(
+            Control::parse(&[DONE, 0]),
+            Err(ControlError::Malformed("DONE"))
+        );
+    }
+}

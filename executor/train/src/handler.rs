@@ -1,0 +1,85 @@
+//! [`PsHandler`] for a [`PsShard`]: the glue between a shard reactor and the
+//! sans-IO parameter-server state.
+
+use std::path::Path;
+
+use starwire_ps::{write_atomic, PsError, PsShard};
+use starwire_transport::wire::Status;
+
+use crate::server::{HandlerError, PsHandler};
+
+/// The file name of shard `i`'s checkpoint inside a checkpoint directory.
+pub fn shard_file(i: usize) -> String {
+    format!("shard-{i:04}.ckpt")
+}
+
+fn status(e: &PsError) -> Status {
+    match e {
+        PsError::UnknownVariable(_) => Status::UnknownVariable,
+        PsError::ShapeMismatch { .. } | PsError::KindMismatch { .. } => Status::WrongShape,
+        _ => Status::BadRequest,
+    }
+}
+
+fn err(e: PsError) -> HandlerError {
+    HandlerError {
+        status: status(&e),
+        message: e.to_string(),
+    }
+}
+
+/// A shard as served by a reactor.
+#[derive(Debug)]
+pub struct ShardHandler {
+    /// The shard's state.
+    pub shard: PsShard,
+    /// Its index in the cluster.
+    pub index: usize,
+}
+
+impl PsHandler for ShardHandler {
+    fn pull(&mut self, body: &[u8], out: &mut Vec<u8>) -> Result<(), HandlerError> {
+        self.shard.handle_pull(body, out).map_err(err)
+    }
+
+    fn push(&mut self, body: &[u8], out: &mut Vec<u8>) -> Result<(), HandlerError> {
+        self.shard.handle_push(body, out).map_err(err)
+    }
+
+    fn global_step(&self) -> u64 {
+        self.shard.global_step()
+    }
+
+    fn checkpoint(&mut self, dir: &str) -> Result<(), String> {
+        let path = Path::new(dir).join(shard_file(self.index));
+        std::fs::create_dir_all(dir).map_err(|e| format!("{dir}: {e}"))?;
+        write_atomic(&path, |w| self.shard.save(w)).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    fn stats(&self) -> serde_json::Value {
+        let s = self.shard.stats();
+        let mut rows = 0u64;
+        let mut evicted = 0u64;
+        let mut filtered = 0u64;
+        for v in self.shard.vars() {
+            if let starwire_ps::Var::Table(t) = v {
+                let ts = t.stats();
+                rows += t.len() as u64;
+                evicted += ts.evicted;
+                filtered += ts.filtered_pulls;
+            }
+        }
+        serde_json::json!({
+            "shard": self.index,
+            "global_step": self.shard.global_step(),
+            "pulls": s.pulls,
+            "pushes": s.pushes,
+            "errors": s.errors,
+            "request_bytes": s.request_bytes,
+            "response_bytes": s.response_bytes,
+            "rows": rows,
+            "evicted": evicted,
+            "filtered_pulls": filtered,
+        })
+    }
+}

@@ -1,0 +1,72 @@
+//! starwire's distributed trainer: parameter servers and workers over the
+//! starwire transport.
+//!
+//! * [`server`]: a PS task runs one reactor per shard; each owns a
+//!   [`starwire_ps::PsShard`] (its dense variables and its key range of every
+//!   sharded table) and serves pull, push and control requests
+//!   run-to-completion on its core.
+//! * [`worker`]: a worker reads its share of the data, deduplicates keys,
+//!   pulls rows (`star_server`) or pooled vectors (`star_server_lite`) from
+//!   every shard, runs the partitioned graph ([`starwire_graph`]) and pushes
+//!   gradients, with one fused request per shard per step (`--tensor-fuse
+//!   on`) or one request per tensor (`off`).
+//! * [`cluster`]: placement, the local loopback cluster of `starwire train`,
+//!   and the single roles of `starwire ps` / `starwire worker`.
+//!
+//! What runs where: on a PS, every request (decode, lookup or optimizer
+//! update, encode) runs inline on the shard's reactor; a shard is never
+//! touched by another thread, so nothing is locked. On a worker, the worker
+//! thread drives its own connections and runs the graph inline; the graph
+//! executor hands a matrix product above its FLOP threshold to compute
+//! threads when `--compute-threads` is non-zero.
+#![deny(unsafe_code)]
+
+pub mod cluster;
+pub mod control;
+pub mod handler;
+pub mod link;
+pub mod net;
+pub mod server;
+pub mod source;
+pub mod worker;
+
+use std::path::PathBuf;
+
+use thiserror::Error;
+
+pub use cluster::{run_local, run_ps_task, run_worker_task, TrainConfig, TrainReport};
+
+/// A training failure.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum TrainError {
+    /// The configuration is invalid.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// Connecting to a PS failed.
+    #[error("connecting to {0}: {1}")]
+    Connect(String, std::io::Error),
+    /// A connection to a shard failed.
+    #[error("link to shard {0}: {1}")]
+    Link(usize, String),
+    /// A shard answered with an error.
+    #[error("PS error: {0}")]
+    Remote(String),
+    /// Reading the data failed.
+    #[error("data: {0}")]
+    Data(#[from] starwire_data::DataError),
+    /// A checkpoint could not be written or read.
+    #[error("checkpoint {path}: {reason}")]
+    Checkpoint {
+        /// The file or directory.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// An I/O error (listening, threads).
+    #[error("I/O: {0}")]
+    Io(#[from] std::io::Error),
+    /// A bug or an impossible state, reported instead of a panic.
+    #[error("internal: {0}")]
+    Internal(String),
+}

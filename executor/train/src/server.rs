@@ -1,0 +1,282 @@
+//! The PS side: one reactor per shard. Each reactor owns its shard's state
+//! (a [`PsHandler`]) and the connections of every worker to that shard, and
+//! serves pull, push and control requests run-to-completion on its core:
+//! decoding, the embedding lookup or optimizer update, and encoding the
+//! reply all happen inside the reactor's turn, with no lock and no hand-off.
+
+use std::collections::HashMap;
+use std::os::fd::BorrowedFd;
+use std::sync::mpsc::Receiver;
+use std::time::Instant;
+
+use bytes::Bytes;
+use starwire_transport::reactor::Shard;
+use starwire_transport::wire::{Opcode, Status};
+use starwire_transport::{Body, ConnConfig, Connection, Incoming, Session};
+
+use crate::control::Control;
+use crate::link::LinkTransport;
+
+/// Why a request failed; the status goes back to the worker, the connection
+/// lives on.
+#[derive(Debug)]
+pub struct HandlerError {
+    /// The status for the reply.
+    pub status: Status,
+    /// A human-readable reason, sent as the reply body.
+    pub message: String,
+}
+
+/// A shard's state as the reactor sees it.
+pub trait PsHandler: Send + 'static {
+    /// Answer a pull into `out`.
+    fn pull(&mut self, body: &[u8], out: &mut Vec<u8>) -> Result<(), HandlerError>;
+    /// Apply a push and write its reply into `out`.
+    fn push(&mut self, body: &[u8], out: &mut Vec<u8>) -> Result<(), HandlerError>;
+    /// The shard's global step.
+    fn global_step(&self) -> u64;
+    /// Write the shard's checkpoint file into `dir`.
+    fn checkpoint(&mut self, dir: &str) -> Result<(), String>;
+    /// The shard's counters as JSON.
+    fn stats(&self) -> serde_json::Value;
+}
+
+/// One shard reactor's state. See the module documentation.
+#[derive(Debug)]
+pub struct PsReactor<H, T: LinkTransport> {
+    index: usize,
+    handler: H,
+    conn_cfg: ConnConfig,
+    inbox: Receiver<T>,
+    sessions: Vec<Option<Session<T>>>,
+    /// Barrier requests waiting for the global step: (session, id, step).
+    waiting: Vec<(usize, u64, u64)>,
+    expected_workers: usize,
+    done_workers: usize,
+    out: Vec<u8>,
+    /// Requests served, by kind.
+    pub served: HashMap<&'static str, u64>,
+    /// Requests answered with an error status.
+    pub failed: u64,
+    /// Connections that ended (closed by the worker or broken).
+    pub closed_connections: u64,
+}
+
+impl<H: PsHandler, T: LinkTransport> PsReactor<H, T> {
+    /// A shard reactor that finishes once `expected_workers` workers have
+    /// sent `DONE` (0: never).
+    pub fn new(
+        index: usize,
+        handler: H,
+        conn_cfg: ConnConfig,
+        inbox: Receiver<T>,
+        expected_workers: usize,
+    ) -> Self {
+        Self {
+            index,
+            handler,
+            conn_cfg,
+            inbox,
+            sessions: Vec::new(),
+            waiting: Vec::new(),
+            expected_workers,
+            done_workers: 0,
+            out: Vec::new(),
+            served: HashMap::new(),
+            failed: 0,
+            closed_connections: 0,
+        }
+    }
+
+    /// The shard state, e.g. to read counters after the run.
+    pub fn handler(&self) -> &H {
+        &self.handler
+    }
+
+    /// The shard index.
+    pub fn index(&self) -> usize {
+        self.index
+    }
+
+    fn accept(&mut self) -> bool {
+        let mut any = false;
+        while let Ok(t) = self.inbox.try_recv() {
+            let s = Session::new(self.conn_cfg.clone(), t);
+            if let Some(slot) = self.sessions.iter_mut().find(|s| s.is_none()) {
+                *slot = Some(s);
+            } else {
+                self.sessions.push(Some(s));
+            }
+            any = true;
+        }
+        any
+    }
+
+    fn release_waiters(&mut self) -> bool {
+        let step = self.handler.global_step();
+        let mut any = false;
+        let mut i = 0;
+        while i < self.waiting.len() {
+            let (si, id, n) = self.waiting[i];
+            if step >= n {
+                self.waiting.swap_remove(i);
+                if let Some(Some(s)) = self.sessions.get_mut(si) {
+                    let body = Body::from_bytes(Bytes::copy_from_slice(&step.to_le_bytes()));
+                    // A full queue or closed connection fails the worker's
+                    // barrier through its own connection error.
+                    let _ = s.conn().respond(id, Opcode::Rpc, Status::Ok, body);
+                }
+                any = true;
+            } else {
+                i += 1;
+            }
+        }
+        any
+    }
+}
+
+/// What serving one request decided.
+enum Reply {
+    Now(Status, Vec<u8>),
+    Wait(u64),
+    Done,
+}
+
+fn serve<H: PsHandler>(
+    handler: &mut H,
+    out: &mut Vec<u8>,
+    opcode: Opcode,
+    body: &[u8],
+    served: &mut HashMap<&'static str, u64>,
+    failed: &mut u64,
+) -> Reply {
+    out.clear();
+    let (kind, r) = match opcode {
+        Opcode::SparsePull => ("pull", handler.pull(body, out)),
+        Opcode::SparsePush => ("push", handler.push(body, out)),
+        Opcode::Rpc => match Control::parse(body) {
+            Ok(Control::WaitStep(n)) => return Reply::Wait(n),
+            Ok(Control::Done) => return Reply::Done,
+            Ok(Control::Stats) => {
+                let v = handler.stats();
+                (
+                    "stats",
+                    serde_json::to_writer(&mut *out, &v).map_err(|e| HandlerError {
+                        status: Status::Internal,
+                        message: e.to_string(),
+                    }),
+                )
+            }
+            Ok(Control::Checkpoint(dir)) => (
+                "checkpoint",
+                handler.checkpoint(&dir).map_err(|message| HandlerError {
+                    status: Status::Internal,
+                    message,
+                }),
+            ),
+            Err(e) => (
+                "control",
+                Err(HandlerError {
+                    status: Status::UnknownMethod,
+                    message: e.to_string(),
+                }),
+            ),
+        },
+        _ => (
+            "other",
+            Err(HandlerError {
+                status: Status::UnknownMethod,
+                message: format!("opcode {opcode:?} is not served by a PS shard"),
+            }),
+        ),
+    };
+    *served.entry(kind).or_default() += 1;
+    match r {
+        Ok(()) => {
+            // The reply leaves as an owned `Bytes`; the next one starts
+            // with the same capacity so it grows at most once.
+            let cap = out.len();
+            Reply::Now(Status::Ok, std::mem::replace(out, Vec::with_capacity(cap)))
+        }
+        Err(e) => {
+            *failed += 1;
+            Reply::Now(e.status, e.message.into_bytes())
+        }
+    }
+}
+
+impl<H: PsHandler, T: LinkTransport> Shard for PsReactor<H, T> {
+    fn turn(&mut self, now: Instant) -> bool {
+        let mut busy = self.accept();
+        let Self {
+            handler,
+            sessions,
+            out,
+            served,
+            failed,
+            waiting,
+            done_workers,
+            closed_connections,
+            ..
+        } = self;
+        for (si, slot) in sessions.iter_mut().enumerate() {
+            let Some(s) = slot else { continue };
+            let mut on_msg = |conn: &mut Connection, m: Incoming<'_>| {
+                let Incoming::Request {
+                    id,
+                    opcode,
+                    oneway,
+                    body,
+                    ..
+                } = m
+                else {
+                    return;
+                };
+                match serve(handler, out, opcode, body, served, failed) {
+                    Reply::Now(status, bytes) if !oneway => {
+                        let _ = conn.respond(id, opcode, status, Body::from_bytes(bytes));
+                    }
+                    Reply::Now(..) => {}
+                    Reply::Wait(n) => waiting.push((si, id, n)),
+                    Reply::Done => {
+                        *done_workers += 1;
+                        if !oneway {
+                            let _ = conn.respond(id, opcode, Status::Ok, Body::empty());
+                        }
+                    }
+                }
+            };
+            match s.turn(now, &mut on_msg) {
+                Ok(st) => busy |= st.busy(),
+                Err(e) => {
+                    // The worker left or broke the protocol: this
+                    // connection ends, the shard serves the others.
+                    if !matches!(e, starwire_transport::ConnError::Closed) {
+                        tracing::debug!(shard = si, "connection ended: {e}");
+                    }
+                    *closed_connections += 1;
+                    waiting.retain(|w| w.0 != si);
+                    *slot = None;
+                    busy = true;
+                }
+            }
+        }
+        busy | self.release_waiters()
+    }
+
+    fn wake_fds<'a>(&'a self, out: &mut Vec<BorrowedFd<'a>>) {
+        for s in self.sessions.iter().flatten() {
+            out.push(s.transport().wake_fd());
+        }
+    }
+
+    fn finished(&self) -> bool {
+        self.expected_workers > 0
+            && self.done_workers >= self.expected_workers
+            && self
+                .sessions
+                .iter()
+                .flatten()
+                .all(|s| !s.conn_ref().wants_transmit() && !s.transport().tx_pending())
+    }
+}

@@ -1,0 +1,608 @@
+//! The worker: reads its share of the data, pulls what a step needs from
+//! every PS shard (fused: one request per shard; unfused: one per tensor),
+//! runs the partitioned graph, and pushes the gradients back.
+//!
+//! Ordered writes: a step's push and the next step's pull leave together;
+//! since one connection delivers in order, each shard applies the push
+//! before it answers the pull, and no round trip is spent waiting for the
+//! push acknowledgement (PS-Plus's ordered writes).
+
+use bytes::Bytes;
+use starwire_data::Batch;
+use starwire_graph::{
+    dedup, Combiner, Executor, LookupFeed, LookupGrad, Partitioned, PullForm, StepFeeds,
+    StepOutput, Tensor, VarId,
+};
+use starwire_ps::proto::{
+    parse_push_response, Limits, PullReply, PullRequestWriter, PullResponse, PushRequestWriter,
+};
+use starwire_ps::shard_of;
+use starwire_transport::wire::{Opcode, Status};
+use starwire_transport::Body;
+
+use crate::control::Control;
+use crate::net::{Exchange, Reply, Request};
+use crate::TrainError;
+
+/// Where the model's variables live, as the worker needs it.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    /// Number of shards (PS tasks × reactors per PS).
+    pub shards: usize,
+    /// Shard of every dense variable, by variable id.
+    pub dense_shard: Vec<Option<usize>>,
+    /// Numeric fields per example.
+    pub num_dense: usize,
+    /// Categorical fields per example.
+    pub num_fields: usize,
+}
+
+/// What to pull for one item of a message, to route its reply.
+#[derive(Debug, Clone, Copy)]
+enum Item {
+    /// Dense variable, by position in `Pulls::dense`.
+    Dense(usize),
+    /// Lookup `l` on shard `s`.
+    Lookup(usize, usize),
+}
+
+/// One lookup of one step: its keys and how they are split over shards.
+#[derive(Debug, Default)]
+struct LookupStep {
+    /// Ragged per-example offsets into `keys` (`B+1`).
+    offsets: Vec<u32>,
+    /// Keys of every example, in order.
+    keys: Vec<u64>,
+    /// Robust: unique keys and per-occurrence index.
+    unique: Vec<u64>,
+    index: Vec<u32>,
+    /// Robust: per shard, positions into `unique`; lite: unused.
+    shard_pos: Vec<Vec<u32>>,
+    /// Per shard, the keys sent (robust: unique keys of the shard; lite:
+    /// every occurrence of the shard's keys, per example).
+    shard_keys: Vec<Vec<u64>>,
+    /// Lite: per shard, ragged offsets (`B+1`).
+    shard_offsets: Vec<Vec<u32>>,
+}
+
+/// Step statistics.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StepInfo {
+    /// Loss of the batch.
+    pub loss: f32,
+    /// Examples.
+    pub examples: usize,
+    /// Highest global step any shard reported.
+    pub global_step: u64,
+}
+
+/// The per-worker state that turns batches into requests and replies into
+/// feeds.
+#[derive(Debug)]
+pub struct WorkerCore {
+    part: Partitioned,
+    layout: Layout,
+    fuse: bool,
+    exec: Executor,
+    limits: Limits,
+    lookups: Vec<LookupStep>,
+    /// Pushes of the last step, not sent yet.
+    pending_push: Vec<Request>,
+    replies: Vec<Reply>,
+    global_step: u64,
+}
+
+fn bytes_body(v: Vec<u8>) -> Body {
+    Body::from_bytes(Bytes::from(v))
+}
+
+fn check(r: &Reply, what: &str) -> Result<(), TrainError> {
+    match r.status {
+        Some(Status::Ok) => Ok(()),
+        Some(s) => Err(TrainError::Remote(format!(
+            "{what} failed with {s:?}: {}",
+            String::from_utf8_lossy(&r.body)
+        ))),
+        None => Err(TrainError::Remote(format!("{what}: no reply"))),
+    }
+}
+
+impl WorkerCore {
+    /// A worker for the partitioned graph `part` over `layout`.
+    pub fn new(part: Partitioned, layout: Layout, fuse: bool, exec: Executor) -> Self {
+        let n = part.pulls().lookups.len();
+        Self {
+            part,
+            layout,
+            fuse,
+            exec,
+            limits: Limits::default(),
+            lookups: (0..n).map(|_| LookupStep::default()).collect(),
+            pending_push: Vec::new(),
+            replies: Vec::new(),
+            global_step: 0,
+        }
+    }
+
+    /// The protocol's pull form.
+    fn form(&self) -> PullForm {
+        self.part
+            .pulls()
+            .lookups
+            .first()
+            .map_or(PullForm::Rows, |l| l.form)
+    }
+
+    /// Split the batch's keys for every lookup.
+    fn plan_lookups(&mut self, batch: &Batch) {
+        let s_count = self.layout.shards;
+        let nf = self.layout.num_fields;
+        let form = self.form();
+        for (l, lp) in self.part.pulls().lookups.iter().enumerate() {
+            let st = &mut self.lookups[l];
+            st.offsets.clear();
+            st.keys.clear();
+            st.offsets.push(0);
+            for b in 0..batch.len {
+                let row = &batch.keys[b * nf..(b + 1) * nf];
+                for &f in &lp.spec.fields {
+                    let k = row[f];
+                    if k != starwire_data::MISSING_KEY {
+                        st.keys.push(k);
+                    }
+                }
+                st.offsets.push(st.keys.len() as u32);
+            }
+            st.shard_keys.resize_with(s_count, Vec::new);
+            st.shard_keys.iter_mut().for_each(Vec::clear);
+            match form {
+                PullForm::Rows => {
+                    let (u, i) = dedup(&st.keys);
+                    st.unique = u;
+                    st.index = i;
+                    st.shard_pos.resize_with(s_count, Vec::new);
+                    st.shard_pos.iter_mut().for_each(Vec::clear);
+                    for (p, &k) in st.unique.iter().enumerate() {
+                        let s = shard_of(k, s_count);
+                        st.shard_pos[s].push(p as u32);
+                        st.shard_keys[s].push(k);
+                    }
+                }
+                PullForm::Pooled => {
+                    st.shard_offsets.resize_with(s_count, Vec::new);
+                    for o in &mut st.shard_offsets {
+                        o.clear();
+                        o.push(0);
+                    }
+                    for b in 0..batch.len {
+                        let (lo, hi) = (st.offsets[b] as usize, st.offsets[b + 1] as usize);
+                        for &k in &st.keys[lo..hi] {
+                            st.shard_keys[shard_of(k, s_count)].push(k);
+                        }
+                        for s in 0..s_count {
+                            st.shard_offsets[s].push(st.shard_keys[s].len() as u32);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Group items into messages: fused, one message per shard holding
+    /// all its items; unfused, one message per item.
+    fn group(&self, items: Vec<(usize, Item)>) -> Vec<(usize, Vec<Item>)> {
+        if self.fuse {
+            let mut per: Vec<Vec<Item>> = vec![Vec::new(); self.layout.shards];
+            for (s, it) in items {
+                per[s].push(it);
+            }
+            per.into_iter()
+                .enumerate()
+                .filter(|(_, v)| !v.is_empty())
+                .collect()
+        } else {
+            items.into_iter().map(|(s, it)| (s, vec![it])).collect()
+        }
+    }
+
+    fn pull_items(&self) -> Vec<(usize, Item)> {
+        let mut items = Vec::new();
+        for (d, dp) in self.part.pulls().dense.iter().enumerate() {
+            let s = self.dense_shard(dp.var);
+            items.push((s, Item::Dense(d)));
+        }
+        for (l, st) in self.lookups.iter().enumerate() {
+            for (s, keys) in st.shard_keys.iter().enumerate() {
+                if !keys.is_empty() {
+                    items.push((s, Item::Lookup(l, s)));
+                }
+            }
+        }
+        items
+    }
+
+    fn dense_shard(&self, var: VarId) -> usize {
+        self.layout
+            .dense_shard
+            .get(var.0 as usize)
+            .copied()
+            .flatten()
+            .unwrap_or(0)
+    }
+
+    fn pull_requests(&self) -> (Vec<Request>, Vec<Vec<Item>>) {
+        let pulls = self.part.pulls();
+        let mut reqs = Vec::new();
+        let mut metas = Vec::new();
+        for (s, items) in self.group(self.pull_items()) {
+            let mut buf = Vec::new();
+            let mut w = PullRequestWriter::new(&mut buf);
+            for it in &items {
+                match *it {
+                    Item::Dense(d) => {
+                        w.dense(pulls.dense[d].var.0);
+                    }
+                    Item::Lookup(l, sh) => {
+                        let var = pulls.lookups[l].spec.var.0;
+                        let st = &self.lookups[l];
+                        match pulls.lookups[l].form {
+                            PullForm::Rows => {
+                                w.rows(var, &st.shard_keys[sh]);
+                            }
+                            PullForm::Pooled => {
+                                w.pooled(var, &st.shard_offsets[sh], &st.shard_keys[sh]);
+                            }
+                        }
+                    }
+                }
+            }
+            reqs.push(Request {
+                shard: s,
+                opcode: Opcode::SparsePull,
+                body: bytes_body(buf),
+            });
+            metas.push(items);
+        }
+        (reqs, metas)
+    }
+
+    /// Build the feeds from the pull replies `replies[first..]`.
+    fn feeds(
+        &mut self,
+        batch: &Batch,
+        metas: &[Vec<Item>],
+        first: usize,
+    ) -> Result<StepFeeds, TrainError> {
+        let pulls = self.part.pulls().clone();
+        let b = batch.len;
+        let mut dense: Vec<Option<Tensor>> = vec![None; pulls.dense.len()];
+        let mut rows: Vec<Vec<f32>> = pulls
+            .lookups
+            .iter()
+            .enumerate()
+            .map(|(l, lp)| match lp.form {
+                PullForm::Rows => vec![0.0; self.lookups[l].unique.len() * lp.dim],
+                PullForm::Pooled => vec![0.0; b * lp.dim],
+            })
+            .collect();
+        for (m, items) in metas.iter().enumerate() {
+            let r = &self.replies[first + m];
+            check(r, "pull")?;
+            let resp = PullResponse::parse(&r.body, &self.limits)
+                .map_err(|e| TrainError::Remote(format!("pull reply: {e}")))?;
+            self.global_step = self.global_step.max(resp.global_step);
+            if resp.len() != items.len() {
+                return Err(TrainError::Remote("pull reply item count".into()));
+            }
+            for (it, rep) in items.iter().zip(resp.items()) {
+                match (*it, rep) {
+                    (Item::Dense(d), PullReply::Dense { data, .. }) => {
+                        let t = Tensor::new(pulls.dense[d].shape.clone(), data.to_vec())
+                            .map_err(|e| TrainError::Remote(format!("dense pull: {e}")))?;
+                        dense[d] = Some(t);
+                    }
+                    (Item::Lookup(l, sh), PullReply::Rows { dim, data, .. }) => {
+                        let dim = dim as usize;
+                        let pos = &self.lookups[l].shard_pos[sh];
+                        if dim != pulls.lookups[l].dim || data.len() != pos.len() * dim {
+                            return Err(TrainError::Remote("rows reply shape".into()));
+                        }
+                        let dst = &mut rows[l];
+                        for (j, &p) in pos.iter().enumerate() {
+                            let p = p as usize;
+                            for c in 0..dim {
+                                dst[p * dim + c] = data.get(j * dim + c).unwrap_or(0.0);
+                            }
+                        }
+                    }
+                    (Item::Lookup(l, _), PullReply::Pooled { dim, data, .. }) => {
+                        let dim = dim as usize;
+                        if dim != pulls.lookups[l].dim || data.len() != b * dim {
+                            return Err(TrainError::Remote("pooled reply shape".into()));
+                        }
+                        for (d, v) in rows[l].iter_mut().zip(data.iter()) {
+                            *d += v;
+                        }
+                    }
+                    _ => return Err(TrainError::Remote("pull reply item kind".into())),
+                }
+            }
+        }
+        let mut dense_feeds = Vec::with_capacity(dense.len());
+        for (d, t) in dense.into_iter().enumerate() {
+            let t = t.ok_or_else(|| TrainError::Remote("dense variable not pulled".into()))?;
+            dense_feeds.push((pulls.dense[d].var, t));
+        }
+        let mut lookups = Vec::with_capacity(rows.len());
+        for (l, (lp, data)) in pulls.lookups.iter().zip(rows).enumerate() {
+            let st = &self.lookups[l];
+            let feed = match lp.form {
+                PullForm::Rows => LookupFeed::Rows {
+                    rows: Tensor::new(vec![st.unique.len(), lp.dim], data)
+                        .map_err(|e| TrainError::Internal(e.to_string()))?,
+                    index: st.index.clone(),
+                    offsets: st.offsets.clone(),
+                },
+                PullForm::Pooled => {
+                    let mut data = data;
+                    if lp.spec.combiner == Combiner::Mean {
+                        for e in 0..b {
+                            let n = st.offsets[e + 1] - st.offsets[e];
+                            if n > 1 {
+                                let inv = 1.0 / n as f32;
+                                data[e * lp.dim..(e + 1) * lp.dim]
+                                    .iter_mut()
+                                    .for_each(|v| *v *= inv);
+                            }
+                        }
+                    }
+                    LookupFeed::Pooled(
+                        Tensor::new(vec![b, lp.dim], data)
+                            .map_err(|e| TrainError::Internal(e.to_string()))?,
+                    )
+                }
+            };
+            lookups.push(feed);
+        }
+        let numeric = Tensor::new(vec![b, self.layout.num_dense], batch.numeric.clone())
+            .map_err(|e| TrainError::Internal(e.to_string()))?;
+        let labels = Tensor::new(vec![b, 1], batch.labels.clone())
+            .map_err(|e| TrainError::Internal(e.to_string()))?;
+        Ok(StepFeeds {
+            numeric,
+            labels,
+            dense: dense_feeds,
+            lookups,
+        })
+    }
+
+    /// Build the pushes of a step's gradients. Every shard gets exactly one
+    /// message flagged `completes_step`.
+    fn push_requests(&self, out: &StepOutput, batch: &Batch) -> Result<Vec<Request>, TrainError> {
+        let pulls = self.part.pulls();
+        let b = batch.len;
+        let mut items: Vec<(usize, Item)> = Vec::new();
+        for (d, (var, _)) in out.dense_grads.iter().enumerate() {
+            items.push((self.dense_shard(*var), Item::Dense(d)));
+        }
+        for (l, st) in self.lookups.iter().enumerate() {
+            for (s, keys) in st.shard_keys.iter().enumerate() {
+                if !keys.is_empty() {
+                    items.push((s, Item::Lookup(l, s)));
+                }
+            }
+        }
+        // Lite with Mean: the gradient w.r.t. the partial sums is the
+        // gradient w.r.t. the mean divided by the bag size.
+        let mut scaled: Vec<Option<Vec<f32>>> = vec![None; pulls.lookups.len()];
+        for (l, lp) in pulls.lookups.iter().enumerate() {
+            if let (PullForm::Pooled, Combiner::Mean, Some(LookupGrad::Pooled(g))) =
+                (lp.form, lp.spec.combiner, out.lookup_grads.get(l))
+            {
+                let st = &self.lookups[l];
+                let mut v = g.data().to_vec();
+                for e in 0..b {
+                    let n = st.offsets[e + 1] - st.offsets[e];
+                    if n > 1 {
+                        let inv = 1.0 / n as f32;
+                        v[e * lp.dim..(e + 1) * lp.dim]
+                            .iter_mut()
+                            .for_each(|x| *x *= inv);
+                    }
+                }
+                scaled[l] = Some(v);
+            }
+        }
+        let groups = self.group(items);
+        let mut last_for_shard = vec![usize::MAX; self.layout.shards];
+        for (m, (s, _)) in groups.iter().enumerate() {
+            last_for_shard[*s] = m;
+        }
+        let mut reqs = Vec::with_capacity(groups.len() + self.layout.shards);
+        let mut gather = Vec::new();
+        for (m, (s, items)) in groups.iter().enumerate() {
+            let mut buf = Vec::new();
+            let mut w = PushRequestWriter::new(&mut buf, last_for_shard[*s] == m);
+            for it in items {
+                match *it {
+                    Item::Dense(d) => {
+                        let (var, g) = &out.dense_grads[d];
+                        w.dense(var.0, g.data());
+                    }
+                    Item::Lookup(l, sh) => {
+                        let lp = &pulls.lookups[l];
+                        let st = &self.lookups[l];
+                        let var = lp.spec.var.0;
+                        let dim = lp.dim;
+                        match (lp.form, out.lookup_grads.get(l)) {
+                            (PullForm::Rows, Some(LookupGrad::Rows(g))) => {
+                                gather.clear();
+                                let gd = g.data();
+                                for &p in &st.shard_pos[sh] {
+                                    let p = p as usize;
+                                    gather.extend_from_slice(&gd[p * dim..(p + 1) * dim]);
+                                }
+                                w.rows(var, dim as u32, &st.shard_keys[sh], &gather);
+                            }
+                            (PullForm::Pooled, Some(LookupGrad::Pooled(g))) => {
+                                let data = scaled[l].as_deref().unwrap_or(g.data());
+                                w.pooled(
+                                    var,
+                                    dim as u32,
+                                    &st.shard_offsets[sh],
+                                    &st.shard_keys[sh],
+                                    data,
+                                );
+                            }
+                            _ => {
+                                return Err(TrainError::Internal(
+                                    "gradient form does not match the protocol".into(),
+                                ))
+                            }
+                        }
+                    }
+                }
+            }
+            reqs.push(Request {
+                shard: *s,
+                opcode: Opcode::SparsePush,
+                body: bytes_body(buf),
+            });
+        }
+        for (s, &last) in last_for_shard.iter().enumerate() {
+            if last == usize::MAX {
+                let mut buf = Vec::new();
+                PushRequestWriter::new(&mut buf, true);
+                reqs.push(Request {
+                    shard: s,
+                    opcode: Opcode::SparsePush,
+                    body: bytes_body(buf),
+                });
+            }
+        }
+        Ok(reqs)
+    }
+
+    /// One training step on `batch`: send the previous step's pushes with
+    /// this step's pulls, compute, and keep this step's pushes for the next
+    /// call (or [`flush`](Self::flush)).
+    pub fn step(&mut self, net: &mut dyn Exchange, batch: &Batch) -> Result<StepInfo, TrainError> {
+        self.plan_lookups(batch);
+        let (pulls, metas) = self.pull_requests();
+        let mut reqs = std::mem::take(&mut self.pending_push);
+        let n_push = reqs.len();
+        reqs.extend(pulls);
+        let mut replies = std::mem::take(&mut self.replies);
+        let r = net.exchange(reqs, &mut replies);
+        self.replies = replies;
+        r?;
+        self.check_pushes(n_push)?;
+        let feeds = self.feeds(batch, &metas, n_push)?;
+        let out = self
+            .part
+            .forward_backward(&self.exec, feeds)
+            .map_err(|e| TrainError::Internal(format!("graph: {e}")))?;
+        self.pending_push = self.push_requests(&out, batch)?;
+        Ok(StepInfo {
+            loss: out.loss,
+            examples: batch.len,
+            global_step: self.global_step,
+        })
+    }
+
+    fn check_pushes(&mut self, n: usize) -> Result<(), TrainError> {
+        for r in &self.replies[..n] {
+            check(r, "push")?;
+            let g = parse_push_response(&r.body)
+                .map_err(|e| TrainError::Remote(format!("push reply: {e}")))?;
+            self.global_step = self.global_step.max(g);
+        }
+        Ok(())
+    }
+
+    /// Send the pending pushes and wait for their acknowledgements.
+    pub fn flush(&mut self, net: &mut dyn Exchange) -> Result<(), TrainError> {
+        let reqs = std::mem::take(&mut self.pending_push);
+        let n = reqs.len();
+        let mut replies = std::mem::take(&mut self.replies);
+        let r = net.exchange(reqs, &mut replies);
+        self.replies = replies;
+        r?;
+        self.check_pushes(n)
+    }
+
+    /// The `--sync` barrier: wait until every shard has seen `step` steps.
+    pub fn barrier(&mut self, net: &mut dyn Exchange, step: u64) -> Result<(), TrainError> {
+        let reqs = (0..self.layout.shards)
+            .map(|s| Request {
+                shard: s,
+                opcode: Opcode::Rpc,
+                body: bytes_body(Control::WaitStep(step).encode()),
+            })
+            .collect();
+        let mut replies = std::mem::take(&mut self.replies);
+        let r = net.exchange(reqs, &mut replies);
+        self.replies = replies;
+        r?;
+        for r in &self.replies[..self.layout.shards] {
+            check(r, "barrier")?;
+        }
+        Ok(())
+    }
+
+    /// Predictions for `batch` (evaluation): pulls, forward, no push.
+    pub fn predict(
+        &mut self,
+        net: &mut dyn Exchange,
+        batch: &Batch,
+    ) -> Result<Vec<f32>, TrainError> {
+        self.plan_lookups(batch);
+        let (reqs, metas) = self.pull_requests();
+        let mut replies = std::mem::take(&mut self.replies);
+        let r = net.exchange(reqs, &mut replies);
+        self.replies = replies;
+        r?;
+        let feeds = self.feeds(batch, &metas, 0)?;
+        self.part
+            .forward(&self.exec, feeds)
+            .map_err(|e| TrainError::Internal(format!("graph: {e}")))
+    }
+
+    /// Send one control message to every shard and return the replies.
+    pub fn control(
+        &mut self,
+        net: &mut dyn Exchange,
+        c: &Control,
+    ) -> Result<Vec<Vec<u8>>, TrainError> {
+        control_all(net, self.layout.shards, c)
+    }
+
+    /// Highest global step seen.
+    pub fn global_step(&self) -> u64 {
+        self.global_step
+    }
+}
+
+/// Send one control message to each of `shards` shards; the reply bodies.
+pub fn control_all(
+    net: &mut dyn Exchange,
+    shards: usize,
+    c: &Control,
+) -> Result<Vec<Vec<u8>>, TrainError> {
+    let reqs = (0..shards)
+        .map(|s| Request {
+            shard: s,
+            opcode: Opcode::Rpc,
+            body: bytes_body(c.encode()),
+        })
+        .collect();
+    let mut replies = Vec::new();
+    net.exchange(reqs, &mut replies)?;
+    replies
+        .into_iter()
+        .map(|r| {
+            check(&r, "control")?;
+            Ok(r.body)
+        })
+        .collect()
+}

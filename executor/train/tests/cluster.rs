@@ -1,0 +1,202 @@
+//! End-to-end runs of the local loopback cluster: PS reactors and workers
+//! as threads, real TCP connections.
+
+use starwire_graph::{ModelKind, Protocol};
+use starwire_ps::OptimizerKind;
+use starwire_train::source::DataSource;
+use starwire_train::{run_local, TrainConfig};
+
+fn small() -> TrainConfig {
+    TrainConfig {
+        train_examples: 16_384,
+        eval_examples: 4_096,
+        batch_size: 256,
+        epochs: 1,
+        lr: 0.3,
+        ps_reactors: 2,
+        ..TrainConfig::default()
+    }
+}
+
+#[test]
+fn lr_learns_on_the_local_cluster() {
+    let r = run_local(&TrainConfig {
+        epochs: 2,
+        train_examples: 40_000,
+        ..small()
+    })
+    .unwrap();
+    assert_eq!(r.samples, 80_000);
+    assert_eq!(r.workers, 2);
+    assert_eq!(r.shards, 2);
+    let oracle = r.oracle_auc.unwrap();
+    assert!(r.auc > 0.70, "auc {} (oracle {oracle})", r.auc);
+    assert!(oracle - r.auc < 0.05, "auc {} oracle {oracle}", r.auc);
+    assert_eq!(r.intervals.len(), 1, "one interval (epoch 1 of 2)");
+    // Every shard saw every worker step complete (2 workers).
+    for s in &r.shard_stats {
+        assert_eq!(s["global_step"].as_u64().unwrap(), r.steps, "{s}");
+    }
+}
+
+/// The two partitionings compute the same thing: with one worker the run
+/// is deterministic, so the losses agree to float tolerance, and lite moves
+/// fewer bytes (pooled vectors instead of rows).
+#[test]
+fn star_server_and_lite_agree_and_lite_moves_fewer_bytes() {
+    for model in [ModelKind::Lr, ModelKind::Wdl] {
+        let base = TrainConfig {
+            workers: 1,
+            model,
+            steps: Some(30),
+            optimizer: OptimizerKind::Sgd,
+            lr: 0.05,
+            ..small()
+        };
+        let robust = run_local(&base).unwrap();
+        let lite = run_local(&TrainConfig {
+            protocol: Protocol::StarServerLite,
+            ..base.clone()
+        })
+        .unwrap();
+        assert_eq!(robust.steps, 30);
+        assert_eq!(lite.steps, 30);
+        let d = (robust.final_train_loss - lite.final_train_loss).abs();
+        assert!(
+            d < 1e-4 * robust.final_train_loss.abs().max(1.0),
+            "{model:?}: losses {} vs {}",
+            robust.final_train_loss,
+            lite.final_train_loss
+        );
+        assert!((robust.logloss - lite.logloss).abs() < 1e-4, "{model:?}");
+        if model == ModelKind::Lr {
+            assert!(
+                lite.bytes_per_step < robust.bytes_per_step,
+                "lite {} vs robust {} bytes/step",
+                lite.bytes_per_step,
+                robust.bytes_per_step
+            );
+        }
+    }
+}
+
+#[test]
+fn fusion_sends_one_pull_and_one_push_per_shard() {
+    let base = TrainConfig {
+        workers: 1,
+        model: ModelKind::Wdl,
+        steps: Some(10),
+        ..small()
+    };
+    let fused = run_local(&base).unwrap();
+    let unfused = run_local(&TrainConfig {
+        tensor_fuse: false,
+        ..base.clone()
+    })
+    .unwrap();
+    // Fused: per step, one pull and one push to each of the 2 shards.
+    assert!(
+        (fused.requests_per_step - 4.0).abs() < 1e-9,
+        "{}",
+        fused.requests_per_step
+    );
+    // Unfused: one request per tensor (35 variables, 27 lookups split
+    // over shards), many more.
+    assert!(
+        unfused.requests_per_step > 40.0,
+        "{}",
+        unfused.requests_per_step
+    );
+    // Same computation either way.
+    assert!((fused.final_train_loss - unfused.final_train_loss).abs() < 1e-6);
+}
+
+#[test]
+fn sync_mode_runs_equal_steps_with_a_barrier() {
+    let r = run_local(&TrainConfig {
+        sync: true,
+        workers: 3,
+        ..small()
+    })
+    .unwrap();
+    // 16384 / 3 workers / 256 per batch = 21 steps each.
+    assert_eq!(r.steps, 3 * 21);
+    for s in &r.shard_stats {
+        assert_eq!(s["global_step"].as_u64().unwrap(), 63);
+    }
+}
+
+#[test]
+fn checkpoint_restores_the_saved_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = TrainConfig {
+        checkpoint_dir: Some(dir.path().to_owned()),
+        optimizer: OptimizerKind::Adam,
+        lr: 0.01,
+        ..small()
+    };
+    let first = run_local(&cfg).unwrap();
+    assert_eq!(first.checkpoint.as_deref(), Some(dir.path()));
+    assert!(first.resumed_from_step.is_none());
+    let files: Vec<_> = (0..first.shards)
+        .map(|s| std::fs::read(dir.path().join(format!("shard-{s:04}.ckpt"))).unwrap())
+        .collect();
+    // Resume: the data is already consumed, so no step runs; the restored
+    // state is evaluated and saved again, byte for byte the same.
+    let second = run_local(&cfg).unwrap();
+    assert_eq!(second.resumed_from_step, Some(first.steps));
+    assert_eq!(second.steps, 0);
+    assert!((second.auc - first.auc).abs() < 1e-12);
+    for (s, before) in files.iter().enumerate() {
+        let after = std::fs::read(dir.path().join(format!("shard-{s:04}.ckpt"))).unwrap();
+        assert!(*before == after, "shard {s} differs after restore");
+    }
+    // A different cluster shape is refused.
+    let e = run_local(&TrainConfig {
+        ps_reactors: 1,
+        ..cfg
+    })
+    .unwrap_err();
+    assert!(e.to_string().contains("shards"), "{e}");
+}
+
+#[test]
+fn criteo_file_trains_like_the_generator() {
+    let dir = tempfile::tempdir().unwrap();
+    let train = dir.path().join("train.tsv");
+    let spec = starwire_data::SyntheticSpec {
+        seed: 1,
+        examples_per_epoch: 16_384,
+        ..Default::default()
+    };
+    starwire_data::write_criteo(&train, 16_384, spec).unwrap();
+    let cfg = TrainConfig {
+        workers: 1,
+        steps: Some(40),
+        ..small()
+    };
+    let from_gen = run_local(&cfg).unwrap();
+    let from_file = run_local(&TrainConfig {
+        train: DataSource::Criteo(train.clone()),
+        ..cfg.clone()
+    })
+    .unwrap();
+    assert!((from_gen.final_train_loss - from_file.final_train_loss).abs() < 1e-9);
+    // A bad line is an error with its line number, or skipped when asked.
+    let mut text = std::fs::read_to_string(&train).unwrap();
+    text.insert_str(0, "1\tnot-a-number\n");
+    std::fs::write(&train, text).unwrap();
+    let e = run_local(&TrainConfig {
+        train: DataSource::Criteo(train.clone()),
+        ..cfg.clone()
+    })
+    .unwrap_err();
+    assert!(e.to_string().contains("line 1"), "{e}");
+    let r = run_local(&TrainConfig {
+        train: DataSource::Criteo(train),
+        skip_bad_lines: true,
+        ..cfg
+    })
+    .unwrap();
+    assert_eq!(r.skipped_lines, 1);
+}

@@ -1,0 +1,199 @@
+//! A PS shard reactor under bad input: errors go back as statuses or end
+//! only the offending connection; the shard keeps serving everyone else.
+
+use std::io::Write;
+use std::net::{TcpListener, TcpStream};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use starwire_ps::proto::{PullRequestWriter, PullResponse};
+use starwire_ps::{PsShard, ShardConfig, VarDef};
+use starwire_tcp::TcpTransport;
+use starwire_train::control::Control;
+use starwire_train::handler::ShardHandler;
+use starwire_train::link::{connect_shard, Acceptor, ShardInbox};
+use starwire_train::net::{Exchange, Reply, Request, SessionNet};
+use starwire_train::server::PsReactor;
+use starwire_transport::reactor::{IdlePolicy, Reactor, ReactorSpec};
+use starwire_transport::wire::{Opcode, Status};
+use starwire_transport::{Body, ConnConfig, PeerInfo, TaskRole};
+
+fn peer(role: TaskRole) -> ConnConfig {
+    ConnConfig::new(PeerInfo {
+        role,
+        job: "t".into(),
+        task_index: 0,
+        incarnation: 7,
+        shards: 1,
+    })
+}
+
+struct Ps {
+    reactor: Reactor<PsReactor<ShardHandler, TcpTransport>>,
+    _acceptor: Acceptor,
+    addr: String,
+}
+
+fn start(expected: usize) -> Ps {
+    let vars = [
+        VarDef {
+            id: 0,
+            name: "w".into(),
+            kind: starwire_ps::VarKind::Dense { shape: vec![4] },
+            init: starwire_ps::Init::Zeros,
+        },
+        VarDef {
+            id: 1,
+            name: "emb".into(),
+            kind: starwire_ps::VarKind::Embedding { dim: 2 },
+            init: starwire_ps::Init::Uniform { scale: 0.1 },
+        },
+    ];
+    let shard = PsShard::new(0, &vars, ShardConfig::default());
+    let (tx, rx) = mpsc::channel();
+    let spec = ReactorSpec {
+        index: 0,
+        cpu: None,
+        idle: IdlePolicy::Park,
+        max_park: Duration::from_millis(20),
+    };
+    let reactor = Reactor::spawn(spec, move |_| {
+        PsReactor::new(
+            0,
+            ShardHandler { shard, index: 0 },
+            peer(TaskRole::Ps),
+            rx,
+            expected,
+        )
+    })
+    .unwrap();
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let acceptor = Acceptor::spawn(
+        l,
+        vec![ShardInbox {
+            tx,
+            waker: reactor.waker(),
+        }],
+    )
+    .unwrap();
+    Ps {
+        reactor,
+        _acceptor: acceptor,
+        addr,
+    }
+}
+
+fn client(addr: &str) -> SessionNet<TcpTransport> {
+    let t = connect_shard(addr, 0, Instant::now() + Duration::from_secs(5)).unwrap();
+    SessionNet::new(
+        &peer(TaskRole::Worker),
+        vec![t],
+        false,
+        Duration::from_secs(10),
+    )
+    .unwrap()
+}
+
+fn one(net: &mut SessionNet<TcpTransport>, opcode: Opcode, body: Vec<u8>) -> Reply {
+    let mut replies = Vec::new();
+    net.exchange(
+        vec![Request {
+            shard: 0,
+            opcode,
+            body: Body::from_bytes(Bytes::from(body)),
+        }],
+        &mut replies,
+    )
+    .unwrap();
+    replies.pop().unwrap()
+}
+
+fn pull(vars: &[(u32, Option<&[u64]>)]) -> Vec<u8> {
+    let mut buf = Vec::new();
+    let mut w = PullRequestWriter::new(&mut buf);
+    for (v, keys) in vars {
+        match keys {
+            None => {
+                w.dense(*v);
+            }
+            Some(k) => {
+                w.rows(*v, k);
+            }
+        }
+    }
+    buf
+}
+
+#[test]
+fn errors_are_statuses_and_end_only_the_bad_connection() {
+    let ps = start(2);
+    let mut good = client(&ps.addr);
+
+    // An unknown variable: a status for this request, connection lives.
+    let r = one(&mut good, Opcode::SparsePull, pull(&[(99, None)]));
+    assert_eq!(r.status, Some(Status::UnknownVariable));
+    assert!(String::from_utf8_lossy(&r.body).contains("99"));
+    // A truncated body: BadRequest.
+    let mut b = pull(&[(1, Some(&[5, 6, 7]))]);
+    b.truncate(b.len() - 3);
+    assert_eq!(
+        one(&mut good, Opcode::SparsePull, b).status,
+        Some(Status::BadRequest)
+    );
+    // Rows asked of a dense variable: WrongShape.
+    assert_eq!(
+        one(&mut good, Opcode::SparsePull, pull(&[(0, Some(&[1]))])).status,
+        Some(Status::WrongShape)
+    );
+    // An unknown control method and an opcode a shard does not serve.
+    assert_eq!(
+        one(&mut good, Opcode::Rpc, vec![77]).status,
+        Some(Status::UnknownMethod)
+    );
+    assert_eq!(
+        one(&mut good, Opcode::Tensors, vec![]).status,
+        Some(Status::UnknownMethod)
+    );
+
+    // A connection with a bad preamble is dropped by the acceptor...
+    let mut bad = TcpStream::connect(&ps.addr).unwrap();
+    bad.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+    // ...and one that sends garbage after a valid preamble is closed by
+    // the reactor with a framing error.
+    let mut garbage = TcpStream::connect(&ps.addr).unwrap();
+    garbage.write_all(b"SWSH\0\0\0\0").unwrap();
+    garbage.write_all(&[0xAB; 64]).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+
+    // The good connection is still served, with correct data.
+    let r = one(
+        &mut good,
+        Opcode::SparsePull,
+        pull(&[(0, None), (1, Some(&[5, 6]))]),
+    );
+    assert_eq!(r.status, Some(Status::Ok));
+    let resp = PullResponse::parse(&r.body, &Default::default()).unwrap();
+    assert_eq!(resp.len(), 2);
+
+    // Stats and a second client; DONE from both ends the shard.
+    let stats = one(&mut good, Opcode::Rpc, Control::Stats.encode());
+    let v: serde_json::Value = serde_json::from_slice(&stats.body).unwrap();
+    assert_eq!(v["errors"].as_u64().unwrap(), 3, "{v}");
+    let mut other = client(&ps.addr);
+    assert_eq!(
+        one(&mut other, Opcode::Rpc, Control::Done.encode()).status,
+        Some(Status::Ok)
+    );
+    assert_eq!(
+        one(&mut good, Opcode::Rpc, Control::Done.encode()).status,
+        Some(Status::Ok)
+    );
+    let (shard, _) = ps.reactor.join().unwrap();
+    assert!(shard.failed >= 5);
+    assert!(
+        shard.closed_connections >= 1,
+        "the garbage connection was closed"
+    );
+}

@@ -1,0 +1,329 @@
+//! `starwire train` (the local loopback cluster), `starwire ps` and
+//! `starwire worker` (one role each, across hosts). See docs/TRAIN.md.
+
+use std::net::ToSocketAddrs;
+use std::path::PathBuf;
+
+use clap::Args;
+use starwire_config::{ClusterConfig, ClusterFlags, EndpointMap, NetworkSettings, Overrides, Role};
+use starwire_graph::{ModelKind, Protocol};
+use starwire_ps::{OptimizerKind, Strategy};
+use starwire_train::source::DataSource;
+use starwire_train::{TrainConfig, TrainReport};
+
+/// Training flags shared by `train`, `ps` and `worker` (every task of a
+/// cluster must be given the same ones).
+#[derive(Debug, Clone, Args)]
+pub struct TrainArgs {
+    /// PS tasks (local cluster).
+    #[arg(long, default_value_t = 1)]
+    pub ps: usize,
+    /// Worker tasks (local cluster).
+    #[arg(long, default_value_t = 2)]
+    pub workers: usize,
+    /// Transport backend.
+    #[arg(long, default_value = "tcp")]
+    pub backend: String,
+    /// star_server (robust) or star_server_lite (pooling on the PS).
+    #[arg(long, default_value = "star_server", value_parser = parse_protocol)]
+    pub protocol: Protocol,
+    /// lr or wdl.
+    #[arg(long, default_value = "lr", value_parser = parse_model)]
+    pub model: ModelKind,
+    /// synthetic or criteo:PATH.
+    #[arg(long, default_value = "synthetic")]
+    pub train: DataSource,
+    /// synthetic or criteo:PATH.
+    #[arg(long, default_value = "synthetic")]
+    pub eval: DataSource,
+    /// Passes over the training data.
+    #[arg(long, default_value_t = 2)]
+    pub epochs: u64,
+    /// Stop after this many steps in total (split evenly over workers).
+    #[arg(long)]
+    pub steps: Option<u64>,
+    /// Examples per step per worker.
+    #[arg(long, default_value_t = 512)]
+    pub batch_size: usize,
+    /// Embedding width.
+    #[arg(long, default_value_t = 8)]
+    pub embedding_dim: usize,
+    /// sgd, adagrad or adam.
+    #[arg(long, default_value = "adagrad", value_parser = parse_optimizer)]
+    pub optimizer: OptimizerKind,
+    /// Learning rate.
+    #[arg(long, default_value_t = 0.3)]
+    pub lr: f32,
+    /// rr, greedy or anneal.
+    #[arg(long, default_value = "greedy")]
+    pub placement: String,
+    /// One fused pull and push per PS shard per step (on), or one request
+    /// per tensor (off).
+    #[arg(long, default_value = "on", value_parser = crate::parse_on_off, action = clap::ArgAction::Set)]
+    pub tensor_fuse: bool,
+    /// Synchronous training: a barrier per step.
+    #[arg(long)]
+    pub sync: bool,
+    /// Seed of the data, initial values and annealing.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Write a checkpoint here at the end; resume from it if one is there.
+    #[arg(long)]
+    pub checkpoint_dir: Option<PathBuf>,
+    /// DeepRec EmbeddingVariable filter_freq: a key gets a row after this
+    /// many lookups (0: at once).
+    #[arg(long, default_value_t = 0)]
+    pub filter_freq: u32,
+    /// DeepRec EmbeddingVariable steps_to_live: evict rows untouched for
+    /// this many global steps (0: never).
+    #[arg(long, default_value_t = 0)]
+    pub steps_to_live: u64,
+    /// Synthetic training examples per epoch.
+    #[arg(long, default_value_t = 200_000)]
+    pub train_examples: u64,
+    /// Evaluation examples (synthetic), or the most read from the file.
+    #[arg(long, default_value_t = 50_000)]
+    pub eval_examples: u64,
+    /// Skip malformed Criteo lines (counted) instead of failing.
+    #[arg(long)]
+    pub skip_bad_lines: bool,
+    /// Compute threads per worker for large ops (0: inline).
+    #[arg(long, default_value_t = 0)]
+    pub compute_threads: usize,
+    /// Progress line every this many steps of worker 0 (0: none).
+    #[arg(long, default_value_t = 100)]
+    pub log_every: u64,
+    /// Print one JSON object as the last line.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_protocol(s: &str) -> Result<Protocol, String> {
+    match s {
+        "star_server" => Ok(Protocol::StarServer),
+        "star_server_lite" => Ok(Protocol::StarServerLite),
+        "grpc" | "grpc++" | "star_server_rdma" => Err(format!(
+            "protocol {s:?} selects a transport in DeepRec; here use --backend, and \
+             --protocol star_server or star_server_lite"
+        )),
+        _ => Err(format!(
+            "expected star_server or star_server_lite, got {s:?}"
+        )),
+    }
+}
+
+fn parse_model(s: &str) -> Result<ModelKind, String> {
+    match s {
+        "lr" => Ok(ModelKind::Lr),
+        "wdl" => Ok(ModelKind::Wdl),
+        _ => Err(format!("expected lr or wdl, got {s:?}")),
+    }
+}
+
+fn parse_optimizer(s: &str) -> Result<OptimizerKind, String> {
+    match s {
+        "sgd" => Ok(OptimizerKind::Sgd),
+        "adagrad" => Ok(OptimizerKind::Adagrad),
+        "adam" => Ok(OptimizerKind::Adam),
+        _ => Err(format!("expected sgd, adagrad or adam, got {s:?}")),
+    }
+}
+
+fn parse_placement(s: &str, seed: u64) -> Result<Strategy, String> {
+    match s {
+        "rr" => Ok(Strategy::RoundRobin),
+        "greedy" => Ok(Strategy::Greedy),
+        "anneal" => Ok(Strategy::Anneal {
+            seed,
+            iters: 20_000,
+        }),
+        _ => Err(format!(
+            "--placement: expected rr, greedy or anneal, got {s:?}"
+        )),
+    }
+}
+
+fn check_backend(name: &str) -> Result<String, String> {
+    match name {
+        "tcp" => Ok("tcp".into()),
+        other => Err(crate::backend::missing_backend_hint(other).map_or_else(
+            || format!("unknown backend {other:?}; training runs on: tcp"),
+            |h| format!("--backend {other}: {h}"),
+        )),
+    }
+}
+
+/// The configuration from the flags and the DeepRec environment variables.
+fn config(a: &TrainArgs, ps: usize, workers: usize) -> Result<TrainConfig, String> {
+    check_backend(&a.backend)?;
+    let o = Overrides::default();
+    let wk = NetworkSettings::from_process_env(Role::Worker, ps, &o).map_err(|e| e.to_string())?;
+    let pss =
+        NetworkSettings::from_process_env(Role::Ps, workers, &o).map_err(|e| e.to_string())?;
+    Ok(TrainConfig {
+        ps,
+        workers,
+        protocol: a.protocol,
+        model: a.model,
+        train: a.train.clone(),
+        eval: a.eval.clone(),
+        epochs: a.epochs,
+        steps: a.steps,
+        batch_size: a.batch_size,
+        embedding_dim: a.embedding_dim,
+        optimizer: a.optimizer,
+        lr: a.lr,
+        placement: parse_placement(&a.placement, a.seed)?,
+        tensor_fuse: a.tensor_fuse,
+        sync: a.sync,
+        seed: a.seed,
+        checkpoint_dir: a.checkpoint_dir.clone(),
+        filter_freq: a.filter_freq,
+        steps_to_live: a.steps_to_live,
+        train_examples: a.train_examples,
+        eval_examples: a.eval_examples,
+        skip_bad_lines: a.skip_bad_lines,
+        worker_polling: wk.polling.value,
+        ps_polling: pss.polling.value,
+        ps_reactors: pss.cores.value,
+        pin_ps: pss.pin_cores.value && pss.polling.value,
+        compute_threads: a.compute_threads,
+        log_every: if a.json { 0 } else { a.log_every },
+    })
+}
+
+fn print_report(r: &TrainReport, json: bool) -> Result<(), String> {
+    if json {
+        println!("{}", serde_json::to_string(r).map_err(|e| e.to_string())?);
+        return Ok(());
+    }
+    println!(
+        "trained {} ({}, backend {}, fusion {}, {}) on {} PS ({} shards) and {} workers",
+        r.model,
+        r.protocol,
+        r.backend,
+        if r.tensor_fuse { "on" } else { "off" },
+        if r.sync { "sync" } else { "async" },
+        r.ps,
+        r.shards,
+        r.workers
+    );
+    println!(
+        "  steps {}  samples {}  {:.1} s  {:.0} samples/s  {:.0} bytes/step  {:.1} requests/step",
+        r.steps, r.samples, r.train_seconds, r.samples_per_s, r.bytes_per_step, r.requests_per_step
+    );
+    for i in &r.intervals {
+        println!(
+            "  epoch {}: train loss {:.4}  eval auc {:.4}  logloss {:.4}",
+            i.epoch, i.train_loss, i.auc, i.logloss
+        );
+    }
+    let oracle = r
+        .oracle_auc
+        .map(|o| format!("  (oracle auc {o:.4}, gap {:.4})", o - r.auc))
+        .unwrap_or_default();
+    println!(
+        "  final: eval auc {:.4}  logloss {:.4}  on {} examples{oracle}",
+        r.auc, r.logloss, r.eval_examples
+    );
+    for line in r.placement.to_string().lines() {
+        println!("    {line}");
+    }
+    if r.skipped_lines > 0 {
+        println!("  skipped {} bad lines", r.skipped_lines);
+    }
+    if let Some(c) = &r.checkpoint {
+        println!("  checkpoint written to {}", c.display());
+    }
+    Ok(())
+}
+
+/// `starwire train`.
+pub fn main(a: TrainArgs) -> Result<(), String> {
+    let cfg = config(&a, a.ps, a.workers)?;
+    if !a.json {
+        eprintln!(
+            "starwire train: {} on {} PS x {} reactor(s) and {} workers over loopback {}; \
+             polling ps={} worker={}",
+            starwire_train::cluster::model_name(cfg.model),
+            cfg.ps,
+            cfg.ps_reactors,
+            cfg.workers,
+            a.backend,
+            cfg.ps_polling,
+            cfg.worker_polling
+        );
+    }
+    let r = starwire_train::run_local(&cfg).map_err(|e| e.to_string())?;
+    print_report(&r, a.json)
+}
+
+/// Cluster flags of `starwire ps` / `starwire worker`.
+#[derive(Debug, Clone, Args)]
+pub struct RoleArgs {
+    /// PS hosts, `h:p,h:p` (else TF_CONFIG).
+    #[arg(long)]
+    pub ps_hosts: Option<String>,
+    /// Worker hosts, `h:p,h:p` (else TF_CONFIG).
+    #[arg(long)]
+    pub worker_hosts: Option<String>,
+    /// This task's index (else TF_CONFIG's task).
+    #[arg(long)]
+    pub task_index: Option<u32>,
+    /// Training flags (the same on every task).
+    #[command(flatten)]
+    pub train: TrainArgs,
+}
+
+fn resolve(r: &RoleArgs, role: Role) -> Result<(ClusterConfig, Vec<String>), String> {
+    let flags = ClusterFlags {
+        ps_hosts: r.ps_hosts.clone(),
+        worker_hosts: r.worker_hosts.clone(),
+        job_name: r.task_index.map(|_| role.job_name().to_owned()),
+        task_index: r.task_index,
+    };
+    let mut c = ClusterConfig::from_process_env(&flags).map_err(|e| e.to_string())?;
+    if c.task.role != role {
+        return Err(format!(
+            "this task is {:?} {} in the cluster configuration, not a {}",
+            c.task.role,
+            c.task.index,
+            role.job_name()
+        ));
+    }
+    // `.endpoint_map`: the fast address of every gRPC address it names.
+    if let Some(map) = EndpointMap::from_process_env().map_err(|e| format!("endpoint map: {e}"))? {
+        c.spec = map.apply(&c.spec).map_err(|e| e.to_string())?;
+    }
+    let ps = c.spec.ps().iter().map(ToString::to_string).collect();
+    Ok((c, ps))
+}
+
+/// `starwire ps`.
+pub fn ps_main(r: RoleArgs) -> Result<(), String> {
+    let (c, ps_addrs) = resolve(&r, Role::Ps)?;
+    let cfg = config(&r.train, c.spec.ps().len(), c.spec.workers().len())?;
+    let me = &ps_addrs[c.task.index as usize];
+    let bind = me
+        .to_socket_addrs()
+        .map_err(|e| format!("{me}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("{me}: no address"))?;
+    let stats = starwire_train::run_ps_task(&cfg, c.task.index as usize, bind)
+        .map_err(|e| e.to_string())?;
+    if r.train.json {
+        println!("{}", serde_json::json!({ "shards": stats }));
+    } else {
+        eprintln!("starwire ps {}: every worker is done", c.task.index);
+    }
+    Ok(())
+}
+
+/// `starwire worker`.
+pub fn worker_main(r: RoleArgs) -> Result<(), String> {
+    let (c, ps_addrs) = resolve(&r, Role::Worker)?;
+    let cfg = config(&r.train, c.spec.ps().len(), c.spec.workers().len())?;
+    let rep = starwire_train::run_worker_task(&cfg, &ps_addrs, c.task.index as usize)
+        .map_err(|e| e.to_string())?;
+    print_report(&rep, r.train.json)
+}
