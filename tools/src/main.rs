@@ -39,6 +39,8 @@ enum Command {
     Ps(train::RoleArgs),
     /// Run one worker task of a multi-host cluster.
     Worker(train::RoleArgs),
+    /// Compare the placement strategies (rr, greedy, anneal) on a model.
+    Place(train::PlaceArgs),
 }
 
 /// `on|off`, or any boolean the DeepRec variables accept (true/false/1/0).
@@ -67,6 +69,7 @@ fn main() -> ExitCode {
         Command::Train(a) => train::main(a).map(|()| true),
         Command::Ps(a) => train::ps_main(a).map(|()| true),
         Command::Worker(a) => train::worker_main(a).map(|()| true),
+        Command::Place(a) => train::place_main(a).map(|()| true),
     };
     match r {
         Ok(true) => ExitCode::SUCCESS,

@@ -327,3 +327,93 @@ pub fn worker_main(r: RoleArgs) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     print_report(&rep, r.train.json)
 }
+
+/// `starwire place`: compare the placement strategies on a model.
+#[derive(Debug, Clone, Args)]
+pub struct PlaceArgs {
+    /// PS tasks to place on.
+    #[arg(long, default_value_t = 4)]
+    pub ps: usize,
+    /// `zipf` (a benchmark model of `--vars` variables with Zipf-distributed
+    /// sizes and independent request loads), `lr` or `wdl` (estimated from
+    /// a sample of the training data, as `train` does).
+    #[arg(long, default_value = "zipf")]
+    pub model: String,
+    /// Variables of the zipf model.
+    #[arg(long, default_value_t = 32)]
+    pub vars: usize,
+    /// Zipf exponent of the sizes.
+    #[arg(long, default_value_t = 1.1)]
+    pub zipf: f64,
+    /// Embedding width (lr, wdl).
+    #[arg(long, default_value_t = 8)]
+    pub embedding_dim: usize,
+    /// Examples per step per worker (request estimates).
+    #[arg(long, default_value_t = 512)]
+    pub batch_size: usize,
+    /// Seed of the zipf loads and of annealing.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// One JSON object per strategy.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `starwire place`.
+pub fn place_main(a: PlaceArgs) -> Result<(), String> {
+    use starwire_ps::placement::{place_with, zipf_model, PlaceOptions};
+    if a.ps == 0 {
+        return Err("--ps must be at least 1".into());
+    }
+    let stats = match a.model.as_str() {
+        "zipf" => zipf_model(a.vars, a.zipf, a.seed),
+        m @ ("lr" | "wdl") => {
+            let cfg = TrainConfig {
+                ps: a.ps,
+                model: parse_model(m)?,
+                embedding_dim: a.embedding_dim,
+                batch_size: a.batch_size,
+                seed: a.seed,
+                ..TrainConfig::default()
+            };
+            starwire_train::cluster::plan(&cfg)
+                .map_err(|e| e.to_string())?
+                .stats
+        }
+        other => return Err(format!("--model: expected zipf, lr or wdl, got {other:?}")),
+    };
+    let opts = PlaceOptions {
+        shard_threshold_bytes: starwire_train::cluster::shard_threshold(&stats, a.ps),
+    };
+    if !a.json {
+        println!(
+            "placing {} variables ({} model) on {} PS",
+            stats.len(),
+            a.model,
+            a.ps
+        );
+    }
+    let mut summary = Vec::new();
+    for name in ["rr", "greedy", "anneal"] {
+        let strategy = parse_placement(name, a.seed)?;
+        let r = place_with(&stats, a.ps, strategy, &opts).report();
+        if a.json {
+            println!("{}", serde_json::to_string(&r).map_err(|e| e.to_string())?);
+        } else {
+            println!("{r}");
+        }
+        summary.push((
+            name,
+            r.bytes_max_over_mean,
+            r.requests_max_over_mean,
+            r.cost,
+        ));
+    }
+    if !a.json {
+        println!("strategy  max/mean bytes  max/mean requests   cost");
+        for (n, b, q, c) in summary {
+            println!("{n:<8}  {b:>14.3}  {q:>17.3}  {c:>5.3}");
+        }
+    }
+    Ok(())
+}

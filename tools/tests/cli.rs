@@ -461,3 +461,18 @@ fn ps_and_worker_processes_train_across_processes() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+#[test]
+fn place_compares_strategies_on_a_zipf_model() {
+    let out = run(&["place", "--ps", "4", "--vars", "24", "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let lines = json_lines(&out);
+    assert_eq!(lines.len(), 3);
+    let mm = |v: &Value| num(v, "bytes_max_over_mean");
+    // Greedy by bytes never balances bytes worse than round-robin.
+    assert!(mm(&lines[1]) <= mm(&lines[0]), "{lines:?}");
+    assert!(
+        num(&lines[2], "cost") <= num(&lines[1], "cost"),
+        "{lines:?}"
+    );
+}

@@ -396,25 +396,33 @@ pub mod estimate {
     }
 }
 
+/// A benchmark model for placement: `n` whole variables whose sizes follow
+/// a Zipf law (`1e8 / (i + 1)^exponent` bytes) and whose request loads are
+/// drawn independently of size (10 to 1009 per step, from `seed`), as
+/// PS-Plus's placement problem has them: big tables are not always the hot
+/// ones.
+pub fn zipf_model(n: usize, exponent: f64, seed: u64) -> Vec<VarStats> {
+    (0..n as u32)
+        .map(|i| {
+            let bytes = (1e8 / f64::from(i + 1).powf(exponent)) as u64;
+            let r = 10.0 + (mix(u64::from(i) ^ seed.rotate_left(17)) % 1000) as f64;
+            VarStats {
+                id: i,
+                name: format!("v{i}"),
+                embedding: false,
+                bytes,
+                expected_requests: r,
+            }
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn zipf_model() -> Vec<VarStats> {
-        (0..32u32)
-            .map(|i| {
-                let bytes = (1e8 / f64::from(i + 1).powf(1.1)) as u64;
-                // Request load not proportional to size.
-                let r = 10.0 + (mix(u64::from(i)) % 1000) as f64;
-                VarStats {
-                    id: i,
-                    name: format!("v{i}"),
-                    embedding: false,
-                    bytes,
-                    expected_requests: r,
-                }
-            })
-            .collect()
+        super::zipf_model(32, 1.1, 0)
     }
 
     #[test]

@@ -231,6 +231,8 @@ pub struct Plan {
     pub layout: Layout,
     /// The PS-level placement report.
     pub report: PlacementReport,
+    /// The estimates placement worked from.
+    pub stats: Vec<VarStats>,
 }
 
 fn to_def(v: &VarSpec) -> VarDef {
@@ -273,6 +275,58 @@ fn synthetic_spec(cfg: &TrainConfig) -> SyntheticSpec {
     }
 }
 
+/// Size and expected-traffic estimates of every variable, from the key
+/// counts of a sample of `n` examples.
+fn var_stats(
+    cfg: &TrainConfig,
+    model: &Model,
+    counts: &HashMap<u32, HashMap<u64, u64>>,
+    n: usize,
+) -> Vec<VarStats> {
+    let s = slots(cfg.optimizer);
+    model
+        .variables()
+        .iter()
+        .map(|v| match &v.kind {
+            GVarKind::Embedding { dim } => {
+                let c: Vec<u64> = counts
+                    .get(&v.id.0)
+                    .map(|m| m.values().copied().collect())
+                    .unwrap_or_default();
+                VarStats {
+                    id: v.id.0,
+                    name: v.name.clone(),
+                    embedding: true,
+                    bytes: estimate::table_bytes(c.len() as u64, *dim, s),
+                    expected_requests: estimate::table_requests(
+                        &c,
+                        n as u64,
+                        cfg.batch_size as u64,
+                    ),
+                }
+            }
+            GVarKind::Dense { shape } => VarStats {
+                id: v.id.0,
+                name: v.name.clone(),
+                embedding: false,
+                bytes: estimate::dense_bytes(shape.iter().product(), s),
+                expected_requests: 1.0,
+            },
+        })
+        .collect()
+}
+
+/// How large a table must be to be sharded over every PS: more than half
+/// a PS's fair share of the bytes (every table with one PS).
+pub fn shard_threshold(stats: &[VarStats], ps: usize) -> u64 {
+    let total: u64 = stats.iter().map(|v| v.bytes).sum();
+    if ps <= 1 {
+        0
+    } else {
+        total / (2 * ps as u64)
+    }
+}
+
 /// Build the model and place its variables.
 pub fn plan(cfg: &TrainConfig) -> Result<Plan, TrainError> {
     if cfg.ps == 0 || cfg.workers == 0 || cfg.batch_size == 0 || cfg.embedding_dim == 0 {
@@ -304,45 +358,10 @@ pub fn plan(cfg: &TrainConfig) -> Result<Plan, TrainError> {
             }
         }
     }
-    let s = slots(cfg.optimizer);
-    let stats: Vec<VarStats> = model
-        .variables()
-        .iter()
-        .map(|v| match &v.kind {
-            GVarKind::Embedding { dim } => {
-                let c: Vec<u64> = counts
-                    .get(&v.id.0)
-                    .map(|m| m.values().copied().collect())
-                    .unwrap_or_default();
-                VarStats {
-                    id: v.id.0,
-                    name: v.name.clone(),
-                    embedding: true,
-                    bytes: estimate::table_bytes(c.len() as u64, *dim, s),
-                    expected_requests: estimate::table_requests(
-                        &c,
-                        n as u64,
-                        cfg.batch_size as u64,
-                    ),
-                }
-            }
-            GVarKind::Dense { shape } => VarStats {
-                id: v.id.0,
-                name: v.name.clone(),
-                embedding: false,
-                bytes: estimate::dense_bytes(shape.iter().product(), s),
-                expected_requests: 1.0,
-            },
-        })
-        .collect();
+    let stats = var_stats(cfg, &model, &counts, n);
     // "Large" tables are sharded over every PS by key: those that would by
     // themselves hold more than half a PS's fair share of the bytes.
-    let total: u64 = stats.iter().map(|v| v.bytes).sum();
-    let threshold = if cfg.ps == 1 {
-        0
-    } else {
-        total / (2 * cfg.ps as u64)
-    };
+    let threshold = shard_threshold(&stats, cfg.ps);
     let placement = place_with(
         &stats,
         cfg.ps,
@@ -394,6 +413,7 @@ pub fn plan(cfg: &TrainConfig) -> Result<Plan, TrainError> {
         shard_vars,
         layout,
         report,
+        stats,
     })
 }
 
