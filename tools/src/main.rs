@@ -41,6 +41,11 @@ enum Command {
     Worker(train::RoleArgs),
     /// Compare the placement strategies (rr, greedy, anneal) on a model.
     Place(train::PlaceArgs),
+    /// Write the synthetic data set as a Criteo TSV file.
+    Data(train::DataArgs),
+    /// Train the single-process reference logistic regression on the same
+    /// data (the check on `train`).
+    Reference(train::ReferenceArgs),
 }
 
 /// `on|off`, or any boolean the DeepRec variables accept (true/false/1/0).
@@ -70,6 +75,8 @@ fn main() -> ExitCode {
         Command::Ps(a) => train::ps_main(a).map(|()| true),
         Command::Worker(a) => train::worker_main(a).map(|()| true),
         Command::Place(a) => train::place_main(a).map(|()| true),
+        Command::Data(a) => train::data_main(a).map(|()| true),
+        Command::Reference(a) => train::reference_main(a).map(|()| true),
     };
     match r {
         Ok(true) => ExitCode::SUCCESS,

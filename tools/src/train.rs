@@ -417,3 +417,142 @@ pub fn place_main(a: PlaceArgs) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// `starwire data`: write the synthetic data set as Criteo TSV.
+#[derive(Debug, Clone, Args)]
+pub struct DataArgs {
+    /// Output file.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Examples to write.
+    #[arg(long, default_value_t = 200_000)]
+    pub examples: u64,
+    /// `train` or `eval` (held-out examples of the same true model).
+    #[arg(long, default_value = "train")]
+    pub stream: String,
+    /// Seed (the same as `train --seed` gives the same data).
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
+/// `starwire data`.
+pub fn data_main(a: DataArgs) -> Result<(), String> {
+    use starwire_data::{Stream, Synthetic, SyntheticSpec, TrueModel};
+    let spec = SyntheticSpec {
+        seed: a.seed,
+        ..SyntheticSpec::default()
+    };
+    let stream = match a.stream.as_str() {
+        "train" => Stream::Train,
+        "eval" => Stream::Eval,
+        s => return Err(format!("--stream: expected train or eval, got {s:?}")),
+    };
+    let model = std::sync::Arc::new(TrueModel::new(spec).map_err(|e| e.to_string())?);
+    let n = Synthetic::new(model, stream, a.examples)
+        .write_criteo(&a.out)
+        .map_err(|e| e.to_string())?;
+    eprintln!("wrote {n} {} examples to {}", a.stream, a.out.display());
+    Ok(())
+}
+
+/// `starwire reference`: the single-process logistic regression that checks
+/// the distributed trainer, on the same data.
+#[derive(Debug, Clone, Args)]
+pub struct ReferenceArgs {
+    /// synthetic or criteo:PATH.
+    #[arg(long, default_value = "synthetic")]
+    pub train: DataSource,
+    /// synthetic or criteo:PATH.
+    #[arg(long, default_value = "synthetic")]
+    pub eval: DataSource,
+    /// Passes over the training data.
+    #[arg(long, default_value_t = 2)]
+    pub epochs: u64,
+    /// Examples per step.
+    #[arg(long, default_value_t = 512)]
+    pub batch_size: usize,
+    /// Adagrad learning rate.
+    #[arg(long, default_value_t = 0.5)]
+    pub lr: f32,
+    /// Seed of the synthetic data.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Synthetic training examples per epoch.
+    #[arg(long, default_value_t = 200_000)]
+    pub train_examples: u64,
+    /// Evaluation examples (synthetic), or the most read from the file.
+    #[arg(long, default_value_t = 50_000)]
+    pub eval_examples: u64,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `starwire reference`.
+pub fn reference_main(a: ReferenceArgs) -> Result<(), String> {
+    use starwire_data::{auc, logloss, Batch, Optimizer, ReferenceLr, SyntheticSpec, TrueModel};
+    use starwire_train::source::Reader;
+    let spec = SyntheticSpec {
+        seed: a.seed,
+        examples_per_epoch: a.train_examples,
+        ..SyntheticSpec::default()
+    };
+    let truth = std::sync::Arc::new(TrueModel::new(spec).map_err(|e| e.to_string())?);
+    let mut lr = ReferenceLr::new(Optimizer::Adagrad {
+        lr: a.lr,
+        initial_accumulator: 0.1,
+    });
+    let mut r = Reader::train(&a.train, &truth, a.train_examples, 0, 1, false)
+        .map_err(|e| e.to_string())?;
+    let mut b = Batch::with_capacity(a.batch_size);
+    let t0 = std::time::Instant::now();
+    let mut samples = 0u64;
+    for _ in 0..a.epochs {
+        loop {
+            let n = r
+                .next_batch(a.batch_size, &mut b)
+                .map_err(|e| e.to_string())?;
+            if n == 0 {
+                break;
+            }
+            samples += n as u64;
+            lr.fit_batch(&b);
+        }
+        r.rewind().map_err(|e| e.to_string())?;
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    let mut e = Reader::eval(&a.eval, &truth, a.eval_examples, false).map_err(|e| e.to_string())?;
+    let (mut labels, mut probs, mut oracle) = (Vec::new(), Vec::new(), Vec::new());
+    let mut p = Vec::new();
+    while (labels.len() as u64) < a.eval_examples {
+        let want = (a.eval_examples - labels.len() as u64).min(a.batch_size as u64) as usize;
+        let n = e.next_batch(want, &mut b).map_err(|e| e.to_string())?;
+        if n == 0 {
+            break;
+        }
+        lr.predict_batch(&b, &mut p);
+        labels.extend_from_slice(&b.labels);
+        probs.extend_from_slice(&p);
+        oracle.extend((0..b.len).map(|i| truth.oracle_prob(&b, i)));
+    }
+    let (a_auc, a_ll, o_auc) = (
+        auc(&labels, &probs),
+        logloss(&labels, &probs),
+        auc(&labels, &oracle),
+    );
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "trainer": "reference_lr", "samples": samples, "samples_per_s": samples as f64 / secs.max(1e-9),
+                "auc": a_auc, "logloss": a_ll, "oracle_auc": o_auc, "eval_examples": labels.len(),
+            })
+        );
+    } else {
+        println!(
+            "reference lr: {samples} samples in {secs:.1} s; eval auc {a_auc:.4}  logloss {a_ll:.4}  on {} examples (oracle auc {o_auc:.4})",
+            labels.len()
+        );
+    }
+    Ok(())
+}

@@ -476,3 +476,30 @@ fn place_compares_strategies_on_a_zipf_model() {
         "{lines:?}"
     );
 }
+
+#[test]
+fn data_writes_criteo_and_reference_trains_on_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("t.tsv");
+    let fs = f.to_str().unwrap();
+    let out = run(&["data", "--out", fs, "--examples", "4096"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let lines = std::fs::read_to_string(&f).unwrap();
+    assert_eq!(lines.lines().count(), 4096);
+    assert!(lines.lines().all(|l| l.split('\t').count() == 40));
+    let src = format!("criteo:{fs}");
+    let out = run(&[
+        "reference",
+        "--train",
+        &src,
+        "--eval",
+        &src,
+        "--epochs",
+        "1",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v = &json_lines(&out)[0];
+    assert_eq!(v["samples"].as_u64(), Some(4096));
+    assert!(num(v, "auc") > 0.6, "{v}");
+}
