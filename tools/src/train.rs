@@ -9,7 +9,7 @@ use starwire_config::{ClusterConfig, ClusterFlags, EndpointMap, NetworkSettings,
 use starwire_graph::{ModelKind, Protocol};
 use starwire_ps::{OptimizerKind, Strategy};
 use starwire_train::source::DataSource;
-use starwire_train::{TrainConfig, TrainReport};
+use starwire_train::{BackendKind, TrainConfig, TrainReport};
 
 /// Training flags shared by `train`, `ps` and `worker` (every task of a
 /// cluster must be given the same ones).
@@ -143,24 +143,30 @@ fn parse_placement(s: &str, seed: u64) -> Result<Strategy, String> {
     }
 }
 
-fn check_backend(name: &str) -> Result<String, String> {
-    match name {
-        "tcp" => Ok("tcp".into()),
-        other => Err(crate::backend::missing_backend_hint(other).map_or_else(
-            || format!("unknown backend {other:?}; training runs on: tcp"),
-            |h| format!("--backend {other}: {h}"),
-        )),
-    }
+fn check_backend(name: &str) -> Result<BackendKind, String> {
+    BackendKind::from_name(name).ok_or_else(|| {
+        let have: Vec<&str> = BackendKind::ALL.iter().map(|(n, _)| *n).collect();
+        crate::backend::missing_backend_hint(name).map_or_else(
+            || {
+                format!(
+                    "unknown backend {name:?}; training runs on: {}",
+                    have.join(", ")
+                )
+            },
+            |h| format!("--backend {name}: {h}"),
+        )
+    })
 }
 
 /// The configuration from the flags and the DeepRec environment variables.
 fn config(a: &TrainArgs, ps: usize, workers: usize) -> Result<TrainConfig, String> {
-    check_backend(&a.backend)?;
+    let backend = check_backend(&a.backend)?;
     let o = Overrides::default();
     let wk = NetworkSettings::from_process_env(Role::Worker, ps, &o).map_err(|e| e.to_string())?;
     let pss =
         NetworkSettings::from_process_env(Role::Ps, workers, &o).map_err(|e| e.to_string())?;
     Ok(TrainConfig {
+        backend,
         ps,
         workers,
         protocol: a.protocol,

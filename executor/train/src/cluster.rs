@@ -18,13 +18,12 @@ use starwire_ps::{
     Manifest, OptimizerConfig, OptimizerKind, PsShard, ShardConfig, Strategy, VarDef, VarStats,
     WorkerProgress,
 };
-use starwire_tcp::TcpTransport;
 use starwire_transport::reactor::{IdlePolicy, Reactor, ReactorSpec};
 use starwire_transport::{ConnConfig, PeerInfo, TaskRole};
 
 use crate::control::Control;
 use crate::handler::{shard_file, ShardHandler};
-use crate::link::{connect_shard, Acceptor, ShardInbox};
+use crate::link::{connect_shard, Acceptor, Backend, Binder, ShardInbox, Tcp};
 use crate::net::{Exchange, SessionNet, Traffic};
 use crate::server::PsReactor;
 use crate::source::{DataSource, Reader};
@@ -34,6 +33,8 @@ use crate::TrainError;
 /// Everything `starwire train` (and `ps` / `worker`) is configured with.
 #[derive(Debug, Clone)]
 pub struct TrainConfig {
+    /// The transport backend.
+    pub backend: BackendKind,
     /// PS tasks.
     pub ps: usize,
     /// Worker tasks.
@@ -96,6 +97,7 @@ pub struct TrainConfig {
 impl Default for TrainConfig {
     fn default() -> Self {
         Self {
+            backend: BackendKind::Tcp,
             ps: 1,
             workers: 2,
             protocol: Protocol::StarServer,
@@ -125,6 +127,31 @@ impl Default for TrainConfig {
             compute_threads: 0,
             log_every: 0,
         }
+    }
+}
+
+/// The transport a run uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BackendKind {
+    /// Non-blocking TCP sockets (always built).
+    Tcp,
+    /// io_uring (feature `uring`).
+    #[cfg(all(feature = "uring", target_os = "linux"))]
+    Uring,
+}
+
+impl BackendKind {
+    /// Every backend compiled in, by name.
+    pub const ALL: &'static [(&'static str, BackendKind)] = &[
+        ("tcp", BackendKind::Tcp),
+        #[cfg(all(feature = "uring", target_os = "linux"))]
+        ("uring", BackendKind::Uring),
+    ];
+
+    /// The backend called `name`, if compiled in.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.iter().find(|(n, _)| *n == name).map(|(_, b)| *b)
     }
 }
 
@@ -445,12 +472,12 @@ fn peer(role: TaskRole, index: u32, shards: u16) -> PeerInfo {
 
 /// A running PS task: its acceptor and one reactor per shard.
 #[derive(Debug)]
-pub struct PsTask {
+pub struct PsTask<K: Backend> {
     acceptor: Acceptor,
-    reactors: Vec<Reactor<PsReactor<ShardHandler, TcpTransport>>>,
+    reactors: Vec<Reactor<PsReactor<ShardHandler, K::B>>>,
 }
 
-impl PsTask {
+impl<K: Backend> PsTask<K> {
     /// Where workers connect.
     pub fn addr(&self) -> SocketAddr {
         self.acceptor.local_addr()
@@ -472,36 +499,142 @@ impl PsTask {
     }
 }
 
+/// Shard `s` of the plan, restored from the checkpoint in `restore` if
+/// given.
+pub fn make_shard(
+    cfg: &TrainConfig,
+    plan: &Plan,
+    s: usize,
+    restore: Option<&Path>,
+) -> Result<PsShard, TrainError> {
+    let mut shard = PsShard::new(s, &plan.shard_vars[s], shard_config(cfg));
+    if let Some(dir) = restore {
+        let path = dir.join(shard_file(s));
+        let ck = |reason: String| TrainError::Checkpoint {
+            path: path.clone(),
+            reason,
+        };
+        let mut f = std::fs::File::open(&path).map_err(|e| ck(e.to_string()))?;
+        shard.restore(&mut f).map_err(|e| ck(e.to_string()))?;
+    }
+    Ok(shard)
+}
+
+/// A PS task as the local cluster drives it, whatever its backend.
+pub trait RunningPs {
+    /// Where workers connect.
+    fn addr(&self) -> SocketAddr;
+    /// Wait until every expected worker is done; the shards' counters.
+    fn join(self: Box<Self>) -> Result<Vec<serde_json::Value>, TrainError>;
+}
+
+impl<K: Backend> RunningPs for PsTask<K> {
+    fn addr(&self) -> SocketAddr {
+        PsTask::addr(self)
+    }
+    fn join(self: Box<Self>) -> Result<Vec<serde_json::Value>, TrainError> {
+        PsTask::join(*self)
+    }
+}
+
+/// A worker's connections to every shard, whatever the backend.
+pub trait WorkerNet: Exchange {
+    /// Close every connection politely.
+    fn close(&mut self);
+}
+
+impl<T: crate::link::LinkTransport> WorkerNet for SessionNet<T> {
+    fn close(&mut self) {
+        SessionNet::close(self);
+    }
+}
+
+/// How the local cluster starts a PS task and connects a worker on one
+/// backend.
+pub trait ClusterBackend: Sync {
+    /// The name in reports.
+    fn name(&self) -> &'static str;
+    /// Start PS task `p` on `listener` (see [`start_ps`]).
+    fn start_ps(
+        &self,
+        cfg: &TrainConfig,
+        plan: &Plan,
+        p: usize,
+        listener: TcpListener,
+        expected: usize,
+        restore: Option<&Path>,
+    ) -> Result<Box<dyn RunningPs>, TrainError>;
+    /// Connect worker (or evaluator) `index` to every shard.
+    fn connect(
+        &self,
+        cfg: &TrainConfig,
+        ps_addrs: &[String],
+        index: u32,
+        shards: usize,
+    ) -> Result<Box<dyn WorkerNet>, TrainError>;
+}
+
+/// A session backend ([`Backend`]) as a [`ClusterBackend`].
+#[derive(Debug, Default)]
+pub struct Sessions<K>(std::marker::PhantomData<K>);
+
+impl<K: Backend> ClusterBackend for Sessions<K> {
+    fn name(&self) -> &'static str {
+        K::NAME
+    }
+    fn start_ps(
+        &self,
+        cfg: &TrainConfig,
+        plan: &Plan,
+        p: usize,
+        listener: TcpListener,
+        expected: usize,
+        restore: Option<&Path>,
+    ) -> Result<Box<dyn RunningPs>, TrainError> {
+        Ok(Box::new(start_ps::<K>(
+            cfg, plan, p, listener, expected, restore,
+        )?))
+    }
+    fn connect(
+        &self,
+        cfg: &TrainConfig,
+        ps_addrs: &[String],
+        index: u32,
+        shards: usize,
+    ) -> Result<Box<dyn WorkerNet>, TrainError> {
+        Ok(Box::new(connect::<K>(cfg, ps_addrs, index, shards)?))
+    }
+}
+
+fn cluster_backend(b: BackendKind) -> Box<dyn ClusterBackend> {
+    match b {
+        BackendKind::Tcp => Box::new(Sessions::<Tcp>::default()),
+        #[cfg(all(feature = "uring", target_os = "linux"))]
+        BackendKind::Uring => Box::new(Sessions::<crate::link::Uring>::default()),
+        #[cfg(feature = "grpc")]
+        BackendKind::Grpc => Box::new(crate::grpc::Grpc),
+    }
+}
+
 /// Start PS task `ps_index` of the plan on `listener`; its shards finish
 /// after `expected` workers have said `DONE`. Restores the shards from
 /// `restore` if given.
-pub fn start_ps(
+pub fn start_ps<K: Backend>(
     cfg: &TrainConfig,
     plan: &Plan,
     ps_index: usize,
     listener: TcpListener,
     expected: usize,
     restore: Option<&Path>,
-) -> Result<PsTask, TrainError> {
+) -> Result<PsTask<K>, TrainError> {
     let r = cfg.ps_reactors.max(1);
     let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut reactors = Vec::with_capacity(r);
     let mut inboxes = Vec::with_capacity(r);
     for local in 0..r {
         let s = ps_index * r + local;
-        let mut shard = PsShard::new(s, &plan.shard_vars[s], shard_config(cfg));
-        if let Some(dir) = restore {
-            let path = dir.join(shard_file(s));
-            let mut f = std::fs::File::open(&path).map_err(|e| TrainError::Checkpoint {
-                path: path.clone(),
-                reason: e.to_string(),
-            })?;
-            shard.restore(&mut f).map_err(|e| TrainError::Checkpoint {
-                path: path.clone(),
-                reason: e.to_string(),
-            })?;
-        }
-        let (tx, rx) = mpsc::channel::<TcpTransport>();
+        let shard = make_shard(cfg, plan, s, restore)?;
+        let (tx, rx) = mpsc::channel();
         let conn_cfg = ConnConfig::new(peer(TaskRole::Ps, ps_index as u32, r as u16));
         let spec = ReactorSpec {
             index: s,
@@ -514,10 +647,19 @@ pub fn start_ps(
             max_park: Duration::from_millis(100),
         };
         let handler = ShardHandler { shard, index: s };
+        // The binder (an io_uring ring) is made on the reactor's own thread;
+        // the first connection reports a failure to make it.
+        let (btx, brx) = mpsc::sync_channel(1);
         let reactor = Reactor::spawn(spec, move |_| {
-            PsReactor::new(s, handler, conn_cfg, rx, expected)
+            let binder = K::binder();
+            let ok = binder.as_ref().map(|_| ()).map_err(|e| e.to_string());
+            let _ = btx.send(ok);
+            PsReactor::new(s, handler, conn_cfg, binder.ok(), rx, expected)
         })
         .map_err(|e| TrainError::Internal(format!("starting PS reactor: {e}")))?;
+        brx.recv()
+            .map_err(|_| TrainError::Internal("PS reactor died while starting".into()))?
+            .map_err(|e| TrainError::Backend(K::NAME, e))?;
         inboxes.push(ShardInbox {
             tx,
             waker: reactor.waker(),
@@ -529,12 +671,12 @@ pub fn start_ps(
 }
 
 /// Connect a worker (or the evaluator) to every shard of the cluster.
-pub fn connect(
+pub fn connect<K: Backend>(
     cfg: &TrainConfig,
     ps_addrs: &[String],
     index: u32,
     shards: usize,
-) -> Result<SessionNet<TcpTransport>, TrainError> {
+) -> Result<SessionNet<<K::B as Binder>::Link>, TrainError> {
     let r = cfg.ps_reactors.max(1);
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut ts = Vec::with_capacity(shards);
@@ -545,6 +687,12 @@ pub fn connect(
             .ok_or_else(|| TrainError::Config(format!("no address for PS {p}")))?;
         ts.push(connect_shard(addr, local as u32, deadline)?);
     }
+    let mut binder = K::binder().map_err(|e| TrainError::Backend(K::NAME, e.to_string()))?;
+    let ts = ts
+        .into_iter()
+        .map(|s| binder.bind(s))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| TrainError::Backend(K::NAME, e.to_string()))?;
     let cc = ConnConfig::new(peer(TaskRole::Worker, index, 1));
     SessionNet::new(&cc, ts, cfg.worker_polling, Duration::from_secs(120))
 }
@@ -814,8 +962,12 @@ fn write_checkpoint(
 }
 
 /// `starwire train` without cluster flags: PS tasks and workers as threads
-/// of this process over loopback TCP, then an evaluation.
+/// of this process over loopback, then an evaluation.
 pub fn run_local(cfg: &TrainConfig) -> Result<TrainReport, TrainError> {
+    run_local_on(&*cluster_backend(cfg.backend), cfg)
+}
+
+fn run_local_on(k: &dyn ClusterBackend, cfg: &TrainConfig) -> Result<TrainReport, TrainError> {
     let plan = plan(cfg)?;
     let manifest = match &cfg.checkpoint_dir {
         Some(d) => read_manifest(d)?,
@@ -835,7 +987,7 @@ pub fn run_local(cfg: &TrainConfig) -> Result<TrainReport, TrainError> {
     let mut tasks = Vec::with_capacity(cfg.ps);
     for p in 0..cfg.ps {
         let l = TcpListener::bind("127.0.0.1:0")?;
-        tasks.push(start_ps(cfg, &plan, p, l, expected, restore)?);
+        tasks.push(k.start_ps(cfg, &plan, p, l, expected, restore)?);
     }
     let addrs: Vec<String> = tasks.iter().map(|t| t.addr().to_string()).collect();
 
@@ -865,7 +1017,7 @@ pub fn run_local(cfg: &TrainConfig) -> Result<TrainReport, TrainError> {
                     std::thread::Builder::new()
                         .name(format!("starwire-worker-{w}"))
                         .spawn_scoped(sc, move || {
-                            let mut net = match connect(cfg, addrs, w as u32, plan.shards) {
+                            let mut net = match k.connect(cfg, addrs, w as u32, plan.shards) {
                                 Ok(n) => n,
                                 Err(e) => {
                                     start.wait();
@@ -876,12 +1028,12 @@ pub fn run_local(cfg: &TrainConfig) -> Result<TrainReport, TrainError> {
                                 cfg,
                                 plan,
                                 w,
-                                &mut net,
+                                &mut *net,
                                 Some(start),
                                 resume.as_ref(),
                                 Some(ev),
                             );
-                            let _ = control_all(&mut net, plan.shards, &Control::Done);
+                            let _ = control_all(&mut *net, plan.shards, &Control::Done);
                             net.close();
                             r
                         }),
@@ -911,7 +1063,7 @@ pub fn run_local(cfg: &TrainConfig) -> Result<TrainReport, TrainError> {
         }
     }
     // The evaluator: its own connections, after every worker has pushed.
-    let mut net = connect(cfg, &addrs, cfg.workers as u32, plan.shards)?;
+    let mut net = k.connect(cfg, &addrs, cfg.workers as u32, plan.shards)?;
     let mut core = WorkerCore::new(
         partition(&plan.model, cfg.protocol),
         plan.layout.clone(),
@@ -919,19 +1071,19 @@ pub fn run_local(cfg: &TrainConfig) -> Result<TrainReport, TrainError> {
         Executor::new(cfg.compute_threads),
     );
     let eval_result = if first_err.is_none() {
-        Some(evaluate(&mut core, &mut net, &eval_all))
+        Some(evaluate(&mut core, &mut *net, &eval_all))
     } else {
         None
     };
     let ckpt = match (&cfg.checkpoint_dir, first_err.is_none()) {
         (Some(d), true) => {
             let progress = outs.iter().filter_map(|o| o.progress.clone()).collect();
-            write_checkpoint(&mut core, &mut net, cfg, &plan, d, progress)?;
+            write_checkpoint(&mut core, &mut *net, cfg, &plan, d, progress)?;
             Some(d.clone())
         }
         _ => None,
     };
-    let _ = control_all(&mut net, plan.shards, &Control::Done);
+    let _ = control_all(&mut *net, plan.shards, &Control::Done);
     net.close();
     let mut shard_stats = Vec::new();
     for t in tasks {
@@ -967,7 +1119,7 @@ pub fn run_local(cfg: &TrainConfig) -> Result<TrainReport, TrainError> {
     });
     let w0 = outs.first();
     Ok(TrainReport {
-        backend: "tcp".into(),
+        backend: k.name().into(),
         protocol: protocol_name(cfg.protocol).into(),
         model: model_name(cfg.model).into(),
         ps: cfg.ps,
@@ -1003,13 +1155,14 @@ pub fn run_ps_task(
     index: usize,
     bind: SocketAddr,
 ) -> Result<Vec<serde_json::Value>, TrainError> {
+    let k = cluster_backend(cfg.backend);
     let plan = plan(cfg)?;
     let restore = match &cfg.checkpoint_dir {
         Some(d) => read_manifest(d)?.map(|_| d.as_path()),
         None => None,
     };
     let l = TcpListener::bind(bind)?;
-    let task = start_ps(cfg, &plan, index, l, cfg.workers, restore)?;
+    let task = k.start_ps(cfg, &plan, index, l, cfg.workers, restore)?;
     eprintln!(
         "starwire ps {index}: serving {} shard(s) on {}",
         cfg.ps_reactors.max(1),
@@ -1027,6 +1180,7 @@ pub fn run_worker_task(
     ps_addrs: &[String],
     index: usize,
 ) -> Result<TrainReport, TrainError> {
+    let k = cluster_backend(cfg.backend);
     let plan = plan(cfg)?;
     let manifest = match &cfg.checkpoint_dir {
         Some(d) => read_manifest(d)?,
@@ -1038,14 +1192,14 @@ pub fn run_worker_task(
             .find(|p| p.worker as usize == index)
             .cloned()
     });
-    let mut net = connect(cfg, ps_addrs, index as u32, plan.shards)?;
+    let mut net = k.connect(cfg, ps_addrs, index as u32, plan.shards)?;
     let eval_all = if index == 0 {
         load_eval(cfg, &plan.truth, cfg.eval_examples)?
     } else {
         Vec::new()
     };
     let t0 = Instant::now();
-    let out = worker_loop(cfg, &plan, index, &mut net, None, resume.as_ref(), None)?;
+    let out = worker_loop(cfg, &plan, index, &mut *net, None, resume.as_ref(), None)?;
     let train_seconds = out
         .end
         .map_or(0.0, |e| e.saturating_duration_since(t0).as_secs_f64());
@@ -1056,25 +1210,25 @@ pub fn run_worker_task(
         Executor::new(cfg.compute_threads),
     );
     let (auc_v, logloss_v) = if index == 0 {
-        evaluate(&mut core, &mut net, &eval_all)?
+        evaluate(&mut core, &mut *net, &eval_all)?
     } else {
         (f64::NAN, f64::NAN)
     };
     let mut ckpt = None;
     if let (0, Some(d)) = (index, &cfg.checkpoint_dir) {
         let progress = out.progress.clone().into_iter().collect();
-        write_checkpoint(&mut core, &mut net, cfg, &plan, d, progress)?;
+        write_checkpoint(&mut core, &mut *net, cfg, &plan, d, progress)?;
         ckpt = Some(d.clone());
     }
-    let shard_stats = control_all(&mut net, plan.shards, &Control::Stats)?
+    let shard_stats = control_all(&mut *net, plan.shards, &Control::Stats)?
         .into_iter()
         .filter_map(|b| serde_json::from_slice(&b).ok())
         .collect();
-    control_all(&mut net, plan.shards, &Control::Done)?;
+    control_all(&mut *net, plan.shards, &Control::Done)?;
     net.close();
     let t = out.traffic;
     Ok(TrainReport {
-        backend: "tcp".into(),
+        backend: k.name().into(),
         protocol: protocol_name(cfg.protocol).into(),
         model: model_name(cfg.model).into(),
         ps: cfg.ps,

@@ -23,6 +23,8 @@
 
 pub mod cluster;
 pub mod control;
+#[cfg(feature = "grpc")]
+pub mod grpc;
 pub mod handler;
 pub mod link;
 pub mod net;
@@ -34,7 +36,7 @@ use std::path::PathBuf;
 
 use thiserror::Error;
 
-pub use cluster::{run_local, run_ps_task, run_worker_task, TrainConfig, TrainReport};
+pub use cluster::{run_local, run_ps_task, run_worker_task, BackendKind, TrainConfig, TrainReport};
 
 /// A training failure.
 #[derive(Debug, Error)]
@@ -43,6 +45,9 @@ pub enum TrainError {
     /// The configuration is invalid.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// The backend could not be set up (no io_uring, a memlock limit...).
+    #[error("{0} backend: {1}")]
+    Backend(&'static str, String),
     /// Connecting to a PS failed.
     #[error("connecting to {0}: {1}")]
     Connect(String, std::io::Error),

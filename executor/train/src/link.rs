@@ -29,14 +29,62 @@ const PREAMBLE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A backend the trainer can run on: a [`Transport`] that can be moved to
 /// its reactor thread and whose readability wakes a parked reactor.
-pub trait LinkTransport: Transport + Send + 'static {
+pub trait LinkTransport: Transport + Send + std::fmt::Debug + 'static {
     /// The descriptor to wait on while parked.
     fn wake_fd(&self) -> BorrowedFd<'_>;
+    /// The end of a turn over every connection sharing this one's driver
+    /// (an io_uring ring): its one submission. Returns true if it did
+    /// work. Called once per turn, on any one of those connections.
+    fn end_turn(&self) -> bool {
+        false
+    }
 }
 
 impl LinkTransport for TcpTransport {
     fn wake_fd(&self) -> BorrowedFd<'_> {
         self.stream().as_fd()
+    }
+}
+
+/// Turns connected sockets into transports, on the thread that will drive
+/// them (a ring is owned by its reactor thread).
+pub trait Binder: Send + std::fmt::Debug + 'static {
+    /// The transport it makes.
+    type Link: LinkTransport;
+    /// Bind one connected stream.
+    fn bind(&mut self, stream: TcpStream) -> io::Result<Self::Link>;
+}
+
+/// The TCP backend's [`Binder`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TcpBinder;
+
+impl Binder for TcpBinder {
+    type Link = TcpTransport;
+    fn bind(&mut self, stream: TcpStream) -> io::Result<TcpTransport> {
+        TcpTransport::new(stream, tcp_config())
+    }
+}
+
+/// A backend of the trainer: its name and how a thread makes its binder.
+pub trait Backend: Send + Sync + 'static {
+    /// The binder type.
+    type B: Binder;
+    /// The name on the command line and in reports.
+    const NAME: &'static str;
+    /// A binder for the calling thread (one driver per thread).
+    fn binder() -> io::Result<Self::B>;
+}
+
+/// The TCP backend.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Tcp;
+
+impl Backend for Tcp {
+    type B = TcpBinder;
+    const NAME: &'static str = "tcp";
+    fn binder() -> io::Result<TcpBinder> {
+        Ok(TcpBinder)
     }
 }
 
@@ -51,13 +99,10 @@ pub fn tcp_config() -> TcpConfig {
     }
 }
 
-/// Connect to shard `shard` of the PS task at `addr`, retrying refused
-/// connections until `deadline` (PS tasks may start after workers).
-pub fn connect_shard(
-    addr: &str,
-    shard: u32,
-    deadline: Instant,
-) -> Result<TcpTransport, TrainError> {
+/// Connect to shard `shard` of the PS task at `addr` and send the
+/// preamble, retrying refused connections until `deadline` (PS tasks may
+/// start after workers).
+pub fn connect_shard(addr: &str, shard: u32, deadline: Instant) -> Result<TcpStream, TrainError> {
     let addrs: Vec<SocketAddr> = addr
         .to_socket_addrs()
         .map_err(|e| TrainError::Connect(addr.to_owned(), e))?
@@ -71,9 +116,9 @@ pub fn connect_shard(
                     pre[..4].copy_from_slice(MAGIC);
                     pre[4..].copy_from_slice(&shard.to_le_bytes());
                     s.write_all(&pre)
+                        .and_then(|()| s.set_nodelay(true))
                         .map_err(|e| TrainError::Connect(addr.to_owned(), e))?;
-                    return TcpTransport::new(s, tcp_config())
-                        .map_err(|e| TrainError::Connect(addr.to_owned(), e));
+                    return Ok(s);
                 }
                 Err(e) => last = e,
             }
@@ -88,8 +133,8 @@ pub fn connect_shard(
 /// Where the acceptor sends a connection for shard `i`.
 #[derive(Debug, Clone)]
 pub struct ShardInbox {
-    /// The reactor's queue of new transports.
-    pub tx: Sender<TcpTransport>,
+    /// The reactor's queue of new connections.
+    pub tx: Sender<TcpStream>,
     /// Wakes the reactor after a send.
     pub waker: ReactorWaker,
 }
@@ -170,12 +215,9 @@ fn accept_loop(listener: &TcpListener, inboxes: &[ShardInbox], stop: &AtomicBool
                     tracing::warn!(%peer, shard, "rejected connection for unknown shard");
                     continue;
                 };
-                match s
-                    .set_read_timeout(None)
-                    .and_then(|()| TcpTransport::new(s, tcp_config()))
-                {
-                    Ok(t) => {
-                        if inbox.tx.send(t).is_ok() {
+                match s.set_read_timeout(None) {
+                    Ok(()) => {
+                        if inbox.tx.send(s).is_ok() {
                             inbox.waker.wake();
                         }
                     }
@@ -189,6 +231,58 @@ fn accept_loop(listener: &TcpListener, inboxes: &[ShardInbox], stop: &AtomicBool
                 tracing::warn!("accept: {e}");
                 std::thread::sleep(Duration::from_millis(20));
             }
+        }
+    }
+}
+
+#[cfg(all(feature = "uring", target_os = "linux"))]
+pub use uring_backend::{Uring, UringBinder};
+
+#[cfg(all(feature = "uring", target_os = "linux"))]
+mod uring_backend {
+    use std::io;
+    use std::net::TcpStream;
+    use std::os::fd::BorrowedFd;
+
+    use starwire_uring::{UringConfig, UringReactor, UringTransport};
+
+    use super::{Backend, Binder, LinkTransport};
+
+    impl LinkTransport for UringTransport {
+        fn wake_fd(&self) -> BorrowedFd<'_> {
+            self.reactor().fd()
+        }
+        fn end_turn(&self) -> bool {
+            // An error here surfaces on the connections' next calls.
+            self.reactor().enter().unwrap_or(true)
+        }
+    }
+
+    /// One io_uring ring per thread; every connection of the thread is
+    /// bound to it and submits with the thread's one `io_uring_enter` per
+    /// turn.
+    #[derive(Debug)]
+    pub struct UringBinder {
+        ring: UringReactor,
+    }
+
+    impl Binder for UringBinder {
+        type Link = UringTransport;
+        fn bind(&mut self, stream: TcpStream) -> io::Result<UringTransport> {
+            UringTransport::new(&self.ring, stream).map_err(io::Error::other)
+        }
+    }
+
+    /// The io_uring backend (`STARWIRE_URING_SQPOLL=1` for SQPOLL).
+    #[derive(Debug, Clone, Copy, Default)]
+    pub struct Uring;
+
+    impl Backend for Uring {
+        type B = UringBinder;
+        const NAME: &'static str = "uring";
+        fn binder() -> io::Result<UringBinder> {
+            let ring = UringReactor::new(&UringConfig::from_env()).map_err(io::Error::other)?;
+            Ok(UringBinder { ring })
         }
     }
 }

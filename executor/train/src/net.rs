@@ -98,6 +98,7 @@ impl<T: LinkTransport> SessionNet<T> {
                 }
                 all &= s.conn_ref().is_established();
             }
+            net.end_turn();
             if all {
                 return Ok(net);
             }
@@ -114,6 +115,13 @@ impl<T: LinkTransport> SessionNet<T> {
             s.conn().close();
             let _ = s.flush(Instant::now());
         }
+        self.end_turn();
+    }
+
+    fn end_turn(&self) -> bool {
+        self.sessions
+            .first()
+            .is_some_and(|s| s.transport().end_turn())
     }
 
     fn idle(&self, max: Duration) {
@@ -166,6 +174,7 @@ impl<T: LinkTransport> Exchange for SessionNet<T> {
             s.flush(Instant::now())
                 .map_err(|e| TrainError::Link(i, e.to_string()))?;
         }
+        self.end_turn();
         let deadline = Instant::now() + self.timeout;
         while outstanding > 0 {
             let mut busy = false;
@@ -206,6 +215,7 @@ impl<T: LinkTransport> Exchange for SessionNet<T> {
                     }
                 }
             }
+            busy |= self.end_turn();
             if !busy && outstanding > 0 {
                 if Instant::now() > deadline {
                     return Err(TrainError::Link(

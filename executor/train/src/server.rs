@@ -5,6 +5,7 @@
 //! reply all happen inside the reactor's turn, with no lock and no hand-off.
 
 use std::collections::HashMap;
+use std::net::TcpStream;
 use std::os::fd::BorrowedFd;
 use std::sync::mpsc::Receiver;
 use std::time::Instant;
@@ -12,10 +13,10 @@ use std::time::Instant;
 use bytes::Bytes;
 use starwire_transport::reactor::Shard;
 use starwire_transport::wire::{Opcode, Status};
-use starwire_transport::{Body, ConnConfig, Connection, Incoming, Session};
+use starwire_transport::{Body, ConnConfig, Connection, Incoming, Session, Transport};
 
 use crate::control::Control;
-use crate::link::LinkTransport;
+use crate::link::{Binder, LinkTransport};
 
 /// Why a request failed; the status goes back to the worker, the connection
 /// lives on.
@@ -43,12 +44,13 @@ pub trait PsHandler: Send + 'static {
 
 /// One shard reactor's state. See the module documentation.
 #[derive(Debug)]
-pub struct PsReactor<H, T: LinkTransport> {
+pub struct PsReactor<H, B: Binder> {
     index: usize,
     handler: H,
     conn_cfg: ConnConfig,
-    inbox: Receiver<T>,
-    sessions: Vec<Option<Session<T>>>,
+    binder: Option<B>,
+    inbox: Receiver<TcpStream>,
+    sessions: Vec<Option<Session<B::Link>>>,
     /// Barrier requests waiting for the global step: (session, id, step).
     waiting: Vec<(usize, u64, u64)>,
     expected_workers: usize,
@@ -62,20 +64,24 @@ pub struct PsReactor<H, T: LinkTransport> {
     pub closed_connections: u64,
 }
 
-impl<H: PsHandler, T: LinkTransport> PsReactor<H, T> {
+impl<H: PsHandler, B: Binder> PsReactor<H, B> {
     /// A shard reactor that finishes once `expected_workers` workers have
-    /// sent `DONE` (0: never).
+    /// sent `DONE` (0: never). `binder` makes transports of the sockets the
+    /// acceptor sends to `inbox`; without one (the backend failed to start
+    /// on this thread) the reactor finishes at once.
     pub fn new(
         index: usize,
         handler: H,
         conn_cfg: ConnConfig,
-        inbox: Receiver<T>,
+        binder: Option<B>,
+        inbox: Receiver<TcpStream>,
         expected_workers: usize,
     ) -> Self {
         Self {
             index,
             handler,
             conn_cfg,
+            binder,
             inbox,
             sessions: Vec::new(),
             waiting: Vec::new(),
@@ -100,7 +106,17 @@ impl<H: PsHandler, T: LinkTransport> PsReactor<H, T> {
 
     fn accept(&mut self) -> bool {
         let mut any = false;
-        while let Ok(t) = self.inbox.try_recv() {
+        while let Ok(stream) = self.inbox.try_recv() {
+            let Some(binder) = self.binder.as_mut() else {
+                continue;
+            };
+            let t = match binder.bind(stream) {
+                Ok(t) => t,
+                Err(e) => {
+                    tracing::warn!(shard = self.index, "binding a connection: {e}");
+                    continue;
+                }
+            };
             let s = Session::new(self.conn_cfg.clone(), t);
             if let Some(slot) = self.sessions.iter_mut().find(|s| s.is_none()) {
                 *slot = Some(s);
@@ -136,13 +152,19 @@ impl<H: PsHandler, T: LinkTransport> PsReactor<H, T> {
 }
 
 /// What serving one request decided.
-enum Reply {
+#[derive(Debug)]
+pub enum Reply {
+    /// Answer now with this status and body.
     Now(Status, Vec<u8>),
+    /// Answer once the global step reaches this value (`WAIT_STEP`).
     Wait(u64),
+    /// The worker is done (`DONE`); answer with an empty body.
     Done,
 }
 
-fn serve<H: PsHandler>(
+/// Serve one request against `handler`: the same for every backend. `out`
+/// is a scratch buffer whose capacity is reused.
+pub fn serve<H: PsHandler>(
     handler: &mut H,
     out: &mut Vec<u8>,
     opcode: Opcode,
@@ -205,7 +227,7 @@ fn serve<H: PsHandler>(
     }
 }
 
-impl<H: PsHandler, T: LinkTransport> Shard for PsReactor<H, T> {
+impl<H: PsHandler, B: Binder> Shard for PsReactor<H, B> {
     fn turn(&mut self, now: Instant) -> bool {
         let mut busy = self.accept();
         let Self {
@@ -261,6 +283,9 @@ impl<H: PsHandler, T: LinkTransport> Shard for PsReactor<H, T> {
                 }
             }
         }
+        if let Some(s) = sessions.iter().flatten().next() {
+            busy |= s.transport().end_turn();
+        }
         busy | self.release_waiters()
     }
 
@@ -271,6 +296,9 @@ impl<H: PsHandler, T: LinkTransport> Shard for PsReactor<H, T> {
     }
 
     fn finished(&self) -> bool {
+        if self.binder.is_none() {
+            return true;
+        }
         self.expected_workers > 0
             && self.done_workers >= self.expected_workers
             && self

@@ -12,6 +12,7 @@ use starwire_ps::{PsShard, ShardConfig, VarDef};
 use starwire_tcp::TcpTransport;
 use starwire_train::control::Control;
 use starwire_train::handler::ShardHandler;
+use starwire_train::link::TcpBinder;
 use starwire_train::link::{connect_shard, Acceptor, ShardInbox};
 use starwire_train::net::{Exchange, Reply, Request, SessionNet};
 use starwire_train::server::PsReactor;
@@ -30,7 +31,7 @@ fn peer(role: TaskRole) -> ConnConfig {
 }
 
 struct Ps {
-    reactor: Reactor<PsReactor<ShardHandler, TcpTransport>>,
+    reactor: Reactor<PsReactor<ShardHandler, TcpBinder>>,
     _acceptor: Acceptor,
     addr: String,
 }
@@ -63,6 +64,7 @@ fn start(expected: usize) -> Ps {
             0,
             ShardHandler { shard, index: 0 },
             peer(TaskRole::Ps),
+            Some(TcpBinder),
             rx,
             expected,
         )
@@ -86,7 +88,8 @@ fn start(expected: usize) -> Ps {
 }
 
 fn client(addr: &str) -> SessionNet<TcpTransport> {
-    let t = connect_shard(addr, 0, Instant::now() + Duration::from_secs(5)).unwrap();
+    let s = connect_shard(addr, 0, Instant::now() + Duration::from_secs(5)).unwrap();
+    let t = TcpTransport::new(s, starwire_train::link::tcp_config()).unwrap();
     SessionNet::new(
         &peer(TaskRole::Worker),
         vec![t],

@@ -1,0 +1,272 @@
+//! The gRPC baseline as a training backend: what stock TensorFlow does
+//! and DeepRec calls `protocol="grpc"`. Each PS task serves its shards
+//! behind tonic (one lock per shard, taken by whichever of the runtime's
+//! threads the call lands on); each worker holds one channel per PS task
+//! and blocks on its calls. The pull/push bodies are the same as on every
+//! other backend, carried in the protobuf `Call` message with a 2-byte
+//! shard index in front; with `--tensor-fuse off` every tensor is its own
+//! RPC.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::Path;
+use std::sync::{Arc, Condvar, Mutex};
+
+use bytes::{BufMut, Bytes, BytesMut};
+use starwire_grpc::{GrpcClient, GrpcError, GrpcServer, Handler, HandlerError};
+use starwire_transport::wire::{Opcode, Status};
+
+use crate::cluster::{make_shard, ClusterBackend, Plan, RunningPs, TrainConfig, WorkerNet};
+use crate::handler::ShardHandler;
+use crate::net::{Exchange, Reply, Request, Traffic};
+use crate::server::{self, PsHandler};
+use crate::TrainError;
+
+/// The gRPC [`ClusterBackend`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Grpc;
+
+#[derive(Debug, Default)]
+struct Done {
+    /// `DONE`s received, per local shard.
+    count: Vec<usize>,
+}
+
+/// The PS task's shards behind one gRPC server.
+#[derive(Debug)]
+struct PsService {
+    shards: Vec<Mutex<(ShardHandler, Vec<u8>)>>,
+    done: Mutex<Done>,
+    all_done: Condvar,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Handler for PsService {
+    fn handle(&self, opcode: u8, payload: &[u8]) -> Result<Vec<u8>, HandlerError> {
+        let op = Opcode::from_u8(opcode).map_err(|_| HandlerError::UnknownOpcode(opcode))?;
+        let Some((idx, body)) = payload.split_first_chunk::<2>() else {
+            return Err(HandlerError::BadRequest("no shard index".into()));
+        };
+        let i = usize::from(u16::from_le_bytes(*idx));
+        let shard = self
+            .shards
+            .get(i)
+            .ok_or_else(|| HandlerError::NotFound(format!("shard {i}")))?;
+        let reply = {
+            let mut g = lock(shard);
+            let (h, out) = &mut *g;
+            let mut served = Default::default();
+            let mut failed = 0;
+            server::serve(h, out, op, body, &mut served, &mut failed)
+        };
+        match reply {
+            server::Reply::Now(Status::Ok, b) => Ok(b),
+            server::Reply::Now(status, msg) => {
+                let m = String::from_utf8_lossy(&msg).into_owned();
+                Err(match status {
+                    Status::UnknownVariable => HandlerError::NotFound(m),
+                    Status::WrongShape | Status::BadRequest => HandlerError::BadRequest(m),
+                    Status::UnknownMethod => HandlerError::Unsupported("this control method"),
+                    _ => HandlerError::Internal(m),
+                })
+            }
+            server::Reply::Wait(_) => Err(HandlerError::Unsupported(
+                "WAIT_STEP (--sync) on the grpc baseline",
+            )),
+            server::Reply::Done => {
+                let mut d = lock(&self.done);
+                d.count[i] += 1;
+                self.all_done.notify_all();
+                Ok(Vec::new())
+            }
+        }
+    }
+}
+
+struct GrpcPs {
+    server: GrpcServer,
+    svc: Arc<PsService>,
+    expected: usize,
+}
+
+impl RunningPs for GrpcPs {
+    fn addr(&self) -> SocketAddr {
+        self.server.local_addr()
+    }
+    fn join(self: Box<Self>) -> Result<Vec<serde_json::Value>, TrainError> {
+        let GrpcPs {
+            server,
+            svc,
+            expected,
+        } = *self;
+        {
+            let mut d = lock(&svc.done);
+            while d.count.iter().any(|&c| c < expected) {
+                d = svc.all_done.wait(d).unwrap_or_else(|e| e.into_inner());
+            }
+        }
+        server.shutdown();
+        Ok(svc.shards.iter().map(|s| lock(s).0.stats()).collect())
+    }
+}
+
+/// A worker's channels, one per PS task.
+struct GrpcNet {
+    clients: Vec<GrpcClient>,
+    reactors: usize,
+    traffic: Traffic,
+}
+
+fn status_of(e: &GrpcError) -> Option<Status> {
+    use tonic::Code;
+    match e.code()? {
+        Code::NotFound => Some(Status::UnknownVariable),
+        Code::InvalidArgument => Some(Status::BadRequest),
+        Code::Unimplemented => Some(Status::UnknownMethod),
+        Code::Unavailable | Code::Cancelled | Code::Unknown => None,
+        _ => Some(Status::Internal),
+    }
+}
+
+impl Exchange for GrpcNet {
+    fn exchange(&mut self, reqs: Vec<Request>, replies: &mut Vec<Reply>) -> Result<(), TrainError> {
+        let n = reqs.len();
+        replies.clear();
+        replies.resize_with(n, Reply::default);
+        // Group by PS task, keeping each request's position.
+        let mut per_ps: Vec<Vec<(usize, (u8, Bytes))>> = vec![Vec::new(); self.clients.len()];
+        for (i, r) in reqs.into_iter().enumerate() {
+            let (ps, local) = (r.shard / self.reactors, r.shard % self.reactors);
+            let mut b = BytesMut::with_capacity(2 + r.body.len());
+            b.put_u16_le(local as u16);
+            for seg in r.body.segments() {
+                b.put_slice(seg);
+            }
+            self.traffic.sent += r.body.len() as u64;
+            self.traffic.requests += 1;
+            per_ps
+                .get_mut(ps)
+                .ok_or_else(|| TrainError::Link(r.shard, "no such shard".into()))?
+                .push((i, (r.opcode as u8, b.freeze())));
+        }
+        let clients = &self.clients;
+        let results: Vec<Vec<(usize, Result<Bytes, GrpcError>)>> = std::thread::scope(|sc| {
+            let hs: Vec<_> = per_ps
+                .into_iter()
+                .zip(clients)
+                .map(|(calls, c)| {
+                    sc.spawn(move || {
+                        let (idx, calls): (Vec<usize>, Vec<(u8, Bytes)>) =
+                            calls.into_iter().unzip();
+                        idx.into_iter().zip(c.call_many(calls)).collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| h.join().unwrap_or_default())
+                .collect()
+        });
+        let mut got = 0;
+        for (i, r) in results.into_iter().flatten() {
+            got += 1;
+            let rep = &mut replies[i];
+            match r {
+                Ok(b) => {
+                    self.traffic.received += b.len() as u64;
+                    rep.status = Some(Status::Ok);
+                    rep.body.extend_from_slice(&b);
+                }
+                Err(e) => match status_of(&e) {
+                    Some(s) => {
+                        rep.status = Some(s);
+                        rep.body.extend_from_slice(e.to_string().as_bytes());
+                    }
+                    None => return Err(TrainError::Link(i, e.to_string())),
+                },
+            }
+        }
+        if got != n {
+            return Err(TrainError::Internal("a gRPC call thread failed".into()));
+        }
+        Ok(())
+    }
+
+    fn traffic(&self) -> Traffic {
+        self.traffic
+    }
+}
+
+impl WorkerNet for GrpcNet {
+    fn close(&mut self) {}
+}
+
+impl ClusterBackend for Grpc {
+    fn name(&self) -> &'static str {
+        "grpc"
+    }
+
+    fn start_ps(
+        &self,
+        cfg: &TrainConfig,
+        plan: &Plan,
+        p: usize,
+        listener: TcpListener,
+        expected: usize,
+        restore: Option<&Path>,
+    ) -> Result<Box<dyn RunningPs>, TrainError> {
+        if cfg.sync {
+            return Err(TrainError::Config(
+                "--sync is not supported on the grpc baseline".into(),
+            ));
+        }
+        let r = cfg.ps_reactors.max(1);
+        let mut shards = Vec::with_capacity(r);
+        for local in 0..r {
+            let s = p * r + local;
+            let shard = make_shard(cfg, plan, s, restore)?;
+            shards.push(Mutex::new((ShardHandler { shard, index: s }, Vec::new())));
+        }
+        let svc = Arc::new(PsService {
+            shards,
+            done: Mutex::new(Done { count: vec![0; r] }),
+            all_done: Condvar::new(),
+        });
+        // tonic binds its own listener: hand it the address of ours.
+        let addr = listener.local_addr()?;
+        drop(listener);
+        let server = GrpcServer::start(addr, svc.clone())
+            .map_err(|e| TrainError::Backend("grpc", e.to_string()))?;
+        Ok(Box::new(GrpcPs {
+            server,
+            svc,
+            expected,
+        }))
+    }
+
+    fn connect(
+        &self,
+        cfg: &TrainConfig,
+        ps_addrs: &[String],
+        _index: u32,
+        _shards: usize,
+    ) -> Result<Box<dyn WorkerNet>, TrainError> {
+        let mut clients = Vec::with_capacity(ps_addrs.len());
+        for a in ps_addrs {
+            let addr: SocketAddr = std::net::ToSocketAddrs::to_socket_addrs(a.as_str())
+                .map_err(|e| TrainError::Connect(a.clone(), e))?
+                .next()
+                .ok_or_else(|| TrainError::Config(format!("{a}: no address")))?;
+            clients.push(
+                GrpcClient::connect(addr)
+                    .map_err(|e| TrainError::Backend("grpc", e.to_string()))?,
+            );
+        }
+        Ok(Box::new(GrpcNet {
+            clients,
+            reactors: cfg.ps_reactors.max(1),
+            traffic: Traffic::default(),
+        }))
+    }
+}
