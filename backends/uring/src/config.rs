@@ -41,6 +41,11 @@ pub struct UringConfig {
     /// SQPOLL with this idle time (ms) instead of task-run flags; needs a
     /// spare core. Default `None`; `STARWIRE_URING_SQPOLL=1` sets 1000.
     pub sqpoll_idle_ms: Option<u32>,
+    /// Use `DEFER_TASKRUN` where the kernel has it instead of
+    /// `COOP_TASKRUN`. Default false (`STARWIRE_URING_DEFER_TASKRUN=1` turns
+    /// it on): deferred work does not wake a reactor parked in `poll(2)`
+    /// on the ring, so it suits busy-polling reactors only.
+    pub defer_taskrun: bool,
     /// Try huge pages for the pools.
     pub huge_pages: HugePolicy,
     /// Transports enter the ring themselves in `flush`/`rx_burst` (a ring
@@ -65,6 +70,7 @@ impl Default for UringConfig {
             zero_copy: true,
             zero_copy_threshold: 32 << 10,
             sqpoll_idle_ms: None,
+            defer_taskrun: false,
             huge_pages: HugePolicy::Try,
             auto_enter: false,
         }
@@ -77,6 +83,9 @@ impl UringConfig {
         let mut c = Self::default();
         if std::env::var("STARWIRE_URING_SQPOLL").is_ok_and(|v| v.trim() == "1") {
             c.sqpoll_idle_ms = Some(1000);
+        }
+        if std::env::var("STARWIRE_URING_DEFER_TASKRUN").is_ok_and(|v| v.trim() == "1") {
+            c.defer_taskrun = true;
         }
         c
     }

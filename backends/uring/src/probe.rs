@@ -130,12 +130,12 @@ pub fn probe() -> std::io::Result<Features> {
         .setup_taskrun_flag()
         .build(8)
         .is_ok();
-    if !f.defer_taskrun {
-        f.fallbacks.push(if f.coop_taskrun {
-            "DEFER_TASKRUN -> COOP_TASKRUN".to_owned()
-        } else {
-            "DEFER_TASKRUN/COOP_TASKRUN -> default task work (IPIs)".to_owned()
-        });
+    if !f.coop_taskrun {
+        f.fallbacks
+            .push("COOP_TASKRUN -> default task work (IPIs)".to_owned());
+    }
+    if !f.single_issuer {
+        f.fallbacks.push("SINGLE_ISSUER -> shared issuer".to_owned());
     }
     if !f.recv_multishot {
         f.fallbacks

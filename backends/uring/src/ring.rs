@@ -156,6 +156,8 @@ pub(crate) struct RingInner {
     rearm: Vec<usize>,
     multishot: bool,
     sqpoll: bool,
+    /// False until the first `enter` enabled the (disabled) ring.
+    enabled: bool,
     /// SQEs whose completion has not been reaped.
     outstanding: u64,
 }
@@ -202,12 +204,18 @@ impl UringReactor {
         let sqpoll = cfg.sqpoll_idle_ms.is_some();
         if let Some(idle) = cfg.sqpoll_idle_ms {
             b.setup_sqpoll(idle);
-        } else if features.defer_taskrun {
-            b.setup_single_issuer()
-                .setup_defer_taskrun()
-                .setup_taskrun_flag();
-        } else if features.coop_taskrun {
-            b.setup_coop_taskrun().setup_taskrun_flag();
+        } else {
+            // Created disabled: a single-issuer ring belongs to the thread
+            // that enables it, which is the reactor's (first `enter`), not
+            // the thread that set it up.
+            if features.single_issuer {
+                b.setup_single_issuer().setup_r_disabled();
+            }
+            if features.defer_taskrun && cfg.defer_taskrun {
+                b.setup_defer_taskrun().setup_taskrun_flag();
+            } else if features.coop_taskrun {
+                b.setup_coop_taskrun().setup_taskrun_flag();
+            }
         }
         let ring = b
             .build(cfg.sq_entries)
@@ -244,6 +252,7 @@ impl UringReactor {
             .try_clone_to_owned()
             .map_err(|e| os(e, "dup of the ring fd"))?;
         let multishot = features.recv_multishot;
+        let disabled = features.single_issuer && cfg.sqpoll_idle_ms.is_none();
         let stats = UringStats {
             tx_pages: pages_name(tx_pool.pages()),
             registered_bytes: tx_pool.mapped_len() as u64,
@@ -263,6 +272,7 @@ impl UringReactor {
                 rearm: Vec::new(),
                 multishot,
                 sqpoll,
+                enabled: !disabled,
                 outstanding: 0,
             })),
             fd: Arc::new(fd),
@@ -353,6 +363,10 @@ impl RingInner {
     /// (`IORING_SQ_TASKRUN`) or the CQ overflowed. Returns whether it
     /// entered.
     pub(crate) fn enter(&mut self) -> std::io::Result<bool> {
+        if !self.enabled {
+            self.ring.submitter().register_enable_rings()?;
+            self.enabled = true;
+        }
         self.rearm_receives();
         let (pending, taskrun, overflow, wakeup) = {
             let mut sq = self.ring.submission();
