@@ -19,10 +19,12 @@ pub struct UringConfig {
     /// The largest `message_len` a received header may announce. Default
     /// 256 MiB.
     pub max_message_len: usize,
-    /// Transmit slots in the registered pool of the ring. Default 96
-    /// (6 MiB with the default slot, under the common 8 MiB memlock limit).
+    /// Transmit slots in the registered pool of the ring. Default 32
+    /// (2 MiB with the default slot; the common memlock limit is 8 MiB per
+    /// user, shared by all rings). A connection holds slots only while
+    /// frames are being written or sent.
     pub tx_slots: usize,
-    /// Transmit slots one connection may hold. Default 16.
+    /// Transmit slots one connection may hold. Default 8.
     pub tx_slots_per_conn: usize,
     /// Bound of the bytes kept by reference (`tx_gather`) per connection.
     /// Default 4 MiB.
@@ -61,8 +63,8 @@ impl Default for UringConfig {
             cq_entries: 4096,
             max_frame_len: 64 << 10,
             max_message_len: 256 << 20,
-            tx_slots: 96,
-            tx_slots_per_conn: 16,
+            tx_slots: 32,
+            tx_slots_per_conn: 8,
             tx_queue_limit_bytes: 4 << 20,
             gather_copy_threshold: 4096,
             rx_buf_len: 64 << 10,

@@ -135,7 +135,8 @@ pub fn probe() -> std::io::Result<Features> {
             .push("COOP_TASKRUN -> default task work (IPIs)".to_owned());
     }
     if !f.single_issuer {
-        f.fallbacks.push("SINGLE_ISSUER -> shared issuer".to_owned());
+        f.fallbacks
+            .push("SINGLE_ISSUER -> shared issuer".to_owned());
     }
     if !f.recv_multishot {
         f.fallbacks

@@ -787,10 +787,11 @@ impl RingInner {
         if c.inflight.is_some() {
             return Ok(());
         }
-        if c.reserved.is_none() && c.filling.is_some() {
-            // Queue what was written; the slot keeps filling with later
-            // frames until it is full.
-            queue_fill(&mut self.slot_refs, c);
+        if c.reserved.is_none() {
+            // Queue what was written and let go of the slot: an idle
+            // connection holds no transmit memory, so a ring's pool serves
+            // any number of connections.
+            close_fill(&mut self.tx_pool, &mut self.slot_refs, c);
         }
         if c.queue.is_empty() {
             return Ok(());
