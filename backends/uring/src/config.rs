@@ -44,9 +44,10 @@ pub struct UringConfig {
     /// spare core. Default `None`; `STARWIRE_URING_SQPOLL=1` sets 1000.
     pub sqpoll_idle_ms: Option<u32>,
     /// Use `DEFER_TASKRUN` where the kernel has it instead of
-    /// `COOP_TASKRUN`. Default false (`STARWIRE_URING_DEFER_TASKRUN=1` turns
-    /// it on): deferred work does not wake a reactor parked in `poll(2)`
-    /// on the ring, so it suits busy-polling reactors only.
+    /// `COOP_TASKRUN`. Default true (`STARWIRE_URING_DEFER_TASKRUN=0` turns
+    /// it off). Deferred work does not wake a task in `poll(2)` on the ring
+    /// fd, so such a ring registers an eventfd, enabled only while the
+    /// reactor parks.
     pub defer_taskrun: bool,
     /// Try huge pages for the pools.
     pub huge_pages: HugePolicy,
@@ -72,7 +73,7 @@ impl Default for UringConfig {
             zero_copy: true,
             zero_copy_threshold: 32 << 10,
             sqpoll_idle_ms: None,
-            defer_taskrun: false,
+            defer_taskrun: true,
             huge_pages: HugePolicy::Try,
             auto_enter: false,
         }
@@ -86,8 +87,8 @@ impl UringConfig {
         if std::env::var("STARWIRE_URING_SQPOLL").is_ok_and(|v| v.trim() == "1") {
             c.sqpoll_idle_ms = Some(1000);
         }
-        if std::env::var("STARWIRE_URING_DEFER_TASKRUN").is_ok_and(|v| v.trim() == "1") {
-            c.defer_taskrun = true;
+        if std::env::var("STARWIRE_URING_DEFER_TASKRUN").is_ok_and(|v| v.trim() == "0") {
+            c.defer_taskrun = false;
         }
         c
     }
@@ -161,6 +162,9 @@ pub enum UringError {
 pub struct UringStats {
     /// `io_uring_enter` system calls.
     pub enters: u64,
+    /// Reads draining the park eventfd (one after each park of a
+    /// `DEFER_TASKRUN` ring).
+    pub eventfd_reads: u64,
     /// SQEs submitted.
     pub sqes: u64,
     /// Send SQEs.

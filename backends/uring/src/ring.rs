@@ -158,6 +158,10 @@ pub(crate) struct RingInner {
     sqpoll: bool,
     /// False until the first `enter` enabled the (disabled) ring.
     enabled: bool,
+    /// Parks wait on a registered eventfd (`DEFER_TASKRUN`).
+    park_eventfd: bool,
+    /// The eventfd is enabled for a park and must be drained.
+    eventfd_armed: bool,
     /// SQEs whose completion has not been reaped.
     outstanding: u64,
 }
@@ -170,6 +174,8 @@ pub(crate) struct RingInner {
 #[derive(Clone)]
 pub struct UringReactor {
     pub(crate) inner: Arc<Mutex<RingInner>>,
+    /// What a parked reactor polls: the registered eventfd of a
+    /// `DEFER_TASKRUN` ring, else a duplicate of the ring fd.
     fd: Arc<OwnedFd>,
 }
 
@@ -217,7 +223,7 @@ impl UringReactor {
                 b.setup_coop_taskrun().setup_taskrun_flag();
             }
         }
-        let ring = b
+        let mut ring = b
             .build(cfg.sq_entries)
             .map_err(|e| os(e, "io_uring_setup"))?;
         match sys::register_buffer(&ring, tx_pool.base_ptr(), tx_pool.mapped_len()) {
@@ -247,10 +253,28 @@ impl UringReactor {
             buf_ring.add(rx_pool.slot_ptr(id), cfg.rx_buf_len as u32, i as u16);
         }
         buf_ring.publish();
-        let fd = ring
-            .as_fd()
-            .try_clone_to_owned()
-            .map_err(|e| os(e, "dup of the ring fd"))?;
+        let defer = features.defer_taskrun && cfg.defer_taskrun && !sqpoll;
+        let fd = if defer {
+            // Deferred work wakes neither poll(2) on the ring fd nor a
+            // sleeping task outside io_uring_enter, but it signals a
+            // registered eventfd. The eventfd stays disabled while the
+            // reactor polls and is enabled only for a park (`fd()`).
+            let efd = nix::sys::eventfd::EventFd::from_value_and_flags(
+                0,
+                nix::sys::eventfd::EfdFlags::EFD_NONBLOCK
+                    | nix::sys::eventfd::EfdFlags::EFD_CLOEXEC,
+            )
+            .map_err(|e| os(e.into(), "eventfd"))?;
+            ring.submitter()
+                .register_eventfd(efd.as_raw_fd())
+                .map_err(|e| os(e, "IORING_REGISTER_EVENTFD"))?;
+            ring.completion().disable_eventfd();
+            OwnedFd::from(efd)
+        } else {
+            ring.as_fd()
+                .try_clone_to_owned()
+                .map_err(|e| os(e, "dup of the ring fd"))?
+        };
         let multishot = features.recv_multishot;
         let disabled = features.single_issuer && cfg.sqpoll_idle_ms.is_none();
         let stats = UringStats {
@@ -273,6 +297,8 @@ impl UringReactor {
                 multishot,
                 sqpoll,
                 enabled: !disabled,
+                park_eventfd: defer,
+                eventfd_armed: false,
                 outstanding: 0,
             })),
             fd: Arc::new(fd),
@@ -287,7 +313,25 @@ impl UringReactor {
 
     /// The ring's file descriptor (a duplicate): readable when completions
     /// or deferred work wait, for a reactor to park on.
+    ///
+    /// The reactor asks for it only when it is about to park; for a
+    /// `DEFER_TASKRUN` ring this enables the eventfd (the next
+    /// [`enter`](Self::enter) disables and drains it again), and makes it
+    /// readable at once when work is already pending.
     pub fn fd(&self) -> BorrowedFd<'_> {
+        let mut r = self.lock();
+        if r.park_eventfd && !r.eventfd_armed {
+            r.eventfd_armed = true;
+            r.ring.completion().enable_eventfd();
+            let pending = {
+                let sq = r.ring.submission();
+                sq.taskrun() || sq.cq_overflow()
+            } || !r.ring.completion().is_empty();
+            if pending {
+                // Work raced with enabling: do not sleep on it.
+                let _ = nix::unistd::write(self.fd.as_fd(), &1u64.to_ne_bytes());
+            }
+        }
         self.fd.as_fd()
     }
 
@@ -297,6 +341,14 @@ impl UringReactor {
     /// submitted or reaped anything.
     pub fn enter(&self) -> Result<bool, UringError> {
         let mut r = self.lock();
+        if r.eventfd_armed {
+            r.eventfd_armed = false;
+            r.ring.completion().disable_eventfd();
+            let mut b = [0u8; 8];
+            // EAGAIN (nothing written) is fine.
+            let _ = nix::unistd::read(self.fd.as_raw_fd(), &mut b);
+            r.stats.eventfd_reads += 1;
+        }
         let entered = r.enter().map_err(|e| os(e, "io_uring_enter"))?;
         Ok(r.reap() > 0 || entered)
     }

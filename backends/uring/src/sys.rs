@@ -99,7 +99,7 @@ pub(crate) fn push_recv(
 /// How a send goes out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum SendKind {
-    /// `IORING_OP_SENDMSG`.
+    /// `IORING_OP_SEND` (one buffer) or `IORING_OP_SENDMSG`.
     Plain,
     /// `IORING_OP_SENDMSG_ZC` with usage reporting.
     ZeroCopyMsg,
@@ -118,6 +118,17 @@ pub(crate) fn push_send(
 ) -> bool {
     let flags = (libc::MSG_NOSIGNAL | libc::MSG_WAITALL) as u32;
     let e = match kind {
+        SendKind::Plain if msg.iov.len() == 1 => {
+            // One buffer: SEND skips the msghdr import of SENDMSG.
+            let v = msg.iov[0];
+            return push(
+                ring,
+                &opcode::Send::new(types::Fd(fd), v.iov_base as *const u8, v.iov_len as u32)
+                    .flags(flags as i32)
+                    .build()
+                    .user_data(user_data),
+            );
+        }
         SendKind::Plain => opcode::SendMsg::new(types::Fd(fd), &msg.hdr).flags(flags),
         SendKind::ZeroCopyMsg => {
             return push(
