@@ -62,15 +62,6 @@ impl UringTransport {
     pub fn stats(&self) -> ConnStats {
         self.reactor.lock().conn_stats(self.idx)
     }
-
-    fn auto(&self) -> Result<(), TransportError> {
-        if self.auto_enter {
-            let mut r = self.reactor.lock();
-            r.enter().map_err(TransportError::Io)?;
-            r.reap();
-        }
-        Ok(())
-    }
 }
 
 impl Drop for UringTransport {
@@ -112,8 +103,13 @@ impl Transport for UringTransport {
     /// Queues one send SQE for everything queued (unless a send is in
     /// flight); with `auto_enter`, also enters the ring.
     fn flush(&mut self, _now: Instant) -> Result<(), TransportError> {
-        self.reactor.lock().flush(self.idx)?;
-        self.auto()
+        let mut r = self.reactor.lock();
+        r.flush(self.idx)?;
+        if self.auto_enter {
+            r.enter().map_err(TransportError::Io)?;
+            r.reap();
+        }
+        Ok(())
     }
 
     /// Reaps completions (entering first with `auto_enter` when nothing is
@@ -127,15 +123,13 @@ impl Transport for UringTransport {
         if max == 0 {
             return Ok(0);
         }
-        let buffered = {
-            let mut r = self.reactor.lock();
+        let mut r = self.reactor.lock();
+        r.reap();
+        if self.auto_enter && !r.rx_buffered(self.idx) {
+            r.enter().map_err(TransportError::Io)?;
             r.reap();
-            r.rx_buffered(self.idx)
-        };
-        if !buffered {
-            self.auto()?;
         }
-        self.reactor.lock().rx_burst(self.idx, max, sink)
+        r.rx_burst(self.idx, max, sink)
     }
 
     fn tx_pending(&self) -> bool {
