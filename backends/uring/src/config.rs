@@ -34,7 +34,7 @@ pub struct UringConfig {
     pub gather_copy_threshold: usize,
     /// Length of one provided receive buffer. Default 64 KiB.
     pub rx_buf_len: usize,
-    /// Provided receive buffers of the ring. Default 256.
+    /// Provided receive buffers of the ring. Default 128 (8 MiB).
     pub rx_bufs: usize,
     /// Try zero-copy sends for large sends. Default true.
     pub zero_copy: bool,
@@ -69,7 +69,7 @@ impl Default for UringConfig {
             tx_queue_limit_bytes: 4 << 20,
             gather_copy_threshold: 4096,
             rx_buf_len: 64 << 10,
-            rx_bufs: 256,
+            rx_bufs: 128,
             zero_copy: true,
             zero_copy_threshold: 32 << 10,
             sqpoll_idle_ms: None,

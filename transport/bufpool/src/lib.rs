@@ -10,7 +10,9 @@
 //! The mapping uses 2 MiB huge pages (`MAP_HUGETLB`) when the system has
 //! them reserved and falls back to ordinary pages (with
 //! `MADV_HUGEPAGE`, so transparent huge pages can still back it) when it has
-//! none; [`BufPool::pages`] tells which one happened and why.
+//! none; [`BufPool::pages`] tells which one happened and why. Either way
+//! the pages are populated at creation, so no page fault lands on the data
+//! path.
 //!
 //! Registered memory is pinned and counted against `RLIMIT_MEMLOCK` for a
 //! process without `CAP_IPC_LOCK`. [`check_memlock`] compares the bytes a
@@ -245,13 +247,19 @@ impl BufPool {
 }
 
 fn map_normal(len: usize) -> Result<MmapMut, PoolError> {
-    let map = MmapOptions::new()
+    let mut map = MmapOptions::new()
         .len(len)
         .map_anon()
         .map_err(|source| PoolError::Map { len, source })?;
     // Transparent huge pages may still back it; failure (THP disabled) is
     // harmless.
     let _ = map.advise(Advice::HugePage);
+    // Touch every page now: a first-touch fault (a 2 MiB clear with
+    // transparent huge pages) must not land on the data path. (MAP_POPULATE
+    // would fault before the advice, with small pages.)
+    for b in map.iter_mut().step_by(4096) {
+        *b = 0;
+    }
     Ok(map)
 }
 
