@@ -175,6 +175,8 @@ pub struct Measured {
     /// Client-side system calls per message sent or received (starwire
     /// backends; `None` for the raw baseline).
     pub syscalls_per_msg: Option<f64>,
+    /// Client-side zero-copy sends and how many came back copied (uring).
+    pub zero_copy: Option<(u64, u64)>,
 }
 
 /// One result line; the field names are a contract (see docs/CLI.md).
@@ -201,6 +203,13 @@ pub struct ResultLine {
     pub repeat: usize,
     #[serde(default)]
     pub syscalls_per_msg: Option<f64>,
+    /// Client-side zero-copy sends (uring; null otherwise).
+    #[serde(default)]
+    pub zc_sends: Option<u64>,
+    /// Of those, sends the kernel reported as copied; a connection switches
+    /// to plain sends at the first one.
+    #[serde(default)]
+    pub zc_copied: Option<u64>,
 }
 
 fn result_line(plan: &Plan, run: &Run, m: &mut Measured) -> ResultLine {
@@ -235,6 +244,8 @@ fn result_line(plan: &Plan, run: &Run, m: &mut Measured) -> ResultLine {
         tensors: (run.mode == Mode::Fuse).then_some(run.tensors),
         repeat: 1,
         syscalls_per_msg: m.syscalls_per_msg,
+        zc_sends: m.zero_copy.map(|z| z.0),
+        zc_copied: m.zero_copy.map(|z| z.1),
     }
 }
 
@@ -259,6 +270,8 @@ fn median_line(lines: &[ResultLine]) -> ResultLine {
     let mut iters: Vec<u64> = lines.iter().map(|l| l.iters).collect();
     iters.sort_unstable();
     out.iters = iters[iters.len() / 2];
+    out.zc_sends = lines.iter().filter_map(|l| l.zc_sends).max();
+    out.zc_copied = lines.iter().filter_map(|l| l.zc_copied).max();
     out.repeat = lines.len();
     out
 }
@@ -655,6 +668,19 @@ fn print_table(plan: &Plan, lines: &[ResultLine]) {
         );
     }
     println!("{}", "-".repeat(127));
+    for l in lines {
+        if let (Some(z), Some(c)) = (l.zc_sends, l.zc_copied) {
+            if z > 0 {
+                println!(
+                    " {} {} {} B: {z} zero-copy sends, {c} reported copied by the kernel \
+                     (the connection then sends plainly; loopback always copies)",
+                    l.backend.name(),
+                    l.mode.name(),
+                    l.size
+                );
+            }
+        }
+    }
 }
 
 fn resolve_addr(s: &str) -> Result<SocketAddr, String> {

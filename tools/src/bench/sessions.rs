@@ -43,6 +43,11 @@ pub trait BenchTransport: Transport + Send + 'static {
     }
     /// System calls the backend made so far (reactor parks not included).
     fn syscalls(&self) -> u64;
+    /// Zero-copy sends and how many of them the kernel reported as copied,
+    /// for backends that try zero copy.
+    fn zero_copy(&self) -> Option<(u64, u64)> {
+        None
+    }
 }
 
 impl BenchTransport for TcpTransport {
@@ -67,6 +72,10 @@ impl BenchTransport for starwire_uring::UringTransport {
     fn syscalls(&self) -> u64 {
         let s = self.reactor().stats();
         s.enters + s.eventfd_reads
+    }
+    fn zero_copy(&self) -> Option<(u64, u64)> {
+        let s = self.reactor().stats();
+        Some((s.zc_sends, s.zc_copied))
     }
 }
 
@@ -490,6 +499,7 @@ pub fn client<T: BenchTransport>(
     let syscalls = gen.session.transport().syscalls() + rstats.parks;
     let msgs = 2 * gen.st.issued.max(1);
     let syscalls_per_msg = Some(syscalls as f64 / msgs as f64);
+    let zero_copy = gen.session.transport().zero_copy();
     let st = gen.st;
     if let Some(e) = st.error {
         return Err(e);
@@ -502,6 +512,7 @@ pub fn client<T: BenchTransport>(
             fused_steps_per_s: f.fused_rate,
             unfused_steps_per_s: f.unfused_rate,
             syscalls_per_msg,
+            zero_copy,
         });
     }
     let t0 = st.measure_start.unwrap_or_else(Instant::now);
@@ -515,5 +526,6 @@ pub fn client<T: BenchTransport>(
         fused_steps_per_s: None,
         unfused_steps_per_s: None,
         syscalls_per_msg,
+        zero_copy,
     })
 }
