@@ -48,17 +48,23 @@ clippy() {
 test_default() { cargo test --workspace --locked; }
 test_each_feature() {
     # Every optional feature of the starwire package, alone.
-    for f in hwloc; do
+    for f in hwloc uring; do
         echo "--- feature $f"
         cargo test -p starwire --no-default-features --features "$f" --locked
     done
     cargo test -p starwire-placement --features hwloc --locked
+    # tcp only: the uring backend left out.
+    echo "--- no default features"
+    cargo test -p starwire --no-default-features --locked
 }
 test_all_features() { cargo test --workspace --all-features --locked; }
 loom() { bash ci/loom.sh; }
 soak() {
     cargo build --release --locked -p starwire
     ./target/release/starwire soak --backend tcp --connections "$SOAK_CONNECTIONS" --duration "$SOAK_SECONDS" --json
+}
+soak_uring() {
+    ./target/release/starwire soak --backend uring --connections "$SOAK_CONNECTIONS" --duration "$SOAK_SECONDS" --json
 }
 soak_faulted() {
     # TCP has no reliability of its own at our layer: with faults injected
@@ -93,6 +99,7 @@ stage "test (all features)" test_all_features
 stage "loom" loom
 stage "fuzz (frame decoder and PS codec, ${FUZZ_SECONDS}s)" fuzz
 stage "soak (tcp, ${SOAK_CONNECTIONS} connections, ${SOAK_SECONDS}s)" soak
+stage "soak (uring, ${SOAK_CONNECTIONS} connections, ${SOAK_SECONDS}s)" soak_uring
 stage "soak with faults (must fail)" soak_faulted
 stage "train (the README run command, checked)" train_check
 echo "=== all stages passed in $(( $(date +%s) - T0 )) s"

@@ -12,6 +12,9 @@ pub enum Backend {
     Raw,
     /// starwire sessions over the TCP backend (`starwire-tcp`).
     Tcp,
+    /// starwire sessions over the io_uring backend (`starwire-uring`).
+    #[cfg(all(feature = "uring", target_os = "linux"))]
+    Uring,
 }
 
 impl Backend {
@@ -20,6 +23,28 @@ impl Backend {
         match self {
             Backend::Raw => "raw",
             Backend::Tcp => "tcp",
+            #[cfg(all(feature = "uring", target_os = "linux"))]
+            Backend::Uring => "uring",
+        }
+    }
+
+    /// Check at run time that the backend can work on this machine: io_uring
+    /// may be compiled in but disabled (old kernel, `io_uring_disabled`,
+    /// seccomp in a container).
+    pub fn check_available(self) -> Result<(), String> {
+        match self {
+            #[cfg(all(feature = "uring", target_os = "linux"))]
+            Backend::Uring => {
+                let why = match starwire_uring::probe() {
+                    Ok(f) => f.unusable(),
+                    Err(e) => Some(e.to_string()),
+                };
+                match why {
+                    Some(why) => Err(format!("io_uring unavailable: {why}; use --backends tcp")),
+                    None => Ok(()),
+                }
+            }
+            _ => Ok(()),
         }
     }
 }
@@ -34,6 +59,7 @@ impl fmt::Display for Backend {
 /// the user has to do to get them.
 pub fn missing_backend_hint(name: &str) -> Option<String> {
     let hint = match name {
+        #[cfg(not(all(feature = "uring", target_os = "linux")))]
         "uring" | "io_uring" | "io-uring" => {
             "the uring backend is not compiled in; rebuild with \
              `cargo build --release --features uring` (needs Linux >= 5.19 with \
@@ -58,6 +84,15 @@ pub fn missing_backend_hint(name: &str) -> Option<String> {
     Some(hint.to_owned())
 }
 
+/// The starwire backends of this binary, for messages.
+pub fn compiled_in() -> &'static str {
+    if cfg!(all(feature = "uring", target_os = "linux")) {
+        "tcp, uring"
+    } else {
+        "tcp"
+    }
+}
+
 impl FromStr for Backend {
     type Err = String;
 
@@ -66,8 +101,13 @@ impl FromStr for Backend {
         match s.as_str() {
             "raw" => Ok(Backend::Raw),
             "tcp" => Ok(Backend::Tcp),
+            #[cfg(all(feature = "uring", target_os = "linux"))]
+            "uring" | "io_uring" | "io-uring" => Ok(Backend::Uring),
             other => Err(missing_backend_hint(other).unwrap_or_else(|| {
-                format!("unknown backend {other:?}; compiled in: tcp (and the raw baseline)")
+                format!(
+                    "unknown backend {other:?}; compiled in: {} (and the raw baseline)",
+                    compiled_in()
+                )
             })),
         }
     }
@@ -81,8 +121,13 @@ mod tests {
     fn parses_compiled_backends_and_hints_the_rest() {
         assert_eq!("raw".parse::<Backend>(), Ok(Backend::Raw));
         assert_eq!(" TCP ".parse::<Backend>(), Ok(Backend::Tcp));
-        let e = "uring".parse::<Backend>().unwrap_err();
-        assert!(e.contains("--features uring"), "{e}");
+        #[cfg(all(feature = "uring", target_os = "linux"))]
+        assert_eq!("io_uring".parse::<Backend>(), Ok(Backend::Uring));
+        #[cfg(not(all(feature = "uring", target_os = "linux")))]
+        {
+            let e = "uring".parse::<Backend>().unwrap_err();
+            assert!(e.contains("--features uring"), "{e}");
+        }
         let e = "verbs".parse::<Backend>().unwrap_err();
         assert!(e.contains("libibverbs-dev"), "{e}");
         let e = "carrier-pigeon".parse::<Backend>().unwrap_err();

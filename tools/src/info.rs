@@ -118,9 +118,52 @@ fn io_uring_info() -> Value {
         "kernel_supports_io_uring": release.as_deref().and_then(|r| kernel_at_least(r, 5, 1)),
         "io_uring_disabled": disabled,
         "status": meaning,
-        "backend_compiled_in": false,
+        "backend_compiled_in": cfg!(all(feature = "uring", target_os = "linux")),
         "hint": crate::backend::missing_backend_hint("uring"),
+        "backend": uring_backend(),
     })
+}
+
+/// What the uring backend probed and what a ring with the default settings
+/// gets: ops, setup flags, fallbacks, the registered pool's pages (the
+/// huge-page attempt) and the memlock check.
+#[cfg(all(feature = "uring", target_os = "linux"))]
+fn uring_backend() -> Value {
+    let probed = match starwire_uring::probe() {
+        Ok(f) => f,
+        Err(e) => return json!({ "usable": false, "error": format!("io_uring unavailable: {e}") }),
+    };
+    let cfg = crate::bench::sessions::uring_config();
+    let ring = match starwire_uring::UringReactor::new(&cfg) {
+        Ok(r) => {
+            let st = r.stats();
+            json!({
+                "ok": true,
+                "registered_bytes": st.registered_bytes,
+                "tx_pool_pages": st.tx_pages,
+            })
+        }
+        Err(e) => json!({ "ok": false, "error": e.to_string() }),
+    };
+    json!({
+        "usable": probed.unusable().is_none(),
+        "unusable_reason": probed.unusable(),
+        "features": probed.to_json(),
+        "fallbacks": probed.fallbacks,
+        "sqpoll": cfg.sqpoll_idle_ms.is_some(),
+        "defer_taskrun": cfg.defer_taskrun,
+        "zero_copy": cfg.zero_copy,
+        "zero_copy_threshold": cfg.zero_copy_threshold,
+        "zero_copy_note": "a connection whose zero-copy sends come back copied \
+                           (always on loopback and veth) switches to plain sends; \
+                           bench and soak count them",
+        "ring": ring,
+    })
+}
+
+#[cfg(not(all(feature = "uring", target_os = "linux")))]
+fn uring_backend() -> Value {
+    Value::Null
 }
 
 fn rdma_devices() -> Value {
@@ -261,7 +304,7 @@ pub fn main(a: InfoArgs) -> Result<(), String> {
     let info = json!({
         "version": env!("CARGO_PKG_VERSION"),
         "backends": {
-            "compiled_in": ["tcp"],
+            "compiled_in": crate::backend::compiled_in().split(", ").collect::<Vec<_>>(),
             "baseline": "raw",
             "not_compiled_in": {
                 "uring": crate::backend::missing_backend_hint("uring"),
@@ -304,21 +347,80 @@ fn print_text(i: &Value, settings: &Settings) {
     println!("\nbackends");
     println!("  tcp      compiled in (starwire-tcp: non-blocking sockets, vectored writes)");
     println!("  raw      benchmark baseline (plain sockets, no starwire code)");
+    let u = &i["io_uring"];
+    let ub = &u["backend"];
     for b in ["uring", "verbs", "dpdk", "grpc"] {
+        if b == "uring" && u["backend_compiled_in"] == true {
+            let state = if ub["usable"] == true {
+                "usable".to_owned()
+            } else {
+                format!(
+                    "UNUSABLE: {}; use --backends tcp",
+                    s(&ub["unusable_reason"]).replace("null", &s(&ub["error"]))
+                )
+            };
+            println!("  uring    compiled in (starwire-uring: io_uring), {state}");
+            continue;
+        }
         println!(
             "  {b:<8} not compiled in: {}",
             s(&i["backends"]["not_compiled_in"][b])
         );
     }
-    let u = &i["io_uring"];
     println!("\nkernel");
     println!("  release        {}", s(&u["kernel"]));
     println!(
-        "  io_uring       io_uring_disabled={} ({}); kernel >= 5.1: {}; uring backend not compiled in",
+        "  io_uring       io_uring_disabled={} ({}); kernel >= 5.1: {}",
         s(&u["io_uring_disabled"]),
         s(&u["status"]),
         s(&u["kernel_supports_io_uring"])
     );
+    if u["backend_compiled_in"] == true && !ub.is_null() {
+        let f = &ub["features"];
+        println!(
+            "  uring ops      send/recv {} sendmsg {} send_zc {} sendmsg_zc {} async_cancel {}",
+            s(&f["ops"]["send_recv"]),
+            s(&f["ops"]["sendmsg"]),
+            s(&f["ops"]["send_zc"]),
+            s(&f["ops"]["sendmsg_zc"]),
+            s(&f["ops"]["async_cancel"])
+        );
+        println!(
+            "  uring setup    pbuf_ring {} recv_multishot {} single_issuer {} coop_taskrun {} \
+             defer_taskrun {} (used: {}) sqpoll {}",
+            s(&f["pbuf_ring"]),
+            s(&f["recv_multishot"]),
+            s(&f["setup"]["single_issuer"]),
+            s(&f["setup"]["coop_taskrun"]),
+            s(&f["setup"]["defer_taskrun"]),
+            s(&ub["defer_taskrun"]),
+            s(&ub["sqpoll"])
+        );
+        let fb = ub["fallbacks"].as_array().cloned().unwrap_or_default();
+        println!(
+            "  uring fallback {}",
+            if fb.is_empty() {
+                "none".to_owned()
+            } else {
+                fb.iter().map(s).collect::<Vec<_>>().join("; ")
+            }
+        );
+        let r = &ub["ring"];
+        if r["ok"] == true {
+            println!(
+                "  uring buffers  {} bytes registered, {}",
+                s(&r["registered_bytes"]),
+                s(&r["tx_pool_pages"])
+            );
+        } else {
+            println!("  uring ring     {}", s(&r["error"]));
+        }
+        println!(
+            "  uring zc       zero-copy sends from {} bytes; copied ones (loopback, veth) \
+             switch the connection to plain sends",
+            s(&ub["zero_copy_threshold"])
+        );
+    }
     let r = &i["rdma"];
     let devs = r["devices"].as_array().cloned().unwrap_or_default();
     if devs.is_empty() {

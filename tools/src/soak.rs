@@ -22,12 +22,12 @@ use starwire_transport::testing::{FaultSpec, FaultStats, Faulty};
 use starwire_transport::wire::{Opcode, Status};
 use starwire_transport::{Body, Connection, Incoming, Session, TaskRole, Transport};
 
-use crate::bench::tcp::conn_config;
+use crate::bench::sessions::conn_config;
 
 /// Options of `starwire soak`.
 #[derive(Debug, clap::Args)]
 pub struct SoakArgs {
-    /// Backend under test: tcp.
+    /// Backend under test: tcp or uring.
     #[arg(long, default_value = "tcp", value_parser = parse_soak_backend)]
     pub backend: String,
     /// Connections over loopback.
@@ -65,9 +65,17 @@ pub struct SoakArgs {
 fn parse_soak_backend(s: &str) -> Result<String, String> {
     match s.trim().to_ascii_lowercase().as_str() {
         "tcp" => Ok("tcp".to_owned()),
+        #[cfg(all(feature = "uring", target_os = "linux"))]
+        "uring" | "io_uring" | "io-uring" => Ok("uring".to_owned()),
         "raw" => Err("the raw baseline has no message layer to soak; use --backend tcp".into()),
-        other => Err(crate::backend::missing_backend_hint(other)
-            .unwrap_or_else(|| format!("unknown backend {other:?}; soak supports: tcp"))),
+        other => Err(
+            crate::backend::missing_backend_hint(other).unwrap_or_else(|| {
+                format!(
+                    "unknown backend {other:?}; soak supports: {}",
+                    crate::backend::compiled_in()
+                )
+            }),
+        ),
     }
 }
 
@@ -151,6 +159,21 @@ trait SoakTransport: Transport + Send + 'static {
     fn fd(&self) -> BorrowedFd<'_>;
     fn fault_stats(&self) -> FaultStats {
         FaultStats::default()
+    }
+    /// End of a reactor turn over the connections sharing this one's ring:
+    /// the one submission of a batching backend.
+    fn end_turn(&self) -> bool {
+        false
+    }
+}
+
+#[cfg(all(feature = "uring", target_os = "linux"))]
+impl SoakTransport for starwire_uring::UringTransport {
+    fn fd(&self) -> BorrowedFd<'_> {
+        self.reactor().fd()
+    }
+    fn end_turn(&self) -> bool {
+        self.reactor().enter().unwrap_or(true)
     }
 }
 
@@ -374,8 +397,14 @@ impl<T: SoakTransport> Shard for SoakClient<T> {
                 all_quiet = false;
             }
         }
+        if let Some(c) = self.conns.first() {
+            busy |= c.session.transport().end_turn();
+        }
         if !sending && (all_quiet || now >= self.give_up) {
             self.finish(now);
+            if let Some(c) = self.conns.first() {
+                c.session.transport().end_turn();
+            }
             return true;
         }
         busy
@@ -458,6 +487,9 @@ impl<T: SoakTransport> Shard for SoakServer<T> {
                     busy = true;
                 }
             }
+        }
+        if let Some(c) = self.conns.first() {
+            busy |= c.session.transport().end_turn();
         }
         busy
     }
@@ -683,6 +715,19 @@ pub fn main(args: SoakArgs) -> Result<bool, String> {
     let rss_start_kb = rss_kb();
     let lay = layout(&args)?;
     let (cs, ss) = connect_pairs(args.connections)?;
+    #[cfg(all(feature = "uring", target_os = "linux"))]
+    if args.backend == "uring" {
+        if args.faults.is_some() {
+            return Err("--faults is supported with --backend tcp only".into());
+        }
+        crate::backend::Backend::Uring.check_available()?;
+        let (ct, st) = (
+            uring_groups(cs, lay.client_cpus.len())?,
+            uring_groups(ss, lay.server_cpus.len())?,
+        );
+        let out = run_soak(&args, &lay, ct, st)?;
+        return report(&args, &lay, rss_start_kb, out);
+    }
     let cfg = TcpConfig::default();
     let wrap = |v: Vec<TcpStream>| -> Result<Vec<TcpTransport>, String> {
         v.into_iter()
@@ -706,6 +751,37 @@ pub fn main(args: SoakArgs) -> Result<bool, String> {
             run_soak(&args, &lay, f(ct, 0), f(st, 1 << 20))?
         }
     };
+    report(&args, &lay, rss_start_kb, out)
+}
+
+/// One ring per reactor: stream `i` goes to group `i % groups`, the
+/// grouping `run_soak` uses. Each ring binds to its reactor thread at the
+/// first enter.
+#[cfg(all(feature = "uring", target_os = "linux"))]
+fn uring_groups(
+    streams: Vec<TcpStream>,
+    groups: usize,
+) -> Result<Vec<starwire_uring::UringTransport>, String> {
+    let cfg = crate::bench::sessions::uring_config();
+    let rings = (0..groups.max(1))
+        .map(|_| starwire_uring::UringReactor::new(&cfg).map_err(|e| e.to_string()))
+        .collect::<Result<Vec<_>, _>>()?;
+    streams
+        .into_iter()
+        .enumerate()
+        .map(|(i, s)| {
+            starwire_uring::UringTransport::new(&rings[i % rings.len()], s)
+                .map_err(|e| format!("uring transport: {e}"))
+        })
+        .collect()
+}
+
+fn report(
+    args: &SoakArgs,
+    lay: &Layout,
+    rss_start_kb: Option<u64>,
+    out: Outcome,
+) -> Result<bool, String> {
     let rss_end_kb = rss_kb();
     let c = out.counts;
     let passed = c.messages > 0

@@ -8,7 +8,7 @@
 //! same process.
 
 mod raw;
-pub mod tcp;
+pub mod sessions;
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -172,6 +172,11 @@ pub struct Measured {
     pub fused_steps_per_s: Option<f64>,
     /// Unfused steps per second (fuse mode).
     pub unfused_steps_per_s: Option<f64>,
+    /// Client-side system calls per message sent or received (starwire
+    /// backends; `None` for the raw baseline).
+    pub syscalls_per_msg: Option<f64>,
+    /// Client-side zero-copy sends and how many came back copied (uring).
+    pub zero_copy: Option<(u64, u64)>,
 }
 
 /// One result line; the field names are a contract (see docs/CLI.md).
@@ -196,6 +201,15 @@ pub struct ResultLine {
     pub unfused_steps_per_s: Option<f64>,
     pub tensors: Option<usize>,
     pub repeat: usize,
+    #[serde(default)]
+    pub syscalls_per_msg: Option<f64>,
+    /// Client-side zero-copy sends (uring; null otherwise).
+    #[serde(default)]
+    pub zc_sends: Option<u64>,
+    /// Of those, sends the kernel reported as copied; a connection switches
+    /// to plain sends at the first one.
+    #[serde(default)]
+    pub zc_copied: Option<u64>,
 }
 
 fn result_line(plan: &Plan, run: &Run, m: &mut Measured) -> ResultLine {
@@ -229,6 +243,9 @@ fn result_line(plan: &Plan, run: &Run, m: &mut Measured) -> ResultLine {
         unfused_steps_per_s: m.unfused_steps_per_s,
         tensors: (run.mode == Mode::Fuse).then_some(run.tensors),
         repeat: 1,
+        syscalls_per_msg: m.syscalls_per_msg,
+        zc_sends: m.zero_copy.map(|z| z.0),
+        zc_copied: m.zero_copy.map(|z| z.1),
     }
 }
 
@@ -249,9 +266,12 @@ fn median_line(lines: &[ResultLine]) -> ResultLine {
     med!(gbps);
     med!(fused_steps_per_s);
     med!(unfused_steps_per_s);
+    med!(syscalls_per_msg);
     let mut iters: Vec<u64> = lines.iter().map(|l| l.iters).collect();
     iters.sort_unstable();
     out.iters = iters[iters.len() / 2];
+    out.zc_sends = lines.iter().filter_map(|l| l.zc_sends).max();
+    out.zc_copied = lines.iter().filter_map(|l| l.zc_copied).max();
     out.repeat = lines.len();
     out
 }
@@ -438,7 +458,13 @@ fn serve(listener: TcpListener, server_core: Option<Option<usize>>) -> Result<()
             .map_err(|e| format!("accepting a data connection: {e}"))?;
         let res = match run.backend {
             Backend::Raw => raw::serve(stream, core, plan.polling),
-            Backend::Tcp => tcp::serve(stream, &run, core, idle),
+            Backend::Tcp => {
+                tcp_transport(stream, &run).and_then(|t| sessions::serve(t, &run, core, idle))
+            }
+            #[cfg(all(feature = "uring", target_os = "linux"))]
+            Backend::Uring => {
+                uring_transport(stream).and_then(|t| sessions::serve(t, &run, core, idle))
+            }
         };
         let msg = match &res {
             Ok(()) => ServerMsg::Done {
@@ -454,6 +480,20 @@ fn serve(listener: TcpListener, server_core: Option<Option<usize>>) -> Result<()
         res?;
     }
     Ok(())
+}
+
+fn tcp_transport(stream: TcpStream, run: &Run) -> Result<starwire_tcp::TcpTransport, String> {
+    starwire_tcp::TcpTransport::new(stream, sessions::tcp_config(run.max_size))
+        .map_err(|e| format!("tcp transport: {e}"))
+}
+
+/// A transport on a ring of its own (one connection per bench reactor),
+/// made here and bound to the reactor thread at its first enter.
+#[cfg(all(feature = "uring", target_os = "linux"))]
+fn uring_transport(stream: TcpStream) -> Result<starwire_uring::UringTransport, String> {
+    let ring = starwire_uring::UringReactor::new(&sessions::uring_config())
+        .map_err(|e| format!("{e}; use --backends tcp"))?;
+    starwire_uring::UringTransport::new(&ring, stream).map_err(|e| format!("uring transport: {e}"))
 }
 
 struct Progress {
@@ -524,7 +564,11 @@ fn drive(plan: &Plan, ctl_addr: SocketAddr) -> Result<Vec<ResultLine>, String> {
             .map_err(|e| format!("connecting the data connection {addr}: {e}"))?;
         let measured = match run.backend {
             Backend::Raw => raw::client(stream, run, plan.client_core, plan.polling),
-            Backend::Tcp => tcp::client(stream, run, plan.client_core, client_idle),
+            Backend::Tcp => tcp_transport(stream, run)
+                .and_then(|t| sessions::client(t, run, plan.client_core, client_idle)),
+            #[cfg(all(feature = "uring", target_os = "linux"))]
+            Backend::Uring => uring_transport(stream)
+                .and_then(|t| sessions::client(t, run, plan.client_core, client_idle)),
         };
         match recv_line::<ServerMsg>(&mut r)? {
             ServerMsg::Done { ok: true, .. } => {}
@@ -563,15 +607,15 @@ fn print_table(plan: &Plan, lines: &[ResultLine]) {
         (Some(c), Some(s)) => format!("client core {c}, server core {s}"),
         _ => "unpinned".to_owned(),
     };
-    println!("{}", "-".repeat(118));
+    println!("{}", "-".repeat(127));
     println!(
         " starwire bench   polling {}   {cores}   repeat {} (median)",
         if plan.polling { "on" } else { "off" },
         plan.repeat.max(1)
     );
-    println!("{}", "-".repeat(118));
+    println!("{}", "-".repeat(127));
     println!(
-        " {:<7} {:<5} {:>9} {:>8} {:>8} {:>9} {:>9} {:>9} {:>10} {:>9} {:>12} {:>8}",
+        " {:<7} {:<5} {:>9} {:>8} {:>8} {:>9} {:>9} {:>9} {:>10} {:>9} {:>12} {:>8} {:>8}",
         "backend",
         "mode",
         "#bytes",
@@ -583,7 +627,8 @@ fn print_table(plan: &Plan, lines: &[ResultLine]) {
         "t_p999[us]",
         "t_max[us]",
         "msgs/s",
-        "Gb/s"
+        "Gb/s",
+        "sys/msg"
     );
     for l in lines {
         if l.mode == Mode::Fuse {
@@ -606,7 +651,7 @@ fn print_table(plan: &Plan, lines: &[ResultLine]) {
             continue;
         }
         println!(
-            " {:<7} {:<5} {:>9} {:>8} {:>8} {:>9} {:>9} {:>9} {:>10} {:>9} {:>12} {:>8}",
+            " {:<7} {:<5} {:>9} {:>8} {:>8} {:>9} {:>9} {:>9} {:>10} {:>9} {:>12} {:>8} {:>8}",
             l.backend.name(),
             l.mode.name(),
             l.size,
@@ -619,9 +664,23 @@ fn print_table(plan: &Plan, lines: &[ResultLine]) {
             fmt_opt(l.max_us, 2),
             fmt_opt(l.msgs_per_s, 0),
             fmt_opt(l.gbps, 3),
+            fmt_opt(l.syscalls_per_msg, 3),
         );
     }
-    println!("{}", "-".repeat(118));
+    println!("{}", "-".repeat(127));
+    for l in lines {
+        if let (Some(z), Some(c)) = (l.zc_sends, l.zc_copied) {
+            if z > 0 {
+                println!(
+                    " {} {} {} B: {z} zero-copy sends, {c} reported copied by the kernel \
+                     (the connection then sends plainly; loopback always copies)",
+                    l.backend.name(),
+                    l.mode.name(),
+                    l.size
+                );
+            }
+        }
+    }
 }
 
 fn resolve_addr(s: &str) -> Result<SocketAddr, String> {
@@ -657,6 +716,9 @@ fn validate(args: &BenchArgs) -> Result<(), String> {
 /// Run `starwire bench`.
 pub fn main(args: BenchArgs) -> Result<(), String> {
     validate(&args)?;
+    for b in &args.backends {
+        b.check_available()?;
+    }
     if let Some(listen) = &args.listen {
         let addr = resolve_addr(listen)?;
         let listener =

@@ -1,10 +1,10 @@
-//! starwire over TCP: the load generator is a [`Shard`] on the client
-//! reactor (pinned to the client core), the echo/ack server a [`Shard`] on
-//! the server reactor (pinned to the server core). No application thread
-//! sits between them and the sessions.
+//! starwire sessions over any backend: the load generator is a [`Shard`]
+//! on the client reactor (pinned to the client core), the echo/ack server a
+//! [`Shard`] on the server reactor (pinned to the server core). No
+//! application thread sits between them and the sessions. The same code
+//! runs over TCP and io_uring through [`BenchTransport`].
 
 use std::collections::VecDeque;
-use std::net::TcpStream;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::time::{Duration, Instant};
 
@@ -15,6 +15,7 @@ use starwire_transport::reactor::{IdlePolicy, Reactor, ReactorSpec, Shard};
 use starwire_transport::wire::tensor::DType;
 use starwire_transport::wire::tensors::TensorList;
 use starwire_transport::wire::{Opcode, Status, HEADER_LEN};
+use starwire_transport::Transport;
 use starwire_transport::{Body, ConnConfig, Connection, Incoming, PeerInfo, Session, TaskRole};
 
 use super::{Measured, Mode, Run};
@@ -29,6 +30,60 @@ pub fn tcp_config(max_payload: usize) -> TcpConfig {
         tx_queue_limit_bytes: (4 * frame).max(4 << 20),
         ..TcpConfig::default()
     }
+}
+
+/// A backend the bench drives: a transport plus what its reactor needs.
+pub trait BenchTransport: Transport + Send + 'static {
+    /// The descriptor a parked reactor waits on.
+    fn wake_fd(&self) -> BorrowedFd<'_>;
+    /// End of a reactor turn: the one submission of a batching backend.
+    /// Returns true when it moved anything.
+    fn end_turn(&self) -> bool {
+        false
+    }
+    /// System calls the backend made so far (reactor parks not included).
+    fn syscalls(&self) -> u64;
+    /// Zero-copy sends and how many of them the kernel reported as copied,
+    /// for backends that try zero copy.
+    fn zero_copy(&self) -> Option<(u64, u64)> {
+        None
+    }
+}
+
+impl BenchTransport for TcpTransport {
+    fn wake_fd(&self) -> BorrowedFd<'_> {
+        self.stream().as_fd()
+    }
+    fn syscalls(&self) -> u64 {
+        let s = self.stats();
+        s.write_calls + s.read_calls
+    }
+}
+
+#[cfg(all(feature = "uring", target_os = "linux"))]
+impl BenchTransport for starwire_uring::UringTransport {
+    fn wake_fd(&self) -> BorrowedFd<'_> {
+        self.reactor().fd()
+    }
+    fn end_turn(&self) -> bool {
+        // An enter error ends the connection on the next rx_burst.
+        self.reactor().enter().unwrap_or(true)
+    }
+    fn syscalls(&self) -> u64 {
+        let s = self.reactor().stats();
+        s.enters + s.eventfd_reads
+    }
+    fn zero_copy(&self) -> Option<(u64, u64)> {
+        let s = self.reactor().stats();
+        Some((s.zc_sends, s.zc_copied))
+    }
+}
+
+/// io_uring settings both ends derive from the plan. Frames are the
+/// backend's slots (64 KiB): larger messages are chunked.
+#[cfg(all(feature = "uring", target_os = "linux"))]
+pub fn uring_config() -> starwire_uring::UringConfig {
+    starwire_uring::UringConfig::from_env()
 }
 
 /// Connection settings of one end.
@@ -64,8 +119,8 @@ fn spec(index: usize, cpu: Option<usize>, idle: IdlePolicy) -> ReactorSpec {
 /// The server shard: answers `Rpc` with an echo, `Tensors` (after decoding
 /// the list) and everything else with an empty ack.
 #[derive(Debug)]
-pub struct EchoServer {
-    session: Session<TcpTransport>,
+pub struct EchoServer<T> {
+    session: Session<T>,
     done: bool,
     error: Option<String>,
 }
@@ -94,21 +149,22 @@ fn answer(conn: &mut Connection, m: Incoming<'_>, error: &mut Option<String>) {
     }
 }
 
-impl Shard for EchoServer {
+impl<T: BenchTransport> Shard for EchoServer<T> {
     fn turn(&mut self, now: Instant) -> bool {
         let Self { session, error, .. } = self;
-        match session.turn(now, &mut |conn, m| answer(conn, m, error)) {
+        let busy = match session.turn(now, &mut |conn, m| answer(conn, m, error)) {
             Ok(s) => s.busy(),
             Err(_) => {
                 // The client closing the connection ends the run.
                 self.done = true;
                 true
             }
-        }
+        };
+        self.session.transport().end_turn() | busy
     }
 
     fn wake_fds<'a>(&'a self, out: &mut Vec<BorrowedFd<'a>>) {
-        out.push(self.session.transport().stream().as_fd());
+        out.push(self.session.transport().wake_fd());
     }
 
     fn finished(&self) -> bool {
@@ -118,15 +174,13 @@ impl Shard for EchoServer {
 
 /// Serve one data connection on a reactor pinned to `core`; returns when
 /// the client closes it.
-pub fn serve(
-    stream: TcpStream,
+pub fn serve<T: BenchTransport>(
+    t: T,
     run: &Run,
     core: Option<usize>,
     idle: IdlePolicy,
 ) -> Result<(), String> {
-    let cfg = tcp_config(run.max_size);
     let window = window_for(run);
-    let t = TcpTransport::new(stream, cfg).map_err(|e| format!("tcp transport: {e}"))?;
     let reactor = Reactor::spawn(spec(1, core, idle), move |_| EchoServer {
         session: Session::new(conn_config(TaskRole::Ps, window), t),
         done: false,
@@ -170,8 +224,8 @@ struct FuseState {
 
 /// The load generator, run as the client reactor's shard.
 #[derive(Debug)]
-pub struct LoadGen {
-    session: Session<TcpTransport>,
+pub struct LoadGen<T> {
+    session: Session<T>,
     st: GenState,
 }
 
@@ -388,7 +442,7 @@ impl GenState {
     }
 }
 
-impl Shard for LoadGen {
+impl<T: BenchTransport> Shard for LoadGen<T> {
     fn turn(&mut self, now: Instant) -> bool {
         if self.st.closed {
             return false;
@@ -413,11 +467,11 @@ impl Shard for LoadGen {
             let _ = session.flush(now);
             st.closed = true;
         }
-        busy
+        session.transport().end_turn() | busy
     }
 
     fn wake_fds<'a>(&'a self, out: &mut Vec<BorrowedFd<'a>>) {
-        out.push(self.session.transport().stream().as_fd());
+        out.push(self.session.transport().wake_fd());
     }
 
     fn finished(&self) -> bool {
@@ -426,22 +480,26 @@ impl Shard for LoadGen {
 }
 
 /// Run the load generator of `run` on a client reactor pinned to `core`.
-pub fn client(
-    stream: TcpStream,
+pub fn client<T: BenchTransport>(
+    t: T,
     run: &Run,
     core: Option<usize>,
     idle: IdlePolicy,
 ) -> Result<Measured, String> {
-    let cfg = tcp_config(run.max_size);
     let window = window_for(run);
     let st = GenState::new(run);
-    let t = TcpTransport::new(stream, cfg).map_err(|e| format!("tcp transport: {e}"))?;
     let reactor = Reactor::spawn(spec(0, core, idle), move |_| LoadGen {
         session: Session::new(conn_config(TaskRole::Worker, window), t),
         st,
     })
     .map_err(|e| format!("client reactor: {e}"))?;
-    let (gen, _) = reactor.join().map_err(|e| format!("client reactor: {e}"))?;
+    let (gen, rstats) = reactor.join().map_err(|e| format!("client reactor: {e}"))?;
+    // Each park is one poll(2); each request is two messages (request and
+    // response) on this end.
+    let syscalls = gen.session.transport().syscalls() + rstats.parks;
+    let msgs = 2 * gen.st.issued.max(1);
+    let syscalls_per_msg = Some(syscalls as f64 / msgs as f64);
+    let zero_copy = gen.session.transport().zero_copy();
     let st = gen.st;
     if let Some(e) = st.error {
         return Err(e);
@@ -453,6 +511,8 @@ pub fn client(
             rtts_ns: Vec::new(),
             fused_steps_per_s: f.fused_rate,
             unfused_steps_per_s: f.unfused_rate,
+            syscalls_per_msg,
+            zero_copy,
         });
     }
     let t0 = st.measure_start.unwrap_or_else(Instant::now);
@@ -465,5 +525,7 @@ pub fn client(
         rtts_ns: st.rtts,
         fused_steps_per_s: None,
         unfused_steps_per_s: None,
+        syscalls_per_msg,
+        zero_copy,
     })
 }

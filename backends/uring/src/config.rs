@@ -1,0 +1,196 @@
+//! Settings, errors and counters of the io_uring backend.
+
+use starwire_bufpool::{HugePolicy, MemlockError, PoolError};
+use starwire_wire::HEADER_LEN;
+use thiserror::Error;
+
+/// Settings of one ring and the connections bound to it. Both ends of a
+/// connection should agree on `max_frame_len` and `max_message_len`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UringConfig {
+    /// Submission queue entries. Default 256.
+    pub sq_entries: u32,
+    /// Completion queue entries (multishot receives post many). Default 4096.
+    pub cq_entries: u32,
+    /// The largest frame, header included; also the length of a transmit
+    /// slot. Longer messages are chunked by the message layer. Default
+    /// 64 KiB.
+    pub max_frame_len: usize,
+    /// The largest `message_len` a received header may announce. Default
+    /// 256 MiB.
+    pub max_message_len: usize,
+    /// Transmit slots in the registered pool of the ring. Default 32
+    /// (2 MiB with the default slot; the common memlock limit is 8 MiB per
+    /// user, shared by all rings). A connection holds slots only while
+    /// frames are being written or sent.
+    pub tx_slots: usize,
+    /// Transmit slots one connection may hold. Default 8.
+    pub tx_slots_per_conn: usize,
+    /// Bound of the bytes kept by reference (`tx_gather`) per connection.
+    /// Default 4 MiB.
+    pub tx_queue_limit_bytes: usize,
+    /// `tx_gather` copies segments shorter than this next to the frame
+    /// head; longer ones are sent from the caller's `Bytes`. Default 4096.
+    pub gather_copy_threshold: usize,
+    /// Length of one provided receive buffer. Default 64 KiB.
+    pub rx_buf_len: usize,
+    /// Provided receive buffers of the ring. Default 128 (8 MiB).
+    pub rx_bufs: usize,
+    /// Try zero-copy sends for large sends. Default true.
+    pub zero_copy: bool,
+    /// Sends of at least this many bytes go zero-copy. Default 32 KiB.
+    pub zero_copy_threshold: usize,
+    /// SQPOLL with this idle time (ms) instead of task-run flags; needs a
+    /// spare core. Default `None`; `STARWIRE_URING_SQPOLL=1` sets 1000.
+    pub sqpoll_idle_ms: Option<u32>,
+    /// Use `DEFER_TASKRUN` where the kernel has it instead of
+    /// `COOP_TASKRUN`. Default true (`STARWIRE_URING_DEFER_TASKRUN=0` turns
+    /// it off). Deferred work does not wake a task in `poll(2)` on the ring
+    /// fd, so such a ring registers an eventfd, enabled only while the
+    /// reactor parks.
+    pub defer_taskrun: bool,
+    /// Try huge pages for the pools.
+    pub huge_pages: HugePolicy,
+    /// Transports enter the ring themselves in `flush`/`rx_burst` (a ring
+    /// of its own, no reactor calling [`UringReactor::enter`](crate::UringReactor::enter)).
+    /// Default false.
+    pub auto_enter: bool,
+}
+
+impl Default for UringConfig {
+    fn default() -> Self {
+        Self {
+            sq_entries: 256,
+            cq_entries: 4096,
+            max_frame_len: 64 << 10,
+            max_message_len: 256 << 20,
+            tx_slots: 32,
+            tx_slots_per_conn: 8,
+            tx_queue_limit_bytes: 4 << 20,
+            gather_copy_threshold: 4096,
+            rx_buf_len: 64 << 10,
+            rx_bufs: 128,
+            zero_copy: true,
+            zero_copy_threshold: 32 << 10,
+            sqpoll_idle_ms: None,
+            defer_taskrun: true,
+            huge_pages: HugePolicy::Try,
+            auto_enter: false,
+        }
+    }
+}
+
+impl UringConfig {
+    /// The defaults with `STARWIRE_URING_SQPOLL=1` applied.
+    pub fn from_env() -> Self {
+        let mut c = Self::default();
+        if std::env::var("STARWIRE_URING_SQPOLL").is_ok_and(|v| v.trim() == "1") {
+            c.sqpoll_idle_ms = Some(1000);
+        }
+        if std::env::var("STARWIRE_URING_DEFER_TASKRUN").is_ok_and(|v| v.trim() == "0") {
+            c.defer_taskrun = false;
+        }
+        c
+    }
+
+    /// Check that the settings are consistent.
+    pub fn validate(&self) -> Result<(), UringError> {
+        let bad = |what: &'static str| Err(UringError::Config(what));
+        if self.max_frame_len < HEADER_LEN || self.max_frame_len > (1 << 30) {
+            return bad("max_frame_len must be within 32 bytes..1 GiB");
+        }
+        if u32::try_from(self.max_message_len).is_err() {
+            return bad("max_message_len exceeds u32::MAX");
+        }
+        if self.tx_slots == 0 || self.tx_slots_per_conn == 0 {
+            return bad("tx_slots and tx_slots_per_conn must be positive");
+        }
+        if self.tx_slots > usize::from(u16::MAX) {
+            return bad("tx_slots must be below 65536");
+        }
+        if self.rx_bufs == 0 || self.rx_bufs > 32768 || self.rx_buf_len < HEADER_LEN {
+            return bad("rx_bufs must be within 1..=32768 and rx_buf_len at least 32");
+        }
+        if u32::try_from(self.rx_buf_len).is_err() {
+            return bad("rx_buf_len exceeds u32::MAX");
+        }
+        if self.tx_queue_limit_bytes < self.max_frame_len {
+            return bad("tx_queue_limit_bytes is below max_frame_len");
+        }
+        Ok(())
+    }
+
+    /// Bytes registered with the kernel (pinned) by one ring.
+    pub fn registered_bytes(&self) -> u64 {
+        (self.max_frame_len as u64).saturating_mul(self.tx_slots as u64)
+    }
+}
+
+/// The backend could not be set up.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum UringError {
+    /// io_uring cannot be used here (old kernel, `io_uring_disabled`,
+    /// seccomp).
+    #[error("io_uring unavailable: {0}")]
+    Unavailable(#[source] std::io::Error),
+    /// `RLIMIT_MEMLOCK` is too low for the registered buffers.
+    #[error(transparent)]
+    Memlock(#[from] MemlockError),
+    /// A buffer pool could not be mapped.
+    #[error("buffer pool: {0}")]
+    Pool(#[source] PoolError),
+    /// A setup call failed.
+    #[error("{what}: {source}")]
+    Setup {
+        /// The call.
+        what: &'static str,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Inconsistent settings.
+    #[error("invalid uring config: {0}")]
+    Config(&'static str),
+    /// The ring's submission queue is full when arming a receive.
+    #[error("submission queue full")]
+    SubmissionQueueFull,
+}
+
+/// Counters of one ring.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UringStats {
+    /// `io_uring_enter` system calls.
+    pub enters: u64,
+    /// Reads draining the park eventfd (one after each park of a
+    /// `DEFER_TASKRUN` ring).
+    pub eventfd_reads: u64,
+    /// SQEs submitted.
+    pub sqes: u64,
+    /// Send SQEs.
+    pub sends: u64,
+    /// Zero-copy send SQEs.
+    pub zc_sends: u64,
+    /// Zero-copy sends the kernel reported as copied.
+    pub zc_copied: u64,
+    /// Connections that switched from zero-copy to plain sends.
+    pub zc_fallbacks: u64,
+    /// Receive completions with data.
+    pub recv_cqes: u64,
+    /// Receives armed (first arm and re-arms).
+    pub recv_arms: u64,
+    /// Receives that found no provided buffer (`ENOBUFS`).
+    pub rx_enobufs: u64,
+    /// Frames committed for sending.
+    pub frames_sent: u64,
+    /// Frames delivered.
+    pub frames_received: u64,
+    /// Reservations refused because the ring's pool was empty.
+    pub tx_pool_empty: u64,
+    /// Sends postponed because the SQ was full.
+    pub sq_full: u64,
+    /// What backs the registered pool.
+    pub tx_pages: String,
+    /// Bytes registered as fixed buffers.
+    pub registered_bytes: u64,
+}

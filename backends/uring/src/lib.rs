@@ -1,0 +1,57 @@
+//! io_uring backend for starwire (fixed buffers, multishot receive,
+//! zero-copy send, batched submission).
+//!
+//! A [`UringReactor`] is one ring per reactor thread, shared by the
+//! connections bound to it ([`UringTransport`]):
+//!
+//! * **Submission.** Transports only queue SQEs; [`UringReactor::enter`]
+//!   makes one `io_uring_enter` per reactor turn, and only when SQEs wait
+//!   or the kernel flagged deferred completion work (`IORING_SQ_TASKRUN`).
+//!   Rings use `SINGLE_ISSUER` + `DEFER_TASKRUN` + `TASKRUN_FLAG` (or
+//!   `COOP_TASKRUN` where `DEFER_TASKRUN` is missing), or SQPOLL when
+//!   [`UringConfig::sqpoll_idle_ms`] is set (`STARWIRE_URING_SQPOLL=1`).
+//!   A transport made with [`UringConfig::auto_enter`] (its own ring, as in
+//!   tests) enters by itself in `flush` and `rx_burst`.
+//! * **TX.** `tx_reserve` lends space in a slot of the registered (fixed)
+//!   buffer pool ([`starwire_bufpool::BufPool`]); `tx_gather` keeps large
+//!   `Bytes` segments by reference. `flush` sends everything queued with
+//!   one `SENDMSG` (one send in flight per connection keeps the stream in
+//!   order). Sends of at least [`UringConfig::zero_copy_threshold`] bytes go
+//!   out as `SEND_ZC` (from the fixed buffer) or `SENDMSG_ZC` with
+//!   `IORING_SEND_ZC_REPORT_USAGE`; buffers are reused only after the
+//!   notification, and a connection whose zero-copy sends come back copied
+//!   (always on loopback and veth) switches to plain sends.
+//! * **RX.** One multishot `RECV` per connection draws buffers from the
+//!   ring's provided-buffer ring; frames are lent in place from those
+//!   buffers, and a frame straddling two buffers is reassembled in a
+//!   bounded per-connection buffer. Buffers go back to the kernel once
+//!   consumed.
+//! * **Kernel features** are probed ([`probe`]); a missing op falls back to
+//!   its plain form where one exists ([`Features::fallbacks`]).
+//! * **Memory lock limit.** The registered bytes are checked against
+//!   `RLIMIT_MEMLOCK` first ([`UringError::Memlock`] says how to raise it).
+//!
+//! User documentation: `docs/backends/uring.md`.
+#![deny(unsafe_code)]
+
+#[cfg(target_os = "linux")]
+mod config;
+#[cfg(target_os = "linux")]
+mod probe;
+#[cfg(target_os = "linux")]
+mod ring;
+#[cfg(target_os = "linux")]
+mod sys;
+#[cfg(target_os = "linux")]
+mod transport;
+
+#[cfg(target_os = "linux")]
+pub use config::{UringConfig, UringError, UringStats};
+#[cfg(target_os = "linux")]
+pub use probe::{probe, Features};
+#[cfg(target_os = "linux")]
+pub use ring::{ConnStats, UringReactor};
+#[cfg(target_os = "linux")]
+pub use starwire_bufpool::{HugePolicy, MemlockError};
+#[cfg(target_os = "linux")]
+pub use transport::UringTransport;

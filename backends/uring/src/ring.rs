@@ -1,0 +1,1066 @@
+//! One ring per reactor, shared by the connections bound to it.
+//!
+//! [`RingInner`] owns the `IoUring`, the registered transmit pool, the
+//! receive pool with its provided-buffer ring, and the per-connection
+//! state (`Conn`) that completions are dispatched to. Transports queue SQEs
+//! and read their connection's state; [`UringReactor::enter`] makes the one
+//! `io_uring_enter` of a reactor turn.
+
+use std::collections::VecDeque;
+use std::net::TcpStream;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use bytes::Bytes;
+use io_uring::{cqueue, types::SubmitArgs, types::Timespec, IoUring};
+use starwire_bufpool::{check_memlock, BufPool, Pages, SlotId};
+use starwire_transport::TransportError;
+use starwire_wire::{FrameError, Header, HEADER_LEN};
+
+use crate::probe::{probe, Features};
+use crate::sys::{self, BufRing, SendKind, SendMsg};
+use crate::{UringConfig, UringError, UringStats};
+
+/// Buffer group of the receive pool.
+const BGID: u16 = 7;
+const OP_RECV: u64 = 1;
+const OP_SEND: u64 = 2;
+const OP_CANCEL: u64 = 3;
+/// Most iovecs in one send.
+const MAX_IOV: usize = 64;
+
+fn user_data(conn: usize, op: u64) -> u64 {
+    ((conn as u64) << 8) | op
+}
+
+/// One queued piece of outgoing bytes.
+#[derive(Debug)]
+pub(crate) enum TxSeg {
+    /// `len` bytes at `off` in a transmit slot.
+    Slot { id: SlotId, off: usize, len: usize },
+    /// A segment kept by reference.
+    Shared(Bytes),
+}
+
+impl TxSeg {
+    fn len(&self) -> usize {
+        match self {
+            Self::Slot { len, .. } => *len,
+            Self::Shared(b) => b.len(),
+        }
+    }
+}
+
+/// A send the kernel holds.
+struct Inflight {
+    segs: Vec<TxSeg>,
+    /// Read by the kernel until the result completion; kept here for that.
+    _msg: Box<SendMsg>,
+    total: usize,
+    /// Bytes the kernel reported sent so far.
+    done: usize,
+    /// The result completion has not arrived yet.
+    awaiting_result: bool,
+    /// A zero-copy notification is still due.
+    awaiting_notif: bool,
+}
+
+/// The transmit slot being filled: bytes `from..used` are written and not
+/// yet queued.
+#[derive(Debug, Clone, Copy)]
+struct Fill {
+    id: SlotId,
+    from: usize,
+    used: usize,
+}
+
+/// How the receive side ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RxEnd {
+    Eof,
+    Reset,
+    Errno(i32),
+}
+
+/// Per-connection state, reached by completions through the slab index.
+pub(crate) struct Conn {
+    stream: Option<TcpStream>,
+    fd: RawFd,
+    // Transmit.
+    /// The slot frames are being written into.
+    filling: Option<Fill>,
+    /// Length of the outstanding reservation in `filling`.
+    reserved: Option<usize>,
+    queue: VecDeque<TxSeg>,
+    queued_bytes: usize,
+    slots_held: usize,
+    inflight: Option<Inflight>,
+    send_error: Option<i32>,
+    zero_copy: bool,
+    // Receive.
+    /// (buffer id, offset, end) of received bytes not yet consumed.
+    chunks: VecDeque<(u16, u32, u32)>,
+    /// A frame straddling buffers, being reassembled.
+    partial: Vec<u8>,
+    rx_end: Option<RxEnd>,
+    frame_error: Option<FrameError>,
+    recv_armed: bool,
+    /// The transport was dropped; free the slot once quiet.
+    closing: bool,
+    pub(crate) stats: ConnStats,
+}
+
+/// Counters of one connection.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ConnStats {
+    /// Send SQEs issued.
+    pub sends: u64,
+    /// Of which zero-copy.
+    pub zc_sends: u64,
+    /// Zero-copy sends the kernel reported as copied.
+    pub zc_copied: u64,
+    /// Receive completions carrying data.
+    pub recv_cqes: u64,
+    /// Frames committed for sending.
+    pub frames_sent: u64,
+    /// Frames delivered.
+    pub frames_received: u64,
+    /// Bytes the kernel accepted.
+    pub bytes_sent: u64,
+    /// Bytes received.
+    pub bytes_received: u64,
+}
+
+impl Conn {
+    fn quiet(&self) -> bool {
+        self.inflight.is_none() && !self.recv_armed
+    }
+}
+
+pub(crate) struct RingInner {
+    // Field order is drop order: the ring goes before the memory it
+    // references.
+    ring: IoUring,
+    conns: Vec<Option<Conn>>,
+    buf_ring: BufRing,
+    rx_pool: BufPool,
+    tx_pool: BufPool,
+    pub(crate) cfg: UringConfig,
+    pub(crate) features: Features,
+    stats: UringStats,
+    /// References to each transmit slot: one for the filling connection,
+    /// one per queued or in-flight piece.
+    slot_refs: Vec<u16>,
+    /// Receives waiting for provided buffers (after `ENOBUFS`).
+    rearm: Vec<usize>,
+    multishot: bool,
+    sqpoll: bool,
+    /// False until the first `enter` enabled the (disabled) ring.
+    enabled: bool,
+    /// Parks wait on a registered eventfd (`DEFER_TASKRUN`).
+    park_eventfd: bool,
+    /// The eventfd is enabled for a park and must be drained.
+    eventfd_armed: bool,
+    /// SQEs whose completion has not been reaped.
+    outstanding: u64,
+}
+
+/// A ring and the memory it uses, shared by the connections of one reactor.
+///
+/// Cheap to clone. The mutex is never contended (one reactor thread uses
+/// it); it exists so a shard holding the ring can be handed back to the
+/// thread that spawned the reactor.
+#[derive(Clone)]
+pub struct UringReactor {
+    pub(crate) inner: Arc<Mutex<RingInner>>,
+    /// What a parked reactor polls: the registered eventfd of a
+    /// `DEFER_TASKRUN` ring, else a duplicate of the ring fd.
+    fd: Arc<OwnedFd>,
+}
+
+impl std::fmt::Debug for UringReactor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UringReactor")
+            .field("fd", &self.fd)
+            .finish_non_exhaustive()
+    }
+}
+
+fn os(e: std::io::Error, what: &'static str) -> UringError {
+    UringError::Setup { what, source: e }
+}
+
+impl UringReactor {
+    /// Set up a ring, its buffer pools and their registration, after
+    /// probing the kernel and checking `RLIMIT_MEMLOCK`.
+    pub fn new(cfg: &UringConfig) -> Result<Self, UringError> {
+        cfg.validate()?;
+        let features = probe().map_err(UringError::Unavailable)?;
+        if let Some(why) = features.unusable() {
+            return Err(UringError::Unavailable(std::io::Error::other(why)));
+        }
+        let tx_pool = BufPool::new(cfg.max_frame_len, cfg.tx_slots, cfg.huge_pages)
+            .map_err(UringError::Pool)?;
+        check_memlock(tx_pool.mapped_len() as u64)?;
+        let rx_pool =
+            BufPool::new(cfg.rx_buf_len, cfg.rx_bufs, cfg.huge_pages).map_err(UringError::Pool)?;
+        let mut b = IoUring::<io_uring::squeue::Entry, io_uring::cqueue::Entry>::builder();
+        b.setup_cqsize(cfg.cq_entries);
+        let sqpoll = cfg.sqpoll_idle_ms.is_some();
+        if let Some(idle) = cfg.sqpoll_idle_ms {
+            b.setup_sqpoll(idle);
+        } else {
+            // Created disabled: a single-issuer ring belongs to the thread
+            // that enables it, which is the reactor's (first `enter`), not
+            // the thread that set it up.
+            if features.single_issuer {
+                b.setup_single_issuer().setup_r_disabled();
+            }
+            if features.defer_taskrun && cfg.defer_taskrun {
+                b.setup_defer_taskrun().setup_taskrun_flag();
+            } else if features.coop_taskrun {
+                b.setup_coop_taskrun().setup_taskrun_flag();
+            }
+        }
+        let mut ring = b
+            .build(cfg.sq_entries)
+            .map_err(|e| os(e, "io_uring_setup"))?;
+        match sys::register_buffer(&ring, tx_pool.base_ptr(), tx_pool.mapped_len()) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ENOMEM) => {
+                // The pre-check passed but the user's pinned total is over:
+                // the same advice applies.
+                let limit = starwire_bufpool::memlock_status()?.limit.unwrap_or(0);
+                let needed = tx_pool.mapped_len() as u64;
+                return Err(UringError::Memlock(
+                    starwire_bufpool::MemlockError::TooLow {
+                        needed,
+                        limit,
+                        kib: needed.div_ceil(1024),
+                    },
+                ));
+            }
+            Err(e) => return Err(os(e, "IORING_REGISTER_BUFFERS")),
+        }
+        let entries = (cfg.rx_bufs as u16).next_power_of_two();
+        let mut buf_ring = BufRing::new(entries).map_err(|e| os(e, "mapping the buffer ring"))?;
+        buf_ring
+            .register(&ring, BGID)
+            .map_err(|e| os(e, "IORING_REGISTER_PBUF_RING"))?;
+        for i in 0..cfg.rx_bufs {
+            let id = slot_id(i);
+            buf_ring.add(rx_pool.slot_ptr(id), cfg.rx_buf_len as u32, i as u16);
+        }
+        buf_ring.publish();
+        let defer = features.defer_taskrun && cfg.defer_taskrun && !sqpoll;
+        let fd = if defer {
+            // Deferred work wakes neither poll(2) on the ring fd nor a
+            // sleeping task outside io_uring_enter, but it signals a
+            // registered eventfd. The eventfd stays disabled while the
+            // reactor polls and is enabled only for a park (`fd()`).
+            let efd = nix::sys::eventfd::EventFd::from_value_and_flags(
+                0,
+                nix::sys::eventfd::EfdFlags::EFD_NONBLOCK
+                    | nix::sys::eventfd::EfdFlags::EFD_CLOEXEC,
+            )
+            .map_err(|e| os(e.into(), "eventfd"))?;
+            ring.submitter()
+                .register_eventfd(efd.as_raw_fd())
+                .map_err(|e| os(e, "IORING_REGISTER_EVENTFD"))?;
+            ring.completion().disable_eventfd();
+            OwnedFd::from(efd)
+        } else {
+            ring.as_fd()
+                .try_clone_to_owned()
+                .map_err(|e| os(e, "dup of the ring fd"))?
+        };
+        let multishot = features.recv_multishot;
+        let disabled = features.single_issuer && cfg.sqpoll_idle_ms.is_none();
+        let stats = UringStats {
+            tx_pages: pages_name(tx_pool.pages()),
+            registered_bytes: tx_pool.mapped_len() as u64,
+            ..UringStats::default()
+        };
+        Ok(Self {
+            inner: Arc::new(Mutex::new(RingInner {
+                ring,
+                conns: Vec::new(),
+                buf_ring,
+                rx_pool,
+                tx_pool,
+                cfg: cfg.clone(),
+                features,
+                stats,
+                slot_refs: vec![0; cfg.tx_slots],
+                rearm: Vec::new(),
+                multishot,
+                sqpoll,
+                enabled: !disabled,
+                park_eventfd: defer,
+                eventfd_armed: false,
+                outstanding: 0,
+            })),
+            fd: Arc::new(fd),
+        })
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, RingInner> {
+        // A panic while holding the lock leaves plain data behind; the
+        // ring itself stays consistent, so keep going.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The ring's file descriptor (a duplicate): readable when completions
+    /// or deferred work wait, for a reactor to park on.
+    ///
+    /// The reactor asks for it only when it is about to park; for a
+    /// `DEFER_TASKRUN` ring this enables the eventfd (the next
+    /// [`enter`](Self::enter) disables and drains it again), and makes it
+    /// readable at once when work is already pending.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        let mut r = self.lock();
+        if r.park_eventfd && !r.eventfd_armed {
+            r.eventfd_armed = true;
+            r.ring.completion().enable_eventfd();
+            let pending = {
+                let sq = r.ring.submission();
+                sq.taskrun() || sq.cq_overflow()
+            } || !r.ring.completion().is_empty();
+            if pending {
+                // Work raced with enabling: do not sleep on it.
+                let _ = nix::unistd::write(self.fd.as_fd(), &1u64.to_ne_bytes());
+            }
+        }
+        self.fd.as_fd()
+    }
+
+    /// Submit what the connections queued and run deferred completion work
+    /// with one `io_uring_enter`, if there is anything to do; then reap
+    /// completions. Call once per reactor turn. Returns true when it
+    /// submitted or reaped anything.
+    pub fn enter(&self) -> Result<bool, UringError> {
+        let mut r = self.lock();
+        if r.eventfd_armed {
+            r.eventfd_armed = false;
+            r.ring.completion().disable_eventfd();
+            let mut b = [0u8; 8];
+            // EAGAIN (nothing written) is fine.
+            let _ = nix::unistd::read(self.fd.as_raw_fd(), &mut b);
+            r.stats.eventfd_reads += 1;
+        }
+        let entered = r.enter().map_err(|e| os(e, "io_uring_enter"))?;
+        Ok(r.reap() > 0 || entered)
+    }
+
+    /// Counters of this ring.
+    pub fn stats(&self) -> UringStats {
+        self.lock().stats.clone()
+    }
+
+    /// What the kernel offered when the ring was made.
+    pub fn features(&self) -> Features {
+        self.lock().features.clone()
+    }
+
+    /// The configuration of this ring.
+    pub fn config(&self) -> UringConfig {
+        self.lock().cfg.clone()
+    }
+}
+
+fn pages_name(p: &Pages) -> String {
+    p.to_string()
+}
+
+fn slot_id(i: usize) -> SlotId {
+    starwire_bufpool::SlotId::from_index(i)
+}
+
+/// Queue the written, unqueued bytes of the filling slot.
+fn queue_fill(refs: &mut [u16], c: &mut Conn) {
+    let Some(f) = c.filling.as_mut() else { return };
+    if f.used > f.from {
+        refs[f.id.index()] += 1;
+        c.queue.push_back(TxSeg::Slot {
+            id: f.id,
+            off: f.from,
+            len: f.used - f.from,
+        });
+        c.queued_bytes += f.used - f.from;
+        f.from = f.used;
+    }
+}
+
+/// Stop filling the current slot: queue its rest and drop the filling
+/// reference.
+fn close_fill(pool: &mut BufPool, refs: &mut [u16], c: &mut Conn) {
+    queue_fill(refs, c);
+    if let Some(f) = c.filling.take() {
+        unref_slot(pool, refs, c, f.id);
+    }
+}
+
+fn unref_slot(pool: &mut BufPool, refs: &mut [u16], c: &mut Conn, id: SlotId) {
+    let r = &mut refs[id.index()];
+    *r -= 1;
+    if *r == 0 {
+        pool.give(id);
+        c.slots_held -= 1;
+    }
+}
+
+impl RingInner {
+    /// One `io_uring_enter` when SQEs wait, deferred work is flagged
+    /// (`IORING_SQ_TASKRUN`) or the CQ overflowed. Returns whether it
+    /// entered.
+    pub(crate) fn enter(&mut self) -> std::io::Result<bool> {
+        if !self.enabled {
+            self.ring.submitter().register_enable_rings()?;
+            self.enabled = true;
+        }
+        self.rearm_receives();
+        let (pending, taskrun, overflow, wakeup) = {
+            let mut sq = self.ring.submission();
+            sq.sync();
+            (
+                sq.len(),
+                sq.taskrun(),
+                sq.cq_overflow(),
+                self.sqpoll && sq.need_wakeup(),
+            )
+        };
+        if pending == 0 && !taskrun && !overflow && !wakeup {
+            return Ok(false);
+        }
+        if self.sqpoll && !wakeup && !taskrun && !overflow {
+            // The kernel thread picks the SQEs up without a system call.
+            self.ring.submission().sync();
+            self.stats.sqes += pending as u64;
+            self.outstanding += pending as u64;
+            return Ok(true);
+        }
+        self.stats.enters += 1;
+        loop {
+            match self.ring.submit() {
+                Ok(n) => {
+                    self.stats.sqes += n as u64;
+                    self.outstanding += n as u64;
+                    return Ok(true);
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                    // The CQ is full: reap, then retry.
+                    self.reap();
+                    self.stats.enters += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Dispatch every available completion. Returns how many.
+    pub(crate) fn reap(&mut self) -> usize {
+        let mut n = 0;
+        loop {
+            let Some(cqe) = self.ring.completion().next() else {
+                break;
+            };
+            n += 1;
+            self.complete(cqe.user_data(), cqe.result(), cqe.flags());
+        }
+        n
+    }
+
+    fn complete(&mut self, ud: u64, res: i32, flags: u32) {
+        let idx = (ud >> 8) as usize;
+        let op = ud & 0xff;
+        let more = cqueue::more(flags);
+        if !more {
+            self.outstanding = self.outstanding.saturating_sub(1);
+        }
+        match op {
+            OP_RECV => self.complete_recv(idx, res, flags),
+            OP_SEND => self.complete_send(idx, res, flags),
+            _ => {}
+        }
+        self.maybe_free(idx);
+    }
+
+    fn complete_recv(&mut self, idx: usize, res: i32, flags: u32) {
+        let more = cqueue::more(flags);
+        let bid = cqueue::buffer_select(flags);
+        let Some(Some(c)) = self.conns.get_mut(idx) else {
+            if let Some(bid) = bid {
+                self.recycle(bid);
+            }
+            return;
+        };
+        if !more {
+            c.recv_armed = false;
+        }
+        match res {
+            n if n > 0 => {
+                self.stats.recv_cqes += 1;
+                c.stats.recv_cqes += 1;
+                c.stats.bytes_received += n as u64;
+                match bid {
+                    Some(b) if !c.closing => c.chunks.push_back((b, 0, n as u32)),
+                    Some(b) => self.recycle(b),
+                    None => c.rx_end = Some(RxEnd::Errno(libc::EINVAL)),
+                }
+                if !more && !self.conns[idx].as_ref().is_some_and(|c| c.closing) {
+                    self.rearm.push(idx);
+                }
+            }
+            0 => c.rx_end = Some(RxEnd::Eof),
+            e if e == -libc::ENOBUFS => {
+                self.stats.rx_enobufs += 1;
+                if !c.closing {
+                    self.rearm.push(idx);
+                }
+            }
+            e if e == -libc::ECONNRESET || e == -libc::EPIPE => {
+                c.rx_end = Some(RxEnd::Reset);
+            }
+            e if e == -libc::ECANCELED => {}
+            e => c.rx_end = Some(RxEnd::Errno(-e)),
+        }
+    }
+
+    fn complete_send(&mut self, idx: usize, res: i32, flags: u32) {
+        let Some(Some(c)) = self.conns.get_mut(idx) else {
+            return;
+        };
+        let Some(inf) = c.inflight.as_mut() else {
+            return;
+        };
+        if cqueue::notif(flags) {
+            inf.awaiting_notif = false;
+            if res & sys::NOTIF_USAGE_ZC_COPIED != 0 {
+                self.stats.zc_copied += 1;
+                c.stats.zc_copied += 1;
+                if c.zero_copy {
+                    c.zero_copy = false;
+                    self.stats.zc_fallbacks += 1;
+                    tracing::debug!(
+                        conn = idx,
+                        "uring: zero-copy send was copied; plain send from now on"
+                    );
+                }
+            }
+        } else {
+            inf.awaiting_result = false;
+            inf.awaiting_notif = cqueue::more(flags);
+            if res < 0 {
+                if res != -libc::ECANCELED {
+                    c.send_error = Some(-res);
+                }
+            } else {
+                inf.done += res as usize;
+                c.stats.bytes_sent += res as u64;
+            }
+        }
+        if inf.awaiting_result || inf.awaiting_notif {
+            return;
+        }
+        let inf = c.inflight.take().expect("checked above");
+        if inf.done < inf.total && c.send_error.is_none() {
+            // MSG_WAITALL sends return short only on an error or a signal:
+            // the stream cannot be resumed in order, so end the connection.
+            c.send_error = Some(libc::EIO);
+        }
+        for seg in inf.segs {
+            if let TxSeg::Slot { id, .. } = seg {
+                unref_slot(&mut self.tx_pool, &mut self.slot_refs, c, id);
+            }
+        }
+    }
+
+    fn recycle(&mut self, bid: u16) {
+        let id = slot_id(usize::from(bid));
+        self.buf_ring
+            .add(self.rx_pool.slot_ptr(id), self.cfg.rx_buf_len as u32, bid);
+        self.buf_ring.publish();
+    }
+
+    fn rearm_receives(&mut self) {
+        if self.rearm.is_empty() {
+            return;
+        }
+        let mut keep = Vec::new();
+        for idx in std::mem::take(&mut self.rearm) {
+            let Some(Some(c)) = self.conns.get_mut(idx) else {
+                continue;
+            };
+            if c.closing || c.recv_armed || c.rx_end.is_some() {
+                continue;
+            }
+            if sys::push_recv(
+                &mut self.ring,
+                c.fd,
+                BGID,
+                self.multishot,
+                user_data(idx, OP_RECV),
+            ) {
+                c.recv_armed = true;
+                self.stats.recv_arms += 1;
+            } else {
+                keep.push(idx);
+            }
+        }
+        self.rearm = keep;
+    }
+
+    fn maybe_free(&mut self, idx: usize) {
+        let free = matches!(self.conns.get(idx), Some(Some(c)) if c.closing && c.quiet());
+        if free {
+            if let Some(c) = self.conns[idx].take() {
+                self.drop_conn_memory(c);
+            }
+        }
+    }
+
+    fn drop_conn_memory(&mut self, mut c: Conn) {
+        if let Some(f) = c.filling.take() {
+            unref_slot(&mut self.tx_pool, &mut self.slot_refs, &mut c, f.id);
+        }
+        for seg in std::mem::take(&mut c.queue) {
+            if let TxSeg::Slot { id, .. } = seg {
+                unref_slot(&mut self.tx_pool, &mut self.slot_refs, &mut c, id);
+            }
+        }
+        for (bid, _, _) in c.chunks.drain(..) {
+            let id = slot_id(usize::from(bid));
+            self.buf_ring
+                .add(self.rx_pool.slot_ptr(id), self.cfg.rx_buf_len as u32, bid);
+        }
+        self.buf_ring.publish();
+    }
+
+    // ---- the connection-facing side, called by `UringTransport` ----
+
+    pub(crate) fn add_conn(&mut self, stream: TcpStream) -> usize {
+        let fd = stream.as_raw_fd();
+        let c = Conn {
+            stream: Some(stream),
+            fd,
+            filling: None,
+            reserved: None,
+            queue: VecDeque::new(),
+            queued_bytes: 0,
+            slots_held: 0,
+            inflight: None,
+            send_error: None,
+            zero_copy: self.cfg.zero_copy && (self.features.sendmsg_zc || self.features.send_zc),
+            chunks: VecDeque::new(),
+            partial: Vec::new(),
+            rx_end: None,
+            frame_error: None,
+            recv_armed: false,
+            closing: false,
+            stats: ConnStats::default(),
+        };
+        let idx = match self.conns.iter().position(Option::is_none) {
+            Some(i) => {
+                self.conns[i] = Some(c);
+                i
+            }
+            None => {
+                self.conns.push(Some(c));
+                self.conns.len() - 1
+            }
+        };
+        self.rearm.push(idx);
+        self.rearm_receives();
+        idx
+    }
+
+    pub(crate) fn conn(&self, idx: usize) -> &Conn {
+        self.conns[idx].as_ref().expect("live connection")
+    }
+
+    pub(crate) fn conn_stats(&self, idx: usize) -> ConnStats {
+        self.conn(idx).stats
+    }
+
+    pub(crate) fn remove_conn(&mut self, idx: usize) {
+        let Some(Some(c)) = self.conns.get_mut(idx) else {
+            return;
+        };
+        c.closing = true;
+        // Shut the socket down so the peer sees the end now and the
+        // multishot receive completes; the file itself closes when the
+        // kernel drops its last reference.
+        if let Some(s) = c.stream.take() {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+        if c.recv_armed {
+            let fd_ud = user_data(idx, OP_RECV);
+            let _ = sys::push_cancel(&mut self.ring, fd_ud, user_data(idx, OP_CANCEL));
+        }
+        self.maybe_free(idx);
+    }
+
+    /// Lend `len` bytes for one frame; `Ok(None)` under back-pressure.
+    pub(crate) fn tx_reserve(
+        &mut self,
+        idx: usize,
+        len: usize,
+    ) -> Result<Option<(*const u8, usize)>, TransportError> {
+        let max = self.cfg.max_frame_len;
+        if len > max {
+            return Err(TransportError::FrameTooLarge { len, max });
+        }
+        self.check_send_error(idx)?;
+        let per_conn = self.cfg.tx_slots_per_conn;
+        let c = self.conns[idx].as_mut().expect("live connection");
+        c.reserved = None;
+        if let Some(f) = c.filling {
+            if max - f.used >= len {
+                c.reserved = Some(len);
+                return Ok(Some((
+                    self.tx_pool.slot_ptr(f.id).wrapping_add(f.used),
+                    len,
+                )));
+            }
+            close_fill(&mut self.tx_pool, &mut self.slot_refs, c);
+        }
+        if c.slots_held >= per_conn {
+            return Ok(None);
+        }
+        let Some(id) = self.tx_pool.take() else {
+            self.stats.tx_pool_empty += 1;
+            return Ok(None);
+        };
+        self.slot_refs[id.index()] = 1;
+        c.slots_held += 1;
+        c.filling = Some(Fill {
+            id,
+            from: 0,
+            used: 0,
+        });
+        c.reserved = Some(len);
+        Ok(Some((self.tx_pool.slot_ptr(id), len)))
+    }
+
+    pub(crate) fn tx_commit(&mut self, idx: usize, len: usize) {
+        let c = self.conns[idx].as_mut().expect("live connection");
+        let r = c.reserved.take().expect("tx_commit without a reservation");
+        assert!(
+            len <= r,
+            "tx_commit of {len} bytes exceeds the reservation of {r}"
+        );
+        if let Some(f) = c.filling.as_mut() {
+            f.used += len;
+        }
+        c.stats.frames_sent += 1;
+        self.stats.frames_sent += 1;
+    }
+
+    /// Queue `head` (copied into the filling slot) and `segs` (kept by
+    /// reference when at least `gather_copy_threshold` long; smaller ones
+    /// are copied next to the head).
+    pub(crate) fn tx_gather(
+        &mut self,
+        idx: usize,
+        head: &[u8],
+        segs: &[Bytes],
+    ) -> Result<bool, TransportError> {
+        let total = head.len() + segs.iter().map(Bytes::len).sum::<usize>();
+        let max = self.cfg.max_frame_len;
+        if total > max {
+            return Err(TransportError::FrameTooLarge { len: total, max });
+        }
+        let threshold = self.cfg.gather_copy_threshold.max(1);
+        let copied = head.len()
+            + segs
+                .iter()
+                .filter(|s| s.len() < threshold)
+                .map(Bytes::len)
+                .sum::<usize>();
+        let shared_bytes = total - copied;
+        if shared_bytes > 0
+            && self.conn(idx).queued_bytes + shared_bytes > self.cfg.tx_queue_limit_bytes
+        {
+            return Ok(false);
+        }
+        if self.tx_reserve(idx, copied)?.is_none() {
+            return Ok(false);
+        }
+        let c = self.conns[idx].as_mut().expect("live connection");
+        c.reserved = None;
+        let mut f = c.filling.expect("reserved");
+        let slot = self.tx_pool.slot_mut(f.id);
+        let mut at = f.used;
+        slot[at..at + head.len()].copy_from_slice(head);
+        at += head.len();
+        for s in segs {
+            if s.len() < threshold {
+                slot[at..at + s.len()].copy_from_slice(s);
+                at += s.len();
+            } else {
+                // Queue the slot bytes so far, then the shared segment.
+                f.used = at;
+                c.filling = Some(f);
+                queue_fill(&mut self.slot_refs, c);
+                f = c.filling.expect("still filling");
+                c.queue.push_back(TxSeg::Shared(s.clone()));
+                c.queued_bytes += s.len();
+            }
+        }
+        f.used = at;
+        c.filling = Some(f);
+        c.stats.frames_sent += 1;
+        self.stats.frames_sent += 1;
+        Ok(true)
+    }
+
+    fn check_send_error(&self, idx: usize) -> Result<(), TransportError> {
+        match self.conn(idx).send_error {
+            None => Ok(()),
+            Some(e) if e == libc::EPIPE || e == libc::ECONNRESET => Err(TransportError::Closed),
+            Some(e) => Err(TransportError::Io(std::io::Error::from_raw_os_error(e))),
+        }
+    }
+
+    pub(crate) fn tx_pending(&self, idx: usize) -> bool {
+        let c = self.conn(idx);
+        c.inflight.is_some() || !c.queue.is_empty() || c.filling.is_some_and(|f| f.used > f.from)
+    }
+
+    /// Queue one send SQE for everything queued, unless one is in flight.
+    pub(crate) fn flush(&mut self, idx: usize) -> Result<(), TransportError> {
+        self.check_send_error(idx)?;
+        let zc_ok = self.features.sendmsg_zc;
+        let zc_fixed_ok = self.features.send_zc;
+        let threshold = self.cfg.zero_copy_threshold;
+        let c = self.conns[idx].as_mut().expect("live connection");
+        if c.inflight.is_some() {
+            return Ok(());
+        }
+        if c.reserved.is_none() {
+            // Queue what was written and let go of the slot: an idle
+            // connection holds no transmit memory, so a ring's pool serves
+            // any number of connections.
+            close_fill(&mut self.tx_pool, &mut self.slot_refs, c);
+        }
+        if c.queue.is_empty() {
+            return Ok(());
+        }
+        let mut msg = SendMsg::new();
+        let mut segs = Vec::new();
+        let mut total = 0;
+        while segs.len() < MAX_IOV {
+            let Some(seg) = c.queue.pop_front() else {
+                break;
+            };
+            let (ptr, len) = match &seg {
+                TxSeg::Slot { id, off, len } => {
+                    (self.tx_pool.slot_ptr(*id).wrapping_add(*off), *len)
+                }
+                TxSeg::Shared(b) => (b.as_ptr(), b.len()),
+            };
+            msg.iov.push(sys::iovec(ptr, len));
+            total += len;
+            segs.push(seg);
+        }
+        c.queued_bytes -= total;
+        msg.seal();
+        let kind = if c.zero_copy && total >= threshold {
+            match &segs[..] {
+                [TxSeg::Slot { .. }] if zc_fixed_ok => SendKind::ZeroCopyFixed(0),
+                _ if zc_ok => SendKind::ZeroCopyMsg,
+                _ => SendKind::Plain,
+            }
+        } else {
+            SendKind::Plain
+        };
+        if !sys::push_send(&mut self.ring, c.fd, &msg, kind, user_data(idx, OP_SEND)) {
+            // SQ full: put everything back, in order, and retry next flush.
+            for seg in segs.into_iter().rev() {
+                c.queued_bytes += seg.len();
+                c.queue.push_front(seg);
+            }
+            self.stats.sq_full += 1;
+            return Ok(());
+        }
+        c.stats.sends += 1;
+        self.stats.sends += 1;
+        if kind != SendKind::Plain {
+            c.stats.zc_sends += 1;
+            self.stats.zc_sends += 1;
+        }
+        c.inflight = Some(Inflight {
+            segs,
+            _msg: msg,
+            total,
+            done: 0,
+            awaiting_result: true,
+            awaiting_notif: false,
+        });
+        Ok(())
+    }
+
+    /// Deliver up to `max` complete frames in place (reassembling frames
+    /// that straddle buffers), then the end of the stream if it came.
+    pub(crate) fn rx_burst(
+        &mut self,
+        idx: usize,
+        max: usize,
+        sink: &mut dyn FnMut(&[u8]),
+    ) -> Result<usize, TransportError> {
+        let max_frame = self.cfg.max_frame_len;
+        let max_body = u32::try_from(max_frame - HEADER_LEN).unwrap_or(u32::MAX);
+        let max_message = u32::try_from(self.cfg.max_message_len).unwrap_or(u32::MAX);
+        let buf_len = self.cfg.rx_buf_len;
+        let c = self.conns[idx].as_mut().expect("live connection");
+        if let Some(e) = &c.frame_error {
+            return Err(TransportError::Frame(e.clone()));
+        }
+        let mut n = 0;
+        let mut freed: Vec<u16> = Vec::new();
+        let mut err = None;
+        while n < max {
+            let Some(&(bid, off, end)) = c.chunks.front() else {
+                break;
+            };
+            let id = slot_id(usize::from(bid));
+            let buf = &self.rx_pool.slot(id)[..buf_len.min(end as usize)];
+            let data = &buf[off as usize..];
+            let used;
+            if !c.partial.is_empty() {
+                let have = c.partial.len();
+                let want = if have < HEADER_LEN {
+                    HEADER_LEN
+                } else {
+                    match Header::parse(&c.partial, max_body, max_message) {
+                        Ok(h) => h.frame_len(),
+                        Err(e) => {
+                            err = Some(e);
+                            break;
+                        }
+                    }
+                };
+                let take = (want - have).min(data.len());
+                c.partial.extend_from_slice(&data[..take]);
+                used = take;
+                if c.partial.len() >= HEADER_LEN {
+                    match Header::parse(&c.partial, max_body, max_message) {
+                        Ok(h) if c.partial.len() == h.frame_len() => {
+                            sink(&c.partial);
+                            c.partial.clear();
+                            c.stats.frames_received += 1;
+                            n += 1;
+                        }
+                        Ok(_) => {}
+                        Err(e) => {
+                            err = Some(e);
+                            break;
+                        }
+                    }
+                }
+            } else {
+                let rest = data;
+                if rest.len() < HEADER_LEN {
+                    c.partial.extend_from_slice(rest);
+                    used = rest.len();
+                } else {
+                    match Header::parse(rest, max_body, max_message) {
+                        Ok(h) if h.frame_len() <= rest.len() => {
+                            sink(&rest[..h.frame_len()]);
+                            used = h.frame_len();
+                            c.stats.frames_received += 1;
+                            n += 1;
+                        }
+                        Ok(_) => {
+                            c.partial.extend_from_slice(rest);
+                            used = rest.len();
+                        }
+                        Err(e) => {
+                            err = Some(e);
+                            break;
+                        }
+                    }
+                }
+            }
+            let off = off + used as u32;
+            if off >= end {
+                c.chunks.pop_front();
+                freed.push(bid);
+            } else if let Some(f) = c.chunks.front_mut() {
+                f.1 = off;
+            }
+        }
+        self.stats.frames_received += n as u64;
+        let c = self.conns[idx].as_mut().expect("live connection");
+        if let Some(e) = err {
+            tracing::debug!(error = %e, "uring: bad frame");
+            c.frame_error = Some(e.clone());
+            for b in freed {
+                self.recycle(b);
+            }
+            if n > 0 {
+                return Ok(n);
+            }
+            return Err(TransportError::Frame(e));
+        }
+        let end = if c.chunks.is_empty() { c.rx_end } else { None };
+        let partial = c.partial.len();
+        let truncated_need = (partial >= HEADER_LEN)
+            .then(|| Header::parse(&c.partial, max_body, max_message).ok())
+            .flatten()
+            .map_or(HEADER_LEN, |h| h.frame_len());
+        for b in freed {
+            self.recycle(b);
+        }
+        if n > 0 {
+            return Ok(n);
+        }
+        match end {
+            None => Ok(0),
+            Some(RxEnd::Eof) if partial > 0 => {
+                let e = FrameError::Truncated {
+                    needed: truncated_need,
+                    have: partial,
+                };
+                self.conns[idx].as_mut().expect("live").frame_error = Some(e.clone());
+                Err(TransportError::Frame(e))
+            }
+            Some(RxEnd::Eof) | Some(RxEnd::Reset) => Err(TransportError::Closed),
+            Some(RxEnd::Errno(e)) => Err(TransportError::Io(std::io::Error::from_raw_os_error(e))),
+        }
+    }
+
+    pub(crate) fn rx_buffered(&self, idx: usize) -> bool {
+        !self.conn(idx).chunks.is_empty()
+    }
+}
+
+impl Drop for RingInner {
+    fn drop(&mut self) {
+        // Cancel what the kernel still holds and wait (bounded) for the
+        // completions, so no request outlives the memory it points into.
+        if self.outstanding == 0 {
+            return;
+        }
+        let _ = sys::push_cancel_all(&mut self.ring, u64::MAX);
+        let ts = Timespec::new().nsec(10_000_000);
+        let args = SubmitArgs::new().timespec(&ts);
+        for _ in 0..100 {
+            if self.ring.submitter().submit_with_args(1, &args).is_err() {
+                // EEXIST: dropped on a thread other than the ring's issuer
+                // (a shard handed back after its reactor stopped). The
+                // kernel cancels what is left when the ring closes.
+                break;
+            }
+            while let Some(cqe) = self.ring.completion().next() {
+                if !cqueue::more(cqe.flags()) && cqe.user_data() != u64::MAX {
+                    self.outstanding = self.outstanding.saturating_sub(1);
+                }
+            }
+            if self.outstanding == 0 {
+                break;
+            }
+        }
+    }
+}
