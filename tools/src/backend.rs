@@ -12,6 +12,9 @@ pub enum Backend {
     Raw,
     /// starwire sessions over the TCP backend (`starwire-tcp`).
     Tcp,
+    /// The gRPC baseline (`starwire-grpc`): tonic, one HTTP/2 connection.
+    #[cfg(feature = "grpc")]
+    Grpc,
 }
 
 impl Backend {
@@ -20,7 +23,18 @@ impl Backend {
         match self {
             Backend::Raw => "raw",
             Backend::Tcp => "tcp",
+            #[cfg(feature = "grpc")]
+            Backend::Grpc => "grpc",
         }
+    }
+
+    /// Every backend compiled into this binary, baseline first.
+    pub fn compiled() -> Vec<Backend> {
+        #[allow(unused_mut)]
+        let mut v = vec![Backend::Raw, Backend::Tcp];
+        #[cfg(feature = "grpc")]
+        v.push(Backend::Grpc);
+        v
     }
 }
 
@@ -66,8 +80,14 @@ impl FromStr for Backend {
         match s.as_str() {
             "raw" => Ok(Backend::Raw),
             "tcp" => Ok(Backend::Tcp),
+            #[cfg(feature = "grpc")]
+            "grpc" => Ok(Backend::Grpc),
             other => Err(missing_backend_hint(other).unwrap_or_else(|| {
-                format!("unknown backend {other:?}; compiled in: tcp (and the raw baseline)")
+                let names: Vec<&str> = Backend::compiled().iter().map(|b| b.name()).collect();
+                format!(
+                    "unknown backend {other:?}; compiled in: {}",
+                    names.join(", ")
+                )
             })),
         }
     }
@@ -85,6 +105,13 @@ mod tests {
         assert!(e.contains("--features uring"), "{e}");
         let e = "verbs".parse::<Backend>().unwrap_err();
         assert!(e.contains("libibverbs-dev"), "{e}");
+        #[cfg(feature = "grpc")]
+        assert_eq!("grpc".parse::<Backend>(), Ok(Backend::Grpc));
+        #[cfg(not(feature = "grpc"))]
+        assert!("grpc"
+            .parse::<Backend>()
+            .unwrap_err()
+            .contains("--features grpc"));
         let e = "carrier-pigeon".parse::<Backend>().unwrap_err();
         assert!(e.contains("unknown backend"), "{e}");
     }

@@ -5,6 +5,7 @@
 mod backend;
 mod bench;
 mod info;
+mod report;
 mod soak;
 mod stats;
 
@@ -30,6 +31,9 @@ enum Command {
     Soak(soak::SoakArgs),
     /// Backends, kernel features, topology and effective settings.
     Info(info::InfoArgs),
+    /// The standard suite across every compiled-in backend: report.md,
+    /// report.json and SVG plots in --out DIR.
+    Report(report::ReportArgs),
 }
 
 /// `on|off`, or any boolean the DeepRec variables accept (true/false/1/0).
@@ -55,6 +59,8 @@ fn main() -> ExitCode {
         Command::Bench(a) => bench::main(a).map(|()| true),
         Command::Soak(a) => soak::main(a),
         Command::Info(a) => info::main(a).map(|()| true),
+        // No train in this build yet: the report says so (see report::TrainSuite).
+        Command::Report(a) => report::main(a, None).map(|()| true),
     };
     match r {
         Ok(true) => ExitCode::SUCCESS,
