@@ -221,3 +221,22 @@ fn runtime(name: &str) -> Result<tokio::runtime::Runtime, GrpcError> {
         .build()
         .map_err(GrpcError::Runtime)
 }
+
+#[cfg(test)]
+mod tests {
+    /// The checked-in copy of the generated code (used where protoc is
+    /// missing) must match what protoc makes of the .proto today.
+    #[test]
+    fn checked_in_generated_code_matches_the_proto() {
+        let fresh = include_str!(concat!(env!("OUT_DIR"), "/starwire.grpc.v1.rs"));
+        let copy = include_str!("../generated/starwire.grpc.v1.rs");
+        if env!("STARWIRE_GRPC_PROTOC") == "1" {
+            assert!(
+                fresh == copy,
+                "generated/starwire.grpc.v1.rs is stale: copy it from OUT_DIR"
+            );
+        } else {
+            eprintln!("protoc not installed: generated code not regenerated, not compared");
+        }
+    }
+}
