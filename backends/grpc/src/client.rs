@@ -8,10 +8,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use bytes::Bytes;
+use futures_util::future::join_all;
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use hyper_util::rt::TokioIo;
 use prost::Message;
 use tokio::runtime::Runtime;
-use tokio::task::JoinSet;
 use tonic::transport::{Channel, Endpoint, Uri};
 
 use crate::proto::message_layer_client::MessageLayerClient;
@@ -136,19 +137,7 @@ impl GrpcClient {
             .into_iter()
             .map(|(op, p)| self.call_future(op, p))
             .collect();
-        self.rt.block_on(async {
-            let handles: Vec<_> = futs.into_iter().map(tokio::spawn).collect();
-            let mut out = Vec::with_capacity(handles.len());
-            for h in handles {
-                out.push(h.await.unwrap_or_else(|e| {
-                    Err(GrpcError::Status {
-                        code: tonic::Code::Internal,
-                        message: format!("call task: {e}"),
-                    })
-                }));
-            }
-            out
-        })
+        self.rt.block_on(join_all(futs))
     }
 
     /// Keep up to `inflight` calls outstanding: `next` gives the next
@@ -162,33 +151,27 @@ impl GrpcClient {
         mut done: impl FnMut(Result<Bytes, GrpcError>, Instant),
     ) {
         let inflight = inflight.max(1);
+        // The calls are polled by this thread (as a tonic caller's task
+        // would poll them); the channel and the connection run on the
+        // runtime's workers.
         self.rt.block_on(async {
-            let mut set = JoinSet::new();
+            let mut outstanding = FuturesUnordered::new();
             let mut more = true;
             loop {
-                while more && set.len() < inflight {
+                while more && outstanding.len() < inflight {
                     match next() {
                         Some((op, p)) => {
                             let f = self.call_future(op, p);
                             let t0 = Instant::now();
-                            set.spawn(async move { (f.await, t0) });
+                            outstanding.push(async move { (f.await, t0) });
                         }
                         None => more = false,
                     }
                 }
-                let Some(j) = set.join_next().await else {
+                let Some((r, t0)) = outstanding.next().await else {
                     break;
                 };
-                match j {
-                    Ok((r, t0)) => done(r, t0),
-                    Err(e) => done(
-                        Err(GrpcError::Status {
-                            code: tonic::Code::Internal,
-                            message: format!("call task: {e}"),
-                        }),
-                        Instant::now(),
-                    ),
-                }
+                done(r, t0);
             }
         });
     }
