@@ -105,6 +105,8 @@ struct Machine {
     kernel: String,
     cpu_model: String,
     cpus: usize,
+    /// /proc/loadavg when the suite started (other load skews every figure).
+    load_avg: String,
     client_core: Option<usize>,
     server_core: Option<usize>,
     polling: bool,
@@ -174,6 +176,9 @@ fn machine(args: &ReportArgs, cores: (Option<usize>, Option<usize>), polling: bo
         kernel: read_trim("/proc/sys/kernel/osrelease").unwrap_or_else(|| "unknown".into()),
         cpu_model: cpu_model(),
         cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        load_avg: read_trim("/proc/loadavg")
+            .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+            .unwrap_or_else(|| "unknown".into()),
         client_core: cores.0,
         server_core: cores.1,
         polling,
@@ -490,6 +495,7 @@ fn markdown(
     let _ = writeln!(o, "| host | {} |", m.hostname);
     let _ = writeln!(o, "| kernel | {} |", m.kernel);
     let _ = writeln!(o, "| CPU | {} ({} CPUs) |", m.cpu_model, m.cpus);
+    let _ = writeln!(o, "| load average at start | {} |", m.load_avg);
     let _ = writeln!(o, "| placement | {placement} |");
     let _ = writeln!(
         o,

@@ -136,17 +136,6 @@ fn si(v: &f64) -> String {
     }
 }
 
-fn size_label(v: &f64) -> String {
-    let v = v.round() as u64;
-    if v >= 1 << 20 {
-        format!("{}M", v >> 20)
-    } else if v >= 1 << 10 {
-        format!("{}K", v >> 10)
-    } else {
-        v.to_string()
-    }
-}
-
 /// Round-trip p50 against payload size, one line per backend.
 pub fn latency(lines: &[ResultLine], backends: &[Backend]) -> Result<String, String> {
     let s = series(lines, backends, Mode::Lat, |l| l.size as f64, |l| l.p50_us);
@@ -155,7 +144,7 @@ pub fn latency(lines: &[ResultLine], backends: &[Backend]) -> Result<String, Str
         "Latency: p50 round trip against payload size",
         "payload bytes",
         "p50 round trip (µs)",
-        size_label,
+        si,
     )
 }
 
@@ -242,9 +231,6 @@ mod tests {
         assert_eq!(si(&100_000.0), "100k");
         assert_eq!(si(&12.0), "12");
         assert_eq!(si(&0.25), "0.25");
-        assert_eq!(size_label(&1_048_576.0), "1M");
-        assert_eq!(size_label(&4096.0), "4K");
-        assert_eq!(size_label(&64.0), "64");
     }
 
     #[test]
