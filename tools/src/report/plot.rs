@@ -62,7 +62,8 @@ fn bounds(s: &Series) -> ((f64, f64), (f64, f64)) {
     if x0 > x1 {
         return ((1.0, 10.0), (1.0, 10.0));
     }
-    ((x0 * 0.8, x1 * 1.25), (y0 / 2.0, y1 * 2.0))
+    // Headroom above the data for the legend in the upper left.
+    ((x0 * 0.8, x1 * 1.25), (y0 / 2.0, y1 * 8.0))
 }
 
 fn loglog(
@@ -71,6 +72,7 @@ fn loglog(
     x_desc: &str,
     y_desc: &str,
     x_fmt: fn(&f64) -> String,
+    x_labels: usize,
 ) -> Result<String, String> {
     let mut svg = String::new();
     {
@@ -88,6 +90,7 @@ fn loglog(
             .configure_mesh()
             .x_desc(x_desc)
             .y_desc(y_desc)
+            .x_labels(x_labels)
             .x_label_formatter(&x_fmt)
             .y_label_formatter(&si)
             .draw()
@@ -115,6 +118,16 @@ fn loglog(
         root.present().map_err(err)?;
     }
     Ok(svg)
+}
+
+/// In-flight ticks: powers of two only (the sweep's points).
+fn pow2_label(v: &f64) -> String {
+    let r = v.round();
+    if r >= 1.0 && (v - r).abs() < 1e-6 && (r as u64).is_power_of_two() {
+        format!("{}", r as u64)
+    } else {
+        String::new()
+    }
 }
 
 /// 1.5M, 120k, 12, 0.25: axis labels without a tail of zeros.
@@ -145,6 +158,7 @@ pub fn latency(lines: &[ResultLine], backends: &[Backend]) -> Result<String, Str
         "payload bytes",
         "p50 round trip (µs)",
         si,
+        10,
     )
 }
 
@@ -162,7 +176,9 @@ pub fn rate(lines: &[ResultLine], backends: &[Backend]) -> Result<String, String
         "Message rate against requests in flight",
         "requests in flight",
         "messages/s",
-        |v| format!("{}", v.round() as u64),
+        pow2_label,
+        // Many candidate ticks; only the powers of two get a label.
+        40,
     )
 }
 
@@ -231,6 +247,8 @@ mod tests {
         assert_eq!(si(&100_000.0), "100k");
         assert_eq!(si(&12.0), "12");
         assert_eq!(si(&0.25), "0.25");
+        assert_eq!(pow2_label(&32.0), "32");
+        assert_eq!(pow2_label(&30.0), "");
     }
 
     #[test]
