@@ -15,6 +15,9 @@ pub enum Backend {
     /// starwire sessions over the io_uring backend (`starwire-uring`).
     #[cfg(all(feature = "uring", target_os = "linux"))]
     Uring,
+    /// The gRPC baseline (`starwire-grpc`): tonic, one HTTP/2 connection.
+    #[cfg(feature = "grpc")]
+    Grpc,
 }
 
 impl Backend {
@@ -25,6 +28,8 @@ impl Backend {
             Backend::Tcp => "tcp",
             #[cfg(all(feature = "uring", target_os = "linux"))]
             Backend::Uring => "uring",
+            #[cfg(feature = "grpc")]
+            Backend::Grpc => "grpc",
         }
     }
 
@@ -46,6 +51,17 @@ impl Backend {
             }
             _ => Ok(()),
         }
+    }
+
+    /// Every backend compiled into this binary, baseline first.
+    pub fn compiled() -> Vec<Backend> {
+        #[allow(unused_mut)]
+        let mut v = vec![Backend::Raw, Backend::Tcp];
+        #[cfg(all(feature = "uring", target_os = "linux"))]
+        v.push(Backend::Uring);
+        #[cfg(feature = "grpc")]
+        v.push(Backend::Grpc);
+        v
     }
 }
 
@@ -74,6 +90,7 @@ pub fn missing_backend_hint(name: &str) -> Option<String> {
              `cargo build --release --features dpdk` (needs DPDK, libdpdk-dev \
              and hugepages), or use --backends tcp"
         }
+        #[cfg(not(feature = "grpc"))]
         "grpc" => {
             "the grpc backend is not compiled in; rebuild with \
              `cargo build --release --features grpc` (needs protobuf-compiler), \
@@ -85,12 +102,13 @@ pub fn missing_backend_hint(name: &str) -> Option<String> {
 }
 
 /// The starwire backends of this binary, for messages.
-pub fn compiled_in() -> &'static str {
-    if cfg!(all(feature = "uring", target_os = "linux")) {
-        "tcp, uring"
-    } else {
-        "tcp"
-    }
+pub fn compiled_in() -> String {
+    Backend::compiled()
+        .iter()
+        .filter(|b| **b != Backend::Raw)
+        .map(|b| b.name())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 impl FromStr for Backend {
@@ -103,10 +121,13 @@ impl FromStr for Backend {
             "tcp" => Ok(Backend::Tcp),
             #[cfg(all(feature = "uring", target_os = "linux"))]
             "uring" | "io_uring" | "io-uring" => Ok(Backend::Uring),
+            #[cfg(feature = "grpc")]
+            "grpc" => Ok(Backend::Grpc),
             other => Err(missing_backend_hint(other).unwrap_or_else(|| {
+                let names: Vec<&str> = Backend::compiled().iter().map(|b| b.name()).collect();
                 format!(
-                    "unknown backend {other:?}; compiled in: {} (and the raw baseline)",
-                    compiled_in()
+                    "unknown backend {other:?}; compiled in: {}",
+                    names.join(", ")
                 )
             })),
         }
@@ -130,6 +151,13 @@ mod tests {
         }
         let e = "verbs".parse::<Backend>().unwrap_err();
         assert!(e.contains("libibverbs-dev"), "{e}");
+        #[cfg(feature = "grpc")]
+        assert_eq!("grpc".parse::<Backend>(), Ok(Backend::Grpc));
+        #[cfg(not(feature = "grpc"))]
+        assert!("grpc"
+            .parse::<Backend>()
+            .unwrap_err()
+            .contains("--features grpc"));
         let e = "carrier-pigeon".parse::<Backend>().unwrap_err();
         assert!(e.contains("unknown backend"), "{e}");
     }

@@ -6,6 +6,7 @@
 mod backend;
 mod bench;
 mod info;
+mod report;
 mod soak;
 mod stats;
 mod train;
@@ -46,6 +47,9 @@ enum Command {
     /// Train the single-process reference logistic regression on the same
     /// data (the check on `train`).
     Reference(train::ReferenceArgs),
+    /// The standard suite across every compiled-in backend: report.md,
+    /// report.json and SVG plots in --out DIR.
+    Report(report::ReportArgs),
 }
 
 /// `on|off`, or any boolean the DeepRec variables accept (true/false/1/0).
@@ -77,6 +81,7 @@ fn main() -> ExitCode {
         Command::Place(a) => train::place_main(a).map(|()| true),
         Command::Data(a) => train::data_main(a).map(|()| true),
         Command::Reference(a) => train::reference_main(a).map(|()| true),
+        Command::Report(a) => report::main(a, Some(&train::ReportTrain)).map(|()| true),
     };
     match r {
         Ok(true) => ExitCode::SUCCESS,

@@ -562,3 +562,30 @@ pub fn reference_main(a: ReferenceArgs) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// The train section of `starwire report`: the comm-bound configuration
+/// on the local cluster (1 PS, 2 workers), per backend and fusion setting.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ReportTrain;
+
+impl crate::report::TrainSuite for ReportTrain {
+    fn run(&self, case: &crate::report::TrainCase) -> Result<crate::report::TrainResult, String> {
+        let backend = check_backend(case.backend.name())?;
+        let cfg = TrainConfig {
+            backend,
+            model: parse_model(&case.model)?,
+            embedding_dim: case.embedding_dim,
+            batch_size: case.batch_size,
+            steps: Some(case.steps),
+            tensor_fuse: case.fusion,
+            eval_examples: 2_048,
+            ps_reactors: 1,
+            ..TrainConfig::default()
+        };
+        let r = starwire_train::run_local(&cfg).map_err(|e| e.to_string())?;
+        Ok(crate::report::TrainResult {
+            samples_per_s: r.samples_per_s,
+            steps: r.steps,
+        })
+    }
+}

@@ -598,3 +598,115 @@ fn soak_over_uring_passes_polling_and_parked() {
         }
     }
 }
+
+#[cfg(feature = "grpc")]
+#[test]
+fn bench_json_all_modes_grpc() {
+    let out = run(&[
+        "bench",
+        "--backends",
+        "grpc,tcp",
+        "--mode",
+        "lat,rate,bw,fuse",
+        "--sizes",
+        "64,4096",
+        "--iters",
+        "40",
+        "--warmup",
+        "4",
+        "--inflight",
+        "8",
+        "--tensors",
+        "8",
+        "--json",
+    ]);
+    let lines = json_lines(&out);
+    for v in &lines {
+        check_line(v);
+    }
+    for m in ["lat", "rate", "bw", "fuse"] {
+        let n = lines
+            .iter()
+            .filter(|v| v["backend"] == "grpc" && v["mode"] == m)
+            .count();
+        assert_eq!(n, 2, "grpc {m}");
+    }
+}
+
+#[cfg(not(feature = "grpc"))]
+#[test]
+fn bench_grpc_without_the_feature_says_how_to_get_it() {
+    let out = run(&["bench", "--backends", "grpc"]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("--features grpc"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn report_quick_writes_markdown_json_and_svg_plots() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out_dir = dir.path().join("rep");
+    let out = run(&["report", "--out", out_dir.to_str().unwrap(), "--quick"]);
+    assert!(
+        out.status.success(),
+        "starwire report failed: {}\n{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let read =
+        |n: &str| std::fs::read_to_string(out_dir.join(n)).unwrap_or_else(|e| panic!("{n}: {e}"));
+    let json: Value = serde_json::from_str(&read("report.json")).expect("report.json parses");
+    let lines = json["bench"].as_array().expect("bench array");
+    for v in lines {
+        check_line(v);
+    }
+    let backends: Vec<&str> = json["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b.as_str().unwrap())
+        .collect();
+    for b in &backends {
+        for m in ["lat", "rate", "bw"] {
+            assert!(
+                lines.iter().any(|v| v["backend"] == *b && v["mode"] == m),
+                "{b} {m} missing"
+            );
+        }
+    }
+    assert!(backends.contains(&"raw") && backends.contains(&"tcp"));
+    #[cfg(feature = "grpc")]
+    assert!(backends.contains(&"grpc"));
+    assert!(json["machine"]["kernel"]
+        .as_str()
+        .is_some_and(|k| !k.is_empty()));
+    // The train section: every starwire backend, fusion on and off.
+    let train = json["train"].as_array().expect("train rows");
+    assert_eq!(train.len(), 2 * (backends.len() - 1), "{train:?}");
+    for t in train {
+        assert!(t["error"].is_null(), "{t}");
+        assert!(t["samples_per_s"].as_f64().is_some_and(|x| x > 0.0), "{t}");
+    }
+    let md = read("report.md");
+    assert!(md.contains("| kernel |") && md.contains("| CPU |") && md.contains("| polling |"));
+    assert!(md.contains("tcp ÷ raw"), "{md}");
+    for svg in ["latency.svg", "rate.svg"] {
+        let s = read(svg);
+        assert!(
+            s.starts_with("<svg") && s.trim_end().ends_with("</svg>"),
+            "{svg}"
+        );
+        assert!(s.contains("<polyline"), "{svg} has no line");
+        for b in &backends {
+            assert!(
+                s.contains(&format!(">{b}<")) || s.contains(&format!(">{b} <")) || s.contains(b),
+                "{svg}: {b}"
+            );
+        }
+    }
+    let t = read("train.svg");
+    assert!(t.starts_with("<svg") && t.trim_end().ends_with("</svg>"));
+}

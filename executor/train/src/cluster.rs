@@ -139,6 +139,9 @@ pub enum BackendKind {
     /// io_uring (feature `uring`).
     #[cfg(all(feature = "uring", target_os = "linux"))]
     Uring,
+    /// The gRPC baseline (feature `grpc`).
+    #[cfg(feature = "grpc")]
+    Grpc,
 }
 
 impl BackendKind {
@@ -147,6 +150,8 @@ impl BackendKind {
         ("tcp", BackendKind::Tcp),
         #[cfg(all(feature = "uring", target_os = "linux"))]
         ("uring", BackendKind::Uring),
+        #[cfg(feature = "grpc")]
+        ("grpc", BackendKind::Grpc),
     ];
 
     /// The backend called `name`, if compiled in.

@@ -7,6 +7,8 @@
 //! Without `--listen`/`--connect` the server side runs on a thread of the
 //! same process.
 
+#[cfg(feature = "grpc")]
+mod grpc;
 mod raw;
 pub mod sessions;
 
@@ -37,7 +39,7 @@ pub enum Mode {
 }
 
 impl Mode {
-    fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Mode::Lat => "lat",
             Mode::Rate => "rate",
@@ -279,7 +281,8 @@ fn median_line(lines: &[ResultLine]) -> ResultLine {
 /// Options of `starwire bench` (see docs/CLI.md).
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
-    /// Backends to compare, comma-separated: raw (plain sockets baseline), tcp.
+    /// Backends to compare, comma-separated: raw (plain sockets baseline),
+    /// tcp, grpc (with the `grpc` feature).
     #[arg(long, value_delimiter = ',', default_value = "raw,tcp")]
     pub backends: Vec<Backend>,
     /// What to measure (comma-separated list allowed).
@@ -336,7 +339,7 @@ pub struct Cores {
     pub server: usize,
 }
 
-fn parse_cores(s: &str) -> Result<Cores, String> {
+pub(crate) fn parse_cores(s: &str) -> Result<Cores, String> {
     let (c, srv) = s
         .split_once(',')
         .ok_or_else(|| format!("expected C,S (two core numbers), got {s:?}"))?;
@@ -353,8 +356,11 @@ fn parse_cores(s: &str) -> Result<Cores, String> {
 
 /// Client and server cores: `--cores`, else near `--device`, else the first
 /// two usable CPUs (0,1 normally). `None` when only one CPU is usable.
-fn choose_cores(args: &BenchArgs) -> Result<(Option<usize>, Option<usize>), String> {
-    if let Some(c) = args.cores {
+pub(crate) fn choose_cores(
+    cores: Option<Cores>,
+    device: Option<&str>,
+) -> Result<(Option<usize>, Option<usize>), String> {
+    if let Some(c) = cores {
         return Ok((Some(c.client), Some(c.server)));
     }
     let usable = CpuSet::process_affinity().map_err(|e| format!("reading CPU affinity: {e}"))?;
@@ -362,10 +368,10 @@ fn choose_cores(args: &BenchArgs) -> Result<(Option<usize>, Option<usize>), Stri
         eprintln!("note: only one usable CPU; client and server are not pinned");
         return Ok((None, None));
     }
-    if let Some(dev) = &args.device {
+    if let Some(dev) = device {
         let topo = Topology::detect().map_err(|e| format!("detecting topology: {e}"))?;
         let placement = Placement::NearDevice {
-            device: dev.clone(),
+            device: dev.to_owned(),
         };
         let p = plan(&placement, 2, ReactorMode::Polling, &usable, &topo)
             .map_err(|e| format!("placing near {dev}: {e}"))?;
@@ -465,6 +471,8 @@ fn serve(listener: TcpListener, server_core: Option<Option<usize>>) -> Result<()
             Backend::Uring => {
                 uring_transport(stream).and_then(|t| sessions::serve(t, &run, core, idle))
             }
+            #[cfg(feature = "grpc")]
+            Backend::Grpc => grpc::serve(stream, &run),
         };
         let msg = match &res {
             Ok(()) => ServerMsg::Done {
@@ -569,6 +577,8 @@ fn drive(plan: &Plan, ctl_addr: SocketAddr) -> Result<Vec<ResultLine>, String> {
             #[cfg(all(feature = "uring", target_os = "linux"))]
             Backend::Uring => uring_transport(stream)
                 .and_then(|t| sessions::client(t, run, plan.client_core, client_idle)),
+            #[cfg(feature = "grpc")]
+            Backend::Grpc => grpc::client(stream, run, plan.client_core),
         };
         match recv_line::<ServerMsg>(&mut r)? {
             ServerMsg::Done { ok: true, .. } => {}
@@ -713,6 +723,25 @@ fn validate(args: &BenchArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// Run `plan` against a bench server on a thread of this process, over
+/// loopback (what `bench` does without `--listen`/`--connect`).
+pub(crate) fn run_loopback(plan: &Plan) -> Result<Vec<ResultLine>, String> {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .map_err(|e| format!("binding the loopback control listener: {e}"))?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let server = std::thread::Builder::new()
+        .name("bench-control".into())
+        .spawn(move || serve(listener, None))
+        .map_err(|e| e.to_string())?;
+    let lines = drive(plan, addr);
+    let served = server
+        .join()
+        .map_err(|_| "bench server thread panicked".to_owned())?;
+    let lines = lines?;
+    served?;
+    Ok(lines)
+}
+
 /// Run `starwire bench`.
 pub fn main(args: BenchArgs) -> Result<(), String> {
     validate(&args)?;
@@ -730,7 +759,7 @@ pub fn main(args: BenchArgs) -> Result<(), String> {
         let core = args.cores.map(|c| Some(c.server));
         return serve(listener, core);
     }
-    let (client_core, server_core) = choose_cores(&args)?;
+    let (client_core, server_core) = choose_cores(args.cores, args.device.as_deref())?;
     let plan = Plan {
         backends: args.backends.clone(),
         modes: args.mode.clone(),
@@ -747,22 +776,7 @@ pub fn main(args: BenchArgs) -> Result<(), String> {
     };
     let lines = match &args.connect {
         Some(c) => drive(&plan, resolve_addr(c)?)?,
-        None => {
-            let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-                .map_err(|e| format!("binding the loopback control listener: {e}"))?;
-            let addr = listener.local_addr().map_err(|e| e.to_string())?;
-            let server = std::thread::Builder::new()
-                .name("bench-control".into())
-                .spawn(move || serve(listener, None))
-                .map_err(|e| e.to_string())?;
-            let lines = drive(&plan, addr);
-            let served = server
-                .join()
-                .map_err(|_| "bench server thread panicked".to_owned())?;
-            let lines = lines?;
-            served?;
-            lines
-        }
+        None => run_loopback(&plan)?,
     };
     if args.json {
         let stdout = std::io::stdout();

@@ -1,0 +1,239 @@
+//! The client: tonic's default channel (one HTTP/2 connection) driven by a
+//! 2-worker runtime, behind blocking calls.
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use bytes::Bytes;
+use futures_util::future::join_all;
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use hyper_util::rt::TokioIo;
+use prost::Message;
+use tokio::runtime::Runtime;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+use crate::proto::message_layer_client::MessageLayerClient;
+use crate::proto::{
+    CallRequest, DensePullRequest, DensePushRequest, SparsePullRequest, SparsePushRequest,
+};
+use crate::{runtime, GrpcConfig, GrpcError};
+
+/// Rows answered by [`GrpcClient::sparse_pull`]: one row of `dim` values per
+/// key asked for, row-major.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SparseRows {
+    /// Values per row.
+    pub dim: usize,
+    /// `keys.len() * dim` values.
+    pub values: Vec<f32>,
+}
+
+/// A gRPC client: one channel, one connection, blocking calls.
+#[derive(Debug)]
+pub struct GrpcClient {
+    // Declared before the runtime: the channel goes first on drop.
+    client: MessageLayerClient<Channel>,
+    max_message_len: usize,
+    rt: Runtime,
+}
+
+impl GrpcClient {
+    /// Connect to a [`crate::GrpcServer`] at `addr` with the default
+    /// [`GrpcConfig`].
+    pub fn connect(addr: SocketAddr) -> Result<Self, GrpcError> {
+        Self::connect_with(addr, &GrpcConfig::default())
+    }
+
+    /// Connect to `addr` with `cfg`.
+    pub fn connect_with(addr: SocketAddr, cfg: &GrpcConfig) -> Result<Self, GrpcError> {
+        let rt = runtime("grpc-client")?;
+        let uri = format!("http://{addr}");
+        let ep = Endpoint::from_shared(uri.clone())
+            .map_err(|source| GrpcError::Connect {
+                addr: uri.clone(),
+                source,
+            })?
+            .tcp_nodelay(true);
+        let channel = rt
+            .block_on(ep.connect())
+            .map_err(|source| GrpcError::Connect { addr: uri, source })?;
+        Ok(Self::with_channel(rt, channel, cfg))
+    }
+
+    /// Speak gRPC on an already connected socket (the bench's data
+    /// connection). The channel does not reconnect: once this connection is
+    /// gone, calls fail with `Unavailable`.
+    pub fn from_stream(stream: std::net::TcpStream, cfg: &GrpcConfig) -> Result<Self, GrpcError> {
+        stream
+            .set_nodelay(true)
+            .and_then(|()| stream.set_nonblocking(true))
+            .map_err(GrpcError::Socket)?;
+        let peer = stream
+            .peer_addr()
+            .map_or_else(|_| "the given socket".to_owned(), |a| a.to_string());
+        let rt = runtime("grpc-client")?;
+        let slot = Arc::new(Mutex::new(Some(stream)));
+        let connector = tower::service_fn(move |_: Uri| {
+            let s = slot.lock().map(|mut g| g.take()).ok().flatten();
+            async move {
+                let s = s.ok_or_else(|| {
+                    io::Error::new(io::ErrorKind::NotConnected, "the one connection is gone")
+                })?;
+                Ok::<_, io::Error>(TokioIo::new(tokio::net::TcpStream::from_std(s)?))
+            }
+        });
+        // The authority is only the HTTP/2 `:authority` header here.
+        let ep = Endpoint::from_static("http://starwire.invalid").tcp_nodelay(true);
+        let channel = rt
+            .block_on(ep.connect_with_connector(connector))
+            .map_err(|source| GrpcError::Connect { addr: peer, source })?;
+        Ok(Self::with_channel(rt, channel, cfg))
+    }
+
+    fn with_channel(rt: Runtime, channel: Channel, cfg: &GrpcConfig) -> Self {
+        let client = MessageLayerClient::new(channel)
+            .max_decoding_message_size(cfg.max_message_len)
+            .max_encoding_message_size(cfg.max_message_len);
+        Self {
+            client,
+            max_message_len: cfg.max_message_len,
+            rt,
+        }
+    }
+
+    /// A generic call: `opcode` and `payload` in, the reply payload out.
+    pub fn call(&self, opcode: u8, payload: Bytes) -> Result<Bytes, GrpcError> {
+        self.rt.block_on(self.call_future(opcode, payload))
+    }
+
+    /// The future of one generic call, to run on any tokio runtime.
+    pub fn call_future(
+        &self,
+        opcode: u8,
+        payload: Bytes,
+    ) -> impl Future<Output = Result<Bytes, GrpcError>> + Send + 'static {
+        let mut c = self.client.clone();
+        let req = CallRequest {
+            opcode: u32::from(opcode),
+            payload,
+        };
+        // tonic would fail such a request mid-stream with a bare h2 error.
+        let (len, max) = (req.encoded_len(), self.max_message_len);
+        async move {
+            if len > max {
+                return Err(GrpcError::TooLarge { len, max });
+            }
+            Ok(c.call(req).await?.into_inner().payload)
+        }
+    }
+
+    /// All of `reqs` at once, concurrent on the one connection; the results
+    /// in the order of `reqs`.
+    pub fn call_many(&self, reqs: Vec<(u8, Bytes)>) -> Vec<Result<Bytes, GrpcError>> {
+        let futs: Vec<_> = reqs
+            .into_iter()
+            .map(|(op, p)| self.call_future(op, p))
+            .collect();
+        self.rt.block_on(join_all(futs))
+    }
+
+    /// Keep up to `inflight` calls outstanding: `next` gives the next
+    /// request (`None` ends the stream), `done` gets every result with the
+    /// instant its call started, in completion order. Returns when every
+    /// started call has completed.
+    pub fn call_pipelined(
+        &self,
+        inflight: usize,
+        mut next: impl FnMut() -> Option<(u8, Bytes)>,
+        mut done: impl FnMut(Result<Bytes, GrpcError>, Instant),
+    ) {
+        let inflight = inflight.max(1);
+        // The calls are polled by this thread (as a tonic caller's task
+        // would poll them); the channel and the connection run on the
+        // runtime's workers.
+        self.rt.block_on(async {
+            let mut outstanding = FuturesUnordered::new();
+            let mut more = true;
+            loop {
+                while more && outstanding.len() < inflight {
+                    match next() {
+                        Some((op, p)) => {
+                            let f = self.call_future(op, p);
+                            let t0 = Instant::now();
+                            outstanding.push(async move { (f.await, t0) });
+                        }
+                        None => more = false,
+                    }
+                }
+                let Some((r, t0)) = outstanding.next().await else {
+                    break;
+                };
+                done(r, t0);
+            }
+        });
+    }
+
+    /// Rows of `var` for `keys` (a protobuf `SparsePullRequest`).
+    pub fn sparse_pull(&self, var: u64, keys: Vec<u64>) -> Result<SparseRows, GrpcError> {
+        let n = keys.len();
+        let mut c = self.client.clone();
+        let r = self
+            .rt
+            .block_on(c.sparse_pull(SparsePullRequest { var, keys }))?
+            .into_inner();
+        let dim = r.dim as usize;
+        if n.checked_mul(dim) != Some(r.values.len()) {
+            return Err(GrpcError::BadReply(format!(
+                "{} values for {n} rows of width {dim}",
+                r.values.len()
+            )));
+        }
+        Ok(SparseRows {
+            dim,
+            values: r.values,
+        })
+    }
+
+    /// Gradients for rows of `var`: `grads` is `keys.len()` rows of `dim`.
+    pub fn sparse_push(
+        &self,
+        var: u64,
+        keys: Vec<u64>,
+        dim: usize,
+        grads: Vec<f32>,
+    ) -> Result<(), GrpcError> {
+        let dim = u32::try_from(dim).map_err(|_| GrpcError::Status {
+            code: tonic::Code::InvalidArgument,
+            message: format!("row width {dim} is over u32"),
+        })?;
+        let mut c = self.client.clone();
+        self.rt.block_on(c.sparse_push(SparsePushRequest {
+            var,
+            keys,
+            dim,
+            grads,
+        }))?;
+        Ok(())
+    }
+
+    /// The whole dense variable `var`.
+    pub fn dense_pull(&self, var: u64) -> Result<Vec<f32>, GrpcError> {
+        let mut c = self.client.clone();
+        Ok(self
+            .rt
+            .block_on(c.dense_pull(DensePullRequest { var }))?
+            .into_inner()
+            .values)
+    }
+
+    /// A gradient for the whole dense variable `var`.
+    pub fn dense_push(&self, var: u64, grads: Vec<f32>) -> Result<(), GrpcError> {
+        let mut c = self.client.clone();
+        self.rt
+            .block_on(c.dense_push(DensePushRequest { var, grads }))?;
+        Ok(())
+    }
+}

@@ -1,0 +1,242 @@
+//! The gRPC baseline: starwire's message layer served over tonic.
+//!
+//! This is what stock TensorFlow does between workers and parameter servers
+//! (and what DeepRec calls `protocol="grpc"`): every request is a unary gRPC
+//! call over HTTP/2, the pull/push messages are protobuf. starwire measures
+//! its own transports against it in the same run (`starwire bench --backends
+//! grpc,tcp`, `starwire report`).
+//!
+//! The configuration is fixed so that figures are comparable
+//! (docs/backends/grpc.md):
+//!
+//! - tonic's default channel ([`tonic::transport::Endpoint`] defaults), one
+//!   HTTP/2 connection per client;
+//! - a tokio multi-thread runtime with [`WORKER_THREADS`] (2) workers on each
+//!   side; a server's handler runs on those workers, possibly concurrently;
+//! - `TCP_NODELAY` on both ends;
+//! - default HTTP/2 flow-control windows;
+//! - a message limit of [`GrpcConfig::max_message_len`] (64 MiB by default,
+//!   tonic's own default of 4 MiB would refuse a 4 MiB tensor with its
+//!   protobuf framing).
+//!
+//! The API is blocking, so callers need no async knowledge: a [`Handler`]
+//! answers requests on the server, a [`GrpcClient`] makes calls (one at a
+//! time, a batch at once with [`GrpcClient::call_many`], or a window of `K`
+//! outstanding with [`GrpcClient::call_pipelined`]). The blocking calls must
+//! not be made from inside a tokio runtime.
+#![deny(unsafe_code)]
+
+mod client;
+mod server;
+
+pub use client::{GrpcClient, SparseRows};
+pub use server::{ConnectionServer, GrpcServer};
+
+/// The generated protobuf messages and tonic service
+/// (`proto/starwire_grpc.proto`).
+#[allow(missing_docs, missing_debug_implementations, clippy::all)]
+pub mod proto {
+    tonic::include_proto!("starwire.grpc.v1");
+}
+
+/// Tokio worker threads of every gRPC runtime (client and server).
+pub const WORKER_THREADS: usize = 2;
+
+/// The gRPC method path of the generic call (for tests that speak to the
+/// server below the typed client).
+pub const CALL_PATH: &str = "/starwire.grpc.v1.MessageLayer/Call";
+
+/// Settings of a server or client. Everything else is fixed (see the crate
+/// docs).
+#[derive(Debug, Clone)]
+pub struct GrpcConfig {
+    /// Largest encoded message accepted or sent, in bytes. Larger ones are
+    /// refused by tonic with `OutOfRange`/`ResourceExhausted`, never
+    /// allocated.
+    pub max_message_len: usize,
+}
+
+impl Default for GrpcConfig {
+    fn default() -> Self {
+        Self {
+            max_message_len: 64 << 20,
+        }
+    }
+}
+
+/// What a [`Handler`] returns when it refuses or fails a request; becomes a
+/// gRPC status on the wire and a [`GrpcError::Status`] at the client.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum HandlerError {
+    /// The opcode means nothing to this handler.
+    #[error("unknown opcode {0:#04x}")]
+    UnknownOpcode(u8),
+    /// The payload is malformed or inconsistent.
+    #[error("bad request: {0}")]
+    BadRequest(String),
+    /// The variable or key does not exist.
+    #[error("not found: {0}")]
+    NotFound(String),
+    /// The handler does not serve this method.
+    #[error("{0} is not served here")]
+    Unsupported(&'static str),
+    /// The handler failed.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl HandlerError {
+    fn into_status(self) -> tonic::Status {
+        let msg = self.to_string();
+        match self {
+            HandlerError::UnknownOpcode(_) | HandlerError::Unsupported(_) => {
+                tonic::Status::unimplemented(msg)
+            }
+            HandlerError::BadRequest(_) => tonic::Status::invalid_argument(msg),
+            HandlerError::NotFound(_) => tonic::Status::not_found(msg),
+            HandlerError::Internal(_) => tonic::Status::internal(msg),
+        }
+    }
+}
+
+/// The server side of the message layer. Called for every request, possibly
+/// concurrently from the runtime's workers (as stock gRPC does).
+pub trait Handler: Send + Sync + 'static {
+    /// A generic request (`Rpc`, `Tensors`, ...): `opcode` is a known
+    /// starwire wire opcode (the server answers unknown ones itself).
+    fn handle(&self, opcode: u8, payload: &[u8]) -> Result<Vec<u8>, HandlerError>;
+
+    /// Rows of `var` for `keys`: `keys.len()` rows of equal width, row-major.
+    fn sparse_pull(&self, var: u64, keys: &[u64]) -> Result<Vec<f32>, HandlerError> {
+        let _ = (var, keys);
+        Err(HandlerError::Unsupported("SparsePull"))
+    }
+
+    /// Gradients for rows of `var`: `grads` holds `keys.len()` rows of
+    /// `dim` values (checked by the server before the call).
+    fn sparse_push(
+        &self,
+        var: u64,
+        keys: &[u64],
+        dim: usize,
+        grads: &[f32],
+    ) -> Result<(), HandlerError> {
+        let _ = (var, keys, dim, grads);
+        Err(HandlerError::Unsupported("SparsePush"))
+    }
+
+    /// The whole dense variable `var`.
+    fn dense_pull(&self, var: u64) -> Result<Vec<f32>, HandlerError> {
+        let _ = var;
+        Err(HandlerError::Unsupported("DensePull"))
+    }
+
+    /// A gradient for the whole dense variable `var`.
+    fn dense_push(&self, var: u64, grads: &[f32]) -> Result<(), HandlerError> {
+        let _ = (var, grads);
+        Err(HandlerError::Unsupported("DensePush"))
+    }
+}
+
+/// Errors of the gRPC baseline.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum GrpcError {
+    /// The tokio runtime could not be started.
+    #[error("starting the gRPC runtime: {0}")]
+    Runtime(#[source] std::io::Error),
+    /// The listener could not be bound.
+    #[error("binding {addr}: {source}")]
+    Bind {
+        /// The address asked for.
+        addr: std::net::SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A socket handed in could not be set up.
+    #[error("setting up the connection socket: {0}")]
+    Socket(#[source] std::io::Error),
+    /// The channel could not connect.
+    #[error("connecting to {addr}: {source}")]
+    Connect {
+        /// The peer.
+        addr: String,
+        /// Why.
+        #[source]
+        source: tonic::transport::Error,
+    },
+    /// The call failed with a gRPC status: refused by the handler, a
+    /// malformed or oversized message, or the connection gone
+    /// (`Unavailable`).
+    #[error("gRPC status {code:?}: {message}")]
+    Status {
+        /// The status code.
+        code: tonic::Code,
+        /// The status message.
+        message: String,
+    },
+    /// The request is larger than [`GrpcConfig::max_message_len`]; it was
+    /// not sent.
+    #[error("request of {len} bytes is over the {max}-byte message limit")]
+    TooLarge {
+        /// Encoded request length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// The server's answer is inconsistent (e.g. rows of unequal width).
+    #[error("bad reply: {0}")]
+    BadReply(String),
+    /// The server task failed.
+    #[error("gRPC server: {0}")]
+    Serve(#[source] tonic::transport::Error),
+}
+
+impl GrpcError {
+    /// The gRPC status code, for [`GrpcError::Status`].
+    pub fn code(&self) -> Option<tonic::Code> {
+        match self {
+            GrpcError::Status { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+}
+
+impl From<tonic::Status> for GrpcError {
+    fn from(s: tonic::Status) -> Self {
+        GrpcError::Status {
+            code: s.code(),
+            message: s.message().to_owned(),
+        }
+    }
+}
+
+fn runtime(name: &str) -> Result<tokio::runtime::Runtime, GrpcError> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(WORKER_THREADS)
+        .thread_name(name)
+        .enable_all()
+        .build()
+        .map_err(GrpcError::Runtime)
+}
+
+#[cfg(test)]
+mod tests {
+    /// The checked-in copy of the generated code (used where protoc is
+    /// missing) must match what protoc makes of the .proto today.
+    #[test]
+    fn checked_in_generated_code_matches_the_proto() {
+        let fresh = include_str!(concat!(env!("OUT_DIR"), "/starwire.grpc.v1.rs"));
+        let copy = include_str!("../generated/starwire.grpc.v1.rs");
+        if env!("STARWIRE_GRPC_PROTOC") == "1" {
+            assert!(
+                fresh == copy,
+                "generated/starwire.grpc.v1.rs is stale: copy it from OUT_DIR"
+            );
+        } else {
+            eprintln!("protoc not installed: generated code not regenerated, not compared");
+        }
+    }
+}

@@ -1,0 +1,245 @@
+//! The gRPC baseline in the bench (`starwire-grpc`, feature `grpc`): every
+//! message is a unary call over tonic's one HTTP/2 connection, the way stock
+//! TensorFlow talks to its parameter servers.
+//!
+//! The calling thread is pinned to the client core; both tokio runtimes
+//! (2 workers each, the fixed configuration of docs/backends/grpc.md) are
+//! not pinned, as in stock gRPC. Lat sends `Rpc` (echoed), rate and bw send
+//! `DensePush` (an empty reply) with K calls outstanding, fuse sends each
+//! step's `Tensors` bodies concurrently: one call carrying the fused list,
+//! or one call per tensor unfused.
+
+use std::cell::RefCell;
+use std::net::TcpStream;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use starwire_grpc::{ConnectionServer, GrpcClient, GrpcConfig, Handler, HandlerError};
+use starwire_transport::fusion::{FusionBatcher, FusionConfig, OutTensor};
+use starwire_transport::wire::tensor::DType;
+use starwire_transport::wire::tensors::TensorList;
+use starwire_transport::wire::Opcode;
+use starwire_transport::Body;
+
+use super::{Measured, Mode, Run};
+
+/// Message limit both ends derive from the run: a fused step must fit.
+fn config(run: &Run) -> GrpcConfig {
+    let fused = run
+        .max_size
+        .saturating_add(64)
+        .saturating_mul(run.tensors.max(1))
+        .saturating_add(1 << 20);
+    GrpcConfig {
+        max_message_len: fused.max(GrpcConfig::default().max_message_len),
+    }
+}
+
+/// The bench server's answers: `Rpc` echoed, `Tensors` decoded then acked,
+/// every other message-layer opcode acked empty.
+#[derive(Debug)]
+struct EchoHandler;
+
+impl Handler for EchoHandler {
+    fn handle(&self, opcode: u8, payload: &[u8]) -> Result<Vec<u8>, HandlerError> {
+        match Opcode::from_u8(opcode) {
+            Ok(Opcode::Rpc) => Ok(payload.to_vec()),
+            Ok(Opcode::Tensors) => match TensorList::parse(payload) {
+                Ok(_) => Ok(Vec::new()),
+                Err(e) => Err(HandlerError::BadRequest(format!("tensor list: {e}"))),
+            },
+            Ok(_) => Ok(Vec::new()),
+            Err(_) => Err(HandlerError::UnknownOpcode(opcode)),
+        }
+    }
+}
+
+/// Serve one data connection until the client closes it.
+pub fn serve(stream: TcpStream, run: &Run) -> Result<(), String> {
+    let srv = ConnectionServer::start(stream, Arc::new(EchoHandler), &config(run))
+        .map_err(|e| format!("grpc server: {e}"))?;
+    srv.wait();
+    Ok(())
+}
+
+/// Run the load of `run` from a thread pinned to `core`.
+pub fn client(stream: TcpStream, run: &Run, core: Option<usize>) -> Result<Measured, String> {
+    let run = run.clone();
+    std::thread::Builder::new()
+        .name("grpc-client".into())
+        .spawn(move || {
+            if let Some(c) = core {
+                starwire_placement::pin_current_thread(c)
+                    .map_err(|e| format!("pinning to CPU {c}: {e}"))?;
+            }
+            let c = GrpcClient::from_stream(stream, &config(&run))
+                .map_err(|e| format!("grpc client: {e}"))?;
+            match run.mode {
+                Mode::Fuse => fuse(&c, &run),
+                _ => window(&c, &run),
+            }
+        })
+        .map_err(|e| e.to_string())?
+        .join()
+        .map_err(|_| "grpc client thread panicked".to_owned())?
+}
+
+#[derive(Debug, Default)]
+struct WindowState {
+    issued: u64,
+    completed: u64,
+    measure_start: Option<Instant>,
+    measure_end: Option<Instant>,
+    rtts: Vec<u64>,
+    error: Option<String>,
+}
+
+/// Lat, rate and bw: `run.inflight` calls outstanding.
+fn window(c: &GrpcClient, run: &Run) -> Result<Measured, String> {
+    let (op, record, echo) = match run.mode {
+        Mode::Lat => (Opcode::Rpc, true, true),
+        Mode::Rate => (Opcode::DensePush, true, false),
+        _ => (Opcode::DensePush, false, false),
+    };
+    let payload = Bytes::from((0..run.size).map(|i| i as u8).collect::<Vec<u8>>());
+    let st = RefCell::new(WindowState {
+        measure_start: (run.warmup == 0).then(Instant::now),
+        rtts: Vec::with_capacity(if record { run.iters as usize } else { 0 }),
+        ..WindowState::default()
+    });
+    let duration = run.duration();
+    c.call_pipelined(
+        run.inflight,
+        || {
+            let mut s = st.borrow_mut();
+            let more = s.error.is_none()
+                && match (duration, s.measure_start) {
+                    (Some(d), Some(t0)) => t0.elapsed() < d,
+                    (Some(_), None) => true,
+                    (None, _) => s.issued < run.warmup + run.iters,
+                };
+            more.then(|| {
+                s.issued += 1;
+                (op as u8, payload.clone())
+            })
+        },
+        |r, t0| {
+            let now = Instant::now();
+            let mut s = st.borrow_mut();
+            match r {
+                Ok(b) if echo && b.len() != run.size => {
+                    s.error.get_or_insert(format!(
+                        "echo of {} bytes for a {}-byte request",
+                        b.len(),
+                        run.size
+                    ));
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    s.error.get_or_insert(format!("grpc call: {e}"));
+                }
+            }
+            s.completed += 1;
+            if s.completed > run.warmup && record {
+                s.rtts.push(now.duration_since(t0).as_nanos() as u64);
+            }
+            if s.completed == run.warmup {
+                s.measure_start = Some(now);
+            }
+            s.measure_end = Some(now);
+        },
+    );
+    let s = st.into_inner();
+    if let Some(e) = s.error {
+        return Err(e);
+    }
+    let t0 = s.measure_start.unwrap_or_else(Instant::now);
+    Ok(Measured {
+        iters: s.completed.saturating_sub(run.warmup),
+        elapsed: s
+            .measure_end
+            .map_or(Duration::ZERO, |t| t.saturating_duration_since(t0)),
+        rtts_ns: s.rtts,
+        fused_steps_per_s: None,
+        unfused_steps_per_s: None,
+        // tokio's system calls are not counted.
+        syscalls_per_msg: None,
+        zero_copy: None,
+    })
+}
+
+fn body_bytes(b: Body) -> Bytes {
+    match b.segments() {
+        [one] => one.clone(),
+        segs => {
+            let mut out = BytesMut::with_capacity(b.len());
+            for s in segs {
+                out.extend_from_slice(s);
+            }
+            out.freeze()
+        }
+    }
+}
+
+/// Fuse: steps of `run.tensors` tensors, fused (one call per fused list)
+/// then unfused (one call per tensor); returns steps/s of each.
+fn fuse(c: &GrpcClient, run: &Run) -> Result<Measured, String> {
+    let payload = Bytes::from((0..run.size).map(|i| i as u8).collect::<Vec<u8>>());
+    let tensors = (0..run.tensors as u64)
+        .map(|k| {
+            OutTensor::new(k, DType::U8, vec![run.size as u64], payload.clone())
+                .map_err(|e| format!("tensor {k}: {e}"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut rates = [None, None];
+    let mut measured = u64::MAX;
+    for (i, enabled) in [true, false].into_iter().enumerate() {
+        let mut batcher = FusionBatcher::new(
+            FusionConfig {
+                enabled,
+                ..FusionConfig::default()
+            },
+            1,
+        );
+        let mut steps = 0u64;
+        let mut t0 = (run.warmup == 0).then(Instant::now);
+        loop {
+            let more = match (run.duration(), t0) {
+                (Some(d), Some(t0)) => t0.elapsed() < d,
+                (Some(_), None) => true,
+                (None, _) => steps < run.warmup + run.iters,
+            };
+            if !more {
+                break;
+            }
+            for t in &tensors {
+                batcher.add(0, t);
+            }
+            let mut reqs = Vec::new();
+            batcher.finish_step(&mut |_, body, _| {
+                reqs.push((Opcode::Tensors as u8, body_bytes(body)));
+            });
+            for r in c.call_many(reqs) {
+                r.map_err(|e| format!("grpc fuse call: {e}"))?;
+            }
+            steps += 1;
+            if steps == run.warmup {
+                t0 = Some(Instant::now());
+            }
+        }
+        let secs = t0.map_or(0.0, |t| t.elapsed().as_secs_f64());
+        let n = steps.saturating_sub(run.warmup);
+        rates[i] = (secs > 0.0).then(|| n as f64 / secs);
+        measured = measured.min(n);
+    }
+    Ok(Measured {
+        iters: measured,
+        elapsed: Duration::ZERO,
+        rtts_ns: Vec::new(),
+        fused_steps_per_s: rates[0],
+        unfused_steps_per_s: rates[1],
+        syscalls_per_msg: None,
+        zero_copy: None,
+    })
+}

@@ -1,0 +1,727 @@
+//! `starwire report --out DIR`: the standard suite across every compiled-in
+//! backend, in one run, written as `report.md` (tables with ratios to `raw`
+//! and `grpc`), `report.json` (every figure, with bench's field names) and
+//! SVG plots.
+//!
+//! The suite: latency over sizes 64 B to 1 MiB, rate over 1 to 64 in
+//! flight, bandwidth, fusion, and a short comm-bound `train`. The train
+//! section comes from a [`TrainSuite`] the caller hands in; a build without
+//! one says so in the report and has no train figures.
+
+mod plot;
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+
+use crate::backend::Backend;
+use crate::bench::{self, Cores, Mode, Plan, ResultLine};
+
+/// Latency sizes of the full suite: 64 B, then every power of 4 to 1 MiB.
+const LAT_SIZES: &[usize] = &[64, 256, 1024, 4096, 16384, 65536, 262_144, 1_048_576];
+/// In-flight counts of the rate sweep.
+const RATE_INFLIGHT: &[usize] = &[1, 2, 4, 8, 16, 32, 64];
+/// Payload of the rate sweep (the size of the issue's rate comparison).
+const RATE_SIZE: usize = 4096;
+/// Bandwidth sizes.
+const BW_SIZES: &[usize] = &[65536, 1_048_576];
+/// Fusion: tensors per step and bytes per tensor.
+const FUSE_TENSORS: usize = 100;
+const FUSE_SIZE: usize = 256;
+
+/// Options of `starwire report`.
+#[derive(Debug, clap::Args)]
+pub struct ReportArgs {
+    /// Directory for report.md, report.json and the SVG plots (created).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// A short suite (two sizes, two in-flight counts, few iterations): for
+    /// CI and tests, not for figures.
+    #[arg(long)]
+    pub quick: bool,
+    /// Backends to include (default: every one compiled in).
+    #[arg(long, value_delimiter = ',')]
+    pub backends: Option<Vec<Backend>>,
+    /// Seconds each measurement runs in the full suite.
+    #[arg(long, default_value_t = 0.5)]
+    pub duration: f64,
+    /// Busy polling on (the default) or off.
+    #[arg(long, value_parser = crate::parse_on_off)]
+    pub polling: Option<bool>,
+    /// Client and server cores, `C,S` (default 0,1 with two or more CPUs).
+    #[arg(long, value_parser = bench::parse_cores)]
+    pub cores: Option<Cores>,
+}
+
+/// One train measurement the report asks for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TrainCase {
+    /// Backend to train over.
+    pub backend: Backend,
+    /// Tensor fusion on or off (`--tensor-fuse`).
+    pub fusion: bool,
+    /// Model (`--model`).
+    pub model: String,
+    /// `--embedding-dim`.
+    pub embedding_dim: usize,
+    /// `--batch-size`.
+    pub batch_size: usize,
+    /// Training steps to measure.
+    pub steps: u64,
+}
+
+/// What one train run measured.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TrainResult {
+    /// Training samples per second.
+    pub samples_per_s: f64,
+    /// Steps measured.
+    pub steps: u64,
+}
+
+/// The train section's source: `starwire train` connects one (the report
+/// has no training code of its own).
+pub trait TrainSuite {
+    /// Run one case; an error is reported for that case, the others go on.
+    fn run(&self, case: &TrainCase) -> Result<TrainResult, String>;
+}
+
+/// One row of the train section of report.json.
+#[derive(Debug, Clone, Serialize)]
+struct TrainRow {
+    #[serde(flatten)]
+    case: TrainCase,
+    samples_per_s: Option<f64>,
+    steps: Option<u64>,
+    error: Option<String>,
+}
+
+/// Where and how the suite ran.
+#[derive(Debug, Clone, Serialize)]
+struct Machine {
+    hostname: String,
+    kernel: String,
+    cpu_model: String,
+    cpus: usize,
+    /// /proc/loadavg when the suite started (other load skews every figure).
+    load_avg: String,
+    client_core: Option<usize>,
+    server_core: Option<usize>,
+    polling: bool,
+    build: &'static str,
+    starwire_version: &'static str,
+    generated_utc: String,
+    quick: bool,
+}
+
+/// report.json.
+#[derive(Debug, Serialize)]
+struct ReportJson<'a> {
+    machine: &'a Machine,
+    backends: Vec<&'static str>,
+    /// Every bench result line, with bench's JSON field names.
+    bench: &'a [ResultLine],
+    /// `null` when this build has no train.
+    train: Option<&'a [TrainRow]>,
+    train_note: Option<&'static str>,
+}
+
+const NO_TRAIN: &str = "train not available in this build";
+
+fn read_trim(p: &str) -> Option<String> {
+    std::fs::read_to_string(p).ok().map(|s| s.trim().to_owned())
+}
+
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// `YYYY-MM-DD HH:MM:SS` in UTC (civil-from-days; no date crate needed for
+/// one timestamp).
+fn utc_now() -> String {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs()) as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+fn machine(args: &ReportArgs, cores: (Option<usize>, Option<usize>), polling: bool) -> Machine {
+    Machine {
+        hostname: read_trim("/proc/sys/kernel/hostname").unwrap_or_else(|| "unknown".into()),
+        kernel: read_trim("/proc/sys/kernel/osrelease").unwrap_or_else(|| "unknown".into()),
+        cpu_model: cpu_model(),
+        cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        load_avg: read_trim("/proc/loadavg")
+            .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+            .unwrap_or_else(|| "unknown".into()),
+        client_core: cores.0,
+        server_core: cores.1,
+        polling,
+        build: if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        },
+        starwire_version: env!("CARGO_PKG_VERSION"),
+        generated_utc: utc_now(),
+        quick: args.quick,
+    }
+}
+
+/// The plans of the suite, in run order.
+fn plans(args: &ReportArgs, backends: &[Backend], m: &Machine) -> Vec<Plan> {
+    let base = |modes: Vec<Mode>, sizes: Vec<usize>, inflight: Option<usize>| Plan {
+        backends: backends.to_vec(),
+        modes,
+        sizes,
+        inflight,
+        iters: args.quick.then_some(30),
+        duration_s: (!args.quick).then_some(args.duration),
+        warmup: Some(if args.quick { 3 } else { 200 }),
+        tensors: if args.quick { 8 } else { FUSE_TENSORS },
+        repeat: 1,
+        polling: m.polling,
+        client_core: m.client_core,
+        server_core: m.server_core,
+    };
+    let (lat, inflight, bw): (&[usize], &[usize], &[usize]) = if args.quick {
+        (&[64, 4096], &[1, 8], &[65536])
+    } else {
+        (LAT_SIZES, RATE_INFLIGHT, BW_SIZES)
+    };
+    let mut out = vec![base(vec![Mode::Lat], lat.to_vec(), None)];
+    for &k in inflight {
+        out.push(base(vec![Mode::Rate], vec![RATE_SIZE], Some(k)));
+    }
+    out.push(base(vec![Mode::Bw], bw.to_vec(), None));
+    out.push(base(vec![Mode::Fuse], vec![FUSE_SIZE], None));
+    out
+}
+
+/// The train cases: every backend that can train (not the raw baseline),
+/// fusion on and off.
+fn train_cases(backends: &[Backend], quick: bool) -> Vec<TrainCase> {
+    let mut out = Vec::new();
+    for &b in backends.iter().filter(|&&b| b != Backend::Raw) {
+        for fusion in [true, false] {
+            out.push(TrainCase {
+                backend: b,
+                fusion,
+                model: "lr".into(),
+                embedding_dim: 64,
+                batch_size: 512,
+                steps: if quick { 10 } else { 200 },
+            });
+        }
+    }
+    out
+}
+
+/// Run `starwire report`. `train` is the train section's source, `None` in
+/// a build without `starwire train`.
+pub fn main(args: ReportArgs, train: Option<&dyn TrainSuite>) -> Result<(), String> {
+    if !(args.duration > 0.0 && args.duration.is_finite()) {
+        return Err(format!(
+            "--duration {}: expected positive seconds",
+            args.duration
+        ));
+    }
+    let backends = args.backends.clone().unwrap_or_else(Backend::compiled);
+    if backends.is_empty() {
+        return Err("--backends must not be empty".into());
+    }
+    std::fs::create_dir_all(&args.out)
+        .map_err(|e| format!("creating {}: {e}", args.out.display()))?;
+    let polling = args.polling.unwrap_or(true);
+    let cores = bench::choose_cores(args.cores, None)?;
+    let m = machine(&args, cores, polling);
+    let t0 = Instant::now();
+    let mut lines = Vec::new();
+    for plan in plans(&args, &backends, &m) {
+        eprintln!(
+            "[starwire report {:>5.1}s] {} {:?} inflight {:?}",
+            t0.elapsed().as_secs_f64(),
+            plan.modes[0].name(),
+            plan.sizes,
+            plan.inflight
+        );
+        lines.extend(bench::run_loopback(&plan)?);
+    }
+    let train_rows = train.map(|suite| {
+        train_cases(&backends, args.quick)
+            .into_iter()
+            .map(|case| {
+                eprintln!(
+                    "[starwire report {:>5.1}s] train {} fusion {}",
+                    t0.elapsed().as_secs_f64(),
+                    case.backend,
+                    if case.fusion { "on" } else { "off" }
+                );
+                let r = suite.run(&case);
+                TrainRow {
+                    case,
+                    samples_per_s: r.as_ref().ok().map(|r| r.samples_per_s),
+                    steps: r.as_ref().ok().map(|r| r.steps),
+                    error: r.err(),
+                }
+            })
+            .collect::<Vec<_>>()
+    });
+    write_all(&args.out, &m, &backends, &lines, train_rows.as_deref())?;
+    eprintln!(
+        "starwire report: wrote {} in {:.1}s",
+        args.out.display(),
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+fn write_file(dir: &Path, name: &str, contents: &str) -> Result<(), String> {
+    let p = dir.join(name);
+    std::fs::write(&p, contents).map_err(|e| format!("writing {}: {e}", p.display()))
+}
+
+fn write_all(
+    dir: &Path,
+    m: &Machine,
+    backends: &[Backend],
+    lines: &[ResultLine],
+    train: Option<&[TrainRow]>,
+) -> Result<(), String> {
+    let json = ReportJson {
+        machine: m,
+        backends: backends.iter().map(|b| b.name()).collect(),
+        bench: lines,
+        train,
+        train_note: train.is_none().then_some(NO_TRAIN),
+    };
+    let s = serde_json::to_string_pretty(&json).map_err(|e| e.to_string())?;
+    write_file(dir, "report.json", &(s + "\n"))?;
+    let mut plots = vec![
+        ("latency.svg", plot::latency(lines, backends)?),
+        ("rate.svg", plot::rate(lines, backends)?),
+    ];
+    if let Some(rows) = train {
+        let bars: Vec<(String, f64)> = rows
+            .iter()
+            .filter_map(|r| {
+                r.samples_per_s.map(|v| {
+                    let fuse = if r.case.fusion { "fused" } else { "unfused" };
+                    (format!("{} {fuse}", r.case.backend), v)
+                })
+            })
+            .collect();
+        plots.push(("train.svg", plot::train(&bars)?));
+    }
+    for (name, svg) in &plots {
+        write_file(dir, name, svg)?;
+    }
+    let md = markdown(m, backends, lines, train, &plots);
+    write_file(dir, "report.md", &md)
+}
+
+fn find(
+    lines: &[ResultLine],
+    b: Backend,
+    mode: Mode,
+    size: usize,
+    inflight: Option<usize>,
+) -> Option<&ResultLine> {
+    lines.iter().find(|l| {
+        l.backend == b
+            && l.mode == mode
+            && l.size == size
+            && inflight.map_or(true, |k| l.inflight == k)
+    })
+}
+
+fn fmt_num(v: Option<f64>) -> String {
+    match v {
+        None => "–".into(),
+        Some(x) if x >= 10_000.0 => format!("{x:.0}"),
+        Some(x) if x >= 100.0 => format!("{x:.1}"),
+        Some(x) => format!("{x:.3}"),
+    }
+}
+
+fn ratio(a: Option<f64>, b: Option<f64>) -> String {
+    match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => format!("{:.2}×", a / b),
+        _ => "–".into(),
+    }
+}
+
+fn human_size(s: usize) -> String {
+    match s {
+        s if s >= 1 << 20 && s % (1 << 20) == 0 => format!("{} MiB", s >> 20),
+        s if s >= 1 << 10 && s % (1 << 10) == 0 => format!("{} KiB", s >> 10),
+        s => format!("{s} B"),
+    }
+}
+
+/// What a table shows: one metric of one mode.
+#[derive(Clone, Copy)]
+struct Metric {
+    mode: Mode,
+    get: fn(&ResultLine) -> Option<f64>,
+    unit: &'static str,
+}
+
+/// A table: one row per key, per backend the metric, then the ratio of
+/// every other backend to `raw` and to `grpc` (when those are present).
+fn table(
+    out: &mut String,
+    key_name: &str,
+    keys: &[(String, usize, Option<usize>)],
+    backends: &[Backend],
+    lines: &[ResultLine],
+    metric: Metric,
+) {
+    let Metric {
+        mode,
+        get: metric,
+        unit,
+    } = metric;
+    let bases: Vec<Backend> = backends
+        .iter()
+        .copied()
+        .filter(|b| matches!(b.name(), "raw" | "grpc"))
+        .collect();
+    let mut head = format!("| {key_name} |");
+    let mut rule = String::from("|---|");
+    for b in backends {
+        let _ = write!(head, " {b} {unit} |");
+        rule.push_str("---:|");
+    }
+    for base in &bases {
+        for b in backends.iter().filter(|b| *b != base && b.name() != "raw") {
+            let _ = write!(head, " {b} ÷ {base} |");
+            rule.push_str("---:|");
+        }
+    }
+    let _ = writeln!(out, "{head}\n{rule}");
+    for (label, size, inflight) in keys {
+        let v = |b: Backend| find(lines, b, mode, *size, *inflight).and_then(metric);
+        let mut row = format!("| {label} |");
+        for &b in backends {
+            let _ = write!(row, " {} |", fmt_num(v(b)));
+        }
+        for &base in &bases {
+            for &b in backends.iter().filter(|b| **b != base && b.name() != "raw") {
+                let _ = write!(row, " {} |", ratio(v(b), v(base)));
+            }
+        }
+        let _ = writeln!(out, "{row}");
+    }
+    out.push('\n');
+}
+
+fn keys_of(
+    lines: &[ResultLine],
+    mode: Mode,
+    by_inflight: bool,
+) -> Vec<(String, usize, Option<usize>)> {
+    let mut keys: Vec<(String, usize, Option<usize>)> = Vec::new();
+    for l in lines.iter().filter(|l| l.mode == mode) {
+        let k = if by_inflight {
+            (l.inflight.to_string(), l.size, Some(l.inflight))
+        } else {
+            (human_size(l.size), l.size, None)
+        };
+        if !keys.iter().any(|(_, s, i)| (*s, *i) == (k.1, k.2)) {
+            keys.push(k);
+        }
+    }
+    keys
+}
+
+fn markdown(
+    m: &Machine,
+    backends: &[Backend],
+    lines: &[ResultLine],
+    train: Option<&[TrainRow]>,
+    plots: &[(&str, String)],
+) -> String {
+    let mut o = String::new();
+    let names: Vec<&str> = backends.iter().map(|b| b.name()).collect();
+    let _ = writeln!(o, "# starwire report\n");
+    let _ = writeln!(
+        o,
+        "Generated {} UTC by `starwire report` {} ({} build{}); backends: {}. \
+         Every figure below was measured in this one run; report.json has them all.\n",
+        m.generated_utc,
+        m.starwire_version,
+        m.build,
+        if m.quick {
+            ", --quick: not for figures"
+        } else {
+            ""
+        },
+        names.join(", ")
+    );
+    let placement = match (m.client_core, m.server_core) {
+        (Some(c), Some(s)) => format!(
+            "client on core {c}, server on core {s} (raw and tcp pinned; grpc pins its \
+             calling thread, its two 2-worker tokio runtimes float)"
+        ),
+        _ => "unpinned (one usable CPU)".into(),
+    };
+    let _ = writeln!(o, "| machine | |\n|---|---|");
+    let _ = writeln!(o, "| host | {} |", m.hostname);
+    let _ = writeln!(o, "| kernel | {} |", m.kernel);
+    let _ = writeln!(o, "| CPU | {} ({} CPUs) |", m.cpu_model, m.cpus);
+    let _ = writeln!(o, "| load average at start | {} |", m.load_avg);
+    let _ = writeln!(o, "| placement | {placement} |");
+    let _ = writeln!(
+        o,
+        "| polling | {} |\n",
+        if m.polling {
+            "on (busy-polling reactors, non-blocking raw sockets)"
+        } else {
+            "off (parking reactors, blocking raw sockets)"
+        }
+    );
+    let _ = writeln!(
+        o,
+        "Ratios: `X ÷ raw` and `X ÷ grpc` divide X's figure by the baseline's. For \
+         latency lower is better (0.20× = five times faster); for rates and \
+         bandwidth higher is better. The raw baseline is plain sockets with no \
+         starwire code; grpc is the tonic baseline (docs/backends/grpc.md).\n"
+    );
+
+    let _ = writeln!(
+        o,
+        "## Latency (ping-pong, one outstanding): p50 round trip\n"
+    );
+    let keys = keys_of(lines, Mode::Lat, false);
+    table(
+        &mut o,
+        "size",
+        &keys,
+        backends,
+        lines,
+        Metric {
+            mode: Mode::Lat,
+            get: |l| l.p50_us,
+            unit: "µs",
+        },
+    );
+    let _ = writeln!(o, "p99 round trip:\n");
+    table(
+        &mut o,
+        "size",
+        &keys,
+        backends,
+        lines,
+        Metric {
+            mode: Mode::Lat,
+            get: |l| l.p99_us,
+            unit: "µs",
+        },
+    );
+    if plots.iter().any(|(n, _)| *n == "latency.svg") {
+        let _ = writeln!(o, "![latency against size](latency.svg)\n");
+    }
+
+    let size = keys_of(lines, Mode::Rate, true).first().map_or(0, |k| k.1);
+    let _ = writeln!(
+        o,
+        "## Message rate ({} requests, each acked empty) against requests in flight\n",
+        human_size(size)
+    );
+    let keys = keys_of(lines, Mode::Rate, true);
+    table(
+        &mut o,
+        "in flight",
+        &keys,
+        backends,
+        lines,
+        Metric {
+            mode: Mode::Rate,
+            get: |l| l.msgs_per_s,
+            unit: "msgs/s",
+        },
+    );
+    let _ = writeln!(o, "![rate against in-flight](rate.svg)\n");
+
+    let _ = writeln!(o, "## Bandwidth (one-way stream, 8 in flight, acked)\n");
+    let keys = keys_of(lines, Mode::Bw, false);
+    table(
+        &mut o,
+        "size",
+        &keys,
+        backends,
+        lines,
+        Metric {
+            mode: Mode::Bw,
+            get: |l| l.gbps,
+            unit: "Gb/s",
+        },
+    );
+
+    let _ = writeln!(o, "## Fusion (steps of N tensors to one peer)\n");
+    let _ = writeln!(
+        o,
+        "Fused: each step's tensors travel as one `Tensors` message; unfused: one \
+         message (for grpc one RPC) per tensor.\n"
+    );
+    let _ = writeln!(
+        o,
+        "| backend | tensors × bytes | fused steps/s | unfused steps/s | fused ÷ unfused |\n|---|---|---:|---:|---:|"
+    );
+    for l in lines.iter().filter(|l| l.mode == Mode::Fuse) {
+        let _ = writeln!(
+            o,
+            "| {} | {} × {} | {} | {} | {} |",
+            l.backend,
+            l.tensors.unwrap_or(0),
+            human_size(l.size),
+            fmt_num(l.fused_steps_per_s),
+            fmt_num(l.unfused_steps_per_s),
+            ratio(l.fused_steps_per_s, l.unfused_steps_per_s)
+        );
+    }
+    o.push('\n');
+
+    let _ = writeln!(
+        o,
+        "## Train (comm-bound: `--model lr --embedding-dim 64 --batch-size 512`)\n"
+    );
+    match train {
+        None => {
+            let _ = writeln!(
+                o,
+                "**{NO_TRAIN}**: this binary has no `starwire train` connected to the \
+                 report, so there are no train figures (and no train plot).\n"
+            );
+        }
+        Some(rows) => {
+            let grpc_off = rows
+                .iter()
+                .find(|r| r.case.backend.name() == "grpc" && !r.case.fusion)
+                .and_then(|r| r.samples_per_s);
+            let _ = writeln!(
+                o,
+                "| backend | fusion | steps | samples/s | ÷ grpc unfused (stock TF) | error |\n|---|---|---:|---:|---:|---|"
+            );
+            for r in rows {
+                let _ = writeln!(
+                    o,
+                    "| {} | {} | {} | {} | {} | {} |",
+                    r.case.backend,
+                    if r.case.fusion { "on" } else { "off" },
+                    r.steps.map_or("–".into(), |s| s.to_string()),
+                    fmt_num(r.samples_per_s),
+                    ratio(r.samples_per_s, grpc_off),
+                    r.error.as_deref().unwrap_or("")
+                );
+            }
+            let _ = writeln!(o, "\n![train samples/s per backend](train.svg)\n");
+        }
+    }
+    let _ = writeln!(
+        o,
+        "Reproduce: `starwire report --out DIR` (a release build: `cargo run --release \
+         --features grpc -- report --out DIR`)."
+    );
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utc_timestamp_has_the_right_shape() {
+        let s = utc_now();
+        assert_eq!(s.len(), 19, "{s}");
+        assert!(s.starts_with("20"), "{s}");
+        assert_eq!(&s[4..5], "-");
+        assert_eq!(&s[13..14], ":");
+    }
+
+    #[test]
+    fn train_cases_skip_raw_and_cover_fusion_on_and_off() {
+        let cases = train_cases(&[Backend::Raw, Backend::Tcp], false);
+        assert_eq!(cases.len(), 2);
+        assert!(cases.iter().all(|c| c.backend == Backend::Tcp));
+        assert!(cases.iter().any(|c| c.fusion) && cases.iter().any(|c| !c.fusion));
+        assert_eq!((cases[0].embedding_dim, cases[0].batch_size), (64, 512));
+    }
+
+    #[test]
+    fn ratios_and_sizes_format() {
+        assert_eq!(ratio(Some(10.0), Some(2.0)), "5.00×");
+        assert_eq!(ratio(Some(1.0), None), "–");
+        assert_eq!(ratio(Some(1.0), Some(0.0)), "–");
+        assert_eq!(human_size(1 << 20), "1 MiB");
+        assert_eq!(human_size(4096), "4 KiB");
+        assert_eq!(human_size(100), "100 B");
+    }
+
+    /// A stand-in train source, to check that the section is written from
+    /// what the source returns (errors included).
+    struct Fixed;
+    impl TrainSuite for Fixed {
+        fn run(&self, case: &TrainCase) -> Result<TrainResult, String> {
+            if case.fusion {
+                Ok(TrainResult {
+                    samples_per_s: 1000.0,
+                    steps: case.steps,
+                })
+            } else {
+                Err("boom".into())
+            }
+        }
+    }
+
+    #[test]
+    fn train_section_comes_from_the_suite() {
+        let dir = tempfile::tempdir().unwrap();
+        let args = ReportArgs {
+            out: dir.path().to_owned(),
+            quick: true,
+            backends: Some(vec![Backend::Tcp]),
+            duration: 0.5,
+            polling: Some(false),
+            cores: None,
+        };
+        main(args, Some(&Fixed)).unwrap();
+        let md = std::fs::read_to_string(dir.path().join("report.md")).unwrap();
+        assert!(md.contains("| tcp | on | 10 | 1000.0 |"), "{md}");
+        assert!(md.contains("boom"), "{md}");
+        assert!(!md.contains(NO_TRAIN), "{md}");
+        let svg = std::fs::read_to_string(dir.path().join("train.svg")).unwrap();
+        assert!(svg.contains("<svg") && svg.contains("tcp fused"), "{svg}");
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.path().join("report.json")).unwrap())
+                .unwrap();
+        assert_eq!(json["train"][0]["samples_per_s"], 1000.0);
+        assert_eq!(json["train"][1]["error"], "boom");
+    }
+}
