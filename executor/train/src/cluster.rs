@@ -321,10 +321,13 @@ fn var_stats(
         .iter()
         .map(|v| match &v.kind {
             GVarKind::Embedding { dim } => {
-                let c: Vec<u64> = counts
+                // Sorted: a float sum in hash-map order would differ between
+                // processes, and every task must compute the same placement.
+                let mut c: Vec<u64> = counts
                     .get(&v.id.0)
                     .map(|m| m.values().copied().collect())
                     .unwrap_or_default();
+                c.sort_unstable();
                 VarStats {
                     id: v.id.0,
                     name: v.name.clone(),
@@ -407,7 +410,7 @@ pub fn plan(cfg: &TrainConfig) -> Result<Plan, TrainError> {
     let r = cfg.ps_reactors.max(1);
     let shards = cfg.ps * r;
     let mut shard_vars: Vec<Vec<VarDef>> = vec![Vec::new(); shards];
-    let mut dense_shard = vec![None; model.variables().len()];
+    let mut home_shard = vec![None; model.variables().len()];
     let mut next_on_ps = vec![0usize; cfg.ps];
     for v in model.variables() {
         let def = to_def(v);
@@ -415,15 +418,10 @@ pub fn plan(cfg: &TrainConfig) -> Result<Plan, TrainError> {
             Some(Location::Ps(p)) => {
                 let s = p * r + next_on_ps[p] % r;
                 next_on_ps[p] += 1;
-                if matches!(v.kind, GVarKind::Dense { .. }) {
-                    dense_shard[v.id.0 as usize] = Some(s);
-                    shard_vars[s].push(def);
-                } else {
-                    // A whole table lives on one shard; the worker routes
-                    // all its keys there.
-                    dense_shard[v.id.0 as usize] = Some(s);
-                    shard_vars[s].push(def);
-                }
+                // A dense variable, or a table small enough to live whole on
+                // one shard: the worker routes all its keys there.
+                home_shard[v.id.0 as usize] = Some(s);
+                shard_vars[s].push(def);
             }
             Some(Location::Sharded) | None => {
                 for sv in &mut shard_vars {
@@ -434,7 +432,7 @@ pub fn plan(cfg: &TrainConfig) -> Result<Plan, TrainError> {
     }
     let layout = Layout {
         shards,
-        dense_shard,
+        home_shard,
         num_dense: model.spec().num_dense,
         num_fields: nf,
     };
@@ -531,6 +529,8 @@ pub trait RunningPs {
     fn addr(&self) -> SocketAddr;
     /// Wait until every expected worker is done; the shards' counters.
     fn join(self: Box<Self>) -> Result<Vec<serde_json::Value>, TrainError>;
+    /// Stop at once (a run that failed).
+    fn stop(self: Box<Self>);
 }
 
 impl<K: Backend> RunningPs for PsTask<K> {
@@ -539,6 +539,11 @@ impl<K: Backend> RunningPs for PsTask<K> {
     }
     fn join(self: Box<Self>) -> Result<Vec<serde_json::Value>, TrainError> {
         PsTask::join(*self)
+    }
+    fn stop(self: Box<Self>) {
+        for r in self.reactors {
+            let _ = r.stop();
+        }
     }
 }
 
@@ -651,7 +656,11 @@ pub fn start_ps<K: Backend>(
             },
             max_park: Duration::from_millis(100),
         };
-        let handler = ShardHandler { shard, index: s };
+        let handler = ShardHandler {
+            shard,
+            index: s,
+            checkpoint_dir: cfg.checkpoint_dir.clone(),
+        };
         // The binder (an io_uring ring) is made on the reactor's own thread;
         // the first connection reports a failure to make it.
         let (btx, brx) = mpsc::sync_channel(1);
@@ -762,17 +771,55 @@ pub fn evaluate(
     Ok((auc(&labels, &probs), logloss(&labels, &probs)))
 }
 
-/// Per-worker step cap from `--steps` and, in sync mode, the equal share.
-fn step_cap(cfg: &TrainConfig) -> Option<u64> {
-    let from_steps = cfg.steps.map(|s| s.div_ceil(cfg.workers as u64).max(1));
-    let from_sync = (cfg.sync && cfg.train == DataSource::Synthetic).then(|| {
-        let per = cfg.train_examples / cfg.workers as u64;
-        (per / cfg.batch_size as u64).max(1) * cfg.epochs
-    });
-    match (from_steps, from_sync) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
+/// Worker `w`'s total step cap from `--steps N`: N split as evenly as
+/// possible, so the workers together run exactly N.
+fn step_cap(cfg: &TrainConfig, w: usize) -> Option<u64> {
+    let n = cfg.workers as u64;
+    cfg.steps.map(|s| s / n + u64::from((w as u64) < s % n))
+}
+
+/// Examples in one epoch of the training data: known for the generator,
+/// counted (one line per example) for a file.
+fn epoch_examples(cfg: &TrainConfig) -> Result<u64, TrainError> {
+    match &cfg.train {
+        DataSource::Synthetic => Ok(cfg.train_examples),
+        DataSource::Criteo(p) => {
+            use std::io::Read;
+            let mut f = std::fs::File::open(p).map_err(|e| {
+                TrainError::Data(starwire_data::DataError::Open {
+                    path: p.clone(),
+                    source: e,
+                })
+            })?;
+            let mut buf = vec![0u8; 1 << 20];
+            let (mut lines, mut last) = (0u64, b'\n');
+            loop {
+                let n = f.read(&mut buf)?;
+                if n == 0 {
+                    break;
+                }
+                lines += buf[..n].iter().filter(|&&b| b == b'\n').count() as u64;
+                last = buf[n - 1];
+            }
+            Ok(lines + u64::from(last != b'\n'))
+        }
     }
+}
+
+/// With `--sync`, every worker runs the same number of steps per epoch (a
+/// barrier waits for all of them): the batches of the smallest share.
+fn sync_epoch_steps(cfg: &TrainConfig) -> Result<Option<u64>, TrainError> {
+    if !cfg.sync {
+        return Ok(None);
+    }
+    let min_share = epoch_examples(cfg)? / cfg.workers as u64;
+    if min_share == 0 {
+        return Err(TrainError::Config(format!(
+            "--sync with {} workers needs at least one example per worker",
+            cfg.workers
+        )));
+    }
+    Ok(Some(min_share.div_ceil(cfg.batch_size as u64)))
 }
 
 /// Run worker `w` of the cluster until its data (or step cap) is done.
@@ -801,10 +848,12 @@ pub fn worker_loop(
         cfg.workers,
         cfg.skip_bad_lines,
     )?;
-    let cap = step_cap(cfg);
+    let cap = step_cap(cfg, w);
+    let epoch_cap = sync_epoch_steps(cfg)?;
     let mut batch = Batch::with_capacity(cfg.batch_size);
     let mut out = WorkerOutcome::default();
     let (mut epoch, mut offset, mut steps_done) = (0u64, 0u64, 0u64);
+    let mut resumed_in_epoch = 0u64;
     if let Some(p) = resume {
         epoch = p.epoch;
         steps_done = p.steps;
@@ -819,6 +868,7 @@ pub fn worker_loop(
             skipped += n as u64;
         }
         offset = skipped;
+        resumed_in_epoch = skipped.div_ceil(cfg.batch_size as u64);
     }
     if let Some(b) = start {
         b.wait();
@@ -828,10 +878,15 @@ pub fn worker_loop(
     let mut loss_n = 0u64;
     let w_count = cfg.workers as u64;
     'epochs: while epoch < cfg.epochs {
+        let mut in_epoch = std::mem::take(&mut resumed_in_epoch);
         loop {
             if cap.is_some_and(|c| steps_done >= c) {
                 break 'epochs;
             }
+            if epoch_cap.is_some_and(|c| in_epoch >= c) {
+                break;
+            }
+            in_epoch += 1;
             let n = reader.next_batch(cfg.batch_size, &mut batch)?;
             if n == 0 {
                 break;
@@ -942,9 +997,16 @@ fn write_checkpoint(
         reason: "path is not UTF-8".into(),
     })?;
     core.control(net, &Control::Checkpoint(d.to_owned()))?;
+    // Every shard's global step (WAIT_STEP(0) answers at once).
+    let global_step = core
+        .control(net, &Control::WaitStep(0))?
+        .iter()
+        .filter_map(|b| b.as_slice().try_into().ok().map(u64::from_le_bytes))
+        .max()
+        .unwrap_or(0);
     let m = Manifest {
         format_version: starwire_ps::checkpoint::FORMAT_VERSION,
-        global_step: core.global_step(),
+        global_step,
         shard_count: plan.shards,
         seed: cfg.seed,
         model: model_json(cfg),
@@ -1067,6 +1129,14 @@ fn run_local_on(k: &dyn ClusterBackend, cfg: &TrainConfig) -> Result<TrainReport
             }
         }
     }
+    if let Some(e) = first_err {
+        // A worker failed: stop the PS tasks instead of waiting for a DONE
+        // that will not come.
+        for t in tasks {
+            t.stop();
+        }
+        return Err(e);
+    }
     // The evaluator: its own connections, after every worker has pushed.
     let mut net = k.connect(cfg, &addrs, cfg.workers as u32, plan.shards)?;
     let mut core = WorkerCore::new(
@@ -1075,30 +1145,25 @@ fn run_local_on(k: &dyn ClusterBackend, cfg: &TrainConfig) -> Result<TrainReport
         cfg.tensor_fuse,
         Executor::new(cfg.compute_threads),
     );
-    let eval_result = if first_err.is_none() {
-        Some(evaluate(&mut core, &mut *net, &eval_all))
-    } else {
-        None
-    };
-    let ckpt = match (&cfg.checkpoint_dir, first_err.is_none()) {
-        (Some(d), true) => {
+    let eval_result = evaluate(&mut core, &mut *net, &eval_all);
+    let ckpt = match (&cfg.checkpoint_dir, &eval_result) {
+        (Some(d), Ok(_)) => {
             let progress = outs.iter().filter_map(|o| o.progress.clone()).collect();
-            write_checkpoint(&mut core, &mut *net, cfg, &plan, d, progress)?;
-            Some(d.clone())
+            write_checkpoint(&mut core, &mut *net, cfg, &plan, d, progress)
+                .map(|()| Some(d.clone()))
         }
-        _ => None,
+        _ => Ok(None),
     };
+    // Closing the evaluator's connections counts as its DONE.
     let _ = control_all(&mut *net, plan.shards, &Control::Done);
     net.close();
+    drop(net);
     let mut shard_stats = Vec::new();
     for t in tasks {
         shard_stats.extend(t.join()?);
     }
-    if let Some(e) = first_err {
-        return Err(e);
-    }
-    let (auc_v, logloss_v) =
-        eval_result.ok_or_else(|| TrainError::Internal("no evaluation".into()))??;
+    let (auc_v, logloss_v) = eval_result?;
+    let ckpt = ckpt?;
     let steps: u64 = outs.iter().map(|o| o.steps).sum();
     let samples: u64 = outs.iter().map(|o| o.samples).sum();
     let train_seconds = outs

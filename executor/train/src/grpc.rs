@@ -110,6 +110,9 @@ impl RunningPs for GrpcPs {
         server.shutdown();
         Ok(svc.shards.iter().map(|s| lock(s).0.stats()).collect())
     }
+    fn stop(self: Box<Self>) {
+        self.server.shutdown();
+    }
 }
 
 /// A worker's channels, one per PS task.
@@ -226,7 +229,12 @@ impl ClusterBackend for Grpc {
         for local in 0..r {
             let s = p * r + local;
             let shard = make_shard(cfg, plan, s, restore)?;
-            shards.push(Mutex::new((ShardHandler { shard, index: s }, Vec::new())));
+            let h = ShardHandler {
+                shard,
+                index: s,
+                checkpoint_dir: cfg.checkpoint_dir.clone(),
+            };
+            shards.push(Mutex::new((h, Vec::new())));
         }
         let svc = Arc::new(PsService {
             shards,

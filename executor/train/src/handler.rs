@@ -35,6 +35,9 @@ pub struct ShardHandler {
     pub shard: PsShard,
     /// Its index in the cluster.
     pub index: usize,
+    /// The PS task's `--checkpoint-dir`: the only place a `CHECKPOINT`
+    /// request may write to (a peer does not choose paths on the PS).
+    pub checkpoint_dir: Option<std::path::PathBuf>,
 }
 
 impl PsHandler for ShardHandler {
@@ -51,8 +54,17 @@ impl PsHandler for ShardHandler {
     }
 
     fn checkpoint(&mut self, dir: &str) -> Result<(), String> {
-        let path = Path::new(dir).join(shard_file(self.index));
-        std::fs::create_dir_all(dir).map_err(|e| format!("{dir}: {e}"))?;
+        let Some(own) = &self.checkpoint_dir else {
+            return Err("this PS task was started without --checkpoint-dir".into());
+        };
+        if Path::new(dir) != own.as_path() {
+            return Err(format!(
+                "checkpoint directory {dir:?} is not this PS task's --checkpoint-dir {}",
+                own.display()
+            ));
+        }
+        let path = own.join(shard_file(self.index));
+        std::fs::create_dir_all(own).map_err(|e| format!("{dir}: {e}"))?;
         write_atomic(&path, |w| self.shard.save(w)).map_err(|e| format!("{}: {e}", path.display()))
     }
 

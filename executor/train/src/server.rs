@@ -51,6 +51,8 @@ pub struct PsReactor<H, B: Binder> {
     binder: Option<B>,
     inbox: Receiver<TcpStream>,
     sessions: Vec<Option<Session<B::Link>>>,
+    /// Per session slot: the worker said `DONE` or its connection ended.
+    done: Vec<bool>,
     /// Barrier requests waiting for the global step: (session, id, step).
     waiting: Vec<(usize, u64, u64)>,
     expected_workers: usize,
@@ -84,6 +86,7 @@ impl<H: PsHandler, B: Binder> PsReactor<H, B> {
             binder,
             inbox,
             sessions: Vec::new(),
+            done: Vec::new(),
             waiting: Vec::new(),
             expected_workers,
             done_workers: 0,
@@ -118,10 +121,12 @@ impl<H: PsHandler, B: Binder> PsReactor<H, B> {
                 }
             };
             let s = Session::new(self.conn_cfg.clone(), t);
-            if let Some(slot) = self.sessions.iter_mut().find(|s| s.is_none()) {
-                *slot = Some(s);
+            if let Some(i) = self.sessions.iter().position(Option::is_none) {
+                self.sessions[i] = Some(s);
+                self.done[i] = false;
             } else {
                 self.sessions.push(Some(s));
+                self.done.push(false);
             }
             any = true;
         }
@@ -233,6 +238,7 @@ impl<H: PsHandler, B: Binder> Shard for PsReactor<H, B> {
         let Self {
             handler,
             sessions,
+            done,
             out,
             served,
             failed,
@@ -243,6 +249,8 @@ impl<H: PsHandler, B: Binder> Shard for PsReactor<H, B> {
         } = self;
         for (si, slot) in sessions.iter_mut().enumerate() {
             let Some(s) = slot else { continue };
+            let mut broken = false;
+            let is_done = &mut done[si];
             let mut on_msg = |conn: &mut Connection, m: Incoming<'_>| {
                 let Incoming::Request {
                     id,
@@ -256,19 +264,34 @@ impl<H: PsHandler, B: Binder> Shard for PsReactor<H, B> {
                 };
                 match serve(handler, out, opcode, body, served, failed) {
                     Reply::Now(status, bytes) if !oneway => {
-                        let _ = conn.respond(id, opcode, status, Body::from_bytes(bytes));
+                        // A reply that cannot be queued would leave the
+                        // worker waiting: end the connection instead.
+                        broken |= conn
+                            .respond(id, opcode, status, Body::from_bytes(bytes))
+                            .is_err();
                     }
                     Reply::Now(..) => {}
+                    // One barrier at a time per connection.
+                    Reply::Wait(_) if waiting.iter().any(|w| w.0 == si) => broken = true,
                     Reply::Wait(n) => waiting.push((si, id, n)),
                     Reply::Done => {
-                        *done_workers += 1;
+                        if !std::mem::replace(is_done, true) {
+                            *done_workers += 1;
+                        }
                         if !oneway {
-                            let _ = conn.respond(id, opcode, Status::Ok, Body::empty());
+                            broken |= conn.respond(id, opcode, Status::Ok, Body::empty()).is_err();
                         }
                     }
                 }
             };
-            match s.turn(now, &mut on_msg) {
+            let r = s.turn(now, &mut on_msg);
+            let r = match r {
+                Ok(_) if broken => Err(starwire_transport::ConnError::Protocol(
+                    "a reply could not be queued, or a second barrier was asked",
+                )),
+                r => r,
+            };
+            match r {
                 Ok(st) => busy |= st.busy(),
                 Err(e) => {
                     // The worker left or broke the protocol: this
@@ -278,6 +301,14 @@ impl<H: PsHandler, B: Binder> Shard for PsReactor<H, B> {
                     }
                     *closed_connections += 1;
                     waiting.retain(|w| w.0 != si);
+                    // A worker that is gone will say nothing more: it
+                    // counts as done, so the shard does not wait for ever.
+                    // A peer that never completed the handshake was no
+                    // worker and does not count.
+                    let was_worker = s.conn_ref().peer().is_some();
+                    if was_worker && !std::mem::replace(&mut done[si], true) {
+                        *done_workers += 1;
+                    }
                     *slot = None;
                     busy = true;
                 }

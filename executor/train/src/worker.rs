@@ -29,8 +29,10 @@ use crate::TrainError;
 pub struct Layout {
     /// Number of shards (PS tasks × reactors per PS).
     pub shards: usize,
-    /// Shard of every dense variable, by variable id.
-    pub dense_shard: Vec<Option<usize>>,
+    /// The one shard holding each variable placed whole (every dense
+    /// variable, and tables too small to shard), by variable id; `None`
+    /// for tables sharded by key over every shard.
+    pub home_shard: Vec<Option<usize>>,
     /// Numeric fields per example.
     pub num_dense: usize,
     /// Categorical fields per example.
@@ -139,6 +141,15 @@ impl WorkerCore {
         let nf = self.layout.num_fields;
         let form = self.form();
         for (l, lp) in self.part.pulls().lookups.iter().enumerate() {
+            // A table placed whole takes every key; a sharded one splits
+            // them by key hash.
+            let home = self
+                .layout
+                .home_shard
+                .get(lp.spec.var.0 as usize)
+                .copied()
+                .flatten();
+            let route = |k: u64| home.unwrap_or_else(|| shard_of(k, s_count));
             let st = &mut self.lookups[l];
             st.offsets.clear();
             st.keys.clear();
@@ -163,7 +174,7 @@ impl WorkerCore {
                     st.shard_pos.resize_with(s_count, Vec::new);
                     st.shard_pos.iter_mut().for_each(Vec::clear);
                     for (p, &k) in st.unique.iter().enumerate() {
-                        let s = shard_of(k, s_count);
+                        let s = route(k);
                         st.shard_pos[s].push(p as u32);
                         st.shard_keys[s].push(k);
                     }
@@ -177,7 +188,7 @@ impl WorkerCore {
                     for b in 0..batch.len {
                         let (lo, hi) = (st.offsets[b] as usize, st.offsets[b + 1] as usize);
                         for &k in &st.keys[lo..hi] {
-                            st.shard_keys[shard_of(k, s_count)].push(k);
+                            st.shard_keys[route(k)].push(k);
                         }
                         for s in 0..s_count {
                             st.shard_offsets[s].push(st.shard_keys[s].len() as u32);
@@ -223,7 +234,7 @@ impl WorkerCore {
 
     fn dense_shard(&self, var: VarId) -> usize {
         self.layout
-            .dense_shard
+            .home_shard
             .get(var.0 as usize)
             .copied()
             .flatten()

@@ -119,11 +119,23 @@ fn sync_mode_runs_equal_steps_with_a_barrier() {
         ..small()
     })
     .unwrap();
-    // 16384 / 3 workers / 256 per batch = 21 steps each.
-    assert_eq!(r.steps, 3 * 21);
+    // 16384 / 3 = 5461 examples each (the smallest share), 22 batches of
+    // 256 each, the last partial.
+    assert_eq!(r.steps, 3 * 22);
     for s in &r.shard_stats {
-        assert_eq!(s["global_step"].as_u64().unwrap(), 63);
+        assert_eq!(s["global_step"].as_u64().unwrap(), 66);
     }
+    // Three epochs: the cap is per epoch, not cut short overall.
+    let r = run_local(&TrainConfig {
+        sync: true,
+        workers: 2,
+        epochs: 3,
+        train_examples: 1000,
+        ..small()
+    })
+    .unwrap();
+    assert_eq!(r.samples, 3000);
+    assert_eq!(r.intervals.len(), 2);
 }
 
 #[test]
@@ -199,4 +211,64 @@ fn criteo_file_trains_like_the_generator() {
     })
     .unwrap();
     assert_eq!(r.skipped_lines, 1);
+}
+
+#[test]
+fn steps_flag_is_the_total_over_workers() {
+    let r = run_local(&TrainConfig {
+        workers: 3,
+        steps: Some(10),
+        ..small()
+    })
+    .unwrap();
+    assert_eq!(r.steps, 10);
+}
+
+/// With two PS, small tables are placed whole on one shard and large ones
+/// sharded; workers route every key of a whole table to its shard.
+#[test]
+fn wdl_on_two_ps_routes_whole_and_sharded_tables() {
+    for protocol in [Protocol::StarServer, Protocol::StarServerLite] {
+        let r = run_local(&TrainConfig {
+            ps: 2,
+            model: ModelKind::Wdl,
+            protocol,
+            steps: Some(16),
+            ..small()
+        })
+        .unwrap();
+        assert_eq!(r.shards, 4);
+        assert_eq!(r.steps, 16);
+        assert!(
+            r.placement.whole_vars.iter().sum::<usize>() > 0,
+            "{:?}",
+            r.placement
+        );
+        assert!(r.placement.sharded_vars > 0);
+    }
+}
+
+/// Every task computes the placement alone, so it must be the same each
+/// time, for every strategy.
+#[test]
+fn placement_is_deterministic() {
+    for placement in [
+        starwire_ps::Strategy::RoundRobin,
+        starwire_ps::Strategy::Greedy,
+        starwire_ps::Strategy::Anneal {
+            seed: 3,
+            iters: 20_000,
+        },
+    ] {
+        let cfg = TrainConfig {
+            ps: 4,
+            model: ModelKind::Wdl,
+            placement,
+            ..small()
+        };
+        let a = starwire_train::cluster::plan(&cfg).unwrap();
+        let b = starwire_train::cluster::plan(&cfg).unwrap();
+        assert_eq!(a.layout.home_shard, b.layout.home_shard, "{placement:?}");
+        assert_eq!(a.report.bytes, b.report.bytes);
+    }
 }

@@ -36,6 +36,13 @@ struct Ps {
     addr: String,
 }
 
+impl Ps {
+    /// Whether the reactor thread has exited (its shard finished).
+    fn reactor_finished(&self) -> bool {
+        self.reactor.is_finished()
+    }
+}
+
 fn start(expected: usize) -> Ps {
     let vars = [
         VarDef {
@@ -62,7 +69,11 @@ fn start(expected: usize) -> Ps {
     let reactor = Reactor::spawn(spec, move |_| {
         PsReactor::new(
             0,
-            ShardHandler { shard, index: 0 },
+            ShardHandler {
+                shard,
+                index: 0,
+                checkpoint_dir: None,
+            },
             peer(TaskRole::Ps),
             Some(TcpBinder),
             rx,
@@ -180,15 +191,26 @@ fn errors_are_statuses_and_end_only_the_bad_connection() {
     let resp = PullResponse::parse(&r.body, &Default::default()).unwrap();
     assert_eq!(resp.len(), 2);
 
-    // Stats and a second client; DONE from both ends the shard.
+    // Stats.
     let stats = one(&mut good, Opcode::Rpc, Control::Stats.encode());
     let v: serde_json::Value = serde_json::from_slice(&stats.body).unwrap();
     assert_eq!(v["errors"].as_u64().unwrap(), 3, "{v}");
-    let mut other = client(&ps.addr);
-    assert_eq!(
-        one(&mut other, Opcode::Rpc, Control::Done.encode()).status,
-        Some(Status::Ok)
+    // A peer does not choose where the PS writes: without its own
+    // --checkpoint-dir the shard refuses.
+    let r = one(
+        &mut good,
+        Opcode::Rpc,
+        Control::Checkpoint("/tmp/x".into()).encode(),
     );
+    assert_eq!(r.status, Some(Status::Internal));
+    assert!(String::from_utf8_lossy(&r.body).contains("--checkpoint-dir"));
+    // A second worker that goes away without DONE counts as done (a dead
+    // worker must not keep the PS up for ever); the garbage connection,
+    // which never completed a handshake, does not count.
+    let other = client(&ps.addr);
+    drop(other);
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(!ps.reactor_finished(), "one worker is still connected");
     assert_eq!(
         one(&mut good, Opcode::Rpc, Control::Done.encode()).status,
         Some(Status::Ok)

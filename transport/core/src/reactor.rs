@@ -212,6 +212,12 @@ impl<S: Shard + 'static> Reactor<S> {
         self.waker.clone()
     }
 
+    /// True once the reactor thread has exited (its shard finished, or it
+    /// was stopped).
+    pub fn is_finished(&self) -> bool {
+        self.join.as_ref().map_or(true, JoinHandle::is_finished)
+    }
+
     /// Wait for the reactor to finish and take back its shard.
     pub fn join(mut self) -> Result<(S, ReactorStats), ReactorError> {
         let j = self.join.take().ok_or(ReactorError::Panicked)?;
