@@ -451,7 +451,14 @@ impl RingInner {
         }
         self.stats.enters += 1;
         loop {
-            match self.ring.submit() {
+            // Non-SQPOLL: always with GETEVENTS, so completion work that
+            // arrived since the flag was read runs in this same call.
+            let r = if self.sqpoll {
+                self.ring.submit()
+            } else {
+                sys::enter_getevents(&self.ring, pending as u32)
+            };
+            match r {
                 Ok(n) => {
                     self.stats.sqes += n as u64;
                     self.outstanding += n as u64;

@@ -175,6 +175,18 @@ pub(crate) fn push_cancel_all(ring: &mut IoUring, user_data: u64) -> bool {
     push(ring, &e)
 }
 
+/// Submit every queued SQE and run pending completion work
+/// (`IORING_ENTER_GETEVENTS` with `min_complete = 0`: never waits).
+pub(crate) fn enter_getevents(ring: &IoUring, to_submit: u32) -> std::io::Result<usize> {
+    let n = to_submit;
+    // SAFETY: a plain io_uring_enter on our own ring: no argument pointer,
+    // and the SQEs it submits were pushed under this module's invariants.
+    unsafe {
+        ring.submitter()
+            .enter::<libc::sigset_t>(n, 0, io_uring::EnterFlags::GETEVENTS.bits(), None)
+    }
+}
+
 /// Register `len` bytes at `base` as fixed buffer 0.
 pub(crate) fn register_buffer(ring: &IoUring, base: *const u8, len: usize) -> std::io::Result<()> {
     // SAFETY: `base..base + len` is the transmit pool's mapping, which
