@@ -386,9 +386,10 @@ fn print_text(i: &Value, settings: &Settings) {
             s(&f["ops"]["async_cancel"])
         );
         println!(
-            "  uring setup    pbuf_ring {} recv_multishot {} single_issuer {} coop_taskrun {} \
-             defer_taskrun {} (used: {}) sqpoll {}",
+            "  uring setup    pbuf_ring {} (incremental {}) recv_multishot {} single_issuer {} \
+             coop_taskrun {} defer_taskrun {} (used: {}) sqpoll {}",
             s(&f["pbuf_ring"]),
+            s(&f["pbuf_incremental"]),
             s(&f["recv_multishot"]),
             s(&f["setup"]["single_issuer"]),
             s(&f["setup"]["coop_taskrun"]),

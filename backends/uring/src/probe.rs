@@ -21,6 +21,8 @@ pub struct Features {
     pub async_cancel: bool,
     /// Provided-buffer rings (`IORING_REGISTER_PBUF_RING`, 5.19).
     pub pbuf_ring: bool,
+    /// Incremental buffer consumption (`IOU_PBUF_RING_INC`, 6.12).
+    pub pbuf_incremental: bool,
     /// Multishot receive (`IORING_RECV_MULTISHOT`, 6.0).
     pub recv_multishot: bool,
     /// `IORING_SETUP_DEFER_TASKRUN` (6.1) accepted.
@@ -46,6 +48,7 @@ impl Features {
                 "async_cancel": self.async_cancel,
             },
             "pbuf_ring": self.pbuf_ring,
+            "pbuf_incremental": self.pbuf_incremental,
             "recv_multishot": self.recv_multishot,
             "setup": {
                 "defer_taskrun": self.defer_taskrun,
@@ -108,9 +111,13 @@ pub fn probe() -> std::io::Result<Features> {
     };
     // Buffer rings: register and unregister one.
     if let Ok(br) = crate::sys::BufRing::new(8) {
-        f.pbuf_ring = br.register(&ring, 0).is_ok();
+        f.pbuf_ring = br.register(&ring, 0, false).is_ok();
         if f.pbuf_ring {
             let _ = ring.submitter().unregister_buf_ring(0);
+            f.pbuf_incremental = br.register(&ring, 0, true).is_ok();
+            if f.pbuf_incremental {
+                let _ = ring.submitter().unregister_buf_ring(0);
+            }
         }
     }
     drop(ring);
@@ -137,6 +144,10 @@ pub fn probe() -> std::io::Result<Features> {
     if !f.single_issuer {
         f.fallbacks
             .push("SINGLE_ISSUER -> shared issuer".to_owned());
+    }
+    if f.pbuf_ring && !f.pbuf_incremental {
+        f.fallbacks
+            .push("incremental provided buffers -> one buffer per receive".to_owned());
     }
     if !f.recv_multishot {
         f.fallbacks

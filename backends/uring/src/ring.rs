@@ -151,6 +151,13 @@ pub(crate) struct RingInner {
     /// References to each transmit slot: one for the filling connection,
     /// one per queued or in-flight piece.
     slot_refs: Vec<u16>,
+    /// Per receive buffer: bytes the kernel has filled (incremental
+    /// consumption packs several receives into one buffer).
+    rx_fill: Vec<u32>,
+    /// Per receive buffer: chunks not yet consumed.
+    rx_refs: Vec<u32>,
+    /// Per receive buffer: the kernel is done with it (no `BUF_MORE`).
+    rx_kernel_done: Vec<bool>,
     /// Receives waiting for provided buffers (after `ENOBUFS`).
     rearm: Vec<usize>,
     multishot: bool,
@@ -245,7 +252,7 @@ impl UringReactor {
         let entries = (cfg.rx_bufs as u16).next_power_of_two();
         let mut buf_ring = BufRing::new(entries).map_err(|e| os(e, "mapping the buffer ring"))?;
         buf_ring
-            .register(&ring, BGID)
+            .register(&ring, BGID, features.pbuf_incremental)
             .map_err(|e| os(e, "IORING_REGISTER_PBUF_RING"))?;
         for i in 0..cfg.rx_bufs {
             let id = slot_id(i);
@@ -292,6 +299,9 @@ impl UringReactor {
                 features,
                 stats,
                 slot_refs: vec![0; cfg.tx_slots],
+                rx_fill: vec![0; cfg.rx_bufs],
+                rx_refs: vec![0; cfg.rx_bufs],
+                rx_kernel_done: vec![false; cfg.rx_bufs],
                 rearm: Vec::new(),
                 multishot,
                 sqpoll,
@@ -441,7 +451,14 @@ impl RingInner {
         }
         self.stats.enters += 1;
         loop {
-            match self.ring.submit() {
+            // Non-SQPOLL: always with GETEVENTS, so completion work that
+            // arrived since the flag was read runs in this same call.
+            let r = if self.sqpoll {
+                self.ring.submit()
+            } else {
+                sys::enter_getevents(&self.ring, pending as u32)
+            };
+            match r {
                 Ok(n) => {
                     self.stats.sqes += n as u64;
                     self.outstanding += n as u64;
@@ -489,9 +506,25 @@ impl RingInner {
     fn complete_recv(&mut self, idx: usize, res: i32, flags: u32) {
         let more = cqueue::more(flags);
         let bid = cqueue::buffer_select(flags);
+        // Account the bytes in the buffer first: with incremental
+        // consumption they start where the last receive into it ended.
+        let chunk = match bid {
+            Some(b) if usize::from(b) < self.rx_fill.len() => {
+                let b_ = usize::from(b);
+                let start = self.rx_fill[b_];
+                let n = res.max(0) as u32;
+                self.rx_fill[b_] = start + n;
+                self.rx_refs[b_] += 1;
+                if !cqueue::buffer_more(flags) {
+                    self.rx_kernel_done[b_] = true;
+                }
+                Some((b, start, start + n))
+            }
+            _ => None,
+        };
         let Some(Some(c)) = self.conns.get_mut(idx) else {
-            if let Some(bid) = bid {
-                self.recycle(bid);
+            if let Some((b, ..)) = chunk {
+                self.release_rx(b);
             }
             return;
         };
@@ -503,16 +536,21 @@ impl RingInner {
                 self.stats.recv_cqes += 1;
                 c.stats.recv_cqes += 1;
                 c.stats.bytes_received += n as u64;
-                match bid {
-                    Some(b) if !c.closing => c.chunks.push_back((b, 0, n as u32)),
-                    Some(b) => self.recycle(b),
+                match chunk {
+                    Some(ch) if !c.closing => c.chunks.push_back(ch),
+                    Some((b, ..)) => self.release_rx(b),
                     None => c.rx_end = Some(RxEnd::Errno(libc::EINVAL)),
                 }
                 if !more && !self.conns[idx].as_ref().is_some_and(|c| c.closing) {
                     self.rearm.push(idx);
                 }
             }
-            0 => c.rx_end = Some(RxEnd::Eof),
+            0 => {
+                c.rx_end = Some(RxEnd::Eof);
+                if let Some((b, ..)) = chunk {
+                    self.release_rx(b);
+                }
+            }
             e if e == -libc::ENOBUFS => {
                 self.stats.rx_enobufs += 1;
                 if !c.closing {
@@ -576,11 +614,26 @@ impl RingInner {
         }
     }
 
-    fn recycle(&mut self, bid: u16) {
-        let id = slot_id(usize::from(bid));
+    /// One chunk of buffer `bid` was consumed; give the buffer back to the
+    /// kernel once the kernel is done with it and no chunk is left.
+    fn release_rx(&mut self, bid: u16) {
+        if self.release_rx_quiet(bid) {
+            self.buf_ring.publish();
+        }
+    }
+
+    fn release_rx_quiet(&mut self, bid: u16) -> bool {
+        let b = usize::from(bid);
+        self.rx_refs[b] -= 1;
+        if self.rx_refs[b] > 0 || !self.rx_kernel_done[b] {
+            return false;
+        }
+        self.rx_fill[b] = 0;
+        self.rx_kernel_done[b] = false;
+        let id = slot_id(b);
         self.buf_ring
             .add(self.rx_pool.slot_ptr(id), self.cfg.rx_buf_len as u32, bid);
-        self.buf_ring.publish();
+        true
     }
 
     fn rearm_receives(&mut self) {
@@ -630,9 +683,7 @@ impl RingInner {
             }
         }
         for (bid, _, _) in c.chunks.drain(..) {
-            let id = slot_id(usize::from(bid));
-            self.buf_ring
-                .add(self.rx_pool.slot_ptr(id), self.cfg.rx_buf_len as u32, bid);
+            self.release_rx_quiet(bid);
         }
         self.buf_ring.publish();
     }
@@ -997,7 +1048,7 @@ impl RingInner {
             tracing::debug!(error = %e, "uring: bad frame");
             c.frame_error = Some(e.clone());
             for b in freed {
-                self.recycle(b);
+                self.release_rx(b);
             }
             if n > 0 {
                 return Ok(n);
@@ -1011,7 +1062,7 @@ impl RingInner {
             .flatten()
             .map_or(HEADER_LEN, |h| h.frame_len());
         for b in freed {
-            self.recycle(b);
+            self.release_rx(b);
         }
         if n > 0 {
             return Ok(n);

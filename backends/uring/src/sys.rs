@@ -30,6 +30,9 @@ pub(crate) const SEND_ZC_REPORT_USAGE: u16 = 1 << 3;
 /// `IORING_NOTIF_USAGE_ZC_COPIED`, in the notification's result.
 pub(crate) const NOTIF_USAGE_ZC_COPIED: i32 = i32::MIN;
 
+/// `IOU_PBUF_RING_INC`: incremental consumption of provided buffers.
+const IOU_PBUF_RING_INC: u16 = 2;
+
 /// A `msghdr` and its iovecs, boxed so their addresses are stable while the
 /// kernel reads them.
 pub(crate) struct SendMsg {
@@ -172,6 +175,18 @@ pub(crate) fn push_cancel_all(ring: &mut IoUring, user_data: u64) -> bool {
     push(ring, &e)
 }
 
+/// Submit every queued SQE and run pending completion work
+/// (`IORING_ENTER_GETEVENTS` with `min_complete = 0`: never waits).
+pub(crate) fn enter_getevents(ring: &IoUring, to_submit: u32) -> std::io::Result<usize> {
+    let n = to_submit;
+    // SAFETY: a plain io_uring_enter on our own ring: no argument pointer,
+    // and the SQEs it submits were pushed under this module's invariants.
+    unsafe {
+        ring.submitter()
+            .enter::<libc::sigset_t>(n, 0, io_uring::EnterFlags::GETEVENTS.bits(), None)
+    }
+}
+
 /// Register `len` bytes at `base` as fixed buffer 0.
 pub(crate) fn register_buffer(ring: &IoUring, base: *const u8, len: usize) -> std::io::Result<()> {
     // SAFETY: `base..base + len` is the transmit pool's mapping, which
@@ -211,8 +226,15 @@ impl BufRing {
         })
     }
 
-    /// Register with `ring` as buffer group `bgid`.
-    pub(crate) fn register(&self, ring: &IoUring, bgid: u16) -> std::io::Result<()> {
+    /// Register with `ring` as buffer group `bgid`; `incremental` asks for
+    /// `IOU_PBUF_RING_INC` (6.12): receives take only the bytes they need
+    /// from the head buffer, so consecutive messages pack into one buffer.
+    pub(crate) fn register(
+        &self,
+        ring: &IoUring,
+        bgid: u16,
+        incremental: bool,
+    ) -> std::io::Result<()> {
         // SAFETY: the mapping is page aligned, holds `entries` records and
         // outlives the ring (field order of `RingInner`).
         unsafe {
@@ -220,7 +242,7 @@ impl BufRing {
                 self.map.as_ptr() as u64,
                 self.entries,
                 bgid,
-                0,
+                if incremental { IOU_PBUF_RING_INC } else { 0 },
             )
         }
     }
