@@ -134,13 +134,43 @@ fn status_of(e: &GrpcError) -> Option<Status> {
 }
 
 impl Exchange for GrpcNet {
+    /// Concurrent calls on HTTP/2 streams carry no order: a step's pushes
+    /// go first and are acknowledged before its pulls leave, so a pull
+    /// never reads around the worker's own last write (what one ordered
+    /// connection gives the other backends for free).
     fn exchange(&mut self, reqs: Vec<Request>, replies: &mut Vec<Reply>) -> Result<(), TrainError> {
         let n = reqs.len();
         replies.clear();
         replies.resize_with(n, Reply::default);
+        let (pushes, rest): (Vec<_>, Vec<_>) = reqs
+            .into_iter()
+            .enumerate()
+            .partition(|(_, r)| r.opcode == Opcode::SparsePush);
+        for phase in [pushes, rest] {
+            if !phase.is_empty() {
+                self.phase(phase, replies)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn traffic(&self) -> Traffic {
+        self.traffic
+    }
+}
+
+impl GrpcNet {
+    /// Send `reqs` (with their positions in the exchange) concurrently and
+    /// wait for all of them.
+    fn phase(
+        &mut self,
+        reqs: Vec<(usize, Request)>,
+        replies: &mut [Reply],
+    ) -> Result<(), TrainError> {
+        let n = reqs.len();
         // Group by PS task, keeping each request's position.
         let mut per_ps: Vec<Vec<(usize, (u8, Bytes))>> = vec![Vec::new(); self.clients.len()];
-        for (i, r) in reqs.into_iter().enumerate() {
+        for (i, r) in reqs {
             let (ps, local) = (r.shard / self.reactors, r.shard % self.reactors);
             let mut b = BytesMut::with_capacity(2 + r.body.len());
             b.put_u16_le(local as u16);
@@ -194,10 +224,6 @@ impl Exchange for GrpcNet {
             return Err(TrainError::Internal("a gRPC call thread failed".into()));
         }
         Ok(())
-    }
-
-    fn traffic(&self) -> Traffic {
-        self.traffic
     }
 }
 

@@ -272,3 +272,34 @@ fn placement_is_deterministic() {
         assert_eq!(a.report.bytes, b.report.bytes);
     }
 }
+
+/// Every backend trains the same model to the same place: with one worker
+/// the run is deterministic, so the losses agree across backends.
+#[test]
+fn every_backend_computes_the_same_steps() {
+    let base = TrainConfig {
+        workers: 1,
+        steps: Some(12),
+        model: ModelKind::Wdl,
+        ..small()
+    };
+    let tcp = run_local(&base).unwrap();
+    for &(name, backend) in starwire_train::BackendKind::ALL {
+        for fuse in [true, false] {
+            let r = run_local(&TrainConfig {
+                backend,
+                tensor_fuse: fuse,
+                ..base.clone()
+            })
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(r.backend, name);
+            assert_eq!(r.steps, 12, "{name}");
+            assert!(
+                (r.final_train_loss - tcp.final_train_loss).abs() < 1e-9,
+                "{name} fuse {fuse}: {} vs tcp {}",
+                r.final_train_loss,
+                tcp.final_train_loss
+            );
+        }
+    }
+}
