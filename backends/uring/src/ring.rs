@@ -202,6 +202,10 @@ impl UringReactor {
     /// probing the kernel and checking `RLIMIT_MEMLOCK`.
     pub fn new(cfg: &UringConfig) -> Result<Self, UringError> {
         cfg.validate()?;
+        // The limit first: without CAP_IPC_LOCK, even probing creates rings
+        // whose memory counts against it, and a limit that is too low then
+        // shows as a bare ENOMEM from io_uring_setup.
+        check_memlock(cfg.registered_bytes())?;
         let features = probe().map_err(UringError::Unavailable)?;
         if let Some(why) = features.unusable() {
             return Err(UringError::Unavailable(std::io::Error::other(why)));

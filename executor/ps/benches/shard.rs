@@ -1,6 +1,8 @@
 //! Throughput of the request handlers on one shard: rows pull, rows push
 //! (Adagrad), pooled pull and pooled push, with 4096 keys of dim 16 from a
-//! 100 000-key working set.
+//! 100 000-key working set; and of new-row initialisation (4096 rows of
+//! dim 64 per iteration, normal and uniform), which a pull pays for every
+//! key it sees for the first time.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use starwire_ps::proto::{PullRequestWriter, PushRequestWriter};
@@ -76,5 +78,31 @@ fn bench(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench);
+fn bench_init(c: &mut Criterion) {
+    let mut g = c.benchmark_group("ps_init");
+    g.throughput(Throughput::Elements(KEYS as u64));
+    let mut row = vec![0.0f32; 64];
+    for (name, init) in [
+        ("normal", Init::Normal { std: 0.01 }),
+        ("uniform", Init::Uniform { scale: 0.01 }),
+    ] {
+        let def = VarDef {
+            id: 1,
+            name: "emb".into(),
+            kind: VarKind::Embedding { dim: 64 },
+            init,
+        };
+        g.bench_function(BenchmarkId::new(name, KEYS), |b| {
+            b.iter(|| {
+                for k in 0..KEYS as u64 {
+                    def.init_values(7, k, &mut row);
+                }
+                row[0]
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench, bench_init);
 criterion_main!(benches);

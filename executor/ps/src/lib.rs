@@ -31,9 +31,12 @@
 //!   values that depend only on `(seed, var id, key)` (see [`var`]), so
 //!   neither the shard nor the order of creation matters.
 //! * **Frequency filter** (`filter_freq`): a key gets a row on its
-//!   `filter_freq`-th pull (every occurrence in a pull item counts; the
-//!   `Rows` protocol deduplicates keys, so there it is once per pull); until
-//!   then pulls return zeros and pushes for it are ignored and counted.
+//!   `filter_freq`-th pull *request*: a key counts at most once per request,
+//!   however often it occurs in it (across items too), so the `Pooled`
+//!   protocol, which sends every occurrence of a key in a batch, admits at
+//!   the same pace as the `Rows` protocol, which sends deduplicated keys.
+//!   Until then pulls return zeros (every occurrence of the key counts as a
+//!   filtered pull) and pushes for it are ignored and counted.
 //! * **Time to live** (`steps_to_live`): rows neither pulled nor updated in
 //!   the last `steps_to_live` global steps are removed by eviction, which the
 //!   shard runs every `evict_interval` global steps.

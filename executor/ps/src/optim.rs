@@ -86,9 +86,13 @@ impl OptimizerConfig {
     /// `[acc..]` for Adagrad); `t` is the step count including this update
     /// (>= 1), used by Adam's bias correction.
     pub fn apply(&self, w: &mut [f32], slots: &mut [f32], g: &[f32], t: u64) {
+        // One branch per call (per row); the loops below run over slices
+        // re-sliced to one length, so they have no bounds checks and no
+        // branches and the compiler vectorises them.
         let n = w.len();
         debug_assert_eq!(g.len(), n);
         debug_assert_eq!(slots.len(), self.slots() * n);
+        let g = &g[..n];
         let lr = self.lr;
         match self.kind {
             OptimizerKind::Sgd => {
@@ -97,22 +101,24 @@ impl OptimizerConfig {
                 }
             }
             OptimizerKind::Adagrad => {
-                for ((w, a), g) in w.iter_mut().zip(slots.iter_mut()).zip(g) {
+                let acc = &mut slots[..n];
+                for ((w, a), g) in w.iter_mut().zip(acc.iter_mut()).zip(g) {
                     *a += g * g;
                     *w -= lr * g / a.sqrt();
                 }
             }
             OptimizerKind::Adam => {
                 let (m, v) = slots.split_at_mut(n);
+                let v = &mut v[..n];
                 let (b1, b2) = (f64::from(self.beta1), f64::from(self.beta2));
                 let t = t.clamp(1, i32::MAX as u64) as i32;
                 let lr_t = (f64::from(lr) * (1.0 - b2.powi(t)).sqrt() / (1.0 - b1.powi(t))) as f32;
-                let (b1, b2) = (self.beta1, self.beta2);
-                for i in 0..n {
-                    let gi = g[i];
-                    m[i] = b1 * m[i] + (1.0 - b1) * gi;
-                    v[i] = b2 * v[i] + (1.0 - b2) * gi * gi;
-                    w[i] -= lr_t * m[i] / (v[i].sqrt() + self.epsilon);
+                let (b1, b2, eps) = (self.beta1, self.beta2, self.epsilon);
+                let (c1, c2) = (1.0 - b1, 1.0 - b2);
+                for (((w, m), v), &g) in w.iter_mut().zip(m.iter_mut()).zip(v.iter_mut()).zip(g) {
+                    *m = b1 * *m + c1 * g;
+                    *v = b2 * *v + c2 * g * g;
+                    *w -= lr_t * *m / (v.sqrt() + eps);
                 }
             }
         }

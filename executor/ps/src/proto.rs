@@ -23,8 +23,9 @@
 //!
 //! Replies come in request order. Offsets of a pooled item give example `b`
 //! the keys `keys[offsets[b]..offsets[b+1]]`; they start at 0, never
-//! decrease and end at `n_keys`. Arrays are unaligned and read element by
-//! element with `from_le_bytes` (the views never copy the body).
+//! decrease and end at `n_keys`. Arrays are unaligned and read with
+//! `from_le_bytes` (the views never copy the body; [`F32s::copy_to`] and
+//! [`F32s::add_to`] decode a whole row at once).
 //!
 //! Every parser checks each length against the bytes left and the
 //! [`Limits`] before reading, computes sizes with checked arithmetic and
@@ -140,6 +141,23 @@ le_array!(
     /// Little-endian `f32` array borrowed from a message.
     F32s, f32, 4
 );
+
+impl F32s<'_> {
+    /// Overwrite `out` with the first `out.len()` elements (whole-slice
+    /// decode, no per-element bounds check). Elements missing from a short
+    /// view leave the rest of `out` unchanged.
+    pub fn copy_to(&self, out: &mut [f32]) {
+        for (o, c) in out.iter_mut().zip(self.0.chunks_exact(4)) {
+            *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        }
+    }
+    /// Add the first `out.len()` elements to `out`.
+    pub fn add_to(&self, out: &mut [f32]) {
+        for (o, c) in out.iter_mut().zip(self.0.chunks_exact(4)) {
+            *o += f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        }
+    }
+}
 
 struct Reader<'a> {
     buf: &'a [u8],
@@ -853,10 +871,12 @@ fn put_u64s(buf: &mut Vec<u8>, v: &[u64]) {
     }
 }
 
+/// Append `v` little-endian: grow once, then fill the new bytes in one pass.
 pub(crate) fn put_f32s(buf: &mut Vec<u8>, v: &[f32]) {
-    buf.reserve(v.len() * 4);
-    for x in v {
-        buf.extend_from_slice(&x.to_le_bytes());
+    let start = buf.len();
+    buf.resize(start + 4 * v.len(), 0);
+    for (c, x) in buf[start..].chunks_exact_mut(4).zip(v) {
+        c.copy_from_slice(&x.to_le_bytes());
     }
 }
 

@@ -145,7 +145,10 @@ pub struct PsShard {
     pub(crate) index: FxHashMap<u32, usize>,
     pub(crate) global_step: u64,
     pub(crate) stats: ShardStats,
+    // Scratch reused across requests (not state).
     touched: Vec<usize>,
+    pulled: Vec<usize>,
+    sum: Vec<f32>,
 }
 
 impl PsShard {
@@ -204,6 +207,8 @@ impl PsShard {
             global_step: 0,
             stats: ShardStats::default(),
             touched: Vec::new(),
+            pulled: Vec::new(),
+            sum: Vec::new(),
         }
     }
 
@@ -370,34 +375,47 @@ impl PsShard {
                     let dim = t.dim();
                     w.reply(proto::TAG_ROWS, var, dim as u32, Some(keys.len() as u32));
                     for k in keys.iter() {
-                        match t.pull(k, step) {
+                        match t.pull_once(k, step) {
                             Some(row) => put_f32s(w.buf, row),
                             None => w.buf.resize(w.buf.len() + 4 * dim, 0),
                         }
                     }
+                    self.pulled.push(i);
                 }
                 (PullItem::Pooled { var, offsets, keys }, Var::Table(t)) => {
                     let dim = t.dim();
                     let batch = offsets.len() - 1;
                     w.reply(proto::TAG_POOLED, var, dim as u32, Some(batch as u32));
-                    let mut sum = vec![0.0f32; dim];
-                    for b in 0..batch {
-                        let (s, e) = (offsets.get(b).unwrap_or(0), offsets.get(b + 1).unwrap_or(0));
+                    let sum = &mut self.sum;
+                    sum.clear();
+                    sum.resize(dim, 0.0);
+                    let mut start = 0usize;
+                    for end in offsets.iter().skip(1) {
+                        let end = end as usize;
                         sum.fill(0.0);
-                        for k in keys.slice(s as usize, e as usize).iter() {
-                            if let Some(row) = t.pull(k, step) {
-                                for (a, x) in sum.iter_mut().zip(row) {
+                        for k in keys.slice(start, end).iter() {
+                            if let Some(row) = t.pull_once(k, step) {
+                                for (a, x) in sum.iter_mut().zip(&row[..dim]) {
                                     *a += x;
                                 }
                             }
                         }
-                        put_f32s(w.buf, &sum);
+                        put_f32s(w.buf, sum);
+                        start = end;
                     }
+                    self.pulled.push(i);
                 }
                 // Kinds were checked above.
                 _ => {}
             }
         }
+        // The filter counts a key at most once per request (see `lib.rs`).
+        for &i in &self.pulled {
+            if let Var::Table(t) = &mut self.vars[i] {
+                t.end_request();
+            }
+        }
+        self.pulled.clear();
         Ok(())
     }
 
@@ -477,9 +495,7 @@ impl PsShard {
                         d.acc.resize(d.values.len(), 0.0);
                         d.touched = true;
                     }
-                    for (a, g) in d.acc.iter_mut().zip(grad.iter()) {
-                        *a += g;
-                    }
+                    grad.add_to(&mut d.acc);
                 }
                 (
                     PushItem::Rows {
@@ -489,7 +505,7 @@ impl PsShard {
                 ) => {
                     let dim = dim as usize;
                     for (j, k) in keys.iter().enumerate() {
-                        t.accumulate(k, grads.slice(j * dim, (j + 1) * dim).iter());
+                        t.accumulate(k, grads.slice(j * dim, (j + 1) * dim));
                     }
                 }
                 (
@@ -503,12 +519,14 @@ impl PsShard {
                     Var::Table(t),
                 ) => {
                     let dim = dim as usize;
-                    for b in 0..offsets.len() - 1 {
-                        let (s, e) = (offsets.get(b).unwrap_or(0), offsets.get(b + 1).unwrap_or(0));
+                    let mut start = 0usize;
+                    for (b, end) in offsets.iter().skip(1).enumerate() {
+                        let end = end as usize;
                         let g = grads.slice(b * dim, (b + 1) * dim);
-                        for k in keys.slice(s as usize, e as usize).iter() {
-                            t.accumulate(k, g.iter());
+                        for k in keys.slice(start, end).iter() {
+                            t.accumulate(k, g);
                         }
+                        start = end;
                     }
                 }
                 _ => {}

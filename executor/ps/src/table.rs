@@ -4,7 +4,10 @@
 
 use rustc_hash::FxHashMap;
 
+use rustc_hash::FxHashSet;
+
 use crate::optim::OptimizerConfig;
+use crate::proto::F32s;
 use crate::var::VarDef;
 
 /// Keys are already well-mixed feature hashes, so the map uses FxHash (one
@@ -85,6 +88,8 @@ pub struct EmbeddingTable {
     acc_index: Map<u32>,
     acc_keys: Vec<u64>,
     acc_grads: Vec<f32>,
+    // Keys without a row counted by the filter in the current pull request.
+    counted: FxHashSet<u64>,
 }
 
 impl EmbeddingTable {
@@ -108,6 +113,7 @@ impl EmbeddingTable {
             acc_index: Map::default(),
             acc_keys: Vec::new(),
             acc_grads: Vec::new(),
+            counted: FxHashSet::default(),
         }
     }
 
@@ -154,79 +160,72 @@ impl EmbeddingTable {
     /// Pull `key` at global step `step`: creates the row if the key is
     /// admitted, refreshes its access time and returns its weights; `None`
     /// while the frequency filter holds the key back (the caller uses zeros).
+    /// Every call counts towards the filter.
     pub fn pull(&mut self, key: u64, step: u64) -> Option<&[f32]> {
+        self.pull_row(key, step, false)
+    }
+
+    /// [`Self::pull`] for a pull request: a key without a row advances its
+    /// filter counter at most once until [`Self::end_request`]; further
+    /// occurrences in the same request are answered with zeros (and counted
+    /// as filtered pulls) without counting.
+    pub(crate) fn pull_once(&mut self, key: u64, step: u64) -> Option<&[f32]> {
+        self.pull_row(key, step, true)
+    }
+
+    /// Forget the keys counted by [`Self::pull_once`] in the current request.
+    pub(crate) fn end_request(&mut self) {
+        if !self.counted.is_empty() {
+            self.counted.clear();
+        }
+    }
+
+    fn pull_row(&mut self, key: u64, step: u64, once: bool) -> Option<&[f32]> {
+        use std::collections::hash_map::Entry;
         let dim = self.dim;
-        if !self.rows.contains_key(&key) {
-            if !self.admit(key, step) {
-                return None;
-            }
-            let slots = self.opt.slots();
-            let mut data = vec![0.0f32; dim * (1 + slots)].into_boxed_slice();
-            let (w, s) = data.split_at_mut(dim);
-            self.def.init_values(self.seed, key, w);
-            self.opt.init_slots(s);
-            self.rows.insert(
-                key,
-                Row {
+        // One hash lookup for an existing row; a new row goes into the slot
+        // that lookup found.
+        let row = match self.rows.entry(key) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(v) => {
+                if once && self.policy.filter_freq > 1 && !self.counted.insert(key) {
+                    self.stats.filtered_pulls += 1;
+                    return None;
+                }
+                if !admit(&mut self.pending, &mut self.stats, &self.policy, key, step) {
+                    return None;
+                }
+                let slots = self.opt.slots();
+                let mut data = vec![0.0f32; dim * (1 + slots)].into_boxed_slice();
+                let (w, s) = data.split_at_mut(dim);
+                self.def.init_values(self.seed, key, w);
+                self.opt.init_slots(s);
+                self.stats.admitted += 1;
+                v.insert(Row {
                     data,
                     last_access: step,
                     updates: 0,
-                },
-            );
-            self.stats.admitted += 1;
-        }
-        let row = self.rows.get_mut(&key)?;
+                })
+            }
+        };
         row.last_access = row.last_access.max(step);
         Some(&row.data[..dim])
     }
 
-    /// Count one pull of a key without a row; true when it is admitted now.
-    fn admit(&mut self, key: u64, step: u64) -> bool {
-        let need = self.policy.filter_freq;
-        if need <= 1 {
-            return true;
-        }
-        let count = if let Some(p) = self.pending.get_mut(&key) {
-            p.count += 1;
-            p.last_seen = step;
-            p.count
-        } else if self.pending.len() < self.policy.filter_capacity {
-            self.pending.insert(
-                key,
-                Pending {
-                    count: 1,
-                    last_seen: step,
-                },
-            );
-            1
-        } else {
-            self.stats.filter_overflow += 1;
-            self.stats.filtered_pulls += 1;
-            return false;
-        };
-        if count >= need {
-            self.pending.remove(&key);
-            true
-        } else {
-            self.stats.filtered_pulls += 1;
-            false
-        }
-    }
-
-    /// Add `grad` (one row) to the gradient accumulated for `key` in the
-    /// current push. `grad.len()` must be `dim`.
-    pub(crate) fn accumulate(&mut self, key: u64, grad: impl Iterator<Item = f32>) {
+    /// Add `grad` (one row, `dim` floats) to the gradient accumulated for
+    /// `key` in the current push.
+    pub(crate) fn accumulate(&mut self, key: u64, grad: F32s<'_>) {
         let dim = self.dim;
         let next = self.acc_keys.len() as u32;
         let slot = *self.acc_index.entry(key).or_insert(next);
         if slot == next {
             self.acc_keys.push(key);
-            self.acc_grads.extend(grad.take(dim));
+            let base = self.acc_grads.len();
+            self.acc_grads.resize(base + dim, 0.0);
+            grad.copy_to(&mut self.acc_grads[base..]);
         } else {
             let base = slot as usize * dim;
-            for (a, g) in self.acc_grads[base..base + dim].iter_mut().zip(grad) {
-                *a += g;
-            }
+            grad.add_to(&mut self.acc_grads[base..base + dim]);
         }
     }
 
@@ -291,10 +290,54 @@ impl EmbeddingTable {
     }
 }
 
+/// Count one pull of `key`, which has no row; true when it is admitted now.
+fn admit(
+    pending: &mut Map<Pending>,
+    stats: &mut TableStats,
+    policy: &TablePolicy,
+    key: u64,
+    step: u64,
+) -> bool {
+    let need = policy.filter_freq;
+    if need <= 1 {
+        return true;
+    }
+    let count = if let Some(p) = pending.get_mut(&key) {
+        p.count += 1;
+        p.last_seen = step;
+        p.count
+    } else if pending.len() < policy.filter_capacity {
+        pending.insert(
+            key,
+            Pending {
+                count: 1,
+                last_seen: step,
+            },
+        );
+        1
+    } else {
+        stats.filter_overflow += 1;
+        stats.filtered_pulls += 1;
+        return false;
+    };
+    if count >= need {
+        pending.remove(&key);
+        true
+    } else {
+        stats.filtered_pulls += 1;
+        false
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::var::{Init, VarKind};
+
+    /// One gradient row of 4 equal floats, encoded.
+    fn grad(x: f32) -> Vec<u8> {
+        [x; 4].iter().flat_map(|v| v.to_le_bytes()).collect()
+    }
 
     fn table(filter_freq: u32, steps_to_live: u64, cap: usize) -> EmbeddingTable {
         let def = VarDef {
@@ -331,7 +374,7 @@ mod tests {
     fn filter_admits_on_nth_pull_and_ignores_pushes_before() {
         let mut t = table(3, 0, 16);
         assert!(t.pull(5, 0).is_none());
-        t.accumulate(5, [1.0; 4].into_iter());
+        t.accumulate(5, F32s::new(&grad(1.0)).unwrap());
         assert_eq!(t.apply_accumulated(), 0);
         assert_eq!(t.stats().ignored_pushes, 1);
         assert!(t.pull(5, 1).is_none());
@@ -360,7 +403,7 @@ mod tests {
         let mut t = table(0, 10, 16);
         t.pull(1, 0);
         t.pull(2, 5);
-        t.accumulate(1, [0.5; 4].into_iter());
+        t.accumulate(1, F32s::new(&grad(0.5)).unwrap());
         t.apply_accumulated_at(8);
         assert_eq!(t.evict(14), 0);
         assert_eq!(t.evict(15), 1); // row 2: last access 5
@@ -379,8 +422,8 @@ mod tests {
     fn duplicate_keys_are_summed() {
         let mut t = table(0, 0, 16);
         let before = t.pull(7, 0).unwrap().to_vec();
-        t.accumulate(7, [1.0; 4].into_iter());
-        t.accumulate(7, [2.0; 4].into_iter());
+        t.accumulate(7, F32s::new(&grad(1.0)).unwrap());
+        t.accumulate(7, F32s::new(&grad(2.0)).unwrap());
         assert_eq!(t.apply_accumulated(), 1);
         let after = t.get(7).unwrap();
         for (a, b) in after.iter().zip(&before) {

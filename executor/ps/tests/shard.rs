@@ -198,6 +198,53 @@ fn filter_returns_zeros_until_admitted() {
 }
 
 #[test]
+fn filter_counts_a_key_once_per_pooled_request() {
+    let mut s = shard(ShardConfig {
+        filter_freq: 3,
+        ..sgd()
+    });
+    // Key 9 occurs three times in one batch (twice in example 0, once in
+    // example 1, and again in a second item): one count, not four.
+    let (_, items) = pull(&mut s, |w| {
+        w.pooled(EMB, &[0, 2, 3], &[9, 9, 9])
+            .pooled(EMB, &[0, 1], &[9]);
+    });
+    assert_eq!(items, vec![vec![0.0; 2 * DIM], vec![0.0; DIM]]);
+    let t = s.table(EMB).unwrap();
+    assert_eq!(
+        (t.len(), t.pending_len(), t.stats().filtered_pulls),
+        (0, 1, 4)
+    );
+    // Second request: count 2, still filtered.
+    pull(&mut s, |w| {
+        w.pooled(EMB, &[0, 2], &[9, 9]);
+    });
+    assert_eq!(s.table(EMB).unwrap().len(), 0);
+    // Third request admits it at the first occurrence; the others in the
+    // same request see the new row.
+    let (_, items) = pull(&mut s, |w| {
+        w.pooled(EMB, &[0, 2], &[9, 9]);
+    });
+    let r = init_row(9);
+    let twice: Vec<f32> = r.iter().map(|x| x + x).collect();
+    assert_eq!(items[0], twice);
+    let t = s.table(EMB).unwrap();
+    assert_eq!((t.len(), t.pending_len(), t.stats().admitted), (1, 0, 1));
+    // The rows protocol counts the same way: once per request.
+    pull(&mut s, |w| {
+        w.rows(EMB, &[7, 7]).pooled(EMB, &[0, 1], &[7]);
+    });
+    pull(&mut s, |w| {
+        w.rows(EMB, &[7]);
+    });
+    assert_eq!(s.table(EMB).unwrap().get(7), None);
+    pull(&mut s, |w| {
+        w.rows(EMB, &[7]);
+    });
+    assert_eq!(s.table(EMB).unwrap().get(7), Some(&init_row(7)[..]));
+}
+
+#[test]
 fn global_step_drives_eviction() {
     let mut s = shard(ShardConfig {
         steps_to_live: 3,
