@@ -47,6 +47,10 @@ pub struct ReportArgs {
     /// Seconds each measurement runs in the full suite.
     #[arg(long, default_value_t = 0.5)]
     pub duration: f64,
+    /// Alternate the backends this many times per point and report the
+    /// median (the bench's `--repeat`): steadier figures on a shared machine.
+    #[arg(long, default_value_t = 1)]
+    pub repeat: usize,
     /// Busy polling on (the default) or off.
     #[arg(long, value_parser = crate::parse_on_off)]
     pub polling: Option<bool>,
@@ -114,6 +118,7 @@ struct Machine {
     starwire_version: &'static str,
     generated_utc: String,
     quick: bool,
+    repeat: usize,
 }
 
 /// report.json.
@@ -190,6 +195,7 @@ fn machine(args: &ReportArgs, cores: (Option<usize>, Option<usize>), polling: bo
         starwire_version: env!("CARGO_PKG_VERSION"),
         generated_utc: utc_now(),
         quick: args.quick,
+        repeat: args.repeat,
     }
 }
 
@@ -204,7 +210,7 @@ fn plans(args: &ReportArgs, backends: &[Backend], m: &Machine) -> Vec<Plan> {
         duration_s: (!args.quick).then_some(args.duration),
         warmup: Some(if args.quick { 3 } else { 200 }),
         tensors: if args.quick { 8 } else { FUSE_TENSORS },
-        repeat: 1,
+        repeat: args.repeat,
         polling: m.polling,
         client_core: m.client_core,
         server_core: m.server_core,
@@ -254,6 +260,9 @@ pub fn main(args: ReportArgs, train: Option<&dyn TrainSuite>) -> Result<(), Stri
     let backends = args.backends.clone().unwrap_or_else(Backend::compiled);
     if backends.is_empty() {
         return Err("--backends must not be empty".into());
+    }
+    if args.repeat == 0 {
+        return Err("--repeat must be at least 1".into());
     }
     std::fs::create_dir_all(&args.out)
         .map_err(|e| format!("creating {}: {e}", args.out.display()))?;
@@ -496,6 +505,11 @@ fn markdown(
     let _ = writeln!(o, "| kernel | {} |", m.kernel);
     let _ = writeln!(o, "| CPU | {} ({} CPUs) |", m.cpu_model, m.cpus);
     let _ = writeln!(o, "| load average at start | {} |", m.load_avg);
+    let _ = writeln!(
+        o,
+        "| repetitions | {} (backends alternate; medians shown) |",
+        m.repeat
+    );
     let _ = writeln!(o, "| placement | {placement} |");
     let _ = writeln!(
         o,
@@ -506,6 +520,22 @@ fn markdown(
             "off (parking reactors, blocking raw sockets)"
         }
     );
+    let load1: f64 = m
+        .load_avg
+        .split_whitespace()
+        .next()
+        .and_then(|l| l.parse().ok())
+        .unwrap_or(0.0);
+    if load1 >= 0.5 * m.cpus as f64 {
+        let _ = writeln!(
+            o,
+            "**Note:** the machine was busy when the suite started (1-minute load \
+             {load1:.2} on {} CPUs). Busy-polling backends pinned to two cores stall \
+             whenever another process takes one of those cores, so raw and tcp lose \
+             most when the machine is shared; gRPC's blocking threads lose less.\n",
+            m.cpus
+        );
+    }
     let _ = writeln!(
         o,
         "Ratios: `X ÷ raw` and `X ÷ grpc` divide X's figure by the baseline's. For \
@@ -708,6 +738,7 @@ mod tests {
             quick: true,
             backends: Some(vec![Backend::Tcp]),
             duration: 0.5,
+            repeat: 1,
             polling: Some(false),
             cores: None,
         };

@@ -66,65 +66,106 @@ fn bounds(s: &Series) -> ((f64, f64), (f64, f64)) {
     ((x0 * 0.8, x1 * 1.25), (y0 / 2.0, y1 * 8.0))
 }
 
-fn loglog(
-    s: &Series,
-    caption: &str,
-    x_desc: &str,
-    y_desc: &str,
-    x_fmt: fn(&f64) -> String,
-    x_labels: usize,
-) -> Result<String, String> {
-    let mut svg = String::new();
-    {
-        let root = SVGBackend::with_string(&mut svg, (W, H)).into_drawing_area();
-        root.fill(&WHITE).map_err(err)?;
-        let ((x0, x1), (y0, y1)) = bounds(s);
-        let mut chart = ChartBuilder::on(&root)
-            .caption(caption, ("sans-serif", 20))
-            .margin(12)
-            .x_label_area_size(44)
-            .y_label_area_size(70)
-            .build_cartesian_2d((x0..x1).log_scale(), (y0..y1).log_scale())
-            .map_err(err)?;
-        chart
+/// Mesh, one line with markers per backend, and the legend, on `$chart`;
+/// `$x` maps a data x to the chart's x. A macro because the two charts'
+/// coordinate types differ.
+macro_rules! lines_and_legend {
+    ($chart:expr, $s:expr, $x:expr, $x_desc:expr, $y_desc:expr, $x_fmt:expr, $x_labels:expr) => {{
+        $chart
             .configure_mesh()
-            .x_desc(x_desc)
-            .y_desc(y_desc)
-            .x_labels(x_labels)
-            .x_label_formatter(&x_fmt)
+            .x_desc($x_desc)
+            .y_desc($y_desc)
+            .x_labels($x_labels)
+            .x_label_formatter($x_fmt)
             .y_label_formatter(&si)
             .draw()
             .map_err(err)?;
-        for (i, (b, pts)) in s.iter().enumerate() {
+        for (i, (b, pts)) in $s.iter().enumerate() {
             let c = color(i);
-            chart
+            let pts: Vec<(f64, f64)> = pts.iter().map(|&(x, y)| ($x(x), y)).collect();
+            $chart
                 .draw_series(LineSeries::new(pts.iter().copied(), c.stroke_width(2)))
                 .map_err(err)?
                 .label(b.name())
                 .legend(move |(x, y)| {
                     PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2))
                 });
-            chart
+            $chart
                 .draw_series(pts.iter().map(|&p| Circle::new(p, 3, c.filled())))
                 .map_err(err)?;
         }
-        chart
+        $chart
             .configure_series_labels()
             .background_style(WHITE.mix(0.85))
             .border_style(BLACK)
             .position(SeriesLabelPosition::UpperLeft)
             .draw()
             .map_err(err)?;
+    }};
+}
+
+/// How the x axis is drawn.
+#[derive(Clone, Copy)]
+enum XAxis {
+    /// Logarithmic, decimal ticks.
+    Log10,
+    /// One tick per power of two (x = 1, 2, 4, ...): drawn as log2(x) on a
+    /// linear axis.
+    Pow2,
+}
+
+fn log_lines(
+    s: &Series,
+    caption: &str,
+    x_desc: &str,
+    y_desc: &str,
+    x_axis: XAxis,
+) -> Result<String, String> {
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (W, H)).into_drawing_area();
+        root.fill(&WHITE).map_err(err)?;
+        let ((x0, x1), (y0, y1)) = bounds(s);
+        let mut builder = ChartBuilder::on(&root);
+        builder
+            .caption(caption, ("sans-serif", 20))
+            .margin(12)
+            .x_label_area_size(44)
+            .y_label_area_size(70);
+        match x_axis {
+            XAxis::Log10 => {
+                let mut chart = builder
+                    .build_cartesian_2d((x0..x1).log_scale(), (y0..y1).log_scale())
+                    .map_err(err)?;
+                lines_and_legend!(chart, s, |x| x, x_desc, y_desc, &si, 10);
+            }
+            XAxis::Pow2 => {
+                let (l0, l1) = (x0.log2().floor(), x1.log2().ceil());
+                let mut chart = builder
+                    .build_cartesian_2d(l0..l1, (y0..y1).log_scale())
+                    .map_err(err)?;
+                let ticks = (l1 - l0) as usize + 1;
+                lines_and_legend!(
+                    chart,
+                    s,
+                    |x: f64| x.log2(),
+                    x_desc,
+                    y_desc,
+                    &pow2_label,
+                    ticks
+                );
+            }
+        }
         root.present().map_err(err)?;
     }
     Ok(svg)
 }
 
-/// In-flight ticks: powers of two only (the sweep's points).
+/// A tick at log2(x) = `v`: x when `v` is a whole number, else nothing.
 fn pow2_label(v: &f64) -> String {
     let r = v.round();
-    if r >= 1.0 && (v - r).abs() < 1e-6 && (r as u64).is_power_of_two() {
-        format!("{}", r as u64)
+    if (v - r).abs() < 1e-6 && (0.0..63.0).contains(&r) {
+        format!("{}", 1u64 << r as u32)
     } else {
         String::new()
     }
@@ -152,13 +193,12 @@ fn si(v: &f64) -> String {
 /// Round-trip p50 against payload size, one line per backend.
 pub fn latency(lines: &[ResultLine], backends: &[Backend]) -> Result<String, String> {
     let s = series(lines, backends, Mode::Lat, |l| l.size as f64, |l| l.p50_us);
-    loglog(
+    log_lines(
         &s,
         "Latency: p50 round trip against payload size",
         "payload bytes",
         "p50 round trip (µs)",
-        si,
-        10,
+        XAxis::Log10,
     )
 }
 
@@ -171,14 +211,12 @@ pub fn rate(lines: &[ResultLine], backends: &[Backend]) -> Result<String, String
         |l| l.inflight as f64,
         |l| l.msgs_per_s,
     );
-    loglog(
+    log_lines(
         &s,
         "Message rate against requests in flight",
         "requests in flight",
         "messages/s",
-        pow2_label,
-        // Many candidate ticks; only the powers of two get a label.
-        40,
+        XAxis::Pow2,
     )
 }
 
@@ -247,8 +285,9 @@ mod tests {
         assert_eq!(si(&100_000.0), "100k");
         assert_eq!(si(&12.0), "12");
         assert_eq!(si(&0.25), "0.25");
-        assert_eq!(pow2_label(&32.0), "32");
-        assert_eq!(pow2_label(&30.0), "");
+        assert_eq!(pow2_label(&5.0), "32");
+        assert_eq!(pow2_label(&0.0), "1");
+        assert_eq!(pow2_label(&4.5), "");
     }
 
     #[test]
