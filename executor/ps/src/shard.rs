@@ -17,7 +17,8 @@ pub struct ShardConfig {
     pub seed: u64,
     /// Optimizer of every variable.
     pub optimizer: OptimizerConfig,
-    /// Frequency filter: a key gets a row on its `filter_freq`-th pull (0/1: first).
+    /// Frequency filter: a key gets a row on its `filter_freq`-th pull
+    /// request (0/1: first); a key counts at most once per request.
     pub filter_freq: u32,
     /// Rows not touched in the last `steps_to_live` global steps are evicted (0: never).
     pub steps_to_live: u64,

@@ -36,7 +36,8 @@ pub(crate) struct Pending {
 /// Admission and eviction policy of a table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TablePolicy {
-    /// A key gets a row on its `filter_freq`-th pull (0 or 1: on the first).
+    /// A key gets a row on its `filter_freq`-th pull (0 or 1: on the first);
+    /// [`crate::PsShard`] counts a key at most once per pull request.
     pub filter_freq: u32,
     /// Rows (and pending filter counters) not pulled or updated in the last
     /// `steps_to_live` global steps are removed by [`EmbeddingTable::evict`]; 0 = never.
