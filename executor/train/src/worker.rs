@@ -321,9 +321,8 @@ impl WorkerCore {
                         let dst = &mut rows[l];
                         for (j, &p) in pos.iter().enumerate() {
                             let p = p as usize;
-                            for c in 0..dim {
-                                dst[p * dim + c] = data.get(j * dim + c).unwrap_or(0.0);
-                            }
+                            data.slice(j * dim, (j + 1) * dim)
+                                .copy_to(&mut dst[p * dim..(p + 1) * dim]);
                         }
                     }
                     (Item::Lookup(l, _), PullReply::Pooled { dim, data, .. }) => {
@@ -331,9 +330,7 @@ impl WorkerCore {
                         if dim != pulls.lookups[l].dim || data.len() != b * dim {
                             return Err(TrainError::Remote("pooled reply shape".into()));
                         }
-                        for (d, v) in rows[l].iter_mut().zip(data.iter()) {
-                            *d += v;
-                        }
+                        data.add_to(&mut rows[l]);
                     }
                     _ => return Err(TrainError::Remote("pull reply item kind".into())),
                 }
