@@ -197,31 +197,18 @@ impl Drop for Acceptor {
 }
 
 fn accept_loop(listener: &TcpListener, inboxes: &[ShardInbox], stop: &AtomicBool) {
+    let inboxes: Arc<[ShardInbox]> = inboxes.into();
     while !stop.load(Ordering::Relaxed) {
         match listener.accept() {
-            Ok((mut s, peer)) => {
-                let r = s
-                    .set_nonblocking(false)
-                    .and_then(|()| s.set_read_timeout(Some(PREAMBLE_TIMEOUT)))
-                    .and_then(|()| read_preamble(&mut s));
-                let shard = match r {
-                    Ok(i) => i as usize,
-                    Err(e) => {
-                        tracing::warn!(%peer, "rejected connection: {e}");
-                        continue;
-                    }
-                };
-                let Some(inbox) = inboxes.get(shard) else {
-                    tracing::warn!(%peer, shard, "rejected connection for unknown shard");
-                    continue;
-                };
-                match s.set_read_timeout(None) {
-                    Ok(()) => {
-                        if inbox.tx.send(s).is_ok() {
-                            inbox.waker.wake();
-                        }
-                    }
-                    Err(e) => tracing::warn!(%peer, "setting up connection: {e}"),
+            Ok((s, peer)) => {
+                // The preamble is read on a thread of its own, so a slow or
+                // silent peer holds up only itself, never the next accept.
+                let inboxes = inboxes.clone();
+                let spawned = std::thread::Builder::new()
+                    .name("starwire-ps-preamble".into())
+                    .spawn(move || route(s, peer, &inboxes));
+                if let Err(e) = spawned {
+                    tracing::warn!(%peer, "no thread for the preamble: {e}");
                 }
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -232,6 +219,34 @@ fn accept_loop(listener: &TcpListener, inboxes: &[ShardInbox], stop: &AtomicBool
                 std::thread::sleep(Duration::from_millis(20));
             }
         }
+    }
+}
+
+/// Read a new connection's preamble and hand it to its shard's reactor; a
+/// bad preamble or an unknown shard closes it.
+fn route(mut s: TcpStream, peer: SocketAddr, inboxes: &[ShardInbox]) {
+    let r = s
+        .set_nonblocking(false)
+        .and_then(|()| s.set_read_timeout(Some(PREAMBLE_TIMEOUT)))
+        .and_then(|()| read_preamble(&mut s));
+    let shard = match r {
+        Ok(i) => i as usize,
+        Err(e) => {
+            tracing::warn!(%peer, "rejected connection: {e}");
+            return;
+        }
+    };
+    let Some(inbox) = inboxes.get(shard) else {
+        tracing::warn!(%peer, shard, "rejected connection for unknown shard");
+        return;
+    };
+    match s.set_read_timeout(None) {
+        Ok(()) => {
+            if inbox.tx.send(s).is_ok() {
+                inbox.waker.wake();
+            }
+        }
+        Err(e) => tracing::warn!(%peer, "setting up connection: {e}"),
     }
 }
 

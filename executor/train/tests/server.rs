@@ -101,11 +101,13 @@ fn start(expected: usize) -> Ps {
 fn client(addr: &str) -> SessionNet<TcpTransport> {
     let s = connect_shard(addr, 0, Instant::now() + Duration::from_secs(5)).unwrap();
     let t = TcpTransport::new(s, starwire_train::link::tcp_config()).unwrap();
+    // Well under the acceptor's 10 s preamble timeout: a silent peer must
+    // not hold up this handshake.
     SessionNet::new(
         &peer(TaskRole::Worker),
         vec![t],
         false,
-        Duration::from_secs(10),
+        Duration::from_secs(3),
     )
     .unwrap()
 }
@@ -143,6 +145,8 @@ fn pull(vars: &[(u32, Option<&[u64]>)]) -> Vec<u8> {
 #[test]
 fn errors_are_statuses_and_end_only_the_bad_connection() {
     let ps = start(2);
+    // A peer that connects and says nothing.
+    let _silent = TcpStream::connect(&ps.addr).unwrap();
     let mut good = client(&ps.addr);
 
     // An unknown variable: a status for this request, connection lives.
