@@ -284,7 +284,8 @@ impl WorkerCore {
         metas: &[Vec<Item>],
         first: usize,
     ) -> Result<StepFeeds, TrainError> {
-        let pulls = self.part.pulls().clone();
+        let pulls = self.part.pulls();
+        let mut global_step = self.global_step;
         let b = batch.len;
         let mut dense: Vec<Option<Tensor>> = vec![None; pulls.dense.len()];
         let mut rows: Vec<Vec<f32>> = pulls
@@ -301,7 +302,7 @@ impl WorkerCore {
             check(r, "pull")?;
             let resp = PullResponse::parse(&r.body, &self.limits)
                 .map_err(|e| TrainError::Remote(format!("pull reply: {e}")))?;
-            self.global_step = self.global_step.max(resp.global_step);
+            global_step = global_step.max(resp.global_step);
             if resp.len() != items.len() {
                 return Err(TrainError::Remote("pull reply item count".into()));
             }
@@ -343,13 +344,15 @@ impl WorkerCore {
         }
         let mut lookups = Vec::with_capacity(rows.len());
         for (l, (lp, data)) in pulls.lookups.iter().zip(rows).enumerate() {
-            let st = &self.lookups[l];
+            let st = &mut self.lookups[l];
             let feed = match lp.form {
                 PullForm::Rows => LookupFeed::Rows {
                     rows: Tensor::new(vec![st.unique.len(), lp.dim], data)
                         .map_err(|e| TrainError::Internal(e.to_string()))?,
-                    index: st.index.clone(),
-                    offsets: st.offsets.clone(),
+                    // Moved, not copied: the next step's plan rebuilds
+                    // both, and pushing rows reads neither.
+                    index: std::mem::take(&mut st.index),
+                    offsets: std::mem::take(&mut st.offsets),
                 },
                 PullForm::Pooled => {
                     let mut data = data;
@@ -376,6 +379,7 @@ impl WorkerCore {
             .map_err(|e| TrainError::Internal(e.to_string()))?;
         let labels = Tensor::new(vec![b, 1], batch.labels.clone())
             .map_err(|e| TrainError::Internal(e.to_string()))?;
+        self.global_step = global_step;
         Ok(StepFeeds {
             numeric,
             labels,
