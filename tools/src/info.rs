@@ -133,7 +133,7 @@ fn uring_backend() -> Value {
         Ok(f) => f,
         Err(e) => return json!({ "usable": false, "error": format!("io_uring unavailable: {e}") }),
     };
-    let cfg = crate::bench::sessions::uring_config();
+    let cfg = starwire_uring::UringConfig::from_env();
     let ring = match starwire_uring::UringReactor::new(&cfg) {
         Ok(r) => {
             let st = r.stats();
@@ -141,6 +141,7 @@ fn uring_backend() -> Value {
                 "ok": true,
                 "registered_bytes": st.registered_bytes,
                 "tx_pool_pages": st.tx_pages,
+                "file_slots": st.file_slots,
             })
         }
         Err(e) => json!({ "ok": false, "error": e.to_string() }),
@@ -152,6 +153,10 @@ fn uring_backend() -> Value {
         "fallbacks": probed.fallbacks,
         "sqpoll": cfg.sqpoll_idle_ms.is_some(),
         "defer_taskrun": cfg.defer_taskrun,
+        "recv_mode": match starwire_uring::RecvMode::from_env() {
+            Some(m) => m.name(),
+            None => "spin when the reactor polls, multishot when it parks",
+        },
         "zero_copy": cfg.zero_copy,
         "zero_copy_threshold": cfg.zero_copy_threshold,
         "zero_copy_note": "a connection whose zero-copy sends come back copied \
@@ -362,6 +367,18 @@ fn print_text(i: &Value, settings: &Settings) {
             println!("  uring    compiled in (starwire-uring: io_uring), {state}");
             continue;
         }
+        let compiled = i["backends"]["compiled_in"]
+            .as_array()
+            .is_some_and(|v| v.iter().any(|x| x == b));
+        if compiled {
+            let what = if b == "grpc" {
+                "the gRPC baseline (tonic), for comparison only"
+            } else {
+                "see the backend's section below"
+            };
+            println!("  {b:<8} compiled in ({what})");
+            continue;
+        }
         println!(
             "  {b:<8} not compiled in: {}",
             s(&i["backends"]["not_compiled_in"][b])
@@ -420,6 +437,12 @@ fn print_text(i: &Value, settings: &Settings) {
             "  uring zc       zero-copy sends from {} bytes; copied ones (loopback, veth) \
              switch the connection to plain sends",
             s(&ub["zero_copy_threshold"])
+        );
+        println!(
+            "  uring recv     {} (STARWIRE_URING_RECV=spin|multishot); ring fd and sockets \
+             registered ({} file slots)",
+            s(&ub["recv_mode"]),
+            s(&ub["ring"]["file_slots"])
         );
     }
     let r = &i["rdma"];

@@ -722,8 +722,8 @@ pub fn main(args: SoakArgs) -> Result<bool, String> {
         }
         crate::backend::Backend::Uring.check_available()?;
         let (ct, st) = (
-            uring_groups(cs, lay.client_cpus.len())?,
-            uring_groups(ss, lay.server_cpus.len())?,
+            uring_groups(cs, lay.client_cpus.len(), lay.idle)?,
+            uring_groups(ss, lay.server_cpus.len(), lay.idle)?,
         );
         let out = run_soak(&args, &lay, ct, st)?;
         return report(&args, &lay, rss_start_kb, out);
@@ -761,8 +761,9 @@ pub fn main(args: SoakArgs) -> Result<bool, String> {
 fn uring_groups(
     streams: Vec<TcpStream>,
     groups: usize,
+    idle: IdlePolicy,
 ) -> Result<Vec<starwire_uring::UringTransport>, String> {
-    let cfg = crate::bench::sessions::uring_config();
+    let cfg = crate::bench::sessions::uring_config(idle);
     let rings = (0..groups.max(1))
         .map(|_| starwire_uring::UringReactor::new(&cfg).map_err(|e| e.to_string()))
         .collect::<Result<Vec<_>, _>>()?;

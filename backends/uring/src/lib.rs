@@ -8,7 +8,9 @@
 //!   makes one `io_uring_enter` per reactor turn, and only when SQEs wait
 //!   or the kernel flagged deferred completion work (`IORING_SQ_TASKRUN`).
 //!   Rings use `SINGLE_ISSUER` + `DEFER_TASKRUN` + `TASKRUN_FLAG` (or
-//!   `COOP_TASKRUN` where `DEFER_TASKRUN` is missing), or SQPOLL when
+//!   `COOP_TASKRUN` where `DEFER_TASKRUN` is missing), the ring's own
+//!   descriptor registered for the reactor thread and sockets in a
+//!   registered file table, or SQPOLL when
 //!   [`UringConfig::sqpoll_idle_ms`] is set (`STARWIRE_URING_SQPOLL=1`).
 //!   A transport made with [`UringConfig::auto_enter`] (its own ring, as in
 //!   tests) enters by itself in `flush` and `rx_burst`.
@@ -21,8 +23,12 @@
 //!   `IORING_SEND_ZC_REPORT_USAGE`; buffers are reused only after the
 //!   notification, and a connection whose zero-copy sends come back copied
 //!   (always on loopback and veth) switches to plain sends.
-//! * **RX.** One multishot `RECV` per connection draws buffers from the
-//!   ring's provided-buffer ring; frames are lent in place from those
+//! * **RX.** Receives draw buffers from the ring's provided-buffer ring:
+//!   one multishot `RECV` per connection armed once
+//!   ([`RecvMode::Multishot`], for reactors that park), or one
+//!   non-blocking receive per connection per turn, submitted with the
+//!   turn's sends ([`RecvMode::Spin`], for polling reactors, with a one-shot
+//!   poll armed before a park). Frames are lent in place from those
 //!   buffers, and a frame straddling two buffers is reassembled in a
 //!   bounded per-connection buffer. Buffers go back to the kernel once
 //!   consumed.
@@ -46,7 +52,7 @@ mod sys;
 mod transport;
 
 #[cfg(target_os = "linux")]
-pub use config::{UringConfig, UringError, UringStats};
+pub use config::{RecvMode, UringConfig, UringError, UringStats};
 #[cfg(target_os = "linux")]
 pub use probe::{probe, Features};
 #[cfg(target_os = "linux")]

@@ -8,7 +8,7 @@
 
 use std::collections::VecDeque;
 use std::net::TcpStream;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
@@ -18,14 +18,20 @@ use starwire_transport::TransportError;
 use starwire_wire::{FrameError, Header, HEADER_LEN};
 
 use crate::probe::{probe, Features};
-use crate::sys::{self, BufRing, SendKind, SendMsg};
-use crate::{UringConfig, UringError, UringStats};
+use crate::sys::{self, BufRing, SendKind, SendMsg, Sock};
+use crate::{RecvMode, UringConfig, UringError, UringStats};
 
 /// Buffer group of the receive pool.
 const BGID: u16 = 7;
 const OP_RECV: u64 = 1;
 const OP_SEND: u64 = 2;
 const OP_CANCEL: u64 = 3;
+/// A one-shot readability poll armed before a park (`RecvMode::Spin`).
+const OP_POLL: u64 = 4;
+/// Spin mode skips a connection's receive while this many received chunks
+/// wait to be consumed: the application is behind, and buffers are better
+/// left to the other connections.
+const SPIN_MAX_CHUNKS: usize = 16;
 /// Most iovecs in one send.
 const MAX_IOV: usize = 64;
 
@@ -85,7 +91,8 @@ enum RxEnd {
 /// Per-connection state, reached by completions through the slab index.
 pub(crate) struct Conn {
     stream: Option<TcpStream>,
-    fd: RawFd,
+    /// The socket as SQEs name it.
+    sock: Sock,
     // Transmit.
     /// The slot frames are being written into.
     filling: Option<Fill>,
@@ -105,6 +112,8 @@ pub(crate) struct Conn {
     rx_end: Option<RxEnd>,
     frame_error: Option<FrameError>,
     recv_armed: bool,
+    /// A park poll (`RecvMode::Spin`) is armed.
+    poll_armed: bool,
     /// The transport was dropped; free the slot once quiet.
     closing: bool,
     pub(crate) stats: ConnStats,
@@ -133,7 +142,7 @@ pub struct ConnStats {
 
 impl Conn {
     fn quiet(&self) -> bool {
-        self.inflight.is_none() && !self.recv_armed
+        self.inflight.is_none() && !self.recv_armed && !self.poll_armed
     }
 }
 
@@ -161,6 +170,13 @@ pub(crate) struct RingInner {
     /// Receives waiting for provided buffers (after `ENOBUFS`).
     rearm: Vec<usize>,
     multishot: bool,
+    /// Slots of the registered file table (0: none registered).
+    file_slots: u32,
+    /// `RecvMode::Spin`: a non-blocking receive per connection per turn.
+    spin: bool,
+    /// The ring descriptor registered in a thread's io_uring context:
+    /// (index, the thread's [`thread_token`]).
+    registered: Option<(u32, u64)>,
     sqpoll: bool,
     /// False until the first `enter` enabled the (disabled) ring.
     enabled: bool,
@@ -286,8 +302,20 @@ impl UringReactor {
                 .map_err(|e| os(e, "dup of the ring fd"))?
         };
         let multishot = features.recv_multishot;
+        // A registered file table spares every request the descriptor
+        // lookup; the kernel caps its size at RLIMIT_NOFILE. Connections
+        // beyond it, or a kernel that refuses, use plain descriptors.
+        let file_slots = nofile_soft().min(MAX_FILE_SLOTS);
+        let file_slots = match sys::register_file_table(&ring, file_slots) {
+            Ok(()) => file_slots,
+            Err(e) => {
+                tracing::debug!(error = %e, "uring: no registered file table");
+                0
+            }
+        };
         let disabled = features.single_issuer && cfg.sqpoll_idle_ms.is_none();
         let stats = UringStats {
+            file_slots,
             tx_pages: pages_name(tx_pool.pages()),
             registered_bytes: tx_pool.mapped_len() as u64,
             ..UringStats::default()
@@ -308,6 +336,9 @@ impl UringReactor {
                 rx_kernel_done: vec![false; cfg.rx_bufs],
                 rearm: Vec::new(),
                 multishot,
+                file_slots,
+                spin: cfg.recv == RecvMode::Spin,
+                registered: None,
                 sqpoll,
                 enabled: !disabled,
                 park_eventfd: defer,
@@ -333,6 +364,12 @@ impl UringReactor {
     /// readable at once when work is already pending.
     pub fn fd(&self) -> BorrowedFd<'_> {
         let mut r = self.lock();
+        if r.spin {
+            if let Err(e) = r.arm_park_polls() {
+                // The park's timeout still bounds the sleep.
+                tracing::debug!(error = %e, "uring: arming park polls failed");
+            }
+        }
         if r.park_eventfd && !r.eventfd_armed {
             r.eventfd_armed = true;
             r.ring.completion().enable_eventfd();
@@ -380,6 +417,29 @@ impl UringReactor {
     pub fn config(&self) -> UringConfig {
         self.lock().cfg.clone()
     }
+}
+
+/// Most slots of a ring's registered file table.
+const MAX_FILE_SLOTS: u32 = 1024;
+
+/// The soft `RLIMIT_NOFILE`, as a table size.
+fn nofile_soft() -> u32 {
+    match nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE) {
+        Ok((soft, _)) => u32::try_from(soft).unwrap_or(u32::MAX),
+        Err(_) => 0,
+    }
+}
+
+/// A number unique to the calling thread for the life of the process
+/// (thread ids and thread-local addresses are reused after a thread ends;
+/// a ring registered by an ended thread must not look like ours).
+fn thread_token() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    thread_local! {
+        static TOKEN: u64 = NEXT.fetch_add(1, Ordering::Relaxed);
+    }
+    TOKEN.with(|t| *t)
 }
 
 fn pages_name(p: &Pages) -> String {
@@ -433,6 +493,11 @@ impl RingInner {
             self.enabled = true;
         }
         self.rearm_receives();
+        let spun = if self.spin {
+            self.queue_spin_receives()
+        } else {
+            0
+        };
         let (pending, taskrun, overflow, wakeup) = {
             let mut sq = self.ring.submission();
             sq.sync();
@@ -451,27 +516,44 @@ impl RingInner {
             self.ring.submission().sync();
             self.stats.sqes += pending as u64;
             self.outstanding += pending as u64;
-            return Ok(true);
+            return Ok(pending > spun);
         }
+        let registered = self.registered_index();
+        // GETEVENTS only when the kernel flagged deferred completion work
+        // (or the CQ overflowed, or SQPOLL needs a wakeup): what completes
+        // while the SQEs are issued is posted by the submission itself,
+        // and GETEVENTS adds a pass through the wait path to every call.
+        // Under COOP_TASKRUN, task work runs on any entry anyway.
+        let mut flags = if taskrun || overflow {
+            sys::ENTER_GETEVENTS
+        } else {
+            0
+        };
         self.stats.enters += 1;
+        if registered.is_some() {
+            self.stats.registered_enters += 1;
+        }
         loop {
-            // Non-SQPOLL: always with GETEVENTS, so completion work that
-            // arrived since the flag was read runs in this same call.
             let r = if self.sqpoll {
+                // The crate adds the wakeup flag the kernel thread needs.
                 self.ring.submit()
             } else {
-                sys::enter_getevents(&self.ring, pending as u32)
+                sys::enter(&self.ring, registered, pending as u32, flags)
             };
             match r {
                 Ok(n) => {
                     self.stats.sqes += n as u64;
                     self.outstanding += n as u64;
-                    return Ok(true);
+                    // Spin receives alone are no work: a reactor whose
+                    // turns only asked for data it did not get is idle and
+                    // may park.
+                    return Ok(pending > spun || taskrun || overflow || wakeup);
                 }
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
                 Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
                     // The CQ is full: reap, then retry.
                     self.reap();
+                    flags |= sys::ENTER_GETEVENTS;
                     self.stats.enters += 1;
                 }
                 Err(e) => return Err(e),
@@ -479,14 +561,89 @@ impl RingInner {
         }
     }
 
-    /// Dispatch every available completion. Returns how many.
+    /// The ring's registered descriptor for the calling thread: registered
+    /// on the first enter of a thread (the reactor's), used only by that
+    /// thread (registrations are per thread).
+    fn registered_index(&mut self) -> Option<u32> {
+        let me = thread_token();
+        match self.registered {
+            Some((i, t)) if t == me => Some(i),
+            Some(_) => None,
+            None if self.sqpoll => None,
+            None => match sys::register_ring_fd(&self.ring) {
+                Ok(i) => {
+                    self.registered = Some((i, me));
+                    Some(i)
+                }
+                Err(e) => {
+                    // Not fatal: enters go through the plain descriptor.
+                    tracing::debug!(error = %e, "uring: IORING_REGISTER_RING_FDS failed");
+                    self.registered = Some((u32::MAX, u64::MAX));
+                    None
+                }
+            },
+        }
+    }
+
+    /// `RecvMode::Spin`: queue a non-blocking receive for every connection
+    /// that has none in flight and is keeping up with what it received.
+    fn queue_spin_receives(&mut self) -> usize {
+        let mut queued = 0;
+        for (idx, slot) in self.conns.iter_mut().enumerate() {
+            let Some(c) = slot else { continue };
+            if c.closing || c.recv_armed || c.rx_end.is_some() || c.chunks.len() >= SPIN_MAX_CHUNKS
+            {
+                continue;
+            }
+            if !sys::push_spin_recv(&mut self.ring, c.sock, BGID, user_data(idx, OP_RECV)) {
+                self.stats.sq_full += 1;
+                break;
+            }
+            c.recv_armed = true;
+            queued += 1;
+        }
+        queued
+    }
+
+    /// `RecvMode::Spin`, before a park: arm a one-shot readability poll on
+    /// every connection that has none, and submit. A poll consumes no data,
+    /// so it cannot reorder the stream; its completion only wakes the
+    /// reactor, whose next turns receive.
+    fn arm_park_polls(&mut self) -> std::io::Result<()> {
+        let mut armed = 0;
+        for (idx, slot) in self.conns.iter_mut().enumerate() {
+            let Some(c) = slot else { continue };
+            if c.closing || c.poll_armed || c.rx_end.is_some() {
+                continue;
+            }
+            if !sys::push_poll_in(&mut self.ring, c.sock, user_data(idx, OP_POLL)) {
+                self.stats.sq_full += 1;
+                break;
+            }
+            c.poll_armed = true;
+            armed += 1;
+        }
+        if armed > 0 {
+            self.stats.park_polls += armed;
+            // Submits only: no receive is queued, so no data is taken.
+            let spin = std::mem::replace(&mut self.spin, false);
+            let r = self.enter();
+            self.spin = spin;
+            r?;
+        }
+        Ok(())
+    }
+
+    /// Dispatch every available completion. Returns how many, not
+    /// counting spin receives that found no data.
     pub(crate) fn reap(&mut self) -> usize {
         let mut n = 0;
         loop {
             let Some(cqe) = self.ring.completion().next() else {
                 break;
             };
-            n += 1;
+            let empty = cqe.result() == -libc::EAGAIN && cqe.user_data() & 0xff == OP_RECV;
+            n += usize::from(!empty);
             self.complete(cqe.user_data(), cqe.result(), cqe.flags());
         }
         n
@@ -502,6 +659,11 @@ impl RingInner {
         match op {
             OP_RECV => self.complete_recv(idx, res, flags),
             OP_SEND => self.complete_send(idx, res, flags),
+            OP_POLL => {
+                if let Some(Some(c)) = self.conns.get_mut(idx) {
+                    c.poll_armed = false;
+                }
+            }
             _ => {}
         }
         self.maybe_free(idx);
@@ -545,7 +707,7 @@ impl RingInner {
                     Some((b, ..)) => self.release_rx(b),
                     None => c.rx_end = Some(RxEnd::Errno(libc::EINVAL)),
                 }
-                if !more && !self.conns[idx].as_ref().is_some_and(|c| c.closing) {
+                if !more && !self.spin && !self.conns[idx].as_ref().is_some_and(|c| c.closing) {
                     self.rearm.push(idx);
                 }
             }
@@ -555,9 +717,13 @@ impl RingInner {
                     self.release_rx(b);
                 }
             }
+            e if e == -libc::EAGAIN && self.spin => {
+                // Nothing there: the next turn asks again.
+                self.stats.rx_empty += 1;
+            }
             e if e == -libc::ENOBUFS => {
                 self.stats.rx_enobufs += 1;
-                if !c.closing {
+                if !c.closing && !self.spin {
                     self.rearm.push(idx);
                 }
             }
@@ -654,7 +820,7 @@ impl RingInner {
             }
             if sys::push_recv(
                 &mut self.ring,
-                c.fd,
+                c.sock,
                 BGID,
                 self.multishot,
                 user_data(idx, OP_RECV),
@@ -678,6 +844,10 @@ impl RingInner {
     }
 
     fn drop_conn_memory(&mut self, mut c: Conn) {
+        if let Sock::Fixed(slot) = c.sock {
+            // The table's reference is the last one to the socket.
+            let _ = sys::set_file_slot(&self.ring, slot, -1);
+        }
         if let Some(f) = c.filling.take() {
             unref_slot(&mut self.tx_pool, &mut self.slot_refs, &mut c, f.id);
         }
@@ -696,9 +866,22 @@ impl RingInner {
 
     pub(crate) fn add_conn(&mut self, stream: TcpStream) -> usize {
         let fd = stream.as_raw_fd();
+        let idx = self
+            .conns
+            .iter()
+            .position(Option::is_none)
+            .unwrap_or(self.conns.len());
+        let sock = match u32::try_from(idx) {
+            Ok(slot)
+                if slot < self.file_slots && sys::set_file_slot(&self.ring, slot, fd).is_ok() =>
+            {
+                Sock::Fixed(slot)
+            }
+            _ => Sock::Fd(fd),
+        };
         let c = Conn {
             stream: Some(stream),
-            fd,
+            sock,
             filling: None,
             reserved: None,
             queue: VecDeque::new(),
@@ -712,21 +895,19 @@ impl RingInner {
             rx_end: None,
             frame_error: None,
             recv_armed: false,
+            poll_armed: false,
             closing: false,
             stats: ConnStats::default(),
         };
-        let idx = match self.conns.iter().position(Option::is_none) {
-            Some(i) => {
-                self.conns[i] = Some(c);
-                i
-            }
-            None => {
-                self.conns.push(Some(c));
-                self.conns.len() - 1
-            }
-        };
-        self.rearm.push(idx);
-        self.rearm_receives();
+        if idx == self.conns.len() {
+            self.conns.push(Some(c));
+        } else {
+            self.conns[idx] = Some(c);
+        }
+        if !self.spin {
+            self.rearm.push(idx);
+            self.rearm_receives();
+        }
         idx
     }
 
@@ -751,6 +932,10 @@ impl RingInner {
         }
         if c.recv_armed {
             let fd_ud = user_data(idx, OP_RECV);
+            let _ = sys::push_cancel(&mut self.ring, fd_ud, user_data(idx, OP_CANCEL));
+        }
+        if c.poll_armed {
+            let fd_ud = user_data(idx, OP_POLL);
             let _ = sys::push_cancel(&mut self.ring, fd_ud, user_data(idx, OP_CANCEL));
         }
         self.maybe_free(idx);
@@ -930,7 +1115,7 @@ impl RingInner {
         } else {
             SendKind::Plain
         };
-        if !sys::push_send(&mut self.ring, c.fd, &msg, kind, user_data(idx, OP_SEND)) {
+        if !sys::push_send(&mut self.ring, c.sock, &msg, kind, user_data(idx, OP_SEND)) {
             // SQ full: put everything back, in order, and retry next flush.
             for seg in segs.into_iter().rev() {
                 c.queued_bytes += seg.len();
@@ -1093,6 +1278,14 @@ impl RingInner {
 
 impl Drop for RingInner {
     fn drop(&mut self) {
+        // The registration holds a reference to the ring file: undo it on
+        // the thread that made it. Dropped elsewhere, it goes when that
+        // thread exits.
+        if let Some((i, t)) = self.registered {
+            if t == thread_token() {
+                let _ = sys::unregister_ring_fd(&self.ring, i);
+            }
+        }
         // Cancel what the kernel still holds and wait (bounded) for the
         // completions, so no request outlives the memory it points into.
         if self.outstanding == 0 {

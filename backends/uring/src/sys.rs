@@ -18,7 +18,7 @@
 //!   connection (taken from the pool, not in flight) until it is queued.
 #![allow(unsafe_code)]
 
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicU16, Ordering};
 
 use io_uring::{opcode, squeue, types, IoUring};
@@ -71,6 +71,32 @@ pub(crate) fn iovec(ptr: *const u8, len: usize) -> libc::iovec {
     }
 }
 
+/// A connection's socket as SQEs name it: a plain descriptor, or its slot
+/// in the ring's registered file table (no descriptor lookup and no
+/// reference count per request).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Sock {
+    Fd(RawFd),
+    Fixed(u32),
+}
+
+/// Build an SQE with `$t` bound to the socket as the crate wants it (its
+/// target types are sealed, so the two cases are spelled out).
+macro_rules! on_sock {
+    ($sock:expr, |$t:ident| $e:expr) => {
+        match $sock {
+            Sock::Fd(fd) => {
+                let $t = types::Fd(fd);
+                $e
+            }
+            Sock::Fixed(i) => {
+                let $t = types::Fixed(i);
+                $e
+            }
+        }
+    };
+}
+
 /// Queue an SQE. Returns false when the submission queue is full.
 fn push(ring: &mut IoUring, e: &squeue::Entry) -> bool {
     // SAFETY: every entry built in this module references only memory the
@@ -83,19 +109,38 @@ fn push(ring: &mut IoUring, e: &squeue::Entry) -> bool {
 /// group `bgid`.
 pub(crate) fn push_recv(
     ring: &mut IoUring,
-    fd: RawFd,
+    sock: Sock,
     bgid: u16,
     multishot: bool,
     user_data: u64,
 ) -> bool {
     let e = if multishot {
-        opcode::RecvMulti::new(types::Fd(fd), bgid).build()
+        on_sock!(sock, |t| opcode::RecvMulti::new(t, bgid).build())
     } else {
-        opcode::Recv::new(types::Fd(fd), std::ptr::null_mut(), 0)
+        on_sock!(sock, |t| opcode::Recv::new(t, std::ptr::null_mut(), 0)
             .buf_group(bgid)
             .build()
-            .flags(squeue::Flags::BUFFER_SELECT)
+            .flags(squeue::Flags::BUFFER_SELECT))
     };
+    push(ring, &e.user_data(user_data))
+}
+
+/// Queue one non-blocking (`MSG_DONTWAIT`) multishot receive with buffer
+/// selection from group `bgid`. It runs inside the submitting
+/// `io_uring_enter`: it takes buffer after buffer while the socket has
+/// data, then ends with `-EAGAIN` (the non-blocking flag keeps it from
+/// arming a poll and waiting).
+pub(crate) fn push_spin_recv(ring: &mut IoUring, sock: Sock, bgid: u16, user_data: u64) -> bool {
+    let e = on_sock!(sock, |t| opcode::RecvMulti::new(t, bgid)
+        .flags(libc::MSG_DONTWAIT)
+        .build());
+    push(ring, &e.user_data(user_data))
+}
+
+/// Queue a one-shot poll for readability (or hang-up) of `fd`.
+pub(crate) fn push_poll_in(ring: &mut IoUring, sock: Sock, user_data: u64) -> bool {
+    let mask = (libc::POLLIN | libc::POLLRDHUP) as u32;
+    let e = on_sock!(sock, |t| opcode::PollAdd::new(t, mask).build());
     push(ring, &e.user_data(user_data))
 }
 
@@ -114,7 +159,7 @@ pub(crate) enum SendKind {
 /// Queue a send of `msg` (kept alive by the caller until completion).
 pub(crate) fn push_send(
     ring: &mut IoUring,
-    fd: RawFd,
+    sock: Sock,
     msg: &SendMsg,
     kind: SendKind,
     user_data: u64,
@@ -124,39 +169,47 @@ pub(crate) fn push_send(
         SendKind::Plain if msg.iov.len() == 1 => {
             // One buffer: SEND skips the msghdr import of SENDMSG.
             let v = msg.iov[0];
-            return push(
-                ring,
-                &opcode::Send::new(types::Fd(fd), v.iov_base as *const u8, v.iov_len as u32)
-                    .flags(flags as i32)
-                    .build()
-                    .user_data(user_data),
-            );
-        }
-        SendKind::Plain => opcode::SendMsg::new(types::Fd(fd), &msg.hdr).flags(flags),
-        SendKind::ZeroCopyMsg => {
-            return push(
-                ring,
-                &opcode::SendMsgZc::new(types::Fd(fd), &msg.hdr)
-                    .ioprio(SEND_ZC_REPORT_USAGE)
-                    .flags(flags)
-                    .build()
-                    .user_data(user_data),
+            on_sock!(sock, |t| opcode::Send::new(
+                t,
+                v.iov_base as *const u8,
+                v.iov_len as u32
             )
+            .flags(flags as i32)
+            .build())
         }
+        SendKind::Plain => on_sock!(sock, |t| opcode::SendMsg::new(t, &msg.hdr)
+            .flags(flags)
+            .build()),
+        SendKind::ZeroCopyMsg => on_sock!(sock, |t| opcode::SendMsgZc::new(t, &msg.hdr)
+            .ioprio(SEND_ZC_REPORT_USAGE)
+            .flags(flags)
+            .build()),
         SendKind::ZeroCopyFixed(idx) => {
             let v = msg.iov[0];
-            return push(
-                ring,
-                &opcode::SendZc::new(types::Fd(fd), v.iov_base as *const u8, v.iov_len as u32)
-                    .buf_index(Some(idx))
-                    .zc_flags(SEND_ZC_REPORT_USAGE)
-                    .flags(flags as i32)
-                    .build()
-                    .user_data(user_data),
-            );
+            on_sock!(sock, |t| opcode::SendZc::new(
+                t,
+                v.iov_base as *const u8,
+                v.iov_len as u32
+            )
+            .buf_index(Some(idx))
+            .zc_flags(SEND_ZC_REPORT_USAGE)
+            .flags(flags as i32)
+            .build())
         }
     };
-    push(ring, &e.build().user_data(user_data))
+    push(ring, &e.user_data(user_data))
+}
+
+/// Register a sparse file table of `slots` entries.
+pub(crate) fn register_file_table(ring: &IoUring, slots: u32) -> std::io::Result<()> {
+    ring.submitter().register_files_sparse(slots)
+}
+
+/// Put `fd` (or nothing, with -1) into slot `slot` of the file table.
+pub(crate) fn set_file_slot(ring: &IoUring, slot: u32, fd: RawFd) -> std::io::Result<()> {
+    ring.submitter()
+        .register_files_update(slot, &[fd])
+        .map(drop)
 }
 
 /// Queue a cancellation of every request with `target` user data.
@@ -175,16 +228,97 @@ pub(crate) fn push_cancel_all(ring: &mut IoUring, user_data: u64) -> bool {
     push(ring, &e)
 }
 
-/// Submit every queued SQE and run pending completion work
-/// (`IORING_ENTER_GETEVENTS` with `min_complete = 0`: never waits).
-pub(crate) fn enter_getevents(ring: &IoUring, to_submit: u32) -> std::io::Result<usize> {
-    let n = to_submit;
-    // SAFETY: a plain io_uring_enter on our own ring: no argument pointer,
-    // and the SQEs it submits were pushed under this module's invariants.
-    unsafe {
-        ring.submitter()
-            .enter::<libc::sigset_t>(n, 0, io_uring::EnterFlags::GETEVENTS.bits(), None)
+/// `IORING_REGISTER_RING_FDS` / `IORING_UNREGISTER_RING_FDS`.
+const REGISTER_RING_FDS: libc::c_uint = 20;
+const UNREGISTER_RING_FDS: libc::c_uint = 21;
+/// `IORING_ENTER_REGISTERED_RING`.
+const ENTER_REGISTERED_RING: libc::c_uint = 1 << 4;
+/// `IORING_ENTER_GETEVENTS`.
+pub(crate) const ENTER_GETEVENTS: u32 = 1;
+
+/// `struct io_uring_rsrc_update`.
+#[repr(C)]
+struct RsrcUpdate {
+    offset: u32,
+    resv: u32,
+    data: u64,
+}
+
+/// Register the ring's own descriptor in the calling thread's io_uring
+/// context; returns its index there. Enters with that index skip the
+/// descriptor lookup (and its reference count) of every call. The
+/// registration belongs to the calling thread only.
+///
+/// The io-uring crate keeps the index in a `Submitter`, which
+/// `IoUring::submitter()` makes anew on every call, so the index is kept
+/// here instead.
+pub(crate) fn register_ring_fd(ring: &IoUring) -> std::io::Result<u32> {
+    ring_fds(ring, REGISTER_RING_FDS, u32::MAX, ring.as_raw_fd() as u64)
+}
+
+/// Undo [`register_ring_fd`]; call on the thread that registered.
+pub(crate) fn unregister_ring_fd(ring: &IoUring, index: u32) -> std::io::Result<()> {
+    ring_fds(ring, UNREGISTER_RING_FDS, index, 0).map(drop)
+}
+
+/// One `io_uring_rsrc_update` through `IORING_(UN)REGISTER_RING_FDS`;
+/// returns the offset the kernel wrote back.
+fn ring_fds(ring: &IoUring, op: libc::c_uint, offset: u32, data: u64) -> std::io::Result<u32> {
+    let mut up = RsrcUpdate {
+        offset,
+        resv: 0,
+        data,
+    };
+    // SAFETY: `up` is a valid io_uring_rsrc_update for the duration of the
+    // call; the kernel reads it and, on registration, writes the chosen
+    // index into `offset`.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_io_uring_register,
+            ring.as_raw_fd(),
+            op,
+            std::ptr::addr_of_mut!(up),
+            1u32,
+        )
+    };
+    if r != 1 {
+        return Err(std::io::Error::last_os_error());
     }
+    Ok(up.offset)
+}
+
+/// `io_uring_enter` submitting `to_submit` SQEs, with `flags`
+/// (`ENTER_GETEVENTS` or 0; `min_complete = 0`: never waits), through the
+/// ring descriptor registered at `registered` in the calling thread, or
+/// the plain descriptor.
+pub(crate) fn enter(
+    ring: &IoUring,
+    registered: Option<u32>,
+    to_submit: u32,
+    flags: u32,
+) -> std::io::Result<usize> {
+    let (fd, flags) = match registered {
+        Some(i) => (i as libc::c_int, flags | ENTER_REGISTERED_RING),
+        None => (ring.as_raw_fd(), flags),
+    };
+    // SAFETY: a plain io_uring_enter on our own ring (or its registered
+    // index, valid in this thread): no argument pointer, and the SQEs it
+    // submits were pushed under this module's invariants.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_io_uring_enter,
+            fd,
+            to_submit,
+            0u32,
+            flags,
+            std::ptr::null::<libc::c_void>(),
+            0usize,
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(r as usize)
 }
 
 /// Register `len` bytes at `base` as fixed buffer 0.

@@ -4,7 +4,7 @@
 use std::net::{SocketAddr, TcpListener, TcpStream};
 
 use starwire_transport::conformance;
-use starwire_uring::{UringConfig, UringTransport};
+use starwire_uring::{RecvMode, UringConfig, UringTransport};
 
 fn pair(cfg: &UringConfig) -> (UringTransport, UringTransport) {
     let l = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0))).expect("bind");
@@ -22,11 +22,11 @@ fn uring_default_config() {
     conformance::run_all("uring", || pair(&cfg));
 }
 
-#[test]
-fn uring_small_buffers_straddle() {
-    // Receive buffers smaller than a frame: every large frame is
-    // reassembled across buffers; few slots: back-pressure.
-    let cfg = UringConfig {
+/// Receive buffers smaller than a frame: every large frame is reassembled
+/// across buffers; few slots: back-pressure.
+fn small(recv: RecvMode) -> UringConfig {
+    UringConfig {
+        recv,
         max_frame_len: 4096,
         tx_slots: 8,
         tx_slots_per_conn: 4,
@@ -36,6 +36,26 @@ fn uring_small_buffers_straddle() {
         zero_copy_threshold: 2048,
         gather_copy_threshold: 512,
         ..UringConfig::default()
-    };
+    }
+}
+
+#[test]
+fn uring_small_buffers_straddle() {
+    let cfg = small(RecvMode::Multishot);
     conformance::run_all("uring-small", || pair(&cfg));
+}
+
+#[test]
+fn uring_spin_receive() {
+    let cfg = UringConfig {
+        recv: RecvMode::Spin,
+        ..UringConfig::default()
+    };
+    conformance::run_all("uring-spin", || pair(&cfg));
+}
+
+#[test]
+fn uring_spin_small_buffers_straddle() {
+    let cfg = small(RecvMode::Spin);
+    conformance::run_all("uring-spin-small", || pair(&cfg));
 }

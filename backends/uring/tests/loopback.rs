@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use starwire_transport::wire::{FrameError, Header, Opcode, HEADER_LEN};
 use starwire_transport::{Transport, TransportError};
-use starwire_uring::{MemlockError, UringConfig, UringError, UringReactor, UringTransport};
+use starwire_uring::{
+    MemlockError, RecvMode, UringConfig, UringError, UringReactor, UringTransport,
+};
 
 fn raw_pair() -> (TcpStream, TcpStream) {
     let l = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
@@ -33,6 +35,15 @@ fn drain(t: &mut UringTransport, limit: usize) -> (Vec<Vec<u8>>, Option<Transpor
     (got, None)
 }
 
+/// The default settings in each receive mode: the bad-input tests run in
+/// both.
+fn both_modes() -> [UringConfig; 2] {
+    [RecvMode::Multishot, RecvMode::Spin].map(|recv| UringConfig {
+        recv,
+        ..UringConfig::default()
+    })
+}
+
 fn frame(id: u64, body: usize) -> Vec<u8> {
     let mut f = Header::new(Opcode::Rpc, id, body as u32)
         .to_bytes()
@@ -43,86 +54,94 @@ fn frame(id: u64, body: usize) -> Vec<u8> {
 
 #[test]
 fn garbage_after_good_frames_is_a_frame_error() {
-    let (mut raw, s) = raw_pair();
-    let mut t = UringTransport::standalone(s, &UringConfig::default()).unwrap();
-    let mut bytes = frame(1, 10);
-    bytes.extend(frame(2, 0));
-    bytes.extend(b"this is not a starwire header, not at all");
-    raw.write_all(&bytes).unwrap();
-    let (got, err) = drain(&mut t, usize::MAX);
-    assert_eq!(got, vec![frame(1, 10), frame(2, 0)]);
-    assert!(
-        matches!(err, Some(TransportError::Frame(FrameError::BadMagic(_)))),
-        "{err:?}"
-    );
-    // Final: reported again.
-    let r = t.rx_burst(Instant::now(), 8, &mut |_: &[u8]| panic!("no frame"));
-    assert!(matches!(r, Err(TransportError::Frame(_))));
+    for cfg in both_modes() {
+        let (mut raw, s) = raw_pair();
+        let mut t = UringTransport::standalone(s, &cfg).unwrap();
+        let mut bytes = frame(1, 10);
+        bytes.extend(frame(2, 0));
+        bytes.extend(b"this is not a starwire header, not at all");
+        raw.write_all(&bytes).unwrap();
+        let (got, err) = drain(&mut t, usize::MAX);
+        assert_eq!(got, vec![frame(1, 10), frame(2, 0)]);
+        assert!(
+            matches!(err, Some(TransportError::Frame(FrameError::BadMagic(_)))),
+            "{err:?}"
+        );
+        // Final: reported again.
+        let r = t.rx_burst(Instant::now(), 8, &mut |_: &[u8]| panic!("no frame"));
+        assert!(matches!(r, Err(TransportError::Frame(_))));
+    }
 }
 
 #[test]
 fn oversized_length_is_rejected_before_any_allocation() {
-    let (mut raw, s) = raw_pair();
-    let cfg = UringConfig::default();
-    let mut t = UringTransport::standalone(s, &cfg).unwrap();
-    // A header announcing a body far over max_frame_len.
-    let h = Header::new(Opcode::Rpc, 9, (cfg.max_frame_len * 16) as u32);
-    raw.write_all(&h.to_bytes()).unwrap();
-    let (got, err) = drain(&mut t, usize::MAX);
-    assert!(got.is_empty());
-    assert!(matches!(err, Some(TransportError::Frame(_))), "{err:?}");
+    for cfg in both_modes() {
+        let (mut raw, s) = raw_pair();
+        let mut t = UringTransport::standalone(s, &cfg).unwrap();
+        // A header announcing a body far over max_frame_len.
+        let h = Header::new(Opcode::Rpc, 9, (cfg.max_frame_len * 16) as u32);
+        raw.write_all(&h.to_bytes()).unwrap();
+        let (got, err) = drain(&mut t, usize::MAX);
+        assert!(got.is_empty());
+        assert!(matches!(err, Some(TransportError::Frame(_))), "{err:?}");
+    }
 }
 
 #[test]
 fn truncated_frame_then_eof() {
-    let (mut raw, s) = raw_pair();
-    let mut t = UringTransport::standalone(s, &UringConfig::default()).unwrap();
-    let f = frame(1, 100);
-    raw.write_all(&f[..60]).unwrap();
-    raw.shutdown(Shutdown::Write).unwrap();
-    let (got, err) = drain(&mut t, usize::MAX);
-    assert!(got.is_empty());
-    assert!(
-        matches!(
-            err,
-            Some(TransportError::Frame(FrameError::Truncated {
-                needed: 132,
-                have: 60
-            }))
-        ),
-        "{err:?}"
-    );
+    for cfg in both_modes() {
+        let (mut raw, s) = raw_pair();
+        let mut t = UringTransport::standalone(s, &cfg).unwrap();
+        let f = frame(1, 100);
+        raw.write_all(&f[..60]).unwrap();
+        raw.shutdown(Shutdown::Write).unwrap();
+        let (got, err) = drain(&mut t, usize::MAX);
+        assert!(got.is_empty());
+        assert!(
+            matches!(
+                err,
+                Some(TransportError::Frame(FrameError::Truncated {
+                    needed: 132,
+                    have: 60
+                }))
+            ),
+            "{err:?}"
+        );
+    }
 }
 
 #[test]
 fn peer_close_is_closed_after_frames() {
-    let (mut raw, s) = raw_pair();
-    let mut t = UringTransport::standalone(s, &UringConfig::default()).unwrap();
-    raw.write_all(&frame(5, 3)).unwrap();
-    drop(raw);
-    let (got, err) = drain(&mut t, usize::MAX);
-    assert_eq!(got, vec![frame(5, 3)]);
-    assert!(matches!(err, Some(TransportError::Closed)), "{err:?}");
+    for cfg in both_modes() {
+        let (mut raw, s) = raw_pair();
+        let mut t = UringTransport::standalone(s, &cfg).unwrap();
+        raw.write_all(&frame(5, 3)).unwrap();
+        drop(raw);
+        let (got, err) = drain(&mut t, usize::MAX);
+        assert_eq!(got, vec![frame(5, 3)]);
+        assert!(matches!(err, Some(TransportError::Closed)), "{err:?}");
+    }
 }
 
-#[test]
-fn many_connections_share_one_ring_with_one_enter_per_turn() {
-    let cfg = UringConfig {
-        zero_copy_threshold: 16 << 10,
-        ..UringConfig::default()
-    };
-    let a = UringReactor::new(&cfg).unwrap();
-    let b = UringReactor::new(&cfg).unwrap();
-    let n = 8;
-    let mut ca = Vec::new();
-    let mut cb = Vec::new();
+/// `n` connections from ring `a` to ring `b`, each sending `per_conn`
+/// frames, at most `per_turn` a turn, with `send(transport, seq)` (false:
+/// back-pressure, retry next turn). One enter per ring per turn, like a reactor. Returns the frames
+/// each connection received, the turns taken and both rings.
+fn pump(
+    cfg: &UringConfig,
+    n: usize,
+    per_conn: u64,
+    per_turn: u64,
+    mut send: impl FnMut(&mut UringTransport, u64) -> bool,
+) -> (Vec<Vec<Vec<u8>>>, u64, UringReactor, UringReactor) {
+    let a = UringReactor::new(cfg).unwrap();
+    let b = UringReactor::new(cfg).unwrap();
+    let (mut ca, mut cb) = (Vec::new(), Vec::new());
     for _ in 0..n {
         let (x, y) = raw_pair();
         ca.push(UringTransport::new(&a, x).unwrap());
         cb.push(UringTransport::new(&b, y).unwrap());
     }
-    let big = Bytes::from(vec![0xab_u8; 40 << 10]);
-    let per_conn = 20u64;
     let mut sent = vec![0u64; n];
     let mut got: Vec<Vec<Vec<u8>>> = vec![Vec::new(); n];
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -132,21 +151,34 @@ fn many_connections_share_one_ring_with_one_enter_per_turn() {
         turns += 1;
         let now = Instant::now();
         for (i, t) in ca.iter_mut().enumerate() {
-            if sent[i] < per_conn {
-                let h = Header::new(Opcode::Rpc, sent[i], big.len() as u32).to_bytes();
-                if t.tx_gather(&h, std::slice::from_ref(&big)).unwrap() {
-                    sent[i] += 1;
-                }
+            let stop = sent[i].saturating_add(per_turn).min(per_conn);
+            while sent[i] < stop && send(t, sent[i]) {
+                sent[i] += 1;
             }
             t.flush(now).unwrap();
         }
         a.enter().unwrap();
         for (i, t) in cb.iter_mut().enumerate() {
-            t.rx_burst(now, 32, &mut |f: &[u8]| got[i].push(f.to_vec()))
+            t.rx_burst(now, 64, &mut |f: &[u8]| got[i].push(f.to_vec()))
                 .unwrap();
         }
         b.enter().unwrap();
     }
+    (got, turns, a, b)
+}
+
+#[test]
+fn many_connections_share_one_ring_with_one_enter_per_turn() {
+    let cfg = UringConfig {
+        zero_copy_threshold: 16 << 10,
+        ..UringConfig::default()
+    };
+    let n = 8;
+    let big = Bytes::from(vec![0xab_u8; 40 << 10]);
+    let (got, turns, a, b) = pump(&cfg, n, 20, 1, |t, seq| {
+        let h = Header::new(Opcode::Rpc, seq, big.len() as u32).to_bytes();
+        t.tx_gather(&h, std::slice::from_ref(&big)).unwrap()
+    });
     for g in &got {
         for (k, f) in g.iter().enumerate() {
             let h = Header::parse(f, u32::MAX, u32::MAX).unwrap();
@@ -163,6 +195,79 @@ fn many_connections_share_one_ring_with_one_enter_per_turn() {
     assert!(sa.sends > sa.zc_sends);
     // Multishot: one arm per connection serves many completions.
     assert!(sb.recv_cqes > 4 * sb.recv_arms, "{sb:?}");
+}
+
+#[test]
+fn spin_mode_receives_in_the_turns_enter_without_multishot() {
+    let cfg = UringConfig {
+        recv: RecvMode::Spin,
+        ..UringConfig::default()
+    };
+    let n = 4;
+    let (got, turns, _a, b) = pump(&cfg, n, 200, u64::MAX, |t, seq| {
+        let f = frame(seq, (seq as usize * 37) % 3000);
+        let Some(buf) = t.tx_reserve(f.len()).unwrap() else {
+            return false;
+        };
+        buf.copy_from_slice(&f);
+        t.tx_commit(f.len());
+        true
+    });
+    for g in &got {
+        for (k, f) in g.iter().enumerate() {
+            assert_eq!(f, &frame(k as u64, (k * 37) % 3000), "frame {k}");
+        }
+    }
+    let sb = b.stats();
+    // No receive is ever armed as multishot; each turn's one enter carries
+    // the receives, so there are no more enters than turns.
+    assert_eq!(sb.recv_arms, 0, "{sb:?}");
+    assert!(sb.enters <= turns, "{sb:?} turns {turns}");
+    assert!(sb.recv_cqes > 0 && sb.registered_enters > 0, "{sb:?}");
+    assert!(sb.file_slots >= n as u32, "{sb:?}");
+}
+
+#[test]
+fn spin_mode_park_poll_wakes_the_reactor_and_takes_no_data() {
+    use std::os::fd::AsRawFd;
+    let cfg = UringConfig {
+        recv: RecvMode::Spin,
+        ..UringConfig::default()
+    };
+    let r = UringReactor::new(&cfg).unwrap();
+    let (mut raw, s) = raw_pair();
+    let mut t = UringTransport::new(&r, s).unwrap();
+    r.enter().unwrap();
+    let wait = |ms: i32| {
+        let mut p = libc::pollfd {
+            fd: r.fd().as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd for the duration of the call.
+        unsafe { libc::poll(&mut p, 1, ms) }
+    };
+    for round in 0..3u64 {
+        // Nothing sent: the park times out.
+        assert_eq!(wait(50), 0, "round {round}: woke without data");
+        r.enter().unwrap();
+        // Data: the armed poll wakes the park.
+        let f = frame(round, 100);
+        raw.write_all(&f).unwrap();
+        assert_eq!(wait(5000), 1, "round {round}: data did not wake the park");
+        let mut got = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while got.is_empty() {
+            assert!(Instant::now() < deadline, "round {round}: no frame");
+            r.enter().unwrap();
+            t.rx_burst(Instant::now(), 8, &mut |x: &[u8]| got.push(x.to_vec()))
+                .unwrap();
+        }
+        assert_eq!(got, vec![f], "round {round}");
+    }
+    assert!(r.stats().park_polls >= 3, "{:?}", r.stats());
+    drop(t);
+    r.enter().unwrap();
 }
 
 const CHILD_ENV: &str = "STARWIRE_URING_MEMLOCK_CHILD";

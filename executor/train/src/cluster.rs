@@ -664,8 +664,9 @@ pub fn start_ps<K: Backend>(
         // The binder (an io_uring ring) is made on the reactor's own thread;
         // the first connection reports a failure to make it.
         let (btx, brx) = mpsc::sync_channel(1);
+        let polling = cfg.ps_polling;
         let reactor = Reactor::spawn(spec, move |_| {
-            let binder = K::binder();
+            let binder = K::binder(polling);
             let ok = binder.as_ref().map(|_| ()).map_err(|e| e.to_string());
             let _ = btx.send(ok);
             PsReactor::new(s, handler, conn_cfg, binder.ok(), rx, expected)
@@ -701,7 +702,8 @@ pub fn connect<K: Backend>(
             .ok_or_else(|| TrainError::Config(format!("no address for PS {p}")))?;
         ts.push(connect_shard(addr, local as u32, deadline)?);
     }
-    let mut binder = K::binder().map_err(|e| TrainError::Backend(K::NAME, e.to_string()))?;
+    let mut binder =
+        K::binder(cfg.worker_polling).map_err(|e| TrainError::Backend(K::NAME, e.to_string()))?;
     let ts = ts
         .into_iter()
         .map(|s| binder.bind(s))

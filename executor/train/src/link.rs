@@ -72,8 +72,9 @@ pub trait Backend: Send + Sync + 'static {
     type B: Binder;
     /// The name on the command line and in reports.
     const NAME: &'static str;
-    /// A binder for the calling thread (one driver per thread).
-    fn binder() -> io::Result<Self::B>;
+    /// A binder for the calling thread (one driver per thread), whose
+    /// thread polls (`polling`: busy, or before it parks) or parks at once.
+    fn binder(polling: bool) -> io::Result<Self::B>;
 }
 
 /// The TCP backend.
@@ -83,7 +84,7 @@ pub struct Tcp;
 impl Backend for Tcp {
     type B = TcpBinder;
     const NAME: &'static str = "tcp";
-    fn binder() -> io::Result<TcpBinder> {
+    fn binder(_polling: bool) -> io::Result<TcpBinder> {
         Ok(TcpBinder)
     }
 }
@@ -295,8 +296,10 @@ mod uring_backend {
     impl Backend for Uring {
         type B = UringBinder;
         const NAME: &'static str = "uring";
-        fn binder() -> io::Result<UringBinder> {
-            let ring = UringReactor::new(&UringConfig::from_env()).map_err(io::Error::other)?;
+        fn binder(polling: bool) -> io::Result<UringBinder> {
+            // A polling thread receives in spin mode (`RecvMode::Spin`).
+            let cfg = UringConfig::for_polling(polling);
+            let ring = UringReactor::new(&cfg).map_err(io::Error::other)?;
             Ok(UringBinder { ring })
         }
     }

@@ -469,7 +469,7 @@ fn serve(listener: TcpListener, server_core: Option<Option<usize>>) -> Result<()
             }
             #[cfg(all(feature = "uring", target_os = "linux"))]
             Backend::Uring => {
-                uring_transport(stream).and_then(|t| sessions::serve(t, &run, core, idle))
+                uring_transport(stream, idle).and_then(|t| sessions::serve(t, &run, core, idle))
             }
             #[cfg(feature = "grpc")]
             Backend::Grpc => grpc::serve(stream, &run),
@@ -498,8 +498,11 @@ fn tcp_transport(stream: TcpStream, run: &Run) -> Result<starwire_tcp::TcpTransp
 /// A transport on a ring of its own (one connection per bench reactor),
 /// made here and bound to the reactor thread at its first enter.
 #[cfg(all(feature = "uring", target_os = "linux"))]
-fn uring_transport(stream: TcpStream) -> Result<starwire_uring::UringTransport, String> {
-    let ring = starwire_uring::UringReactor::new(&sessions::uring_config())
+fn uring_transport(
+    stream: TcpStream,
+    idle: IdlePolicy,
+) -> Result<starwire_uring::UringTransport, String> {
+    let ring = starwire_uring::UringReactor::new(&sessions::uring_config(idle))
         .map_err(|e| format!("{e}; use --backends tcp"))?;
     starwire_uring::UringTransport::new(&ring, stream).map_err(|e| format!("uring transport: {e}"))
 }
@@ -575,7 +578,7 @@ fn drive(plan: &Plan, ctl_addr: SocketAddr) -> Result<Vec<ResultLine>, String> {
             Backend::Tcp => tcp_transport(stream, run)
                 .and_then(|t| sessions::client(t, run, plan.client_core, client_idle)),
             #[cfg(all(feature = "uring", target_os = "linux"))]
-            Backend::Uring => uring_transport(stream)
+            Backend::Uring => uring_transport(stream, client_idle)
                 .and_then(|t| sessions::client(t, run, plan.client_core, client_idle)),
             #[cfg(feature = "grpc")]
             Backend::Grpc => grpc::client(stream, run, plan.client_core),

@@ -80,10 +80,12 @@ impl BenchTransport for starwire_uring::UringTransport {
 }
 
 /// io_uring settings both ends derive from the plan. Frames are the
-/// backend's slots (64 KiB): larger messages are chunked.
+/// backend's slots (64 KiB): larger messages are chunked. A reactor that
+/// polls (busy, or before it parks) receives in spin mode, one that parks
+/// at once with multishot receives (`STARWIRE_URING_RECV` overrides).
 #[cfg(all(feature = "uring", target_os = "linux"))]
-pub fn uring_config() -> starwire_uring::UringConfig {
-    starwire_uring::UringConfig::from_env()
+pub fn uring_config(idle: IdlePolicy) -> starwire_uring::UringConfig {
+    starwire_uring::UringConfig::for_polling(!matches!(idle, IdlePolicy::Park))
 }
 
 /// Connection settings of one end.
