@@ -36,4 +36,12 @@ echo "### 6b bw";    "$B" bench --backends grpc,tcp --mode bw --sizes 1048576 --
 echo "### 4 rate";   "$B" bench --backends tcp,uring --mode rate --sizes 4096 --inflight 32 --repeat 5 2>&1 | tail -8
 echo "### 4 lat";    "$B" bench --backends tcp,uring --mode lat --sizes 64 --polling on --cores 0,1 --repeat 5 2>&1 | tail -8
 echo "### 4 bw";     "$B" bench --backends tcp,uring --mode bw --sizes 1048576 --repeat 3 2>&1 | tail -8
+if command -v strace >/dev/null; then
+  # Syscalls of both ends under strace (slowed down; counts, not times).
+  for be in tcp uring; do
+    echo "### 4 strace $be"
+    strace -c -f -o "strace-$be.txt" "$B" bench --backends "$be" --mode rate --sizes 4096 --inflight 32 --iters 20000 --warmup 1000 >/dev/null 2>&1
+    grep -E "io_uring_enter|recvfrom|sendmsg|sendto|writev|readv|total" "strace-$be.txt"
+  done
+fi
 echo "=== end $(date -u +%H:%M:%S) load $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -48,6 +48,10 @@ pub trait BenchTransport: Transport + Send + 'static {
     fn zero_copy(&self) -> Option<(u64, u64)> {
         None
     }
+    /// The backend's counters, for `RUST_LOG=debug`.
+    fn counters(&self) -> String {
+        String::new()
+    }
 }
 
 impl BenchTransport for TcpTransport {
@@ -57,6 +61,9 @@ impl BenchTransport for TcpTransport {
     fn syscalls(&self) -> u64 {
         let s = self.stats();
         s.write_calls + s.read_calls
+    }
+    fn counters(&self) -> String {
+        format!("{:?}", self.stats())
     }
 }
 
@@ -76,6 +83,9 @@ impl BenchTransport for starwire_uring::UringTransport {
     fn zero_copy(&self) -> Option<(u64, u64)> {
         let s = self.reactor().stats();
         Some((s.zc_sends, s.zc_copied))
+    }
+    fn counters(&self) -> String {
+        format!("{:?}", self.reactor().stats())
     }
 }
 
@@ -499,6 +509,11 @@ pub fn client<T: BenchTransport>(
     // Each park is one poll(2); each request is two messages (request and
     // response) on this end.
     let syscalls = gen.session.transport().syscalls() + rstats.parks;
+    tracing::debug!(
+        reactor = ?rstats,
+        backend = %gen.session.transport().counters(),
+        "bench client counters"
+    );
     let msgs = 2 * gen.st.issued.max(1);
     let syscalls_per_msg = Some(syscalls as f64 / msgs as f64);
     let zero_copy = gen.session.transport().zero_copy();
