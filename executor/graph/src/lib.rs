@@ -54,7 +54,7 @@
 //! * `lr` (TensorFlow's linear model): one hash embedding per categorical
 //!   field, `lr_emb_0..lr_emb_{F-1}` (width `D`), each looked up with the keys
 //!   of its field and `Sum`-pooled to `[B,D]`; the `F` pooled vectors are
-//!   added, concatenated after the numeric input, then
+//!   summed by one `AddN` (TensorFlow's `add_n`), concatenated after the numeric input, then
 //!   `x lr_w [13+D,1] + lr_b [1]`. With 26 fields it has 28 variables.
 //! * `wdl`: wide = `wide_emb` (width 1, `Sum` over all fields) +
 //!   `numeric x wide_w [13,1] + wide_b`; deep = `emb_0..emb_{F-1}` (one per

@@ -224,22 +224,22 @@ impl Model {
                 // One variable per categorical column, as TensorFlow's linear
                 // model declares them: each field's keys are sum-pooled in its
                 // own table and the fields' pooled vectors are added.
-                let mut e = None;
-                for f in 0..spec.num_fields {
-                    let ef = m.embedding(
-                        format!("lr_emb_{f}"),
-                        d,
-                        Init::Normal { std: 0.01 },
-                        vec![f],
-                        Combiner::Sum,
-                    );
-                    e = Some(match e {
-                        None => ef,
-                        Some(acc) => m.g.add(acc, ef),
-                    });
-                }
-                let Some(e) = e else {
-                    return bad("num_fields must be in 1..=65536");
+                let mut parts: Vec<NodeId> = (0..spec.num_fields)
+                    .map(|f| {
+                        m.embedding(
+                            format!("lr_emb_{f}"),
+                            d,
+                            Init::Normal { std: 0.01 },
+                            vec![f],
+                            Combiner::Sum,
+                        )
+                    })
+                    .collect();
+                // TensorFlow's linear model sums the columns with `add_n`.
+                let e = if parts.len() == 1 {
+                    parts.remove(0)
+                } else {
+                    m.g.add_n(parts)
                 };
                 let x = m.g.concat(vec![numeric, e]);
                 m.linear(x, "lr", nd + d, 1, Init::Zeros)
