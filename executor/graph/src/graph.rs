@@ -506,7 +506,21 @@ impl Graph {
     ) -> Result<RunOutput, GraphError> {
         let state = Arc::new(RunState::new(Arc::clone(self), feeds, backward)?);
         exec.run(Arc::clone(&state));
-        state.output()
+        match Arc::try_unwrap(state) {
+            // Every task has run and the executor let go of the state: the
+            // gradients move out instead of being copied.
+            Ok(mut state) => {
+                let grads = std::mem::take(&mut state.grads)
+                    .into_iter()
+                    .map(OnceLock::into_inner)
+                    .collect();
+                state.output(grads)
+            }
+            Err(state) => {
+                let grads = state.grads.iter().map(|g| g.get().cloned()).collect();
+                state.output(grads)
+            }
+        }
     }
 }
 
@@ -843,7 +857,9 @@ impl RunState {
             .sum()
     }
 
-    fn output(&self) -> Result<RunOutput, GraphError> {
+    /// The run's result; `grads` holds every node's gradient (taken from
+    /// [`RunState::grads`]).
+    fn output(&self, mut grads: Vec<Option<Tensor>>) -> Result<RunOutput, GraphError> {
         if let Some(e) = self.error.get() {
             return Err(e.clone());
         }
@@ -858,14 +874,14 @@ impl RunState {
         let (mut dense_grads, mut lookup_grads) = (Vec::new(), Vec::new());
         if self.backward {
             for &(var, node) in &graph.vars {
-                let g = match self.grads[node].get() {
-                    Some(g) => g.clone(),
+                let g = match grads[node].take() {
+                    Some(g) => g,
                     None => Tensor::zeros(self.value(node)?.shape().to_vec())?,
                 };
                 dense_grads.push((var, g));
             }
             for &node in &graph.lookups {
-                let g = self.grads[node].get().cloned();
+                let g = grads[node].take();
                 lookup_grads.push(match (&graph.nodes[node].op, &self.rows[node]) {
                     (Op::EmbeddingLookup { .. }, Some(f)) => LookupGrad::Rows(match g {
                         Some(g) => g,
