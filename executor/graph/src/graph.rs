@@ -1,5 +1,6 @@
 //! The dataflow graph: ops, the builder, the autodiff plan and one run.
 
+use std::borrow::Cow;
 use std::sync::{Arc, OnceLock};
 
 use crate::error::GraphError;
@@ -70,6 +71,10 @@ pub enum Op {
     MatMul,
     /// Elementwise sum; the right operand may be a bias `[N]` or `[1,N]`.
     Add,
+    /// Elementwise sum of two or more tensors of one shape (TensorFlow's
+    /// `add_n`). Every input's gradient is the output's, which the inputs
+    /// read in place rather than as copies.
+    AddN,
     /// `max(x, 0)`.
     Relu,
     /// Concatenation of matrices along columns.
@@ -88,6 +93,7 @@ impl Op {
             Op::Pooled { .. } => "Pooled",
             Op::MatMul => "MatMul",
             Op::Add => "Add",
+            Op::AddN => "AddN",
             Op::Relu => "Relu",
             Op::Concat => "Concat",
             Op::SigmoidCrossEntropy => "SigmoidCrossEntropy",
@@ -103,6 +109,7 @@ impl Op {
             Op::MatMul | Op::Add | Op::SigmoidCrossEntropy => n == 2,
             Op::Relu => n == 1,
             Op::Concat => n >= 1,
+            Op::AddN => n >= 2,
         }
     }
 
@@ -175,6 +182,11 @@ impl GraphBuilder {
     /// `a + b` (with bias broadcast).
     pub fn add(&mut self, a: NodeId, b: NodeId) -> NodeId {
         self.node(Op::Add, vec![a, b])
+    }
+
+    /// `parts[0] + parts[1] + ...`, all of one shape (at least two parts).
+    pub fn add_n(&mut self, parts: Vec<NodeId>) -> NodeId {
+        self.node(Op::AddN, parts)
     }
 
     /// `relu(x)`.
@@ -494,7 +506,21 @@ impl Graph {
     ) -> Result<RunOutput, GraphError> {
         let state = Arc::new(RunState::new(Arc::clone(self), feeds, backward)?);
         exec.run(Arc::clone(&state));
-        state.output()
+        match Arc::try_unwrap(state) {
+            // Every task has run and the executor let go of the state: the
+            // gradients move out instead of being copied.
+            Ok(mut state) => {
+                let grads = std::mem::take(&mut state.grads)
+                    .into_iter()
+                    .map(OnceLock::into_inner)
+                    .collect();
+                state.output(grads)
+            }
+            Err(state) => {
+                let grads = state.grads.iter().map(|g| g.get().cloned()).collect();
+                state.output(grads)
+            }
+        }
     }
 }
 
@@ -684,6 +710,12 @@ impl RunState {
             Op::MatMul => ops::matmul(self.input(i, 0)?, self.input(i, 1)?)?,
             Op::Add => ops::add(self.input(i, 0)?, self.input(i, 1)?)?,
             Op::Relu => ops::relu(self.input(i, 0)?),
+            Op::AddN => {
+                let parts = (0..node.inputs.len())
+                    .map(|k| self.input(i, k))
+                    .collect::<Result<Vec<_>, _>>()?;
+                ops::add_n(&parts)?
+            }
             Op::Concat => {
                 let parts = (0..node.inputs.len())
                     .map(|k| self.input(i, k))
@@ -703,22 +735,31 @@ impl RunState {
 
     /// The gradient of node `i`: 1 for the loss, else the sum of its
     /// consumers' contributions in a fixed order.
-    fn gradient(&self, i: usize) -> Result<Tensor, GraphError> {
+    ///
+    /// A single contribution is borrowed, not copied. An `AddN` consumer
+    /// stores one contribution (its own gradient) for all its inputs.
+    fn gradient(&self, i: usize) -> Result<Cow<'_, Tensor>, GraphError> {
         if i == self.graph.loss {
-            return Ok(Tensor::scalar(1.0));
+            return Ok(Cow::Owned(Tensor::scalar(1.0)));
         }
-        let mut acc: Option<Tensor> = None;
+        let mut acc: Option<Cow<'_, Tensor>> = None;
         for &(c, k) in &self.graph.grad_sources[i] {
+            let k = if matches!(self.graph.nodes[c].op, Op::AddN) {
+                0
+            } else {
+                k
+            };
             let g = self.contrib[c][k]
                 .get()
                 .ok_or_else(|| invalid(format!("gradient from node {c} missing")))?;
             match &mut acc {
-                None => acc = Some(g.clone()),
+                None => acc = Some(Cow::Borrowed(g)),
                 Some(a) => {
                     if a.shape() != g.shape() {
                         return Err(shape("gradient", "contributions differ in shape".into()));
                     }
-                    a.data_mut()
+                    a.to_mut()
+                        .data_mut()
                         .iter_mut()
                         .zip(g.data())
                         .for_each(|(x, y)| *x += y);
@@ -739,7 +780,7 @@ impl RunState {
         match &node.op {
             Op::Input { .. } => {}
             Op::Variable { .. } | Op::Pooled { .. } => {
-                let _ = self.grads[i].set(g);
+                let _ = self.grads[i].set(g.into_owned());
             }
             Op::EmbeddingLookup { combiner, .. } => {
                 let f = self.rows[i]
@@ -769,8 +810,13 @@ impl RunState {
                     put(1, ops::add_grad_rhs(a, b, &g)?);
                 }
                 if wants(0) {
-                    put(0, g);
+                    put(0, g.into_owned());
                 }
+            }
+            Op::AddN => {
+                // Every input's contribution is `g`; `gradient` reads it
+                // from position 0 for all of them.
+                put(0, g.into_owned());
             }
             Op::Relu => {
                 if wants(0) {
@@ -811,7 +857,9 @@ impl RunState {
             .sum()
     }
 
-    fn output(&self) -> Result<RunOutput, GraphError> {
+    /// The run's result; `grads` holds every node's gradient (taken from
+    /// [`RunState::grads`]).
+    fn output(&self, mut grads: Vec<Option<Tensor>>) -> Result<RunOutput, GraphError> {
         if let Some(e) = self.error.get() {
             return Err(e.clone());
         }
@@ -826,14 +874,14 @@ impl RunState {
         let (mut dense_grads, mut lookup_grads) = (Vec::new(), Vec::new());
         if self.backward {
             for &(var, node) in &graph.vars {
-                let g = match self.grads[node].get() {
-                    Some(g) => g.clone(),
+                let g = match grads[node].take() {
+                    Some(g) => g,
                     None => Tensor::zeros(self.value(node)?.shape().to_vec())?,
                 };
                 dense_grads.push((var, g));
             }
             for &node in &graph.lookups {
-                let g = self.grads[node].get().cloned();
+                let g = grads[node].take();
                 lookup_grads.push(match (&graph.nodes[node].op, &self.rows[node]) {
                     (Op::EmbeddingLookup { .. }, Some(f)) => LookupGrad::Rows(match g {
                         Some(g) => g,

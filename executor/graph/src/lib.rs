@@ -51,9 +51,11 @@
 //! [`Model::build`] from a [`ModelSpec`]; feeds use `Input` slots
 //! [`NUMERIC_SLOT`] and [`LABELS_SLOT`].
 //!
-//! * `lr`: one hash embedding `lr_emb` (width `D`) looked up with the keys of
-//!   all fields of an example, `Sum`-pooled to `[B,D]`, concatenated after the
-//!   numeric input, then `x lr_w [13+D,1] + lr_b [1]`.
+//! * `lr` (TensorFlow's linear model): one hash embedding per categorical
+//!   field, `lr_emb_0..lr_emb_{F-1}` (width `D`), each looked up with the keys
+//!   of its field and `Sum`-pooled to `[B,D]`; the `F` pooled vectors are
+//!   summed by one `AddN` (TensorFlow's `add_n`), concatenated after the numeric input, then
+//!   `x lr_w [13+D,1] + lr_b [1]`. With 26 fields it has 28 variables.
 //! * `wdl`: wide = `wide_emb` (width 1, `Sum` over all fields) +
 //!   `numeric x wide_w [13,1] + wide_b`; deep = `emb_0..emb_{F-1}` (one per
 //!   field, `Mean`), concatenated after the numeric input, through ReLU layers

@@ -9,7 +9,8 @@ use crate::ops::Combiner;
 /// Which model to build.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ModelKind {
-    /// Logistic regression over a shared hash embedding and the numeric fields.
+    /// Logistic regression: one sum-pooled hash embedding per categorical field
+    /// (added together) and the numeric fields, as TensorFlow's linear model.
     Lr,
     /// Wide & deep.
     Wdl,
@@ -24,7 +25,7 @@ pub struct ModelSpec {
     pub num_dense: usize,
     /// Categorical fields per example (26 for Criteo).
     pub num_fields: usize,
-    /// Embedding width `D` (`lr`'s shared embedding and `wdl`'s deep embeddings).
+    /// Embedding width `D` (`lr`'s per-field embeddings and `wdl`'s deep embeddings).
     pub embedding_dim: usize,
     /// `wdl`'s hidden layer widths; ignored by `lr`.
     pub hidden: Vec<usize>,
@@ -94,7 +95,7 @@ pub enum VarKind {
 pub struct VarSpec {
     /// Its id (dense, from 0, in declaration order).
     pub id: VarId,
-    /// Its name (`lr_emb`, `wide_w`, `emb_3`, `mlp_w0`, ...).
+    /// Its name (`lr_emb_0`, `wide_w`, `emb_3`, `mlp_w0`, ...).
     pub name: String,
     /// Its kind and shape.
     pub kind: VarKind,
@@ -220,13 +221,26 @@ impl Model {
         let (d, nd) = (spec.embedding_dim, spec.num_dense);
         let logit = match spec.kind {
             ModelKind::Lr => {
-                let e = m.embedding(
-                    "lr_emb",
-                    d,
-                    Init::Normal { std: 0.01 },
-                    all_fields,
-                    Combiner::Sum,
-                );
+                // One variable per categorical column, as TensorFlow's linear
+                // model declares them: each field's keys are sum-pooled in its
+                // own table and the fields' pooled vectors are added.
+                let mut parts: Vec<NodeId> = (0..spec.num_fields)
+                    .map(|f| {
+                        m.embedding(
+                            format!("lr_emb_{f}"),
+                            d,
+                            Init::Normal { std: 0.01 },
+                            vec![f],
+                            Combiner::Sum,
+                        )
+                    })
+                    .collect();
+                // TensorFlow's linear model sums the columns with `add_n`.
+                let e = if parts.len() == 1 {
+                    parts.remove(0)
+                } else {
+                    m.g.add_n(parts)
+                };
                 let x = m.g.concat(vec![numeric, e]);
                 m.linear(x, "lr", nd + d, 1, Init::Zeros)
             }

@@ -164,6 +164,26 @@ pub(crate) fn relu_grad(out: &Tensor, g: &Tensor) -> Tensor {
     Tensor::from_parts(out.shape().to_vec(), d)
 }
 
+/// `parts[0] + parts[1] + ...`: one output, summed in input order.
+pub(crate) fn add_n(parts: &[&Tensor]) -> Result<Tensor, GraphError> {
+    let Some((first, rest)) = parts.split_first() else {
+        return Err(shape_err("AddN", "no input".into()));
+    };
+    let mut out = first.data().to_vec();
+    for p in rest {
+        if p.shape() != first.shape() {
+            return Err(shape_err(
+                "AddN",
+                format!("cannot add {:?} to {:?}", p.shape(), first.shape()),
+            ));
+        }
+        for (o, &v) in out.iter_mut().zip(p.data()) {
+            *o += v;
+        }
+    }
+    Ok(Tensor::from_parts(first.shape().to_vec(), out))
+}
+
 /// Concatenation of matrices with the same row count along columns.
 pub(crate) fn concat(parts: &[&Tensor]) -> Result<Tensor, GraphError> {
     let first = parts

@@ -86,6 +86,21 @@ fn add_gradients_same_shape_and_broadcast() {
 }
 
 #[test]
+fn add_n_gradients_with_repeated_and_fanned_out_inputs() {
+    // v0 twice (its gradient is twice the output's), a lookup, and v1, which
+    // also feeds the concat next to the sum.
+    check_op(
+        vec![(VarId(0), vec![B, 2]), (VarId(1), vec![B, 2])],
+        vec![(rows_feed(6), Combiner::Sum)],
+        4,
+        |g, v, l| {
+            let s = g.add_n(vec![v[0], l[0], v[1], v[0]]);
+            g.concat(vec![s, v[1]])
+        },
+    );
+}
+
+#[test]
 fn relu_gradients() {
     check_op(vec![(VarId(0), vec![B, 5])], vec![], 5, |g, v, _| {
         g.relu(v[0])

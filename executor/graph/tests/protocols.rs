@@ -98,14 +98,25 @@ fn criteo_shaped_wdl_protocols_agree() {
 fn model_shapes_and_names() {
     let lr = Model::build(ModelSpec::lr(8)).unwrap();
     let names: Vec<&str> = lr.variables().iter().map(|v| v.name.as_str()).collect();
-    assert_eq!(names, ["lr_emb", "lr_w", "lr_b"]);
+    // One table per categorical field (TensorFlow's linear model), then the
+    // linear layer.
+    let mut want: Vec<String> = (0..26).map(|f| format!("lr_emb_{f}")).collect();
+    want.extend(["lr_w".to_string(), "lr_b".to_string()]);
+    assert_eq!(names, want);
+    for v in &lr.variables()[..26] {
+        assert_eq!(v.kind, VarKind::Embedding { dim: 8 });
+    }
     assert_eq!(
-        lr.variables()[1].kind,
+        lr.variables()[26].kind,
         VarKind::Dense { shape: vec![21, 1] }
     );
-    assert_eq!(lr.variables()[2].kind, VarKind::Dense { shape: vec![1] });
-    assert_eq!(lr.lookups()[0].fields, (0..26).collect::<Vec<_>>());
-    assert_eq!(lr.lookups()[0].combiner, Combiner::Sum);
+    assert_eq!(lr.variables()[27].kind, VarKind::Dense { shape: vec![1] });
+    assert_eq!(lr.lookups().len(), 26);
+    for (f, l) in lr.lookups().iter().enumerate() {
+        assert_eq!(l.fields, vec![f]);
+        assert_eq!(l.var, VarId(f as u32));
+        assert_eq!(l.combiner, Combiner::Sum);
+    }
 
     let wdl = Model::build(ModelSpec::wdl(8)).unwrap();
     assert_eq!(wdl.variables().len(), 3 + 26 + 6);

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::CheckpointError;
 use crate::optim::OptimizerKind;
 use crate::shard::{PsShard, Var};
-use crate::table::{Pending, Row, TableStats};
+use crate::table::{Pending, Rows, TableStats};
 
 /// File magic.
 pub const MAGIC: [u8; 8] = *b"SWPSCKPT";
@@ -184,14 +184,16 @@ impl PsShard {
                     }
                     w.u64(t.rows.len() as u64)?;
                     w.u64(t.pending.len() as u64)?;
-                    let mut keys: Vec<u64> = t.rows.keys().copied().collect();
+                    let mut keys: Vec<u64> = t.rows.keys().collect();
                     keys.sort_unstable();
                     for k in keys {
-                        let r = &t.rows[&k];
+                        let Some((s, data)) = t.rows.get(k) else {
+                            continue;
+                        };
                         w.u64(k)?;
-                        w.u64(r.last_access)?;
-                        w.u64(r.updates)?;
-                        w.f32s(&r.data)?;
+                        w.u64(s.last_access)?;
+                        w.u64(s.updates)?;
+                        w.f32s(data)?;
                     }
                     let mut keys: Vec<u64> = t.pending.keys().copied().collect();
                     keys.sort_unstable();
@@ -308,8 +310,8 @@ impl PsShard {
                     let n_pending = c.u64("pending count")?;
                     let row_floats = width * (1 + slots);
                     let n_rows = c.fits(n_rows, 24 + 4 * row_floats, "rows")?;
-                    let mut rows = FxHashMap::default();
-                    rows.reserve(n_rows);
+                    let mut rows = Rows::with_capacity(row_floats, n_rows);
+                    let mut data = vec![0.0f32; row_floats];
                     let mut prev = None;
                     for _ in 0..n_rows {
                         let key = c.u64("row key")?;
@@ -321,16 +323,9 @@ impl PsShard {
                         prev = Some(key);
                         let last_access = c.u64("row access step")?;
                         let updates = c.u64("row updates")?;
-                        let mut data = vec![0.0f32; row_floats].into_boxed_slice();
                         c.f32s(&mut data, "row data")?;
-                        rows.insert(
-                            key,
-                            Row {
-                                data,
-                                last_access,
-                                updates,
-                            },
-                        );
+                        // Keys strictly increase, so the key is new.
+                        rows.insert(key, last_access, updates, &data);
                     }
                     let n_pending = c.fits(n_pending, 24, "pending counters")?;
                     let mut pending = FxHashMap::default();

@@ -375,12 +375,7 @@ impl PsShard {
                 (PullItem::Rows { var, keys }, Var::Table(t)) => {
                     let dim = t.dim();
                     w.reply(proto::TAG_ROWS, var, dim as u32, Some(keys.len() as u32));
-                    for k in keys.iter() {
-                        match t.pull_once(k, step) {
-                            Some(row) => put_f32s(w.buf, row),
-                            None => w.buf.resize(w.buf.len() + 4 * dim, 0),
-                        }
-                    }
+                    t.pull_rows_into(keys, step, w.buf);
                     self.pulled.push(i);
                 }
                 (PullItem::Pooled { var, offsets, keys }, Var::Table(t)) => {

@@ -7,24 +7,141 @@ use rustc_hash::FxHashMap;
 use rustc_hash::FxHashSet;
 
 use crate::optim::OptimizerConfig;
-use crate::proto::F32s;
+use crate::proto::{put_f32s, F32s, U64s};
 use crate::var::VarDef;
 
 /// Keys are already well-mixed feature hashes, so the map uses FxHash (one
 /// multiply) rather than SipHash.
 type Map<V> = FxHashMap<u64, V>;
 
-/// One row: `dim` weights followed by the optimizer slots, plus the
-/// bookkeeping for eviction and Adam's per-row bias correction.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Row {
-    /// `dim * (1 + slots)` floats: weights, then each slot.
-    pub(crate) data: Box<[f32]>,
+/// Where a row lives, and its bookkeeping for eviction and Adam's per-row
+/// bias correction: the value of the key map, so the probe that finds a
+/// row also brings these in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Slot {
+    /// The row's index in the arena.
+    index: u32,
     /// Global step of the last pull or update.
     pub(crate) last_access: u64,
     /// Number of optimizer updates applied to this row.
     pub(crate) updates: u64,
 }
+
+/// The rows of a table: a key -> [`Slot`] map and one arena of rows of
+/// `stride` floats each (`dim` weights, then each optimizer slot). Rows are
+/// not allocated one by one: a new row takes a freed index or the next one,
+/// and the arena grows geometrically, so creating a row costs no `malloc`
+/// and removing one no `free`.
+#[derive(Debug, Clone)]
+pub(crate) struct Rows {
+    stride: usize,
+    map: Map<Slot>,
+    arena: Vec<f32>,
+    /// Indices below this have been handed out.
+    next: u32,
+    /// Indices of evicted rows, reused first.
+    free: Vec<u32>,
+}
+
+impl Rows {
+    /// An empty store of rows of `stride` floats, with room for `n` rows.
+    pub(crate) fn with_capacity(stride: usize, n: usize) -> Self {
+        let mut map = Map::default();
+        map.reserve(n);
+        Self {
+            stride,
+            map,
+            arena: Vec::with_capacity(n.saturating_mul(stride)),
+            next: 0,
+            free: Vec::new(),
+        }
+    }
+
+    /// Number of rows.
+    pub(crate) fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// True when there is no row.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// The keys, in no particular order.
+    pub(crate) fn keys(&self) -> impl Iterator<Item = u64> + '_ {
+        self.map.keys().copied()
+    }
+
+    /// The bookkeeping and the `stride` floats of `key`'s row.
+    pub(crate) fn get(&self, key: u64) -> Option<(Slot, &[f32])> {
+        let s = *self.map.get(&key)?;
+        Some((s, row(&self.arena, self.stride, s.index)))
+    }
+
+    /// Add a row for `key` (which must not have one) holding `data`
+    /// (`stride` floats); false if the key already has a row.
+    pub(crate) fn insert(
+        &mut self,
+        key: u64,
+        last_access: u64,
+        updates: u64,
+        data: &[f32],
+    ) -> bool {
+        use std::collections::hash_map::Entry;
+        let Entry::Vacant(v) = self.map.entry(key) else {
+            return false;
+        };
+        let index = alloc(&mut self.arena, &mut self.next, &mut self.free, self.stride);
+        row_mut(&mut self.arena, self.stride, index).copy_from_slice(data);
+        v.insert(Slot {
+            index,
+            last_access,
+            updates,
+        });
+        true
+    }
+
+    /// Keep the rows for which `keep` is true; returns how many were removed.
+    fn retain(&mut self, mut keep: impl FnMut(&Slot) -> bool) -> usize {
+        let before = self.map.len();
+        let free = &mut self.free;
+        self.map.retain(|_, s| {
+            let k = keep(s);
+            if !k {
+                free.push(s.index);
+            }
+            k
+        });
+        before - self.map.len()
+    }
+}
+
+/// A new row index: a freed one, or the next one (the arena grows to hold
+/// it). The row's floats are stale or zero; the caller writes all of them.
+fn alloc(arena: &mut Vec<f32>, next: &mut u32, free: &mut Vec<u32>, stride: usize) -> u32 {
+    if let Some(i) = free.pop() {
+        return i;
+    }
+    let i = *next;
+    *next = next
+        .checked_add(1)
+        .expect("more than 2^32 rows in one table shard");
+    arena.resize((i as usize + 1) * stride, 0.0);
+    i
+}
+
+fn row(arena: &[f32], stride: usize, index: u32) -> &[f32] {
+    let at = index as usize * stride;
+    &arena[at..at + stride]
+}
+
+fn row_mut(arena: &mut [f32], stride: usize, index: u32) -> &mut [f32] {
+    let at = index as usize * stride;
+    &mut arena[at..at + stride]
+}
+
+/// Marks a key that has no row in [`EmbeddingTable::resolve`]'s output.
+const NO_ROW: u32 = u32::MAX;
 
 /// A key not admitted yet (`filter_freq > 1`): how often it was pulled and when last.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,15 +199,25 @@ pub struct EmbeddingTable {
     pub(crate) seed: u64,
     pub(crate) opt: OptimizerConfig,
     pub(crate) policy: TablePolicy,
-    pub(crate) rows: Map<Row>,
+    pub(crate) rows: Rows,
     pub(crate) pending: Map<Pending>,
     pub(crate) stats: TableStats,
+    scratch: Box<Scratch>,
+}
+
+/// Buffers of one request, reused (not state).
+#[derive(Debug, Clone, Default)]
+struct Scratch {
     // Push accumulation (duplicate keys summed before the update).
     acc_index: Map<u32>,
     acc_keys: Vec<u64>,
     acc_grads: Vec<f32>,
     // Keys without a row counted by the filter in the current pull request.
     counted: FxHashSet<u64>,
+    // Row indices of the keys of one pull.
+    resolved: Vec<u32>,
+    // Row indices and update counts of the rows of one push.
+    targets: Vec<(u32, u64)>,
 }
 
 impl EmbeddingTable {
@@ -108,13 +235,10 @@ impl EmbeddingTable {
             seed,
             opt,
             policy,
-            rows: Map::default(),
+            rows: Rows::with_capacity(dim * (1 + opt.slots()), 0),
             pending: Map::default(),
             stats: TableStats::default(),
-            acc_index: Map::default(),
-            acc_keys: Vec::new(),
-            acc_grads: Vec::new(),
-            counted: FxHashSet::default(),
+            scratch: Box::default(),
         }
     }
 
@@ -150,12 +274,12 @@ impl EmbeddingTable {
 
     /// The weights of `key`, if it has a row (no side effects).
     pub fn get(&self, key: u64) -> Option<&[f32]> {
-        self.rows.get(&key).map(|r| &r.data[..self.dim])
+        self.rows.get(key).map(|(_, r)| &r[..self.dim])
     }
 
     /// The optimizer slots of `key` (slot after slot), if it has a row.
     pub fn slots(&self, key: u64) -> Option<&[f32]> {
-        self.rows.get(&key).map(|r| &r.data[self.dim..])
+        self.rows.get(key).map(|(_, r)| &r[self.dim..])
     }
 
     /// Pull `key` at global step `step`: creates the row if the key is
@@ -176,63 +300,95 @@ impl EmbeddingTable {
 
     /// Forget the keys counted by [`Self::pull_once`] in the current request.
     pub(crate) fn end_request(&mut self) {
-        if !self.counted.is_empty() {
-            self.counted.clear();
+        if !self.scratch.counted.is_empty() {
+            self.scratch.counted.clear();
         }
     }
 
     fn pull_row(&mut self, key: u64, step: u64, once: bool) -> Option<&[f32]> {
+        let index = self.resolve(key, step, once);
+        (index != NO_ROW).then(|| &row(&self.rows.arena, self.rows.stride, index)[..self.dim])
+    }
+
+    /// The row index of `key` for a pull at `step` ([`NO_ROW`] while the
+    /// filter holds it back), creating the row if the key is admitted now
+    /// and refreshing its access time.
+    fn resolve(&mut self, key: u64, step: u64, once: bool) -> u32 {
         use std::collections::hash_map::Entry;
         let dim = self.dim;
+        let rows = &mut self.rows;
         // One hash lookup for an existing row; a new row goes into the slot
         // that lookup found.
-        let row = match self.rows.entry(key) {
+        let slot = match rows.map.entry(key) {
             Entry::Occupied(e) => e.into_mut(),
             Entry::Vacant(v) => {
-                if once && self.policy.filter_freq > 1 && !self.counted.insert(key) {
+                if once && self.policy.filter_freq > 1 && !self.scratch.counted.insert(key) {
                     self.stats.filtered_pulls += 1;
-                    return None;
+                    return NO_ROW;
                 }
                 if !admit(&mut self.pending, &mut self.stats, &self.policy, key, step) {
-                    return None;
+                    return NO_ROW;
                 }
-                let slots = self.opt.slots();
-                let mut data = vec![0.0f32; dim * (1 + slots)].into_boxed_slice();
-                let (w, s) = data.split_at_mut(dim);
+                let index = alloc(&mut rows.arena, &mut rows.next, &mut rows.free, rows.stride);
+                let (w, s) = row_mut(&mut rows.arena, rows.stride, index).split_at_mut(dim);
                 self.def.init_values(self.seed, key, w);
                 self.opt.init_slots(s);
                 self.stats.admitted += 1;
-                v.insert(Row {
-                    data,
+                v.insert(Slot {
+                    index,
                     last_access: step,
                     updates: 0,
                 })
             }
         };
-        row.last_access = row.last_access.max(step);
-        Some(&row.data[..dim])
+        slot.last_access = slot.last_access.max(step);
+        slot.index
+    }
+
+    /// Answer a rows pull item: append the rows of `keys` (zeros for keys
+    /// the filter holds back) to `out` as little-endian floats, with
+    /// [`Self::pull_once`]'s semantics for every key.
+    ///
+    /// Two passes: the first resolves every key to its row (creating the
+    /// admitted new ones), the second copies the rows. The probes of the
+    /// first pass do not depend on one another, so their cache misses
+    /// overlap instead of alternating with the copies.
+    pub(crate) fn pull_rows_into(&mut self, keys: U64s<'_>, step: u64, out: &mut Vec<u8>) {
+        let mut resolved = std::mem::take(&mut self.scratch.resolved);
+        resolved.clear();
+        resolved.extend(keys.iter().map(|k| self.resolve(k, step, true)));
+        let (dim, stride) = (self.dim, self.rows.stride);
+        out.reserve(4 * dim * resolved.len());
+        for &index in &resolved {
+            if index == NO_ROW {
+                out.resize(out.len() + 4 * dim, 0);
+            } else {
+                put_f32s(out, &row(&self.rows.arena, stride, index)[..dim]);
+            }
+        }
+        self.scratch.resolved = resolved;
     }
 
     /// Add `grad` (one row, `dim` floats) to the gradient accumulated for
     /// `key` in the current push.
     pub(crate) fn accumulate(&mut self, key: u64, grad: F32s<'_>) {
         let dim = self.dim;
-        let next = self.acc_keys.len() as u32;
-        let slot = *self.acc_index.entry(key).or_insert(next);
+        let next = self.scratch.acc_keys.len() as u32;
+        let slot = *self.scratch.acc_index.entry(key).or_insert(next);
         if slot == next {
-            self.acc_keys.push(key);
-            let base = self.acc_grads.len();
-            self.acc_grads.resize(base + dim, 0.0);
-            grad.copy_to(&mut self.acc_grads[base..]);
+            self.scratch.acc_keys.push(key);
+            let base = self.scratch.acc_grads.len();
+            self.scratch.acc_grads.resize(base + dim, 0.0);
+            grad.copy_to(&mut self.scratch.acc_grads[base..]);
         } else {
             let base = slot as usize * dim;
-            grad.add_to(&mut self.acc_grads[base..base + dim]);
+            grad.add_to(&mut self.scratch.acc_grads[base..base + dim]);
         }
     }
 
     /// True when gradients are waiting in the accumulator.
     pub(crate) fn has_accumulated(&self) -> bool {
-        !self.acc_keys.is_empty()
+        !self.scratch.acc_keys.is_empty()
     }
 
     /// Apply the accumulated gradients without refreshing access times.
@@ -242,26 +398,38 @@ impl EmbeddingTable {
     }
 
     fn apply_at(&mut self, step: Option<u64>) -> u64 {
-        let dim = self.dim;
-        let mut applied = 0;
-        for (i, key) in self.acc_keys.iter().enumerate() {
-            let g = &self.acc_grads[i * dim..(i + 1) * dim];
-            match self.rows.get_mut(key) {
-                Some(row) => {
-                    row.updates += 1;
-                    if let Some(s) = step {
-                        row.last_access = row.last_access.max(s);
+        let (dim, stride) = (self.dim, self.rows.stride);
+        // As in `pull_rows_into`: the probes first (their misses overlap),
+        // then the updates.
+        let mut targets = std::mem::take(&mut self.scratch.targets);
+        targets.clear();
+        for key in &self.scratch.acc_keys {
+            targets.push(match self.rows.map.get_mut(key) {
+                Some(s) => {
+                    s.updates += 1;
+                    if let Some(step) = step {
+                        s.last_access = s.last_access.max(step);
                     }
-                    let (w, slots) = row.data.split_at_mut(dim);
-                    self.opt.apply(w, slots, g, row.updates);
-                    applied += 1;
+                    (s.index, s.updates)
                 }
-                None => self.stats.ignored_pushes += 1,
-            }
+                None => (NO_ROW, 0),
+            });
         }
-        self.acc_index.clear();
-        self.acc_keys.clear();
-        self.acc_grads.clear();
+        let mut applied = 0;
+        for (i, &(index, t)) in targets.iter().enumerate() {
+            if index == NO_ROW {
+                self.stats.ignored_pushes += 1;
+                continue;
+            }
+            let g = &self.scratch.acc_grads[i * dim..(i + 1) * dim];
+            let (w, slots) = row_mut(&mut self.rows.arena, stride, index).split_at_mut(dim);
+            self.opt.apply(w, slots, g, t);
+            applied += 1;
+        }
+        self.scratch.targets = targets;
+        self.scratch.acc_index.clear();
+        self.scratch.acc_keys.clear();
+        self.scratch.acc_grads.clear();
         applied
     }
 
@@ -280,12 +448,11 @@ impl EmbeddingTable {
         if ttl == 0 {
             return 0;
         }
-        let before = self.rows.len();
-        self.rows
-            .retain(|_, r| global_step.saturating_sub(r.last_access) < ttl);
+        let n = self
+            .rows
+            .retain(|s| global_step.saturating_sub(s.last_access) < ttl);
         self.pending
             .retain(|_, p| global_step.saturating_sub(p.last_seen) < ttl);
-        let n = before - self.rows.len();
         self.stats.evicted += n as u64;
         n
     }
@@ -417,6 +584,50 @@ mod tests {
         let mut want = vec![0.0; 4];
         t.def().init_values(9, 2, &mut want);
         assert_eq!(again, want);
+    }
+
+    #[test]
+    fn a_reused_row_index_starts_fresh() {
+        let mut t = table(0, 10, 16);
+        t.opt = OptimizerConfig::adagrad(0.5);
+        t.rows = Rows::with_capacity(4 * 2, 0);
+        t.pull(1, 0);
+        t.accumulate(1, F32s::new(&grad(1.0)).unwrap());
+        t.apply_accumulated_at(0);
+        assert_ne!(t.slots(1).unwrap(), [0.1; 4]);
+        assert_eq!(t.evict(10), 1);
+        // Key 2 takes key 1's index: its weights and slots are its own.
+        let row = t.pull(2, 11).unwrap().to_vec();
+        let mut want = vec![0.0; 4];
+        t.def().init_values(9, 2, &mut want);
+        assert_eq!(row, want);
+        assert_eq!(t.slots(2).unwrap(), [0.1; 4]);
+        assert_eq!(t.rows.get(2).unwrap().0.updates, 0);
+        assert_eq!(t.len(), 1);
+    }
+
+    #[test]
+    fn rows_pull_item_matches_single_pulls() {
+        let mut a = table(2, 0, 16);
+        let mut b = table(2, 0, 16);
+        let keys: Vec<u64> = vec![5, 6, 5, 7, 6];
+        let bytes: Vec<u8> = keys.iter().flat_map(|k| k.to_le_bytes()).collect();
+        for step in 0..3 {
+            let mut out = Vec::new();
+            a.pull_rows_into(U64s::new(&bytes).unwrap(), step, &mut out);
+            a.end_request();
+            let mut want = Vec::new();
+            for &k in &keys {
+                match b.pull_once(k, step) {
+                    Some(r) => put_f32s(&mut want, r),
+                    None => want.resize(want.len() + 16, 0),
+                }
+            }
+            b.end_request();
+            assert_eq!(out, want, "step {step}");
+            assert_eq!(a.stats(), b.stats());
+        }
+        assert_eq!(a.len(), 3);
     }
 
     #[test]

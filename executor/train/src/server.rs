@@ -58,6 +58,9 @@ pub struct PsReactor<H, B: Binder> {
     expected_workers: usize,
     done_workers: usize,
     out: Vec<u8>,
+    /// Replies handed to the transport, kept to reuse their buffers once it
+    /// has sent and dropped them (see [`reuse_reply`]).
+    lent: Vec<Bytes>,
     /// Requests served, by kind.
     pub served: HashMap<&'static str, u64>,
     /// Requests answered with an error status.
@@ -91,6 +94,7 @@ impl<H: PsHandler, B: Binder> PsReactor<H, B> {
             expected_workers,
             done_workers: 0,
             out: Vec::new(),
+            lent: Vec::new(),
             served: HashMap::new(),
             failed: 0,
             closed_connections: 0,
@@ -177,6 +181,28 @@ pub fn serve<H: PsHandler>(
     served: &mut HashMap<&'static str, u64>,
     failed: &mut u64,
 ) -> Reply {
+    serve_into(
+        handler,
+        out,
+        Vec::with_capacity,
+        opcode,
+        body,
+        served,
+        failed,
+    )
+}
+
+/// [`serve`], where `next(capacity)` gives the buffer that replaces `out`
+/// once a reply leaves in it.
+pub fn serve_into<H: PsHandler>(
+    handler: &mut H,
+    out: &mut Vec<u8>,
+    next: impl FnOnce(usize) -> Vec<u8>,
+    opcode: Opcode,
+    body: &[u8],
+    served: &mut HashMap<&'static str, u64>,
+    failed: &mut u64,
+) -> Reply {
     out.clear();
     let (kind, r) = match opcode {
         Opcode::SparsePull => ("pull", handler.pull(body, out)),
@@ -221,15 +247,43 @@ pub fn serve<H: PsHandler>(
     match r {
         Ok(()) => {
             // The reply leaves as an owned `Bytes`; the next one starts
-            // with the same capacity so it grows at most once.
+            // with (at least) the same capacity so it grows at most once.
             let cap = out.len();
-            Reply::Now(Status::Ok, std::mem::replace(out, Vec::with_capacity(cap)))
+            Reply::Now(Status::Ok, std::mem::replace(out, next(cap)))
         }
         Err(e) => {
             *failed += 1;
             Reply::Now(e.status, e.message.into_bytes())
         }
     }
+}
+
+/// At most this many sent replies are kept for their buffers.
+const MAX_LENT: usize = 8;
+
+/// A buffer of at least `cap` bytes for the next reply: the buffer of a
+/// reply the transport has sent and dropped (its pages are mapped and warm,
+/// so writing the next reply into it takes no page fault), or a new one.
+fn reuse_reply(lent: &mut Vec<Bytes>, cap: usize) -> Vec<u8> {
+    let mut i = 0;
+    while i < lent.len() {
+        if !lent[i].is_unique() {
+            i += 1;
+            continue;
+        }
+        // Only this clone is left: the transport is done with it.
+        match lent.swap_remove(i).try_into_mut() {
+            Ok(b) => {
+                let mut v = Vec::from(b);
+                if v.capacity() >= cap {
+                    v.clear();
+                    return v;
+                }
+            }
+            Err(_) => continue,
+        }
+    }
+    Vec::with_capacity(cap)
 }
 
 impl<H: PsHandler, B: Binder> Shard for PsReactor<H, B> {
@@ -240,6 +294,7 @@ impl<H: PsHandler, B: Binder> Shard for PsReactor<H, B> {
             sessions,
             done,
             out,
+            lent,
             served,
             failed,
             waiting,
@@ -262,8 +317,13 @@ impl<H: PsHandler, B: Binder> Shard for PsReactor<H, B> {
                 else {
                     return;
                 };
-                match serve(handler, out, opcode, body, served, failed) {
+                let next = |cap| reuse_reply(lent, cap);
+                match serve_into(handler, out, next, opcode, body, served, failed) {
                     Reply::Now(status, bytes) if !oneway => {
+                        let bytes = Bytes::from(bytes);
+                        if status == Status::Ok && lent.len() < MAX_LENT {
+                            lent.push(bytes.clone());
+                        }
                         // A reply that cannot be queued would leave the
                         // worker waiting: end the connection instead.
                         broken |= conn
@@ -337,5 +397,34 @@ impl<H: PsHandler, B: Binder> Shard for PsReactor<H, B> {
                 .iter()
                 .flatten()
                 .all(|s| !s.conn_ref().wants_transmit() && !s.transport().tx_pending())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sent_reply_buffer_is_reused_once_the_transport_dropped_it() {
+        let mut lent = Vec::new();
+        let mut v = Vec::with_capacity(4096);
+        v.extend_from_slice(&[7u8; 3000]);
+        let at = v.as_ptr();
+        let sent = Bytes::from(v);
+        lent.push(sent.clone());
+        // Still held by the transport: a new buffer.
+        let other = reuse_reply(&mut lent, 3000);
+        assert_ne!(other.as_ptr(), at);
+        assert_eq!(lent.len(), 1);
+        drop(sent);
+        // Sent and dropped: its buffer comes back, empty.
+        let back = reuse_reply(&mut lent, 3000);
+        assert_eq!(back.as_ptr(), at);
+        assert!(back.is_empty() && back.capacity() >= 3000);
+        assert!(lent.is_empty());
+        // Too small for the next reply: dropped, and a new one is made.
+        lent.push(Bytes::from(vec![1u8; 10]));
+        assert!(reuse_reply(&mut lent, 3000).capacity() >= 3000);
+        assert!(lent.is_empty());
     }
 }

@@ -40,10 +40,12 @@ fn lr_learns_on_the_local_cluster() {
 }
 
 /// The two partitionings compute the same thing: with one worker the run
-/// is deterministic, so the losses agree to float tolerance, and lite moves
-/// fewer bytes (pooled vectors instead of rows).
+/// is deterministic, so the losses agree to float tolerance. (Bytes are not
+/// compared: `lr` looks up each field in its own table, one key per example,
+/// so lite has nothing to pool and moves a `[B, D]` partial sum per field
+/// and shard where robust moves the batch's unique rows.)
 #[test]
-fn star_server_and_lite_agree_and_lite_moves_fewer_bytes() {
+fn star_server_and_lite_agree() {
     for model in [ModelKind::Lr, ModelKind::Wdl] {
         let base = TrainConfig {
             workers: 1,
@@ -69,14 +71,6 @@ fn star_server_and_lite_agree_and_lite_moves_fewer_bytes() {
             lite.final_train_loss
         );
         assert!((robust.logloss - lite.logloss).abs() < 1e-4, "{model:?}");
-        if model == ModelKind::Lr {
-            assert!(
-                lite.bytes_per_step < robust.bytes_per_step,
-                "lite {} vs robust {} bytes/step",
-                lite.bytes_per_step,
-                robust.bytes_per_step
-            );
-        }
     }
 }
 
