@@ -32,9 +32,11 @@ pub struct UringConfig {
     /// `tx_gather` copies segments shorter than this next to the frame
     /// head; longer ones are sent from the caller's `Bytes`. Default 4096.
     pub gather_copy_threshold: usize,
-    /// Length of one provided receive buffer. Default 64 KiB.
+    /// Length of one provided receive buffer. Default 512 KiB: a 64 KiB
+    /// frame straddles two buffers (and is reassembled by a copy) once in
+    /// eight buffers instead of nearly always.
     pub rx_buf_len: usize,
-    /// Provided receive buffers of the ring. Default 128 (8 MiB).
+    /// Provided receive buffers of the ring. Default 16 (8 MiB).
     pub rx_bufs: usize,
     /// Try zero-copy sends for large sends. Default true.
     pub zero_copy: bool,
@@ -72,8 +74,8 @@ impl Default for UringConfig {
             tx_slots_per_conn: 8,
             tx_queue_limit_bytes: 4 << 20,
             gather_copy_threshold: 4096,
-            rx_buf_len: 64 << 10,
-            rx_bufs: 128,
+            rx_buf_len: 512 << 10,
+            rx_bufs: 16,
             zero_copy: true,
             zero_copy_threshold: 32 << 10,
             sqpoll_idle_ms: None,
