@@ -263,6 +263,9 @@ pub struct UringStats {
     pub tx_pool_empty: u64,
     /// Sends postponed because the SQ was full.
     pub sq_full: u64,
+    /// Plain sends the socket took only part of (full); the rest was
+    /// queued again for the next flush.
+    pub short_sends: u64,
     /// What backs the registered pool.
     pub tx_pages: String,
     /// Bytes registered as fixed buffers.

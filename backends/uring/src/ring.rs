@@ -69,6 +69,9 @@ struct Inflight {
     awaiting_result: bool,
     /// A zero-copy notification is still due.
     awaiting_notif: bool,
+    /// A plain send (no `MSG_WAITALL`): a short count is resumed, not an
+    /// error.
+    resumable: bool,
 }
 
 /// The transmit slot being filled: bytes `from..used` are written and not
@@ -772,15 +775,50 @@ impl RingInner {
             return;
         }
         let inf = c.inflight.take().expect("checked above");
-        if inf.done < inf.total && c.send_error.is_none() {
-            // MSG_WAITALL sends return short only on an error or a signal:
-            // the stream cannot be resumed in order, so end the connection.
+        if inf.done < inf.total && c.send_error.is_none() && !inf.resumable {
+            // Zero-copy sends carry MSG_WAITALL and return short only on an
+            // error or a signal: the stream cannot be resumed in order, so
+            // end the connection.
             c.send_error = Some(libc::EIO);
         }
+        // A plain send that the socket took only part of (it was full) is
+        // resumed: the unsent rest goes back to the front of the queue, in
+        // order, for the next flush; what was sent lets go of its memory.
+        // This keeps the socket topped up every turn, as a non-blocking
+        // write(2) does, instead of one send waiting in the kernel for room.
+        let resume = inf.done < inf.total && c.send_error.is_none();
+        let mut skip = inf.done;
+        let mut rest: Vec<TxSeg> = Vec::new();
         for seg in inf.segs {
-            if let TxSeg::Slot { id, .. } = seg {
+            let len = seg.len();
+            if skip >= len {
+                skip -= len;
+                if let TxSeg::Slot { id, .. } = seg {
+                    unref_slot(&mut self.tx_pool, &mut self.slot_refs, c, id);
+                }
+                continue;
+            }
+            let seg = match seg {
+                TxSeg::Slot { id, off, len } => TxSeg::Slot {
+                    id,
+                    off: off + skip,
+                    len: len - skip,
+                },
+                TxSeg::Shared(b) => TxSeg::Shared(b.slice(skip..)),
+            };
+            skip = 0;
+            if resume {
+                rest.push(seg);
+            } else if let TxSeg::Slot { id, .. } = seg {
                 unref_slot(&mut self.tx_pool, &mut self.slot_refs, c, id);
             }
+        }
+        if !rest.is_empty() {
+            self.stats.short_sends += 1;
+        }
+        for seg in rest.into_iter().rev() {
+            c.queued_bytes += seg.len();
+            c.queue.push_front(seg);
         }
     }
 
@@ -1137,6 +1175,7 @@ impl RingInner {
             done: 0,
             awaiting_result: true,
             awaiting_notif: false,
+            resumable: kind == SendKind::Plain,
         });
         Ok(())
     }

@@ -164,7 +164,11 @@ pub(crate) fn push_send(
     kind: SendKind,
     user_data: u64,
 ) -> bool {
+    // Plain sends may return short (the socket was full) and the ring
+    // resumes them; zero-copy sends wait for all of it (`MSG_WAITALL`), as
+    // their notification covers the whole request.
     let flags = (libc::MSG_NOSIGNAL | libc::MSG_WAITALL) as u32;
+    let plain = libc::MSG_NOSIGNAL as u32;
     let e = match kind {
         SendKind::Plain if msg.iov.len() == 1 => {
             // One buffer: SEND skips the msghdr import of SENDMSG.
@@ -174,11 +178,11 @@ pub(crate) fn push_send(
                 v.iov_base as *const u8,
                 v.iov_len as u32
             )
-            .flags(flags as i32)
+            .flags(plain as i32)
             .build())
         }
         SendKind::Plain => on_sock!(sock, |t| opcode::SendMsg::new(t, &msg.hdr)
-            .flags(flags)
+            .flags(plain)
             .build()),
         SendKind::ZeroCopyMsg => on_sock!(sock, |t| opcode::SendMsgZc::new(t, &msg.hdr)
             .ioprio(SEND_ZC_REPORT_USAGE)

@@ -270,6 +270,58 @@ fn spin_mode_park_poll_wakes_the_reactor_and_takes_no_data() {
     r.enter().unwrap();
 }
 
+#[test]
+fn short_plain_sends_resume_in_order() {
+    use std::io::Read;
+    // A peer that does not read at first: the socket fills, the kernel
+    // takes part of a send, and the rest must go out later, in order.
+    for recv in [RecvMode::Multishot, RecvMode::Spin] {
+        let cfg = UringConfig {
+            recv,
+            zero_copy: false,
+            ..UringConfig::default()
+        };
+        let r = UringReactor::new(&cfg).unwrap();
+        let (x, mut raw) = raw_pair();
+        let mut t = UringTransport::new(&r, x).unwrap();
+        let n = 160u64;
+        let body = 60_000usize;
+        let reader = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            let mut all = Vec::new();
+            raw.read_to_end(&mut all).unwrap();
+            all
+        });
+        let mut sent = 0u64;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while sent < n || t.tx_pending() {
+            assert!(Instant::now() < deadline, "stalled at {sent}");
+            let now = Instant::now();
+            while sent < n {
+                let f = Bytes::from(frame(sent, body)[HEADER_LEN..].to_vec());
+                let h = Header::new(Opcode::Rpc, sent, body as u32).to_bytes();
+                if !t.tx_gather(&h, std::slice::from_ref(&f)).unwrap() {
+                    break;
+                }
+                sent += 1;
+            }
+            t.flush(now).unwrap();
+            r.enter().unwrap();
+        }
+        let st = r.stats();
+        drop(t);
+        r.enter().unwrap();
+        let all = reader.join().unwrap();
+        let want: Vec<u8> = (0..n).flat_map(|k| frame(k, body)).collect();
+        assert_eq!(all.len(), want.len(), "{recv:?}");
+        assert!(all == want, "{recv:?}: bytes differ");
+        assert!(
+            st.short_sends > 0,
+            "{recv:?}: the socket never filled: {st:?}"
+        );
+    }
+}
+
 const CHILD_ENV: &str = "STARWIRE_URING_MEMLOCK_CHILD";
 
 /// In the child: drop CAP_IPC_LOCK, lower RLIMIT_MEMLOCK to 1 MiB, and
