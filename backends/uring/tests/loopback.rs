@@ -270,6 +270,22 @@ fn spin_mode_park_poll_wakes_the_reactor_and_takes_no_data() {
     r.enter().unwrap();
 }
 
+/// Set a socket buffer size option.
+fn set_buf(s: &TcpStream, opt: libc::c_int, bytes: libc::c_int) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a valid socket and a pointer to an int of the given length.
+    let r = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            opt,
+            std::ptr::addr_of!(bytes).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(r, 0, "setsockopt");
+}
+
 #[test]
 fn short_plain_sends_resume_in_order() {
     use std::io::Read;
@@ -283,6 +299,10 @@ fn short_plain_sends_resume_in_order() {
         };
         let r = UringReactor::new(&cfg).unwrap();
         let (x, mut raw) = raw_pair();
+        // Small socket buffers, so that the 9.6 MB below cannot all fit
+        // whatever the kernel's autotuning would allow.
+        set_buf(&x, libc::SO_SNDBUF, 32 << 10);
+        set_buf(&raw, libc::SO_RCVBUF, 32 << 10);
         let mut t = UringTransport::new(&r, x).unwrap();
         let n = 160u64;
         let body = 60_000usize;
