@@ -134,6 +134,17 @@ pub enum PlacementError {
         #[source]
         source: hwlocality::topology::builder::StringInputError,
     },
+    /// hwloc accepted an XML topology string but could not load it
+    /// (`hwloc_topology_load`). Which of the two steps rejects bad XML
+    /// depends on the XML backend hwloc was built with: libxml2 parses when
+    /// the buffer is set, hwloc's own minimal parser when it is loaded.
+    #[cfg(feature = "hwloc")]
+    #[error("hwloc: the XML topology is invalid")]
+    HwlocXmlLoad {
+        /// The hwloc error.
+        #[source]
+        source: hwlocality::errors::RawHwlocError,
+    },
     /// Reading an hwloc XML topology file failed.
     #[cfg(feature = "hwloc")]
     #[error("reading hwloc XML topology file {}", path.display())]

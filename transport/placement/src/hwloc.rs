@@ -99,13 +99,17 @@ impl Topology {
     /// objects included.
     ///
     /// # Errors
-    /// [`PlacementError::HwlocXml`] if hwloc rejects the text, or as
+    /// [`PlacementError::HwlocXml`] or [`PlacementError::HwlocXmlLoad`] if
+    /// hwloc rejects the text (when it is set or when it is loaded, by XML
+    /// backend), [`PlacementError::HwlocIoFilter`] as
     /// [`Topology::detect_hwloc`].
     pub fn from_hwloc_xml(xml: &str) -> Result<Topology, PlacementError> {
         let builder = hwlocality::Topology::builder()
             .from_xml(xml)
             .map_err(|source| PlacementError::HwlocXml { source })?;
-        let topology = build(keep_io(builder)?)?;
+        let topology = keep_io(builder)?
+            .build()
+            .map_err(|source| PlacementError::HwlocXmlLoad { source })?;
         Ok(Topology::from_hwloc(&topology))
     }
 
