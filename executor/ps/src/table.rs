@@ -27,20 +27,60 @@ pub(crate) struct Slot {
     pub(crate) updates: u64,
 }
 
-/// The rows of a table: a key -> [`Slot`] map and one arena of rows of
+/// The rows of a table: a key -> [`Slot`] map and an [`Arena`] of rows of
 /// `stride` floats each (`dim` weights, then each optimizer slot). Rows are
 /// not allocated one by one: a new row takes a freed index or the next one,
-/// and the arena grows geometrically, so creating a row costs no `malloc`
-/// and removing one no `free`.
+/// so creating a row costs no `malloc` and removing one no `free`.
 #[derive(Debug, Clone)]
 pub(crate) struct Rows {
-    stride: usize,
     map: Map<Slot>,
-    arena: Vec<f32>,
+    arena: Arena,
     /// Indices below this have been handed out.
     next: u32,
     /// Indices of evicted rows, reused first.
     free: Vec<u32>,
+}
+
+/// Rows of a table in blocks of [`BLOCK_ROWS`] rows. Growing adds a block
+/// and never moves a row: one growable `Vec` of all rows copied the whole
+/// table (and faulted its new pages in) at every doubling, which showed as
+/// the PS's largest `memmove` while a table filled.
+#[derive(Debug, Clone)]
+struct Arena {
+    stride: usize,
+    blocks: Vec<Box<[f32]>>,
+}
+
+const BLOCK_SHIFT: u32 = 10;
+/// Rows per arena block (for 64-wide rows with one optimizer slot, 512 KiB).
+const BLOCK_ROWS: usize = 1 << BLOCK_SHIFT;
+
+impl Arena {
+    fn new(stride: usize, rows: usize) -> Self {
+        Self {
+            stride,
+            blocks: Vec::with_capacity(rows.div_ceil(BLOCK_ROWS)),
+        }
+    }
+
+    /// Make row `index` addressable (its floats are zero or stale).
+    fn ensure(&mut self, index: u32) {
+        let block = (index >> BLOCK_SHIFT) as usize;
+        while self.blocks.len() <= block {
+            self.blocks
+                .push(vec![0.0; BLOCK_ROWS * self.stride].into_boxed_slice());
+        }
+    }
+
+    fn row(&self, index: u32) -> &[f32] {
+        let at = (index as usize & (BLOCK_ROWS - 1)) * self.stride;
+        &self.blocks[(index >> BLOCK_SHIFT) as usize][at..at + self.stride]
+    }
+
+    fn row_mut(&mut self, index: u32) -> &mut [f32] {
+        let at = (index as usize & (BLOCK_ROWS - 1)) * self.stride;
+        &mut self.blocks[(index >> BLOCK_SHIFT) as usize][at..at + self.stride]
+    }
 }
 
 impl Rows {
@@ -49,9 +89,8 @@ impl Rows {
         let mut map = Map::default();
         map.reserve(n);
         Self {
-            stride,
             map,
-            arena: Vec::with_capacity(n.saturating_mul(stride)),
+            arena: Arena::new(stride, n),
             next: 0,
             free: Vec::new(),
         }
@@ -75,7 +114,7 @@ impl Rows {
     /// The bookkeeping and the `stride` floats of `key`'s row.
     pub(crate) fn get(&self, key: u64) -> Option<(Slot, &[f32])> {
         let s = *self.map.get(&key)?;
-        Some((s, row(&self.arena, self.stride, s.index)))
+        Some((s, self.arena.row(s.index)))
     }
 
     /// Add a row for `key` (which must not have one) holding `data`
@@ -91,8 +130,8 @@ impl Rows {
         let Entry::Vacant(v) = self.map.entry(key) else {
             return false;
         };
-        let index = alloc(&mut self.arena, &mut self.next, &mut self.free, self.stride);
-        row_mut(&mut self.arena, self.stride, index).copy_from_slice(data);
+        let index = alloc(&mut self.arena, &mut self.next, &mut self.free);
+        self.arena.row_mut(index).copy_from_slice(data);
         v.insert(Slot {
             index,
             last_access,
@@ -118,7 +157,7 @@ impl Rows {
 
 /// A new row index: a freed one, or the next one (the arena grows to hold
 /// it). The row's floats are stale or zero; the caller writes all of them.
-fn alloc(arena: &mut Vec<f32>, next: &mut u32, free: &mut Vec<u32>, stride: usize) -> u32 {
+fn alloc(arena: &mut Arena, next: &mut u32, free: &mut Vec<u32>) -> u32 {
     if let Some(i) = free.pop() {
         return i;
     }
@@ -126,18 +165,8 @@ fn alloc(arena: &mut Vec<f32>, next: &mut u32, free: &mut Vec<u32>, stride: usiz
     *next = next
         .checked_add(1)
         .expect("more than 2^32 rows in one table shard");
-    arena.resize((i as usize + 1) * stride, 0.0);
+    arena.ensure(i);
     i
-}
-
-fn row(arena: &[f32], stride: usize, index: u32) -> &[f32] {
-    let at = index as usize * stride;
-    &arena[at..at + stride]
-}
-
-fn row_mut(arena: &mut [f32], stride: usize, index: u32) -> &mut [f32] {
-    let at = index as usize * stride;
-    &mut arena[at..at + stride]
 }
 
 /// Marks a key that has no row in [`EmbeddingTable::resolve`]'s output.
@@ -307,7 +336,7 @@ impl EmbeddingTable {
 
     fn pull_row(&mut self, key: u64, step: u64, once: bool) -> Option<&[f32]> {
         let index = self.resolve(key, step, once);
-        (index != NO_ROW).then(|| &row(&self.rows.arena, self.rows.stride, index)[..self.dim])
+        (index != NO_ROW).then(|| &self.rows.arena.row(index)[..self.dim])
     }
 
     /// The row index of `key` for a pull at `step` ([`NO_ROW`] while the
@@ -329,8 +358,8 @@ impl EmbeddingTable {
                 if !admit(&mut self.pending, &mut self.stats, &self.policy, key, step) {
                     return NO_ROW;
                 }
-                let index = alloc(&mut rows.arena, &mut rows.next, &mut rows.free, rows.stride);
-                let (w, s) = row_mut(&mut rows.arena, rows.stride, index).split_at_mut(dim);
+                let index = alloc(&mut rows.arena, &mut rows.next, &mut rows.free);
+                let (w, s) = rows.arena.row_mut(index).split_at_mut(dim);
                 self.def.init_values(self.seed, key, w);
                 self.opt.init_slots(s);
                 self.stats.admitted += 1;
@@ -357,13 +386,13 @@ impl EmbeddingTable {
         let mut resolved = std::mem::take(&mut self.scratch.resolved);
         resolved.clear();
         resolved.extend(keys.iter().map(|k| self.resolve(k, step, true)));
-        let (dim, stride) = (self.dim, self.rows.stride);
+        let dim = self.dim;
         out.reserve(4 * dim * resolved.len());
         for &index in &resolved {
             if index == NO_ROW {
                 out.resize(out.len() + 4 * dim, 0);
             } else {
-                put_f32s(out, &row(&self.rows.arena, stride, index)[..dim]);
+                put_f32s(out, &self.rows.arena.row(index)[..dim]);
             }
         }
         self.scratch.resolved = resolved;
@@ -398,7 +427,7 @@ impl EmbeddingTable {
     }
 
     fn apply_at(&mut self, step: Option<u64>) -> u64 {
-        let (dim, stride) = (self.dim, self.rows.stride);
+        let dim = self.dim;
         // As in `pull_rows_into`: the probes first (their misses overlap),
         // then the updates.
         let mut targets = std::mem::take(&mut self.scratch.targets);
@@ -422,7 +451,7 @@ impl EmbeddingTable {
                 continue;
             }
             let g = &self.scratch.acc_grads[i * dim..(i + 1) * dim];
-            let (w, slots) = row_mut(&mut self.rows.arena, stride, index).split_at_mut(dim);
+            let (w, slots) = self.rows.arena.row_mut(index).split_at_mut(dim);
             self.opt.apply(w, slots, g, t);
             applied += 1;
         }
@@ -536,6 +565,29 @@ mod tests {
         assert_eq!(r, want);
         assert_eq!(t.len(), 1);
         assert_eq!(t.stats().admitted, 1);
+    }
+
+    #[test]
+    fn rows_keep_their_values_as_the_arena_grows_past_blocks() {
+        // Three blocks and a bit: every row, created in one block and read
+        // after later blocks were added, still holds what was written.
+        let mut t = table(0, 0, 16);
+        let n = 3 * BLOCK_ROWS as u64 + 5;
+        for k in 1..=n {
+            t.pull(k, 0);
+            t.accumulate(k, F32s::new(&grad(k as f32)).unwrap());
+            t.apply_accumulated();
+        }
+        assert_eq!(t.len(), n as usize);
+        let mut want = vec![0.0; 4];
+        for k in (1..=n).step_by(97).chain([n]) {
+            t.def().init_values(9, k, &mut want);
+            let got = t.pull(k, 0).unwrap();
+            for (g, w) in got.iter().zip(&want) {
+                // SGD with lr 1: the row moved by minus its gradient.
+                assert_eq!(*g, w - k as f32, "key {k}");
+            }
+        }
     }
 
     #[test]
