@@ -78,6 +78,11 @@ pub struct TrainArgs {
     /// this many global steps (0: never).
     #[arg(long, default_value_t = 0)]
     pub steps_to_live: u64,
+    /// DeepRec EmbeddingVariable default_value_dim: a new row starts as row
+    /// key % N of each table's default value matrix (0: each key
+    /// initialised by itself).
+    #[arg(long, default_value_t = 4096)]
+    pub default_value_dim: usize,
     /// Synthetic training examples per epoch.
     #[arg(long, default_value_t = 200_000)]
     pub train_examples: u64,
@@ -186,6 +191,7 @@ fn config(a: &TrainArgs, ps: usize, workers: usize) -> Result<TrainConfig, Strin
         checkpoint_dir: a.checkpoint_dir.clone(),
         filter_freq: a.filter_freq,
         steps_to_live: a.steps_to_live,
+        default_value_dim: a.default_value_dim,
         train_examples: a.train_examples,
         eval_examples: a.eval_examples,
         skip_bad_lines: a.skip_bad_lines,

@@ -29,7 +29,11 @@
 //!
 //! * **Initialisation**: a row is created on its first (admitted) pull with
 //!   values that depend only on `(seed, var id, key)` (see [`var`]), so
-//!   neither the shard nor the order of creation matters.
+//!   neither the shard nor the order of creation matters. As in DeepRec,
+//!   with `default_value_dim = N > 0` (default [`DEFAULT_VALUE_DIM`]) a new
+//!   row copies row `key % N` of the table's default value matrix, whose
+//!   row `i` holds the initial values of key `i`; `N = 0` initialises each
+//!   key by itself.
 //! * **Frequency filter** (`filter_freq`): a key gets a row on its
 //!   `filter_freq`-th pull *request*: a key counts at most once per request,
 //!   however often it occurs in it (across items too), so the `Pooled`
@@ -69,5 +73,5 @@ pub use error::{CheckpointError, DecodeError, PsError};
 pub use optim::{OptimizerConfig, OptimizerKind};
 pub use placement::{place, shard_of, Placement, PlacementReport, Strategy, VarStats};
 pub use shard::{DenseVar, PsShard, ShardConfig, ShardReport, ShardStats, Var};
-pub use table::{EmbeddingTable, TablePolicy, TableStats};
+pub use table::{EmbeddingTable, TablePolicy, TableStats, DEFAULT_VALUE_DIM};
 pub use var::{Init, VarDef, VarKind};

@@ -27,6 +27,10 @@ pub struct ShardConfig {
     pub evict_interval: u64,
     /// Bound on the keys each table's frequency filter counts at once.
     pub filter_capacity: usize,
+    /// DeepRec `default_value_dim`: new embedding rows copy row
+    /// `key % default_value_dim` of a per-table default value matrix
+    /// (0: each key initialised by itself). See [`TablePolicy`].
+    pub default_value_dim: usize,
     /// Codec limits applied to requests.
     pub limits: Limits,
 }
@@ -40,6 +44,7 @@ impl Default for ShardConfig {
             steps_to_live: 0,
             evict_interval: 100,
             filter_capacity: TablePolicy::default().filter_capacity,
+            default_value_dim: TablePolicy::default().default_value_dim,
             limits: Limits::default(),
         }
     }
@@ -166,6 +171,7 @@ impl PsShard {
             filter_freq: cfg.filter_freq,
             steps_to_live: cfg.steps_to_live,
             filter_capacity: cfg.filter_capacity,
+            default_value_dim: cfg.default_value_dim,
         };
         let mut out = Vec::with_capacity(sorted.len());
         let mut index = FxHashMap::default();

@@ -179,7 +179,11 @@ pub(crate) struct Pending {
     pub(crate) last_seen: u64,
 }
 
-/// Admission and eviction policy of a table.
+/// DeepRec's `default_value_dim` default: a table's default value matrix
+/// has 4096 rows.
+pub const DEFAULT_VALUE_DIM: usize = 4096;
+
+/// Admission, eviction and initialisation policy of a table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TablePolicy {
     /// A key gets a row on its `filter_freq`-th pull (0 or 1: on the first);
@@ -193,6 +197,12 @@ pub struct TablePolicy {
     /// without being counted (see [`TableStats::filter_overflow`]); counters
     /// leave the map when their key is admitted or evicted by the TTL.
     pub filter_capacity: usize,
+    /// DeepRec `default_value_dim`: a new row copies row
+    /// `key % default_value_dim` of the table's default value matrix,
+    /// whose row `i` holds the initial values of key `i` (see
+    /// [`crate::var`]). 0: every row gets the initial values of its own
+    /// key (one initialiser run per new row).
+    pub default_value_dim: usize,
 }
 
 impl Default for TablePolicy {
@@ -201,7 +211,38 @@ impl Default for TablePolicy {
             filter_freq: 0,
             steps_to_live: 0,
             filter_capacity: 1 << 22,
+            default_value_dim: DEFAULT_VALUE_DIM,
         }
+    }
+}
+
+/// The default value matrix of a table (DeepRec's `default_value_dim`
+/// rows of initial values). Rows are computed on first use, so a table
+/// that creates few rows never pays for all of them; the memory comes
+/// zeroed from the allocator and is touched only row by row.
+#[derive(Debug, Clone)]
+struct Defaults {
+    values: Vec<f32>,
+    filled: Vec<bool>,
+}
+
+impl Defaults {
+    fn new(rows: usize, dim: usize) -> Option<Self> {
+        (rows > 0).then(|| Self {
+            values: vec![0.0; rows * dim],
+            filled: vec![false; rows],
+        })
+    }
+
+    /// The initial values of a new row for `key`.
+    fn row(&mut self, def: &VarDef, seed: u64, dim: usize, key: u64) -> &[f32] {
+        let i = (key % self.filled.len() as u64) as usize;
+        let row = &mut self.values[i * dim..(i + 1) * dim];
+        if !self.filled[i] {
+            def.init_values(seed, i as u64, row);
+            self.filled[i] = true;
+        }
+        row
     }
 }
 
@@ -231,6 +272,7 @@ pub struct EmbeddingTable {
     pub(crate) rows: Rows,
     pub(crate) pending: Map<Pending>,
     pub(crate) stats: TableStats,
+    defaults: Option<Box<Defaults>>,
     scratch: Box<Scratch>,
 }
 
@@ -267,6 +309,7 @@ impl EmbeddingTable {
             rows: Rows::with_capacity(dim * (1 + opt.slots()), 0),
             pending: Map::default(),
             stats: TableStats::default(),
+            defaults: Defaults::new(policy.default_value_dim, dim).map(Box::new),
             scratch: Box::default(),
         }
     }
@@ -360,7 +403,10 @@ impl EmbeddingTable {
                 }
                 let index = alloc(&mut rows.arena, &mut rows.next, &mut rows.free);
                 let (w, s) = rows.arena.row_mut(index).split_at_mut(dim);
-                self.def.init_values(self.seed, key, w);
+                match self.defaults.as_mut() {
+                    Some(d) => w.copy_from_slice(d.row(&self.def, self.seed, dim, key)),
+                    None => self.def.init_values(self.seed, key, w),
+                }
                 self.opt.init_slots(s);
                 self.stats.admitted += 1;
                 v.insert(Slot {
@@ -552,8 +598,70 @@ mod tests {
                 filter_freq,
                 steps_to_live,
                 filter_capacity: cap,
+                ..TablePolicy::default()
             },
         )
+    }
+
+    fn table_with_defaults(default_value_dim: usize) -> EmbeddingTable {
+        EmbeddingTable::new(
+            table(0, 0, 16).def().clone(),
+            4,
+            9,
+            OptimizerConfig::sgd(1.0),
+            TablePolicy {
+                default_value_dim,
+                ..TablePolicy::default()
+            },
+        )
+    }
+
+    #[test]
+    fn new_rows_copy_row_key_mod_default_value_dim_of_the_default_matrix() {
+        let mut t = table_with_defaults(8);
+        let mut want = vec![0.0; 4];
+        for k in [3u64, 11, 8 * 1000 + 3, u64::MAX - 4] {
+            // u64::MAX - 4 = 8 * m + 3 as well.
+            t.def().init_values(9, 3, &mut want);
+            assert_eq!(t.pull(k, 0).unwrap(), &want[..], "key {k}");
+        }
+        t.def().init_values(9, 5, &mut want);
+        assert_eq!(t.pull(13, 0).unwrap(), &want[..]);
+        let mut other = vec![0.0; 4];
+        t.def().init_values(9, 3, &mut other);
+        assert_ne!(want, other, "distinct default rows differ");
+        assert_eq!(t.stats().admitted, 5);
+    }
+
+    #[test]
+    fn default_value_dim_zero_initialises_every_key_itself() {
+        let mut t = table_with_defaults(0);
+        let mut want = vec![0.0; 4];
+        for k in [3u64, 11, 1 << 40] {
+            t.def().init_values(9, k, &mut want);
+            assert_eq!(t.pull(k, 0).unwrap(), &want[..], "key {k}");
+        }
+    }
+
+    #[test]
+    fn a_row_recreated_after_eviction_gets_its_default_row_again() {
+        let mut t = EmbeddingTable::new(
+            table(0, 0, 16).def().clone(),
+            4,
+            9,
+            OptimizerConfig::sgd(1.0),
+            TablePolicy {
+                steps_to_live: 2,
+                default_value_dim: 8,
+                ..TablePolicy::default()
+            },
+        );
+        let first = t.pull(21, 0).unwrap().to_vec();
+        t.accumulate(21, F32s::new(&grad(1.0)).unwrap());
+        t.apply_accumulated();
+        assert_ne!(t.pull(21, 0).unwrap(), &first[..]);
+        assert_eq!(t.evict(10), 1);
+        assert_eq!(t.pull(21, 10).unwrap(), &first[..]);
     }
 
     #[test]

@@ -4,7 +4,10 @@
 //!
 //! Every initial value is a pure function of `(seed, var id, key, element
 //! index)`, so a row gets the same values whichever shard creates it and
-//! whenever it is created (first pull, or again after eviction):
+//! whenever it is created (first pull, or again after eviction). An
+//! embedding table with a default value matrix (DeepRec's
+//! `default_value_dim = N`, see [`crate::TablePolicy`]) gives a new key the
+//! values below for key `key % N`.
 //!
 //! ```text
 //! var_seed  = mix(seed ^ mix(var_id + 0x5357_5053))          // "SWPS"

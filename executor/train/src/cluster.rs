@@ -74,6 +74,9 @@ pub struct TrainConfig {
     pub filter_freq: u32,
     /// DeepRec `steps_to_live` (0: off).
     pub steps_to_live: u64,
+    /// DeepRec `default_value_dim`: rows of each table's default value
+    /// matrix (0: every key initialised by itself).
+    pub default_value_dim: usize,
     /// Synthetic training examples per epoch.
     pub train_examples: u64,
     /// Evaluation examples (synthetic), or a cap on those read (Criteo).
@@ -117,6 +120,7 @@ impl Default for TrainConfig {
             checkpoint_dir: None,
             filter_freq: 0,
             steps_to_live: 0,
+            default_value_dim: starwire_ps::DEFAULT_VALUE_DIM,
             train_examples: SyntheticSpec::default().examples_per_epoch,
             eval_examples: 50_000,
             skip_bad_lines: false,
@@ -453,6 +457,7 @@ fn shard_config(cfg: &TrainConfig) -> ShardConfig {
         optimizer: OptimizerConfig::with_kind(cfg.optimizer, cfg.lr),
         filter_freq: cfg.filter_freq,
         steps_to_live: cfg.steps_to_live,
+        default_value_dim: cfg.default_value_dim,
         ..ShardConfig::default()
     }
 }

@@ -73,6 +73,8 @@ pub fn new_shard() -> PsShard {
             steps_to_live: 5,
             evict_interval: 3,
             filter_capacity: 1024,
+            // Small, so fuzzed keys share default rows.
+            default_value_dim: 16,
             limits: LIMITS,
         },
     )
