@@ -37,8 +37,9 @@ use socket2::{Domain, Protocol, SockRef, Socket, Type};
 use starwire_transport::{Transport, TransportError};
 
 pub use config::{
-    ConfigError, TcpConfig, DEFAULT_GATHER_COPY_THRESHOLD, DEFAULT_MAX_FRAME_LEN,
-    DEFAULT_MAX_MESSAGE_LEN, DEFAULT_RX_BUFFER_LEN, DEFAULT_TX_QUEUE_LIMIT_BYTES,
+    ConfigError, TcpConfig, DEFAULT_GATHER_COPY_THRESHOLD, DEFAULT_LOOPBACK_SEND_BUFFER,
+    DEFAULT_MAX_FRAME_LEN, DEFAULT_MAX_MESSAGE_LEN, DEFAULT_RX_BUFFER_LEN,
+    DEFAULT_TX_QUEUE_LIMIT_BYTES,
 };
 pub use tx::MAX_IOVECS;
 
@@ -99,6 +100,11 @@ impl TcpTransport {
         stream.set_nonblocking(true)?;
         stream.set_nodelay(true)?;
         apply_buffer_sizes(&SockRef::from(&stream), &config)?;
+        if let (None, Some(n)) = (config.socket_send_buffer, config.loopback_send_buffer) {
+            if stream.peer_addr()?.ip().is_loopback() {
+                SockRef::from(&stream).set_send_buffer_size(n)?;
+            }
+        }
         Ok(Self {
             stream,
             tx: TxQueue::new(

@@ -681,3 +681,43 @@ fn inconsistent_config_is_rejected() {
     let e = TcpTransport::connect(acceptor.local_addr().unwrap(), bad).unwrap_err();
     assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
 }
+
+#[cfg(target_os = "linux")]
+#[test]
+fn loopback_connections_cap_their_send_buffer_unless_configured() {
+    use starwire_tcp::DEFAULT_LOOPBACK_SEND_BUFFER;
+    let sndbuf = |t: &TcpTransport| {
+        socket2::SockRef::from(t.stream())
+            .send_buffer_size()
+            .unwrap()
+    };
+    // What the kernel makes of a request of the default cap (it doubles the
+    // request and clamps it to net.core.wmem_max): the same whichever
+    // field asked for it.
+    let explicit = TcpConfig {
+        socket_send_buffer: Some(DEFAULT_LOOPBACK_SEND_BUFFER),
+        ..TcpConfig::default()
+    };
+    let (c, s) = pair(explicit, explicit);
+    let capped = sndbuf(&c);
+    assert_eq!(sndbuf(&s), capped);
+    // The default caps both ends of a loopback connection.
+    let (c, s) = pair(TcpConfig::default(), TcpConfig::default());
+    assert_eq!((sndbuf(&c), sndbuf(&s)), (capped, capped));
+    // An explicit SO_SNDBUF wins over the loopback cap.
+    let own = TcpConfig {
+        socket_send_buffer: Some(64 << 10),
+        ..TcpConfig::default()
+    };
+    let (c, s) = pair(own, own);
+    assert_eq!(sndbuf(&c), 128 << 10);
+    assert_eq!(sndbuf(&s), 128 << 10);
+    // Without the cap the kernel's autotuning keeps the buffer.
+    let auto = TcpConfig {
+        loopback_send_buffer: None,
+        ..TcpConfig::default()
+    };
+    let (c, s) = pair(auto, auto);
+    assert_ne!(sndbuf(&c), capped);
+    assert_ne!(sndbuf(&s), capped);
+}

@@ -61,6 +61,12 @@ pub struct UringConfig {
     /// of its own, no reactor calling [`UringReactor::enter`](crate::UringReactor::enter)).
     /// Default false.
     pub auto_enter: bool,
+    /// `SO_SNDBUF` set on a connection whose peer is a loopback address;
+    /// `None` leaves it to autotuning. Default 512 KiB, for the reason
+    /// given at `starwire_tcp::TcpConfig::loopback_send_buffer` (a short
+    /// send queue keeps loopback's copies in cache). A caller that sized
+    /// the socket's send buffer itself sets `None`.
+    pub loopback_send_buffer: Option<usize>,
 }
 
 impl Default for UringConfig {
@@ -83,6 +89,7 @@ impl Default for UringConfig {
             recv: RecvMode::Multishot,
             huge_pages: HugePolicy::Try,
             auto_enter: false,
+            loopback_send_buffer: Some(512 << 10),
         }
     }
 }

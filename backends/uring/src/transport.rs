@@ -29,6 +29,17 @@ impl UringTransport {
                 what: "TCP_NODELAY",
                 source,
             })?;
+        let loopback_send_buffer = reactor.lock().cfg.loopback_send_buffer;
+        if let Some(n) = loopback_send_buffer {
+            let setup = |source| UringError::Setup {
+                what: "SO_SNDBUF",
+                source,
+            };
+            if stream.peer_addr().map_err(setup)?.ip().is_loopback() {
+                nix::sys::socket::setsockopt(&stream, nix::sys::socket::sockopt::SndBuf, &n)
+                    .map_err(|e| setup(e.into()))?;
+            }
+        }
         let (idx, max_frame_len, auto_enter) = {
             let mut r = reactor.lock();
             let idx = r.add_conn(stream);

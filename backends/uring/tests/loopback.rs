@@ -295,6 +295,8 @@ fn short_plain_sends_resume_in_order() {
         let cfg = UringConfig {
             recv,
             zero_copy: false,
+            // The test sizes the send buffer itself.
+            loopback_send_buffer: None,
             ..UringConfig::default()
         };
         let r = UringReactor::new(&cfg).unwrap();
@@ -397,5 +399,35 @@ fn memlock_limit_too_low_is_a_clear_error() {
         "LimitMEMLOCK=",
     ] {
         assert!(line.contains(want), "{want} missing: {line}");
+    }
+}
+
+#[test]
+fn loopback_connections_cap_their_send_buffer_unless_configured() {
+    use nix::sys::socket::{getsockopt, setsockopt, sockopt::SndBuf};
+    let cap = UringConfig::default()
+        .loopback_send_buffer
+        .expect("capped by default");
+    // What the kernel makes of that request (doubled, clamped to
+    // net.core.wmem_max), measured on a plain socket.
+    let (probe, _peer) = raw_pair();
+    setsockopt(&probe, SndBuf, &cap).unwrap();
+    let capped = getsockopt(&probe, SndBuf).unwrap();
+    for (cfg, want_cap) in [
+        (UringConfig::default(), true),
+        (
+            UringConfig {
+                loopback_send_buffer: None,
+                ..UringConfig::default()
+            },
+            false,
+        ),
+    ] {
+        let r = UringReactor::new(&cfg).unwrap();
+        let (x, _y) = raw_pair();
+        let view = x.try_clone().unwrap();
+        let _t = UringTransport::new(&r, x).unwrap();
+        let got = getsockopt(&view, SndBuf).unwrap();
+        assert_eq!(got == capped, want_cap, "SO_SNDBUF {got}, cap {capped}");
     }
 }
