@@ -157,6 +157,12 @@ pub fn rss_kb() -> Option<u64> {
 /// park on and, maybe, fault counters.
 trait SoakTransport: Transport + Send + 'static {
     fn fd(&self) -> BorrowedFd<'_>;
+    /// The socket to wait for writability on while its send buffer refuses
+    /// queued bytes (see `Shard::write_fds`); `None` for a ring, which
+    /// wakes `fd` when a send completes.
+    fn write_fd(&self) -> Option<BorrowedFd<'_>> {
+        None
+    }
     fn fault_stats(&self) -> FaultStats {
         FaultStats::default()
     }
@@ -181,11 +187,17 @@ impl SoakTransport for TcpTransport {
     fn fd(&self) -> BorrowedFd<'_> {
         self.stream().as_fd()
     }
+    fn write_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.tx_pending().then(|| self.fd())
+    }
 }
 
 impl SoakTransport for Faulty<TcpTransport> {
     fn fd(&self) -> BorrowedFd<'_> {
         self.inner().stream().as_fd()
+    }
+    fn write_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.tx_pending().then(|| self.fd())
     }
     fn fault_stats(&self) -> FaultStats {
         self.stats()
@@ -427,6 +439,15 @@ impl<T: SoakTransport> Shard for SoakClient<T> {
         );
     }
 
+    fn write_fds<'a>(&'a self, out: &mut Vec<BorrowedFd<'a>>) {
+        out.extend(
+            self.conns
+                .iter()
+                .filter(|c| !c.dead)
+                .filter_map(|c| c.session.transport().write_fd()),
+        );
+    }
+
     fn finished(&self) -> bool {
         self.done
     }
@@ -500,6 +521,15 @@ impl<T: SoakTransport> Shard for SoakServer<T> {
                 .iter()
                 .filter(|c| !c.dead)
                 .map(|c| c.session.transport().fd()),
+        );
+    }
+
+    fn write_fds<'a>(&'a self, out: &mut Vec<BorrowedFd<'a>>) {
+        out.extend(
+            self.conns
+                .iter()
+                .filter(|c| !c.dead)
+                .filter_map(|c| c.session.transport().write_fd()),
         );
     }
 }

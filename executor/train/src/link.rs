@@ -32,6 +32,13 @@ const PREAMBLE_TIMEOUT: Duration = Duration::from_secs(10);
 pub trait LinkTransport: Transport + Send + std::fmt::Debug + 'static {
     /// The descriptor to wait on while parked.
     fn wake_fd(&self) -> BorrowedFd<'_>;
+    /// The descriptor whose writability a parked driver must also wait
+    /// for: a socket holding queued bytes its full send buffer refused.
+    /// `None` when nothing waits (or the backend wakes `wake_fd` itself
+    /// when a send completes, as an io_uring ring does).
+    fn write_fd(&self) -> Option<BorrowedFd<'_>> {
+        None
+    }
     /// The end of a turn over every connection sharing this one's driver
     /// (an io_uring ring): its one submission. Returns true if it did
     /// work. Called once per turn, on any one of those connections.
@@ -43,6 +50,9 @@ pub trait LinkTransport: Transport + Send + std::fmt::Debug + 'static {
 impl LinkTransport for TcpTransport {
     fn wake_fd(&self) -> BorrowedFd<'_> {
         self.stream().as_fd()
+    }
+    fn write_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.tx_pending().then(|| self.stream().as_fd())
     }
 }
 

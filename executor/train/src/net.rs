@@ -138,6 +138,13 @@ impl<T: LinkTransport> SessionNet<T> {
             .iter()
             .map(|fd| PollFd::new(*fd, PollFlags::POLLIN))
             .collect();
+        // A request the full socket did not take yet: wake when it can go.
+        pfds.extend(
+            self.sessions
+                .iter()
+                .filter_map(|s| s.transport().write_fd())
+                .map(|fd| PollFd::new(fd, PollFlags::POLLOUT)),
+        );
         let ms = u16::try_from(max.as_millis().max(1)).unwrap_or(u16::MAX);
         let _ = nix::poll::poll(&mut pfds, PollTimeout::from(ms));
     }

@@ -386,6 +386,15 @@ impl<H: PsHandler, B: Binder> Shard for PsReactor<H, B> {
         }
     }
 
+    fn write_fds<'a>(&'a self, out: &mut Vec<BorrowedFd<'a>>) {
+        out.extend(
+            self.sessions
+                .iter()
+                .flatten()
+                .filter_map(|s| s.transport().write_fd()),
+        );
+    }
+
     fn finished(&self) -> bool {
         if self.binder.is_none() {
             return true;

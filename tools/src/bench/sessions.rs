@@ -36,6 +36,12 @@ pub fn tcp_config(max_payload: usize) -> TcpConfig {
 pub trait BenchTransport: Transport + Send + 'static {
     /// The descriptor a parked reactor waits on.
     fn wake_fd(&self) -> BorrowedFd<'_>;
+    /// The socket to wait for writability on while its send buffer refuses
+    /// queued bytes (see `Shard::write_fds`); `None` for a ring, which
+    /// wakes `wake_fd` when a send completes.
+    fn write_fd(&self) -> Option<BorrowedFd<'_>> {
+        None
+    }
     /// End of a reactor turn: the one submission of a batching backend.
     /// Returns true when it moved anything.
     fn end_turn(&self) -> bool {
@@ -57,6 +63,9 @@ pub trait BenchTransport: Transport + Send + 'static {
 impl BenchTransport for TcpTransport {
     fn wake_fd(&self) -> BorrowedFd<'_> {
         self.stream().as_fd()
+    }
+    fn write_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.tx_pending().then(|| self.wake_fd())
     }
     fn syscalls(&self) -> u64 {
         let s = self.stats();
@@ -177,6 +186,10 @@ impl<T: BenchTransport> Shard for EchoServer<T> {
 
     fn wake_fds<'a>(&'a self, out: &mut Vec<BorrowedFd<'a>>) {
         out.push(self.session.transport().wake_fd());
+    }
+
+    fn write_fds<'a>(&'a self, out: &mut Vec<BorrowedFd<'a>>) {
+        out.extend(self.session.transport().write_fd());
     }
 
     fn finished(&self) -> bool {
@@ -484,6 +497,10 @@ impl<T: BenchTransport> Shard for LoadGen<T> {
 
     fn wake_fds<'a>(&'a self, out: &mut Vec<BorrowedFd<'a>>) {
         out.push(self.session.transport().wake_fd());
+    }
+
+    fn write_fds<'a>(&'a self, out: &mut Vec<BorrowedFd<'a>>) {
+        out.extend(self.session.transport().write_fd());
     }
 
     fn finished(&self) -> bool {

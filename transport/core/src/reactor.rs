@@ -52,6 +52,13 @@ pub trait Shard: Send {
     /// borrowed from the shard for the duration of the park.
     fn wake_fds<'a>(&'a self, _out: &mut Vec<BorrowedFd<'a>>) {}
 
+    /// File descriptors whose writability must wake a parked reactor:
+    /// sockets with bytes queued that the kernel did not take (its send
+    /// buffer was full). Without them a reactor that parks with a reply
+    /// half written sleeps until the next request or `max_park`, while the
+    /// peer waits for the rest of the reply.
+    fn write_fds<'a>(&'a self, _out: &mut Vec<BorrowedFd<'a>>) {}
+
     /// True when the shard has finished and the reactor may exit.
     fn finished(&self) -> bool {
         false
@@ -291,11 +298,14 @@ fn run<S: Shard>(spec: &ReactorSpec, state: &WakeState, shard: &mut S) -> Reacto
         }
         let mut fds = Vec::new();
         shard.wake_fds(&mut fds);
+        let mut wfds = Vec::new();
+        shard.write_fds(&mut wfds);
         stats.parks += 1;
-        if !park_on(&state.efd, &fds, timeout) {
+        if !park_on(&state.efd, &fds, &wfds, timeout) {
             stats.park_timeouts += 1;
         }
         drop(fds);
+        drop(wfds);
         state.sleeping.store(false, Ordering::SeqCst);
         // Drain the eventfd; EAGAIN just means nobody wrote.
         let _ = state.efd.read();
@@ -304,13 +314,21 @@ fn run<S: Shard>(spec: &ReactorSpec, state: &WakeState, shard: &mut S) -> Reacto
     stats
 }
 
-/// Sleep until the eventfd or one of `fds` is readable, or `timeout`.
-/// Returns false on timeout.
-fn park_on(efd: &EventFd, fds: &[BorrowedFd<'_>], timeout: Duration) -> bool {
-    let mut pfds: Vec<PollFd<'_>> = Vec::with_capacity(fds.len() + 1);
+/// Sleep until the eventfd or one of `fds` is readable, one of `wfds`
+/// writable, or `timeout`. Returns false on timeout.
+fn park_on(
+    efd: &EventFd,
+    fds: &[BorrowedFd<'_>],
+    wfds: &[BorrowedFd<'_>],
+    timeout: Duration,
+) -> bool {
+    let mut pfds: Vec<PollFd<'_>> = Vec::with_capacity(fds.len() + wfds.len() + 1);
     pfds.push(PollFd::new(efd.as_fd(), PollFlags::POLLIN));
     for fd in fds {
         pfds.push(PollFd::new(*fd, PollFlags::POLLIN));
+    }
+    for fd in wfds {
+        pfds.push(PollFd::new(*fd, PollFlags::POLLOUT));
     }
     let ms = u16::try_from(timeout.as_millis().max(1)).unwrap_or(u16::MAX);
     matches!(nix::poll::poll(&mut pfds, PollTimeout::from(ms)), Ok(n) if n > 0)

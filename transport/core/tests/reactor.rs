@@ -139,6 +139,69 @@ fn socket_input_wakes_a_parked_reactor() {
     let _ = std::io::stdout().flush();
 }
 
+struct WriterShard {
+    sock: std::os::unix::net::UnixStream,
+    left: usize,
+}
+
+impl Shard for WriterShard {
+    fn turn(&mut self, _now: Instant) -> bool {
+        let chunk = [7u8; 64 << 10];
+        let mut any = false;
+        while self.left > 0 {
+            match self.sock.write(&chunk[..self.left.min(chunk.len())]) {
+                Ok(n) => {
+                    self.left -= n;
+                    any = true;
+                }
+                Err(_) => break,
+            }
+        }
+        if self.left == 0 {
+            let _ = self.sock.shutdown(std::net::Shutdown::Write);
+        }
+        any
+    }
+    fn write_fds<'a>(&'a self, out: &mut Vec<BorrowedFd<'a>>) {
+        if self.left > 0 {
+            out.push(self.sock.as_fd());
+        }
+    }
+    fn finished(&self) -> bool {
+        self.left == 0
+    }
+}
+
+/// A shard whose socket refused queued bytes parks until the socket takes
+/// more (its `write_fds`), not until `max_park`: a reply half written must
+/// not wait for the next request.
+#[test]
+fn socket_writability_wakes_a_parked_reactor() {
+    use std::io::Read;
+    let (a, mut b) = std::os::unix::net::UnixStream::pair().expect("pair");
+    a.set_nonblocking(true).expect("nonblocking");
+    let total = 8 << 20;
+    let mut spec = ReactorSpec::new(0);
+    spec.idle = IdlePolicy::Park;
+    spec.max_park = Duration::from_secs(30);
+    let reactor = Reactor::spawn(spec, move |_| WriterShard {
+        sock: a,
+        left: total,
+    })
+    .expect("spawn");
+    // Read late, so the socket fills and the reactor parks with bytes left.
+    std::thread::sleep(Duration::from_millis(100));
+    let mut all = Vec::new();
+    b.read_to_end(&mut all).expect("read");
+    let (_, stats) = reactor.join().expect("join");
+    assert_eq!(all.len(), total);
+    assert!(stats.parks > 0, "the socket never filled: {stats:?}");
+    assert_eq!(
+        stats.park_timeouts, 0,
+        "a writability wake-up was lost: {stats:?}"
+    );
+}
+
 struct WhereAmI {
     cpu: Option<usize>,
 }
