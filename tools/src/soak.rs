@@ -188,7 +188,7 @@ impl SoakTransport for TcpTransport {
         self.stream().as_fd()
     }
     fn write_fd(&self) -> Option<BorrowedFd<'_>> {
-        self.tx_pending().then(|| self.fd())
+        self.write_wait_fd()
     }
 }
 
@@ -431,21 +431,13 @@ impl<T: SoakTransport> Shard for SoakClient<T> {
     }
 
     fn wake_fds<'a>(&'a self, out: &mut Vec<BorrowedFd<'a>>) {
-        out.extend(
-            self.conns
-                .iter()
-                .filter(|c| !c.dead)
-                .map(|c| c.session.transport().fd()),
-        );
+        let live = self.conns.iter().filter(|c| !c.dead);
+        out.extend(live.map(|c| c.session.transport().fd()));
     }
 
     fn write_fds<'a>(&'a self, out: &mut Vec<BorrowedFd<'a>>) {
-        out.extend(
-            self.conns
-                .iter()
-                .filter(|c| !c.dead)
-                .filter_map(|c| c.session.transport().write_fd()),
-        );
+        let live = self.conns.iter().filter(|c| !c.dead);
+        out.extend(live.filter_map(|c| c.session.transport().write_fd()));
     }
 
     fn finished(&self) -> bool {
@@ -516,21 +508,13 @@ impl<T: SoakTransport> Shard for SoakServer<T> {
     }
 
     fn wake_fds<'a>(&'a self, out: &mut Vec<BorrowedFd<'a>>) {
-        out.extend(
-            self.conns
-                .iter()
-                .filter(|c| !c.dead)
-                .map(|c| c.session.transport().fd()),
-        );
+        let live = self.conns.iter().filter(|c| !c.dead);
+        out.extend(live.map(|c| c.session.transport().fd()));
     }
 
     fn write_fds<'a>(&'a self, out: &mut Vec<BorrowedFd<'a>>) {
-        out.extend(
-            self.conns
-                .iter()
-                .filter(|c| !c.dead)
-                .filter_map(|c| c.session.transport().write_fd()),
-        );
+        let live = self.conns.iter().filter(|c| !c.dead);
+        out.extend(live.filter_map(|c| c.session.transport().write_fd()));
     }
 }
 

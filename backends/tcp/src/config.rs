@@ -13,9 +13,9 @@ pub const DEFAULT_TX_QUEUE_LIMIT_BYTES: usize = 4 << 20;
 pub const DEFAULT_RX_BUFFER_LEN: usize = 2 << 20;
 /// Default [`TcpConfig::gather_copy_threshold`]: 256 bytes.
 pub const DEFAULT_GATHER_COPY_THRESHOLD: usize = 256;
-/// Default [`TcpConfig::loopback_send_buffer`]: 512 KiB requested (the
-/// kernel doubles it for its bookkeeping).
-pub const DEFAULT_LOOPBACK_SEND_BUFFER: usize = 512 << 10;
+/// Default [`TcpConfig::loopback_send_buffer`] (shared with the io_uring
+/// backend): 512 KiB requested.
+pub use starwire_transport::socket::DEFAULT_LOOPBACK_SEND_BUFFER;
 
 /// Configuration of one TCP connection (see `docs/backends/tcp.md`).
 ///
@@ -55,15 +55,7 @@ pub struct TcpConfig {
     /// `SO_SNDBUF` for a connection whose peer is a loopback address, when
     /// [`socket_send_buffer`](Self::socket_send_buffer) is `None`; `None`
     /// leaves loopback to autotuning too. Default
-    /// [`DEFAULT_LOOPBACK_SEND_BUFFER`].
-    ///
-    /// On loopback the round trip is microseconds, so a send queue of
-    /// several MiB (where autotuning takes a busy stream) holds no more
-    /// in flight than a small one. It does push the queued bytes out of
-    /// the core's cache: the kernel's copy in and the receiver's copy out
-    /// then run from L3. With the cap, a stream of 1 MiB messages ran at
-    /// about twice the rate on this project's test VM (see
-    /// `docs/backends/tcp.md`).
+    /// [`DEFAULT_LOOPBACK_SEND_BUFFER`], which says why.
     pub loopback_send_buffer: Option<usize>,
 }
 

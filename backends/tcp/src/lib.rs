@@ -101,9 +101,7 @@ impl TcpTransport {
         stream.set_nodelay(true)?;
         apply_buffer_sizes(&SockRef::from(&stream), &config)?;
         if let (None, Some(n)) = (config.socket_send_buffer, config.loopback_send_buffer) {
-            if stream.peer_addr()?.ip().is_loopback() {
-                SockRef::from(&stream).set_send_buffer_size(n)?;
-            }
+            starwire_transport::socket::cap_loopback_send_buffer(&stream, n)?;
         }
         Ok(Self {
             stream,
@@ -149,6 +147,14 @@ impl TcpTransport {
     /// or to read socket options. Do not read from or write to it.
     pub fn stream(&self) -> &TcpStream {
         &self.stream
+    }
+
+    /// The socket while the kernel refused queued bytes (its send buffer
+    /// was full), for a parked driver to wait for writability on
+    /// (`Shard::write_fds`); `None` with nothing queued.
+    pub fn write_wait_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::AsFd;
+        self.tx_pending().then(|| self.stream.as_fd())
     }
 
     /// The local address.

@@ -62,10 +62,10 @@ pub struct UringConfig {
     /// Default false.
     pub auto_enter: bool,
     /// `SO_SNDBUF` set on a connection whose peer is a loopback address;
-    /// `None` leaves it to autotuning. Default 512 KiB, for the reason
-    /// given at `starwire_tcp::TcpConfig::loopback_send_buffer` (a short
-    /// send queue keeps loopback's copies in cache). A caller that sized
-    /// the socket's send buffer itself sets `None`.
+    /// `None` leaves it to autotuning. Default
+    /// [`DEFAULT_LOOPBACK_SEND_BUFFER`](starwire_transport::socket::DEFAULT_LOOPBACK_SEND_BUFFER),
+    /// which says why. A caller that sized the socket's send buffer itself
+    /// sets `None`.
     pub loopback_send_buffer: Option<usize>,
 }
 
@@ -89,7 +89,7 @@ impl Default for UringConfig {
             recv: RecvMode::Multishot,
             huge_pages: HugePolicy::Try,
             auto_enter: false,
-            loopback_send_buffer: Some(512 << 10),
+            loopback_send_buffer: Some(starwire_transport::socket::DEFAULT_LOOPBACK_SEND_BUFFER),
         }
     }
 }

@@ -31,14 +31,12 @@ impl UringTransport {
             })?;
         let loopback_send_buffer = reactor.lock().cfg.loopback_send_buffer;
         if let Some(n) = loopback_send_buffer {
-            let setup = |source| UringError::Setup {
-                what: "SO_SNDBUF",
-                source,
-            };
-            if stream.peer_addr().map_err(setup)?.ip().is_loopback() {
-                nix::sys::socket::setsockopt(&stream, nix::sys::socket::sockopt::SndBuf, &n)
-                    .map_err(|e| setup(e.into()))?;
-            }
+            starwire_transport::socket::cap_loopback_send_buffer(&stream, n).map_err(|source| {
+                UringError::Setup {
+                    what: "SO_SNDBUF",
+                    source,
+                }
+            })?;
         }
         let (idx, max_frame_len, auto_enter) = {
             let mut r = reactor.lock();

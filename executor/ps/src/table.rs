@@ -582,38 +582,31 @@ mod tests {
         [x; 4].iter().flat_map(|v| v.to_le_bytes()).collect()
     }
 
-    fn table(filter_freq: u32, steps_to_live: u64, cap: usize) -> EmbeddingTable {
+    /// A 4-wide SGD table of seed 9 with `policy`.
+    fn table_with(policy: TablePolicy) -> EmbeddingTable {
         let def = VarDef {
             id: 3,
             name: "emb".into(),
             kind: VarKind::Embedding { dim: 4 },
             init: Init::Uniform { scale: 0.1 },
         };
-        EmbeddingTable::new(
-            def,
-            4,
-            9,
-            OptimizerConfig::sgd(1.0),
-            TablePolicy {
-                filter_freq,
-                steps_to_live,
-                filter_capacity: cap,
-                ..TablePolicy::default()
-            },
-        )
+        EmbeddingTable::new(def, 4, 9, OptimizerConfig::sgd(1.0), policy)
+    }
+
+    fn table(filter_freq: u32, steps_to_live: u64, cap: usize) -> EmbeddingTable {
+        table_with(TablePolicy {
+            filter_freq,
+            steps_to_live,
+            filter_capacity: cap,
+            ..TablePolicy::default()
+        })
     }
 
     fn table_with_defaults(default_value_dim: usize) -> EmbeddingTable {
-        EmbeddingTable::new(
-            table(0, 0, 16).def().clone(),
-            4,
-            9,
-            OptimizerConfig::sgd(1.0),
-            TablePolicy {
-                default_value_dim,
-                ..TablePolicy::default()
-            },
-        )
+        table_with(TablePolicy {
+            default_value_dim,
+            ..TablePolicy::default()
+        })
     }
 
     #[test]
@@ -645,17 +638,11 @@ mod tests {
 
     #[test]
     fn a_row_recreated_after_eviction_gets_its_default_row_again() {
-        let mut t = EmbeddingTable::new(
-            table(0, 0, 16).def().clone(),
-            4,
-            9,
-            OptimizerConfig::sgd(1.0),
-            TablePolicy {
-                steps_to_live: 2,
-                default_value_dim: 8,
-                ..TablePolicy::default()
-            },
-        );
+        let mut t = table_with(TablePolicy {
+            steps_to_live: 2,
+            default_value_dim: 8,
+            ..TablePolicy::default()
+        });
         let first = t.pull(21, 0).unwrap().to_vec();
         t.accumulate(21, F32s::new(&grad(1.0)).unwrap());
         t.apply_accumulated();

@@ -52,7 +52,7 @@ impl LinkTransport for TcpTransport {
         self.stream().as_fd()
     }
     fn write_fd(&self) -> Option<BorrowedFd<'_>> {
-        self.tx_pending().then(|| self.stream().as_fd())
+        self.write_wait_fd()
     }
 }
 

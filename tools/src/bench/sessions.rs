@@ -65,7 +65,7 @@ impl BenchTransport for TcpTransport {
         self.stream().as_fd()
     }
     fn write_fd(&self) -> Option<BorrowedFd<'_>> {
-        self.tx_pending().then(|| self.wake_fd())
+        self.write_wait_fd()
     }
     fn syscalls(&self) -> u64 {
         let s = self.stats();

@@ -19,6 +19,7 @@ pub mod fusion;
 pub mod reactor;
 pub mod routing;
 pub mod session;
+pub mod socket;
 pub mod testing;
 pub mod transport;
 
