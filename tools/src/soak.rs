@@ -197,7 +197,7 @@ impl SoakTransport for Faulty<TcpTransport> {
         self.inner().stream().as_fd()
     }
     fn write_fd(&self) -> Option<BorrowedFd<'_>> {
-        self.tx_pending().then(|| self.fd())
+        self.inner().write_wait_fd()
     }
     fn fault_stats(&self) -> FaultStats {
         self.stats()
