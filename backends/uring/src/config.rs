@@ -12,15 +12,27 @@ pub struct UringConfig {
     pub sq_entries: u32,
     /// Completion queue entries (multishot receives post many). Default 4096.
     pub cq_entries: u32,
-    /// The largest frame, header included; also the length of a transmit
-    /// slot. Longer messages are chunked by the message layer. Default
-    /// 64 KiB.
+    /// The largest frame, header included. Longer messages are chunked by
+    /// the message layer. Default 1 MiB, as for the tcp backend. Frames up
+    /// to [`tx_slot_len`](Self::tx_slot_len) are written into registered
+    /// slots; a longer one sends its large `Bytes` segments by reference
+    /// (`tx_gather`) or is reserved in heap memory (`tx_reserve`), and is
+    /// received straight into a frame buffer (see
+    /// [`rx_direct_min`](Self::rx_direct_min)).
     pub max_frame_len: usize,
+    /// Length of one slot of the registered transmit pool. Default 64 KiB.
+    pub tx_slot_len: usize,
+    /// A frame at least this long, once its header has arrived, is
+    /// received with single-shot `RECV`s into one frame-sized buffer
+    /// instead of through the provided buffers: the kernel copies the body
+    /// once, to where it is delivered, and no user-space copy follows.
+    /// Default 128 KiB.
+    pub rx_direct_min: usize,
     /// The largest `message_len` a received header may announce. Default
     /// 256 MiB.
     pub max_message_len: usize,
     /// Transmit slots in the registered pool of the ring. Default 32
-    /// (2 MiB with the default slot; the common memlock limit is 8 MiB per
+    /// (2 MiB with the default slot length; the common memlock limit is 8 MiB per
     /// user, shared by all rings). A connection holds slots only while
     /// frames are being written or sent.
     pub tx_slots: usize,
@@ -74,7 +86,9 @@ impl Default for UringConfig {
         Self {
             sq_entries: 256,
             cq_entries: 4096,
-            max_frame_len: 64 << 10,
+            max_frame_len: 1 << 20,
+            tx_slot_len: 64 << 10,
+            rx_direct_min: 128 << 10,
             max_message_len: 256 << 20,
             tx_slots: 32,
             tx_slots_per_conn: 8,
@@ -127,6 +141,9 @@ impl UringConfig {
         if self.max_frame_len < HEADER_LEN || self.max_frame_len > (1 << 30) {
             return bad("max_frame_len must be within 32 bytes..1 GiB");
         }
+        if self.tx_slot_len < HEADER_LEN || self.tx_slot_len > (1 << 30) {
+            return bad("tx_slot_len must be within 32 bytes..1 GiB");
+        }
         if u32::try_from(self.max_message_len).is_err() {
             return bad("max_message_len exceeds u32::MAX");
         }
@@ -150,7 +167,13 @@ impl UringConfig {
 
     /// Bytes registered with the kernel (pinned) by one ring.
     pub fn registered_bytes(&self) -> u64 {
-        (self.max_frame_len as u64).saturating_mul(self.tx_slots as u64)
+        (self.slot_len() as u64).saturating_mul(self.tx_slots as u64)
+    }
+
+    /// The length of a transmit slot: [`tx_slot_len`](Self::tx_slot_len),
+    /// or less when frames are shorter.
+    pub(crate) fn slot_len(&self) -> usize {
+        self.tx_slot_len.min(self.max_frame_len)
     }
 }
 
@@ -273,6 +296,17 @@ pub struct UringStats {
     /// Plain sends the socket took only part of (full); the rest was
     /// queued again for the next flush.
     pub short_sends: u64,
+    /// Receives straight into a frame buffer (frames of at least
+    /// [`UringConfig::rx_direct_min`] bytes).
+    pub direct_recvs: u64,
+    /// Bytes those receives brought.
+    pub direct_bytes: u64,
+    /// Multishot receives cancelled to make way for a direct receive.
+    pub direct_cancels: u64,
+    /// Frames longer than a transmit slot queued from heap memory (a
+    /// `tx_reserve` beyond the slot, or a `tx_gather` whose copied part
+    /// exceeds it).
+    pub tx_heap_frames: u64,
     /// What backs the registered pool.
     pub tx_pages: String,
     /// Bytes registered as fixed buffers.

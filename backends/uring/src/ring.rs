@@ -28,6 +28,8 @@ const OP_SEND: u64 = 2;
 const OP_CANCEL: u64 = 3;
 /// A one-shot readability poll armed before a park (`RecvMode::Spin`).
 const OP_POLL: u64 = 4;
+/// A single-shot receive straight into a frame buffer.
+const OP_RECV_DIRECT: u64 = 5;
 /// Spin mode skips a connection's receive while this many received chunks
 /// wait to be consumed: the application is behind, and buffers are better
 /// left to the other connections.
@@ -99,8 +101,11 @@ pub(crate) struct Conn {
     // Transmit.
     /// The slot frames are being written into.
     filling: Option<Fill>,
-    /// Length of the outstanding reservation in `filling`.
+    /// Length of the outstanding reservation in `filling`, or in
+    /// `heap_reserve`.
     reserved: Option<usize>,
+    /// A reservation longer than a transmit slot.
+    heap_reserve: Option<Vec<u8>>,
     queue: VecDeque<TxSeg>,
     queued_bytes: usize,
     slots_held: usize,
@@ -110,8 +115,21 @@ pub(crate) struct Conn {
     // Receive.
     /// (buffer id, offset, end) of received bytes not yet consumed.
     chunks: VecDeque<(u16, u32, u32)>,
-    /// A frame straddling buffers, being reassembled.
+    /// A frame straddling buffers, being reassembled; also the target of
+    /// direct receives (into its spare capacity).
     partial: Vec<u8>,
+    /// The frame in `partial` is long enough for direct receives: its
+    /// length.
+    direct_want: Option<usize>,
+    /// A direct receive into `partial` is in flight.
+    direct_inflight: bool,
+    /// A direct receive completed the frame in `partial`.
+    direct_ready: bool,
+    /// The last frame delivered was long (at least `rx_direct_min`): the
+    /// next header is received directly.
+    large_run: bool,
+    /// The multishot receive was asked to stop for a direct receive.
+    cancel_sent: bool,
     rx_end: Option<RxEnd>,
     frame_error: Option<FrameError>,
     recv_armed: bool,
@@ -172,6 +190,8 @@ pub(crate) struct RingInner {
     rx_kernel_done: Vec<bool>,
     /// Receives waiting for provided buffers (after `ENOBUFS`).
     rearm: Vec<usize>,
+    /// Connections whose next receive is a direct one, not yet queued.
+    direct: Vec<usize>,
     multishot: bool,
     /// Slots of the registered file table (0: none registered).
     file_slots: u32,
@@ -229,8 +249,8 @@ impl UringReactor {
         if let Some(why) = features.unusable() {
             return Err(UringError::Unavailable(std::io::Error::other(why)));
         }
-        let tx_pool = BufPool::new(cfg.max_frame_len, cfg.tx_slots, cfg.huge_pages)
-            .map_err(UringError::Pool)?;
+        let tx_pool =
+            BufPool::new(cfg.slot_len(), cfg.tx_slots, cfg.huge_pages).map_err(UringError::Pool)?;
         check_memlock(tx_pool.mapped_len() as u64)?;
         let rx_pool =
             BufPool::new(cfg.rx_buf_len, cfg.rx_bufs, cfg.huge_pages).map_err(UringError::Pool)?;
@@ -338,6 +358,7 @@ impl UringReactor {
                 rx_refs: vec![0; cfg.rx_bufs],
                 rx_kernel_done: vec![false; cfg.rx_bufs],
                 rearm: Vec::new(),
+                direct: Vec::new(),
                 multishot,
                 file_slots,
                 spin: cfg.recv == RecvMode::Spin,
@@ -495,6 +516,7 @@ impl RingInner {
             self.ring.submitter().register_enable_rings()?;
             self.enabled = true;
         }
+        self.queue_direct_receives();
         self.rearm_receives();
         let spun = if self.spin {
             self.queue_spin_receives()
@@ -594,7 +616,11 @@ impl RingInner {
         let mut queued = 0;
         for (idx, slot) in self.conns.iter_mut().enumerate() {
             let Some(c) = slot else { continue };
-            if c.closing || c.recv_armed || c.rx_end.is_some() || c.chunks.len() >= SPIN_MAX_CHUNKS
+            if c.closing
+                || c.recv_armed
+                || c.rx_end.is_some()
+                || c.direct_want.is_some()
+                || c.chunks.len() >= SPIN_MAX_CHUNKS
             {
                 continue;
             }
@@ -606,6 +632,145 @@ impl RingInner {
             queued += 1;
         }
         queued
+    }
+
+    /// Queue a direct receive for each connection waiting for one: the
+    /// rest of its frame, straight into the frame buffer. A multishot
+    /// receive still armed is cancelled first (the bytes it already took
+    /// arrive as chunks, in order, before its last completion), and chunks
+    /// still waiting are consumed by `rx_burst` first; either way the
+    /// connection stays on the list until its receive is queued.
+    fn queue_direct_receives(&mut self) {
+        if self.direct.is_empty() {
+            return;
+        }
+        let mut keep = Vec::new();
+        for idx in std::mem::take(&mut self.direct) {
+            let Some(Some(c)) = self.conns.get_mut(idx) else {
+                continue;
+            };
+            let Some(frame_len) = c.direct_want else {
+                continue;
+            };
+            if c.closing || c.rx_end.is_some() || c.direct_inflight {
+                continue;
+            }
+            if !c.chunks.is_empty() {
+                keep.push(idx);
+                continue;
+            }
+            if c.recv_armed {
+                if !self.spin && !c.cancel_sent {
+                    let target = user_data(idx, OP_RECV);
+                    if sys::push_cancel(&mut self.ring, target, user_data(idx, OP_CANCEL)) {
+                        c.cancel_sent = true;
+                        self.stats.direct_cancels += 1;
+                    }
+                }
+                keep.push(idx);
+                continue;
+            }
+            let have = c.partial.len();
+            let want = frame_len.saturating_sub(have);
+            let Ok(len) = u32::try_from(want) else {
+                // Frames are bounded by max_frame_len (at most 1 GiB).
+                continue;
+            };
+            if len == 0 {
+                continue;
+            }
+            c.partial.reserve_exact(want);
+            let ptr = c.partial.spare_capacity_mut().as_mut_ptr().cast::<u8>();
+            if !sys::push_recv_into(
+                &mut self.ring,
+                c.sock,
+                ptr,
+                len,
+                self.spin,
+                user_data(idx, OP_RECV_DIRECT),
+            ) {
+                self.stats.sq_full += 1;
+                keep.push(idx);
+                continue;
+            }
+            c.recv_armed = true;
+            c.direct_inflight = true;
+            self.stats.direct_recvs += 1;
+        }
+        self.direct = keep;
+    }
+
+    /// A direct receive completed: take its bytes into the frame buffer.
+    fn complete_direct(&mut self, idx: usize, res: i32) {
+        let spin = self.spin;
+        let (max_body, max_message) = self.frame_limits();
+        let direct_min = self.cfg.rx_direct_min;
+        let Some(Some(c)) = self.conns.get_mut(idx) else {
+            return;
+        };
+        c.recv_armed = false;
+        c.direct_inflight = false;
+        match res {
+            n if n > 0 => {
+                let n = n as usize;
+                if !sys::commit_received(&mut c.partial, n) {
+                    c.rx_end = Some(RxEnd::Errno(libc::EINVAL));
+                    return;
+                }
+                self.stats.recv_cqes += 1;
+                self.stats.direct_bytes += n as u64;
+                c.stats.recv_cqes += 1;
+                c.stats.bytes_received += n as u64;
+                if c.closing {
+                    return;
+                }
+                let have = c.partial.len();
+                if have < HEADER_LEN {
+                    // Short (non-blocking, or interrupted): ask again.
+                    self.direct.push(idx);
+                    return;
+                }
+                match Header::parse(&c.partial, max_body, max_message) {
+                    Ok(h) if have >= h.frame_len() => {
+                        // Complete: `rx_burst` delivers it and decides how
+                        // the next frame is received.
+                        c.direct_want = None;
+                        c.direct_ready = true;
+                    }
+                    Ok(h) if h.frame_len() >= direct_min => {
+                        // The rest of a long frame (or its body, after a
+                        // direct receive of its header): again.
+                        c.direct_want = Some(h.frame_len());
+                        self.direct.push(idx);
+                    }
+                    Ok(_) => {
+                        // A header that opens a short frame: its body comes
+                        // the usual way.
+                        c.direct_want = None;
+                        if !spin {
+                            self.rearm.push(idx);
+                        }
+                    }
+                    Err(_) => {
+                        // `rx_burst` reports it.
+                        c.direct_want = None;
+                        c.direct_ready = true;
+                    }
+                }
+            }
+            0 => c.rx_end = Some(RxEnd::Eof),
+            e if e == -libc::EAGAIN => {
+                self.stats.rx_empty += 1;
+                if !c.closing {
+                    self.direct.push(idx);
+                }
+            }
+            e if e == -libc::ECONNRESET || e == -libc::EPIPE => {
+                c.rx_end = Some(RxEnd::Reset);
+            }
+            e if e == -libc::ECANCELED => {}
+            e => c.rx_end = Some(RxEnd::Errno(-e)),
+        }
     }
 
     /// `RecvMode::Spin`, before a park: arm a one-shot readability poll on
@@ -630,8 +795,10 @@ impl RingInner {
             self.stats.park_polls += armed;
             // Submits only: no receive is queued, so no data is taken.
             let spin = std::mem::replace(&mut self.spin, false);
+            let direct = std::mem::take(&mut self.direct);
             let r = self.enter();
             self.spin = spin;
+            self.direct = direct;
             r?;
         }
         Ok(())
@@ -645,7 +812,8 @@ impl RingInner {
             let Some(cqe) = self.ring.completion().next() else {
                 break;
             };
-            let empty = cqe.result() == -libc::EAGAIN && cqe.user_data() & 0xff == OP_RECV;
+            let op = cqe.user_data() & 0xff;
+            let empty = cqe.result() == -libc::EAGAIN && (op == OP_RECV || op == OP_RECV_DIRECT);
             n += usize::from(!empty);
             self.complete(cqe.user_data(), cqe.result(), cqe.flags());
         }
@@ -661,6 +829,7 @@ impl RingInner {
         }
         match op {
             OP_RECV => self.complete_recv(idx, res, flags),
+            OP_RECV_DIRECT => self.complete_direct(idx, res),
             OP_SEND => self.complete_send(idx, res, flags),
             OP_POLL => {
                 if let Some(Some(c)) = self.conns.get_mut(idx) {
@@ -699,6 +868,7 @@ impl RingInner {
         };
         if !more {
             c.recv_armed = false;
+            c.cancel_sent = false;
         }
         match res {
             n if n > 0 => {
@@ -733,7 +903,13 @@ impl RingInner {
             e if e == -libc::ECONNRESET || e == -libc::EPIPE => {
                 c.rx_end = Some(RxEnd::Reset);
             }
-            e if e == -libc::ECANCELED => {}
+            e if e == -libc::ECANCELED => {
+                // Stopped for a direct receive (re-armed once that is
+                // done; `rearm_receives` skips it until then) or closing.
+                if !c.closing && !self.spin {
+                    self.rearm.push(idx);
+                }
+            }
             e => c.rx_end = Some(RxEnd::Errno(-e)),
         }
     }
@@ -853,7 +1029,7 @@ impl RingInner {
             let Some(Some(c)) = self.conns.get_mut(idx) else {
                 continue;
             };
-            if c.closing || c.recv_armed || c.rx_end.is_some() {
+            if c.closing || c.recv_armed || c.rx_end.is_some() || c.direct_want.is_some() {
                 continue;
             }
             if sys::push_recv(
@@ -922,6 +1098,7 @@ impl RingInner {
             sock,
             filling: None,
             reserved: None,
+            heap_reserve: None,
             queue: VecDeque::new(),
             queued_bytes: 0,
             slots_held: 0,
@@ -930,6 +1107,11 @@ impl RingInner {
             zero_copy: self.cfg.zero_copy && (self.features.sendmsg_zc || self.features.send_zc),
             chunks: VecDeque::new(),
             partial: Vec::new(),
+            direct_want: None,
+            direct_inflight: false,
+            direct_ready: false,
+            large_run: false,
+            cancel_sent: false,
             rx_end: None,
             frame_error: None,
             recv_armed: false,
@@ -969,8 +1151,16 @@ impl RingInner {
             let _ = s.shutdown(std::net::Shutdown::Both);
         }
         if c.recv_armed {
-            let fd_ud = user_data(idx, OP_RECV);
-            let _ = sys::push_cancel(&mut self.ring, fd_ud, user_data(idx, OP_CANCEL));
+            let op = if c.direct_inflight {
+                OP_RECV_DIRECT
+            } else {
+                OP_RECV
+            };
+            let _ = sys::push_cancel(
+                &mut self.ring,
+                user_data(idx, op),
+                user_data(idx, OP_CANCEL),
+            );
         }
         if c.poll_armed {
             let fd_ud = user_data(idx, OP_POLL);
@@ -991,8 +1181,22 @@ impl RingInner {
         }
         self.check_send_error(idx)?;
         let per_conn = self.cfg.tx_slots_per_conn;
+        let slot_len = self.cfg.slot_len();
+        let limit = self.cfg.tx_queue_limit_bytes;
         let c = self.conns[idx].as_mut().expect("live connection");
         c.reserved = None;
+        c.heap_reserve = None;
+        if len > slot_len {
+            // Longer than a slot: heap memory, queued by reference at the
+            // commit.
+            if c.queued_bytes > 0 && c.queued_bytes + len > limit {
+                return Ok(None);
+            }
+            let buf = c.heap_reserve.insert(vec![0; len]);
+            c.reserved = Some(len);
+            return Ok(Some((buf.as_mut_ptr().cast_const(), len)));
+        }
+        let max = slot_len;
         if let Some(f) = c.filling {
             if max - f.used >= len {
                 c.reserved = Some(len);
@@ -1028,7 +1232,14 @@ impl RingInner {
             len <= r,
             "tx_commit of {len} bytes exceeds the reservation of {r}"
         );
-        if let Some(f) = c.filling.as_mut() {
+        if let Some(mut buf) = c.heap_reserve.take() {
+            buf.truncate(len);
+            // After what the filling slot holds, to keep the order.
+            queue_fill(&mut self.slot_refs, c);
+            c.queue.push_back(TxSeg::Shared(Bytes::from(buf)));
+            c.queued_bytes += len;
+            self.stats.tx_heap_frames += 1;
+        } else if let Some(f) = c.filling.as_mut() {
             f.used += len;
         }
         c.stats.frames_sent += 1;
@@ -1057,6 +1268,9 @@ impl RingInner {
                 .map(Bytes::len)
                 .sum::<usize>();
         let shared_bytes = total - copied;
+        if copied > self.cfg.slot_len() {
+            return self.tx_gather_heap(idx, head, segs, total);
+        }
         if shared_bytes > 0
             && self.conn(idx).queued_bytes + shared_bytes > self.cfg.tx_queue_limit_bytes
         {
@@ -1090,6 +1304,53 @@ impl RingInner {
         c.filling = Some(f);
         c.stats.frames_sent += 1;
         self.stats.frames_sent += 1;
+        Ok(true)
+    }
+
+    /// `tx_gather` of a frame whose copied part (head and short segments)
+    /// exceeds a slot: runs of copied bytes go to heap buffers, long
+    /// segments stay by reference.
+    fn tx_gather_heap(
+        &mut self,
+        idx: usize,
+        head: &[u8],
+        segs: &[Bytes],
+        total: usize,
+    ) -> Result<bool, TransportError> {
+        self.check_send_error(idx)?;
+        let threshold = self.cfg.gather_copy_threshold.max(1);
+        let limit = self.cfg.tx_queue_limit_bytes;
+        let c = self.conns[idx].as_mut().expect("live connection");
+        if c.reserved.is_some() {
+            // The reservation is abandoned, as by a new tx_reserve.
+            c.reserved = None;
+            c.heap_reserve = None;
+        }
+        if c.queued_bytes > 0 && c.queued_bytes + total > limit {
+            return Ok(false);
+        }
+        queue_fill(&mut self.slot_refs, c);
+        let mut run = head.to_vec();
+        for s in segs {
+            if s.len() < threshold {
+                run.extend_from_slice(s);
+                continue;
+            }
+            if !run.is_empty() {
+                c.queued_bytes += run.len();
+                c.queue
+                    .push_back(TxSeg::Shared(Bytes::from(std::mem::take(&mut run))));
+            }
+            c.queued_bytes += s.len();
+            c.queue.push_back(TxSeg::Shared(s.clone()));
+        }
+        if !run.is_empty() {
+            c.queued_bytes += run.len();
+            c.queue.push_back(TxSeg::Shared(Bytes::from(run)));
+        }
+        c.stats.frames_sent += 1;
+        self.stats.frames_sent += 1;
+        self.stats.tx_heap_frames += 1;
         Ok(true)
     }
 
@@ -1180,6 +1441,13 @@ impl RingInner {
         Ok(())
     }
 
+    /// The largest body and message a received header may announce.
+    fn frame_limits(&self) -> (u32, u32) {
+        let max_body = u32::try_from(self.cfg.max_frame_len - HEADER_LEN).unwrap_or(u32::MAX);
+        let max_message = u32::try_from(self.cfg.max_message_len).unwrap_or(u32::MAX);
+        (max_body, max_message)
+    }
+
     /// Deliver up to `max` complete frames in place (reassembling frames
     /// that straddle buffers), then the end of the stream if it came.
     pub(crate) fn rx_burst(
@@ -1188,10 +1456,9 @@ impl RingInner {
         max: usize,
         sink: &mut dyn FnMut(&[u8]),
     ) -> Result<usize, TransportError> {
-        let max_frame = self.cfg.max_frame_len;
-        let max_body = u32::try_from(max_frame - HEADER_LEN).unwrap_or(u32::MAX);
-        let max_message = u32::try_from(self.cfg.max_message_len).unwrap_or(u32::MAX);
+        let (max_body, max_message) = self.frame_limits();
         let buf_len = self.cfg.rx_buf_len;
+        let direct_min = self.cfg.rx_direct_min;
         let c = self.conns[idx].as_mut().expect("live connection");
         if let Some(e) = &c.frame_error {
             return Err(TransportError::Frame(e.clone()));
@@ -1199,10 +1466,26 @@ impl RingInner {
         let mut n = 0;
         let mut freed: Vec<u16> = Vec::new();
         let mut err = None;
-        while n < max {
+        if c.direct_ready {
+            // A direct receive completed the frame in `partial`.
+            c.direct_ready = false;
+            match Header::parse(&c.partial, max_body, max_message) {
+                Ok(h) if h.frame_len() == c.partial.len() => {
+                    sink(&c.partial);
+                    c.partial.clear();
+                    c.stats.frames_received += 1;
+                    c.large_run = h.frame_len() >= direct_min;
+                    n += 1;
+                }
+                Ok(_) => err = Some(FrameError::BadLength("direct receive overran its frame")),
+                Err(e) => err = Some(e),
+            }
+        }
+        while n < max && err.is_none() {
             let Some(&(bid, off, end)) = c.chunks.front() else {
                 break;
             };
+            debug_assert!(!c.direct_inflight, "chunks while a direct receive runs");
             let id = slot_id(usize::from(bid));
             let buf = &self.rx_pool.slot(id)[..buf_len.min(end as usize)];
             let data = &buf[off as usize..];
@@ -1229,6 +1512,7 @@ impl RingInner {
                             sink(&c.partial);
                             c.partial.clear();
                             c.stats.frames_received += 1;
+                            c.large_run = h.frame_len() >= direct_min;
                             n += 1;
                         }
                         Ok(_) => {}
@@ -1249,6 +1533,7 @@ impl RingInner {
                             sink(&rest[..h.frame_len()]);
                             used = h.frame_len();
                             c.stats.frames_received += 1;
+                            c.large_run = h.frame_len() >= direct_min;
                             n += 1;
                         }
                         Ok(_) => {
@@ -1283,6 +1568,37 @@ impl RingInner {
             }
             return Err(TransportError::Frame(e));
         }
+        if c.chunks.is_empty() && !c.direct_inflight && !c.direct_ready {
+            // Receive the rest of a long frame straight into `partial`
+            // (`queue_direct_receives`); after a long frame, receive the
+            // next header that way too, so that its body does not land in
+            // the provided buffers first.
+            let have = c.partial.len();
+            let want = if have >= HEADER_LEN {
+                Header::parse(&c.partial, max_body, max_message)
+                    .ok()
+                    .map(|h| h.frame_len())
+                    .filter(|&len| len >= direct_min && len > have)
+            } else if c.large_run {
+                Some(HEADER_LEN)
+            } else {
+                None
+            };
+            if want.is_some() && c.direct_want.is_none() {
+                self.direct.push(idx);
+            }
+            c.direct_want = want;
+            if want.is_none()
+                && !self.spin
+                && !c.recv_armed
+                && !c.closing
+                && c.rx_end.is_none()
+                && !self.rearm.contains(&idx)
+            {
+                // Back to the multishot receive.
+                self.rearm.push(idx);
+            }
+        }
         let end = if c.chunks.is_empty() { c.rx_end } else { None };
         let partial = c.partial.len();
         let truncated_need = (partial >= HEADER_LEN)
@@ -1311,7 +1627,8 @@ impl RingInner {
     }
 
     pub(crate) fn rx_buffered(&self, idx: usize) -> bool {
-        !self.conn(idx).chunks.is_empty()
+        let c = self.conn(idx);
+        !c.chunks.is_empty() || c.direct_ready
     }
 }
 

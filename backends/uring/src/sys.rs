@@ -16,6 +16,12 @@
 //!   the kernel only after its bytes were consumed.
 //! * **Lent transmit slots.** A slot handed out by `tx_slice` belongs to one
 //!   connection (taken from the pool, not in flight) until it is queued.
+//! * **Direct receives.** A receive straight into a frame buffer writes
+//!   into the spare capacity of the connection's reassembly `Vec`
+//!   (`partial`). While it is in flight (`direct_inflight`) the `Vec` is
+//!   neither grown, shrunk nor dropped: the receive path touches it only
+//!   when received chunks wait, and none arrive while no other receive is
+//!   armed; a connection's state is freed only once no receive is armed.
 #![allow(unsafe_code)]
 
 use std::os::fd::{AsRawFd, RawFd};
@@ -135,6 +141,46 @@ pub(crate) fn push_spin_recv(ring: &mut IoUring, sock: Sock, bgid: u16, user_dat
         .flags(libc::MSG_DONTWAIT)
         .build());
     push(ring, &e.user_data(user_data))
+}
+
+/// Queue a single-shot receive of at most `len` bytes into `ptr`
+/// (a direct receive): non-blocking (`MSG_DONTWAIT`, completes at once with
+/// what is there or `-EAGAIN`) when `dontwait`, else with `MSG_WAITALL`
+/// (completes when all `len` bytes came, at the end of the stream, or on an
+/// error). The caller keeps `ptr..ptr + len` alive and untouched until the
+/// completion (module documentation, "Direct receives").
+pub(crate) fn push_recv_into(
+    ring: &mut IoUring,
+    sock: Sock,
+    ptr: *mut u8,
+    len: u32,
+    dontwait: bool,
+    user_data: u64,
+) -> bool {
+    let flags = if dontwait {
+        libc::MSG_DONTWAIT
+    } else {
+        libc::MSG_WAITALL
+    };
+    let e = on_sock!(sock, |t| opcode::Recv::new(t, ptr, len)
+        .flags(flags)
+        .build());
+    push(ring, &e.user_data(user_data))
+}
+
+/// Take `n` more bytes of `v`'s spare capacity as written, after a direct
+/// receive into it reported `n`. Returns false (and leaves `v` alone) when
+/// `n` exceeds the spare capacity, which a kernel that keeps to the
+/// requested length never reports.
+pub(crate) fn commit_received(v: &mut Vec<u8>, n: usize) -> bool {
+    if n > v.capacity() - v.len() {
+        return false;
+    }
+    // SAFETY: the receive was given `v`'s spare capacity starting at
+    // `v.len()` (nothing moved the buffer since, see "Direct receives"), and
+    // the kernel reported writing `n` bytes there; `n` fits the capacity.
+    unsafe { v.set_len(v.len() + n) };
+    true
 }
 
 /// Queue a one-shot poll for readability (or hang-up) of `fd`.

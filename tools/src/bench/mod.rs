@@ -468,9 +468,8 @@ fn serve(listener: TcpListener, server_core: Option<Option<usize>>) -> Result<()
                 tcp_transport(stream, &run).and_then(|t| sessions::serve(t, &run, core, idle))
             }
             #[cfg(all(feature = "uring", target_os = "linux"))]
-            Backend::Uring => {
-                uring_transport(stream, idle).and_then(|t| sessions::serve(t, &run, core, idle))
-            }
+            Backend::Uring => uring_transport(stream, idle, &run)
+                .and_then(|t| sessions::serve(t, &run, core, idle)),
             #[cfg(feature = "grpc")]
             Backend::Grpc => grpc::serve(stream, &run),
         };
@@ -501,8 +500,9 @@ fn tcp_transport(stream: TcpStream, run: &Run) -> Result<starwire_tcp::TcpTransp
 fn uring_transport(
     stream: TcpStream,
     idle: IdlePolicy,
+    run: &Run,
 ) -> Result<starwire_uring::UringTransport, String> {
-    let ring = starwire_uring::UringReactor::new(&sessions::uring_config(idle))
+    let ring = starwire_uring::UringReactor::new(&sessions::uring_config(idle, run.max_size))
         .map_err(|e| format!("{e}; use --backends tcp"))?;
     starwire_uring::UringTransport::new(&ring, stream).map_err(|e| format!("uring transport: {e}"))
 }
@@ -578,7 +578,7 @@ fn drive(plan: &Plan, ctl_addr: SocketAddr) -> Result<Vec<ResultLine>, String> {
             Backend::Tcp => tcp_transport(stream, run)
                 .and_then(|t| sessions::client(t, run, plan.client_core, client_idle)),
             #[cfg(all(feature = "uring", target_os = "linux"))]
-            Backend::Uring => uring_transport(stream, client_idle)
+            Backend::Uring => uring_transport(stream, client_idle, run)
                 .and_then(|t| sessions::client(t, run, plan.client_core, client_idle)),
             #[cfg(feature = "grpc")]
             Backend::Grpc => grpc::client(stream, run, plan.client_core),

@@ -98,13 +98,19 @@ impl BenchTransport for starwire_uring::UringTransport {
     }
 }
 
-/// io_uring settings both ends derive from the plan. Frames are the
-/// backend's slots (64 KiB): larger messages are chunked. A reactor that
-/// polls (busy, or before it parks) receives in spin mode, one that parks
-/// at once with multishot receives (`STARWIRE_URING_RECV` overrides).
+/// io_uring settings both ends derive from the plan: frames as for TCP
+/// ([`tcp_config`]), so a frame holds the largest payload whole. A reactor
+/// that polls (busy, or before it parks) receives in spin mode, one that
+/// parks at once with multishot receives (`STARWIRE_URING_RECV`
+/// overrides).
 #[cfg(all(feature = "uring", target_os = "linux"))]
-pub fn uring_config(idle: IdlePolicy) -> starwire_uring::UringConfig {
-    starwire_uring::UringConfig::for_polling(!matches!(idle, IdlePolicy::Park))
+pub fn uring_config(idle: IdlePolicy, max_payload: usize) -> starwire_uring::UringConfig {
+    let tcp = tcp_config(max_payload);
+    starwire_uring::UringConfig {
+        max_frame_len: tcp.max_frame_len,
+        tx_queue_limit_bytes: tcp.tx_queue_limit_bytes,
+        ..starwire_uring::UringConfig::for_polling(!matches!(idle, IdlePolicy::Park))
+    }
 }
 
 /// Connection settings of one end.
@@ -212,7 +218,12 @@ pub fn serve<T: BenchTransport>(
         error: None,
     })
     .map_err(|e| format!("server reactor: {e}"))?;
-    let (shard, _) = reactor.join().map_err(|e| format!("server reactor: {e}"))?;
+    let (shard, rstats) = reactor.join().map_err(|e| format!("server reactor: {e}"))?;
+    tracing::debug!(
+        reactor = ?rstats,
+        backend = %shard.session.transport().counters(),
+        "bench server counters"
+    );
     match shard.error {
         Some(e) => Err(e),
         None => Ok(()),
