@@ -3,6 +3,15 @@
 //! 100 000-key working set; and of new-row initialisation (4096 rows of
 //! dim 64 per iteration, normal and uniform), which a pull pays for every
 //! key it sees for the first time.
+//!
+//! `ps_table_1m`: the shape of `starwire train --model lr --embedding-dim
+//! 64 --batch-size 512` on a table far larger than the caches. 1M rows of
+//! dim 64 with Adagrad (512 MiB of rows and accumulators, 24 MiB of map),
+//! requests of 6,656 keys (26 features x 512 samples / 2 shards) spread
+//! over the whole table, so nearly every row access misses as in a
+//! production table: `pull_rows` (probe, copy into the reply),
+//! `push_rows` (accumulate, Adagrad on row and accumulator) and
+//! `pull_new` (every row created, a fresh shard every 64 requests).
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use starwire_ps::proto::{PullRequestWriter, PushRequestWriter};
@@ -104,5 +113,97 @@ fn bench_init(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench, bench_init);
+const BIG_DIM: usize = 64;
+const BIG_ROWS: u64 = 1 << 20;
+const BIG_KEYS: usize = 6656;
+
+fn big_shard() -> PsShard {
+    let vars = [VarDef {
+        id: 1,
+        name: "emb".into(),
+        kind: VarKind::Embedding { dim: BIG_DIM },
+        init: Init::Uniform { scale: 0.05 },
+    }];
+    PsShard::new(
+        0,
+        &vars,
+        ShardConfig {
+            optimizer: OptimizerConfig::adagrad(0.05),
+            evict_interval: 0,
+            ..ShardConfig::default()
+        },
+    )
+}
+
+/// Request `round`'s keys: distinct, spread over `0..BIG_ROWS`.
+fn big_keys(round: u64) -> Vec<u64> {
+    (0..BIG_KEYS as u64)
+        .map(|i| (i * 157 + round * 7_368_787).wrapping_mul(0x9E37_79B9_7F4A_7C15) % BIG_ROWS)
+        .collect()
+}
+
+fn bench_big_table(c: &mut Criterion) {
+    let mut g = c.benchmark_group("ps_table_1m");
+    g.throughput(Throughput::Elements(BIG_KEYS as u64));
+    let (mut req, mut out) = (Vec::new(), Vec::new());
+    let mut s = big_shard();
+    let all: Vec<u64> = (0..BIG_ROWS).collect();
+    for chunk in all.chunks(1 << 16) {
+        PullRequestWriter::new(&mut req).rows(1, chunk);
+        s.handle_pull(&req, &mut out).expect("fill");
+    }
+    let rounds = 64;
+    let pulls: Vec<Vec<u8>> = (0..rounds)
+        .map(|r| {
+            PullRequestWriter::new(&mut req).rows(1, &big_keys(r));
+            req.clone()
+        })
+        .collect();
+    let grads: Vec<f32> = (0..BIG_KEYS * BIG_DIM)
+        .map(|i| ((i % 7) as f32 - 3.0) * 1e-3)
+        .collect();
+    let pushes: Vec<Vec<u8>> = (0..rounds)
+        .map(|r| {
+            PushRequestWriter::new(&mut req, true).rows(1, BIG_DIM as u32, &big_keys(r), &grads);
+            req.clone()
+        })
+        .collect();
+    let mut i = 0;
+    g.bench_function(BenchmarkId::new("pull_rows", BIG_KEYS), |b| {
+        b.iter(|| {
+            i += 1;
+            s.handle_pull(&pulls[i % pulls.len()], &mut out)
+                .expect("pull");
+        })
+    });
+    g.bench_function(BenchmarkId::new("push_rows", BIG_KEYS), |b| {
+        b.iter(|| {
+            i += 1;
+            s.handle_push(&pushes[i % pushes.len()], &mut out)
+                .expect("push");
+        })
+    });
+    drop(s);
+    g.bench_function(BenchmarkId::new("pull_new", BIG_KEYS), |b| {
+        b.iter_custom(|iters| {
+            let mut total = std::time::Duration::ZERO;
+            let mut fresh = big_shard();
+            for n in 0..iters {
+                if n % 64 == 0 {
+                    fresh = big_shard();
+                }
+                let first = (n % 64) * BIG_KEYS as u64;
+                let keys: Vec<u64> = (first..first + BIG_KEYS as u64).collect();
+                PullRequestWriter::new(&mut req).rows(1, &keys);
+                let t = std::time::Instant::now();
+                fresh.handle_pull(&req, &mut out).expect("pull new");
+                total += t.elapsed();
+            }
+            total
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench, bench_init, bench_big_table);
 criterion_main!(benches);

@@ -63,6 +63,7 @@ pub mod checkpoint;
 mod error;
 pub mod optim;
 pub mod placement;
+mod prefetch;
 pub mod proto;
 mod shard;
 mod table;

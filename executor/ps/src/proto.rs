@@ -873,6 +873,12 @@ fn put_u64s(buf: &mut Vec<u8>, v: &[u64]) {
 
 /// Append `v` little-endian: grow once, then fill the new bytes in one pass.
 pub(crate) fn put_f32s(buf: &mut Vec<u8>, v: &[f32]) {
+    if cfg!(target_endian = "little") {
+        // The wire's byte order: one copy, without zeroing the room first
+        // (pulls copy every row of a reply through here).
+        buf.extend_from_slice(bytemuck::cast_slice(v));
+        return;
+    }
     let start = buf.len();
     buf.resize(start + 4 * v.len(), 0);
     for (c, x) in buf[start..].chunks_exact_mut(4).zip(v) {

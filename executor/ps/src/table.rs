@@ -7,6 +7,7 @@ use rustc_hash::FxHashMap;
 use rustc_hash::FxHashSet;
 
 use crate::optim::OptimizerConfig;
+use crate::prefetch;
 use crate::proto::{put_f32s, F32s, U64s};
 use crate::var::VarDef;
 
@@ -434,7 +435,12 @@ impl EmbeddingTable {
         resolved.extend(keys.iter().map(|k| self.resolve(k, step, true)));
         let dim = self.dim;
         out.reserve(4 * dim * resolved.len());
-        for &index in &resolved {
+        for (i, &index) in resolved.iter().enumerate() {
+            if let Some(&ahead) = resolved.get(i + prefetch::DISTANCE) {
+                if ahead != NO_ROW {
+                    prefetch::row(&self.rows.arena.row(ahead)[..dim]);
+                }
+            }
             if index == NO_ROW {
                 out.resize(out.len() + 4 * dim, 0);
             } else {
@@ -492,6 +498,11 @@ impl EmbeddingTable {
         }
         let mut applied = 0;
         for (i, &(index, t)) in targets.iter().enumerate() {
+            if let Some(&(ahead, _)) = targets.get(i + prefetch::DISTANCE) {
+                if ahead != NO_ROW {
+                    prefetch::row(self.rows.arena.row(ahead));
+                }
+            }
             if index == NO_ROW {
                 self.stats.ignored_pushes += 1;
                 continue;

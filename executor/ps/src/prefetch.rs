@@ -1,0 +1,36 @@
+//! Software prefetch of table rows.
+//!
+//! The PS's row loops (copying pulled rows into a reply, applying the
+//! optimizer to pushed rows) touch rows at random places in a table of
+//! hundreds of MB, so nearly every row is a cache miss, and a loop body
+//! long enough to copy or update a whole row keeps the CPU from running
+//! far enough ahead to overlap the next row's misses by itself. Asking
+//! for a row a few iterations before it is needed overlaps them
+//! (`bench/benches/ps.rs` measures the effect). No crate offers a stable
+//! prefetch; `core::arch` does, behind `unsafe`, so this module holds it.
+#![allow(unsafe_code)]
+
+/// How many rows ahead the loops prefetch.
+pub(crate) const DISTANCE: usize = 8;
+
+/// Hint that `row` will be read or written soon: one prefetch per cache
+/// line. A no-op on targets without the intrinsic.
+#[inline(always)]
+pub(crate) fn row(row: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use core::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let p = row.as_ptr().cast::<i8>();
+        let bytes = std::mem::size_of_val(row);
+        let mut off = 0;
+        while off < bytes {
+            // SAFETY: a prefetch only hints the cache: it has no
+            // architectural effect, reads nothing into the program and
+            // never faults, whatever the address; this one is inside `row`.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off)) };
+            off += 64;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = row;
+}
