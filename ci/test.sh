@@ -66,6 +66,14 @@ soak() {
 soak_uring() {
     ./target/release/starwire soak --backend uring --connections "$SOAK_CONNECTIONS" --duration "$SOAK_SECONDS" --json
 }
+soak_uring_long_frames() {
+    # Messages up to 2 MB, so frames of 128 KiB to 1 MiB take the direct
+    # receive path and longer messages are chunked, in both receive modes.
+    for polling in on off; do
+        ./target/release/starwire soak --backend uring --connections 16 --duration 15 \
+            --max-size 2000000 --polling "$polling" --json
+    done
+}
 soak_faulted() {
     # TCP has no reliability of its own at our layer: with faults injected
     # under it the soak must detect the damage and fail. Passing is the bug.
@@ -100,6 +108,7 @@ stage "loom" loom
 stage "fuzz (frame decoder and PS codec, ${FUZZ_SECONDS}s)" fuzz
 stage "soak (tcp, ${SOAK_CONNECTIONS} connections, ${SOAK_SECONDS}s)" soak
 stage "soak (uring, ${SOAK_CONNECTIONS} connections, ${SOAK_SECONDS}s)" soak_uring
+stage "soak (uring, messages up to 2 MB, both receive modes)" soak_uring_long_frames
 stage "soak with faults (must fail)" soak_faulted
 stage "train (the README run command, checked)" train_check
 echo "=== all stages passed in $(( $(date +%s) - T0 )) s"

@@ -159,6 +159,9 @@ fn uring_backend() -> Value {
         },
         "zero_copy": cfg.zero_copy,
         "zero_copy_threshold": cfg.zero_copy_threshold,
+        "max_frame_len": cfg.max_frame_len,
+        "tx_slot_len": cfg.tx_slot_len,
+        "rx_direct_min": cfg.rx_direct_min,
         "zero_copy_note": "a connection whose zero-copy sends come back copied \
                            (always on loopback and veth) switches to plain sends; \
                            bench and soak count them",
@@ -437,6 +440,13 @@ fn print_text(i: &Value, settings: &Settings) {
             "  uring zc       zero-copy sends from {} bytes; copied ones (loopback, veth) \
              switch the connection to plain sends",
             s(&ub["zero_copy_threshold"])
+        );
+        println!(
+            "  uring frames   up to {} bytes ({}-byte registered slots; longer frames sent \
+             by reference); frames of {} bytes or more received straight into their buffer",
+            s(&ub["max_frame_len"]),
+            s(&ub["tx_slot_len"]),
+            s(&ub["rx_direct_min"])
         );
         println!(
             "  uring recv     {} (STARWIRE_URING_RECV=spin|multishot); ring fd and sockets \

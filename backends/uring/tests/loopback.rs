@@ -604,3 +604,53 @@ fn frames_longer_than_a_slot_are_sent_in_order() {
         assert_eq!(t.reactor().stats().tx_heap_frames, 2, "{:?}", cfg.recv);
     }
 }
+
+#[test]
+fn dropping_a_connection_during_a_direct_receive_leaves_the_ring_working() {
+    for cfg in both_modes() {
+        let ring = UringReactor::new(&cfg).unwrap();
+        let (mut raw_x, x) = raw_pair();
+        let (mut raw_y, y) = raw_pair();
+        let mut tx = UringTransport::new(&ring, x).unwrap();
+        let mut ty = UringTransport::new(&ring, y).unwrap();
+        // Half of a long frame: its header starts a direct receive that
+        // cannot finish.
+        let long = frame(1, 1 << 19);
+        raw_x.write_all(&long[..200 << 10]).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while ring.stats().direct_recvs == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "{:?}: no direct receive",
+                cfg.recv
+            );
+            ring.enter().unwrap();
+            tx.rx_burst(Instant::now(), 8, &mut |_: &[u8]| panic!("no frame yet"))
+                .unwrap();
+        }
+        ring.enter().unwrap();
+        drop(tx);
+        // The rest arrives after the drop (or fails: the socket was shut
+        // down); the ring and its other connection carry on.
+        let _ = raw_x.write_all(&long[200 << 10..]);
+        raw_y.write_all(&frame(2, 10)).unwrap();
+        let mut got = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while got.is_empty() {
+            assert!(
+                Instant::now() < deadline,
+                "{:?}: the other connection stalled",
+                cfg.recv
+            );
+            ring.enter().unwrap();
+            ty.rx_burst(Instant::now(), 8, &mut |f: &[u8]| got.push(f.to_vec()))
+                .unwrap();
+        }
+        assert_eq!(got, vec![frame(2, 10)], "{:?}", cfg.recv);
+        for _ in 0..10 {
+            ring.enter().unwrap();
+        }
+        drop(ty);
+        drop(ring);
+    }
+}
