@@ -10,7 +10,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::BorrowedFd;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -20,7 +20,7 @@ use starwire_tcp::{TcpConfig, TcpTransport};
 use starwire_transport::reactor::{IdlePolicy, Reactor, ReactorSpec, Shard};
 use starwire_transport::testing::{FaultSpec, FaultStats, Faulty};
 use starwire_transport::wire::{Opcode, Status};
-use starwire_transport::{Body, Connection, Incoming, Session, TaskRole, Transport};
+use starwire_transport::{Body, Connection, DrivenTransport, Incoming, Session, TaskRole};
 
 use crate::bench::sessions::conn_config;
 
@@ -153,52 +153,20 @@ pub fn rss_kb() -> Option<u64> {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
 }
 
-/// A backend the soak can run over: a transport with a file descriptor to
-/// park on and, maybe, fault counters.
-trait SoakTransport: Transport + Send + 'static {
-    fn fd(&self) -> BorrowedFd<'_>;
-    /// The socket to wait for writability on while its send buffer refuses
-    /// queued bytes (see `Shard::write_fds`); `None` for a ring, which
-    /// wakes `fd` when a send completes.
-    fn write_fd(&self) -> Option<BorrowedFd<'_>> {
-        None
-    }
+/// A backend the soak can run over: a [`DrivenTransport`] with, maybe,
+/// fault counters.
+trait SoakTransport: DrivenTransport + Send + 'static {
     fn fault_stats(&self) -> FaultStats {
         FaultStats::default()
-    }
-    /// End of a reactor turn over the connections sharing this one's ring:
-    /// the one submission of a batching backend.
-    fn end_turn(&self) -> bool {
-        false
     }
 }
 
 #[cfg(all(feature = "uring", target_os = "linux"))]
-impl SoakTransport for starwire_uring::UringTransport {
-    fn fd(&self) -> BorrowedFd<'_> {
-        self.reactor().fd()
-    }
-    fn end_turn(&self) -> bool {
-        self.reactor().enter().unwrap_or(true)
-    }
-}
+impl SoakTransport for starwire_uring::UringTransport {}
 
-impl SoakTransport for TcpTransport {
-    fn fd(&self) -> BorrowedFd<'_> {
-        self.stream().as_fd()
-    }
-    fn write_fd(&self) -> Option<BorrowedFd<'_>> {
-        self.write_wait_fd()
-    }
-}
+impl SoakTransport for TcpTransport {}
 
 impl SoakTransport for Faulty<TcpTransport> {
-    fn fd(&self) -> BorrowedFd<'_> {
-        self.inner().stream().as_fd()
-    }
-    fn write_fd(&self) -> Option<BorrowedFd<'_>> {
-        self.inner().write_wait_fd()
-    }
     fn fault_stats(&self) -> FaultStats {
         self.stats()
     }
@@ -432,7 +400,7 @@ impl<T: SoakTransport> Shard for SoakClient<T> {
 
     fn wake_fds<'a>(&'a self, out: &mut Vec<BorrowedFd<'a>>) {
         let live = self.conns.iter().filter(|c| !c.dead);
-        out.extend(live.map(|c| c.session.transport().fd()));
+        out.extend(live.map(|c| c.session.transport().wake_fd()));
     }
 
     fn write_fds<'a>(&'a self, out: &mut Vec<BorrowedFd<'a>>) {
@@ -509,7 +477,7 @@ impl<T: SoakTransport> Shard for SoakServer<T> {
 
     fn wake_fds<'a>(&'a self, out: &mut Vec<BorrowedFd<'a>>) {
         let live = self.conns.iter().filter(|c| !c.dead);
-        out.extend(live.map(|c| c.session.transport().fd()));
+        out.extend(live.map(|c| c.session.transport().wake_fd()));
     }
 
     fn write_fds<'a>(&'a self, out: &mut Vec<BorrowedFd<'a>>) {

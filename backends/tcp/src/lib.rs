@@ -34,7 +34,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use socket2::{Domain, Protocol, SockRef, Socket, Type};
-use starwire_transport::{Transport, TransportError};
+use starwire_transport::{DrivenTransport, Transport, TransportError};
 
 pub use config::{
     ConfigError, TcpConfig, DEFAULT_GATHER_COPY_THRESHOLD, DEFAULT_LOOPBACK_SEND_BUFFER,
@@ -236,6 +236,16 @@ fn write_error(e: io::Error) -> TransportError {
             TransportError::Closed
         }
         _ => TransportError::Io(e),
+    }
+}
+
+impl DrivenTransport for TcpTransport {
+    fn wake_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self.stream.as_fd()
+    }
+    fn write_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.write_wait_fd()
     }
 }
 

@@ -4,7 +4,7 @@ use std::net::TcpStream;
 use std::time::Instant;
 
 use bytes::Bytes;
-use starwire_transport::{Transport, TransportError};
+use starwire_transport::{DrivenTransport, Transport, TransportError};
 
 use crate::ring::{ConnStats, UringReactor};
 use crate::{UringConfig, UringError};
@@ -81,6 +81,18 @@ impl Drop for UringTransport {
             let _ = r.enter();
             r.reap();
         }
+    }
+}
+
+impl DrivenTransport for UringTransport {
+    /// The ring's park descriptor (see [`UringReactor::fd`]).
+    fn wake_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.reactor.fd()
+    }
+    /// The ring's one `io_uring_enter` of the turn. An error surfaces on
+    /// the connections' next calls; it counts as work here.
+    fn end_turn(&self) -> bool {
+        self.reactor.enter().unwrap_or(true)
     }
 }
 

@@ -10,7 +10,6 @@
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
@@ -19,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use starwire_tcp::{TcpConfig, TcpTransport};
 use starwire_transport::reactor::ReactorWaker;
-use starwire_transport::Transport;
+use starwire_transport::DrivenTransport;
 
 use crate::TrainError;
 
@@ -27,34 +26,12 @@ const MAGIC: &[u8; 4] = b"SWSH";
 /// Longest wait for a new connection's preamble.
 const PREAMBLE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// A backend the trainer can run on: a [`Transport`] that can be moved to
-/// its reactor thread and whose readability wakes a parked reactor.
-pub trait LinkTransport: Transport + Send + std::fmt::Debug + 'static {
-    /// The descriptor to wait on while parked.
-    fn wake_fd(&self) -> BorrowedFd<'_>;
-    /// The descriptor whose writability a parked driver must also wait
-    /// for: a socket holding queued bytes its full send buffer refused.
-    /// `None` when nothing waits (or the backend wakes `wake_fd` itself
-    /// when a send completes, as an io_uring ring does).
-    fn write_fd(&self) -> Option<BorrowedFd<'_>> {
-        None
-    }
-    /// The end of a turn over every connection sharing this one's driver
-    /// (an io_uring ring): its one submission. Returns true if it did
-    /// work. Called once per turn, on any one of those connections.
-    fn end_turn(&self) -> bool {
-        false
-    }
-}
+/// A backend the trainer can run on: a [`DrivenTransport`] (what a
+/// parked reactor waits on, the end of a turn) that can be moved to its
+/// reactor thread.
+pub trait LinkTransport: DrivenTransport + Send + std::fmt::Debug + 'static {}
 
-impl LinkTransport for TcpTransport {
-    fn wake_fd(&self) -> BorrowedFd<'_> {
-        self.stream().as_fd()
-    }
-    fn write_fd(&self) -> Option<BorrowedFd<'_>> {
-        self.write_wait_fd()
-    }
-}
+impl<T: DrivenTransport + Send + std::fmt::Debug + 'static> LinkTransport for T {}
 
 /// Turns connected sockets into transports, on the thread that will drive
 /// them (a ring is owned by its reactor thread).
@@ -266,23 +243,11 @@ pub use uring_backend::{Uring, UringBinder};
 
 #[cfg(all(feature = "uring", target_os = "linux"))]
 mod uring_backend {
+    use starwire_uring::{UringConfig, UringReactor, UringTransport};
     use std::io;
     use std::net::TcpStream;
-    use std::os::fd::BorrowedFd;
 
-    use starwire_uring::{UringConfig, UringReactor, UringTransport};
-
-    use super::{Backend, Binder, LinkTransport};
-
-    impl LinkTransport for UringTransport {
-        fn wake_fd(&self) -> BorrowedFd<'_> {
-            self.reactor().fd()
-        }
-        fn end_turn(&self) -> bool {
-            // An error here surfaces on the connections' next calls.
-            self.reactor().enter().unwrap_or(true)
-        }
-    }
+    use super::{Backend, Binder};
 
     /// One io_uring ring per thread; every connection of the thread is
     /// bound to it and submits with the thread's one `io_uring_enter` per

@@ -13,10 +13,12 @@ use std::time::Instant;
 use bytes::Bytes;
 use starwire_transport::reactor::Shard;
 use starwire_transport::wire::{Opcode, Status};
-use starwire_transport::{Body, ConnConfig, Connection, Incoming, Session, Transport};
+use starwire_transport::{
+    Body, ConnConfig, Connection, DrivenTransport, Incoming, Session, Transport,
+};
 
 use crate::control::Control;
-use crate::link::{Binder, LinkTransport};
+use crate::link::Binder;
 
 /// Why a request failed; the status goes back to the worker, the connection
 /// lives on.

@@ -5,7 +5,7 @@
 //! runs over TCP and io_uring through [`BenchTransport`].
 
 use std::collections::VecDeque;
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::BorrowedFd;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -15,7 +15,7 @@ use starwire_transport::reactor::{IdlePolicy, Reactor, ReactorSpec, Shard};
 use starwire_transport::wire::tensor::DType;
 use starwire_transport::wire::tensors::TensorList;
 use starwire_transport::wire::{Opcode, Status, HEADER_LEN};
-use starwire_transport::Transport;
+use starwire_transport::DrivenTransport;
 use starwire_transport::{Body, ConnConfig, Connection, Incoming, PeerInfo, Session, TaskRole};
 
 use super::{Measured, Mode, Run};
@@ -32,21 +32,8 @@ pub fn tcp_config(max_payload: usize) -> TcpConfig {
     }
 }
 
-/// A backend the bench drives: a transport plus what its reactor needs.
-pub trait BenchTransport: Transport + Send + 'static {
-    /// The descriptor a parked reactor waits on.
-    fn wake_fd(&self) -> BorrowedFd<'_>;
-    /// The socket to wait for writability on while its send buffer refuses
-    /// queued bytes (see `Shard::write_fds`); `None` for a ring, which
-    /// wakes `wake_fd` when a send completes.
-    fn write_fd(&self) -> Option<BorrowedFd<'_>> {
-        None
-    }
-    /// End of a reactor turn: the one submission of a batching backend.
-    /// Returns true when it moved anything.
-    fn end_turn(&self) -> bool {
-        false
-    }
+/// A backend the bench drives: a [`DrivenTransport`] plus its counters.
+pub trait BenchTransport: DrivenTransport + Send + 'static {
     /// System calls the backend made so far (reactor parks not included).
     fn syscalls(&self) -> u64;
     /// Zero-copy sends and how many of them the kernel reported as copied,
@@ -61,12 +48,6 @@ pub trait BenchTransport: Transport + Send + 'static {
 }
 
 impl BenchTransport for TcpTransport {
-    fn wake_fd(&self) -> BorrowedFd<'_> {
-        self.stream().as_fd()
-    }
-    fn write_fd(&self) -> Option<BorrowedFd<'_>> {
-        self.write_wait_fd()
-    }
     fn syscalls(&self) -> u64 {
         let s = self.stats();
         s.write_calls + s.read_calls
@@ -78,13 +59,6 @@ impl BenchTransport for TcpTransport {
 
 #[cfg(all(feature = "uring", target_os = "linux"))]
 impl BenchTransport for starwire_uring::UringTransport {
-    fn wake_fd(&self) -> BorrowedFd<'_> {
-        self.reactor().fd()
-    }
-    fn end_turn(&self) -> bool {
-        // An enter error ends the connection on the next rx_burst.
-        self.reactor().enter().unwrap_or(true)
-    }
     fn syscalls(&self) -> u64 {
         let s = self.reactor().stats();
         s.enters + s.eventfd_reads

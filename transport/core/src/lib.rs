@@ -27,6 +27,7 @@ pub use connection::{
     Body, ConnConfig, ConnError, Connection, Event, Incoming, PeerInfo, RequestError, SendError,
     TaskRole, PROTOCOL_VERSION,
 };
+pub use reactor::DrivenTransport;
 pub use session::{Session, TurnStats};
 pub use starwire_wire as wire;
 pub use transport::{Transport, TransportError};

@@ -65,6 +65,32 @@ pub trait Shard: Send {
     }
 }
 
+/// A [`Transport`](crate::Transport) as a reactor drives it: what a parked
+/// reactor waits on, and the end of a turn. Implemented by the tcp and
+/// io_uring backends; the train, bench and soak shards build their
+/// [`Shard::wake_fds`] and [`Shard::write_fds`] from it.
+pub trait DrivenTransport: crate::Transport {
+    /// The descriptor whose readability wakes a parked reactor for this
+    /// connection: its socket, or its ring's park descriptor.
+    fn wake_fd(&self) -> BorrowedFd<'_>;
+
+    /// The descriptor whose writability a parked reactor must also wait
+    /// for: a socket holding queued bytes its full send buffer refused.
+    /// `None` when nothing waits, or when the backend wakes
+    /// [`wake_fd`](Self::wake_fd) itself once a send completes (an io_uring
+    /// ring).
+    fn write_fd(&self) -> Option<BorrowedFd<'_>> {
+        None
+    }
+
+    /// The end of a turn over every connection sharing this one's driver
+    /// (an io_uring ring): its one submission. Call once per turn, on any
+    /// one of those connections. Returns true when it did work.
+    fn end_turn(&self) -> bool {
+        false
+    }
+}
+
 /// Where and how a reactor runs.
 #[derive(Debug, Clone)]
 pub struct ReactorSpec {

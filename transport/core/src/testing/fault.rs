@@ -162,6 +162,20 @@ impl<T: Transport> Faulty<T> {
     }
 }
 
+/// A parked reactor waits on the wrapped transport's descriptors: faults
+/// are injected on the frames, not on readiness.
+impl<T: crate::DrivenTransport> crate::DrivenTransport for Faulty<T> {
+    fn wake_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.inner().wake_fd()
+    }
+    fn write_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.inner().write_fd()
+    }
+    fn end_turn(&self) -> bool {
+        self.inner().end_turn()
+    }
+}
+
 impl<T: Transport> Transport for Faulty<T> {
     fn max_frame_len(&self) -> usize {
         self.inner.max_frame_len()
