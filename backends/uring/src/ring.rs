@@ -516,13 +516,14 @@ impl RingInner {
             self.ring.submitter().register_enable_rings()?;
             self.enabled = true;
         }
-        self.queue_direct_receives();
+        let direct_spun = self.queue_direct_receives();
         self.rearm_receives();
-        let spun = if self.spin {
-            self.queue_spin_receives()
-        } else {
-            0
-        };
+        let spun = direct_spun
+            + if self.spin {
+                self.queue_spin_receives()
+            } else {
+                0
+            };
         let (pending, taskrun, overflow, wakeup) = {
             let mut sq = self.ring.submission();
             sq.sync();
@@ -640,10 +641,16 @@ impl RingInner {
     /// arrive as chunks, in order, before its last completion), and chunks
     /// still waiting are consumed by `rx_burst` first; either way the
     /// connection stays on the list until its receive is queued.
-    fn queue_direct_receives(&mut self) {
+    ///
+    /// Returns how many non-blocking (spin mode) receives it queued: like
+    /// spin receives, they are no work by themselves, so a reactor whose
+    /// peer went quiet in the middle of a long frame (or after one) may
+    /// still park.
+    fn queue_direct_receives(&mut self) -> usize {
         if self.direct.is_empty() {
-            return;
+            return 0;
         }
+        let mut queued = 0;
         let mut keep = Vec::new();
         for idx in std::mem::take(&mut self.direct) {
             let Some(Some(c)) = self.conns.get_mut(idx) else {
@@ -696,8 +703,10 @@ impl RingInner {
             c.recv_armed = true;
             c.direct_inflight = true;
             self.stats.direct_recvs += 1;
+            queued += usize::from(self.spin);
         }
         self.direct = keep;
+        queued
     }
 
     /// A direct receive completed: take its bytes into the frame buffer.
@@ -798,7 +807,9 @@ impl RingInner {
             let direct = std::mem::take(&mut self.direct);
             let r = self.enter();
             self.spin = spin;
-            self.direct = direct;
+            // Completions reaped inside (a full CQ) may have added some.
+            let added = std::mem::replace(&mut self.direct, direct);
+            self.direct.extend(added);
             r?;
         }
         Ok(())

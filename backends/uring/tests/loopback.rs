@@ -654,3 +654,57 @@ fn dropping_a_connection_during_a_direct_receive_leaves_the_ring_working() {
         drop(ring);
     }
 }
+
+#[test]
+fn spin_ring_with_a_quiet_peer_after_a_long_frame_is_idle() {
+    // After a long frame the next header is received directly; those
+    // non-blocking receives must not count as work, or a reactor whose
+    // peer went quiet would never park.
+    let cfg = UringConfig {
+        recv: RecvMode::Spin,
+        ..UringConfig::default()
+    };
+    let ring = UringReactor::new(&cfg).unwrap();
+    let (mut raw, s) = raw_pair();
+    let mut t = UringTransport::new(&ring, s).unwrap();
+    let long = frame(1, 300 << 10);
+    raw.write_all(&long).unwrap();
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while got.is_empty() {
+        assert!(Instant::now() < deadline, "the long frame never came");
+        ring.enter().unwrap();
+        t.rx_burst(Instant::now(), 8, &mut |f: &[u8]| got.push(f.to_vec()))
+            .unwrap();
+    }
+    assert!(got[0] == long);
+    // The peer is quiet now: within a few turns the ring reports no work.
+    let mut idle = false;
+    for _ in 0..20 {
+        let worked = ring.enter().unwrap();
+        t.rx_burst(Instant::now(), 8, &mut |_: &[u8]| panic!("no frame"))
+            .unwrap();
+        if !worked {
+            idle = true;
+            break;
+        }
+    }
+    assert!(
+        idle,
+        "turns with only empty direct receives counted as work"
+    );
+    assert!(
+        ring.stats().direct_recvs > 0,
+        "the next header is received directly"
+    );
+    // And the next frame still arrives.
+    raw.write_all(&frame(2, 5)).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while got.len() < 2 {
+        assert!(Instant::now() < deadline, "the next frame never came");
+        ring.enter().unwrap();
+        t.rx_burst(Instant::now(), 8, &mut |f: &[u8]| got.push(f.to_vec()))
+            .unwrap();
+    }
+    assert_eq!(got[1], frame(2, 5));
+}
