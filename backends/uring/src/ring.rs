@@ -1677,5 +1677,15 @@ impl Drop for RingInner {
                 break;
             }
         }
+        if self.outstanding > 0 {
+            // Requests the kernel may still hold: a direct receive writes
+            // into its connection's frame buffer, so leak those buffers
+            // rather than free memory the kernel could write to.
+            for c in self.conns.iter_mut().flatten() {
+                if c.direct_inflight {
+                    std::mem::forget(std::mem::take(&mut c.partial));
+                }
+            }
+        }
     }
 }
