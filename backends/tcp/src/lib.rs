@@ -149,14 +149,6 @@ impl TcpTransport {
         &self.stream
     }
 
-    /// The socket while the kernel refused queued bytes (its send buffer
-    /// was full), for a parked driver to wait for writability on
-    /// (`Shard::write_fds`); `None` with nothing queued.
-    pub fn write_wait_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
-        use std::os::fd::AsFd;
-        self.tx_pending().then(|| self.stream.as_fd())
-    }
-
     /// The local address.
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
         self.stream.local_addr()
@@ -244,8 +236,11 @@ impl DrivenTransport for TcpTransport {
         use std::os::fd::AsFd;
         self.stream.as_fd()
     }
+    /// The socket while the kernel refused queued bytes (its send buffer
+    /// was full); `None` with nothing queued.
     fn write_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
-        self.write_wait_fd()
+        use std::os::fd::AsFd;
+        self.tx_pending().then(|| self.stream.as_fd())
     }
 }
 

@@ -489,6 +489,14 @@ fn queue_fill(refs: &mut [u16], c: &mut Conn) {
     }
 }
 
+/// Queue `b` by reference, after the written bytes of the filling slot
+/// (which keeps the stream in order).
+fn queue_shared(refs: &mut [u16], c: &mut Conn, b: Bytes) {
+    queue_fill(refs, c);
+    c.queued_bytes += b.len();
+    c.queue.push_back(TxSeg::Shared(b));
+}
+
 /// Stop filling the current slot: queue its rest and drop the filling
 /// reference.
 fn close_fill(pool: &mut BufPool, refs: &mut [u16], c: &mut Conn) {
@@ -1245,10 +1253,7 @@ impl RingInner {
         );
         if let Some(mut buf) = c.heap_reserve.take() {
             buf.truncate(len);
-            // After what the filling slot holds, to keep the order.
-            queue_fill(&mut self.slot_refs, c);
-            c.queue.push_back(TxSeg::Shared(Bytes::from(buf)));
-            c.queued_bytes += len;
+            queue_shared(&mut self.slot_refs, c, Bytes::from(buf));
             self.stats.tx_heap_frames += 1;
         } else if let Some(f) = c.filling.as_mut() {
             f.used += len;
@@ -1305,10 +1310,8 @@ impl RingInner {
                 // Queue the slot bytes so far, then the shared segment.
                 f.used = at;
                 c.filling = Some(f);
-                queue_fill(&mut self.slot_refs, c);
+                queue_shared(&mut self.slot_refs, c, s.clone());
                 f = c.filling.expect("still filling");
-                c.queue.push_back(TxSeg::Shared(s.clone()));
-                c.queued_bytes += s.len();
             }
         }
         f.used = at;
@@ -1340,7 +1343,6 @@ impl RingInner {
         if c.queued_bytes > 0 && c.queued_bytes + total > limit {
             return Ok(false);
         }
-        queue_fill(&mut self.slot_refs, c);
         let mut run = head.to_vec();
         for s in segs {
             if s.len() < threshold {
@@ -1348,16 +1350,12 @@ impl RingInner {
                 continue;
             }
             if !run.is_empty() {
-                c.queued_bytes += run.len();
-                c.queue
-                    .push_back(TxSeg::Shared(Bytes::from(std::mem::take(&mut run))));
+                queue_shared(&mut self.slot_refs, c, std::mem::take(&mut run).into());
             }
-            c.queued_bytes += s.len();
-            c.queue.push_back(TxSeg::Shared(s.clone()));
+            queue_shared(&mut self.slot_refs, c, s.clone());
         }
         if !run.is_empty() {
-            c.queued_bytes += run.len();
-            c.queue.push_back(TxSeg::Shared(Bytes::from(run)));
+            queue_shared(&mut self.slot_refs, c, run.into());
         }
         c.stats.frames_sent += 1;
         self.stats.frames_sent += 1;

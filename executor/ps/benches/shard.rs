@@ -26,21 +26,23 @@ fn keys(round: u64) -> Vec<u64> {
         .collect()
 }
 
-fn shard() -> PsShard {
+/// A shard of one `dim`-wide embedding table (id 1) with Adagrad.
+fn adagrad_shard(dim: usize) -> PsShard {
     let vars = [VarDef {
         id: 1,
         name: "emb".into(),
-        kind: VarKind::Embedding { dim: DIM },
+        kind: VarKind::Embedding { dim },
         init: Init::Uniform { scale: 0.01 },
     }];
-    let mut s = PsShard::new(
-        0,
-        &vars,
-        ShardConfig {
-            optimizer: OptimizerConfig::adagrad(0.05),
-            ..ShardConfig::default()
-        },
-    );
+    let cfg = ShardConfig {
+        optimizer: OptimizerConfig::adagrad(0.05),
+        ..ShardConfig::default()
+    };
+    PsShard::new(0, &vars, cfg)
+}
+
+fn shard() -> PsShard {
+    let mut s = adagrad_shard(DIM);
     // Warm: create every row of the working set.
     let all: Vec<u64> = (1..=100_000).collect();
     let (mut req, mut out) = (Vec::new(), Vec::new());
@@ -117,24 +119,6 @@ const BIG_DIM: usize = 64;
 const BIG_ROWS: u64 = 1 << 20;
 const BIG_KEYS: usize = 6656;
 
-fn big_shard() -> PsShard {
-    let vars = [VarDef {
-        id: 1,
-        name: "emb".into(),
-        kind: VarKind::Embedding { dim: BIG_DIM },
-        init: Init::Uniform { scale: 0.05 },
-    }];
-    PsShard::new(
-        0,
-        &vars,
-        ShardConfig {
-            optimizer: OptimizerConfig::adagrad(0.05),
-            evict_interval: 0,
-            ..ShardConfig::default()
-        },
-    )
-}
-
 /// Request `round`'s keys: distinct, spread over `0..BIG_ROWS`.
 fn big_keys(round: u64) -> Vec<u64> {
     (0..BIG_KEYS as u64)
@@ -146,7 +130,7 @@ fn bench_big_table(c: &mut Criterion) {
     let mut g = c.benchmark_group("ps_table_1m");
     g.throughput(Throughput::Elements(BIG_KEYS as u64));
     let (mut req, mut out) = (Vec::new(), Vec::new());
-    let mut s = big_shard();
+    let mut s = adagrad_shard(BIG_DIM);
     let all: Vec<u64> = (0..BIG_ROWS).collect();
     for chunk in all.chunks(1 << 16) {
         PullRequestWriter::new(&mut req).rows(1, chunk);
@@ -187,10 +171,10 @@ fn bench_big_table(c: &mut Criterion) {
     g.bench_function(BenchmarkId::new("pull_new", BIG_KEYS), |b| {
         b.iter_custom(|iters| {
             let mut total = std::time::Duration::ZERO;
-            let mut fresh = big_shard();
+            let mut fresh = adagrad_shard(BIG_DIM);
             for n in 0..iters {
                 if n % 64 == 0 {
-                    fresh = big_shard();
+                    fresh = adagrad_shard(BIG_DIM);
                 }
                 let first = (n % 64) * BIG_KEYS as u64;
                 let keys: Vec<u64> = (first..first + BIG_KEYS as u64).collect();

@@ -78,6 +78,14 @@ impl Arena {
         &self.blocks[(index >> BLOCK_SHIFT) as usize][at..at + self.stride]
     }
 
+    /// Prefetch the first `floats` floats of row `index`, unless it is
+    /// `None` or [`NO_ROW`] (see [`prefetch`]).
+    fn prefetch(&self, index: Option<u32>, floats: usize) {
+        if let Some(i) = index.filter(|&i| i != NO_ROW) {
+            prefetch::row(&self.row(i)[..floats]);
+        }
+    }
+
     fn row_mut(&mut self, index: u32) -> &mut [f32] {
         let at = (index as usize & (BLOCK_ROWS - 1)) * self.stride;
         &mut self.blocks[(index >> BLOCK_SHIFT) as usize][at..at + self.stride]
@@ -436,11 +444,8 @@ impl EmbeddingTable {
         let dim = self.dim;
         out.reserve(4 * dim * resolved.len());
         for (i, &index) in resolved.iter().enumerate() {
-            if let Some(&ahead) = resolved.get(i + prefetch::DISTANCE) {
-                if ahead != NO_ROW {
-                    prefetch::row(&self.rows.arena.row(ahead)[..dim]);
-                }
-            }
+            let ahead = resolved.get(i + prefetch::DISTANCE).copied();
+            self.rows.arena.prefetch(ahead, dim);
             if index == NO_ROW {
                 out.resize(out.len() + 4 * dim, 0);
             } else {
@@ -497,12 +502,10 @@ impl EmbeddingTable {
             });
         }
         let mut applied = 0;
+        let stride = self.rows.arena.stride;
         for (i, &(index, t)) in targets.iter().enumerate() {
-            if let Some(&(ahead, _)) = targets.get(i + prefetch::DISTANCE) {
-                if ahead != NO_ROW {
-                    prefetch::row(self.rows.arena.row(ahead));
-                }
-            }
+            let ahead = targets.get(i + prefetch::DISTANCE).map(|&(ahead, _)| ahead);
+            self.rows.arena.prefetch(ahead, stride);
             if index == NO_ROW {
                 self.stats.ignored_pushes += 1;
                 continue;

@@ -243,9 +243,10 @@ pub use uring_backend::{Uring, UringBinder};
 
 #[cfg(all(feature = "uring", target_os = "linux"))]
 mod uring_backend {
-    use starwire_uring::{UringConfig, UringReactor, UringTransport};
     use std::io;
     use std::net::TcpStream;
+
+    use starwire_uring::{UringConfig, UringReactor, UringTransport};
 
     use super::{Backend, Binder};
 
