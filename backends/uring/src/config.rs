@@ -26,7 +26,9 @@ pub struct UringConfig {
     /// received with single-shot `RECV`s into one frame-sized buffer
     /// instead of through the provided buffers: the kernel copies the body
     /// once, to where it is delivered, and no user-space copy follows.
-    /// Default 128 KiB.
+    /// Default 128 KiB; at least 4 KiB (a shorter frame costs more as a
+    /// receive of its own than its copy out of a provided buffer). A value
+    /// above `max_frame_len` turns direct receives off.
     pub rx_direct_min: usize,
     /// The largest `message_len` a received header may announce. Default
     /// 256 MiB.
@@ -80,6 +82,9 @@ pub struct UringConfig {
     /// sets `None`.
     pub loopback_send_buffer: Option<usize>,
 }
+
+/// Smallest [`UringConfig::rx_direct_min`].
+const MIN_RX_DIRECT: usize = 4096;
 
 impl Default for UringConfig {
     fn default() -> Self {
@@ -161,6 +166,9 @@ impl UringConfig {
         }
         if self.tx_queue_limit_bytes < self.max_frame_len {
             return bad("tx_queue_limit_bytes is below max_frame_len");
+        }
+        if self.rx_direct_min < MIN_RX_DIRECT {
+            return bad("rx_direct_min must be at least 4096 (above max_frame_len turns direct receives off)");
         }
         Ok(())
     }
@@ -311,4 +319,31 @@ pub struct UringStats {
     pub tx_pages: String,
     /// Bytes registered as fixed buffers.
     pub registered_bytes: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validate_accepts_the_defaults_and_bounds_rx_direct_min() {
+        assert!(UringConfig::default().validate().is_ok());
+        for bad in [0, 1, HEADER_LEN, MIN_RX_DIRECT - 1] {
+            let c = UringConfig {
+                rx_direct_min: bad,
+                ..UringConfig::default()
+            };
+            assert!(
+                matches!(c.validate(), Err(UringError::Config(m)) if m.contains("rx_direct_min")),
+                "rx_direct_min {bad}"
+            );
+        }
+        for ok in [MIN_RX_DIRECT, usize::MAX] {
+            let c = UringConfig {
+                rx_direct_min: ok,
+                ..UringConfig::default()
+            };
+            assert!(c.validate().is_ok(), "rx_direct_min {ok}");
+        }
+    }
 }

@@ -42,40 +42,123 @@ pub(crate) struct Rows {
     free: Vec<u32>,
 }
 
-/// Rows of a table in blocks of [`BLOCK_ROWS`] rows. Growing adds a block
+/// Rows of a table in blocks of about [`BLOCK_BYTES`]. Growing adds a block
 /// and never moves a row: one growable `Vec` of all rows copied the whole
 /// table (and faulted its new pages in) at every doubling, which showed as
 /// the PS's largest `memmove` while a table filled.
-#[derive(Debug, Clone)]
+///
+/// Blocks past the first [`SMALL_PAGE_BLOCKS`] are anonymous mappings
+/// advised `MADV_HUGEPAGE`: a large table's rows are read and updated in
+/// random order, and with 4 KiB pages nearly every row touched cost a TLB
+/// miss (`ps_table_1m`, 512 MiB of rows: pull and push 17-20% faster with
+/// huge pages). A small table stays on the heap and on 4 KiB pages: its TLB
+/// footprint is small, many small tables cost no 2 MiB page each, and on
+/// this VM a fresh 2 MiB page cost more to clear on first touch than the
+/// TLB saved (the comm-bound train, whose table shards are 14 MiB each,
+/// was 10-20% slower with huge pages from the first block).
+#[derive(Debug)]
 struct Arena {
     stride: usize,
-    blocks: Vec<Box<[f32]>>,
+    /// log2 of the rows per block.
+    shift: u32,
+    blocks: Vec<Block>,
 }
 
-const BLOCK_SHIFT: u32 = 10;
-/// Rows per arena block (for 64-wide rows with one optimizer slot, 512 KiB).
-const BLOCK_ROWS: usize = 1 << BLOCK_SHIFT;
+/// Target size of an arena block: one transparent huge page.
+const BLOCK_BYTES: usize = 2 << 20;
+/// Blocks of a table shard (16 MiB) kept on small pages; see [`Arena`].
+const SMALL_PAGE_BLOCKS: usize = 8;
+/// Fewest rows per block (for rows wider than `BLOCK_BYTES / 1024`).
+const MIN_BLOCK_SHIFT: u32 = 10;
+
+/// One block of an [`Arena`]: `rows << shift` floats, zeroed when made.
+#[derive(Debug)]
+enum Block {
+    Heap(Box<[f32]>),
+    Mapped(memmap2::MmapMut),
+}
+
+impl Block {
+    /// A zeroed block of `floats` floats; `huge` asks for huge pages (a
+    /// mapping that fails falls back to the heap: the rows are the same).
+    fn new(floats: usize, huge: bool) -> Self {
+        if huge {
+            if let Ok(map) = memmap2::MmapOptions::new()
+                .len(floats * std::mem::size_of::<f32>())
+                .map_anon()
+            {
+                // Refused advice (THP disabled) leaves small pages: harmless.
+                let _ = map.advise(memmap2::Advice::HugePage);
+                return Block::Mapped(map);
+            }
+        }
+        Block::Heap(vec![0.0; floats].into_boxed_slice())
+    }
+
+    fn floats(&self) -> &[f32] {
+        match self {
+            Block::Heap(b) => b,
+            // A mapping is page-aligned and its length a multiple of 4.
+            Block::Mapped(m) => bytemuck::cast_slice(m),
+        }
+    }
+
+    fn floats_mut(&mut self) -> &mut [f32] {
+        match self {
+            Block::Heap(b) => b,
+            Block::Mapped(m) => bytemuck::cast_slice_mut(m),
+        }
+    }
+}
+
+impl Clone for Arena {
+    fn clone(&self) -> Self {
+        let mut out = Arena::with_shift(self.stride, self.shift, self.blocks.len());
+        for (i, b) in self.blocks.iter().enumerate() {
+            out.push_block(i > 0);
+            out.blocks[i].floats_mut().copy_from_slice(b.floats());
+        }
+        out
+    }
+}
 
 impl Arena {
     fn new(stride: usize, rows: usize) -> Self {
+        let per_block = BLOCK_BYTES / (stride.max(1) * std::mem::size_of::<f32>());
+        let shift = per_block.max(1).ilog2().max(MIN_BLOCK_SHIFT);
+        Self::with_shift(stride, shift, rows.div_ceil(1 << shift))
+    }
+
+    fn with_shift(stride: usize, shift: u32, blocks: usize) -> Self {
         Self {
             stride,
-            blocks: Vec::with_capacity(rows.div_ceil(BLOCK_ROWS)),
+            shift,
+            blocks: Vec::with_capacity(blocks),
         }
+    }
+
+    /// Rows per block.
+    fn block_rows(&self) -> usize {
+        1 << self.shift
+    }
+
+    fn push_block(&mut self, huge: bool) {
+        let floats = self.block_rows() * self.stride;
+        self.blocks.push(Block::new(floats, huge));
     }
 
     /// Make row `index` addressable (its floats are zero or stale).
     fn ensure(&mut self, index: u32) {
-        let block = (index >> BLOCK_SHIFT) as usize;
+        let block = (index >> self.shift) as usize;
         while self.blocks.len() <= block {
-            self.blocks
-                .push(vec![0.0; BLOCK_ROWS * self.stride].into_boxed_slice());
+            let huge = self.blocks.len() >= SMALL_PAGE_BLOCKS;
+            self.push_block(huge);
         }
     }
 
     fn row(&self, index: u32) -> &[f32] {
-        let at = (index as usize & (BLOCK_ROWS - 1)) * self.stride;
-        &self.blocks[(index >> BLOCK_SHIFT) as usize][at..at + self.stride]
+        let at = (index as usize & (self.block_rows() - 1)) * self.stride;
+        &self.blocks[(index >> self.shift) as usize].floats()[at..at + self.stride]
     }
 
     /// Prefetch the first `floats` floats of row `index`, unless it is
@@ -87,8 +170,8 @@ impl Arena {
     }
 
     fn row_mut(&mut self, index: u32) -> &mut [f32] {
-        let at = (index as usize & (BLOCK_ROWS - 1)) * self.stride;
-        &mut self.blocks[(index >> BLOCK_SHIFT) as usize][at..at + self.stride]
+        let at = (index as usize & (self.block_rows() - 1)) * self.stride;
+        &mut self.blocks[(index >> self.shift) as usize].floats_mut()[at..at + self.stride]
     }
 }
 
@@ -677,11 +760,45 @@ mod tests {
     }
 
     #[test]
+    fn arena_blocks_past_the_small_page_ones_are_mapped_and_clone_copies_them() {
+        let stride = 5;
+        let mut a = Arena::with_shift(stride, 2, 0);
+        let rows = (SMALL_PAGE_BLOCKS + 3) * a.block_rows();
+        for i in 0..rows as u32 {
+            a.ensure(i);
+            let r = a.row_mut(i);
+            assert!(r.iter().all(|&x| x == 0.0), "row {i} starts zeroed");
+            r.iter_mut()
+                .enumerate()
+                .for_each(|(j, x)| *x = (i as usize * stride + j) as f32);
+        }
+        assert_eq!(a.blocks.len(), SMALL_PAGE_BLOCKS + 3);
+        for (b, block) in a.blocks.iter().enumerate() {
+            let mapped = matches!(block, Block::Mapped(_));
+            assert_eq!(mapped, b >= SMALL_PAGE_BLOCKS, "block {b}");
+        }
+        let c = a.clone();
+        a.row_mut(0)[0] = -1.0;
+        for i in 0..rows as u32 {
+            let want: Vec<f32> = (0..stride)
+                .map(|j| (i as usize * stride + j) as f32)
+                .collect();
+            assert_eq!(c.row(i), want.as_slice(), "clone, row {i}");
+            if i > 0 {
+                assert_eq!(a.row(i), want.as_slice(), "row {i}");
+            }
+        }
+        assert_eq!(c.blocks.len(), a.blocks.len());
+    }
+
+    #[test]
     fn rows_keep_their_values_as_the_arena_grows_past_blocks() {
         // Three blocks and a bit: every row, created in one block and read
         // after later blocks were added, still holds what was written.
         let mut t = table(0, 0, 16);
-        let n = 3 * BLOCK_ROWS as u64 + 5;
+        // Small blocks, so three are quick to fill in a debug build.
+        t.rows.arena = Arena::with_shift(t.rows.arena.stride, 4, 0);
+        let n = 3 * t.rows.arena.block_rows() as u64 + 5;
         for k in 1..=n {
             t.pull(k, 0);
             t.accumulate(k, F32s::new(&grad(k as f32)).unwrap());
