@@ -309,6 +309,9 @@ pub struct UringStats {
     pub direct_recvs: u64,
     /// Bytes those receives brought.
     pub direct_bytes: u64,
+    /// Frame buffers left by a long frame and given back after 64 short
+    /// frames in a row.
+    pub rx_buffers_released: u64,
     /// Multishot receives cancelled to make way for a direct receive.
     pub direct_cancels: u64,
     /// Frames longer than a transmit slot queued from heap memory (a

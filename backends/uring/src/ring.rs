@@ -128,6 +128,9 @@ pub(crate) struct Conn {
     /// The last frame delivered was long (at least `rx_direct_min`): the
     /// next header is received directly.
     large_run: bool,
+    /// Short frames delivered since the last long one (see
+    /// [`after_frame`]).
+    short_since_long: u32,
     /// The multishot receive was asked to stop for a direct receive.
     cancel_sent: bool,
     rx_end: Option<RxEnd>,
@@ -495,6 +498,31 @@ fn queue_shared(refs: &mut [u16], c: &mut Conn, b: Bytes) {
     queue_fill(refs, c);
     c.queued_bytes += b.len();
     c.queue.push_back(TxSeg::Shared(b));
+}
+
+/// Short frames after a long one before the connection gives back the
+/// frame buffer the long one left (up to `max_frame_len`): enough that a
+/// stream alternating long and short frames keeps it, few enough that a
+/// connection which sent one long frame does not hold it for good.
+const RELEASE_AFTER_SHORT: u32 = 64;
+
+/// Bookkeeping after `c` delivered a frame of `len` bytes, with `partial`
+/// empty: whether the next header is received directly, and whether the
+/// frame buffer of a past long frame is given back (returned true).
+fn after_frame(c: &mut Conn, len: usize, direct_min: usize) -> bool {
+    debug_assert!(c.partial.is_empty() && !c.direct_inflight);
+    c.large_run = len >= direct_min;
+    if c.large_run || c.partial.capacity() < direct_min {
+        c.short_since_long = 0;
+        return false;
+    }
+    c.short_since_long += 1;
+    if c.short_since_long < RELEASE_AFTER_SHORT {
+        return false;
+    }
+    c.short_since_long = 0;
+    c.partial = Vec::new();
+    true
 }
 
 /// Stop filling the current slot: queue its rest and drop the filling
@@ -1130,6 +1158,7 @@ impl RingInner {
             direct_inflight: false,
             direct_ready: false,
             large_run: false,
+            short_since_long: 0,
             cancel_sent: false,
             rx_end: None,
             frame_error: None,
@@ -1473,6 +1502,7 @@ impl RingInner {
             return Err(TransportError::Frame(e.clone()));
         }
         let mut n = 0;
+        let mut released = 0;
         let mut freed: Vec<u16> = Vec::new();
         let mut err = None;
         if c.direct_ready {
@@ -1483,7 +1513,7 @@ impl RingInner {
                     sink(&c.partial);
                     c.partial.clear();
                     c.stats.frames_received += 1;
-                    c.large_run = h.frame_len() >= direct_min;
+                    released += usize::from(after_frame(c, h.frame_len(), direct_min));
                     n += 1;
                 }
                 Ok(_) => err = Some(FrameError::BadLength("direct receive overran its frame")),
@@ -1521,7 +1551,7 @@ impl RingInner {
                             sink(&c.partial);
                             c.partial.clear();
                             c.stats.frames_received += 1;
-                            c.large_run = h.frame_len() >= direct_min;
+                            released += usize::from(after_frame(c, h.frame_len(), direct_min));
                             n += 1;
                         }
                         Ok(_) => {}
@@ -1542,7 +1572,7 @@ impl RingInner {
                             sink(&rest[..h.frame_len()]);
                             used = h.frame_len();
                             c.stats.frames_received += 1;
-                            c.large_run = h.frame_len() >= direct_min;
+                            released += usize::from(after_frame(c, h.frame_len(), direct_min));
                             n += 1;
                         }
                         Ok(_) => {
@@ -1565,6 +1595,7 @@ impl RingInner {
             }
         }
         self.stats.frames_received += n as u64;
+        self.stats.rx_buffers_released += released as u64;
         let c = self.conns[idx].as_mut().expect("live connection");
         if let Some(e) = err {
             tracing::debug!(error = %e, "uring: bad frame");

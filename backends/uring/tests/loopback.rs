@@ -708,3 +708,33 @@ fn spin_ring_with_a_quiet_peer_after_a_long_frame_is_idle() {
     }
     assert_eq!(got[1], frame(2, 5));
 }
+
+#[test]
+fn a_long_frames_buffer_is_given_back_after_a_run_of_short_frames() {
+    for cfg in both_modes() {
+        let (mut raw, s) = raw_pair();
+        let mut t = UringTransport::standalone(s, &cfg).unwrap();
+        let long = cfg.rx_direct_min + 1000;
+        let mut id = 0u64;
+        let mut next = |body: usize| {
+            id += 1;
+            frame(id, body)
+        };
+        // A long frame, 63 short ones: the buffer is kept.
+        let mut sent: Vec<Vec<u8>> = vec![next(long)];
+        sent.extend((0..63).map(|_| next(100)));
+        raw.write_all(&sent.concat()).unwrap();
+        let (got, err) = drain(&mut t, sent.len());
+        assert!(err.is_none(), "{:?}: {err:?}", cfg.recv);
+        assert!(got == sent, "{:?}: frames differ", cfg.recv);
+        assert_eq!(t.reactor().stats().rx_buffers_released, 0, "{:?}", cfg.recv);
+        // The 64th short frame gives it back; a long frame after that
+        // still arrives whole, and keeps its buffer until the next run.
+        let more = vec![next(100), next(long), next(7)];
+        raw.write_all(&more.concat()).unwrap();
+        let (got, err) = drain(&mut t, more.len());
+        assert!(err.is_none(), "{:?}: {err:?}", cfg.recv);
+        assert!(got == more, "{:?}: frames differ", cfg.recv);
+        assert_eq!(t.reactor().stats().rx_buffers_released, 1, "{:?}", cfg.recv);
+    }
+}
