@@ -47,12 +47,12 @@ pub(crate) struct Rows {
 /// table (and faulted its new pages in) at every doubling, which showed as
 /// the PS's largest `memmove` while a table filled.
 ///
-/// Blocks past the first [`SMALL_PAGE_BLOCKS`] are anonymous mappings
-/// advised `MADV_HUGEPAGE`: a large table's rows are read and updated in
+/// Blocks are anonymous mappings; those past the first
+/// [`SMALL_PAGE_BLOCKS`] are advised `MADV_HUGEPAGE`: a large table's rows are read and updated in
 /// random order, and with 4 KiB pages nearly every row touched cost a TLB
-/// miss (`ps_table_1m`, 512 MiB of rows: pull and push 17-20% faster with
-/// huge pages). A small table stays on the heap and on 4 KiB pages: its TLB
-/// footprint is small, many small tables cost no 2 MiB page each, and on
+/// miss (`ps_table_1m`, 512 MiB of rows: pull and push 13-14% faster with
+/// huge pages). A small table stays on 4 KiB pages: its TLB footprint is
+/// small, many small tables cost no 2 MiB page each, and on
 /// this VM a fresh 2 MiB page cost more to clear on first touch than the
 /// TLB saved (the comm-bound train, whose table shards are 14 MiB each,
 /// was 10-20% slower with huge pages from the first block).
@@ -75,22 +75,29 @@ const MIN_BLOCK_SHIFT: u32 = 10;
 #[derive(Debug)]
 enum Block {
     Heap(Box<[f32]>),
-    Mapped(memmap2::MmapMut),
+    /// `huge`: advised `MADV_HUGEPAGE`.
+    Mapped {
+        map: memmap2::MmapMut,
+        huge: bool,
+    },
 }
 
 impl Block {
-    /// A zeroed block of `floats` floats; `huge` asks for huge pages (a
-    /// mapping that fails falls back to the heap: the rows are the same).
+    /// A zeroed block of `floats` floats; `huge` asks for huge pages.
+    /// Every block is an anonymous mapping, so pages no row has touched
+    /// cost no memory (a small table holds one 2 MiB block but only the
+    /// pages of its rows). A mapping that fails falls back to the heap:
+    /// the rows are the same.
     fn new(floats: usize, huge: bool) -> Self {
-        if huge {
-            if let Ok(map) = memmap2::MmapOptions::new()
-                .len(floats * std::mem::size_of::<f32>())
-                .map_anon()
-            {
+        if let Ok(map) = memmap2::MmapOptions::new()
+            .len(floats * std::mem::size_of::<f32>())
+            .map_anon()
+        {
+            if huge {
                 // Refused advice (THP disabled) leaves small pages: harmless.
                 let _ = map.advise(memmap2::Advice::HugePage);
-                return Block::Mapped(map);
             }
+            return Block::Mapped { map, huge };
         }
         Block::Heap(vec![0.0; floats].into_boxed_slice())
     }
@@ -99,14 +106,14 @@ impl Block {
         match self {
             Block::Heap(b) => b,
             // A mapping is page-aligned and its length a multiple of 4.
-            Block::Mapped(m) => bytemuck::cast_slice(m),
+            Block::Mapped { map, .. } => bytemuck::cast_slice(map),
         }
     }
 
     fn floats_mut(&mut self) -> &mut [f32] {
         match self {
             Block::Heap(b) => b,
-            Block::Mapped(m) => bytemuck::cast_slice_mut(m),
+            Block::Mapped { map, .. } => bytemuck::cast_slice_mut(map),
         }
     }
 }
@@ -115,7 +122,7 @@ impl Clone for Arena {
     fn clone(&self) -> Self {
         let mut out = Arena::with_shift(self.stride, self.shift, self.blocks.len());
         for (i, b) in self.blocks.iter().enumerate() {
-            out.push_block(i > 0);
+            out.push_block(i >= SMALL_PAGE_BLOCKS);
             out.blocks[i].floats_mut().copy_from_slice(b.floats());
         }
         out
@@ -760,7 +767,7 @@ mod tests {
     }
 
     #[test]
-    fn arena_blocks_past_the_small_page_ones_are_mapped_and_clone_copies_them() {
+    fn arena_blocks_past_the_small_page_ones_ask_for_huge_pages_and_clone_keeps_both() {
         let stride = 5;
         let mut a = Arena::with_shift(stride, 2, 0);
         let rows = (SMALL_PAGE_BLOCKS + 3) * a.block_rows();
@@ -773,11 +780,18 @@ mod tests {
                 .for_each(|(j, x)| *x = (i as usize * stride + j) as f32);
         }
         assert_eq!(a.blocks.len(), SMALL_PAGE_BLOCKS + 3);
-        for (b, block) in a.blocks.iter().enumerate() {
-            let mapped = matches!(block, Block::Mapped(_));
-            assert_eq!(mapped, b >= SMALL_PAGE_BLOCKS, "block {b}");
-        }
+        let huge = |a: &Arena| -> Vec<bool> {
+            a.blocks
+                .iter()
+                .map(|b| matches!(b, Block::Mapped { huge: true, .. }))
+                .collect()
+        };
+        let want: Vec<bool> = (0..a.blocks.len())
+            .map(|b| b >= SMALL_PAGE_BLOCKS)
+            .collect();
+        assert_eq!(huge(&a), want);
         let c = a.clone();
+        assert_eq!(huge(&c), want, "the clone's blocks");
         a.row_mut(0)[0] = -1.0;
         for i in 0..rows as u32 {
             let want: Vec<f32> = (0..stride)
