@@ -102,6 +102,11 @@ impl Block {
         Block::Heap(vec![0.0; floats].into_boxed_slice())
     }
 
+    /// Advised `MADV_HUGEPAGE`.
+    fn huge(&self) -> bool {
+        matches!(self, Block::Mapped { huge: true, .. })
+    }
+
     fn floats(&self) -> &[f32] {
         match self {
             Block::Heap(b) => b,
@@ -122,7 +127,7 @@ impl Clone for Arena {
     fn clone(&self) -> Self {
         let mut out = Arena::with_shift(self.stride, self.shift, self.blocks.len());
         for (i, b) in self.blocks.iter().enumerate() {
-            out.push_block(i >= SMALL_PAGE_BLOCKS);
+            out.push_block(b.huge());
             out.blocks[i].floats_mut().copy_from_slice(b.floats());
         }
         out
@@ -780,12 +785,7 @@ mod tests {
                 .for_each(|(j, x)| *x = (i as usize * stride + j) as f32);
         }
         assert_eq!(a.blocks.len(), SMALL_PAGE_BLOCKS + 3);
-        let huge = |a: &Arena| -> Vec<bool> {
-            a.blocks
-                .iter()
-                .map(|b| matches!(b, Block::Mapped { huge: true, .. }))
-                .collect()
-        };
+        let huge = |a: &Arena| -> Vec<bool> { a.blocks.iter().map(Block::huge).collect() };
         let want: Vec<bool> = (0..a.blocks.len())
             .map(|b| b >= SMALL_PAGE_BLOCKS)
             .collect();
