@@ -47,15 +47,16 @@ pub(crate) struct Rows {
 /// table (and faulted its new pages in) at every doubling, which showed as
 /// the PS's largest `memmove` while a table filled.
 ///
-/// Blocks are anonymous mappings; those past the first
-/// [`SMALL_PAGE_BLOCKS`] are advised `MADV_HUGEPAGE`: a large table's rows are read and updated in
-/// random order, and with 4 KiB pages nearly every row touched cost a TLB
-/// miss (`ps_table_1m`, 512 MiB of rows: pull and push 13-14% faster with
-/// huge pages). A small table stays on 4 KiB pages: its TLB footprint is
-/// small, many small tables cost no 2 MiB page each, and on
-/// this VM a fresh 2 MiB page cost more to clear on first touch than the
-/// TLB saved (the comm-bound train, whose table shards are 14 MiB each,
-/// was 10-20% slower with huge pages from the first block).
+/// Blocks are anonymous mappings, so pages no row has touched cost no
+/// memory. Those past the first [`SMALL_PAGE_BLOCKS`] are advised
+/// `MADV_HUGEPAGE`: a large table's rows are read and updated in random
+/// order, and with 4 KiB pages nearly every row touched cost a TLB miss
+/// (`ps_table_1m`, 512 MiB of rows: pull and push 13-14% faster with huge
+/// pages). A small table stays on 4 KiB pages: its TLB footprint is small,
+/// many small tables cost no 2 MiB page each, and on this VM a fresh 2 MiB
+/// page cost more to clear on first touch than the TLB saved (the
+/// comm-bound train, whose table shards are 14 MiB each, was 10-20% slower
+/// with huge pages from the first block).
 #[derive(Debug)]
 struct Arena {
     stride: usize,
@@ -71,64 +72,48 @@ const SMALL_PAGE_BLOCKS: usize = 8;
 /// Fewest rows per block (for rows wider than `BLOCK_BYTES / 1024`).
 const MIN_BLOCK_SHIFT: u32 = 10;
 
-/// One block of an [`Arena`]: `rows << shift` floats, zeroed when made.
+/// One block of an [`Arena`]: an anonymous mapping of `rows << shift`
+/// floats, zeroed by the kernel.
 #[derive(Debug)]
-enum Block {
-    Heap(Box<[f32]>),
-    /// `huge`: advised `MADV_HUGEPAGE`.
-    Mapped {
-        map: memmap2::MmapMut,
-        huge: bool,
-    },
+struct Block {
+    map: memmap2::MmapMut,
+    /// Advised `MADV_HUGEPAGE`.
+    huge: bool,
 }
 
 impl Block {
-    /// A zeroed block of `floats` floats; `huge` asks for huge pages.
-    /// Every block is an anonymous mapping, so pages no row has touched
-    /// cost no memory (a small table holds one 2 MiB block but only the
-    /// pages of its rows). A mapping that fails falls back to the heap:
-    /// the rows are the same.
+    /// # Panics
+    /// When the mapping fails: out of memory, as `vec!` aborts.
     fn new(floats: usize, huge: bool) -> Self {
-        if let Ok(map) = memmap2::MmapOptions::new()
+        let map = memmap2::MmapOptions::new()
             .len(floats * std::mem::size_of::<f32>())
             .map_anon()
-        {
-            if huge {
-                // Refused advice (THP disabled) leaves small pages: harmless.
-                let _ = map.advise(memmap2::Advice::HugePage);
-            }
-            return Block::Mapped { map, huge };
+            .expect("out of memory for a table block");
+        if huge {
+            // Refused advice (THP disabled) leaves small pages: harmless.
+            let _ = map.advise(memmap2::Advice::HugePage);
         }
-        Block::Heap(vec![0.0; floats].into_boxed_slice())
+        Self { map, huge }
     }
 
-    /// Advised `MADV_HUGEPAGE`.
-    fn huge(&self) -> bool {
-        matches!(self, Block::Mapped { huge: true, .. })
-    }
-
+    // A mapping is page-aligned and its length a multiple of 4: the casts
+    // cannot fail.
     fn floats(&self) -> &[f32] {
-        match self {
-            Block::Heap(b) => b,
-            // A mapping is page-aligned and its length a multiple of 4.
-            Block::Mapped { map, .. } => bytemuck::cast_slice(map),
-        }
+        bytemuck::cast_slice(&self.map)
     }
 
     fn floats_mut(&mut self) -> &mut [f32] {
-        match self {
-            Block::Heap(b) => b,
-            Block::Mapped { map, .. } => bytemuck::cast_slice_mut(map),
-        }
+        bytemuck::cast_slice_mut(&mut self.map)
     }
 }
 
 impl Clone for Arena {
     fn clone(&self) -> Self {
         let mut out = Arena::with_shift(self.stride, self.shift, self.blocks.len());
-        for (i, b) in self.blocks.iter().enumerate() {
-            out.push_block(b.huge());
-            out.blocks[i].floats_mut().copy_from_slice(b.floats());
+        for b in &self.blocks {
+            let mut copy = Block::new(b.floats().len(), b.huge);
+            copy.floats_mut().copy_from_slice(b.floats());
+            out.blocks.push(copy);
         }
         out
     }
@@ -785,7 +770,7 @@ mod tests {
                 .for_each(|(j, x)| *x = (i as usize * stride + j) as f32);
         }
         assert_eq!(a.blocks.len(), SMALL_PAGE_BLOCKS + 3);
-        let huge = |a: &Arena| -> Vec<bool> { a.blocks.iter().map(Block::huge).collect() };
+        let huge = |a: &Arena| -> Vec<bool> { a.blocks.iter().map(|b| b.huge).collect() };
         let want: Vec<bool> = (0..a.blocks.len())
             .map(|b| b >= SMALL_PAGE_BLOCKS)
             .collect();
