@@ -29,7 +29,11 @@ echo "### 5f lite 2w";                j train --epochs 1 --protocol star_server_
 echo "### 6t tcp fuse on";            j train --backend tcp --model lr --embedding-dim 64 --batch-size 512 --epochs 1 --json
 echo "### 6t grpc fuse off";          j train --backend grpc --tensor-fuse off --model lr --embedding-dim 64 --batch-size 512 --epochs 1 --json
 echo "### 6t grpc fuse on";           j train --backend grpc --tensor-fuse on --model lr --embedding-dim 64 --batch-size 512 --epochs 1 --json
+echo "### 6t inproc (no network)";    j train --backend inproc --model lr --embedding-dim 64 --batch-size 512 --epochs 1 --json
 echo "### 6t uring fuse on";          j train --backend uring --model lr --embedding-dim 64 --batch-size 512 --epochs 1 --json
+for b in tcp "grpc --tensor-fuse off" inproc; do
+  echo "### 6t2 epochs 2 $b";         j train --backend $b --model lr --embedding-dim 64 --batch-size 512 --json
+done
 echo "### 6b rate";  "$B" bench --backends grpc,tcp --mode rate --sizes 4096 --inflight 32 --repeat 3 2>&1 | tail -8
 echo "### 6b lat";   "$B" bench --backends grpc,tcp --mode lat --sizes 64 --polling on --cores 0,1 --repeat 3 2>&1 | tail -8
 echo "### 6b bw";    "$B" bench --backends grpc,tcp --mode bw --sizes 1048576 --repeat 3 2>&1 | tail -8

@@ -21,7 +21,9 @@ pub struct TrainArgs {
     /// Worker tasks (local cluster).
     #[arg(long, default_value_t = 2)]
     pub workers: usize,
-    /// Transport backend.
+    /// Transport backend: tcp, uring, grpc (when built in), or inproc (no
+    /// network: workers call the shards directly; the compute bound, local
+    /// cluster only).
     #[arg(long, default_value = "tcp")]
     pub backend: String,
     /// star_server (robust) or star_server_lite (pooling on the PS).
@@ -576,7 +578,7 @@ pub struct ReportTrain;
 
 impl crate::report::TrainSuite for ReportTrain {
     fn run(&self, case: &crate::report::TrainCase) -> Result<crate::report::TrainResult, String> {
-        let backend = check_backend(case.backend.name())?;
+        let backend = check_backend(case.backend)?;
         let cfg = TrainConfig {
             backend,
             model: parse_model(&case.model)?,

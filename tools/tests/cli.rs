@@ -683,9 +683,11 @@ fn report_quick_writes_markdown_json_and_svg_plots() {
     assert!(json["machine"]["kernel"]
         .as_str()
         .is_some_and(|k| !k.is_empty()));
-    // The train section: every starwire backend, fusion on and off.
+    // The train section: every starwire backend, fusion on and off, then
+    // the bound without a network.
     let train = json["train"].as_array().expect("train rows");
-    assert_eq!(train.len(), 2 * (backends.len() - 1), "{train:?}");
+    assert_eq!(train.len(), 2 * (backends.len() - 1) + 1, "{train:?}");
+    assert_eq!(train.last().unwrap()["backend"], "inproc");
     for t in train {
         assert!(t["error"].is_null(), "{t}");
         assert!(t["samples_per_s"].as_f64().is_some_and(|x| x > 0.0), "{t}");
@@ -693,6 +695,7 @@ fn report_quick_writes_markdown_json_and_svg_plots() {
     let md = read("report.md");
     assert!(md.contains("| kernel |") && md.contains("| CPU |") && md.contains("| polling |"));
     assert!(md.contains("tcp ÷ raw"), "{md}");
+    assert!(md.contains("÷ inproc (no network)"), "{md}");
     for svg in ["latency.svg", "rate.svg"] {
         let s = read(svg);
         assert!(

@@ -140,6 +140,9 @@ impl Default for TrainConfig {
 pub enum BackendKind {
     /// Non-blocking TCP sockets (always built).
     Tcp,
+    /// No network: workers call the local cluster's shards directly (the
+    /// compute bound; `starwire train` only).
+    Inproc,
     /// io_uring (feature `uring`).
     #[cfg(all(feature = "uring", target_os = "linux"))]
     Uring,
@@ -152,6 +155,7 @@ impl BackendKind {
     /// Every backend compiled in, by name.
     pub const ALL: &'static [(&'static str, BackendKind)] = &[
         ("tcp", BackendKind::Tcp),
+        ("inproc", BackendKind::Inproc),
         #[cfg(all(feature = "uring", target_os = "linux"))]
         ("uring", BackendKind::Uring),
         #[cfg(feature = "grpc")]
@@ -507,6 +511,21 @@ impl<K: Backend> PsTask<K> {
     }
 }
 
+/// Shard `s` of the plan as a reactor (or a lock) serves it, restored
+/// from the checkpoint in `restore` if given.
+pub(crate) fn shard_handler(
+    cfg: &TrainConfig,
+    plan: &Plan,
+    s: usize,
+    restore: Option<&Path>,
+) -> Result<ShardHandler, TrainError> {
+    Ok(ShardHandler {
+        shard: make_shard(cfg, plan, s, restore)?,
+        index: s,
+        checkpoint_dir: cfg.checkpoint_dir.clone(),
+    })
+}
+
 /// Shard `s` of the plan, restored from the checkpoint in `restore` if
 /// given.
 pub fn make_shard(
@@ -624,6 +643,7 @@ impl<K: Backend> ClusterBackend for Sessions<K> {
 fn cluster_backend(b: BackendKind) -> Box<dyn ClusterBackend> {
     match b {
         BackendKind::Tcp => Box::new(Sessions::<Tcp>::default()),
+        BackendKind::Inproc => Box::new(crate::inproc::Inproc),
         #[cfg(all(feature = "uring", target_os = "linux"))]
         BackendKind::Uring => Box::new(Sessions::<crate::link::Uring>::default()),
         #[cfg(feature = "grpc")]
@@ -648,7 +668,7 @@ pub fn start_ps<K: Backend>(
     let mut inboxes = Vec::with_capacity(r);
     for local in 0..r {
         let s = ps_index * r + local;
-        let shard = make_shard(cfg, plan, s, restore)?;
+        let handler = shard_handler(cfg, plan, s, restore)?;
         let (tx, rx) = mpsc::channel();
         let conn_cfg = ConnConfig::new(peer(TaskRole::Ps, ps_index as u32, r as u16));
         let spec = ReactorSpec {
@@ -660,11 +680,6 @@ pub fn start_ps<K: Backend>(
                 IdlePolicy::Park
             },
             max_park: Duration::from_millis(100),
-        };
-        let handler = ShardHandler {
-            shard,
-            index: s,
-            checkpoint_dir: cfg.checkpoint_dir.clone(),
         };
         // The binder (an io_uring ring) is made on the reactor's own thread;
         // the first connection reports a failure to make it.
@@ -1224,6 +1239,18 @@ fn run_local_on(k: &dyn ClusterBackend, cfg: &TrainConfig) -> Result<TrainReport
     })
 }
 
+/// A task of a cluster across processes needs a network backend.
+fn across_processes(b: BackendKind) -> Result<(), TrainError> {
+    if b == BackendKind::Inproc {
+        return Err(TrainError::Config(
+            "--backend inproc has no network: it runs only in `starwire train` (the local \
+             cluster); `starwire ps` and `starwire worker` need tcp, uring or grpc"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
 /// `starwire ps`: serve PS task `index` on `bind` until every one of the
 /// `cfg.workers` workers has said `DONE`; returns the shards' counters.
 /// Restores from `--checkpoint-dir` when it holds a checkpoint.
@@ -1232,6 +1259,7 @@ pub fn run_ps_task(
     index: usize,
     bind: SocketAddr,
 ) -> Result<Vec<serde_json::Value>, TrainError> {
+    across_processes(cfg.backend)?;
     let k = cluster_backend(cfg.backend);
     let plan = plan(cfg)?;
     let restore = match &cfg.checkpoint_dir {
@@ -1257,6 +1285,7 @@ pub fn run_worker_task(
     ps_addrs: &[String],
     index: usize,
 ) -> Result<TrainReport, TrainError> {
+    across_processes(cfg.backend)?;
     let k = cluster_backend(cfg.backend);
     let plan = plan(cfg)?;
     let manifest = match &cfg.checkpoint_dir {

@@ -15,7 +15,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use starwire_grpc::{GrpcClient, GrpcError, GrpcServer, Handler, HandlerError};
 use starwire_transport::wire::{Opcode, Status};
 
-use crate::cluster::{make_shard, ClusterBackend, Plan, RunningPs, TrainConfig, WorkerNet};
+use crate::cluster::{shard_handler, ClusterBackend, Plan, RunningPs, TrainConfig, WorkerNet};
 use crate::handler::ShardHandler;
 use crate::net::{Exchange, Reply, Request, Traffic};
 use crate::server::{self, PsHandler};
@@ -253,13 +253,7 @@ impl ClusterBackend for Grpc {
         let r = cfg.ps_reactors.max(1);
         let mut shards = Vec::with_capacity(r);
         for local in 0..r {
-            let s = p * r + local;
-            let shard = make_shard(cfg, plan, s, restore)?;
-            let h = ShardHandler {
-                shard,
-                index: s,
-                checkpoint_dir: cfg.checkpoint_dir.clone(),
-            };
+            let h = shard_handler(cfg, plan, p * r + local, restore)?;
             shards.push(Mutex::new((h, Vec::new())));
         }
         let svc = Arc::new(PsService {

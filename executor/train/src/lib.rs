@@ -26,6 +26,7 @@ pub mod control;
 #[cfg(feature = "grpc")]
 pub mod grpc;
 pub mod handler;
+pub mod inproc;
 pub mod link;
 pub mod net;
 pub mod server;

@@ -297,3 +297,31 @@ fn every_backend_computes_the_same_steps() {
         }
     }
 }
+
+/// `inproc` (no network) runs the barrier of `--sync` from the workers'
+/// own threads, learns like the network backends, and refuses to be a task
+/// of a cluster across processes.
+#[test]
+fn inproc_trains_with_a_barrier_and_only_in_one_process() {
+    let r = run_local(&TrainConfig {
+        backend: starwire_train::BackendKind::Inproc,
+        sync: true,
+        workers: 3,
+        ..small()
+    })
+    .unwrap();
+    assert_eq!(r.backend, "inproc");
+    assert_eq!(r.steps, 3 * 22);
+    for s in &r.shard_stats {
+        assert_eq!(s["global_step"].as_u64().unwrap(), 66);
+    }
+    assert!(r.auc > 0.65, "auc {}", r.auc);
+    let cfg = TrainConfig {
+        backend: starwire_train::BackendKind::Inproc,
+        ..small()
+    };
+    let e = starwire_train::run_ps_task(&cfg, 0, "127.0.0.1:0".parse().unwrap()).unwrap_err();
+    assert!(e.to_string().contains("inproc"), "{e}");
+    let e = starwire_train::run_worker_task(&cfg, &["127.0.0.1:1".into()], 0).unwrap_err();
+    assert!(e.to_string().contains("inproc"), "{e}");
+}

@@ -62,8 +62,8 @@ pub struct ReportArgs {
 /// One train measurement the report asks for.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct TrainCase {
-    /// Backend to train over.
-    pub backend: Backend,
+    /// Backend to train over (`starwire train --backend`).
+    pub backend: &'static str,
     /// Tensor fusion on or off (`--tensor-fuse`).
     pub fusion: bool,
     /// Model (`--model`).
@@ -134,6 +134,8 @@ struct ReportJson<'a> {
 }
 
 const NO_TRAIN: &str = "train not available in this build";
+/// The train backend without a network (the compute bound).
+const INPROC: &str = "inproc";
 
 fn read_trim(p: &str) -> Option<String> {
     std::fs::read_to_string(p).ok().map(|s| s.trim().to_owned())
@@ -230,20 +232,25 @@ fn plans(args: &ReportArgs, backends: &[Backend], m: &Machine) -> Vec<Plan> {
 }
 
 /// The train cases: every backend that can train (not the raw baseline),
-/// fusion on and off.
+/// fusion on and off; then `inproc` (no network: the PS and worker work
+/// alone, the bound any transport can reach on this machine), fused.
 fn train_cases(backends: &[Backend], quick: bool) -> Vec<TrainCase> {
+    let case = |backend, fusion| TrainCase {
+        backend,
+        fusion,
+        model: "lr".into(),
+        embedding_dim: 64,
+        batch_size: 512,
+        steps: if quick { 10 } else { 200 },
+    };
     let mut out = Vec::new();
     for &b in backends.iter().filter(|&&b| b != Backend::Raw) {
         for fusion in [true, false] {
-            out.push(TrainCase {
-                backend: b,
-                fusion,
-                model: "lr".into(),
-                embedding_dim: 64,
-                batch_size: 512,
-                steps: if quick { 10 } else { 200 },
-            });
+            out.push(case(b.name(), fusion));
         }
+    }
+    if !out.is_empty() {
+        out.push(case(INPROC, true));
     }
     out
 }
@@ -653,21 +660,26 @@ fn markdown(
         Some(rows) => {
             let grpc_off = rows
                 .iter()
-                .find(|r| r.case.backend.name() == "grpc" && !r.case.fusion)
+                .find(|r| r.case.backend == "grpc" && !r.case.fusion)
+                .and_then(|r| r.samples_per_s);
+            let bound = rows
+                .iter()
+                .find(|r| r.case.backend == INPROC)
                 .and_then(|r| r.samples_per_s);
             let _ = writeln!(
                 o,
-                "| backend | fusion | steps | samples/s | ÷ grpc unfused (stock TF) | error |\n|---|---|---:|---:|---:|---|"
+                "| backend | fusion | steps | samples/s | ÷ grpc unfused (stock TF) | ÷ inproc (no network) | error |\n|---|---|---:|---:|---:|---:|---|"
             );
             for r in rows {
                 let _ = writeln!(
                     o,
-                    "| {} | {} | {} | {} | {} | {} |",
+                    "| {} | {} | {} | {} | {} | {} | {} |",
                     r.case.backend,
                     if r.case.fusion { "on" } else { "off" },
                     r.steps.map_or("–".into(), |s| s.to_string()),
                     fmt_num(r.samples_per_s),
                     ratio(r.samples_per_s, grpc_off),
+                    ratio(r.samples_per_s, bound),
                     r.error.as_deref().unwrap_or("")
                 );
             }
@@ -698,9 +710,12 @@ mod tests {
     #[test]
     fn train_cases_skip_raw_and_cover_fusion_on_and_off() {
         let cases = train_cases(&[Backend::Raw, Backend::Tcp], false);
-        assert_eq!(cases.len(), 2);
-        assert!(cases.iter().all(|c| c.backend == Backend::Tcp));
-        assert!(cases.iter().any(|c| c.fusion) && cases.iter().any(|c| !c.fusion));
+        assert_eq!(cases.len(), 3);
+        assert!(cases[..2].iter().all(|c| c.backend == "tcp"));
+        assert!(cases[..2].iter().any(|c| c.fusion) && cases[..2].iter().any(|c| !c.fusion));
+        // The bound comes last, fused.
+        assert_eq!((cases[2].backend, cases[2].fusion), (INPROC, true));
+        assert!(train_cases(&[Backend::Raw], false).is_empty());
         assert_eq!((cases[0].embedding_dim, cases[0].batch_size), (64, 512));
     }
 
