@@ -9,41 +9,24 @@
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use starwire_grpc::{GrpcClient, GrpcError, GrpcServer, Handler, HandlerError};
 use starwire_transport::wire::{Opcode, Status};
 
-use crate::cluster::{shard_handler, ClusterBackend, Plan, RunningPs, TrainConfig, WorkerNet};
-use crate::handler::ShardHandler;
+use crate::cluster::{ClusterBackend, Plan, RunningPs, TrainConfig, WorkerNet};
+use crate::locked::{lock, LockedShards};
 use crate::net::{Exchange, Reply, Request, Traffic};
-use crate::server::{self, PsHandler};
+use crate::server;
 use crate::TrainError;
 
 /// The gRPC [`ClusterBackend`].
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Grpc;
 
-#[derive(Debug, Default)]
-struct Done {
-    /// `DONE`s received, per local shard.
-    count: Vec<usize>,
-}
-
-/// The PS task's shards behind one gRPC server.
-#[derive(Debug)]
-struct PsService {
-    shards: Vec<Mutex<(ShardHandler, Vec<u8>)>>,
-    done: Mutex<Done>,
-    all_done: Condvar,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-impl Handler for PsService {
+/// A PS task's shards behind one gRPC server.
+impl Handler for LockedShards {
     fn handle(&self, opcode: u8, payload: &[u8]) -> Result<Vec<u8>, HandlerError> {
         let op = Opcode::from_u8(opcode).map_err(|_| HandlerError::UnknownOpcode(opcode))?;
         let Some((idx, body)) = payload.split_first_chunk::<2>() else {
@@ -51,16 +34,11 @@ impl Handler for PsService {
         };
         let i = usize::from(u16::from_le_bytes(*idx));
         let shard = self
-            .shards
             .get(i)
             .ok_or_else(|| HandlerError::NotFound(format!("shard {i}")))?;
-        let reply = {
-            let mut g = lock(shard);
-            let (h, out) = &mut *g;
-            let mut served = Default::default();
-            let mut failed = 0;
-            server::serve(h, out, op, body, &mut served, &mut failed)
-        };
+        // Each reply leaves as the Vec tonic sends: the next one starts in
+        // a fresh buffer of the same capacity.
+        let reply = lock(shard).serve(op, body, Vec::with_capacity);
         match reply {
             server::Reply::Now(Status::Ok, b) => Ok(b),
             server::Reply::Now(status, msg) => {
@@ -76,9 +54,7 @@ impl Handler for PsService {
                 "WAIT_STEP (--sync) on the grpc baseline",
             )),
             server::Reply::Done => {
-                let mut d = lock(&self.done);
-                d.count[i] += 1;
-                self.all_done.notify_all();
+                self.done(i);
                 Ok(Vec::new())
             }
         }
@@ -87,7 +63,7 @@ impl Handler for PsService {
 
 struct GrpcPs {
     server: GrpcServer,
-    svc: Arc<PsService>,
+    svc: Arc<LockedShards>,
     expected: usize,
 }
 
@@ -101,14 +77,9 @@ impl RunningPs for GrpcPs {
             svc,
             expected,
         } = *self;
-        {
-            let mut d = lock(&svc.done);
-            while d.count.iter().any(|&c| c < expected) {
-                d = svc.all_done.wait(d).unwrap_or_else(|e| e.into_inner());
-            }
-        }
+        let stats = svc.join(expected);
         server.shutdown();
-        Ok(svc.shards.iter().map(|s| lock(s).0.stats()).collect())
+        Ok(stats)
     }
     fn stop(self: Box<Self>) {
         self.server.shutdown();
@@ -250,17 +221,7 @@ impl ClusterBackend for Grpc {
                 "--sync is not supported on the grpc baseline".into(),
             ));
         }
-        let r = cfg.ps_reactors.max(1);
-        let mut shards = Vec::with_capacity(r);
-        for local in 0..r {
-            let h = shard_handler(cfg, plan, p * r + local, restore)?;
-            shards.push(Mutex::new((h, Vec::new())));
-        }
-        let svc = Arc::new(PsService {
-            shards,
-            done: Mutex::new(Done { count: vec![0; r] }),
-            all_done: Condvar::new(),
-        });
+        let svc = Arc::new(LockedShards::start(cfg, plan, p, restore)?);
         // tonic binds its own listener: hand it the address of ours.
         let addr = listener.local_addr()?;
         drop(listener);

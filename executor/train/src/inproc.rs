@@ -10,16 +10,15 @@
 //! share of the bound it reaches. It runs only inside `starwire train`,
 //! where the PS tasks and the workers are threads of one process.
 
-use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, TryLockError};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 
 use starwire_transport::wire::Status;
 
-use crate::cluster::{shard_handler, ClusterBackend, Plan, RunningPs, TrainConfig, WorkerNet};
-use crate::handler::ShardHandler;
+use crate::cluster::{ClusterBackend, Plan, RunningPs, TrainConfig, WorkerNet};
+use crate::locked::{lock, LockedShards, Slot};
 use crate::net::{Exchange, Reply, Request, Traffic};
 use crate::server::{self, PsHandler};
 use crate::TrainError;
@@ -31,39 +30,16 @@ const BARRIER_TIMEOUT: Duration = Duration::from_secs(120);
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Inproc;
 
-/// One shard and what serving it keeps between requests.
-#[derive(Debug)]
-struct Slot {
-    handler: ShardHandler,
-    /// The scratch buffer replies are written into.
-    out: Vec<u8>,
-    served: HashMap<&'static str, u64>,
-    failed: u64,
-}
-
-/// A PS task's shards, shared with the workers of this process.
-#[derive(Debug)]
-struct PsState {
-    shards: Vec<Mutex<Slot>>,
-    /// `DONE`s received, per local shard.
-    done: Mutex<Vec<usize>>,
-    all_done: Condvar,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// The PS tasks of this process by address, for workers to find. A task
 /// holds its listener, so no other task (of this or another cluster of
 /// the process) can have the same address while it is registered.
-static REGISTRY: Mutex<Vec<(SocketAddr, Arc<PsState>)>> = Mutex::new(Vec::new());
+static REGISTRY: Mutex<Vec<(SocketAddr, Arc<LockedShards>)>> = Mutex::new(Vec::new());
 
 struct InprocPs {
     /// Held so that the address stays this task's while it is registered.
     _listener: TcpListener,
     addr: SocketAddr,
-    state: Arc<PsState>,
+    state: Arc<LockedShards>,
     expected: usize,
 }
 
@@ -79,26 +55,7 @@ impl RunningPs for InprocPs {
     }
 
     fn join(self: Box<Self>) -> Result<Vec<serde_json::Value>, TrainError> {
-        {
-            let mut d = lock(&self.state.done);
-            while d.iter().any(|&c| c < self.expected) {
-                d = self
-                    .state
-                    .all_done
-                    .wait(d)
-                    .unwrap_or_else(|e| e.into_inner());
-            }
-        }
-        Ok(self
-            .state
-            .shards
-            .iter()
-            .map(|s| {
-                let g = lock(s);
-                tracing::debug!(shard = g.handler.index, served = ?g.served, failed = g.failed, "inproc shard done");
-                g.handler.stats()
-            })
-            .collect())
+        Ok(self.state.join(self.expected))
     }
 
     fn stop(self: Box<Self>) {}
@@ -106,33 +63,36 @@ impl RunningPs for InprocPs {
 
 /// A worker's handles on every PS task.
 struct InprocNet {
-    ps: Vec<Arc<PsState>>,
+    ps: Vec<Arc<LockedShards>>,
     reactors: usize,
     traffic: Traffic,
     /// A multi-segment request body, made contiguous.
     scratch: Vec<u8>,
+    /// The exchange's requests not served yet, with their positions
+    /// (kept between exchanges for its capacity).
+    todo: Vec<(usize, Request)>,
+    /// Shards found held in a pass over `todo` (likewise).
+    held: Vec<usize>,
 }
 
-/// The PS task holding `shard`, and the shard's index in it.
+/// The PS task holding `shard`, the shard's index in it, and the shard.
 fn slot(
-    ps: &[Arc<PsState>],
+    ps: &[Arc<LockedShards>],
     reactors: usize,
     shard: usize,
-) -> Result<(&PsState, usize), TrainError> {
+) -> Result<(&LockedShards, usize, &Mutex<Slot>), TrainError> {
     let (p, local) = (shard / reactors, shard % reactors);
-    let st = ps
-        .get(p)
-        .filter(|st| local < st.shards.len())
-        .ok_or_else(|| TrainError::Link(shard, "no such shard".into()))?;
-    Ok((st, local))
+    ps.get(p)
+        .and_then(|st| Some((&**st, local, st.get(local)?)))
+        .ok_or_else(|| TrainError::Link(shard, "no such shard".into()))
 }
 
-/// `WAIT_STEP`: until shard `local`'s global step reaches `n`. The
+/// `WAIT_STEP`: until the shard's global step reaches `n`. The
 /// other workers move it from their own threads.
-fn wait_step(st: &PsState, local: usize, n: u64, shard: usize) -> Result<(), TrainError> {
+fn wait_step(m: &Mutex<Slot>, n: u64, shard: usize) -> Result<(), TrainError> {
     let deadline = Instant::now() + BARRIER_TIMEOUT;
     let mut spins = 0u32;
-    while lock(&st.shards[local]).handler.global_step() < n {
+    while lock(m).handler.global_step() < n {
         if Instant::now() > deadline {
             return Err(TrainError::Link(
                 shard,
@@ -160,25 +120,24 @@ impl Exchange for InprocNet {
         let n = reqs.len();
         replies.truncate(n);
         replies.resize_with(n, Reply::default);
-        let mut todo: Vec<(usize, Request)> = reqs.into_iter().enumerate().collect();
-        let mut held: Vec<usize> = Vec::new();
-        while !todo.is_empty() {
-            let (i, g) = match first_free(&self.ps, self.reactors, &todo, &mut held)? {
+        self.todo.clear();
+        self.todo.extend(reqs.into_iter().enumerate());
+        while !self.todo.is_empty() {
+            let (i, g) = match first_free(&self.ps, self.reactors, &self.todo, &mut self.held)? {
                 Some(x) => x,
                 // Every shard still needed is held: wait for the first.
-                None => {
-                    let (st, local) = slot(&self.ps, self.reactors, todo[0].1.shard)?;
-                    (0, lock(&st.shards[local]))
-                }
+                None => (
+                    0,
+                    lock(slot(&self.ps, self.reactors, self.todo[0].1.shard)?.2),
+                ),
             };
-            let (at, r) = todo.remove(i);
-            let (st, local) = slot(&self.ps, self.reactors, r.shard)?;
+            let (at, r) = self.todo.remove(i);
+            let (st, local, m) = slot(&self.ps, self.reactors, r.shard)?;
             serve_one(
                 &mut self.scratch,
                 &mut self.traffic,
                 g,
-                st,
-                local,
+                (st, local, m),
                 &r,
                 &mut replies[at],
             )?;
@@ -194,7 +153,7 @@ impl Exchange for InprocNet {
 /// The first request of `todo` whose shard is free and has no earlier
 /// request waiting, with the shard's lock taken.
 fn first_free<'a>(
-    ps: &'a [Arc<PsState>],
+    ps: &'a [Arc<LockedShards>],
     reactors: usize,
     todo: &[(usize, Request)],
     held: &mut Vec<usize>,
@@ -204,8 +163,7 @@ fn first_free<'a>(
         if held.contains(&r.shard) {
             continue;
         }
-        let (st, local) = slot(ps, reactors, r.shard)?;
-        match st.shards[local].try_lock() {
+        match slot(ps, reactors, r.shard)?.2.try_lock() {
             Ok(g) => return Ok(Some((i, g))),
             Err(TryLockError::Poisoned(e)) => return Ok(Some((i, e.into_inner()))),
             Err(TryLockError::WouldBlock) => held.push(r.shard),
@@ -214,13 +172,13 @@ fn first_free<'a>(
     Ok(None)
 }
 
-/// Serve `r` on the shard `g` guards (shard `local` of `st`) into `rep`.
+/// Serve `r` on the shard `g` guards (`(task, local index, shard)`)
+/// into `rep`.
 fn serve_one(
     scratch: &mut Vec<u8>,
     traffic: &mut Traffic,
     mut g: MutexGuard<'_, Slot>,
-    st: &PsState,
-    local: usize,
+    (st, local, m): (&LockedShards, usize, &Mutex<Slot>),
     r: &Request,
     rep: &mut Reply,
 ) -> Result<(), TrainError> {
@@ -246,15 +204,7 @@ fn serve_one(
         v.reserve(cap);
         v
     };
-    let reply = {
-        let Slot {
-            handler,
-            out,
-            served,
-            failed,
-        } = &mut *g;
-        server::serve_into(handler, out, next, r.opcode, body, served, failed)
-    };
+    let reply = g.serve(r.opcode, body, next);
     drop(g);
     match reply {
         server::Reply::Now(status, bytes) => {
@@ -265,12 +215,11 @@ fn serve_one(
             rep.body = bytes;
         }
         server::Reply::Wait(step) => {
-            wait_step(st, local, step, r.shard)?;
+            wait_step(m, step, r.shard)?;
             rep.status = Some(Status::Ok);
         }
         server::Reply::Done => {
-            lock(&st.done)[local] += 1;
-            st.all_done.notify_all();
+            st.done(local);
             rep.status = Some(Status::Ok);
         }
     }
@@ -295,21 +244,7 @@ impl ClusterBackend for Inproc {
         expected: usize,
         restore: Option<&Path>,
     ) -> Result<Box<dyn RunningPs>, TrainError> {
-        let r = cfg.ps_reactors.max(1);
-        let mut shards = Vec::with_capacity(r);
-        for local in 0..r {
-            shards.push(Mutex::new(Slot {
-                handler: shard_handler(cfg, plan, p * r + local, restore)?,
-                out: Vec::new(),
-                served: HashMap::new(),
-                failed: 0,
-            }));
-        }
-        let state = Arc::new(PsState {
-            shards,
-            done: Mutex::new(vec![0; r]),
-            all_done: Condvar::new(),
-        });
+        let state = Arc::new(LockedShards::start(cfg, plan, p, restore)?);
         let addr = listener.local_addr()?;
         lock(&REGISTRY).push((addr, state.clone()));
         Ok(Box::new(InprocPs {
@@ -348,6 +283,8 @@ impl ClusterBackend for Inproc {
             reactors: cfg.ps_reactors.max(1),
             traffic: Traffic::default(),
             scratch: Vec::new(),
+            todo: Vec::new(),
+            held: Vec::new(),
         }))
     }
 }
@@ -356,37 +293,31 @@ impl ClusterBackend for Inproc {
 mod tests {
     use super::*;
     use crate::control::Control;
+    use crate::handler::ShardHandler;
     use starwire_ps::{PsShard, ShardConfig};
     use starwire_transport::wire::Opcode;
     use starwire_transport::Body;
 
-    fn state(shards: usize) -> Arc<PsState> {
-        Arc::new(PsState {
-            shards: (0..shards)
-                .map(|i| {
-                    Mutex::new(Slot {
-                        handler: ShardHandler {
-                            shard: PsShard::new(i, &[], ShardConfig::default()),
-                            index: i,
-                            checkpoint_dir: None,
-                        },
-                        out: Vec::new(),
-                        served: HashMap::new(),
-                        failed: 0,
-                    })
+    fn state(shards: usize) -> Arc<LockedShards> {
+        Arc::new(LockedShards::new(
+            (0..shards)
+                .map(|i| ShardHandler {
+                    shard: PsShard::new(i, &[], ShardConfig::default()),
+                    index: i,
+                    checkpoint_dir: None,
                 })
                 .collect(),
-            done: Mutex::new(vec![0; shards]),
-            all_done: Condvar::new(),
-        })
+        ))
     }
 
-    fn net(st: &Arc<PsState>) -> InprocNet {
+    fn net(st: &Arc<LockedShards>, shards: usize) -> InprocNet {
         InprocNet {
             ps: vec![st.clone()],
-            reactors: st.shards.len(),
+            reactors: shards,
             traffic: Traffic::default(),
             scratch: Vec::new(),
+            todo: Vec::new(),
+            held: Vec::new(),
         }
     }
 
@@ -403,11 +334,11 @@ mod tests {
     #[test]
     fn a_free_shard_is_served_while_another_is_held() {
         let st = state(2);
-        let held = lock(&st.shards[0]);
+        let held = lock(st.get(0).unwrap());
         let worker = {
             let st = st.clone();
             std::thread::spawn(move || {
-                let mut n = net(&st);
+                let mut n = net(&st, 2);
                 let mut replies = Vec::new();
                 let reqs = vec![
                     req(0, &Control::Stats),
@@ -419,12 +350,12 @@ mod tests {
             })
         };
         let deadline = Instant::now() + Duration::from_secs(20);
-        while !lock(&st.shards[1]).served.contains_key("stats") {
+        while lock(st.get(1).unwrap()).served("stats") == 0 {
             assert!(Instant::now() < deadline, "shard 1 was not served");
             std::thread::sleep(Duration::from_millis(1));
         }
         // Shard 0's DONE waits behind its STATS, which waits for the lock.
-        assert_eq!(lock(&st.done)[0], 0);
+        assert_eq!(st.dones()[0], 0);
         drop(held);
         let (replies, traffic) = worker.join().unwrap().unwrap();
         assert_eq!(replies.len(), 3);
@@ -434,7 +365,7 @@ mod tests {
         let stats: serde_json::Value = serde_json::from_slice(&replies[1].body).unwrap();
         assert_eq!(stats["shard"], 1);
         assert!(replies[2].body.is_empty());
-        assert_eq!(*lock(&st.done), vec![1, 0]);
+        assert_eq!(st.dones(), vec![1, 0]);
         assert_eq!(traffic.requests, 3);
     }
 
@@ -443,7 +374,7 @@ mod tests {
     #[test]
     fn bad_requests_are_statuses_and_unknown_shards_errors() {
         let st = state(1);
-        let mut n = net(&st);
+        let mut n = net(&st, 1);
         let mut replies = Vec::new();
         let bad = Request {
             shard: 0,
@@ -452,7 +383,7 @@ mod tests {
         };
         n.exchange(vec![bad], &mut replies).unwrap();
         assert!(matches!(replies[0].status, Some(s) if s != Status::Ok));
-        assert_eq!(lock(&st.shards[0]).failed, 1);
+        assert_eq!(lock(st.get(0).unwrap()).failed(), 1);
         let e = n
             .exchange(vec![req(3, &Control::Stats)], &mut replies)
             .unwrap_err();
@@ -464,7 +395,7 @@ mod tests {
     fn a_barrier_already_passed_answers_at_once() {
         let st = state(1);
         let mut replies = Vec::new();
-        net(&st)
+        net(&st, 1)
             .exchange(vec![req(0, &Control::WaitStep(0))], &mut replies)
             .unwrap();
         assert_eq!(replies[0].status, Some(Status::Ok));

@@ -28,6 +28,7 @@ pub mod grpc;
 pub mod handler;
 pub mod inproc;
 pub mod link;
+mod locked;
 pub mod net;
 pub mod server;
 pub mod source;

@@ -1,0 +1,145 @@
+//! A PS task's shards behind one lock each, for the backends that serve
+//! a shard from whichever thread a request arrives on: the gRPC baseline
+//! (tonic's runtime threads) and `inproc` (the workers' own threads). The
+//! session backends need none of this: each shard is its reactor's alone.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Condvar, Mutex, MutexGuard};
+
+use starwire_transport::wire::Opcode;
+
+use crate::cluster::{shard_handler, Plan, TrainConfig};
+use crate::handler::ShardHandler;
+use crate::server::{self, PsHandler};
+use crate::TrainError;
+
+/// Lock `m`; a thread that panicked while holding it left the shard as
+/// every request leaves it (each is served whole or not at all), so the
+/// poison is ignored.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One shard and what serving it keeps between requests.
+#[derive(Debug)]
+pub(crate) struct Slot {
+    pub(crate) handler: ShardHandler,
+    /// The scratch buffer replies are written into.
+    out: Vec<u8>,
+    served: HashMap<&'static str, u64>,
+    failed: u64,
+}
+
+impl Slot {
+    /// Serve one request ([`server::serve_into`]); `next(capacity)` gives
+    /// the buffer that replaces the scratch buffer once a reply leaves in
+    /// it.
+    pub(crate) fn serve(
+        &mut self,
+        opcode: Opcode,
+        body: &[u8],
+        next: impl FnOnce(usize) -> Vec<u8>,
+    ) -> server::Reply {
+        server::serve_into(
+            &mut self.handler,
+            &mut self.out,
+            next,
+            opcode,
+            body,
+            &mut self.served,
+            &mut self.failed,
+        )
+    }
+
+    /// Requests that failed.
+    #[cfg(test)]
+    pub(crate) fn failed(&self) -> u64 {
+        self.failed
+    }
+
+    /// Requests served, by kind.
+    #[cfg(test)]
+    pub(crate) fn served(&self, kind: &str) -> u64 {
+        self.served.get(kind).copied().unwrap_or(0)
+    }
+}
+
+/// The shards of one PS task, and the `DONE`s each has received.
+#[derive(Debug)]
+pub(crate) struct LockedShards {
+    shards: Vec<Mutex<Slot>>,
+    done: Mutex<Vec<usize>>,
+    all_done: Condvar,
+}
+
+impl LockedShards {
+    /// PS task `p`'s shards of the plan, restored from `restore` if given.
+    pub(crate) fn start(
+        cfg: &TrainConfig,
+        plan: &Plan,
+        p: usize,
+        restore: Option<&Path>,
+    ) -> Result<Self, TrainError> {
+        let r = cfg.ps_reactors.max(1);
+        (0..r)
+            .map(|local| shard_handler(cfg, plan, p * r + local, restore))
+            .collect::<Result<Vec<_>, _>>()
+            .map(Self::new)
+    }
+
+    /// These handlers as shards 0, 1, … of a task.
+    pub(crate) fn new(handlers: Vec<ShardHandler>) -> Self {
+        let n = handlers.len();
+        Self {
+            shards: handlers
+                .into_iter()
+                .map(|handler| {
+                    Mutex::new(Slot {
+                        handler,
+                        out: Vec::new(),
+                        served: HashMap::new(),
+                        failed: 0,
+                    })
+                })
+                .collect(),
+            done: Mutex::new(vec![0; n]),
+            all_done: Condvar::new(),
+        }
+    }
+
+    /// Local shard `i`, if the task has it.
+    pub(crate) fn get(&self, i: usize) -> Option<&Mutex<Slot>> {
+        self.shards.get(i)
+    }
+
+    /// Local shard `i` received a `DONE`.
+    pub(crate) fn done(&self, i: usize) {
+        lock(&self.done)[i] += 1;
+        self.all_done.notify_all();
+    }
+
+    /// `DONE`s received so far, per local shard.
+    #[cfg(test)]
+    pub(crate) fn dones(&self) -> Vec<usize> {
+        lock(&self.done).clone()
+    }
+
+    /// Wait until every shard has received `expected` `DONE`s; then the
+    /// shards' counters.
+    pub(crate) fn join(&self, expected: usize) -> Vec<serde_json::Value> {
+        let mut d = lock(&self.done);
+        while d.iter().any(|&c| c < expected) {
+            d = self.all_done.wait(d).unwrap_or_else(|e| e.into_inner());
+        }
+        drop(d);
+        self.shards
+            .iter()
+            .map(|s| {
+                let g = lock(s);
+                tracing::debug!(shard = g.handler.index, served = ?g.served, failed = g.failed, "shard done");
+                g.handler.stats()
+            })
+            .collect()
+    }
+}
