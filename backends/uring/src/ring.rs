@@ -63,7 +63,7 @@ impl TxSeg {
 struct Inflight {
     segs: Vec<TxSeg>,
     /// Read by the kernel until the result completion; kept here for that.
-    _msg: Box<SendMsg>,
+    msg: Box<SendMsg>,
     total: usize,
     /// Bytes the kernel reported sent so far.
     done: usize,
@@ -110,6 +110,11 @@ pub(crate) struct Conn {
     queued_bytes: usize,
     slots_held: usize,
     inflight: Option<Inflight>,
+    /// The buffers of the last completed send (its piece list and its
+    /// `msghdr` with iovecs), emptied and kept for the next one: a send per
+    /// busy turn allocated both afresh, and grew them by doubling, about
+    /// eight allocations a send.
+    spare: Option<(Vec<TxSeg>, Box<SendMsg>)>,
     send_error: Option<i32>,
     zero_copy: bool,
     // Receive.
@@ -506,13 +511,21 @@ fn queue_shared(refs: &mut [u16], c: &mut Conn, b: Bytes) {
 /// connection which sent one long frame does not hold it for good.
 const RELEASE_AFTER_SHORT: u32 = 64;
 
+/// A frame buffer at least this long (or at least `rx_direct_min`, when
+/// that is smaller) is a long frame's, given back after a run of short
+/// frames. Without the cap, turning direct receives off (`rx_direct_min`
+/// above `max_frame_len`) kept every buffer a long frame had been
+/// reassembled in, up to 1 MiB per connection, for good.
+const LONG_BUFFER_MIN: usize = 128 * 1024;
+
 /// Bookkeeping after `c` delivered a frame of `len` bytes, with `partial`
 /// empty: whether the next header is received directly, and whether the
 /// frame buffer of a past long frame is given back (returned true).
 fn after_frame(c: &mut Conn, len: usize, direct_min: usize) -> bool {
     debug_assert!(c.partial.is_empty() && !c.direct_inflight);
     c.large_run = len >= direct_min;
-    if c.large_run || c.partial.capacity() < direct_min {
+    let long = direct_min.min(LONG_BUFFER_MIN);
+    if len >= long || c.partial.capacity() < long {
         c.short_since_long = 0;
         return false;
     }
@@ -997,7 +1010,7 @@ impl RingInner {
         if inf.awaiting_result || inf.awaiting_notif {
             return;
         }
-        let inf = c.inflight.take().expect("checked above");
+        let mut inf = c.inflight.take().expect("checked above");
         if inf.done < inf.total && c.send_error.is_none() && !inf.resumable {
             // Zero-copy sends carry MSG_WAITALL and return short only on an
             // error or a signal: the stream cannot be resumed in order, so
@@ -1012,7 +1025,7 @@ impl RingInner {
         let resume = inf.done < inf.total && c.send_error.is_none();
         let mut skip = inf.done;
         let mut rest: Vec<TxSeg> = Vec::new();
-        for seg in inf.segs {
+        for seg in inf.segs.drain(..) {
             let len = seg.len();
             if skip >= len {
                 skip -= len;
@@ -1036,6 +1049,9 @@ impl RingInner {
                 unref_slot(&mut self.tx_pool, &mut self.slot_refs, c, id);
             }
         }
+        let mut msg = inf.msg;
+        msg.iov.clear();
+        c.spare = Some((inf.segs, msg));
         if !rest.is_empty() {
             self.stats.short_sends += 1;
         }
@@ -1150,6 +1166,7 @@ impl RingInner {
             queued_bytes: 0,
             slots_held: 0,
             inflight: None,
+            spare: None,
             send_error: None,
             zero_copy: self.cfg.zero_copy && (self.features.sendmsg_zc || self.features.send_zc),
             chunks: VecDeque::new(),
@@ -1424,8 +1441,11 @@ impl RingInner {
         if c.queue.is_empty() {
             return Ok(());
         }
-        let mut msg = SendMsg::new();
-        let mut segs = Vec::new();
+        let (mut segs, mut msg) = c
+            .spare
+            .take()
+            .unwrap_or_else(|| (Vec::with_capacity(MAX_IOV), SendMsg::with_capacity(MAX_IOV)));
+        debug_assert!(segs.is_empty() && msg.iov.is_empty());
         let mut total = 0;
         while segs.len() < MAX_IOV {
             let Some(seg) = c.queue.pop_front() else {
@@ -1454,10 +1474,12 @@ impl RingInner {
         };
         if !sys::push_send(&mut self.ring, c.sock, &msg, kind, user_data(idx, OP_SEND)) {
             // SQ full: put everything back, in order, and retry next flush.
-            for seg in segs.into_iter().rev() {
+            for seg in segs.drain(..).rev() {
                 c.queued_bytes += seg.len();
                 c.queue.push_front(seg);
             }
+            msg.iov.clear();
+            c.spare = Some((segs, msg));
             self.stats.sq_full += 1;
             return Ok(());
         }
@@ -1469,7 +1491,7 @@ impl RingInner {
         }
         c.inflight = Some(Inflight {
             segs,
-            _msg: msg,
+            msg,
             total,
             done: 0,
             awaiting_result: true,

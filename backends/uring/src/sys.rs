@@ -52,13 +52,14 @@ pub(crate) struct SendMsg {
 unsafe impl Send for SendMsg {}
 
 impl SendMsg {
-    pub(crate) fn new() -> Box<Self> {
+    /// Room for `iovecs` pieces before the vector grows.
+    pub(crate) fn with_capacity(iovecs: usize) -> Box<Self> {
         // SAFETY: msghdr is a plain C struct for which all-zero is valid
         // (null name, no control data).
         let hdr: libc::msghdr = unsafe { std::mem::zeroed() };
         Box::new(Self {
             hdr,
-            iov: Vec::new(),
+            iov: Vec::with_capacity(iovecs),
         })
     }
 
