@@ -170,6 +170,13 @@ pub struct ConnStats {
 }
 
 impl Conn {
+    /// Keep a send's buffers, emptied, for the connection's next send.
+    fn keep_spare(&mut self, mut segs: Vec<TxSeg>, mut msg: Box<SendMsg>) {
+        segs.clear();
+        msg.iov.clear();
+        self.spare = Some((segs, msg));
+    }
+
     fn quiet(&self) -> bool {
         self.inflight.is_none() && !self.recv_armed && !self.poll_armed
     }
@@ -1049,9 +1056,7 @@ impl RingInner {
                 unref_slot(&mut self.tx_pool, &mut self.slot_refs, c, id);
             }
         }
-        let mut msg = inf.msg;
-        msg.iov.clear();
-        c.spare = Some((inf.segs, msg));
+        c.keep_spare(inf.segs, inf.msg);
         if !rest.is_empty() {
             self.stats.short_sends += 1;
         }
@@ -1478,8 +1483,7 @@ impl RingInner {
                 c.queued_bytes += seg.len();
                 c.queue.push_front(seg);
             }
-            msg.iov.clear();
-            c.spare = Some((segs, msg));
+            c.keep_spare(segs, msg);
             self.stats.sq_full += 1;
             return Ok(());
         }
