@@ -47,6 +47,8 @@ mod probe;
 #[cfg(target_os = "linux")]
 mod ring;
 #[cfg(target_os = "linux")]
+mod stage;
+#[cfg(target_os = "linux")]
 mod sys;
 #[cfg(target_os = "linux")]
 mod transport;

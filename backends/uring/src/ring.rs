@@ -18,7 +18,8 @@ use starwire_transport::TransportError;
 use starwire_wire::{FrameError, Header, HEADER_LEN};
 
 use crate::probe::{probe, Features};
-use crate::sys::{self, BufRing, SendKind, SendMsg, Sock};
+use crate::stage::{RingView, TxStage};
+use crate::sys::{self, BufRing, SendKind, SendMsg, SlotPtr, Sock};
 use crate::{RecvMode, UringConfig, UringError, UringStats};
 
 /// Buffer group of the receive pool.
@@ -76,15 +77,6 @@ struct Inflight {
     resumable: bool,
 }
 
-/// The transmit slot being filled: bytes `from..used` are written and not
-/// yet queued.
-#[derive(Debug, Clone, Copy)]
-struct Fill {
-    id: SlotId,
-    from: usize,
-    used: usize,
-}
-
 /// How the receive side ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum RxEnd {
@@ -98,14 +90,8 @@ pub(crate) struct Conn {
     stream: Option<TcpStream>,
     /// The socket as SQEs name it.
     sock: Sock,
-    // Transmit.
-    /// The slot frames are being written into.
-    filling: Option<Fill>,
-    /// Length of the outstanding reservation in `filling`, or in
-    /// `heap_reserve`.
-    reserved: Option<usize>,
-    /// A reservation longer than a transmit slot.
-    heap_reserve: Option<Vec<u8>>,
+    // Transmit. Frames are written outside the lock, in the transport's
+    // stage (module `stage`), and handed over here by `flush`.
     queue: VecDeque<TxSeg>,
     queued_bytes: usize,
     slots_held: usize,
@@ -489,29 +475,6 @@ fn slot_id(i: usize) -> SlotId {
     starwire_bufpool::SlotId::from_index(i)
 }
 
-/// Queue the written, unqueued bytes of the filling slot.
-fn queue_fill(refs: &mut [u16], c: &mut Conn) {
-    let Some(f) = c.filling.as_mut() else { return };
-    if f.used > f.from {
-        refs[f.id.index()] += 1;
-        c.queue.push_back(TxSeg::Slot {
-            id: f.id,
-            off: f.from,
-            len: f.used - f.from,
-        });
-        c.queued_bytes += f.used - f.from;
-        f.from = f.used;
-    }
-}
-
-/// Queue `b` by reference, after the written bytes of the filling slot
-/// (which keeps the stream in order).
-fn queue_shared(refs: &mut [u16], c: &mut Conn, b: Bytes) {
-    queue_fill(refs, c);
-    c.queued_bytes += b.len();
-    c.queue.push_back(TxSeg::Shared(b));
-}
-
 /// Short frames after a long one before the connection gives back the
 /// frame buffer the long one left (up to `max_frame_len`): enough that a
 /// stream alternating long and short frames keeps it, few enough that a
@@ -543,15 +506,6 @@ fn after_frame(c: &mut Conn, len: usize, direct_min: usize) -> bool {
     c.short_since_long = 0;
     c.partial = Vec::new();
     true
-}
-
-/// Stop filling the current slot: queue its rest and drop the filling
-/// reference.
-fn close_fill(pool: &mut BufPool, refs: &mut [u16], c: &mut Conn) {
-    queue_fill(refs, c);
-    if let Some(f) = c.filling.take() {
-        unref_slot(pool, refs, c, f.id);
-    }
 }
 
 fn unref_slot(pool: &mut BufPool, refs: &mut [u16], c: &mut Conn, id: SlotId) {
@@ -1130,9 +1084,6 @@ impl RingInner {
             // The table's reference is the last one to the socket.
             let _ = sys::set_file_slot(&self.ring, slot, -1);
         }
-        if let Some(f) = c.filling.take() {
-            unref_slot(&mut self.tx_pool, &mut self.slot_refs, &mut c, f.id);
-        }
         for seg in std::mem::take(&mut c.queue) {
             if let TxSeg::Slot { id, .. } = seg {
                 unref_slot(&mut self.tx_pool, &mut self.slot_refs, &mut c, id);
@@ -1164,9 +1115,6 @@ impl RingInner {
         let c = Conn {
             stream: Some(stream),
             sock,
-            filling: None,
-            reserved: None,
-            heap_reserve: None,
             queue: VecDeque::new(),
             queued_bytes: 0,
             slots_held: 0,
@@ -1209,10 +1157,15 @@ impl RingInner {
         self.conn(idx).stats
     }
 
-    pub(crate) fn remove_conn(&mut self, idx: usize) {
+    /// The transport of `idx` went away; `fill` is the slot its stage was
+    /// filling (what it staged is dropped).
+    pub(crate) fn remove_conn(&mut self, idx: usize, fill: Option<SlotId>) {
         let Some(Some(c)) = self.conns.get_mut(idx) else {
             return;
         };
+        if let Some(id) = fill {
+            unref_slot(&mut self.tx_pool, &mut self.slot_refs, c, id);
+        }
         c.closing = true;
         // Shut the socket down so the peer sees the end now and the
         // multishot receive completes; the file itself closes when the
@@ -1239,178 +1192,61 @@ impl RingInner {
         self.maybe_free(idx);
     }
 
-    /// Lend `len` bytes for one frame; `Ok(None)` under back-pressure.
-    pub(crate) fn tx_reserve(
-        &mut self,
-        idx: usize,
-        len: usize,
-    ) -> Result<Option<(*const u8, usize)>, TransportError> {
-        let max = self.cfg.max_frame_len;
-        if len > max {
-            return Err(TransportError::FrameTooLarge { len, max });
+    /// Queue what the transport of `idx` staged, in order, let go of the
+    /// slot it stopped filling, and refresh its view of the ring. The fill
+    /// is kept when `keep_fill` (or a reservation in it is outstanding).
+    pub(crate) fn hand_over(&mut self, idx: usize, st: &mut TxStage, keep_fill: bool) {
+        let h = st.take_handover(keep_fill);
+        let c = self.conns[idx].as_mut().expect("live connection");
+        let mut segs = h.segs;
+        for seg in segs.drain(..) {
+            if let TxSeg::Slot { id, .. } = &seg {
+                self.slot_refs[id.index()] += 1;
+            }
+            c.queued_bytes += seg.len();
+            c.queue.push_back(seg);
         }
+        st.return_segs(segs);
+        if let Some(id) = h.release {
+            unref_slot(&mut self.tx_pool, &mut self.slot_refs, c, id);
+        }
+        c.stats.frames_sent += h.frames;
+        self.stats.frames_sent += h.frames;
+        self.stats.tx_heap_frames += h.heap_frames;
+        self.update_view(idx, st);
+    }
+
+    /// Tell the transport of `idx` what its stage cannot know: the bytes
+    /// queued here, whether anything waits or is in flight, and a send
+    /// error.
+    pub(crate) fn update_view(&self, idx: usize, st: &mut TxStage) {
+        let c = self.conn(idx);
+        st.view = RingView {
+            queued: c.queued_bytes,
+            pending: c.inflight.is_some() || !c.queue.is_empty(),
+            send_error: c.send_error,
+        };
+    }
+
+    /// A new slot for the transport of `idx` to write into, after handing
+    /// over what it staged and letting go of its full one. `Ok(false)`
+    /// under back-pressure: the connection holds
+    /// [`UringConfig::tx_slots_per_conn`] slots, or the pool is empty.
+    pub(crate) fn refill(&mut self, idx: usize, st: &mut TxStage) -> Result<bool, TransportError> {
+        self.hand_over(idx, st, false);
         self.check_send_error(idx)?;
         let per_conn = self.cfg.tx_slots_per_conn;
-        let slot_len = self.cfg.slot_len();
-        let limit = self.cfg.tx_queue_limit_bytes;
         let c = self.conns[idx].as_mut().expect("live connection");
-        c.reserved = None;
-        c.heap_reserve = None;
-        if len > slot_len {
-            // Longer than a slot: heap memory, queued by reference at the
-            // commit.
-            if c.queued_bytes > 0 && c.queued_bytes + len > limit {
-                return Ok(None);
-            }
-            let buf = c.heap_reserve.insert(vec![0; len]);
-            c.reserved = Some(len);
-            return Ok(Some((buf.as_mut_ptr().cast_const(), len)));
-        }
-        let max = slot_len;
-        if let Some(f) = c.filling {
-            if max - f.used >= len {
-                c.reserved = Some(len);
-                return Ok(Some((
-                    self.tx_pool.slot_ptr(f.id).wrapping_add(f.used),
-                    len,
-                )));
-            }
-            close_fill(&mut self.tx_pool, &mut self.slot_refs, c);
-        }
         if c.slots_held >= per_conn {
-            return Ok(None);
+            return Ok(false);
         }
         let Some(id) = self.tx_pool.take() else {
             self.stats.tx_pool_empty += 1;
-            return Ok(None);
+            return Ok(false);
         };
         self.slot_refs[id.index()] = 1;
         c.slots_held += 1;
-        c.filling = Some(Fill {
-            id,
-            from: 0,
-            used: 0,
-        });
-        c.reserved = Some(len);
-        Ok(Some((self.tx_pool.slot_ptr(id), len)))
-    }
-
-    pub(crate) fn tx_commit(&mut self, idx: usize, len: usize) {
-        let c = self.conns[idx].as_mut().expect("live connection");
-        let r = c.reserved.take().expect("tx_commit without a reservation");
-        assert!(
-            len <= r,
-            "tx_commit of {len} bytes exceeds the reservation of {r}"
-        );
-        if let Some(mut buf) = c.heap_reserve.take() {
-            buf.truncate(len);
-            queue_shared(&mut self.slot_refs, c, Bytes::from(buf));
-            self.stats.tx_heap_frames += 1;
-        } else if let Some(f) = c.filling.as_mut() {
-            f.used += len;
-        }
-        c.stats.frames_sent += 1;
-        self.stats.frames_sent += 1;
-    }
-
-    /// Queue `head` (copied into the filling slot) and `segs` (kept by
-    /// reference when at least `gather_copy_threshold` long; smaller ones
-    /// are copied next to the head).
-    pub(crate) fn tx_gather(
-        &mut self,
-        idx: usize,
-        head: &[u8],
-        segs: &[Bytes],
-    ) -> Result<bool, TransportError> {
-        let total = head.len() + segs.iter().map(Bytes::len).sum::<usize>();
-        let max = self.cfg.max_frame_len;
-        if total > max {
-            return Err(TransportError::FrameTooLarge { len: total, max });
-        }
-        let threshold = self.cfg.gather_copy_threshold.max(1);
-        let copied = head.len()
-            + segs
-                .iter()
-                .filter(|s| s.len() < threshold)
-                .map(Bytes::len)
-                .sum::<usize>();
-        let shared_bytes = total - copied;
-        if copied > self.cfg.slot_len() {
-            return self.tx_gather_heap(idx, head, segs, total);
-        }
-        if shared_bytes > 0
-            && self.conn(idx).queued_bytes + shared_bytes > self.cfg.tx_queue_limit_bytes
-        {
-            return Ok(false);
-        }
-        if self.tx_reserve(idx, copied)?.is_none() {
-            return Ok(false);
-        }
-        let c = self.conns[idx].as_mut().expect("live connection");
-        c.reserved = None;
-        let mut f = c.filling.expect("reserved");
-        let slot = self.tx_pool.slot_mut(f.id);
-        let mut at = f.used;
-        slot[at..at + head.len()].copy_from_slice(head);
-        at += head.len();
-        for s in segs {
-            if s.len() < threshold {
-                slot[at..at + s.len()].copy_from_slice(s);
-                at += s.len();
-            } else {
-                // Queue the slot bytes so far, then the shared segment.
-                f.used = at;
-                c.filling = Some(f);
-                queue_shared(&mut self.slot_refs, c, s.clone());
-                f = c.filling.expect("still filling");
-            }
-        }
-        f.used = at;
-        c.filling = Some(f);
-        c.stats.frames_sent += 1;
-        self.stats.frames_sent += 1;
-        Ok(true)
-    }
-
-    /// `tx_gather` of a frame whose copied part (head and short segments)
-    /// exceeds a slot: runs of copied bytes go to heap buffers, long
-    /// segments stay by reference.
-    fn tx_gather_heap(
-        &mut self,
-        idx: usize,
-        head: &[u8],
-        segs: &[Bytes],
-        total: usize,
-    ) -> Result<bool, TransportError> {
-        self.check_send_error(idx)?;
-        let threshold = self.cfg.gather_copy_threshold.max(1);
-        let limit = self.cfg.tx_queue_limit_bytes;
-        let c = self.conns[idx].as_mut().expect("live connection");
-        if c.reserved.is_some() {
-            // The reservation is abandoned, as by a new tx_reserve.
-            c.reserved = None;
-            c.heap_reserve = None;
-        }
-        if c.queued_bytes > 0 && c.queued_bytes + total > limit {
-            return Ok(false);
-        }
-        let mut run = head.to_vec();
-        for s in segs {
-            if s.len() < threshold {
-                run.extend_from_slice(s);
-                continue;
-            }
-            if !run.is_empty() {
-                queue_shared(&mut self.slot_refs, c, std::mem::take(&mut run).into());
-            }
-            queue_shared(&mut self.slot_refs, c, s.clone());
-        }
-        if !run.is_empty() {
-            queue_shared(&mut self.slot_refs, c, run.into());
-        }
-        c.stats.frames_sent += 1;
-        self.stats.frames_sent += 1;
-        self.stats.tx_heap_frames += 1;
+        st.set_fill(id, SlotPtr::new(self.tx_pool.slot_ptr(id)));
         Ok(true)
     }
 
@@ -1422,13 +1258,19 @@ impl RingInner {
         }
     }
 
-    pub(crate) fn tx_pending(&self, idx: usize) -> bool {
-        let c = self.conn(idx);
-        c.inflight.is_some() || !c.queue.is_empty() || c.filling.is_some_and(|f| f.used > f.from)
+    /// Hand over what the transport of `idx` staged, and queue one send
+    /// SQE for everything queued, unless one is in flight.
+    pub(crate) fn flush(&mut self, idx: usize, st: &mut TxStage) -> Result<(), TransportError> {
+        // Let go of the fill (unless a reservation in it is outstanding):
+        // an idle connection holds no transmit memory, so a ring's pool
+        // serves any number of connections.
+        self.hand_over(idx, st, false);
+        let r = self.send_queued(idx);
+        self.update_view(idx, st);
+        r
     }
 
-    /// Queue one send SQE for everything queued, unless one is in flight.
-    pub(crate) fn flush(&mut self, idx: usize) -> Result<(), TransportError> {
+    fn send_queued(&mut self, idx: usize) -> Result<(), TransportError> {
         self.check_send_error(idx)?;
         let zc_ok = self.features.sendmsg_zc;
         let zc_fixed_ok = self.features.send_zc;
@@ -1436,12 +1278,6 @@ impl RingInner {
         let c = self.conns[idx].as_mut().expect("live connection");
         if c.inflight.is_some() {
             return Ok(());
-        }
-        if c.reserved.is_none() {
-            // Queue what was written and let go of the slot: an idle
-            // connection holds no transmit memory, so a ring's pool serves
-            // any number of connections.
-            close_fill(&mut self.tx_pool, &mut self.slot_refs, c);
         }
         if c.queue.is_empty() {
             return Ok(());

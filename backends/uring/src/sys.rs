@@ -459,6 +459,30 @@ impl BufRing {
     }
 }
 
+/// Where a transmit slot starts, kept by the connection that fills it
+/// (outside the ring's lock, in its transport's stage).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SlotPtr(*const u8);
+
+// SAFETY: the pointer is into the ring's transmit pool, which lives as long
+// as the `Arc` of the ring the holder keeps; the slot is the holder's to
+// write (through `lend_slot`) until it hands the slot back, whichever
+// thread it runs on. Sharing `&SlotPtr` only shares the address.
+unsafe impl Send for SlotPtr {}
+// SAFETY: as above.
+unsafe impl Sync for SlotPtr {}
+
+impl SlotPtr {
+    pub(crate) fn new(ptr: *const u8) -> Self {
+        Self(ptr)
+    }
+
+    /// The address `off` bytes into the slot.
+    pub(crate) fn at(self, off: usize) -> *const u8 {
+        self.0.wrapping_add(off)
+    }
+}
+
 /// A mutable view of `len` bytes at `ptr` for the duration of `'a`.
 ///
 /// Used to lend a transmit slot: the slot was taken from the pool by the

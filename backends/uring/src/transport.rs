@@ -7,6 +7,7 @@ use bytes::Bytes;
 use starwire_transport::{DrivenTransport, Transport, TransportError};
 
 use crate::ring::{ConnStats, UringReactor};
+use crate::stage::{Reserve, StageLimits, TxStage};
 use crate::{UringConfig, UringError};
 
 /// A starwire [`Transport`] over one TCP connection driven through the
@@ -17,6 +18,8 @@ pub struct UringTransport {
     idx: usize,
     max_frame_len: usize,
     auto_enter: bool,
+    /// Frames written since the last flush (see the `stage` module).
+    stage: TxStage,
 }
 
 impl UringTransport {
@@ -38,16 +41,22 @@ impl UringTransport {
                 }
             })?;
         }
-        let (idx, max_frame_len, auto_enter) = {
+        let (idx, cfg) = {
             let mut r = reactor.lock();
             let idx = r.add_conn(stream);
-            (idx, r.cfg.max_frame_len, r.cfg.auto_enter)
+            (idx, r.cfg.clone())
         };
         Ok(Self {
             reactor: reactor.clone(),
             idx,
-            max_frame_len,
-            auto_enter,
+            max_frame_len: cfg.max_frame_len,
+            auto_enter: cfg.auto_enter,
+            stage: TxStage::new(StageLimits {
+                max_frame_len: cfg.max_frame_len,
+                slot_len: cfg.slot_len(),
+                queue_limit: cfg.tx_queue_limit_bytes,
+                gather_copy_threshold: cfg.gather_copy_threshold,
+            }),
         })
     }
 
@@ -76,7 +85,7 @@ impl UringTransport {
 impl Drop for UringTransport {
     fn drop(&mut self) {
         let mut r = self.reactor.lock();
-        r.remove_conn(self.idx);
+        r.remove_conn(self.idx, self.stage.fill());
         if self.auto_enter {
             let _ = r.enter();
             r.reap();
@@ -101,34 +110,61 @@ impl Transport for UringTransport {
         self.max_frame_len
     }
 
-    /// Lends `len` bytes of a registered transmit slot. `Ok(None)` when the
-    /// connection holds [`UringConfig::tx_slots_per_conn`] slots or the
-    /// ring's pool is empty.
+    /// Lends `len` bytes of a registered transmit slot (or of heap memory,
+    /// for a frame longer than a slot). `Ok(None)` when the connection
+    /// holds [`UringConfig::tx_slots_per_conn`] slots, the ring's pool is
+    /// empty, or (for a long frame) the bytes waiting to be sent are at
+    /// [`UringConfig::tx_queue_limit_bytes`]. The ring's lock is taken only
+    /// when a new slot is needed.
     fn tx_reserve(&mut self, len: usize) -> Result<Option<&mut [u8]>, TransportError> {
-        let got = self.reactor.lock().tx_reserve(self.idx, len)?;
-        // The slot range is this connection's alone until it is committed
-        // and queued, and `&mut self` keeps it so for the borrow.
-        Ok(got.map(|(ptr, len)| crate::sys::lend_slot(ptr, len)))
+        // Twice at most: a new slot has room for any frame that fits one.
+        for _ in 0..2 {
+            match self.stage.reserve(len)? {
+                // The range is this connection's alone until it is
+                // committed and handed over, and `&mut self` keeps it so
+                // for the borrow.
+                Reserve::Lent(ptr, n) => return Ok(Some(crate::sys::lend_slot(ptr, n))),
+                Reserve::Full => return Ok(None),
+                Reserve::NeedSlot => {
+                    if !self.reactor.lock().refill(self.idx, &mut self.stage)? {
+                        return Ok(None);
+                    }
+                }
+            }
+        }
+        Ok(None)
     }
 
     /// # Panics
     /// Without an outstanding reservation, or when `len` exceeds it.
     fn tx_commit(&mut self, len: usize) {
-        self.reactor.lock().tx_commit(self.idx, len);
+        self.stage.commit(len);
     }
 
     fn tx_gather(&mut self, head: &[u8], segs: &[Bytes]) -> Result<bool, TransportError> {
-        self.reactor.lock().tx_gather(self.idx, head, segs)
+        for _ in 0..2 {
+            match self.stage.gather(head, segs)? {
+                Some(done) => return Ok(done),
+                None => {
+                    if !self.reactor.lock().refill(self.idx, &mut self.stage)? {
+                        return Ok(false);
+                    }
+                }
+            }
+        }
+        Ok(false)
     }
 
-    /// Queues one send SQE for everything queued (unless a send is in
-    /// flight); with `auto_enter`, also enters the ring.
+    /// Hands what was written to the ring and queues one send SQE for
+    /// everything queued (unless a send is in flight); with `auto_enter`,
+    /// also enters the ring.
     fn flush(&mut self, _now: Instant) -> Result<(), TransportError> {
         let mut r = self.reactor.lock();
-        r.flush(self.idx)?;
+        r.flush(self.idx, &mut self.stage)?;
         if self.auto_enter {
             r.enter().map_err(TransportError::Io)?;
             r.reap();
+            r.update_view(self.idx, &mut self.stage);
         }
         Ok(())
     }
@@ -150,10 +186,14 @@ impl Transport for UringTransport {
             r.enter().map_err(TransportError::Io)?;
             r.reap();
         }
+        // Sends completed since the last turn: tell the stage.
+        r.update_view(self.idx, &mut self.stage);
         r.rx_burst(self.idx, max, sink)
     }
 
+    /// Frames staged here, or bytes queued or in flight in the ring as of
+    /// the last `rx_burst` or `flush` (which refresh that view); no lock.
     fn tx_pending(&self) -> bool {
-        self.reactor.lock().tx_pending(self.idx)
+        self.stage.pending()
     }
 }

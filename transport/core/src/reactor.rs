@@ -190,6 +190,12 @@ pub struct ReactorStats {
     pub park_timeouts: u64,
     /// Parks cancelled because the re-check turn found work.
     pub park_cancels: u64,
+    /// Time spent in turns that did work, in nanoseconds (each measured
+    /// from its start to the start of the next turn, so a park after a
+    /// busy turn is not counted).
+    pub busy_ns: u64,
+    /// Time from the first turn to the last, in nanoseconds.
+    pub run_ns: u64,
 }
 
 /// A running reactor.
@@ -288,15 +294,23 @@ pub fn local_waker() -> Result<ReactorWaker, ReactorError> {
 fn run<S: Shard>(spec: &ReactorSpec, state: &WakeState, shard: &mut S) -> ReactorStats {
     let mut stats = ReactorStats::default();
     let mut last_work = Instant::now();
+    let first = last_work;
+    // The start of the last turn, when it did work.
+    let mut busy_since: Option<Instant> = None;
     loop {
         if state.stop.load(Ordering::Relaxed) || shard.finished() {
             break;
         }
         let now = Instant::now();
+        if let Some(t) = busy_since.take() {
+            stats.busy_ns += now.saturating_duration_since(t).as_nanos() as u64;
+        }
+        stats.run_ns = now.saturating_duration_since(first).as_nanos() as u64;
         stats.turns += 1;
         if shard.turn(now) {
             stats.busy_turns += 1;
             last_work = now;
+            busy_since = Some(now);
             continue;
         }
         let park = match spec.idle {

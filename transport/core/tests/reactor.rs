@@ -227,3 +227,44 @@ fn reactor_runs_on_its_pinned_core() {
     let (shard, _) = r.join().expect("join");
     assert_eq!(shard.cpu, Some(cpu));
 }
+
+/// Busy for its first `busy` turns (2 ms each), then idle (1 ms each,
+/// sleeping too, so idle time is long enough to tell apart) until `turns`.
+struct Alternating {
+    turn: u32,
+    busy: u32,
+    turns: u32,
+}
+
+impl Shard for Alternating {
+    fn turn(&mut self, _now: Instant) -> bool {
+        self.turn += 1;
+        let busy = self.turn <= self.busy;
+        std::thread::sleep(Duration::from_millis(if busy { 2 } else { 1 }));
+        busy
+    }
+    fn finished(&self) -> bool {
+        self.turn >= self.turns
+    }
+}
+
+/// `busy_ns` counts the time of busy turns only, and `run_ns` all of it:
+/// the bench reads their ratio as the reactor's load.
+#[test]
+fn busy_time_counts_busy_turns_only() {
+    let mut spec = ReactorSpec::new(0);
+    spec.idle = IdlePolicy::BusyPoll;
+    let r = Reactor::spawn(spec, |_| Alternating {
+        turn: 0,
+        busy: 10,
+        turns: 40,
+    })
+    .expect("spawn");
+    let (_, stats) = r.join().expect("join");
+    assert_eq!(stats.busy_turns, 10, "{stats:?}");
+    let ms = |ns: u64| ns as f64 / 1e6;
+    // 10 busy turns of at least 2 ms; the idle turns (30 of at least 1 ms)
+    // are in the run time but not in the busy time.
+    assert!(ms(stats.busy_ns) >= 20.0, "{stats:?}");
+    assert!(ms(stats.run_ns) >= ms(stats.busy_ns) + 25.0, "{stats:?}");
+}
