@@ -199,7 +199,9 @@ pub enum RecvMode {
     Multishot,
     /// Each reactor turn queues one non-blocking (`MSG_DONTWAIT`) `RECV`
     /// per connection with the turn's sends; it completes inside that same
-    /// `io_uring_enter`, with data or `-EAGAIN`. This skips the poll wakeup
+    /// `io_uring_enter`, with data or `-EAGAIN`. While the receives that
+    /// find data bring at least 16 KiB it is multishot and drains the
+    /// socket; otherwise it is a single receive. This skips the poll wakeup
     /// and task-work hop of multishot (measured here: 1.25x the round trip
     /// of a spinning `recv(2)` for multishot, 1.05x for this), at the price
     /// of one enter per idle turn, as a spinning `recv(2)` pays. The mode
@@ -287,6 +289,9 @@ pub struct UringStats {
     pub rx_empty: u64,
     /// One-shot polls armed before a park ([`RecvMode::Spin`]).
     pub park_polls: u64,
+    /// [`RecvMode::Spin`] receives that drain the socket (multishot); the
+    /// others are single receives (see `docs/backends/uring.md`).
+    pub spin_drains: u64,
     /// Slots of the ring's registered file table (connections beyond it
     /// use plain descriptors; 0 when the kernel refused the table).
     pub file_slots: u32,

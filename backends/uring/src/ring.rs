@@ -35,6 +35,16 @@ const OP_RECV_DIRECT: u64 = 5;
 /// wait to be consumed: the application is behind, and buffers are better
 /// left to the other connections.
 const SPIN_MAX_CHUNKS: usize = 16;
+/// In spin mode, a connection whose last receive that found data brought
+/// at least this many bytes gets a draining (multishot) receive, which
+/// takes buffer after buffer until the socket is empty, and so also what
+/// arrives while it copies; otherwise a single receive, which takes what
+/// the socket holds and completes with it: one `recvmsg` and one
+/// completion. A draining receive always ends with a second, empty
+/// `recvmsg` and an `EAGAIN` completion (whose request memory the kernel
+/// frees rather than recycles): worth it while data streams in, wasted on
+/// a batch of small answers.
+const SPIN_DRAIN_MIN: usize = 16 * 1024;
 /// Most iovecs in one send.
 const MAX_IOV: usize = 64;
 
@@ -127,6 +137,10 @@ pub(crate) struct Conn {
     rx_end: Option<RxEnd>,
     frame_error: Option<FrameError>,
     recv_armed: bool,
+    /// Bytes the spin receive in flight (or the last one) brought.
+    spin_bytes: usize,
+    /// Bytes the last spin receive that found data brought.
+    last_burst: usize,
     /// A park poll (`RecvMode::Spin`) is armed.
     poll_armed: bool,
     /// The transport was dropped; free the slot once quiet.
@@ -635,9 +649,19 @@ impl RingInner {
             {
                 continue;
             }
-            if !sys::push_spin_recv(&mut self.ring, c.sock, BGID, user_data(idx, OP_RECV)) {
+            // Drain (multishot) while receives that found data brought a
+            // lot: see `SPIN_DRAIN_MIN`.
+            if c.spin_bytes > 0 {
+                c.last_burst = c.spin_bytes;
+            }
+            let drain = c.last_burst >= SPIN_DRAIN_MIN;
+            if !sys::push_spin_recv(&mut self.ring, c.sock, BGID, drain, user_data(idx, OP_RECV)) {
                 self.stats.sq_full += 1;
                 break;
+            }
+            c.spin_bytes = 0;
+            if drain {
+                self.stats.spin_drains += 1;
             }
             c.recv_armed = true;
             queued += 1;
@@ -896,6 +920,7 @@ impl RingInner {
                 self.stats.recv_cqes += 1;
                 c.stats.recv_cqes += 1;
                 c.stats.bytes_received += n as u64;
+                c.spin_bytes += n as usize;
                 match chunk {
                     Some(ch) if !c.closing => c.chunks.push_back(ch),
                     Some((b, ..)) => self.release_rx(b),
@@ -1133,6 +1158,8 @@ impl RingInner {
             rx_end: None,
             frame_error: None,
             recv_armed: false,
+            spin_bytes: 0,
+            last_burst: usize::MAX,
             poll_armed: false,
             closing: false,
             stats: ConnStats::default(),

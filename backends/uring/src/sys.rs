@@ -132,15 +132,31 @@ pub(crate) fn push_recv(
     push(ring, &e.user_data(user_data))
 }
 
-/// Queue one non-blocking (`MSG_DONTWAIT`) multishot receive with buffer
-/// selection from group `bgid`. It runs inside the submitting
-/// `io_uring_enter`: it takes buffer after buffer while the socket has
-/// data, then ends with `-EAGAIN` (the non-blocking flag keeps it from
-/// arming a poll and waiting).
-pub(crate) fn push_spin_recv(ring: &mut IoUring, sock: Sock, bgid: u16, user_data: u64) -> bool {
-    let e = on_sock!(sock, |t| opcode::RecvMulti::new(t, bgid)
-        .flags(libc::MSG_DONTWAIT)
-        .build());
+/// Queue one non-blocking (`MSG_DONTWAIT`) receive with buffer selection
+/// from group `bgid`; it runs inside the submitting `io_uring_enter`. A
+/// single one (`drain` false) takes what the socket holds into one buffer
+/// and completes, or completes with `-EAGAIN`. A draining one is
+/// multishot: it takes buffer after buffer while the socket has data, then
+/// ends with `-EAGAIN` (the non-blocking flag keeps it from arming a poll
+/// and waiting).
+pub(crate) fn push_spin_recv(
+    ring: &mut IoUring,
+    sock: Sock,
+    bgid: u16,
+    drain: bool,
+    user_data: u64,
+) -> bool {
+    let e = if drain {
+        on_sock!(sock, |t| opcode::RecvMulti::new(t, bgid)
+            .flags(libc::MSG_DONTWAIT)
+            .build())
+    } else {
+        on_sock!(sock, |t| opcode::Recv::new(t, std::ptr::null_mut(), 0)
+            .buf_group(bgid)
+            .flags(libc::MSG_DONTWAIT)
+            .build()
+            .flags(squeue::Flags::BUFFER_SELECT))
+    };
     push(ring, &e.user_data(user_data))
 }
 

@@ -227,6 +227,70 @@ fn spin_mode_receives_in_the_turns_enter_without_multishot() {
     assert!(sb.file_slots >= n as u32, "{sb:?}");
 }
 
+/// Spin mode drains the socket (a multishot receive, which ends with an
+/// empty `recvmsg`) only while the receives that find data bring at least
+/// 16 KiB; after small ones it receives once per turn.
+#[test]
+fn spin_mode_drains_only_while_data_streams_in() {
+    let cfg = UringConfig {
+        recv: RecvMode::Spin,
+        ..UringConfig::default()
+    };
+    let (mut raw, s) = raw_pair();
+    let mut t = UringTransport::standalone(s, &cfg).unwrap();
+    let mut seq = 0u64;
+    // One small frame from the peer, received.
+    let mut small = |raw: &mut TcpStream, t: &mut UringTransport| {
+        raw.write_all(&frame(seq, 10)).unwrap();
+        let (got, err) = drain(t, 1);
+        assert_eq!((got, err.is_none()), (vec![frame(seq, 10)], true));
+        seq += 1;
+    };
+    // Small frames: after the first receive with data, no more drains.
+    small(&mut raw, &mut t);
+    let (d0, e0) = {
+        let s = t.reactor().stats();
+        (s.spin_drains, s.rx_empty)
+    };
+    for _ in 0..20 {
+        small(&mut raw, &mut t);
+    }
+    let s = t.reactor().stats();
+    let d1 = s.spin_drains;
+    assert_eq!(d1, d0, "small frames drained: {s:?}");
+    // Each frame was in the socket before the receive: a single receive
+    // takes it with no empty completion, where a draining one ends with
+    // one (`rx_empty`). Only a frame that had not arrived yet adds one.
+    assert!(s.rx_empty - e0 < 10, "{s:?}");
+    // A burst of 64 KiB arrives whole: the receives after it drain.
+    let burst: Vec<u8> = (0..16).flat_map(|k| frame(1000 + k, 4000)).collect();
+    raw.write_all(&burst).unwrap();
+    let (got, err) = drain(&mut t, 16);
+    assert!(err.is_none() && got.len() == 16, "{err:?} {}", got.len());
+    for _ in 0..3 {
+        t.rx_burst(Instant::now(), 32, &mut |_| panic!("no frame was sent"))
+            .unwrap();
+    }
+    let d2 = t.reactor().stats().spin_drains;
+    assert!(
+        d2 > d1,
+        "no drain after a 64 KiB burst: {:?}",
+        t.reactor().stats()
+    );
+    // Small frames again: the drains stop once one brought little.
+    small(&mut raw, &mut t);
+    let d3 = t.reactor().stats().spin_drains;
+    for _ in 0..20 {
+        small(&mut raw, &mut t);
+    }
+    assert_eq!(
+        t.reactor().stats().spin_drains,
+        d3,
+        "{:?}",
+        t.reactor().stats()
+    );
+}
+
 #[test]
 fn spin_mode_park_poll_wakes_the_reactor_and_takes_no_data() {
     use std::os::fd::AsRawFd;
