@@ -45,6 +45,8 @@ const SPIN_MAX_CHUNKS: usize = 16;
 /// frees rather than recycles): worth it while data streams in, wasted on
 /// a batch of small answers.
 const SPIN_DRAIN_MIN: usize = 16 * 1024;
+/// Completions copied out of the CQ at a time (see `RingInner::reap`).
+const CQE_BATCH: usize = 32;
 /// Most iovecs in one send.
 const MAX_IOV: usize = 64;
 
@@ -224,6 +226,10 @@ pub(crate) struct RingInner {
     eventfd_armed: bool,
     /// SQEs whose completion has not been reaped.
     outstanding: u64,
+    /// Scratch of `reap`: (user data, result, flags) of completions.
+    cqe_batch: Vec<(u64, i32, u32)>,
+    /// Scratch of `rx_burst`: receive buffers whose last chunk it consumed.
+    rx_freed: Vec<u16>,
 }
 
 /// A ring and the memory it uses, shared by the connections of one reactor.
@@ -383,6 +389,8 @@ impl UringReactor {
                 park_eventfd: defer,
                 eventfd_armed: false,
                 outstanding: 0,
+                cqe_batch: Vec::with_capacity(CQE_BATCH),
+                rx_freed: Vec::new(),
             })),
             fd: Arc::new(fd),
         })
@@ -852,16 +860,30 @@ impl RingInner {
     /// Dispatch every available completion. Returns how many, not
     /// counting spin receives that found no data.
     pub(crate) fn reap(&mut self) -> usize {
+        // Copied out a batch at a time: each `completion()` synchronises
+        // with the kernel's tail and, when dropped, publishes the head, so
+        // one per completion cost two atomic operations each.
+        let mut batch = std::mem::take(&mut self.cqe_batch);
         let mut n = 0;
         loop {
-            let Some(cqe) = self.ring.completion().next() else {
+            batch.clear();
+            batch.extend(
+                self.ring
+                    .completion()
+                    .take(CQE_BATCH)
+                    .map(|c| (c.user_data(), c.result(), c.flags())),
+            );
+            if batch.is_empty() {
                 break;
-            };
-            let op = cqe.user_data() & 0xff;
-            let empty = cqe.result() == -libc::EAGAIN && (op == OP_RECV || op == OP_RECV_DIRECT);
-            n += usize::from(!empty);
-            self.complete(cqe.user_data(), cqe.result(), cqe.flags());
+            }
+            for &(ud, res, flags) in &batch {
+                let op = ud & 0xff;
+                let empty = res == -libc::EAGAIN && (op == OP_RECV || op == OP_RECV_DIRECT);
+                n += usize::from(!empty);
+                self.complete(ud, res, flags);
+            }
         }
+        self.cqe_batch = batch;
         n
     }
 
@@ -1255,6 +1277,15 @@ impl RingInner {
         };
     }
 
+    /// Give back the fill the transport of `idx` kept across a flush, once
+    /// it saw no frame for a turn.
+    pub(crate) fn release_idle_fill(&mut self, idx: usize, st: &mut TxStage) {
+        if let Some(id) = st.take_idle_fill() {
+            let c = self.conns[idx].as_mut().expect("live connection");
+            unref_slot(&mut self.tx_pool, &mut self.slot_refs, c, id);
+        }
+    }
+
     /// A new slot for the transport of `idx` to write into, after handing
     /// over what it staged and letting go of its full one. `Ok(false)`
     /// under back-pressure: the connection holds
@@ -1288,10 +1319,17 @@ impl RingInner {
     /// Hand over what the transport of `idx` staged, and queue one send
     /// SQE for everything queued, unless one is in flight.
     pub(crate) fn flush(&mut self, idx: usize, st: &mut TxStage) -> Result<(), TransportError> {
-        // Let go of the fill (unless a reservation in it is outstanding):
-        // an idle connection holds no transmit memory, so a ring's pool
-        // serves any number of connections.
-        self.hand_over(idx, st, false);
+        // A flush that sent frames keeps the fill for the next turn's ones
+        // while it has room and the pool is not short; otherwise (and when
+        // nothing was staged) the fill goes back, unless a reservation in
+        // it is outstanding. A kept fill that sees no frame for a turn goes
+        // back at the next `rx_burst` (`release_idle_fill`), so an idle
+        // connection holds no transmit memory, and a ring's pool serves
+        // any number of connections.
+        let keep = st.has_staged()
+            && st.fill_room() >= self.cfg.slot_len() / 4
+            && 2 * self.tx_pool.free_slots() >= self.tx_pool.slots();
+        self.hand_over(idx, st, keep);
         let r = self.send_queued(idx);
         self.update_view(idx, st);
         r
@@ -1392,7 +1430,7 @@ impl RingInner {
         }
         let mut n = 0;
         let mut released = 0;
-        let mut freed: Vec<u16> = Vec::new();
+        let mut freed = std::mem::take(&mut self.rx_freed);
         let mut err = None;
         if c.direct_ready {
             // A direct receive completed the frame in `partial`.
@@ -1489,9 +1527,10 @@ impl RingInner {
         if let Some(e) = err {
             tracing::debug!(error = %e, "uring: bad frame");
             c.frame_error = Some(e.clone());
-            for b in freed {
+            for b in freed.drain(..) {
                 self.release_rx(b);
             }
+            self.rx_freed = freed;
             if n > 0 {
                 return Ok(n);
             }
@@ -1534,9 +1573,10 @@ impl RingInner {
             .then(|| Header::parse(&c.partial, max_body, max_message).ok())
             .flatten()
             .map_or(HEADER_LEN, |h| h.frame_len());
-        for b in freed {
+        for b in freed.drain(..) {
             self.release_rx(b);
         }
+        self.rx_freed = freed;
         if n > 0 {
             return Ok(n);
         }

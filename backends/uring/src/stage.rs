@@ -73,6 +73,8 @@ pub(crate) struct TxStage {
     /// heap memory (for the ring's counters).
     frames: u64,
     heap_frames: u64,
+    /// A frame was staged since the last [`take_idle_fill`](Self::take_idle_fill).
+    touched: bool,
     pub(crate) view: RingView,
 }
 
@@ -110,6 +112,7 @@ impl TxStage {
             heap_reserve: None,
             frames: 0,
             heap_frames: 0,
+            touched: false,
             view: RingView::default(),
         }
     }
@@ -136,6 +139,35 @@ impl TxStage {
     /// The slot being filled.
     pub(crate) fn fill(&self) -> Option<SlotId> {
         self.fill.map(|f| f.id)
+    }
+
+    /// Frames were staged since the last hand-over.
+    pub(crate) fn has_staged(&self) -> bool {
+        self.staged > 0 || !self.segs.is_empty()
+    }
+
+    /// Bytes left in the slot being filled.
+    pub(crate) fn fill_room(&self) -> usize {
+        self.fill.map_or(0, |f| self.limits.slot_len - f.used)
+    }
+
+    /// The fill a hand-over kept, once nothing was staged since the last
+    /// call: the caller gives the slot back. Called once a turn, so a
+    /// connection that went quiet holds its slot for at most two turns.
+    pub(crate) fn take_idle_fill(&mut self) -> Option<SlotId> {
+        let touched = std::mem::replace(&mut self.touched, false);
+        match self.fill {
+            Some(f)
+                if !touched
+                    && f.from == f.used
+                    && self.segs.is_empty()
+                    && self.reserved.is_none() =>
+            {
+                self.fill = None;
+                Some(f.id)
+            }
+            _ => None,
+        }
     }
 
     /// A new slot to write into (taken from the pool by the ring, after
@@ -222,6 +254,7 @@ impl TxStage {
         match self.fill {
             Some(f) if self.limits.slot_len - f.used >= len => {
                 self.reserved = Some(len);
+                self.touched = true;
                 Ok(Reserve::Lent(f.ptr.at(f.used), len))
             }
             _ => Ok(Reserve::NeedSlot),
@@ -248,6 +281,7 @@ impl TxStage {
             self.staged += len;
         }
         self.frames += 1;
+        self.touched = true;
     }
 
     /// Stage `head` (copied into the fill) and `segs` (kept by reference
@@ -307,6 +341,7 @@ impl TxStage {
             f.used = start + at;
         }
         self.frames += 1;
+        self.touched = true;
         Ok(Some(true))
     }
 
@@ -473,5 +508,31 @@ mod tests {
         assert!(matches!(st.reserve(4), Err(TransportError::Closed)));
         st.view.send_error = Some(libc::EIO);
         assert!(matches!(st.reserve(4), Err(TransportError::Io(_))));
+    }
+
+    /// A fill kept across a hand-over goes back only after a call with no
+    /// frame staged since the one before, and never while a reservation
+    /// in it is outstanding.
+    #[test]
+    fn a_kept_fill_goes_back_after_a_quiet_turn() {
+        let mut mem = vec![0u8; 256];
+        let mut st = TxStage::new(limits());
+        st.set_fill(slot(2), SlotPtr::new(mem.as_mut_ptr().cast_const()));
+        assert_eq!(st.gather(b"frame", &[]).unwrap(), Some(true));
+        assert!(st.has_staged());
+        let h = st.take_handover(true);
+        assert_eq!((h.segs.len(), h.release), (1, None));
+        assert!(!st.has_staged());
+        assert_eq!(st.fill_room(), 256 - 5);
+        assert_eq!(st.take_idle_fill(), None, "a frame was staged this turn");
+        lent(st.reserve(4).unwrap());
+        assert_eq!(st.take_idle_fill(), None, "reserved this turn");
+        assert_eq!(st.take_idle_fill(), None, "the reservation is outstanding");
+        st.commit(4);
+        let h = st.take_handover(true);
+        assert_eq!(shape(&h.segs), vec![('s', 2005, 4)]);
+        assert_eq!(st.take_idle_fill(), None, "a frame was staged this turn");
+        assert_eq!(st.take_idle_fill(), Some(slot(2)));
+        assert_eq!((st.fill(), st.fill_room()), (None, 0));
     }
 }

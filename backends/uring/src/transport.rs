@@ -186,8 +186,10 @@ impl Transport for UringTransport {
             r.enter().map_err(TransportError::Io)?;
             r.reap();
         }
-        // Sends completed since the last turn: tell the stage.
+        // Sends completed since the last turn: tell the stage; and take
+        // back a kept slot that saw no frame since the last turn.
         r.update_view(self.idx, &mut self.stage);
+        r.release_idle_fill(self.idx, &mut self.stage);
         r.rx_burst(self.idx, max, sink)
     }
 
