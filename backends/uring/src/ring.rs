@@ -18,7 +18,7 @@ use starwire_transport::TransportError;
 use starwire_wire::{FrameError, Header, HEADER_LEN};
 
 use crate::probe::{probe, Features};
-use crate::stage::{RingView, TxStage};
+use crate::stage::{Handover, RingView, TxStage};
 use crate::sys::{self, BufRing, SendKind, SendMsg, SlotPtr, Sock};
 use crate::{RecvMode, UringConfig, UringError, UringStats};
 
@@ -1246,23 +1246,37 @@ impl RingInner {
     /// is kept when `keep_fill` (or a reservation in it is outstanding).
     pub(crate) fn hand_over(&mut self, idx: usize, st: &mut TxStage, keep_fill: bool) {
         let h = st.take_handover(keep_fill);
+        self.queue_handover(idx, st, h);
+        self.update_view(idx, st);
+    }
+
+    /// Queue the pieces of a hand-over, after the bookkeeping.
+    fn queue_handover(&mut self, idx: usize, st: &mut TxStage, h: Handover) {
+        self.account_handover(idx, &h);
         let c = self.conns[idx].as_mut().expect("live connection");
         let mut segs = h.segs;
         for seg in segs.drain(..) {
-            if let TxSeg::Slot { id, .. } = &seg {
-                self.slot_refs[id.index()] += 1;
-            }
             c.queued_bytes += seg.len();
             c.queue.push_back(seg);
         }
         st.return_segs(segs);
+    }
+
+    /// The bookkeeping of a hand-over, wherever its pieces go: a
+    /// reference per slot piece, the fill let go of, the counters.
+    fn account_handover(&mut self, idx: usize, h: &Handover) {
+        let c = self.conns[idx].as_mut().expect("live connection");
+        for seg in &h.segs {
+            if let TxSeg::Slot { id, .. } = seg {
+                self.slot_refs[id.index()] += 1;
+            }
+        }
         if let Some(id) = h.release {
             unref_slot(&mut self.tx_pool, &mut self.slot_refs, c, id);
         }
         c.stats.frames_sent += h.frames;
         self.stats.frames_sent += h.frames;
         self.stats.tx_heap_frames += h.heap_frames;
-        self.update_view(idx, st);
     }
 
     /// Tell the transport of `idx` what its stage cannot know: the bytes
@@ -1329,17 +1343,37 @@ impl RingInner {
         let keep = st.has_staged()
             && st.fill_room() >= self.cfg.slot_len() / 4
             && 2 * self.tx_pool.free_slots() >= self.tx_pool.slots();
-        self.hand_over(idx, st, keep);
+        let c = self.conn(idx);
+        if c.inflight.is_none() && c.queue.is_empty() && c.send_error.is_none() {
+            // Nothing queued before these pieces: they become the send as
+            // they are, without a pass through the queue.
+            let h = st.take_handover(keep);
+            if !h.segs.is_empty() && h.segs.len() <= MAX_IOV {
+                self.account_handover(idx, &h);
+                let c = self.conns[idx].as_mut().expect("live connection");
+                let (spare_segs, msg) = c.spare.take().unwrap_or_else(|| {
+                    (Vec::with_capacity(MAX_IOV), SendMsg::with_capacity(MAX_IOV))
+                });
+                st.return_segs(spare_segs);
+                let total = h.segs.iter().map(TxSeg::len).sum();
+                c.queued_bytes += total;
+                self.submit_send(idx, h.segs, msg, total);
+                self.update_view(idx, st);
+                return Ok(());
+            }
+            self.queue_handover(idx, st, h);
+        } else {
+            self.hand_over(idx, st, keep);
+        }
         let r = self.send_queued(idx);
         self.update_view(idx, st);
         r
     }
 
+    /// One send SQE for what is queued (at most `MAX_IOV` pieces), unless
+    /// a send is in flight.
     fn send_queued(&mut self, idx: usize) -> Result<(), TransportError> {
         self.check_send_error(idx)?;
-        let zc_ok = self.features.sendmsg_zc;
-        let zc_fixed_ok = self.features.send_zc;
-        let threshold = self.cfg.zero_copy_threshold;
         let c = self.conns[idx].as_mut().expect("live connection");
         if c.inflight.is_some() {
             return Ok(());
@@ -1347,7 +1381,7 @@ impl RingInner {
         if c.queue.is_empty() {
             return Ok(());
         }
-        let (mut segs, mut msg) = c
+        let (mut segs, msg) = c
             .spare
             .take()
             .unwrap_or_else(|| (Vec::with_capacity(MAX_IOV), SendMsg::with_capacity(MAX_IOV)));
@@ -1357,15 +1391,31 @@ impl RingInner {
             let Some(seg) = c.queue.pop_front() else {
                 break;
             };
-            let (ptr, len) = match &seg {
+            total += seg.len();
+            segs.push(seg);
+        }
+        self.submit_send(idx, segs, msg, total);
+        Ok(())
+    }
+
+    /// Queue one send SQE for `segs` (`total` bytes, counted in the
+    /// connection's `queued_bytes`), their iovecs written into `msg`. When
+    /// the SQ is full they go back to the front of the queue, in order.
+    fn submit_send(&mut self, idx: usize, segs: Vec<TxSeg>, mut msg: Box<SendMsg>, total: usize) {
+        let zc_ok = self.features.sendmsg_zc;
+        let zc_fixed_ok = self.features.send_zc;
+        let threshold = self.cfg.zero_copy_threshold;
+        let c = self.conns[idx].as_mut().expect("live connection");
+        let mut segs = segs;
+        debug_assert!(msg.iov.is_empty() && segs.len() <= MAX_IOV);
+        for seg in &segs {
+            let (ptr, len) = match seg {
                 TxSeg::Slot { id, off, len } => {
                     (self.tx_pool.slot_ptr(*id).wrapping_add(*off), *len)
                 }
                 TxSeg::Shared(b) => (b.as_ptr(), b.len()),
             };
             msg.iov.push(sys::iovec(ptr, len));
-            total += len;
-            segs.push(seg);
         }
         c.queued_bytes -= total;
         msg.seal();
@@ -1386,7 +1436,7 @@ impl RingInner {
             }
             c.keep_spare(segs, msg);
             self.stats.sq_full += 1;
-            return Ok(());
+            return;
         }
         c.stats.sends += 1;
         self.stats.sends += 1;
@@ -1403,7 +1453,6 @@ impl RingInner {
             awaiting_notif: false,
             resumable: kind == SendKind::Plain,
         });
-        Ok(())
     }
 
     /// The largest body and message a received header may announce.
