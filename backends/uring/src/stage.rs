@@ -35,6 +35,12 @@ pub(crate) struct Fill {
 
 /// What the ring last said about the connection's sending side (taken at
 /// each locked call: the stage's view between them).
+///
+/// Between calls the ring's queue only shrinks at a flush (which refreshes
+/// the view); it grows when a short send's unsent rest goes back to it. So
+/// the view's `queued` is never above the ring's: back-pressure is never
+/// reported on stale numbers, and the queue limit can be passed by at most
+/// the rest of one send until the next `rx_burst` or `flush`.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct RingView {
     /// Bytes queued in the ring and not yet in a send.
