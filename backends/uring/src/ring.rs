@@ -662,7 +662,9 @@ impl RingInner {
             if c.spin_bytes > 0 {
                 c.last_burst = c.spin_bytes;
             }
-            let drain = c.last_burst >= SPIN_DRAIN_MIN;
+            // A single receive brings at most one buffer: with buffers
+            // shorter than the threshold, a full one counts.
+            let drain = c.last_burst >= SPIN_DRAIN_MIN.min(self.cfg.rx_buf_len);
             if !sys::push_spin_recv(&mut self.ring, c.sock, BGID, drain, user_data(idx, OP_RECV)) {
                 self.stats.sq_full += 1;
                 break;
@@ -1257,6 +1259,24 @@ impl RingInner {
         let mut segs = h.segs;
         for seg in segs.drain(..) {
             c.queued_bytes += seg.len();
+            // A piece that continues the last queued one in the same slot
+            // (a kept fill flushed while a send is in flight) joins it: one
+            // iovec and one reference instead of one per flush.
+            if let (
+                TxSeg::Slot { id, off, len },
+                Some(TxSeg::Slot {
+                    id: pid,
+                    off: poff,
+                    len: plen,
+                }),
+            ) = (&seg, c.queue.back_mut())
+            {
+                if id == pid && *poff + *plen == *off {
+                    *plen += len;
+                    self.slot_refs[id.index()] -= 1;
+                    continue;
+                }
+            }
             c.queue.push_back(seg);
         }
         st.return_segs(segs);

@@ -210,8 +210,8 @@ impl TxStage {
     }
 
     /// Everything staged, for the ring to queue. The fill is let go of
-    /// when `keep_fill` is false or it is full; it is kept while a
-    /// reservation in it is outstanding.
+    /// unless `keep_fill` (the caller decides by its room and the pool) or
+    /// a reservation in it is outstanding.
     pub(crate) fn take_handover(&mut self, keep_fill: bool) -> Handover {
         self.record_fill();
         let keep = keep_fill || self.reserved.is_some();

@@ -501,11 +501,12 @@ impl SlotPtr {
 
 /// A mutable view of `len` bytes at `ptr` for the duration of `'a`.
 ///
-/// Used to lend a transmit slot: the slot was taken from the pool by the
-/// connection that calls this and is neither queued nor in flight, so no
-/// one else reads or writes it while the caller holds `&'a mut` of that
-/// connection; the pool mapping lives as long as the ring the connection
-/// holds an `Arc` of.
+/// Used to lend part of a transmit slot: the slot was taken from the pool
+/// by the connection that calls this, and the range lent lies past every
+/// byte of it that was queued or is in flight (the stage lends only from
+/// its fill's write position on), so no one else reads or writes it while
+/// the caller holds `&'a mut` of that connection; the pool mapping lives
+/// as long as the ring the connection holds an `Arc` of.
 pub(crate) fn lend_slot<'a>(ptr: *const u8, len: usize) -> &'a mut [u8] {
     // SAFETY: see the function documentation.
     unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len) }

@@ -291,6 +291,33 @@ fn spin_mode_drains_only_while_data_streams_in() {
     );
 }
 
+/// With provided buffers shorter than the drain threshold, a single
+/// receive that fills its buffer counts as streaming: the next ones drain.
+#[test]
+fn spin_mode_drains_with_buffers_shorter_than_the_threshold() {
+    let cfg = UringConfig {
+        recv: RecvMode::Spin,
+        rx_buf_len: 4096,
+        rx_bufs: 64,
+        ..UringConfig::default()
+    };
+    let (mut raw, s) = raw_pair();
+    let mut t = UringTransport::standalone(s, &cfg).unwrap();
+    // A small frame first: single receives from then on.
+    raw.write_all(&frame(0, 10)).unwrap();
+    assert_eq!(drain(&mut t, 1).0, vec![frame(0, 10)]);
+    let d0 = t.reactor().stats().spin_drains;
+    let burst: Vec<u8> = (1..17).flat_map(|k| frame(k, 3000)).collect();
+    raw.write_all(&burst).unwrap();
+    let (got, err) = drain(&mut t, 16);
+    assert!(err.is_none() && got.len() == 16, "{err:?} {}", got.len());
+    assert!(
+        t.reactor().stats().spin_drains > d0,
+        "{:?}",
+        t.reactor().stats()
+    );
+}
+
 #[test]
 fn spin_mode_park_poll_wakes_the_reactor_and_takes_no_data() {
     use std::os::fd::AsRawFd;
