@@ -1363,28 +1363,30 @@ impl RingInner {
         let keep = st.has_staged()
             && st.fill_room() >= self.cfg.slot_len() / 4
             && 2 * self.tx_pool.free_slots() >= self.tx_pool.slots();
+        let h = st.take_handover(keep);
         let c = self.conn(idx);
-        if c.inflight.is_none() && c.queue.is_empty() && c.send_error.is_none() {
+        if c.inflight.is_none()
+            && c.queue.is_empty()
+            && c.send_error.is_none()
+            && !h.segs.is_empty()
+            && h.segs.len() <= MAX_IOV
+        {
             // Nothing queued before these pieces: they become the send as
             // they are, without a pass through the queue.
-            let h = st.take_handover(keep);
-            if !h.segs.is_empty() && h.segs.len() <= MAX_IOV {
-                self.account_handover(idx, &h);
-                let c = self.conns[idx].as_mut().expect("live connection");
-                let (spare_segs, msg) = c.spare.take().unwrap_or_else(|| {
-                    (Vec::with_capacity(MAX_IOV), SendMsg::with_capacity(MAX_IOV))
-                });
-                st.return_segs(spare_segs);
-                let total = h.segs.iter().map(TxSeg::len).sum();
-                c.queued_bytes += total;
-                self.submit_send(idx, h.segs, msg, total);
-                self.update_view(idx, st);
-                return Ok(());
-            }
-            self.queue_handover(idx, st, h);
-        } else {
-            self.hand_over(idx, st, keep);
+            self.account_handover(idx, &h);
+            let c = self.conns[idx].as_mut().expect("live connection");
+            let (spare_segs, msg) = c
+                .spare
+                .take()
+                .unwrap_or_else(|| (Vec::with_capacity(MAX_IOV), SendMsg::with_capacity(MAX_IOV)));
+            st.return_segs(spare_segs);
+            let total = h.segs.iter().map(TxSeg::len).sum();
+            c.queued_bytes += total;
+            self.submit_send(idx, h.segs, msg, total);
+            self.update_view(idx, st);
+            return Ok(());
         }
+        self.queue_handover(idx, st, h);
         let r = self.send_queued(idx);
         self.update_view(idx, st);
         r

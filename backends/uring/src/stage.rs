@@ -162,18 +162,10 @@ impl TxStage {
     /// connection that went quiet holds its slot for at most two turns.
     pub(crate) fn take_idle_fill(&mut self) -> Option<SlotId> {
         let touched = std::mem::replace(&mut self.touched, false);
-        match self.fill {
-            Some(f)
-                if !touched
-                    && f.from == f.used
-                    && self.segs.is_empty()
-                    && self.reserved.is_none() =>
-            {
-                self.fill = None;
-                Some(f.id)
-            }
-            _ => None,
+        if touched || self.has_staged() || self.reserved.is_some() {
+            return None;
         }
+        self.fill.take().map(|f| f.id)
     }
 
     /// A new slot to write into (taken from the pool by the ring, after
@@ -325,8 +317,9 @@ impl TxStage {
             Reserve::NeedSlot => return Ok(None),
         }
         self.reserved = None;
-        let start = self.fill.expect("reserved in the fill").used;
-        let dst = sys::lend_slot(self.fill.expect("reserved").ptr.at(start), copied);
+        let f = self.fill.expect("reserved in the fill");
+        let start = f.used;
+        let dst = sys::lend_slot(f.ptr.at(start), copied);
         self.staged += copied;
         let mut at = head.len();
         dst[..at].copy_from_slice(head);
