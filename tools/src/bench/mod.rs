@@ -76,6 +76,14 @@ pub struct Plan {
     pub client_core: Option<usize>,
     /// Server core.
     pub server_core: Option<usize>,
+    /// `--connections`: data connections per run (1 from a client that
+    /// predates the option).
+    #[serde(default = "one")]
+    pub connections: usize,
+}
+
+fn one() -> usize {
+    1
 }
 
 /// One measurement: one backend, mode and size.
@@ -87,8 +95,11 @@ pub struct Run {
     pub mode: Mode,
     /// Payload bytes per message (per tensor in fuse mode).
     pub size: usize,
-    /// Outstanding messages (1 for lat).
+    /// Outstanding messages per connection (1 for lat).
     pub inflight: usize,
+    /// Data connections, all driven by one client and one server reactor.
+    #[serde(default = "one")]
+    pub connections: usize,
     /// Measured iterations (steps in fuse mode); ignored with a duration.
     pub iters: u64,
     /// Warm-up iterations, not measured.
@@ -146,6 +157,7 @@ impl Plan {
                             mode,
                             size,
                             inflight,
+                            connections: self.connections.max(1),
                             iters: iters.max(1),
                             warmup,
                             duration_s: self.duration_s,
@@ -188,6 +200,9 @@ pub struct ResultLine {
     pub mode: Mode,
     pub size: usize,
     pub inflight: usize,
+    /// Data connections of the run (`inflight` is per connection).
+    #[serde(default = "one")]
+    pub connections: usize,
     pub iters: u64,
     pub p50_us: Option<f64>,
     pub p99_us: Option<f64>,
@@ -230,6 +245,7 @@ fn result_line(plan: &Plan, run: &Run, m: &mut Measured) -> ResultLine {
         mode: run.mode,
         size: run.size,
         inflight: run.inflight,
+        connections: run.connections,
         iters: m.iters,
         p50_us: lat.map(|l| l.p50_us),
         p99_us: lat.map(|l| l.p99_us),
@@ -282,7 +298,8 @@ fn median_line(lines: &[ResultLine]) -> ResultLine {
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
     /// Backends to compare, comma-separated: raw (plain sockets baseline),
-    /// tcp, grpc (with the `grpc` feature).
+    /// tcp, uring (with the `uring` feature, on by default on Linux), grpc
+    /// (with the `grpc` feature).
     #[arg(long, value_delimiter = ',', default_value = "raw,tcp")]
     pub backends: Vec<Backend>,
     /// What to measure (comma-separated list allowed).
@@ -291,9 +308,15 @@ pub struct BenchArgs {
     /// Payload bytes per message, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "64")]
     pub sizes: Vec<usize>,
-    /// Outstanding messages for rate (default 16) and bw (default 8).
+    /// Outstanding messages for rate (default 16) and bw (default 8), per
+    /// connection.
     #[arg(long)]
     pub inflight: Option<usize>,
+    /// Data connections per run (like perftest's -q), all driven by the one
+    /// client reactor and the one server reactor; each keeps --inflight
+    /// outstanding. tcp and uring; lat, rate and bw.
+    #[arg(long, default_value_t = 1)]
+    pub connections: usize,
     /// Measured iterations per run (steps in fuse mode).
     #[arg(long, conflicts_with = "duration")]
     pub iters: Option<u64>,
@@ -459,19 +482,23 @@ fn serve(listener: TcpListener, server_core: Option<Option<usize>>) -> Result<()
             .map_err(|e| format!("binding a data listener on {ip}: {e}"))?;
         let port = data.local_addr().map_err(|e| e.to_string())?.port();
         send_line(&mut w, &ServerMsg::Ready { port })?;
-        let (stream, _) = data
-            .accept()
-            .map_err(|e| format!("accepting a data connection: {e}"))?;
+        let mut streams = Vec::with_capacity(run.connections);
+        for _ in 0..data_connections(&run) {
+            let (stream, _) = data
+                .accept()
+                .map_err(|e| format!("accepting a data connection: {e}"))?;
+            streams.push(stream);
+        }
         let res = match run.backend {
-            Backend::Raw => raw::serve(stream, core, plan.polling),
+            Backend::Raw => raw::serve(one_stream(streams)?, core, plan.polling),
             Backend::Tcp => {
-                tcp_transport(stream, &run).and_then(|t| sessions::serve(t, &run, core, idle))
+                tcp_transports(streams, &run).and_then(|t| sessions::serve(t, &run, core, idle))
             }
             #[cfg(all(feature = "uring", target_os = "linux"))]
-            Backend::Uring => uring_transport(stream, idle, &run)
+            Backend::Uring => uring_transports(streams, idle, &run)
                 .and_then(|t| sessions::serve(t, &run, core, idle)),
             #[cfg(feature = "grpc")]
-            Backend::Grpc => grpc::serve(stream, &run),
+            Backend::Grpc => grpc::serve(one_stream(streams)?, &run),
         };
         let msg = match &res {
             Ok(()) => ServerMsg::Done {
@@ -489,22 +516,55 @@ fn serve(listener: TcpListener, server_core: Option<Option<usize>>) -> Result<()
     Ok(())
 }
 
-fn tcp_transport(stream: TcpStream, run: &Run) -> Result<starwire_tcp::TcpTransport, String> {
-    starwire_tcp::TcpTransport::new(stream, sessions::tcp_config(run.max_size))
-        .map_err(|e| format!("tcp transport: {e}"))
+/// Data connections of `run`: `--connections` for the starwire backends,
+/// one for the baselines (`validate` refuses more).
+fn data_connections(run: &Run) -> usize {
+    match run.backend {
+        Backend::Raw => 1,
+        #[cfg(feature = "grpc")]
+        Backend::Grpc => 1,
+        _ => run.connections.max(1),
+    }
 }
 
-/// A transport on a ring of its own (one connection per bench reactor),
-/// made here and bound to the reactor thread at its first enter.
+fn one_stream(streams: Vec<TcpStream>) -> Result<TcpStream, String> {
+    let mut it = streams.into_iter();
+    match (it.next(), it.next()) {
+        (Some(s), None) => Ok(s),
+        _ => Err("the raw and grpc baselines use one data connection".into()),
+    }
+}
+
+fn tcp_transports(
+    streams: Vec<TcpStream>,
+    run: &Run,
+) -> Result<Vec<starwire_tcp::TcpTransport>, String> {
+    streams
+        .into_iter()
+        .map(|s| {
+            starwire_tcp::TcpTransport::new(s, sessions::tcp_config(run.max_size))
+                .map_err(|e| format!("tcp transport: {e}"))
+        })
+        .collect()
+}
+
+/// The run's connections on one ring (the bench reactor's), made here and
+/// bound to the reactor thread at its first enter.
 #[cfg(all(feature = "uring", target_os = "linux"))]
-fn uring_transport(
-    stream: TcpStream,
+fn uring_transports(
+    streams: Vec<TcpStream>,
     idle: IdlePolicy,
     run: &Run,
-) -> Result<starwire_uring::UringTransport, String> {
+) -> Result<Vec<starwire_uring::UringTransport>, String> {
     let ring = starwire_uring::UringReactor::new(&sessions::uring_config(idle, run.max_size))
         .map_err(|e| format!("{e}; use --backends tcp"))?;
-    starwire_uring::UringTransport::new(&ring, stream).map_err(|e| format!("uring transport: {e}"))
+    streams
+        .into_iter()
+        .map(|s| {
+            starwire_uring::UringTransport::new(&ring, s)
+                .map_err(|e| format!("uring transport: {e}"))
+        })
+        .collect()
 }
 
 struct Progress {
@@ -571,17 +631,25 @@ fn drive(plan: &Plan, ctl_addr: SocketAddr) -> Result<Vec<ResultLine>, String> {
             other => return Err(format!("bench server: unexpected {other:?}")),
         };
         let addr = SocketAddr::new(ctl_addr.ip(), port);
-        let stream = TcpStream::connect(addr)
-            .map_err(|e| format!("connecting the data connection {addr}: {e}"))?;
+        let mut streams = Vec::with_capacity(run.connections);
+        for _ in 0..data_connections(run) {
+            streams.push(
+                TcpStream::connect(addr)
+                    .map_err(|e| format!("connecting the data connection {addr}: {e}"))?,
+            );
+        }
         let measured = match run.backend {
-            Backend::Raw => raw::client(stream, run, plan.client_core, plan.polling),
-            Backend::Tcp => tcp_transport(stream, run)
+            Backend::Raw => one_stream(streams)
+                .and_then(|s| raw::client(s, run, plan.client_core, plan.polling)),
+            Backend::Tcp => tcp_transports(streams, run)
                 .and_then(|t| sessions::client(t, run, plan.client_core, client_idle)),
             #[cfg(all(feature = "uring", target_os = "linux"))]
-            Backend::Uring => uring_transport(stream, client_idle, run)
+            Backend::Uring => uring_transports(streams, client_idle, run)
                 .and_then(|t| sessions::client(t, run, plan.client_core, client_idle)),
             #[cfg(feature = "grpc")]
-            Backend::Grpc => grpc::client(stream, run, plan.client_core),
+            Backend::Grpc => {
+                one_stream(streams).and_then(|s| grpc::client(s, run, plan.client_core))
+            }
         };
         match recv_line::<ServerMsg>(&mut r)? {
             ServerMsg::Done { ok: true, .. } => {}
@@ -621,8 +689,12 @@ fn print_table(plan: &Plan, lines: &[ResultLine]) {
         _ => "unpinned".to_owned(),
     };
     println!("{}", "-".repeat(127));
+    let conns = match plan.connections {
+        0 | 1 => String::new(),
+        n => format!("   {n} connections (inflight is per connection)"),
+    };
     println!(
-        " starwire bench   polling {}   {cores}   repeat {} (median)",
+        " starwire bench   polling {}   {cores}   repeat {} (median){conns}",
         if plan.polling { "on" } else { "off" },
         plan.repeat.max(1)
     );
@@ -720,11 +792,38 @@ fn validate(args: &BenchArgs) -> Result<(), String> {
     if args.iters == Some(0) {
         return Err("--iters must be at least 1".into());
     }
+    if args.connections == 0 || args.connections > MAX_CONNECTIONS {
+        return Err(format!(
+            "--connections {}: expected 1 to {MAX_CONNECTIONS}",
+            args.connections
+        ));
+    }
+    if args.connections > 1 {
+        if let Some(b) = args
+            .backends
+            .iter()
+            .find(|b| !matches!(b.name(), "tcp" | "uring"))
+        {
+            return Err(format!(
+                "--connections {} applies to the tcp and uring backends; the {} baseline \
+                 uses one connection (pick --backends tcp,uring)",
+                args.connections,
+                b.name()
+            ));
+        }
+        if args.mode.contains(&Mode::Fuse) {
+            return Err("--connections applies to lat, rate and bw; fuse mode uses one".into());
+        }
+    }
     if let Some(&s) = args.sizes.iter().find(|&&s| s > (256 << 20) - 4096) {
         return Err(format!("--sizes {s}: at most 256 MiB - 4 KiB per message"));
     }
     Ok(())
 }
+
+/// Most data connections per run: each is a socket at both ends of a
+/// loopback run, and an io_uring ring registers at most 1024 files.
+const MAX_CONNECTIONS: usize = 512;
 
 /// Run `plan` against a bench server on a thread of this process, over
 /// loopback (what `bench` does without `--listen`/`--connect`).
@@ -776,6 +875,7 @@ pub fn main(args: BenchArgs) -> Result<(), String> {
         polling: args.polling.unwrap_or(true),
         client_core,
         server_core,
+        connections: args.connections,
     };
     let lines = match &args.connect {
         Some(c) => drive(&plan, resolve_addr(c)?)?,

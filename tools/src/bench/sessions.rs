@@ -34,7 +34,11 @@ pub fn tcp_config(max_payload: usize) -> TcpConfig {
 
 /// A backend the bench drives: a [`DrivenTransport`] plus its counters.
 pub trait BenchTransport: DrivenTransport + Send + 'static {
-    /// System calls the backend made so far (reactor parks not included).
+    /// The connections of one reactor share one driver (an io_uring ring),
+    /// whose counters every one of them reports: count them once.
+    const SHARED_DRIVER: bool = false;
+    /// System calls the backend made so far (reactor parks not included):
+    /// this connection's, or its shared driver's.
     fn syscalls(&self) -> u64;
     /// Zero-copy sends and how many of them the kernel reported as copied,
     /// for backends that try zero copy.
@@ -59,6 +63,7 @@ impl BenchTransport for TcpTransport {
 
 #[cfg(all(feature = "uring", target_os = "linux"))]
 impl BenchTransport for starwire_uring::UringTransport {
+    const SHARED_DRIVER: bool = true;
     fn syscalls(&self) -> u64 {
         let s = self.reactor().stats();
         s.enters + s.eventfd_reads
@@ -118,11 +123,13 @@ fn spec(index: usize, cpu: Option<usize>, idle: IdlePolicy) -> ReactorSpec {
 }
 
 /// The server shard: answers `Rpc` with an echo, `Tensors` (after decoding
-/// the list) and everything else with an empty ack.
+/// the list) and everything else with an empty ack, on every connection of
+/// the run.
 #[derive(Debug)]
 pub struct EchoServer<T> {
-    session: Session<T>,
-    done: bool,
+    sessions: Vec<Session<T>>,
+    /// Connections the client has not closed yet.
+    open: Vec<bool>,
     error: Option<String>,
 }
 
@@ -152,50 +159,105 @@ fn answer(conn: &mut Connection, m: Incoming<'_>, error: &mut Option<String>) {
 
 impl<T: BenchTransport> Shard for EchoServer<T> {
     fn turn(&mut self, now: Instant) -> bool {
-        let Self { session, error, .. } = self;
-        let busy = match session.turn(now, &mut |conn, m| answer(conn, m, error)) {
-            Ok(s) => s.busy(),
-            Err(_) => {
-                // The client closing the connection ends the run.
-                self.done = true;
-                true
+        let Self {
+            sessions,
+            open,
+            error,
+        } = self;
+        let mut busy = false;
+        for (session, open) in sessions.iter_mut().zip(open.iter_mut()) {
+            if !*open {
+                continue;
             }
-        };
-        self.session.transport().end_turn() | busy
+            busy |= match session.turn(now, &mut |conn, m| answer(conn, m, error)) {
+                Ok(s) => s.busy(),
+                Err(_) => {
+                    // The client closing the connection ends it; the last
+                    // one closed ends the run.
+                    *open = false;
+                    true
+                }
+            };
+        }
+        end_turn(sessions) | busy
     }
 
     fn wake_fds<'a>(&'a self, out: &mut Vec<BorrowedFd<'a>>) {
-        out.push(self.session.transport().wake_fd());
+        let open = self.sessions.iter().zip(&self.open).filter(|(_, &o)| o);
+        wake_fds(open.map(|(s, _)| s), out);
     }
 
     fn write_fds<'a>(&'a self, out: &mut Vec<BorrowedFd<'a>>) {
-        out.extend(self.session.transport().write_fd());
+        for (s, _) in self.sessions.iter().zip(&self.open).filter(|(_, &o)| o) {
+            out.extend(s.transport().write_fd());
+        }
     }
 
     fn finished(&self) -> bool {
-        self.done
+        !self.open.iter().any(|&o| o)
     }
 }
 
-/// Serve one data connection on a reactor pinned to `core`; returns when
-/// the client closes it.
+/// The end of a reactor turn over `sessions`: once per driver (the one
+/// ring all of them share, for io_uring; a no-op for tcp).
+fn end_turn<T: BenchTransport>(sessions: &[Session<T>]) -> bool {
+    if T::SHARED_DRIVER {
+        sessions.first().is_some_and(|s| s.transport().end_turn())
+    } else {
+        sessions
+            .iter()
+            .fold(false, |busy, s| s.transport().end_turn() | busy)
+    }
+}
+
+/// The park descriptors of `sessions`: one for a shared driver (asking a
+/// ring for it arms its park once), else one per connection.
+fn wake_fds<'a, T: BenchTransport + 'a>(
+    sessions: impl Iterator<Item = &'a Session<T>>,
+    out: &mut Vec<BorrowedFd<'a>>,
+) {
+    for s in sessions {
+        out.push(s.transport().wake_fd());
+        if T::SHARED_DRIVER {
+            break;
+        }
+    }
+}
+
+/// The backend counters of `sessions` for `RUST_LOG=debug`: the shared
+/// driver's once, or each connection's.
+fn counters<T: BenchTransport>(sessions: &[Session<T>]) -> String {
+    let n = if T::SHARED_DRIVER { 1 } else { sessions.len() };
+    let all: Vec<String> = sessions[..n.min(sessions.len())]
+        .iter()
+        .map(|s| s.transport().counters())
+        .collect();
+    all.join("; ")
+}
+
+/// Serve the data connections of one run on a reactor pinned to `core`;
+/// returns when the client has closed all of them.
 pub fn serve<T: BenchTransport>(
-    t: T,
+    transports: Vec<T>,
     run: &Run,
     core: Option<usize>,
     idle: IdlePolicy,
 ) -> Result<(), String> {
     let window = window_for(run);
+    let n = transports.len();
     let reactor = Reactor::spawn(spec(1, core, idle), move |_| EchoServer {
-        session: Session::new(conn_config(TaskRole::Ps, window), t),
-        done: false,
+        sessions: transports
+            .into_iter()
+            .map(|t| Session::new(conn_config(TaskRole::Ps, window), t))
+            .collect(),
+        open: vec![true; n],
         error: None,
     })
     .map_err(|e| format!("server reactor: {e}"))?;
     let (shard, rstats) = reactor.join().map_err(|e| format!("server reactor: {e}"))?;
     tracing::debug!(
         reactor = ?rstats,
-        backend = %shard.session.transport().counters(),
+        backend = %counters(&shard.sessions),
         "bench server counters"
     );
     match shard.error {
@@ -235,7 +297,8 @@ struct FuseState {
 /// The load generator, run as the client reactor's shard.
 #[derive(Debug)]
 pub struct LoadGen<T> {
-    session: Session<T>,
+    /// One per connection of the run; fuse mode uses one.
+    sessions: Vec<Session<T>>,
     st: GenState,
 }
 
@@ -245,7 +308,9 @@ struct GenState {
     op: Opcode,
     payload: Bytes,
     record: bool,
-    starts: VecDeque<(u64, Instant)>,
+    /// Per connection: the outstanding requests (id, start), in order.
+    starts: Vec<VecDeque<(u64, Instant)>>,
+    /// Over all connections.
     issued: u64,
     completed: u64,
     measure_start: Option<Instant>,
@@ -259,7 +324,7 @@ struct GenState {
 }
 
 impl GenState {
-    fn new(run: &Run) -> Self {
+    fn new(run: &Run, connections: usize) -> Self {
         let (op, record) = match run.mode {
             Mode::Lat => (Opcode::Rpc, true),
             Mode::Rate => (Opcode::DensePush, true),
@@ -297,7 +362,9 @@ impl GenState {
             op,
             payload,
             record,
-            starts: VecDeque::with_capacity(run.inflight),
+            starts: (0..connections.max(1))
+                .map(|_| VecDeque::with_capacity(run.inflight))
+                .collect(),
             issued: 0,
             completed: 0,
             measure_start: None,
@@ -325,20 +392,21 @@ impl GenState {
         }
     }
 
-    /// Top up the outstanding requests.
-    fn issue(&mut self, conn: &mut Connection) {
+    /// Top up the outstanding requests of connection `c`: `inflight` on
+    /// each, until the run's budget (over all connections) is issued.
+    fn issue(&mut self, c: usize, conn: &mut Connection) {
         if self.fuse.is_some() {
             return self.issue_step(conn);
         }
-        let inflight = self.run.inflight as u64;
-        while self.issued - self.completed < inflight {
+        let inflight = self.run.inflight;
+        while self.starts[c].len() < inflight {
             let t = Instant::now();
             if !self.may_start(t) {
                 break;
             }
             match conn.request(self.op, 0, Body::from_bytes(self.payload.clone()), None) {
                 Ok(id) => {
-                    self.starts.push_back((id, t));
+                    self.starts[c].push_back((id, t));
                     self.issued += 1;
                 }
                 Err(e) => return self.fail(format!("request: {e}")),
@@ -349,7 +417,7 @@ impl GenState {
         }
     }
 
-    fn on_incoming(&mut self, conn: &mut Connection, m: Incoming<'_>) {
+    fn on_incoming(&mut self, c: usize, conn: &mut Connection, m: Incoming<'_>) {
         let Incoming::Response { id, status, .. } = m else {
             return;
         };
@@ -360,7 +428,7 @@ impl GenState {
             return self.on_step_ack(conn);
         }
         let now = Instant::now();
-        let Some((want, t0)) = self.starts.pop_front() else {
+        let Some((want, t0)) = self.starts[c].pop_front() else {
             return self.fail(format!("response {id} without a request"));
         };
         if want != id {
@@ -374,7 +442,7 @@ impl GenState {
             self.measure_start = Some(now);
         }
         self.measure_end = Some(now);
-        self.issue(conn);
+        self.issue(c, conn);
     }
 
     fn issue_step(&mut self, conn: &mut Connection) {
@@ -457,35 +525,44 @@ impl<T: BenchTransport> Shard for LoadGen<T> {
         if self.st.closed {
             return false;
         }
-        let Self { session, st } = self;
+        let Self { sessions, st } = self;
         if !st.kicked {
             st.kicked = true;
             if st.run.warmup == 0 {
                 st.measure_start = Some(now);
             }
-            st.issue(session.conn());
-        }
-        let busy = match session.turn(now, &mut |conn, m| st.on_incoming(conn, m)) {
-            Ok(s) => s.busy(),
-            Err(e) => {
-                st.fail(format!("client connection: {e}"));
-                true
+            for (c, session) in sessions.iter_mut().enumerate() {
+                st.issue(c, session.conn());
             }
-        };
+        }
+        let mut busy = false;
+        for (c, session) in sessions.iter_mut().enumerate() {
+            busy |= match session.turn(now, &mut |conn, m| st.on_incoming(c, conn, m)) {
+                Ok(s) => s.busy(),
+                Err(e) => {
+                    st.fail(format!("client connection: {e}"));
+                    true
+                }
+            };
+        }
         if st.complete {
-            session.conn().close();
-            let _ = session.flush(now);
+            for session in sessions.iter_mut() {
+                session.conn().close();
+                let _ = session.flush(now);
+            }
             st.closed = true;
         }
-        session.transport().end_turn() | busy
+        end_turn(sessions) | busy
     }
 
     fn wake_fds<'a>(&'a self, out: &mut Vec<BorrowedFd<'a>>) {
-        out.push(self.session.transport().wake_fd());
+        wake_fds(self.sessions.iter(), out);
     }
 
     fn write_fds<'a>(&'a self, out: &mut Vec<BorrowedFd<'a>>) {
-        out.extend(self.session.transport().write_fd());
+        for s in &self.sessions {
+            out.extend(s.transport().write_fd());
+        }
     }
 
     fn finished(&self) -> bool {
@@ -493,32 +570,45 @@ impl<T: BenchTransport> Shard for LoadGen<T> {
     }
 }
 
-/// Run the load generator of `run` on a client reactor pinned to `core`.
+/// Run the load generator of `run` over `transports` (the run's
+/// connections) on a client reactor pinned to `core`.
 pub fn client<T: BenchTransport>(
-    t: T,
+    transports: Vec<T>,
     run: &Run,
     core: Option<usize>,
     idle: IdlePolicy,
 ) -> Result<Measured, String> {
     let window = window_for(run);
-    let st = GenState::new(run);
+    let st = GenState::new(run, transports.len());
     let reactor = Reactor::spawn(spec(0, core, idle), move |_| LoadGen {
-        session: Session::new(conn_config(TaskRole::Worker, window), t),
+        sessions: transports
+            .into_iter()
+            .map(|t| Session::new(conn_config(TaskRole::Worker, window), t))
+            .collect(),
         st,
     })
     .map_err(|e| format!("client reactor: {e}"))?;
     let (gen, rstats) = reactor.join().map_err(|e| format!("client reactor: {e}"))?;
     // Each park is one poll(2); each request is two messages (request and
     // response) on this end.
-    let syscalls = gen.session.transport().syscalls() + rstats.parks;
+    let drivers = if T::SHARED_DRIVER {
+        1
+    } else {
+        gen.sessions.len()
+    };
+    let syscalls = gen.sessions[..drivers.min(gen.sessions.len())]
+        .iter()
+        .map(|s| s.transport().syscalls())
+        .sum::<u64>()
+        + rstats.parks;
     tracing::debug!(
         reactor = ?rstats,
-        backend = %gen.session.transport().counters(),
+        backend = %counters(&gen.sessions),
         "bench client counters"
     );
     let msgs = 2 * gen.st.issued.max(1);
     let syscalls_per_msg = Some(syscalls as f64 / msgs as f64);
-    let zero_copy = gen.session.transport().zero_copy();
+    let zero_copy = gen.sessions.first().and_then(|s| s.transport().zero_copy());
     let st = gen.st;
     if let Some(e) = st.error {
         return Err(e);

@@ -216,6 +216,7 @@ fn plans(args: &ReportArgs, backends: &[Backend], m: &Machine) -> Vec<Plan> {
         polling: m.polling,
         client_core: m.client_core,
         server_core: m.server_core,
+        connections: 1,
     };
     let (lat, inflight, bw): (&[usize], &[usize], &[usize]) = if args.quick {
         (&[64, 4096], &[1, 8], &[65536])
