@@ -162,9 +162,11 @@ fn uring_backend() -> Value {
         "max_frame_len": cfg.max_frame_len,
         "tx_slot_len": cfg.tx_slot_len,
         "rx_direct_min": cfg.rx_direct_min,
+        "zero_copy_loopback": cfg.zero_copy_loopback,
         "zero_copy_note": "a connection whose zero-copy sends come back copied \
                            (always on loopback and veth) switches to plain sends; \
-                           bench and soak count them",
+                           bench and soak count them; loopback connections send \
+                           plainly unless zero_copy_loopback",
         "ring": ring,
     })
 }
@@ -437,9 +439,14 @@ fn print_text(i: &Value, settings: &Settings) {
             println!("  uring ring     {}", s(&r["error"]));
         }
         println!(
-            "  uring zc       zero-copy sends from {} bytes; copied ones (loopback, veth) \
-             switch the connection to plain sends",
-            s(&ub["zero_copy_threshold"])
+            "  uring zc       zero-copy sends from {} bytes; copied ones (veth) switch the \
+             connection to plain sends; loopback peers: {}",
+            s(&ub["zero_copy_threshold"]),
+            if ub["zero_copy_loopback"].as_bool() == Some(true) {
+                "tried too (always copied)"
+            } else {
+                "plain sends (the kernel would copy)"
+            }
         );
         println!(
             "  uring frames   up to {} bytes ({}-byte registered slots; longer frames sent \

@@ -54,6 +54,15 @@ pub struct UringConfig {
     pub rx_bufs: usize,
     /// Try zero-copy sends for large sends. Default true.
     pub zero_copy: bool,
+    /// Try them on connections to a loopback peer too. Default false: the
+    /// kernel copies such sends anyway (in the receive path, where the
+    /// pinned pages cannot go), so the first one only comes back reported
+    /// copied. That probe is not free: it waits in the socket until all of
+    /// it is taken (`MSG_WAITALL`), and with BBR as the congestion control
+    /// that wait ended BBR's startup in every run of a 64 KiB stream
+    /// measured here (six of six), after which the stream was paced
+    /// (`docs/backends/uring.md`, "Zero-copy sends").
+    pub zero_copy_loopback: bool,
     /// Sends of at least this many bytes go zero-copy. Default 32 KiB.
     pub zero_copy_threshold: usize,
     /// SQPOLL with this idle time (ms) instead of task-run flags; needs a
@@ -102,6 +111,7 @@ impl Default for UringConfig {
             rx_buf_len: 512 << 10,
             rx_bufs: 16,
             zero_copy: true,
+            zero_copy_loopback: false,
             zero_copy_threshold: 32 << 10,
             sqpoll_idle_ms: None,
             defer_taskrun: true,

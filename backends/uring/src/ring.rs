@@ -1148,6 +1148,9 @@ impl RingInner {
 
     pub(crate) fn add_conn(&mut self, stream: TcpStream) -> usize {
         let fd = stream.as_raw_fd();
+        // A peer whose address is unknown (the socket already failed) is
+        // taken as remote; its sends fail anyway.
+        let loopback = stream.peer_addr().is_ok_and(|a| a.ip().is_loopback());
         let idx = self
             .conns
             .iter()
@@ -1170,7 +1173,9 @@ impl RingInner {
             inflight: None,
             spare: None,
             send_error: None,
-            zero_copy: self.cfg.zero_copy && (self.features.sendmsg_zc || self.features.send_zc),
+            zero_copy: self.cfg.zero_copy
+                && (!loopback || self.cfg.zero_copy_loopback)
+                && (self.features.sendmsg_zc || self.features.send_zc),
             chunks: VecDeque::new(),
             partial: Vec::new(),
             direct_want: None,

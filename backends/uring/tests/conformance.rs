@@ -34,6 +34,8 @@ fn small(recv: RecvMode) -> UringConfig {
         rx_buf_len: 1000,
         rx_bufs: 64,
         zero_copy_threshold: 2048,
+        // Loopback, but the zero-copy path and its fallback are under test.
+        zero_copy_loopback: true,
         gather_copy_threshold: 512,
         ..UringConfig::default()
     }

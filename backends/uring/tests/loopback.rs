@@ -168,9 +168,39 @@ fn pump(
 }
 
 #[test]
+fn loopback_connections_send_plainly_unless_asked() {
+    // Sends far above the zero-copy threshold over loopback: by default no
+    // zero-copy send is tried (the kernel would copy it and report so);
+    // with `zero_copy_loopback` each connection tries one and falls back.
+    let big = Bytes::from(vec![0x5a_u8; 64 << 10]);
+    for (opt_in, n) in [(false, 2), (true, 2)] {
+        let cfg = UringConfig {
+            zero_copy_threshold: 16 << 10,
+            zero_copy_loopback: opt_in,
+            ..UringConfig::default()
+        };
+        let (got, _, a, _) = pump(&cfg, n, 8, 2, |t, seq| {
+            let h = Header::new(Opcode::Rpc, seq, big.len() as u32).to_bytes();
+            t.tx_gather(&h, std::slice::from_ref(&big)).unwrap()
+        });
+        assert!(got.iter().all(|g| g.len() == 8));
+        let sa = a.stats();
+        let zc_able = a.features().send_zc || a.features().sendmsg_zc;
+        if opt_in && zc_able {
+            assert!(sa.zc_sends > 0, "{sa:?}");
+            assert_eq!(sa.zc_fallbacks, n as u64, "{sa:?}");
+        } else {
+            assert_eq!(sa.zc_sends, 0, "opt_in {opt_in}: {sa:?}");
+            assert_eq!(sa.zc_fallbacks, 0, "{sa:?}");
+        }
+    }
+}
+
+#[test]
 fn many_connections_share_one_ring_with_one_enter_per_turn() {
     let cfg = UringConfig {
         zero_copy_threshold: 16 << 10,
+        zero_copy_loopback: true,
         ..UringConfig::default()
     };
     let n = 8;
