@@ -9,7 +9,21 @@
 use std::collections::VecDeque;
 use std::net::TcpStream;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
+
+/// The ring's lock. Nearly every acquisition is the reactor thread's own
+/// (three a turn: `rx_burst`, `flush`, the enter), uncontended; other
+/// threads take it rarely (a transport made or dropped elsewhere, counters)
+/// and briefly (at most one non-blocking `io_uring_enter`). A spin lock
+/// whose unlock is a plain release store suits that better than
+/// `std::sync::Mutex`, whose unlock is a locked exchange that waits for
+/// the turn's stores to drain: +0.5% to +1.0% on the rate bench together
+/// with the per-chunk receive loop (18 alternating pairs, 11-25). A waiter
+/// yields its time slice between tries, so a holder preempted on the same
+/// core is not spun against. There is no poisoning: a panic in a critical
+/// section unwinds through the guard, which unlocks.
+type Mutex<T> = spin::mutex::SpinMutex<T, spin::relax::Yield>;
+type MutexGuard<'a, T> = spin::mutex::SpinMutexGuard<'a, T>;
 
 use bytes::Bytes;
 use io_uring::{cqueue, types::SubmitArgs, types::Timespec, IoUring};
@@ -397,9 +411,7 @@ impl UringReactor {
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, RingInner> {
-        // A panic while holding the lock leaves plain data behind; the
-        // ring itself stays consistent, so keep going.
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        self.inner.lock()
     }
 
     /// The ring's file descriptor (a duplicate): readable when completions
@@ -1565,22 +1577,33 @@ impl RingInner {
                     }
                 }
             } else {
-                let rest = data;
-                if rest.len() < HEADER_LEN {
-                    c.partial.extend_from_slice(rest);
-                    used = rest.len();
-                } else {
+                // Every complete frame of this chunk in one pass: the chunk
+                // bookkeeping above and below runs once per chunk, not once
+                // per frame (a burst of answers is 16 or more frames in one
+                // receive).
+                let mut pos = 0;
+                loop {
+                    let rest = &data[pos..];
+                    if rest.len() < HEADER_LEN {
+                        c.partial.extend_from_slice(rest);
+                        pos = data.len();
+                        break;
+                    }
                     match Header::parse(rest, max_body, max_message) {
                         Ok(h) if h.frame_len() <= rest.len() => {
                             sink(&rest[..h.frame_len()]);
-                            used = h.frame_len();
+                            pos += h.frame_len();
                             c.stats.frames_received += 1;
                             released += usize::from(after_frame(c, h.frame_len(), direct_min));
                             n += 1;
+                            if n >= max || pos == data.len() {
+                                break;
+                            }
                         }
                         Ok(_) => {
                             c.partial.extend_from_slice(rest);
-                            used = rest.len();
+                            pos = data.len();
+                            break;
                         }
                         Err(e) => {
                             err = Some(e);
@@ -1588,6 +1611,12 @@ impl RingInner {
                         }
                     }
                 }
+                if err.is_some() {
+                    // The connection is unusable from here; where its chunk
+                    // stood no longer matters.
+                    break;
+                }
+                used = pos;
             }
             let off = off + used as u32;
             if off >= end {
