@@ -193,8 +193,8 @@ fn bench_many_connections_carry_traffic_on_each() {
         assert_eq!(v["connections"], 4, "{v}");
         assert!(v["iters"].as_u64().unwrap_or(0) >= 200, "{v}");
     }
-    // Every connection of every run carried requests: the client's debug
-    // line lists each connection's counters.
+    // Every connection of every run carried requests, not just its
+    // handshake: the client's debug line lists each connection's counters.
     let err = text(&out.stderr);
     let client: Vec<&str> = err
         .lines()
@@ -209,7 +209,9 @@ fn bench_many_connections_carry_traffic_on_each() {
             .map(|n| n.parse().unwrap_or(0))
             .collect();
         assert_eq!(written.len(), 4, "{l}");
-        assert!(written.iter().all(|&b| b > 0), "{l}");
+        // The handshake alone is about 100 bytes; 220 requests of 96 bytes
+        // or more spread over four connections put thousands on each.
+        assert!(written.iter().all(|&b| b >= 1000), "{l}");
     }
 }
 

@@ -244,6 +244,12 @@ pub(crate) struct RingInner {
     cqe_batch: Vec<(u64, i32, u32)>,
     /// Scratch of `rx_burst`: receive buffers whose last chunk it consumed.
     rx_freed: Vec<u16>,
+    /// Where `queue_spin_receives` and `arm_park_polls` start their next
+    /// pass over the connections: after the last one a full SQ stopped
+    /// them at, so that with more connections than SQ entries every one
+    /// gets its turn (starting at 0 each time starved the ones past the
+    /// SQ's size for good).
+    conn_cursor: usize,
 }
 
 /// A ring and the memory it uses, shared by the connections of one reactor.
@@ -405,6 +411,7 @@ impl UringReactor {
                 outstanding: 0,
                 cqe_batch: Vec::with_capacity(CQE_BATCH),
                 rx_freed: Vec::new(),
+                conn_cursor: 0,
             })),
             fd: Arc::new(fd),
         })
@@ -659,8 +666,12 @@ impl RingInner {
     /// that has none in flight and is keeping up with what it received.
     fn queue_spin_receives(&mut self) -> usize {
         let mut queued = 0;
-        for (idx, slot) in self.conns.iter_mut().enumerate() {
-            let Some(c) = slot else { continue };
+        let n = self.conns.len();
+        let start = self.conn_cursor.min(n);
+        for idx in (start..n).chain(0..start) {
+            let Some(c) = self.conns[idx].as_mut() else {
+                continue;
+            };
             if c.closing
                 || c.recv_armed
                 || c.rx_end.is_some()
@@ -679,6 +690,8 @@ impl RingInner {
             let drain = c.last_burst >= SPIN_DRAIN_MIN.min(self.cfg.rx_buf_len);
             if !sys::push_spin_recv(&mut self.ring, c.sock, BGID, drain, user_data(idx, OP_RECV)) {
                 self.stats.sq_full += 1;
+                // The rest first next time.
+                self.conn_cursor = idx;
                 break;
             }
             c.spin_bytes = 0;
@@ -844,13 +857,18 @@ impl RingInner {
     /// reactor, whose next turns receive.
     fn arm_park_polls(&mut self) -> std::io::Result<()> {
         let mut armed = 0;
-        for (idx, slot) in self.conns.iter_mut().enumerate() {
-            let Some(c) = slot else { continue };
+        let n = self.conns.len();
+        let start = self.conn_cursor.min(n);
+        for idx in (start..n).chain(0..start) {
+            let Some(c) = self.conns[idx].as_mut() else {
+                continue;
+            };
             if c.closing || c.poll_armed || c.rx_end.is_some() {
                 continue;
             }
             if !sys::push_poll_in(&mut self.ring, c.sock, user_data(idx, OP_POLL)) {
                 self.stats.sq_full += 1;
+                self.conn_cursor = idx;
                 break;
             }
             c.poll_armed = true;
@@ -1162,7 +1180,9 @@ impl RingInner {
         let fd = stream.as_raw_fd();
         // A peer whose address is unknown (the socket already failed) is
         // taken as remote; its sends fail anyway.
-        let loopback = stream.peer_addr().is_ok_and(|a| a.ip().is_loopback());
+        let loopback = stream
+            .peer_addr()
+            .is_ok_and(|a| a.ip().to_canonical().is_loopback());
         let idx = self
             .conns
             .iter()

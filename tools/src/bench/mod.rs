@@ -151,7 +151,16 @@ impl Plan {
                         let iters = self
                             .iters
                             .unwrap_or_else(|| default_iters(mode, size, self.tensors));
-                        let warmup = self.warmup.unwrap_or((iters / 10).clamp(1, 1_000));
+                        // Every connection starts with `inflight` requests
+                        // at once: the warm-up covers that burst twice, so
+                        // that the measurement starts in the steady state.
+                        let burst = match mode {
+                            Mode::Fuse => 0,
+                            _ => 2 * (self.connections.max(1) * inflight) as u64,
+                        };
+                        let warmup = self
+                            .warmup
+                            .unwrap_or((iters / 10).clamp(1, 1_000).max(burst));
                         out.push(Run {
                             backend,
                             mode,
@@ -478,17 +487,19 @@ fn serve(listener: TcpListener, server_core: Option<Option<usize>>) -> Result<()
         if run.backend == Backend::Raw && run.mode == Mode::Fuse {
             continue;
         }
+        // The count comes from the network: bounded before anything is
+        // sized by it (the client's `validate` refuses more too).
+        let want = data_connections(&run);
+        if want > MAX_CONNECTIONS {
+            let msg = format!("{want} data connections asked; at most {MAX_CONNECTIONS}");
+            send_line(&mut w, &ServerMsg::Error(msg.clone()))?;
+            return Err(msg);
+        }
         let data = TcpListener::bind(SocketAddr::new(ip, 0))
             .map_err(|e| format!("binding a data listener on {ip}: {e}"))?;
         let port = data.local_addr().map_err(|e| e.to_string())?.port();
         send_line(&mut w, &ServerMsg::Ready { port })?;
-        let mut streams = Vec::with_capacity(run.connections);
-        for _ in 0..data_connections(&run) {
-            let (stream, _) = data
-                .accept()
-                .map_err(|e| format!("accepting a data connection: {e}"))?;
-            streams.push(stream);
-        }
+        let streams = accept_all(&data, want)?;
         let res = match run.backend {
             Backend::Raw => raw::serve(one_stream(streams)?, core, plan.polling),
             Backend::Tcp => {
@@ -514,6 +525,40 @@ fn serve(listener: TcpListener, server_core: Option<Option<usize>>) -> Result<()
         res?;
     }
     Ok(())
+}
+
+/// How long the server waits for a run's data connections.
+const ACCEPT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Accept `n` connections on `data`, or fail after [`ACCEPT_TIMEOUT`]: a
+/// client that failed part-way through connecting (out of descriptors,
+/// say) must not leave the server blocked in `accept` for good.
+fn accept_all(data: &TcpListener, n: usize) -> Result<Vec<TcpStream>, String> {
+    data.set_nonblocking(true)
+        .map_err(|e| format!("data listener: {e}"))?;
+    let deadline = Instant::now() + ACCEPT_TIMEOUT;
+    let mut streams = Vec::with_capacity(n);
+    while streams.len() < n {
+        match data.accept() {
+            Ok((s, _)) => {
+                s.set_nonblocking(false)
+                    .map_err(|e| format!("data connection: {e}"))?;
+                streams.push(s);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if Instant::now() >= deadline {
+                    return Err(format!(
+                        "{} of {n} data connections arrived within {} s",
+                        streams.len(),
+                        ACCEPT_TIMEOUT.as_secs()
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(e) => return Err(format!("accepting a data connection: {e}")),
+        }
+    }
+    Ok(streams)
 }
 
 /// Data connections of `run`: `--connections` for the starwire backends,
@@ -814,6 +859,25 @@ fn validate(args: &BenchArgs) -> Result<(), String> {
         if args.mode.contains(&Mode::Fuse) {
             return Err("--connections applies to lat, rate and bw; fuse mode uses one".into());
         }
+        // Both ends in this process over loopback; one end with --connect
+        // or --listen. Plus the control connection, listeners, rings.
+        let ends = if args.connect.is_some() || args.listen.is_some() {
+            1
+        } else {
+            2
+        };
+        let need = (ends * args.connections + 64) as u64;
+        if let Ok((soft, _)) =
+            nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        {
+            if soft < need {
+                return Err(format!(
+                    "--connections {} needs about {need} open files and the limit is {soft}; \
+                     raise it (ulimit -n {need}) or use fewer connections",
+                    args.connections
+                ));
+            }
+        }
     }
     if let Some(&s) = args.sizes.iter().find(|&&s| s > (256 << 20) - 4096) {
         return Err(format!("--sizes {s}: at most 256 MiB - 4 KiB per message"));
@@ -835,11 +899,13 @@ pub(crate) fn run_loopback(plan: &Plan) -> Result<Vec<ResultLine>, String> {
         .name("bench-control".into())
         .spawn(move || serve(listener, None))
         .map_err(|e| e.to_string())?;
-    let lines = drive(plan, addr);
+    // A client error returns at once: the server thread may still wait
+    // for data connections that will not come (it gives up after
+    // ACCEPT_TIMEOUT), and ends with the process.
+    let lines = drive(plan, addr)?;
     let served = server
         .join()
         .map_err(|_| "bench server thread panicked".to_owned())?;
-    let lines = lines?;
     served?;
     Ok(lines)
 }

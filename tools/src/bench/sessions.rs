@@ -16,7 +16,9 @@ use starwire_transport::wire::tensor::DType;
 use starwire_transport::wire::tensors::TensorList;
 use starwire_transport::wire::{Opcode, Status, HEADER_LEN};
 use starwire_transport::DrivenTransport;
-use starwire_transport::{Body, ConnConfig, Connection, Incoming, PeerInfo, Session, TaskRole};
+use starwire_transport::{
+    Body, ConnConfig, ConnError, Connection, Incoming, PeerInfo, Session, TaskRole, TransportError,
+};
 
 use super::{Measured, Mode, Run};
 
@@ -127,9 +129,9 @@ fn spec(index: usize, cpu: Option<usize>, idle: IdlePolicy) -> ReactorSpec {
 /// the run.
 #[derive(Debug)]
 pub struct EchoServer<T> {
-    sessions: Vec<Session<T>>,
-    /// Connections the client has not closed yet.
-    open: Vec<bool>,
+    /// `None` once the connection ended: dropped, so its socket closes and
+    /// the client's requests on it fail rather than wait.
+    sessions: Vec<Option<Session<T>>>,
     error: Option<String>,
 }
 
@@ -159,54 +161,59 @@ fn answer(conn: &mut Connection, m: Incoming<'_>, error: &mut Option<String>) {
 
 impl<T: BenchTransport> Shard for EchoServer<T> {
     fn turn(&mut self, now: Instant) -> bool {
-        let Self {
-            sessions,
-            open,
-            error,
-        } = self;
+        let Self { sessions, error } = self;
         let mut busy = false;
-        for (session, open) in sessions.iter_mut().zip(open.iter_mut()) {
-            if !*open {
-                continue;
-            }
+        for slot in sessions.iter_mut() {
+            let Some(session) = slot else { continue };
             busy |= match session.turn(now, &mut |conn, m| answer(conn, m, error)) {
                 Ok(s) => s.busy(),
-                Err(_) => {
-                    // The client closing the connection ends it; the last
-                    // one closed ends the run.
-                    *open = false;
+                Err(e) => {
+                    // The client closing its connection ends it; anything
+                    // else is the run's error. Either way the session goes,
+                    // and its socket with it; the last one ends the run.
+                    if !matches!(
+                        e,
+                        ConnError::Closed | ConnError::Transport(TransportError::Closed)
+                    ) {
+                        error.get_or_insert_with(|| format!("server connection: {e}"));
+                    }
+                    *slot = None;
                     true
                 }
             };
         }
-        end_turn(sessions) | busy
+        end_turn(open(sessions)) | busy
     }
 
     fn wake_fds<'a>(&'a self, out: &mut Vec<BorrowedFd<'a>>) {
-        let open = self.sessions.iter().zip(&self.open).filter(|(_, &o)| o);
-        wake_fds(open.map(|(s, _)| s), out);
+        wake_fds(open(&self.sessions), out);
     }
 
     fn write_fds<'a>(&'a self, out: &mut Vec<BorrowedFd<'a>>) {
-        for (s, _) in self.sessions.iter().zip(&self.open).filter(|(_, &o)| o) {
+        for s in open(&self.sessions) {
             out.extend(s.transport().write_fd());
         }
     }
 
     fn finished(&self) -> bool {
-        !self.open.iter().any(|&o| o)
+        open(&self.sessions).next().is_none()
     }
+}
+
+/// The sessions of `slots` still open.
+fn open<T>(slots: &[Option<Session<T>>]) -> impl Iterator<Item = &Session<T>> {
+    slots.iter().flatten()
 }
 
 /// The end of a reactor turn over `sessions`: once per driver (the one
 /// ring all of them share, for io_uring; a no-op for tcp).
-fn end_turn<T: BenchTransport>(sessions: &[Session<T>]) -> bool {
+fn end_turn<'a, T: BenchTransport + 'a>(
+    mut sessions: impl Iterator<Item = &'a Session<T>>,
+) -> bool {
     if T::SHARED_DRIVER {
-        sessions.first().is_some_and(|s| s.transport().end_turn())
+        sessions.next().is_some_and(|s| s.transport().end_turn())
     } else {
-        sessions
-            .iter()
-            .fold(false, |busy, s| s.transport().end_turn() | busy)
+        sessions.fold(false, |busy, s| s.transport().end_turn() | busy)
     }
 }
 
@@ -226,12 +233,9 @@ fn wake_fds<'a, T: BenchTransport + 'a>(
 
 /// The backend counters of `sessions` for `RUST_LOG=debug`: the shared
 /// driver's once, or each connection's.
-fn counters<T: BenchTransport>(sessions: &[Session<T>]) -> String {
-    let n = if T::SHARED_DRIVER { 1 } else { sessions.len() };
-    let all: Vec<String> = sessions[..n.min(sessions.len())]
-        .iter()
-        .map(|s| s.transport().counters())
-        .collect();
+fn counters<'a, T: BenchTransport + 'a>(sessions: impl Iterator<Item = &'a Session<T>>) -> String {
+    let n = if T::SHARED_DRIVER { 1 } else { usize::MAX };
+    let all: Vec<String> = sessions.take(n).map(|s| s.transport().counters()).collect();
     all.join("; ")
 }
 
@@ -244,20 +248,18 @@ pub fn serve<T: BenchTransport>(
     idle: IdlePolicy,
 ) -> Result<(), String> {
     let window = window_for(run);
-    let n = transports.len();
     let reactor = Reactor::spawn(spec(1, core, idle), move |_| EchoServer {
         sessions: transports
             .into_iter()
-            .map(|t| Session::new(conn_config(TaskRole::Ps, window), t))
+            .map(|t| Some(Session::new(conn_config(TaskRole::Ps, window), t)))
             .collect(),
-        open: vec![true; n],
         error: None,
     })
     .map_err(|e| format!("server reactor: {e}"))?;
     let (shard, rstats) = reactor.join().map_err(|e| format!("server reactor: {e}"))?;
     tracing::debug!(
         reactor = ?rstats,
-        backend = %counters(&shard.sessions),
+        backend = %counters(open(&shard.sessions)),
         "bench server counters"
     );
     match shard.error {
@@ -552,7 +554,7 @@ impl<T: BenchTransport> Shard for LoadGen<T> {
             }
             st.closed = true;
         }
-        end_turn(sessions) | busy
+        end_turn(sessions.iter()) | busy
     }
 
     fn wake_fds<'a>(&'a self, out: &mut Vec<BorrowedFd<'a>>) {
@@ -603,7 +605,7 @@ pub fn client<T: BenchTransport>(
         + rstats.parks;
     tracing::debug!(
         reactor = ?rstats,
-        backend = %counters(&gen.sessions),
+        backend = %counters(gen.sessions.iter()),
         "bench client counters"
     );
     let msgs = 2 * gen.st.issued.max(1);
