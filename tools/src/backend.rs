@@ -33,6 +33,17 @@ impl Backend {
         }
     }
 
+    /// Whether a bench run may use several data connections
+    /// (`--connections`): the starwire backends; the baselines use one.
+    pub fn multi_connection(self) -> bool {
+        match self {
+            Backend::Tcp => true,
+            #[cfg(all(feature = "uring", target_os = "linux"))]
+            Backend::Uring => true,
+            _ => false,
+        }
+    }
+
     /// Check at run time that the backend can work on this machine: io_uring
     /// may be compiled in but disabled (old kernel, `io_uring_disabled`,
     /// seccomp in a container).

@@ -662,13 +662,18 @@ impl RingInner {
         }
     }
 
+    /// Connection indices from `conn_cursor` on, wrapping around.
+    fn pass_order(&self) -> std::iter::Chain<std::ops::Range<usize>, std::ops::Range<usize>> {
+        let n = self.conns.len();
+        let start = self.conn_cursor.min(n);
+        (start..n).chain(0..start)
+    }
+
     /// `RecvMode::Spin`: queue a non-blocking receive for every connection
     /// that has none in flight and is keeping up with what it received.
     fn queue_spin_receives(&mut self) -> usize {
         let mut queued = 0;
-        let n = self.conns.len();
-        let start = self.conn_cursor.min(n);
-        for idx in (start..n).chain(0..start) {
+        for idx in self.pass_order() {
             let Some(c) = self.conns[idx].as_mut() else {
                 continue;
             };
@@ -857,9 +862,7 @@ impl RingInner {
     /// reactor, whose next turns receive.
     fn arm_park_polls(&mut self) -> std::io::Result<()> {
         let mut armed = 0;
-        let n = self.conns.len();
-        let start = self.conn_cursor.min(n);
-        for idx in (start..n).chain(0..start) {
+        for idx in self.pass_order() {
             let Some(c) = self.conns[idx].as_mut() else {
                 continue;
             };
@@ -1180,9 +1183,7 @@ impl RingInner {
         let fd = stream.as_raw_fd();
         // A peer whose address is unknown (the socket already failed) is
         // taken as remote; its sends fail anyway.
-        let loopback = stream
-            .peer_addr()
-            .is_ok_and(|a| a.ip().to_canonical().is_loopback());
+        let loopback = starwire_transport::socket::peer_is_loopback(&stream).unwrap_or(false);
         let idx = self
             .conns
             .iter()

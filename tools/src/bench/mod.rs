@@ -564,11 +564,10 @@ fn accept_all(data: &TcpListener, n: usize) -> Result<Vec<TcpStream>, String> {
 /// Data connections of `run`: `--connections` for the starwire backends,
 /// one for the baselines (`validate` refuses more).
 fn data_connections(run: &Run) -> usize {
-    match run.backend {
-        Backend::Raw => 1,
-        #[cfg(feature = "grpc")]
-        Backend::Grpc => 1,
-        _ => run.connections.max(1),
+    if run.backend.multi_connection() {
+        run.connections.max(1)
+    } else {
+        1
     }
 }
 
@@ -676,8 +675,9 @@ fn drive(plan: &Plan, ctl_addr: SocketAddr) -> Result<Vec<ResultLine>, String> {
             other => return Err(format!("bench server: unexpected {other:?}")),
         };
         let addr = SocketAddr::new(ctl_addr.ip(), port);
-        let mut streams = Vec::with_capacity(run.connections);
-        for _ in 0..data_connections(run) {
+        let want = data_connections(run);
+        let mut streams = Vec::with_capacity(want);
+        for _ in 0..want {
             streams.push(
                 TcpStream::connect(addr)
                     .map_err(|e| format!("connecting the data connection {addr}: {e}"))?,
@@ -844,11 +844,7 @@ fn validate(args: &BenchArgs) -> Result<(), String> {
         ));
     }
     if args.connections > 1 {
-        if let Some(b) = args
-            .backends
-            .iter()
-            .find(|b| !matches!(b.name(), "tcp" | "uring"))
-        {
+        if let Some(b) = args.backends.iter().find(|b| !b.multi_connection()) {
             return Err(format!(
                 "--connections {} applies to the tcp and uring backends; the {} baseline \
                  uses one connection (pick --backends tcp,uring)",

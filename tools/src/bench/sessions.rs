@@ -205,37 +205,34 @@ fn open<T>(slots: &[Option<Session<T>>]) -> impl Iterator<Item = &Session<T>> {
     slots.iter().flatten()
 }
 
-/// The end of a reactor turn over `sessions`: once per driver (the one
-/// ring all of them share, for io_uring; a no-op for tcp).
-fn end_turn<'a, T: BenchTransport + 'a>(
-    mut sessions: impl Iterator<Item = &'a Session<T>>,
-) -> bool {
-    if T::SHARED_DRIVER {
-        sessions.next().is_some_and(|s| s.transport().end_turn())
-    } else {
-        sessions.fold(false, |busy, s| s.transport().end_turn() | busy)
-    }
+/// The sessions of `sessions` whose driver is theirs to call: the first
+/// only when they share one (an io_uring ring), else each.
+fn drivers<'a, T: BenchTransport + 'a>(
+    sessions: impl Iterator<Item = &'a Session<T>>,
+) -> impl Iterator<Item = &'a Session<T>> {
+    sessions.take(if T::SHARED_DRIVER { 1 } else { usize::MAX })
 }
 
-/// The park descriptors of `sessions`: one for a shared driver (asking a
-/// ring for it arms its park once), else one per connection.
+/// The end of a reactor turn over `sessions`: once per driver (a no-op for
+/// tcp).
+fn end_turn<'a, T: BenchTransport + 'a>(sessions: impl Iterator<Item = &'a Session<T>>) -> bool {
+    drivers(sessions).fold(false, |busy, s| s.transport().end_turn() | busy)
+}
+
+/// The park descriptors of `sessions`, one per driver (asking a ring for
+/// its descriptor arms its park).
 fn wake_fds<'a, T: BenchTransport + 'a>(
     sessions: impl Iterator<Item = &'a Session<T>>,
     out: &mut Vec<BorrowedFd<'a>>,
 ) {
-    for s in sessions {
-        out.push(s.transport().wake_fd());
-        if T::SHARED_DRIVER {
-            break;
-        }
-    }
+    out.extend(drivers(sessions).map(|s| s.transport().wake_fd()));
 }
 
-/// The backend counters of `sessions` for `RUST_LOG=debug`: the shared
-/// driver's once, or each connection's.
+/// The backend counters of `sessions` for `RUST_LOG=debug`, per driver.
 fn counters<'a, T: BenchTransport + 'a>(sessions: impl Iterator<Item = &'a Session<T>>) -> String {
-    let n = if T::SHARED_DRIVER { 1 } else { usize::MAX };
-    let all: Vec<String> = sessions.take(n).map(|s| s.transport().counters()).collect();
+    let all: Vec<String> = drivers(sessions)
+        .map(|s| s.transport().counters())
+        .collect();
     all.join("; ")
 }
 
@@ -593,13 +590,7 @@ pub fn client<T: BenchTransport>(
     let (gen, rstats) = reactor.join().map_err(|e| format!("client reactor: {e}"))?;
     // Each park is one poll(2); each request is two messages (request and
     // response) on this end.
-    let drivers = if T::SHARED_DRIVER {
-        1
-    } else {
-        gen.sessions.len()
-    };
-    let syscalls = gen.sessions[..drivers.min(gen.sessions.len())]
-        .iter()
+    let syscalls = drivers(gen.sessions.iter())
         .map(|s| s.transport().syscalls())
         .sum::<u64>()
         + rstats.parks;

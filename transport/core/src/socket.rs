@@ -18,10 +18,15 @@ pub const DEFAULT_LOOPBACK_SEND_BUFFER: usize = 512 << 10;
 /// Ask for an `SO_SNDBUF` of `bytes` when `stream`'s peer is a loopback
 /// address; leave any other connection to autotuning.
 pub fn cap_loopback_send_buffer(stream: &TcpStream, bytes: usize) -> io::Result<()> {
-    // `to_canonical`: a dual-stack listener sees 127.0.0.1 as
-    // ::ffff:127.0.0.1, which `is_loopback` alone does not take.
-    if stream.peer_addr()?.ip().to_canonical().is_loopback() {
+    if peer_is_loopback(stream)? {
         nix::sys::socket::setsockopt(stream, nix::sys::socket::sockopt::SndBuf, &bytes)?;
     }
     Ok(())
+}
+
+/// Whether `stream`'s peer is a loopback address. `to_canonical`: a
+/// dual-stack listener sees 127.0.0.1 as ::ffff:127.0.0.1, which
+/// `is_loopback` alone does not take.
+pub fn peer_is_loopback(stream: &TcpStream) -> io::Result<bool> {
+    Ok(stream.peer_addr()?.ip().to_canonical().is_loopback())
 }
