@@ -155,13 +155,14 @@ fn uring_backend() -> Value {
         "defer_taskrun": cfg.defer_taskrun,
         "recv_mode": match starwire_uring::RecvMode::from_env() {
             Some(m) => m.name(),
-            None => "spin when the reactor polls, multishot when it parks",
+            None => "spin when the reactor polls, single when it parks",
         },
         "zero_copy": cfg.zero_copy,
         "zero_copy_threshold": cfg.zero_copy_threshold,
         "max_frame_len": cfg.max_frame_len,
         "tx_slot_len": cfg.tx_slot_len,
         "rx_direct_min": cfg.rx_direct_min,
+        "recv_chunk_len": cfg.recv_chunk_len,
         "zero_copy_loopback": cfg.zero_copy_loopback,
         "zero_copy_note": "a connection whose zero-copy sends come back copied \
                            (always on loopback and veth) switches to plain sends; \
@@ -456,9 +457,10 @@ fn print_text(i: &Value, settings: &Settings) {
             s(&ub["rx_direct_min"])
         );
         println!(
-            "  uring recv     {} (STARWIRE_URING_RECV=spin|multishot); ring fd and sockets \
-             registered ({} file slots)",
+            "  uring recv     {} (STARWIRE_URING_RECV=single|multishot|spin; single receives \
+             take at most {} B); ring fd and sockets registered ({} file slots)",
             s(&ub["recv_mode"]),
+            s(&ub["recv_chunk_len"]),
             s(&ub["ring"]["file_slots"])
         );
     }

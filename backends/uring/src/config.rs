@@ -74,10 +74,19 @@ pub struct UringConfig {
     /// fd, so such a ring registers an eventfd, enabled only while the
     /// reactor parks.
     pub defer_taskrun: bool,
-    /// How connections receive. Default [`RecvMode::Multishot`];
-    /// `STARWIRE_URING_RECV=spin|multishot` overrides what
+    /// How connections receive. Default [`RecvMode::Single`];
+    /// `STARWIRE_URING_RECV=single|multishot|spin` overrides what
     /// [`for_polling`](Self::for_polling) picks.
     pub recv: RecvMode,
+    /// Most bytes one [`RecvMode::Single`] receive takes. Default 128 KiB.
+    /// A receive submitted while a burst is still arriving takes this much
+    /// and completes, the frames in it are answered in the next enter, and
+    /// the next receive goes with those answers: the sender gets its
+    /// acknowledgements while it is still sending, as a `recv(2)` that
+    /// returns what has arrived gives it. Without the bound one receive
+    /// took all a window's frames and both ends fell into lockstep
+    /// (`docs/backends/uring.md`, "Receive").
+    pub recv_chunk_len: usize,
     /// Try huge pages for the pools.
     pub huge_pages: HugePolicy,
     /// Transports enter the ring themselves in `flush`/`rx_burst` (a ring
@@ -91,6 +100,9 @@ pub struct UringConfig {
     /// sets `None`.
     pub loopback_send_buffer: Option<usize>,
 }
+
+/// Default [`UringConfig::recv_chunk_len`].
+pub const DEFAULT_RECV_CHUNK_LEN: usize = 128 << 10;
 
 /// Smallest [`UringConfig::rx_direct_min`].
 const MIN_RX_DIRECT: usize = 4096;
@@ -115,7 +127,8 @@ impl Default for UringConfig {
             zero_copy_threshold: 32 << 10,
             sqpoll_idle_ms: None,
             defer_taskrun: true,
-            recv: RecvMode::Multishot,
+            recv: RecvMode::Single,
+            recv_chunk_len: DEFAULT_RECV_CHUNK_LEN,
             huge_pages: HugePolicy::Try,
             auto_enter: false,
             loopback_send_buffer: Some(starwire_transport::socket::DEFAULT_LOOPBACK_SEND_BUFFER),
@@ -177,6 +190,9 @@ impl UringConfig {
         if self.tx_queue_limit_bytes < self.max_frame_len {
             return bad("tx_queue_limit_bytes is below max_frame_len");
         }
+        if self.recv_chunk_len < HEADER_LEN || u32::try_from(self.recv_chunk_len).is_err() {
+            return bad("recv_chunk_len must be within 32 bytes..4 GiB");
+        }
         if self.rx_direct_min < MIN_RX_DIRECT {
             return bad("rx_direct_min must be at least 4096 (above max_frame_len turns direct receives off)");
         }
@@ -197,15 +213,27 @@ impl UringConfig {
 
 /// How the connections of a ring receive.
 ///
-/// Both draw buffers from the ring's provided-buffer ring and deliver the
+/// All draw buffers from the ring's provided-buffer ring and deliver the
 /// same bytes; they differ in how the kernel learns that the reactor wants
-/// data.
+/// data, and in how much one receive takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RecvMode {
+    /// One single-shot `RECV` per connection at a time, of at most
+    /// [`UringConfig::recv_chunk_len`] bytes, queued again with the sends
+    /// of the turn that consumed the last one. Submitted while data waits,
+    /// it completes inside that enter; submitted on an empty socket, it
+    /// waits there (the kernel arms a poll) and completes through task work
+    /// when data comes. No system call while nothing arrives: the mode for
+    /// reactors that park, and the default. Against `Multishot` it costs
+    /// one SQE per receive and keeps a burst in bounded pieces, answered
+    /// piece by piece (`docs/backends/uring.md`, "Receive").
+    Single,
     /// One multishot `RECV` per connection, armed once. Arriving data wakes
     /// the socket's poll callback, which queues task work that the next
-    /// `io_uring_enter` runs. No system call while nothing arrives: the
-    /// mode for reactors that park.
+    /// `io_uring_enter` runs; that work takes everything the socket holds.
+    /// No system call while nothing arrives, and no SQE per receive; but
+    /// with parking reactors a window of medium frames (64 KiB) arrives
+    /// whole before it is answered, and both ends fall into lockstep.
     Multishot,
     /// Each reactor turn queues one non-blocking (`MSG_DONTWAIT`) `RECV`
     /// per connection with the turn's sends; it completes inside that same
@@ -221,19 +249,21 @@ pub enum RecvMode {
 }
 
 impl RecvMode {
-    /// `STARWIRE_URING_RECV`: `spin` or `multishot` (anything else is
-    /// ignored).
+    /// `STARWIRE_URING_RECV`: `single`, `multishot` or `spin` (anything
+    /// else is ignored).
     pub fn from_env() -> Option<Self> {
         match std::env::var("STARWIRE_URING_RECV").ok()?.trim() {
+            "single" => Some(Self::Single),
             "spin" => Some(Self::Spin),
             "multishot" => Some(Self::Multishot),
             _ => None,
         }
     }
 
-    /// `spin` or `multishot`.
+    /// `single`, `multishot` or `spin`.
     pub fn name(self) -> &'static str {
         match self {
+            Self::Single => "single",
             Self::Spin => "spin",
             Self::Multishot => "multishot",
         }

@@ -24,11 +24,14 @@
 //!   notification, and a connection whose zero-copy sends come back copied
 //!   (always on loopback and veth) switches to plain sends.
 //! * **RX.** Receives draw buffers from the ring's provided-buffer ring:
-//!   one multishot `RECV` per connection armed once
-//!   ([`RecvMode::Multishot`], for reactors that park), or one
-//!   non-blocking receive per connection per turn, submitted with the
-//!   turn's sends ([`RecvMode::Spin`], for polling reactors, with a one-shot
-//!   poll armed before a park). Frames are lent in place from those
+//!   one single-shot `RECV` of at most [`UringConfig::recv_chunk_len`]
+//!   per connection at a time, queued again with the sends of the turn
+//!   that consumed the last ([`RecvMode::Single`], for reactors that
+//!   park), one multishot `RECV` per connection armed once
+//!   ([`RecvMode::Multishot`], on request), or one non-blocking receive per
+//!   connection per turn, submitted with the turn's sends
+//!   ([`RecvMode::Spin`], for polling reactors, with a one-shot poll armed
+//!   before a park). Frames are lent in place from those
 //!   buffers, and a frame straddling two buffers is reassembled in a
 //!   bounded per-connection buffer. Buffers go back to the kernel once
 //!   consumed.
@@ -54,7 +57,7 @@ mod sys;
 mod transport;
 
 #[cfg(target_os = "linux")]
-pub use config::{RecvMode, UringConfig, UringError, UringStats};
+pub use config::{RecvMode, UringConfig, UringError, UringStats, DEFAULT_RECV_CHUNK_LEN};
 #[cfg(target_os = "linux")]
 pub use probe::{probe, Features};
 #[cfg(target_os = "linux")]

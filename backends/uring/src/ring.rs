@@ -223,7 +223,10 @@ pub(crate) struct RingInner {
     rearm: Vec<usize>,
     /// Connections whose next receive is a direct one, not yet queued.
     direct: Vec<usize>,
-    multishot: bool,
+    /// How parked-mode receives are armed: `None` multishot, else single
+    /// receives of at most this many bytes (`RecvMode::Single`, or a
+    /// kernel without multishot receive).
+    single_len: Option<u32>,
     /// Slots of the registered file table (0: none registered).
     file_slots: u32,
     /// `RecvMode::Spin`: a non-blocking receive per connection per turn.
@@ -365,7 +368,10 @@ impl UringReactor {
                 .try_clone_to_owned()
                 .map_err(|e| os(e, "dup of the ring fd"))?
         };
-        let multishot = features.recv_multishot;
+        // Single receives of at most `recv_chunk_len` (validated to fit a
+        // u32) unless multishot was asked for and the kernel has it.
+        let single_len = (cfg.recv != RecvMode::Multishot || !features.recv_multishot)
+            .then(|| u32::try_from(cfg.recv_chunk_len).unwrap_or(u32::MAX));
         // A registered file table spares every request the descriptor
         // lookup; the kernel caps its size at RLIMIT_NOFILE. Connections
         // beyond it, or a kernel that refuses, use plain descriptors.
@@ -400,7 +406,7 @@ impl UringReactor {
                 rx_kernel_done: vec![false; cfg.rx_bufs],
                 rearm: Vec::new(),
                 direct: Vec::new(),
-                multishot,
+                single_len,
                 file_slots,
                 spin: cfg.recv == RecvMode::Spin,
                 registered: None,
@@ -1140,7 +1146,7 @@ impl RingInner {
                 &mut self.ring,
                 c.sock,
                 BGID,
-                self.multishot,
+                self.single_len,
                 user_data(idx, OP_RECV),
             ) {
                 c.recv_armed = true;
@@ -1689,7 +1695,7 @@ impl RingInner {
                 && c.rx_end.is_none()
                 && !self.rearm.contains(&idx)
             {
-                // Back to the multishot receive.
+                // Back to the (multishot or single) receive.
                 self.rearm.push(idx);
             }
         }
@@ -1719,11 +1725,6 @@ impl RingInner {
             Some(RxEnd::Eof) | Some(RxEnd::Reset) => Err(TransportError::Closed),
             Some(RxEnd::Errno(e)) => Err(TransportError::Io(std::io::Error::from_raw_os_error(e))),
         }
-    }
-
-    pub(crate) fn rx_buffered(&self, idx: usize) -> bool {
-        let c = self.conn(idx);
-        !c.chunks.is_empty() || c.direct_ready
     }
 }
 

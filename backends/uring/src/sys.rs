@@ -112,22 +112,22 @@ fn push(ring: &mut IoUring, e: &squeue::Entry) -> bool {
     unsafe { ring.submission().push(e).is_ok() }
 }
 
-/// Arm a (multishot when `multishot`) receive with buffer selection from
-/// group `bgid`.
+/// Arm a receive with buffer selection from group `bgid`: multishot when
+/// `single_len` is `None`, else a single-shot one of at most `single_len`
+/// bytes (the kernel takes the shorter of that and the buffer).
 pub(crate) fn push_recv(
     ring: &mut IoUring,
     sock: Sock,
     bgid: u16,
-    multishot: bool,
+    single_len: Option<u32>,
     user_data: u64,
 ) -> bool {
-    let e = if multishot {
-        on_sock!(sock, |t| opcode::RecvMulti::new(t, bgid).build())
-    } else {
-        on_sock!(sock, |t| opcode::Recv::new(t, std::ptr::null_mut(), 0)
+    let e = match single_len {
+        None => on_sock!(sock, |t| opcode::RecvMulti::new(t, bgid).build()),
+        Some(len) => on_sock!(sock, |t| opcode::Recv::new(t, std::ptr::null_mut(), len)
             .buf_group(bgid)
             .build()
-            .flags(squeue::Flags::BUFFER_SELECT))
+            .flags(squeue::Flags::BUFFER_SELECT)),
     };
     push(ring, &e.user_data(user_data))
 }

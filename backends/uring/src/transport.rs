@@ -169,8 +169,8 @@ impl Transport for UringTransport {
         Ok(())
     }
 
-    /// Reaps completions (entering first with `auto_enter` when nothing is
-    /// buffered) and lends up to `max` frames in place.
+    /// Reaps completions (entering first with `auto_enter`) and lends up to
+    /// `max` frames in place.
     fn rx_burst(
         &mut self,
         _now: Instant,
@@ -182,7 +182,11 @@ impl Transport for UringTransport {
         }
         let mut r = self.reactor.lock();
         r.reap();
-        if self.auto_enter && !r.rx_buffered(self.idx) {
+        if self.auto_enter {
+            // Also with frames buffered: a receive queued again by the last
+            // `rx_burst` (single receives, or after a direct one) waits in
+            // the SQ for an enter, and a caller with nothing to send makes
+            // no other. `enter` makes no system call when nothing waits.
             r.enter().map_err(TransportError::Io)?;
             r.reap();
         }

@@ -36,9 +36,9 @@ fn drain(t: &mut UringTransport, limit: usize) -> (Vec<Vec<u8>>, Option<Transpor
 }
 
 /// The default settings in each receive mode: the bad-input tests run in
-/// both.
-fn both_modes() -> [UringConfig; 2] {
-    [RecvMode::Multishot, RecvMode::Spin].map(|recv| UringConfig {
+/// all three.
+fn all_modes() -> [UringConfig; 3] {
+    [RecvMode::Single, RecvMode::Multishot, RecvMode::Spin].map(|recv| UringConfig {
         recv,
         ..UringConfig::default()
     })
@@ -54,7 +54,7 @@ fn frame(id: u64, body: usize) -> Vec<u8> {
 
 #[test]
 fn garbage_after_good_frames_is_a_frame_error() {
-    for cfg in both_modes() {
+    for cfg in all_modes() {
         let (mut raw, s) = raw_pair();
         let mut t = UringTransport::standalone(s, &cfg).unwrap();
         let mut bytes = frame(1, 10);
@@ -75,7 +75,7 @@ fn garbage_after_good_frames_is_a_frame_error() {
 
 #[test]
 fn oversized_length_is_rejected_before_any_allocation() {
-    for cfg in both_modes() {
+    for cfg in all_modes() {
         let (mut raw, s) = raw_pair();
         let mut t = UringTransport::standalone(s, &cfg).unwrap();
         // A header announcing a body far over max_frame_len.
@@ -89,7 +89,7 @@ fn oversized_length_is_rejected_before_any_allocation() {
 
 #[test]
 fn truncated_frame_then_eof() {
-    for cfg in both_modes() {
+    for cfg in all_modes() {
         let (mut raw, s) = raw_pair();
         let mut t = UringTransport::standalone(s, &cfg).unwrap();
         let f = frame(1, 100);
@@ -112,7 +112,7 @@ fn truncated_frame_then_eof() {
 
 #[test]
 fn peer_close_is_closed_after_frames() {
-    for cfg in both_modes() {
+    for cfg in all_modes() {
         let (mut raw, s) = raw_pair();
         let mut t = UringTransport::standalone(s, &cfg).unwrap();
         raw.write_all(&frame(5, 3)).unwrap();
@@ -303,33 +303,87 @@ fn loopback_connections_send_plainly_unless_asked() {
 
 #[test]
 fn many_connections_share_one_ring_with_one_enter_per_turn() {
-    let cfg = UringConfig {
-        zero_copy_threshold: 16 << 10,
-        zero_copy_loopback: true,
-        ..UringConfig::default()
-    };
-    let n = 8;
-    let big = Bytes::from(vec![0xab_u8; 40 << 10]);
-    let (got, turns, a, b) = pump(&cfg, n, 20, 1, |t, seq| {
-        let h = Header::new(Opcode::Rpc, seq, big.len() as u32).to_bytes();
-        t.tx_gather(&h, std::slice::from_ref(&big)).unwrap()
-    });
-    for g in &got {
-        for (k, f) in g.iter().enumerate() {
-            let h = Header::parse(f, u32::MAX, u32::MAX).unwrap();
-            assert_eq!(h.request_id, k as u64, "order");
-            assert!(f[HEADER_LEN..].iter().all(|&x| x == 0xab));
+    for recv in [RecvMode::Single, RecvMode::Multishot] {
+        let cfg = UringConfig {
+            recv,
+            zero_copy_threshold: 16 << 10,
+            zero_copy_loopback: true,
+            ..UringConfig::default()
+        };
+        let n = 8;
+        let big = Bytes::from(vec![0xab_u8; 40 << 10]);
+        let (got, turns, a, b) = pump(&cfg, n, 20, 1, |t, seq| {
+            let h = Header::new(Opcode::Rpc, seq, big.len() as u32).to_bytes();
+            t.tx_gather(&h, std::slice::from_ref(&big)).unwrap()
+        });
+        for g in &got {
+            for (k, f) in g.iter().enumerate() {
+                let h = Header::parse(f, u32::MAX, u32::MAX).unwrap();
+                assert_eq!(h.request_id, k as u64, "order");
+                assert!(f[HEADER_LEN..].iter().all(|&x| x == 0xab));
+            }
+        }
+        let (sa, sb) = (a.stats(), b.stats());
+        assert!(sa.enters <= turns && sb.enters <= turns, "{sa:?} {sb:?}");
+        // Loopback always copies: every connection that tried zero-copy
+        // fell back after its first report.
+        assert!(sa.zc_sends > 0, "{sa:?}");
+        assert_eq!(sa.zc_fallbacks, sa.zc_copied.min(n as u64), "{sa:?}");
+        assert!(sa.sends > sa.zc_sends);
+        if recv == RecvMode::Multishot {
+            // One arm per connection serves many completions.
+            assert!(sb.recv_cqes > 4 * sb.recv_arms, "{sb:?}");
+        } else {
+            // One arm per completion: each is queued again (with the next
+            // enter) after the one before completed.
+            assert!(sb.recv_arms >= sb.recv_cqes, "{sb:?}");
+            assert!(sb.recv_arms <= sb.recv_cqes + n as u64, "{sb:?}");
         }
     }
-    let (sa, sb) = (a.stats(), b.stats());
-    assert!(sa.enters <= turns && sb.enters <= turns, "{sa:?} {sb:?}");
-    // Loopback always copies: every connection that tried zero-copy fell
-    // back after its first report.
-    assert!(sa.zc_sends > 0, "{sa:?}");
-    assert_eq!(sa.zc_fallbacks, sa.zc_copied.min(n as u64), "{sa:?}");
-    assert!(sa.sends > sa.zc_sends);
-    // Multishot: one arm per connection serves many completions.
-    assert!(sb.recv_cqes > 4 * sb.recv_arms, "{sb:?}");
+}
+
+/// A single receive takes at most `recv_chunk_len` bytes, however much
+/// the socket holds: a burst already in the socket comes in bounded
+/// pieces, each delivered (and answerable) before the next is taken.
+#[test]
+fn single_receives_take_a_burst_in_bounded_pieces() {
+    let chunk = 8 << 10;
+    let cfg = UringConfig {
+        recv: RecvMode::Single,
+        recv_chunk_len: chunk,
+        ..UringConfig::default()
+    };
+    let (mut raw, s) = raw_pair();
+    let mut t = UringTransport::standalone(s, &cfg).unwrap();
+    // 64 frames of 1 KiB land in the socket before the transport looks.
+    let frames: Vec<Vec<u8>> = (0..64).map(|k| frame(k, 1024 - HEADER_LEN)).collect();
+    let total: usize = frames.iter().map(Vec::len).sum();
+    raw.write_all(&frames.concat()).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let mut got = Vec::new();
+    let mut per_burst = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while got.len() < frames.len() {
+        assert!(Instant::now() < deadline, "stalled at {} frames", got.len());
+        let n = t
+            .rx_burst(Instant::now(), usize::MAX, &mut |f: &[u8]| {
+                got.push(f.to_vec())
+            })
+            .unwrap();
+        if n > 0 {
+            per_burst.push(n);
+        }
+    }
+    assert_eq!(got, frames);
+    let st = t.stats();
+    assert_eq!(st.bytes_received, total as u64, "{st:?}");
+    // 64 KiB in pieces of at most 8 KiB: at least 8 receives, and no
+    // delivery of more frames than one piece holds.
+    assert!(st.recv_cqes >= (total / chunk) as u64, "{st:?}");
+    assert!(
+        per_burst.iter().all(|&n| n <= chunk / 1024 + 1),
+        "{per_burst:?}"
+    );
 }
 
 #[test]
@@ -517,7 +571,7 @@ fn short_plain_sends_resume_in_order() {
     use std::io::Read;
     // A peer that does not read at first: the socket fills, the kernel
     // takes part of a send, and the rest must go out later, in order.
-    for recv in [RecvMode::Multishot, RecvMode::Spin] {
+    for recv in [RecvMode::Single, RecvMode::Multishot, RecvMode::Spin] {
         let cfg = UringConfig {
             recv,
             zero_copy: false,
@@ -675,7 +729,7 @@ const MIXED: [usize; 10] = [
 
 #[test]
 fn long_frames_are_received_straight_into_their_buffer() {
-    for cfg in both_modes() {
+    for cfg in all_modes() {
         let (mut raw, s) = raw_pair();
         let mut t = UringTransport::standalone(s, &cfg).unwrap();
         let frames: Vec<Vec<u8>> = MIXED
@@ -728,7 +782,7 @@ fn long_frames_are_received_straight_into_their_buffer() {
 
 #[test]
 fn long_frame_truncated_by_eof_is_a_frame_error() {
-    for cfg in both_modes() {
+    for cfg in all_modes() {
         let (mut raw, s) = raw_pair();
         let mut t = UringTransport::standalone(s, &cfg).unwrap();
         let f = frame(3, 500 << 10);
@@ -759,7 +813,7 @@ fn read_n(raw: &mut TcpStream, n: usize) -> Vec<u8> {
 
 #[test]
 fn frames_longer_than_a_slot_are_sent_in_order() {
-    for cfg in both_modes() {
+    for cfg in all_modes() {
         let (raw, s) = raw_pair();
         let mut t = UringTransport::standalone(s, &cfg).unwrap();
         let slot = cfg.tx_slot_len;
@@ -833,7 +887,7 @@ fn frames_longer_than_a_slot_are_sent_in_order() {
 
 #[test]
 fn dropping_a_connection_during_a_direct_receive_leaves_the_ring_working() {
-    for cfg in both_modes() {
+    for cfg in all_modes() {
         let ring = UringReactor::new(&cfg).unwrap();
         let (mut raw_x, x) = raw_pair();
         let (mut raw_y, y) = raw_pair();
@@ -940,13 +994,13 @@ fn a_long_frames_buffer_is_given_back_after_a_run_of_short_frames() {
     // Direct receives on (the default), and off: then a long frame is
     // reassembled from small provided buffers into the same frame buffer,
     // which must be given back all the same.
-    let direct_off = both_modes().map(|c| UringConfig {
+    let direct_off = all_modes().map(|c| UringConfig {
         rx_direct_min: c.max_frame_len + 1,
         rx_buf_len: 16 * 1024,
         rx_bufs: 64,
         ..c
     });
-    for cfg in both_modes().into_iter().chain(direct_off) {
+    for cfg in all_modes().into_iter().chain(direct_off) {
         let (mut raw, s) = raw_pair();
         let mut t = UringTransport::standalone(s, &cfg).unwrap();
         let long = cfg.rx_direct_min.min(256 * 1024) + 1000;

@@ -82,7 +82,7 @@ impl BenchTransport for starwire_uring::UringTransport {
 /// io_uring settings both ends derive from the plan: frames as for TCP
 /// ([`tcp_config`]), so a frame holds the largest payload whole. A reactor
 /// that polls (busy, or before it parks) receives in spin mode, one that
-/// parks at once with multishot receives (`STARWIRE_URING_RECV`
+/// parks at once with bounded single receives (`STARWIRE_URING_RECV`
 /// overrides).
 #[cfg(all(feature = "uring", target_os = "linux"))]
 pub fn uring_config(idle: IdlePolicy, max_payload: usize) -> starwire_uring::UringConfig {
