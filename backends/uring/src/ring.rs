@@ -64,8 +64,18 @@ const CQE_BATCH: usize = 32;
 /// Most iovecs in one send.
 const MAX_IOV: usize = 64;
 
+/// Bits of a completion's user data that carry the connection index
+/// (above the op byte, below a zero-copy send's sequence number).
+const CONN_MASK: u64 = (1 << 40) - 1;
+
 fn user_data(conn: usize, op: u64) -> u64 {
-    ((conn as u64) << 8) | op
+    (((conn as u64) & CONN_MASK) << 8) | op
+}
+
+/// A send's user data: with the connection's sequence number of its
+/// zero-copy sends in the top 16 bits, which its notification carries too.
+fn send_user_data(conn: usize, seq: u16) -> u64 {
+    user_data(conn, OP_SEND) | (u64::from(seq) << 48)
 }
 
 /// One queued piece of outgoing bytes.
@@ -101,6 +111,10 @@ struct Inflight {
     /// A plain send (no `MSG_WAITALL`): a short count is resumed, not an
     /// error.
     resumable: bool,
+    /// Its number among the connection's zero-copy sends.
+    seq: u16,
+    /// Its notification came before its result (not seen, but allowed).
+    notif_seen: bool,
 }
 
 /// How the receive side ended.
@@ -122,6 +136,17 @@ pub(crate) struct Conn {
     queued_bytes: usize,
     slots_held: usize,
     inflight: Option<Inflight>,
+    /// Zero-copy sends whose result came but whose notification did not
+    /// yet: (sequence number, pieces). Their memory stays referenced until
+    /// the kernel lets go of the pages, but the next send does not wait:
+    /// over TCP the notification comes only once the peer acknowledged the
+    /// data, which a delayed acknowledgement can hold back for tens of
+    /// milliseconds.
+    zc_held: VecDeque<(u16, Vec<TxSeg>)>,
+    /// Bytes in `zc_held`, counted against `tx_queue_limit_bytes`.
+    zc_held_bytes: usize,
+    /// Sequence number of the next zero-copy send.
+    zc_seq: u16,
     /// The buffers of the last completed send (its piece list and its
     /// `msghdr` with iovecs), emptied and kept for the next one: a send per
     /// busy turn allocated both afresh, and grew them by doubling, about
@@ -194,7 +219,7 @@ impl Conn {
     }
 
     fn quiet(&self) -> bool {
-        self.inflight.is_none() && !self.recv_armed && !self.poll_armed
+        self.inflight.is_none() && self.zc_held.is_empty() && !self.recv_armed && !self.poll_armed
     }
 }
 
@@ -929,7 +954,7 @@ impl RingInner {
     }
 
     fn complete(&mut self, ud: u64, res: i32, flags: u32) {
-        let idx = (ud >> 8) as usize;
+        let idx = ((ud >> 8) & CONN_MASK) as usize;
         let op = ud & 0xff;
         let more = cqueue::more(flags);
         if !more {
@@ -938,7 +963,7 @@ impl RingInner {
         match op {
             OP_RECV => self.complete_recv(idx, res, flags),
             OP_RECV_DIRECT => self.complete_direct(idx, res),
-            OP_SEND => self.complete_send(idx, res, flags),
+            OP_SEND => self.complete_send(idx, res, flags, (ud >> 48) as u16),
             OP_POLL => {
                 if let Some(Some(c)) = self.conns.get_mut(idx) {
                     c.poll_armed = false;
@@ -1023,15 +1048,12 @@ impl RingInner {
         }
     }
 
-    fn complete_send(&mut self, idx: usize, res: i32, flags: u32) {
+    fn complete_send(&mut self, idx: usize, res: i32, flags: u32, seq: u16) {
         let Some(Some(c)) = self.conns.get_mut(idx) else {
             return;
         };
-        let Some(inf) = c.inflight.as_mut() else {
-            return;
-        };
         if cqueue::notif(flags) {
-            inf.awaiting_notif = false;
+            // The kernel let go of the pages of zero-copy send `seq`.
             if res & sys::NOTIF_USAGE_ZC_COPIED != 0 {
                 self.stats.zc_copied += 1;
                 c.stats.zc_copied += 1;
@@ -1044,20 +1066,33 @@ impl RingInner {
                     );
                 }
             }
-        } else {
-            inf.awaiting_result = false;
-            inf.awaiting_notif = cqueue::more(flags);
-            if res < 0 {
-                if res != -libc::ECANCELED {
-                    c.send_error = Some(-res);
+            if let Some(pos) = c.zc_held.iter().position(|(s, _)| *s == seq) {
+                let (_, segs) = c.zc_held.remove(pos).expect("found above");
+                for seg in segs {
+                    c.zc_held_bytes -= seg.len();
+                    if let TxSeg::Slot { id, .. } = seg {
+                        unref_slot(&mut self.tx_pool, &mut self.slot_refs, c, id);
+                    }
                 }
-            } else {
-                inf.done += res as usize;
-                c.stats.bytes_sent += res as u64;
+            } else if let Some(inf) = c.inflight.as_mut().filter(|i| i.seq == seq) {
+                inf.notif_seen = true;
             }
-        }
-        if inf.awaiting_result || inf.awaiting_notif {
             return;
+        }
+        let Some(inf) = c.inflight.as_mut() else {
+            return;
+        };
+        inf.awaiting_result = false;
+        // A notification still due holds the pages, not the stream: the
+        // pieces wait for it in `zc_held` and the next send may go.
+        inf.awaiting_notif = cqueue::more(flags) && !inf.notif_seen;
+        if res < 0 {
+            if res != -libc::ECANCELED {
+                c.send_error = Some(-res);
+            }
+        } else {
+            inf.done += res as usize;
+            c.stats.bytes_sent += res as u64;
         }
         let mut inf = c.inflight.take().expect("checked above");
         if inf.done < inf.total && c.send_error.is_none() && !inf.resumable {
@@ -1065,6 +1100,13 @@ impl RingInner {
             // error or a signal: the stream cannot be resumed in order, so
             // end the connection.
             c.send_error = Some(libc::EIO);
+        }
+        if inf.awaiting_notif {
+            c.zc_held_bytes += inf.total;
+            c.zc_held
+                .push_back((inf.seq, std::mem::take(&mut inf.segs)));
+            c.keep_spare(Vec::with_capacity(MAX_IOV), inf.msg);
+            return;
         }
         // A plain send that the socket took only part of (it was full) is
         // resumed: the unsent rest goes back to the front of the queue, in
@@ -1210,6 +1252,9 @@ impl RingInner {
             queued_bytes: 0,
             slots_held: 0,
             inflight: None,
+            zc_held: VecDeque::new(),
+            zc_held_bytes: 0,
+            zc_seq: 0,
             spare: None,
             send_error: None,
             zero_copy: self.cfg.zero_copy
@@ -1349,7 +1394,7 @@ impl RingInner {
     pub(crate) fn update_view(&self, idx: usize, st: &mut TxStage) {
         let c = self.conn(idx);
         st.view = RingView {
-            queued: c.queued_bytes,
+            queued: c.queued_bytes + c.zc_held_bytes,
             pending: c.inflight.is_some() || !c.queue.is_empty(),
             send_error: c.send_error,
         };
@@ -1494,7 +1539,8 @@ impl RingInner {
         } else {
             SendKind::Plain
         };
-        if !sys::push_send(&mut self.ring, c.sock, &msg, kind, user_data(idx, OP_SEND)) {
+        let seq = if kind == SendKind::Plain { 0 } else { c.zc_seq };
+        if !sys::push_send(&mut self.ring, c.sock, &msg, kind, send_user_data(idx, seq)) {
             // SQ full: put everything back, in order, and retry next flush.
             for seg in segs.drain(..).rev() {
                 c.queued_bytes += seg.len();
@@ -1509,6 +1555,7 @@ impl RingInner {
         if kind != SendKind::Plain {
             c.stats.zc_sends += 1;
             self.stats.zc_sends += 1;
+            c.zc_seq = c.zc_seq.wrapping_add(1);
         }
         c.inflight = Some(Inflight {
             segs,
@@ -1518,6 +1565,8 @@ impl RingInner {
             awaiting_result: true,
             awaiting_notif: false,
             resumable: kind == SendKind::Plain,
+            seq,
+            notif_seen: false,
         });
     }
 
@@ -1772,5 +1821,102 @@ impl Drop for RingInner {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::{SocketAddr, TcpListener};
+
+    /// `IORING_CQE_F_MORE` and `IORING_CQE_F_NOTIF`.
+    const F_MORE: u32 = 1 << 1;
+    const F_NOTIF: u32 = 1 << 3;
+
+    fn loopback_pair() -> (TcpStream, TcpStream) {
+        let l = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
+        let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s, _) = l.accept().unwrap();
+        (c, s)
+    }
+
+    /// Queue one send of a 4 KiB registered slot on `idx`; returns the slot.
+    fn send_slot(g: &mut RingInner, idx: usize) -> SlotId {
+        let id = g.tx_pool.take().expect("a free slot");
+        g.slot_refs[id.index()] = 1;
+        let c = g.conns[idx].as_mut().unwrap();
+        c.slots_held += 1;
+        c.queue.push_back(TxSeg::Slot {
+            id,
+            off: 0,
+            len: 4096,
+        });
+        c.queued_bytes += 4096;
+        g.send_queued(idx).unwrap();
+        id
+    }
+
+    /// A zero-copy send's notification holds the send's memory, not the
+    /// stream: once its result came, the next send goes, and the slot
+    /// returns to the pool only with the notification (which may come in
+    /// any order). Driven by made-up completions: nothing is submitted.
+    #[test]
+    fn zero_copy_notifications_hold_memory_not_the_stream() {
+        let cfg = UringConfig {
+            zero_copy_loopback: true,
+            zero_copy_threshold: 1024,
+            ..UringConfig::default()
+        };
+        let r = UringReactor::new(&cfg).unwrap();
+        let (a, _b) = loopback_pair();
+        let mut g = r.lock();
+        assert!(
+            g.features.send_zc,
+            "this machine's kernel has SEND_ZC: {:?}",
+            g.features
+        );
+        let idx = g.add_conn(a);
+        let free = g.tx_pool.free_slots();
+        let s0 = send_slot(&mut g, idx);
+        assert_eq!(g.stats.zc_sends, 1);
+        assert_eq!(
+            g.conns[idx]
+                .as_ref()
+                .unwrap()
+                .inflight
+                .as_ref()
+                .unwrap()
+                .seq,
+            0
+        );
+        // Its result, with a notification to come: the next send may go.
+        g.complete(send_user_data(idx, 0), 4096, F_MORE);
+        let c = g.conns[idx].as_ref().unwrap();
+        assert!(
+            c.inflight.is_none() && c.zc_held.len() == 1,
+            "held, not in flight"
+        );
+        assert_eq!(c.zc_held_bytes, 4096);
+        let s1 = send_slot(&mut g, idx);
+        assert_eq!(g.stats.zc_sends, 2, "the second send did not wait");
+        g.complete(send_user_data(idx, 1), 4096, F_MORE);
+        assert_eq!(g.conns[idx].as_ref().unwrap().zc_held.len(), 2);
+        assert_eq!(g.tx_pool.free_slots(), free - 2);
+        // The second notification first: only its slot goes back.
+        g.complete(send_user_data(idx, 1), 0, F_NOTIF);
+        let c = g.conns[idx].as_ref().unwrap();
+        assert_eq!(c.zc_held.iter().map(|(s, _)| *s).collect::<Vec<_>>(), [0]);
+        assert_eq!(c.zc_held_bytes, 4096);
+        assert_eq!((g.slot_refs[s1.index()], g.slot_refs[s0.index()]), (0, 1));
+        // The first, reported copied: its slot goes back, and the
+        // connection sends plainly from now on.
+        g.complete(send_user_data(idx, 0), sys::NOTIF_USAGE_ZC_COPIED, F_NOTIF);
+        let c = g.conns[idx].as_ref().unwrap();
+        assert!(c.zc_held.is_empty() && c.zc_held_bytes == 0 && c.slots_held == 0);
+        assert!(!c.zero_copy && c.inflight.is_none());
+        assert_eq!(g.tx_pool.free_slots(), free);
+        assert_eq!((g.stats.zc_copied, g.stats.zc_fallbacks), (1, 1));
+        send_slot(&mut g, idx);
+        assert_eq!(g.stats.zc_sends, 2, "plain after the copied report");
     }
 }
