@@ -40,8 +40,9 @@ pub struct UringConfig {
     pub tx_slots: usize,
     /// Transmit slots one connection may hold. Default 8.
     pub tx_slots_per_conn: usize,
-    /// Bound of the bytes kept by reference (`tx_gather`) per connection.
-    /// Default 4 MiB.
+    /// Bound of the bytes kept by reference (`tx_gather`, reservations
+    /// longer than a slot) per connection, together with those of
+    /// zero-copy sends waiting for their notification. Default 4 MiB.
     pub tx_queue_limit_bytes: usize,
     /// `tx_gather` copies segments shorter than this next to the frame
     /// head; longer ones are sent from the caller's `Bytes`. Default 4096.
@@ -219,8 +220,8 @@ impl UringConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RecvMode {
     /// One single-shot `RECV` per connection at a time, of at most
-    /// [`UringConfig::recv_chunk_len`] bytes, queued again with the sends
-    /// of the turn that consumed the last one. Submitted while data waits,
+    /// [`UringConfig::recv_chunk_len`] bytes, queued again at the first
+    /// enter after its completion was reaped (or before a park). Submitted while data waits,
     /// it completes inside that enter; submitted on an empty socket, it
     /// waits there (the kernel arms a poll) and completes through task work
     /// when data comes. No system call while nothing arrives: the mode for

@@ -25,9 +25,8 @@
 //!   (always on loopback and veth) switches to plain sends.
 //! * **RX.** Receives draw buffers from the ring's provided-buffer ring:
 //!   one single-shot `RECV` of at most [`UringConfig::recv_chunk_len`]
-//!   per connection at a time, queued again with the sends of the turn
-//!   that consumed the last ([`RecvMode::Single`], for reactors that
-//!   park), one multishot `RECV` per connection armed once
+//!   per connection at a time, queued again at the enter after the last
+//!   one completed ([`RecvMode::Single`], for reactors that park), one multishot `RECV` per connection armed once
 //!   ([`RecvMode::Multishot`], on request), or one non-blocking receive per
 //!   connection per turn, submitted with the turn's sends
 //!   ([`RecvMode::Spin`], for polling reactors, with a one-shot poll armed

@@ -64,6 +64,9 @@ const CQE_BATCH: usize = 32;
 /// Most iovecs in one send.
 const MAX_IOV: usize = 64;
 
+/// Most zero-copy sends of one connection waiting for their notifications.
+const ZC_HELD_MAX: usize = 256;
+
 /// Bits of a completion's user data that carry the connection index
 /// (above the op byte, below a zero-copy send's sequence number).
 const CONN_MASK: u64 = (1 << 40) - 1;
@@ -244,8 +247,14 @@ pub(crate) struct RingInner {
     rx_refs: Vec<u32>,
     /// Per receive buffer: the kernel is done with it (no `BUF_MORE`).
     rx_kernel_done: Vec<bool>,
-    /// Receives waiting for provided buffers (after `ENOBUFS`).
+    /// Receives to queue (again) at the next enter: a single receive that
+    /// completed, a multishot one that ended, one after `ENOBUFS` or after
+    /// a direct receive.
     rearm: Vec<usize>,
+    /// A notification gave back held zero-copy bytes since the last
+    /// [`UringReactor::enter`]: the turn that sees it counts as work, so
+    /// a transport held back by them gets a turn with a fresh view.
+    tx_freed: bool,
     /// Connections whose next receive is a direct one, not yet queued.
     direct: Vec<usize>,
     /// How parked-mode receives are armed: `None` multishot, else single
@@ -431,6 +440,7 @@ impl UringReactor {
                 rx_kernel_done: vec![false; cfg.rx_bufs],
                 rearm: Vec::new(),
                 direct: Vec::new(),
+                tx_freed: false,
                 single_len,
                 file_slots,
                 spin: cfg.recv == RecvMode::Spin,
@@ -466,6 +476,13 @@ impl UringReactor {
                 // The park's timeout still bounds the sleep.
                 tracing::debug!(error = %e, "uring: arming park polls failed");
             }
+        } else if !r.rearm.is_empty() || !r.direct.is_empty() {
+            // Receives completed by the last enter wait to be queued again
+            // (a caller may park without another turn): queue them now,
+            // or no data would wake this park.
+            if let Err(e) = r.enter() {
+                tracing::debug!(error = %e, "uring: re-arming receives before a park failed");
+            }
         }
         if r.park_eventfd && !r.eventfd_armed {
             r.eventfd_armed = true;
@@ -497,7 +514,9 @@ impl UringReactor {
             r.stats.eventfd_reads += 1;
         }
         let entered = r.enter().map_err(|e| os(e, "io_uring_enter"))?;
-        Ok(r.reap() > 0 || entered)
+        let reaped = r.reap();
+        let freed = std::mem::take(&mut r.tx_freed);
+        Ok(reaped > 0 || entered || freed)
     }
 
     /// Counters of this ring.
@@ -1067,6 +1086,7 @@ impl RingInner {
                 }
             }
             if let Some(pos) = c.zc_held.iter().position(|(s, _)| *s == seq) {
+                self.tx_freed = true;
                 let (_, segs) = c.zc_held.remove(pos).expect("found above");
                 for seg in segs {
                     c.zc_held_bytes -= seg.len();
@@ -1530,7 +1550,10 @@ impl RingInner {
         }
         c.queued_bytes -= total;
         msg.seal();
-        let kind = if c.zero_copy && total >= threshold {
+        // Past `ZC_HELD_MAX` sends waiting for their notifications, send
+        // plainly: it bounds the list, and keeps sequence numbers (16
+        // bits) unique among the sends a notification may be for.
+        let kind = if c.zero_copy && total >= threshold && c.zc_held.len() < ZC_HELD_MAX {
             match &segs[..] {
                 [TxSeg::Slot { .. }] if zc_fixed_ok => SendKind::ZeroCopyFixed(0),
                 _ if zc_ok => SendKind::ZeroCopyMsg,
@@ -1815,9 +1838,16 @@ impl Drop for RingInner {
             // Requests the kernel may still hold: a direct receive writes
             // into its connection's frame buffer, so leak those buffers
             // rather than free memory the kernel could write to.
+            // Likewise the memory of sends whose notification did not
+            // come (the kernel may still transmit from those pages; slots
+            // are in the pool's mapping, which the pinned pages outlive).
             for c in self.conns.iter_mut().flatten() {
                 if c.direct_inflight {
                     std::mem::forget(std::mem::take(&mut c.partial));
+                }
+                std::mem::forget(std::mem::take(&mut c.zc_held));
+                if let Some(inf) = c.inflight.take() {
+                    std::mem::forget(inf);
                 }
             }
         }
@@ -1838,6 +1868,20 @@ mod tests {
         let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let (s, _) = l.accept().unwrap();
         (c, s)
+    }
+
+    /// A ring that tries zero copy from 1 KiB, on loopback too, and a
+    /// connected pair for it. This machine's kernel has `SEND_ZC`.
+    fn zc_ring() -> (UringReactor, TcpStream, TcpStream) {
+        let cfg = UringConfig {
+            zero_copy_loopback: true,
+            zero_copy_threshold: 1024,
+            ..UringConfig::default()
+        };
+        let r = UringReactor::new(&cfg).unwrap();
+        assert!(r.features().send_zc, "{:?}", r.features());
+        let (a, b) = loopback_pair();
+        (r, a, b)
     }
 
     /// Queue one send of a 4 KiB registered slot on `idx`; returns the slot.
@@ -1862,19 +1906,8 @@ mod tests {
     /// any order). Driven by made-up completions: nothing is submitted.
     #[test]
     fn zero_copy_notifications_hold_memory_not_the_stream() {
-        let cfg = UringConfig {
-            zero_copy_loopback: true,
-            zero_copy_threshold: 1024,
-            ..UringConfig::default()
-        };
-        let r = UringReactor::new(&cfg).unwrap();
-        let (a, _b) = loopback_pair();
+        let (r, a, _b) = zc_ring();
         let mut g = r.lock();
-        assert!(
-            g.features.send_zc,
-            "this machine's kernel has SEND_ZC: {:?}",
-            g.features
-        );
         let idx = g.add_conn(a);
         let free = g.tx_pool.free_slots();
         let s0 = send_slot(&mut g, idx);
@@ -1918,5 +1951,86 @@ mod tests {
         assert_eq!((g.stats.zc_copied, g.stats.zc_fallbacks), (1, 1));
         send_slot(&mut g, idx);
         assert_eq!(g.stats.zc_sends, 2, "plain after the copied report");
+    }
+
+    /// A notification that comes before its send's result (allowed, not
+    /// seen) frees nothing early: the result then releases the pieces
+    /// itself, and nothing is left held. A notification that gave back
+    /// held bytes makes the next `enter` report work.
+    #[test]
+    fn zero_copy_notification_before_result_and_the_freed_turn() {
+        let (r, a, _b) = zc_ring();
+        {
+            let mut g = r.lock();
+            let idx = g.add_conn(a);
+            let free = g.tx_pool.free_slots();
+            let s0 = send_slot(&mut g, idx);
+            g.complete(send_user_data(idx, 0), 0, F_NOTIF);
+            assert_eq!(g.slot_refs[s0.index()], 1, "still in flight");
+            assert!(!g.tx_freed);
+            g.complete(send_user_data(idx, 0), 4096, F_MORE);
+            let c = g.conns[idx].as_ref().unwrap();
+            assert!(c.inflight.is_none() && c.zc_held.is_empty() && c.zc_held_bytes == 0);
+            assert_eq!(g.tx_pool.free_slots(), free);
+        }
+        // A held send freed by its notification raises the flag, and the
+        // next enter reports work for it alone (a fresh ring: nothing to
+        // submit, nothing to reap).
+        let (r, a, _b) = zc_ring();
+        let idx = r.lock().add_conn(a);
+        r.enter().unwrap();
+        assert!(!r.enter().unwrap(), "an idle ring");
+        {
+            let mut g = r.lock();
+            let c = g.conns[idx].as_mut().unwrap();
+            c.zc_held
+                .push_back((5, vec![TxSeg::Shared(Bytes::from_static(&[7; 64]))]));
+            c.zc_held_bytes = 64;
+            g.complete(send_user_data(idx, 5), 0, F_NOTIF);
+            assert!(g.tx_freed && g.conns[idx].as_ref().unwrap().zc_held_bytes == 0);
+        }
+        assert!(r.enter().unwrap(), "the turn after a release is work");
+        assert!(!r.enter().unwrap(), "once");
+    }
+
+    /// A single receive that completed in the last enter is queued again
+    /// when the reactor asks for its park descriptor, so that data arriving
+    /// during the park wakes it even when no turn ran in between.
+    #[test]
+    fn a_park_queues_the_completed_single_receive_again() {
+        use std::io::Write;
+        let cfg = UringConfig::default();
+        assert_eq!(cfg.recv, RecvMode::Single);
+        let r = UringReactor::new(&cfg).unwrap();
+        let (a, mut b) = loopback_pair();
+        let idx = r.lock().add_conn(a);
+        let frame = |id: u64| {
+            let mut f = starwire_wire::Header::new(starwire_wire::Opcode::Rpc, id, 8)
+                .to_bytes()
+                .to_vec();
+            f.extend([id as u8; 8]);
+            f
+        };
+        b.write_all(&frame(1)).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while r.lock().conn(idx).chunks.is_empty() {
+            assert!(std::time::Instant::now() < deadline, "no data");
+            r.enter().unwrap();
+        }
+        assert!(
+            !r.lock().conn(idx).recv_armed,
+            "completed, to be queued again"
+        );
+        // The park: no turn, no enter; the descriptor queues the receive.
+        let fd = r.fd();
+        assert!(
+            r.lock().conn(idx).recv_armed,
+            "queued again before the park"
+        );
+        b.write_all(&frame(2)).unwrap();
+        use nix::poll::{PollFd, PollFlags, PollTimeout};
+        let mut pfds = [PollFd::new(fd, PollFlags::POLLIN)];
+        let n = nix::poll::poll(&mut pfds, PollTimeout::from(5000u16)).unwrap();
+        assert_eq!(n, 1, "the park woke for the second frame");
     }
 }

@@ -325,10 +325,18 @@ fn many_connections_share_one_ring_with_one_enter_per_turn() {
         }
         let (sa, sb) = (a.stats(), b.stats());
         assert!(sa.enters <= turns && sb.enters <= turns, "{sa:?} {sb:?}");
-        // Loopback always copies: every connection that tried zero-copy
-        // fell back after its first report.
+        // Loopback always copies: connections that tried zero copy fell
+        // back at their first report. A connection may have had a second
+        // zero-copy send out before that report came (a send does not
+        // wait for the last one's notification), so there may be more
+        // reports than fallbacks, and never more fallbacks than
+        // connections.
         assert!(sa.zc_sends > 0, "{sa:?}");
-        assert_eq!(sa.zc_fallbacks, sa.zc_copied.min(n as u64), "{sa:?}");
+        assert!(
+            sa.zc_fallbacks >= 1 && sa.zc_fallbacks <= n as u64,
+            "{sa:?}"
+        );
+        assert!(sa.zc_fallbacks <= sa.zc_copied, "{sa:?}");
         assert!(sa.sends > sa.zc_sends);
         if recv == RecvMode::Multishot {
             // One arm per connection serves many completions.
