@@ -1035,3 +1035,27 @@ fn a_long_frames_buffer_is_given_back_after_a_run_of_short_frames() {
         assert_eq!(t.reactor().stats().rx_buffers_released, 1, "{:?}", cfg.recv);
     }
 }
+
+/// A stream handed over in non-blocking mode (as an async runtime or a
+/// non-blocking accept leaves it) still works in every mode: a receive
+/// waiting for data must not come back as `EAGAIN`.
+#[test]
+fn a_non_blocking_stream_receives_in_every_mode() {
+    for cfg in all_modes() {
+        let (mut raw, s) = raw_pair();
+        s.set_nonblocking(true).unwrap();
+        let mut t = UringTransport::standalone(s, &cfg).unwrap();
+        // Nothing there yet: a receive is armed (or tried) on an empty
+        // socket.
+        let (got, err) = drain(&mut t, 0);
+        assert!(got.is_empty() && err.is_none());
+        for _ in 0..3 {
+            t.rx_burst(Instant::now(), 8, &mut |_: &[u8]| {}).unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        raw.write_all(&frame(1, 100)).unwrap();
+        let (got, err) = drain(&mut t, 1);
+        assert!(err.is_none(), "{:?}: {err:?}", cfg.recv);
+        assert_eq!(got, vec![frame(1, 100)], "{:?}", cfg.recv);
+    }
+}
