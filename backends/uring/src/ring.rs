@@ -105,12 +105,6 @@ struct Inflight {
     /// Read by the kernel until the result completion; kept here for that.
     msg: Box<SendMsg>,
     total: usize,
-    /// Bytes the kernel reported sent so far.
-    done: usize,
-    /// The result completion has not arrived yet.
-    awaiting_result: bool,
-    /// A zero-copy notification is still due.
-    awaiting_notif: bool,
     /// A plain send (no `MSG_WAITALL`): a short count is resumed, not an
     /// error.
     resumable: bool,
@@ -176,7 +170,8 @@ pub(crate) struct Conn {
     /// Short frames delivered since the last long one (see
     /// [`after_frame`]).
     short_since_long: u32,
-    /// The multishot receive was asked to stop for a direct receive.
+    /// The armed (multishot or single) receive was asked to stop for a
+    /// direct receive.
     cancel_sent: bool,
     rx_end: Option<RxEnd>,
     frame_error: Option<FrameError>,
@@ -1099,29 +1094,28 @@ impl RingInner {
             }
             return;
         }
-        let Some(inf) = c.inflight.as_mut() else {
+        // The send's result: the send is over, whatever comes after.
+        let Some(mut inf) = c.inflight.take() else {
             return;
         };
-        inf.awaiting_result = false;
-        // A notification still due holds the pages, not the stream: the
-        // pieces wait for it in `zc_held` and the next send may go.
-        inf.awaiting_notif = cqueue::more(flags) && !inf.notif_seen;
+        let mut done = 0;
         if res < 0 {
             if res != -libc::ECANCELED {
                 c.send_error = Some(-res);
             }
         } else {
-            inf.done += res as usize;
+            done = res as usize;
             c.stats.bytes_sent += res as u64;
         }
-        let mut inf = c.inflight.take().expect("checked above");
-        if inf.done < inf.total && c.send_error.is_none() && !inf.resumable {
+        if done < inf.total && c.send_error.is_none() && !inf.resumable {
             // Zero-copy sends carry MSG_WAITALL and return short only on an
             // error or a signal: the stream cannot be resumed in order, so
             // end the connection.
             c.send_error = Some(libc::EIO);
         }
-        if inf.awaiting_notif {
+        // A notification still due holds the pages, not the stream: the
+        // pieces wait for it in `zc_held` and the next send may go.
+        if cqueue::more(flags) && !inf.notif_seen {
             c.zc_held_bytes += inf.total;
             c.zc_held
                 .push_back((inf.seq, std::mem::take(&mut inf.segs)));
@@ -1133,8 +1127,8 @@ impl RingInner {
         // order, for the next flush; what was sent lets go of its memory.
         // This keeps the socket topped up every turn, as a non-blocking
         // write(2) does, instead of one send waiting in the kernel for room.
-        let resume = inf.done < inf.total && c.send_error.is_none();
-        let mut skip = inf.done;
+        let resume = done < inf.total && c.send_error.is_none();
+        let mut skip = done;
         let mut rest: Vec<TxSeg> = Vec::new();
         for seg in inf.segs.drain(..) {
             let len = seg.len();
@@ -1327,8 +1321,8 @@ impl RingInner {
             unref_slot(&mut self.tx_pool, &mut self.slot_refs, c, id);
         }
         c.closing = true;
-        // Shut the socket down so the peer sees the end now and the
-        // multishot receive completes; the file itself closes when the
+        // Shut the socket down so the peer sees the end now and the armed
+        // receive completes; the file itself closes when the
         // kernel drops its last reference.
         if let Some(s) = c.stream.take() {
             let _ = s.shutdown(std::net::Shutdown::Both);
@@ -1584,9 +1578,6 @@ impl RingInner {
             segs,
             msg,
             total,
-            done: 0,
-            awaiting_result: true,
-            awaiting_notif: false,
             resumable: kind == SendKind::Plain,
             seq,
             notif_seen: false,
