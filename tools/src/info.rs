@@ -163,6 +163,7 @@ fn uring_backend() -> Value {
         "tx_slot_len": cfg.tx_slot_len,
         "rx_direct_min": cfg.rx_direct_min,
         "recv_chunk_len": cfg.recv_chunk_len,
+        "rx_conn_buf_len": cfg.rx_conn_buf_len,
         "zero_copy_loopback": cfg.zero_copy_loopback,
         "zero_copy_note": "a connection whose zero-copy sends come back copied \
                            (always on loopback and veth) switches to plain sends; \
@@ -458,9 +459,11 @@ fn print_text(i: &Value, settings: &Settings) {
         );
         println!(
             "  uring recv     {} (STARWIRE_URING_RECV=single|multishot|spin; single receives \
-             take at most {} B); ring fd and sockets registered ({} file slots)",
+             take at most {} B; single and spin receive into a {}-byte buffer per connection, \
+             multishot from the provided buffers); ring fd and sockets registered ({} file slots)",
             s(&ub["recv_mode"]),
             s(&ub["recv_chunk_len"]),
+            s(&ub["rx_conn_buf_len"]),
             s(&ub["ring"]["file_slots"])
         );
     }

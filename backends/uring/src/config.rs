@@ -47,12 +47,24 @@ pub struct UringConfig {
     /// `tx_gather` copies segments shorter than this next to the frame
     /// head; longer ones are sent from the caller's `Bytes`. Default 4096.
     pub gather_copy_threshold: usize,
-    /// Length of one provided receive buffer. Default 512 KiB: a 64 KiB
+    /// Length of one provided receive buffer ([`RecvMode::Multishot`]).
+    /// Default 512 KiB: a 64 KiB
     /// frame straddles two buffers (and is reassembled by a copy) once in
     /// eight buffers instead of nearly always.
     pub rx_buf_len: usize,
     /// Provided receive buffers of the ring. Default 16 (8 MiB).
     pub rx_bufs: usize,
+    /// Length of a connection's own receive buffer, which
+    /// [`RecvMode::Spin`] and [`RecvMode::Single`] receives go into
+    /// (allocated at the connection's first receive; `Multishot` uses the
+    /// provided buffers). A receive starts at the buffer's front once the
+    /// application consumed everything before it, as a `recv(2)` loop
+    /// does, else after the unconsumed bytes on a 64-byte boundary: the
+    /// kernel's copy lands on cache-hot, aligned memory
+    /// (`docs/backends/uring.md`, "Receive"). Frames longer than it are
+    /// reassembled as frames straddling provided buffers are. Default
+    /// 256 KiB; at least 4 KiB, at most 1 GiB.
+    pub rx_conn_buf_len: usize,
     /// Try zero-copy sends for large sends. Default true.
     pub zero_copy: bool,
     /// Try them on connections to a loopback peer too. Default false: the
@@ -123,6 +135,7 @@ impl Default for UringConfig {
             gather_copy_threshold: 4096,
             rx_buf_len: 512 << 10,
             rx_bufs: 16,
+            rx_conn_buf_len: 256 << 10,
             zero_copy: true,
             zero_copy_loopback: false,
             zero_copy_threshold: 32 << 10,
@@ -194,6 +207,9 @@ impl UringConfig {
         if self.recv_chunk_len < HEADER_LEN || u32::try_from(self.recv_chunk_len).is_err() {
             return bad("recv_chunk_len must be within 32 bytes..4 GiB");
         }
+        if self.rx_conn_buf_len < 4096 || self.rx_conn_buf_len > (1 << 30) {
+            return bad("rx_conn_buf_len must be within 4 KiB..1 GiB");
+        }
         if self.rx_direct_min < MIN_RX_DIRECT {
             return bad("rx_direct_min must be at least 4096 (above max_frame_len turns direct receives off)");
         }
@@ -214,13 +230,16 @@ impl UringConfig {
 
 /// How the connections of a ring receive.
 ///
-/// All draw buffers from the ring's provided-buffer ring and deliver the
-/// same bytes; they differ in how the kernel learns that the reactor wants
-/// data, and in how much one receive takes.
+/// All deliver the same bytes; they differ in how the kernel learns that
+/// the reactor wants data, in how much one receive takes, and in where it
+/// puts it: `Single` and `Spin` receive into the connection's own buffer
+/// ([`UringConfig::rx_conn_buf_len`]), `Multishot` into the ring's
+/// provided buffers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RecvMode {
-    /// One single-shot `RECV` per connection at a time, of at most
-    /// [`UringConfig::recv_chunk_len`] bytes, queued again at the first
+    /// One single-shot `RECV` per connection at a time into its own
+    /// buffer, of at most [`UringConfig::recv_chunk_len`] bytes, queued
+    /// again at the first
     /// enter after its completion was reaped (or before a park). Submitted while data waits,
     /// it completes inside that enter; submitted on an empty socket, it
     /// waits there (the kernel arms a poll) and completes through task work
@@ -238,10 +257,9 @@ pub enum RecvMode {
     Multishot,
     /// Each reactor turn queues one non-blocking (`MSG_DONTWAIT`) `RECV`
     /// per connection with the turn's sends; it completes inside that same
-    /// `io_uring_enter`, with data or `-EAGAIN`. While the receives that
-    /// find data bring at least 16 KiB it is multishot and drains the
-    /// socket; otherwise it is a single receive. This skips the poll wakeup
-    /// and task-work hop of multishot (measured here: 1.25x the round trip
+    /// `io_uring_enter`, with data or `-EAGAIN`. It receives into the
+    /// connection's own buffer and takes what the socket holds, up to the
+    /// room left there. This skips the poll wakeup and task-work hop of multishot (measured here: 1.25x the round trip
     /// of a spinning `recv(2)` for multishot, 1.05x for this), at the price
     /// of one enter per idle turn, as a spinning `recv(2)` pays. The mode
     /// for busy-polling reactors. Before a reactor parks, each connection
@@ -330,9 +348,6 @@ pub struct UringStats {
     pub rx_empty: u64,
     /// One-shot polls armed before a park ([`RecvMode::Spin`]).
     pub park_polls: u64,
-    /// [`RecvMode::Spin`] receives that drain the socket (multishot); the
-    /// others are single receives (see `docs/backends/uring.md`).
-    pub spin_drains: u64,
     /// Slots of the ring's registered file table (connections beyond it
     /// use plain descriptors; 0 when the kernel refused the table).
     pub file_slots: u32,

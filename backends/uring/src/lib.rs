@@ -23,17 +23,18 @@
 //!   `IORING_SEND_ZC_REPORT_USAGE`; buffers are reused only after the
 //!   notification, and a connection whose zero-copy sends come back copied
 //!   (always on loopback and veth) switches to plain sends.
-//! * **RX.** Receives draw buffers from the ring's provided-buffer ring:
-//!   one single-shot `RECV` of at most [`UringConfig::recv_chunk_len`]
-//!   per connection at a time, queued again at the enter after the last
-//!   one completed ([`RecvMode::Single`], for reactors that park), one multishot `RECV` per connection armed once
-//!   ([`RecvMode::Multishot`], on request), or one non-blocking receive per
-//!   connection per turn, submitted with the turn's sends
-//!   ([`RecvMode::Spin`], for polling reactors, with a one-shot poll armed
-//!   before a park). Frames are lent in place from those
-//!   buffers, and a frame straddling two buffers is reassembled in a
-//!   bounded per-connection buffer. Buffers go back to the kernel once
-//!   consumed.
+//! * **RX.** One single-shot `RECV` of at most
+//!   [`UringConfig::recv_chunk_len`] per connection at a time, queued again
+//!   at the enter after the last one completed ([`RecvMode::Single`], for
+//!   reactors that park), or one non-blocking receive per connection per
+//!   turn, submitted with the turn's sends ([`RecvMode::Spin`], for polling
+//!   reactors, with a one-shot poll armed before a park): both into the
+//!   connection's own buffer, from its front once everything before was
+//!   consumed. Or one multishot `RECV` per connection armed once, drawing
+//!   from the ring's provided-buffer ring ([`RecvMode::Multishot`], on
+//!   request). Frames are lent in place from those buffers, and a frame
+//!   straddling two chunks is reassembled in a bounded per-connection
+//!   buffer. Provided buffers go back to the kernel once consumed.
 //! * **Kernel features** are probed ([`probe`]); a missing op falls back to
 //!   its plain form where one exists ([`Features::fallbacks`]).
 //! * **Memory lock limit.** The registered bytes are checked against

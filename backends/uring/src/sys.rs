@@ -22,6 +22,12 @@
 //!   neither grown, shrunk nor dropped: the receive path touches it only
 //!   when received chunks wait, and none arrive while no other receive is
 //!   armed; a connection's state is freed only once no receive is armed.
+//! * **Own receive buffers.** A receive into a connection's own buffer
+//!   (`own`, a boxed slice that is never resized) writes past the chunks
+//!   received before it; the receive path reads only those chunks while it
+//!   is in flight (`own_inflight`), moving the box out and back does not
+//!   move its memory, and the buffer is dropped only once no receive is
+//!   armed (or leaked, when the ring goes with one outstanding).
 #![allow(unsafe_code)]
 
 use std::os::fd::{AsRawFd, RawFd};
@@ -112,72 +118,47 @@ fn push(ring: &mut IoUring, e: &squeue::Entry) -> bool {
     unsafe { ring.submission().push(e).is_ok() }
 }
 
-/// Arm a receive with buffer selection from group `bgid`: multishot when
-/// `single_len` is `None`, else a single-shot one of at most `single_len`
-/// bytes (the kernel takes the shorter of that and the buffer).
-pub(crate) fn push_recv(
+/// Arm a multishot receive with buffer selection from group `bgid`.
+pub(crate) fn push_recv_multishot(
     ring: &mut IoUring,
     sock: Sock,
     bgid: u16,
-    single_len: Option<u32>,
     user_data: u64,
 ) -> bool {
-    let e = match single_len {
-        None => on_sock!(sock, |t| opcode::RecvMulti::new(t, bgid).build()),
-        Some(len) => on_sock!(sock, |t| opcode::Recv::new(t, std::ptr::null_mut(), len)
-            .buf_group(bgid)
-            .build()
-            .flags(squeue::Flags::BUFFER_SELECT)),
-    };
+    let e = on_sock!(sock, |t| opcode::RecvMulti::new(t, bgid).build());
     push(ring, &e.user_data(user_data))
 }
 
-/// Queue one non-blocking (`MSG_DONTWAIT`) receive with buffer selection
-/// from group `bgid`; it runs inside the submitting `io_uring_enter`. A
-/// single one (`drain` false) takes what the socket holds into one buffer
-/// and completes, or completes with `-EAGAIN`. A draining one is
-/// multishot: it takes buffer after buffer while the socket has data, then
-/// ends with `-EAGAIN` (the non-blocking flag keeps it from arming a poll
-/// and waiting).
-pub(crate) fn push_spin_recv(
-    ring: &mut IoUring,
-    sock: Sock,
-    bgid: u16,
-    drain: bool,
-    user_data: u64,
-) -> bool {
-    let e = if drain {
-        on_sock!(sock, |t| opcode::RecvMulti::new(t, bgid)
-            .flags(libc::MSG_DONTWAIT)
-            .build())
-    } else {
-        on_sock!(sock, |t| opcode::Recv::new(t, std::ptr::null_mut(), 0)
-            .buf_group(bgid)
-            .flags(libc::MSG_DONTWAIT)
-            .build()
-            .flags(squeue::Flags::BUFFER_SELECT))
-    };
-    push(ring, &e.user_data(user_data))
+/// When a receive into caller memory completes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RecvWait {
+    /// At once (`MSG_DONTWAIT`), with what the socket holds or `-EAGAIN`.
+    Now,
+    /// Once some data came (no flag: the kernel arms a poll when the
+    /// socket is empty).
+    Some,
+    /// Once all `len` bytes came (`MSG_WAITALL`), at the end of the stream,
+    /// or on an error.
+    All,
 }
 
-/// Queue a single-shot receive of at most `len` bytes into `ptr`
-/// (a direct receive): non-blocking (`MSG_DONTWAIT`, completes at once with
-/// what is there or `-EAGAIN`) when `dontwait`, else with `MSG_WAITALL`
-/// (completes when all `len` bytes came, at the end of the stream, or on an
-/// error). The caller keeps `ptr..ptr + len` alive and untouched until the
-/// completion (module documentation, "Direct receives").
+/// Queue a single-shot receive of at most `len` bytes into `ptr` (a direct
+/// receive into a frame buffer, or one into a connection's own buffer),
+/// completing as `wait` says. The caller keeps `ptr..ptr + len` alive and
+/// untouched until the completion (module documentation, "Direct
+/// receives" and "Own receive buffers").
 pub(crate) fn push_recv_into(
     ring: &mut IoUring,
     sock: Sock,
     ptr: *mut u8,
     len: u32,
-    dontwait: bool,
+    wait: RecvWait,
     user_data: u64,
 ) -> bool {
-    let flags = if dontwait {
-        libc::MSG_DONTWAIT
-    } else {
-        libc::MSG_WAITALL
+    let flags = match wait {
+        RecvWait::Now => libc::MSG_DONTWAIT,
+        RecvWait::Some => 0,
+        RecvWait::All => libc::MSG_WAITALL,
     };
     let e = on_sock!(sock, |t| opcode::Recv::new(t, ptr, len)
         .flags(flags)

@@ -424,95 +424,77 @@ fn spin_mode_receives_in_the_turns_enter_without_multishot() {
     assert!(sb.file_slots >= n as u32, "{sb:?}");
 }
 
-/// Spin mode drains the socket (a multishot receive, which ends with an
-/// empty `recvmsg`) only while the receives that find data bring at least
-/// 16 KiB; after small ones it receives once per turn.
+/// Spin and single receives go into the connection's own buffer, not the
+/// provided ones: with a single 64-byte provided buffer, bursts of 4 KiB
+/// frames arrive whole and no receive runs short of provided buffers
+/// (`rx_enobufs`), where receives through the provided buffers could take
+/// at most 64 bytes each.
 #[test]
-fn spin_mode_drains_only_while_data_streams_in() {
-    let cfg = UringConfig {
-        recv: RecvMode::Spin,
-        ..UringConfig::default()
-    };
-    let (mut raw, s) = raw_pair();
-    let mut t = UringTransport::standalone(s, &cfg).unwrap();
-    let mut seq = 0u64;
-    // One small frame from the peer, received.
-    let mut small = |raw: &mut TcpStream, t: &mut UringTransport| {
-        raw.write_all(&frame(seq, 10)).unwrap();
-        let (got, err) = drain(t, 1);
-        assert_eq!((got, err.is_none()), (vec![frame(seq, 10)], true));
-        seq += 1;
-    };
-    // Small frames: after the first receive with data, no more drains.
-    small(&mut raw, &mut t);
-    let (d0, e0) = {
-        let s = t.reactor().stats();
-        (s.spin_drains, s.rx_empty)
-    };
-    for _ in 0..20 {
-        small(&mut raw, &mut t);
+fn spin_and_single_receives_use_the_connections_own_buffer() {
+    for recv in [RecvMode::Spin, RecvMode::Single] {
+        let cfg = UringConfig {
+            recv,
+            rx_buf_len: 64,
+            rx_bufs: 1,
+            ..UringConfig::default()
+        };
+        let (mut raw, s) = raw_pair();
+        let mut t = UringTransport::standalone(s, &cfg).unwrap();
+        let mut want = Vec::new();
+        for round in 0..8u64 {
+            let burst: Vec<Vec<u8>> = (0..16).map(|k| frame(round * 100 + k, 4096)).collect();
+            raw.write_all(&burst.concat()).unwrap();
+            let (got, err) = drain(&mut t, 16);
+            assert!(err.is_none(), "{recv:?}: {err:?}");
+            assert_eq!(got, burst, "{recv:?} round {round}");
+            want.extend(burst);
+        }
+        let st = t.reactor().stats();
+        assert_eq!(st.rx_enobufs, 0, "{recv:?}: {st:?}");
+        assert_eq!(st.frames_received, want.len() as u64, "{recv:?}: {st:?}");
+        // 8 bursts of 64 KiB: far fewer receives than 64-byte pieces.
+        assert!(st.recv_cqes < 200, "{recv:?}: {st:?}");
     }
-    let s = t.reactor().stats();
-    let d1 = s.spin_drains;
-    assert_eq!(d1, d0, "small frames drained: {s:?}");
-    // Each frame was in the socket before the receive: a single receive
-    // takes it with no empty completion, where a draining one ends with
-    // one (`rx_empty`). Only a frame that had not arrived yet adds one.
-    assert!(s.rx_empty - e0 < 10, "{s:?}");
-    // A burst of 64 KiB arrives whole: the receives after it drain.
-    let burst: Vec<u8> = (0..16).flat_map(|k| frame(1000 + k, 4000)).collect();
-    raw.write_all(&burst).unwrap();
-    let (got, err) = drain(&mut t, 16);
-    assert!(err.is_none() && got.len() == 16, "{err:?} {}", got.len());
-    for _ in 0..3 {
-        t.rx_burst(Instant::now(), 32, &mut |_| panic!("no frame was sent"))
-            .unwrap();
-    }
-    let d2 = t.reactor().stats().spin_drains;
-    assert!(
-        d2 > d1,
-        "no drain after a 64 KiB burst: {:?}",
-        t.reactor().stats()
-    );
-    // Small frames again: the drains stop once one brought little.
-    small(&mut raw, &mut t);
-    let d3 = t.reactor().stats().spin_drains;
-    for _ in 0..20 {
-        small(&mut raw, &mut t);
-    }
-    assert_eq!(
-        t.reactor().stats().spin_drains,
-        d3,
-        "{:?}",
-        t.reactor().stats()
-    );
 }
 
-/// With provided buffers shorter than the drain threshold, a single
-/// receive that fills its buffer counts as streaming: the next ones drain.
+/// A connection's own buffer shorter than a burst, and than a frame:
+/// receives stop while it holds unconsumed bytes and start over at its
+/// front once they were consumed; frames that straddle its end, or do not
+/// fit it at all, are reassembled. Every frame arrives whole and in order.
 #[test]
-fn spin_mode_drains_with_buffers_shorter_than_the_threshold() {
-    let cfg = UringConfig {
-        recv: RecvMode::Spin,
-        rx_buf_len: 4096,
-        rx_bufs: 64,
-        ..UringConfig::default()
-    };
-    let (mut raw, s) = raw_pair();
-    let mut t = UringTransport::standalone(s, &cfg).unwrap();
-    // A small frame first: single receives from then on.
-    raw.write_all(&frame(0, 10)).unwrap();
-    assert_eq!(drain(&mut t, 1).0, vec![frame(0, 10)]);
-    let d0 = t.reactor().stats().spin_drains;
-    let burst: Vec<u8> = (1..17).flat_map(|k| frame(k, 3000)).collect();
-    raw.write_all(&burst).unwrap();
-    let (got, err) = drain(&mut t, 16);
-    assert!(err.is_none() && got.len() == 16, "{err:?} {}", got.len());
-    assert!(
-        t.reactor().stats().spin_drains > d0,
-        "{:?}",
-        t.reactor().stats()
-    );
+fn a_short_own_buffer_reassembles_frames_in_order() {
+    for recv in [RecvMode::Spin, RecvMode::Single] {
+        let cfg = UringConfig {
+            recv,
+            rx_conn_buf_len: 4096,
+            // No direct receives: a 10000-byte frame goes through the
+            // own buffer in pieces.
+            rx_direct_min: usize::MAX,
+            ..UringConfig::default()
+        };
+        let (mut raw, s) = raw_pair();
+        let mut t = UringTransport::standalone(s, &cfg).unwrap();
+        let sizes = [3000usize, 10, 10000, 0, 4064, 4065, 1, 2999];
+        let frames: Vec<Vec<u8>> = (0..64u64)
+            .map(|k| frame(k, sizes[k as usize % sizes.len()]))
+            .collect();
+        let bytes = frames.concat();
+        let writer = std::thread::spawn(move || {
+            raw.write_all(&bytes).unwrap();
+            raw
+        });
+        // Delivered a few frames per call, so the buffer holds unconsumed
+        // bytes between receives.
+        let mut got = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while got.len() < frames.len() && Instant::now() < deadline {
+            t.rx_burst(Instant::now(), 3, &mut |f: &[u8]| got.push(f.to_vec()))
+                .unwrap();
+        }
+        let _raw = writer.join().unwrap();
+        assert_eq!(got.len(), frames.len(), "{recv:?}");
+        assert!(got == frames, "{recv:?}: frames differ");
+    }
 }
 
 #[test]
