@@ -1131,6 +1131,7 @@ impl RingInner {
         };
         c.recv_armed = false;
         c.own_inflight = false;
+        c.cancel_sent = false;
         match res {
             n if n > 0 => {
                 let start = c.own_end as usize;
@@ -1743,8 +1744,11 @@ impl RingInner {
         let mut err = None;
         // Out of the connection while frames are read from it (the heap
         // memory stays where it is; a receive in flight writes only past
-        // the chunks read here), back right after the loop.
-        let own = std::mem::take(&mut c.own);
+        // the chunks read here), back right after the loop. A sink that
+        // panics leaks it rather than free memory a receive may still
+        // write into (the receive's completion then finds the buffer
+        // empty and ends the connection).
+        let own = std::mem::ManuallyDrop::new(std::mem::take(&mut c.own));
         if c.direct_ready {
             // A direct receive completed the frame in `partial`.
             c.direct_ready = false;
@@ -1858,7 +1862,7 @@ impl RingInner {
                 f.1 = off;
             }
         }
-        c.own = own;
+        c.own = std::mem::ManuallyDrop::into_inner(own);
         self.stats.frames_received += n as u64;
         self.stats.rx_buffers_released += released as u64;
         let c = self.conns[idx].as_mut().expect("live connection");

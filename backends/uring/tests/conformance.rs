@@ -33,6 +33,8 @@ fn small(recv: RecvMode) -> UringConfig {
         tx_queue_limit_bytes: 16 << 10,
         rx_buf_len: 1000,
         rx_bufs: 64,
+        // Single and spin receives: frames straddle the own buffer's end.
+        rx_conn_buf_len: 4096,
         zero_copy_threshold: 2048,
         // Loopback, but the zero-copy path and its fallback are under test.
         zero_copy_loopback: true,

@@ -770,6 +770,65 @@ fn long_frames_are_received_straight_into_their_buffer() {
     }
 }
 
+/// In single mode, the receive armed when a long frame's header comes is
+/// cancelled for the direct receive every time, not only the first: each
+/// of three long frames whose first bytes were taken before the receive
+/// was armed again costs one cancel.
+#[test]
+fn single_receives_give_way_to_every_long_frame() {
+    let cfg = UringConfig {
+        recv: RecvMode::Single,
+        rx_direct_min: 8192,
+        ..UringConfig::default()
+    };
+    let r = UringReactor::new(&cfg).unwrap();
+    let (mut raw, s) = raw_pair();
+    let mut t = UringTransport::new(&r, s).unwrap();
+    let wait = |what: &str, done: &dyn Fn(&starwire_uring::UringStats) -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !done(&r.stats()) {
+            assert!(Instant::now() < deadline, "{what}: {:?}", r.stats());
+            r.enter().unwrap();
+        }
+    };
+    let take = |t: &mut UringTransport, what: &str| {
+        let mut got = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while got.is_empty() {
+            assert!(Instant::now() < deadline, "{what}: {:?}", r.stats());
+            r.enter().unwrap();
+            t.rx_burst(Instant::now(), 8, &mut |g: &[u8]| got.push(g.to_vec()))
+                .unwrap();
+        }
+        got
+    };
+    for round in 0..3u64 {
+        // A short frame first: after a long one the next header comes by
+        // a direct receive, and a short frame returns the connection to
+        // single receives.
+        let short = frame(100 + round, 10);
+        raw.write_all(&short).unwrap();
+        assert_eq!(take(&mut t, "short"), vec![short]);
+        let f = frame(round, 20_000);
+        let cqes = r.stats().recv_cqes;
+        raw.write_all(&f[..1000]).unwrap();
+        wait("first bytes", &|s| s.recv_cqes > cqes);
+        // Armed again before the application looked at those bytes.
+        let arms = r.stats().recv_arms;
+        wait("armed again", &|s| s.recv_arms > arms);
+        t.rx_burst(Instant::now(), 8, &mut |_| panic!("not whole yet"))
+            .unwrap();
+        // The long header: the armed receive is cancelled for a direct one.
+        wait("cancelled", &|s| s.direct_cancels > round);
+        raw.write_all(&f[1000..]).unwrap();
+        assert!(
+            take(&mut t, "long") == vec![f],
+            "round {round}: frame differs"
+        );
+    }
+    assert_eq!(r.stats().direct_cancels, 3);
+}
+
 #[test]
 fn long_frame_truncated_by_eof_is_a_frame_error() {
     for cfg in all_modes() {
