@@ -56,7 +56,7 @@ const OWN_BID: u16 = u16::MAX;
 /// Measured here (AMD EPYC guest, 11-25): with 4128-byte frames, whose
 /// length is 32 mod 64, receives that continued where the last one ended
 /// (incremental provided buffers) started every other frame on an odd half
-/// cache line, and the receiving side's `copy_to_user` took 2 to 4 times
+/// cache line, and the receiving side's `copy_to_user` took 4 to 10 times
 /// as long per byte as tcp's into the front of its buffer: the rate bench
 /// fell to 0.53-0.86x tcp in most runs, and never with 4096-byte frames
 /// (`docs/backends/uring.md`, "Where receives land").
