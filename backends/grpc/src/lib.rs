@@ -205,9 +205,18 @@ impl GrpcError {
 }
 
 impl From<tonic::Status> for GrpcError {
+    /// A call's status. `Cancelled` becomes `Unavailable`: this client
+    /// never cancels a call and the server never answers `Cancelled`, so it
+    /// comes only from the transport, when the connection closed under a
+    /// call in flight (hyper's `Canceled`, "operation was canceled"), and
+    /// that is the connection gone, as when it closed before the call.
     fn from(s: tonic::Status) -> Self {
+        let code = match s.code() {
+            tonic::Code::Cancelled => tonic::Code::Unavailable,
+            c => c,
+        };
         GrpcError::Status {
-            code: s.code(),
+            code,
             message: s.message().to_owned(),
         }
     }
@@ -224,6 +233,28 @@ fn runtime(name: &str) -> Result<tokio::runtime::Runtime, GrpcError> {
 
 #[cfg(test)]
 mod tests {
+    use super::GrpcError;
+
+    /// A call the transport cancelled (the connection closed under it) is
+    /// the connection gone, `Unavailable`, as when it closed before the
+    /// call; other codes pass through. Seen in CI: the peer-shutdown
+    /// conformance test got `Cancelled` when the shutdown met the call in
+    /// flight.
+    #[test]
+    fn a_transport_cancelled_call_is_unavailable() {
+        let e = GrpcError::from(tonic::Status::cancelled("operation was canceled"));
+        assert_eq!(e.code(), Some(tonic::Code::Unavailable));
+        for code in [
+            tonic::Code::Unavailable,
+            tonic::Code::InvalidArgument,
+            tonic::Code::ResourceExhausted,
+            tonic::Code::NotFound,
+        ] {
+            let e = GrpcError::from(tonic::Status::new(code, "x"));
+            assert_eq!(e.code(), Some(code));
+        }
+    }
+
     /// The checked-in copy of the generated code (used where protoc is
     /// missing) must match what protoc makes of the .proto today.
     #[test]
