@@ -175,8 +175,6 @@ pub(crate) struct Conn {
     own_end: u32,
     /// Chunks of `own` not yet consumed.
     own_refs: u32,
-    /// A receive into `own` is in flight.
-    own_inflight: bool,
     /// A frame straddling buffers, being reassembled; also the target of
     /// direct receives (into its spare capacity).
     partial: Vec<u8>,
@@ -622,6 +620,19 @@ fn unref_slot(pool: &mut BufPool, refs: &mut [u16], c: &mut Conn, id: SlotId) {
     }
 }
 
+/// The op of `c`'s armed receive (its user data's low byte), on a ring
+/// whose single or spin receives go into the connections' own buffers
+/// (`own`) or not (multishot).
+fn armed_recv_op(c: &Conn, own: bool) -> u64 {
+    if c.direct_inflight {
+        OP_RECV_DIRECT
+    } else if own {
+        OP_RECV_OWN
+    } else {
+        OP_RECV
+    }
+}
+
 /// What [`queue_own_recv`] did.
 enum OwnRecv {
     Queued,
@@ -661,7 +672,6 @@ fn queue_own_recv(
         return OwnRecv::SqFull;
     }
     c.own_end = at as u32;
-    c.own_inflight = true;
     c.recv_armed = true;
     OwnRecv::Queued
 }
@@ -770,6 +780,13 @@ impl RingInner {
         }
     }
 
+    /// Single and spin receives go into each connection's own buffer; only
+    /// multishot ones (`single_len` `None` outside spin mode) draw from the
+    /// provided buffers.
+    fn own_receives(&self) -> bool {
+        self.spin || self.single_len.is_some()
+    }
+
     /// Connection indices from `conn_cursor` on, wrapping around.
     fn pass_order(&self) -> std::iter::Chain<std::ops::Range<usize>, std::ops::Range<usize>> {
         let n = self.conns.len();
@@ -827,6 +844,7 @@ impl RingInner {
         }
         let mut queued = 0;
         let mut keep = Vec::new();
+        let own = self.own_receives();
         for idx in std::mem::take(&mut self.direct) {
             let Some(Some(c)) = self.conns.get_mut(idx) else {
                 continue;
@@ -843,8 +861,7 @@ impl RingInner {
             }
             if c.recv_armed {
                 if !self.spin && !c.cancel_sent {
-                    let op = if c.own_inflight { OP_RECV_OWN } else { OP_RECV };
-                    let target = user_data(idx, op);
+                    let target = user_data(idx, armed_recv_op(c, own));
                     if sys::push_cancel(&mut self.ring, target, user_data(idx, OP_CANCEL)) {
                         c.cancel_sent = true;
                         self.stats.direct_cancels += 1;
@@ -1051,6 +1068,8 @@ impl RingInner {
         self.maybe_free(idx);
     }
 
+    /// A multishot receive's completion (the only receives that draw
+    /// from the provided buffers).
     fn complete_recv(&mut self, idx: usize, res: i32, flags: u32) {
         let more = cqueue::more(flags);
         let bid = cqueue::buffer_select(flags);
@@ -1090,7 +1109,7 @@ impl RingInner {
                     Some((b, ..)) => self.release_rx(b),
                     None => c.rx_end = Some(RxEnd::Errno(libc::EINVAL)),
                 }
-                if !more && !self.spin && !self.conns[idx].as_ref().is_some_and(|c| c.closing) {
+                if !more && !self.conns[idx].as_ref().is_some_and(|c| c.closing) {
                     self.rearm.push(idx);
                 }
             }
@@ -1100,13 +1119,9 @@ impl RingInner {
                     self.release_rx(b);
                 }
             }
-            e if e == -libc::EAGAIN && self.spin => {
-                // Nothing there: the next turn asks again.
-                self.stats.rx_empty += 1;
-            }
             e if e == -libc::ENOBUFS => {
                 self.stats.rx_enobufs += 1;
-                if !c.closing && !self.spin {
+                if !c.closing {
                     self.rearm.push(idx);
                 }
             }
@@ -1116,7 +1131,7 @@ impl RingInner {
             e if e == -libc::ECANCELED => {
                 // Stopped for a direct receive (re-armed once that is
                 // done; `rearm_receives` skips it until then) or closing.
-                if !c.closing && !self.spin {
+                if !c.closing {
                     self.rearm.push(idx);
                 }
             }
@@ -1130,7 +1145,6 @@ impl RingInner {
             return;
         };
         c.recv_armed = false;
-        c.own_inflight = false;
         c.cancel_sent = false;
         match res {
             n if n > 0 => {
@@ -1329,9 +1343,7 @@ impl RingInner {
                 }
             };
             if queued {
-                if self.single_len.is_none() {
-                    c.recv_armed = true;
-                }
+                c.recv_armed = true;
                 self.stats.recv_arms += 1;
             } else {
                 keep.push(idx);
@@ -1416,7 +1428,6 @@ impl RingInner {
             own: Box::default(),
             own_end: 0,
             own_refs: 0,
-            own_inflight: false,
             poll_armed: false,
             closing: false,
             stats: ConnStats::default(),
@@ -1444,6 +1455,7 @@ impl RingInner {
     /// The transport of `idx` went away; `fill` is the slot its stage was
     /// filling (what it staged is dropped).
     pub(crate) fn remove_conn(&mut self, idx: usize, fill: Option<SlotId>) {
+        let own = self.own_receives();
         let Some(Some(c)) = self.conns.get_mut(idx) else {
             return;
         };
@@ -1458,16 +1470,9 @@ impl RingInner {
             let _ = s.shutdown(std::net::Shutdown::Both);
         }
         if c.recv_armed {
-            let op = if c.direct_inflight {
-                OP_RECV_DIRECT
-            } else if c.own_inflight {
-                OP_RECV_OWN
-            } else {
-                OP_RECV
-            };
             let _ = sys::push_cancel(
                 &mut self.ring,
-                user_data(idx, op),
+                user_data(idx, armed_recv_op(c, own)),
                 user_data(idx, OP_CANCEL),
             );
         }
@@ -1979,11 +1984,12 @@ impl Drop for RingInner {
             // Likewise the memory of sends whose notification did not
             // come (the kernel may still transmit from those pages; slots
             // are in the pool's mapping, which the pinned pages outlive).
+            let own = self.own_receives();
             for c in self.conns.iter_mut().flatten() {
                 if c.direct_inflight {
                     std::mem::forget(std::mem::take(&mut c.partial));
                 }
-                if c.own_inflight {
+                if c.recv_armed && armed_recv_op(c, own) == OP_RECV_OWN {
                     std::mem::forget(std::mem::take(&mut c.own));
                 }
                 std::mem::forget(std::mem::take(&mut c.zc_held));
@@ -2003,6 +2009,15 @@ mod tests {
     /// `IORING_CQE_F_MORE` and `IORING_CQE_F_NOTIF`.
     const F_MORE: u32 = 1 << 1;
     const F_NOTIF: u32 = 1 << 3;
+
+    /// An `Rpc` frame of `id` whose body is `body` bytes of `id`.
+    fn rpc_frame(id: u64, body: usize) -> Vec<u8> {
+        let mut f = starwire_wire::Header::new(starwire_wire::Opcode::Rpc, id, body as u32)
+            .to_bytes()
+            .to_vec();
+        f.resize(f.len() + body, id as u8);
+        f
+    }
 
     fn loopback_pair() -> (TcpStream, TcpStream) {
         let l = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
@@ -2145,13 +2160,7 @@ mod tests {
         let r = UringReactor::new(&cfg).unwrap();
         let (a, mut b) = loopback_pair();
         let idx = r.lock().add_conn(a);
-        let frame = |id: u64| {
-            let mut f = starwire_wire::Header::new(starwire_wire::Opcode::Rpc, id, 8)
-                .to_bytes()
-                .to_vec();
-            f.extend([id as u8; 8]);
-            f
-        };
+        let frame = |id: u64| rpc_frame(id, 8);
         b.write_all(&frame(1)).unwrap();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
         while r.lock().conn(idx).chunks.is_empty() {
@@ -2190,13 +2199,7 @@ mod tests {
         let (a, mut b) = loopback_pair();
         let idx = r.lock().add_conn(a);
         // 32-byte header + 100 bytes: 132, not a multiple of 64.
-        let frame = |id: u64| {
-            let mut f = starwire_wire::Header::new(starwire_wire::Opcode::Rpc, id, 100)
-                .to_bytes()
-                .to_vec();
-            f.extend([id as u8; 100]);
-            f
-        };
+        let frame = |id: u64| rpc_frame(id, 100);
         let wait_chunks = |n: usize| {
             let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
             while r.lock().conn(idx).chunks.len() < n {

@@ -25,7 +25,7 @@
 //! * **Own receive buffers.** A receive into a connection's own buffer
 //!   (`own`, a boxed slice that is never resized) writes past the chunks
 //!   received before it; the receive path reads only those chunks while it
-//!   is in flight (`own_inflight`), moving the box out and back does not
+//!   is in flight (`recv_armed`, not a direct receive), moving the box out and back does not
 //!   move its memory, and the buffer is dropped only once no receive is
 //!   armed (or leaked, when the ring goes with one outstanding).
 #![allow(unsafe_code)]
