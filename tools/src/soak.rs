@@ -17,7 +17,9 @@ use serde::Serialize;
 use starwire_config::{FlagOverride, NetworkSettings, Overrides, Role};
 use starwire_placement::{plan, CpuSet, Placement, ReactorMode, Topology};
 use starwire_tcp::{TcpConfig, TcpTransport};
-use starwire_transport::reactor::{IdlePolicy, Reactor, ReactorSpec, Shard};
+use starwire_transport::reactor::{
+    park_in_shared_driver, IdlePolicy, ParkEnd, Reactor, ReactorSpec, Shard,
+};
 use starwire_transport::testing::{FaultSpec, FaultStats, Faulty};
 use starwire_transport::wire::{Opcode, Status};
 use starwire_transport::{Body, Connection, DrivenTransport, Incoming, Session, TaskRole};
@@ -408,6 +410,12 @@ impl<T: SoakTransport> Shard for SoakClient<T> {
         out.extend(live.filter_map(|c| c.session.transport().write_fd()));
     }
 
+    /// Parks in the connections' ring when they share one (uring).
+    fn park(&self, waker: BorrowedFd<'_>, timeout: Duration) -> Option<ParkEnd> {
+        let live = self.conns.iter().filter(|c| !c.dead);
+        park_in_shared_driver(live.map(|c| c.session.transport()), waker, timeout)
+    }
+
     fn finished(&self) -> bool {
         self.done
     }
@@ -483,6 +491,12 @@ impl<T: SoakTransport> Shard for SoakServer<T> {
     fn write_fds<'a>(&'a self, out: &mut Vec<BorrowedFd<'a>>) {
         let live = self.conns.iter().filter(|c| !c.dead);
         out.extend(live.filter_map(|c| c.session.transport().write_fd()));
+    }
+
+    /// Parks in the connections' ring when they share one (uring).
+    fn park(&self, waker: BorrowedFd<'_>, timeout: Duration) -> Option<ParkEnd> {
+        let live = self.conns.iter().filter(|c| !c.dead);
+        park_in_shared_driver(live.map(|c| c.session.transport()), waker, timeout)
     }
 }
 

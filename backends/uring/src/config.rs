@@ -325,9 +325,11 @@ pub enum UringError {
 pub struct UringStats {
     /// `io_uring_enter` system calls.
     pub enters: u64,
-    /// Reads draining the park eventfd (one after each park of a
-    /// `DEFER_TASKRUN` ring).
+    /// Drains of the park eventfd (one after each park of a
+    /// `DEFER_TASKRUN` ring), each a read submitted with the turn's enter.
     pub eventfd_reads: u64,
+    /// Of those, drains done by a `read(2)` of their own (the SQ was full).
+    pub eventfd_read_syscalls: u64,
     /// SQEs submitted.
     pub sqes: u64,
     /// Send SQEs.
@@ -348,6 +350,8 @@ pub struct UringStats {
     pub rx_empty: u64,
     /// One-shot polls armed before a park ([`RecvMode::Spin`]).
     pub park_polls: u64,
+    /// Parks waited inside `io_uring_enter` (`UringReactor::park`).
+    pub ring_parks: u64,
     /// Slots of the ring's registered file table (connections beyond it
     /// use plain descriptors; 0 when the kernel refused the table).
     pub file_slots: u32,

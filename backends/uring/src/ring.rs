@@ -8,8 +8,9 @@
 
 use std::collections::VecDeque;
 use std::net::TcpStream;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// The ring's lock. Nearly every acquisition is the reactor thread's own
 /// (three a turn: `rx_burst`, `flush`, the enter), uncontended; other
@@ -28,6 +29,7 @@ type MutexGuard<'a, T> = spin::mutex::SpinMutexGuard<'a, T>;
 use bytes::Bytes;
 use io_uring::{cqueue, types::SubmitArgs, types::Timespec, IoUring};
 use starwire_bufpool::{check_memlock, BufPool, Pages, SlotId};
+use starwire_transport::reactor::ParkEnd;
 use starwire_transport::TransportError;
 use starwire_wire::{FrameError, Header, HEADER_LEN};
 
@@ -48,6 +50,12 @@ const OP_RECV_DIRECT: u64 = 5;
 /// A receive into the connection's own buffer (`RecvMode::Spin`, non-blocking,
 /// and `RecvMode::Single`).
 const OP_RECV_OWN: u64 = 6;
+/// A read draining the park eventfd, submitted with the first enter after
+/// a park (its user data carries no connection).
+const OP_EVENTFD: u64 = 7;
+/// A one-shot readability poll of the reactor's eventfd, armed by a park
+/// in the ring (its user data carries no connection).
+const OP_WAKER: u64 = 8;
 /// The "buffer id" of chunks in a connection's own receive buffer (never a
 /// provided buffer's: those are below 32768).
 const OWN_BID: u16 = u16::MAX;
@@ -283,10 +291,20 @@ pub(crate) struct RingInner {
     sqpoll: bool,
     /// False until the first `enter` enabled the (disabled) ring.
     enabled: bool,
-    /// Parks wait on a registered eventfd (`DEFER_TASKRUN`).
-    park_eventfd: bool,
+    /// The registered eventfd parks wait on (`DEFER_TASKRUN`); owned by
+    /// the [`UringReactor`], which drops it after this.
+    park_eventfd: Option<RawFd>,
     /// The eventfd is enabled for a park and must be drained.
     eventfd_armed: bool,
+    /// What a drain of the eventfd reads (boxed: the kernel writes it
+    /// while the read is in flight).
+    eventfd_buf: Box<u64>,
+    /// A read draining the eventfd is in flight.
+    eventfd_read_inflight: bool,
+    /// The reactor eventfd a park's poll is armed on.
+    waker_poll: Option<RawFd>,
+    /// That poll completed since the last park: the reactor was woken.
+    waker_fired: bool,
     /// SQEs whose completion has not been reaped.
     outstanding: u64,
     /// Scratch of `reap`: (user data, result, flags) of completions.
@@ -459,8 +477,12 @@ impl UringReactor {
                 registered: None,
                 sqpoll,
                 enabled: !disabled,
-                park_eventfd: defer,
+                park_eventfd: defer.then(|| fd.as_raw_fd()),
                 eventfd_armed: false,
+                eventfd_buf: Box::new(0),
+                eventfd_read_inflight: false,
+                waker_poll: None,
+                waker_fired: false,
                 outstanding: 0,
                 cqe_batch: Vec::with_capacity(CQE_BATCH),
                 rx_freed: Vec::new(),
@@ -468,6 +490,11 @@ impl UringReactor {
             })),
             fd: Arc::new(fd),
         })
+    }
+
+    /// This ring's identity (equal for clones of one reactor).
+    pub fn key(&self) -> usize {
+        Arc::as_ptr(&self.inner) as *const () as usize
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, RingInner> {
@@ -496,7 +523,7 @@ impl UringReactor {
                 tracing::debug!(error = %e, "uring: re-arming receives before a park failed");
             }
         }
-        if r.park_eventfd && !r.eventfd_armed {
+        if r.park_eventfd.is_some() && !r.eventfd_armed {
             r.eventfd_armed = true;
             r.ring.completion().enable_eventfd();
             let pending = {
@@ -511,20 +538,27 @@ impl UringReactor {
         self.fd.as_fd()
     }
 
+    /// Park the calling reactor (the ring's issuer) in the ring: one
+    /// `io_uring_enter` that submits what waits (receives to queue again,
+    /// a readability poll of `waker`), sleeps until a completion is posted
+    /// or `timeout`, and runs the deferred work of the completions that
+    /// wake it; then reap. It replaces the `poll(2)` on [`fd`](Self::fd),
+    /// the eventfd's signal and drain, and the enter that followed.
+    ///
+    /// `None` unless the ring defers its work (`DEFER_TASKRUN`, no
+    /// SQPOLL): only there does a waiting issuer run that work itself.
+    pub fn park(&self, waker: BorrowedFd<'_>, timeout: Duration) -> Option<ParkEnd> {
+        let mut r = self.lock();
+        r.park_eventfd?;
+        Some(r.park(waker.as_raw_fd(), timeout))
+    }
+
     /// Submit what the connections queued and run deferred completion work
     /// with one `io_uring_enter`, if there is anything to do; then reap
     /// completions. Call once per reactor turn. Returns true when it
     /// submitted or reaped anything.
     pub fn enter(&self) -> Result<bool, UringError> {
         let mut r = self.lock();
-        if r.eventfd_armed {
-            r.eventfd_armed = false;
-            r.ring.completion().disable_eventfd();
-            let mut b = [0u8; 8];
-            // EAGAIN (nothing written) is fine.
-            let _ = nix::unistd::read(self.fd.as_raw_fd(), &mut b);
-            r.stats.eventfd_reads += 1;
-        }
         let entered = r.enter().map_err(|e| os(e, "io_uring_enter"))?;
         let reaped = r.reap();
         let freed = std::mem::take(&mut r.tx_freed);
@@ -685,9 +719,11 @@ impl RingInner {
             self.ring.submitter().register_enable_rings()?;
             self.enabled = true;
         }
+        let drains = self.queue_eventfd_drain();
         let direct_spun = self.queue_direct_receives();
         self.rearm_receives();
-        let spun = direct_spun
+        let spun = drains
+            + direct_spun
             + if self.spin {
                 self.queue_spin_receives()
             } else {
@@ -778,6 +814,106 @@ impl RingInner {
                 }
             },
         }
+    }
+
+    /// See [`UringReactor::park`].
+    fn park(&mut self, waker: RawFd, timeout: Duration) -> ParkEnd {
+        if self.spin {
+            if let Err(e) = self.arm_park_polls() {
+                // The timeout still bounds the sleep.
+                tracing::debug!(error = %e, "uring: arming park polls failed");
+            }
+        } else {
+            // Receives completed by the last enter go back in with this
+            // one, or no data would end the park.
+            self.queue_direct_receives();
+            self.rearm_receives();
+        }
+        if self.waker_poll != Some(waker) {
+            let ud = user_data(CONN_MASK as usize, OP_WAKER);
+            let mut armed = sys::push_poll_in(&mut self.ring, Sock::Fd(waker), ud);
+            if !armed {
+                // A full SQ: submit it, then try again.
+                self.stats.sq_full += 1;
+                if self.enter().is_ok() {
+                    armed = sys::push_poll_in(&mut self.ring, Sock::Fd(waker), ud);
+                }
+            }
+            if !armed {
+                // Without the poll a wake-up could not end the sleep:
+                // do not sleep (the reactor turns and parks again).
+                return ParkEnd::Input;
+            }
+            self.waker_poll = Some(waker);
+        }
+        // Completions reaped since the last turn (the waker's among
+        // them) end the park before it starts.
+        let pending = self.ring.submission().len();
+        let ready = self.waker_fired || !self.ring.completion().is_empty();
+        let registered = self.registered_index();
+        self.stats.enters += 1;
+        if registered.is_some() {
+            self.stats.registered_enters += 1;
+        }
+        let r = if ready {
+            sys::enter(&self.ring, registered, pending as u32, 0)
+        } else {
+            self.stats.ring_parks += 1;
+            sys::enter_wait(&self.ring, registered, pending as u32, timeout)
+        };
+        match r {
+            // The count submitted: a wait that timed out after submitting
+            // returns it too, so only the reap below tells the ends apart.
+            Ok(n) => {
+                self.stats.sqes += n as u64;
+                self.outstanding += n as u64;
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ETIME) => {}
+            // EINTR, or EBUSY (a full CQ: the reap below makes room).
+            Err(e) => tracing::debug!(error = %e, "uring: park enter"),
+        }
+        let reaped = self.reap();
+        if std::mem::take(&mut self.waker_fired) {
+            ParkEnd::Waker
+        } else if reaped == 0 {
+            ParkEnd::Timeout
+        } else {
+            ParkEnd::Input
+        }
+    }
+
+    /// After a park: disable the eventfd again and queue a read that
+    /// drains it, so that the enter this turn makes anyway does the drain
+    /// and the park costs no `read(2)` of its own. The read is
+    /// `RWF_NOWAIT`, so it completes inside that enter, with the count or
+    /// `-EAGAIN` (nothing was written: the park ended otherwise).
+    /// A full SQ, or a drain still in flight, falls back to `read(2)`.
+    /// Returns the SQEs queued (0 or 1). `IORING_OP_READ` came with 5.6,
+    /// older than any kernel this backend accepts (5.19).
+    fn queue_eventfd_drain(&mut self) -> usize {
+        let Some(efd) = self.park_eventfd.filter(|_| self.eventfd_armed) else {
+            return 0;
+        };
+        self.eventfd_armed = false;
+        self.ring.completion().disable_eventfd();
+        self.stats.eventfd_reads += 1;
+        if !self.eventfd_read_inflight {
+            let buf: *mut u64 = &mut *self.eventfd_buf;
+            if sys::push_read_u64(
+                &mut self.ring,
+                efd,
+                buf,
+                user_data(CONN_MASK as usize, OP_EVENTFD),
+            ) {
+                self.eventfd_read_inflight = true;
+                return 1;
+            }
+        }
+        let mut b = [0u8; 8];
+        // EAGAIN (nothing written) is fine.
+        let _ = nix::unistd::read(efd, &mut b);
+        self.stats.eventfd_read_syscalls += 1;
+        0
     }
 
     /// Single and spin receives go into each connection's own buffer; only
@@ -1036,8 +1172,10 @@ impl RingInner {
             }
             for &(ud, res, flags) in &batch {
                 let op = ud & 0xff;
-                let empty = res == -libc::EAGAIN
-                    && (op == OP_RECV || op == OP_RECV_DIRECT || op == OP_RECV_OWN);
+                let empty = op == OP_EVENTFD
+                    || op == OP_WAKER
+                    || (res == -libc::EAGAIN
+                        && (op == OP_RECV || op == OP_RECV_DIRECT || op == OP_RECV_OWN));
                 n += usize::from(!empty);
                 self.complete(ud, res, flags);
             }
@@ -1062,6 +1200,15 @@ impl RingInner {
                 if let Some(Some(c)) = self.conns.get_mut(idx) {
                     c.poll_armed = false;
                 }
+            }
+            OP_EVENTFD => {
+                self.eventfd_read_inflight = false;
+                return;
+            }
+            OP_WAKER => {
+                self.waker_poll = None;
+                self.waker_fired = true;
+                return;
             }
             _ => {}
         }
@@ -1984,6 +2131,10 @@ impl Drop for RingInner {
             // Likewise the memory of sends whose notification did not
             // come (the kernel may still transmit from those pages; slots
             // are in the pool's mapping, which the pinned pages outlive).
+            if self.eventfd_read_inflight {
+                // The kernel may still write the count.
+                std::mem::forget(std::mem::take(&mut self.eventfd_buf));
+            }
             let own = self.own_receives();
             for c in self.conns.iter_mut().flatten() {
                 if c.direct_inflight {

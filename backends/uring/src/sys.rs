@@ -28,6 +28,10 @@
 //!   is in flight (`recv_armed`, not a direct receive), moving the box out and back does not
 //!   move its memory, and the buffer is dropped only once no receive is
 //!   armed (or leaked, when the ring goes with one outstanding).
+//! * **Eventfd drains.** A read of the park eventfd writes into the ring's
+//!   boxed `eventfd_buf`, which is neither read nor replaced while the read
+//!   is in flight (`eventfd_read_inflight`) and is leaked if the ring goes
+//!   with it outstanding; the eventfd is closed only after the ring.
 #![allow(unsafe_code)]
 
 use std::os::fd::{AsRawFd, RawFd};
@@ -179,6 +183,20 @@ pub(crate) fn commit_received(v: &mut Vec<u8>, n: usize) -> bool {
     // the kernel reported writing `n` bytes there; `n` fits the capacity.
     unsafe { v.set_len(v.len() + n) };
     true
+}
+
+/// Queue a read of 8 bytes from `fd` (an eventfd's count) into `buf`. The
+/// caller keeps `buf` alive until the completion (module documentation,
+/// "Eventfd drains").
+pub(crate) fn push_read_u64(ring: &mut IoUring, fd: RawFd, buf: *mut u64, user_data: u64) -> bool {
+    // RWF_NOWAIT: nothing to read completes with -EAGAIN. Without it the
+    // kernel (6.18 here) arms a poll for a pollable file, O_NONBLOCK or
+    // not, and the read would wait for the eventfd's next signal.
+    let e = opcode::Read::new(types::Fd(fd), buf.cast::<u8>(), 8)
+        .rw_flags(libc::RWF_NOWAIT)
+        .build()
+        .user_data(user_data);
+    push(ring, &e)
 }
 
 /// Queue a one-shot poll for readability (or hang-up) of `fd`.
@@ -361,6 +379,78 @@ pub(crate) fn enter(
             flags,
             std::ptr::null::<libc::c_void>(),
             0usize,
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(r as usize)
+}
+
+/// `IORING_ENTER_EXT_ARG` (5.11): the argument is an
+/// `io_uring_getevents_arg`.
+const ENTER_EXT_ARG: libc::c_uint = 1 << 3;
+
+/// `struct io_uring_getevents_arg`.
+#[repr(C)]
+struct GeteventsArg {
+    sigmask: u64,
+    sigmask_sz: u32,
+    min_wait_usec: u32,
+    ts: u64,
+}
+
+/// `struct __kernel_timespec`.
+#[repr(C)]
+struct KernelTimespec {
+    tv_sec: i64,
+    tv_nsec: i64,
+}
+
+/// `io_uring_enter` submitting `to_submit` SQEs, then waiting until at
+/// least one completion is posted (running the ring's deferred work as it
+/// comes) or `timeout` passes: a reactor's park. Returns the SQEs
+/// submitted; a wait that timed out with nothing submitted is `ETIME`.
+///
+/// The io-uring crate's `submit_with_args` takes the same argument but
+/// not a registered ring index, which every other enter here uses.
+pub(crate) fn enter_wait(
+    ring: &IoUring,
+    registered: Option<u32>,
+    to_submit: u32,
+    timeout: std::time::Duration,
+) -> std::io::Result<usize> {
+    let (fd, flags) = match registered {
+        Some(i) => (
+            i as libc::c_int,
+            ENTER_GETEVENTS | ENTER_EXT_ARG | ENTER_REGISTERED_RING,
+        ),
+        None => (ring.as_raw_fd(), ENTER_GETEVENTS | ENTER_EXT_ARG),
+    };
+    let ts = KernelTimespec {
+        tv_sec: i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX),
+        tv_nsec: i64::from(timeout.subsec_nanos()),
+    };
+    let arg = GeteventsArg {
+        sigmask: 0,
+        sigmask_sz: 0,
+        min_wait_usec: 0,
+        ts: std::ptr::addr_of!(ts) as u64,
+    };
+    // SAFETY: io_uring_enter on our own ring (or its registered index,
+    // valid in this thread) with an extended argument that points at `arg`
+    // and, through it, at `ts`: both live on this stack frame for the
+    // whole call, and the kernel only reads them. The SQEs it submits were
+    // pushed under this module's invariants.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_io_uring_enter,
+            fd,
+            to_submit,
+            1u32,
+            flags,
+            std::ptr::addr_of!(arg),
+            std::mem::size_of::<GeteventsArg>(),
         )
     };
     if r < 0 {

@@ -103,6 +103,18 @@ impl DrivenTransport for UringTransport {
     fn end_turn(&self) -> bool {
         self.reactor.enter().unwrap_or(true)
     }
+    /// The ring: every connection bound to one reactor shares it.
+    fn driver_key(&self) -> Option<usize> {
+        Some(self.reactor.key())
+    }
+    /// A park in the ring (see [`UringReactor::park`]).
+    fn park(
+        &self,
+        waker: std::os::fd::BorrowedFd<'_>,
+        timeout: std::time::Duration,
+    ) -> Option<starwire_transport::reactor::ParkEnd> {
+        self.reactor.park(waker, timeout)
+    }
 }
 
 impl Transport for UringTransport {

@@ -3,23 +3,19 @@
 //! error in a child process without CAP_IPC_LOCK.
 #![cfg(target_os = "linux")]
 
+mod common;
+
 use std::io::Write;
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{Shutdown, TcpStream};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use common::{frame, next_frames, poll_park_fd, raw_pair};
 use starwire_transport::wire::{FrameError, Header, Opcode, HEADER_LEN};
 use starwire_transport::{Transport, TransportError};
 use starwire_uring::{
     MemlockError, RecvMode, UringConfig, UringError, UringReactor, UringTransport,
 };
-
-fn raw_pair() -> (TcpStream, TcpStream) {
-    let l = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
-    let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
-    let (s, _) = l.accept().unwrap();
-    (c, s)
-}
 
 /// Receive on `t` until an error or `limit` frames; returns frames and the
 /// error.
@@ -42,14 +38,6 @@ fn all_modes() -> [UringConfig; 3] {
         recv,
         ..UringConfig::default()
     })
-}
-
-fn frame(id: u64, body: usize) -> Vec<u8> {
-    let mut f = Header::new(Opcode::Rpc, id, body as u32)
-        .to_bytes()
-        .to_vec();
-    f.extend((0..body).map(|i| (i as u64 ^ id) as u8));
-    f
 }
 
 #[test]
@@ -499,7 +487,6 @@ fn a_short_own_buffer_reassembles_frames_in_order() {
 
 #[test]
 fn spin_mode_park_poll_wakes_the_reactor_and_takes_no_data() {
-    use std::os::fd::AsRawFd;
     let cfg = UringConfig {
         recv: RecvMode::Spin,
         ..UringConfig::default()
@@ -508,15 +495,7 @@ fn spin_mode_park_poll_wakes_the_reactor_and_takes_no_data() {
     let (mut raw, s) = raw_pair();
     let mut t = UringTransport::new(&r, s).unwrap();
     r.enter().unwrap();
-    let wait = |ms: i32| {
-        let mut p = libc::pollfd {
-            fd: r.fd().as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd for the duration of the call.
-        unsafe { libc::poll(&mut p, 1, ms) }
-    };
+    let wait = |ms: i32| poll_park_fd(&r, ms);
     for round in 0..3u64 {
         // Nothing sent: the park times out.
         assert_eq!(wait(50), 0, "round {round}: woke without data");
@@ -525,17 +504,115 @@ fn spin_mode_park_poll_wakes_the_reactor_and_takes_no_data() {
         let f = frame(round, 100);
         raw.write_all(&f).unwrap();
         assert_eq!(wait(5000), 1, "round {round}: data did not wake the park");
-        let mut got = Vec::new();
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while got.is_empty() {
-            assert!(Instant::now() < deadline, "round {round}: no frame");
-            r.enter().unwrap();
-            t.rx_burst(Instant::now(), 8, &mut |x: &[u8]| got.push(x.to_vec()))
-                .unwrap();
-        }
+        let got = next_frames(&r, &mut t, &format!("round {round}"));
         assert_eq!(got, vec![f], "round {round}");
     }
     assert!(r.stats().park_polls >= 3, "{:?}", r.stats());
+    drop(t);
+    r.enter().unwrap();
+}
+
+/// A reactor parks inside the ring (`UringReactor::park`): one enter that
+/// sleeps until data, a wake-up of the reactor's eventfd, or the timeout;
+/// in every receive mode. Data arriving while parked ends the park and is
+/// received in order afterwards; a wake-up written before the park ends it
+/// at once; a wake-up from another thread ends it early.
+#[test]
+fn parks_in_the_ring_end_by_input_by_the_waker_or_by_the_timeout() {
+    use nix::sys::eventfd::{EfdFlags, EventFd};
+    use starwire_transport::reactor::ParkEnd;
+    use std::os::fd::AsFd;
+    use std::sync::Arc;
+    for cfg in all_modes() {
+        let mode = cfg.recv;
+        let r = UringReactor::new(&cfg).unwrap();
+        let (mut raw, s) = raw_pair();
+        let mut t = UringTransport::new(&r, s).unwrap();
+        r.enter().unwrap();
+        let efd = Arc::new(
+            EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
+                .unwrap(),
+        );
+        let park = |ms: u64| {
+            r.park(efd.as_fd(), Duration::from_millis(ms))
+                .expect("a DEFER_TASKRUN ring parks in itself")
+        };
+        for round in 0..3u64 {
+            // Nothing: the timeout.
+            let t0 = Instant::now();
+            assert_eq!(park(40), ParkEnd::Timeout, "{mode:?} round {round}");
+            assert!(
+                t0.elapsed() >= Duration::from_millis(30),
+                "{mode:?}: no sleep"
+            );
+            // A wake-up already written ends the park at once.
+            efd.write(1).unwrap();
+            let t0 = Instant::now();
+            assert_eq!(park(5000), ParkEnd::Waker, "{mode:?} round {round}");
+            assert!(t0.elapsed() < Duration::from_secs(2), "{mode:?}");
+            efd.read().unwrap();
+            // A wake-up from another thread while parked.
+            let e = efd.clone();
+            let waker = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(30));
+                e.write(1).unwrap();
+            });
+            let t0 = Instant::now();
+            assert_eq!(park(5000), ParkEnd::Waker, "{mode:?} round {round}");
+            assert!(t0.elapsed() < Duration::from_secs(2), "{mode:?}");
+            waker.join().unwrap();
+            efd.read().unwrap();
+            // Data from the peer while parked.
+            let f = frame(round, 100 + round as usize);
+            let mut peer = raw.try_clone().unwrap();
+            let g = f.clone();
+            let sender = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(30));
+                peer.write_all(&g).unwrap();
+            });
+            let t0 = Instant::now();
+            assert_eq!(park(5000), ParkEnd::Input, "{mode:?} round {round}");
+            assert!(t0.elapsed() < Duration::from_secs(2), "{mode:?}");
+            sender.join().unwrap();
+            let got = next_frames(&r, &mut t, &format!("{mode:?} round {round}"));
+            assert_eq!(got, vec![f], "{mode:?} round {round}");
+        }
+        let st = r.stats();
+        assert!(st.ring_parks >= 9, "{mode:?}: {st:?}");
+        raw.write_all(&frame(99, 8)).unwrap();
+        drop(t);
+        r.enter().unwrap();
+    }
+}
+
+/// After a park on the ring's eventfd (`fd()`, for a reactor that polls
+/// other descriptors too), the next enter drains the eventfd with a read
+/// it submits itself: no `read(2)` of its own, and the eventfd is quiet
+/// again for the next park.
+#[test]
+fn the_park_eventfd_is_drained_inside_the_next_enter() {
+    let r = UringReactor::new(&UringConfig::default()).unwrap();
+    let (mut raw, s) = raw_pair();
+    let mut t = UringTransport::new(&r, s).unwrap();
+    r.enter().unwrap();
+    let readable = |ms: i32| poll_park_fd(&r, ms);
+    for round in 0..3u64 {
+        let f = frame(round, 64);
+        raw.write_all(&f).unwrap();
+        assert_eq!(readable(5000), 1, "round {round}: data did not signal");
+        let got = next_frames(&r, &mut t, &format!("round {round}"));
+        assert_eq!(got, vec![f], "round {round}");
+        // Drained: the next park sleeps until its timeout.
+        assert_eq!(
+            readable(30),
+            0,
+            "round {round}: the eventfd stayed readable"
+        );
+        r.enter().unwrap();
+    }
+    let st = r.stats();
+    assert!(st.eventfd_reads >= 3, "{st:?}");
+    assert_eq!(st.eventfd_read_syscalls, 0, "{st:?}");
     drop(t);
     r.enter().unwrap();
 }

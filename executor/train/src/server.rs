@@ -8,10 +8,10 @@ use std::collections::HashMap;
 use std::net::TcpStream;
 use std::os::fd::BorrowedFd;
 use std::sync::mpsc::Receiver;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use starwire_transport::reactor::Shard;
+use starwire_transport::reactor::{park_in_shared_driver, ParkEnd, Shard};
 use starwire_transport::wire::{Opcode, Status};
 use starwire_transport::{
     Body, ConnConfig, Connection, DrivenTransport, Incoming, Session, Transport,
@@ -395,6 +395,12 @@ impl<H: PsHandler, B: Binder> Shard for PsReactor<H, B> {
                 .flatten()
                 .filter_map(|s| s.transport().write_fd()),
         );
+    }
+
+    /// Parks in the connections' ring when they share one (uring).
+    fn park(&self, waker: BorrowedFd<'_>, timeout: Duration) -> Option<ParkEnd> {
+        let live = self.sessions.iter().flatten();
+        park_in_shared_driver(live.map(|s| s.transport()), waker, timeout)
     }
 
     fn finished(&self) -> bool {

@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use starwire_tcp::{TcpConfig, TcpTransport};
 use starwire_transport::fusion::{FusionBatcher, FusionConfig, OutTensor};
-use starwire_transport::reactor::{IdlePolicy, Reactor, ReactorSpec, Shard};
+use starwire_transport::reactor::{
+    park_in_shared_driver, IdlePolicy, ParkEnd, Reactor, ReactorSpec, Shard,
+};
 use starwire_transport::wire::tensor::DType;
 use starwire_transport::wire::tensors::TensorList;
 use starwire_transport::wire::{Opcode, Status, HEADER_LEN};
@@ -39,8 +41,9 @@ pub trait BenchTransport: DrivenTransport + Send + 'static {
     /// The connections of one reactor share one driver (an io_uring ring),
     /// whose counters every one of them reports: count them once.
     const SHARED_DRIVER: bool = false;
-    /// System calls the backend made so far (reactor parks not included):
-    /// this connection's, or its shared driver's.
+    /// System calls the backend made so far (reactor parks not included,
+    /// unless the backend parks in its own wait, counted here): this
+    /// connection's, or its shared driver's.
     fn syscalls(&self) -> u64;
     /// Zero-copy sends and how many of them the kernel reported as copied,
     /// for backends that try zero copy.
@@ -67,8 +70,10 @@ impl BenchTransport for TcpTransport {
 impl BenchTransport for starwire_uring::UringTransport {
     const SHARED_DRIVER: bool = true;
     fn syscalls(&self) -> u64 {
+        // Parks in the ring are enters; eventfd drains are reads inside
+        // an enter, except those that fell back to read(2).
         let s = self.reactor().stats();
-        s.enters + s.eventfd_reads
+        s.enters + s.eventfd_read_syscalls
     }
     fn zero_copy(&self) -> Option<(u64, u64)> {
         let s = self.reactor().stats();
@@ -193,6 +198,11 @@ impl<T: BenchTransport> Shard for EchoServer<T> {
         for s in open(&self.sessions) {
             out.extend(s.transport().write_fd());
         }
+    }
+
+    /// Parks in the connections' ring when they share one (uring).
+    fn park(&self, waker: BorrowedFd<'_>, timeout: Duration) -> Option<ParkEnd> {
+        park_in_shared_driver(open(&self.sessions).map(Session::transport), waker, timeout)
     }
 
     fn finished(&self) -> bool {
@@ -564,6 +574,11 @@ impl<T: BenchTransport> Shard for LoadGen<T> {
         }
     }
 
+    /// Parks in the connections' ring when they share one (uring).
+    fn park(&self, waker: BorrowedFd<'_>, timeout: Duration) -> Option<ParkEnd> {
+        park_in_shared_driver(self.sessions.iter().map(Session::transport), waker, timeout)
+    }
+
     fn finished(&self) -> bool {
         self.st.closed
     }
@@ -588,12 +603,14 @@ pub fn client<T: BenchTransport>(
     })
     .map_err(|e| format!("client reactor: {e}"))?;
     let (gen, rstats) = reactor.join().map_err(|e| format!("client reactor: {e}"))?;
-    // Each park is one poll(2); each request is two messages (request and
-    // response) on this end.
+    // Each park outside the backend is one poll(2), and one read(2) of the
+    // reactor's eventfd when a wake-up ended it; each request is two
+    // messages (request and response) on this end.
     let syscalls = drivers(gen.sessions.iter())
         .map(|s| s.transport().syscalls())
         .sum::<u64>()
-        + rstats.parks;
+        + (rstats.parks - rstats.shard_parks)
+        + rstats.waker_reads;
     tracing::debug!(
         reactor = ?rstats,
         backend = %counters(gen.sessions.iter()),

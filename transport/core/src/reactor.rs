@@ -15,6 +15,12 @@
 //! its inputs, and only then sleeps; a producer publishes its item first,
 //! then (SeqCst) reads `sleeping` and writes the eventfd if it is set.
 //! Either the reactor's re-check sees the item or the producer sees the flag.
+//! The eventfd is drained only after a park it ended.
+//!
+//! A shard whose connections share one io_uring ring parks in the ring
+//! instead ([`Shard::park`]): one `io_uring_enter` that waits for a
+//! completion, with a poll of the same eventfd among its requests, so the
+//! handshake is unchanged.
 
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -63,6 +69,51 @@ pub trait Shard: Send {
     fn finished(&self) -> bool {
         false
     }
+
+    /// Park inside a wait of the shard's own instead of `poll(2)`: until
+    /// `waker` (the reactor's eventfd) is readable, input arrives, or
+    /// `timeout`. `None` when the shard has no such wait; the reactor then
+    /// polls [`wake_fds`](Self::wake_fds) and [`write_fds`](Self::write_fds).
+    /// A shard whose connections all share one io_uring ring parks in
+    /// that ring ([`park_in_shared_driver`]): one `io_uring_enter` that
+    /// submits, waits and runs the completions' work.
+    ///
+    /// The wait must end at once when `waker` is already readable; the
+    /// reactor drains it only after a [`ParkEnd::Waker`].
+    fn park(&self, _waker: BorrowedFd<'_>, _timeout: Duration) -> Option<ParkEnd> {
+        None
+    }
+}
+
+/// What ended a park.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ParkEnd {
+    /// The timeout (or a failed wait).
+    Timeout,
+    /// The reactor's eventfd is readable (perhaps with input too).
+    Waker,
+    /// Input, or anything else that is not the eventfd.
+    Input,
+}
+
+/// Park in the driver that every one of `transports` shares (an io_uring
+/// ring), if they share one and none has bytes waiting for writability:
+/// what a [`Shard::park`] over connections does. `None` when they do not
+/// share one, when there are none, or when the backend has no wait of its
+/// own (tcp).
+pub fn park_in_shared_driver<'a, T: DrivenTransport + 'a>(
+    mut transports: impl Iterator<Item = &'a T>,
+    waker: BorrowedFd<'_>,
+    timeout: Duration,
+) -> Option<ParkEnd> {
+    let first = transports.next()?;
+    let key = first.driver_key()?;
+    if first.write_fd().is_some()
+        || transports.any(|t| t.driver_key() != Some(key) || t.write_fd().is_some())
+    {
+        return None;
+    }
+    first.park(waker, timeout)
 }
 
 /// A [`Transport`](crate::Transport) as a reactor drives it: what a parked
@@ -88,6 +139,21 @@ pub trait DrivenTransport: crate::Transport {
     /// one of those connections. Returns true when it did work.
     fn end_turn(&self) -> bool {
         false
+    }
+
+    /// Which driver this connection shares with others (an io_uring
+    /// ring's identity): connections with the same key are driven by one
+    /// submission and may park in one wait. `None` (the default) when each
+    /// connection is its own driver (tcp).
+    fn driver_key(&self) -> Option<usize> {
+        None
+    }
+
+    /// Park the reactor in this connection's driver, for every connection
+    /// sharing it (see [`Shard::park`]). `None` (the default) when the
+    /// backend has no wait of its own.
+    fn park(&self, _waker: BorrowedFd<'_>, _timeout: Duration) -> Option<ParkEnd> {
+        None
     }
 }
 
@@ -190,6 +256,12 @@ pub struct ReactorStats {
     pub park_timeouts: u64,
     /// Parks cancelled because the re-check turn found work.
     pub park_cancels: u64,
+    /// Parks that a wake-up (the reactor's eventfd) ended, each followed
+    /// by one read draining the eventfd; the other parks skip that read.
+    pub waker_reads: u64,
+    /// Parks in a wait of the shard's own ([`Shard::park`], an io_uring
+    /// ring's) rather than `poll(2)`.
+    pub shard_parks: u64,
     /// Time spent in turns that did work, in nanoseconds (each measured
     /// from its start to the start of the next turn, so a park after a
     /// busy turn is not counted).
@@ -336,32 +408,46 @@ fn run<S: Shard>(spec: &ReactorSpec, state: &WakeState, shard: &mut S) -> Reacto
         if let Some(d) = shard.next_deadline() {
             timeout = timeout.min(d.saturating_duration_since(now));
         }
-        let mut fds = Vec::new();
-        shard.wake_fds(&mut fds);
-        let mut wfds = Vec::new();
-        shard.write_fds(&mut wfds);
         stats.parks += 1;
-        if !park_on(&state.efd, &fds, &wfds, timeout) {
+        let woke = match shard.park(state.efd.as_fd(), timeout) {
+            Some(end) => {
+                stats.shard_parks += 1;
+                end
+            }
+            None => {
+                let mut fds = Vec::new();
+                shard.wake_fds(&mut fds);
+                let mut wfds = Vec::new();
+                shard.write_fds(&mut wfds);
+                park_on(&state.efd, &fds, &wfds, timeout)
+            }
+        };
+        if woke == ParkEnd::Timeout {
             stats.park_timeouts += 1;
         }
-        drop(fds);
-        drop(wfds);
         state.sleeping.store(false, Ordering::SeqCst);
-        // Drain the eventfd; EAGAIN just means nobody wrote.
-        let _ = state.efd.read();
+        if woke == ParkEnd::Waker {
+            // Drain the eventfd. Only when poll saw it readable: most
+            // parks end on network input, and a read that finds nothing
+            // is a wasted system call per park. A wake written after the
+            // poll returned stays in the eventfd and ends the next park at
+            // once, so it costs a turn, never a lost wake-up.
+            let _ = state.efd.read();
+            stats.waker_reads += 1;
+        }
         last_work = Instant::now();
     }
     stats
 }
 
 /// Sleep until the eventfd or one of `fds` is readable, one of `wfds`
-/// writable, or `timeout`. Returns false on timeout.
+/// writable, or `timeout`.
 fn park_on(
     efd: &EventFd,
     fds: &[BorrowedFd<'_>],
     wfds: &[BorrowedFd<'_>],
     timeout: Duration,
-) -> bool {
+) -> ParkEnd {
     let mut pfds: Vec<PollFd<'_>> = Vec::with_capacity(fds.len() + wfds.len() + 1);
     pfds.push(PollFd::new(efd.as_fd(), PollFlags::POLLIN));
     for fd in fds {
@@ -371,5 +457,17 @@ fn park_on(
         pfds.push(PollFd::new(*fd, PollFlags::POLLOUT));
     }
     let ms = u16::try_from(timeout.as_millis().max(1)).unwrap_or(u16::MAX);
-    matches!(nix::poll::poll(&mut pfds, PollTimeout::from(ms)), Ok(n) if n > 0)
+    match nix::poll::poll(&mut pfds, PollTimeout::from(ms)) {
+        Ok(n) if n > 0 => {
+            let waker = pfds[0]
+                .revents()
+                .is_some_and(|r| r.intersects(PollFlags::POLLIN));
+            if waker {
+                ParkEnd::Waker
+            } else {
+                ParkEnd::Input
+            }
+        }
+        _ => ParkEnd::Timeout,
+    }
 }

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use starwire_queue::{grid, Consumer};
 use starwire_transport::reactor::{IdlePolicy, Reactor, ReactorSpec, Shard};
+use starwire_transport::testing::{assert_all_in_producer_order, push_and_wake};
 
 struct Sink {
     rx: Consumer<u64>,
@@ -38,7 +39,7 @@ fn no_lost_wakeups_under_stress() {
     ] {
         let producers = 3;
         let per = 20_000u64;
-        let (mut txs, mut rxs) = grid::<u64>(producers, 1, 64);
+        let (txs, mut rxs) = grid::<u64>(producers, 1, 64);
         let rx = rxs.pop().expect("one consumer");
         let mut spec = ReactorSpec::new(0);
         spec.idle = policy;
@@ -50,46 +51,12 @@ fn no_lost_wakeups_under_stress() {
             want,
         })
         .expect("spawn");
-        let waker = reactor.waker();
-        let threads: Vec<_> = txs
-            .drain(..)
-            .enumerate()
-            .map(|(p, mut tx)| {
-                let waker = waker.clone();
-                std::thread::spawn(move || {
-                    for i in 0..per {
-                        let mut item = (p as u64) << 32 | i;
-                        loop {
-                            match tx.push_to(0, item) {
-                                Ok(()) => break,
-                                Err(back) => {
-                                    item = back;
-                                    waker.wake();
-                                    std::thread::yield_now();
-                                }
-                            }
-                        }
-                        waker.wake();
-                        if i % 1000 == 0 {
-                            std::thread::sleep(Duration::from_micros(200));
-                        }
-                    }
-                })
-            })
-            .collect();
-        for t in threads {
-            t.join().expect("producer");
-        }
+        push_and_wake(txs, &reactor.waker(), per, 1000);
         let (shard, stats) = reactor.join().expect("reactor");
-        assert_eq!(shard.got.len(), want);
-        // Per-producer order is kept.
-        let mut next = vec![0u64; producers];
-        for x in &shard.got {
-            let p = (x >> 32) as usize;
-            assert_eq!(x & 0xffff_ffff, next[p]);
-            next[p] += 1;
-        }
+        assert_all_in_producer_order(&shard.got, producers, per);
         assert_eq!(stats.park_timeouts, 0, "a wake-up was lost: {stats:?}");
+        assert!(stats.waker_reads > 0, "{stats:?}");
+        assert!(stats.waker_reads <= stats.parks, "{stats:?}");
     }
 }
 
@@ -136,6 +103,11 @@ fn socket_input_wakes_a_parked_reactor() {
     let (_, stats) = reactor.join().expect("join");
     assert_eq!(got.load(Ordering::SeqCst), 100);
     assert_eq!(stats.park_timeouts, 0, "{stats:?}");
+    // Parks that input ended leave the eventfd alone: no read that finds
+    // nothing (at most one wake, the join's, could end a park).
+    assert!(stats.parks >= 50, "{stats:?}");
+    assert!(stats.waker_reads <= 1, "{stats:?}");
+    assert_eq!(stats.shard_parks, 0, "{stats:?}");
     let _ = std::io::stdout().flush();
 }
 

@@ -174,6 +174,16 @@ impl<T: crate::DrivenTransport> crate::DrivenTransport for Faulty<T> {
     fn end_turn(&self) -> bool {
         self.inner().end_turn()
     }
+    fn driver_key(&self) -> Option<usize> {
+        self.inner().driver_key()
+    }
+    fn park(
+        &self,
+        waker: std::os::fd::BorrowedFd<'_>,
+        timeout: std::time::Duration,
+    ) -> Option<crate::reactor::ParkEnd> {
+        self.inner().park(waker, timeout)
+    }
 }
 
 impl<T: Transport> Transport for Faulty<T> {

@@ -1,0 +1,147 @@
+//! Reactors parked in their io_uring ring (`Shard::park`): the eventcount
+//! handshake loses no wake-up, and network input ends a park, with the
+//! ring's one enter in place of `poll(2)`.
+#![cfg(target_os = "linux")]
+
+mod common;
+
+use std::io::Write;
+use std::os::fd::BorrowedFd;
+use std::time::{Duration, Instant};
+
+use starwire_queue::{grid, Consumer};
+use starwire_transport::reactor::{
+    park_in_shared_driver, IdlePolicy, ParkEnd, Reactor, ReactorSpec, Shard,
+};
+use starwire_transport::testing::{assert_all_in_producer_order, push_and_wake};
+use starwire_transport::{DrivenTransport, Transport};
+use starwire_uring::{UringConfig, UringReactor, UringTransport};
+
+use common::{frame, raw_pair};
+
+/// A queue consumer whose reactor parks in a ring with one quiet
+/// connection: only the producers' wake-ups end its parks.
+struct QueueShard {
+    rx: Consumer<u64>,
+    got: Vec<u64>,
+    want: usize,
+    conn: UringTransport,
+}
+
+impl Shard for QueueShard {
+    fn turn(&mut self, _now: Instant) -> bool {
+        let before = self.got.len();
+        let got = &mut self.got;
+        self.rx.drain(64, |x| got.push(x));
+        self.conn.end_turn() | (self.got.len() > before)
+    }
+    fn park(&self, waker: BorrowedFd<'_>, timeout: Duration) -> Option<ParkEnd> {
+        park_in_shared_driver(std::iter::once(&self.conn), waker, timeout)
+    }
+    fn finished(&self) -> bool {
+        self.got.len() >= self.want
+    }
+}
+
+/// Producers push one item at a time and wake the reactor, which parks in
+/// its ring. A lost wake-up would leave it asleep until its (long) park
+/// timeout, which the stats record: none may happen.
+#[test]
+fn a_reactor_parked_in_its_ring_loses_no_wakeup() {
+    for policy in [
+        IdlePolicy::Park,
+        IdlePolicy::PollThenPark(Duration::from_micros(20)),
+    ] {
+        let producers = 3;
+        let per = 10_000u64;
+        let (txs, mut rxs) = grid::<u64>(producers, 1, 64);
+        let rx = rxs.pop().expect("one consumer");
+        let mut spec = ReactorSpec::new(0);
+        spec.idle = policy;
+        spec.max_park = Duration::from_secs(30);
+        let want = producers * per as usize;
+        // The peer stays open and silent for the whole run.
+        let (_peer, s) = raw_pair();
+        let reactor = Reactor::spawn(spec, move |_| {
+            let ring = UringReactor::new(&UringConfig::default()).expect("ring");
+            QueueShard {
+                rx,
+                got: Vec::new(),
+                want,
+                conn: UringTransport::new(&ring, s).expect("conn"),
+            }
+        })
+        .expect("spawn");
+        push_and_wake(txs, &reactor.waker(), per, 500);
+        let (shard, stats) = reactor.join().expect("reactor");
+        assert_all_in_producer_order(&shard.got, producers, per);
+        assert_eq!(stats.park_timeouts, 0, "a wake-up was lost: {stats:?}");
+        assert!(stats.parks > 0, "{stats:?}");
+        assert_eq!(stats.shard_parks, stats.parks, "{stats:?}");
+        let ring = shard.conn.reactor().stats();
+        assert!(ring.ring_parks > 0, "{ring:?}");
+    }
+}
+
+/// Frames from a peer, read by a reactor that parks in its ring.
+struct FrameShard {
+    conn: UringTransport,
+    got: Vec<Vec<u8>>,
+    want: usize,
+}
+
+impl Shard for FrameShard {
+    fn turn(&mut self, now: Instant) -> bool {
+        let got = &mut self.got;
+        let n = self
+            .conn
+            .rx_burst(now, 32, &mut |f: &[u8]| got.push(f.to_vec()))
+            .expect("rx");
+        self.conn.end_turn() | (n > 0)
+    }
+    fn park(&self, waker: BorrowedFd<'_>, timeout: Duration) -> Option<ParkEnd> {
+        park_in_shared_driver(std::iter::once(&self.conn), waker, timeout)
+    }
+    fn finished(&self) -> bool {
+        self.got.len() >= self.want
+    }
+}
+
+/// Network input ends parks in the ring, in every receive mode, with no
+/// park running into its timeout and no `poll(2)`.
+#[test]
+fn input_wakes_a_reactor_parked_in_its_ring() {
+    use starwire_uring::RecvMode;
+    for recv in [RecvMode::Single, RecvMode::Multishot, RecvMode::Spin] {
+        let (mut peer, s) = raw_pair();
+        let mut spec = ReactorSpec::new(0);
+        spec.idle = IdlePolicy::Park;
+        spec.max_park = Duration::from_secs(30);
+        let want = 60;
+        let reactor = Reactor::spawn(spec, move |_| {
+            let cfg = UringConfig {
+                recv,
+                ..UringConfig::default()
+            };
+            let ring = UringReactor::new(&cfg).expect("ring");
+            FrameShard {
+                conn: UringTransport::new(&ring, s).expect("conn"),
+                got: Vec::new(),
+                want,
+            }
+        })
+        .expect("spawn");
+        let sent: Vec<Vec<u8>> = (0..want as u64)
+            .map(|i| frame(i, 64 + 50 * i as usize))
+            .collect();
+        for f in &sent {
+            peer.write_all(f).unwrap();
+            std::thread::sleep(Duration::from_micros(500));
+        }
+        let (shard, stats) = reactor.join().expect("reactor");
+        assert_eq!(shard.got, sent, "{recv:?}");
+        assert_eq!(stats.park_timeouts, 0, "{recv:?}: {stats:?}");
+        assert!(stats.shard_parks > 10, "{recv:?}: {stats:?}");
+        assert_eq!(stats.shard_parks, stats.parks, "{recv:?}: {stats:?}");
+    }
+}
