@@ -18,7 +18,7 @@ use starwire_config::{FlagOverride, NetworkSettings, Overrides, Role};
 use starwire_placement::{plan, CpuSet, Placement, ReactorMode, Topology};
 use starwire_tcp::{TcpConfig, TcpTransport};
 use starwire_transport::reactor::{
-    park_in_shared_driver, IdlePolicy, ParkEnd, Reactor, ReactorSpec, Shard,
+    park_in_shared_driver, IdlePolicy, ParkEnd, ParkWaker, Reactor, ReactorSpec, Shard,
 };
 use starwire_transport::testing::{FaultSpec, FaultStats, Faulty};
 use starwire_transport::wire::{Opcode, Status};
@@ -411,7 +411,7 @@ impl<T: SoakTransport> Shard for SoakClient<T> {
     }
 
     /// Parks in the connections' ring when they share one (uring).
-    fn park(&self, waker: BorrowedFd<'_>, timeout: Duration) -> Option<ParkEnd> {
+    fn park(&self, waker: ParkWaker<'_>, timeout: Duration) -> Option<ParkEnd> {
         let live = self.conns.iter().filter(|c| !c.dead);
         park_in_shared_driver(live.map(|c| c.session.transport()), waker, timeout)
     }
@@ -494,7 +494,7 @@ impl<T: SoakTransport> Shard for SoakServer<T> {
     }
 
     /// Parks in the connections' ring when they share one (uring).
-    fn park(&self, waker: BorrowedFd<'_>, timeout: Duration) -> Option<ParkEnd> {
+    fn park(&self, waker: ParkWaker<'_>, timeout: Duration) -> Option<ParkEnd> {
         let live = self.conns.iter().filter(|c| !c.dead);
         park_in_shared_driver(live.map(|c| c.session.transport()), waker, timeout)
     }

@@ -325,8 +325,9 @@ pub enum UringError {
 pub struct UringStats {
     /// `io_uring_enter` system calls.
     pub enters: u64,
-    /// Drains of the park eventfd (one after each park of a
-    /// `DEFER_TASKRUN` ring), each a read submitted with the turn's enter.
+    /// Drains of the park eventfd (one after each park on `fd()` of a
+    /// `DEFER_TASKRUN` ring; parks in the ring need none), each a read
+    /// submitted with the turn's enter.
     pub eventfd_reads: u64,
     /// Of those, drains done by a `read(2)` of their own (the SQ was full).
     pub eventfd_read_syscalls: u64,

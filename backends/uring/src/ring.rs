@@ -13,7 +13,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// The ring's lock. Nearly every acquisition is the reactor thread's own
-/// (three a turn: `rx_burst`, `flush`, the enter), uncontended; other
+/// (three a turn: `rx_burst`, `flush`, the enter; a park in the ring
+/// lets go of it while it sleeps), uncontended; other
 /// threads take it rarely (a transport made or dropped elsewhere, counters)
 /// and briefly (at most one non-blocking `io_uring_enter`). A spin lock
 /// whose unlock is a plain release store suits that better than
@@ -29,7 +30,7 @@ type MutexGuard<'a, T> = spin::mutex::SpinMutexGuard<'a, T>;
 use bytes::Bytes;
 use io_uring::{cqueue, types::SubmitArgs, types::Timespec, IoUring};
 use starwire_bufpool::{check_memlock, BufPool, Pages, SlotId};
-use starwire_transport::reactor::ParkEnd;
+use starwire_transport::reactor::{ParkEnd, ParkWaker};
 use starwire_transport::TransportError;
 use starwire_wire::{FrameError, Header, HEADER_LEN};
 
@@ -298,11 +299,14 @@ pub(crate) struct RingInner {
     eventfd_armed: bool,
     /// What a drain of the eventfd reads (boxed: the kernel writes it
     /// while the read is in flight).
-    eventfd_buf: Box<u64>,
+    eventfd_buf: Box<std::cell::UnsafeCell<u64>>,
     /// A read draining the eventfd is in flight.
     eventfd_read_inflight: bool,
-    /// The reactor eventfd a park's poll is armed on.
-    waker_poll: Option<RawFd>,
+    /// The reactor waker (its [`ParkWaker::id`]) a park's poll is armed
+    /// for, and that poll's generation (in its user data).
+    waker_poll: Option<(u64, u64)>,
+    /// The generation of the last waker poll armed.
+    waker_gen: u64,
     /// That poll completed since the last park: the reactor was woken.
     waker_fired: bool,
     /// SQEs whose completion has not been reaped.
@@ -479,9 +483,10 @@ impl UringReactor {
                 enabled: !disabled,
                 park_eventfd: defer.then(|| fd.as_raw_fd()),
                 eventfd_armed: false,
-                eventfd_buf: Box::new(0),
+                eventfd_buf: Box::new(std::cell::UnsafeCell::new(0)),
                 eventfd_read_inflight: false,
                 waker_poll: None,
+                waker_gen: 0,
                 waker_fired: false,
                 outstanding: 0,
                 cqe_batch: Vec::with_capacity(CQE_BATCH),
@@ -540,17 +545,36 @@ impl UringReactor {
 
     /// Park the calling reactor (the ring's issuer) in the ring: one
     /// `io_uring_enter` that submits what waits (receives to queue again,
-    /// a readability poll of `waker`), sleeps until a completion is posted
-    /// or `timeout`, and runs the deferred work of the completions that
-    /// wake it; then reap. It replaces the `poll(2)` on [`fd`](Self::fd),
-    /// the eventfd's signal and drain, and the enter that followed.
+    /// spin mode's readability polls, a readability poll of `waker`),
+    /// sleeps until a completion is posted or `timeout`, and runs the
+    /// deferred work of the completions that wake it; then reap. It
+    /// replaces the `poll(2)` on [`fd`](Self::fd), the eventfd's signal and
+    /// drain, and the enter that followed. The ring's lock is not held
+    /// while it sleeps.
     ///
     /// `None` unless the ring defers its work (`DEFER_TASKRUN`, no
-    /// SQPOLL): only there does a waiting issuer run that work itself.
-    pub fn park(&self, waker: BorrowedFd<'_>, timeout: Duration) -> Option<ParkEnd> {
-        let mut r = self.lock();
-        r.park_eventfd?;
-        Some(r.park(waker.as_raw_fd(), timeout))
+    /// SQPOLL): only there does a waiting issuer run that work itself;
+    /// and `None` when the enter fails for a reason a retry does not cure,
+    /// so that the reactor polls [`fd`](Self::fd) instead.
+    pub fn park(&self, waker: ParkWaker<'_>, timeout: Duration) -> Option<ParkEnd> {
+        let (fd, pending, ready) = {
+            let mut r = self.lock();
+            r.park_eventfd?;
+            r.prepare_park(waker)?
+        };
+        let start = std::time::Instant::now();
+        // Unlocked: other threads (a transport made elsewhere, counters)
+        // may take the lock meanwhile. Only this thread submits (a
+        // single-issuer ring), and the SQEs it submits are the first
+        // `pending` ones, queued above; any queued meanwhile wait for the
+        // next enter.
+        let r = match ready {
+            true if pending == 0 => Ok(0),
+            true => sys::enter_raw(fd, pending as u32, 0),
+            false => sys::enter_wait(fd, pending as u32, timeout),
+        };
+        let mut inner = self.lock();
+        inner.finish_park(r, !ready, start.elapsed() >= timeout)
     }
 
     /// Submit what the connections queued and run deferred completion work
@@ -816,12 +840,25 @@ impl RingInner {
         }
     }
 
-    /// See [`UringReactor::park`].
-    fn park(&mut self, waker: RawFd, timeout: Duration) -> ParkEnd {
+    /// The locked first half of [`UringReactor::park`]: queue what the
+    /// park submits and say how to enter: the descriptor (the registered
+    /// index or the ring fd, with its flag), the SQEs queued, and whether
+    /// completions are already there (no sleep). `None` when the ring
+    /// cannot be entered (the reactor then polls instead).
+    fn prepare_park(&mut self, waker: ParkWaker<'_>) -> Option<(sys::EnterFd, usize, bool)> {
+        if !self.enabled {
+            if let Err(e) = self.ring.submitter().register_enable_rings() {
+                tracing::warn!(error = %e, "uring: enabling the ring for a park failed");
+                return None;
+            }
+            self.enabled = true;
+        }
         if self.spin {
-            if let Err(e) = self.arm_park_polls() {
-                // The timeout still bounds the sleep.
-                tracing::debug!(error = %e, "uring: arming park polls failed");
+            // Readability polls, submitted by the park's own enter (a
+            // full SQ is submitted first, then the rest are queued).
+            if self.push_park_polls() {
+                self.submit_queued();
+                self.push_park_polls();
             }
         } else {
             // Receives completed by the last enter go back in with this
@@ -829,38 +866,64 @@ impl RingInner {
             self.queue_direct_receives();
             self.rearm_receives();
         }
-        if self.waker_poll != Some(waker) {
-            let ud = user_data(CONN_MASK as usize, OP_WAKER);
-            let mut armed = sys::push_poll_in(&mut self.ring, Sock::Fd(waker), ud);
+        if self.waker_poll.map(|(id, _)| id) != Some(waker.id) {
+            if let Some((_, gen)) = self.waker_poll.take() {
+                // Another waker (a new reactor run on this ring): its
+                // eventfd's number may even be the old one's, so cancel
+                // the old poll; its completion is ignored (generation).
+                let _ = sys::push_cancel(
+                    &mut self.ring,
+                    user_data(gen as usize, OP_WAKER),
+                    user_data(CONN_MASK as usize, OP_CANCEL),
+                );
+            }
+            self.waker_fired = false;
+            self.waker_gen = (self.waker_gen + 1) & CONN_MASK;
+            let ud = user_data(self.waker_gen as usize, OP_WAKER);
+            let fd = waker.fd.as_raw_fd();
+            let mut armed = sys::push_poll_in(&mut self.ring, Sock::Fd(fd), ud);
             if !armed {
-                // A full SQ: submit it, then try again.
                 self.stats.sq_full += 1;
-                if self.enter().is_ok() {
-                    armed = sys::push_poll_in(&mut self.ring, Sock::Fd(waker), ud);
-                }
+                self.submit_queued();
+                armed = sys::push_poll_in(&mut self.ring, Sock::Fd(fd), ud);
             }
             if !armed {
-                // Without the poll a wake-up could not end the sleep:
-                // do not sleep (the reactor turns and parks again).
-                return ParkEnd::Input;
+                // Without the poll a wake-up could not end the sleep.
+                return None;
             }
-            self.waker_poll = Some(waker);
+            self.waker_poll = Some((waker.id, self.waker_gen));
         }
         // Completions reaped since the last turn (the waker's among
         // them) end the park before it starts.
-        let pending = self.ring.submission().len();
+        let pending = {
+            let mut sq = self.ring.submission();
+            sq.sync();
+            sq.len()
+        };
         let ready = self.waker_fired || !self.ring.completion().is_empty();
         let registered = self.registered_index();
-        self.stats.enters += 1;
-        if registered.is_some() {
-            self.stats.registered_enters += 1;
-        }
-        let r = if ready {
-            sys::enter(&self.ring, registered, pending as u32, 0)
-        } else {
-            self.stats.ring_parks += 1;
-            sys::enter_wait(&self.ring, registered, pending as u32, timeout)
+        let fd = match registered {
+            Some(i) => sys::EnterFd::Registered(i),
+            None => sys::EnterFd::Plain(self.ring.as_raw_fd()),
         };
+        if !ready || pending > 0 {
+            self.stats.enters += 1;
+            self.stats.registered_enters += u64::from(registered.is_some());
+        }
+        self.stats.ring_parks += u64::from(!ready);
+        Some((fd, pending, ready))
+    }
+
+    /// The locked second half of [`UringReactor::park`]: account the
+    /// enter's result `r`, reap, and say what ended the park (`slept`: it
+    /// waited; `expired`: its whole timeout passed).
+    fn finish_park(
+        &mut self,
+        r: std::io::Result<usize>,
+        slept: bool,
+        expired: bool,
+    ) -> Option<ParkEnd> {
+        let mut interrupted = false;
         match r {
             // The count submitted: a wait that timed out after submitting
             // returns it too, so only the reap below tells the ends apart.
@@ -869,16 +932,49 @@ impl RingInner {
                 self.outstanding += n as u64;
             }
             Err(e) if e.raw_os_error() == Some(libc::ETIME) => {}
-            // EINTR, or EBUSY (a full CQ: the reap below makes room).
-            Err(e) => tracing::debug!(error = %e, "uring: park enter"),
+            Err(e)
+                if e.raw_os_error() == Some(libc::EINTR)
+                    || e.raw_os_error() == Some(libc::EBUSY) =>
+            {
+                // A signal, or a full CQ (the reap below makes room).
+                interrupted = true;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "uring: park enter failed; polling instead");
+                self.reap();
+                return None;
+            }
         }
         let reaped = self.reap();
-        if std::mem::take(&mut self.waker_fired) {
+        Some(if std::mem::take(&mut self.waker_fired) {
             ParkEnd::Waker
-        } else if reaped == 0 {
+        } else if reaped == 0 && slept && expired && !interrupted {
             ParkEnd::Timeout
         } else {
             ParkEnd::Input
+        })
+    }
+
+    /// Submit what is queued with a plain enter (no wait, no receives
+    /// added): room in a full SQ.
+    fn submit_queued(&mut self) {
+        let pending = {
+            let mut sq = self.ring.submission();
+            sq.sync();
+            sq.len()
+        };
+        if pending == 0 {
+            return;
+        }
+        let registered = self.registered_index();
+        self.stats.enters += 1;
+        self.stats.registered_enters += u64::from(registered.is_some());
+        match sys::enter(&self.ring, registered, pending as u32, 0) {
+            Ok(n) => {
+                self.stats.sqes += n as u64;
+                self.outstanding += n as u64;
+            }
+            Err(e) => tracing::debug!(error = %e, "uring: submitting a full SQ"),
         }
     }
 
@@ -898,7 +994,7 @@ impl RingInner {
         self.ring.completion().disable_eventfd();
         self.stats.eventfd_reads += 1;
         if !self.eventfd_read_inflight {
-            let buf: *mut u64 = &mut *self.eventfd_buf;
+            let buf: *mut u64 = self.eventfd_buf.get();
             if sys::push_read_u64(
                 &mut self.ring,
                 efd,
@@ -1120,24 +1216,9 @@ impl RingInner {
     /// so it cannot reorder the stream; its completion only wakes the
     /// reactor, whose next turns receive.
     fn arm_park_polls(&mut self) -> std::io::Result<()> {
-        let mut armed = 0;
-        for idx in self.pass_order() {
-            let Some(c) = self.conns[idx].as_mut() else {
-                continue;
-            };
-            if c.closing || c.poll_armed || c.rx_end.is_some() {
-                continue;
-            }
-            if !sys::push_poll_in(&mut self.ring, c.sock, user_data(idx, OP_POLL)) {
-                self.stats.sq_full += 1;
-                self.conn_cursor = idx;
-                break;
-            }
-            c.poll_armed = true;
-            armed += 1;
-        }
-        if armed > 0 {
-            self.stats.park_polls += armed;
+        let before = self.stats.park_polls;
+        self.push_park_polls();
+        if self.stats.park_polls > before {
             // Submits only: no receive is queued, so no data is taken.
             let spin = std::mem::replace(&mut self.spin, false);
             let direct = std::mem::take(&mut self.direct);
@@ -1149,6 +1230,27 @@ impl RingInner {
             r?;
         }
         Ok(())
+    }
+
+    /// Queue the readability polls of [`arm_park_polls`](Self::arm_park_polls)
+    /// without submitting them. Returns true when the SQ filled up first.
+    fn push_park_polls(&mut self) -> bool {
+        for idx in self.pass_order() {
+            let Some(c) = self.conns[idx].as_mut() else {
+                continue;
+            };
+            if c.closing || c.poll_armed || c.rx_end.is_some() {
+                continue;
+            }
+            if !sys::push_poll_in(&mut self.ring, c.sock, user_data(idx, OP_POLL)) {
+                self.stats.sq_full += 1;
+                self.conn_cursor = idx;
+                return true;
+            }
+            c.poll_armed = true;
+            self.stats.park_polls += 1;
+        }
+        false
     }
 
     /// Dispatch every available completion. Returns how many, not
@@ -1206,8 +1308,12 @@ impl RingInner {
                 return;
             }
             OP_WAKER => {
-                self.waker_poll = None;
-                self.waker_fired = true;
+                // Only the armed poll's completion counts (a cancelled
+                // one, of an earlier waker, carries another generation).
+                if matches!(self.waker_poll, Some((_, gen)) if gen == idx as u64) {
+                    self.waker_poll = None;
+                    self.waker_fired = true;
+                }
                 return;
             }
             _ => {}
@@ -2118,6 +2224,9 @@ impl Drop for RingInner {
             while let Some(cqe) = self.ring.completion().next() {
                 if !cqueue::more(cqe.flags()) && cqe.user_data() != u64::MAX {
                     self.outstanding = self.outstanding.saturating_sub(1);
+                }
+                if cqe.user_data() & 0xff == OP_EVENTFD {
+                    self.eventfd_read_inflight = false;
                 }
             }
             if self.outstanding == 0 {

@@ -353,20 +353,30 @@ fn ring_fds(ring: &IoUring, op: libc::c_uint, offset: u32, data: u64) -> std::io
     Ok(up.offset)
 }
 
+/// How an enter names the ring: its index among the calling thread's
+/// registered rings, or its plain descriptor.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum EnterFd {
+    Registered(u32),
+    Plain(RawFd),
+}
+
+impl EnterFd {
+    fn fd_and_flags(self) -> (libc::c_int, libc::c_uint) {
+        match self {
+            Self::Registered(i) => (i as libc::c_int, ENTER_REGISTERED_RING),
+            Self::Plain(fd) => (fd, 0),
+        }
+    }
+}
+
 /// `io_uring_enter` submitting `to_submit` SQEs, with `flags`
 /// (`ENTER_GETEVENTS` or 0; `min_complete = 0`: never waits), through the
-/// ring descriptor registered at `registered` in the calling thread, or
-/// the plain descriptor.
-pub(crate) fn enter(
-    ring: &IoUring,
-    registered: Option<u32>,
-    to_submit: u32,
-    flags: u32,
-) -> std::io::Result<usize> {
-    let (fd, flags) = match registered {
-        Some(i) => (i as libc::c_int, flags | ENTER_REGISTERED_RING),
-        None => (ring.as_raw_fd(), flags),
-    };
+/// ring's [`EnterFd`]. It needs no `&IoUring`, so a park runs it without
+/// the ring's lock: the ring stays alive (the caller holds a reference)
+/// and only its issuer thread, the caller, enters it.
+pub(crate) fn enter_raw(fd: EnterFd, to_submit: u32, flags: u32) -> std::io::Result<usize> {
+    let (fd, extra) = fd.fd_and_flags();
     // SAFETY: a plain io_uring_enter on our own ring (or its registered
     // index, valid in this thread): no argument pointer, and the SQEs it
     // submits were pushed under this module's invariants.
@@ -376,7 +386,7 @@ pub(crate) fn enter(
             fd,
             to_submit,
             0u32,
-            flags,
+            flags | extra,
             std::ptr::null::<libc::c_void>(),
             0usize,
         )
@@ -385,6 +395,21 @@ pub(crate) fn enter(
         return Err(std::io::Error::last_os_error());
     }
     Ok(r as usize)
+}
+
+/// [`enter_raw`] through the ring descriptor registered at `registered`
+/// in the calling thread, or the plain descriptor.
+pub(crate) fn enter(
+    ring: &IoUring,
+    registered: Option<u32>,
+    to_submit: u32,
+    flags: u32,
+) -> std::io::Result<usize> {
+    let fd = match registered {
+        Some(i) => EnterFd::Registered(i),
+        None => EnterFd::Plain(ring.as_raw_fd()),
+    };
+    enter_raw(fd, to_submit, flags)
 }
 
 /// `IORING_ENTER_EXT_ARG` (5.11): the argument is an
@@ -411,22 +436,16 @@ struct KernelTimespec {
 /// least one completion is posted (running the ring's deferred work as it
 /// comes) or `timeout` passes: a reactor's park. Returns the SQEs
 /// submitted; a wait that timed out with nothing submitted is `ETIME`.
+/// Runs without the ring's lock, like [`enter_raw`].
 ///
 /// The io-uring crate's `submit_with_args` takes the same argument but
 /// not a registered ring index, which every other enter here uses.
 pub(crate) fn enter_wait(
-    ring: &IoUring,
-    registered: Option<u32>,
+    fd: EnterFd,
     to_submit: u32,
     timeout: std::time::Duration,
 ) -> std::io::Result<usize> {
-    let (fd, flags) = match registered {
-        Some(i) => (
-            i as libc::c_int,
-            ENTER_GETEVENTS | ENTER_EXT_ARG | ENTER_REGISTERED_RING,
-        ),
-        None => (ring.as_raw_fd(), ENTER_GETEVENTS | ENTER_EXT_ARG),
-    };
+    let (fd, extra) = fd.fd_and_flags();
     let ts = KernelTimespec {
         tv_sec: i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX),
         tv_nsec: i64::from(timeout.subsec_nanos()),
@@ -448,7 +467,7 @@ pub(crate) fn enter_wait(
             fd,
             to_submit,
             1u32,
-            flags,
+            ENTER_GETEVENTS | ENTER_EXT_ARG | extra,
             std::ptr::addr_of!(arg),
             std::mem::size_of::<GeteventsArg>(),
         )

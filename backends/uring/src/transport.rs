@@ -110,7 +110,7 @@ impl DrivenTransport for UringTransport {
     /// A park in the ring (see [`UringReactor::park`]).
     fn park(
         &self,
-        waker: std::os::fd::BorrowedFd<'_>,
+        waker: starwire_transport::reactor::ParkWaker<'_>,
         timeout: std::time::Duration,
     ) -> Option<starwire_transport::reactor::ParkEnd> {
         self.reactor.park(waker, timeout)

@@ -520,7 +520,7 @@ fn spin_mode_park_poll_wakes_the_reactor_and_takes_no_data() {
 #[test]
 fn parks_in_the_ring_end_by_input_by_the_waker_or_by_the_timeout() {
     use nix::sys::eventfd::{EfdFlags, EventFd};
-    use starwire_transport::reactor::ParkEnd;
+    use starwire_transport::reactor::{ParkEnd, ParkWaker};
     use std::os::fd::AsFd;
     use std::sync::Arc;
     for cfg in all_modes() {
@@ -534,7 +534,11 @@ fn parks_in_the_ring_end_by_input_by_the_waker_or_by_the_timeout() {
                 .unwrap(),
         );
         let park = |ms: u64| {
-            r.park(efd.as_fd(), Duration::from_millis(ms))
+            let waker = ParkWaker {
+                fd: efd.as_fd(),
+                id: 1,
+            };
+            r.park(waker, Duration::from_millis(ms))
                 .expect("a DEFER_TASKRUN ring parks in itself")
         };
         for round in 0..3u64 {
@@ -580,6 +584,117 @@ fn parks_in_the_ring_end_by_input_by_the_waker_or_by_the_timeout() {
         let st = r.stats();
         assert!(st.ring_parks >= 9, "{mode:?}: {st:?}");
         raw.write_all(&frame(99, 8)).unwrap();
+        drop(t);
+        r.enter().unwrap();
+    }
+}
+
+/// A park in the ring lets go of the ring's lock while it sleeps: another
+/// thread reads the counters meanwhile without waiting for the park.
+#[test]
+fn a_park_in_the_ring_does_not_hold_its_lock() {
+    use nix::sys::eventfd::{EfdFlags, EventFd};
+    use starwire_transport::reactor::{ParkEnd, ParkWaker};
+    use std::os::fd::AsFd;
+    use std::sync::Arc;
+    let r = UringReactor::new(&UringConfig::default()).unwrap();
+    let (_raw, s) = raw_pair();
+    let t = UringTransport::new(&r, s).unwrap();
+    r.enter().unwrap();
+    let efd = Arc::new(EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK).unwrap());
+    let (r2, e2) = (r.clone(), efd.clone());
+    let other = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(100));
+        let t0 = Instant::now();
+        let _ = r2.stats();
+        let took = t0.elapsed();
+        e2.write(1).unwrap();
+        took
+    });
+    let waker = ParkWaker {
+        fd: efd.as_fd(),
+        id: 7,
+    };
+    assert_eq!(r.park(waker, Duration::from_secs(3)), Some(ParkEnd::Waker));
+    let took = other.join().unwrap();
+    assert!(
+        took < Duration::from_millis(500),
+        "stats() waited {took:?} for the park"
+    );
+    drop(t);
+    r.enter().unwrap();
+}
+
+/// A new waker (another reactor run on the ring) gets a poll of its own,
+/// even when its eventfd reuses the old one's number; the old poll's
+/// cancellation is not taken for a wake-up. Also: a ring never entered is
+/// enabled by its first park, and a spin-mode park is one enter.
+#[test]
+fn a_new_waker_on_a_reused_fd_number_still_ends_the_park() {
+    use nix::sys::eventfd::{EfdFlags, EventFd};
+    use starwire_transport::reactor::{ParkEnd, ParkWaker};
+    use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+    for cfg in all_modes() {
+        let mode = cfg.recv;
+        let r = UringReactor::new(&cfg).unwrap();
+        let (_raw, s) = raw_pair();
+        let t = UringTransport::new(&r, s).unwrap();
+        // Never entered: the park enables the ring and arms the poll.
+        let old = OwnedFd::from(EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK).unwrap());
+        let waker = ParkWaker {
+            fd: old.as_fd(),
+            id: 100,
+        };
+        assert_eq!(
+            r.park(waker, Duration::from_millis(30)),
+            Some(ParkEnd::Timeout),
+            "{mode:?}"
+        );
+        nix::unistd::write(&old, &1u64.to_ne_bytes()).unwrap();
+        let before = r.stats().enters;
+        assert_eq!(
+            r.park(waker, Duration::from_secs(3)),
+            Some(ParkEnd::Waker),
+            "{mode:?}: the first park did not arm the poll"
+        );
+        assert_eq!(
+            r.stats().enters - before,
+            1,
+            "{mode:?}: a park is one enter"
+        );
+        let mut b = [0u8; 8];
+        nix::unistd::read(old.as_raw_fd(), &mut b).unwrap();
+        // The poll fired; arm one again, then put another eventfd under
+        // the same number (dup2 closes the old file there, atomically).
+        assert_eq!(
+            r.park(waker, Duration::from_millis(30)),
+            Some(ParkEnd::Timeout),
+            "{mode:?}"
+        );
+        let new = EventFd::from_value_and_flags(1, EfdFlags::EFD_NONBLOCK).unwrap();
+        // SAFETY: both numbers are open descriptors of this test; the
+        // number `old` owns now names the new eventfd, and `old` still
+        // owns (and closes) it.
+        assert!(unsafe { libc::dup2(new.as_raw_fd(), old.as_raw_fd()) } >= 0);
+        drop(new);
+        let waker = ParkWaker {
+            fd: old.as_fd(),
+            id: 101,
+        };
+        let t0 = Instant::now();
+        assert_eq!(
+            r.park(waker, Duration::from_secs(3)),
+            Some(ParkEnd::Waker),
+            "{mode:?}"
+        );
+        assert!(t0.elapsed() < Duration::from_secs(2), "{mode:?}");
+        nix::unistd::read(old.as_raw_fd(), &mut b).unwrap();
+        // The old poll's cancellation completed by now: no wake-up from it.
+        assert_eq!(
+            r.park(waker, Duration::from_millis(30)),
+            Some(ParkEnd::Timeout),
+            "{mode:?}: a cancelled poll woke the park"
+        );
         drop(t);
         r.enter().unwrap();
     }

@@ -6,12 +6,11 @@
 mod common;
 
 use std::io::Write;
-use std::os::fd::BorrowedFd;
 use std::time::{Duration, Instant};
 
 use starwire_queue::{grid, Consumer};
 use starwire_transport::reactor::{
-    park_in_shared_driver, IdlePolicy, ParkEnd, Reactor, ReactorSpec, Shard,
+    park_in_shared_driver, IdlePolicy, ParkEnd, ParkWaker, Reactor, ReactorSpec, Shard,
 };
 use starwire_transport::testing::{assert_all_in_producer_order, push_and_wake};
 use starwire_transport::{DrivenTransport, Transport};
@@ -35,7 +34,7 @@ impl Shard for QueueShard {
         self.rx.drain(64, |x| got.push(x));
         self.conn.end_turn() | (self.got.len() > before)
     }
-    fn park(&self, waker: BorrowedFd<'_>, timeout: Duration) -> Option<ParkEnd> {
+    fn park(&self, waker: ParkWaker<'_>, timeout: Duration) -> Option<ParkEnd> {
         park_in_shared_driver(std::iter::once(&self.conn), waker, timeout)
     }
     fn finished(&self) -> bool {
@@ -99,7 +98,7 @@ impl Shard for FrameShard {
             .expect("rx");
         self.conn.end_turn() | (n > 0)
     }
-    fn park(&self, waker: BorrowedFd<'_>, timeout: Duration) -> Option<ParkEnd> {
+    fn park(&self, waker: ParkWaker<'_>, timeout: Duration) -> Option<ParkEnd> {
         park_in_shared_driver(std::iter::once(&self.conn), waker, timeout)
     }
     fn finished(&self) -> bool {

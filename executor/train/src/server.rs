@@ -11,7 +11,7 @@ use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use starwire_transport::reactor::{park_in_shared_driver, ParkEnd, Shard};
+use starwire_transport::reactor::{park_in_shared_driver, ParkEnd, ParkWaker, Shard};
 use starwire_transport::wire::{Opcode, Status};
 use starwire_transport::{
     Body, ConnConfig, Connection, DrivenTransport, Incoming, Session, Transport,
@@ -398,7 +398,7 @@ impl<H: PsHandler, B: Binder> Shard for PsReactor<H, B> {
     }
 
     /// Parks in the connections' ring when they share one (uring).
-    fn park(&self, waker: BorrowedFd<'_>, timeout: Duration) -> Option<ParkEnd> {
+    fn park(&self, waker: ParkWaker<'_>, timeout: Duration) -> Option<ParkEnd> {
         let live = self.sessions.iter().flatten();
         park_in_shared_driver(live.map(|s| s.transport()), waker, timeout)
     }

@@ -12,7 +12,7 @@ use bytes::Bytes;
 use starwire_tcp::{TcpConfig, TcpTransport};
 use starwire_transport::fusion::{FusionBatcher, FusionConfig, OutTensor};
 use starwire_transport::reactor::{
-    park_in_shared_driver, IdlePolicy, ParkEnd, Reactor, ReactorSpec, Shard,
+    park_in_shared_driver, IdlePolicy, ParkEnd, ParkWaker, Reactor, ReactorSpec, Shard,
 };
 use starwire_transport::wire::tensor::DType;
 use starwire_transport::wire::tensors::TensorList;
@@ -201,7 +201,7 @@ impl<T: BenchTransport> Shard for EchoServer<T> {
     }
 
     /// Parks in the connections' ring when they share one (uring).
-    fn park(&self, waker: BorrowedFd<'_>, timeout: Duration) -> Option<ParkEnd> {
+    fn park(&self, waker: ParkWaker<'_>, timeout: Duration) -> Option<ParkEnd> {
         park_in_shared_driver(open(&self.sessions).map(Session::transport), waker, timeout)
     }
 
@@ -575,7 +575,7 @@ impl<T: BenchTransport> Shard for LoadGen<T> {
     }
 
     /// Parks in the connections' ring when they share one (uring).
-    fn park(&self, waker: BorrowedFd<'_>, timeout: Duration) -> Option<ParkEnd> {
+    fn park(&self, waker: ParkWaker<'_>, timeout: Duration) -> Option<ParkEnd> {
         park_in_shared_driver(self.sessions.iter().map(Session::transport), waker, timeout)
     }
 

@@ -80,9 +80,27 @@ pub trait Shard: Send {
     ///
     /// The wait must end at once when `waker` is already readable; the
     /// reactor drains it only after a [`ParkEnd::Waker`].
-    fn park(&self, _waker: BorrowedFd<'_>, _timeout: Duration) -> Option<ParkEnd> {
+    fn park(&self, _waker: ParkWaker<'_>, _timeout: Duration) -> Option<ParkEnd> {
         None
     }
+}
+
+/// The reactor's eventfd, as a [`Shard::park`] waits on it.
+#[derive(Debug, Clone, Copy)]
+pub struct ParkWaker<'a> {
+    /// Readable once a wake-up was written.
+    pub fd: BorrowedFd<'a>,
+    /// The waker's identity, unique in the process: a wait that keeps a
+    /// request on the eventfd across parks (an io_uring ring's poll) arms
+    /// it again when the id changes, since another eventfd may reuse the
+    /// old one's number.
+    pub id: u64,
+}
+
+/// A fresh [`ParkWaker::id`].
+fn next_waker_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
 /// What ended a park.
@@ -103,7 +121,7 @@ pub enum ParkEnd {
 /// own (tcp).
 pub fn park_in_shared_driver<'a, T: DrivenTransport + 'a>(
     mut transports: impl Iterator<Item = &'a T>,
-    waker: BorrowedFd<'_>,
+    waker: ParkWaker<'_>,
     timeout: Duration,
 ) -> Option<ParkEnd> {
     let first = transports.next()?;
@@ -152,7 +170,7 @@ pub trait DrivenTransport: crate::Transport {
     /// Park the reactor in this connection's driver, for every connection
     /// sharing it (see [`Shard::park`]). `None` (the default) when the
     /// backend has no wait of its own.
-    fn park(&self, _waker: BorrowedFd<'_>, _timeout: Duration) -> Option<ParkEnd> {
+    fn park(&self, _waker: ParkWaker<'_>, _timeout: Duration) -> Option<ParkEnd> {
         None
     }
 }
@@ -210,6 +228,8 @@ pub enum ReactorError {
 
 #[derive(Debug)]
 struct WakeState {
+    /// See [`ParkWaker::id`].
+    id: u64,
     sleeping: AtomicBool,
     stop: AtomicBool,
     efd: EventFd,
@@ -288,6 +308,7 @@ impl<S: Shard + 'static> Reactor<S> {
         let efd = EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
             .map_err(ReactorError::EventFd)?;
         let state = Arc::new(WakeState {
+            id: next_waker_id(),
             sleeping: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             efd,
@@ -355,6 +376,7 @@ pub fn local_waker() -> Result<ReactorWaker, ReactorError> {
         .map_err(ReactorError::EventFd)?;
     Ok(ReactorWaker {
         state: Arc::new(WakeState {
+            id: next_waker_id(),
             sleeping: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             efd,
@@ -409,7 +431,11 @@ fn run<S: Shard>(spec: &ReactorSpec, state: &WakeState, shard: &mut S) -> Reacto
             timeout = timeout.min(d.saturating_duration_since(now));
         }
         stats.parks += 1;
-        let woke = match shard.park(state.efd.as_fd(), timeout) {
+        let waker = ParkWaker {
+            fd: state.efd.as_fd(),
+            id: state.id,
+        };
+        let woke = match shard.park(waker, timeout) {
             Some(end) => {
                 stats.shard_parks += 1;
                 end

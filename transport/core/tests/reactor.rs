@@ -55,8 +55,8 @@ fn no_lost_wakeups_under_stress() {
         let (shard, stats) = reactor.join().expect("reactor");
         assert_all_in_producer_order(&shard.got, producers, per);
         assert_eq!(stats.park_timeouts, 0, "a wake-up was lost: {stats:?}");
+        // Parks the producers' wake-ups ended are told apart as such.
         assert!(stats.waker_reads > 0, "{stats:?}");
-        assert!(stats.waker_reads <= stats.parks, "{stats:?}");
     }
 }
 
@@ -103,8 +103,9 @@ fn socket_input_wakes_a_parked_reactor() {
     let (_, stats) = reactor.join().expect("join");
     assert_eq!(got.load(Ordering::SeqCst), 100);
     assert_eq!(stats.park_timeouts, 0, "{stats:?}");
-    // Parks that input ended leave the eventfd alone: no read that finds
-    // nothing (at most one wake, the join's, could end a park).
+    // Parks that input ended are told apart from wake-ups (poll's revents
+    // for the eventfd), so none of them reads the eventfd (at most one
+    // wake, the join's, could end a park).
     assert!(stats.parks >= 50, "{stats:?}");
     assert!(stats.waker_reads <= 1, "{stats:?}");
     assert_eq!(stats.shard_parks, 0, "{stats:?}");

@@ -179,7 +179,7 @@ impl<T: crate::DrivenTransport> crate::DrivenTransport for Faulty<T> {
     }
     fn park(
         &self,
-        waker: std::os::fd::BorrowedFd<'_>,
+        waker: crate::reactor::ParkWaker<'_>,
         timeout: std::time::Duration,
     ) -> Option<crate::reactor::ParkEnd> {
         self.inner().park(waker, timeout)
