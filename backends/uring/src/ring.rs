@@ -302,9 +302,11 @@ pub(crate) struct RingInner {
     eventfd_buf: Box<std::cell::UnsafeCell<u64>>,
     /// A read draining the eventfd is in flight.
     eventfd_read_inflight: bool,
-    /// The reactor waker (its [`ParkWaker::id`]) a park's poll is armed
-    /// for, and that poll's generation (in its user data).
-    waker_poll: Option<(u64, u64)>,
+    /// The reactor waker (its [`ParkWaker::id`]) the last park was for.
+    waker_id: u64,
+    /// The generation (in its user data) of the armed poll of that
+    /// waker's eventfd.
+    waker_poll: Option<u64>,
     /// The generation of the last waker poll armed.
     waker_gen: u64,
     /// That poll completed since the last park: the reactor was woken.
@@ -485,6 +487,7 @@ impl UringReactor {
                 eventfd_armed: false,
                 eventfd_buf: Box::new(std::cell::UnsafeCell::new(0)),
                 eventfd_read_inflight: false,
+                waker_id: 0,
                 waker_poll: None,
                 waker_gen: 0,
                 waker_fired: false,
@@ -528,6 +531,9 @@ impl UringReactor {
                 tracing::debug!(error = %e, "uring: re-arming receives before a park failed");
             }
         }
+        // What a park in the ring queued and could not submit (it failed,
+        // and the reactor polls instead).
+        r.submit_queued();
         if r.park_eventfd.is_some() && !r.eventfd_armed {
             r.eventfd_armed = true;
             r.ring.completion().enable_eventfd();
@@ -866,18 +872,26 @@ impl RingInner {
             self.queue_direct_receives();
             self.rearm_receives();
         }
-        if self.waker_poll.map(|(id, _)| id) != Some(waker.id) {
-            if let Some((_, gen)) = self.waker_poll.take() {
-                // Another waker (a new reactor run on this ring): its
-                // eventfd's number may even be the old one's, so cancel
-                // the old poll; its completion is ignored (generation).
-                let _ = sys::push_cancel(
-                    &mut self.ring,
-                    user_data(gen as usize, OP_WAKER),
-                    user_data(CONN_MASK as usize, OP_CANCEL),
-                );
+        if self.waker_id != waker.id {
+            if let Some(gen) = self.waker_poll.take() {
+                // Another waker (the reactor run again on this thread with
+                // a new eventfd): its number may even be the old one's,
+                // so cancel the old poll; its completion is ignored (an
+                // older generation).
+                let target = user_data(gen as usize, OP_WAKER);
+                let ud = user_data(CONN_MASK as usize, OP_CANCEL);
+                if !sys::push_cancel(&mut self.ring, target, ud) {
+                    self.stats.sq_full += 1;
+                    self.submit_queued();
+                    let _ = sys::push_cancel(&mut self.ring, target, ud);
+                }
             }
             self.waker_fired = false;
+            self.waker_id = waker.id;
+        }
+        // A poll that fired in a turn's reap ends this park at once
+        // (`ready`); the next park arms another.
+        if self.waker_poll.is_none() && !self.waker_fired {
             self.waker_gen = (self.waker_gen + 1) & CONN_MASK;
             let ud = user_data(self.waker_gen as usize, OP_WAKER);
             let fd = waker.fd.as_raw_fd();
@@ -888,10 +902,11 @@ impl RingInner {
                 armed = sys::push_poll_in(&mut self.ring, Sock::Fd(fd), ud);
             }
             if !armed {
-                // Without the poll a wake-up could not end the sleep.
+                // Without the poll a wake-up could not end the sleep:
+                // poll(2) instead (`fd()` submits what is queued).
                 return None;
             }
-            self.waker_poll = Some((waker.id, self.waker_gen));
+            self.waker_poll = Some(self.waker_gen);
         }
         // Completions reaped since the last turn (the waker's among
         // them) end the park before it starts.
@@ -940,8 +955,9 @@ impl RingInner {
                 interrupted = true;
             }
             Err(e) => {
+                // Completions left in the CQ make `fd()` wake the poll at
+                // once; SQEs left in the SQ are submitted by `fd()`.
                 tracing::warn!(error = %e, "uring: park enter failed; polling instead");
-                self.reap();
                 return None;
             }
         }
@@ -1310,7 +1326,7 @@ impl RingInner {
             OP_WAKER => {
                 // Only the armed poll's completion counts (a cancelled
                 // one, of an earlier waker, carries another generation).
-                if matches!(self.waker_poll, Some((_, gen)) if gen == idx as u64) {
+                if self.waker_poll == Some(idx as u64) {
                     self.waker_poll = None;
                     self.waker_fired = true;
                 }
@@ -2442,6 +2458,47 @@ mod tests {
         let mut pfds = [PollFd::new(fd, PollFlags::POLLIN)];
         let n = nix::poll::poll(&mut pfds, PollTimeout::from(5000u16)).unwrap();
         assert_eq!(n, 1, "the park woke for the second frame");
+    }
+
+    /// A park in the ring that queued its SQEs and then failed to enter
+    /// (the reactor polls instead): the park descriptor submits them, in
+    /// each mode, so data still wakes the poll.
+    #[test]
+    fn a_failed_park_leaves_nothing_unsubmitted_for_the_poll() {
+        use nix::poll::{PollFd, PollFlags, PollTimeout};
+        use nix::sys::eventfd::{EfdFlags, EventFd};
+        use std::io::Write;
+        use std::os::fd::AsFd;
+        for recv in [RecvMode::Single, RecvMode::Spin] {
+            let cfg = UringConfig {
+                recv,
+                ..UringConfig::default()
+            };
+            let r = UringReactor::new(&cfg).unwrap();
+            let (a, mut b) = loopback_pair();
+            let idx = r.lock().add_conn(a);
+            b.write_all(&rpc_frame(1, 8)).unwrap();
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            while r.lock().conn(idx).chunks.is_empty() {
+                assert!(std::time::Instant::now() < deadline, "{recv:?}: no data");
+                r.enter().unwrap();
+            }
+            let efd = EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK).unwrap();
+            let waker = ParkWaker {
+                fd: efd.as_fd(),
+                id: 1,
+            };
+            // The park's first half queues the receive (or poll) and the
+            // waker's poll; its enter never happens.
+            let (_, pending, ready) = r.lock().prepare_park(waker).unwrap();
+            assert!(pending >= 2 && !ready, "{recv:?}: {pending} {ready}");
+            let fd = r.fd();
+            assert_eq!(r.lock().ring.submission().len(), 0, "{recv:?}: left queued");
+            b.write_all(&rpc_frame(2, 8)).unwrap();
+            let mut pfds = [PollFd::new(fd, PollFlags::POLLIN)];
+            let n = nix::poll::poll(&mut pfds, PollTimeout::from(5000u16)).unwrap();
+            assert_eq!(n, 1, "{recv:?}: the poll slept through the data");
+        }
     }
 
     /// Spin receives into the connection's own buffer start at its front
