@@ -323,6 +323,11 @@ pub(crate) struct RingInner {
     /// gets its turn (starting at 0 each time starved the ones past the
     /// SQ's size for good).
     conn_cursor: usize,
+    /// File-table slots of connections freed on another thread, whose
+    /// clearing the kernel refused there (`EEXIST`: a single-issuer ring
+    /// takes table updates from its issuer only). The table still holds
+    /// their sockets open, so the issuer's next enter clears them.
+    stale_slots: Vec<u32>,
 }
 
 /// A ring and the memory it uses, shared by the connections of one reactor.
@@ -495,6 +500,7 @@ impl UringReactor {
                 cqe_batch: Vec::with_capacity(CQE_BATCH),
                 rx_freed: Vec::new(),
                 conn_cursor: 0,
+                stale_slots: Vec::new(),
             })),
             fd: Arc::new(fd),
         })
@@ -749,6 +755,7 @@ impl RingInner {
             self.ring.submitter().register_enable_rings()?;
             self.enabled = true;
         }
+        self.clear_stale_slots();
         let drains = self.queue_eventfd_drain();
         let direct_spun = self.queue_direct_receives();
         self.rearm_receives();
@@ -859,6 +866,7 @@ impl RingInner {
             }
             self.enabled = true;
         }
+        self.clear_stale_slots();
         if self.spin {
             // Readability polls, submitted by the park's own enter (a
             // full SQ is submitted first, then the rest are queued).
@@ -969,6 +977,18 @@ impl RingInner {
         } else {
             ParkEnd::Input
         })
+    }
+
+    /// Clear the file-table slots that connections freed on another
+    /// thread left holding their sockets (`stale_slots`). Called by the
+    /// issuer, at each enter.
+    fn clear_stale_slots(&mut self) {
+        if self.stale_slots.is_empty() {
+            return;
+        }
+        let mut stale = std::mem::take(&mut self.stale_slots);
+        stale.retain(|&slot| sys::set_file_slot(&self.ring, slot, -1).is_err());
+        self.stale_slots = stale;
     }
 
     /// Submit what is queued with a plain enter (no wait, no receives
@@ -1632,8 +1652,13 @@ impl RingInner {
 
     fn drop_conn_memory(&mut self, mut c: Conn) {
         if let Sock::Fixed(slot) = c.sock {
-            // The table's reference is the last one to the socket.
-            let _ = sys::set_file_slot(&self.ring, slot, -1);
+            // The table's reference is the last one to the socket: until
+            // it goes the socket stays open and the peer sees no end.
+            // Off the issuer thread the kernel refuses; the issuer's next
+            // enter clears it.
+            if sys::set_file_slot(&self.ring, slot, -1).is_err() {
+                self.stale_slots.push(slot);
+            }
         }
         for seg in std::mem::take(&mut c.queue) {
             if let TxSeg::Slot { id, .. } = seg {
@@ -1664,8 +1689,12 @@ impl RingInner {
             Ok(slot)
                 if slot < self.file_slots && sys::set_file_slot(&self.ring, slot, fd).is_ok() =>
             {
+                // The update replaced whatever the slot still held.
+                self.stale_slots.retain(|&s| s != slot);
                 Sock::Fixed(slot)
             }
+            // Off the issuer thread of an enabled ring the table refuses
+            // updates: the connection names its socket by descriptor.
             _ => Sock::Fd(fd),
         };
         let c = Conn {

@@ -700,6 +700,62 @@ fn a_new_waker_on_a_reused_fd_number_still_ends_the_park() {
     }
 }
 
+/// Whether the kernel lists a TCP socket with inode `ino` as held by a
+/// file (`/proc/net/tcp`; a socket no file refers to shows inode 0).
+fn tcp_socket_listed(ino: u64) -> bool {
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    table
+        .lines()
+        .skip(1)
+        .any(|l| l.split_whitespace().nth(9) == Some(&ino.to_string()))
+}
+
+/// A transport dropped on a thread other than the ring's (its shard
+/// handed back, say) still lets its socket go: the kernel refuses that
+/// thread's update of the registered file table, so the ring's next enter
+/// clears the slot, and no file refers to the socket any more (before, the
+/// table held it until the slot was used again or the ring went). In
+/// every receive mode; the slot carries a new connection afterwards.
+#[test]
+fn a_transport_dropped_on_another_thread_lets_its_socket_go() {
+    use std::os::fd::AsRawFd;
+    for cfg in all_modes() {
+        let mode = cfg.recv;
+        let r = UringReactor::new(&cfg).unwrap();
+        let (_raw, s) = raw_pair();
+        let link = std::fs::read_link(format!("/proc/self/fd/{}", s.as_raw_fd())).unwrap();
+        let ino: u64 = link
+            .to_string_lossy()
+            .trim_start_matches("socket:[")
+            .trim_end_matches(']')
+            .parse()
+            .unwrap();
+        let t = UringTransport::new(&r, s).unwrap();
+        // This thread becomes the ring's issuer.
+        r.enter().unwrap();
+        assert!(tcp_socket_listed(ino), "{mode:?}: socket {ino} not listed");
+        std::thread::spawn(move || drop(t)).join().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while tcp_socket_listed(ino) {
+            assert!(
+                Instant::now() < deadline,
+                "{mode:?}: a file still holds socket {ino}"
+            );
+            r.enter().unwrap();
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // A new connection in the same place carries frames.
+        let (mut raw2, s2) = raw_pair();
+        let mut t2 = UringTransport::new(&r, s2).unwrap();
+        let f = frame(5, 40);
+        raw2.write_all(&f).unwrap();
+        let got = next_frames(&r, &mut t2, &format!("{mode:?}"));
+        assert_eq!(got, vec![f], "{mode:?}");
+        drop(t2);
+        r.enter().unwrap();
+    }
+}
+
 /// After a park on the ring's eventfd (`fd()`, for a reactor that polls
 /// other descriptors too), the next enter drains the eventfd with a read
 /// it submits itself: no `read(2)` of its own, and the eventfd is quiet
