@@ -153,6 +153,12 @@ fn uring_backend() -> Value {
         "fallbacks": probed.fallbacks,
         "sqpoll": cfg.sqpoll_idle_ms.is_some(),
         "defer_taskrun": cfg.defer_taskrun,
+        // Where a parking reactor sleeps (`UringReactor::park`).
+        "park": if probed.defer_taskrun && cfg.defer_taskrun && cfg.sqpoll_idle_ms.is_none() {
+            "ring"
+        } else {
+            "poll"
+        },
         "recv_mode": match starwire_uring::RecvMode::from_env() {
             Some(m) => m.name(),
             None => "spin when the reactor polls, single when it parks",
@@ -428,6 +434,14 @@ fn print_text(i: &Value, settings: &Settings) {
                 "none".to_owned()
             } else {
                 fb.iter().map(s).collect::<Vec<_>>().join("; ")
+            }
+        );
+        println!(
+            "  uring park     {}",
+            if ub["park"] == "ring" {
+                "in the ring: one io_uring_enter submits, waits and runs the completions' work"
+            } else {
+                "poll(2) on the ring's descriptor (no DEFER_TASKRUN, or SQPOLL)"
             }
         );
         let r = &ub["ring"];

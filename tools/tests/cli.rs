@@ -307,10 +307,14 @@ fn info_shows_settings_with_sources() {
         assert_eq!(b["ring"]["ok"], true, "{b}");
         assert!(b["ring"]["tx_pool_pages"].is_string(), "{b}");
         assert!(b["fallbacks"].is_array(), "{b}");
+        // This kernel has DEFER_TASKRUN: a parking reactor sleeps in the ring.
+        assert_eq!(b["park"], "ring", "{b}");
         let out = run(&["info"]);
         let t = text(&out.stdout);
         assert!(
-            t.contains("uring buffers") && t.contains("uring fallback"),
+            t.contains("uring buffers")
+                && t.contains("uring fallback")
+                && t.contains("uring park     in the ring"),
             "{t}"
         );
     }
