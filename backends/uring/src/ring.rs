@@ -317,7 +317,7 @@ pub(crate) struct RingInner {
     cqe_batch: Vec<(u64, i32, u32)>,
     /// Scratch of `rx_burst`: receive buffers whose last chunk it consumed.
     rx_freed: Vec<u16>,
-    /// Where `queue_spin_receives` and `arm_park_polls` start their next
+    /// Where `queue_spin_receives` and `push_park_polls` start their next
     /// pass over the connections: after the last one a full SQ stopped
     /// them at, so that with more connections than SQ entries every one
     /// gets its turn (starting at 0 each time starved the ones past the
@@ -507,7 +507,7 @@ impl UringReactor {
     }
 
     /// This ring's identity (equal for clones of one reactor).
-    pub fn key(&self) -> usize {
+    pub(crate) fn key(&self) -> usize {
         Arc::as_ptr(&self.inner) as *const () as usize
     }
 
@@ -525,10 +525,8 @@ impl UringReactor {
     pub fn fd(&self) -> BorrowedFd<'_> {
         let mut r = self.lock();
         if r.spin {
-            if let Err(e) = r.arm_park_polls() {
-                // The park's timeout still bounds the sleep.
-                tracing::debug!(error = %e, "uring: arming park polls failed");
-            }
+            // Submitted below, with nothing else: a poll takes no data.
+            r.push_park_polls();
         } else if !r.rearm.is_empty() || !r.direct.is_empty() {
             // Receives completed by the last enter wait to be queued again
             // (a caller may park without another turn): queue them now,
@@ -537,8 +535,8 @@ impl UringReactor {
                 tracing::debug!(error = %e, "uring: re-arming receives before a park failed");
             }
         }
-        // What a park in the ring queued and could not submit (it failed,
-        // and the reactor polls instead).
+        // The park polls above, and what a park in the ring queued and
+        // could not submit (it failed, and the reactor polls instead).
         r.submit_queued();
         if r.park_eventfd.is_some() && !r.eventfd_armed {
             r.eventfd_armed = true;
@@ -888,11 +886,7 @@ impl RingInner {
                 // older generation).
                 let target = user_data(gen as usize, OP_WAKER);
                 let ud = user_data(CONN_MASK as usize, OP_CANCEL);
-                if !sys::push_cancel(&mut self.ring, target, ud) {
-                    self.stats.sq_full += 1;
-                    self.submit_queued();
-                    let _ = sys::push_cancel(&mut self.ring, target, ud);
-                }
+                self.push_or_submit(|ring| sys::push_cancel(ring, target, ud));
             }
             self.waker_fired = false;
             self.waker_id = waker.id;
@@ -902,14 +896,8 @@ impl RingInner {
         if self.waker_poll.is_none() && !self.waker_fired {
             self.waker_gen = (self.waker_gen + 1) & CONN_MASK;
             let ud = user_data(self.waker_gen as usize, OP_WAKER);
-            let fd = waker.fd.as_raw_fd();
-            let mut armed = sys::push_poll_in(&mut self.ring, Sock::Fd(fd), ud);
-            if !armed {
-                self.stats.sq_full += 1;
-                self.submit_queued();
-                armed = sys::push_poll_in(&mut self.ring, Sock::Fd(fd), ud);
-            }
-            if !armed {
+            let fd = Sock::Fd(waker.fd.as_raw_fd());
+            if !self.push_or_submit(|ring| sys::push_poll_in(ring, fd, ud)) {
                 // Without the poll a wake-up could not end the sleep:
                 // poll(2) instead (`fd()` submits what is queued).
                 return None;
@@ -918,17 +906,10 @@ impl RingInner {
         }
         // Completions reaped since the last turn (the waker's among
         // them) end the park before it starts.
-        let pending = {
-            let mut sq = self.ring.submission();
-            sq.sync();
-            sq.len()
-        };
+        let pending = self.queued();
         let ready = self.waker_fired || !self.ring.completion().is_empty();
         let registered = self.registered_index();
-        let fd = match registered {
-            Some(i) => sys::EnterFd::Registered(i),
-            None => sys::EnterFd::Plain(self.ring.as_raw_fd()),
-        };
+        let fd = sys::EnterFd::new(&self.ring, registered);
         if !ready || pending > 0 {
             self.stats.enters += 1;
             self.stats.registered_enters += u64::from(registered.is_some());
@@ -991,14 +972,28 @@ impl RingInner {
         self.stale_slots = stale;
     }
 
+    /// SQEs queued and not yet submitted.
+    fn queued(&mut self) -> usize {
+        let mut sq = self.ring.submission();
+        sq.sync();
+        sq.len()
+    }
+
+    /// Queue an SQE with `push`; when the SQ is full, submit what is
+    /// queued and try once more. Returns whether it was queued.
+    fn push_or_submit(&mut self, push: impl Fn(&mut IoUring) -> bool) -> bool {
+        if push(&mut self.ring) {
+            return true;
+        }
+        self.stats.sq_full += 1;
+        self.submit_queued();
+        push(&mut self.ring)
+    }
+
     /// Submit what is queued with a plain enter (no wait, no receives
-    /// added): room in a full SQ.
+    /// added): room in a full SQ, or polls before a park.
     fn submit_queued(&mut self) {
-        let pending = {
-            let mut sq = self.ring.submission();
-            sq.sync();
-            sq.len()
-        };
+        let pending = self.queued();
         if pending == 0 {
             return;
         }
@@ -1247,29 +1242,11 @@ impl RingInner {
         }
     }
 
-    /// `RecvMode::Spin`, before a park: arm a one-shot readability poll on
-    /// every connection that has none, and submit. A poll consumes no data,
-    /// so it cannot reorder the stream; its completion only wakes the
-    /// reactor, whose next turns receive.
-    fn arm_park_polls(&mut self) -> std::io::Result<()> {
-        let before = self.stats.park_polls;
-        self.push_park_polls();
-        if self.stats.park_polls > before {
-            // Submits only: no receive is queued, so no data is taken.
-            let spin = std::mem::replace(&mut self.spin, false);
-            let direct = std::mem::take(&mut self.direct);
-            let r = self.enter();
-            self.spin = spin;
-            // Completions reaped inside (a full CQ) may have added some.
-            let added = std::mem::replace(&mut self.direct, direct);
-            self.direct.extend(added);
-            r?;
-        }
-        Ok(())
-    }
-
-    /// Queue the readability polls of [`arm_park_polls`](Self::arm_park_polls)
-    /// without submitting them. Returns true when the SQ filled up first.
+    /// `RecvMode::Spin`, before a park: queue a one-shot readability poll
+    /// for every connection that has none (the caller submits them). A
+    /// poll consumes no data, so it cannot reorder the stream; its
+    /// completion only wakes the reactor, whose next turns receive.
+    /// Returns true when the SQ filled up first.
     fn push_park_polls(&mut self) -> bool {
         for idx in self.pass_order() {
             let Some(c) = self.conns[idx].as_mut() else {

@@ -362,6 +362,15 @@ pub(crate) enum EnterFd {
 }
 
 impl EnterFd {
+    /// `ring` through its index `registered` in the calling thread, if
+    /// any, else its plain descriptor.
+    pub(crate) fn new(ring: &IoUring, registered: Option<u32>) -> Self {
+        match registered {
+            Some(i) => Self::Registered(i),
+            None => Self::Plain(ring.as_raw_fd()),
+        }
+    }
+
     fn fd_and_flags(self) -> (libc::c_int, libc::c_uint) {
         match self {
             Self::Registered(i) => (i as libc::c_int, ENTER_REGISTERED_RING),
@@ -405,11 +414,7 @@ pub(crate) fn enter(
     to_submit: u32,
     flags: u32,
 ) -> std::io::Result<usize> {
-    let fd = match registered {
-        Some(i) => EnterFd::Registered(i),
-        None => EnterFd::Plain(ring.as_raw_fd()),
-    };
-    enter_raw(fd, to_submit, flags)
+    enter_raw(EnterFd::new(ring, registered), to_submit, flags)
 }
 
 /// `IORING_ENTER_EXT_ARG` (5.11): the argument is an
