@@ -1,0 +1,188 @@
+//! What a run is configured with: [`TrainConfig`], the backend, and the
+//! checks and conversions every role applies to it.
+
+use std::path::PathBuf;
+
+use starwire_data::SyntheticSpec;
+use starwire_graph::{ModelKind, Protocol};
+use starwire_ps::{OptimizerConfig, OptimizerKind, ShardConfig, Strategy};
+
+use crate::source::DataSource;
+use crate::TrainError;
+
+/// Everything `starwire train` (and `ps` / `worker`) is configured with.
+#[derive(Debug, Clone)]
+pub struct TrainConfig {
+    /// The transport backend.
+    pub backend: BackendKind,
+    /// PS tasks.
+    pub ps: usize,
+    /// Worker tasks.
+    pub workers: usize,
+    /// `star_server` or `star_server_lite`.
+    pub protocol: Protocol,
+    /// `lr` or `wdl`.
+    pub model: ModelKind,
+    /// Training data.
+    pub train: DataSource,
+    /// Evaluation data.
+    pub eval: DataSource,
+    /// Passes over the training data.
+    pub epochs: u64,
+    /// Cap on the total number of steps (all workers together).
+    pub steps: Option<u64>,
+    /// Examples per step per worker.
+    pub batch_size: usize,
+    /// Embedding width.
+    pub embedding_dim: usize,
+    /// Optimizer.
+    pub optimizer: OptimizerKind,
+    /// Learning rate.
+    pub lr: f32,
+    /// Placement strategy of whole variables.
+    pub placement: Strategy,
+    /// One fused pull and push per shard per step (`--tensor-fuse on`).
+    pub tensor_fuse: bool,
+    /// A barrier per step.
+    pub sync: bool,
+    /// Seed of the data, the initial values and annealing.
+    pub seed: u64,
+    /// Write a checkpoint here at the end; restore from it at start if one
+    /// is there.
+    pub checkpoint_dir: Option<PathBuf>,
+    /// DeepRec `filter_freq` (0: off).
+    pub filter_freq: u32,
+    /// DeepRec `steps_to_live` (0: off).
+    pub steps_to_live: u64,
+    /// DeepRec `default_value_dim`: rows of each table's default value
+    /// matrix (0: every key initialised by itself).
+    pub default_value_dim: usize,
+    /// Synthetic training examples per epoch.
+    pub train_examples: u64,
+    /// Evaluation examples (synthetic), or a cap on those read (Criteo).
+    pub eval_examples: u64,
+    /// Skip malformed Criteo lines instead of failing.
+    pub skip_bad_lines: bool,
+    /// Busy-poll on the workers (`WORKER_ENABLE_POLLING`).
+    pub worker_polling: bool,
+    /// Busy-poll on the PS reactors (`PS_ENABLE_POLLING`).
+    pub ps_polling: bool,
+    /// Reactors (shards) per PS task (`NETWORK_PS_CORE_NUMBER`).
+    pub ps_reactors: usize,
+    /// Pin PS reactors to cores (not `PS_DISABLE_PIN_CORES`).
+    pub pin_ps: bool,
+    /// Compute threads of each worker's graph executor (0: inline).
+    pub compute_threads: usize,
+    /// Print progress every this many steps of worker 0 (0: never).
+    pub log_every: u64,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        Self {
+            backend: BackendKind::Tcp,
+            ps: 1,
+            workers: 2,
+            protocol: Protocol::StarServer,
+            model: ModelKind::Lr,
+            train: DataSource::Synthetic,
+            eval: DataSource::Synthetic,
+            epochs: 1,
+            steps: None,
+            batch_size: 512,
+            embedding_dim: 8,
+            optimizer: OptimizerKind::Adagrad,
+            lr: 0.05,
+            placement: Strategy::Greedy,
+            tensor_fuse: true,
+            sync: false,
+            seed: 1,
+            checkpoint_dir: None,
+            filter_freq: 0,
+            steps_to_live: 0,
+            default_value_dim: starwire_ps::DEFAULT_VALUE_DIM,
+            train_examples: SyntheticSpec::default().examples_per_epoch,
+            eval_examples: 50_000,
+            skip_bad_lines: false,
+            worker_polling: false,
+            ps_polling: false,
+            ps_reactors: 1,
+            pin_ps: false,
+            compute_threads: 0,
+            log_every: 0,
+        }
+    }
+}
+
+/// The transport a run uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BackendKind {
+    /// Non-blocking TCP sockets (always built).
+    Tcp,
+    /// No network: workers call the local cluster's shards directly (the
+    /// compute bound; `starwire train` only).
+    Inproc,
+    /// io_uring (feature `uring`).
+    #[cfg(all(feature = "uring", target_os = "linux"))]
+    Uring,
+    /// The gRPC baseline (feature `grpc`).
+    #[cfg(feature = "grpc")]
+    Grpc,
+}
+
+impl BackendKind {
+    /// Every backend compiled in, by name.
+    pub const ALL: &'static [(&'static str, BackendKind)] = &[
+        ("tcp", BackendKind::Tcp),
+        ("inproc", BackendKind::Inproc),
+        #[cfg(all(feature = "uring", target_os = "linux"))]
+        ("uring", BackendKind::Uring),
+        #[cfg(feature = "grpc")]
+        ("grpc", BackendKind::Grpc),
+    ];
+
+    /// The backend called `name`, if compiled in.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.iter().find(|(n, _)| *n == name).map(|(_, b)| *b)
+    }
+}
+
+/// The DeepRec protocol name.
+pub fn protocol_name(p: Protocol) -> &'static str {
+    match p {
+        Protocol::StarServer => "star_server",
+        Protocol::StarServerLite => "star_server_lite",
+    }
+}
+
+/// The model name on the command line.
+pub fn model_name(m: ModelKind) -> &'static str {
+    match m {
+        ModelKind::Lr => "lr",
+        ModelKind::Wdl => "wdl",
+    }
+}
+
+pub(super) fn shard_config(cfg: &TrainConfig) -> ShardConfig {
+    ShardConfig {
+        seed: cfg.seed,
+        optimizer: OptimizerConfig::with_kind(cfg.optimizer, cfg.lr),
+        filter_freq: cfg.filter_freq,
+        steps_to_live: cfg.steps_to_live,
+        default_value_dim: cfg.default_value_dim,
+        ..ShardConfig::default()
+    }
+}
+
+/// A task of a cluster across processes needs a network backend.
+pub(super) fn across_processes(b: BackendKind) -> Result<(), TrainError> {
+    if b == BackendKind::Inproc {
+        return Err(TrainError::Config(
+            "--backend inproc has no network: it runs only in `starwire train` (the local \
+             cluster); `starwire ps` and `starwire worker` need tcp, uring or grpc"
+                .into(),
+        ));
+    }
+    Ok(())
+}

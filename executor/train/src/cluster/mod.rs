@@ -1,0 +1,336 @@
+//! The cluster of a training run: the local loopback cluster of `starwire
+//! train` and the single roles of `starwire ps` and `starwire worker`.
+//!
+//! Its parts: the configuration (`config.rs`), the plan of which PS holds
+//! each variable (`plan.rs`), the pieces of the PS and worker roles
+//! (`roles.rs`) and the report (`report.rs`).
+
+mod config;
+mod plan;
+mod report;
+mod roles;
+
+pub use config::{model_name, protocol_name, BackendKind, TrainConfig};
+pub use plan::{plan, shard_threshold, Plan, PLACEMENT_SAMPLE};
+pub use report::{Interval, TrainReport};
+pub(crate) use roles::shard_handler;
+pub use roles::{
+    connect, evaluate, load_eval, make_shard, start_ps, worker_loop, ClusterBackend, PsTask,
+    RunningPs, Sessions, WorkerNet, WorkerOutcome,
+};
+
+use std::net::{SocketAddr, TcpListener};
+use std::sync::Barrier;
+use std::time::Instant;
+
+use starwire_data::{auc, Batch};
+use starwire_graph::{partition, Executor};
+
+use config::across_processes;
+use roles::{cluster_backend, read_manifest, write_checkpoint};
+
+use crate::control::Control;
+use crate::net::Traffic;
+use crate::source::DataSource;
+use crate::worker::{control_all, WorkerCore};
+use crate::TrainError;
+
+/// `starwire train` without cluster flags: PS tasks and workers as threads
+/// of this process over loopback, then an evaluation.
+pub fn run_local(cfg: &TrainConfig) -> Result<TrainReport, TrainError> {
+    run_local_on(&*cluster_backend(cfg.backend), cfg)
+}
+
+fn run_local_on(k: &dyn ClusterBackend, cfg: &TrainConfig) -> Result<TrainReport, TrainError> {
+    let plan = plan(cfg)?;
+    let manifest = match &cfg.checkpoint_dir {
+        Some(d) => read_manifest(d)?,
+        None => None,
+    };
+    if let Some(m) = &manifest {
+        if m.shard_count != plan.shards {
+            return Err(TrainError::Config(format!(
+                "the checkpoint has {} shards, this cluster {}; use the same --ps and NETWORK_PS_CORE_NUMBER",
+                m.shard_count, plan.shards
+            )));
+        }
+    }
+    let restore = manifest.as_ref().and(cfg.checkpoint_dir.as_deref());
+    // Workers plus the evaluator say DONE to every shard.
+    let expected = cfg.workers + 1;
+    let mut tasks = Vec::with_capacity(cfg.ps);
+    for p in 0..cfg.ps {
+        let l = TcpListener::bind("127.0.0.1:0")?;
+        tasks.push(k.start_ps(cfg, &plan, p, l, expected, restore)?);
+    }
+    let addrs: Vec<String> = tasks.iter().map(|t| t.addr().to_string()).collect();
+
+    let eval_all = load_eval(cfg, &plan.truth, cfg.eval_examples)?;
+    let eval_interval: Vec<Batch> = {
+        let mut v = Vec::new();
+        let mut n = 0;
+        for b in &eval_all {
+            if n >= 20_000 {
+                break;
+            }
+            n += b.len;
+            v.push(b.clone());
+        }
+        v
+    };
+    let start = Barrier::new(cfg.workers + 1);
+    let (t_start, outcomes): (Instant, Vec<Result<WorkerOutcome, TrainError>>) =
+        std::thread::scope(|sc| {
+            let mut hs = Vec::new();
+            for w in 0..cfg.workers {
+                let (plan, addrs, start, ev) = (&plan, &addrs, &start, &eval_interval);
+                let resume = manifest
+                    .as_ref()
+                    .and_then(|m| m.workers.iter().find(|p| p.worker as usize == w).cloned());
+                hs.push(
+                    std::thread::Builder::new()
+                        .name(format!("starwire-worker-{w}"))
+                        .spawn_scoped(sc, move || {
+                            let mut net = match k.connect(cfg, addrs, w as u32, plan.shards) {
+                                Ok(n) => n,
+                                Err(e) => {
+                                    start.wait();
+                                    return Err(e);
+                                }
+                            };
+                            let r = worker_loop(
+                                cfg,
+                                plan,
+                                w,
+                                &mut *net,
+                                Some(start),
+                                resume.as_ref(),
+                                Some(ev),
+                            );
+                            let _ = control_all(&mut *net, plan.shards, &Control::Done);
+                            net.close();
+                            r
+                        }),
+                );
+            }
+            start.wait();
+            let t0 = Instant::now();
+            let outs = hs
+                .into_iter()
+                .map(|h| match h {
+                    Ok(h) => h
+                        .join()
+                        .unwrap_or_else(|_| Err(TrainError::Internal("worker panicked".into()))),
+                    Err(e) => Err(TrainError::Io(e)),
+                })
+                .collect();
+            (t0, outs)
+        });
+    let mut outs = Vec::new();
+    let mut first_err = None;
+    for o in outcomes {
+        match o {
+            Ok(o) => outs.push(o),
+            Err(e) => {
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+    if let Some(e) = first_err {
+        // A worker failed: stop the PS tasks instead of waiting for a DONE
+        // that will not come.
+        for t in tasks {
+            t.stop();
+        }
+        return Err(e);
+    }
+    // The evaluator: its own connections, after every worker has pushed.
+    let mut net = k.connect(cfg, &addrs, cfg.workers as u32, plan.shards)?;
+    let mut core = WorkerCore::new(
+        partition(&plan.model, cfg.protocol),
+        plan.layout.clone(),
+        cfg.tensor_fuse,
+        Executor::new(cfg.compute_threads),
+    );
+    let eval_result = evaluate(&mut core, &mut *net, &eval_all);
+    let ckpt = match (&cfg.checkpoint_dir, &eval_result) {
+        (Some(d), Ok(_)) => {
+            let progress = outs.iter().filter_map(|o| o.progress.clone()).collect();
+            write_checkpoint(&mut core, &mut *net, cfg, &plan, d, progress)
+                .map(|()| Some(d.clone()))
+        }
+        _ => Ok(None),
+    };
+    // Closing the evaluator's connections counts as its DONE.
+    let _ = control_all(&mut *net, plan.shards, &Control::Done);
+    net.close();
+    drop(net);
+    let mut shard_stats = Vec::new();
+    for t in tasks {
+        shard_stats.extend(t.join()?);
+    }
+    let (auc_v, logloss_v) = eval_result?;
+    let ckpt = ckpt?;
+    let steps: u64 = outs.iter().map(|o| o.steps).sum();
+    let samples: u64 = outs.iter().map(|o| o.samples).sum();
+    let train_seconds = outs
+        .iter()
+        .filter_map(|o| o.end)
+        .max()
+        .map_or(0.0, |e| e.saturating_duration_since(t_start).as_secs_f64());
+    let traffic = outs.iter().fold(Traffic::default(), |a, o| Traffic {
+        sent: a.sent + o.traffic.sent,
+        received: a.received + o.traffic.received,
+        requests: a.requests + o.traffic.requests,
+    });
+    let oracle_auc = (cfg.eval == DataSource::Synthetic).then(|| {
+        let mut labels = Vec::new();
+        let mut probs = Vec::new();
+        for b in &eval_all {
+            for i in 0..b.len {
+                labels.push(b.labels[i]);
+                probs.push(plan.truth.oracle_prob(b, i));
+            }
+        }
+        auc(&labels, &probs)
+    });
+    let w0 = outs.first();
+    Ok(TrainReport {
+        backend: k.name().into(),
+        protocol: protocol_name(cfg.protocol).into(),
+        model: model_name(cfg.model).into(),
+        ps: cfg.ps,
+        shards: plan.shards,
+        workers: cfg.workers,
+        tensor_fuse: cfg.tensor_fuse,
+        sync: cfg.sync,
+        steps,
+        samples,
+        train_seconds,
+        samples_per_s: samples as f64 / train_seconds.max(1e-9),
+        auc: auc_v,
+        logloss: logloss_v,
+        oracle_auc,
+        eval_examples: eval_all.iter().map(|b| b.len as u64).sum(),
+        bytes_per_step: (traffic.sent + traffic.received) as f64 / steps.max(1) as f64,
+        requests_per_step: traffic.requests as f64 / steps.max(1) as f64,
+        final_train_loss: w0.map_or(0.0, |o| o.last_loss),
+        intervals: w0.map(|o| o.intervals.clone()).unwrap_or_default(),
+        placement: plan.report.clone(),
+        skipped_lines: outs.iter().map(|o| o.skipped).sum(),
+        checkpoint: ckpt,
+        resumed_from_step: manifest.map(|m| m.global_step),
+        shard_stats,
+    })
+}
+
+/// `starwire ps`: serve PS task `index` on `bind` until every one of the
+/// `cfg.workers` workers has said `DONE`; returns the shards' counters.
+/// Restores from `--checkpoint-dir` when it holds a checkpoint.
+pub fn run_ps_task(
+    cfg: &TrainConfig,
+    index: usize,
+    bind: SocketAddr,
+) -> Result<Vec<serde_json::Value>, TrainError> {
+    across_processes(cfg.backend)?;
+    let k = cluster_backend(cfg.backend);
+    let plan = plan(cfg)?;
+    let restore = match &cfg.checkpoint_dir {
+        Some(d) => read_manifest(d)?.map(|_| d.as_path()),
+        None => None,
+    };
+    let l = TcpListener::bind(bind)?;
+    let task = k.start_ps(cfg, &plan, index, l, cfg.workers, restore)?;
+    eprintln!(
+        "starwire ps {index}: serving {} shard(s) on {}",
+        cfg.ps_reactors.max(1),
+        task.addr()
+    );
+    task.join()
+}
+
+/// `starwire worker`: run worker `index` against the PS tasks at
+/// `ps_addrs`. Worker 0 then evaluates (on the model as it stands when it
+/// finishes; in asynchronous training other workers may still be pushing)
+/// and writes the checkpoint if asked.
+pub fn run_worker_task(
+    cfg: &TrainConfig,
+    ps_addrs: &[String],
+    index: usize,
+) -> Result<TrainReport, TrainError> {
+    across_processes(cfg.backend)?;
+    let k = cluster_backend(cfg.backend);
+    let plan = plan(cfg)?;
+    let manifest = match &cfg.checkpoint_dir {
+        Some(d) => read_manifest(d)?,
+        None => None,
+    };
+    let resume = manifest.as_ref().and_then(|m| {
+        m.workers
+            .iter()
+            .find(|p| p.worker as usize == index)
+            .cloned()
+    });
+    let mut net = k.connect(cfg, ps_addrs, index as u32, plan.shards)?;
+    let eval_all = if index == 0 {
+        load_eval(cfg, &plan.truth, cfg.eval_examples)?
+    } else {
+        Vec::new()
+    };
+    let t0 = Instant::now();
+    let out = worker_loop(cfg, &plan, index, &mut *net, None, resume.as_ref(), None)?;
+    let train_seconds = out
+        .end
+        .map_or(0.0, |e| e.saturating_duration_since(t0).as_secs_f64());
+    let mut core = WorkerCore::new(
+        partition(&plan.model, cfg.protocol),
+        plan.layout.clone(),
+        cfg.tensor_fuse,
+        Executor::new(cfg.compute_threads),
+    );
+    let (auc_v, logloss_v) = if index == 0 {
+        evaluate(&mut core, &mut *net, &eval_all)?
+    } else {
+        (f64::NAN, f64::NAN)
+    };
+    let mut ckpt = None;
+    if let (0, Some(d)) = (index, &cfg.checkpoint_dir) {
+        let progress = out.progress.clone().into_iter().collect();
+        write_checkpoint(&mut core, &mut *net, cfg, &plan, d, progress)?;
+        ckpt = Some(d.clone());
+    }
+    let shard_stats = control_all(&mut *net, plan.shards, &Control::Stats)?
+        .into_iter()
+        .filter_map(|b| serde_json::from_slice(&b).ok())
+        .collect();
+    control_all(&mut *net, plan.shards, &Control::Done)?;
+    net.close();
+    let t = out.traffic;
+    Ok(TrainReport {
+        backend: k.name().into(),
+        protocol: protocol_name(cfg.protocol).into(),
+        model: model_name(cfg.model).into(),
+        ps: cfg.ps,
+        shards: plan.shards,
+        workers: cfg.workers,
+        tensor_fuse: cfg.tensor_fuse,
+        sync: cfg.sync,
+        steps: out.steps,
+        samples: out.samples,
+        train_seconds,
+        samples_per_s: out.samples as f64 / train_seconds.max(1e-9),
+        auc: auc_v,
+        logloss: logloss_v,
+        oracle_auc: None,
+        eval_examples: eval_all.iter().map(|b| b.len as u64).sum(),
+        bytes_per_step: (t.sent + t.received) as f64 / out.steps.max(1) as f64,
+        requests_per_step: t.requests as f64 / out.steps.max(1) as f64,
+        final_train_loss: out.last_loss,
+        intervals: out.intervals,
+        placement: plan.report,
+        skipped_lines: out.skipped,
+        checkpoint: ckpt,
+        resumed_from_step: manifest.map(|m| m.global_step),
+        shard_stats,
+    })
+}

@@ -1,0 +1,77 @@
+//! What a run reports: its metrics per interval and at the end (`--json`
+//! prints a [`TrainReport`]).
+
+use std::path::PathBuf;
+
+use serde::Serialize;
+use starwire_ps::placement::PlacementReport;
+
+/// One progress interval (an epoch of worker 0).
+#[derive(Debug, Clone, Serialize)]
+pub struct Interval {
+    /// Epoch that just ended.
+    pub epoch: u64,
+    /// Worker 0's steps so far.
+    pub steps: u64,
+    /// Worker 0's mean training loss over the interval.
+    pub train_loss: f64,
+    /// Eval AUC (on up to 20k eval examples).
+    pub auc: f64,
+    /// Eval logloss.
+    pub logloss: f64,
+}
+
+/// The outcome of a training run (`--json` prints it).
+#[derive(Debug, Clone, Serialize)]
+pub struct TrainReport {
+    /// Backend name.
+    pub backend: String,
+    /// DeepRec protocol name.
+    pub protocol: String,
+    /// Model name.
+    pub model: String,
+    /// PS tasks.
+    pub ps: usize,
+    /// Shards (PS tasks × reactors).
+    pub shards: usize,
+    /// Workers.
+    pub workers: usize,
+    /// Fusion on.
+    pub tensor_fuse: bool,
+    /// Synchronous training.
+    pub sync: bool,
+    /// Steps run, all workers together.
+    pub steps: u64,
+    /// Examples trained on.
+    pub samples: u64,
+    /// Training wall time in seconds (from the first step to the last push).
+    pub train_seconds: f64,
+    /// Aggregate training throughput.
+    pub samples_per_s: f64,
+    /// Eval AUC at the end.
+    pub auc: f64,
+    /// Eval logloss at the end.
+    pub logloss: f64,
+    /// AUC of the true model on the eval set (synthetic eval only).
+    pub oracle_auc: Option<f64>,
+    /// Eval examples.
+    pub eval_examples: u64,
+    /// Request and reply body bytes per step, averaged over workers' steps.
+    pub bytes_per_step: f64,
+    /// Requests per step, averaged.
+    pub requests_per_step: f64,
+    /// Mean training loss over the last interval of worker 0.
+    pub final_train_loss: f64,
+    /// Per-interval metrics.
+    pub intervals: Vec<Interval>,
+    /// The placement of the variables on PS tasks.
+    pub placement: PlacementReport,
+    /// Lines skipped as bad (Criteo with `--skip-bad-lines`).
+    pub skipped_lines: u64,
+    /// The checkpoint written, if any.
+    pub checkpoint: Option<PathBuf>,
+    /// The step the run resumed from (a restored checkpoint), if any.
+    pub resumed_from_step: Option<u64>,
+    /// Per-shard counters.
+    pub shard_stats: Vec<serde_json::Value>,
+}

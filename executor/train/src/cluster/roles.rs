@@ -1,0 +1,610 @@
+//! The pieces of the PS and worker roles: starting a PS task's reactors,
+//! connecting a worker to every shard, a worker's training loop, the
+//! evaluation and the checkpoint.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::Path;
+use std::sync::mpsc;
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use starwire_data::{auc, logloss, Batch, TrueModel};
+use starwire_graph::{partition, Executor};
+use starwire_ps::{Manifest, PsShard, WorkerProgress};
+use starwire_transport::reactor::{IdlePolicy, Reactor, ReactorSpec};
+use starwire_transport::{ConnConfig, PeerInfo, TaskRole};
+
+use super::config::shard_config;
+use super::{model_name, protocol_name, BackendKind, Interval, Plan, TrainConfig};
+use crate::control::Control;
+use crate::handler::{shard_file, ShardHandler};
+use crate::link::{connect_shard, Acceptor, Backend, Binder, ShardInbox, Tcp};
+use crate::net::{Exchange, SessionNet, Traffic};
+use crate::server::PsReactor;
+use crate::source::{DataSource, Reader};
+use crate::worker::WorkerCore;
+use crate::TrainError;
+
+fn peer(role: TaskRole, index: u32, shards: u16) -> PeerInfo {
+    let incarnation = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_nanos() as u64);
+    PeerInfo {
+        role,
+        job: match role {
+            TaskRole::Ps => "ps".into(),
+            TaskRole::Worker => "worker".into(),
+        },
+        task_index: index,
+        incarnation,
+        shards,
+    }
+}
+
+/// A running PS task: its acceptor and one reactor per shard.
+#[derive(Debug)]
+pub struct PsTask<K: Backend> {
+    acceptor: Acceptor,
+    reactors: Vec<Reactor<PsReactor<ShardHandler, K::B>>>,
+}
+
+impl<K: Backend> PsTask<K> {
+    /// Where workers connect.
+    pub fn addr(&self) -> SocketAddr {
+        self.acceptor.local_addr()
+    }
+
+    /// Wait for every shard to finish (every expected worker said `DONE`)
+    /// and return the shards' counters.
+    pub fn join(self) -> Result<Vec<serde_json::Value>, TrainError> {
+        let PsTask { acceptor, reactors } = self;
+        let mut out = Vec::new();
+        for r in reactors {
+            let (shard, _) = r
+                .join()
+                .map_err(|e| TrainError::Internal(format!("PS reactor: {e}")))?;
+            out.push(crate::server::PsHandler::stats(shard.handler()));
+        }
+        drop(acceptor);
+        Ok(out)
+    }
+}
+
+/// Shard `s` of the plan as a reactor (or a lock) serves it, restored
+/// from the checkpoint in `restore` if given.
+pub(crate) fn shard_handler(
+    cfg: &TrainConfig,
+    plan: &Plan,
+    s: usize,
+    restore: Option<&Path>,
+) -> Result<ShardHandler, TrainError> {
+    Ok(ShardHandler {
+        shard: make_shard(cfg, plan, s, restore)?,
+        index: s,
+        checkpoint_dir: cfg.checkpoint_dir.clone(),
+    })
+}
+
+/// Shard `s` of the plan, restored from the checkpoint in `restore` if
+/// given.
+pub fn make_shard(
+    cfg: &TrainConfig,
+    plan: &Plan,
+    s: usize,
+    restore: Option<&Path>,
+) -> Result<PsShard, TrainError> {
+    let mut shard = PsShard::new(s, &plan.shard_vars[s], shard_config(cfg));
+    if let Some(dir) = restore {
+        let path = dir.join(shard_file(s));
+        let ck = |reason: String| TrainError::Checkpoint {
+            path: path.clone(),
+            reason,
+        };
+        let mut f = std::fs::File::open(&path).map_err(|e| ck(e.to_string()))?;
+        shard.restore(&mut f).map_err(|e| ck(e.to_string()))?;
+    }
+    Ok(shard)
+}
+
+/// A PS task as the local cluster drives it, whatever its backend.
+pub trait RunningPs {
+    /// Where workers connect.
+    fn addr(&self) -> SocketAddr;
+    /// Wait until every expected worker is done; the shards' counters.
+    fn join(self: Box<Self>) -> Result<Vec<serde_json::Value>, TrainError>;
+    /// Stop at once (a run that failed).
+    fn stop(self: Box<Self>);
+}
+
+impl<K: Backend> RunningPs for PsTask<K> {
+    fn addr(&self) -> SocketAddr {
+        PsTask::addr(self)
+    }
+    fn join(self: Box<Self>) -> Result<Vec<serde_json::Value>, TrainError> {
+        PsTask::join(*self)
+    }
+    fn stop(self: Box<Self>) {
+        for r in self.reactors {
+            let _ = r.stop();
+        }
+    }
+}
+
+/// A worker's connections to every shard, whatever the backend.
+pub trait WorkerNet: Exchange {
+    /// Close every connection politely.
+    fn close(&mut self);
+}
+
+impl<T: crate::link::LinkTransport> WorkerNet for SessionNet<T> {
+    fn close(&mut self) {
+        SessionNet::close(self);
+    }
+}
+
+/// How the local cluster starts a PS task and connects a worker on one
+/// backend.
+pub trait ClusterBackend: Sync {
+    /// The name in reports.
+    fn name(&self) -> &'static str;
+    /// Start PS task `p` on `listener` (see [`start_ps`]).
+    fn start_ps(
+        &self,
+        cfg: &TrainConfig,
+        plan: &Plan,
+        p: usize,
+        listener: TcpListener,
+        expected: usize,
+        restore: Option<&Path>,
+    ) -> Result<Box<dyn RunningPs>, TrainError>;
+    /// Connect worker (or evaluator) `index` to every shard.
+    fn connect(
+        &self,
+        cfg: &TrainConfig,
+        ps_addrs: &[String],
+        index: u32,
+        shards: usize,
+    ) -> Result<Box<dyn WorkerNet>, TrainError>;
+}
+
+/// A session backend ([`Backend`]) as a [`ClusterBackend`].
+#[derive(Debug, Default)]
+pub struct Sessions<K>(std::marker::PhantomData<K>);
+
+impl<K: Backend> ClusterBackend for Sessions<K> {
+    fn name(&self) -> &'static str {
+        K::NAME
+    }
+    fn start_ps(
+        &self,
+        cfg: &TrainConfig,
+        plan: &Plan,
+        p: usize,
+        listener: TcpListener,
+        expected: usize,
+        restore: Option<&Path>,
+    ) -> Result<Box<dyn RunningPs>, TrainError> {
+        Ok(Box::new(start_ps::<K>(
+            cfg, plan, p, listener, expected, restore,
+        )?))
+    }
+    fn connect(
+        &self,
+        cfg: &TrainConfig,
+        ps_addrs: &[String],
+        index: u32,
+        shards: usize,
+    ) -> Result<Box<dyn WorkerNet>, TrainError> {
+        Ok(Box::new(connect::<K>(cfg, ps_addrs, index, shards)?))
+    }
+}
+
+pub(super) fn cluster_backend(b: BackendKind) -> Box<dyn ClusterBackend> {
+    match b {
+        BackendKind::Tcp => Box::new(Sessions::<Tcp>::default()),
+        BackendKind::Inproc => Box::new(crate::inproc::Inproc),
+        #[cfg(all(feature = "uring", target_os = "linux"))]
+        BackendKind::Uring => Box::new(Sessions::<crate::link::Uring>::default()),
+        #[cfg(feature = "grpc")]
+        BackendKind::Grpc => Box::new(crate::grpc::Grpc),
+    }
+}
+
+/// Start PS task `ps_index` of the plan on `listener`; its shards finish
+/// after `expected` workers have said `DONE`. Restores the shards from
+/// `restore` if given.
+pub fn start_ps<K: Backend>(
+    cfg: &TrainConfig,
+    plan: &Plan,
+    ps_index: usize,
+    listener: TcpListener,
+    expected: usize,
+    restore: Option<&Path>,
+) -> Result<PsTask<K>, TrainError> {
+    let r = cfg.ps_reactors.max(1);
+    let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut reactors = Vec::with_capacity(r);
+    let mut inboxes = Vec::with_capacity(r);
+    for local in 0..r {
+        let s = ps_index * r + local;
+        let handler = shard_handler(cfg, plan, s, restore)?;
+        let (tx, rx) = mpsc::channel();
+        let conn_cfg = ConnConfig::new(peer(TaskRole::Ps, ps_index as u32, r as u16));
+        let spec = ReactorSpec {
+            index: s,
+            cpu: cfg.pin_ps.then_some(local % ncpu),
+            idle: if cfg.ps_polling {
+                IdlePolicy::PollThenPark(Duration::from_millis(5))
+            } else {
+                IdlePolicy::Park
+            },
+            max_park: Duration::from_millis(100),
+        };
+        // The binder (an io_uring ring) is made on the reactor's own thread;
+        // the first connection reports a failure to make it.
+        let (btx, brx) = mpsc::sync_channel(1);
+        let polling = cfg.ps_polling;
+        let reactor = Reactor::spawn(spec, move |_| {
+            let binder = K::binder(polling);
+            let ok = binder.as_ref().map(|_| ()).map_err(|e| e.to_string());
+            let _ = btx.send(ok);
+            PsReactor::new(s, handler, conn_cfg, binder.ok(), rx, expected)
+        })
+        .map_err(|e| TrainError::Internal(format!("starting PS reactor: {e}")))?;
+        brx.recv()
+            .map_err(|_| TrainError::Internal("PS reactor died while starting".into()))?
+            .map_err(|e| TrainError::Backend(K::NAME, e))?;
+        inboxes.push(ShardInbox {
+            tx,
+            waker: reactor.waker(),
+        });
+        reactors.push(reactor);
+    }
+    let acceptor = Acceptor::spawn(listener, inboxes)?;
+    Ok(PsTask { acceptor, reactors })
+}
+
+/// Connect a worker (or the evaluator) to every shard of the cluster.
+pub fn connect<K: Backend>(
+    cfg: &TrainConfig,
+    ps_addrs: &[String],
+    index: u32,
+    shards: usize,
+) -> Result<SessionNet<<K::B as Binder>::Link>, TrainError> {
+    let r = cfg.ps_reactors.max(1);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut ts = Vec::with_capacity(shards);
+    for s in 0..shards {
+        let (p, local) = (s / r, s % r);
+        let addr = ps_addrs
+            .get(p)
+            .ok_or_else(|| TrainError::Config(format!("no address for PS {p}")))?;
+        ts.push(connect_shard(addr, local as u32, deadline)?);
+    }
+    let mut binder =
+        K::binder(cfg.worker_polling).map_err(|e| TrainError::Backend(K::NAME, e.to_string()))?;
+    let ts = ts
+        .into_iter()
+        .map(|s| binder.bind(s))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| TrainError::Backend(K::NAME, e.to_string()))?;
+    let cc = ConnConfig::new(peer(TaskRole::Worker, index, 1));
+    SessionNet::new(&cc, ts, cfg.worker_polling, Duration::from_secs(120))
+}
+
+/// What one worker did.
+#[derive(Debug, Clone, Default)]
+pub struct WorkerOutcome {
+    /// Steps run in this session.
+    pub steps: u64,
+    /// Examples trained on.
+    pub samples: u64,
+    /// Traffic.
+    pub traffic: Traffic,
+    /// Progress for a checkpoint.
+    pub progress: Option<WorkerProgress>,
+    /// Intervals (worker 0 only).
+    pub intervals: Vec<Interval>,
+    /// Loss of the last interval.
+    pub last_loss: f64,
+    /// Bad lines skipped.
+    pub skipped: u64,
+    /// When training ended.
+    pub end: Option<Instant>,
+}
+
+/// Read at most `cap` examples of an evaluation source into batches of
+/// `batch`.
+pub fn load_eval(
+    cfg: &TrainConfig,
+    truth: &Arc<TrueModel>,
+    cap: u64,
+) -> Result<Vec<Batch>, TrainError> {
+    let mut r = Reader::eval(&cfg.eval, truth, cap, cfg.skip_bad_lines)?;
+    let mut out = Vec::new();
+    let mut total = 0u64;
+    while total < cap {
+        let mut b = Batch::with_capacity(cfg.batch_size);
+        let want = (cap - total).min(cfg.batch_size as u64) as usize;
+        let n = r.next_batch(want, &mut b)?;
+        if n == 0 {
+            break;
+        }
+        total += n as u64;
+        out.push(b);
+    }
+    Ok(out)
+}
+
+/// AUC and logloss of the current model on `batches`.
+pub fn evaluate(
+    core: &mut WorkerCore,
+    net: &mut dyn Exchange,
+    batches: &[Batch],
+) -> Result<(f64, f64), TrainError> {
+    let mut labels = Vec::new();
+    let mut probs = Vec::new();
+    for b in batches {
+        let p = core.predict(net, b)?;
+        labels.extend_from_slice(&b.labels);
+        probs.extend_from_slice(&p);
+    }
+    Ok((auc(&labels, &probs), logloss(&labels, &probs)))
+}
+
+/// Worker `w`'s total step cap from `--steps N`: N split as evenly as
+/// possible, so the workers together run exactly N.
+fn step_cap(cfg: &TrainConfig, w: usize) -> Option<u64> {
+    let n = cfg.workers as u64;
+    cfg.steps.map(|s| s / n + u64::from((w as u64) < s % n))
+}
+
+/// Examples in one epoch of the training data: known for the generator,
+/// counted (one line per example) for a file.
+fn epoch_examples(cfg: &TrainConfig) -> Result<u64, TrainError> {
+    match &cfg.train {
+        DataSource::Synthetic => Ok(cfg.train_examples),
+        DataSource::Criteo(p) => {
+            use std::io::Read;
+            let mut f = std::fs::File::open(p).map_err(|e| {
+                TrainError::Data(starwire_data::DataError::Open {
+                    path: p.clone(),
+                    source: e,
+                })
+            })?;
+            let mut buf = vec![0u8; 1 << 20];
+            let (mut lines, mut last) = (0u64, b'\n');
+            loop {
+                let n = f.read(&mut buf)?;
+                if n == 0 {
+                    break;
+                }
+                lines += buf[..n].iter().filter(|&&b| b == b'\n').count() as u64;
+                last = buf[n - 1];
+            }
+            Ok(lines + u64::from(last != b'\n'))
+        }
+    }
+}
+
+/// With `--sync`, every worker runs the same number of steps per epoch (a
+/// barrier waits for all of them): the batches of the smallest share.
+fn sync_epoch_steps(cfg: &TrainConfig) -> Result<Option<u64>, TrainError> {
+    if !cfg.sync {
+        return Ok(None);
+    }
+    let min_share = epoch_examples(cfg)? / cfg.workers as u64;
+    if min_share == 0 {
+        return Err(TrainError::Config(format!(
+            "--sync with {} workers needs at least one example per worker",
+            cfg.workers
+        )));
+    }
+    Ok(Some(min_share.div_ceil(cfg.batch_size as u64)))
+}
+
+/// Run worker `w` of the cluster until its data (or step cap) is done.
+#[allow(clippy::too_many_arguments)]
+pub fn worker_loop(
+    cfg: &TrainConfig,
+    plan: &Plan,
+    w: usize,
+    net: &mut dyn Exchange,
+    start: Option<&Barrier>,
+    resume: Option<&WorkerProgress>,
+    eval_batches: Option<&[Batch]>,
+) -> Result<WorkerOutcome, TrainError> {
+    let part = partition(&plan.model, cfg.protocol);
+    let mut core = WorkerCore::new(
+        part,
+        plan.layout.clone(),
+        cfg.tensor_fuse,
+        Executor::new(cfg.compute_threads),
+    );
+    let mut reader = Reader::train(
+        &cfg.train,
+        &plan.truth,
+        cfg.train_examples,
+        w,
+        cfg.workers,
+        cfg.skip_bad_lines,
+    )?;
+    let cap = step_cap(cfg, w);
+    let epoch_cap = sync_epoch_steps(cfg)?;
+    let mut batch = Batch::with_capacity(cfg.batch_size);
+    let mut out = WorkerOutcome::default();
+    let (mut epoch, mut offset, mut steps_done) = (0u64, 0u64, 0u64);
+    let mut resumed_in_epoch = 0u64;
+    if let Some(p) = resume {
+        epoch = p.epoch;
+        steps_done = p.steps;
+        // Skip what this worker had consumed of the resumed epoch.
+        let mut skipped = 0u64;
+        while skipped < p.offset {
+            let want = (p.offset - skipped).min(cfg.batch_size as u64) as usize;
+            let n = reader.next_batch(want, &mut batch)?;
+            if n == 0 {
+                break;
+            }
+            skipped += n as u64;
+        }
+        offset = skipped;
+        resumed_in_epoch = skipped.div_ceil(cfg.batch_size as u64);
+    }
+    if let Some(b) = start {
+        b.wait();
+    }
+    let t0 = Instant::now();
+    let mut loss_sum = 0.0f64;
+    let mut loss_n = 0u64;
+    let w_count = cfg.workers as u64;
+    'epochs: while epoch < cfg.epochs {
+        let mut in_epoch = std::mem::take(&mut resumed_in_epoch);
+        loop {
+            if cap.is_some_and(|c| steps_done >= c) {
+                break 'epochs;
+            }
+            if epoch_cap.is_some_and(|c| in_epoch >= c) {
+                break;
+            }
+            in_epoch += 1;
+            let n = reader.next_batch(cfg.batch_size, &mut batch)?;
+            if n == 0 {
+                break;
+            }
+            let info = core.step(net, &batch)?;
+            offset += n as u64;
+            steps_done += 1;
+            out.steps += 1;
+            out.samples += n as u64;
+            loss_sum += f64::from(info.loss);
+            loss_n += 1;
+            if cfg.sync {
+                core.flush(net)?;
+                core.barrier(net, steps_done * w_count)?;
+            }
+            if w == 0 && cfg.log_every > 0 && steps_done % cfg.log_every == 0 {
+                let secs = t0.elapsed().as_secs_f64();
+                eprintln!(
+                    "worker 0: step {steps_done:>7}  epoch {epoch}  loss {:.4}  global step {}  {:.0} samples/s (this worker)",
+                    loss_sum / loss_n.max(1) as f64,
+                    core.global_step(),
+                    out.samples as f64 / secs.max(1e-9),
+                );
+            }
+        }
+        epoch += 1;
+        offset = 0;
+        out.last_loss = loss_sum / loss_n.max(1) as f64;
+        if w == 0 && epoch < cfg.epochs {
+            if let Some(eb) = eval_batches {
+                core.flush(net)?;
+                let (a, l) = evaluate(&mut core, net, eb)?;
+                if cfg.log_every > 0 {
+                    eprintln!(
+                        "worker 0: epoch {epoch} done: train loss {:.4}  eval auc {a:.4}  logloss {l:.4}",
+                        out.last_loss
+                    );
+                }
+                out.intervals.push(Interval {
+                    epoch,
+                    steps: steps_done,
+                    train_loss: out.last_loss,
+                    auc: a,
+                    logloss: l,
+                });
+            }
+            loss_sum = 0.0;
+            loss_n = 0;
+        }
+        reader.rewind()?;
+    }
+    core.flush(net)?;
+    out.end = Some(Instant::now());
+    if loss_n > 0 {
+        out.last_loss = loss_sum / loss_n as f64;
+    }
+    out.traffic = net.traffic();
+    out.skipped = reader.skipped();
+    out.progress = Some(WorkerProgress {
+        worker: w as u32,
+        epoch,
+        offset,
+        steps: steps_done,
+    });
+    Ok(out)
+}
+
+pub(super) fn read_manifest(dir: &Path) -> Result<Option<Manifest>, TrainError> {
+    let p = dir.join("manifest.json");
+    match std::fs::read_to_string(&p) {
+        Ok(s) => Manifest::from_json(&s)
+            .map(Some)
+            .map_err(|e| TrainError::Checkpoint {
+                path: p,
+                reason: e.to_string(),
+            }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(TrainError::Checkpoint {
+            path: p,
+            reason: e.to_string(),
+        }),
+    }
+}
+
+fn model_json(cfg: &TrainConfig) -> serde_json::Value {
+    serde_json::json!({
+        "model": model_name(cfg.model),
+        "embedding_dim": cfg.embedding_dim,
+        "protocol": protocol_name(cfg.protocol),
+        "ps": cfg.ps,
+        "ps_reactors": cfg.ps_reactors,
+        "optimizer": format!("{:?}", cfg.optimizer),
+    })
+}
+
+/// Write the checkpoint: every shard's file, then the manifest.
+pub(super) fn write_checkpoint(
+    core: &mut WorkerCore,
+    net: &mut dyn Exchange,
+    cfg: &TrainConfig,
+    plan: &Plan,
+    dir: &Path,
+    workers: Vec<WorkerProgress>,
+) -> Result<(), TrainError> {
+    std::fs::create_dir_all(dir)?;
+    let d = dir.to_str().ok_or_else(|| TrainError::Checkpoint {
+        path: dir.to_owned(),
+        reason: "path is not UTF-8".into(),
+    })?;
+    core.control(net, &Control::Checkpoint(d.to_owned()))?;
+    // Every shard's global step (WAIT_STEP(0) answers at once).
+    let global_step = core
+        .control(net, &Control::WaitStep(0))?
+        .iter()
+        .filter_map(|b| b.as_slice().try_into().ok().map(u64::from_le_bytes))
+        .max()
+        .unwrap_or(0);
+    let m = Manifest {
+        format_version: starwire_ps::checkpoint::FORMAT_VERSION,
+        global_step,
+        shard_count: plan.shards,
+        seed: cfg.seed,
+        model: model_json(cfg),
+        shard_files: (0..plan.shards).map(shard_file).collect(),
+        workers,
+    };
+    let json = m.to_json().map_err(|e| TrainError::Checkpoint {
+        path: dir.to_owned(),
+        reason: e.to_string(),
+    })?;
+    let path = dir.join("manifest.json");
+    starwire_ps::write_atomic(&path, |w| {
+        w.write_all(json.as_bytes())
+            .map_err(starwire_ps::CheckpointError::from)
+    })
+    .map_err(|e| TrainError::Checkpoint {
+        path,
+        reason: e.to_string(),
+    })
+}
