@@ -40,7 +40,8 @@ enum Command {
     Ps(train::RoleArgs),
     /// Run one worker task of a multi-host cluster.
     Worker(train::RoleArgs),
-    /// Compare the placement strategies (rr, greedy, anneal) on a model.
+    /// Compare the strategies of assigning variables to PS tasks
+    /// (`--placement` rr, greedy, anneal) on a model.
     Place(train::PlaceArgs),
     /// Write the synthetic data set as a Criteo TSV file.
     Data(train::DataArgs),

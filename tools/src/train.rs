@@ -56,7 +56,7 @@ pub struct TrainArgs {
     /// Learning rate.
     #[arg(long, default_value_t = 0.3)]
     pub lr: f32,
-    /// rr, greedy or anneal.
+    /// How whole variables are assigned to PS tasks: rr, greedy or anneal.
     #[arg(long, default_value = "greedy")]
     pub placement: String,
     /// One fused pull and push per PS shard per step (on), or one request
@@ -136,7 +136,7 @@ fn parse_optimizer(s: &str) -> Result<OptimizerKind, String> {
     }
 }
 
-fn parse_placement(s: &str, seed: u64) -> Result<Strategy, String> {
+fn parse_strategy(s: &str, seed: u64) -> Result<Strategy, String> {
     match s {
         "rr" => Ok(Strategy::RoundRobin),
         "greedy" => Ok(Strategy::Greedy),
@@ -186,7 +186,7 @@ fn config(a: &TrainArgs, ps: usize, workers: usize) -> Result<TrainConfig, Strin
         embedding_dim: a.embedding_dim,
         optimizer: a.optimizer,
         lr: a.lr,
-        placement: parse_placement(&a.placement, a.seed)?,
+        assignment: parse_strategy(&a.placement, a.seed)?,
         tensor_fuse: a.tensor_fuse,
         sync: a.sync,
         seed: a.seed,
@@ -240,7 +240,7 @@ fn print_report(r: &TrainReport, json: bool) -> Result<(), String> {
         "  final: eval auc {:.4}  logloss {:.4}  on {} examples{oracle}",
         r.auc, r.logloss, r.eval_examples
     );
-    for line in r.placement.to_string().lines() {
+    for line in r.assignment.to_string().lines() {
         println!("    {line}");
     }
     if r.skipped_lines > 0 {
@@ -342,10 +342,11 @@ pub fn worker_main(r: RoleArgs) -> Result<(), String> {
     print_report(&rep, r.train.json)
 }
 
-/// `starwire place`: compare the placement strategies on a model.
+/// `starwire place`: compare the strategies of assigning variables to PS
+/// tasks on a model.
 #[derive(Debug, Clone, Args)]
 pub struct PlaceArgs {
-    /// PS tasks to place on.
+    /// PS tasks to assign the variables to.
     #[arg(long, default_value_t = 4)]
     pub ps: usize,
     /// `zipf` (a benchmark model of `--vars` variables with Zipf-distributed
@@ -375,7 +376,7 @@ pub struct PlaceArgs {
 
 /// `starwire place`.
 pub fn place_main(a: PlaceArgs) -> Result<(), String> {
-    use starwire_ps::placement::{place_with, zipf_model, PlaceOptions};
+    use starwire_ps::assign::{assign_with, zipf_model, AssignOptions};
     if a.ps == 0 {
         return Err("--ps must be at least 1".into());
     }
@@ -396,7 +397,7 @@ pub fn place_main(a: PlaceArgs) -> Result<(), String> {
         }
         other => return Err(format!("--model: expected zipf, lr or wdl, got {other:?}")),
     };
-    let opts = PlaceOptions {
+    let opts = AssignOptions {
         shard_threshold_bytes: starwire_train::cluster::shard_threshold(&stats, a.ps),
     };
     if !a.json {
@@ -409,8 +410,8 @@ pub fn place_main(a: PlaceArgs) -> Result<(), String> {
     }
     let mut summary = Vec::new();
     for name in ["rr", "greedy", "anneal"] {
-        let strategy = parse_placement(name, a.seed)?;
-        let r = place_with(&stats, a.ps, strategy, &opts).report();
+        let strategy = parse_strategy(name, a.seed)?;
+        let r = assign_with(&stats, a.ps, strategy, &opts).report();
         if a.json {
             println!("{}", serde_json::to_string(&r).map_err(|e| e.to_string())?);
         } else {

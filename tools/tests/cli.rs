@@ -480,9 +480,11 @@ fn train_json_contract_and_flags() {
         "steps",
         "backend",
         "protocol",
+        "placement",
     ] {
         assert!(v.get(k).is_some(), "missing {k}: {v}");
     }
+    assert!(v["placement"].get("sharded_vars").is_some(), "{v}");
     assert_eq!(v["protocol"], "star_server_lite");
     assert_eq!(v["backend"], "tcp");
     assert_eq!(v["tensor_fuse"], false);

@@ -1,9 +1,9 @@
 //! The parameter-server side of starwire, sans-IO: bytes in, bytes out.
 //!
 //! A [`PsShard`] is the state of one PS reactor (a *shard*; shards = PS
-//! tasks × reactors per PS). It owns the dense variables placed on it
-//! ([`placement`]) and its piece of every embedding table (the keys `k` with
-//! [`placement::shard_of`]`(k, shards) == shard_index`). The runtime does
+//! tasks × reactors per PS). It owns the dense variables assigned to it
+//! ([`assign`]) and its piece of every embedding table (the keys `k` with
+//! [`assign::shard_of`]`(k, shards) == shard_index`). The runtime does
 //! all networking and hands each request body to [`PsShard::handle_pull`] or
 //! [`PsShard::handle_push`], which write the response body into a reused
 //! buffer. Nothing here reads a clock or touches a socket.
@@ -59,20 +59,20 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod assign;
 pub mod checkpoint;
 mod error;
 pub mod optim;
-pub mod placement;
 mod prefetch;
 pub mod proto;
 mod shard;
 mod table;
 pub mod var;
 
+pub use assign::{shard_of, AssignmentReport, Strategy, VarStats, VariableAssignment};
 pub use checkpoint::{write_atomic, Manifest, WorkerProgress};
 pub use error::{CheckpointError, DecodeError, PsError};
 pub use optim::{OptimizerConfig, OptimizerKind};
-pub use placement::{place, shard_of, Placement, PlacementReport, Strategy, VarStats};
 pub use shard::{DenseVar, PsShard, ShardConfig, ShardReport, ShardStats, Var};
 pub use table::{EmbeddingTable, TablePolicy, TableStats, DEFAULT_VALUE_DIM};
 pub use var::{Init, VarDef, VarKind};

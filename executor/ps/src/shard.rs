@@ -158,7 +158,7 @@ pub struct PsShard {
 }
 
 impl PsShard {
-    /// A shard holding `vars`: the dense variables placed on it and every
+    /// A shard holding `vars`: the dense variables assigned to it and every
     /// embedding table (of which it holds the keys that hash to it).
     ///
     /// # Panics

@@ -10,8 +10,9 @@
 //!   every shard, runs the partitioned graph ([`starwire_graph`]) and pushes
 //!   gradients, with one fused request per shard per step (`--tensor-fuse
 //!   on`) or one request per tensor (`off`).
-//! * [`cluster`]: placement, the local loopback cluster of `starwire train`,
-//!   and the single roles of `starwire ps` / `starwire worker`.
+//! * [`cluster`]: the assignment of variables to PS tasks, the local
+//!   loopback cluster of `starwire train`, and the single roles of
+//!   `starwire ps` / `starwire worker`.
 //!
 //! What runs where: on a PS, every request (decode, lookup or optimizer
 //! update, encode) runs inline on the shard's reactor; a shard is never

@@ -29,7 +29,7 @@ use crate::TrainError;
 pub struct Layout {
     /// Number of shards (PS tasks × reactors per PS).
     pub shards: usize,
-    /// The one shard holding each variable placed whole (every dense
+    /// The one shard holding each variable assigned whole (every dense
     /// variable, and tables too small to shard), by variable id; `None`
     /// for tables sharded by key over every shard.
     pub home_shard: Vec<Option<usize>>,
@@ -141,7 +141,7 @@ impl WorkerCore {
         let nf = self.layout.num_fields;
         let form = self.form();
         for (l, lp) in self.part.pulls().lookups.iter().enumerate() {
-            // A table placed whole takes every key; a sharded one splits
+            // A table assigned whole takes every key; a sharded one splits
             // them by key hash.
             let home = self
                 .layout

@@ -218,7 +218,7 @@ fn steps_flag_is_the_total_over_workers() {
     assert_eq!(r.steps, 10);
 }
 
-/// With two PS, small tables are placed whole on one shard and large ones
+/// With two PS, small tables are assigned whole to one shard and large ones
 /// sharded; workers route every key of a whole table to its shard.
 #[test]
 fn wdl_on_two_ps_routes_whole_and_sharded_tables() {
@@ -234,19 +234,19 @@ fn wdl_on_two_ps_routes_whole_and_sharded_tables() {
         assert_eq!(r.shards, 4);
         assert_eq!(r.steps, 16);
         assert!(
-            r.placement.whole_vars.iter().sum::<usize>() > 0,
+            r.assignment.whole_vars.iter().sum::<usize>() > 0,
             "{:?}",
-            r.placement
+            r.assignment
         );
-        assert!(r.placement.sharded_vars > 0);
+        assert!(r.assignment.sharded_vars > 0);
     }
 }
 
-/// Every task computes the placement alone, so it must be the same each
+/// Every task computes the variable assignment alone, so it must be the same each
 /// time, for every strategy.
 #[test]
-fn placement_is_deterministic() {
-    for placement in [
+fn assignment_is_deterministic() {
+    for assignment in [
         starwire_ps::Strategy::RoundRobin,
         starwire_ps::Strategy::Greedy,
         starwire_ps::Strategy::Anneal {
@@ -257,13 +257,13 @@ fn placement_is_deterministic() {
         let cfg = TrainConfig {
             ps: 4,
             model: ModelKind::Wdl,
-            placement,
+            assignment,
             ..small()
         };
         let a = starwire_train::cluster::plan(&cfg).unwrap();
         let b = starwire_train::cluster::plan(&cfg).unwrap();
-        assert_eq!(a.layout.home_shard, b.layout.home_shard, "{placement:?}");
-        assert_eq!(a.report.bytes, b.report.bytes);
+        assert_eq!(a.layout.home_shard, b.layout.home_shard, "{assignment:?}");
+        assert_eq!(a.assignment.bytes, b.assignment.bytes);
     }
 }
 

@@ -39,8 +39,8 @@ pub struct TrainConfig {
     pub optimizer: OptimizerKind,
     /// Learning rate.
     pub lr: f32,
-    /// Placement strategy of whole variables.
-    pub placement: Strategy,
+    /// How whole variables are assigned to PS tasks (`--placement`).
+    pub assignment: Strategy,
     /// One fused pull and push per shard per step (`--tensor-fuse on`).
     pub tensor_fuse: bool,
     /// A barrier per step.
@@ -93,7 +93,7 @@ impl Default for TrainConfig {
             embedding_dim: 8,
             optimizer: OptimizerKind::Adagrad,
             lr: 0.05,
-            placement: Strategy::Greedy,
+            assignment: Strategy::Greedy,
             tensor_fuse: true,
             sync: false,
             seed: 1,

@@ -11,7 +11,7 @@ mod report;
 mod roles;
 
 pub use config::{model_name, protocol_name, BackendKind, TrainConfig};
-pub use plan::{plan, shard_threshold, Plan, PLACEMENT_SAMPLE};
+pub use plan::{plan, shard_threshold, Plan, ASSIGNMENT_SAMPLE};
 pub use report::{Interval, TrainReport};
 pub(crate) use roles::shard_handler;
 pub use roles::{
@@ -216,7 +216,7 @@ fn run_local_on(k: &dyn ClusterBackend, cfg: &TrainConfig) -> Result<TrainReport
         requests_per_step: traffic.requests as f64 / steps.max(1) as f64,
         final_train_loss: w0.map_or(0.0, |o| o.last_loss),
         intervals: w0.map(|o| o.intervals.clone()).unwrap_or_default(),
-        placement: plan.report.clone(),
+        assignment: plan.assignment.clone(),
         skipped_lines: outs.iter().map(|o| o.skipped).sum(),
         checkpoint: ckpt,
         resumed_from_step: manifest.map(|m| m.global_step),
@@ -327,7 +327,7 @@ pub fn run_worker_task(
         requests_per_step: t.requests as f64 / out.steps.max(1) as f64,
         final_train_loss: out.last_loss,
         intervals: out.intervals,
-        placement: plan.report,
+        assignment: plan.assignment,
         skipped_lines: out.skipped,
         checkpoint: ckpt,
         resumed_from_step: manifest.map(|m| m.global_step),

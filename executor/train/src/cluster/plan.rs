@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use starwire_data::{Batch, SyntheticSpec, TrueModel};
 use starwire_graph::{Model, ModelKind, ModelSpec, VarKind as GVarKind, VarSpec};
-use starwire_ps::placement::{estimate, place_with, Location, PlaceOptions, PlacementReport};
+use starwire_ps::assign::{assign_with, estimate, AssignOptions, AssignmentReport, Location};
 use starwire_ps::{OptimizerKind, VarDef, VarStats};
 
 use super::TrainConfig;
@@ -29,9 +29,9 @@ pub struct Plan {
     pub shard_vars: Vec<Vec<VarDef>>,
     /// The worker's view.
     pub layout: Layout,
-    /// The PS-level placement report.
-    pub report: PlacementReport,
-    /// The estimates placement worked from.
+    /// The per-PS loads of the variable assignment.
+    pub assignment: AssignmentReport,
+    /// The estimates the assignment worked from.
     pub stats: Vec<VarStats>,
 }
 
@@ -64,8 +64,9 @@ fn slots(k: OptimizerKind) -> usize {
     }
 }
 
-/// Examples read to estimate table sizes and traffic for placement.
-pub const PLACEMENT_SAMPLE: usize = 20_000;
+/// Examples read to estimate table sizes and traffic for variable
+/// assignment.
+pub const ASSIGNMENT_SAMPLE: usize = 20_000;
 
 fn synthetic_spec(cfg: &TrainConfig) -> SyntheticSpec {
     SyntheticSpec {
@@ -90,7 +91,7 @@ fn var_stats(
         .map(|v| match &v.kind {
             GVarKind::Embedding { dim } => {
                 // Sorted: a float sum in hash-map order would differ between
-                // processes, and every task must compute the same placement.
+                // processes, and every task must compute the same assignment.
                 let mut c: Vec<u64> = counts
                     .get(&v.id.0)
                     .map(|m| m.values().copied().collect())
@@ -130,7 +131,7 @@ pub fn shard_threshold(stats: &[VarStats], ps: usize) -> u64 {
     }
 }
 
-/// Build the model and place its variables.
+/// Build the model and assign its variables to PS tasks.
 pub fn plan(cfg: &TrainConfig) -> Result<Plan, TrainError> {
     if cfg.ps == 0 || cfg.workers == 0 || cfg.batch_size == 0 || cfg.embedding_dim == 0 {
         return Err(TrainError::Config(
@@ -146,8 +147,8 @@ pub fn plan(cfg: &TrainConfig) -> Result<Plan, TrainError> {
 
     // Key counts per variable from a sample of the training data.
     let mut reader = Reader::train(&cfg.train, &truth, cfg.train_examples, 0, 1, true)?;
-    let mut batch = Batch::with_capacity(PLACEMENT_SAMPLE);
-    let n = reader.next_batch(PLACEMENT_SAMPLE, &mut batch)?;
+    let mut batch = Batch::with_capacity(ASSIGNMENT_SAMPLE);
+    let n = reader.next_batch(ASSIGNMENT_SAMPLE, &mut batch)?;
     let nf = model.spec().num_fields;
     let mut counts: HashMap<u32, HashMap<u64, u64>> = HashMap::new();
     for l in model.lookups() {
@@ -165,15 +166,15 @@ pub fn plan(cfg: &TrainConfig) -> Result<Plan, TrainError> {
     // "Large" tables are sharded over every PS by key: those that would by
     // themselves hold more than half a PS's fair share of the bytes.
     let threshold = shard_threshold(&stats, cfg.ps);
-    let placement = place_with(
+    let assignment = assign_with(
         &stats,
         cfg.ps,
-        cfg.placement,
-        &PlaceOptions {
+        cfg.assignment,
+        &AssignOptions {
             shard_threshold_bytes: threshold,
         },
     );
-    let report = placement.report();
+    let report = assignment.report();
 
     let r = cfg.ps_reactors.max(1);
     let shards = cfg.ps * r;
@@ -182,7 +183,7 @@ pub fn plan(cfg: &TrainConfig) -> Result<Plan, TrainError> {
     let mut next_on_ps = vec![0usize; cfg.ps];
     for v in model.variables() {
         let def = to_def(v);
-        match placement.location(v.id.0) {
+        match assignment.location(v.id.0) {
             Some(Location::Ps(p)) => {
                 let s = p * r + next_on_ps[p] % r;
                 next_on_ps[p] += 1;
@@ -210,7 +211,7 @@ pub fn plan(cfg: &TrainConfig) -> Result<Plan, TrainError> {
         shards,
         shard_vars,
         layout,
-        report,
+        assignment: report,
         stats,
     })
 }

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use serde::Serialize;
-use starwire_ps::placement::PlacementReport;
+use starwire_ps::AssignmentReport;
 
 /// One progress interval (an epoch of worker 0).
 #[derive(Debug, Clone, Serialize)]
@@ -64,8 +64,10 @@ pub struct TrainReport {
     pub final_train_loss: f64,
     /// Per-interval metrics.
     pub intervals: Vec<Interval>,
-    /// The placement of the variables on PS tasks.
-    pub placement: PlacementReport,
+    /// The per-PS loads of the variable assignment; the JSON key is
+    /// `placement`, after the `--placement` flag.
+    #[serde(rename = "placement")]
+    pub assignment: AssignmentReport,
     /// Lines skipped as bad (Criteo with `--skip-bad-lines`).
     pub skipped_lines: u64,
     /// The checkpoint written, if any.

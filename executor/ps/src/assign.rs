@@ -1,6 +1,7 @@
-//! Variable placement over PS tasks, in the manner of PS-Plus.
+//! Variable assignment: which PS task holds each variable, in the manner
+//! of PS-Plus.
 //!
-//! Embedding tables at or above [`PlaceOptions::shard_threshold_bytes`]
+//! Embedding tables at or above [`AssignOptions::shard_threshold_bytes`]
 //! (default 0: every table) are sharded by key over all PS with
 //! [`shard_of`]; every other variable is assigned whole to one PS by a
 //! [`Strategy`]:
@@ -8,9 +9,9 @@
 //! * `RoundRobin`: in the given order.
 //! * `Greedy`: largest bytes first onto the PS with the fewest bytes.
 //! * `Anneal { seed, iters }`: simulated annealing from the greedy
-//!   placement, minimising `max/mean(bytes) + max/mean(expected requests)`
+//!   assignment, minimising `max/mean(bytes) + max/mean(expected requests)`
 //!   over the PS, with moves (one variable to another PS) and swaps (two
-//!   variables on different PS). Deterministic for a seed; the best placement
+//!   variables on different PS). Deterministic for a seed; the best assignment
 //!   seen is returned, so its cost is never above greedy's.
 
 use std::collections::BTreeMap;
@@ -20,7 +21,7 @@ use serde::Serialize;
 
 use crate::var::mix;
 
-/// What placement knows of a variable.
+/// What assignment knows of a variable.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct VarStats {
     /// Variable id.
@@ -52,9 +53,9 @@ pub enum Strategy {
     },
 }
 
-/// Options of [`place_with`]. The default threshold 0 shards every table.
+/// Options of [`assign_with`]. The default threshold 0 shards every table.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PlaceOptions {
+pub struct AssignOptions {
     /// Embedding tables with at least this many bytes are sharded over all PS.
     pub shard_threshold_bytes: u64,
 }
@@ -68,9 +69,9 @@ pub enum Location {
     Sharded,
 }
 
-/// The result of [`place`].
+/// The result of [`assign`].
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Placement {
+pub struct VariableAssignment {
     /// Number of PS.
     pub num_ps: usize,
     /// The strategy used.
@@ -83,9 +84,9 @@ pub struct Placement {
     pub requests: Vec<f64>,
 }
 
-/// Per-PS loads and balance ratios of a placement.
+/// Per-PS loads and balance ratios of an assignment.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct PlacementReport {
+pub struct AssignmentReport {
     /// Strategy name.
     pub strategy: String,
     /// Bytes per PS.
@@ -128,18 +129,18 @@ fn cost(bytes: &[f64], req: &[f64]) -> f64 {
     max_over_mean(bytes) + max_over_mean(req)
 }
 
-/// [`place_with`] with the default options.
-pub fn place(vars: &[VarStats], num_ps: usize, strategy: Strategy) -> Placement {
-    place_with(vars, num_ps, strategy, &PlaceOptions::default())
+/// [`assign_with`] with the default options.
+pub fn assign(vars: &[VarStats], num_ps: usize, strategy: Strategy) -> VariableAssignment {
+    assign_with(vars, num_ps, strategy, &AssignOptions::default())
 }
 
-/// Place `vars` on `num_ps` PS (0 is treated as 1).
-pub fn place_with(
+/// Assign `vars` to `num_ps` PS (0 is treated as 1).
+pub fn assign_with(
     vars: &[VarStats],
     num_ps: usize,
     strategy: Strategy,
-    opts: &PlaceOptions,
-) -> Placement {
+    opts: &AssignOptions,
+) -> VariableAssignment {
     let n = num_ps.max(1);
     let mut base_bytes = vec![0.0f64; n];
     let mut base_req = vec![0.0f64; n];
@@ -184,7 +185,7 @@ pub fn place_with(
         requests[assign[j]] += vars[i].expected_requests;
         locations.insert(vars[i].id, Location::Ps(assign[j]));
     }
-    Placement {
+    VariableAssignment {
         num_ps: n,
         strategy,
         locations,
@@ -289,7 +290,7 @@ fn anneal(
     assign.copy_from_slice(&best.1);
 }
 
-impl Placement {
+impl VariableAssignment {
     /// Where variable `id` lives.
     pub fn location(&self, id: u32) -> Option<Location> {
         self.locations.get(&id).copied()
@@ -305,7 +306,7 @@ impl Placement {
     }
 
     /// Loads and balance ratios.
-    pub fn report(&self) -> PlacementReport {
+    pub fn report(&self) -> AssignmentReport {
         let bytes_f: Vec<f64> = self.bytes.iter().map(|&b| b as f64).collect();
         let mut whole_vars = vec![0; self.num_ps];
         let mut sharded_vars = 0;
@@ -317,7 +318,7 @@ impl Placement {
         }
         let b = max_over_mean(&bytes_f);
         let r = max_over_mean(&self.requests);
-        PlacementReport {
+        AssignmentReport {
             strategy: format!("{:?}", self.strategy),
             bytes: self.bytes.clone(),
             requests: self.requests.clone(),
@@ -330,8 +331,9 @@ impl Placement {
     }
 }
 
-impl fmt::Display for PlacementReport {
+impl fmt::Display for AssignmentReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // "placement" as in the `--placement` flag that chose the strategy.
         writeln!(
             f,
             "placement {} ({} sharded tables)",
@@ -396,10 +398,10 @@ pub mod estimate {
     }
 }
 
-/// A benchmark model for placement: `n` whole variables whose sizes follow
+/// A benchmark model for assignment: `n` whole variables whose sizes follow
 /// a Zipf law (`1e8 / (i + 1)^exponent` bytes) and whose request loads are
 /// drawn independently of size (10 to 1009 per step, from `seed`), as
-/// PS-Plus's placement problem has them: big tables are not always the hot
+/// PS-Plus's assignment problem has them: big tables are not always the hot
 /// ones.
 pub fn zipf_model(n: usize, exponent: f64, seed: u64) -> Vec<VarStats> {
     (0..n as u32)
@@ -428,9 +430,9 @@ mod tests {
     #[test]
     fn greedy_and_anneal_beat_round_robin() {
         let vars = zipf_model();
-        let rr = place(&vars, 4, Strategy::RoundRobin).report();
-        let gr = place(&vars, 4, Strategy::Greedy).report();
-        let an = place(
+        let rr = assign(&vars, 4, Strategy::RoundRobin).report();
+        let gr = assign(&vars, 4, Strategy::Greedy).report();
+        let an = assign(
             &vars,
             4,
             Strategy::Anneal {
@@ -451,8 +453,8 @@ mod tests {
         assert!(an.cost <= gr.cost, "{an}\n{gr}");
         // The total is conserved.
         let total: u64 = vars.iter().map(|v| v.bytes).sum();
-        let placed: u64 = an.bytes.iter().sum();
-        assert!(placed.abs_diff(total) <= 4);
+        let assigned: u64 = an.bytes.iter().sum();
+        assert!(assigned.abs_diff(total) <= 4);
         assert!(an.to_string().contains("max/mean bytes"));
         let json = serde_json::to_string(&an).unwrap();
         assert!(json.contains("requests_max_over_mean"));
@@ -465,7 +467,7 @@ mod tests {
             seed: 3,
             iters: 5000,
         };
-        assert_eq!(place(&vars, 4, s), place(&vars, 4, s));
+        assert_eq!(assign(&vars, 4, s), assign(&vars, 4, s));
     }
 
     #[test]
@@ -473,16 +475,16 @@ mod tests {
         let mut vars = zipf_model();
         vars[0].embedding = true;
         vars[5].embedding = true;
-        let p = place(&vars, 3, Strategy::Greedy);
+        let p = assign(&vars, 3, Strategy::Greedy);
         assert_eq!(p.location(0), Some(Location::Sharded));
         assert_eq!(p.location(5), Some(Location::Sharded));
         assert!(matches!(p.location(1), Some(Location::Ps(_))));
         assert_eq!(p.report().sharded_vars, 2);
-        let q = place_with(
+        let q = assign_with(
             &vars,
             3,
             Strategy::Greedy,
-            &PlaceOptions {
+            &AssignOptions {
                 shard_threshold_bytes: vars[0].bytes,
             },
         );
