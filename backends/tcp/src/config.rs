@@ -1,6 +1,6 @@
 //! Limits and tuning knobs of the TCP backend.
 
-use starwire_wire::HEADER_LEN;
+use starwire_wire::{Limits, HEADER_LEN};
 use thiserror::Error;
 
 /// Default largest frame, header included: 1 MiB.
@@ -131,14 +131,12 @@ impl TcpConfig {
         Ok(())
     }
 
-    /// The body limit handed to `Header::parse`.
-    pub(crate) fn max_body(&self) -> u32 {
-        u32::try_from(self.max_frame_len - HEADER_LEN).unwrap_or(u32::MAX)
-    }
-
-    /// The message limit handed to `Header::parse`.
-    pub(crate) fn max_message(&self) -> u32 {
-        u32::try_from(self.max_message_len).unwrap_or(u32::MAX)
+    /// The limits every received header is checked against.
+    pub(crate) fn limits(&self) -> Limits {
+        Limits::new(
+            u32::try_from(self.max_frame_len - HEADER_LEN).unwrap_or(u32::MAX),
+            u32::try_from(self.max_message_len).unwrap_or(u32::MAX),
+        )
     }
 }
 
@@ -177,6 +175,6 @@ mod tests {
             ..d
         };
         assert_eq!(c.validate(), Ok(()));
-        assert_eq!(d.max_body() as usize, d.max_frame_len - HEADER_LEN);
+        assert_eq!(d.limits().max_frame_len(), d.max_frame_len);
     }
 }

@@ -14,9 +14,9 @@
 //!   only while the kernel accepted everything offered and more is queued.
 //! * **RX**: [`rx_burst`](Transport::rx_burst) issues at most one `read` per
 //!   call, and only when the buffer holds no complete frame; frames are
-//!   validated with [`Header::parse`](starwire_wire::Header::parse) and lent
-//!   in place. The receive buffer is allocated once
-//!   ([`TcpConfig::rx_buffer_len`]) and never grows.
+//!   found, every header validated, by [`Deframer`] and lent in place. The
+//!   receive buffer is allocated once ([`TcpConfig::rx_buffer_len`]) and
+//!   never grows.
 //!
 //! Connections come from [`TcpTransport::connect`], [`TcpTransport::new`]
 //! (an already connected stream) or [`TcpAcceptor::poll_accept`].
@@ -35,6 +35,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use socket2::{Domain, Protocol, SockRef, Socket, Type};
 use starwire_transport::{DrivenTransport, Transport, TransportError};
+use starwire_wire::Deframer;
 
 pub use config::{
     ConfigError, TcpConfig, DEFAULT_GATHER_COPY_THRESHOLD, DEFAULT_LOOPBACK_SEND_BUFFER,
@@ -110,12 +111,7 @@ impl TcpTransport {
                 config.max_frame_len,
                 config.gather_copy_threshold,
             ),
-            rx: RxBuffer::new(
-                config.rx_buffer_len,
-                config.max_frame_len,
-                config.max_body(),
-                config.max_message(),
-            ),
+            rx: RxBuffer::new(config.rx_buffer_len, Deframer::new(config.limits())),
             config,
             stats: TcpStats::default(),
         })

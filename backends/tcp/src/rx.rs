@@ -1,10 +1,10 @@
-//! The receive buffer: one fixed allocation, frames parsed and lent in
-//! place.
+//! The receive buffer: one fixed allocation, frames found by the
+//! [`Deframer`] and lent in place.
 
 use std::io;
 
 use starwire_transport::TransportError;
-use starwire_wire::{FrameError, Header, HEADER_LEN};
+use starwire_wire::{Deframer, FrameError, NextFrame};
 
 /// How the byte stream ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,9 +23,7 @@ pub(crate) struct RxBuffer {
     /// Unconsumed bytes are `buf[start..end]`.
     start: usize,
     end: usize,
-    max_frame: usize,
-    max_body: u32,
-    max_message: u32,
+    deframer: Deframer,
     end_of_stream: Option<End>,
     /// A framing error is final: reported on every later call.
     error: Option<FrameError>,
@@ -43,16 +41,15 @@ impl std::fmt::Debug for RxBuffer {
 }
 
 impl RxBuffer {
-    /// `len >= 2 * max_frame` (checked by `TcpConfig::validate`).
-    pub(crate) fn new(len: usize, max_frame: usize, max_body: u32, max_message: u32) -> Self {
-        debug_assert!(len / 2 >= max_frame);
+    /// `len >= 2 * deframer.max_frame_len()` (checked by
+    /// `TcpConfig::validate`).
+    pub(crate) fn new(len: usize, deframer: Deframer) -> Self {
+        debug_assert!(len / 2 >= deframer.max_frame_len());
         Self {
             buf: vec![0; len],
             start: 0,
             end: 0,
-            max_frame,
-            max_body,
-            max_message,
+            deframer,
             end_of_stream: None,
             error: None,
         }
@@ -145,28 +142,18 @@ impl RxBuffer {
         max: usize,
         sink: &mut dyn FnMut(&[u8]),
     ) -> Result<usize, (usize, FrameError)> {
-        let mut n = 0;
-        while n < max {
-            let avail = &self.buf[self.start..self.end];
-            if avail.len() < HEADER_LEN {
-                break;
-            }
-            let header =
-                Header::parse(avail, self.max_body, self.max_message).map_err(|e| (n, e))?;
-            let len = header.frame_len();
-            debug_assert!(len <= self.max_frame);
-            if avail.len() < len {
-                break;
-            }
-            sink(&avail[..len]);
-            self.start += len;
-            n += 1;
+        let scan = self
+            .deframer
+            .scan(&self.buf[self.start..self.end], max, &mut *sink);
+        if let NextFrame::Invalid(e) = scan.next {
+            return Err((scan.frames, e));
         }
+        self.start += scan.consumed;
         if self.start == self.end {
             self.start = 0;
             self.end = 0;
         }
-        Ok(n)
+        Ok(scan.frames)
     }
 
     /// The stream has ended and no complete frame is buffered.
@@ -174,20 +161,12 @@ impl RxBuffer {
         if delivered > 0 {
             return Ok(delivered);
         }
-        let have = self.end - self.start;
-        if end == End::Eof && have > 0 {
-            // Headers of buffered bytes were validated by `deliver`, so a
-            // complete header here names its frame length.
-            let needed = Header::parse(
-                &self.buf[self.start..self.end],
-                self.max_body,
-                self.max_message,
-            )
-            .map_or(HEADER_LEN, |h| h.frame_len());
-            let e = FrameError::Truncated { needed, have };
-            tracing::debug!(error = %e, "tcp: stream ended inside a frame");
-            self.error = Some(e.clone());
-            return Err(TransportError::Frame(e));
+        if end == End::Eof {
+            if let Err(e) = self.deframer.end_of_stream(&self.buf[self.start..self.end]) {
+                tracing::debug!(error = %e, "tcp: stream ended inside a frame");
+                self.error = Some(e.clone());
+                return Err(TransportError::Frame(e));
+            }
         }
         Err(TransportError::Closed)
     }
@@ -201,7 +180,7 @@ impl RxBuffer {
     /// tail is at least `max_frame`, enough for any frame to complete; after
     /// it the tail is at least `len - max_frame >= max_frame`.
     fn make_room(&mut self) {
-        if self.start > 0 && self.buf.len() - self.end < self.max_frame {
+        if self.start > 0 && self.buf.len() - self.end < self.deframer.max_frame_len() {
             self.buf.copy_within(self.start..self.end, 0);
             self.end -= self.start;
             self.start = 0;
@@ -220,7 +199,11 @@ fn is_reset(e: &io::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use starwire_wire::Opcode;
+    use starwire_wire::{Header, Limits, Opcode, HEADER_LEN};
+
+    fn rx(len: usize, max_frame: usize) -> RxBuffer {
+        RxBuffer::new(len, Deframer::new(Limits::for_max_frame(max_frame as u32)))
+    }
 
     fn frame(id: u64, body: usize) -> Vec<u8> {
         let h = Header::new(Opcode::Rpc, id, body as u32);
@@ -263,12 +246,7 @@ mod tests {
     #[test]
     fn frames_across_odd_reads_with_bounded_buffer() {
         let max_frame = 4096;
-        let mut rx = RxBuffer::new(
-            2 * max_frame,
-            max_frame,
-            (max_frame - HEADER_LEN) as u32,
-            1 << 20,
-        );
+        let mut rx = rx(2 * max_frame, max_frame);
         let mut data = Vec::new();
         let mut lens = Vec::new();
         for id in 0..500u64 {
@@ -306,7 +284,7 @@ mod tests {
 
     #[test]
     fn bad_header_after_good_frames() {
-        let mut rx = RxBuffer::new(1024, 512, 480, 1 << 20);
+        let mut rx = rx(1024, 512);
         let mut data = frame(1, 10);
         data.extend(frame(2, 0));
         data.extend(b"garbage garbage garbage garbage garbage");
@@ -332,7 +310,7 @@ mod tests {
 
     #[test]
     fn truncated_then_eof() {
-        let mut rx = RxBuffer::new(1024, 512, 480, 1 << 20);
+        let mut rx = rx(1024, 512);
         let f = frame(1, 100);
         let mut s = Script {
             data: f[..60].to_vec(),
@@ -361,7 +339,7 @@ mod tests {
 
     #[test]
     fn max_zero_does_not_read() {
-        let mut rx = RxBuffer::new(1024, 512, 480, 1 << 20);
+        let mut rx = rx(1024, 512);
         let r = rx.burst(0, &mut |_: &[u8]| {}, |_| panic!("read with max = 0"));
         assert_eq!(r.unwrap(), 0);
     }

@@ -7,7 +7,9 @@
 //! Nothing here allocates on the decode path; decoded tensors borrow the frame.
 //!
 //! * [`header`]: the fixed 32-byte frame header.
-//! * [`frame`]: whole frames, [`Limits`], [`peek_frame_len`] for streams.
+//! * [`frame`]: whole frames, [`Limits`], [`peek_frame_len`].
+//! * [`deframe`]: [`Deframer`], complete frames found in a received byte
+//!   stream, for stream backends.
 //! * [`chunk`]: splitting long messages into frames and checking their order.
 //! * [`tensor`]: one tensor record ([`TensorView`] to read, [`TensorRef`] to write).
 //! * [`tensors`]: fused tensor lists (opcode `Tensors`).
@@ -25,6 +27,7 @@
 
 pub mod chunk;
 mod decode;
+pub mod deframe;
 pub mod frame;
 pub mod header;
 mod le;
@@ -34,6 +37,7 @@ pub mod tensors;
 
 pub use chunk::{Chunk, ChunkAssembler, ChunkPlan};
 pub use decode::{decode_any, DecodeSummary};
+pub use deframe::{Deframer, NextFrame, Scan};
 pub use frame::{peek_frame_len, Frame, Frames, Limits};
 pub use header::{Flags, FrameError, Header, Opcode, Status, HEADER_LEN, MAGIC, VERSION};
 pub use message::{

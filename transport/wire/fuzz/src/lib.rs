@@ -1,4 +1,5 @@
-//! A stable-toolchain mutation fuzzer for [`starwire_wire::decode_any`].
+//! Stable-toolchain mutation fuzzers for the wire decoders:
+//! [`starwire_wire::decode_any`] and the stream [`starwire_wire::Deframer`].
 //!
 //! * [`seeds`] builds a seed corpus of valid encoded frames of every opcode,
 //!   chunked messages and multi-frame streams.
@@ -6,28 +7,45 @@
 //!   length-prefixed format: bit flips, interesting bytes, length fields
 //!   overwritten with boundary values, truncation, splicing, duplication,
 //!   and "fix-ups" that make a mutated body reach the body parsers.
-//! * [`fuzz_one`] runs the target on one input.
+//! * [`fuzz_one`] runs the decoder on one input.
+//! * [`check_deframe`] feeds one stream to the deframer in pieces and
+//!   compares it with parsing the stream whole.
 //!
-//! The driver is the `fuzz-decode` binary:
+//! The drivers are the `fuzz-decode` and `fuzz-deframe` binaries:
 //!
 //! ```text
 //! cargo run --release -p starwire-wire-fuzz --bin fuzz-decode -- --seconds 60 --seed 1
+//! cargo run --release -p starwire-wire-fuzz --bin fuzz-deframe -- --seconds 60 --seed 1
 //! ```
 //!
 //! For cargo-fuzz / libFuzzer users (nightly, not built here), the same
-//! target is:
+//! targets are:
 //!
 //! ```text
 //! // fuzz_targets/decode.rs
 //! #![no_main]
 //! libfuzzer_sys::fuzz_target!(|data: &[u8]| starwire_wire_fuzz::fuzz_one(data));
+//!
+//! // fuzz_targets/deframe.rs
+//! #![no_main]
+//! libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+//!     if let Err(e) = starwire_wire_fuzz::check_deframe(data) {
+//!         panic!("{e}");
+//!     }
+//! });
 //! ```
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+use std::path::{Path, PathBuf};
+
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use starwire_wire::{decode_any, DecodeSummary, FrameError, Limits, MAGIC};
+
+mod deframe;
+
+pub use deframe::{check_deframe, DeframeOutcome, Feed};
 
 /// Limits used for half of the runs: small, so chunking and `Oversized`
 /// are easy to reach.
@@ -37,6 +55,19 @@ pub const SMALL_LIMITS: Limits = Limits::new(256, 1 << 16);
 pub fn fuzz_one(data: &[u8]) {
     let _ = decode_any(data, &Limits::default());
     let _ = decode_any(data, &SMALL_LIMITS);
+}
+
+/// Write `data` to `dir/name` (creating `dir`), reporting failures on
+/// stderr: a driver that found a crash still exits with its status.
+pub fn save_input(dir: &Path, name: &str, data: &[u8]) -> PathBuf {
+    if let Err(e) = std::fs::create_dir_all(dir) {
+        eprintln!("cannot create {}: {e}", dir.display());
+    }
+    let p = dir.join(name);
+    if let Err(e) = std::fs::write(&p, data) {
+        eprintln!("cannot write {}: {e}", p.display());
+    }
+    p
 }
 
 /// A short name for a framing error's kind (for statistics).

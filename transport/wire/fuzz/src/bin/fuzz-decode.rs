@@ -21,7 +21,9 @@ use std::time::{Duration, Instant};
 
 use rand::Rng;
 use starwire_wire::{decode_any, Limits};
-use starwire_wire_fuzz::{frame_error_kind, outcome_signature, seeds, Mutator, SMALL_LIMITS};
+use starwire_wire_fuzz::{
+    frame_error_kind, outcome_signature, save_input, seeds, Mutator, SMALL_LIMITS,
+};
 
 const MAX_CORPUS: usize = 8192;
 
@@ -77,17 +79,6 @@ fn parse_args() -> Args {
         a.seconds = Some(10);
     }
     a
-}
-
-fn save(dir: &PathBuf, name: &str, data: &[u8]) -> PathBuf {
-    if let Err(e) = std::fs::create_dir_all(dir) {
-        eprintln!("cannot create {}: {e}", dir.display());
-    }
-    let p = dir.join(name);
-    if let Err(e) = std::fs::write(&p, data) {
-        eprintln!("cannot write {}: {e}", p.display());
-    }
-    p
 }
 
 fn main() -> ExitCode {
@@ -178,7 +169,7 @@ fn main() -> ExitCode {
         let r = match result {
             Ok(r) => r,
             Err(_) => {
-                let p = save(
+                let p = save_input(
                     &args.out,
                     &format!("crash-{}-{execs}.bin", args.seed),
                     &input,
@@ -227,7 +218,7 @@ fn main() -> ExitCode {
     if args.save_corpus {
         let dir = args.out.join("corpus");
         for (i, c) in corpus.iter().enumerate().skip(n_seeds) {
-            save(&dir, &format!("{i:05}.bin"), c);
+            save_input(&dir, &format!("{i:05}.bin"), c);
         }
         println!(
             "  saved {} inputs to {}",
