@@ -718,7 +718,8 @@ impl<Q: QueuePair> Transport for RingTransport<Q> {
         // hands out only bytes no queued or in-flight frame covers (a
         // frame's bytes are released when its send completion is polled),
         // so no posted write reads them; the staging rkey is never given to
-        // the peer, so no remote write targets them; and the slice borrows
+        // the peer (trusted, as any holder of an rkey must be, not to forge
+        // one), so no remote write targets them; and the slice borrows
         // `self` mutably, so this transport touches staging nowhere else
         // while it lives.
         Ok(self
