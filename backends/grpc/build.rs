@@ -3,6 +3,7 @@
 //! or `PROTOC` pointing at one). Without protoc the copy checked in under
 //! `generated/` is used, so the workspace builds anywhere; a test checks
 //! that the copy matches the .proto whenever protoc is there.
+#![deny(unsafe_code)]
 
 use std::path::PathBuf;
 

@@ -9,6 +9,7 @@
 //! (`grid_polling`: no wake check).
 //! `queue/*/mn-parking`: the 1x1 M:N grid whose consumer may park (`grid`:
 //! a SeqCst fence and a load per push, once per batch for batch pushes).
+#![deny(unsafe_code)]
 
 use std::hint::{black_box, spin_loop};
 use std::sync::{Arc, Barrier};

@@ -1,4 +1,5 @@
 //! Shared helpers for starwire benchmarks.
+#![deny(unsafe_code)]
 
 use nix::sched::{sched_setaffinity, CpuSet};
 use nix::unistd::Pid;

@@ -2053,7 +2053,22 @@ impl RingInner {
                 &own[off as usize..end as usize]
             } else {
                 let id = slot_id(usize::from(bid));
-                &self.rx_pool.slot(id)[off as usize..buf_len.min(end as usize)]
+                let (from, to) = (off as usize, buf_len.min(end as usize));
+                // SAFETY: `from..to` holds bytes of a receive whose
+                // completion was reaped (`complete_recv` made the chunk);
+                // the kernel writes this buffer again only past them
+                // (incremental consumption) or once `release_rx_quiet` has
+                // put it back in the buffer ring, which waits for every
+                // chunk of it to be read.
+                #[allow(unsafe_code)]
+                let chunk = unsafe { self.rx_pool.slot(id, from, to.saturating_sub(from)) };
+                match chunk {
+                    Ok(chunk) => chunk,
+                    Err(_) => {
+                        err = Some(FrameError::BadLength("receive chunk outside its buffer"));
+                        break;
+                    }
+                }
             };
             let used;
             if !c.partial.is_empty() {

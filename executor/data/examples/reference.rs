@@ -3,6 +3,7 @@
 //! against the true model, plus generation and parsing throughput.
 //!
 //! `cargo run -p starwire-data --release --example reference [epochs] [batch] [lr initial_accumulator [seed [examples]]]`
+#![deny(unsafe_code)]
 
 use std::time::Instant;
 

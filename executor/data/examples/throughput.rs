@@ -5,6 +5,7 @@
 //! Prints rates per second of wall-clock time and, on Linux, per second of
 //! this (single-threaded) process's CPU time from `/proc/self/schedstat`,
 //! which stays meaningful on a shared, loaded machine.
+#![deny(unsafe_code)]
 
 use std::time::Instant;
 

@@ -1,6 +1,7 @@
 //! Times one Criteo-shaped `wdl` training step (both protocols) inline and
 //! with compute threads: `cargo run --release -p starwire-graph --example
 //! step_time -- [batch] [dim] [iters]`. A rough figure, not a benchmark.
+#![deny(unsafe_code)]
 
 use std::time::Instant;
 

@@ -6,7 +6,7 @@
 //! long enough to copy or update a whole row keeps the CPU from running
 //! far enough ahead to overlap the next row's misses by itself. Asking
 //! for a row a few iterations before it is needed overlaps them
-//! (`bench/benches/ps.rs` measures the effect). No crate offers a stable
+//! (`executor/ps/benches/shard.rs` measures the effect). No crate offers a stable
 //! prefetch; `core::arch` does, behind `unsafe`, so this module holds it.
 #![allow(unsafe_code)]
 

@@ -14,6 +14,14 @@
 //! the pages are populated at creation, so no page fault lands on the data
 //! path.
 //!
+//! The kernel or a device writes registered memory without any Rust borrow,
+//! so the pool lends a slot's bytes only through `unsafe` methods
+//! ([`BufPool::slot`], [`BufPool::slot_mut`]) that lend exactly the range
+//! asked for: the caller proves, from its own protocol, that the device does
+//! not touch that range while the borrow lives. Addresses
+//! ([`BufPool::base_ptr`], [`BufPool::slot_ptr`]) are safe to take; handing
+//! them to the kernel is the backend's `unsafe` step.
+//!
 //! Registered memory is pinned and counted against `RLIMIT_MEMLOCK` for a
 //! process without `CAP_IPC_LOCK`. [`check_memlock`] compares the bytes a
 //! backend is about to register with that limit and returns
@@ -21,9 +29,12 @@
 //! letting the kernel answer a bare `ENOMEM`.
 #![deny(unsafe_code)]
 
+#[allow(unsafe_code)]
+mod lend;
+
 use std::fmt;
 
-use memmap2::{Advice, MmapMut, MmapOptions};
+use memmap2::{Advice, MmapMut, MmapOptions, MmapRaw};
 use nix::sys::resource::{getrlimit, Resource, RLIM_INFINITY};
 use thiserror::Error;
 
@@ -92,6 +103,23 @@ pub enum PoolError {
     },
 }
 
+/// A byte range outside the pool's slots: an unknown slot, or bytes past
+/// the end of a slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+#[error("{len} bytes at offset {off} of slot {slot} are outside the pool ({slots} slots of {slot_len} bytes)")]
+pub struct SlotRangeError {
+    /// The slot's index.
+    pub slot: usize,
+    /// Requested offset inside the slot.
+    pub off: usize,
+    /// Requested length.
+    pub len: usize,
+    /// Slots in the pool.
+    pub slots: usize,
+    /// Length of one slot.
+    pub slot_len: usize,
+}
+
 /// Index of a slot of a [`BufPool`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SlotId(u32);
@@ -112,7 +140,10 @@ impl SlotId {
 
 /// Fixed-size slots in one anonymous mapping. See the crate documentation.
 pub struct BufPool {
-    map: MmapMut,
+    /// Raw, not `MmapMut`: `MmapMut` reaches its bytes through `Deref`,
+    /// which would make a reference over the whole mapping (slots the
+    /// kernel is writing included) each time an address is taken.
+    map: MmapRaw,
     slot_len: usize,
     slots: usize,
     free: Vec<u32>,
@@ -149,16 +180,19 @@ impl BufPool {
                     .populate()
                     .map_anon()
                 {
-                    Ok(m) => (m, Pages::Huge),
+                    Ok(m) => (MmapRaw::from(m), Pages::Huge),
                     Err(e) => (
-                        map_normal(len)?,
+                        MmapRaw::from(map_normal(len)?),
                         Pages::Normal {
                             huge_error: Some(e.to_string()),
                         },
                     ),
                 }
             }
-            HugePolicy::Never => (map_normal(len)?, Pages::Normal { huge_error: None }),
+            HugePolicy::Never => (
+                MmapRaw::from(map_normal(len)?),
+                Pages::Normal { huge_error: None },
+            ),
         };
         Ok(Self {
             map,
@@ -196,7 +230,9 @@ impl BufPool {
     }
 
     /// Start of the mapping, for registration with the kernel. The pointer
-    /// stays valid, at the same address, for the life of the pool.
+    /// stays valid, at the same address, for the life of the pool; it is
+    /// taken without making a reference, so writing through it (as the
+    /// kernel does) invalidates nothing.
     pub fn base_ptr(&self) -> *const u8 {
         self.map.as_ptr()
     }
@@ -225,18 +261,6 @@ impl BufPool {
         );
         self.lent[id.index()] = false;
         self.free.push(id.0);
-    }
-
-    /// A slot's bytes.
-    pub fn slot(&self, id: SlotId) -> &[u8] {
-        let at = id.index() * self.slot_len;
-        &self.map[at..at + self.slot_len]
-    }
-
-    /// A slot's bytes, mutably.
-    pub fn slot_mut(&mut self, id: SlotId) -> &mut [u8] {
-        let at = id.index() * self.slot_len;
-        &mut self.map[at..at + self.slot_len]
     }
 
     /// The slot holding `ptr`, if it points into the pool.
@@ -350,11 +374,10 @@ mod tests {
         }
         assert_eq!(ids.len(), 8);
         assert_eq!(p.free_slots(), 0);
-        for (k, id) in ids.iter().enumerate() {
-            p.slot_mut(*id).fill(k as u8);
-        }
-        for (k, id) in ids.iter().enumerate() {
-            assert!(p.slot(*id).iter().all(|&b| b == k as u8));
+        let mut starts: Vec<_> = ids.iter().map(|&id| p.slot_ptr(id) as usize).collect();
+        starts.sort_unstable();
+        assert!(starts.windows(2).all(|w| w[1] - w[0] >= 4096));
+        for id in &ids {
             assert_eq!(p.slot_of(p.slot_ptr(*id).wrapping_add(17)), Some(*id));
         }
         p.give(ids[3]);

@@ -4,6 +4,11 @@
 //! * [`verbs`]: the verbs model — [`MemoryRegion`], [`Completion`],
 //!   [`WcStatus`], [`VerbsError`] (one variant per verb) and the
 //!   [`QueuePair`] trait, exactly the verbs the ring needs.
+//! * [`mem`]: [`RegisteredMem`], the bytes of a registered region. The NIC
+//!   may access them at any time, so they are reached through a raw pointer:
+//!   checked copies are safe, lending a range as a slice is `unsafe`. The
+//!   crate's `unsafe` code lives there and in the two ring methods that
+//!   lend ranges the protocol keeps from the NIC.
 //! * [`SimRcQp`]: an in-memory connected RC pair with faithful error
 //!   semantics (remote access errors, receiver-not-ready retry exhaustion,
 //!   the error state and flushes). This host has no RDMA device, so every
@@ -21,11 +26,14 @@
 #![deny(unsafe_code)]
 
 pub mod imm;
+#[allow(unsafe_code)]
+pub mod mem;
 mod ring;
 mod sim;
 pub mod verbs;
 
 pub use imm::{Imm, SLOT};
+pub use mem::{RangeError, RegisteredMem};
 pub use ring::{
     PreparedRing, RemoteRing, RingConfig, RingError, RingFault, RingStats, RingTransport,
     WorkRequest, MIN_RECV_DEPTH,

@@ -689,6 +689,7 @@ impl<Q: QueuePair> Transport for RingTransport<Q> {
         self.max_frame
     }
 
+    #[allow(unsafe_code)]
     fn tx_reserve(&mut self, len: usize) -> Result<Option<&mut [u8]>, TransportError> {
         self.check()?;
         if len > self.max_frame {
@@ -703,19 +704,28 @@ impl<Q: QueuePair> Transport for RingTransport<Q> {
         };
         self.reservation = Some(Reservation { off, len, skip });
         let lkey = self.staging.lkey;
-        if self
-            .qp
-            .mr_slice(lkey)
-            .map_or(true, |mem| mem.len() < off + len)
-        {
-            return Err(self.fail(RingFault::Protocol(format!(
-                "staging region (lkey {lkey:#x}) is not registered"
-            ))));
+        let unusable = match self.qp.mr_mem(lkey) {
+            None => Some(format!("staging region (lkey {lkey:#x}) is not registered")),
+            Some(mem) => mem
+                .range(off, len)
+                .err()
+                .map(|e| format!("staging region (lkey {lkey:#x}): {e}")),
+        };
+        if let Some(why) = unusable {
+            return Err(self.fail(RingFault::Protocol(why)));
         }
+        // SAFETY: `off .. off + len` is free staging: `place_in_staging`
+        // hands out only bytes no queued or in-flight frame covers (a
+        // frame's bytes are released when its send completion is polled),
+        // so no posted write reads them; the staging rkey is never given to
+        // the peer (trusted, as any holder of an rkey must be, not to forge
+        // one), so no remote write targets them; and the slice borrows
+        // `self` mutably, so this transport touches staging nowhere else
+        // while it lives.
         Ok(self
             .qp
-            .mr_slice_mut(lkey)
-            .map(|mem| &mut mem[off..off + len]))
+            .mr_mem(lkey)
+            .and_then(|mem| unsafe { mem.slice_mut(off, len) }.ok()))
     }
 
     fn tx_commit(&mut self, len: usize) {
@@ -749,6 +759,7 @@ impl<Q: QueuePair> Transport for RingTransport<Q> {
         self.flush_inner().map_err(|f| self.fail(f))
     }
 
+    #[allow(unsafe_code)]
     fn rx_burst(
         &mut self,
         _now: Instant,
@@ -760,7 +771,7 @@ impl<Q: QueuePair> Transport for RingTransport<Q> {
             return Err(self.fail(f));
         }
         let ring_len = self.ring.len;
-        let Some(ring) = self.qp.mr_slice(self.ring.lkey) else {
+        let Some(ring) = self.qp.mr_mem(self.ring.lkey) else {
             let lkey = self.ring.lkey;
             return Err(self.fail(RingFault::Protocol(format!(
                 "receive ring (lkey {lkey:#x}) is not registered"
@@ -790,8 +801,22 @@ impl<Q: QueuePair> Transport for RingTransport<Q> {
                 ));
                 break;
             }
+            // SAFETY: the peer wrote these bytes with the write whose
+            // receive completion `reap` polled (verbs makes the data visible
+            // before the completion), and it has no credit for them until
+            // `owed_bytes` goes back in a credit message, which takes a
+            // later `flush`: a peer that keeps to the credits it was given
+            // (the trust an rkey grants) does not write them while the sink
+            // holds them. Locally the ring is only ever read.
+            let bytes = match unsafe { ring.slice(head, frame.len) } {
+                Ok(bytes) => bytes,
+                Err(e) => {
+                    violation = Some(format!("receive ring: {e}"));
+                    break;
+                }
+            };
             self.pending_rx.pop_front();
-            sink(&ring[head..head + frame.len]);
+            sink(bytes);
             head += slot;
             if head == ring_len {
                 head = 0;

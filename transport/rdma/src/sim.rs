@@ -39,6 +39,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::mem::{OwnedMem, RegisteredMem};
 use crate::verbs::{
     Completion, Errno, LocalSlice, MemoryRegion, QpCaps, QpState, QueuePair, RemoteSlice,
     VerbsError, WcOpcode, WcStatus,
@@ -115,7 +116,7 @@ struct Fabric {
 #[derive(Debug)]
 struct SimRegion {
     mr: MemoryRegion,
-    buf: Box<[u8]>,
+    buf: OwnedMem,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -255,10 +256,14 @@ impl SimRcQp {
             return;
         }
         while let Some(wr) = self.send_queue.front().copied() {
-            let local = self.region(wr.local.lkey).and_then(|r| {
-                let end = wr.local.offset.checked_add(wr.local.len)?;
-                r.buf.get(wr.local.offset..end)
-            });
+            let local = self
+                .regions
+                .iter_mut()
+                .find(|r| r.mr.lkey == wr.local.lkey)
+                .and_then(|r| {
+                    let end = wr.local.offset.checked_add(wr.local.len)?;
+                    r.buf.bytes_mut().get(wr.local.offset..end)
+                });
             let Some(src) = local else {
                 self.send_queue.pop_front();
                 let wc = Self::send_wc(&wr, WcStatus::LocalProtection);
@@ -326,6 +331,7 @@ impl SimRcQp {
                 .find(|r| r.mr.rkey == landing.rkey)
                 .and_then(|r| {
                     r.buf
+                        .bytes_mut()
                         .get_mut(landing.offset..landing.offset + landing.data.len())
                 });
             // The writer checked rkey and bounds against our table; regions
@@ -376,20 +382,13 @@ impl QueuePair for SimRcQp {
         drop(fabric);
         self.regions.push(SimRegion {
             mr,
-            buf: vec![0; len].into_boxed_slice(),
+            buf: OwnedMem::zeroed(len),
         });
         Ok(mr)
     }
 
-    fn mr_slice(&self, lkey: u32) -> Option<&[u8]> {
-        self.region(lkey).map(|r| &r.buf[..])
-    }
-
-    fn mr_slice_mut(&mut self, lkey: u32) -> Option<&mut [u8]> {
-        self.regions
-            .iter_mut()
-            .find(|r| r.mr.lkey == lkey)
-            .map(|r| &mut r.buf[..])
+    fn mr_mem(&self, lkey: u32) -> Option<RegisteredMem<'_>> {
+        self.region(lkey).map(|r| r.buf.mem())
     }
 
     fn post_write_with_imm(
@@ -498,11 +497,27 @@ mod tests {
     }
 
     #[test]
+    fn an_end_can_move_to_another_thread() {
+        fn send<T: Send>(t: T) -> T {
+            t
+        }
+        let (a, b) = SimRcQp::pair(SimConfig::default());
+        let mut a = std::thread::spawn(move || send(a)).join().unwrap();
+        let mr = a.reg_mr(8).unwrap();
+        let a = std::thread::spawn(move || send(a)).join().unwrap();
+        a.mr_mem(mr.lkey).unwrap().write(0, b"moved").unwrap();
+        let mut back = [0; 5];
+        a.mr_mem(mr.lkey).unwrap().read(0, &mut back).unwrap();
+        assert_eq!(&back, b"moved");
+        drop(b);
+    }
+
+    #[test]
     fn write_with_imm_lands_and_completes_both_sides() {
         let (mut a, mut b) = SimRcQp::pair(SimConfig::default());
         let src = a.reg_mr(64).unwrap();
         let dst = b.reg_mr(64).unwrap();
-        a.mr_slice_mut(src.lkey).unwrap()[..4].copy_from_slice(b"ping");
+        a.mr_mem(src.lkey).unwrap().write(0, b"ping").unwrap();
         b.post_recv(77).unwrap();
         a.post_write_with_imm(5, local(&src, 0, 4), remote(&dst, 10), 0xabc)
             .unwrap();
@@ -522,7 +537,9 @@ mod tests {
         assert_eq!(recv[0].opcode, WcOpcode::RecvRdmaWithImm);
         assert_eq!(recv[0].imm, Some(0xabc));
         assert_eq!(recv[0].byte_len, 4);
-        assert_eq!(&b.mr_slice(dst.lkey).unwrap()[10..14], b"ping");
+        let mut landed = [0; 4];
+        b.mr_mem(dst.lkey).unwrap().read(10, &mut landed).unwrap();
+        assert_eq!(&landed, b"ping");
     }
 
     #[test]

@@ -18,6 +18,8 @@ use std::fmt;
 
 use thiserror::Error;
 
+use crate::mem::RegisteredMem;
+
 /// A registered memory region: what `ibv_reg_mr` returns.
 ///
 /// `lkey` names the region in local work requests; `rkey` and `addr` are
@@ -285,11 +287,11 @@ pub trait QueuePair {
     /// (`ibv_reg_mr` over a buffer the driver owns).
     fn reg_mr(&mut self, len: usize) -> Result<MemoryRegion, VerbsError>;
 
-    /// The bytes of a region registered here, or `None` for an unknown lkey.
-    fn mr_slice(&self, lkey: u32) -> Option<&[u8]>;
-
-    /// The bytes of a region registered here, mutably.
-    fn mr_slice_mut(&mut self, lkey: u32) -> Option<&mut [u8]>;
+    /// The memory of a region registered here, or `None` for an unknown
+    /// lkey. The NIC may access it at any time, so it is a
+    /// [`RegisteredMem`] view, not a slice: copies in and out are safe,
+    /// lending a range as a slice is `unsafe`.
+    fn mr_mem(&self, lkey: u32) -> Option<RegisteredMem<'_>>;
 
     /// Stage one `IBV_WR_RDMA_WRITE_WITH_IMM`: write `local` into the peer's
     /// region at `remote`, then consume one of the peer's receive WRs to

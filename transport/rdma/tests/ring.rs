@@ -6,8 +6,8 @@ use std::time::Instant;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use starwire_rdma::{
-    PreparedRing, QpState, QueuePair, RemoteRing, RingConfig, RingError, RingFault, RingTransport,
-    SimConfig, SimRcQp, WcStatus, WorkRequest,
+    PreparedRing, QpState, QueuePair, RangeError, RegisteredMem, RemoteRing, RingConfig, RingError,
+    RingFault, RingTransport, SimConfig, SimRcQp, WcStatus, WorkRequest,
 };
 use starwire_transport::{Transport, TransportError};
 
@@ -417,7 +417,12 @@ fn rnr_when_the_receiver_never_reposts_is_a_typed_error() {
     // The two writes that found a receive WR landed.
     let mut wcs = [starwire_rdma::Completion::default(); 4];
     assert_eq!(qb.poll_cq(&mut wcs).unwrap(), 2);
-    assert_eq!(&qb.mr_slice(ring.lkey).unwrap()[128..256][..4], &{
+    let mut landed = [0u8; 4];
+    qb.mr_mem(ring.lkey)
+        .unwrap()
+        .read(128, &mut landed)
+        .unwrap();
+    assert_eq!(landed, {
         let mut f = [0u8; 4];
         fill(1, &mut f);
         f
@@ -485,18 +490,12 @@ fn remote_access_outside_the_ring_puts_the_qp_in_error() {
 fn frames_are_encoded_and_read_in_place() {
     let (mut a, mut b) = connect(small_cfg(), small_cfg(), SimConfig::default());
     let now = Instant::now();
-    let staging = a
-        .qp()
-        .mr_slice(a.staging_region().lkey)
-        .unwrap()
-        .as_ptr_range();
-    let staging = staging.start as usize..staging.end as usize;
-    let ring = b
-        .qp()
-        .mr_slice(b.ring_region().lkey)
-        .unwrap()
-        .as_ptr_range();
-    let ring = ring.start as usize..ring.end as usize;
+    let addresses = |mem: RegisteredMem<'_>| {
+        let start = mem.as_ptr() as usize;
+        start..start + mem.len()
+    };
+    let staging = addresses(a.qp().mr_mem(a.staging_region().lkey).unwrap());
+    let ring = addresses(b.qp().mr_mem(b.ring_region().lkey).unwrap());
     let mut delivered = 0;
     for round in 0..20u64 {
         for i in 0..3 {
@@ -670,4 +669,31 @@ fn preparing_posts_the_receive_depth() {
     assert_eq!(pa.qp().posted_recvs(), 8);
     assert_eq!(pa.local_ring().recv_depth, 8);
     assert_eq!(pa.local_ring().len, 4096);
+}
+
+#[test]
+fn region_ranges_outside_the_region_are_typed_errors() {
+    let (a, _b) = connect(small_cfg(), small_cfg(), SimConfig::default());
+    let staging = a.qp().mr_mem(a.staging_region().lkey).unwrap();
+    assert_eq!(staging.len(), 2048);
+    let outside = |off, len| RangeError {
+        off,
+        len,
+        region_len: 2048,
+    };
+    assert_eq!(staging.range(2040, 8), Ok(2040..2048));
+    assert_eq!(staging.range(2041, 8), Err(outside(2041, 8)));
+    assert_eq!(staging.range(usize::MAX, 1), Err(outside(usize::MAX, 1)));
+    assert_eq!(staging.read(2048, &mut [0; 1]), Err(outside(2048, 1)));
+    assert_eq!(staging.write(4096, &[]), Err(outside(4096, 0)));
+    // SAFETY: nothing is in flight on this idle transport and the rejected
+    // calls lend nothing.
+    unsafe {
+        assert_eq!(staging.slice(1, 2048), Err(outside(1, 2048)));
+        assert_eq!(
+            staging.slice_mut(2047, usize::MAX),
+            Err(outside(2047, usize::MAX))
+        );
+    }
+    assert!(a.qp().mr_mem(0xdead).is_none());
 }

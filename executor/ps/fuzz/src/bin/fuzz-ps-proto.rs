@@ -10,6 +10,7 @@
 //! `catch_unwind`, and keeps inputs with a new outcome. A panic (a crash or
 //! a failed oracle, see the library docs) writes the input to
 //! `OUT/crash-<seed>-<iter>.bin` and exits with status 1.
+#![deny(unsafe_code)]
 
 use std::collections::{BTreeMap, HashSet};
 use std::panic::{catch_unwind, AssertUnwindSafe};

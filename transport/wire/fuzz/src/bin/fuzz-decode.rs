@@ -12,6 +12,7 @@
 //! limits, and keeps inputs whose outcome signature is new. On a panic it
 //! writes the input to `OUT/crash-<seed>-<iter>.bin` and exits with status 1.
 //! `--replay FILE` runs a single input (for example a crash) and exits.
+#![deny(unsafe_code)]
 
 use std::collections::{BTreeMap, HashSet};
 use std::panic::{catch_unwind, AssertUnwindSafe};
