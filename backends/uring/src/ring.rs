@@ -5,6 +5,10 @@
 //! state (`Conn`) that completions are dispatched to. Transports queue SQEs
 //! and read their connection's state; [`UringReactor::enter`] makes the one
 //! `io_uring_enter` of a reactor turn.
+// The ring lends the kernel its memory through `sys`'s unsafe functions;
+// each call says, in its SAFETY line, which invariant of `RingInner` (the
+// `sys` module documentation) keeps that memory for the kernel.
+#![allow(unsafe_code)]
 
 use std::collections::VecDeque;
 use std::net::TcpStream;
@@ -394,7 +398,9 @@ impl UringReactor {
         let mut ring = b
             .build(cfg.sq_entries)
             .map_err(|e| os(e, "io_uring_setup"))?;
-        match sys::register_buffer(&ring, tx_pool.base_ptr(), tx_pool.mapped_len()) {
+        // SAFETY: the transmit pool's whole mapping, which `RingInner` drops
+        // after the ring (field order).
+        match unsafe { sys::register_buffer(&ring, tx_pool.base_ptr(), tx_pool.mapped_len()) } {
             Ok(()) => {}
             Err(e) if e.raw_os_error() == Some(libc::ENOMEM) => {
                 // The pre-check passed but the user's pinned total is over:
@@ -413,12 +419,18 @@ impl UringReactor {
         }
         let entries = (cfg.rx_bufs as u16).next_power_of_two();
         let mut buf_ring = BufRing::new(entries).map_err(|e| os(e, "mapping the buffer ring"))?;
-        buf_ring
-            .register(&ring, BGID, features.pbuf_incremental)
+        // SAFETY: `RingInner` drops the buffer ring after the ring (field
+        // order).
+        unsafe { buf_ring.register(&ring, BGID, features.pbuf_incremental) }
             .map_err(|e| os(e, "IORING_REGISTER_PBUF_RING"))?;
         for i in 0..cfg.rx_bufs {
             let id = slot_id(i);
-            buf_ring.add(rx_pool.slot_ptr(id), cfg.rx_buf_len as u32, i as u16);
+            // SAFETY: buffer `i` of the receive pool, `rx_buf_len` bytes,
+            // given to the kernel once; `RingInner` drops the pool after
+            // the ring (field order) and reads a buffer only where a
+            // completion reported bytes, adding it again only once they
+            // were consumed (`release_rx_quiet`).
+            unsafe { buf_ring.add(rx_pool.slot_ptr(id), cfg.rx_buf_len as u32, i as u16) };
         }
         buf_ring.publish();
         let defer = features.defer_taskrun && cfg.defer_taskrun && !sqpoll;
@@ -713,7 +725,14 @@ enum OwnRecv {
 /// Queue a receive of at most `max` bytes into `c`'s own buffer (allocated
 /// here the first time, `own_len` long): from the start once every chunk
 /// before was consumed, else after the last, on an `OWN_ALIGN` boundary.
-fn queue_own_recv(
+///
+/// # Safety
+/// `c` is a connection of the ring that owns `ring`, kept by it as the
+/// `sys` module's "Own receive buffers" says: while the receive is armed
+/// (`recv_armed`, set here) `c.own` is neither freed, resized nor read
+/// past the chunks received before it, and it is leaked if the ring goes
+/// with the receive outstanding.
+unsafe fn queue_own_recv(
     ring: &mut IoUring,
     c: &mut Conn,
     idx: usize,
@@ -736,7 +755,10 @@ fn queue_own_recv(
     // `own` is at most 1 GiB (validated), so `at` and the length fit.
     let len = room.min(max) as u32;
     let ptr = c.own[at..].as_mut_ptr();
-    if !sys::push_recv_into(ring, c.sock, ptr, len, wait, user_data(idx, OP_RECV_OWN)) {
+    // SAFETY: `ptr..ptr + len` is inside `own` (`len` is at most the room
+    // past `at`), past every unconsumed chunk, and the caller keeps it for
+    // the kernel until the completion (this function's contract).
+    if !unsafe { sys::push_recv_into(ring, c.sock, ptr, len, wait, user_data(idx, OP_RECV_OWN)) } {
         return OwnRecv::SqFull;
     }
     c.own_end = at as u32;
@@ -1026,12 +1048,12 @@ impl RingInner {
         self.stats.eventfd_reads += 1;
         if !self.eventfd_read_inflight {
             let buf: *mut u64 = self.eventfd_buf.get();
-            if sys::push_read_u64(
-                &mut self.ring,
-                efd,
-                buf,
-                user_data(CONN_MASK as usize, OP_EVENTFD),
-            ) {
+            let ud = user_data(CONN_MASK as usize, OP_EVENTFD);
+            // SAFETY: the ring's boxed `eventfd_buf`, neither read nor
+            // replaced while the read is in flight (`eventfd_read_inflight`,
+            // set below) and leaked if the ring goes with it outstanding
+            // (`sys`, "Eventfd drains").
+            if unsafe { sys::push_read_u64(&mut self.ring, efd, buf, ud) } {
                 self.eventfd_read_inflight = true;
                 return 1;
             }
@@ -1076,7 +1098,12 @@ impl RingInner {
             {
                 continue;
             }
-            match queue_own_recv(&mut self.ring, c, idx, own_len, usize::MAX, RecvWait::Now) {
+            // SAFETY: `c` is this ring's connection, whose `own` the ring
+            // keeps while its receive is armed (`sys`, "Own receive
+            // buffers").
+            match unsafe {
+                queue_own_recv(&mut self.ring, c, idx, own_len, usize::MAX, RecvWait::Now)
+            } {
                 OwnRecv::Queued => queued += 1,
                 OwnRecv::NoRoom => {}
                 OwnRecv::SqFull => {
@@ -1144,18 +1171,25 @@ impl RingInner {
             }
             c.partial.reserve_exact(want);
             let ptr = c.partial.spare_capacity_mut().as_mut_ptr().cast::<u8>();
-            if !sys::push_recv_into(
-                &mut self.ring,
-                c.sock,
-                ptr,
-                len,
-                if self.spin {
-                    RecvWait::Now
-                } else {
-                    RecvWait::All
-                },
-                user_data(idx, OP_RECV_DIRECT),
-            ) {
+            let wait = if self.spin {
+                RecvWait::Now
+            } else {
+                RecvWait::All
+            };
+            // SAFETY: `len` bytes of `partial`'s spare capacity (reserved
+            // above), which the ring leaves alone while the receive is in
+            // flight (`direct_inflight`, set below) and leaks if it goes
+            // with it outstanding (`sys`, "Direct receives").
+            if !unsafe {
+                sys::push_recv_into(
+                    &mut self.ring,
+                    c.sock,
+                    ptr,
+                    len,
+                    wait,
+                    user_data(idx, OP_RECV_DIRECT),
+                )
+            } {
                 self.stats.sq_full += 1;
                 keep.push(idx);
                 continue;
@@ -1182,7 +1216,11 @@ impl RingInner {
         match res {
             n if n > 0 => {
                 let n = n as usize;
-                if !sys::commit_received(&mut c.partial, n) {
+                // SAFETY: the direct receive that completed was given
+                // `partial`'s spare capacity from its length on, and the
+                // `Vec` was left alone while it was in flight (`sys`,
+                // "Direct receives"); the kernel wrote the `n` bytes.
+                if !unsafe { sys::commit_received(&mut c.partial, n) } {
                     c.rx_end = Some(RxEnd::Errno(libc::EINVAL));
                     return;
                 }
@@ -1572,8 +1610,13 @@ impl RingInner {
         self.rx_fill[b] = 0;
         self.rx_kernel_done[b] = false;
         let id = slot_id(b);
-        self.buf_ring
-            .add(self.rx_pool.slot_ptr(id), self.cfg.rx_buf_len as u32, bid);
+        // SAFETY: buffer `b` of the receive pool, whose chunks were all
+        // consumed and which the kernel is done with (no `BUF_MORE`): it
+        // goes back to the kernel as at setup (`Ring::new`).
+        unsafe {
+            self.buf_ring
+                .add(self.rx_pool.slot_ptr(id), self.cfg.rx_buf_len as u32, bid)
+        };
         true
     }
 
@@ -1591,14 +1634,19 @@ impl RingInner {
             }
             let queued = match self.single_len {
                 // Single receives go into the connection's own buffer.
-                Some(max) => match queue_own_recv(
-                    &mut self.ring,
-                    c,
-                    idx,
-                    self.cfg.rx_conn_buf_len,
-                    max as usize,
-                    RecvWait::Some,
-                ) {
+                // SAFETY: `c` is this ring's connection, whose `own` the
+                // ring keeps while its receive is armed (`sys`, "Own
+                // receive buffers").
+                Some(max) => match unsafe {
+                    queue_own_recv(
+                        &mut self.ring,
+                        c,
+                        idx,
+                        self.cfg.rx_conn_buf_len,
+                        max as usize,
+                        RecvWait::Some,
+                    )
+                } {
                     OwnRecv::Queued => true,
                     // `rx_burst` asks again once it consumed the chunks.
                     OwnRecv::NoRoom => continue,
@@ -1839,7 +1887,17 @@ impl RingInner {
     /// over what it staged and letting go of its full one. `Ok(false)`
     /// under back-pressure: the connection holds
     /// [`UringConfig::tx_slots_per_conn`] slots, or the pool is empty.
-    pub(crate) fn refill(&mut self, idx: usize, st: &mut TxStage) -> Result<bool, TransportError> {
+    ///
+    /// # Safety
+    /// `st` is the stage of the transport of connection `idx`: it hands its
+    /// pieces over to this ring only, and is last used while that
+    /// transport still holds this ring (an `Arc` of it), so the pool's
+    /// mapping outlives the fill it gets here.
+    pub(crate) unsafe fn refill(
+        &mut self,
+        idx: usize,
+        st: &mut TxStage,
+    ) -> Result<bool, TransportError> {
         self.hand_over(idx, st, false);
         self.check_send_error(idx)?;
         let per_conn = self.cfg.tx_slots_per_conn;
@@ -1853,7 +1911,13 @@ impl RingInner {
         };
         self.slot_refs[id.index()] = 1;
         c.slots_held += 1;
-        st.set_fill(id, SlotPtr::new(self.tx_pool.slot_ptr(id)));
+        // SAFETY: slot `id` of this ring's pool, `slot_len` bytes, just
+        // taken for this connection alone (one reference, the fill's): the
+        // ring reads only what the stage hands over and returns the slot
+        // to the pool only once the fill's reference is dropped; the
+        // caller keeps the mapping alive for the stage (this function's
+        // contract).
+        unsafe { st.set_fill(id, SlotPtr::new(self.tx_pool.slot_ptr(id))) };
         Ok(true)
     }
 
@@ -1969,7 +2033,15 @@ impl RingInner {
             SendKind::Plain
         };
         let seq = if kind == SendKind::Plain { 0 } else { c.zc_seq };
-        if !sys::push_send(&mut self.ring, c.sock, &msg, kind, send_user_data(idx, seq)) {
+        // SAFETY: `msg` is sealed; it and the pieces its iovecs point into
+        // (pool slots with a reference each, `Bytes` held by the pieces,
+        // each within its slot or buffer) go into `inflight` below, and on
+        // to `zc_held` until a zero-copy send's notification: the ring
+        // keeps them until then and leaks them if it goes first (`sys`,
+        // "Send buffers"). A fixed-buffer send is one slot piece, inside
+        // registered buffer 0, the whole pool.
+        if !unsafe { sys::push_send(&mut self.ring, c.sock, &msg, kind, send_user_data(idx, seq)) }
+        {
             // SQ full: put everything back, in order, and retry next flush.
             for seg in segs.drain(..).rev() {
                 c.queued_bytes += seg.len();

@@ -1,4 +1,7 @@
 //! [`UringTransport`]: one connection bound to a [`UringReactor`].
+// The transmit slots a connection's stage fills come from `RingInner::refill`,
+// whose contract this module keeps (see the `unsafe` blocks).
+#![allow(unsafe_code)]
 
 use std::net::TcpStream;
 use std::time::Instant;
@@ -14,12 +17,14 @@ use crate::{UringConfig, UringError};
 /// ring of a [`UringReactor`]. See the crate documentation.
 #[derive(Debug)]
 pub struct UringTransport {
-    reactor: UringReactor,
+    /// Frames written since the last flush (see the `stage` module). Its
+    /// fill points into the ring's pool: declared before the ring, so it
+    /// is dropped first.
+    stage: TxStage,
     idx: usize,
     max_frame_len: usize,
     auto_enter: bool,
-    /// Frames written since the last flush (see the `stage` module).
-    stage: TxStage,
+    reactor: UringReactor,
 }
 
 impl UringTransport {
@@ -47,16 +52,16 @@ impl UringTransport {
             (idx, r.cfg.clone())
         };
         Ok(Self {
-            reactor: reactor.clone(),
-            idx,
-            max_frame_len: cfg.max_frame_len,
-            auto_enter: cfg.auto_enter,
             stage: TxStage::new(StageLimits {
                 max_frame_len: cfg.max_frame_len,
                 slot_len: cfg.slot_len(),
                 queue_limit: cfg.tx_queue_limit_bytes,
                 gather_copy_threshold: cfg.gather_copy_threshold,
             }),
+            idx,
+            max_frame_len: cfg.max_frame_len,
+            auto_enter: cfg.auto_enter,
+            reactor: reactor.clone(),
         })
     }
 
@@ -132,13 +137,17 @@ impl Transport for UringTransport {
         // Twice at most: a new slot has room for any frame that fits one.
         for _ in 0..2 {
             match self.stage.reserve(len)? {
-                // The range is this connection's alone until it is
-                // committed and handed over, and `&mut self` keeps it so
-                // for the borrow.
-                Reserve::Lent(ptr, n) => return Ok(Some(crate::sys::lend_slot(ptr, n))),
+                // Borrowed from the stage, so from `self`: the range is this
+                // connection's alone until it is committed and handed over.
+                Reserve::Lent => return Ok(self.stage.lent()),
                 Reserve::Full => return Ok(None),
                 Reserve::NeedSlot => {
-                    if !self.reactor.lock().refill(self.idx, &mut self.stage)? {
+                    let mut r = self.reactor.lock();
+                    // SAFETY: `self.stage` is the stage of connection
+                    // `self.idx`, hands its pieces to this ring only
+                    // (`flush`, `rx_burst`, `Drop`), and is dropped before
+                    // `self.reactor`, the ring's `Arc`, beside it.
+                    if !unsafe { r.refill(self.idx, &mut self.stage) }? {
                         return Ok(None);
                     }
                 }
@@ -158,7 +167,10 @@ impl Transport for UringTransport {
             match self.stage.gather(head, segs)? {
                 Some(done) => return Ok(done),
                 None => {
-                    if !self.reactor.lock().refill(self.idx, &mut self.stage)? {
+                    let mut r = self.reactor.lock();
+                    // SAFETY: as in `tx_reserve`: this connection's stage,
+                    // dropped before the ring's `Arc` beside it.
+                    if !unsafe { r.refill(self.idx, &mut self.stage) }? {
                         return Ok(false);
                     }
                 }
