@@ -3,7 +3,7 @@
 //! [`RingInner`] owns the `IoUring`, the registered transmit pool, the
 //! receive pool with its provided-buffer ring, and the per-connection
 //! state (`Conn`) that completions are dispatched to. Transports queue SQEs
-//! and read their connection's state; [`UringReactor::enter`] makes the one
+//! and read their connection's state; [`Ring::enter`] makes the one
 //! `io_uring_enter` of a reactor turn.
 //!
 //! This module holds the structs, their construction and teardown, and the
@@ -224,7 +224,7 @@ pub(crate) struct RingInner {
     /// a direct receive.
     rearm: Vec<usize>,
     /// A notification gave back held zero-copy bytes since the last
-    /// [`UringReactor::enter`]: the turn that sees it counts as work, so
+    /// [`Ring::enter`]: the turn that sees it counts as work, so
     /// a transport held back by them gets a turn with a fresh view.
     tx_freed: bool,
     /// Connections whose next receive is a direct one, not yet queued.
@@ -244,7 +244,7 @@ pub(crate) struct RingInner {
     /// False until the first `enter` enabled the (disabled) ring.
     enabled: bool,
     /// The registered eventfd parks wait on (`DEFER_TASKRUN`); owned by
-    /// the [`UringReactor`], which drops it after this.
+    /// the [`Ring`], which drops it after this.
     park_eventfd: Option<RawFd>,
     /// The eventfd is enabled for a park and must be drained.
     eventfd_armed: bool,
@@ -281,22 +281,23 @@ pub(crate) struct RingInner {
     stale_slots: Vec<u32>,
 }
 
-/// A ring and the memory it uses, shared by the connections of one reactor.
+/// One io_uring ring and the memory it uses, shared by the connections of
+/// one reactor.
 ///
 /// Cheap to clone. The mutex is never contended (one reactor thread uses
 /// it); it exists so a shard holding the ring can be handed back to the
 /// thread that spawned the reactor.
 #[derive(Clone)]
-pub struct UringReactor {
+pub struct Ring {
     pub(crate) inner: Arc<Mutex<RingInner>>,
     /// What a parked reactor polls: the registered eventfd of a
     /// `DEFER_TASKRUN` ring, else a duplicate of the ring fd.
     fd: Arc<OwnedFd>,
 }
 
-impl std::fmt::Debug for UringReactor {
+impl std::fmt::Debug for Ring {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("UringReactor")
+        f.debug_struct("Ring")
             .field("fd", &self.fd)
             .finish_non_exhaustive()
     }
@@ -306,7 +307,7 @@ fn os(e: std::io::Error, what: &'static str) -> UringError {
     UringError::Setup { what, source: e }
 }
 
-impl UringReactor {
+impl Ring {
     /// Set up a ring, its buffer pools and their registration, after
     /// probing the kernel and checking `RLIMIT_MEMLOCK`.
     pub fn new(cfg: &UringConfig) -> Result<Self, UringError> {
@@ -465,7 +466,7 @@ impl UringReactor {
         })
     }
 
-    /// This ring's identity (equal for clones of one reactor).
+    /// This ring's identity (equal for its clones).
     pub(crate) fn key(&self) -> usize {
         Arc::as_ptr(&self.inner) as *const () as usize
     }

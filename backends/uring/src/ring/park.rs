@@ -13,7 +13,7 @@ use super::RingInner;
 use crate::sys::{self, Sock};
 
 impl RingInner {
-    /// The locked first half of [`UringReactor::park`]: queue what the
+    /// The locked first half of [`Ring::park`]: queue what the
     /// park submits and say how to enter: the descriptor (the registered
     /// index or the ring fd, with its flag), the SQEs queued, and whether
     /// completions are already there (no sleep). `None` when the ring
@@ -83,7 +83,7 @@ impl RingInner {
         Some((fd, pending, ready))
     }
 
-    /// The locked second half of [`UringReactor::park`]: account the
+    /// The locked second half of [`Ring::park`]: account the
     /// enter's result `r`, reap, and say what ended the park (`slept`: it
     /// waited; `expired`: its whole timeout passed).
     pub(super) fn finish_park(
@@ -199,7 +199,7 @@ impl RingInner {
 #[cfg(test)]
 mod tests {
     use super::super::testing::{loopback_pair, rpc_frame};
-    use super::super::UringReactor;
+    use super::super::Ring;
     use super::*;
     use crate::{RecvMode, UringConfig};
 
@@ -211,7 +211,7 @@ mod tests {
         use std::io::Write;
         let cfg = UringConfig::default();
         assert_eq!(cfg.recv, RecvMode::Single);
-        let r = UringReactor::new(&cfg).unwrap();
+        let r = Ring::new(&cfg).unwrap();
         let (a, mut b) = loopback_pair();
         let idx = r.lock().add_conn(a);
         let frame = |id: u64| rpc_frame(id, 8);
@@ -252,7 +252,7 @@ mod tests {
                 recv,
                 ..UringConfig::default()
             };
-            let r = UringReactor::new(&cfg).unwrap();
+            let r = Ring::new(&cfg).unwrap();
             let (a, mut b) = loopback_pair();
             let idx = r.lock().add_conn(a);
             b.write_all(&rpc_frame(1, 8)).unwrap();

@@ -758,7 +758,7 @@ impl RingInner {
 #[cfg(test)]
 mod tests {
     use super::super::testing::{loopback_pair, rpc_frame};
-    use super::super::UringReactor;
+    use super::super::Ring;
     use super::*;
     use crate::{RecvMode, UringConfig};
 
@@ -773,7 +773,7 @@ mod tests {
             recv: RecvMode::Spin,
             ..UringConfig::default()
         };
-        let r = UringReactor::new(&cfg).unwrap();
+        let r = Ring::new(&cfg).unwrap();
         let (a, mut b) = loopback_pair();
         let idx = r.lock().add_conn(a);
         // 32-byte header + 100 bytes: 132, not a multiple of 64.

@@ -407,7 +407,7 @@ impl RingInner {
 #[cfg(test)]
 mod tests {
     use super::super::testing::loopback_pair;
-    use super::super::UringReactor;
+    use super::super::Ring;
     use super::*;
     use crate::UringConfig;
     use bytes::Bytes;
@@ -419,13 +419,13 @@ mod tests {
 
     /// A ring that tries zero copy from 1 KiB, on loopback too, and a
     /// connected pair for it. This machine's kernel has `SEND_ZC`.
-    fn zc_ring() -> (UringReactor, TcpStream, TcpStream) {
+    fn zc_ring() -> (Ring, TcpStream, TcpStream) {
         let cfg = UringConfig {
             zero_copy_loopback: true,
             zero_copy_threshold: 1024,
             ..UringConfig::default()
         };
-        let r = UringReactor::new(&cfg).unwrap();
+        let r = Ring::new(&cfg).unwrap();
         assert!(r.features().send_zc, "{:?}", r.features());
         let (a, b) = loopback_pair();
         (r, a, b)
