@@ -134,7 +134,7 @@ fn uring_backend() -> Value {
         Err(e) => return json!({ "usable": false, "error": format!("io_uring unavailable: {e}") }),
     };
     let cfg = starwire_uring::UringConfig::from_env();
-    let ring = match starwire_uring::UringReactor::new(&cfg) {
+    let ring = match starwire_uring::Ring::new(&cfg) {
         Ok(r) => {
             let st = r.stats();
             json!({
@@ -153,7 +153,7 @@ fn uring_backend() -> Value {
         "fallbacks": probed.fallbacks,
         "sqpoll": cfg.sqpoll_idle_ms.is_some(),
         "defer_taskrun": cfg.defer_taskrun,
-        // Where a parking reactor sleeps (`UringReactor::park`).
+        // Where a parking reactor sleeps (`Ring::park`).
         "park": if probed.defer_taskrun && cfg.defer_taskrun && cfg.sqpoll_idle_ms.is_none() {
             "ring"
         } else {

@@ -761,7 +761,7 @@ fn uring_groups(
 ) -> Result<Vec<starwire_uring::UringTransport>, String> {
     let cfg = crate::bench::sessions::uring_config(idle, 0);
     let rings = (0..groups.max(1))
-        .map(|_| starwire_uring::UringReactor::new(&cfg).map_err(|e| e.to_string()))
+        .map(|_| starwire_uring::Ring::new(&cfg).map_err(|e| e.to_string()))
         .collect::<Result<Vec<_>, _>>()?;
     streams
         .into_iter()

@@ -103,7 +103,7 @@ pub struct UringConfig {
     /// Try huge pages for the pools.
     pub huge_pages: HugePolicy,
     /// Transports enter the ring themselves in `flush`/`rx_burst` (a ring
-    /// of its own, no reactor calling [`UringReactor::enter`](crate::UringReactor::enter)).
+    /// of its own, no reactor calling [`Ring::enter`](crate::Ring::enter)).
     /// Default false.
     pub auto_enter: bool,
     /// `SO_SNDBUF` set on a connection whose peer is a loopback address;
@@ -351,7 +351,7 @@ pub struct UringStats {
     pub rx_empty: u64,
     /// One-shot polls armed before a park ([`RecvMode::Spin`]).
     pub park_polls: u64,
-    /// Parks waited inside `io_uring_enter` (`UringReactor::park`).
+    /// Parks waited inside `io_uring_enter` (`Ring::park`).
     pub ring_parks: u64,
     /// Slots of the ring's registered file table (connections beyond it
     /// use plain descriptors; 0 when the kernel refused the table).

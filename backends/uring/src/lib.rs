@@ -1,10 +1,10 @@
 //! io_uring backend for starwire (fixed buffers, multishot receive,
 //! zero-copy send, batched submission).
 //!
-//! A [`UringReactor`] is one ring per reactor thread, shared by the
+//! A [`Ring`] is one io_uring ring, one per reactor thread, shared by the
 //! connections bound to it ([`UringTransport`]):
 //!
-//! * **Submission.** Transports only queue SQEs; [`UringReactor::enter`]
+//! * **Submission.** Transports only queue SQEs; [`Ring::enter`]
 //!   makes one `io_uring_enter` per reactor turn, and only when SQEs wait
 //!   or the kernel flagged deferred completion work (`IORING_SQ_TASKRUN`).
 //!   Rings use `SINGLE_ISSUER` + `DEFER_TASKRUN` + `TASKRUN_FLAG` (or
@@ -61,7 +61,7 @@ pub use config::{RecvMode, UringConfig, UringError, UringStats, DEFAULT_RECV_CHU
 #[cfg(target_os = "linux")]
 pub use probe::{probe, Features};
 #[cfg(target_os = "linux")]
-pub use ring::{ConnStats, UringReactor};
+pub use ring::{ConnStats, Ring};
 #[cfg(target_os = "linux")]
 pub use starwire_bufpool::{HugePolicy, MemlockError};
 #[cfg(target_os = "linux")]

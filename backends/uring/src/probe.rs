@@ -1,5 +1,7 @@
 //! Kernel feature probing: which ops and setup flags this kernel has, and
 //! what the backend falls back to without them.
+// Registers a buffer ring to see whether the kernel takes one.
+#![allow(unsafe_code)]
 
 use io_uring::{opcode, IoUring, Probe};
 use serde_json::json;
@@ -93,6 +95,8 @@ fn kernel_at_least(release: &str, major: u32, minor: u32) -> bool {
 /// (`io_uring_setup` failed: an old kernel, `kernel.io_uring_disabled`, a
 /// seccomp filter in a container).
 pub fn probe() -> std::io::Result<Features> {
+    // Mapped before the ring, so it is dropped after it.
+    let buf_ring = crate::sys::BufRing::new(8);
     let ring = IoUring::new(8)?;
     let mut p = Probe::new();
     ring.submitter().register_probe(&mut p)?;
@@ -110,11 +114,14 @@ pub fn probe() -> std::io::Result<Features> {
         ..Features::default()
     };
     // Buffer rings: register and unregister one.
-    if let Ok(br) = crate::sys::BufRing::new(8) {
-        f.pbuf_ring = br.register(&ring, 0, false).is_ok();
+    if let Ok(br) = &buf_ring {
+        // SAFETY: `br` outlives `ring` (made before it, and `ring` is
+        // dropped below); no request uses the group.
+        f.pbuf_ring = unsafe { br.register(&ring, 0, false) }.is_ok();
         if f.pbuf_ring {
             let _ = ring.submitter().unregister_buf_ring(0);
-            f.pbuf_incremental = br.register(&ring, 0, true).is_ok();
+            // SAFETY: as above.
+            f.pbuf_incremental = unsafe { br.register(&ring, 0, true) }.is_ok();
             if f.pbuf_incremental {
                 let _ = ring.submitter().unregister_buf_ring(0);
             }

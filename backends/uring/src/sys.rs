@@ -2,20 +2,26 @@
 //!
 //! Pushing an SQE that references memory is `unsafe` in the io-uring crate
 //! because the kernel reads or writes that memory until the completion
-//! arrives, outside Rust's view. The invariants this module relies on are
-//! kept by `ring.rs`:
+//! arrives, outside Rust's view. Building an entry here is safe; every
+//! function that hands the kernel memory (a push of an entry that names
+//! it, a registration, a provided buffer) or trusts a pointer it is given
+//! is an `unsafe fn` whose `# Safety` section says what its caller keeps.
+//! The callers in the `ring` module keep it through these invariants:
 //!
 //! * **Send buffers.** A send SQE points at an [`SendMsg`] that is boxed
 //!   and stored in the connection's `inflight` slot, together with the pool
 //!   slots and `Bytes` its iovecs point into. `inflight` is cleared only
 //!   when the send's completion (and, for zero-copy, its notification) has
-//!   been reaped, and the ring waits for outstanding completions before it
-//!   unmaps anything (`RingInner`'s `Drop`).
+//!   been reaped; the ring waits (bounded) for outstanding completions
+//!   before it unmaps anything, and leaks what the kernel may still hold
+//!   (`RingInner`'s `Drop`).
 //! * **Provided buffers.** The receive pool and the buffer ring outlive the
 //!   `IoUring` (field order of `RingInner`), and a buffer is given back to
 //!   the kernel only after its bytes were consumed.
-//! * **Lent transmit slots.** A slot handed out by `tx_slice` belongs to one
-//!   connection (taken from the pool, not in flight) until it is queued.
+//! * **Lent transmit slots.** A slot taken from the pool for a connection's
+//!   stage (`TxStage::set_fill`) is written by that stage alone, and only
+//!   past the bytes it handed over, until the stage lets go of it; the
+//!   stage's transport holds the ring, and with it the pool's mapping.
 //! * **Direct receives.** A receive straight into a frame buffer writes
 //!   into the spare capacity of the connection's reassembly `Vec`
 //!   (`partial`). While it is in flight (`direct_inflight`) the `Vec` is
@@ -25,9 +31,10 @@
 //! * **Own receive buffers.** A receive into a connection's own buffer
 //!   (`own`, a boxed slice that is never resized) writes past the chunks
 //!   received before it; the receive path reads only those chunks while it
-//!   is in flight (`recv_armed`, not a direct receive), moving the box out and back does not
-//!   move its memory, and the buffer is dropped only once no receive is
-//!   armed (or leaked, when the ring goes with one outstanding).
+//!   is in flight (`recv_armed`, not a direct receive), moving the box
+//!   out and back does not move its memory, and the buffer is dropped only
+//!   once no receive is armed (or leaked, when the ring goes with one
+//!   outstanding).
 //! * **Eventfd drains.** A read of the park eventfd writes into the ring's
 //!   boxed `eventfd_buf`, which is neither read nor replaced while the read
 //!   is in flight (`eventfd_read_inflight`) and is leaked if the ring goes
@@ -81,6 +88,10 @@ impl SendMsg {
 }
 
 /// An iovec over `len` bytes at `ptr`.
+///
+/// Safe: it only records the address; the kernel dereferences it once the
+/// iovec is pushed ([`push_send`]) or registered ([`register_buffer`]),
+/// and those functions' callers answer for the memory.
 pub(crate) fn iovec(ptr: *const u8, len: usize) -> libc::iovec {
     libc::iovec {
         iov_base: ptr as *mut libc::c_void,
@@ -115,14 +126,23 @@ macro_rules! on_sock {
 }
 
 /// Queue an SQE. Returns false when the submission queue is full.
-fn push(ring: &mut IoUring, e: &squeue::Entry) -> bool {
-    // SAFETY: every entry built in this module references only memory the
-    // module invariants keep alive until its completion (see the module
-    // documentation).
+///
+/// # Safety
+/// Every buffer `e` names stays valid for the access the kernel makes
+/// (reads for a send, writes for a receive) until the entry's last
+/// completion is reaped, and nothing else writes memory the kernel reads
+/// or touches memory the kernel writes meanwhile; where the ring may go
+/// first, the memory is leaked rather than freed (`RingInner`'s `Drop`).
+unsafe fn push(ring: &mut IoUring, e: &squeue::Entry) -> bool {
+    // SAFETY: the caller keeps what `e` names alive and unshared until its
+    // completion (this function's contract, which is the io-uring crate's).
     unsafe { ring.submission().push(e).is_ok() }
 }
 
 /// Arm a multishot receive with buffer selection from group `bgid`.
+///
+/// Safe: the receive writes only into provided buffers, which were lent to
+/// the kernel by [`BufRing::add`] under that function's contract.
 pub(crate) fn push_recv_multishot(
     ring: &mut IoUring,
     sock: Sock,
@@ -130,7 +150,10 @@ pub(crate) fn push_recv_multishot(
     user_data: u64,
 ) -> bool {
     let e = on_sock!(sock, |t| opcode::RecvMulti::new(t, bgid).build());
-    push(ring, &e.user_data(user_data))
+    // SAFETY: the entry names no memory of the caller's: the kernel picks
+    // a buffer of group `bgid`, each of which `BufRing::add`'s caller
+    // keeps for the kernel until a completion hands it back.
+    unsafe { push(ring, &e.user_data(user_data)) }
 }
 
 /// When a receive into caller memory completes.
@@ -148,10 +171,15 @@ pub(crate) enum RecvWait {
 
 /// Queue a single-shot receive of at most `len` bytes into `ptr` (a direct
 /// receive into a frame buffer, or one into a connection's own buffer),
-/// completing as `wait` says. The caller keeps `ptr..ptr + len` alive and
-/// untouched until the completion (module documentation, "Direct
-/// receives" and "Own receive buffers").
-pub(crate) fn push_recv_into(
+/// completing as `wait` says.
+///
+/// # Safety
+/// `ptr..ptr + len` is valid for writes and stays allocated, unmoved and
+/// neither read nor written by anyone else until the receive's completion
+/// is reaped; if the ring may go with the receive outstanding, the memory
+/// is leaked (module documentation, "Direct receives" and "Own receive
+/// buffers").
+pub(crate) unsafe fn push_recv_into(
     ring: &mut IoUring,
     sock: Sock,
     ptr: *mut u8,
@@ -167,28 +195,42 @@ pub(crate) fn push_recv_into(
     let e = on_sock!(sock, |t| opcode::Recv::new(t, ptr, len)
         .flags(flags)
         .build());
-    push(ring, &e.user_data(user_data))
+    // SAFETY: the entry names `ptr..ptr + len` only, which the caller keeps
+    // for the kernel until the completion (this function's contract).
+    unsafe { push(ring, &e.user_data(user_data)) }
 }
 
 /// Take `n` more bytes of `v`'s spare capacity as written, after a direct
 /// receive into it reported `n`. Returns false (and leaves `v` alone) when
 /// `n` exceeds the spare capacity, which a kernel that keeps to the
 /// requested length never reports.
-pub(crate) fn commit_received(v: &mut Vec<u8>, n: usize) -> bool {
+///
+/// # Safety
+/// The first `n` bytes of `v`'s spare capacity (from `v.len()` on) were
+/// written: a receive given exactly that memory, with `v` neither grown,
+/// shrunk nor moved since, completed with `n`.
+pub(crate) unsafe fn commit_received(v: &mut Vec<u8>, n: usize) -> bool {
     if n > v.capacity() - v.len() {
         return false;
     }
-    // SAFETY: the receive was given `v`'s spare capacity starting at
-    // `v.len()` (nothing moved the buffer since, see "Direct receives"), and
-    // the kernel reported writing `n` bytes there; `n` fits the capacity.
+    // SAFETY: `n` fits the spare capacity (checked above) and the caller
+    // says the kernel wrote those `n` bytes, so they are initialised.
     unsafe { v.set_len(v.len() + n) };
     true
 }
 
-/// Queue a read of 8 bytes from `fd` (an eventfd's count) into `buf`. The
-/// caller keeps `buf` alive until the completion (module documentation,
-/// "Eventfd drains").
-pub(crate) fn push_read_u64(ring: &mut IoUring, fd: RawFd, buf: *mut u64, user_data: u64) -> bool {
+/// Queue a read of 8 bytes from `fd` (an eventfd's count) into `buf`.
+///
+/// # Safety
+/// `buf` is valid for an 8-byte write and stays allocated and unread
+/// until the read's completion is reaped, or is leaked if the ring may go
+/// with the read outstanding (module documentation, "Eventfd drains").
+pub(crate) unsafe fn push_read_u64(
+    ring: &mut IoUring,
+    fd: RawFd,
+    buf: *mut u64,
+    user_data: u64,
+) -> bool {
     // RWF_NOWAIT: nothing to read completes with -EAGAIN. Without it the
     // kernel (6.18 here) arms a poll for a pollable file, O_NONBLOCK or
     // not, and the read would wait for the eventfd's next signal.
@@ -196,14 +238,17 @@ pub(crate) fn push_read_u64(ring: &mut IoUring, fd: RawFd, buf: *mut u64, user_d
         .rw_flags(libc::RWF_NOWAIT)
         .build()
         .user_data(user_data);
-    push(ring, &e)
+    // SAFETY: the entry names the 8 bytes at `buf` only, which the caller
+    // keeps for the kernel until the completion (this function's contract).
+    unsafe { push(ring, &e) }
 }
 
 /// Queue a one-shot poll for readability (or hang-up) of `fd`.
 pub(crate) fn push_poll_in(ring: &mut IoUring, sock: Sock, user_data: u64) -> bool {
     let mask = (libc::POLLIN | libc::POLLRDHUP) as u32;
     let e = on_sock!(sock, |t| opcode::PollAdd::new(t, mask).build());
-    push(ring, &e.user_data(user_data))
+    // SAFETY: a poll names no memory.
+    unsafe { push(ring, &e.user_data(user_data)) }
 }
 
 /// How a send goes out.
@@ -218,8 +263,18 @@ pub(crate) enum SendKind {
     ZeroCopyFixed(u16),
 }
 
-/// Queue a send of `msg` (kept alive by the caller until completion).
-pub(crate) fn push_send(
+/// Queue a send of `msg`.
+///
+/// # Safety
+/// `msg` was [sealed](SendMsg::seal) after its last change, and it (its
+/// header and iovecs) and every byte its iovecs name stay valid for reads,
+/// unmoved and unwritten until the send's result completion is reaped; for
+/// a zero-copy send, the bytes its iovecs name stay so until its
+/// notification too. With [`SendKind::ZeroCopyFixed`], `msg` has one
+/// iovec, inside registered buffer `idx`. If the ring may go with the send
+/// outstanding, all of it is leaked (module documentation, "Send
+/// buffers").
+pub(crate) unsafe fn push_send(
     ring: &mut IoUring,
     sock: Sock,
     msg: &SendMsg,
@@ -263,7 +318,10 @@ pub(crate) fn push_send(
             .build())
         }
     };
-    push(ring, &e.user_data(user_data))
+    // SAFETY: the entry names `msg` and the bytes of its iovecs, which the
+    // caller keeps for the kernel until the completion (and notification)
+    // this function's contract names.
+    unsafe { push(ring, &e.user_data(user_data)) }
 }
 
 /// Register a sparse file table of `slots` entries.
@@ -283,7 +341,8 @@ pub(crate) fn push_cancel(ring: &mut IoUring, target: u64, user_data: u64) -> bo
     let e = opcode::AsyncCancel::new(target)
         .build()
         .user_data(user_data);
-    push(ring, &e)
+    // SAFETY: a cancellation names no memory.
+    unsafe { push(ring, &e) }
 }
 
 /// Queue a cancellation of every request on the ring.
@@ -291,7 +350,8 @@ pub(crate) fn push_cancel_all(ring: &mut IoUring, user_data: u64) -> bool {
     let e = opcode::AsyncCancel2::new(types::CancelBuilder::any())
         .build()
         .user_data(user_data);
-    push(ring, &e)
+    // SAFETY: a cancellation names no memory.
+    unsafe { push(ring, &e) }
 }
 
 /// `IORING_REGISTER_RING_FDS` / `IORING_UNREGISTER_RING_FDS`.
@@ -484,9 +544,18 @@ pub(crate) fn enter_wait(
 }
 
 /// Register `len` bytes at `base` as fixed buffer 0.
-pub(crate) fn register_buffer(ring: &IoUring, base: *const u8, len: usize) -> std::io::Result<()> {
-    // SAFETY: `base..base + len` is the transmit pool's mapping, which
-    // outlives the ring (field order of `RingInner`).
+///
+/// # Safety
+/// `base..base + len` is one mapping that stays mapped for as long as
+/// `ring` exists: the kernel pins its pages and a fixed-buffer send reads
+/// them by index, without naming the pointer again.
+pub(crate) unsafe fn register_buffer(
+    ring: &IoUring,
+    base: *const u8,
+    len: usize,
+) -> std::io::Result<()> {
+    // SAFETY: the caller keeps `base..base + len` mapped while the ring
+    // exists (this function's contract).
     unsafe { ring.submitter().register_buffers(&[iovec(base, len)]) }
 }
 
@@ -525,14 +594,20 @@ impl BufRing {
     /// Register with `ring` as buffer group `bgid`; `incremental` asks for
     /// `IOU_PBUF_RING_INC` (6.12): receives take only the bytes they need
     /// from the head buffer, so consecutive messages pack into one buffer.
-    pub(crate) fn register(
+    ///
+    /// # Safety
+    /// `self` stays alive for as long as the group is registered with
+    /// `ring` (until it is unregistered, or `ring` is dropped): the kernel
+    /// reads the records and the tail through the mapping.
+    pub(crate) unsafe fn register(
         &self,
         ring: &IoUring,
         bgid: u16,
         incremental: bool,
     ) -> std::io::Result<()> {
-        // SAFETY: the mapping is page aligned, holds `entries` records and
-        // outlives the ring (field order of `RingInner`).
+        // SAFETY: the mapping is page aligned and holds `entries` records;
+        // the caller keeps it alive while the group is registered (this
+        // function's contract).
         unsafe {
             ring.submitter().register_buf_ring_with_flags(
                 self.map.as_ptr() as u64,
@@ -545,7 +620,14 @@ impl BufRing {
 
     /// Write one record at the local tail; visible to the kernel after
     /// [`publish`](Self::publish).
-    pub(crate) fn add(&mut self, addr: *const u8, len: u32, bid: u16) {
+    ///
+    /// # Safety
+    /// `addr..addr + len` is valid for writes and is the kernel's from the
+    /// publish on: it stays allocated and nobody reads or writes it until
+    /// a completion hands buffer `bid` back (and then only the bytes that
+    /// completion reports, until it is added again), and it outlives the
+    /// ring this buffer ring is registered with.
+    pub(crate) unsafe fn add(&mut self, addr: *const u8, len: u32, bid: u16) {
         let slot = usize::from(self.tail & (self.entries - 1)) * BUF_ENTRY_LEN;
         let rec = &mut self.map[slot..slot + BUF_ENTRY_LEN];
         rec[0..8].copy_from_slice(&(addr as u64).to_ne_bytes());
@@ -572,13 +654,16 @@ impl BufRing {
 
 /// Where a transmit slot starts, kept by the connection that fills it
 /// (outside the ring's lock, in its transport's stage).
+///
+/// Only an address: making one, moving it and offsetting it are safe;
+/// writing through it is [`lend_slot`], whose caller answers for the
+/// memory.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct SlotPtr(*const u8);
 
-// SAFETY: the pointer is into the ring's transmit pool, which lives as long
-// as the `Arc` of the ring the holder keeps; the slot is the holder's to
-// write (through `lend_slot`) until it hands the slot back, whichever
-// thread it runs on. Sharing `&SlotPtr` only shares the address.
+// SAFETY: a `SlotPtr` is an address and nothing dereferences it except
+// through `lend_slot`, whose caller vouches for the memory on whatever
+// thread it runs; sending or sharing the address alone touches nothing.
 unsafe impl Send for SlotPtr {}
 // SAFETY: as above.
 unsafe impl Sync for SlotPtr {}
@@ -588,7 +673,8 @@ impl SlotPtr {
         Self(ptr)
     }
 
-    /// The address `off` bytes into the slot.
+    /// The address `off` bytes into the slot (not dereferenced: any
+    /// offset is allowed here, and `lend_slot`'s caller checks the range).
     pub(crate) fn at(self, off: usize) -> *const u8 {
         self.0.wrapping_add(off)
     }
@@ -596,13 +682,17 @@ impl SlotPtr {
 
 /// A mutable view of `len` bytes at `ptr` for the duration of `'a`.
 ///
-/// Used to lend part of a transmit slot: the slot was taken from the pool
-/// by the connection that calls this, and the range lent lies past every
-/// byte of it that was queued or is in flight (the stage lends only from
-/// its fill's write position on), so no one else reads or writes it while
-/// the caller holds `&'a mut` of that connection; the pool mapping lives
-/// as long as the ring the connection holds an `Arc` of.
-pub(crate) fn lend_slot<'a>(ptr: *const u8, len: usize) -> &'a mut [u8] {
-    // SAFETY: see the function documentation.
+/// Used to lend part of a transmit slot to the connection filling it
+/// (through its stage, which ties `'a` to a borrow of itself).
+///
+/// # Safety
+/// `ptr..ptr + len` is valid for reads and writes, and for all of `'a` it
+/// stays allocated and nothing else reads or writes it: for a transmit
+/// slot, the slot is held by the caller's connection, the range lies past
+/// every byte of it that was queued or is in flight, and the pool's
+/// mapping lives at least as long as `'a`.
+pub(crate) unsafe fn lend_slot<'a>(ptr: *const u8, len: usize) -> &'a mut [u8] {
+    // SAFETY: the caller vouches for the range and its exclusive use for
+    // `'a` (this function's contract).
     unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len) }
 }

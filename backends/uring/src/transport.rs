@@ -1,4 +1,7 @@
-//! [`UringTransport`]: one connection bound to a [`UringReactor`].
+//! [`UringTransport`]: one connection bound to a [`Ring`].
+// The transmit slots a connection's stage fills come from `RingInner::refill`,
+// whose contract this module keeps (see the `unsafe` blocks).
+#![allow(unsafe_code)]
 
 use std::net::TcpStream;
 use std::time::Instant;
@@ -6,33 +9,35 @@ use std::time::Instant;
 use bytes::Bytes;
 use starwire_transport::{DrivenTransport, Transport, TransportError};
 
-use crate::ring::{ConnStats, UringReactor};
+use crate::ring::{ConnStats, Ring};
 use crate::stage::{Reserve, StageLimits, TxStage};
 use crate::{UringConfig, UringError};
 
-/// A starwire [`Transport`] over one TCP connection driven through the
-/// ring of a [`UringReactor`]. See the crate documentation.
+/// A starwire [`Transport`] over one TCP connection driven through a
+/// [`Ring`]. See the crate documentation.
 #[derive(Debug)]
 pub struct UringTransport {
-    reactor: UringReactor,
+    /// Frames written since the last flush (see the `stage` module). Its
+    /// fill points into the ring's pool: declared before the ring, so it
+    /// is dropped first.
+    stage: TxStage,
     idx: usize,
     max_frame_len: usize,
     auto_enter: bool,
-    /// Frames written since the last flush (see the `stage` module).
-    stage: TxStage,
+    ring: Ring,
 }
 
 impl UringTransport {
-    /// Bind a connected stream to `reactor` and arm its receive. The
+    /// Bind a connected stream to `ring` and arm its receive. The
     /// stream is used only through the ring from now on.
-    pub fn new(reactor: &UringReactor, stream: TcpStream) -> Result<Self, UringError> {
+    pub fn new(ring: &Ring, stream: TcpStream) -> Result<Self, UringError> {
         stream
             .set_nodelay(true)
             .map_err(|source| UringError::Setup {
                 what: "TCP_NODELAY",
                 source,
             })?;
-        let loopback_send_buffer = reactor.lock().cfg.loopback_send_buffer;
+        let loopback_send_buffer = ring.lock().cfg.loopback_send_buffer;
         if let Some(n) = loopback_send_buffer {
             starwire_transport::socket::cap_loopback_send_buffer(&stream, n).map_err(|source| {
                 UringError::Setup {
@@ -42,21 +47,21 @@ impl UringTransport {
             })?;
         }
         let (idx, cfg) = {
-            let mut r = reactor.lock();
+            let mut r = ring.lock();
             let idx = r.add_conn(stream);
             (idx, r.cfg.clone())
         };
         Ok(Self {
-            reactor: reactor.clone(),
-            idx,
-            max_frame_len: cfg.max_frame_len,
-            auto_enter: cfg.auto_enter,
             stage: TxStage::new(StageLimits {
                 max_frame_len: cfg.max_frame_len,
                 slot_len: cfg.slot_len(),
                 queue_limit: cfg.tx_queue_limit_bytes,
                 gather_copy_threshold: cfg.gather_copy_threshold,
             }),
+            idx,
+            max_frame_len: cfg.max_frame_len,
+            auto_enter: cfg.auto_enter,
+            ring: ring.clone(),
         })
     }
 
@@ -67,24 +72,24 @@ impl UringTransport {
             auto_enter: true,
             ..cfg.clone()
         };
-        let r = UringReactor::new(&cfg)?;
+        let r = Ring::new(&cfg)?;
         Self::new(&r, stream)
     }
 
-    /// The reactor (ring) this connection is bound to.
-    pub fn reactor(&self) -> &UringReactor {
-        &self.reactor
+    /// The ring this connection is bound to.
+    pub fn ring(&self) -> &Ring {
+        &self.ring
     }
 
     /// Counters of this connection.
     pub fn stats(&self) -> ConnStats {
-        self.reactor.lock().conn_stats(self.idx)
+        self.ring.lock().conn_stats(self.idx)
     }
 }
 
 impl Drop for UringTransport {
     fn drop(&mut self) {
-        let mut r = self.reactor.lock();
+        let mut r = self.ring.lock();
         r.remove_conn(self.idx, self.stage.fill());
         if self.auto_enter {
             let _ = r.enter();
@@ -94,26 +99,26 @@ impl Drop for UringTransport {
 }
 
 impl DrivenTransport for UringTransport {
-    /// The ring's park descriptor (see [`UringReactor::fd`]).
+    /// The ring's park descriptor (see [`Ring::fd`]).
     fn wake_fd(&self) -> std::os::fd::BorrowedFd<'_> {
-        self.reactor.fd()
+        self.ring.fd()
     }
     /// The ring's one `io_uring_enter` of the turn. An error surfaces on
     /// the connections' next calls; it counts as work here.
     fn end_turn(&self) -> bool {
-        self.reactor.enter().unwrap_or(true)
+        self.ring.enter().unwrap_or(true)
     }
     /// The ring: every connection bound to one reactor shares it.
     fn driver_key(&self) -> Option<usize> {
-        Some(self.reactor.key())
+        Some(self.ring.key())
     }
-    /// A park in the ring (see [`UringReactor::park`]).
+    /// A park in the ring (see [`Ring::park`]).
     fn park(
         &self,
         waker: starwire_transport::reactor::ParkWaker<'_>,
         timeout: std::time::Duration,
     ) -> Option<starwire_transport::reactor::ParkEnd> {
-        self.reactor.park(waker, timeout)
+        self.ring.park(waker, timeout)
     }
 }
 
@@ -132,13 +137,17 @@ impl Transport for UringTransport {
         // Twice at most: a new slot has room for any frame that fits one.
         for _ in 0..2 {
             match self.stage.reserve(len)? {
-                // The range is this connection's alone until it is
-                // committed and handed over, and `&mut self` keeps it so
-                // for the borrow.
-                Reserve::Lent(ptr, n) => return Ok(Some(crate::sys::lend_slot(ptr, n))),
+                // Borrowed from the stage, so from `self`: the range is this
+                // connection's alone until it is committed and handed over.
+                Reserve::Lent => return Ok(self.stage.lent()),
                 Reserve::Full => return Ok(None),
                 Reserve::NeedSlot => {
-                    if !self.reactor.lock().refill(self.idx, &mut self.stage)? {
+                    let mut r = self.ring.lock();
+                    // SAFETY: `self.stage` is the stage of connection
+                    // `self.idx`, hands its pieces to this ring only
+                    // (`flush`, `rx_burst`, `Drop`), and is dropped before
+                    // `self.ring`, the ring's `Arc`, beside it.
+                    if !unsafe { r.refill(self.idx, &mut self.stage) }? {
                         return Ok(None);
                     }
                 }
@@ -158,7 +167,10 @@ impl Transport for UringTransport {
             match self.stage.gather(head, segs)? {
                 Some(done) => return Ok(done),
                 None => {
-                    if !self.reactor.lock().refill(self.idx, &mut self.stage)? {
+                    let mut r = self.ring.lock();
+                    // SAFETY: as in `tx_reserve`: this connection's stage,
+                    // dropped before the ring's `Arc` beside it.
+                    if !unsafe { r.refill(self.idx, &mut self.stage) }? {
                         return Ok(false);
                     }
                 }
@@ -171,7 +183,7 @@ impl Transport for UringTransport {
     /// everything queued (unless a send is in flight); with `auto_enter`,
     /// also enters the ring.
     fn flush(&mut self, _now: Instant) -> Result<(), TransportError> {
-        let mut r = self.reactor.lock();
+        let mut r = self.ring.lock();
         r.flush(self.idx, &mut self.stage)?;
         if self.auto_enter {
             r.enter().map_err(TransportError::Io)?;
@@ -192,7 +204,7 @@ impl Transport for UringTransport {
         if max == 0 {
             return Ok(0);
         }
-        let mut r = self.reactor.lock();
+        let mut r = self.ring.lock();
         r.reap();
         if self.auto_enter {
             // Also with frames buffered: a receive queued again by the last

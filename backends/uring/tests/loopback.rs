@@ -13,9 +13,7 @@ use bytes::Bytes;
 use common::{frame, next_frames, poll_park_fd, raw_pair};
 use starwire_transport::wire::{FrameError, Header, Opcode, HEADER_LEN};
 use starwire_transport::{Transport, TransportError};
-use starwire_uring::{
-    MemlockError, RecvMode, UringConfig, UringError, UringReactor, UringTransport,
-};
+use starwire_uring::{MemlockError, RecvMode, Ring, UringConfig, UringError, UringTransport};
 
 /// Receive on `t` until an error or `limit` frames; returns frames and the
 /// error.
@@ -121,9 +119,9 @@ fn pump(
     per_conn: u64,
     per_turn: u64,
     mut send: impl FnMut(&mut UringTransport, u64) -> bool,
-) -> (Vec<Vec<Vec<u8>>>, u64, UringReactor, UringReactor) {
-    let a = UringReactor::new(cfg).unwrap();
-    let b = UringReactor::new(cfg).unwrap();
+) -> (Vec<Vec<Vec<u8>>>, u64, Ring, Ring) {
+    let a = Ring::new(cfg).unwrap();
+    let b = Ring::new(cfg).unwrap();
     let (mut ca, mut cb) = (Vec::new(), Vec::new());
     for _ in 0..n {
         let (x, y) = raw_pair();
@@ -191,8 +189,8 @@ fn the_ring_lock_holds_under_other_threads() {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use std::sync::Arc;
     let cfg = UringConfig::default();
-    let a = UringReactor::new(&cfg).unwrap();
-    let b = UringReactor::new(&cfg).unwrap();
+    let a = Ring::new(&cfg).unwrap();
+    let b = Ring::new(&cfg).unwrap();
     let (x, y) = raw_pair();
     let mut tx = UringTransport::new(&a, x).unwrap();
     let mut rx = UringTransport::new(&b, y).unwrap();
@@ -437,7 +435,7 @@ fn spin_and_single_receives_use_the_connections_own_buffer() {
             assert_eq!(got, burst, "{recv:?} round {round}");
             want.extend(burst);
         }
-        let st = t.reactor().stats();
+        let st = t.ring().stats();
         assert_eq!(st.rx_enobufs, 0, "{recv:?}: {st:?}");
         assert_eq!(st.frames_received, want.len() as u64, "{recv:?}: {st:?}");
         // 8 bursts of 64 KiB: far fewer receives than 64-byte pieces.
@@ -491,7 +489,7 @@ fn spin_mode_park_poll_wakes_the_reactor_and_takes_no_data() {
         recv: RecvMode::Spin,
         ..UringConfig::default()
     };
-    let r = UringReactor::new(&cfg).unwrap();
+    let r = Ring::new(&cfg).unwrap();
     let (mut raw, s) = raw_pair();
     let mut t = UringTransport::new(&r, s).unwrap();
     r.enter().unwrap();
@@ -512,7 +510,7 @@ fn spin_mode_park_poll_wakes_the_reactor_and_takes_no_data() {
     r.enter().unwrap();
 }
 
-/// A reactor parks inside the ring (`UringReactor::park`): one enter that
+/// A reactor parks inside the ring (`Ring::park`): one enter that
 /// sleeps until data, a wake-up of the reactor's eventfd, or the timeout;
 /// in every receive mode. Data arriving while parked ends the park and is
 /// received in order afterwards; a wake-up written before the park ends it
@@ -525,7 +523,7 @@ fn parks_in_the_ring_end_by_input_by_the_waker_or_by_the_timeout() {
     use std::sync::Arc;
     for cfg in all_modes() {
         let mode = cfg.recv;
-        let r = UringReactor::new(&cfg).unwrap();
+        let r = Ring::new(&cfg).unwrap();
         let (mut raw, s) = raw_pair();
         let mut t = UringTransport::new(&r, s).unwrap();
         r.enter().unwrap();
@@ -597,7 +595,7 @@ fn a_park_in_the_ring_does_not_hold_its_lock() {
     use starwire_transport::reactor::{ParkEnd, ParkWaker};
     use std::os::fd::AsFd;
     use std::sync::Arc;
-    let r = UringReactor::new(&UringConfig::default()).unwrap();
+    let r = Ring::new(&UringConfig::default()).unwrap();
     let (_raw, s) = raw_pair();
     let t = UringTransport::new(&r, s).unwrap();
     r.enter().unwrap();
@@ -636,7 +634,7 @@ fn a_new_waker_on_a_reused_fd_number_still_ends_the_park() {
     use std::os::fd::{AsFd, AsRawFd, OwnedFd};
     for cfg in all_modes() {
         let mode = cfg.recv;
-        let r = UringReactor::new(&cfg).unwrap();
+        let r = Ring::new(&cfg).unwrap();
         let (_raw, s) = raw_pair();
         let t = UringTransport::new(&r, s).unwrap();
         // Never entered: the park enables the ring and arms the poll.
@@ -721,7 +719,7 @@ fn a_transport_dropped_on_another_thread_lets_its_socket_go() {
     use std::os::fd::AsRawFd;
     for cfg in all_modes() {
         let mode = cfg.recv;
-        let r = UringReactor::new(&cfg).unwrap();
+        let r = Ring::new(&cfg).unwrap();
         let (_raw, s) = raw_pair();
         let link = std::fs::read_link(format!("/proc/self/fd/{}", s.as_raw_fd())).unwrap();
         let ino: u64 = link
@@ -762,7 +760,7 @@ fn a_transport_dropped_on_another_thread_lets_its_socket_go() {
 /// again for the next park.
 #[test]
 fn the_park_eventfd_is_drained_inside_the_next_enter() {
-    let r = UringReactor::new(&UringConfig::default()).unwrap();
+    let r = Ring::new(&UringConfig::default()).unwrap();
     let (mut raw, s) = raw_pair();
     let mut t = UringTransport::new(&r, s).unwrap();
     r.enter().unwrap();
@@ -817,7 +815,7 @@ fn short_plain_sends_resume_in_order() {
             loopback_send_buffer: None,
             ..UringConfig::default()
         };
-        let r = UringReactor::new(&cfg).unwrap();
+        let r = Ring::new(&cfg).unwrap();
         let (x, mut raw) = raw_pair();
         // Small socket buffers, so that the 9.6 MB below cannot all fit
         // whatever the kernel's autotuning would allow.
@@ -873,7 +871,7 @@ fn memlock_child() {
         caps::drop(None, set, Capability::CAP_IPC_LOCK).expect("drop CAP_IPC_LOCK");
     }
     setrlimit(Resource::RLIMIT_MEMLOCK, 1 << 20, 1 << 20).expect("setrlimit");
-    match UringReactor::new(&UringConfig::default()) {
+    match Ring::new(&UringConfig::default()) {
         Err(UringError::Memlock(e @ MemlockError::TooLow { .. })) => {
             println!("MEMLOCK-ERROR: {e}");
         }
@@ -941,7 +939,7 @@ fn loopback_connections_cap_their_send_buffer_unless_configured() {
             false,
         ),
     ] {
-        let r = UringReactor::new(&cfg).unwrap();
+        let r = Ring::new(&cfg).unwrap();
         let (x, _y) = raw_pair();
         let view = x.try_clone().unwrap();
         let _t = UringTransport::new(&r, x).unwrap();
@@ -992,7 +990,7 @@ fn long_frames_are_received_straight_into_their_buffer() {
         for (i, (g, f)) in got.iter().zip(&frames).enumerate() {
             assert!(g == f, "{:?}: frame {i} differs", cfg.recv);
         }
-        let st = t.reactor().stats();
+        let st = t.ring().stats();
         let long: usize = MIXED
             .iter()
             .filter(|&&n| n + HEADER_LEN >= cfg.rx_direct_min)
@@ -1029,7 +1027,7 @@ fn single_receives_give_way_to_every_long_frame() {
         rx_direct_min: 8192,
         ..UringConfig::default()
     };
-    let r = UringReactor::new(&cfg).unwrap();
+    let r = Ring::new(&cfg).unwrap();
     let (mut raw, s) = raw_pair();
     let mut t = UringTransport::new(&r, s).unwrap();
     let wait = |what: &str, done: &dyn Fn(&starwire_uring::UringStats) -> bool| {
@@ -1178,14 +1176,14 @@ fn frames_longer_than_a_slot_are_sent_in_order() {
             t.flush(Instant::now()).unwrap();
         }
         assert!(reader.join().unwrap(), "{:?}: bytes differ", cfg.recv);
-        assert_eq!(t.reactor().stats().tx_heap_frames, 2, "{:?}", cfg.recv);
+        assert_eq!(t.ring().stats().tx_heap_frames, 2, "{:?}", cfg.recv);
     }
 }
 
 #[test]
 fn dropping_a_connection_during_a_direct_receive_leaves_the_ring_working() {
     for cfg in all_modes() {
-        let ring = UringReactor::new(&cfg).unwrap();
+        let ring = Ring::new(&cfg).unwrap();
         let (mut raw_x, x) = raw_pair();
         let (mut raw_y, y) = raw_pair();
         let mut tx = UringTransport::new(&ring, x).unwrap();
@@ -1241,7 +1239,7 @@ fn spin_ring_with_a_quiet_peer_after_a_long_frame_is_idle() {
         recv: RecvMode::Spin,
         ..UringConfig::default()
     };
-    let ring = UringReactor::new(&cfg).unwrap();
+    let ring = Ring::new(&cfg).unwrap();
     let (mut raw, s) = raw_pair();
     let mut t = UringTransport::new(&ring, s).unwrap();
     let long = frame(1, 300 << 10);
@@ -1313,7 +1311,7 @@ fn a_long_frames_buffer_is_given_back_after_a_run_of_short_frames() {
         let (got, err) = drain(&mut t, sent.len());
         assert!(err.is_none(), "{:?}: {err:?}", cfg.recv);
         assert!(got == sent, "{:?}: frames differ", cfg.recv);
-        assert_eq!(t.reactor().stats().rx_buffers_released, 0, "{:?}", cfg.recv);
+        assert_eq!(t.ring().stats().rx_buffers_released, 0, "{:?}", cfg.recv);
         // The 64th short frame gives it back; a long frame after that
         // still arrives whole, and keeps its buffer until the next run.
         let more = vec![next(100), next(long), next(7)];
@@ -1321,7 +1319,7 @@ fn a_long_frames_buffer_is_given_back_after_a_run_of_short_frames() {
         let (got, err) = drain(&mut t, more.len());
         assert!(err.is_none(), "{:?}: {err:?}", cfg.recv);
         assert!(got == more, "{:?}: frames differ", cfg.recv);
-        assert_eq!(t.reactor().stats().rx_buffers_released, 1, "{:?}", cfg.recv);
+        assert_eq!(t.ring().stats().rx_buffers_released, 1, "{:?}", cfg.recv);
     }
 }
 

@@ -14,7 +14,7 @@ use starwire_transport::reactor::{
 };
 use starwire_transport::testing::{assert_all_in_producer_order, push_and_wake};
 use starwire_transport::{DrivenTransport, Transport};
-use starwire_uring::{UringConfig, UringReactor, UringTransport};
+use starwire_uring::{Ring, UringConfig, UringTransport};
 
 use common::{frame, raw_pair};
 
@@ -62,7 +62,7 @@ fn a_reactor_parked_in_its_ring_loses_no_wakeup() {
         // The peer stays open and silent for the whole run.
         let (_peer, s) = raw_pair();
         let reactor = Reactor::spawn(spec, move |_| {
-            let ring = UringReactor::new(&UringConfig::default()).expect("ring");
+            let ring = Ring::new(&UringConfig::default()).expect("ring");
             QueueShard {
                 rx,
                 got: Vec::new(),
@@ -77,7 +77,7 @@ fn a_reactor_parked_in_its_ring_loses_no_wakeup() {
         assert_eq!(stats.park_timeouts, 0, "a wake-up was lost: {stats:?}");
         assert!(stats.parks > 0, "{stats:?}");
         assert_eq!(stats.shard_parks, stats.parks, "{stats:?}");
-        let ring = shard.conn.reactor().stats();
+        let ring = shard.conn.ring().stats();
         assert!(ring.ring_parks > 0, "{ring:?}");
     }
 }
@@ -122,7 +122,7 @@ fn input_wakes_a_reactor_parked_in_its_ring() {
                 recv,
                 ..UringConfig::default()
             };
-            let ring = UringReactor::new(&cfg).expect("ring");
+            let ring = Ring::new(&cfg).expect("ring");
             FrameShard {
                 conn: UringTransport::new(&ring, s).expect("conn"),
                 got: Vec::new(),

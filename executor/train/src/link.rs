@@ -246,7 +246,7 @@ mod uring_backend {
     use std::io;
     use std::net::TcpStream;
 
-    use starwire_uring::{UringConfig, UringReactor, UringTransport};
+    use starwire_uring::{Ring, UringConfig, UringTransport};
 
     use super::{Backend, Binder};
 
@@ -255,7 +255,7 @@ mod uring_backend {
     /// turn.
     #[derive(Debug)]
     pub struct UringBinder {
-        ring: UringReactor,
+        ring: Ring,
     }
 
     impl Binder for UringBinder {
@@ -275,7 +275,7 @@ mod uring_backend {
         fn binder(polling: bool) -> io::Result<UringBinder> {
             // A polling thread receives in spin mode (`RecvMode::Spin`).
             let cfg = UringConfig::for_polling(polling);
-            let ring = UringReactor::new(&cfg).map_err(io::Error::other)?;
+            let ring = Ring::new(&cfg).map_err(io::Error::other)?;
             Ok(UringBinder { ring })
         }
     }

@@ -600,7 +600,7 @@ fn uring_transports(
     idle: IdlePolicy,
     run: &Run,
 ) -> Result<Vec<starwire_uring::UringTransport>, String> {
-    let ring = starwire_uring::UringReactor::new(&sessions::uring_config(idle, run.max_size))
+    let ring = starwire_uring::Ring::new(&sessions::uring_config(idle, run.max_size))
         .map_err(|e| format!("{e}; use --backends tcp"))?;
     streams
         .into_iter()

@@ -72,15 +72,15 @@ impl BenchTransport for starwire_uring::UringTransport {
     fn syscalls(&self) -> u64 {
         // Parks in the ring are enters; eventfd drains are reads inside
         // an enter, except those that fell back to read(2).
-        let s = self.reactor().stats();
+        let s = self.ring().stats();
         s.enters + s.eventfd_read_syscalls
     }
     fn zero_copy(&self) -> Option<(u64, u64)> {
-        let s = self.reactor().stats();
+        let s = self.ring().stats();
         Some((s.zc_sends, s.zc_copied))
     }
     fn counters(&self) -> String {
-        format!("{:?}", self.reactor().stats())
+        format!("{:?}", self.ring().stats())
     }
 }
 

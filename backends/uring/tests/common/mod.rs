@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use starwire_transport::wire::{Header, Opcode};
 use starwire_transport::Transport;
-use starwire_uring::{UringReactor, UringTransport};
+use starwire_uring::{Ring, UringTransport};
 
 /// A connected loopback pair: (client, accepted).
 pub fn raw_pair() -> (TcpStream, TcpStream) {
@@ -27,7 +27,7 @@ pub fn frame(id: u64, body: usize) -> Vec<u8> {
 
 /// `poll(2)` for readability of the ring's park descriptor (`fd()`, which
 /// arms it) for at most `ms`: 1 when readable, 0 on timeout.
-pub fn poll_park_fd(r: &UringReactor, ms: i32) -> i32 {
+pub fn poll_park_fd(r: &Ring, ms: i32) -> i32 {
     use std::os::fd::AsRawFd;
     let mut p = libc::pollfd {
         fd: r.fd().as_raw_fd(),
@@ -40,7 +40,7 @@ pub fn poll_park_fd(r: &UringReactor, ms: i32) -> i32 {
 
 /// Enter `r` and receive on `t` until at least one frame came (5 s at
 /// most); `what` names the case in the panic.
-pub fn next_frames(r: &UringReactor, t: &mut UringTransport, what: &str) -> Vec<Vec<u8>> {
+pub fn next_frames(r: &Ring, t: &mut UringTransport, what: &str) -> Vec<Vec<u8>> {
     let mut got = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(5);
     while got.is_empty() {

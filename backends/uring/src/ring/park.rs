@@ -1,0 +1,281 @@
+//! Parking in the ring: the two halves of a park around its unlocked
+//! enter, the readability polls armed before one, the drain of the park
+//! eventfd after it, and the file-table slots another thread left stale.
+// Lends the kernel the eventfd drain's buffer (`sys::push_read_u64`).
+#![allow(unsafe_code)]
+
+use std::os::fd::AsRawFd;
+
+use starwire_transport::reactor::{ParkEnd, ParkWaker};
+
+use super::op::{user_data, CONN_MASK, OP_CANCEL, OP_EVENTFD, OP_POLL, OP_WAKER};
+use super::RingInner;
+use crate::sys::{self, Sock};
+
+impl RingInner {
+    /// The locked first half of [`Ring::park`]: queue what the
+    /// park submits and say how to enter: the descriptor (the registered
+    /// index or the ring fd, with its flag), the SQEs queued, and whether
+    /// completions are already there (no sleep). `None` when the ring
+    /// cannot be entered (the reactor then polls instead).
+    pub(super) fn prepare_park(
+        &mut self,
+        waker: ParkWaker<'_>,
+    ) -> Option<(sys::EnterFd, usize, bool)> {
+        if !self.enabled {
+            if let Err(e) = self.ring.submitter().register_enable_rings() {
+                tracing::warn!(error = %e, "uring: enabling the ring for a park failed");
+                return None;
+            }
+            self.enabled = true;
+        }
+        self.clear_stale_slots();
+        if self.spin {
+            // Readability polls, submitted by the park's own enter (a
+            // full SQ is submitted first, then the rest are queued).
+            if self.push_park_polls() {
+                self.submit_queued();
+                self.push_park_polls();
+            }
+        } else {
+            // Receives completed by the last enter go back in with this
+            // one, or no data would end the park.
+            self.queue_direct_receives();
+            self.rearm_receives();
+        }
+        if self.waker_id != waker.id {
+            if let Some(gen) = self.waker_poll.take() {
+                // Another waker (the reactor run again on this thread with
+                // a new eventfd): its number may even be the old one's,
+                // so cancel the old poll; its completion is ignored (an
+                // older generation).
+                let target = user_data(gen as usize, OP_WAKER);
+                let ud = user_data(CONN_MASK as usize, OP_CANCEL);
+                self.push_or_submit(|ring| sys::push_cancel(ring, target, ud));
+            }
+            self.waker_fired = false;
+            self.waker_id = waker.id;
+        }
+        // A poll that fired in a turn's reap ends this park at once
+        // (`ready`); the next park arms another.
+        if self.waker_poll.is_none() && !self.waker_fired {
+            self.waker_gen = (self.waker_gen + 1) & CONN_MASK;
+            let ud = user_data(self.waker_gen as usize, OP_WAKER);
+            let fd = Sock::Fd(waker.fd.as_raw_fd());
+            if !self.push_or_submit(|ring| sys::push_poll_in(ring, fd, ud)) {
+                // Without the poll a wake-up could not end the sleep:
+                // poll(2) instead (`fd()` submits what is queued).
+                return None;
+            }
+            self.waker_poll = Some(self.waker_gen);
+        }
+        // Completions reaped since the last turn (the waker's among
+        // them) end the park before it starts.
+        let pending = self.queued();
+        let ready = self.waker_fired || !self.ring.completion().is_empty();
+        let registered = self.registered_index();
+        let fd = sys::EnterFd::new(&self.ring, registered);
+        if !ready || pending > 0 {
+            self.stats.enters += 1;
+            self.stats.registered_enters += u64::from(registered.is_some());
+        }
+        self.stats.ring_parks += u64::from(!ready);
+        Some((fd, pending, ready))
+    }
+
+    /// The locked second half of [`Ring::park`]: account the
+    /// enter's result `r`, reap, and say what ended the park (`slept`: it
+    /// waited; `expired`: its whole timeout passed).
+    pub(super) fn finish_park(
+        &mut self,
+        r: std::io::Result<usize>,
+        slept: bool,
+        expired: bool,
+    ) -> Option<ParkEnd> {
+        let mut interrupted = false;
+        match r {
+            // The count submitted: a wait that timed out after submitting
+            // returns it too, so only the reap below tells the ends apart.
+            Ok(n) => {
+                self.stats.sqes += n as u64;
+                self.outstanding += n as u64;
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ETIME) => {}
+            Err(e)
+                if e.raw_os_error() == Some(libc::EINTR)
+                    || e.raw_os_error() == Some(libc::EBUSY) =>
+            {
+                // A signal, or a full CQ (the reap below makes room).
+                interrupted = true;
+            }
+            Err(e) => {
+                // Completions left in the CQ make `fd()` wake the poll at
+                // once; SQEs left in the SQ are submitted by `fd()`.
+                tracing::warn!(error = %e, "uring: park enter failed; polling instead");
+                return None;
+            }
+        }
+        let reaped = self.reap();
+        Some(if std::mem::take(&mut self.waker_fired) {
+            ParkEnd::Waker
+        } else if reaped == 0 && slept && expired && !interrupted {
+            ParkEnd::Timeout
+        } else {
+            ParkEnd::Input
+        })
+    }
+
+    /// Clear the file-table slots that connections freed on another
+    /// thread left holding their sockets (`stale_slots`). Called by the
+    /// issuer, at each enter.
+    pub(super) fn clear_stale_slots(&mut self) {
+        if self.stale_slots.is_empty() {
+            return;
+        }
+        let mut stale = std::mem::take(&mut self.stale_slots);
+        stale.retain(|&slot| sys::set_file_slot(&self.ring, slot, -1).is_err());
+        self.stale_slots = stale;
+    }
+
+    /// After a park: disable the eventfd again and queue a read that
+    /// drains it, so that the enter this turn makes anyway does the drain
+    /// and the park costs no `read(2)` of its own. The read is
+    /// `RWF_NOWAIT`, so it completes inside that enter, with the count or
+    /// `-EAGAIN` (nothing was written: the park ended otherwise).
+    /// A full SQ, or a drain still in flight, falls back to `read(2)`.
+    /// Returns the SQEs queued (0 or 1). `IORING_OP_READ` came with 5.6,
+    /// older than any kernel this backend accepts (5.19).
+    pub(super) fn queue_eventfd_drain(&mut self) -> usize {
+        let Some(efd) = self.park_eventfd.filter(|_| self.eventfd_armed) else {
+            return 0;
+        };
+        self.eventfd_armed = false;
+        self.ring.completion().disable_eventfd();
+        self.stats.eventfd_reads += 1;
+        if !self.eventfd_read_inflight {
+            let buf: *mut u64 = self.eventfd_buf.get();
+            let ud = user_data(CONN_MASK as usize, OP_EVENTFD);
+            // SAFETY: the ring's boxed `eventfd_buf`, neither read nor
+            // replaced while the read is in flight (`eventfd_read_inflight`,
+            // set below) and leaked if the ring goes with it outstanding
+            // (`sys`, "Eventfd drains").
+            if unsafe { sys::push_read_u64(&mut self.ring, efd, buf, ud) } {
+                self.eventfd_read_inflight = true;
+                return 1;
+            }
+        }
+        let mut b = [0u8; 8];
+        // EAGAIN (nothing written) is fine.
+        let _ = nix::unistd::read(efd, &mut b);
+        self.stats.eventfd_read_syscalls += 1;
+        0
+    }
+
+    /// `RecvMode::Spin`, before a park: queue a one-shot readability poll
+    /// for every connection that has none (the caller submits them). A
+    /// poll consumes no data, so it cannot reorder the stream; its
+    /// completion only wakes the reactor, whose next turns receive.
+    /// Returns true when the SQ filled up first.
+    pub(super) fn push_park_polls(&mut self) -> bool {
+        for idx in self.pass_order() {
+            let Some(c) = self.conns[idx].as_mut() else {
+                continue;
+            };
+            if c.closing || c.poll_armed || c.rx_end.is_some() {
+                continue;
+            }
+            if !sys::push_poll_in(&mut self.ring, c.sock, user_data(idx, OP_POLL)) {
+                self.stats.sq_full += 1;
+                self.conn_cursor = idx;
+                return true;
+            }
+            c.poll_armed = true;
+            self.stats.park_polls += 1;
+        }
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::{loopback_pair, rpc_frame};
+    use super::super::Ring;
+    use super::*;
+    use crate::{RecvMode, UringConfig};
+
+    /// A single receive that completed in the last enter is queued again
+    /// when the reactor asks for its park descriptor, so that data arriving
+    /// during the park wakes it even when no turn ran in between.
+    #[test]
+    fn a_park_queues_the_completed_single_receive_again() {
+        use std::io::Write;
+        let cfg = UringConfig::default();
+        assert_eq!(cfg.recv, RecvMode::Single);
+        let r = Ring::new(&cfg).unwrap();
+        let (a, mut b) = loopback_pair();
+        let idx = r.lock().add_conn(a);
+        let frame = |id: u64| rpc_frame(id, 8);
+        b.write_all(&frame(1)).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while r.lock().conn(idx).chunks.is_empty() {
+            assert!(std::time::Instant::now() < deadline, "no data");
+            r.enter().unwrap();
+        }
+        assert!(
+            !r.lock().conn(idx).recv_armed,
+            "completed, to be queued again"
+        );
+        // The park: no turn, no enter; the descriptor queues the receive.
+        let fd = r.fd();
+        assert!(
+            r.lock().conn(idx).recv_armed,
+            "queued again before the park"
+        );
+        b.write_all(&frame(2)).unwrap();
+        use nix::poll::{PollFd, PollFlags, PollTimeout};
+        let mut pfds = [PollFd::new(fd, PollFlags::POLLIN)];
+        let n = nix::poll::poll(&mut pfds, PollTimeout::from(5000u16)).unwrap();
+        assert_eq!(n, 1, "the park woke for the second frame");
+    }
+
+    /// A park in the ring that queued its SQEs and then failed to enter
+    /// (the reactor polls instead): the park descriptor submits them, in
+    /// each mode, so data still wakes the poll.
+    #[test]
+    fn a_failed_park_leaves_nothing_unsubmitted_for_the_poll() {
+        use nix::poll::{PollFd, PollFlags, PollTimeout};
+        use nix::sys::eventfd::{EfdFlags, EventFd};
+        use std::io::Write;
+        use std::os::fd::AsFd;
+        for recv in [RecvMode::Single, RecvMode::Spin] {
+            let cfg = UringConfig {
+                recv,
+                ..UringConfig::default()
+            };
+            let r = Ring::new(&cfg).unwrap();
+            let (a, mut b) = loopback_pair();
+            let idx = r.lock().add_conn(a);
+            b.write_all(&rpc_frame(1, 8)).unwrap();
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            while r.lock().conn(idx).chunks.is_empty() {
+                assert!(std::time::Instant::now() < deadline, "{recv:?}: no data");
+                r.enter().unwrap();
+            }
+            let efd = EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK).unwrap();
+            let waker = ParkWaker {
+                fd: efd.as_fd(),
+                id: 1,
+            };
+            // The park's first half queues the receive (or poll) and the
+            // waker's poll; its enter never happens.
+            let (_, pending, ready) = r.lock().prepare_park(waker).unwrap();
+            assert!(pending >= 2 && !ready, "{recv:?}: {pending} {ready}");
+            let fd = r.fd();
+            assert_eq!(r.lock().ring.submission().len(), 0, "{recv:?}: left queued");
+            b.write_all(&rpc_frame(2, 8)).unwrap();
+            let mut pfds = [PollFd::new(fd, PollFlags::POLLIN)];
+            let n = nix::poll::poll(&mut pfds, PollTimeout::from(5000u16)).unwrap();
+            assert_eq!(n, 1, "{recv:?}: the poll slept through the data");
+        }
+    }
+}
