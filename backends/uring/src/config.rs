@@ -259,9 +259,9 @@ pub enum RecvMode {
     /// per connection with the turn's sends; it completes inside that same
     /// `io_uring_enter`, with data or `-EAGAIN`. It receives into the
     /// connection's own buffer and takes what the socket holds, up to the
-    /// room left there. This skips the poll wakeup and task-work hop of multishot (measured here: 1.25x the round trip
-    /// of a spinning `recv(2)` for multishot, 1.05x for this), at the price
-    /// of one enter per idle turn, as a spinning `recv(2)` pays. The mode
+    /// room left there. This skips the poll wakeup and task-work hop of
+    /// multishot (docs/backends/uring.md has the round trips measured), at
+    /// the price of one enter per idle turn, as a spinning `recv(2)` pays. The mode
     /// for busy-polling reactors. Before a reactor parks, each connection
     /// arms a one-shot `POLL_ADD` so that data wakes it.
     Spin,

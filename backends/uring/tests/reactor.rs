@@ -6,6 +6,8 @@
 mod common;
 
 use std::io::Write;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use starwire_queue::{grid, Consumer};
@@ -82,11 +84,13 @@ fn a_reactor_parked_in_its_ring_loses_no_wakeup() {
     }
 }
 
-/// Frames from a peer, read by a reactor that parks in its ring.
+/// Frames from a peer, read by a reactor that parks in its ring; `seen`
+/// tells the peer how many arrived.
 struct FrameShard {
     conn: UringTransport,
     got: Vec<Vec<u8>>,
     want: usize,
+    seen: Arc<AtomicUsize>,
 }
 
 impl Shard for FrameShard {
@@ -96,6 +100,7 @@ impl Shard for FrameShard {
             .conn
             .rx_burst(now, 32, &mut |f: &[u8]| got.push(f.to_vec()))
             .expect("rx");
+        self.seen.store(self.got.len(), Ordering::Release);
         self.conn.end_turn() | (n > 0)
     }
     fn park(&self, waker: ParkWaker<'_>, timeout: Duration) -> Option<ParkEnd> {
@@ -117,6 +122,8 @@ fn input_wakes_a_reactor_parked_in_its_ring() {
         spec.idle = IdlePolicy::Park;
         spec.max_park = Duration::from_secs(30);
         let want = 60;
+        let seen = Arc::new(AtomicUsize::new(0));
+        let seen_in = Arc::clone(&seen);
         let reactor = Reactor::spawn(spec, move |_| {
             let cfg = UringConfig {
                 recv,
@@ -127,15 +134,22 @@ fn input_wakes_a_reactor_parked_in_its_ring() {
                 conn: UringTransport::new(&ring, s).expect("conn"),
                 got: Vec::new(),
                 want,
+                seen: seen_in,
             }
         })
         .expect("spawn");
         let sent: Vec<Vec<u8>> = (0..want as u64)
             .map(|i| frame(i, 64 + 50 * i as usize))
             .collect();
-        for f in &sent {
-            peer.write_all(f).unwrap();
+        // Lockstep: each frame goes once the one before was read and the
+        // reactor had time to park, so a loaded machine that starts the
+        // reactor late cannot hand it the whole stream in one turn.
+        for (i, f) in sent.iter().enumerate() {
+            while seen.load(Ordering::Acquire) < i {
+                std::thread::sleep(Duration::from_micros(100));
+            }
             std::thread::sleep(Duration::from_micros(500));
+            peer.write_all(f).unwrap();
         }
         let (shard, stats) = reactor.join().expect("reactor");
         assert_eq!(shard.got, sent, "{recv:?}");

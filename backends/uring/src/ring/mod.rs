@@ -34,8 +34,7 @@ use std::time::Duration;
 /// and briefly (at most one non-blocking `io_uring_enter`). A spin lock
 /// whose unlock is a plain release store suits that better than
 /// `std::sync::Mutex`, whose unlock is a locked exchange that waits for
-/// the turn's stores to drain: +0.5% to +1.0% on the rate bench together
-/// with the per-chunk receive loop (18 alternating pairs, 11-25). A waiter
+/// the turn's stores to drain. A waiter
 /// yields its time slice between tries, so a holder preempted on the same
 /// core is not spun against. There is no poisoning: a panic in a critical
 /// section unwinds through the guard, which unlocks.

@@ -17,15 +17,10 @@ use crate::sys::{self, RecvWait};
 /// provided buffer's: those are below 32768).
 pub(super) const OWN_BID: u16 = u16::MAX;
 
-/// Receives into a connection's own buffer start on this boundary.
-///
-/// Measured here (AMD EPYC guest, 11-25): with 4128-byte frames, whose
-/// length is 32 mod 64, receives that continued where the last one ended
-/// (incremental provided buffers) started every other frame on an odd half
-/// cache line, and the receiving side's `copy_to_user` took 4 to 10 times
-/// as long per byte as tcp's into the front of its buffer: the rate bench
-/// fell to 0.53-0.86x tcp in most runs, and never with 4096-byte frames
-/// (`docs/backends/uring.md`, "Where receives land").
+/// Receives into a connection's own buffer start on this boundary: a
+/// receive that starts on an odd half cache line makes the kernel's
+/// `copy_to_user` several times slower per byte (`docs/backends/uring.md`,
+/// "Where receives land", has the measurement).
 const OWN_ALIGN: usize = 64;
 
 /// A connection's receive waits while its own buffer has less room than
