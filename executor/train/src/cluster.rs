@@ -20,8 +20,8 @@ use starwire_ps::{
 };
 use starwire_transport::reactor::{IdlePolicy, Reactor, ReactorSpec};
 use starwire_transport::{ConnConfig, PeerInfo, TaskRole};
+use starwire_wire::ps::Control;
 
-use crate::control::Control;
 use crate::handler::{shard_file, ShardHandler};
 use crate::link::{connect_shard, Acceptor, Backend, Binder, ShardInbox, Tcp};
 use crate::net::{Exchange, SessionNet, Traffic};
@@ -1018,7 +1018,7 @@ fn write_checkpoint(
         path: dir.to_owned(),
         reason: "path is not UTF-8".into(),
     })?;
-    core.control(net, &Control::Checkpoint(d.to_owned()))?;
+    core.control(net, &Control::Checkpoint(d))?;
     // Every shard's global step (WAIT_STEP(0) answers at once).
     let global_step = core
         .control(net, &Control::WaitStep(0))?
