@@ -14,8 +14,8 @@
 //! `pull_new` (every row created, a fresh shard every 64 requests).
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use starwire_ps::proto::{PullRequestWriter, PushRequestWriter};
 use starwire_ps::{Init, OptimizerConfig, PsShard, ShardConfig, VarDef, VarKind};
+use starwire_wire::ps::{PullRequestWriter, PushRequestWriter};
 
 const DIM: usize = 16;
 const KEYS: usize = 4096;

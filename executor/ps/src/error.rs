@@ -1,56 +1,6 @@
-//! Error types of the shard, the codec and checkpoints.
+//! Error types of the shard and checkpoints.
 
-/// A request body that could not be decoded.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum DecodeError {
-    /// The buffer ended before a field of `what` could be read.
-    #[error("truncated {what}: need {need} bytes, have {have}")]
-    Truncated {
-        /// The field or section being read.
-        what: &'static str,
-        /// Bytes needed.
-        need: usize,
-        /// Bytes left.
-        have: usize,
-    },
-    /// The version byte is not [`crate::proto::VERSION`].
-    #[error("unsupported protocol version {0}")]
-    BadVersion(u8),
-    /// The message-kind byte is not the one expected.
-    #[error("bad message kind {got} (expected {expected})")]
-    BadKind {
-        /// Kind byte found.
-        got: u8,
-        /// Kind byte expected.
-        expected: u8,
-    },
-    /// An item tag that is not known.
-    #[error("bad item tag {0}")]
-    BadTag(u8),
-    /// A reserved field or flag bit is not zero.
-    #[error("reserved bits set in {0}")]
-    Reserved(&'static str),
-    /// A length computation overflowed `usize`.
-    #[error("length overflow in {0}")]
-    LengthOverflow(&'static str),
-    /// A count is above the configured [`crate::proto::Limits`].
-    #[error("oversized {what}: {len} > {max}")]
-    Oversized {
-        /// What was counted.
-        what: &'static str,
-        /// Value found.
-        len: u64,
-        /// Configured maximum.
-        max: u64,
-    },
-    /// Pooled offsets do not start at 0, decrease, or do not end at the key count.
-    #[error("bad pooled offsets: {0}")]
-    BadOffsets(&'static str),
-    /// Bytes left over after the last item.
-    #[error("{0} trailing bytes after the last item")]
-    Trailing(usize),
-}
+use starwire_wire::ps::DecodeError;
 
 /// An error from [`crate::PsShard::handle_pull`] or [`crate::PsShard::handle_push`].
 ///

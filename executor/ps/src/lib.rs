@@ -10,9 +10,9 @@
 //!
 //! # Protocol
 //!
-//! [`proto`] defines the messages (layouts in its docs). A pull carries
-//! items of three kinds and the response carries one reply per item, in
-//! order:
+//! [`starwire_wire::ps`] defines the messages (layouts in its docs). A
+//! pull carries items of three kinds and the response carries one reply
+//! per item, in order:
 //!
 //! * `Dense { var }`: the whole dense variable.
 //! * `Rows { var, keys }` (DeepRec `star_server`): the rows of the worker's
@@ -64,14 +64,13 @@ pub mod checkpoint;
 mod error;
 pub mod optim;
 mod prefetch;
-pub mod proto;
 mod shard;
 mod table;
 pub mod var;
 
 pub use assign::{shard_of, AssignmentReport, Strategy, VarStats, VariableAssignment};
 pub use checkpoint::{write_atomic, Manifest, WorkerProgress};
-pub use error::{CheckpointError, DecodeError, PsError};
+pub use error::{CheckpointError, PsError};
 pub use optim::{OptimizerConfig, OptimizerKind};
 pub use shard::{DenseVar, PsShard, ShardConfig, ShardReport, ShardStats, Var};
 pub use table::{EmbeddingTable, TablePolicy, TableStats, DEFAULT_VALUE_DIM};

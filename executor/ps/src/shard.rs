@@ -1,12 +1,13 @@
 //! [`PsShard`]: the state of one PS reactor and its request handlers.
 
 use rustc_hash::FxHashMap;
-
-use crate::error::{DecodeError, PsError};
-use crate::optim::OptimizerConfig;
-use crate::proto::{
-    self, put_f32s, Limits, PullItem, PullRequest, PullResponseWriter, PushItem, PushRequest,
+use starwire_wire::ps::{
+    self, put_f32s, DecodeError, Limits, PullItem, PullRequest, PullResponseWriter, PushItem,
+    PushRequest,
 };
+
+use crate::error::PsError;
+use crate::optim::OptimizerConfig;
 use crate::table::{EmbeddingTable, TablePolicy, TableStats};
 use crate::var::{VarDef, VarKind};
 
@@ -375,19 +376,18 @@ impl PsShard {
             };
             match (item, &mut self.vars[i]) {
                 (PullItem::Dense { var }, Var::Dense(d)) => {
-                    w.reply(proto::TAG_DENSE, var, d.values.len() as u32, None);
-                    put_f32s(w.buf, &d.values);
+                    put_f32s(w.dense(var, d.values.len() as u32), &d.values);
                 }
                 (PullItem::Rows { var, keys }, Var::Table(t)) => {
                     let dim = t.dim();
-                    w.reply(proto::TAG_ROWS, var, dim as u32, Some(keys.len() as u32));
-                    t.pull_rows_into(keys, step, w.buf);
+                    let out = w.rows(var, dim as u32, keys.len() as u32);
+                    t.pull_rows_into(keys, step, out);
                     self.pulled.push(i);
                 }
                 (PullItem::Pooled { var, offsets, keys }, Var::Table(t)) => {
                     let dim = t.dim();
                     let batch = offsets.len() - 1;
-                    w.reply(proto::TAG_POOLED, var, dim as u32, Some(batch as u32));
+                    let out = w.pooled(var, dim as u32, batch as u32);
                     let sum = &mut self.sum;
                     sum.clear();
                     sum.resize(dim, 0.0);
@@ -402,7 +402,7 @@ impl PsShard {
                                 }
                             }
                         }
-                        put_f32s(w.buf, sum);
+                        put_f32s(out, sum);
                         start = end;
                     }
                     self.pulled.push(i);
@@ -555,7 +555,7 @@ impl PsShard {
                 self.evict();
             }
         }
-        proto::write_push_response(out, self.global_step);
+        ps::write_push_response(out, self.global_step);
         Ok(())
     }
 }

@@ -5,10 +5,10 @@
 use rustc_hash::FxHashMap;
 
 use rustc_hash::FxHashSet;
+use starwire_wire::ps::{put_f32s, F32s, U64s};
 
 use crate::optim::OptimizerConfig;
 use crate::prefetch;
-use crate::proto::{put_f32s, F32s, U64s};
 use crate::var::VarDef;
 
 /// Keys are already well-mixed feature hashes, so the map uses FxHash (one

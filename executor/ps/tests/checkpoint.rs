@@ -1,10 +1,10 @@
 //! Checkpoint round trips, corruption and atomic writes.
 
-use starwire_ps::proto::{Limits, PullRequestWriter, PullResponse, PushRequestWriter};
 use starwire_ps::{
     write_atomic, CheckpointError, Init, Manifest, OptimizerConfig, PsShard, ShardConfig, VarDef,
     VarKind, WorkerProgress,
 };
+use starwire_wire::ps::{Limits, PullRequestWriter, PullResponse, PushRequestWriter};
 
 fn vars() -> Vec<VarDef> {
     vec![

@@ -1,10 +1,9 @@
 //! End-to-end tests of `PsShard` through the codec.
 
-use starwire_ps::proto::{
-    parse_push_response, Limits, PullReply, PullRequestWriter, PullResponse, PushRequestWriter,
-};
-use starwire_ps::{
-    DecodeError, Init, OptimizerConfig, PsError, PsShard, ShardConfig, VarDef, VarKind,
+use starwire_ps::{Init, OptimizerConfig, PsError, PsShard, ShardConfig, VarDef, VarKind};
+use starwire_wire::ps::{
+    parse_push_response, DecodeError, Limits, PullReply, PullRequestWriter, PullResponse,
+    PushRequestWriter,
 };
 
 const EMB: u32 = 10;
@@ -436,7 +435,7 @@ fn adagrad_slots_start_at_the_initial_accumulator() {
 #[test]
 fn oversized_reply_is_refused() {
     let mut s = shard(ShardConfig {
-        limits: starwire_ps::proto::Limits {
+        limits: starwire_wire::ps::Limits {
             max_elems: 8,
             ..Default::default()
         },

@@ -292,11 +292,11 @@ impl ClusterBackend for Inproc {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::control::Control;
     use crate::handler::ShardHandler;
     use starwire_ps::{PsShard, ShardConfig};
     use starwire_transport::wire::Opcode;
     use starwire_transport::Body;
+    use starwire_wire::ps::Control;
 
     fn state(shards: usize) -> Arc<LockedShards> {
         Arc::new(LockedShards::new(
@@ -321,7 +321,7 @@ mod tests {
         }
     }
 
-    fn req(shard: usize, c: &Control) -> Request {
+    fn req(shard: usize, c: &Control<'_>) -> Request {
         Request {
             shard,
             opcode: Opcode::Rpc,

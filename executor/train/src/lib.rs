@@ -23,7 +23,6 @@
 #![deny(unsafe_code)]
 
 pub mod cluster;
-pub mod control;
 #[cfg(feature = "grpc")]
 pub mod grpc;
 pub mod handler;

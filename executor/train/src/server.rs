@@ -16,8 +16,8 @@ use starwire_transport::wire::{Opcode, Status};
 use starwire_transport::{
     Body, ConnConfig, Connection, DrivenTransport, Incoming, Session, Transport,
 };
+use starwire_wire::ps::Control;
 
-use crate::control::Control;
 use crate::link::Binder;
 
 /// Why a request failed; the status goes back to the worker, the connection
@@ -224,7 +224,7 @@ pub fn serve_into<H: PsHandler>(
             }
             Ok(Control::Checkpoint(dir)) => (
                 "checkpoint",
-                handler.checkpoint(&dir).map_err(|message| HandlerError {
+                handler.checkpoint(dir).map_err(|message| HandlerError {
                     status: Status::Internal,
                     message,
                 }),

@@ -13,14 +13,14 @@ use starwire_graph::{
     dedup, Combiner, Executor, LookupFeed, LookupGrad, Partitioned, PullForm, StepFeeds,
     StepOutput, Tensor, VarId,
 };
-use starwire_ps::proto::{
-    parse_push_response, Limits, PullReply, PullRequestWriter, PullResponse, PushRequestWriter,
-};
 use starwire_ps::shard_of;
 use starwire_transport::wire::{Opcode, Status};
 use starwire_transport::Body;
+use starwire_wire::ps::{
+    parse_push_response, Control, Limits, PullReply, PullRequestWriter, PullResponse,
+    PushRequestWriter,
+};
 
-use crate::control::Control;
 use crate::net::{Exchange, Reply, Request};
 use crate::TrainError;
 
@@ -584,7 +584,7 @@ impl WorkerCore {
     pub fn control(
         &mut self,
         net: &mut dyn Exchange,
-        c: &Control,
+        c: &Control<'_>,
     ) -> Result<Vec<Vec<u8>>, TrainError> {
         control_all(net, self.layout.shards, c)
     }
@@ -599,7 +599,7 @@ impl WorkerCore {
 pub fn control_all(
     net: &mut dyn Exchange,
     shards: usize,
-    c: &Control,
+    c: &Control<'_>,
 ) -> Result<Vec<Vec<u8>>, TrainError> {
     let reqs = (0..shards)
         .map(|s| Request {

@@ -7,10 +7,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use starwire_ps::proto::{PullRequestWriter, PullResponse};
 use starwire_ps::{PsShard, ShardConfig, VarDef};
 use starwire_tcp::TcpTransport;
-use starwire_train::control::Control;
 use starwire_train::handler::ShardHandler;
 use starwire_train::link::TcpBinder;
 use starwire_train::link::{connect_shard, Acceptor, ShardInbox};
@@ -19,6 +17,7 @@ use starwire_train::server::PsReactor;
 use starwire_transport::reactor::{IdlePolicy, Reactor, ReactorSpec};
 use starwire_transport::wire::{Opcode, Status};
 use starwire_transport::{Body, ConnConfig, PeerInfo, TaskRole};
+use starwire_wire::ps::{Control, PullRequestWriter, PullResponse};
 
 fn peer(role: TaskRole) -> ConnConfig {
     ConnConfig::new(PeerInfo {
@@ -204,7 +203,7 @@ fn errors_are_statuses_and_end_only_the_bad_connection() {
     let r = one(
         &mut good,
         Opcode::Rpc,
-        Control::Checkpoint("/tmp/x".into()).encode(),
+        Control::Checkpoint("/tmp/x").encode(),
     );
     assert_eq!(r.status, Some(Status::Internal));
     assert!(String::from_utf8_lossy(&r.body).contains("--checkpoint-dir"));

@@ -19,6 +19,7 @@ use crate::chunk::{Chunk, ChunkAssembler};
 use crate::frame::{Frames, Limits};
 use crate::header::{FrameError, Header};
 use crate::message::{Body, BodyError};
+use crate::ps::{Control, F32s, PullItem, PullReply, PushItem, U64s};
 use crate::tensor::{DType, TensorView};
 
 /// What [`decode_any`] saw.
@@ -109,8 +110,11 @@ fn visit_body(s: &mut DecodeSummary, h: &Header, body: &[u8]) {
 fn kind_hash(e: &BodyError) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     core::mem::discriminant(e).hash(&mut h);
-    if let BodyError::Layout(inner) = e {
-        core::mem::discriminant(inner).hash(&mut h);
+    match e {
+        BodyError::Layout(inner) => core::mem::discriminant(inner).hash(&mut h),
+        BodyError::Ps(inner) => core::mem::discriminant(inner).hash(&mut h),
+        BodyError::Control(inner) => core::mem::discriminant(inner).hash(&mut h),
+        _ => {}
     }
     h.finish()
 }
@@ -122,26 +126,88 @@ fn visit(s: &mut DecodeSummary, b: &Body<'_>) {
             mix(s, h.incarnation ^ u64::from(h.task_index));
             mix(s, h.job_name.chars().map(u64::from).sum());
         }
-        Body::Rpc(r) => {
-            mix(s, u64::from(r.method));
-            mix(s, r.payload.iter().map(|&b| u64::from(b)).sum());
-        }
         Body::Tensors(list) => {
             for t in list.iter() {
                 tensor(s, &t);
             }
         }
-        Body::SparsePullRequest(r) => tensor(s, &r.ids),
-        Body::SparsePullResponse(r) => tensor(s, &r.rows),
-        Body::SparsePushRequest(r) => {
-            tensor(s, &r.ids);
-            tensor(s, &r.grads);
+        Body::Control(c) => mix(
+            s,
+            match c {
+                Control::WaitStep(n) => *n,
+                Control::Checkpoint(dir) => dir.len() as u64,
+                Control::Stats => 3,
+                Control::Done => 4,
+            },
+        ),
+        Body::PullRequest(r) => {
+            for item in r.items() {
+                mix(s, u64::from(item.var()));
+                match item {
+                    PullItem::Dense { .. } => {}
+                    PullItem::Rows { keys, .. } => u64s(s, keys),
+                    PullItem::Pooled { offsets, keys, .. } => {
+                        mix(s, offsets.iter().map(u64::from).sum());
+                        u64s(s, keys);
+                    }
+                }
+            }
         }
-        Body::DensePullRequest(r) => mix(s, u64::from(r.variable_id)),
-        Body::DensePullResponse(r) => tensor(s, &r.tensor),
-        Body::DensePushRequest(r) => tensor(s, &r.tensor),
+        Body::PullResponse(r) => {
+            mix(s, r.global_step);
+            for item in r.items() {
+                match item {
+                    PullReply::Dense { var, data }
+                    | PullReply::Rows { var, data, .. }
+                    | PullReply::Pooled { var, data, .. } => {
+                        mix(s, u64::from(var));
+                        f32s(s, data);
+                    }
+                }
+            }
+        }
+        Body::PushRequest(r) => {
+            mix(s, u64::from(r.completes_step));
+            for item in r.items() {
+                mix(s, u64::from(item.var()));
+                match item {
+                    PushItem::Dense { grad, .. } => f32s(s, grad),
+                    PushItem::Rows { keys, grads, .. } => {
+                        u64s(s, keys);
+                        f32s(s, grads);
+                    }
+                    PushItem::Pooled {
+                        offsets,
+                        keys,
+                        grads,
+                        ..
+                    } => {
+                        mix(s, offsets.iter().map(u64::from).sum());
+                        u64s(s, keys);
+                        f32s(s, grads);
+                    }
+                }
+            }
+        }
+        Body::PushResponse(step) => mix(s, *step),
+        Body::Opaque(bytes) => mix(s, bytes.iter().map(|&b| u64::from(b)).sum()),
         Body::Error(text) => mix(s, text.len() as u64),
     }
+}
+
+fn u64s(s: &mut DecodeSummary, v: U64s<'_>) {
+    s.elements = s.elements.wrapping_add(v.len() as u64);
+    mix(s, v.iter().fold(0u64, u64::wrapping_add));
+}
+
+fn f32s(s: &mut DecodeSummary, v: F32s<'_>) {
+    s.elements = s.elements.wrapping_add(v.len() as u64);
+    mix(
+        s,
+        v.iter()
+            .map(|x| u64::from(x.to_bits()))
+            .fold(0, u64::wrapping_add),
+    );
 }
 
 fn tensor(s: &mut DecodeSummary, t: &TensorView<'_>) {

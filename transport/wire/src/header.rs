@@ -86,17 +86,20 @@ pub enum Opcode {
     Goodbye = 0x04,
     /// Keep-alive probe; empty body.
     Ping = 0x05,
-    /// Generic RPC for the executor: method id + opaque payload.
+    /// A request outside the data path; the PS protocol carries its
+    /// control messages in it ([`crate::ps::Control`]).
     Rpc = 0x10,
     /// A fused list of tensors (Send/Recv fusion).
     Tensors = 0x11,
-    /// Sparse pull: variable id, ids -> rows.
+    /// A PS pull: dense variables, rows or pooled sums of rows
+    /// ([`crate::ps::PullRequest`], [`crate::ps::PullResponse`]).
     SparsePull = 0x20,
-    /// Sparse push: variable id, ids, gradients.
+    /// A PS push: gradients of dense variables, rows or pooled rows
+    /// ([`crate::ps::PushRequest`]).
     SparsePush = 0x21,
-    /// Dense pull: variable id -> tensor.
+    /// Unassigned in the PS protocol; the benchmarks send opaque payloads.
     DensePull = 0x22,
-    /// Dense push: variable id, gradient tensor.
+    /// Unassigned in the PS protocol; the benchmarks send opaque payloads.
     DensePush = 0x23,
 }
 

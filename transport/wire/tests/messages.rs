@@ -1,11 +1,14 @@
-//! Round trips of every message repr, every `BodyError` variant, and the
-//! opcode dispatch of `Body::parse`.
+//! Round trips of `Hello`, every `BodyError` variant, and the opcode
+//! dispatch of `Body::parse`.
 
 use starwire_wire::message::{parse_empty, HELLO_FIXED_LEN, MAX_JOB_NAME_LEN};
+use starwire_wire::ps::{
+    self, write_push_response, Control, ControlError, PullRequestWriter, PullResponseWriter,
+    PushRequestWriter,
+};
 use starwire_wire::{
-    Body, BodyError, DType, DensePullRequest, DensePullResponse, DensePushRequest, Flags,
-    FrameError, Header, Hello, Opcode, Role, Rpc, SparsePullRequest, SparsePullResponse,
-    SparsePushRequest, Status, TensorRecord, TensorRef, TensorView,
+    Body, BodyError, DType, Flags, FrameError, Header, Hello, Opcode, Role, Status, TensorRecord,
+    TensorRef, TensorView,
 };
 
 fn i64s(v: &[i64]) -> Vec<u8> {
@@ -41,92 +44,7 @@ fn hello() -> Hello<'static> {
 }
 
 #[test]
-fn sparse_pull_round_trip() {
-    let ids = i64s(&[1, 5, 9]);
-    let req = SparsePullRequest {
-        variable_id: 42,
-        ids: TensorRef::new(0, DType::I64, &[3], &ids).unwrap(),
-    };
-    req.check().unwrap();
-    let b = encode(req.encoded_len(), |o| req.emit(o));
-    let p = SparsePullRequest::parse(&b).unwrap();
-    assert_eq!(p.variable_id, 42);
-    assert_eq!(p.ids.i64s().unwrap().collect::<Vec<_>>(), vec![1, 5, 9]);
-    assert!(inside(&b, p.ids.data()));
-    // forwarding the view re-encodes identically
-    assert_eq!(encode(p.encoded_len(), |o| p.emit(o)), b);
-
-    let rows = f32s(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
-    let resp = SparsePullResponse {
-        rows: TensorRef::new(0, DType::F32, &[3, 2], &rows).unwrap(),
-    };
-    resp.check().unwrap();
-    let b = encode(resp.encoded_len(), |o| resp.emit(o));
-    let p = SparsePullResponse::parse(&b).unwrap();
-    assert_eq!(p.rows.dims().iter().collect::<Vec<_>>(), vec![3, 2]);
-    assert_eq!(p.rows.f32s().unwrap().sum::<f32>(), 21.0);
-    assert!(inside(&b, p.rows.data()));
-}
-
-#[test]
-fn sparse_push_round_trip() {
-    let ids = i64s(&[7, 8]);
-    let g = f32s(&[0.1, 0.2, 0.3, 0.4, 0.5, 0.6]);
-    let req = SparsePushRequest {
-        variable_id: 3,
-        ids: TensorRef::new(0, DType::I64, &[2], &ids).unwrap(),
-        grads: TensorRef::new(0, DType::F32, &[2, 3], &g).unwrap(),
-    };
-    req.check().unwrap();
-    let b = encode(req.encoded_len(), |o| req.emit(o));
-    let p = SparsePushRequest::parse(&b).unwrap();
-    assert_eq!(p.variable_id, 3);
-    assert_eq!(p.ids.num_elements(), 2);
-    assert_eq!(p.grads.dim(1), Some(3));
-    assert_eq!(p.grads.data(), &g[..]);
-    assert!(inside(&b, p.grads.data()));
-    assert_eq!(encode(p.encoded_len(), |o| p.emit(o)), b);
-    parse_empty(&[]).unwrap();
-}
-
-#[test]
-fn dense_round_trip() {
-    let req = DensePullRequest { variable_id: 9 };
-    let b = encode(req.encoded_len(), |o| req.emit(o));
-    assert_eq!(DensePullRequest::parse(&b).unwrap(), req);
-
-    let v = f32s(&[1.5; 4]);
-    let t = TensorRef::new(77, DType::F32, &[2, 2], &v).unwrap();
-    let resp = DensePullResponse { tensor: t };
-    let b = encode(resp.encoded_len(), |o| resp.emit(o));
-    let p = DensePullResponse::parse(&b).unwrap();
-    assert_eq!(p.tensor.key(), 77);
-    assert!(inside(&b, p.tensor.data()));
-
-    let push = DensePushRequest {
-        variable_id: 9,
-        tensor: t,
-    };
-    let b = encode(push.encoded_len(), |o| push.emit(o));
-    let p = DensePushRequest::parse(&b).unwrap();
-    assert_eq!(p.variable_id, 9);
-    assert_eq!(
-        p.tensor.widened_f32s().unwrap().collect::<Vec<_>>(),
-        vec![1.5; 4]
-    );
-}
-
-#[test]
-fn rpc_and_hello_round_trip() {
-    let rpc = Rpc {
-        method: 0xabcd,
-        payload: b"hello world",
-    };
-    let b = encode(rpc.encoded_len(), |o| rpc.emit(o));
-    let p = Rpc::parse(&b).unwrap();
-    assert_eq!(p, rpc);
-    assert!(inside(&b, p.payload));
-
+fn hello_round_trip() {
     let h = hello();
     let b = encode(h.encoded_len(), |o| h.emit(o));
     assert_eq!(b.len(), HELLO_FIXED_LEN + 2);
@@ -158,123 +76,11 @@ fn hello_emit_rejects_long_name() {
 /// Every `BodyError` variant, and the status it maps to.
 #[test]
 fn every_body_error() {
-    let ids = i64s(&[1, 2]);
-    let ids_t = TensorRef::new(0, DType::I64, &[2], &ids).unwrap();
-    let g = f32s(&[0.0; 6]);
-    let grads = TensorRef::new(0, DType::F32, &[2, 3], &g).unwrap();
-    let pull = SparsePullRequest {
-        variable_id: 1,
-        ids: ids_t,
-    };
-    let good = encode(pull.encoded_len(), |o| pull.emit(o));
-
-    // Layout (wrapping a FrameError)
-    let e = SparsePullRequest::parse(&good[..20]).unwrap_err();
-    assert!(matches!(e, BodyError::Layout(FrameError::Truncated { .. })));
-    assert_eq!(e.status(), Status::BadRequest);
-    let e = SparsePullRequest::parse(&good[..3]).unwrap_err();
-    assert!(matches!(e, BodyError::Layout(FrameError::Truncated { .. })));
-
-    // TrailingBytes
-    let mut t = good.clone();
-    t.extend_from_slice(&[0; 8]);
-    let e = SparsePullRequest::parse(&t).unwrap_err();
-    assert_eq!(e, BodyError::TrailingBytes { extra: 8 });
-    assert_eq!(e.status(), Status::BadRequest);
+    assert_eq!(parse_empty(&[]), Ok(()));
     assert_eq!(
-        parse_empty(&[1]),
-        Err(BodyError::TrailingBytes { extra: 1 })
+        parse_empty(&[1, 2]),
+        Err(BodyError::TrailingBytes { extra: 2 })
     );
-
-    // Reserved
-    let mut r = good.clone();
-    r[5] = 1;
-    let e = SparsePullRequest::parse(&r).unwrap_err();
-    assert_eq!(e, BodyError::Reserved("reserved"));
-    assert_eq!(e.status(), Status::BadRequest);
-
-    // WrongDType: ids not I64
-    let f = f32s(&[1.0, 2.0]);
-    let bad = SparsePullRequest {
-        variable_id: 1,
-        ids: TensorRef::new(0, DType::F32, &[2], &f).unwrap(),
-    };
-    assert!(matches!(bad.check(), Err(BodyError::WrongDType { .. })));
-    let b = encode(bad.encoded_len(), |o| bad.emit(o));
-    let e = SparsePullRequest::parse(&b).unwrap_err();
-    assert!(matches!(
-        e,
-        BodyError::WrongDType {
-            what: "ids",
-            found: DType::F32,
-            ..
-        }
-    ));
-    assert_eq!(e.status(), Status::WrongShape);
-    // WrongDType: integer grads
-    let gi = i64s(&[0; 6]);
-    let bad = SparsePushRequest {
-        variable_id: 1,
-        ids: ids_t,
-        grads: TensorRef::new(0, DType::I64, &[2, 3], &gi).unwrap(),
-    };
-    let b = encode(bad.encoded_len(), |o| bad.emit(o));
-    let e = SparsePushRequest::parse(&b).unwrap_err();
-    assert!(matches!(e, BodyError::WrongDType { what: "grads", .. }));
-
-    // WrongRank: ids rank 2, rows rank 1, grads rank 1
-    let bad = SparsePullRequest {
-        variable_id: 1,
-        ids: TensorRef::new(0, DType::I64, &[1, 2], &ids).unwrap(),
-    };
-    let b = encode(bad.encoded_len(), |o| bad.emit(o));
-    let e = SparsePullRequest::parse(&b).unwrap_err();
-    assert_eq!(
-        e,
-        BodyError::WrongRank {
-            what: "ids",
-            expected: 1,
-            found: 2
-        }
-    );
-    assert_eq!(e.status(), Status::WrongShape);
-    let rows = SparsePullResponse {
-        rows: TensorRef::new(0, DType::F32, &[6], &g).unwrap(),
-    };
-    assert!(rows.check().is_err());
-    let b = encode(rows.encoded_len(), |o| rows.emit(o));
-    assert!(matches!(
-        SparsePullResponse::parse(&b),
-        Err(BodyError::WrongRank { what: "rows", .. })
-    ));
-    let bad = SparsePushRequest {
-        variable_id: 1,
-        ids: ids_t,
-        grads: TensorRef::new(0, DType::F32, &[6], &g).unwrap(),
-    };
-    let b = encode(bad.encoded_len(), |o| bad.emit(o));
-    assert!(matches!(
-        SparsePushRequest::parse(&b),
-        Err(BodyError::WrongRank { what: "grads", .. })
-    ));
-
-    // RowMismatch
-    let bad = SparsePushRequest {
-        variable_id: 1,
-        ids: ids_t,
-        grads: TensorRef::new(0, DType::F32, &[3, 2], &g).unwrap(),
-    };
-    assert_eq!(bad.check(), Err(BodyError::RowMismatch { ids: 2, rows: 3 }));
-    let b = encode(bad.encoded_len(), |o| bad.emit(o));
-    let e = SparsePushRequest::parse(&b).unwrap_err();
-    assert_eq!(e, BodyError::RowMismatch { ids: 2, rows: 3 });
-    assert_eq!(e.status(), Status::WrongShape);
-    let ok = SparsePushRequest {
-        variable_id: 1,
-        ids: ids_t,
-        grads,
-    };
-    ok.check().unwrap();
 
     // Hello: BadUtf8, JobNameTooLong, UnknownRole, Reserved, truncated name
     let h = hello();
@@ -307,9 +113,25 @@ fn every_body_error() {
     b.push(0);
     assert_eq!(Hello::parse(&b), Err(BodyError::TrailingBytes { extra: 1 }));
 
+    // PS bodies: their decode error, answered BadRequest; control
+    // messages: UnknownMethod, as a shard answers them.
+    let h = header(Opcode::SparsePull, Flags::NONE, Status::Ok);
+    let e = Body::parse(&h, &[1, 1, 0]).unwrap_err();
+    assert!(matches!(
+        e,
+        BodyError::Ps(ps::DecodeError::Truncated { .. })
+    ));
+    assert_eq!(e.status(), Status::BadRequest);
+    let h = header(Opcode::Rpc, Flags::NONE, Status::Ok);
+    let e = Body::parse(&h, &[9]).unwrap_err();
+    assert_eq!(e, BodyError::Control(ControlError::UnknownMethod(9)));
+    assert_eq!(e.status(), Status::UnknownMethod);
+
     // Display works for every variant
     for e in [
         BodyError::Layout(FrameError::BadLength("x")),
+        BodyError::Ps(ps::DecodeError::BadTag(9)),
+        BodyError::Control(ControlError::Empty),
         BodyError::TrailingBytes { extra: 1 },
         BodyError::Reserved("r"),
         BodyError::BadUtf8("f"),
@@ -329,70 +151,59 @@ fn header(op: Opcode, flags: Flags, status: Status) -> Header {
 
 #[test]
 fn body_dispatch() {
-    let ids = i64s(&[4]);
-    let ids_t = TensorRef::new(0, DType::I64, &[1], &ids).unwrap();
-    let rows = f32s(&[1.0, 2.0]);
-    let rows_t = TensorRef::new(0, DType::F32, &[1, 2], &rows).unwrap();
     let none = Flags::NONE;
     let resp = Flags::RESPONSE;
     let ok = Status::Ok;
 
-    let pull = SparsePullRequest {
-        variable_id: 1,
-        ids: ids_t,
-    };
-    let b = encode(pull.encoded_len(), |o| pull.emit(o));
-    assert!(matches!(
-        Body::parse(&header(Opcode::SparsePull, none, ok), &b),
-        Ok(Body::SparsePullRequest(_))
-    ));
-    // the same bytes as a response do not parse as rows (ids is rank 1 after an 8-byte prefix)
-    assert!(Body::parse(&header(Opcode::SparsePull, resp, ok), &b).is_err());
-    let r = SparsePullResponse { rows: rows_t };
-    let b = encode(r.encoded_len(), |o| r.emit(o));
+    let mut b = Vec::new();
+    PullRequestWriter::new(&mut b).rows(1, &[4, 5]).dense(2);
+    match Body::parse(&header(Opcode::SparsePull, none, ok), &b) {
+        Ok(Body::PullRequest(r)) => assert_eq!(r.len(), 2),
+        other => panic!("{other:?}"),
+    }
+    // A request's bytes are no response (another kind byte).
     assert!(matches!(
         Body::parse(&header(Opcode::SparsePull, resp, ok), &b),
-        Ok(Body::SparsePullResponse(_))
+        Err(BodyError::Ps(ps::DecodeError::BadKind { .. }))
     ));
-    let push = SparsePushRequest {
-        variable_id: 1,
-        ids: ids_t,
-        grads: rows_t,
-    };
-    let b = encode(push.encoded_len(), |o| push.emit(o));
+    let mut w = PullResponseWriter::new(&mut b, 7);
+    ps::put_f32s(w.rows(1, 2, 1), &[1.0, 2.0]);
+    match Body::parse(&header(Opcode::SparsePull, resp, ok), &b) {
+        Ok(Body::PullResponse(r)) => assert_eq!((r.len(), r.global_step), (1, 7)),
+        other => panic!("{other:?}"),
+    }
+    PushRequestWriter::new(&mut b, true).rows(1, 2, &[4], &[0.5, 0.25]);
+    match Body::parse(&header(Opcode::SparsePush, none, ok), &b) {
+        Ok(Body::PushRequest(r)) => assert!(r.completes_step && r.len() == 1),
+        other => panic!("{other:?}"),
+    }
+    write_push_response(&mut b, 3);
     assert!(matches!(
-        Body::parse(&header(Opcode::SparsePush, none, ok), &b),
-        Ok(Body::SparsePushRequest(_))
+        Body::parse(&header(Opcode::SparsePush, resp, ok), &b),
+        Ok(Body::PushResponse(3))
     ));
-    assert_eq!(
-        Body::parse(&header(Opcode::SparsePush, resp, ok), &[]),
-        Ok(Body::Empty)
-    );
-    assert_eq!(
-        Body::parse(&header(Opcode::DensePush, resp, ok), &[1]),
-        Err(BodyError::TrailingBytes { extra: 1 })
-    );
-    let d = DensePullRequest { variable_id: 2 };
-    let b = encode(8, |o| d.emit(o));
-    assert_eq!(
-        Body::parse(&header(Opcode::DensePull, none, ok), &b),
-        Ok(Body::DensePullRequest(d))
-    );
-    let dr = DensePullResponse { tensor: rows_t };
-    let b = encode(dr.encoded_len(), |o| dr.emit(o));
+    let c = Control::WaitStep(12).encode();
     assert!(matches!(
-        Body::parse(&header(Opcode::DensePull, resp, ok), &b),
-        Ok(Body::DensePullResponse(_))
+        Body::parse(&header(Opcode::Rpc, none, ok), &c),
+        Ok(Body::Control(Control::WaitStep(12)))
     ));
-    let dp = DensePushRequest {
-        variable_id: 2,
-        tensor: rows_t,
-    };
-    let b = encode(dp.encoded_len(), |o| dp.emit(o));
+    // A control reply's layout depends on the method asked.
     assert!(matches!(
-        Body::parse(&header(Opcode::DensePush, none, ok), &b),
-        Ok(Body::DensePushRequest(_))
+        Body::parse(&header(Opcode::Rpc, resp, ok), &12u64.to_le_bytes()),
+        Ok(Body::Opaque(b)) if b.len() == 8
     ));
+    for op in [Opcode::DensePull, Opcode::DensePush] {
+        for flags in [none, resp] {
+            assert!(matches!(
+                Body::parse(&header(op, flags, ok), &[1, 2, 3]),
+                Ok(Body::Opaque([1, 2, 3]))
+            ));
+        }
+    }
+    let ids = i64s(&[4]);
+    let ids_t = TensorRef::new(0, DType::I64, &[1], &ids).unwrap();
+    let rows = f32s(&[1.0, 2.0]);
+    let rows_t = TensorRef::new(0, DType::F32, &[1, 2], &rows).unwrap();
     let list = [ids_t, rows_t];
     let b = encode(starwire_wire::tensors::encoded_len(&list), |o| {
         starwire_wire::tensors::emit(&list, o)
@@ -401,44 +212,39 @@ fn body_dispatch() {
         Ok(Body::Tensors(l)) => assert_eq!(l.len(), 2),
         other => panic!("{other:?}"),
     }
-    let rpc = Rpc {
-        method: 1,
-        payload: &[],
-    };
-    let b = encode(8, |o| rpc.emit(o));
-    assert_eq!(
-        Body::parse(&header(Opcode::Rpc, none, ok), &b),
-        Ok(Body::Rpc(rpc))
-    );
     let h = hello();
     let b = encode(h.encoded_len(), |o| h.emit(o));
-    assert_eq!(
-        Body::parse(&header(Opcode::Hello, none, ok), &b),
-        Ok(Body::Hello(h))
-    );
+    match Body::parse(&header(Opcode::Hello, none, ok), &b) {
+        Ok(Body::Hello(p)) => assert_eq!(p, h),
+        other => panic!("{other:?}"),
+    }
     for op in [
         Opcode::Credit,
         Opcode::Cancel,
         Opcode::Goodbye,
         Opcode::Ping,
     ] {
-        assert_eq!(Body::parse(&header(op, none, ok), &[]), Ok(Body::Empty));
+        assert!(matches!(
+            Body::parse(&header(op, none, ok), &[]),
+            Ok(Body::Empty)
+        ));
+        assert_eq!(
+            Body::parse(&header(op, none, ok), &[0]).unwrap_err(),
+            BodyError::TrailingBytes { extra: 1 }
+        );
     }
     // error responses carry a UTF-8 diagnostic
-    assert_eq!(
+    assert!(matches!(
         Body::parse(
             &header(Opcode::SparsePull, resp, Status::WrongShape),
             b"bad ids"
         ),
         Ok(Body::Error("bad ids"))
-    );
+    ));
     assert_eq!(
-        Body::parse(&header(Opcode::Rpc, resp, Status::UnknownMethod), &[0xff]),
-        Err(BodyError::BadUtf8("diagnostic"))
+        Body::parse(&header(Opcode::Rpc, resp, Status::UnknownMethod), &[0xff]).unwrap_err(),
+        BodyError::BadUtf8("diagnostic")
     );
-    // a body that does not match its opcode is a semantic error
-    let e = Body::parse(&header(Opcode::SparsePush, none, ok), &[0; 4]).unwrap_err();
-    assert_eq!(e.status(), Status::BadRequest);
 }
 
 #[test]

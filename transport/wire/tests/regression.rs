@@ -2,8 +2,8 @@
 //! each must fail cleanly (no panic, no large allocation).
 
 use starwire_wire::{
-    decode_any, tensors, BodyError, DType, Flags, Frame, FrameError, Header, Limits, Opcode,
-    TensorList, TensorRef, TensorView, HEADER_LEN,
+    decode_any, tensors, DType, Flags, Frame, FrameError, Header, Limits, Opcode, TensorList,
+    TensorRef, TensorView, HEADER_LEN,
 };
 
 fn frame(op: Opcode, flags: Flags, body: &[u8]) -> Vec<u8> {
@@ -100,17 +100,37 @@ fn rank_255() {
         TensorView::parse(&r),
         Err(FrameError::Malformed("tensor rank above 8"))
     );
-    let mut body = 1u32.to_le_bytes().to_vec();
-    body.extend_from_slice(&[0; 4]);
-    body.extend_from_slice(&r);
-    let bytes = frame(Opcode::DensePush, Flags::NONE, &body);
+    let body = list_body(1, &r);
+    let bytes = frame(Opcode::Tensors, Flags::NONE, &body);
     let s = decode_any(&bytes, &Limits::default()).unwrap();
     assert_eq!(s.body_errors, 1);
     assert_eq!(
-        starwire_wire::DensePushRequest::parse(&body),
-        Err(BodyError::Layout(FrameError::Malformed(
-            "tensor rank above 8"
-        )))
+        TensorList::parse(&body).unwrap_err(),
+        FrameError::Malformed("tensor rank above 8")
+    );
+}
+
+/// PS bodies whose counts claim more than the body holds: rejected before
+/// anything is sized by them.
+#[test]
+fn ps_counts_beyond_the_body() {
+    // A pull request of u32::MAX items, then one rows item of u32::MAX keys.
+    let mut b = vec![1, 1, 0, 0];
+    b.extend_from_slice(&u32::MAX.to_le_bytes());
+    b.extend_from_slice(&[2, 0, 0, 0, 9, 0, 0, 0]);
+    b.extend_from_slice(&u32::MAX.to_le_bytes());
+    assert_eq!(body_error(&frame(Opcode::SparsePull, Flags::NONE, &b)), 1);
+    b[4..8].copy_from_slice(&1u32.to_le_bytes());
+    assert_eq!(body_error(&frame(Opcode::SparsePull, Flags::NONE, &b)), 1);
+    // A pull response claiming u32::MAX rows of width u32::MAX.
+    let mut b = vec![1, 2, 0, 0, 1, 0, 0, 0];
+    b.extend_from_slice(&0u64.to_le_bytes());
+    b.extend_from_slice(&[2, 0, 0, 0, 9, 0, 0, 0]);
+    b.extend_from_slice(&u32::MAX.to_le_bytes());
+    b.extend_from_slice(&u32::MAX.to_le_bytes());
+    assert_eq!(
+        body_error(&frame(Opcode::SparsePull, Flags::RESPONSE, &b)),
+        1
     );
 }
 

@@ -29,11 +29,11 @@ use starwire_graph::{partition, Executor};
 use config::across_processes;
 use roles::{cluster_backend, read_manifest, write_checkpoint};
 
-use crate::control::Control;
 use crate::net::Traffic;
 use crate::source::DataSource;
 use crate::worker::{control_all, WorkerCore};
 use crate::TrainError;
+use starwire_wire::ps::Control;
 
 /// `starwire train` without cluster flags: PS tasks and workers as threads
 /// of this process over loopback, then an evaluation.

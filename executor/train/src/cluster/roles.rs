@@ -16,7 +16,6 @@ use starwire_transport::{ConnConfig, PeerInfo, TaskRole};
 
 use super::config::shard_config;
 use super::{model_name, protocol_name, BackendKind, Interval, Plan, TrainConfig};
-use crate::control::Control;
 use crate::handler::{shard_file, ShardHandler};
 use crate::link::{connect_shard, Acceptor, Backend, Binder, ShardInbox, Tcp};
 use crate::net::{Exchange, SessionNet, Traffic};
@@ -24,6 +23,7 @@ use crate::server::PsReactor;
 use crate::source::{DataSource, Reader};
 use crate::worker::WorkerCore;
 use crate::TrainError;
+use starwire_wire::ps::Control;
 
 fn peer(role: TaskRole, index: u32, shards: u16) -> PeerInfo {
     let incarnation = std::time::SystemTime::now()
@@ -577,7 +577,7 @@ pub(super) fn write_checkpoint(
         path: dir.to_owned(),
         reason: "path is not UTF-8".into(),
     })?;
-    core.control(net, &Control::Checkpoint(d.to_owned()))?;
+    core.control(net, &Control::Checkpoint(d))?;
     // Every shard's global step (WAIT_STEP(0) answers at once).
     let global_step = core
         .control(net, &Control::WaitStep(0))?

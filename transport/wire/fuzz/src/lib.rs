@@ -1,5 +1,8 @@
-//! Stable-toolchain mutation fuzzers for the wire decoders:
-//! [`starwire_wire::decode_any`] and the stream [`starwire_wire::Deframer`].
+//! Stable-toolchain mutation fuzzers for starwire's parsers: every wire
+//! decoder through [`starwire_wire::decode_any`] (this module, driver
+//! `fuzz-decode`), the stream [`starwire_wire::Deframer`] (driver
+//! `fuzz-deframe`), and the PS codec through the shard's request handlers
+//! ([`ps`], driver `fuzz-ps-proto`).
 //!
 //! * [`seeds`] builds a seed corpus of valid encoded frames of every opcode,
 //!   chunked messages and multi-frame streams.
@@ -11,7 +14,7 @@
 //! * [`check_deframe`] feeds one stream to the deframer in pieces and
 //!   compares it with parsing the stream whole.
 //!
-//! The drivers are the `fuzz-decode` and `fuzz-deframe` binaries:
+//! The frame drivers are the `fuzz-decode` and `fuzz-deframe` binaries:
 //!
 //! ```text
 //! cargo run --release -p starwire-wire-fuzz --bin fuzz-decode -- --seconds 60 --seed 1
@@ -36,6 +39,8 @@
 //! ```
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
+
+pub mod ps;
 
 use std::path::{Path, PathBuf};
 
@@ -108,11 +113,13 @@ pub fn outcome_signature(r: &Result<DecodeSummary, FrameError>) -> u64 {
 pub mod seeds {
     //! Valid encoded inputs of every opcode.
 
-    use starwire_wire::message::{Hello, Role, Rpc};
+    use starwire_wire::message::{Hello, Role};
+    use starwire_wire::ps::{
+        put_f32s, write_push_response, Control, PullRequestWriter, PullResponseWriter,
+        PushRequestWriter,
+    };
     use starwire_wire::{
-        tensors, ChunkPlan, DType, DensePullRequest, DensePullResponse, DensePushRequest, Flags,
-        Frame, Header, Opcode, SparsePullRequest, SparsePullResponse, SparsePushRequest, Status,
-        TensorRef,
+        tensors, ChunkPlan, DType, Flags, Frame, Header, Opcode, Status, TensorRef,
     };
 
     /// One single-frame message.
@@ -196,34 +203,27 @@ pub mod seeds {
             max_frame_len: 1 << 20,
             shard_count: 2,
         };
-        let rpc = Rpc {
-            method: 7,
-            payload: b"opaque payload",
-        };
         let list = [
             ids_t, rows_t, halfs_t, bf_t, u8_t, scalar_t, empty_t, rank8_t,
         ];
-        let spr = SparsePullRequest {
-            variable_id: 11,
-            ids: ids_t,
-        };
-        let spp = SparsePullResponse { rows: rows_t };
-        let sps = SparsePushRequest {
-            variable_id: 11,
-            ids: ids_t,
-            grads: rows_t,
-        };
-        let sps16 = SparsePushRequest {
-            variable_id: 12,
-            ids: ids_t,
-            grads: halfs_t,
-        };
-        let dpr = DensePullRequest { variable_id: 5 };
-        let dpp = DensePullResponse { tensor: rank8_t };
-        let dps = DensePushRequest {
-            variable_id: 5,
-            tensor: bf_t,
-        };
+        let keys = [3u64, 17, u64::MAX, 1 << 40];
+        let mut pull = Vec::new();
+        PullRequestWriter::new(&mut pull)
+            .dense(5)
+            .rows(11, &keys)
+            .pooled(12, &[0, 1, 1, 4], &keys);
+        let mut pulled = Vec::new();
+        let mut w = PullResponseWriter::new(&mut pulled, 9);
+        put_f32s(w.dense(5, 2), &[0.5, -1.0]);
+        put_f32s(w.rows(11, 2, 4), &[0.25; 8]);
+        put_f32s(w.pooled(12, 2, 3), &[1.5; 6]);
+        let mut push = Vec::new();
+        PushRequestWriter::new(&mut push, true)
+            .dense(5, &[0.1, 0.2])
+            .rows(11, 2, &keys, &[0.01; 8])
+            .pooled(12, 2, &[0, 1, 1, 4], &keys, &[0.5; 6]);
+        let mut pushed = Vec::new();
+        write_push_response(&mut pushed, 10);
         let none = Flags::NONE;
         let resp = Flags::RESPONSE;
         let ok = Status::Ok;
@@ -238,67 +238,27 @@ pub mod seeds {
             (Opcode::Cancel, none, ok, vec![]),
             (Opcode::Goodbye, none, ok, vec![]),
             (Opcode::Ping, none, ok, vec![]),
+            (Opcode::Rpc, none, ok, Control::WaitStep(7).encode()),
             (
                 Opcode::Rpc,
                 none,
                 ok,
-                body(rpc.encoded_len(), |o| rpc.emit(o)),
+                Control::Checkpoint("/ckpt/é").encode(),
             ),
-            (
-                Opcode::Rpc,
-                resp,
-                ok,
-                body(rpc.encoded_len(), |o| rpc.emit(o)),
-            ),
+            (Opcode::Rpc, none, ok, Control::Stats.encode()),
+            (Opcode::Rpc, none, ok, Control::Done.encode()),
+            (Opcode::Rpc, resp, ok, 7u64.to_le_bytes().to_vec()),
             (
                 Opcode::Tensors,
                 Flags::ONEWAY,
                 ok,
                 body(tensors::encoded_len(&list), |o| tensors::emit(&list, o)),
             ),
-            (
-                Opcode::SparsePull,
-                none,
-                ok,
-                body(spr.encoded_len(), |o| spr.emit(o)),
-            ),
-            (
-                Opcode::SparsePull,
-                resp,
-                ok,
-                body(spp.encoded_len(), |o| spp.emit(o)),
-            ),
-            (
-                Opcode::SparsePush,
-                none,
-                ok,
-                body(sps.encoded_len(), |o| sps.emit(o)),
-            ),
-            (
-                Opcode::SparsePush,
-                none,
-                ok,
-                body(sps16.encoded_len(), |o| sps16.emit(o)),
-            ),
-            (Opcode::SparsePush, resp, ok, vec![]),
-            (
-                Opcode::DensePull,
-                none,
-                ok,
-                body(dpr.encoded_len(), |o| dpr.emit(o)),
-            ),
-            (
-                Opcode::DensePull,
-                resp,
-                ok,
-                body(dpp.encoded_len(), |o| dpp.emit(o)),
-            ),
-            (
-                Opcode::DensePush,
-                none,
-                ok,
-                body(dps.encoded_len(), |o| dps.emit(o)),
-            ),
+            (Opcode::SparsePull, none, ok, pull),
+            (Opcode::SparsePull, resp, ok, pulled),
+            (Opcode::SparsePush, none, ok, push),
+            (Opcode::SparsePush, resp, ok, pushed),
+            (Opcode::DensePull, none, ok, bytes.clone()),
             (Opcode::DensePush, resp, ok, vec![]),
             (
                 Opcode::SparsePull,
@@ -326,7 +286,9 @@ pub mod seeds {
             }
         }
         // a chunked message with control frames interleaved
-        let (op, flags, _, b) = &msgs[7];
+        let Some((op, flags, _, b)) = msgs.iter().find(|m| m.0 == Opcode::Tensors) else {
+            return out;
+        };
         let c = chunked(*op, *flags, 999, b, 64);
         let ping = frame(Opcode::Ping, Flags::NONE, Status::Ok, 0, &[]);
         let mut inter = Vec::new();

@@ -1,5 +1,5 @@
-//! `fuzz-ps-proto`: a mutation fuzzer for the PS request handlers that runs
-//! on the stable toolchain.
+//! `fuzz-ps-proto`: a mutation fuzzer for the PS codec and request handlers
+//! that runs on the stable toolchain.
 //!
 //! ```text
 //! fuzz-ps-proto [--seconds N | --iters N] [--seed S] [--out DIR] [--replay FILE]
@@ -8,8 +8,9 @@
 //! Starts from valid seeds, mutates a corpus entry per iteration, runs it
 //! through a long-lived small shard (rebuilt every 50 000 inputs) under
 //! `catch_unwind`, and keeps inputs with a new outcome. A panic (a crash or
-//! a failed oracle, see the library docs) writes the input to
-//! `OUT/crash-<seed>-<iter>.bin` and exits with status 1.
+//! a failed oracle, see the `ps` module docs) writes the input to
+//! `OUT/crash-<seed>-<iter>.bin` (`OUT` defaults to `corpus-out/ps` in this
+//! crate) and exits with status 1.
 #![deny(unsafe_code)]
 
 use std::collections::{BTreeMap, HashSet};
@@ -19,7 +20,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use rand::Rng;
-use starwire_ps_fuzz::{seeds, Mutator, Outcome, Target};
+use starwire_wire_fuzz::ps::{seeds, Mutator, Outcome, Target};
 
 const MAX_CORPUS: usize = 4096;
 
@@ -32,7 +33,7 @@ fn usage() -> ! {
 
 fn main() -> ExitCode {
     let (mut seconds, mut iters, mut seed) = (None, None, 0x5053_u64);
-    let mut out = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/corpus-out"));
+    let mut out = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/corpus-out/ps"));
     let mut replay = None;
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -106,7 +107,7 @@ fn main() -> ExitCode {
                     p.display()
                 );
                 eprintln!(
-                    "replay: cargo run --release -p starwire-ps-fuzz --bin fuzz-ps-proto -- --replay {}",
+                    "replay: cargo run --release -p starwire-wire-fuzz --bin fuzz-ps-proto -- --replay {}",
                     p.display()
                 );
                 return ExitCode::FAILURE;

@@ -1,10 +1,12 @@
-//! A stable-toolchain mutation fuzzer for [`PsShard::handle_pull`] and
-//! [`PsShard::handle_push`].
+//! The PS codec ([`starwire_wire::ps`]) fuzzed through the request
+//! handlers [`PsShard::handle_pull`] and [`PsShard::handle_push`].
 //!
 //! An input is one selector byte (bit 0: 0 = pull, 1 = push) followed by a
 //! request body. [`Target`] feeds it to a small shard with a frequency
 //! filter, TTL eviction and Adam slots, and checks more than "no panic":
 //!
+//! * an accepted request parses, and its items written again with the
+//!   codec's writers give back the same bytes (one encoding per message);
 //! * a successful pull's response parses and has one reply per item;
 //! * a successful push's response parses and carries the shard's step;
 //! * a rejected request leaves the shard state byte-for-byte unchanged
@@ -15,15 +17,16 @@
 //! fields, tags, item counts). The driver is `fuzz-ps-proto`:
 //!
 //! ```text
-//! cargo run --release -p starwire-ps-fuzz --bin fuzz-ps-proto -- --seconds 30 --seed 1
+//! cargo run --release -p starwire-wire-fuzz --bin fuzz-ps-proto -- --seconds 30 --seed 1
 //! ```
-#![deny(unsafe_code)]
-#![warn(missing_docs)]
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use starwire_ps::proto::{self, parse_push_response, Limits, PullRequest, PullResponse};
 use starwire_ps::{Init, OptimizerConfig, PsError, PsShard, ShardConfig, VarDef, VarKind};
+use starwire_wire::ps::{
+    parse_push_response, DecodeError, Limits, PullItem, PullRequest, PullRequestWriter,
+    PullResponse, PushItem, PushRequest, PushRequestWriter,
+};
 
 /// Selector byte of a pull input.
 pub const PULL: u8 = 0;
@@ -96,7 +99,7 @@ pub enum Outcome {
 
 /// A short name of an error's kind.
 pub fn error_kind(e: &PsError) -> &'static str {
-    use starwire_ps::DecodeError as D;
+    use DecodeError as D;
     match e {
         PsError::Decode(d) => match d {
             D::Truncated { .. } => "Truncated",
@@ -169,9 +172,9 @@ impl Target {
                 if push {
                     let s = parse_push_response(&self.out).expect("push response must parse");
                     assert_eq!(s, self.shard.global_step());
-                    let req =
-                        proto::PushRequest::parse(body, &LIMITS).expect("accepted push parses");
+                    let req = PushRequest::parse(body, &LIMITS).expect("accepted push parses");
                     assert_eq!(s, step + u64::from(req.completes_step));
+                    assert_eq!(rewrite_push(&req), body, "push encodes one way");
                     Outcome::Ok {
                         push,
                         items: req.len().min(4),
@@ -186,6 +189,7 @@ impl Target {
                         PullResponse::parse(&self.out, &big).expect("pull response must parse");
                     let req = PullRequest::parse(body, &LIMITS).expect("accepted pull parses");
                     assert_eq!(resp.len(), req.len());
+                    assert_eq!(rewrite_pull(&req), body, "pull encodes one way");
                     assert_eq!(resp.global_step, step);
                     Outcome::Ok {
                         push,
@@ -212,6 +216,47 @@ impl Target {
     }
 }
 
+/// `req` written again, item by item, with the codec's writer.
+fn rewrite_pull(req: &PullRequest<'_>) -> Vec<u8> {
+    let mut b = Vec::new();
+    let mut w = PullRequestWriter::new(&mut b);
+    for item in req.items() {
+        match item {
+            PullItem::Dense { var } => w.dense(var),
+            PullItem::Rows { var, keys } => w.rows(var, &keys.to_vec()),
+            PullItem::Pooled { var, offsets, keys } => {
+                w.pooled(var, &offsets.to_vec(), &keys.to_vec())
+            }
+        };
+    }
+    b
+}
+
+/// `req` written again, item by item, with the codec's writer.
+fn rewrite_push(req: &PushRequest<'_>) -> Vec<u8> {
+    let mut b = Vec::new();
+    let mut w = PushRequestWriter::new(&mut b, req.completes_step);
+    for item in req.items() {
+        match item {
+            PushItem::Dense { var, grad } => w.dense(var, &grad.to_vec()),
+            PushItem::Rows {
+                var,
+                dim,
+                keys,
+                grads,
+            } => w.rows(var, dim, &keys.to_vec(), &grads.to_vec()),
+            PushItem::Pooled {
+                var,
+                dim,
+                offsets,
+                keys,
+                grads,
+            } => w.pooled(var, dim, &offsets.to_vec(), &keys.to_vec(), &grads.to_vec()),
+        };
+    }
+    b
+}
+
 /// Run one input on a fresh shard (the libFuzzer-style entry point).
 pub fn fuzz_one(data: &[u8]) {
     let _ = Target::new().run(data, true);
@@ -220,7 +265,7 @@ pub fn fuzz_one(data: &[u8]) {
 pub mod seeds {
     //! Valid requests of every item kind, fused and unfused.
 
-    use starwire_ps::proto::{PullRequestWriter, PushRequestWriter};
+    use starwire_wire::ps::{PullRequestWriter, PushRequestWriter};
 
     use super::{PULL, PUSH};
 

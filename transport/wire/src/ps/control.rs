@@ -1,6 +1,5 @@
-//! Control messages between workers and PS shards, carried as
-//! [`Opcode::Rpc`](starwire_wire::Opcode::Rpc) bodies: one method byte,
-//! then the method's fields, little-endian.
+//! Control messages between workers and PS shards, carried as `Rpc`
+//! bodies: one method byte, then the method's fields, little-endian.
 //!
 //! | method | body after the byte | reply |
 //! |---|---|---|
@@ -9,10 +8,8 @@
 //! | `STATS` (3) | empty | JSON object of the shard's counters |
 //! | `DONE` (4) | empty | empty; the worker will send nothing more |
 //!
-//! The data path (pull and push) uses its own opcodes,
-//! [`Opcode::SparsePull`](starwire_wire::Opcode::SparsePull) and
-//! [`Opcode::SparsePush`](starwire_wire::Opcode::SparsePush), with the
-//! bodies of `starwire_ps::proto`.
+//! The data path (pull and push) uses its own opcodes, `SparsePull` and
+//! `SparsePush`, with the bodies of the [parent module](super).
 
 use thiserror::Error;
 
@@ -25,13 +22,13 @@ pub const STATS: u8 = 3;
 /// The worker has finished.
 pub const DONE: u8 = 4;
 
-/// A decoded control request.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Control {
+/// A control request, borrowing its path from the body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Control<'a> {
     /// See [`WAIT_STEP`].
     WaitStep(u64),
     /// See [`CHECKPOINT`].
-    Checkpoint(String),
+    Checkpoint(&'a str),
     /// See [`STATS`].
     Stats,
     /// See [`DONE`].
@@ -53,9 +50,9 @@ pub enum ControlError {
     Malformed(&'static str),
 }
 
-impl Control {
+impl<'a> Control<'a> {
     /// Decode a control body.
-    pub fn parse(body: &[u8]) -> Result<Self, ControlError> {
+    pub fn parse(body: &'a [u8]) -> Result<Self, ControlError> {
         let (&m, rest) = body.split_first().ok_or(ControlError::Empty)?;
         match m {
             WAIT_STEP => {
@@ -65,7 +62,7 @@ impl Control {
                 Ok(Control::WaitStep(u64::from_le_bytes(b)))
             }
             CHECKPOINT => std::str::from_utf8(rest)
-                .map(|s| Control::Checkpoint(s.to_owned()))
+                .map(Control::Checkpoint)
                 .map_err(|_| ControlError::Malformed("CHECKPOINT")),
             STATS if rest.is_empty() => Ok(Control::Stats),
             DONE if rest.is_empty() => Ok(Control::Done),
@@ -102,7 +99,7 @@ mod tests {
     fn round_trip_and_rejects() {
         for c in [
             Control::WaitStep(42),
-            Control::Checkpoint("/tmp/x".into()),
+            Control::Checkpoint("/tmp/x"),
             Control::Stats,
             Control::Done,
         ] {
