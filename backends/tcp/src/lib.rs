@@ -34,7 +34,9 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use socket2::{Domain, Protocol, SockRef, Socket, Type};
-use starwire_transport::{DrivenTransport, Transport, TransportError};
+use starwire_transport::{
+    ConnId, DrivenTransport, Driver, Link, Links, Sleep, StreamDriver, Transport, TransportError,
+};
 use starwire_wire::Deframer;
 
 pub use config::{
@@ -237,6 +239,126 @@ impl DrivenTransport for TcpTransport {
     fn write_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         use std::os::fd::AsFd;
         self.tx_pending().then(|| self.stream.as_fd())
+    }
+}
+
+/// A [`TcpDriver`] parks in `poll(2)` on its sockets.
+impl Link for TcpTransport {
+    fn read_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::AsFd;
+        Some(self.stream.as_fd())
+    }
+    /// The socket while the kernel refused queued bytes (its send buffer
+    /// was full); `None` with nothing queued.
+    fn write_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::AsFd;
+        self.tx_pending().then(|| self.stream.as_fd())
+    }
+}
+
+/// The TCP driver of one reactor: its connections' sockets, each a
+/// [`TcpTransport`] made with the driver's [`TcpConfig`]. A receive pass
+/// reads each socket at most once, a submission writes each socket with
+/// bytes queued once (TCP has no per-core queue to batch into), and an
+/// idle reactor parks in `poll(2)` on the sockets.
+#[derive(Debug)]
+pub struct TcpDriver {
+    links: Links<TcpTransport>,
+    config: TcpConfig,
+}
+
+impl TcpDriver {
+    /// A driver with no connections; each attached stream gets `config`.
+    ///
+    /// # Errors
+    /// `InvalidInput` (carrying a [`ConfigError`]) for an inconsistent config.
+    pub fn new(config: TcpConfig) -> io::Result<Self> {
+        config.validate().map_err(invalid_config)?;
+        Ok(Self {
+            links: Links::new(config.max_frame_len),
+            config,
+        })
+    }
+
+    /// Attach an already made transport (its config may differ from the
+    /// driver's, but must carry frames of the driver's maximum).
+    pub fn attach(&mut self, t: TcpTransport) -> ConnId {
+        self.links.attach(t)
+    }
+
+    /// The connection behind `conn`, for its counters.
+    pub fn transport(&self, conn: ConnId) -> Option<&TcpTransport> {
+        self.links.link(conn)
+    }
+
+    /// The connections and their handles.
+    pub fn transports(&self) -> impl Iterator<Item = (ConnId, &TcpTransport)> {
+        self.links.iter()
+    }
+
+    /// How many connections are attached.
+    pub fn len(&self) -> usize {
+        self.links.len()
+    }
+
+    /// True when no connection is attached.
+    pub fn is_empty(&self) -> bool {
+        self.links.is_empty()
+    }
+}
+
+impl StreamDriver for TcpDriver {
+    fn attach_stream(&mut self, stream: TcpStream) -> Result<ConnId, TransportError> {
+        let t = TcpTransport::new(stream, self.config)?;
+        Ok(self.links.attach(t))
+    }
+}
+
+impl Driver for TcpDriver {
+    fn max_frame_len(&self) -> usize {
+        self.links.max_frame_len()
+    }
+    fn tx_reserve(
+        &mut self,
+        conn: ConnId,
+        len: usize,
+    ) -> Result<Option<&mut [u8]>, TransportError> {
+        self.links.tx_reserve(conn, len)
+    }
+    fn tx_commit(&mut self, conn: ConnId, len: usize) {
+        self.links.tx_commit(conn, len);
+    }
+    fn tx_gather(
+        &mut self,
+        conn: ConnId,
+        head: &[u8],
+        segs: &[Bytes],
+    ) -> Result<bool, TransportError> {
+        self.links.tx_gather(conn, head, segs)
+    }
+    fn tx_pending(&self, conn: ConnId) -> bool {
+        self.links.tx_pending(conn)
+    }
+    fn rx_burst(&mut self, now: Instant, max: usize, sink: &mut dyn FnMut(ConnId, &[u8])) -> usize {
+        self.links.rx_burst(now, max, sink)
+    }
+    fn flush(&mut self, now: Instant) -> bool {
+        self.links.flush(now)
+    }
+    fn poll_failure(&mut self) -> Option<(ConnId, TransportError)> {
+        self.links.poll_failure()
+    }
+    fn detach(&mut self, conn: ConnId) {
+        self.links.detach(conn);
+    }
+    fn sleep(&self) -> Sleep {
+        Sleep::Fds
+    }
+    fn wake_fds<'a>(&'a self, out: &mut Vec<std::os::fd::BorrowedFd<'a>>) {
+        self.links.wake_fds(out);
+    }
+    fn write_fds<'a>(&'a self, out: &mut Vec<std::os::fd::BorrowedFd<'a>>) {
+        self.links.write_fds(out);
     }
 }
 

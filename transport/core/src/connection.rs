@@ -27,7 +27,8 @@ use starwire_wire::message::{Hello, Role, MAX_JOB_NAME_LEN};
 use starwire_wire::{Flags, FrameError, Header, Opcode, Status, HEADER_LEN};
 use thiserror::Error;
 
-use crate::transport::{Transport, TransportError};
+use crate::driver::FrameTx;
+use crate::transport::TransportError;
 
 /// The protocol version carried in the handshake.
 pub const PROTOCOL_VERSION: u16 = 1;
@@ -534,8 +535,8 @@ impl Connection {
 
     /// Write as many queued frames into `t` as credits and the backend's
     /// room allow. Returns how many frames were written. The caller then
-    /// calls [`Transport::flush`].
-    pub fn poll_transmit<T: Transport + ?Sized>(&mut self, t: &mut T) -> Result<usize, ConnError> {
+    /// flushes the driver (or transport).
+    pub fn poll_transmit<T: FrameTx + ?Sized>(&mut self, t: &mut T) -> Result<usize, ConnError> {
         let mut frames = 0;
         // Control frames first: they spend no credit.
         while let Some(mut o) = self.control.pop_front() {
@@ -805,7 +806,7 @@ impl Connection {
 
     /// Write the next frame (or chunk) of `o`. Ok(false) when the backend
     /// has no room; `o` is unchanged then.
-    fn write_frame<T: Transport + ?Sized>(
+    fn write_frame<T: FrameTx + ?Sized>(
         &mut self,
         t: &mut T,
         o: &mut Outgoing,

@@ -15,6 +15,7 @@
 
 pub mod conformance;
 pub mod connection;
+pub mod driver;
 pub mod fusion;
 pub mod reactor;
 pub mod routing;
@@ -27,7 +28,8 @@ pub use connection::{
     Body, ConnConfig, ConnError, Connection, Event, Incoming, PeerInfo, RequestError, SendError,
     TaskRole, PROTOCOL_VERSION,
 };
+pub use driver::{ConnId, ConnTx, Driver, FrameTx, Link, Links, Sleep, StreamDriver};
 pub use reactor::DrivenTransport;
-pub use session::{Session, TurnStats};
+pub use session::{Session, Sessions, TurnStats};
 pub use starwire_wire as wire;
 pub use transport::{Transport, TransportError};

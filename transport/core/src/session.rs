@@ -4,6 +4,7 @@
 use std::time::Instant;
 
 use crate::connection::{ConnConfig, ConnError, Connection, Event, Incoming};
+use crate::driver::{ConnId, Driver};
 use crate::transport::Transport;
 
 /// Frames taken from the backend per turn.
@@ -136,5 +137,215 @@ impl<T: Transport> Session<T> {
             self.conn.handle_transport_error(e);
         }
         r
+    }
+}
+
+/// The message layer of every connection of one [`Driver`]: what a
+/// reactor turns. Connections are attached to the driver by the backend
+/// (its `attach`) and then [`insert`](Self::insert)ed here under their
+/// [`ConnId`].
+#[derive(Debug)]
+pub struct Sessions<D> {
+    driver: D,
+    slots: Vec<Option<Slot>>,
+    live: usize,
+}
+
+#[derive(Debug)]
+struct Slot {
+    conn: Connection,
+    reassembled: Vec<u8>,
+    failed: Option<ConnError>,
+}
+
+impl<D: Driver> Sessions<D> {
+    /// No connections yet, over `driver`.
+    pub fn new(driver: D) -> Self {
+        Self {
+            driver,
+            slots: Vec::new(),
+            live: 0,
+        }
+    }
+
+    /// The driver.
+    pub fn driver(&self) -> &D {
+        &self.driver
+    }
+
+    /// The driver, mutably (to attach connections).
+    pub fn driver_mut(&mut self) -> &mut D {
+        &mut self.driver
+    }
+
+    /// Start the message layer of `id`, a connection just attached to the
+    /// driver; its handshake is queued.
+    pub fn insert(&mut self, id: ConnId, cfg: ConnConfig) {
+        let i = id.index();
+        if self.slots.len() <= i {
+            self.slots.resize_with(i + 1, || None);
+        }
+        let conn = Connection::new(cfg, self.driver.max_frame_len());
+        if self.slots[i].is_none() {
+            self.live += 1;
+        }
+        self.slots[i] = Some(Slot {
+            conn,
+            reassembled: Vec::new(),
+            failed: None,
+        });
+    }
+
+    /// The connection `id`, to queue requests and responses.
+    pub fn conn(&mut self, id: ConnId) -> Option<&mut Connection> {
+        self.slots
+            .get_mut(id.index())
+            .and_then(Option::as_mut)
+            .map(|s| &mut s.conn)
+    }
+
+    /// The connection `id`, read-only.
+    pub fn conn_ref(&self, id: ConnId) -> Option<&Connection> {
+        self.slots
+            .get(id.index())
+            .and_then(Option::as_ref)
+            .map(|s| &s.conn)
+    }
+
+    /// Handles of the connections held.
+    pub fn ids(&self) -> impl Iterator<Item = ConnId> + '_ {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.is_some())
+            .map(|(i, _)| ConnId::new(i as u32))
+    }
+
+    /// How many connections are held.
+    pub fn len(&self) -> usize {
+        self.live
+    }
+
+    /// True when no connection is held.
+    pub fn is_empty(&self) -> bool {
+        self.live == 0
+    }
+
+    /// The earliest instant at which a turn has timer work.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let conns = self
+            .slots
+            .iter()
+            .flatten()
+            .filter_map(|s| s.conn.poll_timeout())
+            .min();
+        match (conns, self.driver.poll_timeout()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// One turn over every connection: one receive pass (each message to
+    /// `on_msg`, which may queue answers on the connection it is given),
+    /// timers, the frames each connection has to send, and one
+    /// submission. A connection that fails is reported by
+    /// [`poll_failed`](Self::poll_failed).
+    pub fn turn(
+        &mut self,
+        now: Instant,
+        on_msg: &mut dyn FnMut(ConnId, &mut Connection, Incoming<'_>),
+    ) -> TurnStats {
+        let mut stats = TurnStats::default();
+        let slots = &mut self.slots;
+        stats.rx_frames = self
+            .driver
+            .rx_burst(now, RX_BURST, &mut |id: ConnId, frame: &[u8]| {
+                let Some(Some(s)) = slots.get_mut(id.index()) else {
+                    return;
+                };
+                if s.failed.is_some() {
+                    return;
+                }
+                match s.conn.handle_frame(frame, &mut s.reassembled) {
+                    Ok(Some(msg)) => on_msg(id, &mut s.conn, msg),
+                    Ok(None) => {}
+                    Err(e) => s.failed = Some(e),
+                }
+            });
+        self.take_failures();
+        stats.tx_frames = self.transmit(now);
+        stats
+    }
+
+    /// Send what the connections queued, without receiving: timers, each
+    /// connection's frames, one submission.
+    pub fn flush(&mut self, now: Instant) -> TurnStats {
+        TurnStats {
+            rx_frames: 0,
+            tx_frames: self.transmit(now),
+        }
+    }
+
+    fn transmit(&mut self, now: Instant) -> usize {
+        let mut frames = 0;
+        for (i, slot) in self.slots.iter_mut().enumerate() {
+            let Some(s) = slot.as_mut() else { continue };
+            if s.failed.is_some() {
+                continue;
+            }
+            s.conn.handle_timeout(now);
+            if !s.conn.wants_transmit() {
+                continue;
+            }
+            let id = ConnId::new(i as u32);
+            match s.conn.poll_transmit(&mut self.driver.tx(id)) {
+                Ok(n) => frames += n,
+                Err(e) => {
+                    if let ConnError::Transport(t) = &e {
+                        s.conn.handle_transport_error(t);
+                    }
+                    s.failed = Some(e);
+                }
+            }
+        }
+        self.driver.flush(now);
+        self.take_failures();
+        frames
+    }
+
+    fn take_failures(&mut self) {
+        while let Some((id, e)) = self.driver.poll_failure() {
+            if let Some(Some(s)) = self.slots.get_mut(id.index()) {
+                s.conn.handle_transport_error(&e);
+                if s.failed.is_none() {
+                    s.failed = Some(e.into());
+                }
+            }
+        }
+    }
+
+    /// A connection that failed (or was closed by its peer): removed here
+    /// and detached from the driver, with its message layer (whose
+    /// [`Connection::poll_event`] still holds the failed requests) and the
+    /// reason.
+    pub fn poll_failed(&mut self) -> Option<(ConnId, Connection, ConnError)> {
+        let i = self
+            .slots
+            .iter()
+            .position(|s| s.as_ref().is_some_and(|s| s.failed.is_some()))?;
+        let s = self.slots[i].take()?;
+        self.live -= 1;
+        let id = ConnId::new(i as u32);
+        self.driver.detach(id);
+        Some((id, s.conn, s.failed.expect("failed")))
+    }
+
+    /// Remove `id` (after an orderly close, say) and detach it from the
+    /// driver. Returns its message layer.
+    pub fn remove(&mut self, id: ConnId) -> Option<Connection> {
+        let s = self.slots.get_mut(id.index())?.take()?;
+        self.live -= 1;
+        self.driver.detach(id);
+        Some(s.conn)
     }
 }

@@ -186,6 +186,17 @@ impl<T: crate::DrivenTransport> crate::DrivenTransport for Faulty<T> {
     }
 }
 
+/// Faults are injected on the frames, not on readiness: a driver of
+/// faulty links waits on the wrapped link's descriptors.
+impl<T: crate::driver::Link> crate::driver::Link for Faulty<T> {
+    fn read_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.inner().read_fd()
+    }
+    fn write_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.inner().write_fd()
+    }
+}
+
 impl<T: Transport> Transport for Faulty<T> {
     fn max_frame_len(&self) -> usize {
         self.inner.max_frame_len()

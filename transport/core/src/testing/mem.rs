@@ -154,3 +154,6 @@ impl Transport for MemTransport {
         !self.outbox.is_empty()
     }
 }
+
+/// Nothing to wait on: a driver of in-memory links busy-polls.
+impl crate::driver::Link for MemTransport {}

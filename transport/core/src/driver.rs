@@ -1,0 +1,445 @@
+//! The driver contract: one driver per reactor serves every connection of
+//! that reactor.
+//!
+//! Kernel-bypass hardware is per core: an io_uring ring, a DPDK rx/tx queue
+//! pair and an RDMA completion queue each serve many connections of one
+//! core. A [`Driver`] is that per-core object. A connection is a
+//! [`ConnId`], a handle on its driver; the driver owns everything the
+//! connection's bytes pass through (its socket or queue pair, its buffers).
+//!
+//! One reactor turn is one receive pass and one submission:
+//! [`Driver::rx_burst`] lends the frames that arrived on any connection,
+//! tagged with their connection; the message layer queues what it answers
+//! through [`Driver::tx`]; [`Driver::flush`] hands everything queued on
+//! every connection to the wire at once (one `io_uring_enter`, one
+//! doorbell, one `tx_burst`). Failures of single connections are reported
+//! by [`Driver::poll_failure`] and end only that connection.
+//!
+//! How an idle reactor waits is the driver's to say ([`Driver::sleep`]):
+//! on file descriptors with `poll(2)` (TCP sockets), inside a wait of its
+//! own (an io_uring ring's `io_uring_enter`), or not at all (a DPDK
+//! virtual device has no receive interrupt: its reactor busy-polls).
+//!
+//! Drivers whose connections are independent point-to-point links (TCP
+//! sockets, the in-memory pairs of tests) are [`Links`] of a [`Transport`].
+
+use std::collections::VecDeque;
+use std::net::TcpStream;
+use std::os::fd::BorrowedFd;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use crate::reactor::{ParkEnd, ParkWaker};
+use crate::transport::{Transport, TransportError};
+
+/// A connection's handle on its driver. Valid from the driver's `attach`
+/// until [`Driver::detach`]; the driver may reuse the number afterwards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ConnId(u32);
+
+impl ConnId {
+    /// The handle of slot `index`.
+    pub const fn new(index: u32) -> Self {
+        Self(index)
+    }
+    /// The slot index, for tables indexed by connection.
+    pub const fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+impl std::fmt::Display for ConnId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "conn#{}", self.0)
+    }
+}
+
+/// How a driver's reactor waits when a turn found no work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sleep {
+    /// In `poll(2)` on [`Driver::wake_fds`] and [`Driver::write_fds`].
+    Fds,
+    /// In the driver's own wait, [`Driver::park`].
+    Own,
+    /// Not at all: the driver has no interrupt to wake it (a DPDK virtual
+    /// device), so its reactor busy-polls whatever its idle policy says.
+    Never,
+}
+
+/// The transmit side of one connection: what the message layer
+/// ([`Connection::poll_transmit`](crate::Connection::poll_transmit)) writes
+/// frames into. Implemented by [`ConnTx`] (a connection of a driver) and by
+/// every [`Transport`].
+pub trait FrameTx {
+    /// The largest frame (header included) the backend carries as one unit.
+    fn max_frame_len(&self) -> usize;
+    /// Lend `len` bytes to encode one frame in place; `Ok(None)` under
+    /// back-pressure (see [`Transport::tx_reserve`]).
+    fn tx_reserve(&mut self, len: usize) -> Result<Option<&mut [u8]>, TransportError>;
+    /// Commit the frame written into the last reservation.
+    fn tx_commit(&mut self, len: usize);
+    /// Queue one frame made of `head` followed by `segs`; `Ok(false)` under
+    /// back-pressure (see [`Transport::tx_gather`]).
+    fn tx_gather(&mut self, head: &[u8], segs: &[Bytes]) -> Result<bool, TransportError>;
+}
+
+impl<T: Transport + ?Sized> FrameTx for T {
+    fn max_frame_len(&self) -> usize {
+        Transport::max_frame_len(self)
+    }
+    fn tx_reserve(&mut self, len: usize) -> Result<Option<&mut [u8]>, TransportError> {
+        Transport::tx_reserve(self, len)
+    }
+    fn tx_commit(&mut self, len: usize) {
+        Transport::tx_commit(self, len);
+    }
+    fn tx_gather(&mut self, head: &[u8], segs: &[Bytes]) -> Result<bool, TransportError> {
+        Transport::tx_gather(self, head, segs)
+    }
+}
+
+/// One driver per reactor. See the module documentation.
+pub trait Driver {
+    /// The largest frame (header included) the driver carries as one unit.
+    fn max_frame_len(&self) -> usize;
+
+    /// Lend `len` bytes of `conn`'s transmit memory to encode one frame in
+    /// place. `Ok(None)` under back-pressure: flush and retry later.
+    /// Reserving again without [`tx_commit`](Self::tx_commit) abandons the
+    /// earlier reservation.
+    fn tx_reserve(&mut self, conn: ConnId, len: usize)
+        -> Result<Option<&mut [u8]>, TransportError>;
+
+    /// Commit the frame written into `conn`'s last reservation.
+    fn tx_commit(&mut self, conn: ConnId, len: usize);
+
+    /// Queue on `conn` one frame made of `head` followed by the owned
+    /// `segs`. Drivers that can keep the segments and send them without a
+    /// copy do; the default copies into a reservation. `Ok(false)` under
+    /// back-pressure.
+    fn tx_gather(
+        &mut self,
+        conn: ConnId,
+        head: &[u8],
+        segs: &[Bytes],
+    ) -> Result<bool, TransportError> {
+        let len = head.len() + segs.iter().map(Bytes::len).sum::<usize>();
+        let Some(buf) = self.tx_reserve(conn, len)? else {
+            return Ok(false);
+        };
+        buf[..head.len()].copy_from_slice(head);
+        let mut at = head.len();
+        for s in segs {
+            buf[at..at + s.len()].copy_from_slice(s);
+            at += s.len();
+        }
+        self.tx_commit(conn, len);
+        Ok(true)
+    }
+
+    /// True while `conn` has frames queued that the wire has not taken
+    /// (or, for reliable-datagram drivers, the peer not acknowledged).
+    fn tx_pending(&self, conn: ConnId) -> bool;
+
+    /// The transmit side of `conn`, for the message layer.
+    fn tx(&mut self, conn: ConnId) -> ConnTx<'_, Self>
+    where
+        Self: Sized,
+    {
+        ConnTx { driver: self, conn }
+    }
+
+    /// One receive pass over every connection: lend up to `max` received
+    /// frames of each connection to `sink`, in order per connection, each
+    /// valid only for the duration of its call. Returns how many frames
+    /// were delivered. A connection that failed is reported by
+    /// [`poll_failure`](Self::poll_failure), after the frames it delivered
+    /// before failing.
+    fn rx_burst(&mut self, now: Instant, max: usize, sink: &mut dyn FnMut(ConnId, &[u8])) -> usize;
+
+    /// One submission for every connection: hand everything queued to the
+    /// wire (one system call or doorbell where the hardware allows) and
+    /// drive the driver's timers (retransmission) with `now`. Returns true
+    /// when it did work.
+    fn flush(&mut self, now: Instant) -> bool;
+
+    /// A connection found failed or closed by the peer, with the reason,
+    /// once each. It stays attached (its handle valid, its frames gone)
+    /// until [`detach`](Self::detach).
+    fn poll_failure(&mut self) -> Option<(ConnId, TransportError)>;
+
+    /// Release `conn`: its socket or queue pair and its buffers. Frames
+    /// still queued are dropped.
+    fn detach(&mut self, conn: ConnId);
+
+    /// The earliest instant the driver needs a call even if no traffic
+    /// arrives (a retransmission timer), if any.
+    fn poll_timeout(&self) -> Option<Instant> {
+        None
+    }
+
+    /// How the reactor waits when idle.
+    fn sleep(&self) -> Sleep;
+
+    /// With [`Sleep::Fds`]: descriptors whose readability ends a park.
+    fn wake_fds<'a>(&'a self, _out: &mut Vec<BorrowedFd<'a>>) {}
+
+    /// With [`Sleep::Fds`]: descriptors whose writability ends a park
+    /// (sockets holding bytes their full send buffer refused).
+    fn write_fds<'a>(&'a self, _out: &mut Vec<BorrowedFd<'a>>) {}
+
+    /// With [`Sleep::Own`]: wait until `waker` is readable, input arrives
+    /// or `timeout` passes, submitting what is queued first. Must end at
+    /// once when `waker` is already readable. `None` when the wait could
+    /// not be made; the reactor then polls.
+    fn park(&mut self, _waker: ParkWaker<'_>, _timeout: Duration) -> Option<ParkEnd> {
+        None
+    }
+}
+
+/// A driver of TCP streams (the tcp and io_uring backends): its
+/// connections are attached from connected sockets, which it then owns.
+pub trait StreamDriver: Driver {
+    /// Take `stream` (connected; blocking or not) as a new connection,
+    /// served from the next turn on.
+    fn attach_stream(&mut self, stream: TcpStream) -> Result<ConnId, TransportError>;
+}
+
+/// The transmit side of one connection of a driver.
+#[derive(Debug)]
+pub struct ConnTx<'d, D> {
+    driver: &'d mut D,
+    conn: ConnId,
+}
+
+impl<D: Driver> FrameTx for ConnTx<'_, D> {
+    fn max_frame_len(&self) -> usize {
+        self.driver.max_frame_len()
+    }
+    fn tx_reserve(&mut self, len: usize) -> Result<Option<&mut [u8]>, TransportError> {
+        self.driver.tx_reserve(self.conn, len)
+    }
+    fn tx_commit(&mut self, len: usize) {
+        self.driver.tx_commit(self.conn, len);
+    }
+    fn tx_gather(&mut self, head: &[u8], segs: &[Bytes]) -> Result<bool, TransportError> {
+        self.driver.tx_gather(self.conn, head, segs)
+    }
+}
+
+/// A point-to-point link that [`Links`] can park on: its socket, if any.
+pub trait Link: Transport {
+    /// The descriptor whose readability means input (a socket); `None`
+    /// for links with nothing to wait on (in-memory pairs).
+    fn read_fd(&self) -> Option<BorrowedFd<'_>> {
+        None
+    }
+    /// The descriptor whose writability a park must also wait for: a
+    /// socket holding bytes its full send buffer refused.
+    fn write_fd(&self) -> Option<BorrowedFd<'_>> {
+        None
+    }
+}
+
+/// A driver whose connections are independent links (TCP sockets, the
+/// in-memory pairs of tests): a receive pass visits each link once, a
+/// submission flushes each link with bytes queued. It parks in `poll(2)`
+/// on the links' sockets; with no socket among them it cannot sleep.
+#[derive(Debug)]
+pub struct Links<T> {
+    links: Vec<Option<T>>,
+    free: Vec<u32>,
+    failed: VecDeque<(ConnId, TransportError)>,
+    /// Failed links: skipped by the passes until detached.
+    dead: Vec<bool>,
+    max_frame_len: usize,
+    /// Where the next receive pass starts, so no link is always first.
+    next: usize,
+}
+
+impl<T: Link> Links<T> {
+    /// A driver carrying frames of up to `max_frame_len` bytes; links
+    /// attached must carry at least that.
+    pub fn new(max_frame_len: usize) -> Self {
+        Self {
+            links: Vec::new(),
+            free: Vec::new(),
+            failed: VecDeque::new(),
+            dead: Vec::new(),
+            max_frame_len,
+            next: 0,
+        }
+    }
+
+    /// Attach a link; it is served from the next turn on.
+    pub fn attach(&mut self, link: T) -> ConnId {
+        if let Some(i) = self.free.pop() {
+            self.links[i as usize] = Some(link);
+            self.dead[i as usize] = false;
+            return ConnId(i);
+        }
+        let i = u32::try_from(self.links.len()).expect("fewer than 2^32 links");
+        self.links.push(Some(link));
+        self.dead.push(false);
+        ConnId(i)
+    }
+
+    /// The link behind `conn`, if attached.
+    pub fn link(&self, conn: ConnId) -> Option<&T> {
+        self.links.get(conn.index()).and_then(Option::as_ref)
+    }
+
+    /// The link behind `conn`, mutably, if attached.
+    pub fn link_mut(&mut self, conn: ConnId) -> Option<&mut T> {
+        self.links.get_mut(conn.index()).and_then(Option::as_mut)
+    }
+
+    /// Attached links and their handles.
+    pub fn iter(&self) -> impl Iterator<Item = (ConnId, &T)> {
+        self.links
+            .iter()
+            .enumerate()
+            .filter_map(|(i, l)| l.as_ref().map(|l| (ConnId(i as u32), l)))
+    }
+
+    /// How many links are attached.
+    pub fn len(&self) -> usize {
+        self.links.len() - self.free.len()
+    }
+
+    /// True when no link is attached.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn fail(&mut self, i: usize, e: TransportError) {
+        if !self.dead[i] {
+            self.dead[i] = true;
+            self.failed.push_back((ConnId(i as u32), e));
+        }
+    }
+
+    fn live(&mut self, conn: ConnId) -> Result<&mut T, TransportError> {
+        match self.links.get_mut(conn.index()) {
+            Some(Some(l)) if !self.dead[conn.index()] => Ok(l),
+            _ => Err(TransportError::Closed),
+        }
+    }
+}
+
+impl<T: Link> Driver for Links<T> {
+    fn max_frame_len(&self) -> usize {
+        self.max_frame_len
+    }
+
+    fn tx_reserve(
+        &mut self,
+        conn: ConnId,
+        len: usize,
+    ) -> Result<Option<&mut [u8]>, TransportError> {
+        self.live(conn)?.tx_reserve(len)
+    }
+
+    fn tx_commit(&mut self, conn: ConnId, len: usize) {
+        if let Ok(l) = self.live(conn) {
+            l.tx_commit(len);
+        }
+    }
+
+    fn tx_gather(
+        &mut self,
+        conn: ConnId,
+        head: &[u8],
+        segs: &[Bytes],
+    ) -> Result<bool, TransportError> {
+        self.live(conn)?.tx_gather(head, segs)
+    }
+
+    fn tx_pending(&self, conn: ConnId) -> bool {
+        self.link(conn).is_some_and(Transport::tx_pending)
+    }
+
+    fn rx_burst(&mut self, now: Instant, max: usize, sink: &mut dyn FnMut(ConnId, &[u8])) -> usize {
+        let n = self.links.len();
+        if n == 0 {
+            return 0;
+        }
+        let start = self.next % n;
+        self.next = start + 1;
+        let mut delivered = 0;
+        for k in 0..n {
+            let i = (start + k) % n;
+            if self.dead[i] {
+                continue;
+            }
+            let Some(link) = self.links[i].as_mut() else {
+                continue;
+            };
+            let id = ConnId(i as u32);
+            match link.rx_burst(now, max, &mut |f: &[u8]| sink(id, f)) {
+                Ok(got) => delivered += got,
+                Err(e) => self.fail(i, e),
+            }
+        }
+        delivered
+    }
+
+    fn flush(&mut self, now: Instant) -> bool {
+        let mut work = false;
+        for i in 0..self.links.len() {
+            if self.dead[i] {
+                continue;
+            }
+            let Some(link) = self.links[i].as_mut() else {
+                continue;
+            };
+            if !link.tx_pending() && link.poll_timeout().is_none() {
+                continue;
+            }
+            work = true;
+            if let Err(e) = link.flush(now) {
+                self.fail(i, e);
+            }
+        }
+        work
+    }
+
+    fn poll_failure(&mut self) -> Option<(ConnId, TransportError)> {
+        self.failed.pop_front()
+    }
+
+    fn detach(&mut self, conn: ConnId) {
+        if let Some(slot) = self.links.get_mut(conn.index()) {
+            if slot.take().is_some() {
+                self.free.push(conn.0);
+                self.failed.retain(|(c, _)| *c != conn);
+            }
+        }
+    }
+
+    fn poll_timeout(&self) -> Option<Instant> {
+        self.links
+            .iter()
+            .zip(&self.dead)
+            .filter_map(|(l, dead)| l.as_ref().filter(|_| !dead))
+            .filter_map(Transport::poll_timeout)
+            .min()
+    }
+
+    fn sleep(&self) -> Sleep {
+        if self.links.iter().flatten().all(|l| l.read_fd().is_some()) {
+            Sleep::Fds
+        } else {
+            Sleep::Never
+        }
+    }
+
+    fn wake_fds<'a>(&'a self, out: &mut Vec<BorrowedFd<'a>>) {
+        out.extend(self.links.iter().flatten().filter_map(Link::read_fd));
+    }
+
+    fn write_fds<'a>(&'a self, out: &mut Vec<BorrowedFd<'a>>) {
+        out.extend(self.links.iter().flatten().filter_map(Link::write_fd));
+    }
+}
