@@ -18,7 +18,7 @@ use starwire_transport::wire::{Opcode, Status};
 use crate::cluster::{ClusterBackend, Plan, RunningPs, TrainConfig, WorkerNet};
 use crate::locked::{lock, LockedShards};
 use crate::net::{Exchange, Reply, Request, Traffic};
-use crate::server;
+use crate::psserver;
 use crate::TrainError;
 
 /// The gRPC [`ClusterBackend`].
@@ -40,8 +40,8 @@ impl Handler for LockedShards {
         // a fresh buffer of the same capacity.
         let reply = lock(shard).serve(op, body, Vec::with_capacity);
         match reply {
-            server::Reply::Now(Status::Ok, b) => Ok(b),
-            server::Reply::Now(status, msg) => {
+            psserver::Reply::Now(Status::Ok, b) => Ok(b),
+            psserver::Reply::Now(status, msg) => {
                 let m = String::from_utf8_lossy(&msg).into_owned();
                 Err(match status {
                     Status::UnknownVariable => HandlerError::NotFound(m),
@@ -50,10 +50,10 @@ impl Handler for LockedShards {
                     _ => HandlerError::Internal(m),
                 })
             }
-            server::Reply::Wait(_) => Err(HandlerError::Unsupported(
+            psserver::Reply::Wait(_) => Err(HandlerError::Unsupported(
                 "WAIT_STEP (--sync) on the grpc baseline",
             )),
-            server::Reply::Done => {
+            psserver::Reply::Done => {
                 self.done(i);
                 Ok(Vec::new())
             }

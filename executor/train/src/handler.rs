@@ -6,7 +6,7 @@ use std::path::Path;
 use starwire_ps::{write_atomic, PsError, PsShard};
 use starwire_transport::wire::Status;
 
-use crate::server::{HandlerError, PsHandler};
+use crate::psserver::{HandlerError, PsHandler};
 
 /// The file name of shard `i`'s checkpoint inside a checkpoint directory.
 pub fn shard_file(i: usize) -> String {

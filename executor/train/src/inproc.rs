@@ -18,9 +18,9 @@ use std::time::{Duration, Instant};
 use starwire_transport::wire::Status;
 
 use crate::cluster::{ClusterBackend, Plan, RunningPs, TrainConfig, WorkerNet};
-use crate::locked::{lock, LockedShards, Slot};
+use crate::locked::{lock, LockedShards, ShardService};
 use crate::net::{Exchange, Reply, Request, Traffic};
-use crate::server::{self, PsHandler};
+use crate::psserver::{self, PsHandler};
 use crate::TrainError;
 
 /// How long a `WAIT_STEP` barrier may wait, as a network worker's exchange.
@@ -80,7 +80,7 @@ fn slot(
     ps: &[Arc<LockedShards>],
     reactors: usize,
     shard: usize,
-) -> Result<(&LockedShards, usize, &Mutex<Slot>), TrainError> {
+) -> Result<(&LockedShards, usize, &Mutex<ShardService>), TrainError> {
     let (p, local) = (shard / reactors, shard % reactors);
     ps.get(p)
         .and_then(|st| Some((&**st, local, st.get(local)?)))
@@ -89,10 +89,10 @@ fn slot(
 
 /// `WAIT_STEP`: until the shard's global step reaches `n`. The
 /// other workers move it from their own threads.
-fn wait_step(m: &Mutex<Slot>, n: u64, shard: usize) -> Result<(), TrainError> {
+fn wait_step(m: &Mutex<ShardService>, n: u64, shard: usize) -> Result<(), TrainError> {
     let deadline = Instant::now() + BARRIER_TIMEOUT;
     let mut spins = 0u32;
-    while lock(m).handler.global_step() < n {
+    while lock(m).handler().global_step() < n {
         if Instant::now() > deadline {
             return Err(TrainError::Link(
                 shard,
@@ -157,7 +157,7 @@ fn first_free<'a>(
     reactors: usize,
     todo: &[(usize, Request)],
     held: &mut Vec<usize>,
-) -> Result<Option<(usize, MutexGuard<'a, Slot>)>, TrainError> {
+) -> Result<Option<(usize, MutexGuard<'a, ShardService>)>, TrainError> {
     held.clear();
     for (i, (_, r)) in todo.iter().enumerate() {
         if held.contains(&r.shard) {
@@ -177,8 +177,8 @@ fn first_free<'a>(
 fn serve_one(
     scratch: &mut Vec<u8>,
     traffic: &mut Traffic,
-    mut g: MutexGuard<'_, Slot>,
-    (st, local, m): (&LockedShards, usize, &Mutex<Slot>),
+    mut g: MutexGuard<'_, ShardService>,
+    (st, local, m): (&LockedShards, usize, &Mutex<ShardService>),
     r: &Request,
     rep: &mut Reply,
 ) -> Result<(), TrainError> {
@@ -207,18 +207,18 @@ fn serve_one(
     let reply = g.serve(r.opcode, body, next);
     drop(g);
     match reply {
-        server::Reply::Now(status, bytes) => {
+        psserver::Reply::Now(status, bytes) => {
             if status == Status::Ok {
                 traffic.received += bytes.len() as u64;
             }
             rep.status = Some(status);
             rep.body = bytes;
         }
-        server::Reply::Wait(step) => {
+        psserver::Reply::Wait(step) => {
             wait_step(m, step, r.shard)?;
             rep.status = Some(Status::Ok);
         }
-        server::Reply::Done => {
+        psserver::Reply::Done => {
             st.done(local);
             rep.status = Some(Status::Ok);
         }
@@ -350,7 +350,7 @@ mod tests {
             })
         };
         let deadline = Instant::now() + Duration::from_secs(20);
-        while lock(st.get(1).unwrap()).served("stats") == 0 {
+        while lock(st.get(1).unwrap()).served().get("stats").is_none() {
             assert!(Instant::now() < deadline, "shard 1 was not served");
             std::thread::sleep(Duration::from_millis(1));
         }

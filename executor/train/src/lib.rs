@@ -14,6 +14,15 @@
 //!   loopback cluster of `starwire train`, and the single roles of
 //!   `starwire ps` / `starwire worker`.
 //!
+//! The protocol itself is sans-IO, as the transport's `Connection` is:
+//! [`psclient`] (a worker's exchanges: requests, replies, and deadlines
+//! given `now`) and [`psserver`] (a shard's requests, barriers and
+//! finished workers) take messages and events in and queue replies and
+//! requests on connections; neither reads a clock or touches a socket.
+//! [`net`] and [`server`] are the I/O shells that read the clock, drive
+//! the sessions and park; `tests/protocol.rs` runs the protocol without
+//! them, over in-memory connections on a virtual clock.
+//!
 //! What runs where: on a PS, every request (decode, lookup or optimizer
 //! update, encode) runs inline on the shard's reactor; a shard is never
 //! touched by another thread, so nothing is locked. On a worker, the worker
@@ -30,6 +39,8 @@ pub mod inproc;
 pub mod link;
 mod locked;
 pub mod net;
+pub mod psclient;
+pub mod psserver;
 pub mod server;
 pub mod source;
 pub mod worker;

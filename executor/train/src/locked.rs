@@ -3,15 +3,12 @@
 //! (tonic's runtime threads) and `inproc` (the workers' own threads). The
 //! session backends need none of this: each shard is its reactor's alone.
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Condvar, Mutex, MutexGuard};
 
-use starwire_transport::wire::Opcode;
-
 use crate::cluster::{shard_handler, Plan, TrainConfig};
 use crate::handler::ShardHandler;
-use crate::server::{self, PsHandler};
+use crate::psserver::{PsHandler, Service};
 use crate::TrainError;
 
 /// Lock `m`; a thread that panicked while holding it left the shard as
@@ -22,53 +19,12 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// One shard and what serving it keeps between requests.
-#[derive(Debug)]
-pub(crate) struct Slot {
-    pub(crate) handler: ShardHandler,
-    /// The scratch buffer replies are written into.
-    out: Vec<u8>,
-    served: HashMap<&'static str, u64>,
-    failed: u64,
-}
-
-impl Slot {
-    /// Serve one request ([`server::serve_into`]); `next(capacity)` gives
-    /// the buffer that replaces the scratch buffer once a reply leaves in
-    /// it.
-    pub(crate) fn serve(
-        &mut self,
-        opcode: Opcode,
-        body: &[u8],
-        next: impl FnOnce(usize) -> Vec<u8>,
-    ) -> server::Reply {
-        server::serve_into(
-            &mut self.handler,
-            &mut self.out,
-            next,
-            opcode,
-            body,
-            &mut self.served,
-            &mut self.failed,
-        )
-    }
-
-    /// Requests that failed.
-    #[cfg(test)]
-    pub(crate) fn failed(&self) -> u64 {
-        self.failed
-    }
-
-    /// Requests served, by kind.
-    #[cfg(test)]
-    pub(crate) fn served(&self, kind: &str) -> u64 {
-        self.served.get(kind).copied().unwrap_or(0)
-    }
-}
+pub(crate) type ShardService = Service<ShardHandler>;
 
 /// The shards of one PS task, and the `DONE`s each has received.
 #[derive(Debug)]
 pub(crate) struct LockedShards {
-    shards: Vec<Mutex<Slot>>,
+    shards: Vec<Mutex<ShardService>>,
     done: Mutex<Vec<usize>>,
     all_done: Condvar,
 }
@@ -94,14 +50,7 @@ impl LockedShards {
         Self {
             shards: handlers
                 .into_iter()
-                .map(|handler| {
-                    Mutex::new(Slot {
-                        handler,
-                        out: Vec::new(),
-                        served: HashMap::new(),
-                        failed: 0,
-                    })
-                })
+                .map(|handler| Mutex::new(Service::new(handler)))
                 .collect(),
             done: Mutex::new(vec![0; n]),
             all_done: Condvar::new(),
@@ -109,7 +58,7 @@ impl LockedShards {
     }
 
     /// Local shard `i`, if the task has it.
-    pub(crate) fn get(&self, i: usize) -> Option<&Mutex<Slot>> {
+    pub(crate) fn get(&self, i: usize) -> Option<&Mutex<ShardService>> {
         self.shards.get(i)
     }
 
@@ -137,8 +86,13 @@ impl LockedShards {
             .iter()
             .map(|s| {
                 let g = lock(s);
-                tracing::debug!(shard = g.handler.index, served = ?g.served, failed = g.failed, "shard done");
-                g.handler.stats()
+                tracing::debug!(
+                    shard = g.handler().index,
+                    served = ?g.served(),
+                    failed = g.failed(),
+                    "shard done"
+                );
+                g.handler().stats()
             })
             .collect()
     }

@@ -2,16 +2,26 @@
 //! and wait for every reply. The worker thread drives its own sessions
 //! (run-to-completion, no hand-off to a network thread), busy-polling or
 //! parking in `poll(2)` on its sockets as the polling setting says.
+//!
+//! [`SessionNet`] is the I/O shell around the sans-IO [`PsClient`]: it reads
+//! the clock, turns the sessions ([`turn`]) and parks until input or the
+//! next deadline; which requests are pending, which reply is whose and
+//! when an exchange has failed are the client's.
 
 use std::os::fd::BorrowedFd;
 use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 use starwire_transport::wire::{Opcode, Status};
-use starwire_transport::{Body, ConnConfig, Event, Incoming, Session};
+use starwire_transport::{Body, ConnConfig, Session, Transport};
 
 use crate::link::LinkTransport;
+use crate::psclient::PsClient;
 use crate::TrainError;
+
+/// Longest park between two looks at the sessions (a park also ends on
+/// input, writability or the next deadline).
+const MAX_PARK: Duration = Duration::from_millis(50);
 
 /// One request of an exchange.
 #[derive(Debug)]
@@ -54,20 +64,48 @@ pub trait Exchange {
     fn traffic(&self) -> Traffic;
 }
 
+/// One turn of a client's sessions at `now`: every session the client
+/// expects something from (or that has frames to write, or a timer due)
+/// receives, hands its responses and events to `client`, fires its timers
+/// and writes. Returns whether anything moved; an error fails the
+/// exchange.
+pub fn turn<T: Transport>(
+    client: &mut PsClient,
+    sessions: &mut [Session<T>],
+    now: Instant,
+) -> Result<bool, TrainError> {
+    let mut busy = false;
+    for (si, s) in sessions.iter_mut().enumerate() {
+        if !client.expects(si)
+            && !s.conn_ref().wants_transmit()
+            && !s.poll_timeout().is_some_and(|t| t <= now)
+        {
+            continue;
+        }
+        let st = s
+            .turn(now, &mut |_, m| client.handle_message(si, m))
+            .map_err(|e| TrainError::Link(si, e.to_string()))?;
+        busy |= st.busy();
+        while let Some(ev) = s.poll_event() {
+            client.handle_event(si, ev)?;
+        }
+    }
+    client.handle_timeout(now)?;
+    Ok(busy)
+}
+
 /// [`Exchange`] over starwire sessions, one per shard.
 #[derive(Debug)]
 pub struct SessionNet<T: LinkTransport> {
     sessions: Vec<Session<T>>,
+    client: PsClient,
     polling: bool,
-    /// `pending[shard]`: (request id, index into the replies).
-    pending: Vec<Vec<(u64, usize)>>,
-    traffic: Traffic,
-    timeout: Duration,
 }
 
 impl<T: LinkTransport> SessionNet<T> {
     /// Sessions over `transports` (index = shard); waits for every
-    /// handshake.
+    /// handshake. Handshakes and, later, replies must come within
+    /// `timeout`.
     pub fn new(
         cfg: &ConnConfig,
         transports: Vec<T>,
@@ -80,33 +118,16 @@ impl<T: LinkTransport> SessionNet<T> {
                 .into_iter()
                 .map(|t| Session::new(cfg.clone(), t))
                 .collect(),
+            client: PsClient::new(n, timeout, Instant::now()),
             polling,
-            pending: vec![Vec::new(); n],
-            traffic: Traffic::default(),
-            timeout,
         };
-        let deadline = Instant::now() + timeout;
-        loop {
-            let mut all = true;
-            for (i, s) in net.sessions.iter_mut().enumerate() {
-                s.turn(Instant::now(), &mut |_, _| {})
-                    .map_err(|e| TrainError::Link(i, e.to_string()))?;
-                while let Some(ev) = s.poll_event() {
-                    if let Event::PeerClosed = ev {
-                        return Err(TrainError::Link(i, "closed during handshake".into()));
-                    }
-                }
-                all &= s.conn_ref().is_established();
+        while !net.client.is_connected() {
+            let now = Instant::now();
+            if !net.turn(now)? {
+                net.park(now);
             }
-            net.end_turn();
-            if all {
-                return Ok(net);
-            }
-            if Instant::now() > deadline {
-                return Err(TrainError::Link(0, "handshake timed out".into()));
-            }
-            net.idle(Duration::from_millis(10));
         }
+        Ok(net)
     }
 
     /// Close every connection politely.
@@ -118,17 +139,50 @@ impl<T: LinkTransport> SessionNet<T> {
         self.end_turn();
     }
 
+    fn turn(&mut self, now: Instant) -> Result<bool, TrainError> {
+        let busy = turn(&mut self.client, &mut self.sessions, now)?;
+        Ok(self.end_turn() | busy)
+    }
+
     fn end_turn(&self) -> bool {
         self.sessions
             .first()
             .is_some_and(|s| s.transport().end_turn())
     }
 
-    fn idle(&self, max: Duration) {
+    /// Send the exchange the client has started, then turn until it is
+    /// done or failed.
+    fn run(&mut self) -> Result<(), TrainError> {
+        // Write everything before waiting on anything.
+        let now = Instant::now();
+        for (i, s) in self.sessions.iter_mut().enumerate() {
+            s.flush(now)
+                .map_err(|e| TrainError::Link(i, e.to_string()))?;
+        }
+        self.end_turn();
+        while !self.client.is_done() {
+            let now = Instant::now();
+            if !self.turn(now)? && !self.client.is_done() {
+                self.park(now);
+            }
+        }
+        Ok(())
+    }
+
+    /// Wait for input, writability or the next deadline (at most
+    /// [`MAX_PARK`]); spin once instead when polling.
+    fn park(&self, now: Instant) {
         if self.polling {
             std::hint::spin_loop();
             return;
         }
+        let next = self
+            .sessions
+            .iter()
+            .filter_map(Session::poll_timeout)
+            .chain(self.client.poll_timeout())
+            .min();
+        let max = next.map_or(MAX_PARK, |t| t.saturating_duration_since(now).min(MAX_PARK));
         let fds: Vec<BorrowedFd<'_>> = self
             .sessions
             .iter()
@@ -145,98 +199,32 @@ impl<T: LinkTransport> SessionNet<T> {
                 .filter_map(|s| s.transport().write_fd())
                 .map(|fd| PollFd::new(fd, PollFlags::POLLOUT)),
         );
-        let ms = u16::try_from(max.as_millis().max(1)).unwrap_or(u16::MAX);
-        let _ = nix::poll::poll(&mut pfds, PollTimeout::from(ms));
+        // Round up: a deadline less than a millisecond away is not a
+        // reason to spin.
+        let ms = max.as_micros().div_ceil(1000);
+        let _ = nix::poll::poll(
+            &mut pfds,
+            PollTimeout::from(u16::try_from(ms).unwrap_or(u16::MAX)),
+        );
     }
 }
 
 impl<T: LinkTransport> Exchange for SessionNet<T> {
     fn exchange(&mut self, reqs: Vec<Request>, replies: &mut Vec<Reply>) -> Result<(), TrainError> {
-        let n = reqs.len();
-        if replies.len() < n {
-            replies.resize_with(n, Reply::default);
-        }
-        replies.truncate(n);
-        for r in replies.iter_mut() {
-            r.status = None;
-            r.body.clear();
-        }
-        let mut outstanding = 0usize;
-        for (i, r) in reqs.into_iter().enumerate() {
-            let s = self
-                .sessions
-                .get_mut(r.shard)
-                .ok_or_else(|| TrainError::Link(r.shard, "no such shard".into()))?;
-            self.traffic.sent += r.body.len() as u64;
-            self.traffic.requests += 1;
-            let id = s
-                .conn()
-                .request(r.opcode, r.shard as u16, r.body, None)
-                .map_err(|e| TrainError::Link(r.shard, format!("send: {e}")))?;
-            self.pending[r.shard].push((id, i));
-            outstanding += 1;
-        }
-        // Write everything before waiting on anything.
-        for (i, s) in self.sessions.iter_mut().enumerate() {
-            s.flush(Instant::now())
-                .map_err(|e| TrainError::Link(i, e.to_string()))?;
-        }
-        self.end_turn();
-        let deadline = Instant::now() + self.timeout;
-        while outstanding > 0 {
-            let mut busy = false;
-            for (si, s) in self.sessions.iter_mut().enumerate() {
-                if self.pending[si].is_empty() && !s.conn_ref().wants_transmit() {
-                    continue;
-                }
-                let pending = &mut self.pending[si];
-                let traffic = &mut self.traffic;
-                let mut on_msg = |_: &mut starwire_transport::Connection, m: Incoming<'_>| {
-                    if let Incoming::Response {
-                        id, status, body, ..
-                    } = m
-                    {
-                        if let Some(p) = pending.iter().position(|&(pid, _)| pid == id) {
-                            let (_, idx) = pending.swap_remove(p);
-                            let r = &mut replies[idx];
-                            r.status = Some(status);
-                            r.body.extend_from_slice(body);
-                            traffic.received += body.len() as u64;
-                            outstanding -= 1;
-                        }
-                    }
-                };
-                let st = s
-                    .turn(Instant::now(), &mut on_msg)
-                    .map_err(|e| TrainError::Link(si, e.to_string()))?;
-                busy |= st.busy();
-                while let Some(ev) = s.poll_event() {
-                    match ev {
-                        Event::RequestFailed { error, .. } => {
-                            return Err(TrainError::Link(si, error.to_string()))
-                        }
-                        Event::PeerClosed => {
-                            return Err(TrainError::Link(si, "PS closed the connection".into()))
-                        }
-                        _ => {}
-                    }
-                }
-            }
-            busy |= self.end_turn();
-            if !busy && outstanding > 0 {
-                if Instant::now() > deadline {
-                    return Err(TrainError::Link(
-                        0,
-                        "timed out waiting for PS replies".into(),
-                    ));
-                }
-                self.idle(Duration::from_millis(50));
-            }
-        }
-        Ok(())
+        let r = self
+            .client
+            .start(
+                &mut self.sessions[..],
+                reqs,
+                std::mem::take(replies),
+                Instant::now(),
+            )
+            .and_then(|()| self.run());
+        *replies = self.client.finish();
+        r
     }
 
     fn traffic(&self) -> Traffic {
-        self.traffic
+        self.client.traffic()
     }
 }

@@ -63,7 +63,7 @@ impl<K: Backend> PsTask<K> {
             let (shard, _) = r
                 .join()
                 .map_err(|e| TrainError::Internal(format!("PS reactor: {e}")))?;
-            out.push(crate::server::PsHandler::stats(shard.handler()));
+            out.push(crate::psserver::PsHandler::stats(shard.handler()));
         }
         drop(acceptor);
         Ok(out)

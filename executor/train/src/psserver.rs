@@ -1,0 +1,400 @@
+//! The PS side of the protocol, sans-IO: what a shard does with each
+//! request, whatever carries it.
+//!
+//! * [`Service`] serves one request against a [`PsHandler`] (decode, lookup
+//!   or update, encode) and says how to answer it ([`Reply`]). Every
+//!   backend uses it: the reactors through [`PsServer`], the lock-based
+//!   backends (`inproc`, `grpc`) directly.
+//! * [`PsServer`] is a shard's protocol state over its connections: it
+//!   queues each reply on the connection the request came from, holds
+//!   `WAIT_STEP` barriers until the global step reaches them
+//!   ([`PsServer::poll_release`]), and counts the workers that are done.
+//!   It never reads a clock or touches a socket: messages come in through
+//!   [`PsServer::handle_message`], replies go out as frames queued on the
+//!   [`Connection`], and the reactor (`server.rs`) moves them.
+
+use std::collections::HashMap;
+
+use bytes::Bytes;
+use starwire_transport::wire::{Opcode, Status};
+use starwire_transport::{Body, Connection, Incoming};
+use starwire_wire::ps::Control;
+use thiserror::Error;
+
+/// Why a request failed; the status goes back to the worker, the connection
+/// lives on.
+#[derive(Debug)]
+pub struct HandlerError {
+    /// The status for the reply.
+    pub status: Status,
+    /// A human-readable reason, sent as the reply body.
+    pub message: String,
+}
+
+/// A shard's state as the protocol sees it.
+pub trait PsHandler: Send + 'static {
+    /// Answer a pull into `out`.
+    fn pull(&mut self, body: &[u8], out: &mut Vec<u8>) -> Result<(), HandlerError>;
+    /// Apply a push and write its reply into `out`.
+    fn push(&mut self, body: &[u8], out: &mut Vec<u8>) -> Result<(), HandlerError>;
+    /// The shard's global step.
+    fn global_step(&self) -> u64;
+    /// Write the shard's checkpoint file into `dir`.
+    fn checkpoint(&mut self, dir: &str) -> Result<(), String>;
+    /// The shard's counters as JSON.
+    fn stats(&self) -> serde_json::Value;
+}
+
+/// What serving one request decided.
+#[derive(Debug)]
+pub enum Reply {
+    /// Answer now with this status and body.
+    Now(Status, Vec<u8>),
+    /// Answer once the global step reaches this value (`WAIT_STEP`).
+    Wait(u64),
+    /// The worker is done (`DONE`); answer with an empty body.
+    Done,
+}
+
+/// A handler and what serving it keeps between requests: the scratch
+/// buffer replies are written into, and counters.
+#[derive(Debug)]
+pub struct Service<H> {
+    handler: H,
+    out: Vec<u8>,
+    served: HashMap<&'static str, u64>,
+    failed: u64,
+}
+
+impl<H: PsHandler> Service<H> {
+    /// Serve requests against `handler`.
+    pub fn new(handler: H) -> Self {
+        Self {
+            handler,
+            out: Vec::new(),
+            served: HashMap::new(),
+            failed: 0,
+        }
+    }
+
+    /// The shard state.
+    pub fn handler(&self) -> &H {
+        &self.handler
+    }
+
+    /// Requests served, by kind (`pull`, `push`, `stats`, ...).
+    pub fn served(&self) -> &HashMap<&'static str, u64> {
+        &self.served
+    }
+
+    /// Requests answered with an error status.
+    pub fn failed(&self) -> u64 {
+        self.failed
+    }
+
+    /// Serve one request. A reply that leaves takes the scratch buffer
+    /// with it; `next(capacity)` gives the buffer that replaces it.
+    pub fn serve(
+        &mut self,
+        opcode: Opcode,
+        body: &[u8],
+        next: impl FnOnce(usize) -> Vec<u8>,
+    ) -> Reply {
+        let Self {
+            handler,
+            out,
+            served,
+            failed,
+        } = self;
+        out.clear();
+        let (kind, r) = match opcode {
+            Opcode::SparsePull => ("pull", handler.pull(body, out)),
+            Opcode::SparsePush => ("push", handler.push(body, out)),
+            Opcode::Rpc => match Control::parse(body) {
+                Ok(Control::WaitStep(n)) => return Reply::Wait(n),
+                Ok(Control::Done) => return Reply::Done,
+                Ok(Control::Stats) => {
+                    let v = handler.stats();
+                    (
+                        "stats",
+                        serde_json::to_writer(&mut *out, &v).map_err(|e| HandlerError {
+                            status: Status::Internal,
+                            message: e.to_string(),
+                        }),
+                    )
+                }
+                Ok(Control::Checkpoint(dir)) => (
+                    "checkpoint",
+                    handler.checkpoint(dir).map_err(|message| HandlerError {
+                        status: Status::Internal,
+                        message,
+                    }),
+                ),
+                Err(e) => (
+                    "control",
+                    Err(HandlerError {
+                        status: Status::UnknownMethod,
+                        message: e.to_string(),
+                    }),
+                ),
+            },
+            _ => (
+                "other",
+                Err(HandlerError {
+                    status: Status::UnknownMethod,
+                    message: format!("opcode {opcode:?} is not served by a PS shard"),
+                }),
+            ),
+        };
+        *served.entry(kind).or_default() += 1;
+        match r {
+            Ok(()) => {
+                // The reply leaves as an owned buffer; the next one starts
+                // with (at least) the same capacity so it grows at most once.
+                let cap = out.len();
+                Reply::Now(Status::Ok, std::mem::replace(out, next(cap)))
+            }
+            Err(e) => {
+                *failed += 1;
+                Reply::Now(e.status, e.message.into_bytes())
+            }
+        }
+    }
+}
+
+/// Why a connection must end. The other connections are served on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum ServeError {
+    /// A reply could not be queued (the send queue is full or the
+    /// connection closed): the worker would wait for it for ever.
+    #[error("{}", self.reason())]
+    ReplyNotQueued,
+    /// A second `WAIT_STEP` while one is held: one barrier at a time per
+    /// connection.
+    #[error("{}", self.reason())]
+    SecondBarrier,
+}
+
+impl ServeError {
+    /// Why, in a few words.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::ReplyNotQueued => "a reply could not be queued",
+            Self::SecondBarrier => "a second barrier was asked while one is held",
+        }
+    }
+}
+
+/// A `WAIT_STEP` barrier the global step has reached: answer request `id`
+/// of connection `conn` with [`Release::body`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Release {
+    /// The connection the barrier came in on.
+    pub conn: usize,
+    /// Its request id.
+    pub id: u64,
+    /// The global step that released it.
+    pub step: u64,
+}
+
+impl Release {
+    /// The reply body: the global step, `u64` little-endian.
+    pub fn body(&self) -> Body {
+        Body::from_bytes(Bytes::copy_from_slice(&self.step.to_le_bytes()))
+    }
+}
+
+/// At most this many sent replies are kept for their buffers.
+const MAX_LENT: usize = 8;
+
+/// A shard's protocol state over its connections. See the module
+/// documentation. Connections are named by a key the caller chooses (the
+/// reactor's slot index), announced with [`handle_open`](Self::handle_open).
+#[derive(Debug)]
+pub struct PsServer<H> {
+    service: Service<H>,
+    /// Replies handed to the transport, kept to reuse their buffers once it
+    /// has sent and dropped them (see [`reuse_reply`]).
+    lent: Vec<Bytes>,
+    /// Per connection key: the worker said `DONE` or its connection ended.
+    done: Vec<bool>,
+    /// Barriers waiting for the global step: (connection, id, step).
+    waiting: Vec<(usize, u64, u64)>,
+    expected_workers: usize,
+    done_workers: usize,
+}
+
+impl<H: PsHandler> PsServer<H> {
+    /// A shard that is finished once `expected_workers` workers are done
+    /// (0: never).
+    pub fn new(handler: H, expected_workers: usize) -> Self {
+        Self {
+            service: Service::new(handler),
+            lent: Vec::new(),
+            done: Vec::new(),
+            waiting: Vec::new(),
+            expected_workers,
+            done_workers: 0,
+        }
+    }
+
+    /// The shard state.
+    pub fn handler(&self) -> &H {
+        self.service.handler()
+    }
+
+    /// The request service and its counters.
+    pub fn service(&self) -> &Service<H> {
+        &self.service
+    }
+
+    /// Connection `key` is new (a key may be reused once its connection
+    /// was closed).
+    pub fn handle_open(&mut self, key: usize) {
+        *self.done_flag(key) = false;
+    }
+
+    /// One message from connection `key`: a request is served and its
+    /// reply queued on `conn` (or held, for a barrier); anything else is
+    /// ignored. An error ends the connection: the caller closes it and
+    /// calls [`handle_close`](Self::handle_close).
+    pub fn handle_message(
+        &mut self,
+        key: usize,
+        conn: &mut Connection,
+        m: Incoming<'_>,
+    ) -> Result<(), ServeError> {
+        let Incoming::Request {
+            id,
+            opcode,
+            oneway,
+            body,
+            ..
+        } = m
+        else {
+            return Ok(());
+        };
+        let Self {
+            service,
+            lent,
+            waiting,
+            ..
+        } = self;
+        match service.serve(opcode, body, |cap| reuse_reply(lent, cap)) {
+            Reply::Now(..) if oneway => Ok(()),
+            Reply::Now(status, bytes) => {
+                let bytes = Bytes::from(bytes);
+                if status == Status::Ok && lent.len() < MAX_LENT {
+                    lent.push(bytes.clone());
+                }
+                conn.respond(id, opcode, status, Body::from_bytes(bytes))
+                    .map_err(|_| ServeError::ReplyNotQueued)
+            }
+            Reply::Wait(_) if waiting.iter().any(|w| w.0 == key) => Err(ServeError::SecondBarrier),
+            Reply::Wait(n) => {
+                waiting.push((key, id, n));
+                Ok(())
+            }
+            Reply::Done => {
+                self.mark_done(key);
+                if oneway {
+                    return Ok(());
+                }
+                conn.respond(id, opcode, Status::Ok, Body::empty())
+                    .map_err(|_| ServeError::ReplyNotQueued)
+            }
+        }
+    }
+
+    /// Connection `key` ended (`conn` as it was last). Its barrier is
+    /// dropped. A worker that is gone says nothing more, so it counts as
+    /// done and the shard does not wait for it for ever; a peer that never
+    /// completed the handshake was no worker and does not count.
+    pub fn handle_close(&mut self, key: usize, conn: &Connection) {
+        self.waiting.retain(|w| w.0 != key);
+        if conn.peer().is_some() {
+            self.mark_done(key);
+        }
+    }
+
+    /// The next barrier the global step has reached, if any.
+    pub fn poll_release(&mut self) -> Option<Release> {
+        let step = self.service.handler().global_step();
+        let i = self.waiting.iter().position(|w| step >= w.2)?;
+        let (conn, id, _) = self.waiting.swap_remove(i);
+        Some(Release { conn, id, step })
+    }
+
+    /// True once every expected worker is done.
+    pub fn finished(&self) -> bool {
+        self.expected_workers > 0 && self.done_workers >= self.expected_workers
+    }
+
+    fn mark_done(&mut self, key: usize) {
+        if !std::mem::replace(self.done_flag(key), true) {
+            self.done_workers += 1;
+        }
+    }
+
+    fn done_flag(&mut self, key: usize) -> &mut bool {
+        if self.done.len() <= key {
+            self.done.resize(key + 1, false);
+        }
+        &mut self.done[key]
+    }
+}
+
+/// A buffer of at least `cap` bytes for the next reply: the buffer of a
+/// reply the transport has sent and dropped (its pages are mapped and warm,
+/// so writing the next reply into it takes no page fault), or a new one.
+fn reuse_reply(lent: &mut Vec<Bytes>, cap: usize) -> Vec<u8> {
+    let mut i = 0;
+    while i < lent.len() {
+        if !lent[i].is_unique() {
+            i += 1;
+            continue;
+        }
+        // Only this clone is left: the transport is done with it.
+        match lent.swap_remove(i).try_into_mut() {
+            Ok(b) => {
+                let mut v = Vec::from(b);
+                if v.capacity() >= cap {
+                    v.clear();
+                    return v;
+                }
+            }
+            Err(_) => continue,
+        }
+    }
+    Vec::with_capacity(cap)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sent_reply_buffer_is_reused_once_the_transport_dropped_it() {
+        let mut lent = Vec::new();
+        let mut v = Vec::with_capacity(4096);
+        v.extend_from_slice(&[7u8; 3000]);
+        let at = v.as_ptr();
+        let sent = Bytes::from(v);
+        lent.push(sent.clone());
+        // Still held by the transport: a new buffer.
+        let other = reuse_reply(&mut lent, 3000);
+        assert_ne!(other.as_ptr(), at);
+        assert_eq!(lent.len(), 1);
+        drop(sent);
+        // Sent and dropped: its buffer comes back, empty.
+        let back = reuse_reply(&mut lent, 3000);
+        assert_eq!(back.as_ptr(), at);
+        assert!(back.is_empty() && back.capacity() >= 3000);
+        assert!(lent.is_empty());
+        // Too small for the next reply: dropped, and a new one is made.
+        lent.push(Bytes::from(vec![1u8; 10]));
+        assert!(reuse_reply(&mut lent, 3000).capacity() >= 3000);
+        assert!(lent.is_empty());
+    }
+}
