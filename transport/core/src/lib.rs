@@ -18,7 +18,6 @@ pub mod connection;
 pub mod driver;
 pub mod fusion;
 pub mod reactor;
-pub mod routing;
 pub mod session;
 pub mod socket;
 pub mod testing;
