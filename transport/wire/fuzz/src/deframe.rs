@@ -1,4 +1,5 @@
-//! [`check_deframe`]: the stream deframer against a reference.
+//! [`check_deframe`]: the stream deframer against a reference, and
+//! [`Deframe`], the target of the driver `fuzz-deframe`.
 //!
 //! The reference parses the whole stream frame by frame with
 //! [`Frame::parse`]. The deframer is fed the same stream in fuzz-chosen
