@@ -1,4 +1,5 @@
-//! [`check_deframe`]: the stream deframer against a reference.
+//! [`check_deframe`]: the stream deframer against a reference, and
+//! [`Deframe`], the target of the driver `fuzz-deframe`.
 //!
 //! The reference parses the whole stream frame by frame with
 //! [`Frame::parse`]. The deframer is fed the same stream in fuzz-chosen
@@ -24,9 +25,13 @@
 //! the rest    the stream
 //! ```
 
+use std::collections::BTreeMap;
+
+use rand::Rng;
 use starwire_wire::{Deframer, Frame, FrameError, Limits, NextFrame, HEADER_LEN};
 
-use crate::SMALL_LIMITS;
+use crate::driver::{Spec, Target};
+use crate::{frame_error_kind, seeds, Decode, Frames, Mutator, SMALL_LIMITS};
 
 /// Frames per scan, chosen by bits 1..4 of the first control byte.
 const MAX_PER_SCAN: [usize; 8] = [1, 2, 3, 4, 8, 16, 64, usize::MAX];
@@ -179,7 +184,16 @@ struct Lent<'a> {
     wrong: Option<String>,
 }
 
-impl Lent<'_> {
+impl<'a> Lent<'a> {
+    fn new(stream: &'a [u8]) -> Self {
+        Self {
+            stream,
+            at: 0,
+            frames: Vec::new(),
+            wrong: None,
+        }
+    }
+
     fn take(&mut self, f: &[u8]) {
         let want = self.stream.get(self.at..self.at + f.len());
         if want != Some(f) && self.wrong.is_none() {
@@ -217,12 +231,7 @@ fn check_needed(d: &Deframer, needed: usize, have: usize) -> Result<(), String> 
 /// The tcp way: one buffer, appended to and drained.
 fn buffered(feed: &Feed<'_>) -> Result<DeframeOutcome, String> {
     let d = Deframer::new(feed.limits);
-    let mut lent = Lent {
-        stream: feed.stream,
-        at: 0,
-        frames: Vec::new(),
-        wrong: None,
-    };
+    let mut lent = Lent::new(feed.stream);
     let mut buf = Vec::new();
     for piece in feed.pieces() {
         buf.extend_from_slice(piece);
@@ -253,12 +262,7 @@ fn buffered(feed: &Feed<'_>) -> Result<DeframeOutcome, String> {
 /// frame that straddles them.
 fn chunked(feed: &Feed<'_>) -> Result<DeframeOutcome, String> {
     let d = Deframer::new(feed.limits);
-    let mut lent = Lent {
-        stream: feed.stream,
-        at: 0,
-        frames: Vec::new(),
-        wrong: None,
-    };
+    let mut lent = Lent::new(feed.stream);
     let mut partial: Vec<u8> = Vec::new();
     for mut piece in feed.pieces() {
         while !piece.is_empty() {
@@ -296,10 +300,105 @@ fn chunked(feed: &Feed<'_>) -> Result<DeframeOutcome, String> {
     lent.outcome(end)
 }
 
+/// [`check_deframe`] as a driver target (`fuzz-deframe`). A corpus entry
+/// is a stream; a run puts control bytes in front of the mutated stream
+/// (the small or default limits, frames per scan, piece sizes). An input
+/// joins the corpus when the frames it lent (capped at 4), how it ended
+/// and its limits are new. A difference from the reference fails the run.
+#[derive(Debug, Default)]
+pub struct Deframe {
+    frames: u64,
+    ends: BTreeMap<&'static str, u64>,
+}
+
+/// Piece sizes: mostly short (cuts inside headers and bodies), some long
+/// (many frames per piece).
+fn piece_sizes(m: &mut Mutator<Frames>) -> Vec<u8> {
+    let k = m.rng().gen_range(1..=4);
+    (0..k)
+        .map(|_| match m.rng().gen_range(0..4) {
+            0 | 1 => m.rng().gen_range(0..64),
+            2 => m.rng().gen_range(128..=255),
+            _ => m.rng().gen(),
+        })
+        .collect()
+}
+
+impl Target for Deframe {
+    const SPEC: Spec = Spec {
+        name: "fuzz-deframe",
+        corpus_flags: false,
+        failure_prefix: "deframe",
+        ..Decode::SPEC
+    };
+    type Mutation = Frames;
+    /// The small limits.
+    type Case = bool;
+    type Key = (usize, &'static str, bool);
+
+    fn seeds(&self) -> Vec<Vec<u8>> {
+        seeds::corpus()
+    }
+
+    fn prepare(
+        &mut self,
+        m: &mut Mutator<Frames>,
+        input: &mut Vec<u8>,
+        corpus: &[Vec<u8>],
+    ) -> bool {
+        // A fifth of the streams unmutated, so long runs of valid frames
+        // stay common.
+        if m.rng().gen_bool(0.8) {
+            m.mutate(input, corpus);
+        }
+        let small = m.rng().gen_bool(0.5);
+        let max = m.rng().gen_range(0..8);
+        let pieces = piece_sizes(m);
+        input.splice(0..0, Feed::control(small, max, &pieces));
+        small
+    }
+
+    fn entry<'a>(&self, input: &'a [u8]) -> &'a [u8] {
+        Feed::parse(input).stream
+    }
+
+    fn run(&mut self, &small: &bool, input: &[u8]) -> Result<Self::Key, String> {
+        let out = check_deframe(input).map_err(|diff| format!("DIFFERENCE: {diff}"))?;
+        self.frames += out.frames.len() as u64;
+        let end = out.end.as_ref().map_or_else(frame_error_kind, |()| "whole");
+        *self.ends.entry(end).or_default() += 1;
+        Ok((out.frames.len().min(4), end, small))
+    }
+
+    fn progress(&self) -> String {
+        format!("frames {}", self.frames)
+    }
+
+    fn summary(&self) -> Vec<String> {
+        vec![
+            format!("{} frames lent", self.frames),
+            format!("streams ended by kind: {:?}", self.ends),
+        ]
+    }
+
+    fn replay(&mut self, input: &[u8]) -> bool {
+        println!("{:?}", Feed::parse(input));
+        match check_deframe(input) {
+            Ok(out) => {
+                println!("same as the reference: {out:?}");
+                true
+            }
+            Err(e) => {
+                println!("differs: {e}");
+                false
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::seeds;
 
     #[test]
     fn seeds_in_every_feed() {

@@ -1,18 +1,21 @@
 //! Stable-toolchain mutation fuzzers for starwire's parsers: every wire
-//! decoder through [`starwire_wire::decode_any`] (this module, driver
-//! `fuzz-decode`), the stream [`starwire_wire::Deframer`] (driver
-//! `fuzz-deframe`), and the PS codec through the shard's request handlers
-//! ([`ps`], driver `fuzz-ps-proto`).
+//! decoder through [`starwire_wire::decode_any`] ([`Decode`], driver
+//! `fuzz-decode`), the stream [`starwire_wire::Deframer`] ([`Deframe`],
+//! driver `fuzz-deframe`), and the PS codec through the shard's request
+//! handlers ([`ps::Handlers`], driver `fuzz-ps-proto`).
 //!
 //! * [`seeds`] builds a seed corpus of valid encoded frames of every opcode,
 //!   chunked messages and multi-frame streams.
-//! * [`Mutator`] applies stacked byte-level mutations aimed at a
-//!   length-prefixed format: bit flips, interesting bytes, length fields
-//!   overwritten with boundary values, truncation, splicing, duplication,
-//!   and "fix-ups" that make a mutated body reach the body parsers.
+//! * [`Mutator`] applies stacked mutations of one format; [`Frames`] are
+//!   byte-level mutations aimed at a length-prefixed format: bit flips,
+//!   interesting bytes, length fields overwritten with boundary values,
+//!   truncation, splicing, duplication, and "fix-ups" that make a mutated
+//!   body reach the body parsers.
 //! * [`fuzz_one`] runs the decoder on one input.
 //! * [`check_deframe`] feeds one stream to the deframer in pieces and
 //!   compares it with parsing the stream whole.
+//! * [`driver`] is what the three drivers share: the command line, the
+//!   mutate-run-keep loop, saving a failing input, the reports.
 //!
 //! The frame drivers are the `fuzz-decode` and `fuzz-deframe` binaries:
 //!
@@ -40,17 +43,20 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod driver;
 pub mod ps;
 
 use std::path::{Path, PathBuf};
 
-use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
-use starwire_wire::{decode_any, DecodeSummary, FrameError, Limits, MAGIC};
+use starwire_wire::{decode_any, DecodeSummary, FrameError, Limits};
 
+mod decode;
 mod deframe;
+mod mutate;
 
-pub use deframe::{check_deframe, DeframeOutcome, Feed};
+pub use decode::Decode;
+pub use deframe::{check_deframe, Deframe, DeframeOutcome, Feed};
+pub use mutate::{Frames, Mutation, Mutator};
 
 /// Limits used for half of the runs: small, so chunking and `Oversized`
 /// are easy to reach.
@@ -305,183 +311,6 @@ pub mod seeds {
     }
 }
 
-const INTERESTING_U8: [u8; 8] = [0, 0xff, 0x7f, 0x80, 1, 8, 9, 0x20];
-
-/// A stacked byte-level mutator driven by a seeded [`SmallRng`].
-#[derive(Debug)]
-pub struct Mutator {
-    rng: SmallRng,
-    /// Inputs are kept at most this long.
-    pub max_len: usize,
-}
-
-impl Mutator {
-    /// A mutator with a fixed seed.
-    pub fn new(seed: u64, max_len: usize) -> Self {
-        Self {
-            rng: SmallRng::seed_from_u64(seed),
-            max_len,
-        }
-    }
-
-    /// The random source, for the driver's own choices.
-    pub fn rng(&mut self) -> &mut SmallRng {
-        &mut self.rng
-    }
-
-    fn boundary(&mut self, len: usize) -> u64 {
-        const VALS: [u64; 18] = [
-            0,
-            1,
-            7,
-            8,
-            9,
-            24,
-            31,
-            32,
-            33,
-            64,
-            0x7fff,
-            0xffff,
-            0x7fff_ffff,
-            0x8000_0000,
-            0xffff_fffe,
-            0xffff_ffff,
-            u64::MAX,
-            1 << 62,
-        ];
-        match self.rng.gen_range(0..4) {
-            0 => len as u64,
-            1 => len.saturating_sub(32) as u64,
-            2 => self.rng.gen_range(0..=len as u64 + 64),
-            _ => VALS[self.rng.gen_range(0..VALS.len())],
-        }
-    }
-
-    fn offset_for_field(&mut self, data: &[u8], width: usize) -> Option<usize> {
-        if data.len() < width {
-            return None;
-        }
-        let max = data.len() - width;
-        let magics: Vec<usize> = data
-            .windows(4)
-            .enumerate()
-            .filter(|(_, w)| *w == MAGIC)
-            .map(|(i, _)| i)
-            .take(64)
-            .collect();
-        let off = match self.rng.gen_range(0..4) {
-            // a header length field of some frame
-            0 if !magics.is_empty() => {
-                let m = magics[self.rng.gen_range(0..magics.len())];
-                m + [20, 24, 28, 6][self.rng.gen_range(0..4)]
-            }
-            // an 8-aligned field of a body (tensor key/byte_len/dims, counts)
-            1 if !magics.is_empty() => {
-                let m = magics[self.rng.gen_range(0..magics.len())];
-                m + 32 + 8 * self.rng.gen_range(0..12)
-            }
-            _ => self.rng.gen_range(0..=max),
-        };
-        (off <= max).then_some(off)
-    }
-
-    fn fix_lengths(&mut self, data: &mut [u8]) {
-        // Make the frame at a magic position claim exactly the bytes up to
-        // the next magic (or the end), unchunked, so a mutated body reaches
-        // its parser instead of failing framing.
-        let magics: Vec<usize> = data
-            .windows(4)
-            .enumerate()
-            .filter(|(_, w)| *w == MAGIC)
-            .map(|(i, _)| i)
-            .collect();
-        if magics.is_empty() {
-            return;
-        }
-        let k = self.rng.gen_range(0..magics.len());
-        let start = magics[k];
-        let end = magics.get(k + 1).copied().unwrap_or(data.len());
-        if end < start + 32 {
-            return;
-        }
-        let body = (end - start - 32) as u32;
-        data[start + 20..start + 24].copy_from_slice(&body.to_le_bytes());
-        data[start + 24..start + 28].copy_from_slice(&body.to_le_bytes());
-        if self.rng.gen_bool(0.7) {
-            data[start + 6] &= !0b1100;
-        }
-    }
-
-    /// Apply one to four mutations to `data`; `corpus` supplies splice
-    /// partners.
-    pub fn mutate(&mut self, data: &mut Vec<u8>, corpus: &[Vec<u8>]) {
-        let n = self.rng.gen_range(1..=4);
-        for _ in 0..n {
-            self.mutate_once(data, corpus);
-        }
-        data.truncate(self.max_len);
-    }
-
-    fn mutate_once(&mut self, data: &mut Vec<u8>, corpus: &[Vec<u8>]) {
-        let len = data.len();
-        match self.rng.gen_range(0..11) {
-            0 if len > 0 => {
-                let i = self.rng.gen_range(0..len);
-                data[i] ^= 1 << self.rng.gen_range(0..8);
-            }
-            1 if len > 0 => {
-                let i = self.rng.gen_range(0..len);
-                data[i] = INTERESTING_U8[self.rng.gen_range(0..INTERESTING_U8.len())];
-            }
-            2 | 3 => {
-                let width = [2usize, 4, 4, 8][self.rng.gen_range(0..4)];
-                if let Some(off) = self.offset_for_field(data, width) {
-                    let v = self.boundary(len).to_le_bytes();
-                    data[off..off + width].copy_from_slice(&v[..width]);
-                }
-            }
-            4 if len > 0 => {
-                let keep = self.rng.gen_range(0..len);
-                data.truncate(keep);
-            }
-            5 if !corpus.is_empty() => {
-                let other = &corpus[self.rng.gen_range(0..corpus.len())];
-                let a = self.rng.gen_range(0..=len);
-                let b = self.rng.gen_range(0..=other.len());
-                data.truncate(a);
-                data.extend_from_slice(&other[b..]);
-            }
-            6 if len > 0 => {
-                let a = self.rng.gen_range(0..len);
-                let b = self.rng.gen_range(a..=len.min(a + 256));
-                let at = self.rng.gen_range(0..=len);
-                let piece = data[a..b].to_vec();
-                if len + piece.len() <= self.max_len {
-                    data.splice(at..at, piece);
-                }
-            }
-            7 if len > 0 => {
-                let a = self.rng.gen_range(0..len);
-                let b = self.rng.gen_range(a..=len.min(a + 64));
-                data.drain(a..b);
-            }
-            8 => {
-                let at = self.rng.gen_range(0..=len);
-                let k = self.rng.gen_range(1..=16);
-                let bytes: Vec<u8> = (0..k).map(|_| self.rng.gen()).collect();
-                data.splice(at..at, bytes);
-            }
-            9 if len > 0 => {
-                let i = self.rng.gen_range(0..len);
-                let d: i8 = self.rng.gen_range(-16..=16);
-                data[i] = data[i].wrapping_add_signed(d);
-            }
-            _ => self.fix_lengths(data),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -498,7 +327,7 @@ mod tests {
     #[test]
     fn short_run_does_not_panic() {
         let corpus = seeds::corpus();
-        let mut m = Mutator::new(7, 1 << 16);
+        let mut m = Mutator::<Frames>::new(7, 1 << 16);
         for i in 0..20_000 {
             let mut d = corpus[i % corpus.len()].clone();
             m.mutate(&mut d, &corpus);

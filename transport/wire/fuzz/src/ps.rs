@@ -13,20 +13,27 @@
 //!   (checked on a sample of errors: it costs a checkpoint per check).
 //!
 //! [`seeds`] builds valid fused and unfused requests of every item kind;
-//! [`Mutator`] mutates them with a view of the layout (4-byte aligned count
-//! fields, tags, item counts). The driver is `fuzz-ps-proto`:
+//! [`Requests`] mutates them with a view of the layout (4-byte aligned count
+//! fields, tags, item counts). [`Handlers`] is the target of the driver
+//! `fuzz-ps-proto`:
 //!
 //! ```text
 //! cargo run --release -p starwire-wire-fuzz --bin fuzz-ps-proto -- --seconds 30 --seed 1
 //! ```
 
+use std::collections::BTreeMap;
+
 use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 use starwire_ps::{Init, OptimizerConfig, PsError, PsShard, ShardConfig, VarDef, VarKind};
 use starwire_wire::ps::{
     parse_push_response, DecodeError, Limits, PullItem, PullRequest, PullRequestWriter,
     PullResponse, PushItem, PushRequest, PushRequestWriter,
 };
+
+use crate::driver::{self, Spec};
+use crate::mutate::{delete, duplicate, flip_bit, insert_random, splice, truncate};
+use crate::{Mutation, Mutator};
 
 /// Selector byte of a pull input.
 pub const PULL: u8 = 0;
@@ -335,46 +342,18 @@ const INTERESTING_U32: [u32; 12] = [
     0xffff_ffff,
 ];
 
-/// A stacked mutator aware of the request layout.
+/// Mutations aware of the request layout: the pull/push selector,
+/// 4-byte aligned count fields, item tags and the item count.
 #[derive(Debug)]
-pub struct Mutator {
-    rng: SmallRng,
-    /// Inputs are kept at most this long.
-    pub max_len: usize,
-}
+pub struct Requests;
 
-impl Mutator {
-    /// A mutator with a fixed seed.
-    pub fn new(seed: u64, max_len: usize) -> Self {
-        Self {
-            rng: SmallRng::seed_from_u64(seed),
-            max_len,
-        }
-    }
-
-    /// The random source, for the driver's own choices.
-    pub fn rng(&mut self) -> &mut SmallRng {
-        &mut self.rng
-    }
-
-    /// Apply one to four mutations; `corpus` supplies splice partners.
-    pub fn mutate(&mut self, data: &mut Vec<u8>, corpus: &[Vec<u8>]) {
-        for _ in 0..self.rng.gen_range(1..=4) {
-            self.mutate_once(data, corpus);
-        }
-        data.truncate(self.max_len);
-    }
-
-    fn mutate_once(&mut self, data: &mut Vec<u8>, corpus: &[Vec<u8>]) {
+impl Mutation for Requests {
+    fn apply(r: &mut SmallRng, max_len: usize, data: &mut Vec<u8>, corpus: &[Vec<u8>]) {
         let len = data.len();
-        let r = &mut self.rng;
         match r.gen_range(0..12) {
             // Flip the pull/push selector.
             0 if len > 0 => data[0] ^= 1,
-            1 if len > 0 => {
-                let i = r.gen_range(0..len);
-                data[i] ^= 1 << r.gen_range(0..8);
-            }
+            1 if len > 0 => flip_bit(r, data),
             // A 4-aligned u32 of the body (counts, dims, var ids, offsets).
             2..=4 if len >= 5 => {
                 let slots = (len - 1) / 4;
@@ -393,34 +372,12 @@ impl Mutator {
                 let at = 1 + 4 * r.gen_range(0..(len - 1) / 4);
                 data[at] = r.gen_range(0..5);
             }
-            6 if len > 0 => data.truncate(r.gen_range(0..len)),
-            7 if !corpus.is_empty() => {
-                let other = &corpus[r.gen_range(0..corpus.len())];
-                let a = r.gen_range(0..=len);
-                let b = r.gen_range(0..=other.len());
-                data.truncate(a);
-                data.extend_from_slice(&other[b..]);
-            }
-            8 if len > 1 => {
-                let a = r.gen_range(1..len);
-                let b = r.gen_range(a..=len.min(a + 64));
-                let at = r.gen_range(1..=len);
-                let piece = data[a..b].to_vec();
-                if len + piece.len() <= self.max_len {
-                    data.splice(at..at, piece);
-                }
-            }
-            9 if len > 1 => {
-                let a = r.gen_range(1..len);
-                let b = r.gen_range(a..=len.min(a + 32));
-                data.drain(a..b);
-            }
-            10 => {
-                let at = r.gen_range(0..=len);
-                let k = r.gen_range(1..=12);
-                let bytes: Vec<u8> = (0..k).map(|_| r.gen()).collect();
-                data.splice(at..at, bytes);
-            }
+            6 if len > 0 => truncate(r, data),
+            7 if !corpus.is_empty() => splice(r, data, corpus),
+            // Past the selector byte.
+            8 if len > 1 => duplicate(r, data, 1, 64, max_len),
+            9 if len > 1 => delete(r, data, 1, 32),
+            10 => insert_random(r, data, 12),
             // Re-count the items so a mutated item list still parses that far.
             _ if len >= 9 => {
                 let n = r.gen_range(0..6u32);
@@ -431,11 +388,95 @@ impl Mutator {
     }
 }
 
+/// Inputs a shard serves before the driver starts a fresh one: long
+/// enough for state (filter counts, eviction, optimizer slots) to build
+/// up, short enough that it stays small.
+const SHARD_LIFE: u64 = 50_000;
+
+/// The request handlers of a long-lived [`Target`] as a driver target
+/// (`fuzz-ps-proto`). One run in 16 also checks that a rejected request
+/// leaves the shard unchanged. A failed oracle panics.
+#[derive(Debug, Default)]
+pub struct Handlers {
+    target: Target,
+    runs: u64,
+    accepted: u64,
+    kinds: BTreeMap<&'static str, u64>,
+}
+
+impl driver::Target for Handlers {
+    const SPEC: Spec = Spec {
+        name: "fuzz-ps-proto",
+        seed: 0x5053,
+        out: concat!(env!("CARGO_MANIFEST_DIR"), "/corpus-out/ps"),
+        max_len: 1 << 14,
+        max_len_flag: false,
+        corpus_flags: false,
+        max_corpus: 4096,
+        failure_prefix: "crash",
+    };
+    type Mutation = Requests;
+    /// Check that a rejected request leaves the state unchanged.
+    type Case = bool;
+    type Key = Outcome;
+
+    fn seeds(&self) -> Vec<Vec<u8>> {
+        seeds::corpus()
+    }
+
+    fn prepare(
+        &mut self,
+        m: &mut Mutator<Requests>,
+        input: &mut Vec<u8>,
+        corpus: &[Vec<u8>],
+    ) -> bool {
+        m.mutate(input, corpus);
+        m.rng().gen_ratio(1, 16)
+    }
+
+    fn run(&mut self, &check: &bool, input: &[u8]) -> Result<Outcome, String> {
+        if self.runs > 0 && self.runs % SHARD_LIFE == 0 {
+            self.target = Target::new();
+        }
+        self.runs += 1;
+        let o = self.target.run(input, check);
+        match o {
+            Outcome::Ok { .. } => self.accepted += 1,
+            Outcome::Err(k) => *self.kinds.entry(k).or_default() += 1,
+        }
+        Ok(o)
+    }
+
+    fn progress(&self) -> String {
+        format!(
+            "accepted {}  rejected {}",
+            self.accepted,
+            self.kinds.values().sum::<u64>()
+        )
+    }
+
+    fn summary(&self) -> Vec<String> {
+        let t = &self.target.shard;
+        vec![
+            format!(
+                "accepted {} | errors by kind: {:?}",
+                self.accepted, self.kinds
+            ),
+            format!("shard: global step {} | {:?}", t.global_step(), t.stats()),
+        ]
+    }
+
+    fn replay(&mut self, input: &[u8]) -> bool {
+        println!("{:?}", Target::new().run(input, true));
+        true
+    }
+}
+
 /// Feed `iters` mutated inputs, starting from the seeds; used by the test and
 /// as a smoke run. Returns how many were accepted.
 pub fn smoke(seed: u64, iters: usize) -> usize {
     let corpus = seeds::corpus();
-    let mut m = Mutator::new(seed, 1 << 14);
+    let mut m = Mutator::<Requests>::new(seed, 1 << 14);
     let mut t = Target::new();
     let mut ok = 0;
     let mut input = Vec::new();
