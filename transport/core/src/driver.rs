@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use crate::reactor::{ParkEnd, ParkWaker};
-use crate::transport::{Transport, TransportError};
+use crate::transport::{copy_gather, gather_len, Transport, TransportError};
 
 /// A connection's handle on its driver. Valid from the driver's `attach`
 /// until [`Driver::detach`]; the driver may reuse the number afterwards.
@@ -124,16 +124,11 @@ pub trait Driver {
         head: &[u8],
         segs: &[Bytes],
     ) -> Result<bool, TransportError> {
-        let len = head.len() + segs.iter().map(Bytes::len).sum::<usize>();
+        let len = gather_len(head, segs);
         let Some(buf) = self.tx_reserve(conn, len)? else {
             return Ok(false);
         };
-        buf[..head.len()].copy_from_slice(head);
-        let mut at = head.len();
-        for s in segs {
-            buf[at..at + s.len()].copy_from_slice(s);
-            at += s.len();
-        }
+        copy_gather(buf, head, segs);
         self.tx_commit(conn, len);
         Ok(true)
     }

@@ -81,16 +81,11 @@ pub trait Transport {
     /// write, without copying; the default copies into a reservation.
     /// Returns `Ok(false)` under back-pressure.
     fn tx_gather(&mut self, head: &[u8], segs: &[Bytes]) -> Result<bool, TransportError> {
-        let len = head.len() + segs.iter().map(Bytes::len).sum::<usize>();
+        let len = gather_len(head, segs);
         let Some(buf) = self.tx_reserve(len)? else {
             return Ok(false);
         };
-        buf[..head.len()].copy_from_slice(head);
-        let mut at = head.len();
-        for s in segs {
-            buf[at..at + s.len()].copy_from_slice(s);
-            at += s.len();
-        }
+        copy_gather(buf, head, segs);
         self.tx_commit(len);
         Ok(true)
     }
@@ -117,5 +112,22 @@ pub trait Transport {
     /// traffic arrives (a retransmission timer), if any.
     fn poll_timeout(&self) -> Option<Instant> {
         None
+    }
+}
+
+/// The length of a frame made of `head` followed by `segs`.
+pub(crate) fn gather_len(head: &[u8], segs: &[Bytes]) -> usize {
+    head.len() + segs.iter().map(Bytes::len).sum::<usize>()
+}
+
+/// Copy `head` and then `segs` to the front of `buf`, which holds at
+/// least [`gather_len`] bytes: the gather of backends that cannot keep the
+/// segments.
+pub(crate) fn copy_gather(buf: &mut [u8], head: &[u8], segs: &[Bytes]) {
+    buf[..head.len()].copy_from_slice(head);
+    let mut at = head.len();
+    for s in segs {
+        buf[at..at + s.len()].copy_from_slice(s);
+        at += s.len();
     }
 }
