@@ -438,3 +438,188 @@ impl<T: Link> Driver for Links<T> {
         out.extend(self.links.iter().flatten().filter_map(Link::write_fd));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+    use std::rc::Rc;
+
+    use super::*;
+    use crate::testing::MemTransport;
+
+    /// An in-memory link that counts its receive passes.
+    #[derive(Debug)]
+    struct Counted {
+        inner: MemTransport,
+        rx_calls: Rc<Cell<usize>>,
+    }
+
+    impl Transport for Counted {
+        fn max_frame_len(&self) -> usize {
+            Transport::max_frame_len(&self.inner)
+        }
+        fn tx_reserve(&mut self, len: usize) -> Result<Option<&mut [u8]>, TransportError> {
+            Transport::tx_reserve(&mut self.inner, len)
+        }
+        fn tx_commit(&mut self, len: usize) {
+            Transport::tx_commit(&mut self.inner, len);
+        }
+        fn flush(&mut self, now: Instant) -> Result<(), TransportError> {
+            self.inner.flush(now)
+        }
+        fn rx_burst(
+            &mut self,
+            now: Instant,
+            max: usize,
+            sink: &mut dyn FnMut(&[u8]),
+        ) -> Result<usize, TransportError> {
+            self.rx_calls.set(self.rx_calls.get() + 1);
+            self.inner.rx_burst(now, max, sink)
+        }
+        fn tx_pending(&self) -> bool {
+            self.inner.tx_pending()
+        }
+    }
+
+    impl Link for Counted {}
+
+    /// A driver of `n` counted links, with the far end of each.
+    fn links(n: usize) -> (Links<Counted>, Vec<MemTransport>, Vec<Rc<Cell<usize>>>) {
+        let mut d = Links::new(64);
+        let mut peers = Vec::new();
+        let mut calls = Vec::new();
+        for i in 0..n {
+            let (inner, peer) = MemTransport::pair(64, 16);
+            let rx_calls = Rc::new(Cell::new(0));
+            assert_eq!(
+                d.attach(Counted {
+                    inner,
+                    rx_calls: rx_calls.clone()
+                }),
+                ConnId::new(i as u32)
+            );
+            peers.push(peer);
+            calls.push(rx_calls);
+        }
+        (d, peers, calls)
+    }
+
+    /// Send the one-byte frame `[byte]` from `peer`.
+    fn send(peer: &mut MemTransport, byte: u8) {
+        let buf = Transport::tx_reserve(peer, 1).expect("open").expect("room");
+        buf[0] = byte;
+        Transport::tx_commit(peer, 1);
+        peer.flush(Instant::now()).expect("flush");
+    }
+
+    /// One receive pass taking up to `max` frames per link: the links it
+    /// got frames from, in order, each frame checked to be its link's.
+    fn pass(d: &mut Links<Counted>, max: usize) -> Vec<usize> {
+        let mut got = Vec::new();
+        let n = d.rx_burst(Instant::now(), max, &mut |id, f| {
+            assert_eq!(f, [id.index() as u8], "a frame of another link");
+            got.push(id.index());
+        });
+        assert_eq!(n, got.len());
+        got
+    }
+
+    #[test]
+    fn each_receive_pass_starts_one_link_later() {
+        let (mut d, mut peers, _) = links(3);
+        for (k, p) in peers.iter_mut().enumerate() {
+            for _ in 0..4 {
+                send(p, k as u8);
+            }
+        }
+        assert_eq!(pass(&mut d, 1), [0, 1, 2]);
+        assert_eq!(pass(&mut d, 1), [1, 2, 0]);
+        assert_eq!(pass(&mut d, 1), [2, 0, 1]);
+        assert_eq!(pass(&mut d, 1), [0, 1, 2]);
+        assert!(pass(&mut d, 1).is_empty());
+    }
+
+    #[test]
+    fn a_failed_link_is_reported_once_and_then_skipped() {
+        let (mut d, mut peers, calls) = links(3);
+        send(&mut peers[1], 1);
+        drop(peers.remove(1));
+        // Its frame first, then the failure.
+        assert_eq!(pass(&mut d, 8), [1]);
+        assert!(d.poll_failure().is_none());
+        assert!(pass(&mut d, 8).is_empty());
+        let failed = ConnId::new(1);
+        assert!(matches!(
+            d.poll_failure(),
+            Some((id, TransportError::Closed)) if id == failed
+        ));
+        assert!(d.poll_failure().is_none());
+        let before = calls[1].get();
+        send(&mut peers[0], 0);
+        send(&mut peers[1], 2);
+        let mut got = pass(&mut d, 8);
+        got.sort_unstable();
+        assert_eq!(got, [0, 2]);
+        assert_eq!(calls[1].get(), before, "a failed link was polled");
+        assert!(d.poll_failure().is_none(), "reported twice");
+        assert!(matches!(
+            d.tx_reserve(failed, 1),
+            Err(TransportError::Closed)
+        ));
+        assert!(d.tx_gather(failed, &[0], &[]).is_err());
+        // Still attached (its handle valid) until detached.
+        assert_eq!(d.len(), 3);
+        assert!(d.link(failed).is_some());
+        // The others still send.
+        let buf = d
+            .tx_reserve(ConnId::new(0), 1)
+            .expect("open")
+            .expect("room");
+        buf[0] = 9;
+        d.tx_commit(ConnId::new(0), 1);
+        assert!(d.tx_pending(ConnId::new(0)));
+        assert!(d.flush(Instant::now()));
+        let mut echo = Vec::new();
+        peers[0]
+            .rx_burst(Instant::now(), 8, &mut |f| echo.push(f.to_vec()))
+            .expect("peer open");
+        assert_eq!(echo, [vec![9]]);
+        assert!(d.poll_failure().is_none());
+    }
+
+    #[test]
+    fn detach_frees_the_slot_for_the_next_link() {
+        let (mut d, mut peers, _) = links(3);
+        let gone = ConnId::new(1);
+        d.detach(gone);
+        d.detach(gone);
+        assert_eq!(d.len(), 2);
+        assert!(d.link(gone).is_none());
+        let ids: Vec<usize> = d.iter().map(|(id, _)| id.index()).collect();
+        assert_eq!(ids, [0, 2]);
+        assert!(matches!(d.tx_reserve(gone, 1), Err(TransportError::Closed)));
+        // Its peer sees the link closed.
+        assert!(matches!(
+            peers[1].rx_burst(Instant::now(), 8, &mut |_| {}),
+            Err(TransportError::Closed)
+        ));
+
+        // The next link takes the freed slot (once), then a new one.
+        let (inner, mut peer) = MemTransport::pair(64, 16);
+        let rx_calls = Rc::new(Cell::new(0));
+        let reused = d.attach(Counted { inner, rx_calls });
+        assert_eq!(reused, gone);
+        send(&mut peer, 1);
+        assert_eq!(pass(&mut d, 8), [1]);
+        let (inner, _peer) = MemTransport::pair(64, 16);
+        let rx_calls = Rc::new(Cell::new(0));
+        assert_eq!(d.attach(Counted { inner, rx_calls }), ConnId::new(3));
+        assert_eq!(d.len(), 4);
+
+        // A failure not yet polled goes with its link.
+        drop(peer);
+        assert!(pass(&mut d, 8).is_empty());
+        d.detach(reused);
+        assert!(d.poll_failure().is_none());
+    }
+}

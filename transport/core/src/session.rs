@@ -349,3 +349,138 @@ impl<D: Driver> Sessions<D> {
         Some(s.conn)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use starwire_wire::{Opcode, Status};
+
+    use super::*;
+    use crate::connection::{Body, Event, PeerInfo, RequestError, TaskRole};
+    use crate::driver::Links;
+    use crate::testing::MemTransport;
+    use crate::transport::TransportError;
+
+    type Mem = Sessions<Links<MemTransport>>;
+
+    fn config(role: TaskRole, i: usize) -> ConnConfig {
+        ConnConfig::new(PeerInfo {
+            role,
+            job: "test".into(),
+            task_index: i as u32,
+            incarnation: 1,
+            shards: 1,
+        })
+    }
+
+    /// Connect a new link pair at both sides.
+    fn connect(a: &mut Mem, b: &mut Mem, i: usize) -> (ConnId, ConnId) {
+        let (la, lb) = MemTransport::pair(1024, 16);
+        let (ia, ib) = (a.driver_mut().attach(la), b.driver_mut().attach(lb));
+        a.insert(ia, config(TaskRole::Worker, i));
+        b.insert(ib, config(TaskRole::Ps, i));
+        (ia, ib)
+    }
+
+    /// Turn both sides `rounds` times; `b` answers every request.
+    fn turns(a: &mut Mem, b: &mut Mem, rounds: usize) -> usize {
+        let mut responses = 0;
+        let now = Instant::now();
+        for _ in 0..rounds {
+            a.turn(now, &mut |_, _, m| {
+                if let Incoming::Response { status, .. } = m {
+                    assert_eq!(status, Status::Ok);
+                    responses += 1;
+                }
+            });
+            b.turn(now, &mut |_, c, m| {
+                if let Incoming::Request { id, opcode, .. } = m {
+                    c.respond(id, opcode, Status::Ok, Body::empty())
+                        .expect("respond");
+                }
+            });
+        }
+        responses
+    }
+
+    fn request(s: &mut Mem, id: ConnId) -> u64 {
+        let c = s.conn(id).expect("held");
+        c.request(Opcode::Rpc, 0, Body::from(vec![1, 2, 3]), None)
+            .expect("queue")
+    }
+
+    #[test]
+    fn poll_failed_detaches_the_failed_connection_only() {
+        let (mut a, mut b) = (Mem::new(Links::new(1024)), Mem::new(Links::new(1024)));
+        let (a0, b0) = connect(&mut a, &mut b, 0);
+        let (a1, _) = connect(&mut a, &mut b, 1);
+        turns(&mut a, &mut b, 4);
+        assert!(a.conn_ref(a0).is_some_and(Connection::is_established));
+        assert!(b.poll_failed().is_none());
+
+        // The server end of connection 0 goes away with a request pending.
+        let lost = request(&mut a, a0);
+        b.remove(b0).expect("held");
+        turns(&mut a, &mut b, 2);
+        let (id, mut conn, e) = a.poll_failed().expect("a failure");
+        assert_eq!(id, a0);
+        assert!(
+            matches!(e, ConnError::Transport(TransportError::Closed)),
+            "{e}"
+        );
+        assert!(conn.is_closed());
+        let mut events = std::iter::from_fn(|| conn.poll_event());
+        assert!(events.any(|e| matches!(
+            e,
+            Event::RequestFailed { id, error: RequestError::ConnectionLost(_) } if id == lost
+        )));
+        assert!(a.poll_failed().is_none(), "reported twice");
+        assert!(a.conn(a0).is_none());
+        assert!(a.driver().link(a0).is_none(), "not detached");
+        assert_eq!(a.len(), 1);
+        assert_eq!(a.ids().collect::<Vec<_>>(), [a1]);
+
+        // Connection 1 goes on.
+        request(&mut a, a1);
+        assert_eq!(turns(&mut a, &mut b, 4), 1);
+        assert!(a.poll_failed().is_none() && b.poll_failed().is_none());
+    }
+
+    #[test]
+    fn remove_detaches_and_the_slot_serves_the_next_connection() {
+        let (mut a, mut b) = (Mem::new(Links::new(1024)), Mem::new(Links::new(1024)));
+        let (a0, b0) = connect(&mut a, &mut b, 0);
+        let (a1, b1) = connect(&mut a, &mut b, 1);
+        turns(&mut a, &mut b, 4);
+
+        let conn = a.remove(a0).expect("held");
+        assert!(conn.is_established());
+        assert!(a.remove(a0).is_none());
+        assert!(a.conn(a0).is_none());
+        assert!(a.driver().link(a0).is_none(), "not detached");
+        assert_eq!(a.len(), 1);
+        // The far end sees its link closed; connection 1 is untouched.
+        turns(&mut a, &mut b, 2);
+        let (id, _, e) = b.poll_failed().expect("the far end failed");
+        assert_eq!(id, b0);
+        assert!(
+            matches!(e, ConnError::Transport(TransportError::Closed)),
+            "{e}"
+        );
+        assert!(b.poll_failed().is_none());
+
+        // The freed slots serve a new connection at both ends.
+        let (n0, m0) = connect(&mut a, &mut b, 2);
+        assert_eq!((n0, m0), (a0, b0));
+        turns(&mut a, &mut b, 4);
+        let peer = a
+            .conn_ref(n0)
+            .and_then(Connection::peer)
+            .expect("established");
+        assert_eq!(peer.task_index, 2);
+        request(&mut a, n0);
+        request(&mut a, a1);
+        assert_eq!(turns(&mut a, &mut b, 4), 2);
+        assert_eq!((a.len(), b.len()), (2, 2));
+        assert!(b.conn_ref(b1).is_some_and(Connection::is_established));
+    }
+}

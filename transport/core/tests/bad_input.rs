@@ -3,11 +3,13 @@
 
 use std::time::Instant;
 
+use starwire_transport::conformance::{link_pairs, Pair, Side};
 use starwire_transport::testing::MemTransport;
 use starwire_transport::wire::message::{Hello, Role};
 use starwire_transport::wire::{Flags, FrameError, Header, Opcode, Status, HEADER_LEN};
 use starwire_transport::{
-    Body, ConnConfig, ConnError, Connection, Incoming, PeerInfo, Session, TaskRole, Transport,
+    Body, ConnConfig, ConnError, Connection, Driver, Incoming, PeerInfo, Session, TaskRole,
+    Transport,
 };
 
 const MAX_FRAME: usize = 4096;
@@ -183,44 +185,58 @@ fn bad_handshake_closes() {
 
 #[test]
 fn one_bad_connection_does_not_disturb_another() {
-    // Two connections side by side; the first gets garbage.
+    // Two connections of one driver; the first gets garbage.
+    let mut pair = Pair::new(link_pairs(2, || MemTransport::pair(MAX_FRAME, 64)));
+    pair.establish();
     let mut f = frame(Header::new(Opcode::Rpc, 1, 4), &[1, 2, 3, 4]);
     f[4] = 42; // version
-    let e = feed(&[hello_frame(8), f]);
-    assert!(matches!(e, ConnError::Frame(FrameError::BadVersion(42))));
-
-    let mut pair = starwire_transport::conformance::Pair::new(MemTransport::pair(MAX_FRAME, 64));
+    let bad = pair.a_ids[0];
+    let buf = pair.a.driver_mut().tx_reserve(bad, f.len());
+    buf.expect("reserve").expect("room").copy_from_slice(&f);
+    pair.a.driver_mut().tx_commit(bad, f.len());
     let id = pair
-        .a
-        .conn()
+        .a(1)
         .request(Opcode::Rpc, 0, Body::from(vec![5u8; 10]), None)
         .expect("queue");
     let mut ok = false;
-    pair.drive(
-        &mut |_, m| {
+    let mut rejected = false;
+    pair.drive_with(
+        &mut |i, _, m| {
             if let Incoming::Response { id: got, .. } = m {
-                assert_eq!(got, id);
+                assert_eq!((i, got), (1, id));
                 ok = true;
             }
         },
-        &mut |c: &mut Connection, m| {
+        &mut |_, c: &mut Connection, m| {
             if let Incoming::Request { id, opcode, .. } = m {
                 c.respond(id, opcode, Status::Ok, Body::empty())
                     .expect("respond");
             }
         },
-        &mut |p| p.a.conn_ref().pending_requests() == 0,
+        &mut |f| {
+            assert_eq!(f.index, 0, "the good connection failed: {}", f.error);
+            if f.side == Side::B {
+                assert!(
+                    matches!(f.error, ConnError::Frame(FrameError::BadVersion(42))),
+                    "{}",
+                    f.error
+                );
+                rejected = true;
+            }
+        },
+        &mut |p| p.a(1).pending_requests() == 0,
     );
     assert!(ok);
+    assert!(rejected);
+    assert!(pair.a(1).is_established() && pair.b(1).is_established());
 }
 
 #[test]
 fn semantic_error_fails_one_request_only() {
-    let mut pair = starwire_transport::conformance::Pair::new(MemTransport::pair(MAX_FRAME, 64));
+    let mut pair = Pair::new(link_pairs(1, || MemTransport::pair(MAX_FRAME, 64)));
     // Variable 99 is unknown at the server; 1 is known.
     let bad = pair
-        .a
-        .conn()
+        .a(0)
         .request(
             Opcode::DensePull,
             0,
@@ -229,8 +245,7 @@ fn semantic_error_fails_one_request_only() {
         )
         .expect("queue");
     let good = pair
-        .a
-        .conn()
+        .a(0)
         .request(
             Opcode::DensePull,
             0,
@@ -240,12 +255,12 @@ fn semantic_error_fails_one_request_only() {
         .expect("queue");
     let mut statuses = Vec::new();
     pair.drive(
-        &mut |_, m| {
+        &mut |_, _, m| {
             if let Incoming::Response { id, status, .. } = m {
                 statuses.push((id, status));
             }
         },
-        &mut |c: &mut Connection, m| {
+        &mut |_, c: &mut Connection, m| {
             if let Incoming::Request {
                 id, opcode, body, ..
             } = m
@@ -260,12 +275,12 @@ fn semantic_error_fails_one_request_only() {
                     .expect("respond");
             }
         },
-        &mut |p| p.a.conn_ref().pending_requests() == 0,
+        &mut |p| p.a(0).pending_requests() == 0,
     );
     assert_eq!(
         statuses,
         vec![(bad, Status::UnknownVariable), (good, Status::Ok)]
     );
-    assert!(pair.a.conn_ref().is_established());
-    assert!(pair.b.conn_ref().is_established());
+    assert!(pair.a(0).is_established());
+    assert!(pair.b(0).is_established());
 }

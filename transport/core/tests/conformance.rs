@@ -1,16 +1,23 @@
-//! The conformance suite over the in-memory backends.
+//! The conformance suite over drivers of in-memory links.
 
 use starwire_transport::conformance;
 use starwire_transport::testing::{FaultSpec, Faulty, MemTransport};
 
 #[test]
-fn in_memory_pair() {
+fn in_memory_links() {
     conformance::run_all("mem", || MemTransport::pair(4096, 64));
 }
 
 #[test]
-fn in_memory_pair_small_frames_and_tight_capacity() {
+fn in_memory_links_small_frames_and_tight_capacity() {
     conformance::run_all("mem-small", || MemTransport::pair(256, 2));
+}
+
+#[test]
+fn many_more_in_memory_links() {
+    conformance::run_all_drivers("mem-256", 256, |n| {
+        conformance::link_pairs(n, || MemTransport::pair(1024, 8))
+    });
 }
 
 #[test]

@@ -4,10 +4,10 @@
 
 use std::collections::HashSet;
 
-use starwire_transport::conformance::Pair;
+use starwire_transport::conformance::{link_pairs, Pair};
 use starwire_transport::testing::{FaultSpec, Faulty, MemTransport};
 use starwire_transport::wire::Opcode;
-use starwire_transport::{Body, Incoming};
+use starwire_transport::{Body, ConnId, Connection, Incoming};
 
 fn fnv1a(data: &[u8]) -> u64 {
     data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
@@ -38,14 +38,17 @@ struct Verdict {
 }
 
 fn run(spec: FaultSpec, n: u64) -> (Verdict, starwire_transport::testing::FaultStats) {
-    let (a, b) = MemTransport::pair(1024, 64);
-    let mut p = Pair::new((a, Faulty::new(b, spec)));
+    let mut p = Pair::new(link_pairs(1, || {
+        let (a, b) = MemTransport::pair(1024, 64);
+        (a, Faulty::new(b, spec))
+    }));
+    let (ia, ib) = (p.a_ids[0], p.b_ids[0]);
     let mut v = Verdict::default();
     let mut next_expected = 0u64;
     let mut seen = HashSet::new();
     let mut sent = 0u64;
     let mut rounds = 0u64;
-    let mut on_b = |_: &mut starwire_transport::Connection, m: Incoming<'_>| {
+    let mut on_b = |_: ConnId, _: &mut Connection, m: Incoming<'_>| {
         if let Incoming::Request { body, .. } = m {
             if body.len() < 16 {
                 v.checksum_failures += 1;
@@ -68,11 +71,11 @@ fn run(spec: FaultSpec, n: u64) -> (Verdict, starwire_transport::testing::FaultS
             next_expected = next_expected.max(seq + 1);
         }
     };
+    let closed = |c: Option<&Connection>| c.map_or(true, Connection::is_closed);
     loop {
         while sent < n {
             match p
-                .a
-                .conn()
+                .a(0)
                 .send_oneway(Opcode::Tensors, 0, Body::from(message(sent)))
             {
                 Ok(()) => sent += 1,
@@ -80,19 +83,22 @@ fn run(spec: FaultSpec, n: u64) -> (Verdict, starwire_transport::testing::FaultS
             }
         }
         let now = p.now;
-        let ra = p.a.turn(now, &mut |_, _| {});
-        let rb = p.b.turn(now, &mut on_b);
-        if let Err(e) = ra.and(rb) {
-            v.connection_error = Some(e.to_string());
+        p.a.turn(now, &mut |_, _, _| {});
+        p.b.turn(now, &mut on_b);
+        // A failed connection is closed; its faults are counted before
+        // `poll_failed` detaches (and drops) its link.
+        if closed(p.a.conn_ref(ia)) || closed(p.b.conn_ref(ib)) {
             break;
         }
         p.now += std::time::Duration::from_micros(50);
         rounds += 1;
-        if (sent == n && p.a.conn_ref().queued() == 0 && rounds > 20_000) || rounds > 200_000 {
+        if (sent == n && p.a(0).queued() == 0 && rounds > 20_000) || rounds > 200_000 {
             break;
         }
     }
-    let stats = p.b.transport().stats();
+    let stats = p.b.driver().link(ib).expect("attached").stats();
+    let failed = p.b.poll_failed().or_else(|| p.a.poll_failed());
+    v.connection_error = failed.map(|(_, _, e)| e.to_string());
     (v, stats)
 }
 

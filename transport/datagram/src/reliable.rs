@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use starwire_transport::{Transport, TransportError};
+use starwire_transport::{Link, Transport, TransportError};
 
 use crate::core::{ConfigError, ReliableConfig, ReliableCore};
 use crate::link::{DatagramLink, LinkError};
@@ -78,6 +78,10 @@ impl<L: DatagramLink> Reliable<L> {
         Ok(())
     }
 }
+
+/// A driver of reliable datagram links busy-polls: a link has no
+/// descriptor to park on.
+impl<L: DatagramLink> Link for Reliable<L> {}
 
 impl<L: DatagramLink> Transport for Reliable<L> {
     fn max_frame_len(&self) -> usize {

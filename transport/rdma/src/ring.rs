@@ -19,7 +19,7 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::time::Instant;
 
-use starwire_transport::{Transport, TransportError};
+use starwire_transport::{Link, Transport, TransportError};
 use thiserror::Error;
 
 use crate::imm::{slot_len, Imm, MAX_CREDIT_BYTES, MAX_CREDIT_RECVS, MAX_DATA_LEN, SLOT};
@@ -679,6 +679,10 @@ impl<Q: QueuePair> RingTransport<Q> {
         }
     }
 }
+
+/// A driver of rings busy-polls: a [`QueuePair`] offers no descriptor to
+/// park on.
+impl<Q: QueuePair> Link for RingTransport<Q> {}
 
 impl<Q: QueuePair> Transport for RingTransport<Q> {
     /// min(peer ring / 2, staging length, the QP's maximum message), or the
