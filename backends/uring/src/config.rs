@@ -4,7 +4,8 @@ use starwire_bufpool::{HugePolicy, MemlockError, PoolError};
 use starwire_wire::HEADER_LEN;
 use thiserror::Error;
 
-/// Settings of one ring and the connections bound to it. Both ends of a
+/// Settings of one ring (one [`UringDriver`](crate::UringDriver)) and its
+/// connections. Both ends of a
 /// connection should agree on `max_frame_len` and `max_message_len`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UringConfig {
@@ -102,10 +103,6 @@ pub struct UringConfig {
     pub recv_chunk_len: usize,
     /// Try huge pages for the pools.
     pub huge_pages: HugePolicy,
-    /// Transports enter the ring themselves in `flush`/`rx_burst` (a ring
-    /// of its own, no reactor calling [`Ring::enter`](crate::Ring::enter)).
-    /// Default false.
-    pub auto_enter: bool,
     /// `SO_SNDBUF` set on a connection whose peer is a loopback address;
     /// `None` leaves it to autotuning. Default
     /// [`DEFAULT_LOOPBACK_SEND_BUFFER`](starwire_transport::socket::DEFAULT_LOOPBACK_SEND_BUFFER),
@@ -144,7 +141,6 @@ impl Default for UringConfig {
             recv: RecvMode::Single,
             recv_chunk_len: DEFAULT_RECV_CHUNK_LEN,
             huge_pages: HugePolicy::Try,
-            auto_enter: false,
             loopback_send_buffer: Some(starwire_transport::socket::DEFAULT_LOOPBACK_SEND_BUFFER),
         }
     }
@@ -325,9 +321,10 @@ pub enum UringError {
 pub struct UringStats {
     /// `io_uring_enter` system calls.
     pub enters: u64,
-    /// Drains of the park eventfd (one after each park on `fd()` of a
-    /// `DEFER_TASKRUN` ring; parks in the ring need none), each a read
-    /// submitted with the turn's enter.
+    /// Drains of the park eventfd (one after each `poll(2)` park on the
+    /// park descriptor of a `DEFER_TASKRUN` ring, `Driver::wake_fds`;
+    /// parks in the ring need none), each a read submitted with the turn's
+    /// enter.
     pub eventfd_reads: u64,
     /// Of those, drains done by a `read(2)` of their own (the SQ was full).
     pub eventfd_read_syscalls: u64,
@@ -351,7 +348,7 @@ pub struct UringStats {
     pub rx_empty: u64,
     /// One-shot polls armed before a park ([`RecvMode::Spin`]).
     pub park_polls: u64,
-    /// Parks waited inside `io_uring_enter` (`Ring::park`).
+    /// Parks waited inside `io_uring_enter` (`Driver::park`).
     pub ring_parks: u64,
     /// Slots of the ring's registered file table (connections beyond it
     /// use plain descriptors; 0 when the kernel refused the table).

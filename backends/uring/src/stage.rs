@@ -1,11 +1,11 @@
-//! The transmit side of one connection between flushes, kept by its
-//! transport outside the ring's lock.
+//! The transmit side of one connection between flushes.
 //!
 //! Frames are written into a transmit slot the connection holds (taken
-//! from the ring's registered pool under the lock, once per slot) and
-//! recorded as pieces in stream order; `flush` hands the pieces to the ring
-//! in one locked call. So `tx_reserve`, `tx_commit` and `tx_gather` take
-//! no lock: a batch of frames takes one, plus one per slot filled.
+//! from the ring's registered pool once per slot) and recorded as pieces
+//! in stream order; the driver's `flush` hands the pieces to the ring's
+//! send queue in one call. So `tx_reserve`, `tx_commit` and `tx_gather`
+//! touch only the stage: the ring's queue, pool and counters are reached
+//! once per batch of frames, plus once per slot filled.
 //!
 //! Slot references: a slot this connection fills holds one reference in
 //! the ring (taken with the slot); pieces of it staged here hold none
@@ -33,7 +33,7 @@ pub(crate) struct Fill {
 }
 
 /// What the ring last said about the connection's sending side (taken at
-/// each locked call: the stage's view between them).
+/// each hand-over and each receive pass: the stage's view between them).
 ///
 /// Between calls the ring's queue only shrinks at a flush (which refreshes
 /// the view); it grows when a short send's unsent rest goes back to it. So
@@ -141,11 +141,6 @@ impl TxStage {
         self.staged > 0 || self.view.pending
     }
 
-    /// The slot being filled.
-    pub(crate) fn fill(&self) -> Option<SlotId> {
-        self.fill.map(|f| f.id)
-    }
-
     /// Frames were staged since the last hand-over.
     pub(crate) fn has_staged(&self) -> bool {
         self.staged > 0 || !self.segs.is_empty()
@@ -154,6 +149,19 @@ impl TxStage {
     /// Bytes left in the slot being filled.
     pub(crate) fn fill_room(&self) -> usize {
         self.fill.map_or(0, |f| self.limits.slot_len - f.used)
+    }
+
+    /// Drop everything staged and the outstanding reservation (the
+    /// connection goes away); returns the slot being filled, for the
+    /// caller to give back.
+    pub(crate) fn discard(&mut self) -> Option<SlotId> {
+        self.segs.clear();
+        self.staged = 0;
+        self.reserved = None;
+        self.heap_reserve = None;
+        self.frames = 0;
+        self.heap_frames = 0;
+        self.fill.take().map(|f| f.id)
     }
 
     /// The fill a hand-over kept, once nothing was staged since the last
@@ -175,8 +183,9 @@ impl TxStage {
     /// `slot_len` (of this stage's limits) bytes valid for reads and
     /// writes, taken from the pool for this stage, whose pieces go to that
     /// ring only. For as long as the stage holds the slot (until a
-    /// hand-over releases it, [`take_idle_fill`](Self::take_idle_fill)
-    /// returns it, or the stage is last used) the mapping stays mapped and
+    /// hand-over releases it, [`take_idle_fill`](Self::take_idle_fill) or
+    /// [`discard`](Self::discard) returns it, or the stage is last used)
+    /// the mapping stays mapped and
     /// nothing else writes the slot, or reads the bytes of it the stage has
     /// not handed over.
     pub(crate) unsafe fn set_fill(&mut self, id: SlotId, ptr: SlotPtr) {
@@ -577,6 +586,6 @@ mod tests {
         assert_eq!(shape(&h.segs), vec![('s', 2005, 4)]);
         assert_eq!(st.take_idle_fill(), None, "a frame was staged this turn");
         assert_eq!(st.take_idle_fill(), Some(slot(2)));
-        assert_eq!((st.fill(), st.fill_room()), (None, 0));
+        assert_eq!((st.fill.map(|f| f.id), st.fill_room()), (None, 0));
     }
 }

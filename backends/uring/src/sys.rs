@@ -14,14 +14,15 @@
 //!   when the send's completion (and, for zero-copy, its notification) has
 //!   been reaped; the ring waits (bounded) for outstanding completions
 //!   before it unmaps anything, and leaks what the kernel may still hold
-//!   (`RingInner`'s `Drop`).
+//!   (`Ring`'s `Drop`).
 //! * **Provided buffers.** The receive pool and the buffer ring outlive the
-//!   `IoUring` (field order of `RingInner`), and a buffer is given back to
+//!   `IoUring` (field order of `Ring`), and a buffer is given back to
 //!   the kernel only after its bytes were consumed.
 //! * **Lent transmit slots.** A slot taken from the pool for a connection's
 //!   stage (`TxStage::set_fill`) is written by that stage alone, and only
 //!   past the bytes it handed over, until the stage lets go of it; the
-//!   stage's transport holds the ring, and with it the pool's mapping.
+//!   stage belongs to a connection of the ring, which drops its
+//!   connections before the pool (field order).
 //! * **Direct receives.** A receive straight into a frame buffer writes
 //!   into the spare capacity of the connection's reassembly `Vec`
 //!   (`partial`). While it is in flight (`direct_inflight`) the `Vec` is
@@ -65,7 +66,7 @@ pub(crate) struct SendMsg {
 
 // SAFETY: the raw pointers inside point at the boxed `iov` and at pool
 // slots / `Bytes` owned by the same in-flight record; moving the record to
-// another thread (with the whole ring, under its mutex) keeps them valid.
+// another thread (with the whole ring, inside its driver) keeps them valid.
 unsafe impl Send for SendMsg {}
 
 impl SendMsg {
@@ -132,7 +133,7 @@ macro_rules! on_sock {
 /// (reads for a send, writes for a receive) until the entry's last
 /// completion is reaped, and nothing else writes memory the kernel reads
 /// or touches memory the kernel writes meanwhile; where the ring may go
-/// first, the memory is leaked rather than freed (`RingInner`'s `Drop`).
+/// first, the memory is leaked rather than freed (`Ring`'s `Drop`).
 unsafe fn push(ring: &mut IoUring, e: &squeue::Entry) -> bool {
     // SAFETY: the caller keeps what `e` names alive and unshared until its
     // completion (this function's contract, which is the io-uring crate's).
@@ -441,9 +442,8 @@ impl EnterFd {
 
 /// `io_uring_enter` submitting `to_submit` SQEs, with `flags`
 /// (`ENTER_GETEVENTS` or 0; `min_complete = 0`: never waits), through the
-/// ring's [`EnterFd`]. It needs no `&IoUring`, so a park runs it without
-/// the ring's lock: the ring stays alive (the caller holds a reference)
-/// and only its issuer thread, the caller, enters it.
+/// ring's [`EnterFd`], which the caller took from a ring it holds: the
+/// ring stays alive, and only its issuer thread, the caller, enters it.
 pub(crate) fn enter_raw(fd: EnterFd, to_submit: u32, flags: u32) -> std::io::Result<usize> {
     let (fd, extra) = fd.fd_and_flags();
     // SAFETY: a plain io_uring_enter on our own ring (or its registered
@@ -501,7 +501,7 @@ struct KernelTimespec {
 /// least one completion is posted (running the ring's deferred work as it
 /// comes) or `timeout` passes: a reactor's park. Returns the SQEs
 /// submitted; a wait that timed out with nothing submitted is `ETIME`.
-/// Runs without the ring's lock, like [`enter_raw`].
+/// Called like [`enter_raw`].
 ///
 /// The io-uring crate's `submit_with_args` takes the same argument but
 /// not a registered ring index, which every other enter here uses.
@@ -653,7 +653,7 @@ impl BufRing {
 }
 
 /// Where a transmit slot starts, kept by the connection that fills it
-/// (outside the ring's lock, in its transport's stage).
+/// (in its stage).
 ///
 /// Only an address: making one, moving it and offsetting it are safe;
 /// writing through it is [`lend_slot`], whose caller answers for the

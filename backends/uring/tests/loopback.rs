@@ -1,6 +1,6 @@
-//! The io_uring backend against real sockets: bad input from a raw peer,
-//! many connections on one shared ring, zero-copy fallback, and the memlock
-//! error in a child process without CAP_IPC_LOCK.
+//! The io_uring driver against real sockets: bad input from a raw peer,
+//! many connections on one driver, zero-copy fallback, parks, and the
+//! memlock error in a child process without CAP_IPC_LOCK.
 #![cfg(target_os = "linux")]
 
 mod common;
@@ -10,24 +10,10 @@ use std::net::{Shutdown, TcpStream};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{frame, next_frames, poll_park_fd, raw_pair};
+use common::{drain, frame, next_frames, poll_park_fd, raw_pair, solo, turn};
 use starwire_transport::wire::{FrameError, Header, Opcode, HEADER_LEN};
-use starwire_transport::{Transport, TransportError};
-use starwire_uring::{MemlockError, RecvMode, Ring, UringConfig, UringError, UringTransport};
-
-/// Receive on `t` until an error or `limit` frames; returns frames and the
-/// error.
-fn drain(t: &mut UringTransport, limit: usize) -> (Vec<Vec<u8>>, Option<TransportError>) {
-    let mut got = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while Instant::now() < deadline && got.len() < limit {
-        match t.rx_burst(Instant::now(), 32, &mut |f: &[u8]| got.push(f.to_vec())) {
-            Ok(_) => std::thread::yield_now(),
-            Err(e) => return (got, Some(e)),
-        }
-    }
-    (got, None)
-}
+use starwire_transport::{ConnId, Driver, Sleep, StreamDriver, TransportError};
+use starwire_uring::{MemlockError, RecvMode, UringConfig, UringDriver, UringError};
 
 /// The default settings in each receive mode: the bad-input tests run in
 /// all three.
@@ -42,20 +28,28 @@ fn all_modes() -> [UringConfig; 3] {
 fn garbage_after_good_frames_is_a_frame_error() {
     for cfg in all_modes() {
         let (mut raw, s) = raw_pair();
-        let mut t = UringTransport::standalone(s, &cfg).unwrap();
+        let (mut d, id) = solo(s, &cfg);
         let mut bytes = frame(1, 10);
         bytes.extend(frame(2, 0));
         bytes.extend(b"this is not a starwire header, not at all");
         raw.write_all(&bytes).unwrap();
-        let (got, err) = drain(&mut t, usize::MAX);
+        let (got, err) = drain(&mut d, usize::MAX);
         assert_eq!(got, vec![frame(1, 10), frame(2, 0)]);
         assert!(
             matches!(err, Some(TransportError::Frame(FrameError::BadMagic(_)))),
             "{err:?}"
         );
-        // Final: reported again.
-        let r = t.rx_burst(Instant::now(), 8, &mut |_: &[u8]| panic!("no frame"));
-        assert!(matches!(r, Err(TransportError::Frame(_))));
+        // Reported once; the connection is left out of the turns until it
+        // is detached, and takes no more frames to send.
+        for _ in 0..3 {
+            let r = turn(&mut d, 8, &mut |_, _: &[u8]| panic!("no frame"));
+            assert_eq!(r.map_err(|(c, _)| c), Ok(0), "{:?}", cfg.recv);
+        }
+        assert!(matches!(d.tx_reserve(id, 64), Err(TransportError::Closed)));
+        assert!(d.conn_stats(id).is_some(), "attached until detached");
+        d.detach(id);
+        assert!(d.conn_stats(id).is_none());
+        assert!(!d.tx_pending(id));
     }
 }
 
@@ -63,11 +57,11 @@ fn garbage_after_good_frames_is_a_frame_error() {
 fn oversized_length_is_rejected_before_any_allocation() {
     for cfg in all_modes() {
         let (mut raw, s) = raw_pair();
-        let mut t = UringTransport::standalone(s, &cfg).unwrap();
+        let (mut d, _) = solo(s, &cfg);
         // A header announcing a body far over max_frame_len.
         let h = Header::new(Opcode::Rpc, 9, (cfg.max_frame_len * 16) as u32);
         raw.write_all(&h.to_bytes()).unwrap();
-        let (got, err) = drain(&mut t, usize::MAX);
+        let (got, err) = drain(&mut d, usize::MAX);
         assert!(got.is_empty());
         assert!(matches!(err, Some(TransportError::Frame(_))), "{err:?}");
     }
@@ -77,11 +71,11 @@ fn oversized_length_is_rejected_before_any_allocation() {
 fn truncated_frame_then_eof() {
     for cfg in all_modes() {
         let (mut raw, s) = raw_pair();
-        let mut t = UringTransport::standalone(s, &cfg).unwrap();
+        let (mut d, _) = solo(s, &cfg);
         let f = frame(1, 100);
         raw.write_all(&f[..60]).unwrap();
         raw.shutdown(Shutdown::Write).unwrap();
-        let (got, err) = drain(&mut t, usize::MAX);
+        let (got, err) = drain(&mut d, usize::MAX);
         assert!(got.is_empty());
         assert!(
             matches!(
@@ -100,33 +94,99 @@ fn truncated_frame_then_eof() {
 fn peer_close_is_closed_after_frames() {
     for cfg in all_modes() {
         let (mut raw, s) = raw_pair();
-        let mut t = UringTransport::standalone(s, &cfg).unwrap();
+        let (mut d, _) = solo(s, &cfg);
         raw.write_all(&frame(5, 3)).unwrap();
         drop(raw);
-        let (got, err) = drain(&mut t, usize::MAX);
+        let (got, err) = drain(&mut d, usize::MAX);
         assert_eq!(got, vec![frame(5, 3)]);
         assert!(matches!(err, Some(TransportError::Closed)), "{err:?}");
     }
 }
 
-/// `n` connections from ring `a` to ring `b`, each sending `per_conn`
-/// frames, at most `per_turn` a turn, with `send(transport, seq)` (false:
-/// back-pressure, retry next turn). One enter per ring per turn, like a reactor. Returns the frames
-/// each connection received, the turns taken and both rings.
+/// A failing connection ends alone: its neighbours on the driver keep
+/// carrying frames, in each mode, and its handle goes to the next
+/// connection attached once it was detached.
+#[test]
+fn one_failed_connection_leaves_the_others_running() {
+    for cfg in all_modes() {
+        let mut d = UringDriver::new(&cfg).unwrap();
+        let mut raws = Vec::new();
+        let mut ids = Vec::new();
+        for _ in 0..3 {
+            let (raw, s) = raw_pair();
+            raws.push(raw);
+            ids.push(d.attach_stream(s).unwrap());
+        }
+        raws[1].write_all(b"not a starwire header, no").unwrap();
+        raws[1].write_all(&[0u8; 16]).unwrap();
+        let mut failed = None;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while failed.is_none() {
+            assert!(Instant::now() < deadline, "{:?}: no failure", cfg.recv);
+            if let Err((c, e)) = turn(&mut d, 8, &mut |_, _: &[u8]| panic!("no frame")) {
+                failed = Some((c, e));
+            }
+        }
+        let (c, e) = failed.unwrap();
+        assert_eq!(c, ids[1], "{:?}", cfg.recv);
+        assert!(matches!(e, TransportError::Frame(_)), "{e:?}");
+        d.detach(c);
+        for (k, i) in [0usize, 2].into_iter().enumerate() {
+            raws[i].write_all(&frame(k as u64, 40)).unwrap();
+        }
+        let mut got = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while got.len() < 2 {
+            assert!(Instant::now() < deadline, "{:?}: {got:?}", cfg.recv);
+            turn(&mut d, 8, &mut |c, f: &[u8]| got.push((c, f.to_vec()))).unwrap();
+        }
+        got.sort();
+        assert_eq!(
+            got,
+            vec![(ids[0], frame(0, 40)), (ids[2], frame(1, 40))],
+            "{:?}",
+            cfg.recv
+        );
+        // The freed handle is taken again (once the kernel gave the
+        // connection's requests back), and serves its new stream.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut raw = loop {
+            assert!(
+                Instant::now() < deadline,
+                "{:?}: slot never freed",
+                cfg.recv
+            );
+            turn(&mut d, 8, &mut |_, _: &[u8]| panic!("no frame")).unwrap();
+            let (raw, s) = raw_pair();
+            let c = d.attach_stream(s).unwrap();
+            if c == ids[1] {
+                break raw;
+            }
+            d.detach(c);
+        };
+        raw.write_all(&frame(9, 9)).unwrap();
+        let got = next_frames(&mut d, &format!("{:?}", cfg.recv));
+        assert_eq!(got, vec![frame(9, 9)], "{:?}", cfg.recv);
+    }
+}
+
+/// `n` connections from driver `a` to driver `b`, each sending `per_conn`
+/// frames, at most `per_turn` a turn, with `send(driver, conn, seq)`
+/// (false: back-pressure, retry next turn). One flush per driver per turn,
+/// like a reactor. Returns the frames each connection received, the turns
+/// taken and both drivers.
 fn pump(
     cfg: &UringConfig,
     n: usize,
     per_conn: u64,
     per_turn: u64,
-    mut send: impl FnMut(&mut UringTransport, u64) -> bool,
-) -> (Vec<Vec<Vec<u8>>>, u64, Ring, Ring) {
-    let a = Ring::new(cfg).unwrap();
-    let b = Ring::new(cfg).unwrap();
-    let (mut ca, mut cb) = (Vec::new(), Vec::new());
-    for _ in 0..n {
-        let (x, y) = raw_pair();
-        ca.push(UringTransport::new(&a, x).unwrap());
-        cb.push(UringTransport::new(&b, y).unwrap());
+    mut send: impl FnMut(&mut UringDriver, ConnId, u64) -> bool,
+) -> (Vec<Vec<Vec<u8>>>, u64, UringDriver, UringDriver) {
+    let (mut a, ca, mut b, cb) = common::driver_pair(cfg, n);
+    // Connection `i` of `b`, by its handle.
+    let mut index = vec![usize::MAX; n];
+    for (i, c) in cb.iter().enumerate() {
+        index[c.index()] = i;
     }
     let mut sent = vec![0u64; n];
     let mut got: Vec<Vec<Vec<u8>>> = vec![Vec::new(); n];
@@ -136,19 +196,18 @@ fn pump(
         assert!(Instant::now() < deadline, "stalled");
         turns += 1;
         let now = Instant::now();
-        for (i, t) in ca.iter_mut().enumerate() {
+        for (i, &c) in ca.iter().enumerate() {
             let stop = sent[i].saturating_add(per_turn).min(per_conn);
-            while sent[i] < stop && send(t, sent[i]) {
+            while sent[i] < stop && send(&mut a, c, sent[i]) {
                 sent[i] += 1;
             }
-            t.flush(now).unwrap();
         }
-        a.enter().unwrap();
-        for (i, t) in cb.iter_mut().enumerate() {
-            t.rx_burst(now, 64, &mut |f: &[u8]| got[i].push(f.to_vec()))
-                .unwrap();
-        }
-        b.enter().unwrap();
+        a.flush(now);
+        b.rx_burst(now, 64, &mut |c, f: &[u8]| {
+            got[index[c.index()]].push(f.to_vec())
+        });
+        assert!(b.poll_failure().is_none() && a.poll_failure().is_none());
+        b.flush(now);
     }
     (got, turns, a, b)
 }
@@ -164,9 +223,9 @@ fn more_connections_than_sq_entries_all_receive_in_spin_mode() {
         recv: RecvMode::Spin,
         ..UringConfig::default()
     };
-    let (got, _, _, b) = pump(&cfg, 40, 5, 5, |t, seq| {
+    let (got, _, _, b) = pump(&cfg, 40, 5, 5, |d, c, seq| {
         let h = Header::new(Opcode::Rpc, seq, 0).to_bytes();
-        t.tx_gather(&h, &[]).unwrap()
+        d.tx_gather(c, &h, &[]).unwrap()
     });
     assert!(
         got.iter().all(|g| g.len() == 5),
@@ -181,84 +240,6 @@ fn more_connections_than_sq_entries_all_receive_in_spin_mode() {
 }
 
 #[test]
-fn the_ring_lock_holds_under_other_threads() {
-    // The ring's spin lock against threads that take it while the owner
-    // runs traffic through it: counters read in a loop, and transports
-    // made and dropped on the same ring from another thread. Every frame
-    // must arrive once, in order, intact, and every thread must finish.
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-    use std::sync::Arc;
-    let cfg = UringConfig::default();
-    let a = Ring::new(&cfg).unwrap();
-    let b = Ring::new(&cfg).unwrap();
-    let (x, y) = raw_pair();
-    let mut tx = UringTransport::new(&a, x).unwrap();
-    let mut rx = UringTransport::new(&b, y).unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let reads = Arc::new(AtomicU64::new(0));
-    let readers: Vec<_> = [a.clone(), b.clone()]
-        .into_iter()
-        .map(|r| {
-            let (stop, reads) = (stop.clone(), reads.clone());
-            std::thread::spawn(move || {
-                let mut last = 0;
-                while !stop.load(Ordering::Relaxed) {
-                    // Counters only grow, read whole under the lock.
-                    let s = r.stats();
-                    assert!(s.frames_received >= last, "{s:?}");
-                    last = s.frames_received;
-                    reads.fetch_add(1, Ordering::Relaxed);
-                }
-            })
-        })
-        .collect();
-    let churn = {
-        let (stop, a) = (stop.clone(), a.clone());
-        std::thread::spawn(move || {
-            let mut made = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                let (p, _q) = raw_pair();
-                drop(UringTransport::new(&a, p).unwrap());
-                made += 1;
-            }
-            made
-        })
-    };
-    let total = 20_000u64;
-    let body = Bytes::from(vec![0x3c_u8; 600]);
-    let (mut sent, mut got) = (0u64, 0u64);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while got < total {
-        assert!(Instant::now() < deadline, "stalled at {got} of {total}");
-        let now = Instant::now();
-        while sent < total && sent < got + 256 {
-            let h = Header::new(Opcode::Rpc, sent, body.len() as u32).to_bytes();
-            if !tx.tx_gather(&h, std::slice::from_ref(&body)).unwrap() {
-                break;
-            }
-            sent += 1;
-        }
-        tx.flush(now).unwrap();
-        a.enter().unwrap();
-        b.enter().unwrap();
-        rx.rx_burst(now, 64, &mut |f: &[u8]| {
-            let h = Header::parse(f, u32::MAX, u32::MAX).unwrap();
-            assert_eq!(h.request_id, got, "order");
-            assert!(f[HEADER_LEN..].iter().all(|&v| v == 0x3c), "payload");
-            got += 1;
-        })
-        .unwrap();
-    }
-    stop.store(true, Ordering::Relaxed);
-    for r in readers {
-        r.join().unwrap();
-    }
-    let made = churn.join().unwrap();
-    assert!(reads.load(Ordering::Relaxed) > 0 && made > 0);
-    assert_eq!(b.stats().frames_received, total);
-}
-
-#[test]
 fn loopback_connections_send_plainly_unless_asked() {
     // Sends far above the zero-copy threshold over loopback: by default no
     // zero-copy send is tried (the kernel would copy it and report so);
@@ -270,9 +251,9 @@ fn loopback_connections_send_plainly_unless_asked() {
             zero_copy_loopback: opt_in,
             ..UringConfig::default()
         };
-        let (got, _, a, _) = pump(&cfg, n, 8, 2, |t, seq| {
+        let (got, _, a, _) = pump(&cfg, n, 8, 2, |d, c, seq| {
             let h = Header::new(Opcode::Rpc, seq, big.len() as u32).to_bytes();
-            t.tx_gather(&h, std::slice::from_ref(&big)).unwrap()
+            d.tx_gather(c, &h, std::slice::from_ref(&big)).unwrap()
         });
         assert!(got.iter().all(|g| g.len() == 8));
         let sa = a.stats();
@@ -288,7 +269,7 @@ fn loopback_connections_send_plainly_unless_asked() {
 }
 
 #[test]
-fn many_connections_share_one_ring_with_one_enter_per_turn() {
+fn many_connections_share_one_driver_with_one_enter_per_turn() {
     for recv in [RecvMode::Single, RecvMode::Multishot] {
         let cfg = UringConfig {
             recv,
@@ -298,9 +279,9 @@ fn many_connections_share_one_ring_with_one_enter_per_turn() {
         };
         let n = 8;
         let big = Bytes::from(vec![0xab_u8; 40 << 10]);
-        let (got, turns, a, b) = pump(&cfg, n, 20, 1, |t, seq| {
+        let (got, turns, a, b) = pump(&cfg, n, 20, 1, |d, c, seq| {
             let h = Header::new(Opcode::Rpc, seq, big.len() as u32).to_bytes();
-            t.tx_gather(&h, std::slice::from_ref(&big)).unwrap()
+            d.tx_gather(c, &h, std::slice::from_ref(&big)).unwrap()
         });
         for g in &got {
             for (k, f) in g.iter().enumerate() {
@@ -336,6 +317,113 @@ fn many_connections_share_one_ring_with_one_enter_per_turn() {
     }
 }
 
+/// The message layer of 64 connections on one driver at each end, in each
+/// receive mode: the client's requests (short and long, direct receives
+/// among them) come back echoed by a server whose driver was made, and
+/// its connections attached, on this thread and then run on another (a
+/// reactor's life: built by its spawner, run by its thread).
+#[test]
+fn sessions_of_64_connections_echo_over_one_driver_each() {
+    use starwire_transport::wire::Status;
+    use starwire_transport::{
+        Body, ConnConfig, Connection, Incoming, PeerInfo, Sessions, TaskRole,
+    };
+    let peer = |role, incarnation| PeerInfo {
+        role,
+        job: "test".into(),
+        task_index: 0,
+        incarnation,
+        shards: 1,
+    };
+    for cfg in all_modes() {
+        let mode = cfg.recv;
+        let n = 64;
+        let per_conn = 12u64;
+        let (a, a_ids, b, b_ids) = common::driver_pair(&cfg, n);
+        let server_cfg = ConnConfig::new(peer(TaskRole::Ps, 2));
+        let server = std::thread::spawn(move || {
+            let mut s = Sessions::new(b);
+            for &id in &b_ids {
+                s.insert(id, server_cfg.clone());
+            }
+            let deadline = Instant::now() + Duration::from_secs(60);
+            let mut answered = 0u64;
+            while !s.is_empty() {
+                assert!(Instant::now() < deadline, "{mode:?}: server stalled");
+                s.turn(Instant::now(), &mut |_, conn: &mut Connection, m| {
+                    if let Incoming::Request {
+                        id, opcode, body, ..
+                    } = m
+                    {
+                        conn.respond(id, opcode, Status::Ok, Body::from(body.to_vec()))
+                            .expect("respond");
+                        answered += 1;
+                    }
+                });
+                // The client's end closing ends each connection.
+                while s.poll_failed().is_some() {}
+            }
+            (answered, s.driver().stats())
+        });
+        let mut s = Sessions::new(a);
+        let client_cfg = ConnConfig::new(peer(TaskRole::Worker, 1));
+        let body = |i: usize, k: u64| {
+            // Every sixth request is long enough for direct receives.
+            let len = if k % 6 == 5 {
+                200 << 10
+            } else {
+                (i * 97 + k as usize * 1013) % 6000
+            };
+            vec![(i as u8) ^ (k as u8); len]
+        };
+        let mut want = std::collections::HashMap::new();
+        for (i, &id) in a_ids.iter().enumerate() {
+            s.insert(id, client_cfg.clone());
+            for k in 0..per_conn {
+                let b = body(i, k);
+                let req = s
+                    .conn(id)
+                    .unwrap()
+                    .request(Opcode::Rpc, 0, Body::from(b.clone()), None)
+                    .expect("request");
+                want.insert((id, req), b);
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let total = want.len();
+        let mut got = 0usize;
+        while got < total {
+            assert!(Instant::now() < deadline, "{mode:?}: {got} of {total}");
+            s.turn(Instant::now(), &mut |c, _, m| {
+                if let Incoming::Response {
+                    id, status, body, ..
+                } = m
+                {
+                    assert_eq!(status, Status::Ok);
+                    let w = want.remove(&(c, id)).expect("a response to a request");
+                    assert!(w == body, "{mode:?}: {c} response {id} differs");
+                    got += 1;
+                }
+            });
+            if let Some((c, _, e)) = s.poll_failed() {
+                panic!("{mode:?}: {c} failed: {e}");
+            }
+        }
+        let client = s.driver().stats();
+        drop(s);
+        let (answered, server) = server.join().expect("server");
+        assert_eq!(answered, total as u64, "{mode:?}");
+        assert!(
+            server.frames_received >= total as u64,
+            "{mode:?}: {server:?}"
+        );
+        assert!(
+            client.frames_received >= total as u64,
+            "{mode:?}: {client:?}"
+        );
+    }
+}
+
 /// A single receive takes at most `recv_chunk_len` bytes, however much
 /// the socket holds: a burst already in the socket comes in bounded
 /// pieces, each delivered (and answerable) before the next is taken.
@@ -348,8 +436,8 @@ fn single_receives_take_a_burst_in_bounded_pieces() {
         ..UringConfig::default()
     };
     let (mut raw, s) = raw_pair();
-    let mut t = UringTransport::standalone(s, &cfg).unwrap();
-    // 64 frames of 1 KiB land in the socket before the transport looks.
+    let (mut d, id) = solo(s, &cfg);
+    // 64 frames of 1 KiB land in the socket before the driver looks.
     let frames: Vec<Vec<u8>> = (0..64).map(|k| frame(k, 1024 - HEADER_LEN)).collect();
     let total: usize = frames.iter().map(Vec::len).sum();
     raw.write_all(&frames.concat()).unwrap();
@@ -359,17 +447,13 @@ fn single_receives_take_a_burst_in_bounded_pieces() {
     let deadline = Instant::now() + Duration::from_secs(5);
     while got.len() < frames.len() {
         assert!(Instant::now() < deadline, "stalled at {} frames", got.len());
-        let n = t
-            .rx_burst(Instant::now(), usize::MAX, &mut |f: &[u8]| {
-                got.push(f.to_vec())
-            })
-            .unwrap();
+        let n = turn(&mut d, usize::MAX, &mut |_, f: &[u8]| got.push(f.to_vec())).unwrap();
         if n > 0 {
             per_burst.push(n);
         }
     }
     assert_eq!(got, frames);
-    let st = t.stats();
+    let st = d.conn_stats(id).unwrap();
     assert_eq!(st.bytes_received, total as u64, "{st:?}");
     // 64 KiB in pieces of at most 8 KiB: at least 8 receives, and no
     // delivery of more frames than one piece holds.
@@ -387,13 +471,13 @@ fn spin_mode_receives_in_the_turns_enter_without_multishot() {
         ..UringConfig::default()
     };
     let n = 4;
-    let (got, turns, _a, b) = pump(&cfg, n, 200, u64::MAX, |t, seq| {
+    let (got, turns, _a, b) = pump(&cfg, n, 200, u64::MAX, |d, c, seq| {
         let f = frame(seq, (seq as usize * 37) % 3000);
-        let Some(buf) = t.tx_reserve(f.len()).unwrap() else {
+        let Some(buf) = d.tx_reserve(c, f.len()).unwrap() else {
             return false;
         };
         buf.copy_from_slice(&f);
-        t.tx_commit(f.len());
+        d.tx_commit(c, f.len());
         true
     });
     for g in &got {
@@ -425,17 +509,17 @@ fn spin_and_single_receives_use_the_connections_own_buffer() {
             ..UringConfig::default()
         };
         let (mut raw, s) = raw_pair();
-        let mut t = UringTransport::standalone(s, &cfg).unwrap();
+        let (mut d, _) = solo(s, &cfg);
         let mut want = Vec::new();
         for round in 0..8u64 {
             let burst: Vec<Vec<u8>> = (0..16).map(|k| frame(round * 100 + k, 4096)).collect();
             raw.write_all(&burst.concat()).unwrap();
-            let (got, err) = drain(&mut t, 16);
+            let (got, err) = drain(&mut d, 16);
             assert!(err.is_none(), "{recv:?}: {err:?}");
             assert_eq!(got, burst, "{recv:?} round {round}");
             want.extend(burst);
         }
-        let st = t.ring().stats();
+        let st = d.stats();
         assert_eq!(st.rx_enobufs, 0, "{recv:?}: {st:?}");
         assert_eq!(st.frames_received, want.len() as u64, "{recv:?}: {st:?}");
         // 8 bursts of 64 KiB: far fewer receives than 64-byte pieces.
@@ -459,7 +543,7 @@ fn a_short_own_buffer_reassembles_frames_in_order() {
             ..UringConfig::default()
         };
         let (mut raw, s) = raw_pair();
-        let mut t = UringTransport::standalone(s, &cfg).unwrap();
+        let (mut d, _) = solo(s, &cfg);
         let sizes = [3000usize, 10, 10000, 0, 4064, 4065, 1, 2999];
         let frames: Vec<Vec<u8>> = (0..64u64)
             .map(|k| frame(k, sizes[k as usize % sizes.len()]))
@@ -469,13 +553,12 @@ fn a_short_own_buffer_reassembles_frames_in_order() {
             raw.write_all(&bytes).unwrap();
             raw
         });
-        // Delivered a few frames per call, so the buffer holds unconsumed
+        // Delivered a few frames per turn, so the buffer holds unconsumed
         // bytes between receives.
         let mut got = Vec::new();
         let deadline = Instant::now() + Duration::from_secs(10);
         while got.len() < frames.len() && Instant::now() < deadline {
-            t.rx_burst(Instant::now(), 3, &mut |f: &[u8]| got.push(f.to_vec()))
-                .unwrap();
+            turn(&mut d, 3, &mut |_, f: &[u8]| got.push(f.to_vec())).unwrap();
         }
         let _raw = writer.join().unwrap();
         assert_eq!(got.len(), frames.len(), "{recv:?}");
@@ -489,28 +572,80 @@ fn spin_mode_park_poll_wakes_the_reactor_and_takes_no_data() {
         recv: RecvMode::Spin,
         ..UringConfig::default()
     };
-    let r = Ring::new(&cfg).unwrap();
     let (mut raw, s) = raw_pair();
-    let mut t = UringTransport::new(&r, s).unwrap();
-    r.enter().unwrap();
-    let wait = |ms: i32| poll_park_fd(&r, ms);
+    let (mut d, id) = solo(s, &cfg);
+    d.flush(Instant::now());
     for round in 0..3u64 {
         // Nothing sent: the park times out.
-        assert_eq!(wait(50), 0, "round {round}: woke without data");
-        r.enter().unwrap();
+        assert_eq!(poll_park_fd(&d, 50), 0, "round {round}: woke without data");
+        d.flush(Instant::now());
         // Data: the armed poll wakes the park.
         let f = frame(round, 100);
         raw.write_all(&f).unwrap();
-        assert_eq!(wait(5000), 1, "round {round}: data did not wake the park");
-        let got = next_frames(&r, &mut t, &format!("round {round}"));
+        assert_eq!(
+            poll_park_fd(&d, 5000),
+            1,
+            "round {round}: data did not wake the park"
+        );
+        let got = next_frames(&mut d, &format!("round {round}"));
         assert_eq!(got, vec![f], "round {round}");
     }
-    assert!(r.stats().park_polls >= 3, "{:?}", r.stats());
-    drop(t);
-    r.enter().unwrap();
+    assert!(d.stats().park_polls >= 3, "{:?}", d.stats());
+    d.detach(id);
+    d.flush(Instant::now());
 }
 
-/// A reactor parks inside the ring (`Ring::park`): one enter that
+/// A ring that does not defer its completion work
+/// (`defer_taskrun: false`: `COOP_TASKRUN`) cannot park in itself: its
+/// reactor sleeps in `poll(2)` on the ring's descriptor (`Sleep::Fds`),
+/// which data makes readable, in every receive mode. A deferring ring
+/// sleeps in itself (`Sleep::Own`).
+#[test]
+fn a_ring_that_does_not_defer_its_work_parks_in_poll() {
+    use nix::sys::eventfd::{EfdFlags, EventFd};
+    use starwire_transport::reactor::ParkWaker;
+    use std::os::fd::AsFd;
+    let deferring = UringDriver::new(&UringConfig::default()).unwrap();
+    if deferring.features().defer_taskrun {
+        assert_eq!(deferring.sleep(), Sleep::Own);
+    }
+    for cfg in all_modes() {
+        let mode = cfg.recv;
+        let cfg = UringConfig {
+            defer_taskrun: false,
+            ..cfg
+        };
+        let (mut raw, s) = raw_pair();
+        let (mut d, _) = solo(s, &cfg);
+        assert_eq!(d.sleep(), Sleep::Fds, "{mode:?}");
+        let efd = EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK).unwrap();
+        let waker = ParkWaker {
+            fd: efd.as_fd(),
+            id: 1,
+        };
+        assert!(
+            d.park(waker, Duration::from_millis(1)).is_none(),
+            "{mode:?}"
+        );
+        d.flush(Instant::now());
+        for round in 0..3u64 {
+            assert_eq!(poll_park_fd(&d, 50), 0, "{mode:?} round {round}: no data");
+            d.flush(Instant::now());
+            let f = frame(round, 100 + round as usize);
+            raw.write_all(&f).unwrap();
+            assert_eq!(
+                poll_park_fd(&d, 5000),
+                1,
+                "{mode:?} round {round}: data did not wake the poll"
+            );
+            let got = next_frames(&mut d, &format!("{mode:?} round {round}"));
+            assert_eq!(got, vec![f], "{mode:?} round {round}");
+        }
+        assert_eq!(d.stats().ring_parks, 0, "{mode:?}");
+    }
+}
+
+/// A reactor parks inside the ring (`Driver::park`): one enter that
 /// sleeps until data, a wake-up of the reactor's eventfd, or the timeout;
 /// in every receive mode. Data arriving while parked ends the park and is
 /// received in order afterwards; a wake-up written before the park ends it
@@ -523,26 +658,26 @@ fn parks_in_the_ring_end_by_input_by_the_waker_or_by_the_timeout() {
     use std::sync::Arc;
     for cfg in all_modes() {
         let mode = cfg.recv;
-        let r = Ring::new(&cfg).unwrap();
         let (mut raw, s) = raw_pair();
-        let mut t = UringTransport::new(&r, s).unwrap();
-        r.enter().unwrap();
+        let (mut d, id) = solo(s, &cfg);
+        assert_eq!(d.sleep(), Sleep::Own, "{mode:?}");
+        d.flush(Instant::now());
         let efd = Arc::new(
             EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
                 .unwrap(),
         );
-        let park = |ms: u64| {
+        let park = |d: &mut UringDriver, ms: u64| {
             let waker = ParkWaker {
                 fd: efd.as_fd(),
                 id: 1,
             };
-            r.park(waker, Duration::from_millis(ms))
+            d.park(waker, Duration::from_millis(ms))
                 .expect("a DEFER_TASKRUN ring parks in itself")
         };
         for round in 0..3u64 {
             // Nothing: the timeout.
             let t0 = Instant::now();
-            assert_eq!(park(40), ParkEnd::Timeout, "{mode:?} round {round}");
+            assert_eq!(park(&mut d, 40), ParkEnd::Timeout, "{mode:?} round {round}");
             assert!(
                 t0.elapsed() >= Duration::from_millis(30),
                 "{mode:?}: no sleep"
@@ -550,7 +685,7 @@ fn parks_in_the_ring_end_by_input_by_the_waker_or_by_the_timeout() {
             // A wake-up already written ends the park at once.
             efd.write(1).unwrap();
             let t0 = Instant::now();
-            assert_eq!(park(5000), ParkEnd::Waker, "{mode:?} round {round}");
+            assert_eq!(park(&mut d, 5000), ParkEnd::Waker, "{mode:?} round {round}");
             assert!(t0.elapsed() < Duration::from_secs(2), "{mode:?}");
             efd.read().unwrap();
             // A wake-up from another thread while parked.
@@ -560,7 +695,7 @@ fn parks_in_the_ring_end_by_input_by_the_waker_or_by_the_timeout() {
                 e.write(1).unwrap();
             });
             let t0 = Instant::now();
-            assert_eq!(park(5000), ParkEnd::Waker, "{mode:?} round {round}");
+            assert_eq!(park(&mut d, 5000), ParkEnd::Waker, "{mode:?} round {round}");
             assert!(t0.elapsed() < Duration::from_secs(2), "{mode:?}");
             waker.join().unwrap();
             efd.read().unwrap();
@@ -573,54 +708,18 @@ fn parks_in_the_ring_end_by_input_by_the_waker_or_by_the_timeout() {
                 peer.write_all(&g).unwrap();
             });
             let t0 = Instant::now();
-            assert_eq!(park(5000), ParkEnd::Input, "{mode:?} round {round}");
+            assert_eq!(park(&mut d, 5000), ParkEnd::Input, "{mode:?} round {round}");
             assert!(t0.elapsed() < Duration::from_secs(2), "{mode:?}");
             sender.join().unwrap();
-            let got = next_frames(&r, &mut t, &format!("{mode:?} round {round}"));
+            let got = next_frames(&mut d, &format!("{mode:?} round {round}"));
             assert_eq!(got, vec![f], "{mode:?} round {round}");
         }
-        let st = r.stats();
+        let st = d.stats();
         assert!(st.ring_parks >= 9, "{mode:?}: {st:?}");
         raw.write_all(&frame(99, 8)).unwrap();
-        drop(t);
-        r.enter().unwrap();
+        d.detach(id);
+        d.flush(Instant::now());
     }
-}
-
-/// A park in the ring lets go of the ring's lock while it sleeps: another
-/// thread reads the counters meanwhile without waiting for the park.
-#[test]
-fn a_park_in_the_ring_does_not_hold_its_lock() {
-    use nix::sys::eventfd::{EfdFlags, EventFd};
-    use starwire_transport::reactor::{ParkEnd, ParkWaker};
-    use std::os::fd::AsFd;
-    use std::sync::Arc;
-    let r = Ring::new(&UringConfig::default()).unwrap();
-    let (_raw, s) = raw_pair();
-    let t = UringTransport::new(&r, s).unwrap();
-    r.enter().unwrap();
-    let efd = Arc::new(EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK).unwrap());
-    let (r2, e2) = (r.clone(), efd.clone());
-    let other = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(100));
-        let t0 = Instant::now();
-        let _ = r2.stats();
-        let took = t0.elapsed();
-        e2.write(1).unwrap();
-        took
-    });
-    let waker = ParkWaker {
-        fd: efd.as_fd(),
-        id: 7,
-    };
-    assert_eq!(r.park(waker, Duration::from_secs(3)), Some(ParkEnd::Waker));
-    let took = other.join().unwrap();
-    assert!(
-        took < Duration::from_millis(500),
-        "stats() waited {took:?} for the park"
-    );
-    drop(t);
-    r.enter().unwrap();
 }
 
 /// A new waker (another reactor run on the ring) gets a poll of its own,
@@ -634,9 +733,8 @@ fn a_new_waker_on_a_reused_fd_number_still_ends_the_park() {
     use std::os::fd::{AsFd, AsRawFd, OwnedFd};
     for cfg in all_modes() {
         let mode = cfg.recv;
-        let r = Ring::new(&cfg).unwrap();
         let (_raw, s) = raw_pair();
-        let t = UringTransport::new(&r, s).unwrap();
+        let (mut d, id) = solo(s, &cfg);
         // Never entered: the park enables the ring and arms the poll.
         let old = OwnedFd::from(EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK).unwrap());
         let waker = ParkWaker {
@@ -644,19 +742,19 @@ fn a_new_waker_on_a_reused_fd_number_still_ends_the_park() {
             id: 100,
         };
         assert_eq!(
-            r.park(waker, Duration::from_millis(30)),
+            d.park(waker, Duration::from_millis(30)),
             Some(ParkEnd::Timeout),
             "{mode:?}"
         );
         nix::unistd::write(&old, &1u64.to_ne_bytes()).unwrap();
-        let before = r.stats().enters;
+        let before = d.stats().enters;
         assert_eq!(
-            r.park(waker, Duration::from_secs(3)),
+            d.park(waker, Duration::from_secs(3)),
             Some(ParkEnd::Waker),
             "{mode:?}: the first park did not arm the poll"
         );
         assert_eq!(
-            r.stats().enters - before,
+            d.stats().enters - before,
             1,
             "{mode:?}: a park is one enter"
         );
@@ -665,7 +763,7 @@ fn a_new_waker_on_a_reused_fd_number_still_ends_the_park() {
         // The poll fired; arm one again, then put another eventfd under
         // the same number (dup2 closes the old file there, atomically).
         assert_eq!(
-            r.park(waker, Duration::from_millis(30)),
+            d.park(waker, Duration::from_millis(30)),
             Some(ParkEnd::Timeout),
             "{mode:?}"
         );
@@ -681,7 +779,7 @@ fn a_new_waker_on_a_reused_fd_number_still_ends_the_park() {
         };
         let t0 = Instant::now();
         assert_eq!(
-            r.park(waker, Duration::from_secs(3)),
+            d.park(waker, Duration::from_secs(3)),
             Some(ParkEnd::Waker),
             "{mode:?}"
         );
@@ -689,12 +787,12 @@ fn a_new_waker_on_a_reused_fd_number_still_ends_the_park() {
         nix::unistd::read(old.as_raw_fd(), &mut b).unwrap();
         // The old poll's cancellation completed by now: no wake-up from it.
         assert_eq!(
-            r.park(waker, Duration::from_millis(30)),
+            d.park(waker, Duration::from_millis(30)),
             Some(ParkEnd::Timeout),
             "{mode:?}: a cancelled poll woke the park"
         );
-        drop(t);
-        r.enter().unwrap();
+        d.detach(id);
+        d.flush(Instant::now());
     }
 }
 
@@ -708,18 +806,15 @@ fn tcp_socket_listed(ino: u64) -> bool {
         .any(|l| l.split_whitespace().nth(9) == Some(&ino.to_string()))
 }
 
-/// A transport dropped on a thread other than the ring's (its shard
-/// handed back, say) still lets its socket go: the kernel refuses that
-/// thread's update of the registered file table, so the ring's next enter
-/// clears the slot, and no file refers to the socket any more (before, the
-/// table held it until the slot was used again or the ring went). In
+/// A detached connection lets its socket go: once the kernel gave its
+/// requests back, the ring clears its slot of the registered file table
+/// (the last reference), and no file refers to the socket any more. In
 /// every receive mode; the slot carries a new connection afterwards.
 #[test]
-fn a_transport_dropped_on_another_thread_lets_its_socket_go() {
+fn a_detached_connection_lets_its_socket_go() {
     use std::os::fd::AsRawFd;
     for cfg in all_modes() {
         let mode = cfg.recv;
-        let r = Ring::new(&cfg).unwrap();
         let (_raw, s) = raw_pair();
         let link = std::fs::read_link(format!("/proc/self/fd/{}", s.as_raw_fd())).unwrap();
         let ino: u64 = link
@@ -728,62 +823,59 @@ fn a_transport_dropped_on_another_thread_lets_its_socket_go() {
             .trim_end_matches(']')
             .parse()
             .unwrap();
-        let t = UringTransport::new(&r, s).unwrap();
-        // This thread becomes the ring's issuer.
-        r.enter().unwrap();
+        let (mut d, id) = solo(s, &cfg);
+        d.flush(Instant::now());
         assert!(tcp_socket_listed(ino), "{mode:?}: socket {ino} not listed");
-        std::thread::spawn(move || drop(t)).join().unwrap();
+        d.detach(id);
         let deadline = Instant::now() + Duration::from_secs(3);
         while tcp_socket_listed(ino) {
             assert!(
                 Instant::now() < deadline,
                 "{mode:?}: a file still holds socket {ino}"
             );
-            r.enter().unwrap();
+            d.flush(Instant::now());
             std::thread::sleep(Duration::from_millis(5));
         }
         // A new connection in the same place carries frames.
         let (mut raw2, s2) = raw_pair();
-        let mut t2 = UringTransport::new(&r, s2).unwrap();
+        assert_eq!(d.attach_stream(s2).unwrap(), id, "{mode:?}");
         let f = frame(5, 40);
         raw2.write_all(&f).unwrap();
-        let got = next_frames(&r, &mut t2, &format!("{mode:?}"));
+        let got = next_frames(&mut d, &format!("{mode:?}"));
         assert_eq!(got, vec![f], "{mode:?}");
-        drop(t2);
-        r.enter().unwrap();
     }
 }
 
-/// After a park on the ring's eventfd (`fd()`, for a reactor that polls
-/// other descriptors too), the next enter drains the eventfd with a read
-/// it submits itself: no `read(2)` of its own, and the eventfd is quiet
-/// again for the next park.
+/// After a park on the ring's eventfd (`wake_fds`, for a reactor that
+/// polls other descriptors too, or whose park in the ring failed), the
+/// next enter drains the eventfd with a read it submits itself: no
+/// `read(2)` of its own, and the eventfd is quiet again for the next park.
 #[test]
 fn the_park_eventfd_is_drained_inside_the_next_enter() {
-    let r = Ring::new(&UringConfig::default()).unwrap();
     let (mut raw, s) = raw_pair();
-    let mut t = UringTransport::new(&r, s).unwrap();
-    r.enter().unwrap();
-    let readable = |ms: i32| poll_park_fd(&r, ms);
+    let (mut d, _) = solo(s, &UringConfig::default());
+    d.flush(Instant::now());
     for round in 0..3u64 {
         let f = frame(round, 64);
         raw.write_all(&f).unwrap();
-        assert_eq!(readable(5000), 1, "round {round}: data did not signal");
-        let got = next_frames(&r, &mut t, &format!("round {round}"));
+        assert_eq!(
+            poll_park_fd(&d, 5000),
+            1,
+            "round {round}: data did not signal"
+        );
+        let got = next_frames(&mut d, &format!("round {round}"));
         assert_eq!(got, vec![f], "round {round}");
         // Drained: the next park sleeps until its timeout.
         assert_eq!(
-            readable(30),
+            poll_park_fd(&d, 30),
             0,
             "round {round}: the eventfd stayed readable"
         );
-        r.enter().unwrap();
+        d.flush(Instant::now());
     }
-    let st = r.stats();
+    let st = d.stats();
     assert!(st.eventfd_reads >= 3, "{st:?}");
     assert_eq!(st.eventfd_read_syscalls, 0, "{st:?}");
-    drop(t);
-    r.enter().unwrap();
 }
 
 /// Set a socket buffer size option.
@@ -815,13 +907,12 @@ fn short_plain_sends_resume_in_order() {
             loopback_send_buffer: None,
             ..UringConfig::default()
         };
-        let r = Ring::new(&cfg).unwrap();
         let (x, mut raw) = raw_pair();
         // Small socket buffers, so that the 9.6 MB below cannot all fit
         // whatever the kernel's autotuning would allow.
         set_buf(&x, libc::SO_SNDBUF, 32 << 10);
         set_buf(&raw, libc::SO_RCVBUF, 32 << 10);
-        let mut t = UringTransport::new(&r, x).unwrap();
+        let (mut d, id) = solo(x, &cfg);
         let n = 160u64;
         let body = 60_000usize;
         let reader = std::thread::spawn(move || {
@@ -832,23 +923,26 @@ fn short_plain_sends_resume_in_order() {
         });
         let mut sent = 0u64;
         let deadline = Instant::now() + Duration::from_secs(20);
-        while sent < n || t.tx_pending() {
+        while sent < n || d.tx_pending(id) {
             assert!(Instant::now() < deadline, "stalled at {sent}");
             let now = Instant::now();
             while sent < n {
                 let f = Bytes::from(frame(sent, body)[HEADER_LEN..].to_vec());
                 let h = Header::new(Opcode::Rpc, sent, body as u32).to_bytes();
-                if !t.tx_gather(&h, std::slice::from_ref(&f)).unwrap() {
+                if !d.tx_gather(id, &h, std::slice::from_ref(&f)).unwrap() {
                     break;
                 }
                 sent += 1;
             }
-            t.flush(now).unwrap();
-            r.enter().unwrap();
+            d.flush(now);
+            // The receive pass refreshes the connection's view of its
+            // sends.
+            d.rx_burst(now, 8, &mut |_, _: &[u8]| panic!("no frame"));
+            assert!(d.poll_failure().is_none());
         }
-        let st = r.stats();
-        drop(t);
-        r.enter().unwrap();
+        let st = d.stats();
+        d.detach(id);
+        d.flush(Instant::now());
         let all = reader.join().unwrap();
         let want: Vec<u8> = (0..n).flat_map(|k| frame(k, body)).collect();
         assert_eq!(all.len(), want.len(), "{recv:?}");
@@ -871,7 +965,7 @@ fn memlock_child() {
         caps::drop(None, set, Capability::CAP_IPC_LOCK).expect("drop CAP_IPC_LOCK");
     }
     setrlimit(Resource::RLIMIT_MEMLOCK, 1 << 20, 1 << 20).expect("setrlimit");
-    match Ring::new(&UringConfig::default()) {
+    match UringDriver::new(&UringConfig::default()) {
         Err(UringError::Memlock(e @ MemlockError::TooLow { .. })) => {
             println!("MEMLOCK-ERROR: {e}");
         }
@@ -939,10 +1033,9 @@ fn loopback_connections_cap_their_send_buffer_unless_configured() {
             false,
         ),
     ] {
-        let r = Ring::new(&cfg).unwrap();
         let (x, _y) = raw_pair();
         let view = x.try_clone().unwrap();
-        let _t = UringTransport::new(&r, x).unwrap();
+        let _d = solo(x, &cfg);
         let got = getsockopt(&view, SndBuf).unwrap();
         assert_eq!(got == capped, want_cap, "SO_SNDBUF {got}, cap {capped}");
     }
@@ -967,7 +1060,7 @@ const MIXED: [usize; 10] = [
 fn long_frames_are_received_straight_into_their_buffer() {
     for cfg in all_modes() {
         let (mut raw, s) = raw_pair();
-        let mut t = UringTransport::standalone(s, &cfg).unwrap();
+        let (mut d, _) = solo(s, &cfg);
         let frames: Vec<Vec<u8>> = MIXED
             .iter()
             .enumerate()
@@ -984,13 +1077,13 @@ fn long_frames_are_received_straight_into_their_buffer() {
             }
             raw
         });
-        let (got, err) = drain(&mut t, frames.len());
+        let (got, err) = drain(&mut d, frames.len());
         assert!(err.is_none(), "{:?}: {err:?}", cfg.recv);
         assert_eq!(got.len(), frames.len(), "{:?}", cfg.recv);
         for (i, (g, f)) in got.iter().zip(&frames).enumerate() {
             assert!(g == f, "{:?}: frame {i} differs", cfg.recv);
         }
-        let st = t.ring().stats();
+        let st = d.stats();
         let long: usize = MIXED
             .iter()
             .filter(|&&n| n + HEADER_LEN >= cfg.rx_direct_min)
@@ -1010,7 +1103,7 @@ fn long_frames_are_received_straight_into_their_buffer() {
         // Back on the usual path: a short frame after the long ones.
         let mut raw = writer.join().unwrap();
         raw.write_all(&frame(99, 10)).unwrap();
-        let (got, err) = drain(&mut t, 1);
+        let (got, err) = drain(&mut d, 1);
         assert!(err.is_none(), "{err:?}");
         assert_eq!(got, vec![frame(99, 10)]);
     }
@@ -1027,24 +1120,23 @@ fn single_receives_give_way_to_every_long_frame() {
         rx_direct_min: 8192,
         ..UringConfig::default()
     };
-    let r = Ring::new(&cfg).unwrap();
     let (mut raw, s) = raw_pair();
-    let mut t = UringTransport::new(&r, s).unwrap();
-    let wait = |what: &str, done: &dyn Fn(&starwire_uring::UringStats) -> bool| {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while !done(&r.stats()) {
-            assert!(Instant::now() < deadline, "{what}: {:?}", r.stats());
-            r.enter().unwrap();
-        }
-    };
-    let take = |t: &mut UringTransport, what: &str| {
+    let (mut d, _) = solo(s, &cfg);
+    // Flushes (each an enter and a reap) until the counters say `done`.
+    let wait =
+        |d: &mut UringDriver, what: &str, done: &dyn Fn(&starwire_uring::UringStats) -> bool| {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while !done(&d.stats()) {
+                assert!(Instant::now() < deadline, "{what}: {:?}", d.stats());
+                d.flush(Instant::now());
+            }
+        };
+    let take = |d: &mut UringDriver, what: &str| {
         let mut got = Vec::new();
         let deadline = Instant::now() + Duration::from_secs(5);
         while got.is_empty() {
-            assert!(Instant::now() < deadline, "{what}: {:?}", r.stats());
-            r.enter().unwrap();
-            t.rx_burst(Instant::now(), 8, &mut |g: &[u8]| got.push(g.to_vec()))
-                .unwrap();
+            assert!(Instant::now() < deadline, "{what}: {:?}", d.stats());
+            turn(d, 8, &mut |_, g: &[u8]| got.push(g.to_vec())).unwrap();
         }
         got
     };
@@ -1054,37 +1146,39 @@ fn single_receives_give_way_to_every_long_frame() {
         // single receives.
         let short = frame(100 + round, 10);
         raw.write_all(&short).unwrap();
-        assert_eq!(take(&mut t, "short"), vec![short]);
+        assert_eq!(take(&mut d, "short"), vec![short]);
         let f = frame(round, 20_000);
-        let cqes = r.stats().recv_cqes;
+        let cqes = d.stats().recv_cqes;
         raw.write_all(&f[..1000]).unwrap();
-        wait("first bytes", &|s| s.recv_cqes > cqes);
+        wait(&mut d, "first bytes", &|s| s.recv_cqes > cqes);
         // Armed again before the application looked at those bytes.
-        let arms = r.stats().recv_arms;
-        wait("armed again", &|s| s.recv_arms > arms);
-        t.rx_burst(Instant::now(), 8, &mut |_| panic!("not whole yet"))
-            .unwrap();
+        let arms = d.stats().recv_arms;
+        wait(&mut d, "armed again", &|s| s.recv_arms > arms);
+        d.rx_burst(Instant::now(), 8, &mut |_, _: &[u8]| {
+            panic!("not whole yet")
+        });
+        assert!(d.poll_failure().is_none());
         // The long header: the armed receive is cancelled for a direct one.
-        wait("cancelled", &|s| s.direct_cancels > round);
+        wait(&mut d, "cancelled", &|s| s.direct_cancels > round);
         raw.write_all(&f[1000..]).unwrap();
         assert!(
-            take(&mut t, "long") == vec![f],
+            take(&mut d, "long") == vec![f],
             "round {round}: frame differs"
         );
     }
-    assert_eq!(r.stats().direct_cancels, 3);
+    assert_eq!(d.stats().direct_cancels, 3);
 }
 
 #[test]
 fn long_frame_truncated_by_eof_is_a_frame_error() {
     for cfg in all_modes() {
         let (mut raw, s) = raw_pair();
-        let mut t = UringTransport::standalone(s, &cfg).unwrap();
+        let (mut d, _) = solo(s, &cfg);
         let f = frame(3, 500 << 10);
         raw.write_all(&frame(2, 600 << 10)).unwrap();
         raw.write_all(&f[..300 << 10]).unwrap();
         raw.shutdown(Shutdown::Write).unwrap();
-        let (got, err) = drain(&mut t, usize::MAX);
+        let (got, err) = drain(&mut d, usize::MAX);
         assert_eq!(got, vec![frame(2, 600 << 10)], "{:?}", cfg.recv);
         assert!(
             matches!(
@@ -1110,7 +1204,7 @@ fn read_n(raw: &mut TcpStream, n: usize) -> Vec<u8> {
 fn frames_longer_than_a_slot_are_sent_in_order() {
     for cfg in all_modes() {
         let (raw, s) = raw_pair();
-        let mut t = UringTransport::standalone(s, &cfg).unwrap();
+        let (mut d, id) = solo(s, &cfg);
         let slot = cfg.tx_slot_len;
         // By reservation (heap), by gather with a long segment (by
         // reference), by gather of many short segments (copied part over a
@@ -1131,82 +1225,82 @@ fn frames_longer_than_a_slot_are_sent_in_order() {
             let mut raw = raw;
             read_n(&mut raw, expect.len()) == expect
         });
-        let now = Instant::now();
-        let send = |t: &mut UringTransport, what: &dyn Fn(&mut UringTransport) -> bool| {
+        // Queue one frame with `what`, flushing under back-pressure.
+        let send = |d: &mut UringDriver, what: &dyn Fn(&mut UringDriver) -> bool| {
             let deadline = Instant::now() + Duration::from_secs(5);
-            while !what(t) {
+            while !what(d) {
                 assert!(Instant::now() < deadline, "back-pressure never ended");
-                t.flush(now).unwrap();
+                d.flush(Instant::now());
+                d.rx_burst(Instant::now(), 8, &mut |_, _: &[u8]| panic!("no frame"));
             }
         };
         let gather = |f: Vec<u8>| {
-            move |t: &mut UringTransport| {
-                t.tx_gather(
+            move |d: &mut UringDriver| {
+                d.tx_gather(
+                    id,
                     &f[..HEADER_LEN],
                     &[Bytes::copy_from_slice(&f[HEADER_LEN..])],
                 )
                 .unwrap()
             }
         };
-        send(&mut t, &gather(frame(0, 10)));
+        send(&mut d, &gather(frame(0, 10)));
         send(
-            &mut t,
-            &|t: &mut UringTransport| match t.tx_reserve(long_reserved.len()).unwrap() {
+            &mut d,
+            &|d: &mut UringDriver| match d.tx_reserve(id, long_reserved.len()).unwrap() {
                 Some(b) => {
                     b.copy_from_slice(&long_reserved);
-                    t.tx_commit(long_reserved.len());
+                    d.tx_commit(id, long_reserved.len());
                     true
                 }
                 None => false,
             },
         );
-        send(&mut t, &gather(frame(9, 20)));
-        send(&mut t, &gather(long_shared));
-        send(&mut t, &|t: &mut UringTransport| {
+        send(&mut d, &gather(frame(9, 20)));
+        send(&mut d, &gather(long_shared));
+        send(&mut d, &|d: &mut UringDriver| {
             let segs: Vec<Bytes> = many_short[HEADER_LEN..]
                 .chunks(100)
                 .map(Bytes::copy_from_slice)
                 .collect();
-            t.tx_gather(&many_short[..HEADER_LEN], &segs).unwrap()
+            d.tx_gather(id, &many_short[..HEADER_LEN], &segs).unwrap()
         });
-        send(&mut t, &gather(frame(8, 30)));
+        send(&mut d, &gather(frame(8, 30)));
         let deadline = Instant::now() + Duration::from_secs(5);
-        while t.tx_pending() {
+        while d.tx_pending(id) {
             assert!(Instant::now() < deadline, "sends never completed");
-            t.flush(Instant::now()).unwrap();
+            turn(&mut d, 8, &mut |_, _: &[u8]| panic!("no frame")).unwrap();
         }
         assert!(reader.join().unwrap(), "{:?}: bytes differ", cfg.recv);
-        assert_eq!(t.ring().stats().tx_heap_frames, 2, "{:?}", cfg.recv);
+        assert_eq!(d.stats().tx_heap_frames, 2, "{:?}", cfg.recv);
     }
 }
 
 #[test]
-fn dropping_a_connection_during_a_direct_receive_leaves_the_ring_working() {
+fn detaching_a_connection_during_a_direct_receive_leaves_the_driver_working() {
     for cfg in all_modes() {
-        let ring = Ring::new(&cfg).unwrap();
+        let mut d = UringDriver::new(&cfg).unwrap();
         let (mut raw_x, x) = raw_pair();
         let (mut raw_y, y) = raw_pair();
-        let mut tx = UringTransport::new(&ring, x).unwrap();
-        let mut ty = UringTransport::new(&ring, y).unwrap();
+        let cx = d.attach_stream(x).unwrap();
+        let cy = d.attach_stream(y).unwrap();
         // Half of a long frame: its header starts a direct receive that
         // cannot finish.
         let long = frame(1, 1 << 19);
         raw_x.write_all(&long[..200 << 10]).unwrap();
         let deadline = Instant::now() + Duration::from_secs(5);
-        while ring.stats().direct_recvs == 0 {
+        while d.stats().direct_recvs == 0 {
             assert!(
                 Instant::now() < deadline,
                 "{:?}: no direct receive",
                 cfg.recv
             );
-            ring.enter().unwrap();
-            tx.rx_burst(Instant::now(), 8, &mut |_: &[u8]| panic!("no frame yet"))
-                .unwrap();
+            turn(&mut d, 8, &mut |_, _: &[u8]| panic!("no frame yet")).unwrap();
         }
-        ring.enter().unwrap();
-        drop(tx);
-        // The rest arrives after the drop (or fails: the socket was shut
-        // down); the ring and its other connection carry on.
+        d.flush(Instant::now());
+        d.detach(cx);
+        // The rest arrives after the detach (or fails: the socket was shut
+        // down); the driver and its other connection carry on.
         let _ = raw_x.write_all(&long[200 << 10..]);
         raw_y.write_all(&frame(2, 10)).unwrap();
         let mut got = Vec::new();
@@ -1217,21 +1311,19 @@ fn dropping_a_connection_during_a_direct_receive_leaves_the_ring_working() {
                 "{:?}: the other connection stalled",
                 cfg.recv
             );
-            ring.enter().unwrap();
-            ty.rx_burst(Instant::now(), 8, &mut |f: &[u8]| got.push(f.to_vec()))
-                .unwrap();
+            turn(&mut d, 8, &mut |c, f: &[u8]| got.push((c, f.to_vec()))).unwrap();
         }
-        assert_eq!(got, vec![frame(2, 10)], "{:?}", cfg.recv);
+        assert_eq!(got, vec![(cy, frame(2, 10))], "{:?}", cfg.recv);
         for _ in 0..10 {
-            ring.enter().unwrap();
+            d.flush(Instant::now());
         }
-        drop(ty);
-        drop(ring);
+        d.detach(cy);
+        drop(d);
     }
 }
 
 #[test]
-fn spin_ring_with_a_quiet_peer_after_a_long_frame_is_idle() {
+fn spin_driver_with_a_quiet_peer_after_a_long_frame_is_idle() {
     // After a long frame the next header is received directly; those
     // non-blocking receives must not count as work, or a reactor whose
     // peer went quiet would never park.
@@ -1239,26 +1331,18 @@ fn spin_ring_with_a_quiet_peer_after_a_long_frame_is_idle() {
         recv: RecvMode::Spin,
         ..UringConfig::default()
     };
-    let ring = Ring::new(&cfg).unwrap();
     let (mut raw, s) = raw_pair();
-    let mut t = UringTransport::new(&ring, s).unwrap();
+    let (mut d, _) = solo(s, &cfg);
     let long = frame(1, 300 << 10);
     raw.write_all(&long).unwrap();
-    let mut got = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while got.is_empty() {
-        assert!(Instant::now() < deadline, "the long frame never came");
-        ring.enter().unwrap();
-        t.rx_burst(Instant::now(), 8, &mut |f: &[u8]| got.push(f.to_vec()))
-            .unwrap();
-    }
+    let got = next_frames(&mut d, "the long frame");
     assert!(got[0] == long);
-    // The peer is quiet now: within a few turns the ring reports no work.
+    // The peer is quiet now: within a few turns the flush reports no work.
     let mut idle = false;
     for _ in 0..20 {
-        let worked = ring.enter().unwrap();
-        t.rx_burst(Instant::now(), 8, &mut |_: &[u8]| panic!("no frame"))
-            .unwrap();
+        let worked = d.flush(Instant::now());
+        d.rx_burst(Instant::now(), 8, &mut |_, _: &[u8]| panic!("no frame"));
+        assert!(d.poll_failure().is_none());
         if !worked {
             idle = true;
             break;
@@ -1269,19 +1353,12 @@ fn spin_ring_with_a_quiet_peer_after_a_long_frame_is_idle() {
         "turns with only empty direct receives counted as work"
     );
     assert!(
-        ring.stats().direct_recvs > 0,
+        d.stats().direct_recvs > 0,
         "the next header is received directly"
     );
     // And the next frame still arrives.
     raw.write_all(&frame(2, 5)).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while got.len() < 2 {
-        assert!(Instant::now() < deadline, "the next frame never came");
-        ring.enter().unwrap();
-        t.rx_burst(Instant::now(), 8, &mut |f: &[u8]| got.push(f.to_vec()))
-            .unwrap();
-    }
-    assert_eq!(got[1], frame(2, 5));
+    assert_eq!(next_frames(&mut d, "the next frame"), vec![frame(2, 5)]);
 }
 
 #[test]
@@ -1297,7 +1374,7 @@ fn a_long_frames_buffer_is_given_back_after_a_run_of_short_frames() {
     });
     for cfg in all_modes().into_iter().chain(direct_off) {
         let (mut raw, s) = raw_pair();
-        let mut t = UringTransport::standalone(s, &cfg).unwrap();
+        let (mut d, _) = solo(s, &cfg);
         let long = cfg.rx_direct_min.min(256 * 1024) + 1000;
         let mut id = 0u64;
         let mut next = |body: usize| {
@@ -1308,18 +1385,18 @@ fn a_long_frames_buffer_is_given_back_after_a_run_of_short_frames() {
         let mut sent: Vec<Vec<u8>> = vec![next(long)];
         sent.extend((0..63).map(|_| next(100)));
         raw.write_all(&sent.concat()).unwrap();
-        let (got, err) = drain(&mut t, sent.len());
+        let (got, err) = drain(&mut d, sent.len());
         assert!(err.is_none(), "{:?}: {err:?}", cfg.recv);
         assert!(got == sent, "{:?}: frames differ", cfg.recv);
-        assert_eq!(t.ring().stats().rx_buffers_released, 0, "{:?}", cfg.recv);
+        assert_eq!(d.stats().rx_buffers_released, 0, "{:?}", cfg.recv);
         // The 64th short frame gives it back; a long frame after that
         // still arrives whole, and keeps its buffer until the next run.
         let more = vec![next(100), next(long), next(7)];
         raw.write_all(&more.concat()).unwrap();
-        let (got, err) = drain(&mut t, more.len());
+        let (got, err) = drain(&mut d, more.len());
         assert!(err.is_none(), "{:?}: {err:?}", cfg.recv);
         assert!(got == more, "{:?}: frames differ", cfg.recv);
-        assert_eq!(t.ring().stats().rx_buffers_released, 1, "{:?}", cfg.recv);
+        assert_eq!(d.stats().rx_buffers_released, 1, "{:?}", cfg.recv);
     }
 }
 
@@ -1331,17 +1408,17 @@ fn a_non_blocking_stream_receives_in_every_mode() {
     for cfg in all_modes() {
         let (mut raw, s) = raw_pair();
         s.set_nonblocking(true).unwrap();
-        let mut t = UringTransport::standalone(s, &cfg).unwrap();
+        let (mut d, _) = solo(s, &cfg);
         // Nothing there yet: a receive is armed (or tried) on an empty
         // socket.
-        let (got, err) = drain(&mut t, 0);
+        let (got, err) = drain(&mut d, 0);
         assert!(got.is_empty() && err.is_none());
         for _ in 0..3 {
-            t.rx_burst(Instant::now(), 8, &mut |_: &[u8]| {}).unwrap();
+            turn(&mut d, 8, &mut |_, _: &[u8]| {}).unwrap();
         }
         std::thread::sleep(Duration::from_millis(20));
         raw.write_all(&frame(1, 100)).unwrap();
-        let (got, err) = drain(&mut t, 1);
+        let (got, err) = drain(&mut d, 1);
         assert!(err.is_none(), "{:?}: {err:?}", cfg.recv);
         assert_eq!(got, vec![frame(1, 100)], "{:?}", cfg.recv);
     }

@@ -1,43 +1,56 @@
-//! Reactors parked in their io_uring ring (`Shard::park`): the eventcount
-//! handshake loses no wake-up, and network input ends a park, with the
-//! ring's one enter in place of `poll(2)`.
+//! Reactors parked in their io_uring driver (`Driver::park`): the
+//! eventcount handshake loses no wake-up, and network input ends a park,
+//! with the ring's one enter in place of `poll(2)`.
 #![cfg(target_os = "linux")]
 
 mod common;
 
+use std::cell::RefCell;
 use std::io::Write;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use starwire_queue::{grid, Consumer};
-use starwire_transport::reactor::{
-    park_in_shared_driver, IdlePolicy, ParkEnd, ParkWaker, Reactor, ReactorSpec, Shard,
-};
+use starwire_transport::reactor::{IdlePolicy, ParkEnd, ParkWaker, Reactor, ReactorSpec, Shard};
 use starwire_transport::testing::{assert_all_in_producer_order, push_and_wake};
-use starwire_transport::{DrivenTransport, Transport};
-use starwire_uring::{Ring, UringConfig, UringTransport};
+use starwire_transport::{Driver, Sleep};
+use starwire_uring::{UringConfig, UringDriver};
 
-use common::{frame, raw_pair};
+use common::{frame, raw_pair, solo};
 
-/// A queue consumer whose reactor parks in a ring with one quiet
+/// The driver of a test shard. `Shard::park` lends the shard shared, and
+/// a park needs the driver mutably: the reactor calls nothing else of the
+/// shard while it parks, so the cell is never borrowed twice.
+type Cell = RefCell<UringDriver>;
+
+/// Park the reactor in `driver`, which must park in itself.
+fn park_in(driver: &Cell, waker: ParkWaker<'_>, timeout: Duration) -> Option<ParkEnd> {
+    let mut d = driver.borrow_mut();
+    assert_eq!(d.sleep(), Sleep::Own);
+    d.park(waker, timeout)
+}
+
+/// A queue consumer whose reactor parks in a driver with one quiet
 /// connection: only the producers' wake-ups end its parks.
 struct QueueShard {
     rx: Consumer<u64>,
     got: Vec<u64>,
     want: usize,
-    conn: UringTransport,
+    driver: Cell,
 }
 
 impl Shard for QueueShard {
-    fn turn(&mut self, _now: Instant) -> bool {
+    fn turn(&mut self, now: Instant) -> bool {
         let before = self.got.len();
         let got = &mut self.got;
         self.rx.drain(64, |x| got.push(x));
-        self.conn.end_turn() | (self.got.len() > before)
+        let d = self.driver.get_mut();
+        d.rx_burst(now, 32, &mut |_, _: &[u8]| panic!("a quiet peer"));
+        d.flush(now) | (self.got.len() > before)
     }
     fn park(&self, waker: ParkWaker<'_>, timeout: Duration) -> Option<ParkEnd> {
-        park_in_shared_driver(std::iter::once(&self.conn), waker, timeout)
+        park_in(&self.driver, waker, timeout)
     }
     fn finished(&self) -> bool {
         self.got.len() >= self.want
@@ -63,14 +76,11 @@ fn a_reactor_parked_in_its_ring_loses_no_wakeup() {
         let want = producers * per as usize;
         // The peer stays open and silent for the whole run.
         let (_peer, s) = raw_pair();
-        let reactor = Reactor::spawn(spec, move |_| {
-            let ring = Ring::new(&UringConfig::default()).expect("ring");
-            QueueShard {
-                rx,
-                got: Vec::new(),
-                want,
-                conn: UringTransport::new(&ring, s).expect("conn"),
-            }
+        let reactor = Reactor::spawn(spec, move |_| QueueShard {
+            rx,
+            got: Vec::new(),
+            want,
+            driver: RefCell::new(solo(s, &UringConfig::default()).0),
         })
         .expect("spawn");
         push_and_wake(txs, &reactor.waker(), per, 500);
@@ -79,15 +89,15 @@ fn a_reactor_parked_in_its_ring_loses_no_wakeup() {
         assert_eq!(stats.park_timeouts, 0, "a wake-up was lost: {stats:?}");
         assert!(stats.parks > 0, "{stats:?}");
         assert_eq!(stats.shard_parks, stats.parks, "{stats:?}");
-        let ring = shard.conn.ring().stats();
+        let ring = shard.driver.borrow().stats();
         assert!(ring.ring_parks > 0, "{ring:?}");
     }
 }
 
-/// Frames from a peer, read by a reactor that parks in its ring; `seen`
-/// tells the peer how many arrived.
+/// Frames from a peer, read by a reactor that parks in its driver;
+/// `seen` tells the peer how many arrived.
 struct FrameShard {
-    conn: UringTransport,
+    driver: Cell,
     got: Vec<Vec<u8>>,
     want: usize,
     seen: Arc<AtomicUsize>,
@@ -96,22 +106,23 @@ struct FrameShard {
 impl Shard for FrameShard {
     fn turn(&mut self, now: Instant) -> bool {
         let got = &mut self.got;
-        let n = self
-            .conn
-            .rx_burst(now, 32, &mut |f: &[u8]| got.push(f.to_vec()))
-            .expect("rx");
+        let d = self.driver.get_mut();
+        let n = d.rx_burst(now, 32, &mut |_, f: &[u8]| got.push(f.to_vec()));
+        if let Some((c, e)) = d.poll_failure() {
+            panic!("{c}: {e}");
+        }
         self.seen.store(self.got.len(), Ordering::Release);
-        self.conn.end_turn() | (n > 0)
+        d.flush(now) | (n > 0)
     }
     fn park(&self, waker: ParkWaker<'_>, timeout: Duration) -> Option<ParkEnd> {
-        park_in_shared_driver(std::iter::once(&self.conn), waker, timeout)
+        park_in(&self.driver, waker, timeout)
     }
     fn finished(&self) -> bool {
         self.got.len() >= self.want
     }
 }
 
-/// Network input ends parks in the ring, in every receive mode, with no
+/// Network input ends parks in the driver, in every receive mode, with no
 /// park running into its timeout and no `poll(2)`.
 #[test]
 fn input_wakes_a_reactor_parked_in_its_ring() {
@@ -129,9 +140,8 @@ fn input_wakes_a_reactor_parked_in_its_ring() {
                 recv,
                 ..UringConfig::default()
             };
-            let ring = Ring::new(&cfg).expect("ring");
             FrameShard {
-                conn: UringTransport::new(&ring, s).expect("conn"),
+                driver: RefCell::new(solo(s, &cfg).0),
                 got: Vec::new(),
                 want,
                 seen: seen_in,

@@ -1,17 +1,16 @@
-//! One io_uring ring, shared by the connections bound to it.
-//!
-//! [`RingInner`] owns the `IoUring`, the registered transmit pool, the
-//! receive pool with its provided-buffer ring, and the per-connection
-//! state (`Conn`) that completions are dispatched to. Transports queue SQEs
-//! and read their connection's state; [`Ring::enter`] makes the one
-//! `io_uring_enter` of a reactor turn.
+//! One io_uring ring and everything it serves: [`Ring`] owns the
+//! `IoUring`, the registered transmit pool, the receive pool with its
+//! provided-buffer ring, and every connection (`Conn`: its socket, its
+//! transmit stage, its receive state) that completions are dispatched to.
+//! The driver (`crate::UringDriver`) is its only user and holds it by
+//! value, so no call takes a lock.
 //!
 //! This module holds the structs, their construction and teardown, and the
-//! public API; the rest is split along its seams: [`op`] (what a
-//! completion's user data says), [`submit`] (entering the ring and
+//! per-connection entry points; the rest is split along its seams: [`op`]
+//! (what a completion's user data says), [`submit`] (entering the ring and
 //! dispatching completions), [`send`], [`receive`] and [`park`].
 // The ring lends the kernel its memory through `sys`'s unsafe functions;
-// each call says, in its SAFETY line, which invariant of `RingInner` (the
+// each call says, in its SAFETY line, which invariant of `Ring` (the
 // `sys` module documentation) keeps that memory for the kernel.
 #![allow(unsafe_code)]
 
@@ -24,30 +23,17 @@ mod submit;
 use std::collections::VecDeque;
 use std::net::TcpStream;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
-use std::sync::Arc;
 use std::time::Duration;
-
-/// The ring's lock. Nearly every acquisition is the reactor thread's own
-/// (three a turn: `rx_burst`, `flush`, the enter; a park in the ring
-/// lets go of it while it sleeps), uncontended; other
-/// threads take it rarely (a transport made or dropped elsewhere, counters)
-/// and briefly (at most one non-blocking `io_uring_enter`). A spin lock
-/// whose unlock is a plain release store suits that better than
-/// `std::sync::Mutex`, whose unlock is a locked exchange that waits for
-/// the turn's stores to drain. A waiter
-/// yields its time slice between tries, so a holder preempted on the same
-/// core is not spun against. There is no poisoning: a panic in a critical
-/// section unwinds through the guard, which unlocks.
-type Mutex<T> = spin::mutex::SpinMutex<T, spin::relax::Yield>;
-type MutexGuard<'a, T> = spin::mutex::SpinMutexGuard<'a, T>;
 
 use bytes::Bytes;
 use io_uring::{cqueue, types::SubmitArgs, types::Timespec, IoUring};
 use starwire_bufpool::{check_memlock, BufPool, Pages, SlotId};
 use starwire_transport::reactor::{ParkEnd, ParkWaker};
+use starwire_transport::{ConnId, TransportError};
 use starwire_wire::FrameError;
 
 use crate::probe::{probe, Features};
+use crate::stage::{StageLimits, TxStage};
 use crate::sys::{self, BufRing, SendMsg, Sock};
 use crate::{RecvMode, UringConfig, UringError, UringStats};
 
@@ -102,8 +88,10 @@ pub(crate) struct Conn {
     stream: Option<TcpStream>,
     /// The socket as SQEs name it.
     sock: Sock,
-    // Transmit. Frames are written outside the lock, in the transport's
-    // stage (module `stage`), and handed over here by `flush`.
+    // Transmit.
+    /// Frames written since the last flush (module `stage`), handed over
+    /// to `queue` by `flush` or when the stage needs a new slot.
+    pub(crate) stage: TxStage,
     queue: VecDeque<TxSeg>,
     queued_bytes: usize,
     slots_held: usize,
@@ -165,8 +153,11 @@ pub(crate) struct Conn {
     recv_armed: bool,
     /// A park poll (`RecvMode::Spin`) is armed.
     poll_armed: bool,
-    /// The transport was dropped; free the slot once quiet.
+    /// Detached: its handle is gone; the slot is freed once quiet.
     closing: bool,
+    /// Reported failed (`Ring::fail`): skipped by the receive pass and
+    /// the flush until detached.
+    failed: bool,
     pub(crate) stats: ConnStats,
 }
 
@@ -197,7 +188,8 @@ impl Conn {
     }
 }
 
-pub(crate) struct RingInner {
+/// One io_uring ring, the memory it uses and the connections it serves.
+pub(crate) struct Ring {
     // Field order is drop order: the ring goes before the memory it
     // references.
     ring: IoUring,
@@ -207,7 +199,7 @@ pub(crate) struct RingInner {
     tx_pool: BufPool,
     pub(crate) cfg: UringConfig,
     pub(crate) features: Features,
-    stats: UringStats,
+    pub(crate) stats: UringStats,
     /// References to each transmit slot: one for the filling connection,
     /// one per queued or in-flight piece.
     slot_refs: Vec<u16>,
@@ -223,8 +215,8 @@ pub(crate) struct RingInner {
     /// a direct receive.
     rearm: Vec<usize>,
     /// A notification gave back held zero-copy bytes since the last
-    /// [`Ring::enter`]: the turn that sees it counts as work, so
-    /// a transport held back by them gets a turn with a fresh view.
+    /// [`Ring::end_turn`]: the turn that sees it counts as work, so
+    /// a connection held back by them gets a turn with a fresh view.
     tx_freed: bool,
     /// Connections whose next receive is a direct one, not yet queued.
     direct: Vec<usize>,
@@ -243,7 +235,7 @@ pub(crate) struct RingInner {
     /// False until the first `enter` enabled the (disabled) ring.
     enabled: bool,
     /// The registered eventfd parks wait on (`DEFER_TASKRUN`); owned by
-    /// the [`Ring`], which drops it after this.
+    /// the driver, which drops it after this.
     park_eventfd: Option<RawFd>,
     /// The eventfd is enabled for a park and must be drained.
     eventfd_armed: bool,
@@ -273,33 +265,8 @@ pub(crate) struct RingInner {
     /// gets its turn (starting at 0 each time starved the ones past the
     /// SQ's size for good).
     conn_cursor: usize,
-    /// File-table slots of connections freed on another thread, whose
-    /// clearing the kernel refused there (`EEXIST`: a single-issuer ring
-    /// takes table updates from its issuer only). The table still holds
-    /// their sockets open, so the issuer's next enter clears them.
-    stale_slots: Vec<u32>,
-}
-
-/// One io_uring ring and the memory it uses, shared by the connections of
-/// one reactor.
-///
-/// Cheap to clone. The mutex is never contended (one reactor thread uses
-/// it); it exists so a shard holding the ring can be handed back to the
-/// thread that spawned the reactor.
-#[derive(Clone)]
-pub struct Ring {
-    pub(crate) inner: Arc<Mutex<RingInner>>,
-    /// What a parked reactor polls: the registered eventfd of a
-    /// `DEFER_TASKRUN` ring, else a duplicate of the ring fd.
-    fd: Arc<OwnedFd>,
-}
-
-impl std::fmt::Debug for Ring {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Ring")
-            .field("fd", &self.fd)
-            .finish_non_exhaustive()
-    }
+    /// Connections found failed, not yet reported (`Driver::poll_failure`).
+    failures: VecDeque<(ConnId, TransportError)>,
 }
 
 fn os(e: std::io::Error, what: &'static str) -> UringError {
@@ -308,8 +275,10 @@ fn os(e: std::io::Error, what: &'static str) -> UringError {
 
 impl Ring {
     /// Set up a ring, its buffer pools and their registration, after
-    /// probing the kernel and checking `RLIMIT_MEMLOCK`.
-    pub fn new(cfg: &UringConfig) -> Result<Self, UringError> {
+    /// probing the kernel and checking `RLIMIT_MEMLOCK`. Returns it with
+    /// its park descriptor (see [`Ring::prepare_poll_park`]), which the
+    /// caller closes after dropping the ring.
+    pub(crate) fn new(cfg: &UringConfig) -> Result<(Self, OwnedFd), UringError> {
         cfg.validate()?;
         // The limit first: without CAP_IPC_LOCK, even probing creates rings
         // whose memory counts against it, and a limit that is too low then
@@ -345,7 +314,7 @@ impl Ring {
         let mut ring = b
             .build(cfg.sq_entries)
             .map_err(|e| os(e, "io_uring_setup"))?;
-        // SAFETY: the transmit pool's whole mapping, which `RingInner` drops
+        // SAFETY: the transmit pool's whole mapping, which `Ring` drops
         // after the ring (field order).
         match unsafe { sys::register_buffer(&ring, tx_pool.base_ptr(), tx_pool.mapped_len()) } {
             Ok(()) => {}
@@ -366,14 +335,14 @@ impl Ring {
         }
         let entries = (cfg.rx_bufs as u16).next_power_of_two();
         let mut buf_ring = BufRing::new(entries).map_err(|e| os(e, "mapping the buffer ring"))?;
-        // SAFETY: `RingInner` drops the buffer ring after the ring (field
+        // SAFETY: `Ring` drops the buffer ring after the ring (field
         // order).
         unsafe { buf_ring.register(&ring, BGID, features.pbuf_incremental) }
             .map_err(|e| os(e, "IORING_REGISTER_PBUF_RING"))?;
         for i in 0..cfg.rx_bufs {
             let id = slot_id(i);
             // SAFETY: buffer `i` of the receive pool, `rx_buf_len` bytes,
-            // given to the kernel once; `RingInner` drops the pool after
+            // given to the kernel once; `Ring` drops the pool after
             // the ring (field order) and reads a buffer only where a
             // completion reported bytes, adding it again only once they
             // were consumed (`release_rx_quiet`).
@@ -385,7 +354,8 @@ impl Ring {
             // Deferred work wakes neither poll(2) on the ring fd nor a
             // sleeping task outside io_uring_enter, but it signals a
             // registered eventfd. The eventfd stays disabled while the
-            // reactor polls and is enabled only for a park (`fd()`).
+            // reactor polls and is enabled only for a park on it
+            // (`prepare_poll_park`).
             let efd = nix::sys::eventfd::EventFd::from_value_and_flags(
                 0,
                 nix::sys::eventfd::EfdFlags::EFD_NONBLOCK
@@ -424,92 +394,88 @@ impl Ring {
             registered_bytes: tx_pool.mapped_len() as u64,
             ..UringStats::default()
         };
-        Ok(Self {
-            inner: Arc::new(Mutex::new(RingInner {
-                ring,
-                conns: Vec::new(),
-                buf_ring,
-                rx_pool,
-                tx_pool,
-                cfg: cfg.clone(),
-                features,
-                stats,
-                slot_refs: vec![0; cfg.tx_slots],
-                rx_fill: vec![0; cfg.rx_bufs],
-                rx_refs: vec![0; cfg.rx_bufs],
-                rx_kernel_done: vec![false; cfg.rx_bufs],
-                rearm: Vec::new(),
-                direct: Vec::new(),
-                tx_freed: false,
-                single_len,
-                file_slots,
-                spin: cfg.recv == RecvMode::Spin,
-                registered: None,
-                sqpoll,
-                enabled: !disabled,
-                park_eventfd: defer.then(|| fd.as_raw_fd()),
-                eventfd_armed: false,
-                eventfd_buf: Box::new(std::cell::UnsafeCell::new(0)),
-                eventfd_read_inflight: false,
-                waker_id: 0,
-                waker_poll: None,
-                waker_gen: 0,
-                waker_fired: false,
-                outstanding: 0,
-                cqe_batch: Vec::with_capacity(CQE_BATCH),
-                rx_freed: Vec::new(),
-                conn_cursor: 0,
-                stale_slots: Vec::new(),
-            })),
-            fd: Arc::new(fd),
-        })
+        let park_eventfd = defer.then(|| fd.as_raw_fd());
+        let ring = Self {
+            ring,
+            conns: Vec::new(),
+            buf_ring,
+            rx_pool,
+            tx_pool,
+            cfg: cfg.clone(),
+            features,
+            stats,
+            slot_refs: vec![0; cfg.tx_slots],
+            rx_fill: vec![0; cfg.rx_bufs],
+            rx_refs: vec![0; cfg.rx_bufs],
+            rx_kernel_done: vec![false; cfg.rx_bufs],
+            rearm: Vec::new(),
+            direct: Vec::new(),
+            tx_freed: false,
+            single_len,
+            file_slots,
+            spin: cfg.recv == RecvMode::Spin,
+            registered: None,
+            sqpoll,
+            enabled: !disabled,
+            park_eventfd,
+            eventfd_armed: false,
+            eventfd_buf: Box::new(std::cell::UnsafeCell::new(0)),
+            eventfd_read_inflight: false,
+            waker_id: 0,
+            waker_poll: None,
+            waker_gen: 0,
+            waker_fired: false,
+            outstanding: 0,
+            cqe_batch: Vec::with_capacity(CQE_BATCH),
+            rx_freed: Vec::new(),
+            conn_cursor: 0,
+            failures: VecDeque::new(),
+        };
+        Ok((ring, fd))
     }
 
-    /// This ring's identity (equal for its clones).
-    pub(crate) fn key(&self) -> usize {
-        Arc::as_ptr(&self.inner) as *const () as usize
+    /// True when a reactor parks inside the ring ([`park`](Self::park)):
+    /// it defers its completion work (`DEFER_TASKRUN`, no SQPOLL), which
+    /// only an issuer waiting in `io_uring_enter` runs.
+    pub(crate) fn parks_in_ring(&self) -> bool {
+        self.park_eventfd.is_some()
     }
 
-    pub(crate) fn lock(&self) -> MutexGuard<'_, RingInner> {
-        self.inner.lock()
-    }
-
-    /// The ring's file descriptor (a duplicate): readable when completions
-    /// or deferred work wait, for a reactor to park on.
+    /// Make the park descriptor `park_fd` (from [`new`](Self::new)) ready
+    /// for a reactor to `poll(2)`: readable when completions or deferred
+    /// work wait.
     ///
-    /// The reactor asks for it only when it is about to park; for a
+    /// Called only when the reactor is about to park; for a
     /// `DEFER_TASKRUN` ring this enables the eventfd (the next
-    /// [`enter`](Self::enter) disables and drains it again), and makes it
-    /// readable at once when work is already pending.
-    pub fn fd(&self) -> BorrowedFd<'_> {
-        let mut r = self.lock();
-        if r.spin {
+    /// [`end_turn`](Self::end_turn) disables and drains it again), and
+    /// makes it readable at once when work is already pending.
+    pub(crate) fn prepare_poll_park(&mut self, park_fd: BorrowedFd<'_>) {
+        if self.spin {
             // Submitted below, with nothing else: a poll takes no data.
-            r.push_park_polls();
-        } else if !r.rearm.is_empty() || !r.direct.is_empty() {
+            self.push_park_polls();
+        } else if !self.rearm.is_empty() || !self.direct.is_empty() {
             // Receives completed by the last enter wait to be queued again
             // (a caller may park without another turn): queue them now,
             // or no data would wake this park.
-            if let Err(e) = r.enter() {
+            if let Err(e) = self.enter() {
                 tracing::debug!(error = %e, "uring: re-arming receives before a park failed");
             }
         }
         // The park polls above, and what a park in the ring queued and
         // could not submit (it failed, and the reactor polls instead).
-        r.submit_queued();
-        if r.park_eventfd.is_some() && !r.eventfd_armed {
-            r.eventfd_armed = true;
-            r.ring.completion().enable_eventfd();
+        self.submit_queued();
+        if self.park_eventfd.is_some() && !self.eventfd_armed {
+            self.eventfd_armed = true;
+            self.ring.completion().enable_eventfd();
             let pending = {
-                let sq = r.ring.submission();
+                let sq = self.ring.submission();
                 sq.taskrun() || sq.cq_overflow()
-            } || !r.ring.completion().is_empty();
+            } || !self.ring.completion().is_empty();
             if pending {
                 // Work raced with enabling: do not sleep on it.
-                let _ = nix::unistd::write(self.fd.as_fd(), &1u64.to_ne_bytes());
+                let _ = nix::unistd::write(park_fd, &1u64.to_ne_bytes());
             }
         }
-        self.fd.as_fd()
     }
 
     /// Park the calling reactor (the ring's issuer) in the ring: one
@@ -517,60 +483,34 @@ impl Ring {
     /// spin mode's readability polls, a readability poll of `waker`),
     /// sleeps until a completion is posted or `timeout`, and runs the
     /// deferred work of the completions that wake it; then reap. It
-    /// replaces the `poll(2)` on [`fd`](Self::fd), the eventfd's signal and
-    /// drain, and the enter that followed. The ring's lock is not held
-    /// while it sleeps.
+    /// replaces a `poll(2)` on the park descriptor, the eventfd's signal
+    /// and drain, and the enter that followed.
     ///
-    /// `None` unless the ring defers its work (`DEFER_TASKRUN`, no
-    /// SQPOLL): only there does a waiting issuer run that work itself;
-    /// and `None` when the enter fails for a reason a retry does not cure,
-    /// so that the reactor polls [`fd`](Self::fd) instead.
-    pub fn park(&self, waker: ParkWaker<'_>, timeout: Duration) -> Option<ParkEnd> {
-        let (fd, pending, ready) = {
-            let mut r = self.lock();
-            r.park_eventfd?;
-            r.prepare_park(waker)?
-        };
+    /// `None` unless the ring defers its work
+    /// ([`parks_in_ring`](Self::parks_in_ring)); and `None` when the enter
+    /// fails for a reason a retry does not cure, so that the reactor polls
+    /// the park descriptor instead.
+    pub(crate) fn park(&mut self, waker: ParkWaker<'_>, timeout: Duration) -> Option<ParkEnd> {
+        self.park_eventfd?;
+        let (fd, pending, ready) = self.prepare_park(waker)?;
         let start = std::time::Instant::now();
-        // Unlocked: other threads (a transport made elsewhere, counters)
-        // may take the lock meanwhile. Only this thread submits (a
-        // single-issuer ring), and the SQEs it submits are the first
-        // `pending` ones, queued above; any queued meanwhile wait for the
-        // next enter.
         let r = match ready {
             true if pending == 0 => Ok(0),
             true => sys::enter_raw(fd, pending as u32, 0),
             false => sys::enter_wait(fd, pending as u32, timeout),
         };
-        let mut inner = self.lock();
-        inner.finish_park(r, !ready, start.elapsed() >= timeout)
+        self.finish_park(r, !ready, start.elapsed() >= timeout)
     }
 
-    /// Submit what the connections queued and run deferred completion work
-    /// with one `io_uring_enter`, if there is anything to do; then reap
-    /// completions. Call once per reactor turn. Returns true when it
+    /// The end of a reactor turn: submit what the connections queued and
+    /// run deferred completion work with one `io_uring_enter`, if there is
+    /// anything to do; then reap completions. Returns true when it
     /// submitted or reaped anything.
-    pub fn enter(&self) -> Result<bool, UringError> {
-        let mut r = self.lock();
-        let entered = r.enter().map_err(|e| os(e, "io_uring_enter"))?;
-        let reaped = r.reap();
-        let freed = std::mem::take(&mut r.tx_freed);
+    pub(crate) fn end_turn(&mut self) -> std::io::Result<bool> {
+        let entered = self.enter()?;
+        let reaped = self.reap();
+        let freed = std::mem::take(&mut self.tx_freed);
         Ok(reaped > 0 || entered || freed)
-    }
-
-    /// Counters of this ring.
-    pub fn stats(&self) -> UringStats {
-        self.lock().stats.clone()
-    }
-
-    /// What the kernel offered when the ring was made.
-    pub fn features(&self) -> Features {
-        self.lock().features.clone()
-    }
-
-    /// The configuration of this ring.
-    pub fn config(&self) -> UringConfig {
-        self.lock().cfg.clone()
     }
 }
 
@@ -605,7 +545,7 @@ fn slot_id(i: usize) -> SlotId {
     starwire_bufpool::SlotId::from_index(i)
 }
 
-impl RingInner {
+impl Ring {
     fn maybe_free(&mut self, idx: usize) {
         let free = matches!(self.conns.get(idx), Some(Some(c)) if c.closing && c.quiet());
         if free {
@@ -618,11 +558,13 @@ impl RingInner {
     fn drop_conn_memory(&mut self, mut c: Conn) {
         if let Sock::Fixed(slot) = c.sock {
             // The table's reference is the last one to the socket: until
-            // it goes the socket stays open and the peer sees no end.
-            // Off the issuer thread the kernel refuses; the issuer's next
-            // enter clears it.
-            if sys::set_file_slot(&self.ring, slot, -1).is_err() {
-                self.stale_slots.push(slot);
+            // it goes the socket stays open. The kernel refuses the update
+            // only off the ring's issuer thread (a driver used by a thread
+            // other than its reactor's); the slot then keeps the socket
+            // until the next connection in it or the ring's end, and the
+            // peer saw the end anyway (`remove_conn` shut the socket down).
+            if let Err(e) = sys::set_file_slot(&self.ring, slot, -1) {
+                tracing::debug!(error = %e, slot, "uring: clearing a file-table slot failed");
             }
         }
         for seg in std::mem::take(&mut c.queue) {
@@ -638,9 +580,11 @@ impl RingInner {
         self.buf_ring.publish();
     }
 
-    // ---- the connection-facing side, called by `UringTransport` ----
+    // ---- the connection-facing side, called by the driver ----
 
-    pub(crate) fn add_conn(&mut self, stream: TcpStream) -> usize {
+    /// Serve `stream` as a new connection (its receive queued for the
+    /// next enter). Returns its index, which its completions carry.
+    pub(crate) fn add_conn(&mut self, stream: TcpStream) -> Result<usize, TransportError> {
         let fd = stream.as_raw_fd();
         // A peer whose address is unknown (the socket already failed) is
         // taken as remote; its sends fail anyway.
@@ -650,21 +594,30 @@ impl RingInner {
             .iter()
             .position(Option::is_none)
             .unwrap_or(self.conns.len());
-        let sock = match u32::try_from(idx) {
-            Ok(slot)
-                if slot < self.file_slots && sys::set_file_slot(&self.ring, slot, fd).is_ok() =>
-            {
-                // The update replaced whatever the slot still held.
-                self.stale_slots.retain(|&s| s != slot);
-                Sock::Fixed(slot)
-            }
+        // Handles are 32 bits (`ConnId`); user data has room for 40.
+        let Ok(slot) = u32::try_from(idx) else {
+            return Err(TransportError::Io(std::io::Error::other(
+                "uring: no connection handle left",
+            )));
+        };
+        let sock = if slot < self.file_slots && sys::set_file_slot(&self.ring, slot, fd).is_ok() {
+            // The update replaced whatever the slot still held.
+            Sock::Fixed(slot)
+        } else {
             // Off the issuer thread of an enabled ring the table refuses
             // updates: the connection names its socket by descriptor.
-            _ => Sock::Fd(fd),
+            Sock::Fd(fd)
         };
+        let cfg = &self.cfg;
         let c = Conn {
             stream: Some(stream),
             sock,
+            stage: TxStage::new(StageLimits {
+                max_frame_len: cfg.max_frame_len,
+                slot_len: cfg.slot_len(),
+                queue_limit: cfg.tx_queue_limit_bytes,
+                gather_copy_threshold: cfg.gather_copy_threshold,
+            }),
             queue: VecDeque::new(),
             queued_bytes: 0,
             slots_held: 0,
@@ -674,8 +627,8 @@ impl RingInner {
             zc_seq: 0,
             spare: None,
             send_error: None,
-            zero_copy: self.cfg.zero_copy
-                && (!loopback || self.cfg.zero_copy_loopback)
+            zero_copy: cfg.zero_copy
+                && (!loopback || cfg.zero_copy_loopback)
                 && (self.features.sendmsg_zc || self.features.send_zc),
             chunks: VecDeque::new(),
             partial: Vec::new(),
@@ -693,6 +646,7 @@ impl RingInner {
             own_refs: 0,
             poll_armed: false,
             closing: false,
+            failed: false,
             stats: ConnStats::default(),
         };
         if idx == self.conns.len() {
@@ -704,28 +658,68 @@ impl RingInner {
             self.rearm.push(idx);
             self.rearm_receives();
         }
-        idx
+        Ok(idx)
+    }
+
+    /// Connection `idx`, unless detached (or never attached).
+    pub(crate) fn attached(&self, idx: usize) -> Option<&Conn> {
+        match self.conns.get(idx) {
+            Some(Some(c)) if !c.closing => Some(c),
+            _ => None,
+        }
+    }
+
+    /// Connection `idx`, mutably, if attached and not failed: one the
+    /// message layer may still write frames into.
+    pub(crate) fn live_mut(&mut self, idx: usize) -> Option<&mut Conn> {
+        match self.conns.get_mut(idx) {
+            Some(Some(c)) if !c.closing && !c.failed => Some(c),
+            _ => None,
+        }
+    }
+
+    /// One past the highest connection index in use.
+    pub(crate) fn conns_len(&self) -> usize {
+        self.conns.len()
     }
 
     pub(crate) fn conn(&self, idx: usize) -> &Conn {
         self.conns[idx].as_ref().expect("live connection")
     }
 
-    pub(crate) fn conn_stats(&self, idx: usize) -> ConnStats {
-        self.conn(idx).stats
+    /// Report connection `idx` failed with `e`, once; the receive pass
+    /// and the flush skip it from now on.
+    pub(crate) fn fail(&mut self, idx: usize, e: TransportError) {
+        if let Some(Some(c)) = self.conns.get_mut(idx) {
+            if !c.failed && !c.closing {
+                c.failed = true;
+                self.failures.push_back((ConnId::new(idx as u32), e));
+            }
+        }
     }
 
-    /// The transport of `idx` went away; `fill` is the slot its stage was
-    /// filling (what it staged is dropped).
-    pub(crate) fn remove_conn(&mut self, idx: usize, fill: Option<SlotId>) {
+    /// The next failure not yet reported.
+    pub(crate) fn poll_failure(&mut self) -> Option<(ConnId, TransportError)> {
+        self.failures.pop_front()
+    }
+
+    /// Connection `idx` was detached: what its stage holds is dropped, its
+    /// socket shut down and its requests cancelled; the slot is freed once
+    /// the kernel gave back everything of it.
+    pub(crate) fn remove_conn(&mut self, idx: usize) {
         let own = self.own_receives();
         let Some(Some(c)) = self.conns.get_mut(idx) else {
             return;
         };
-        if let Some(id) = fill {
+        if c.closing {
+            return;
+        }
+        if let Some(id) = c.stage.discard() {
             unref_slot(&mut self.tx_pool, &mut self.slot_refs, c, id);
         }
         c.closing = true;
+        let id = ConnId::new(idx as u32);
+        self.failures.retain(|(f, _)| *f != id);
         // Shut the socket down so the peer sees the end now and the armed
         // receive completes; the file itself closes when the
         // kernel drops its last reference.
@@ -747,7 +741,7 @@ impl RingInner {
     }
 }
 
-impl Drop for RingInner {
+impl Drop for Ring {
     fn drop(&mut self) {
         // The registration holds a reference to the ring file: undo it on
         // the thread that made it. Dropped elsewhere, it goes when that

@@ -1,6 +1,6 @@
-//! Parking in the ring: the two halves of a park around its unlocked
-//! enter, the readability polls armed before one, the drain of the park
-//! eventfd after it, and the file-table slots another thread left stale.
+//! Parking in the ring: the two halves of a park around its enter, the
+//! readability polls armed before one, and the drain of the park eventfd
+//! after it.
 // Lends the kernel the eventfd drain's buffer (`sys::push_read_u64`).
 #![allow(unsafe_code)]
 
@@ -9,11 +9,11 @@ use std::os::fd::AsRawFd;
 use starwire_transport::reactor::{ParkEnd, ParkWaker};
 
 use super::op::{user_data, CONN_MASK, OP_CANCEL, OP_EVENTFD, OP_POLL, OP_WAKER};
-use super::RingInner;
+use super::Ring;
 use crate::sys::{self, Sock};
 
-impl RingInner {
-    /// The locked first half of [`Ring::park`]: queue what the
+impl Ring {
+    /// The first half of [`Ring::park`]: queue what the
     /// park submits and say how to enter: the descriptor (the registered
     /// index or the ring fd, with its flag), the SQEs queued, and whether
     /// completions are already there (no sleep). `None` when the ring
@@ -29,7 +29,6 @@ impl RingInner {
             }
             self.enabled = true;
         }
-        self.clear_stale_slots();
         if self.spin {
             // Readability polls, submitted by the park's own enter (a
             // full SQ is submitted first, then the rest are queued).
@@ -64,7 +63,8 @@ impl RingInner {
             let fd = Sock::Fd(waker.fd.as_raw_fd());
             if !self.push_or_submit(|ring| sys::push_poll_in(ring, fd, ud)) {
                 // Without the poll a wake-up could not end the sleep:
-                // poll(2) instead (`fd()` submits what is queued).
+                // poll(2) instead (`prepare_poll_park` submits what is
+                // queued).
                 return None;
             }
             self.waker_poll = Some(self.waker_gen);
@@ -83,7 +83,7 @@ impl RingInner {
         Some((fd, pending, ready))
     }
 
-    /// The locked second half of [`Ring::park`]: account the
+    /// The second half of [`Ring::park`]: account the
     /// enter's result `r`, reap, and say what ended the park (`slept`: it
     /// waited; `expired`: its whole timeout passed).
     pub(super) fn finish_park(
@@ -109,8 +109,9 @@ impl RingInner {
                 interrupted = true;
             }
             Err(e) => {
-                // Completions left in the CQ make `fd()` wake the poll at
-                // once; SQEs left in the SQ are submitted by `fd()`.
+                // Completions left in the CQ make the park descriptor
+                // readable at once; SQEs left in the SQ are submitted by
+                // `prepare_poll_park`.
                 tracing::warn!(error = %e, "uring: park enter failed; polling instead");
                 return None;
             }
@@ -123,18 +124,6 @@ impl RingInner {
         } else {
             ParkEnd::Input
         })
-    }
-
-    /// Clear the file-table slots that connections freed on another
-    /// thread left holding their sockets (`stale_slots`). Called by the
-    /// issuer, at each enter.
-    pub(super) fn clear_stale_slots(&mut self) {
-        if self.stale_slots.is_empty() {
-            return;
-        }
-        let mut stale = std::mem::take(&mut self.stale_slots);
-        stale.retain(|&slot| sys::set_file_slot(&self.ring, slot, -1).is_err());
-        self.stale_slots = stale;
     }
 
     /// After a park: disable the eventfd again and queue a read that
@@ -199,41 +188,46 @@ impl RingInner {
 #[cfg(test)]
 mod tests {
     use super::super::testing::{loopback_pair, rpc_frame};
-    use super::super::Ring;
     use super::*;
-    use crate::{RecvMode, UringConfig};
+    use crate::{RecvMode, UringConfig, UringDriver};
+    use nix::poll::{PollFd, PollFlags, PollTimeout};
+    use starwire_transport::Driver;
+    use std::io::Write;
+
+    /// Enter `d`'s ring until connection `idx` holds received bytes.
+    fn until_chunks(d: &mut UringDriver, idx: usize, what: &str) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while d.ring_mut().conn(idx).chunks.is_empty() {
+            assert!(std::time::Instant::now() < deadline, "{what}: no data");
+            d.ring_mut().end_turn().unwrap();
+        }
+    }
 
     /// A single receive that completed in the last enter is queued again
     /// when the reactor asks for its park descriptor, so that data arriving
     /// during the park wakes it even when no turn ran in between.
     #[test]
     fn a_park_queues_the_completed_single_receive_again() {
-        use std::io::Write;
         let cfg = UringConfig::default();
         assert_eq!(cfg.recv, RecvMode::Single);
-        let r = Ring::new(&cfg).unwrap();
+        let mut d = UringDriver::new(&cfg).unwrap();
         let (a, mut b) = loopback_pair();
-        let idx = r.lock().add_conn(a);
-        let frame = |id: u64| rpc_frame(id, 8);
-        b.write_all(&frame(1)).unwrap();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        while r.lock().conn(idx).chunks.is_empty() {
-            assert!(std::time::Instant::now() < deadline, "no data");
-            r.enter().unwrap();
-        }
+        let idx = d.ring_mut().add_conn(a).unwrap();
+        b.write_all(&rpc_frame(1, 8)).unwrap();
+        until_chunks(&mut d, idx, "single");
         assert!(
-            !r.lock().conn(idx).recv_armed,
+            !d.ring_mut().conn(idx).recv_armed,
             "completed, to be queued again"
         );
         // The park: no turn, no enter; the descriptor queues the receive.
-        let fd = r.fd();
+        let mut fds = Vec::new();
+        d.wake_fds(&mut fds);
         assert!(
-            r.lock().conn(idx).recv_armed,
+            d.ring_shared().conn(idx).recv_armed,
             "queued again before the park"
         );
-        b.write_all(&frame(2)).unwrap();
-        use nix::poll::{PollFd, PollFlags, PollTimeout};
-        let mut pfds = [PollFd::new(fd, PollFlags::POLLIN)];
+        b.write_all(&rpc_frame(2, 8)).unwrap();
+        let mut pfds = [PollFd::new(fds[0], PollFlags::POLLIN)];
         let n = nix::poll::poll(&mut pfds, PollTimeout::from(5000u16)).unwrap();
         assert_eq!(n, 1, "the park woke for the second frame");
     }
@@ -243,24 +237,18 @@ mod tests {
     /// each mode, so data still wakes the poll.
     #[test]
     fn a_failed_park_leaves_nothing_unsubmitted_for_the_poll() {
-        use nix::poll::{PollFd, PollFlags, PollTimeout};
         use nix::sys::eventfd::{EfdFlags, EventFd};
-        use std::io::Write;
         use std::os::fd::AsFd;
         for recv in [RecvMode::Single, RecvMode::Spin] {
             let cfg = UringConfig {
                 recv,
                 ..UringConfig::default()
             };
-            let r = Ring::new(&cfg).unwrap();
+            let mut d = UringDriver::new(&cfg).unwrap();
             let (a, mut b) = loopback_pair();
-            let idx = r.lock().add_conn(a);
+            let idx = d.ring_mut().add_conn(a).unwrap();
             b.write_all(&rpc_frame(1, 8)).unwrap();
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-            while r.lock().conn(idx).chunks.is_empty() {
-                assert!(std::time::Instant::now() < deadline, "{recv:?}: no data");
-                r.enter().unwrap();
-            }
+            until_chunks(&mut d, idx, &format!("{recv:?}"));
             let efd = EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK).unwrap();
             let waker = ParkWaker {
                 fd: efd.as_fd(),
@@ -268,12 +256,13 @@ mod tests {
             };
             // The park's first half queues the receive (or poll) and the
             // waker's poll; its enter never happens.
-            let (_, pending, ready) = r.lock().prepare_park(waker).unwrap();
+            let (_, pending, ready) = d.ring_mut().prepare_park(waker).unwrap();
             assert!(pending >= 2 && !ready, "{recv:?}: {pending} {ready}");
-            let fd = r.fd();
-            assert_eq!(r.lock().ring.submission().len(), 0, "{recv:?}: left queued");
+            let mut fds = Vec::new();
+            d.wake_fds(&mut fds);
+            assert_eq!(d.ring_shared().queued(), 0, "{recv:?}: left queued");
             b.write_all(&rpc_frame(2, 8)).unwrap();
-            let mut pfds = [PollFd::new(fd, PollFlags::POLLIN)];
+            let mut pfds = [PollFd::new(fds[0], PollFlags::POLLIN)];
             let n = nix::poll::poll(&mut pfds, PollTimeout::from(5000u16)).unwrap();
             assert_eq!(n, 1, "{recv:?}: the poll slept through the data");
         }

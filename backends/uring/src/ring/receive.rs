@@ -10,7 +10,7 @@ use starwire_transport::TransportError;
 use starwire_wire::{Deframer, FrameError, Limits, NextFrame, HEADER_LEN};
 
 use super::op::{armed_recv_op, user_data, BGID, OP_CANCEL, OP_RECV, OP_RECV_DIRECT, OP_RECV_OWN};
-use super::{slot_id, Conn, RingInner, RxEnd};
+use super::{slot_id, Conn, Ring, RxEnd};
 use crate::sys::{self, RecvWait};
 
 /// The "buffer id" of chunks in a connection's own receive buffer (never a
@@ -118,7 +118,7 @@ unsafe fn queue_own_recv(
     OwnRecv::Queued
 }
 
-impl RingInner {
+impl Ring {
     /// Single and spin receives go into each connection's own buffer; only
     /// multishot ones (`single_len` `None` outside spin mode) draw from the
     /// provided buffers.
@@ -738,7 +738,7 @@ mod tests {
     use super::super::testing::{loopback_pair, rpc_frame};
     use super::super::Ring;
     use super::*;
-    use crate::{RecvMode, UringConfig};
+    use crate::{RecvMode, UringConfig, UringDriver};
 
     /// Spin receives into the connection's own buffer start at its front
     /// when everything before was consumed, else after the unconsumed
@@ -751,38 +751,36 @@ mod tests {
             recv: RecvMode::Spin,
             ..UringConfig::default()
         };
-        let r = Ring::new(&cfg).unwrap();
+        let mut d = UringDriver::new(&cfg).unwrap();
+        let r = d.ring_mut();
         let (a, mut b) = loopback_pair();
-        let idx = r.lock().add_conn(a);
+        let idx = r.add_conn(a).unwrap();
         // 32-byte header + 100 bytes: 132, not a multiple of 64.
         let frame = |id: u64| rpc_frame(id, 100);
-        let wait_chunks = |n: usize| {
+        let wait_chunks = |r: &mut Ring, n: usize| {
             let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-            while r.lock().conn(idx).chunks.len() < n {
+            while r.conn(idx).chunks.len() < n {
                 assert!(std::time::Instant::now() < deadline, "no data");
-                r.enter().unwrap();
+                r.end_turn().unwrap();
             }
-            r.lock()
-                .conn(idx)
-                .chunks
-                .iter()
-                .copied()
-                .collect::<Vec<_>>()
+            r.conn(idx).chunks.iter().copied().collect::<Vec<_>>()
         };
         b.write_all(&frame(1)).unwrap();
-        assert_eq!(wait_chunks(1), vec![(OWN_BID, 0, 132)]);
+        assert_eq!(wait_chunks(r, 1), vec![(OWN_BID, 0, 132)]);
         // Not consumed yet: the next receive goes after it, aligned.
         b.write_all(&frame(2)).unwrap();
-        assert_eq!(wait_chunks(2), vec![(OWN_BID, 0, 132), (OWN_BID, 192, 324)]);
+        assert_eq!(
+            wait_chunks(r, 2),
+            vec![(OWN_BID, 0, 132), (OWN_BID, 192, 324)]
+        );
         let mut got = Vec::new();
         let n = r
-            .lock()
             .rx_burst(idx, 8, &mut |f: &[u8]| got.push(f.to_vec()))
             .unwrap();
         assert_eq!((n, got), (2, vec![frame(1), frame(2)]));
-        assert_eq!(r.lock().conn(idx).own_refs, 0);
+        assert_eq!(r.conn(idx).own_refs, 0);
         // All consumed: the next receive starts at the front again.
         b.write_all(&frame(3)).unwrap();
-        assert_eq!(wait_chunks(1), vec![(OWN_BID, 0, 132)]);
+        assert_eq!(wait_chunks(r, 1), vec![(OWN_BID, 0, 132)]);
     }
 }

@@ -1,7 +1,7 @@
-//! The send side: what a transport's stage hands over, one send SQE per
+//! The send side: what a connection's stage hands over, one send SQE per
 //! connection at a time (plain, or zero copy), and the completions and
 //! zero-copy notifications that give the memory back.
-// Hands the kernel send buffers (`sys::push_send`) and a transport's stage
+// Hands the kernel send buffers (`sys::push_send`) and a connection's stage
 // its slots (`TxStage::set_fill`).
 #![allow(unsafe_code)]
 
@@ -10,8 +10,8 @@ use starwire_bufpool::{BufPool, SlotId};
 use starwire_transport::TransportError;
 
 use super::op::send_user_data;
-use super::{Conn, Inflight, RingInner, TxSeg};
-use crate::stage::{Handover, RingView, TxStage};
+use super::{Conn, Inflight, Ring, TxSeg};
+use crate::stage::{Handover, RingView};
 use crate::sys::{self, SendKind, SendMsg, SlotPtr};
 
 /// Most iovecs in one send.
@@ -38,7 +38,7 @@ impl Conn {
     }
 }
 
-impl RingInner {
+impl Ring {
     pub(super) fn complete_send(&mut self, idx: usize, res: i32, flags: u32, seq: u16) {
         let Some(Some(c)) = self.conns.get_mut(idx) else {
             return;
@@ -141,17 +141,19 @@ impl RingInner {
         }
     }
 
-    /// Queue what the transport of `idx` staged, in order, let go of the
-    /// slot it stopped filling, and refresh its view of the ring. The fill
-    /// is kept when `keep_fill` (or a reservation in it is outstanding).
-    pub(crate) fn hand_over(&mut self, idx: usize, st: &mut TxStage, keep_fill: bool) {
-        let h = st.take_handover(keep_fill);
-        self.queue_handover(idx, st, h);
-        self.update_view(idx, st);
+    /// Queue what connection `idx` staged, in order, let go of the slot
+    /// it stopped filling, and refresh its stage's view of the ring. The
+    /// fill is kept when `keep_fill` (or a reservation in it is
+    /// outstanding).
+    pub(crate) fn hand_over(&mut self, idx: usize, keep_fill: bool) {
+        let c = self.conns[idx].as_mut().expect("live connection");
+        let h = c.stage.take_handover(keep_fill);
+        self.queue_handover(idx, h);
+        self.update_view(idx);
     }
 
     /// Queue the pieces of a hand-over, after the bookkeeping.
-    fn queue_handover(&mut self, idx: usize, st: &mut TxStage, h: Handover) {
+    fn queue_handover(&mut self, idx: usize, h: Handover) {
         self.account_handover(idx, &h);
         let c = self.conns[idx].as_mut().expect("live connection");
         let mut segs = h.segs;
@@ -177,7 +179,7 @@ impl RingInner {
             }
             c.queue.push_back(seg);
         }
-        st.return_segs(segs);
+        c.stage.return_segs(segs);
     }
 
     /// The bookkeeping of a hand-over, wherever its pieces go: a
@@ -197,43 +199,34 @@ impl RingInner {
         self.stats.tx_heap_frames += h.heap_frames;
     }
 
-    /// Tell the transport of `idx` what its stage cannot know: the bytes
+    /// Tell the stage of connection `idx` what it cannot know: the bytes
     /// queued here, whether anything waits or is in flight, and a send
     /// error.
-    pub(crate) fn update_view(&self, idx: usize, st: &mut TxStage) {
-        let c = self.conn(idx);
-        st.view = RingView {
+    pub(crate) fn update_view(&mut self, idx: usize) {
+        let c = self.conns[idx].as_mut().expect("live connection");
+        c.stage.view = RingView {
             queued: c.queued_bytes + c.zc_held_bytes,
             pending: c.inflight.is_some() || !c.queue.is_empty(),
             send_error: c.send_error,
         };
     }
 
-    /// Give back the fill the transport of `idx` kept across a flush, once
-    /// it saw no frame for a turn.
-    pub(crate) fn release_idle_fill(&mut self, idx: usize, st: &mut TxStage) {
-        if let Some(id) = st.take_idle_fill() {
-            let c = self.conns[idx].as_mut().expect("live connection");
+    /// Give back the fill connection `idx` kept across a flush, once it
+    /// saw no frame for a turn.
+    pub(crate) fn release_idle_fill(&mut self, idx: usize) {
+        let c = self.conns[idx].as_mut().expect("live connection");
+        if let Some(id) = c.stage.take_idle_fill() {
             unref_slot(&mut self.tx_pool, &mut self.slot_refs, c, id);
         }
     }
 
-    /// A new slot for the transport of `idx` to write into, after handing
-    /// over what it staged and letting go of its full one. `Ok(false)`
-    /// under back-pressure: the connection holds
-    /// [`UringConfig::tx_slots_per_conn`] slots, or the pool is empty.
-    ///
-    /// # Safety
-    /// `st` is the stage of the transport of connection `idx`: it hands its
-    /// pieces over to this ring only, and is last used while that
-    /// transport still holds this ring (an `Arc` of it), so the pool's
-    /// mapping outlives the fill it gets here.
-    pub(crate) unsafe fn refill(
-        &mut self,
-        idx: usize,
-        st: &mut TxStage,
-    ) -> Result<bool, TransportError> {
-        self.hand_over(idx, st, false);
+    /// A new slot for connection `idx`'s stage to write into, after
+    /// handing over what it staged and letting go of its full one.
+    /// `Ok(false)` under back-pressure: the connection holds
+    /// [`UringConfig::tx_slots_per_conn`](crate::UringConfig::tx_slots_per_conn)
+    /// slots, or the pool is empty.
+    pub(crate) fn refill(&mut self, idx: usize) -> Result<bool, TransportError> {
+        self.hand_over(idx, false);
         self.check_send_error(idx)?;
         let per_conn = self.cfg.tx_slots_per_conn;
         let c = self.conns[idx].as_mut().expect("live connection");
@@ -249,10 +242,13 @@ impl RingInner {
         // SAFETY: slot `id` of this ring's pool, `slot_len` bytes, just
         // taken for this connection alone (one reference, the fill's): the
         // ring reads only what the stage hands over and returns the slot
-        // to the pool only once the fill's reference is dropped; the
-        // caller keeps the mapping alive for the stage (this function's
-        // contract).
-        unsafe { st.set_fill(id, SlotPtr::new(self.tx_pool.slot_ptr(id))) };
+        // to the pool only once the fill's reference is dropped. The stage
+        // is the connection's, which this ring owns and drops before the
+        // pool (field order), and hands its pieces to this ring only.
+        unsafe {
+            c.stage
+                .set_fill(id, SlotPtr::new(self.tx_pool.slot_ptr(id)))
+        };
         Ok(true)
     }
 
@@ -264,9 +260,9 @@ impl RingInner {
         }
     }
 
-    /// Hand over what the transport of `idx` staged, and queue one send
-    /// SQE for everything queued, unless one is in flight.
-    pub(crate) fn flush(&mut self, idx: usize, st: &mut TxStage) -> Result<(), TransportError> {
+    /// Hand over what connection `idx` staged, and queue one send SQE for
+    /// everything queued, unless one is in flight.
+    pub(crate) fn flush(&mut self, idx: usize) -> Result<(), TransportError> {
         // A flush that sent frames keeps the fill for the next turn's ones
         // while it has room and the pool is not short; otherwise (and when
         // nothing was staged) the fill goes back, unless a reservation in
@@ -274,11 +270,11 @@ impl RingInner {
         // back at the next `rx_burst` (`release_idle_fill`), so an idle
         // connection holds no transmit memory, and a ring's pool serves
         // any number of connections.
-        let keep = st.has_staged()
-            && st.fill_room() >= self.cfg.slot_len() / 4
+        let c = self.conns[idx].as_mut().expect("live connection");
+        let keep = c.stage.has_staged()
+            && c.stage.fill_room() >= self.cfg.slot_len() / 4
             && 2 * self.tx_pool.free_slots() >= self.tx_pool.slots();
-        let h = st.take_handover(keep);
-        let c = self.conn(idx);
+        let h = c.stage.take_handover(keep);
         if c.inflight.is_none()
             && c.queue.is_empty()
             && c.send_error.is_none()
@@ -293,16 +289,16 @@ impl RingInner {
                 .spare
                 .take()
                 .unwrap_or_else(|| (Vec::with_capacity(MAX_IOV), SendMsg::with_capacity(MAX_IOV)));
-            st.return_segs(spare_segs);
+            c.stage.return_segs(spare_segs);
             let total = h.segs.iter().map(TxSeg::len).sum();
             c.queued_bytes += total;
             self.submit_send(idx, h.segs, msg, total);
-            self.update_view(idx, st);
+            self.update_view(idx);
             return Ok(());
         }
-        self.queue_handover(idx, st, h);
+        self.queue_handover(idx, h);
         let r = self.send_queued(idx);
-        self.update_view(idx, st);
+        self.update_view(idx);
         r
     }
 
@@ -407,9 +403,8 @@ impl RingInner {
 #[cfg(test)]
 mod tests {
     use super::super::testing::loopback_pair;
-    use super::super::Ring;
     use super::*;
-    use crate::UringConfig;
+    use crate::{UringConfig, UringDriver};
     use bytes::Bytes;
     use std::net::TcpStream;
 
@@ -419,20 +414,20 @@ mod tests {
 
     /// A ring that tries zero copy from 1 KiB, on loopback too, and a
     /// connected pair for it. This machine's kernel has `SEND_ZC`.
-    fn zc_ring() -> (Ring, TcpStream, TcpStream) {
+    fn zc_ring() -> (UringDriver, TcpStream, TcpStream) {
         let cfg = UringConfig {
             zero_copy_loopback: true,
             zero_copy_threshold: 1024,
             ..UringConfig::default()
         };
-        let r = Ring::new(&cfg).unwrap();
+        let r = UringDriver::new(&cfg).unwrap();
         assert!(r.features().send_zc, "{:?}", r.features());
         let (a, b) = loopback_pair();
         (r, a, b)
     }
 
     /// Queue one send of a 4 KiB registered slot on `idx`; returns the slot.
-    fn send_slot(g: &mut RingInner, idx: usize) -> SlotId {
+    fn send_slot(g: &mut Ring, idx: usize) -> SlotId {
         let id = g.tx_pool.take().expect("a free slot");
         g.slot_refs[id.index()] = 1;
         let c = g.conns[idx].as_mut().unwrap();
@@ -453,11 +448,11 @@ mod tests {
     /// any order). Driven by made-up completions: nothing is submitted.
     #[test]
     fn zero_copy_notifications_hold_memory_not_the_stream() {
-        let (r, a, _b) = zc_ring();
-        let mut g = r.lock();
-        let idx = g.add_conn(a);
+        let (mut r, a, _b) = zc_ring();
+        let g = r.ring_mut();
+        let idx = g.add_conn(a).unwrap();
         let free = g.tx_pool.free_slots();
-        let s0 = send_slot(&mut g, idx);
+        let s0 = send_slot(g, idx);
         assert_eq!(g.stats.zc_sends, 1);
         assert_eq!(
             g.conns[idx]
@@ -477,7 +472,7 @@ mod tests {
             "held, not in flight"
         );
         assert_eq!(c.zc_held_bytes, 4096);
-        let s1 = send_slot(&mut g, idx);
+        let s1 = send_slot(g, idx);
         assert_eq!(g.stats.zc_sends, 2, "the second send did not wait");
         g.complete(send_user_data(idx, 1), 4096, F_MORE);
         assert_eq!(g.conns[idx].as_ref().unwrap().zc_held.len(), 2);
@@ -496,7 +491,7 @@ mod tests {
         assert!(!c.zero_copy && c.inflight.is_none());
         assert_eq!(g.tx_pool.free_slots(), free);
         assert_eq!((g.stats.zc_copied, g.stats.zc_fallbacks), (1, 1));
-        send_slot(&mut g, idx);
+        send_slot(g, idx);
         assert_eq!(g.stats.zc_sends, 2, "plain after the copied report");
     }
 
@@ -506,12 +501,12 @@ mod tests {
     /// held bytes makes the next `enter` report work.
     #[test]
     fn zero_copy_notification_before_result_and_the_freed_turn() {
-        let (r, a, _b) = zc_ring();
+        let (mut r, a, _b) = zc_ring();
         {
-            let mut g = r.lock();
-            let idx = g.add_conn(a);
+            let g = r.ring_mut();
+            let idx = g.add_conn(a).unwrap();
             let free = g.tx_pool.free_slots();
-            let s0 = send_slot(&mut g, idx);
+            let s0 = send_slot(g, idx);
             g.complete(send_user_data(idx, 0), 0, F_NOTIF);
             assert_eq!(g.slot_refs[s0.index()], 1, "still in flight");
             assert!(!g.tx_freed);
@@ -523,12 +518,12 @@ mod tests {
         // A held send freed by its notification raises the flag, and the
         // next enter reports work for it alone (a fresh ring: nothing to
         // submit, nothing to reap).
-        let (r, a, _b) = zc_ring();
-        let idx = r.lock().add_conn(a);
-        r.enter().unwrap();
-        assert!(!r.enter().unwrap(), "an idle ring");
+        let (mut r, a, _b) = zc_ring();
+        let g = r.ring_mut();
+        let idx = g.add_conn(a).unwrap();
+        g.end_turn().unwrap();
+        assert!(!g.end_turn().unwrap(), "an idle ring");
         {
-            let mut g = r.lock();
             let c = g.conns[idx].as_mut().unwrap();
             c.zc_held
                 .push_back((5, vec![TxSeg::Shared(Bytes::from_static(&[7; 64]))]));
@@ -536,7 +531,7 @@ mod tests {
             g.complete(send_user_data(idx, 5), 0, F_NOTIF);
             assert!(g.tx_freed && g.conns[idx].as_ref().unwrap().zc_held_bytes == 0);
         }
-        assert!(r.enter().unwrap(), "the turn after a release is work");
-        assert!(!r.enter().unwrap(), "once");
+        assert!(g.end_turn().unwrap(), "the turn after a release is work");
+        assert!(!g.end_turn().unwrap(), "once");
     }
 }

@@ -7,13 +7,13 @@ use io_uring::{cqueue, IoUring};
 use super::op::{
     CONN_MASK, OP_EVENTFD, OP_POLL, OP_RECV, OP_RECV_DIRECT, OP_RECV_OWN, OP_SEND, OP_WAKER,
 };
-use super::{thread_token, RingInner};
+use super::{thread_token, Ring};
 use crate::sys;
 
-/// Completions copied out of the CQ at a time (see `RingInner::reap`).
+/// Completions copied out of the CQ at a time (see `Ring::reap`).
 pub(super) const CQE_BATCH: usize = 32;
 
-impl RingInner {
+impl Ring {
     /// One `io_uring_enter` when SQEs wait, deferred work is flagged
     /// (`IORING_SQ_TASKRUN`) or the CQ overflowed. Returns whether it
     /// entered.
@@ -22,7 +22,6 @@ impl RingInner {
             self.ring.submitter().register_enable_rings()?;
             self.enabled = true;
         }
-        self.clear_stale_slots();
         let drains = self.queue_eventfd_drain();
         let direct_spun = self.queue_direct_receives();
         self.rearm_receives();
