@@ -8,18 +8,16 @@ mod common;
 use common::{driver_pair, exchange};
 use starwire_uring::{RecvMode, UringConfig};
 
-/// Run the suite on `cfg`. Until the driver suite is in
-/// `starwire_transport::conformance`, the pair is checked with frames of
-/// every length up to `max_body` both ways on all 64 connections.
+/// Frames of every length up to `max_body` both ways on all 64
+/// connections, then the conformance suite, on `cfg`.
 fn check(name: &str, cfg: &UringConfig, max_body: usize) {
     let mut pair = driver_pair(cfg, 64);
     exchange(&mut pair, 6, max_body, name);
     drop(pair);
-    // CONFORMANCE: enable with `starwire_transport::conformance::run_all_drivers`:
-    // starwire_transport::conformance::run_all_drivers(name, 64, |n| {
-    //     let (a, a_ids, b, b_ids) = driver_pair(cfg, n);
-    //     starwire_transport::conformance::DriverPair { a, a_ids, b, b_ids }
-    // });
+    starwire_transport::conformance::run_all_drivers(name, 64, |n| {
+        let (a, a_ids, b, b_ids) = driver_pair(cfg, n);
+        starwire_transport::conformance::DriverPair { a, a_ids, b, b_ids }
+    });
 }
 
 /// Bodies up to this long with the default settings: long enough for
