@@ -340,6 +340,17 @@ impl<D: Driver> Sessions<D> {
         Some((id, s.conn, s.failed.expect("failed")))
     }
 
+    /// The connection [`poll_failed`](Self::poll_failed) hands out next,
+    /// while it is still attached to the driver: to read what the driver
+    /// keeps of it (its counters) before it goes.
+    pub fn next_failed(&self) -> Option<ConnId> {
+        let i = self
+            .slots
+            .iter()
+            .position(|s| s.as_ref().is_some_and(|s| s.failed.is_some()))?;
+        Some(ConnId::new(i as u32))
+    }
+
     /// Remove `id` (after an orderly close, say) and detach it from the
     /// driver. Returns its message layer.
     pub fn remove(&mut self, id: ConnId) -> Option<Connection> {
