@@ -134,9 +134,9 @@ fn uring_backend() -> Value {
         Err(e) => return json!({ "usable": false, "error": format!("io_uring unavailable: {e}") }),
     };
     let cfg = starwire_uring::UringConfig::from_env();
-    let ring = match starwire_uring::Ring::new(&cfg) {
-        Ok(r) => {
-            let st = r.stats();
+    let ring = match starwire_uring::UringDriver::new(&cfg) {
+        Ok(d) => {
+            let st = d.stats();
             json!({
                 "ok": true,
                 "registered_bytes": st.registered_bytes,
@@ -153,7 +153,7 @@ fn uring_backend() -> Value {
         "fallbacks": probed.fallbacks,
         "sqpoll": cfg.sqpoll_idle_ms.is_some(),
         "defer_taskrun": cfg.defer_taskrun,
-        // Where a parking reactor sleeps (`Ring::park`).
+        // Where a parking reactor sleeps (`Sleep::Own`: the ring's own wait).
         "park": if probed.defer_taskrun && cfg.defer_taskrun && cfg.sqpoll_idle_ms.is_none() {
             "ring"
         } else {

@@ -2,27 +2,29 @@
 //! message sequence-numbered and checksummed, payload sizes varying; counts
 //! lost, duplicated, corrupted and reordered messages, and RSS growth.
 //!
-//! Optionally the fault-injecting [`Faulty`] wrapper sits under the backend
-//! on both ends. TCP has no reliability at our layer, so faults must show
+//! Each reactor drives one driver with its share of the connections.
+//! Optionally the fault-injecting [`Faulty`] wrapper sits under every TCP
+//! link on both ends ([`Links`] of faulty links). TCP has no reliability at our layer, so faults must show
 //! up as failures. A stalled connection (dropped frames leak credits) is
 //! bounded by `--duration` plus `--drain`: whatever is still unanswered
 //! then is reported lost.
 
 use std::collections::{HashMap, HashSet};
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
-use std::os::fd::BorrowedFd;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use starwire_config::{FlagOverride, NetworkSettings, Overrides, Role};
 use starwire_placement::{plan, CpuSet, Placement, ReactorMode, Topology};
-use starwire_tcp::{TcpConfig, TcpTransport};
+use starwire_tcp::{TcpConfig, TcpDriver, TcpTransport};
 use starwire_transport::reactor::{
-    park_in_shared_driver, IdlePolicy, ParkEnd, ParkWaker, Reactor, ReactorSpec, Shard,
+    park_driver, IdlePolicy, ParkWaker, Parked, Reactor, ReactorSpec, ReactorState,
 };
 use starwire_transport::testing::{FaultSpec, FaultStats, Faulty};
 use starwire_transport::wire::{Opcode, Status};
-use starwire_transport::{Body, Connection, DrivenTransport, Incoming, Session, TaskRole};
+use starwire_transport::{
+    Body, ConnId, Connection, Driver, Incoming, Links, Sessions, StreamDriver, TaskRole,
+};
 
 use crate::bench::sessions::conn_config;
 
@@ -121,6 +123,13 @@ impl FaultCounts {
         self.delayed += s.delayed;
         self.reordered += s.reordered;
     }
+
+    fn add_counts(&mut self, o: FaultCounts) {
+        self.dropped += o.dropped;
+        self.corrupted += o.corrupted;
+        self.delayed += o.delayed;
+        self.reordered += o.reordered;
+    }
 }
 
 /// Counters of one side.
@@ -155,23 +164,46 @@ pub fn rss_kb() -> Option<u64> {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
 }
 
-/// A backend the soak can run over: a [`DrivenTransport`] with, maybe,
-/// fault counters.
-trait SoakTransport: DrivenTransport + Send + 'static {
-    fn fault_stats(&self) -> FaultStats {
+/// A driver the soak can run over, with, maybe, fault counters.
+trait SoakDriver: Driver + Send + 'static {
+    /// The faults injected on `conn` so far.
+    fn fault_stats(&self, _conn: ConnId) -> FaultStats {
         FaultStats::default()
     }
 }
 
 #[cfg(all(feature = "uring", target_os = "linux"))]
-impl SoakTransport for starwire_uring::UringTransport {}
+impl SoakDriver for starwire_uring::UringDriver {}
 
-impl SoakTransport for TcpTransport {}
+impl SoakDriver for TcpDriver {}
 
-impl SoakTransport for Faulty<TcpTransport> {
-    fn fault_stats(&self) -> FaultStats {
-        self.stats()
+impl SoakDriver for Links<Faulty<TcpTransport>> {
+    fn fault_stats(&self, conn: ConnId) -> FaultStats {
+        self.link(conn).map(Faulty::stats).unwrap_or_default()
     }
+}
+
+/// The faults injected on every connection `sessions` holds.
+fn fault_counts<D: SoakDriver>(sessions: &Sessions<D>) -> FaultCounts {
+    let mut f = FaultCounts::default();
+    for id in sessions.ids() {
+        f.add(sessions.driver().fault_stats(id));
+    }
+    f
+}
+
+/// The connections of `sessions` that failed: removed, each with the
+/// faults injected on it (counted into `faults`) and its handle.
+fn take_failed<D: SoakDriver>(sessions: &mut Sessions<D>, faults: &mut FaultCounts) -> Vec<ConnId> {
+    let mut out = Vec::new();
+    while let Some(id) = sessions.next_failed() {
+        faults.add(sessions.driver().fault_stats(id));
+        if sessions.poll_failed().is_none() {
+            break;
+        }
+        out.push(id);
+    }
+    out
 }
 
 const SEQ_HDR: usize = 16;
@@ -267,36 +299,47 @@ impl SeqTrack {
     }
 }
 
-struct ClientConn<T> {
-    session: Session<T>,
+/// One client connection's bookkeeping.
+struct ClientConn {
+    /// The connection's number in the whole soak (payload sizes and
+    /// contents derive from it).
     index: u64,
     next_seq: u64,
     /// request id -> seq
     outstanding: HashMap<u64, u64>,
     track: SeqTrack,
-    dead: bool,
 }
 
-struct SoakClient<T> {
-    conns: Vec<ClientConn<T>>,
+struct SoakClient<D> {
+    sessions: Sessions<D>,
+    /// By [`ConnId::index`]; `None` once the connection failed.
+    conns: Vec<Option<ClientConn>>,
     inflight: usize,
     max_size: usize,
     stop_sending: Instant,
     give_up: Instant,
     counts: Counts,
+    /// Faults injected on connections that failed (and went).
+    faults: FaultCounts,
     done: bool,
 }
 
-impl<T: SoakTransport> SoakClient<T> {
+/// `slots[id.index()]`, if there.
+fn slot<T>(slots: &mut [Option<T>], id: ConnId) -> Option<&mut T> {
+    slots.get_mut(id.index()).and_then(Option::as_mut)
+}
+
+impl<D: SoakDriver> SoakClient<D> {
     fn finish(&mut self, now: Instant) {
-        for c in &mut self.conns {
+        for (i, c) in self.conns.iter_mut().enumerate() {
+            let Some(c) = c else { continue };
             self.counts.lost += c.outstanding.len() as u64;
             c.outstanding.clear();
-            if !c.dead {
-                c.session.conn().close();
-                let _ = c.session.flush(now);
+            if let Some(conn) = self.sessions.conn(ConnId::new(i as u32)) {
+                conn.close();
             }
         }
+        self.sessions.flush(now);
         self.done = true;
     }
 }
@@ -328,92 +371,76 @@ fn on_response(
     }
 }
 
-impl<T: SoakTransport> Shard for SoakClient<T> {
+impl<D: SoakDriver> ReactorState for SoakClient<D> {
     fn turn(&mut self, now: Instant) -> bool {
         if self.done {
             return false;
         }
         let sending = now < self.stop_sending;
-        let mut busy = false;
-        let mut all_quiet = true;
-        for c in &mut self.conns {
-            if c.dead {
+        let Self {
+            sessions,
+            conns,
+            counts,
+            ..
+        } = self;
+        for (i, c) in conns.iter_mut().enumerate() {
+            let Some(c) = c else { continue };
+            let Some(conn) = sessions.conn(ConnId::new(i as u32)) else {
                 continue;
-            }
+            };
             while sending && c.outstanding.len() < self.inflight {
                 let seq = c.next_seq;
                 let len = payload_len(c.index, seq, self.max_size);
-                match c
-                    .session
-                    .conn()
-                    .request(Opcode::Rpc, 0, make_body(seq, len, c.index), None)
-                {
+                match conn.request(Opcode::Rpc, 0, make_body(seq, len, c.index), None) {
                     Ok(id) => {
                         c.outstanding.insert(id, seq);
                         c.next_seq += 1;
-                        self.counts.messages += 1;
+                        counts.messages += 1;
                     }
                     Err(_) => break,
                 }
             }
-            let counts = &mut self.counts;
-            let ClientConn {
-                session,
-                outstanding,
-                track,
-                ..
-            } = c;
-            let r = session.turn(now, &mut |_, m| on_response(outstanding, track, counts, m));
-            while c.session.poll_event().is_some() {}
-            match r {
-                Ok(s) => busy |= s.busy(),
-                Err(_) => {
-                    c.dead = true;
-                    self.counts.failed += 1;
-                    self.counts.lost += c.outstanding.len() as u64;
-                    c.outstanding.clear();
-                    busy = true;
+        }
+        let mut busy = sessions
+            .turn(now, &mut |id, _, m| {
+                if let Some(c) = slot(conns, id) {
+                    on_response(&mut c.outstanding, &mut c.track, counts, m);
+                }
+            })
+            .busy();
+        for (i, c) in conns.iter().enumerate() {
+            if c.is_some() {
+                if let Some(conn) = sessions.conn(ConnId::new(i as u32)) {
+                    while conn.poll_event().is_some() {}
                 }
             }
-            if !c.outstanding.is_empty() {
-                all_quiet = false;
+        }
+        for id in take_failed(sessions, &mut self.faults) {
+            if let Some(c) = conns.get_mut(id.index()).and_then(Option::take) {
+                counts.failed += 1;
+                counts.lost += c.outstanding.len() as u64;
             }
+            busy = true;
         }
-        if let Some(c) = self.conns.first() {
-            busy |= c.session.transport().end_turn();
-        }
+        let all_quiet = conns.iter().flatten().all(|c| c.outstanding.is_empty());
         if !sending && (all_quiet || now >= self.give_up) {
             self.finish(now);
-            if let Some(c) = self.conns.first() {
-                c.session.transport().end_turn();
-            }
             return true;
         }
         busy
     }
 
     fn next_deadline(&self) -> Option<Instant> {
-        Some(if Instant::now() < self.stop_sending {
+        let phase = if Instant::now() < self.stop_sending {
             self.stop_sending
         } else {
             self.give_up
-        })
+        };
+        Some(self.sessions.poll_timeout().map_or(phase, |t| t.min(phase)))
     }
 
-    fn wake_fds<'a>(&'a self, out: &mut Vec<BorrowedFd<'a>>) {
-        let live = self.conns.iter().filter(|c| !c.dead);
-        out.extend(live.map(|c| c.session.transport().wake_fd()));
-    }
-
-    fn write_fds<'a>(&'a self, out: &mut Vec<BorrowedFd<'a>>) {
-        let live = self.conns.iter().filter(|c| !c.dead);
-        out.extend(live.filter_map(|c| c.session.transport().write_fd()));
-    }
-
-    /// Parks in the connections' ring when they share one (uring).
-    fn park(&self, waker: ParkWaker<'_>, timeout: Duration) -> Option<ParkEnd> {
-        let live = self.conns.iter().filter(|c| !c.dead);
-        park_in_shared_driver(live.map(|c| c.session.transport()), waker, timeout)
+    fn park(&mut self, waker: ParkWaker<'_>, timeout: Duration) -> Parked {
+        park_driver(self.sessions.driver_mut(), waker, timeout)
     }
 
     fn finished(&self) -> bool {
@@ -421,15 +448,13 @@ impl<T: SoakTransport> Shard for SoakClient<T> {
     }
 }
 
-struct ServerConn<T> {
-    session: Session<T>,
-    track: SeqTrack,
-    dead: bool,
-}
-
-struct SoakServer<T> {
-    conns: Vec<ServerConn<T>>,
+struct SoakServer<D> {
+    sessions: Sessions<D>,
+    /// By [`ConnId::index`].
+    tracks: Vec<SeqTrack>,
     counts: Counts,
+    /// Faults injected on connections that failed (and went).
+    faults: FaultCounts,
 }
 
 fn serve_request(
@@ -458,45 +483,36 @@ fn serve_request(
     let _ = conn.respond(id, opcode, status, reply);
 }
 
-impl<T: SoakTransport> Shard for SoakServer<T> {
+impl<D: SoakDriver> ReactorState for SoakServer<D> {
     fn turn(&mut self, now: Instant) -> bool {
-        let mut busy = false;
-        for c in &mut self.conns {
-            if c.dead {
-                continue;
-            }
-            let counts = &mut self.counts;
-            let ServerConn { session, track, .. } = c;
-            let r = session.turn(now, &mut |conn, m| serve_request(track, counts, conn, m));
-            while c.session.poll_event().is_some() {}
-            match r {
-                Ok(s) => busy |= s.busy(),
-                Err(_) => {
-                    c.dead = true;
-                    busy = true;
+        let Self {
+            sessions,
+            tracks,
+            counts,
+            faults,
+        } = self;
+        let mut busy = sessions
+            .turn(now, &mut |id, conn, m| {
+                if let Some(track) = tracks.get_mut(id.index()) {
+                    serve_request(track, counts, conn, m);
                 }
+            })
+            .busy();
+        for i in 0..tracks.len() {
+            if let Some(conn) = sessions.conn(ConnId::new(i as u32)) {
+                while conn.poll_event().is_some() {}
             }
         }
-        if let Some(c) = self.conns.first() {
-            busy |= c.session.transport().end_turn();
-        }
+        busy |= !take_failed(sessions, faults).is_empty();
         busy
     }
 
-    fn wake_fds<'a>(&'a self, out: &mut Vec<BorrowedFd<'a>>) {
-        let live = self.conns.iter().filter(|c| !c.dead);
-        out.extend(live.map(|c| c.session.transport().wake_fd()));
+    fn next_deadline(&self) -> Option<Instant> {
+        self.sessions.poll_timeout()
     }
 
-    fn write_fds<'a>(&'a self, out: &mut Vec<BorrowedFd<'a>>) {
-        let live = self.conns.iter().filter(|c| !c.dead);
-        out.extend(live.filter_map(|c| c.session.transport().write_fd()));
-    }
-
-    /// Parks in the connections' ring when they share one (uring).
-    fn park(&self, waker: ParkWaker<'_>, timeout: Duration) -> Option<ParkEnd> {
-        let live = self.conns.iter().filter(|c| !c.dead);
-        park_in_shared_driver(live.map(|c| c.session.transport()), waker, timeout)
+    fn park(&mut self, waker: ParkWaker<'_>, timeout: Duration) -> Parked {
+        park_driver(self.sessions.driver_mut(), waker, timeout)
     }
 }
 
@@ -586,62 +602,116 @@ struct Outcome {
     faults: FaultCounts,
 }
 
-fn run_soak<T: SoakTransport>(
+/// One reactor's driver and its connections, with each connection's
+/// number in the whole soak.
+struct Group<D> {
+    driver: D,
+    conns: Vec<(ConnId, u64)>,
+}
+
+/// Stream `i` of `streams` goes to group `i % groups` (one driver per
+/// reactor, made by `make`), attached by `attach` with its number `i`.
+fn groups<D>(
+    streams: Vec<TcpStream>,
+    groups: usize,
+    mut make: impl FnMut() -> Result<D, String>,
+    mut attach: impl FnMut(&mut D, TcpStream, u64) -> Result<ConnId, String>,
+) -> Result<Vec<Group<D>>, String> {
+    let mut out = (0..groups.max(1))
+        .map(|_| {
+            make().map(|driver| Group {
+                driver,
+                conns: Vec::new(),
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let n = out.len();
+    for (i, s) in streams.into_iter().enumerate() {
+        let g = &mut out[i % n];
+        let id = attach(&mut g.driver, s, i as u64)?;
+        g.conns.push((id, i as u64));
+    }
+    Ok(out)
+}
+
+/// [`groups`] of drivers of TCP streams made by `make`.
+fn stream_groups<D: StreamDriver>(
+    streams: Vec<TcpStream>,
+    n: usize,
+    make: impl FnMut() -> Result<D, String>,
+) -> Result<Vec<Group<D>>, String> {
+    groups(streams, n, make, |d, s, _| {
+        d.attach_stream(s)
+            .map_err(|e| format!("attaching a connection: {e}"))
+    })
+}
+
+fn run_soak<D: SoakDriver>(
     args: &SoakArgs,
     lay: &Layout,
-    clients: Vec<T>,
-    servers: Vec<T>,
+    clients: Vec<Group<D>>,
+    servers: Vec<Group<D>>,
 ) -> Result<Outcome, String> {
-    let nc = lay.client_cpus.len();
-    let ns = lay.server_cpus.len();
-    let mut server_groups: Vec<Vec<ServerConn<T>>> = (0..ns).map(|_| Vec::new()).collect();
-    for (j, t) in servers.into_iter().enumerate() {
-        server_groups[j % ns].push(ServerConn {
-            session: Session::new(conn_config(TaskRole::Ps, 256), t),
-            track: SeqTrack::default(),
-            dead: false,
-        });
-    }
+    let nc = clients.len();
     let start = Instant::now();
     let stop_sending = start + Duration::from_secs_f64(args.duration);
     let give_up = stop_sending + Duration::from_secs_f64(args.drain);
-    let mut client_groups: Vec<Vec<ClientConn<T>>> = (0..nc).map(|_| Vec::new()).collect();
-    for (i, t) in clients.into_iter().enumerate() {
-        client_groups[i % nc].push(ClientConn {
-            session: Session::new(conn_config(TaskRole::Worker, 256), t),
-            index: i as u64,
-            next_seq: 0,
-            outstanding: HashMap::new(),
-            track: SeqTrack::default(),
-            dead: false,
-        });
-    }
-    let mut servers = Vec::new();
-    for (k, conns) in server_groups.into_iter().enumerate() {
+    let mut server_reactors = Vec::new();
+    for (k, g) in servers.into_iter().enumerate() {
+        let cfg = conn_config(TaskRole::Ps, 256);
         let r = Reactor::spawn(spec(nc + k, lay.server_cpus[k], lay.idle), move |_| {
+            let mut sessions = Sessions::new(g.driver);
+            let mut tracks = Vec::new();
+            for &(id, _) in &g.conns {
+                sessions.insert(id, cfg.clone());
+                if tracks.len() <= id.index() {
+                    tracks.resize_with(id.index() + 1, SeqTrack::default);
+                }
+            }
             SoakServer {
-                conns,
+                sessions,
+                tracks,
                 counts: Counts::default(),
+                faults: FaultCounts::default(),
             }
         })
         .map_err(|e| format!("server reactor {k}: {e}"))?;
-        servers.push(r);
+        server_reactors.push(r);
     }
-    let mut clients = Vec::new();
-    for (k, conns) in client_groups.into_iter().enumerate() {
+    let mut client_reactors = Vec::new();
+    for (k, g) in clients.into_iter().enumerate() {
         let inflight = args.inflight.max(1);
         let max_size = args.max_size;
-        let r = Reactor::spawn(spec(k, lay.client_cpus[k], lay.idle), move |_| SoakClient {
-            conns,
-            inflight,
-            max_size,
-            stop_sending,
-            give_up,
-            counts: Counts::default(),
-            done: false,
+        let cfg = conn_config(TaskRole::Worker, 256);
+        let r = Reactor::spawn(spec(k, lay.client_cpus[k], lay.idle), move |_| {
+            let mut sessions = Sessions::new(g.driver);
+            let mut conns = Vec::new();
+            for &(id, index) in &g.conns {
+                sessions.insert(id, cfg.clone());
+                if conns.len() <= id.index() {
+                    conns.resize_with(id.index() + 1, || None);
+                }
+                conns[id.index()] = Some(ClientConn {
+                    index,
+                    next_seq: 0,
+                    outstanding: HashMap::new(),
+                    track: SeqTrack::default(),
+                });
+            }
+            SoakClient {
+                sessions,
+                conns,
+                inflight,
+                max_size,
+                stop_sending,
+                give_up,
+                counts: Counts::default(),
+                faults: FaultCounts::default(),
+                done: false,
+            }
         })
         .map_err(|e| format!("client reactor {k}: {e}"))?;
-        clients.push(r);
+        client_reactors.push(r);
     }
     let mut counts = Counts::default();
     let mut faults = FaultCounts::default();
@@ -661,24 +731,22 @@ fn run_soak<T: SoakTransport>(
     if !args.json && start.elapsed() > Duration::from_secs(5) {
         eprintln!();
     }
-    for (k, r) in clients.into_iter().enumerate() {
-        let (shard, _) = r.join().map_err(|e| format!("client reactor {k}: {e}"))?;
-        counts.add(&shard.counts);
-        for c in &shard.conns {
-            faults.add(c.session.transport().fault_stats());
-        }
+    for (k, r) in client_reactors.into_iter().enumerate() {
+        let (client, _) = r.join().map_err(|e| format!("client reactor {k}: {e}"))?;
+        counts.add(&client.counts);
+        faults.add_counts(client.faults);
+        faults.add_counts(fault_counts(&client.sessions));
     }
-    for (k, r) in servers.into_iter().enumerate() {
-        let (shard, _) = r.stop().map_err(|e| format!("server reactor {k}: {e}"))?;
-        let mut sc = shard.counts;
+    for (k, r) in server_reactors.into_iter().enumerate() {
+        let (server, _) = r.stop().map_err(|e| format!("server reactor {k}: {e}"))?;
+        let mut sc = server.counts;
         // Requests are counted by the client; the server contributes only
         // what it detected on the request path.
         sc.messages = 0;
         sc.answered = 0;
         counts.add(&sc);
-        for c in &shard.conns {
-            faults.add(c.session.transport().fault_stats());
-        }
+        faults.add_counts(server.faults);
+        faults.add_counts(fault_counts(&server.sessions));
     }
     Ok(Outcome { counts, faults })
 }
@@ -717,60 +785,40 @@ pub fn main(args: SoakArgs) -> Result<bool, String> {
             return Err("--faults is supported with --backend tcp only".into());
         }
         crate::backend::Backend::Uring.check_available()?;
-        let (ct, st) = (
-            uring_groups(cs, lay.client_cpus.len(), lay.idle)?,
-            uring_groups(ss, lay.server_cpus.len(), lay.idle)?,
-        );
+        // Each ring binds to its reactor thread at the first enter.
+        let cfg = crate::bench::sessions::uring_config(lay.idle, 0);
+        let make = || starwire_uring::UringDriver::new(&cfg).map_err(|e| e.to_string());
+        let ct = stream_groups(cs, lay.client_cpus.len(), make)?;
+        let st = stream_groups(ss, lay.server_cpus.len(), make)?;
         let out = run_soak(&args, &lay, ct, st)?;
         return report(&args, &lay, rss_start_kb, out);
     }
     let cfg = TcpConfig::default();
-    let wrap = |v: Vec<TcpStream>| -> Result<Vec<TcpTransport>, String> {
-        v.into_iter()
-            .map(|s| TcpTransport::new(s, cfg).map_err(|e| format!("tcp transport: {e}")))
-            .collect()
-    };
-    let (ct, st) = (wrap(cs)?, wrap(ss)?);
     let out = match args.faults {
-        None => run_soak(&args, &lay, ct, st)?,
+        None => {
+            let make = || TcpDriver::new(cfg).map_err(|e| format!("tcp driver: {e}"));
+            let ct = stream_groups(cs, lay.client_cpus.len(), make)?;
+            let st = stream_groups(ss, lay.server_cpus.len(), make)?;
+            run_soak(&args, &lay, ct, st)?
+        }
         Some(spec) => {
-            let f = |v: Vec<TcpTransport>, base: u64| -> Vec<Faulty<TcpTransport>> {
-                v.into_iter()
-                    .enumerate()
-                    .map(|(i, t)| {
-                        let mut s = spec;
-                        s.seed = spec.seed.wrapping_add(base + i as u64);
-                        Faulty::new(t, s)
-                    })
-                    .collect()
+            // Client link `i` injects with seed `seed + i`, server link `i`
+            // with `seed + 2^20 + i`.
+            let faulty = |base: u64| {
+                move |d: &mut Links<Faulty<TcpTransport>>, s: TcpStream, i: u64| {
+                    let t = TcpTransport::new(s, cfg).map_err(|e| format!("tcp transport: {e}"))?;
+                    let mut f = spec;
+                    f.seed = spec.seed.wrapping_add(base + i);
+                    Ok(d.attach(Faulty::new(t, f)))
+                }
             };
-            run_soak(&args, &lay, f(ct, 0), f(st, 1 << 20))?
+            let make = || Ok(Links::new(cfg.max_frame_len));
+            let ct = groups(cs, lay.client_cpus.len(), make, faulty(0))?;
+            let st = groups(ss, lay.server_cpus.len(), make, faulty(1 << 20))?;
+            run_soak(&args, &lay, ct, st)?
         }
     };
     report(&args, &lay, rss_start_kb, out)
-}
-
-/// One ring per reactor: stream `i` goes to group `i % groups`, the
-/// grouping `run_soak` uses. Each ring binds to its reactor thread at the
-/// first enter.
-#[cfg(all(feature = "uring", target_os = "linux"))]
-fn uring_groups(
-    streams: Vec<TcpStream>,
-    groups: usize,
-    idle: IdlePolicy,
-) -> Result<Vec<starwire_uring::UringTransport>, String> {
-    let cfg = crate::bench::sessions::uring_config(idle, 0);
-    let rings = (0..groups.max(1))
-        .map(|_| starwire_uring::Ring::new(&cfg).map_err(|e| e.to_string()))
-        .collect::<Result<Vec<_>, _>>()?;
-    streams
-        .into_iter()
-        .enumerate()
-        .map(|(i, s)| {
-            starwire_uring::UringTransport::new(&rings[i % rings.len()], s)
-                .map_err(|e| format!("uring transport: {e}"))
-        })
-        .collect()
 }
 
 fn report(

@@ -35,7 +35,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use socket2::{Domain, Protocol, SockRef, Socket, Type};
 use starwire_transport::{
-    ConnId, DrivenTransport, Driver, Link, Links, Sleep, StreamDriver, Transport, TransportError,
+    ConnId, Driver, Link, Links, Sleep, StreamDriver, Transport, TransportError,
 };
 use starwire_wire::Deframer;
 
@@ -226,19 +226,6 @@ fn write_error(e: io::Error) -> TransportError {
             TransportError::Closed
         }
         _ => TransportError::Io(e),
-    }
-}
-
-impl DrivenTransport for TcpTransport {
-    fn wake_fd(&self) -> std::os::fd::BorrowedFd<'_> {
-        use std::os::fd::AsFd;
-        self.stream.as_fd()
-    }
-    /// The socket while the kernel refused queued bytes (its send buffer
-    /// was full); `None` with nothing queued.
-    fn write_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
-        use std::os::fd::AsFd;
-        self.tx_pending().then(|| self.stream.as_fd())
     }
 }
 

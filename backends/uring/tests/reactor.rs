@@ -5,52 +5,47 @@
 
 mod common;
 
-use std::cell::RefCell;
 use std::io::Write;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use starwire_queue::{grid, Consumer};
-use starwire_transport::reactor::{IdlePolicy, ParkEnd, ParkWaker, Reactor, ReactorSpec, Shard};
+use starwire_transport::reactor::{
+    park_driver, IdlePolicy, ParkWaker, Parked, Reactor, ReactorSpec, ReactorState,
+};
 use starwire_transport::testing::{assert_all_in_producer_order, push_and_wake};
 use starwire_transport::{Driver, Sleep};
 use starwire_uring::{UringConfig, UringDriver};
 
 use common::{frame, raw_pair, solo};
 
-/// The driver of a test shard. `Shard::park` lends the shard shared, and
-/// a park needs the driver mutably: the reactor calls nothing else of the
-/// shard while it parks, so the cell is never borrowed twice.
-type Cell = RefCell<UringDriver>;
-
 /// Park the reactor in `driver`, which must park in itself.
-fn park_in(driver: &Cell, waker: ParkWaker<'_>, timeout: Duration) -> Option<ParkEnd> {
-    let mut d = driver.borrow_mut();
-    assert_eq!(d.sleep(), Sleep::Own);
-    d.park(waker, timeout)
+fn park_in(driver: &mut UringDriver, waker: ParkWaker<'_>, timeout: Duration) -> Parked {
+    assert_eq!(driver.sleep(), Sleep::Own);
+    park_driver(driver, waker, timeout)
 }
 
 /// A queue consumer whose reactor parks in a driver with one quiet
 /// connection: only the producers' wake-ups end its parks.
-struct QueueShard {
+struct QueueState {
     rx: Consumer<u64>,
     got: Vec<u64>,
     want: usize,
-    driver: Cell,
+    driver: UringDriver,
 }
 
-impl Shard for QueueShard {
+impl ReactorState for QueueState {
     fn turn(&mut self, now: Instant) -> bool {
         let before = self.got.len();
         let got = &mut self.got;
         self.rx.drain(64, |x| got.push(x));
-        let d = self.driver.get_mut();
+        let d = &mut self.driver;
         d.rx_burst(now, 32, &mut |_, _: &[u8]| panic!("a quiet peer"));
         d.flush(now) | (self.got.len() > before)
     }
-    fn park(&self, waker: ParkWaker<'_>, timeout: Duration) -> Option<ParkEnd> {
-        park_in(&self.driver, waker, timeout)
+    fn park(&mut self, waker: ParkWaker<'_>, timeout: Duration) -> Parked {
+        park_in(&mut self.driver, waker, timeout)
     }
     fn finished(&self) -> bool {
         self.got.len() >= self.want
@@ -76,37 +71,37 @@ fn a_reactor_parked_in_its_ring_loses_no_wakeup() {
         let want = producers * per as usize;
         // The peer stays open and silent for the whole run.
         let (_peer, s) = raw_pair();
-        let reactor = Reactor::spawn(spec, move |_| QueueShard {
+        let reactor = Reactor::spawn(spec, move |_| QueueState {
             rx,
             got: Vec::new(),
             want,
-            driver: RefCell::new(solo(s, &UringConfig::default()).0),
+            driver: solo(s, &UringConfig::default()).0,
         })
         .expect("spawn");
         push_and_wake(txs, &reactor.waker(), per, 500);
-        let (shard, stats) = reactor.join().expect("reactor");
-        assert_all_in_producer_order(&shard.got, producers, per);
+        let (state, stats) = reactor.join().expect("reactor");
+        assert_all_in_producer_order(&state.got, producers, per);
         assert_eq!(stats.park_timeouts, 0, "a wake-up was lost: {stats:?}");
         assert!(stats.parks > 0, "{stats:?}");
-        assert_eq!(stats.shard_parks, stats.parks, "{stats:?}");
-        let ring = shard.driver.borrow().stats();
+        assert_eq!(stats.driver_parks, stats.parks, "{stats:?}");
+        let ring = state.driver.stats();
         assert!(ring.ring_parks > 0, "{ring:?}");
     }
 }
 
 /// Frames from a peer, read by a reactor that parks in its driver;
 /// `seen` tells the peer how many arrived.
-struct FrameShard {
-    driver: Cell,
+struct FrameState {
+    driver: UringDriver,
     got: Vec<Vec<u8>>,
     want: usize,
     seen: Arc<AtomicUsize>,
 }
 
-impl Shard for FrameShard {
+impl ReactorState for FrameState {
     fn turn(&mut self, now: Instant) -> bool {
         let got = &mut self.got;
-        let d = self.driver.get_mut();
+        let d = &mut self.driver;
         let n = d.rx_burst(now, 32, &mut |_, f: &[u8]| got.push(f.to_vec()));
         if let Some((c, e)) = d.poll_failure() {
             panic!("{c}: {e}");
@@ -114,8 +109,8 @@ impl Shard for FrameShard {
         self.seen.store(self.got.len(), Ordering::Release);
         d.flush(now) | (n > 0)
     }
-    fn park(&self, waker: ParkWaker<'_>, timeout: Duration) -> Option<ParkEnd> {
-        park_in(&self.driver, waker, timeout)
+    fn park(&mut self, waker: ParkWaker<'_>, timeout: Duration) -> Parked {
+        park_in(&mut self.driver, waker, timeout)
     }
     fn finished(&self) -> bool {
         self.got.len() >= self.want
@@ -140,8 +135,8 @@ fn input_wakes_a_reactor_parked_in_its_ring() {
                 recv,
                 ..UringConfig::default()
             };
-            FrameShard {
-                driver: RefCell::new(solo(s, &cfg).0),
+            FrameState {
+                driver: solo(s, &cfg).0,
                 got: Vec::new(),
                 want,
                 seen: seen_in,
@@ -161,10 +156,10 @@ fn input_wakes_a_reactor_parked_in_its_ring() {
             std::thread::sleep(Duration::from_micros(500));
             peer.write_all(f).unwrap();
         }
-        let (shard, stats) = reactor.join().expect("reactor");
-        assert_eq!(shard.got, sent, "{recv:?}");
+        let (state, stats) = reactor.join().expect("reactor");
+        assert_eq!(state.got, sent, "{recv:?}");
         assert_eq!(stats.park_timeouts, 0, "{recv:?}: {stats:?}");
-        assert!(stats.shard_parks > 10, "{recv:?}: {stats:?}");
-        assert_eq!(stats.shard_parks, stats.parks, "{recv:?}: {stats:?}");
+        assert!(stats.driver_parks > 10, "{recv:?}: {stats:?}");
+        assert_eq!(stats.driver_parks, stats.parks, "{recv:?}: {stats:?}");
     }
 }

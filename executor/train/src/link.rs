@@ -16,9 +16,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use starwire_tcp::{TcpConfig, TcpTransport};
+use starwire_tcp::{TcpConfig, TcpDriver};
 use starwire_transport::reactor::ReactorWaker;
-use starwire_transport::DrivenTransport;
+use starwire_transport::StreamDriver;
 
 use crate::TrainError;
 
@@ -26,42 +26,17 @@ const MAGIC: &[u8; 4] = b"SWSH";
 /// Longest wait for a new connection's preamble.
 const PREAMBLE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// A backend the trainer can run on: a [`DrivenTransport`] (what a
-/// parked reactor waits on, the end of a turn) that can be moved to its
-/// reactor thread.
-pub trait LinkTransport: DrivenTransport + Send + std::fmt::Debug + 'static {}
-
-impl<T: DrivenTransport + Send + std::fmt::Debug + 'static> LinkTransport for T {}
-
-/// Turns connected sockets into transports, on the thread that will drive
-/// them (a ring is owned by its reactor thread).
-pub trait Binder: Send + std::fmt::Debug + 'static {
-    /// The transport it makes.
-    type Link: LinkTransport;
-    /// Bind one connected stream.
-    fn bind(&mut self, stream: TcpStream) -> io::Result<Self::Link>;
-}
-
-/// The TCP backend's [`Binder`].
-#[derive(Debug, Clone, Copy, Default)]
-pub struct TcpBinder;
-
-impl Binder for TcpBinder {
-    type Link = TcpTransport;
-    fn bind(&mut self, stream: TcpStream) -> io::Result<TcpTransport> {
-        TcpTransport::new(stream, tcp_config())
-    }
-}
-
-/// A backend of the trainer: its name and how a thread makes its binder.
+/// A backend of the trainer: its name and the driver a thread makes.
 pub trait Backend: Send + Sync + 'static {
-    /// The binder type.
-    type B: Binder;
+    /// The driver of one thread: every connection of a PS reactor, or of a
+    /// worker.
+    type Driver: StreamDriver + Send + std::fmt::Debug + 'static;
     /// The name on the command line and in reports.
     const NAME: &'static str;
-    /// A binder for the calling thread (one driver per thread), whose
-    /// thread polls (`polling`: busy, or before it parks) or parks at once.
-    fn binder(polling: bool) -> io::Result<Self::B>;
+    /// A driver for the calling thread (one driver per thread; an io_uring
+    /// ring is its thread's), whose thread polls (`polling`: busy, or
+    /// before it parks) or parks at once.
+    fn driver(polling: bool) -> io::Result<Self::Driver>;
 }
 
 /// The TCP backend.
@@ -69,10 +44,10 @@ pub trait Backend: Send + Sync + 'static {
 pub struct Tcp;
 
 impl Backend for Tcp {
-    type B = TcpBinder;
+    type Driver = TcpDriver;
     const NAME: &'static str = "tcp";
-    fn binder(_polling: bool) -> io::Result<TcpBinder> {
-        Ok(TcpBinder)
+    fn driver(_polling: bool) -> io::Result<TcpDriver> {
+        TcpDriver::new(tcp_config())
     }
 }
 
@@ -239,44 +214,28 @@ fn route(mut s: TcpStream, peer: SocketAddr, inboxes: &[ShardInbox]) {
 }
 
 #[cfg(all(feature = "uring", target_os = "linux"))]
-pub use uring_backend::{Uring, UringBinder};
+pub use uring_backend::Uring;
 
 #[cfg(all(feature = "uring", target_os = "linux"))]
 mod uring_backend {
     use std::io;
-    use std::net::TcpStream;
 
-    use starwire_uring::{Ring, UringConfig, UringTransport};
+    use starwire_uring::{UringConfig, UringDriver};
 
-    use super::{Backend, Binder};
+    use super::Backend;
 
-    /// One io_uring ring per thread; every connection of the thread is
-    /// bound to it and submits with the thread's one `io_uring_enter` per
-    /// turn.
-    #[derive(Debug)]
-    pub struct UringBinder {
-        ring: Ring,
-    }
-
-    impl Binder for UringBinder {
-        type Link = UringTransport;
-        fn bind(&mut self, stream: TcpStream) -> io::Result<UringTransport> {
-            UringTransport::new(&self.ring, stream).map_err(io::Error::other)
-        }
-    }
-
-    /// The io_uring backend (`STARWIRE_URING_SQPOLL=1` for SQPOLL).
+    /// The io_uring backend: one ring per thread, every connection of the
+    /// thread on it, one `io_uring_enter` per turn
+    /// (`STARWIRE_URING_SQPOLL=1` for SQPOLL).
     #[derive(Debug, Clone, Copy, Default)]
     pub struct Uring;
 
     impl Backend for Uring {
-        type B = UringBinder;
+        type Driver = UringDriver;
         const NAME: &'static str = "uring";
-        fn binder(polling: bool) -> io::Result<UringBinder> {
+        fn driver(polling: bool) -> io::Result<UringDriver> {
             // A polling thread receives in spin mode (`RecvMode::Spin`).
-            let cfg = UringConfig::for_polling(polling);
-            let ring = Ring::new(&cfg).map_err(io::Error::other)?;
-            Ok(UringBinder { ring })
+            UringDriver::new(&UringConfig::for_polling(polling)).map_err(io::Error::other)
         }
     }
 }

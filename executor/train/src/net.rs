@@ -1,22 +1,21 @@
 //! The worker's side of the network: send a set of requests to PS shards
-//! and wait for every reply. The worker thread drives its own sessions
-//! (run-to-completion, no hand-off to a network thread), busy-polling or
-//! parking in `poll(2)` on its sockets as the polling setting says.
+//! and wait for every reply. The worker thread drives its own driver, with
+//! one connection per shard (run-to-completion, no hand-off to a network
+//! thread); between turns it busy-polls or, with polling off, parks the way
+//! the driver says.
 //!
 //! [`SessionNet`] is the I/O shell around the sans-IO [`PsClient`]: it reads
 //! the clock, turns the sessions ([`turn`]) and parks until input or the
 //! next deadline; which requests are pending, which reply is whose and
 //! when an exchange has failed are the client's.
 
-use std::os::fd::BorrowedFd;
 use std::time::{Duration, Instant};
 
-use nix::poll::{PollFd, PollFlags, PollTimeout};
+use starwire_transport::reactor::{local_waker, park_driver, Parked, ReactorWaker};
 use starwire_transport::wire::{Opcode, Status};
-use starwire_transport::{Body, ConnConfig, Session, Transport};
+use starwire_transport::{Body, ConnConfig, ConnId, Connection, Driver, Sessions};
 
-use crate::link::LinkTransport;
-use crate::psclient::PsClient;
+use crate::psclient::{PsClient, ShardConns};
 use crate::TrainError;
 
 /// Longest park between two looks at the sessions (a park also ends on
@@ -64,62 +63,121 @@ pub trait Exchange {
     fn traffic(&self) -> Traffic;
 }
 
-/// One turn of a client's sessions at `now`: every session the client
-/// expects something from (or that has frames to write, or a timer due)
-/// receives, hands its responses and events to `client`, fires its timers
-/// and writes. Returns whether anything moved; an error fails the
-/// exchange.
-pub fn turn<T: Transport>(
+/// A worker's connections, one per shard, on one driver.
+#[derive(Debug)]
+pub struct ShardSessions<D> {
+    sessions: Sessions<D>,
+    /// `ids[s]`: shard `s`'s connection.
+    ids: Vec<ConnId>,
+    /// By [`ConnId::index`]: the connection's shard.
+    shard_of: Vec<Option<usize>>,
+}
+
+impl<D: Driver> ShardSessions<D> {
+    /// The connections `ids` of `driver` (`ids[s]`: shard `s`'s, just
+    /// attached), each with `cfg`; their handshakes are queued.
+    pub fn new(driver: D, ids: Vec<ConnId>, cfg: &ConnConfig) -> Self {
+        let mut sessions = Sessions::new(driver);
+        let mut shard_of = Vec::new();
+        for (s, &id) in ids.iter().enumerate() {
+            sessions.insert(id, cfg.clone());
+            if shard_of.len() <= id.index() {
+                shard_of.resize(id.index() + 1, None);
+            }
+            shard_of[id.index()] = Some(s);
+        }
+        Self {
+            sessions,
+            ids,
+            shard_of,
+        }
+    }
+
+    /// The sessions, e.g. for their timers.
+    pub fn sessions(&self) -> &Sessions<D> {
+        &self.sessions
+    }
+
+    /// The shard of `id`, one of `ids`.
+    fn shard(&self, id: ConnId) -> usize {
+        shard_of(&self.shard_of, id).unwrap_or_default()
+    }
+}
+
+/// `id`'s shard in `map` (by [`ConnId::index`]).
+fn shard_of(map: &[Option<usize>], id: ConnId) -> Option<usize> {
+    map.get(id.index()).copied().flatten()
+}
+
+impl<D: Driver> ShardConns for ShardSessions<D> {
+    fn conn(&mut self, shard: usize) -> Option<&mut Connection> {
+        let id = *self.ids.get(shard)?;
+        self.sessions.conn(id)
+    }
+}
+
+/// One turn of a client's connections at `now`: one receive pass (the
+/// responses to `client`), the events of every connection to `client`,
+/// timers, what each connection has to write and one submission. Returns
+/// whether anything moved; an error (a connection failed, a request or the
+/// handshake timed out) fails the exchange.
+pub fn turn<D: Driver>(
     client: &mut PsClient,
-    sessions: &mut [Session<T>],
+    net: &mut ShardSessions<D>,
     now: Instant,
 ) -> Result<bool, TrainError> {
-    let mut busy = false;
-    for (si, s) in sessions.iter_mut().enumerate() {
-        if !client.expects(si)
-            && !s.conn_ref().wants_transmit()
-            && !s.poll_timeout().is_some_and(|t| t <= now)
-        {
-            continue;
+    let ShardSessions {
+        sessions,
+        ids,
+        shard_of: map,
+    } = net;
+    let st = sessions.turn(now, &mut |id, _, m| {
+        if let Some(s) = shard_of(map, id) {
+            client.handle_message(s, m);
         }
-        let st = s
-            .turn(now, &mut |_, m| client.handle_message(si, m))
-            .map_err(|e| TrainError::Link(si, e.to_string()))?;
-        busy |= st.busy();
-        while let Some(ev) = s.poll_event() {
-            client.handle_event(si, ev)?;
+    });
+    if let Some((id, _, e)) = sessions.poll_failed() {
+        let s = shard_of(map, id).unwrap_or_default();
+        return Err(TrainError::Link(s, e.to_string()));
+    }
+    for (s, &id) in ids.iter().enumerate() {
+        let Some(conn) = sessions.conn(id) else {
+            continue;
+        };
+        while let Some(ev) = conn.poll_event() {
+            client.handle_event(s, ev)?;
         }
     }
     client.handle_timeout(now)?;
-    Ok(busy)
+    Ok(st.busy())
 }
 
-/// [`Exchange`] over starwire sessions, one per shard.
+/// [`Exchange`] over starwire sessions, one per shard, on one driver.
 #[derive(Debug)]
-pub struct SessionNet<T: LinkTransport> {
-    sessions: Vec<Session<T>>,
+pub struct SessionNet<D> {
+    net: ShardSessions<D>,
     client: PsClient,
     polling: bool,
+    /// What a park also waits on; nothing writes it, so only input and
+    /// timeouts end a park.
+    waker: ReactorWaker,
 }
 
-impl<T: LinkTransport> SessionNet<T> {
-    /// Sessions over `transports` (index = shard); waits for every
-    /// handshake. Handshakes and, later, replies must come within
-    /// `timeout`.
+impl<D: Driver> SessionNet<D> {
+    /// A client over `net`; waits for every handshake. Handshakes and,
+    /// later, replies must come within `timeout`.
     pub fn new(
-        cfg: &ConnConfig,
-        transports: Vec<T>,
+        net: ShardSessions<D>,
         polling: bool,
         timeout: Duration,
     ) -> Result<Self, TrainError> {
-        let n = transports.len();
+        let n = net.ids.len();
+        let waker = local_waker().map_err(|e| TrainError::Internal(e.to_string()))?;
         let mut net = Self {
-            sessions: transports
-                .into_iter()
-                .map(|t| Session::new(cfg.clone(), t))
-                .collect(),
+            net,
             client: PsClient::new(n, timeout, Instant::now()),
             polling,
+            waker,
         };
         while !net.client.is_connected() {
             let now = Instant::now();
@@ -132,34 +190,27 @@ impl<T: LinkTransport> SessionNet<T> {
 
     /// Close every connection politely.
     pub fn close(&mut self) {
-        for s in &mut self.sessions {
-            s.conn().close();
-            let _ = s.flush(Instant::now());
+        let ShardSessions { sessions, ids, .. } = &mut self.net;
+        for &id in ids.iter() {
+            if let Some(c) = sessions.conn(id) {
+                c.close();
+            }
         }
-        self.end_turn();
+        sessions.flush(Instant::now());
     }
 
     fn turn(&mut self, now: Instant) -> Result<bool, TrainError> {
-        let busy = turn(&mut self.client, &mut self.sessions, now)?;
-        Ok(self.end_turn() | busy)
-    }
-
-    fn end_turn(&self) -> bool {
-        self.sessions
-            .first()
-            .is_some_and(|s| s.transport().end_turn())
+        turn(&mut self.client, &mut self.net, now)
     }
 
     /// Send the exchange the client has started, then turn until it is
     /// done or failed.
     fn run(&mut self) -> Result<(), TrainError> {
         // Write everything before waiting on anything.
-        let now = Instant::now();
-        for (i, s) in self.sessions.iter_mut().enumerate() {
-            s.flush(now)
-                .map_err(|e| TrainError::Link(i, e.to_string()))?;
+        self.net.sessions.flush(Instant::now());
+        if let Some((id, _, e)) = self.net.sessions.poll_failed() {
+            return Err(TrainError::Link(self.net.shard(id), e.to_string()));
         }
-        self.end_turn();
         while !self.client.is_done() {
             let now = Instant::now();
             if !self.turn(now)? && !self.client.is_done() {
@@ -169,56 +220,33 @@ impl<T: LinkTransport> SessionNet<T> {
         Ok(())
     }
 
-    /// Wait for input, writability or the next deadline (at most
-    /// [`MAX_PARK`]); spin once instead when polling.
-    fn park(&self, now: Instant) {
+    /// Wait the way the driver says for input, writability or the next
+    /// deadline (at most [`MAX_PARK`]); spin once instead when polling.
+    fn park(&mut self, now: Instant) {
         if self.polling {
             std::hint::spin_loop();
             return;
         }
         let next = self
+            .net
             .sessions
-            .iter()
-            .filter_map(Session::poll_timeout)
+            .poll_timeout()
+            .into_iter()
             .chain(self.client.poll_timeout())
             .min();
         let max = next.map_or(MAX_PARK, |t| t.saturating_duration_since(now).min(MAX_PARK));
-        let fds: Vec<BorrowedFd<'_>> = self
-            .sessions
-            .iter()
-            .map(|s| s.transport().wake_fd())
-            .collect();
-        let mut pfds: Vec<PollFd<'_>> = fds
-            .iter()
-            .map(|fd| PollFd::new(*fd, PollFlags::POLLIN))
-            .collect();
-        // A request the full socket did not take yet: wake when it can go.
-        pfds.extend(
-            self.sessions
-                .iter()
-                .filter_map(|s| s.transport().write_fd())
-                .map(|fd| PollFd::new(fd, PollFlags::POLLOUT)),
-        );
-        // Round up: a deadline less than a millisecond away is not a
-        // reason to spin.
-        let ms = max.as_micros().div_ceil(1000);
-        let _ = nix::poll::poll(
-            &mut pfds,
-            PollTimeout::from(u16::try_from(ms).unwrap_or(u16::MAX)),
-        );
+        let waker = self.waker.park_waker();
+        if park_driver(self.net.sessions.driver_mut(), waker, max) == Parked::No {
+            std::hint::spin_loop();
+        }
     }
 }
 
-impl<T: LinkTransport> Exchange for SessionNet<T> {
+impl<D: Driver> Exchange for SessionNet<D> {
     fn exchange(&mut self, reqs: Vec<Request>, replies: &mut Vec<Reply>) -> Result<(), TrainError> {
         let r = self
             .client
-            .start(
-                &mut self.sessions[..],
-                reqs,
-                std::mem::take(replies),
-                Instant::now(),
-            )
+            .start(&mut self.net, reqs, std::mem::take(replies), Instant::now())
             .and_then(|()| self.run());
         *replies = self.client.finish();
         r

@@ -12,7 +12,7 @@
 
 use std::time::{Duration, Instant};
 
-use starwire_transport::{Connection, Event, Incoming, RequestError, Session, Transport};
+use starwire_transport::{Connection, Event, Incoming, RequestError};
 
 use crate::net::{Reply, Request, Traffic};
 use crate::TrainError;
@@ -21,12 +21,6 @@ use crate::TrainError;
 pub trait ShardConns {
     /// Shard `shard`'s connection.
     fn conn(&mut self, shard: usize) -> Option<&mut Connection>;
-}
-
-impl<T: Transport> ShardConns for [Session<T>] {
-    fn conn(&mut self, shard: usize) -> Option<&mut Connection> {
-        self.get_mut(shard).map(Session::conn)
-    }
 }
 
 /// The client state machine. See the module documentation.
@@ -62,14 +56,6 @@ impl PsClient {
     /// True once every shard's handshake completed.
     pub fn is_connected(&self) -> bool {
         self.connect_deadline.is_none()
-    }
-
-    /// True while something is expected from `shard`: its handshake or a
-    /// reply. A shell turns only such connections (and those with frames
-    /// to write).
-    pub fn expects(&self, shard: usize) -> bool {
-        !self.connected.get(shard).copied().unwrap_or(true)
-            || self.pending.get(shard).is_some_and(|p| !p.is_empty())
     }
 
     /// Start an exchange at `now`: queue every request on its shard's

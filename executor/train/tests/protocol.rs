@@ -10,14 +10,14 @@ use std::time::{Duration, Instant};
 
 use starwire_ps::{Init, OptimizerConfig, PsShard, ShardConfig, VarDef, VarKind};
 use starwire_train::handler::{shard_file, ShardHandler};
-use starwire_train::net::{self, Reply, Request};
+use starwire_train::net::{self, Reply, Request, ShardSessions};
 use starwire_train::psclient::PsClient;
 use starwire_train::psserver::PsServer;
-use starwire_train::server::{send_released, turn_session};
+use starwire_train::server;
 use starwire_train::TrainError;
 use starwire_transport::testing::MemTransport;
 use starwire_transport::wire::{Opcode, Status};
-use starwire_transport::{Body, ConnConfig, PeerInfo, Session, TaskRole};
+use starwire_transport::{Body, ConnConfig, Links, PeerInfo, Sessions, TaskRole};
 use starwire_wire::ps::{
     parse_push_response, Control, Limits, PullReply, PullRequestWriter, PullResponse,
     PushRequestWriter,
@@ -72,16 +72,21 @@ fn peer(role: TaskRole, index: u32) -> ConnConfig {
     })
 }
 
-/// One server core and its connections, by worker.
+/// Frames of in-memory connections.
+const MAX_FRAME: usize = 1 << 16;
+
+/// One server core and the connections of every worker, on one driver.
 struct Server {
     core: PsServer<ShardHandler>,
-    sessions: Vec<Option<Session<MemTransport>>>,
+    sessions: Sessions<Links<MemTransport>>,
+    /// Never turned: a shard that does not answer.
+    silent: bool,
 }
 
-/// A worker's client core and its connections, by shard.
+/// A worker's client core and its connections, one per shard.
 struct Client {
     core: PsClient,
-    conns: Vec<Session<MemTransport>>,
+    conns: ShardSessions<Links<MemTransport>>,
 }
 
 /// Workers connected to two server cores, and the virtual clock.
@@ -112,23 +117,25 @@ impl Cluster {
                 };
                 Server {
                     core: PsServer::new(handler, workers),
-                    sessions: Vec::new(),
+                    sessions: Sessions::new(Links::new(MAX_FRAME)),
+                    silent: false,
                 }
             })
             .collect();
         let mut clients = Vec::new();
         for w in 0..workers {
-            let mut conns = Vec::new();
+            let mut links = Links::new(MAX_FRAME);
+            let mut ids = Vec::new();
             for srv in &mut servers {
-                let (a, b) = MemTransport::pair(1 << 16, 64);
-                conns.push(Session::new(peer(TaskRole::Worker, w as u32), a));
-                srv.core.handle_open(w);
-                srv.sessions
-                    .push(Some(Session::new(peer(TaskRole::Ps, 0), b)));
+                let (a, b) = MemTransport::pair(MAX_FRAME, 64);
+                ids.push(links.attach(a));
+                let id = srv.sessions.driver_mut().attach(b);
+                srv.sessions.insert(id, peer(TaskRole::Ps, 0));
+                srv.core.handle_open(id.index());
             }
             clients.push(Client {
                 core: PsClient::new(SHARDS, TIMEOUT, now),
-                conns,
+                conns: ShardSessions::new(links, ids, &peer(TaskRole::Worker, w as u32)),
             });
         }
         Self {
@@ -145,28 +152,24 @@ impl Cluster {
         for c in &mut self.clients {
             busy |= net::turn(&mut c.core, &mut c.conns, self.now)?;
         }
-        for srv in &mut self.servers {
-            for (key, slot) in srv.sessions.iter_mut().enumerate() {
-                let Some(s) = slot else { continue };
-                let st = turn_session(&mut srv.core, key, s, self.now)
-                    .unwrap_or_else(|e| panic!("server connection ended: {e}"));
-                busy |= st.busy();
-            }
-            busy |= send_released(&mut srv.core, &mut srv.sessions);
+        for srv in self.servers.iter_mut().filter(|s| !s.silent) {
+            let t = server::turn(&mut srv.core, &mut srv.sessions, self.now);
+            assert_eq!(t.closed, 0, "a server connection ended");
+            busy |= t.busy;
         }
         Ok(busy)
     }
 
     /// The earliest timer of a client or of any session.
     fn next_deadline(&self) -> Option<Instant> {
-        let servers = self
-            .servers
+        let servers = self.servers.iter().map(|s| s.sessions.poll_timeout());
+        let clients = self
+            .clients
             .iter()
-            .flat_map(|s| s.sessions.iter().flatten());
-        let clients = self.clients.iter().flat_map(|c| c.conns.iter());
+            .map(|c| c.conns.sessions().poll_timeout());
         clients
             .chain(servers)
-            .filter_map(Session::poll_timeout)
+            .flatten()
             .chain(self.clients.iter().filter_map(|c| c.core.poll_timeout()))
             .min()
     }
@@ -202,7 +205,7 @@ impl Cluster {
     /// Start worker `w`'s exchange, as its `Exchange::exchange` does.
     fn start(&mut self, w: usize, reqs: Vec<Request>) -> Result<(), TrainError> {
         let c = &mut self.clients[w];
-        c.core.start(&mut c.conns[..], reqs, Vec::new(), self.now)
+        c.core.start(&mut c.conns, reqs, Vec::new(), self.now)
     }
 
     /// Drive worker `w`'s exchange to its end; its replies.
@@ -508,7 +511,7 @@ fn a_silent_shard_times_the_handshake_out() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = Cluster::unconnected(dir.path(), 1);
     // Shard 1's server end stays open but never turns.
-    let _silent = c.servers[1].sessions[0].take();
+    c.servers[1].silent = true;
     let start = c.now;
     let e = c.drive(|c| c.clients[0].core.is_connected()).unwrap_err();
     assert!(

@@ -8,15 +8,14 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use starwire_ps::{PsShard, ShardConfig, VarDef};
-use starwire_tcp::TcpTransport;
+use starwire_tcp::TcpDriver;
 use starwire_train::handler::ShardHandler;
-use starwire_train::link::TcpBinder;
-use starwire_train::link::{connect_shard, Acceptor, ShardInbox};
-use starwire_train::net::{Exchange, Reply, Request, SessionNet};
+use starwire_train::link::{connect_shard, tcp_config, Acceptor, ShardInbox};
+use starwire_train::net::{Exchange, Reply, Request, SessionNet, ShardSessions};
 use starwire_train::server::PsReactor;
 use starwire_transport::reactor::{IdlePolicy, Reactor, ReactorSpec};
 use starwire_transport::wire::{Opcode, Status};
-use starwire_transport::{Body, ConnConfig, PeerInfo, TaskRole};
+use starwire_transport::{Body, ConnConfig, PeerInfo, StreamDriver, TaskRole};
 use starwire_wire::ps::{Control, PullRequestWriter, PullResponse};
 
 fn peer(role: TaskRole) -> ConnConfig {
@@ -30,7 +29,7 @@ fn peer(role: TaskRole) -> ConnConfig {
 }
 
 struct Ps {
-    reactor: Reactor<PsReactor<ShardHandler, TcpBinder>>,
+    reactor: Reactor<PsReactor<ShardHandler, TcpDriver>>,
     _acceptor: Acceptor,
     addr: String,
 }
@@ -74,7 +73,7 @@ fn start(expected: usize) -> Ps {
                 checkpoint_dir: None,
             },
             peer(TaskRole::Ps),
-            Some(TcpBinder),
+            Some(TcpDriver::new(tcp_config()).unwrap()),
             rx,
             expected,
         )
@@ -97,21 +96,17 @@ fn start(expected: usize) -> Ps {
     }
 }
 
-fn client(addr: &str) -> SessionNet<TcpTransport> {
+fn client(addr: &str) -> SessionNet<TcpDriver> {
     let s = connect_shard(addr, 0, Instant::now() + Duration::from_secs(5)).unwrap();
-    let t = TcpTransport::new(s, starwire_train::link::tcp_config()).unwrap();
+    let mut driver = TcpDriver::new(tcp_config()).unwrap();
+    let id = driver.attach_stream(s).unwrap();
+    let net = ShardSessions::new(driver, vec![id], &peer(TaskRole::Worker));
     // Well under the acceptor's 10 s preamble timeout: a silent peer must
     // not hold up this handshake.
-    SessionNet::new(
-        &peer(TaskRole::Worker),
-        vec![t],
-        false,
-        Duration::from_secs(3),
-    )
-    .unwrap()
+    SessionNet::new(net, false, Duration::from_secs(3)).unwrap()
 }
 
-fn one(net: &mut SessionNet<TcpTransport>, opcode: Opcode, body: Vec<u8>) -> Reply {
+fn one(net: &mut SessionNet<TcpDriver>, opcode: Opcode, body: Vec<u8>) -> Reply {
     let mut replies = Vec::new();
     net.exchange(
         vec![Request {

@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use starwire_config::{FlagOverride, NetworkSettings, Overrides, Role};
 use starwire_placement::{plan, CpuSet, Placement, ReactorMode, Topology};
 use starwire_transport::reactor::IdlePolicy;
+use starwire_transport::ConnId;
 
 use crate::backend::Backend;
 use crate::stats::{median, summarize};
@@ -502,12 +503,11 @@ fn serve(listener: TcpListener, server_core: Option<Option<usize>>) -> Result<()
         let streams = accept_all(&data, want)?;
         let res = match run.backend {
             Backend::Raw => raw::serve(one_stream(streams)?, core, plan.polling),
-            Backend::Tcp => {
-                tcp_transports(streams, &run).and_then(|t| sessions::serve(t, &run, core, idle))
-            }
+            Backend::Tcp => tcp_driver(streams, &run)
+                .and_then(|(d, ids)| sessions::serve(d, ids, &run, core, idle)),
             #[cfg(all(feature = "uring", target_os = "linux"))]
-            Backend::Uring => uring_transports(streams, idle, &run)
-                .and_then(|t| sessions::serve(t, &run, core, idle)),
+            Backend::Uring => uring_driver(streams, idle, &run)
+                .and_then(|(d, ids)| sessions::serve(d, ids, &run, core, idle)),
             #[cfg(feature = "grpc")]
             Backend::Grpc => grpc::serve(one_stream(streams)?, &run),
         };
@@ -579,36 +579,27 @@ fn one_stream(streams: Vec<TcpStream>) -> Result<TcpStream, String> {
     }
 }
 
-fn tcp_transports(
+/// The run's connections on one TCP driver (the bench reactor's).
+fn tcp_driver(
     streams: Vec<TcpStream>,
     run: &Run,
-) -> Result<Vec<starwire_tcp::TcpTransport>, String> {
-    streams
-        .into_iter()
-        .map(|s| {
-            starwire_tcp::TcpTransport::new(s, sessions::tcp_config(run.max_size))
-                .map_err(|e| format!("tcp transport: {e}"))
-        })
-        .collect()
+) -> Result<(starwire_tcp::TcpDriver, Vec<ConnId>), String> {
+    let driver = starwire_tcp::TcpDriver::new(sessions::tcp_config(run.max_size))
+        .map_err(|e| format!("tcp driver: {e}"))?;
+    sessions::attach(driver, streams)
 }
 
 /// The run's connections on one ring (the bench reactor's), made here and
 /// bound to the reactor thread at its first enter.
 #[cfg(all(feature = "uring", target_os = "linux"))]
-fn uring_transports(
+fn uring_driver(
     streams: Vec<TcpStream>,
     idle: IdlePolicy,
     run: &Run,
-) -> Result<Vec<starwire_uring::UringTransport>, String> {
-    let ring = starwire_uring::Ring::new(&sessions::uring_config(idle, run.max_size))
+) -> Result<(starwire_uring::UringDriver, Vec<ConnId>), String> {
+    let driver = starwire_uring::UringDriver::new(&sessions::uring_config(idle, run.max_size))
         .map_err(|e| format!("{e}; use --backends tcp"))?;
-    streams
-        .into_iter()
-        .map(|s| {
-            starwire_uring::UringTransport::new(&ring, s)
-                .map_err(|e| format!("uring transport: {e}"))
-        })
-        .collect()
+    sessions::attach(driver, streams)
 }
 
 struct Progress {
@@ -686,11 +677,11 @@ fn drive(plan: &Plan, ctl_addr: SocketAddr) -> Result<Vec<ResultLine>, String> {
         let measured = match run.backend {
             Backend::Raw => one_stream(streams)
                 .and_then(|s| raw::client(s, run, plan.client_core, plan.polling)),
-            Backend::Tcp => tcp_transports(streams, run)
-                .and_then(|t| sessions::client(t, run, plan.client_core, client_idle)),
+            Backend::Tcp => tcp_driver(streams, run)
+                .and_then(|(d, ids)| sessions::client(d, ids, run, plan.client_core, client_idle)),
             #[cfg(all(feature = "uring", target_os = "linux"))]
-            Backend::Uring => uring_transports(streams, client_idle, run)
-                .and_then(|t| sessions::client(t, run, plan.client_core, client_idle)),
+            Backend::Uring => uring_driver(streams, client_idle, run)
+                .and_then(|(d, ids)| sessions::client(d, ids, run, plan.client_core, client_idle)),
             #[cfg(feature = "grpc")]
             Backend::Grpc => {
                 one_stream(streams).and_then(|s| grpc::client(s, run, plan.client_core))

@@ -1,25 +1,26 @@
-//! starwire sessions over any backend: the load generator is a [`Shard`]
-//! on the client reactor (pinned to the client core), the echo/ack server a
-//! [`Shard`] on the server reactor (pinned to the server core). No
+//! starwire sessions over any backend: the load generator is a
+//! [`ReactorState`] on the client reactor (pinned to the client core), the
+//! echo/ack server one on the server reactor (pinned to the server core),
+//! each with one driver holding every connection of the run. No
 //! application thread sits between them and the sessions. The same code
-//! runs over TCP and io_uring through [`BenchTransport`].
+//! runs over TCP and io_uring through [`BenchDriver`].
 
 use std::collections::VecDeque;
-use std::os::fd::BorrowedFd;
+use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use starwire_tcp::{TcpConfig, TcpTransport};
+use starwire_tcp::{TcpConfig, TcpDriver};
 use starwire_transport::fusion::{FusionBatcher, FusionConfig, OutTensor};
 use starwire_transport::reactor::{
-    park_in_shared_driver, IdlePolicy, ParkEnd, ParkWaker, Reactor, ReactorSpec, Shard,
+    park_driver, IdlePolicy, ParkWaker, Parked, Reactor, ReactorSpec, ReactorState,
 };
 use starwire_transport::wire::tensor::DType;
 use starwire_transport::wire::tensors::TensorList;
 use starwire_transport::wire::{Opcode, Status, HEADER_LEN};
-use starwire_transport::DrivenTransport;
 use starwire_transport::{
-    Body, ConnConfig, ConnError, Connection, Incoming, PeerInfo, Session, TaskRole, TransportError,
+    Body, ConnConfig, ConnError, ConnId, Connection, Incoming, PeerInfo, Sessions, StreamDriver,
+    TaskRole, TransportError,
 };
 
 use super::{Measured, Mode, Run};
@@ -36,51 +37,53 @@ pub fn tcp_config(max_payload: usize) -> TcpConfig {
     }
 }
 
-/// A backend the bench drives: a [`DrivenTransport`] plus its counters.
-pub trait BenchTransport: DrivenTransport + Send + 'static {
-    /// The connections of one reactor share one driver (an io_uring ring),
-    /// whose counters every one of them reports: count them once.
-    const SHARED_DRIVER: bool = false;
-    /// System calls the backend made so far (reactor parks not included,
-    /// unless the backend parks in its own wait, counted here): this
-    /// connection's, or its shared driver's.
+/// A driver the bench runs over, with its counters.
+pub trait BenchDriver: StreamDriver + Send + 'static {
+    /// System calls the driver made so far for every connection (reactor
+    /// parks in `poll(2)` not included; parks in the driver's own wait
+    /// are).
     fn syscalls(&self) -> u64;
     /// Zero-copy sends and how many of them the kernel reported as copied,
-    /// for backends that try zero copy.
+    /// for drivers that try zero copy.
     fn zero_copy(&self) -> Option<(u64, u64)> {
         None
     }
-    /// The backend's counters, for `RUST_LOG=debug`.
-    fn counters(&self) -> String {
-        String::new()
-    }
+    /// The driver's counters, for `RUST_LOG=debug`.
+    fn counters(&self) -> String;
 }
 
-impl BenchTransport for TcpTransport {
+impl BenchDriver for TcpDriver {
     fn syscalls(&self) -> u64 {
-        let s = self.stats();
-        s.write_calls + s.read_calls
+        self.transports()
+            .map(|(_, t)| {
+                let s = t.stats();
+                s.write_calls + s.read_calls
+            })
+            .sum()
     }
     fn counters(&self) -> String {
-        format!("{:?}", self.stats())
+        let all: Vec<String> = self
+            .transports()
+            .map(|(_, t)| format!("{:?}", t.stats()))
+            .collect();
+        all.join("; ")
     }
 }
 
 #[cfg(all(feature = "uring", target_os = "linux"))]
-impl BenchTransport for starwire_uring::UringTransport {
-    const SHARED_DRIVER: bool = true;
+impl BenchDriver for starwire_uring::UringDriver {
     fn syscalls(&self) -> u64 {
         // Parks in the ring are enters; eventfd drains are reads inside
         // an enter, except those that fell back to read(2).
-        let s = self.ring().stats();
+        let s = self.stats();
         s.enters + s.eventfd_read_syscalls
     }
     fn zero_copy(&self) -> Option<(u64, u64)> {
-        let s = self.ring().stats();
+        let s = self.stats();
         Some((s.zc_sends, s.zc_copied))
     }
     fn counters(&self) -> String {
-        format!("{:?}", self.ring().stats())
+        format!("{:?}", self.stats())
     }
 }
 
@@ -97,6 +100,28 @@ pub fn uring_config(idle: IdlePolicy, max_payload: usize) -> starwire_uring::Uri
         tx_queue_limit_bytes: tcp.tx_queue_limit_bytes,
         ..starwire_uring::UringConfig::for_polling(!matches!(idle, IdlePolicy::Park))
     }
+}
+
+/// Attach `streams` (a run's data connections) to `driver`, in order.
+pub fn attach<D: StreamDriver>(
+    mut driver: D,
+    streams: Vec<TcpStream>,
+) -> Result<(D, Vec<ConnId>), String> {
+    let ids = streams
+        .into_iter()
+        .map(|s| driver.attach_stream(s))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("attaching a data connection: {e}"))?;
+    Ok((driver, ids))
+}
+
+/// The connections `ids` of `driver`, each with `cfg`.
+fn sessions<D: BenchDriver>(driver: D, ids: &[ConnId], cfg: &ConnConfig) -> Sessions<D> {
+    let mut s = Sessions::new(driver);
+    for &id in ids {
+        s.insert(id, cfg.clone());
+    }
+    s
 }
 
 /// Connection settings of one end.
@@ -129,14 +154,14 @@ fn spec(index: usize, cpu: Option<usize>, idle: IdlePolicy) -> ReactorSpec {
     }
 }
 
-/// The server shard: answers `Rpc` with an echo, `Tensors` (after decoding
-/// the list) and everything else with an empty ack, on every connection of
-/// the run.
+/// The server's state: answers `Rpc` with an echo, `Tensors` (after
+/// decoding the list) and everything else with an empty ack, on every
+/// connection of the run.
 #[derive(Debug)]
-pub struct EchoServer<T> {
-    /// `None` once the connection ended: dropped, so its socket closes and
-    /// the client's requests on it fail rather than wait.
-    sessions: Vec<Option<Session<T>>>,
+pub struct EchoServer<D> {
+    /// A connection that ended is removed (its socket closes, so the
+    /// client's requests on it fail rather than wait).
+    sessions: Sessions<D>,
     error: Option<String>,
 }
 
@@ -164,112 +189,58 @@ fn answer(conn: &mut Connection, m: Incoming<'_>, error: &mut Option<String>) {
     }
 }
 
-impl<T: BenchTransport> Shard for EchoServer<T> {
+impl<D: BenchDriver> ReactorState for EchoServer<D> {
     fn turn(&mut self, now: Instant) -> bool {
         let Self { sessions, error } = self;
-        let mut busy = false;
-        for slot in sessions.iter_mut() {
-            let Some(session) = slot else { continue };
-            busy |= match session.turn(now, &mut |conn, m| answer(conn, m, error)) {
-                Ok(s) => s.busy(),
-                Err(e) => {
-                    // The client closing its connection ends it; anything
-                    // else is the run's error. Either way the session goes,
-                    // and its socket with it; the last one ends the run.
-                    if !matches!(
-                        e,
-                        ConnError::Closed | ConnError::Transport(TransportError::Closed)
-                    ) {
-                        error.get_or_insert_with(|| format!("server connection: {e}"));
-                    }
-                    *slot = None;
-                    true
-                }
-            };
+        let mut busy = sessions
+            .turn(now, &mut |_, conn, m| answer(conn, m, error))
+            .busy();
+        while let Some((_, _, e)) = sessions.poll_failed() {
+            // The client closing its connection ends it; anything else is
+            // the run's error. Either way the connection goes, and its
+            // socket with it; the last one ends the run.
+            if !matches!(
+                e,
+                ConnError::Closed | ConnError::Transport(TransportError::Closed)
+            ) {
+                error.get_or_insert_with(|| format!("server connection: {e}"));
+            }
+            busy = true;
         }
-        end_turn(open(sessions)) | busy
+        busy
     }
 
-    fn wake_fds<'a>(&'a self, out: &mut Vec<BorrowedFd<'a>>) {
-        wake_fds(open(&self.sessions), out);
-    }
-
-    fn write_fds<'a>(&'a self, out: &mut Vec<BorrowedFd<'a>>) {
-        for s in open(&self.sessions) {
-            out.extend(s.transport().write_fd());
-        }
-    }
-
-    /// Parks in the connections' ring when they share one (uring).
-    fn park(&self, waker: ParkWaker<'_>, timeout: Duration) -> Option<ParkEnd> {
-        park_in_shared_driver(open(&self.sessions).map(Session::transport), waker, timeout)
+    fn park(&mut self, waker: ParkWaker<'_>, timeout: Duration) -> Parked {
+        park_driver(self.sessions.driver_mut(), waker, timeout)
     }
 
     fn finished(&self) -> bool {
-        open(&self.sessions).next().is_none()
+        self.sessions.is_empty()
     }
 }
 
-/// The sessions of `slots` still open.
-fn open<T>(slots: &[Option<Session<T>>]) -> impl Iterator<Item = &Session<T>> {
-    slots.iter().flatten()
-}
-
-/// The sessions of `sessions` whose driver is theirs to call: the first
-/// only when they share one (an io_uring ring), else each.
-fn drivers<'a, T: BenchTransport + 'a>(
-    sessions: impl Iterator<Item = &'a Session<T>>,
-) -> impl Iterator<Item = &'a Session<T>> {
-    sessions.take(if T::SHARED_DRIVER { 1 } else { usize::MAX })
-}
-
-/// The end of a reactor turn over `sessions`: once per driver (a no-op for
-/// tcp).
-fn end_turn<'a, T: BenchTransport + 'a>(sessions: impl Iterator<Item = &'a Session<T>>) -> bool {
-    drivers(sessions).fold(false, |busy, s| s.transport().end_turn() | busy)
-}
-
-/// The park descriptors of `sessions`, one per driver (asking a ring for
-/// its descriptor arms its park).
-fn wake_fds<'a, T: BenchTransport + 'a>(
-    sessions: impl Iterator<Item = &'a Session<T>>,
-    out: &mut Vec<BorrowedFd<'a>>,
-) {
-    out.extend(drivers(sessions).map(|s| s.transport().wake_fd()));
-}
-
-/// The backend counters of `sessions` for `RUST_LOG=debug`, per driver.
-fn counters<'a, T: BenchTransport + 'a>(sessions: impl Iterator<Item = &'a Session<T>>) -> String {
-    let all: Vec<String> = drivers(sessions)
-        .map(|s| s.transport().counters())
-        .collect();
-    all.join("; ")
-}
-
-/// Serve the data connections of one run on a reactor pinned to `core`;
-/// returns when the client has closed all of them.
-pub fn serve<T: BenchTransport>(
-    transports: Vec<T>,
+/// Serve the data connections `ids` of `driver` (one run's) on a reactor
+/// pinned to `core`; returns when the client has closed all of them.
+pub fn serve<D: BenchDriver>(
+    driver: D,
+    ids: Vec<ConnId>,
     run: &Run,
     core: Option<usize>,
     idle: IdlePolicy,
 ) -> Result<(), String> {
-    let window = window_for(run);
+    let cfg = conn_config(TaskRole::Ps, window_for(run));
     let reactor = Reactor::spawn(spec(1, core, idle), move |_| EchoServer {
-        sessions: transports
-            .into_iter()
-            .map(|t| Some(Session::new(conn_config(TaskRole::Ps, window), t)))
-            .collect(),
+        sessions: sessions(driver, &ids, &cfg),
         error: None,
     })
     .map_err(|e| format!("server reactor: {e}"))?;
-    let (shard, rstats) = reactor.join().map_err(|e| format!("server reactor: {e}"))?;
+    let (server, rstats) = reactor.join().map_err(|e| format!("server reactor: {e}"))?;
     tracing::debug!(
         reactor = ?rstats,
-        backend = %counters(open(&shard.sessions)),
+        backend = %server.sessions.driver().counters(),
         "bench server counters"
     );
-    match shard.error {
+    match server.error {
         Some(e) => Err(e),
         None => Ok(()),
     }
@@ -303,11 +274,13 @@ struct FuseState {
     unfused_rate: Option<f64>,
 }
 
-/// The load generator, run as the client reactor's shard.
+/// The load generator, run as the client reactor's state.
 #[derive(Debug)]
-pub struct LoadGen<T> {
-    /// One per connection of the run; fuse mode uses one.
-    sessions: Vec<Session<T>>,
+pub struct LoadGen<D> {
+    /// Every connection of the run; fuse mode uses one.
+    sessions: Sessions<D>,
+    /// The connections, in the order they were attached.
+    ids: Vec<ConnId>,
     st: GenState,
 }
 
@@ -317,7 +290,8 @@ struct GenState {
     op: Opcode,
     payload: Bytes,
     record: bool,
-    /// Per connection: the outstanding requests (id, start), in order.
+    /// By [`ConnId::index`]: the outstanding requests (id, start), in
+    /// order.
     starts: Vec<VecDeque<(u64, Instant)>>,
     /// Over all connections.
     issued: u64,
@@ -333,7 +307,9 @@ struct GenState {
 }
 
 impl GenState {
-    fn new(run: &Run, connections: usize) -> Self {
+    /// The state of `run` over connections whose [`ConnId::index`] is
+    /// below `slots`.
+    fn new(run: &Run, slots: usize) -> Self {
         let (op, record) = match run.mode {
             Mode::Lat => (Opcode::Rpc, true),
             Mode::Rate => (Opcode::DensePush, true),
@@ -371,7 +347,7 @@ impl GenState {
             op,
             payload,
             record,
-            starts: (0..connections.max(1))
+            starts: (0..slots.max(1))
                 .map(|_| VecDeque::with_capacity(run.inflight))
                 .collect(),
             issued: 0,
@@ -401,8 +377,9 @@ impl GenState {
         }
     }
 
-    /// Top up the outstanding requests of connection `c`: `inflight` on
-    /// each, until the run's budget (over all connections) is issued.
+    /// Top up the outstanding requests of connection `c` (its
+    /// [`ConnId::index`]): `inflight` on each, until the run's budget (over
+    /// all connections) is issued.
     fn issue(&mut self, c: usize, conn: &mut Connection) {
         if self.fuse.is_some() {
             return self.issue_step(conn);
@@ -529,54 +506,44 @@ impl GenState {
     }
 }
 
-impl<T: BenchTransport> Shard for LoadGen<T> {
+impl<D: BenchDriver> ReactorState for LoadGen<D> {
     fn turn(&mut self, now: Instant) -> bool {
         if self.st.closed {
             return false;
         }
-        let Self { sessions, st } = self;
+        let Self { sessions, ids, st } = self;
         if !st.kicked {
             st.kicked = true;
             if st.run.warmup == 0 {
                 st.measure_start = Some(now);
             }
-            for (c, session) in sessions.iter_mut().enumerate() {
-                st.issue(c, session.conn());
+            for &id in ids.iter() {
+                if let Some(conn) = sessions.conn(id) {
+                    st.issue(id.index(), conn);
+                }
             }
         }
-        let mut busy = false;
-        for (c, session) in sessions.iter_mut().enumerate() {
-            busy |= match session.turn(now, &mut |conn, m| st.on_incoming(c, conn, m)) {
-                Ok(s) => s.busy(),
-                Err(e) => {
-                    st.fail(format!("client connection: {e}"));
-                    true
-                }
-            };
+        let mut busy = sessions
+            .turn(now, &mut |id, conn, m| st.on_incoming(id.index(), conn, m))
+            .busy();
+        while let Some((_, _, e)) = sessions.poll_failed() {
+            st.fail(format!("client connection: {e}"));
+            busy = true;
         }
         if st.complete {
-            for session in sessions.iter_mut() {
-                session.conn().close();
-                let _ = session.flush(now);
+            for &id in ids.iter() {
+                if let Some(conn) = sessions.conn(id) {
+                    conn.close();
+                }
             }
+            sessions.flush(now);
             st.closed = true;
         }
-        end_turn(sessions.iter()) | busy
+        busy
     }
 
-    fn wake_fds<'a>(&'a self, out: &mut Vec<BorrowedFd<'a>>) {
-        wake_fds(self.sessions.iter(), out);
-    }
-
-    fn write_fds<'a>(&'a self, out: &mut Vec<BorrowedFd<'a>>) {
-        for s in &self.sessions {
-            out.extend(s.transport().write_fd());
-        }
-    }
-
-    /// Parks in the connections' ring when they share one (uring).
-    fn park(&self, waker: ParkWaker<'_>, timeout: Duration) -> Option<ParkEnd> {
-        park_in_shared_driver(self.sessions.iter().map(Session::transport), waker, timeout)
+    fn park(&mut self, waker: ParkWaker<'_>, timeout: Duration) -> Parked {
+        park_driver(self.sessions.driver_mut(), waker, timeout)
     }
 
     fn finished(&self) -> bool {
@@ -584,41 +551,38 @@ impl<T: BenchTransport> Shard for LoadGen<T> {
     }
 }
 
-/// Run the load generator of `run` over `transports` (the run's
-/// connections) on a client reactor pinned to `core`.
-pub fn client<T: BenchTransport>(
-    transports: Vec<T>,
+/// Run the load generator of `run` over the connections `ids` of `driver`
+/// (the run's) on a client reactor pinned to `core`.
+pub fn client<D: BenchDriver>(
+    driver: D,
+    ids: Vec<ConnId>,
     run: &Run,
     core: Option<usize>,
     idle: IdlePolicy,
 ) -> Result<Measured, String> {
-    let window = window_for(run);
-    let st = GenState::new(run, transports.len());
+    let cfg = conn_config(TaskRole::Worker, window_for(run));
+    let slots = ids.iter().map(|id| id.index() + 1).max().unwrap_or(1);
+    let st = GenState::new(run, slots);
     let reactor = Reactor::spawn(spec(0, core, idle), move |_| LoadGen {
-        sessions: transports
-            .into_iter()
-            .map(|t| Session::new(conn_config(TaskRole::Worker, window), t))
-            .collect(),
+        sessions: sessions(driver, &ids, &cfg),
+        ids,
         st,
     })
     .map_err(|e| format!("client reactor: {e}"))?;
     let (gen, rstats) = reactor.join().map_err(|e| format!("client reactor: {e}"))?;
-    // Each park outside the backend is one poll(2), and one read(2) of the
+    // Each park outside the driver is one poll(2), and one read(2) of the
     // reactor's eventfd when a wake-up ended it; each request is two
     // messages (request and response) on this end.
-    let syscalls = drivers(gen.sessions.iter())
-        .map(|s| s.transport().syscalls())
-        .sum::<u64>()
-        + (rstats.parks - rstats.shard_parks)
-        + rstats.waker_reads;
+    let driver = gen.sessions.driver();
+    let syscalls = driver.syscalls() + (rstats.parks - rstats.driver_parks) + rstats.waker_reads;
     tracing::debug!(
         reactor = ?rstats,
-        backend = %counters(gen.sessions.iter()),
+        backend = %driver.counters(),
         "bench client counters"
     );
     let msgs = 2 * gen.st.issued.max(1);
     let syscalls_per_msg = Some(syscalls as f64 / msgs as f64);
-    let zero_copy = gen.sessions.first().and_then(|s| s.transport().zero_copy());
+    let zero_copy = driver.zero_copy();
     let st = gen.st;
     if let Some(e) = st.error {
         return Err(e);

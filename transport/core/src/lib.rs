@@ -7,7 +7,8 @@
 //! * the **message layer** on top, [`Connection`]: a sans-IO core that does
 //!   the handshake, request/response matching, deadlines, cancellation,
 //!   credit-based flow control and chunking, the same for every backend.
-//!   A [`Session`] binds one to its backend for a reactor's turn.
+//!   [`Sessions`] runs those of every connection of one [`Driver`] (the
+//!   per-core object a reactor drives) for a reactor's turn.
 //!
 //! Around them: Send/Recv [`fusion`], the in-memory and fault-injecting test
 //! backends in [`testing`], and the [`conformance`] suite every backend runs.
@@ -28,7 +29,6 @@ pub use connection::{
     TaskRole, PROTOCOL_VERSION,
 };
 pub use driver::{ConnId, ConnTx, Driver, FrameTx, Link, Links, Sleep, StreamDriver};
-pub use reactor::DrivenTransport;
-pub use session::{Session, Sessions, TurnStats};
+pub use session::{Sessions, TurnStats};
 pub use starwire_wire as wire;
 pub use transport::{Transport, TransportError};

@@ -1,26 +1,25 @@
 //! Reactors: one thread per network core, shared-nothing, run-to-completion.
 //!
-//! A reactor owns a [`Shard`]: the connections bound to it for their life,
-//! their sessions, and whatever per-core state the layer above keeps (a
-//! parameter server's rows for this shard). Each loop iteration reads the
-//! clock once and hands `now` to [`Shard::turn`]; nothing below reads the
-//! clock. When a turn finds no work the [`IdlePolicy`] decides: spin
-//! (busy-poll), spin for a while then park, or park at once.
+//! A reactor owns a [`ReactorState`]: one [`Driver`] serving every
+//! connection bound to the reactor for their life, their sessions, and
+//! whatever per-core state the layer above keeps (a parameter server's rows
+//! for one PS shard). Each loop iteration reads the clock once and hands
+//! `now` to [`ReactorState::turn`]; nothing below reads the clock. When a
+//! turn finds no work the [`IdlePolicy`] decides: spin (busy-poll), spin
+//! for a while then park, or park at once.
 //!
-//! Parking waits in `poll(2)` on the shard's file descriptors (sockets,
-//! completion-queue channels) and on an eventfd, so either network input
-//! or a [`ReactorWaker::wake`] from an application thread ends it. The
-//! wake-up uses an eventcount handshake so that no wake-up is lost: the
+//! How it parks is the driver's to say ([`Driver::sleep`], through
+//! [`park_driver`]): in `poll(2)` on the driver's descriptors (sockets) and
+//! on an eventfd, in a wait of the driver's own that also watches that
+//! eventfd (one `io_uring_enter` of an io_uring ring), or not at all (a
+//! driver with no interrupt: the reactor keeps turning). Either network
+//! input or a [`ReactorWaker::wake`] from an application thread ends a park.
+//! The wake-up uses an eventcount handshake so that no wake-up is lost: the
 //! reactor announces `sleeping` (SeqCst), runs one more turn to re-check
 //! its inputs, and only then sleeps; a producer publishes its item first,
 //! then (SeqCst) reads `sleeping` and writes the eventfd if it is set.
 //! Either the reactor's re-check sees the item or the producer sees the flag.
 //! The eventfd is drained only after a park it ended.
-//!
-//! A shard whose connections share one io_uring ring parks in the ring
-//! instead ([`Shard::park`]): one `io_uring_enter` that waits for a
-//! completion, with a poll of the same eventfd among its requests, so the
-//! handshake is unchanged.
 
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -31,6 +30,8 @@ use std::time::{Duration, Instant};
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use thiserror::Error;
+
+use crate::driver::{Driver, Sleep};
 
 /// What a reactor does when a turn found no work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,8 +45,11 @@ pub enum IdlePolicy {
     Park,
 }
 
-/// The per-core state a reactor drives.
-pub trait Shard: Send {
+/// The per-core state a reactor drives: the connections bound to it for
+/// their life (one [`Driver`] and its [`Sessions`](crate::Sessions)) and
+/// whatever the layer above keeps on that core (a parameter server's rows
+/// for one PS shard).
+pub trait ReactorState: Send {
     /// One run-to-completion turn at `now`. Returns true if it did work.
     fn turn(&mut self, now: Instant) -> bool;
 
@@ -54,38 +58,22 @@ pub trait Shard: Send {
         None
     }
 
-    /// File descriptors whose readability must wake a parked reactor,
-    /// borrowed from the shard for the duration of the park.
-    fn wake_fds<'a>(&'a self, _out: &mut Vec<BorrowedFd<'a>>) {}
-
-    /// File descriptors whose writability must wake a parked reactor:
-    /// sockets with bytes queued that the kernel did not take (its send
-    /// buffer was full). Without them a reactor that parks with a reply
-    /// half written sleeps until the next request or `max_park`, while the
-    /// peer waits for the rest of the reply.
-    fn write_fds<'a>(&'a self, _out: &mut Vec<BorrowedFd<'a>>) {}
-
-    /// True when the shard has finished and the reactor may exit.
+    /// True when the state has finished and the reactor may exit.
     fn finished(&self) -> bool {
         false
     }
 
-    /// Park inside a wait of the shard's own instead of `poll(2)`: until
-    /// `waker` (the reactor's eventfd) is readable, input arrives, or
-    /// `timeout`. `None` when the shard has no such wait; the reactor then
-    /// polls [`wake_fds`](Self::wake_fds) and [`write_fds`](Self::write_fds).
-    /// A shard whose connections all share one io_uring ring parks in
-    /// that ring ([`park_in_shared_driver`]): one `io_uring_enter` that
-    /// submits, waits and runs the completions' work.
+    /// Wait until `waker` (the reactor's eventfd) is readable, input
+    /// arrives, or `timeout`: how is the driver's to say, so a state over
+    /// one driver hands it to [`park_driver`]. A state with no driver waits
+    /// with [`park_fds`] on what it has.
     ///
     /// The wait must end at once when `waker` is already readable; the
     /// reactor drains it only after a [`ParkEnd::Waker`].
-    fn park(&self, _waker: ParkWaker<'_>, _timeout: Duration) -> Option<ParkEnd> {
-        None
-    }
+    fn park(&mut self, waker: ParkWaker<'_>, timeout: Duration) -> Parked;
 }
 
-/// The reactor's eventfd, as a [`Shard::park`] waits on it.
+/// The reactor's eventfd, as a park waits on it.
 #[derive(Debug, Clone, Copy)]
 pub struct ParkWaker<'a> {
     /// Readable once a wake-up was written.
@@ -114,77 +102,87 @@ pub enum ParkEnd {
     Input,
 }
 
-/// Park in the driver that every one of `transports` shares (an io_uring
-/// ring), if they share one and none has bytes waiting for writability:
-/// what a [`Shard::park`] over connections does. `None` when they do not
-/// share one, when there are none, or when the backend has no wait of its
-/// own (tcp).
-pub fn park_in_shared_driver<'a, T: DrivenTransport + 'a>(
-    mut transports: impl Iterator<Item = &'a T>,
-    waker: ParkWaker<'_>,
-    timeout: Duration,
-) -> Option<ParkEnd> {
-    let first = transports.next()?;
-    let key = first.driver_key()?;
-    if first.write_fd().is_some()
-        || transports.any(|t| t.driver_key() != Some(key) || t.write_fd().is_some())
-    {
-        return None;
-    }
-    first.park(waker, timeout)
+/// How a [`ReactorState::park`] waited, and what ended the wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Parked {
+    /// In `poll(2)` ([`park_fds`]).
+    Poll(ParkEnd),
+    /// In the driver's own wait ([`Driver::park`]).
+    Driver(ParkEnd),
+    /// Not at all: the driver has nothing to wait on ([`Sleep::Never`]);
+    /// the reactor turns again.
+    No,
 }
 
-/// A [`Transport`](crate::Transport) as a reactor drives it: what a parked
-/// reactor waits on, and the end of a turn. Implemented by the tcp and
-/// io_uring backends; the train, bench and soak shards build their
-/// [`Shard::wake_fds`] and [`Shard::write_fds`] from it.
-pub trait DrivenTransport: crate::Transport {
-    /// The descriptor whose readability wakes a parked reactor for this
-    /// connection: its socket, or its ring's park descriptor.
-    fn wake_fd(&self) -> BorrowedFd<'_>;
-
-    /// The descriptor whose writability a parked reactor must also wait
-    /// for: a socket holding queued bytes its full send buffer refused.
-    /// `None` when nothing waits, or when the backend wakes
-    /// [`wake_fd`](Self::wake_fd) itself once a send completes (an io_uring
-    /// ring).
-    fn write_fd(&self) -> Option<BorrowedFd<'_>> {
-        None
+/// Park the calling thread the way `driver` says ([`Driver::sleep`]): in
+/// `poll(2)` on its descriptors and the waker, in its own wait, or not at
+/// all. A driver whose own wait could not be made is polled on its
+/// descriptors instead.
+pub fn park_driver<D: Driver + ?Sized>(
+    driver: &mut D,
+    waker: ParkWaker<'_>,
+    timeout: Duration,
+) -> Parked {
+    match driver.sleep() {
+        Sleep::Never => return Parked::No,
+        Sleep::Own => {
+            if let Some(end) = driver.park(waker, timeout) {
+                return Parked::Driver(end);
+            }
+        }
+        Sleep::Fds => {}
     }
+    let mut read = Vec::new();
+    driver.wake_fds(&mut read);
+    let mut write = Vec::new();
+    driver.write_fds(&mut write);
+    Parked::Poll(park_fds(waker, &read, &write, timeout))
+}
 
-    /// The end of a turn over every connection sharing this one's driver
-    /// (an io_uring ring): its one submission. Call once per turn, on any
-    /// one of those connections. Returns true when it did work.
-    fn end_turn(&self) -> bool {
-        false
+/// Sleep in `poll(2)` until `waker` or one of `read` is readable, one of
+/// `write` writable (a socket holding bytes its full send buffer refused:
+/// without it a reactor that parks with a reply half written sleeps until
+/// the next request while the peer waits for the rest), or `timeout`.
+pub fn park_fds(
+    waker: ParkWaker<'_>,
+    read: &[BorrowedFd<'_>],
+    write: &[BorrowedFd<'_>],
+    timeout: Duration,
+) -> ParkEnd {
+    let mut pfds: Vec<PollFd<'_>> = Vec::with_capacity(read.len() + write.len() + 1);
+    pfds.push(PollFd::new(waker.fd, PollFlags::POLLIN));
+    for fd in read {
+        pfds.push(PollFd::new(*fd, PollFlags::POLLIN));
     }
-
-    /// Which driver this connection shares with others (an io_uring
-    /// ring's identity): connections with the same key are driven by one
-    /// submission and may park in one wait. `None` (the default) when each
-    /// connection is its own driver (tcp).
-    fn driver_key(&self) -> Option<usize> {
-        None
+    for fd in write {
+        pfds.push(PollFd::new(*fd, PollFlags::POLLOUT));
     }
-
-    /// Park the reactor in this connection's driver, for every connection
-    /// sharing it (see [`Shard::park`]). `None` (the default) when the
-    /// backend has no wait of its own.
-    fn park(&self, _waker: ParkWaker<'_>, _timeout: Duration) -> Option<ParkEnd> {
-        None
+    let ms = u16::try_from(timeout.as_millis().max(1)).unwrap_or(u16::MAX);
+    match nix::poll::poll(&mut pfds, PollTimeout::from(ms)) {
+        Ok(n) if n > 0 => {
+            let woke = pfds[0]
+                .revents()
+                .is_some_and(|r| r.intersects(PollFlags::POLLIN));
+            if woke {
+                ParkEnd::Waker
+            } else {
+                ParkEnd::Input
+            }
+        }
+        _ => ParkEnd::Timeout,
     }
 }
 
 /// Where and how a reactor runs.
 #[derive(Debug, Clone)]
 pub struct ReactorSpec {
-    /// Reactor index (its shard id).
+    /// Reactor index.
     pub index: usize,
     /// The CPU to pin to, if pinning.
     pub cpu: Option<usize>,
     /// The idle policy.
     pub idle: IdlePolicy,
-    /// Longest single park, so a shard with no timers still re-checks.
+    /// Longest single park, so a state with no timers still re-checks.
     pub max_park: Duration,
 }
 
@@ -261,6 +259,16 @@ impl ReactorWaker {
         self.state.stop.store(true, Ordering::SeqCst);
         let _ = self.state.efd.write(1);
     }
+
+    /// The eventfd as a park waits on it, for a thread that parks its
+    /// driver itself ([`park_driver`]) rather than in a [`Reactor`]: a
+    /// worker waiting for replies on its own thread.
+    pub fn park_waker(&self) -> ParkWaker<'_> {
+        ParkWaker {
+            fd: self.state.efd.as_fd(),
+            id: self.state.id,
+        }
+    }
 }
 
 /// Counters of one reactor's life.
@@ -279,9 +287,9 @@ pub struct ReactorStats {
     /// Parks that a wake-up (the reactor's eventfd) ended, each followed
     /// by one read draining the eventfd; the other parks skip that read.
     pub waker_reads: u64,
-    /// Parks in a wait of the shard's own ([`Shard::park`], an io_uring
-    /// ring's) rather than `poll(2)`.
-    pub shard_parks: u64,
+    /// Parks in a wait of the driver's own ([`Parked::Driver`], an
+    /// io_uring ring's) rather than `poll(2)`.
+    pub driver_parks: u64,
     /// Time spent in turns that did work, in nanoseconds (each measured
     /// from its start to the start of the next turn, so a park after a
     /// busy turn is not counted).
@@ -297,9 +305,9 @@ pub struct Reactor<S> {
     join: Option<JoinHandle<Result<(S, ReactorStats), ReactorError>>>,
 }
 
-impl<S: Shard + 'static> Reactor<S> {
-    /// Start a reactor thread that pins itself (if asked), builds its shard
-    /// with `make` on its own core, and runs it until the shard finishes or
+impl<S: ReactorState + 'static> Reactor<S> {
+    /// Start a reactor thread that pins itself (if asked), builds its state
+    /// with `make` on its own core, and runs it until the state finishes or
     /// [`ReactorWaker::stop`] is called.
     pub fn spawn<F>(spec: ReactorSpec, make: F) -> Result<Self, ReactorError>
     where
@@ -328,9 +336,9 @@ impl<S: Shard + 'static> Reactor<S> {
                         }
                     })?;
                 }
-                let mut shard = make(w.clone());
-                let stats = run(&spec, &w.state, &mut shard);
-                Ok((shard, stats))
+                let mut state = make(w.clone());
+                let stats = run(&spec, &w.state, &mut state);
+                Ok((state, stats))
             })
             .map_err(ReactorError::Spawn)?;
         Ok(Self {
@@ -344,33 +352,38 @@ impl<S: Shard + 'static> Reactor<S> {
         self.waker.clone()
     }
 
-    /// True once the reactor thread has exited (its shard finished, or it
+    /// True once the reactor thread has exited (its state finished, or it
     /// was stopped).
     pub fn is_finished(&self) -> bool {
         self.join.as_ref().map_or(true, JoinHandle::is_finished)
     }
 
-    /// Wait for the reactor to finish and take back its shard.
+    /// Wait for the reactor to finish and take back its state.
     pub fn join(mut self) -> Result<(S, ReactorStats), ReactorError> {
         let j = self.join.take().ok_or(ReactorError::Panicked)?;
         j.join().map_err(|_| ReactorError::Panicked)?
     }
 
-    /// Stop the reactor and take back its shard.
+    /// Stop the reactor and take back its state.
     pub fn stop(self) -> Result<(S, ReactorStats), ReactorError> {
         self.waker.stop();
         self.join()
     }
 }
 
-/// Run `shard` on the calling thread with the given policy until it
+/// Run `state` on the calling thread with the given policy until it
 /// finishes or is stopped through a waker made by [`local_waker`]. Useful
 /// when the caller's thread is itself the reactor (a benchmark client).
-pub fn run_here<S: Shard>(spec: &ReactorSpec, waker: &ReactorWaker, shard: &mut S) -> ReactorStats {
-    run(spec, &waker.state, shard)
+pub fn run_here<S: ReactorState>(
+    spec: &ReactorSpec,
+    waker: &ReactorWaker,
+    state: &mut S,
+) -> ReactorStats {
+    run(spec, &waker.state, state)
 }
 
-/// A waker for [`run_here`].
+/// A waker for [`run_here`], or for a thread that parks its driver
+/// itself ([`ReactorWaker::park_waker`]).
 pub fn local_waker() -> Result<ReactorWaker, ReactorError> {
     let efd = EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
         .map_err(ReactorError::EventFd)?;
@@ -385,14 +398,14 @@ pub fn local_waker() -> Result<ReactorWaker, ReactorError> {
     })
 }
 
-fn run<S: Shard>(spec: &ReactorSpec, state: &WakeState, shard: &mut S) -> ReactorStats {
+fn run<S: ReactorState>(spec: &ReactorSpec, wake: &WakeState, state: &mut S) -> ReactorStats {
     let mut stats = ReactorStats::default();
     let mut last_work = Instant::now();
     let first = last_work;
     // The start of the last turn, when it did work.
     let mut busy_since: Option<Instant> = None;
     loop {
-        if state.stop.load(Ordering::Relaxed) || shard.finished() {
+        if wake.stop.load(Ordering::Relaxed) || state.finished() {
             break;
         }
         let now = Instant::now();
@@ -401,7 +414,7 @@ fn run<S: Shard>(spec: &ReactorSpec, state: &WakeState, shard: &mut S) -> Reacto
         }
         stats.run_ns = now.saturating_duration_since(first).as_nanos() as u64;
         stats.turns += 1;
-        if shard.turn(now) {
+        if state.turn(now) {
             stats.busy_turns += 1;
             last_work = now;
             busy_since = Some(now);
@@ -417,83 +430,50 @@ fn run<S: Shard>(spec: &ReactorSpec, state: &WakeState, shard: &mut S) -> Reacto
             continue;
         }
         // Eventcount: announce, re-check, then sleep.
-        state.sleeping.store(true, Ordering::SeqCst);
+        wake.sleeping.store(true, Ordering::SeqCst);
         std::sync::atomic::fence(Ordering::SeqCst);
         let now = Instant::now();
-        if shard.turn(now) || state.stop.load(Ordering::SeqCst) {
-            state.sleeping.store(false, Ordering::SeqCst);
+        if state.turn(now) || wake.stop.load(Ordering::SeqCst) {
+            wake.sleeping.store(false, Ordering::SeqCst);
             stats.park_cancels += 1;
             last_work = now;
             continue;
         }
         let mut timeout = spec.max_park;
-        if let Some(d) = shard.next_deadline() {
+        if let Some(d) = state.next_deadline() {
             timeout = timeout.min(d.saturating_duration_since(now));
         }
-        stats.parks += 1;
         let waker = ParkWaker {
-            fd: state.efd.as_fd(),
-            id: state.id,
+            fd: wake.efd.as_fd(),
+            id: wake.id,
         };
-        let woke = match shard.park(waker, timeout) {
-            Some(end) => {
-                stats.shard_parks += 1;
+        let woke = match state.park(waker, timeout) {
+            Parked::Poll(end) => end,
+            Parked::Driver(end) => {
+                stats.driver_parks += 1;
                 end
             }
-            None => {
-                let mut fds = Vec::new();
-                shard.wake_fds(&mut fds);
-                let mut wfds = Vec::new();
-                shard.write_fds(&mut wfds);
-                park_on(&state.efd, &fds, &wfds, timeout)
+            Parked::No => {
+                wake.sleeping.store(false, Ordering::SeqCst);
+                std::hint::spin_loop();
+                continue;
             }
         };
+        stats.parks += 1;
         if woke == ParkEnd::Timeout {
             stats.park_timeouts += 1;
         }
-        state.sleeping.store(false, Ordering::SeqCst);
+        wake.sleeping.store(false, Ordering::SeqCst);
         if woke == ParkEnd::Waker {
-            // Drain the eventfd. Only when poll saw it readable: most
+            // Drain the eventfd. Only when the park saw it readable: most
             // parks end on network input, and a read that finds nothing
             // is a wasted system call per park. A wake written after the
-            // poll returned stays in the eventfd and ends the next park at
+            // park returned stays in the eventfd and ends the next park at
             // once, so it costs a turn, never a lost wake-up.
-            let _ = state.efd.read();
+            let _ = wake.efd.read();
             stats.waker_reads += 1;
         }
         last_work = Instant::now();
     }
     stats
-}
-
-/// Sleep until the eventfd or one of `fds` is readable, one of `wfds`
-/// writable, or `timeout`.
-fn park_on(
-    efd: &EventFd,
-    fds: &[BorrowedFd<'_>],
-    wfds: &[BorrowedFd<'_>],
-    timeout: Duration,
-) -> ParkEnd {
-    let mut pfds: Vec<PollFd<'_>> = Vec::with_capacity(fds.len() + wfds.len() + 1);
-    pfds.push(PollFd::new(efd.as_fd(), PollFlags::POLLIN));
-    for fd in fds {
-        pfds.push(PollFd::new(*fd, PollFlags::POLLIN));
-    }
-    for fd in wfds {
-        pfds.push(PollFd::new(*fd, PollFlags::POLLOUT));
-    }
-    let ms = u16::try_from(timeout.as_millis().max(1)).unwrap_or(u16::MAX);
-    match nix::poll::poll(&mut pfds, PollTimeout::from(ms)) {
-        Ok(n) if n > 0 => {
-            let waker = pfds[0]
-                .revents()
-                .is_some_and(|r| r.intersects(PollFlags::POLLIN));
-            if waker {
-                ParkEnd::Waker
-            } else {
-                ParkEnd::Input
-            }
-        }
-        _ => ParkEnd::Timeout,
-    }
 }

@@ -8,8 +8,8 @@ use starwire_transport::testing::MemTransport;
 use starwire_transport::wire::message::{Hello, Role};
 use starwire_transport::wire::{Flags, FrameError, Header, Opcode, Status, HEADER_LEN};
 use starwire_transport::{
-    Body, ConnConfig, ConnError, Connection, Driver, Incoming, PeerInfo, Session, TaskRole,
-    Transport,
+    Body, ConnConfig, ConnError, ConnId, Connection, Driver, Incoming, Links, PeerInfo, Sessions,
+    TaskRole, Transport,
 };
 
 const MAX_FRAME: usize = 4096;
@@ -49,18 +49,30 @@ fn send_raw(t: &mut MemTransport, frame: &[u8]) {
     t.flush(Instant::now()).expect("flush");
 }
 
-/// A PS session fed raw frames by a hand-driven peer. Returns the error the
-/// session ended with.
+/// The PS end of an in-memory pair, as the only connection of a driver;
+/// the other end is left raw for the test to write frames into.
+fn ps_end(cfg: ConnConfig) -> (MemTransport, Sessions<Links<MemTransport>>, ConnId) {
+    let (raw, b) = MemTransport::pair(MAX_FRAME, 64);
+    let mut links = Links::new(MAX_FRAME);
+    let id = links.attach(b);
+    let mut ps = Sessions::new(links);
+    ps.insert(id, cfg);
+    (raw, ps, id)
+}
+
+/// A PS connection fed raw frames by a hand-driven peer. Returns the error
+/// the connection ended with.
 fn feed(frames: &[Vec<u8>]) -> ConnError {
-    let (mut raw, b) = MemTransport::pair(MAX_FRAME, 64);
-    let mut ps = Session::new(local(TaskRole::Ps), b);
+    let (mut raw, mut ps, id) = ps_end(local(TaskRole::Ps));
     for f in frames {
         send_raw(&mut raw, f);
     }
     let now = Instant::now();
     for _ in 0..10 {
-        if let Err(e) = ps.turn(now, &mut |_, _| {}) {
-            assert!(ps.conn_ref().is_closed(), "connection left open after {e}");
+        ps.turn(now, &mut |_, _, _| {});
+        if let Some((failed, conn, e)) = ps.poll_failed() {
+            assert_eq!(failed, id);
+            assert!(conn.is_closed(), "connection left open after {e}");
             return e;
         }
     }
@@ -158,8 +170,7 @@ fn frames_beyond_credit_close() {
     let mut cfg = local(TaskRole::Ps);
     cfg.recv_window = 2;
     cfg.auto_credit = false;
-    let (mut raw, b) = MemTransport::pair(MAX_FRAME, 64);
-    let mut ps = Session::new(cfg, b);
+    let (mut raw, mut ps, _) = ps_end(cfg);
     send_raw(&mut raw, &hello_frame(8));
     for i in 0..3 {
         let mut h = Header::new(Opcode::Rpc, i + 1, 0);
@@ -167,8 +178,9 @@ fn frames_beyond_credit_close() {
         h.request_id = 0;
         send_raw(&mut raw, &frame(h, &[]));
     }
-    let r = ps.turn(Instant::now(), &mut |_, _| {});
-    assert!(matches!(r, Err(ConnError::Protocol(_))), "{r:?}");
+    ps.turn(Instant::now(), &mut |_, _, _| {});
+    let r = ps.poll_failed().map(|(_, _, e)| e);
+    assert!(matches!(r, Some(ConnError::Protocol(_))), "{r:?}");
 }
 
 #[test]

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use starwire_queue::{grid, Consumer};
-use starwire_transport::reactor::{IdlePolicy, Reactor, ReactorSpec, Shard};
+use starwire_transport::reactor::{
+    park_fds, IdlePolicy, ParkWaker, Parked, Reactor, ReactorSpec, ReactorState,
+};
 use starwire_transport::testing::{assert_all_in_producer_order, push_and_wake};
 
 struct Sink {
@@ -16,7 +18,7 @@ struct Sink {
     want: usize,
 }
 
-impl Shard for Sink {
+impl ReactorState for Sink {
     fn turn(&mut self, _now: Instant) -> bool {
         let before = self.got.len();
         let got = &mut self.got;
@@ -25,6 +27,9 @@ impl Shard for Sink {
     }
     fn finished(&self) -> bool {
         self.got.len() >= self.want
+    }
+    fn park(&mut self, waker: ParkWaker<'_>, timeout: Duration) -> Parked {
+        Parked::Poll(park_fds(waker, &[], &[], timeout))
     }
 }
 
@@ -52,20 +57,20 @@ fn no_lost_wakeups_under_stress() {
         })
         .expect("spawn");
         push_and_wake(txs, &reactor.waker(), per, 1000);
-        let (shard, stats) = reactor.join().expect("reactor");
-        assert_all_in_producer_order(&shard.got, producers, per);
+        let (sink, stats) = reactor.join().expect("reactor");
+        assert_all_in_producer_order(&sink.got, producers, per);
         assert_eq!(stats.park_timeouts, 0, "a wake-up was lost: {stats:?}");
         // Parks the producers' wake-ups ended are told apart as such.
         assert!(stats.waker_reads > 0, "{stats:?}");
     }
 }
 
-struct SocketShard {
+struct SocketReader {
     sock: std::net::UdpSocket,
     got: Arc<AtomicU64>,
 }
 
-impl Shard for SocketShard {
+impl ReactorState for SocketReader {
     fn turn(&mut self, _now: Instant) -> bool {
         let mut buf = [0u8; 64];
         let mut any = false;
@@ -75,8 +80,8 @@ impl Shard for SocketShard {
         }
         any
     }
-    fn wake_fds<'a>(&'a self, out: &mut Vec<BorrowedFd<'a>>) {
-        out.push(self.sock.as_fd());
+    fn park(&mut self, waker: ParkWaker<'_>, timeout: Duration) -> Parked {
+        Parked::Poll(park_fds(waker, &[self.sock.as_fd()], &[], timeout))
     }
     fn finished(&self) -> bool {
         self.got.load(Ordering::SeqCst) >= 100
@@ -94,7 +99,7 @@ fn socket_input_wakes_a_parked_reactor() {
     spec.idle = IdlePolicy::Park;
     spec.max_park = Duration::from_secs(30);
     let g = got.clone();
-    let reactor = Reactor::spawn(spec, move |_| SocketShard { sock, got: g }).expect("spawn");
+    let reactor = Reactor::spawn(spec, move |_| SocketReader { sock, got: g }).expect("spawn");
     let tx = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
     for _ in 0..100 {
         tx.send_to(b"x", addr).expect("send");
@@ -108,16 +113,16 @@ fn socket_input_wakes_a_parked_reactor() {
     // wake, the join's, could end a park).
     assert!(stats.parks >= 50, "{stats:?}");
     assert!(stats.waker_reads <= 1, "{stats:?}");
-    assert_eq!(stats.shard_parks, 0, "{stats:?}");
+    assert_eq!(stats.driver_parks, 0, "{stats:?}");
     let _ = std::io::stdout().flush();
 }
 
-struct WriterShard {
+struct SocketWriter {
     sock: std::os::unix::net::UnixStream,
     left: usize,
 }
 
-impl Shard for WriterShard {
+impl ReactorState for SocketWriter {
     fn turn(&mut self, _now: Instant) -> bool {
         let chunk = [7u8; 64 << 10];
         let mut any = false;
@@ -135,18 +140,21 @@ impl Shard for WriterShard {
         }
         any
     }
-    fn write_fds<'a>(&'a self, out: &mut Vec<BorrowedFd<'a>>) {
-        if self.left > 0 {
-            out.push(self.sock.as_fd());
-        }
+    fn park(&mut self, waker: ParkWaker<'_>, timeout: Duration) -> Parked {
+        let write: &[BorrowedFd<'_>] = if self.left > 0 {
+            &[self.sock.as_fd()]
+        } else {
+            &[]
+        };
+        Parked::Poll(park_fds(waker, &[], write, timeout))
     }
     fn finished(&self) -> bool {
         self.left == 0
     }
 }
 
-/// A shard whose socket refused queued bytes parks until the socket takes
-/// more (its `write_fds`), not until `max_park`: a reply half written must
+/// A reactor whose socket refused queued bytes parks until the socket takes
+/// more (its park's write descriptors), not until `max_park`: a reply half written must
 /// not wait for the next request.
 #[test]
 fn socket_writability_wakes_a_parked_reactor() {
@@ -157,7 +165,7 @@ fn socket_writability_wakes_a_parked_reactor() {
     let mut spec = ReactorSpec::new(0);
     spec.idle = IdlePolicy::Park;
     spec.max_park = Duration::from_secs(30);
-    let reactor = Reactor::spawn(spec, move |_| WriterShard {
+    let reactor = Reactor::spawn(spec, move |_| SocketWriter {
         sock: a,
         left: total,
     })
@@ -179,13 +187,16 @@ struct WhereAmI {
     cpu: Option<usize>,
 }
 
-impl Shard for WhereAmI {
+impl ReactorState for WhereAmI {
     fn turn(&mut self, _now: Instant) -> bool {
         self.cpu = starwire_placement::current_cpu().ok();
         true
     }
     fn finished(&self) -> bool {
         self.cpu.is_some()
+    }
+    fn park(&mut self, waker: ParkWaker<'_>, timeout: Duration) -> Parked {
+        Parked::Poll(park_fds(waker, &[], &[], timeout))
     }
 }
 
@@ -197,8 +208,8 @@ fn reactor_runs_on_its_pinned_core() {
     spec.cpu = Some(cpu);
     spec.idle = IdlePolicy::BusyPoll;
     let r = Reactor::spawn(spec, |_| WhereAmI { cpu: None }).expect("spawn");
-    let (shard, _) = r.join().expect("join");
-    assert_eq!(shard.cpu, Some(cpu));
+    let (state, _) = r.join().expect("join");
+    assert_eq!(state.cpu, Some(cpu));
 }
 
 /// Busy for its first `busy` turns (2 ms each), then idle (1 ms each,
@@ -209,7 +220,7 @@ struct Alternating {
     turns: u32,
 }
 
-impl Shard for Alternating {
+impl ReactorState for Alternating {
     fn turn(&mut self, _now: Instant) -> bool {
         self.turn += 1;
         let busy = self.turn <= self.busy;
@@ -218,6 +229,9 @@ impl Shard for Alternating {
     }
     fn finished(&self) -> bool {
         self.turn >= self.turns
+    }
+    fn park(&mut self, waker: ParkWaker<'_>, timeout: Duration) -> Parked {
+        Parked::Poll(park_fds(waker, &[], &[], timeout))
     }
 }
 

@@ -12,13 +12,13 @@ use starwire_data::{auc, logloss, Batch, TrueModel};
 use starwire_graph::{partition, Executor};
 use starwire_ps::{Manifest, PsShard, WorkerProgress};
 use starwire_transport::reactor::{IdlePolicy, Reactor, ReactorSpec};
-use starwire_transport::{ConnConfig, PeerInfo, TaskRole};
+use starwire_transport::{ConnConfig, Driver, PeerInfo, StreamDriver, TaskRole};
 
 use super::config::shard_config;
 use super::{model_name, protocol_name, BackendKind, Interval, Plan, TrainConfig};
 use crate::handler::{shard_file, ShardHandler};
-use crate::link::{connect_shard, Acceptor, Backend, Binder, ShardInbox, Tcp};
-use crate::net::{Exchange, SessionNet, Traffic};
+use crate::link::{connect_shard, Acceptor, Backend, ShardInbox, Tcp};
+use crate::net::{Exchange, SessionNet, ShardSessions, Traffic};
 use crate::server::PsReactor;
 use crate::source::{DataSource, Reader};
 use crate::worker::WorkerCore;
@@ -45,7 +45,7 @@ fn peer(role: TaskRole, index: u32, shards: u16) -> PeerInfo {
 #[derive(Debug)]
 pub struct PsTask<K: Backend> {
     acceptor: Acceptor,
-    reactors: Vec<Reactor<PsReactor<ShardHandler, K::B>>>,
+    reactors: Vec<Reactor<PsReactor<ShardHandler, K::Driver>>>,
 }
 
 impl<K: Backend> PsTask<K> {
@@ -136,7 +136,7 @@ pub trait WorkerNet: Exchange {
     fn close(&mut self);
 }
 
-impl<T: crate::link::LinkTransport> WorkerNet for SessionNet<T> {
+impl<D: Driver> WorkerNet for SessionNet<D> {
     fn close(&mut self) {
         SessionNet::close(self);
     }
@@ -240,15 +240,15 @@ pub fn start_ps<K: Backend>(
             },
             max_park: Duration::from_millis(100),
         };
-        // The binder (an io_uring ring) is made on the reactor's own thread;
-        // the first connection reports a failure to make it.
+        // The driver (an io_uring ring) is made on the reactor's own
+        // thread, which reports a failure to make it.
         let (btx, brx) = mpsc::sync_channel(1);
         let polling = cfg.ps_polling;
         let reactor = Reactor::spawn(spec, move |_| {
-            let binder = K::binder(polling);
-            let ok = binder.as_ref().map(|_| ()).map_err(|e| e.to_string());
+            let driver = K::driver(polling);
+            let ok = driver.as_ref().map(|_| ()).map_err(|e| e.to_string());
             let _ = btx.send(ok);
-            PsReactor::new(s, handler, conn_cfg, binder.ok(), rx, expected)
+            PsReactor::new(s, handler, conn_cfg, driver.ok(), rx, expected)
         })
         .map_err(|e| TrainError::Internal(format!("starting PS reactor: {e}")))?;
         brx.recv()
@@ -270,7 +270,7 @@ pub fn connect<K: Backend>(
     ps_addrs: &[String],
     index: u32,
     shards: usize,
-) -> Result<SessionNet<<K::B as Binder>::Link>, TrainError> {
+) -> Result<SessionNet<K::Driver>, TrainError> {
     let r = cfg.ps_reactors.max(1);
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut ts = Vec::with_capacity(shards);
@@ -281,15 +281,16 @@ pub fn connect<K: Backend>(
             .ok_or_else(|| TrainError::Config(format!("no address for PS {p}")))?;
         ts.push(connect_shard(addr, local as u32, deadline)?);
     }
-    let mut binder =
-        K::binder(cfg.worker_polling).map_err(|e| TrainError::Backend(K::NAME, e.to_string()))?;
-    let ts = ts
+    let backend = |e: &dyn std::fmt::Display| TrainError::Backend(K::NAME, e.to_string());
+    let mut driver = K::driver(cfg.worker_polling).map_err(|e| backend(&e))?;
+    let ids = ts
         .into_iter()
-        .map(|s| binder.bind(s))
+        .map(|s| driver.attach_stream(s))
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| TrainError::Backend(K::NAME, e.to_string()))?;
+        .map_err(|e| backend(&e))?;
     let cc = ConnConfig::new(peer(TaskRole::Worker, index, 1));
-    SessionNet::new(&cc, ts, cfg.worker_polling, Duration::from_secs(120))
+    let net = ShardSessions::new(driver, ids, &cc);
+    SessionNet::new(net, cfg.worker_polling, Duration::from_secs(120))
 }
 
 /// What one worker did.

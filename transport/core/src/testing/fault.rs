@@ -162,30 +162,6 @@ impl<T: Transport> Faulty<T> {
     }
 }
 
-/// A parked reactor waits on the wrapped transport's descriptors: faults
-/// are injected on the frames, not on readiness.
-impl<T: crate::DrivenTransport> crate::DrivenTransport for Faulty<T> {
-    fn wake_fd(&self) -> std::os::fd::BorrowedFd<'_> {
-        self.inner().wake_fd()
-    }
-    fn write_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
-        self.inner().write_fd()
-    }
-    fn end_turn(&self) -> bool {
-        self.inner().end_turn()
-    }
-    fn driver_key(&self) -> Option<usize> {
-        self.inner().driver_key()
-    }
-    fn park(
-        &self,
-        waker: crate::reactor::ParkWaker<'_>,
-        timeout: std::time::Duration,
-    ) -> Option<crate::reactor::ParkEnd> {
-        self.inner().park(waker, timeout)
-    }
-}
-
 /// Faults are injected on the frames, not on readiness: a driver of
 /// faulty links waits on the wrapped link's descriptors.
 impl<T: crate::driver::Link> crate::driver::Link for Faulty<T> {
