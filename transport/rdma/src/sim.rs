@@ -174,6 +174,8 @@ pub struct SimNic {
     fabric: Arc<Mutex<Fabric>>,
     cfg: SimConfig,
     regions: HashMap<u32, SimRegion>,
+    /// Regions registered so far: the next region's id.
+    registered: u32,
     /// Ordered, so that progress visits queue pairs deterministically.
     qps: BTreeMap<u32, SimQp>,
     cq: VecDeque<Completion>,
@@ -216,6 +218,7 @@ impl SimFabric {
             fabric: Arc::clone(&self.shared),
             cfg: self.cfg,
             regions: HashMap::new(),
+            registered: 0,
             qps: BTreeMap::new(),
             cq: VecDeque::new(),
             cq_overrun: false,
@@ -501,7 +504,7 @@ impl Verbs for SimNic {
         let key = fabric.next_key;
         fabric.next_key += 2;
         let mr = MemoryRegion {
-            id: key / 2,
+            id: self.registered,
             // Synthetic, distinct and far apart, like virtual addresses.
             addr: u64::from(key) << 32,
             len,
@@ -517,6 +520,7 @@ impl Verbs for SimNic {
             },
         );
         drop(fabric);
+        self.registered += 1;
         self.regions.insert(
             mr.lkey,
             SimRegion {

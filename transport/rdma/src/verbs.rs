@@ -30,7 +30,8 @@ use crate::mem::RegisteredMem;
 /// with local write and remote write access.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct MemoryRegion {
-    /// Driver-local identifier (registration order).
+    /// Identifier local to the verbs that registered it (registration
+    /// order).
     pub id: u32,
     /// Address of the first byte as the peer names it in `remote_addr`
     /// (the buffer's virtual address for the verbs driver; synthetic in the
