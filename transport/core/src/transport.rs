@@ -1,29 +1,23 @@
-//! The backend layer: the contract every backend implements.
+//! Point-to-point links: the building block of drivers whose connections
+//! are independent.
 //!
 //! A [`Transport`] moves *frames* (a 32-byte [`wire::Header`](starwire_wire::Header)
 //! followed by its body) between two endpoints, reliably and in order. It
 //! is poll-mode: nothing blocks, nothing reads the clock, and progress happens
-//! only inside [`Transport::flush`] and [`Transport::rx_burst`], which the
-//! reactor calls with `now`.
+//! only inside [`Transport::flush`] and [`Transport::rx_burst`], which its
+//! driver calls with `now`.
+//!
+//! The contract every backend implements is the per-core
+//! [`Driver`](crate::Driver). A TCP socket is a link of its own, so the TCP
+//! driver is [`Links`](crate::Links) of [`Transport`]s, as are the
+//! in-memory and fault-injecting links of tests; the io_uring, RDMA and
+//! datagram drivers own their per-core queue and keep per-connection state
+//! of their own instead.
 //!
 //! Buffers are lent, not copied: [`Transport::tx_reserve`] lends a piece of
-//! the backend's own transmit memory (a socket buffer, an io_uring fixed
-//! buffer, an RDMA memory region, a DPDK mbuf) and the codec encodes the
-//! frame into it in place; [`Transport::rx_burst`] lends each received frame
-//! to a sink for the duration of a call, so decoders borrow it without a copy.
-//!
-//! How the three kernel-bypass backends fit:
-//!
-//! * io_uring: `tx_reserve` carves frames out of a registered fixed buffer,
-//!   `flush` submits one `SEND` per buffer with a single `io_uring_enter`,
-//!   `rx_burst` walks completions of a multishot receive.
-//! * ibverbs: `tx_reserve` lends a slot of a registered memory region,
-//!   `flush` posts one RDMA write-with-immediate per frame into the peer's
-//!   receive ring and rings the doorbell once, `rx_burst` polls the
-//!   completion queue and lends frames in place from the local ring.
-//! * DPDK: a reliability core turns lossy MTU-sized datagrams into this
-//!   contract; `tx_reserve` lends mbuf data room, `flush` is one
-//!   `rte_eth_tx_burst`, `rx_burst` one `rte_eth_rx_burst`.
+//! the link's own transmit memory and the codec encodes the frame into it in
+//! place; [`Transport::rx_burst`] lends each received frame to a sink for
+//! the duration of a call, so decoders borrow it without a copy.
 
 use std::time::Instant;
 

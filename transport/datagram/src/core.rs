@@ -30,12 +30,9 @@ pub const MAX_WINDOW: u32 = 1 << 30;
 pub const MIN_MTU: usize = PACKET_HEADER_LEN + 16;
 
 /// Parameters of the reliability protocol. Both ends of a connection must
-/// use the same `conn_id`, `initial_seq` and `window`.
+/// use the same `initial_seq` and `window`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReliableConfig {
-    /// Connection id carried by every packet; packets with another id are
-    /// dropped.
-    pub conn_id: u32,
     /// Sequence number of the first packet in each direction.
     pub initial_seq: u32,
     /// Largest frame (header included) accepted by `tx_reserve`.
@@ -56,15 +53,14 @@ pub struct ReliableConfig {
     /// Consecutive retransmission timeouts without progress after which the
     /// peer is declared unreachable.
     pub dead_after_timeouts: u32,
-    /// Packets pulled from the link per `rx_burst` (used by
-    /// [`Reliable`](crate::Reliable)).
+    /// Packets a [`DatagramDriver`](crate::DatagramDriver) takes from its
+    /// link per receive pass, for all its connections.
     pub rx_batch: usize,
 }
 
 impl Default for ReliableConfig {
     fn default() -> Self {
         Self {
-            conn_id: 1,
             initial_seq: 0,
             max_frame_len: 64 * 1024,
             window: 256,
@@ -77,6 +73,18 @@ impl Default for ReliableConfig {
             rx_batch: 64,
         }
     }
+}
+
+/// The connection ids a core's packets carry. Each end names the
+/// connection with an id of its own; see [`crate::packet`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ConnIds {
+    /// Ours: packets we accept carry it as `dst_conn`, ours carry it as
+    /// `src_conn`.
+    pub local: u32,
+    /// The peer's: packets we send carry it as `dst_conn`, packets we
+    /// accept carry it as `src_conn`.
+    pub peer: u32,
 }
 
 /// An inconsistent [`ReliableConfig`].
@@ -99,13 +107,15 @@ pub struct CoreStats {
     pub fast_retransmits: u64,
     /// Standalone acknowledgement packets sent.
     pub acks_sent: u64,
-    /// Datagrams handed to `handle_packet`.
+    /// Datagrams handed to `handle_packet` or `handle_parsed`.
     pub packets_received: u64,
-    /// Datagrams dropped for a bad checksum.
+    /// Datagrams `handle_packet` dropped for a bad checksum (a driver
+    /// verifies packets before routing them, and counts these itself).
     pub dropped_corrupt: u64,
-    /// Datagrams dropped as malformed (bad magic, version, lengths, flags).
+    /// Datagrams `handle_packet` dropped as malformed (bad magic, version,
+    /// lengths, flags).
     pub dropped_malformed: u64,
-    /// Datagrams of another connection.
+    /// Datagrams of another connection (ids other than [`ConnIds`]).
     pub dropped_foreign: u64,
     /// Acknowledgements ignored because they acknowledge unsent data.
     pub bad_acks: u64,
@@ -157,6 +167,7 @@ const POOL_MAX: usize = 512;
 /// exactly-once reassembly. See the [module documentation](self).
 pub struct ReliableCore {
     cfg: ReliableConfig,
+    ids: ConnIds,
     mtu: usize,
     max_payload: usize,
 
@@ -203,7 +214,7 @@ pub struct ReliableCore {
 impl fmt::Debug for ReliableCore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ReliableCore")
-            .field("conn_id", &self.cfg.conn_id)
+            .field("ids", &self.ids)
             .field("mtu", &self.mtu)
             .field("snd_una", &self.snd_una)
             .field("snd_nxt", &self.snd_nxt)
@@ -217,8 +228,8 @@ impl fmt::Debug for ReliableCore {
 }
 
 impl ReliableCore {
-    /// A core for a link with the given MTU.
-    pub fn new(cfg: ReliableConfig, mtu: usize) -> Result<Self, ConfigError> {
+    /// A core for a link with the given MTU, for the connection `ids`.
+    pub fn new(cfg: ReliableConfig, mtu: usize, ids: ConnIds) -> Result<Self, ConfigError> {
         if mtu < MIN_MTU {
             return Err(ConfigError(format!(
                 "MTU {mtu} below the minimum {MIN_MTU}"
@@ -248,6 +259,7 @@ impl ReliableCore {
         }
         let rto = cfg.rto_initial.clamp(cfg.rto_min, cfg.rto_max);
         Ok(Self {
+            ids,
             mtu,
             max_payload,
             stage: Vec::new(),
@@ -283,6 +295,11 @@ impl ReliableCore {
     /// The configuration in force.
     pub fn config(&self) -> &ReliableConfig {
         &self.cfg
+    }
+
+    /// The connection ids the core's packets carry.
+    pub fn ids(&self) -> ConnIds {
+        self.ids
     }
 
     /// The link MTU packets are sized for.
@@ -364,7 +381,7 @@ impl ReliableCore {
 
     fn fail(&mut self, why: String) {
         if self.failed.is_none() {
-            tracing::warn!(conn_id = self.cfg.conn_id, "datagram link failed: {why}");
+            tracing::warn!(conn = self.ids.local, "datagram connection failed: {why}");
             self.failed = Some(why);
             self.rto_deadline = None;
             self.ack_deadline = None;
@@ -498,7 +515,8 @@ impl ReliableCore {
         if self.ack_due(now) {
             let hdr = PacketHeader {
                 flags: PacketFlags::NONE,
-                conn_id: self.cfg.conn_id,
+                dst_conn: self.ids.peer,
+                src_conn: self.ids.local,
                 seq: 0,
                 ack: self.rcv_nxt,
                 sack: self.sack_bits(),
@@ -522,7 +540,8 @@ impl ReliableCore {
         p.tx_count += 1;
         let hdr = PacketHeader {
             flags: PacketFlags::DATA.with(p.flags),
-            conn_id: self.cfg.conn_id,
+            dst_conn: self.ids.peer,
+            src_conn: self.ids.local,
             seq,
             ack,
             sack,
@@ -614,7 +633,7 @@ impl ReliableCore {
         }
         self.backoff += 1;
         tracing::debug!(
-            conn_id = self.cfg.conn_id,
+            conn = self.ids.local,
             snd_una = self.snd_una,
             rto = ?self.current_rto(),
             timeouts = self.timeouts,
@@ -734,18 +753,49 @@ impl ReliableCore {
         }
     }
 
-    /// Process one received datagram at `now`.
-    ///
-    /// Corrupted, malformed, foreign, duplicate and out-of-window packets are
-    /// dropped (and counted). Acknowledgements update the send side. Data is
-    /// buffered and reassembled; a frame completed in order while no earlier
-    /// frame waits is lent to `sink` directly from the datagram if `*budget`
-    /// allows (which it then decrements), otherwise it waits for
-    /// [`deliver`](Self::deliver). Pass a zero budget to always buffer.
+    /// Process one received datagram at `now`: verify it, then
+    /// [`handle_parsed`](Self::handle_parsed). Corrupted and malformed
+    /// packets are dropped and counted.
     pub fn handle_packet(
         &mut self,
         now: Instant,
         pkt: &[u8],
+        sink: &mut dyn FnMut(&[u8]),
+        budget: &mut usize,
+    ) {
+        let (hdr, payload) = match PacketHeader::decode(pkt) {
+            Ok(x) => x,
+            Err(e) => {
+                self.last_now = Some(now);
+                if self.failed.is_none() {
+                    self.stats.packets_received += 1;
+                    if e == PacketError::BadChecksum {
+                        self.stats.dropped_corrupt += 1;
+                    } else {
+                        self.stats.dropped_malformed += 1;
+                    }
+                    tracing::trace!("dropped a packet: {e}");
+                }
+                return;
+            }
+        };
+        self.handle_parsed(now, &hdr, payload, sink, budget);
+    }
+
+    /// Process one verified datagram (`hdr` and `payload` as
+    /// [`PacketHeader::decode`] returned them) at `now`.
+    ///
+    /// Foreign, duplicate and out-of-window packets are dropped (and
+    /// counted). Acknowledgements update the send side. Data is buffered
+    /// and reassembled; a frame completed in order while no earlier frame
+    /// waits is lent to `sink` directly from the datagram if `*budget`
+    /// allows (which it then decrements), otherwise it waits for
+    /// [`deliver`](Self::deliver). Pass a zero budget to always buffer.
+    pub fn handle_parsed(
+        &mut self,
+        now: Instant,
+        hdr: &PacketHeader,
+        payload: &[u8],
         sink: &mut dyn FnMut(&[u8]),
         budget: &mut usize,
     ) {
@@ -754,20 +804,7 @@ impl ReliableCore {
             return;
         }
         self.stats.packets_received += 1;
-        let (hdr, payload) = match PacketHeader::decode(pkt) {
-            Ok(x) => x,
-            Err(PacketError::BadChecksum) => {
-                self.stats.dropped_corrupt += 1;
-                tracing::trace!("dropped a corrupted packet");
-                return;
-            }
-            Err(e) => {
-                self.stats.dropped_malformed += 1;
-                tracing::trace!("dropped a malformed packet: {e}");
-                return;
-            }
-        };
-        if hdr.conn_id != self.cfg.conn_id {
+        if hdr.dst_conn != self.ids.local || hdr.src_conn != self.ids.peer {
             self.stats.dropped_foreign += 1;
             return;
         }

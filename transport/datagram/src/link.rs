@@ -32,13 +32,15 @@ pub enum LinkError {
 /// An unreliable datagram service: packets of at most [`mtu`](Self::mtu)
 /// bytes that may be lost, duplicated, reordered or corrupted.
 ///
-/// This is what the DPDK driver implements (one instance per port/queue
-/// pair and peer): [`tx_alloc`](Self::tx_alloc) lends the data room of an
-/// mbuf, [`tx_commit`](Self::tx_commit) sets its data length and queues it
-/// for the next burst, [`tx_burst_flush`](Self::tx_burst_flush) is one
-/// `rte_eth_tx_burst`, and [`rx_burst`](Self::rx_burst) is one
-/// `rte_eth_rx_burst` whose mbufs are lent to the sink in place and freed
-/// afterwards. Nothing here blocks or reads the clock.
+/// This is what the DPDK backend implements, one instance per port queue
+/// pair (one per core), shared by every connection of the core's
+/// [`DatagramDriver`](crate::DatagramDriver): [`tx_alloc`](Self::tx_alloc)
+/// lends the data room of an mbuf, [`tx_commit`](Self::tx_commit) sets its
+/// data length and queues it for the next burst,
+/// [`tx_burst_flush`](Self::tx_burst_flush) is one `rte_eth_tx_burst` of
+/// everything queued (the batch send), and [`rx_burst`](Self::rx_burst) is
+/// one `rte_eth_rx_burst` whose mbufs are lent to the sink in place and
+/// freed afterwards. Nothing here blocks or reads the clock.
 pub trait DatagramLink {
     /// The largest datagram, in bytes, the link carries (the payload of an
     /// Ethernet frame after the L2/L3 headers the driver adds).

@@ -66,6 +66,8 @@ impl LossConfig {
 /// Per-direction counters of a [`LossyLink`] pair.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LinkStats {
+    /// `tx_burst_flush` calls that handed packets to the wire.
+    pub bursts: u64,
     /// Packets handed to the wire by `tx_burst_flush`.
     pub sent: u64,
     /// Commits refused for exceeding the MTU.
@@ -342,6 +344,7 @@ impl DatagramLink for LossyLink {
         }
         let mut guard = lock(&self.wire);
         let w = &mut *guard;
+        w.dirs[self.side].stats.bursts += 1;
         for pkt in self.staged.drain(..) {
             w.dirs[self.side].transmit(&w.cfg, pkt, now);
         }
@@ -400,6 +403,8 @@ mod tests {
         assert_eq!(b.rx_queued(), 0, "nothing moves before the burst");
         assert_eq!(a.tx_burst_flush(now).unwrap(), 10);
         assert_eq!(b.tx_burst_flush(now).unwrap(), 10);
+        assert_eq!(a.tx_burst_flush(now).unwrap(), 0);
+        assert_eq!(a.tx_stats().bursts, 1, "an empty flush is no burst");
         let at_b = recv_all(&mut b, now);
         let at_a = recv_all(&mut a, now);
         assert_eq!(at_b, (0..10u8).map(|i| vec![i; 10]).collect::<Vec<_>>());

@@ -1,30 +1,35 @@
-//! The RDMA backend core for starwire: a sans-IO ring protocol over
-//! reliable-connected RDMA write-with-immediate.
+//! The RDMA backend for starwire: a sans-IO ring protocol over
+//! reliable-connected RDMA write-with-immediate, driven per core.
 //!
-//! * [`verbs`]: the verbs model — [`MemoryRegion`], [`Completion`],
-//!   [`WcStatus`], [`VerbsError`] (one variant per verb) and the
-//!   [`QueuePair`] trait, exactly the verbs the ring needs.
+//! * [`verbs`]: the verbs model — [`MemoryRegion`], [`Completion`] (with
+//!   its `qp_num`), [`WcStatus`], [`VerbsError`] (one variant per verb) and
+//!   the [`Verbs`] trait: one protection domain, one completion queue and
+//!   the queue pairs of one driver, exactly the verbs the ring needs.
 //! * [`mem`]: [`RegisteredMem`], the bytes of a registered region. The NIC
 //!   may access them at any time, so they are reached through a raw pointer:
 //!   checked copies are safe, lending a range as a slice is `unsafe`. The
 //!   crate's `unsafe` code lives there and in the two ring methods that
 //!   lend ranges the protocol keeps from the NIC.
-//! * [`SimRcQp`]: an in-memory connected RC pair with faithful error
+//! * [`SimNic`] on a [`SimFabric`]: in-memory NICs whose RC queue pairs
+//!   report into one completion queue per NIC, with faithful error
 //!   semantics (remote access errors, receiver-not-ready retry exhaustion,
-//!   the error state and flushes). This host has no RDMA device, so every
-//!   test runs over it; the verbs driver (a later issue) implements
-//!   [`QueuePair`] over `ibv_post_send` / `ibv_post_recv` / `ibv_poll_cq`.
-//! * [`PreparedRing`] → [`RingTransport`]: the
-//!   [`Transport`](starwire_transport::Transport) implementation. Frames are
-//!   encoded in place in a registered staging region, written into the
-//!   peer's receive ring with one write-with-immediate each (one doorbell
-//!   per flush), and lent in place from the local ring; ring bytes and
-//!   receive WRs flow back as credits.
+//!   the per-QP error state and flushes, CQ overrun). This host has no RDMA
+//!   device, so every test runs over it; the verbs backend (a later issue)
+//!   implements [`Verbs`] over `ibv_post_send` / `ibv_post_recv` /
+//!   `ibv_poll_cq`.
+//! * [`RdmaDriver`]: the [`Driver`](starwire_transport::Driver) of one
+//!   reactor. Each connection is a queue pair and a [`RingConn`]: frames
+//!   are encoded in place in a registered staging region, written into the
+//!   peer's receive ring with one write-with-immediate each, and lent in
+//!   place from the local ring; ring bytes and receive WRs flow back as
+//!   credits. A receive pass polls the shared completion queue once; a
+//!   flush stages every connection's writes behind one doorbell.
 //!
 //! Nothing here reads the clock or blocks. Protocol and driver notes:
 //! `docs/backends/rdma.md`.
 #![deny(unsafe_code)]
 
+mod driver;
 pub mod imm;
 #[allow(unsafe_code)]
 pub mod mem;
@@ -32,14 +37,14 @@ mod ring;
 mod sim;
 pub mod verbs;
 
+pub use driver::{RdmaDriver, RdmaStats};
 pub use imm::{Imm, SLOT};
 pub use mem::{RangeError, RegisteredMem};
 pub use ring::{
-    PreparedRing, RemoteRing, RingConfig, RingError, RingFault, RingStats, RingTransport,
-    WorkRequest, MIN_RECV_DEPTH,
+    RemoteRing, RingConfig, RingConn, RingError, RingFault, RingStats, WorkRequest, MIN_RECV_DEPTH,
 };
-pub use sim::{SimConfig, SimRcQp};
+pub use sim::{SimConfig, SimFabric, SimNic};
 pub use verbs::{
-    Completion, Errno, LocalSlice, MemoryRegion, QpCaps, QpState, QueuePair, RemoteSlice,
-    VerbsError, WcOpcode, WcStatus,
+    Completion, Errno, LocalSlice, MemoryRegion, QpCaps, QpState, RemoteSlice, Verbs, VerbsError,
+    WcOpcode, WcStatus,
 };

@@ -23,9 +23,9 @@
 //!
 //! Every range is checked; a range outside the region is a [`RangeError`].
 //!
-//! Posting work requests stays safe: a queue pair owns its regions until it
-//! is dropped and the NIC checks every key, offset and length, so a work
-//! request never reaches freed memory. The obligation sits with whoever
+//! Posting work requests stays safe: the verbs own their regions until they
+//! are deregistered or dropped, and the NIC checks every key, offset and
+//! length, so a work request never reaches freed memory. The obligation sits with whoever
 //! turns device-shared bytes into a Rust slice.
 
 use std::cell::UnsafeCell;
@@ -48,8 +48,8 @@ pub struct RangeError {
     pub region_len: usize,
 }
 
-/// The bytes of one registered memory region, for as long as `'a` (the
-/// queue pair that registered it) lives.
+/// The bytes of one registered memory region, for as long as `'a` (a
+/// borrow of the verbs that registered it) lives.
 ///
 /// Copyable and cheap: a pointer and a length. It grants no exclusive
 /// access; see the module documentation for what each method requires.

@@ -1,130 +1,84 @@
-//! The ring protocol: [`PreparedRing`] → [`RingTransport`], a sans-IO
-//! [`Transport`] over any [`QueuePair`].
+//! The ring protocol of one connection: [`RingConn`], the per-connection
+//! state an [`RdmaDriver`](crate::RdmaDriver) holds, sans-IO over the
+//! driver's [`Verbs`].
 //!
 //! The protocol is described in full in `docs/backends/rdma.md`; in short:
 //!
-//! * each side registers a *staging* region (frames are encoded there in
-//!   place) and a *receive ring* (the peer writes frames into it);
-//! * `flush` posts one RDMA write-with-immediate per frame from staging into
-//!   the peer's ring at the tail the sender tracks, and rings the doorbell
-//!   once; the immediate carries the frame length and a wrap bit
-//!   ([`Imm`](crate::Imm));
-//! * `rx_burst` polls the completion queue and lends each frame in place
-//!   from the local ring; the bytes are freed when the sink returns and sent
-//!   back as *credits* (an immediate-only write) on the next `flush`;
+//! * each connection registers a *staging* region (frames are encoded there
+//!   in place) and a *receive ring* (the peer writes frames into it);
+//! * a flush posts one RDMA write-with-immediate per frame from staging into
+//!   the peer's ring at the tail the sender tracks (the driver rings one
+//!   doorbell for all its connections); the immediate carries the frame
+//!   length and a wrap bit ([`Imm`](crate::Imm));
+//! * the driver polls its completion queue and hands each completion to its
+//!   connection; a receive pass lends each frame in place from the local
+//!   ring; the bytes are freed when the sink returns and sent back as
+//!   *credits* (an immediate-only write) on the next flush;
 //! * two credits gate every write: free bytes in the peer's ring and
 //!   receive WRs posted at the peer.
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::time::Instant;
 
-use starwire_transport::{Link, Transport, TransportError};
+use starwire_transport::TransportError;
 use thiserror::Error;
 
-use crate::imm::{slot_len, Imm, MAX_CREDIT_BYTES, MAX_CREDIT_RECVS, MAX_DATA_LEN, SLOT};
+use crate::imm::{slot_len, Imm, MAX_CREDIT_BYTES, MAX_CREDIT_RECVS};
 use crate::verbs::{
-    Completion, LocalSlice, MemoryRegion, QpCaps, QueuePair, RemoteSlice, VerbsError, WcStatus,
+    Completion, LocalSlice, MemoryRegion, QpCaps, RemoteSlice, Verbs, VerbsError, WcStatus,
 };
+
+mod setup;
+
+pub(crate) use setup::{check_config, check_remote, PreparedRing};
+pub use setup::{RemoteRing, RingConfig};
 
 /// `wr_id` bit marking a receive WR.
 const WR_RECV: u64 = 1 << 63;
 /// `wr_id` bit marking a credit write (otherwise a data write).
 const WR_CREDIT: u64 = 1 << 62;
+/// `wr_id` bits 32..62 name the connection's slot in its driver, so a
+/// completion finds its connection without a lookup.
+const WR_SLOT_SHIFT: u32 = 32;
+const WR_SLOT_MASK: u64 = (1 << 30) - 1;
+/// Connections one driver can hold: the slots `wr_id` can name.
+pub(crate) const MAX_SLOTS: usize = 1 << 30;
 /// Smallest receive-WR depth: data writes keep one peer receive WR in
 /// reserve for credit messages, and the credit-return threshold must stay
 /// below the depth.
 pub const MIN_RECV_DEPTH: u32 = 4;
-/// Completions polled per `ibv_poll_cq` call.
-const POLL_BATCH: usize = 32;
 
-/// Sizes of one side of a ring connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RingConfig {
-    /// Bytes of the local receive ring the peer writes into. A multiple of
-    /// 128 (two slots), at most 128 MiB − 64 (what a credit immediate can
-    /// return at once).
-    pub ring_len: usize,
-    /// Bytes of the local staging region frames are encoded into. A
-    /// multiple of 64.
-    pub staging_len: usize,
-    /// Receive WRs kept posted: at most this many peer writes (frames and
-    /// credit messages) may be in flight towards us. Between
-    /// [`MIN_RECV_DEPTH`] and 1023, and within the QP's `max_recv_wr`.
-    pub recv_depth: u32,
-    /// Largest frame we send. `None` picks the largest allowed:
-    /// min(peer ring / 2, `staging_len`, the QP's maximum message).
-    pub max_frame_len: Option<usize>,
+/// The `wr_id` of a WR of `kind` (0, [`WR_RECV`] or [`WR_CREDIT`]) on the
+/// connection in `slot`, with sequence number `seq`.
+fn wr_id(kind: u64, slot: u32, seq: u32) -> u64 {
+    kind | (u64::from(slot) << WR_SLOT_SHIFT) | u64::from(seq)
 }
 
-impl Default for RingConfig {
-    fn default() -> Self {
-        Self {
-            ring_len: 1 << 20,
-            staging_len: 1 << 20,
-            recv_depth: 128,
-            max_frame_len: None,
-        }
-    }
+/// The connection slot a completion's `wr_id` names.
+pub(crate) fn wr_slot(wr_id: u64) -> usize {
+    ((wr_id >> WR_SLOT_SHIFT) & WR_SLOT_MASK) as usize
 }
 
-/// What one side tells the other out of band before connecting: where to
-/// write and how many writes it may have in flight.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RemoteRing {
-    /// rkey of the receive ring.
-    pub rkey: u32,
-    /// Address of the ring's first byte (`remote_addr` of offset 0).
-    pub addr: u64,
-    /// Length of the receive ring in bytes.
-    pub len: usize,
-    /// Receive WRs posted for incoming writes.
-    pub recv_depth: u32,
-}
-
-impl RemoteRing {
-    /// Size of [`to_bytes`](Self::to_bytes).
-    pub const ENCODED_LEN: usize = 24;
-
-    /// Little-endian encoding for the out-of-band exchange:
-    /// rkey (u32), recv_depth (u32), addr (u64), len (u64).
-    pub fn to_bytes(&self) -> [u8; Self::ENCODED_LEN] {
-        let mut out = [0; Self::ENCODED_LEN];
-        out[0..4].copy_from_slice(&self.rkey.to_le_bytes());
-        out[4..8].copy_from_slice(&self.recv_depth.to_le_bytes());
-        out[8..16].copy_from_slice(&self.addr.to_le_bytes());
-        out[16..24].copy_from_slice(&(self.len as u64).to_le_bytes());
-        out
-    }
-
-    /// Inverse of [`to_bytes`](Self::to_bytes). Values are checked by
-    /// [`PreparedRing::connect`].
-    pub fn from_bytes(b: &[u8; Self::ENCODED_LEN]) -> Self {
-        let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
-        let u64_at = |i: usize| {
-            let mut v = [0; 8];
-            v.copy_from_slice(&b[i..i + 8]);
-            u64::from_le_bytes(v)
-        };
-        Self {
-            rkey: u32_at(0),
-            recv_depth: u32_at(4),
-            addr: u64_at(8),
-            len: usize::try_from(u64_at(16)).unwrap_or(usize::MAX),
-        }
-    }
-}
-
-/// Setting up a ring failed.
+/// Setting up a driver or one of its connections failed.
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum RingError {
-    /// The local [`RingConfig`] is unusable with this queue pair.
+    /// The local [`RingConfig`] is unusable with this queue pair or
+    /// completion queue.
     #[error("invalid ring configuration: {0}")]
     Config(String),
     /// The peer's [`RemoteRing`] is unusable.
     #[error("invalid remote ring: {0}")]
     Remote(String),
+    /// No queue pair with this number exists on the driver's verbs.
+    #[error("no queue pair {0:#x}")]
+    UnknownQp(u32),
+    /// The connection is not one prepared and not yet connected.
+    #[error("{0} is not a prepared connection of this driver")]
+    NotPrepared(starwire_transport::ConnId),
+    /// The driver holds as many connections as `wr_id`s can name.
+    #[error("the driver already holds the most connections it can name")]
+    TooManyConnections,
     /// A verb failed while registering memory or posting receive WRs.
     #[error(transparent)]
     Verbs(#[from] VerbsError),
@@ -151,8 +105,8 @@ impl fmt::Display for WorkRequest {
     }
 }
 
-/// Why a [`RingTransport`] stopped. The first fault is kept
-/// ([`RingTransport::fault`]); every later call fails with
+/// Why a connection stopped. The first fault is kept
+/// ([`RingConn::fault`]); every later call on the connection fails with
 /// [`TransportError::Link`] carrying its text.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[non_exhaustive]
@@ -176,13 +130,9 @@ pub enum RingFault {
     Protocol(String),
 }
 
-/// Counters, for tests and metrics.
+/// Counters of one connection, for tests and metrics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RingStats {
-    /// `flush` calls.
-    pub flushes: u64,
-    /// Doorbells rung (at most one per flush).
-    pub doorbells: u64,
     /// Data writes posted.
     pub data_writes: u64,
     /// Credit writes posted.
@@ -193,147 +143,10 @@ pub struct RingStats {
     pub credits_received: u64,
     /// Data writes that skipped the end of the peer's ring.
     pub wraps: u64,
-    /// Flushes that left frames queued for lack of ring credit.
+    /// Posting passes that left frames queued for lack of ring credit.
     pub ring_stalls: u64,
-    /// Flushes that left frames queued for lack of peer receive WRs.
+    /// Posting passes that left frames queued for lack of peer receive WRs.
     pub recv_stalls: u64,
-}
-
-/// A ring whose memory is registered and receive WRs posted, waiting for
-/// the peer's [`RemoteRing`].
-#[derive(Debug)]
-pub struct PreparedRing<Q> {
-    qp: Q,
-    cfg: RingConfig,
-    caps: QpCaps,
-    staging: MemoryRegion,
-    ring: MemoryRegion,
-    next_recv: u64,
-}
-
-fn check_ring_shape(len: usize, recv_depth: u32) -> Result<(), String> {
-    if len < 2 * SLOT || len % (2 * SLOT) != 0 {
-        return Err(format!(
-            "ring length {len} is not a non-zero multiple of {}",
-            2 * SLOT
-        ));
-    }
-    if len > MAX_CREDIT_BYTES {
-        return Err(format!(
-            "ring length {len} exceeds the {MAX_CREDIT_BYTES} bytes a credit can return"
-        ));
-    }
-    if !(MIN_RECV_DEPTH..=MAX_CREDIT_RECVS).contains(&recv_depth) {
-        return Err(format!(
-            "receive depth {recv_depth} outside {MIN_RECV_DEPTH}..={MAX_CREDIT_RECVS}"
-        ));
-    }
-    Ok(())
-}
-
-impl<Q: QueuePair> PreparedRing<Q> {
-    /// Register the staging region and the receive ring on `qp` and post
-    /// `cfg.recv_depth` receive WRs (before the peer can write, so no write
-    /// ever meets an empty receive queue).
-    pub fn new(mut qp: Q, cfg: RingConfig) -> Result<Self, RingError> {
-        let caps = qp.caps();
-        check_ring_shape(cfg.ring_len, cfg.recv_depth).map_err(RingError::Config)?;
-        if cfg.staging_len < SLOT || cfg.staging_len % SLOT != 0 {
-            return Err(RingError::Config(format!(
-                "staging length {} is not a non-zero multiple of {SLOT}",
-                cfg.staging_len
-            )));
-        }
-        if cfg.recv_depth > caps.max_recv_wr {
-            return Err(RingError::Config(format!(
-                "receive depth {} exceeds the QP's max_recv_wr {}",
-                cfg.recv_depth, caps.max_recv_wr
-            )));
-        }
-        if u64::from(caps.cq_depth) < u64::from(caps.max_send_wr) + u64::from(cfg.recv_depth) {
-            return Err(RingError::Config(format!(
-                "CQ depth {} cannot hold {} send + {} receive completions",
-                caps.cq_depth, caps.max_send_wr, cfg.recv_depth
-            )));
-        }
-        if caps.max_send_wr == 0 {
-            return Err(RingError::Config("QP has max_send_wr 0".into()));
-        }
-        let staging = qp.reg_mr(cfg.staging_len)?;
-        let ring = qp.reg_mr(cfg.ring_len)?;
-        for i in 0..u64::from(cfg.recv_depth) {
-            qp.post_recv(WR_RECV | i)?;
-        }
-        Ok(Self {
-            qp,
-            cfg,
-            caps,
-            staging,
-            ring,
-            next_recv: u64::from(cfg.recv_depth),
-        })
-    }
-
-    /// What to send to the peer.
-    pub fn local_ring(&self) -> RemoteRing {
-        RemoteRing {
-            rkey: self.ring.rkey,
-            addr: self.ring.addr,
-            len: self.ring.len,
-            recv_depth: self.cfg.recv_depth,
-        }
-    }
-
-    /// The queue pair.
-    pub fn qp(&self) -> &Q {
-        &self.qp
-    }
-
-    /// Start the protocol against the peer's ring.
-    pub fn connect(self, remote: RemoteRing) -> Result<RingTransport<Q>, RingError> {
-        check_ring_shape(remote.len, remote.recv_depth).map_err(RingError::Remote)?;
-        let limit = (remote.len / 2)
-            .min(self.cfg.staging_len)
-            .min(self.caps.max_msg_size)
-            .min(MAX_DATA_LEN);
-        let max_frame = match self.cfg.max_frame_len {
-            None => limit,
-            Some(m) if m <= limit => m,
-            Some(m) => {
-                return Err(RingError::Config(format!(
-                    "max_frame_len {m} exceeds {limit} (peer ring / 2, staging, QP maximum)"
-                )))
-            }
-        };
-        Ok(RingTransport {
-            qp: self.qp,
-            caps: self.caps,
-            staging: self.staging,
-            ring: self.ring,
-            remote,
-            max_frame,
-            credit_recv_threshold: (self.cfg.recv_depth / 4).max(2),
-            st_head: 0,
-            st_tail: 0,
-            st_used: 0,
-            reservation: None,
-            queued: VecDeque::new(),
-            inflight: VecDeque::new(),
-            next_data_wr: 0,
-            next_credit_wr: 0,
-            next_recv: self.next_recv,
-            sq_outstanding: 0,
-            r_tail: 0,
-            r_credit: remote.len,
-            peer_recvs: remote.recv_depth,
-            l_head: 0,
-            owed_bytes: 0,
-            owed_recvs: 0,
-            pending_rx: VecDeque::new(),
-            fault: None,
-            stats: RingStats::default(),
-        })
-    }
 }
 
 /// Space lent by `tx_reserve`, not yet committed.
@@ -364,16 +177,21 @@ struct RxFrame {
     byte_len: u32,
 }
 
-/// A connected ring: the RDMA backend's [`Transport`]. See the module
-/// documentation and `docs/backends/rdma.md`.
+/// One connected ring: the state an [`RdmaDriver`](crate::RdmaDriver)
+/// keeps per connection (its queue pair, its two regions, both credits).
+/// Read-only from outside the crate; see the module documentation and
+/// `docs/backends/rdma.md`.
 #[derive(Debug)]
-pub struct RingTransport<Q> {
-    qp: Q,
+pub struct RingConn {
+    qpn: u32,
+    slot: u32,
     caps: QpCaps,
     staging: MemoryRegion,
     ring: MemoryRegion,
     remote: RemoteRing,
     max_frame: usize,
+    /// Receive WRs kept posted on the queue pair.
+    recv_depth: u32,
     credit_recv_threshold: u32,
 
     // Staging (a byte ring of committed frames; freed in send-completion
@@ -386,9 +204,9 @@ pub struct RingTransport<Q> {
     queued: VecDeque<TxFrame>,
     /// Posted data writes awaiting their send completion, in order.
     inflight: VecDeque<(u64, TxFrame)>,
-    next_data_wr: u64,
-    next_credit_wr: u64,
-    next_recv: u64,
+    next_data_wr: u32,
+    next_credit_wr: u32,
+    next_recv: u32,
     sq_outstanding: u32,
 
     // The peer's ring as the sender sees it.
@@ -410,10 +228,10 @@ pub struct RingTransport<Q> {
     stats: RingStats,
 }
 
-impl<Q: QueuePair> RingTransport<Q> {
-    /// The queue pair.
-    pub fn qp(&self) -> &Q {
-        &self.qp
+impl RingConn {
+    /// The connection's queue pair.
+    pub fn qpn(&self) -> u32 {
+        self.qpn
     }
 
     /// The local receive ring the peer writes into.
@@ -436,7 +254,7 @@ impl<Q: QueuePair> RingTransport<Q> {
         self.stats
     }
 
-    /// The fault that stopped the transport, if any.
+    /// The fault that stopped the connection, if any.
     pub fn fault(&self) -> Option<&RingFault> {
         self.fault.as_ref()
     }
@@ -452,42 +270,58 @@ impl<Q: QueuePair> RingTransport<Q> {
         self.peer_recvs
     }
 
-    fn check(&self) -> Result<(), TransportError> {
+    /// Send and receive WRs this connection may have outstanding: its
+    /// share of the completion queue.
+    pub(crate) fn cq_share(&self) -> u64 {
+        u64::from(self.caps.max_send_wr) + u64::from(self.recv_depth)
+    }
+
+    /// Deregister the connection's regions (the driver destroys its queue
+    /// pair).
+    pub(crate) fn release<V: Verbs>(&self, verbs: &mut V) {
+        for lkey in [self.staging.lkey, self.ring.lkey] {
+            if let Err(e) = verbs.dereg_mr(lkey) {
+                tracing::warn!(%e, "rdma: deregistering a ring region failed");
+            }
+        }
+    }
+
+    /// `Err` once the connection has failed.
+    pub(crate) fn check(&self) -> Result<(), TransportError> {
         match &self.fault {
             Some(f) => Err(TransportError::Link(f.to_string())),
             None => Ok(()),
         }
     }
 
-    fn fail(&mut self, fault: RingFault) -> TransportError {
-        tracing::warn!(%fault, "rdma ring failed");
-        let fault = self.fault.get_or_insert(fault);
-        TransportError::Link(fault.to_string())
+    /// Record `fault`; returns the error to report the first time only.
+    pub(crate) fn fail(&mut self, fault: RingFault) -> Option<TransportError> {
+        if self.fault.is_some() {
+            return None;
+        }
+        tracing::warn!(%fault, qpn = self.qpn, "rdma connection failed");
+        let e = TransportError::Link(fault.to_string());
+        self.fault = Some(fault);
+        Some(e)
     }
 
     fn credit_due(&self) -> bool {
         self.owed_bytes > 0 || self.owed_recvs >= self.credit_recv_threshold
     }
 
-    /// Poll the CQ until it is empty (bounded by its depth): release
-    /// staging on send completions, absorb credits, re-post receive WRs,
-    /// and queue received frames for `rx_burst`.
-    fn reap(&mut self) -> Result<(), RingFault> {
-        let mut wcs = [Completion::default(); POLL_BATCH];
-        let rounds = self.caps.cq_depth as usize / POLL_BATCH + 2;
-        for _ in 0..rounds {
-            let n = self.qp.poll_cq(&mut wcs)?;
-            for wc in &wcs[..n] {
-                self.on_completion(wc)?;
-            }
-            if n < POLL_BATCH {
-                break;
-            }
-        }
-        Ok(())
+    /// Frames committed and not yet posted, or credits due to the peer.
+    pub(crate) fn tx_pending(&self) -> bool {
+        self.fault.is_none() && (!self.queued.is_empty() || self.credit_due())
     }
 
-    fn on_completion(&mut self, wc: &Completion) -> Result<(), RingFault> {
+    /// One completion of this connection's queue pair: release staging on
+    /// send completions, absorb credits, re-post receive WRs, and queue
+    /// received frames for [`deliver`](Self::deliver).
+    pub(crate) fn on_completion<V: Verbs>(
+        &mut self,
+        verbs: &mut V,
+        wc: &Completion,
+    ) -> Result<(), RingFault> {
         let wr = if wc.wr_id & WR_RECV != 0 {
             WorkRequest::Recv
         } else if wc.wr_id & WR_CREDIT != 0 {
@@ -522,8 +356,8 @@ impl<Q: QueuePair> RingTransport<Q> {
                 self.st_head = frame.end;
             }
             WorkRequest::Recv => {
-                self.qp.post_recv(WR_RECV | self.next_recv)?;
-                self.next_recv = (self.next_recv + 1) & !(WR_RECV | WR_CREDIT);
+                verbs.post_recv(self.qpn, wr_id(WR_RECV, self.slot, self.next_recv))?;
+                self.next_recv = self.next_recv.wrapping_add(1);
                 self.owed_recvs += 1;
                 let imm = wc.imm.ok_or_else(|| {
                     RingFault::Protocol("receive completion without immediate".into())
@@ -553,12 +387,12 @@ impl<Q: QueuePair> RingTransport<Q> {
     }
 
     /// Post the owed credits as one immediate-only write.
-    fn post_credit(&mut self) -> Result<(), RingFault> {
+    fn post_credit<V: Verbs>(&mut self, verbs: &mut V) -> Result<(), RingFault> {
         let bytes = self.owed_bytes.min(MAX_CREDIT_BYTES);
         let recvs = self.owed_recvs.min(MAX_CREDIT_RECVS);
-        let wr_id = WR_CREDIT | self.next_credit_wr;
-        self.qp.post_write_with_imm(
-            wr_id,
+        verbs.post_write_with_imm(
+            self.qpn,
+            wr_id(WR_CREDIT, self.slot, self.next_credit_wr),
             LocalSlice {
                 lkey: self.staging.lkey,
                 offset: 0,
@@ -570,7 +404,7 @@ impl<Q: QueuePair> RingTransport<Q> {
             },
             Imm::Credit { bytes, recvs }.encode(),
         )?;
-        self.next_credit_wr = (self.next_credit_wr + 1) & !(WR_RECV | WR_CREDIT);
+        self.next_credit_wr = self.next_credit_wr.wrapping_add(1);
         self.owed_bytes -= bytes;
         self.owed_recvs -= recvs;
         self.peer_recvs -= 1;
@@ -580,7 +414,7 @@ impl<Q: QueuePair> RingTransport<Q> {
     }
 
     /// Post as many queued frames as credits allow; returns how many.
-    fn post_frames(&mut self) -> Result<u64, RingFault> {
+    fn post_frames<V: Verbs>(&mut self, verbs: &mut V) -> Result<u64, RingFault> {
         let mut posted = 0;
         while let Some(&frame) = self.queued.front() {
             if self.sq_outstanding >= self.caps.max_send_wr {
@@ -603,8 +437,9 @@ impl<Q: QueuePair> RingTransport<Q> {
                 break;
             }
             let dst = if wrap { 0 } else { self.r_tail };
-            let wr_id = self.next_data_wr;
-            self.qp.post_write_with_imm(
+            let wr_id = wr_id(0, self.slot, self.next_data_wr);
+            verbs.post_write_with_imm(
+                self.qpn,
                 wr_id,
                 LocalSlice {
                     lkey: self.staging.lkey,
@@ -623,7 +458,7 @@ impl<Q: QueuePair> RingTransport<Q> {
             )?;
             self.queued.pop_front();
             self.inflight.push_back((wr_id, frame));
-            self.next_data_wr = (self.next_data_wr + 1) & !(WR_RECV | WR_CREDIT);
+            self.next_data_wr = self.next_data_wr.wrapping_add(1);
             self.sq_outstanding += 1;
             self.peer_recvs -= 1;
             self.r_credit -= need;
@@ -638,20 +473,18 @@ impl<Q: QueuePair> RingTransport<Q> {
         Ok(posted)
     }
 
-    fn flush_inner(&mut self) -> Result<(), RingFault> {
-        self.reap()?;
+    /// Stage the credit message if one is due and every queued frame the
+    /// credits allow; the driver rings the doorbell. Returns how many
+    /// writes were staged.
+    pub(crate) fn post<V: Verbs>(&mut self, verbs: &mut V) -> Result<u64, RingFault> {
         let mut posted = 0;
         if self.credit_due() && self.peer_recvs >= 1 && self.sq_outstanding < self.caps.max_send_wr
         {
-            self.post_credit()?;
+            self.post_credit(verbs)?;
             posted += 1;
         }
-        posted += self.post_frames()?;
-        if posted > 0 {
-            self.qp.ring_doorbell()?;
-            self.stats.doorbells += 1;
-        }
-        Ok(())
+        posted += self.post_frames(verbs)?;
+        Ok(posted)
     }
 
     /// Where a frame of `slot` bytes fits in staging: (offset, skipped).
@@ -678,23 +511,14 @@ impl<Q: QueuePair> RingTransport<Q> {
             (slot <= self.st_head - self.st_tail).then_some((self.st_tail, 0))
         }
     }
-}
 
-/// A driver of rings busy-polls: a [`QueuePair`] offers no descriptor to
-/// park on.
-impl<Q: QueuePair> Link for RingTransport<Q> {}
-
-impl<Q: QueuePair> Transport for RingTransport<Q> {
-    /// min(peer ring / 2, staging length, the QP's maximum message), or the
-    /// configured smaller value. Half the peer's ring guarantees a frame
-    /// always fits once every credit has come back, even after skipping
-    /// the ring's end.
-    fn max_frame_len(&self) -> usize {
-        self.max_frame
-    }
-
-    #[allow(unsafe_code)]
-    fn tx_reserve(&mut self, len: usize) -> Result<Option<&mut [u8]>, TransportError> {
+    /// Reserve `len` bytes of staging for one frame; `Ok(false)` when
+    /// staging is full. [`reserved`](Self::reserved) lends them.
+    pub(crate) fn reserve<V: Verbs>(
+        &mut self,
+        verbs: &V,
+        len: usize,
+    ) -> Result<bool, TransportError> {
         self.check()?;
         if len > self.max_frame {
             return Err(TransportError::FrameTooLarge {
@@ -704,11 +528,10 @@ impl<Q: QueuePair> Transport for RingTransport<Q> {
         }
         self.reservation = None;
         let Some((off, skip)) = self.place_in_staging(slot_len(len)) else {
-            return Ok(None);
+            return Ok(false);
         };
-        self.reservation = Some(Reservation { off, len, skip });
         let lkey = self.staging.lkey;
-        let unusable = match self.qp.mr_mem(lkey) {
+        let unusable = match verbs.mr_mem(lkey) {
             None => Some(format!("staging region (lkey {lkey:#x}) is not registered")),
             Some(mem) => mem
                 .range(off, len)
@@ -716,23 +539,34 @@ impl<Q: QueuePair> Transport for RingTransport<Q> {
                 .map(|e| format!("staging region (lkey {lkey:#x}): {e}")),
         };
         if let Some(why) = unusable {
-            return Err(self.fail(RingFault::Protocol(why)));
+            self.fail(RingFault::Protocol(why));
+            return self.check().map(|()| false);
         }
-        // SAFETY: `off .. off + len` is free staging: `place_in_staging`
-        // hands out only bytes no queued or in-flight frame covers (a
-        // frame's bytes are released when its send completion is polled),
-        // so no posted write reads them; the staging rkey is never given to
-        // the peer (trusted, as any holder of an rkey must be, not to forge
-        // one), so no remote write targets them; and the slice borrows
-        // `self` mutably, so this transport touches staging nowhere else
-        // while it lives.
-        Ok(self
-            .qp
-            .mr_mem(lkey)
-            .and_then(|mem| unsafe { mem.slice_mut(off, len) }.ok()))
+        self.reservation = Some(Reservation { off, len, skip });
+        Ok(true)
     }
 
-    fn tx_commit(&mut self, len: usize) {
+    /// The staging bytes of the reservation just made, to encode the frame
+    /// in place. The slice keeps this connection borrowed mutably and the
+    /// verbs shared, so while it lives nothing reserves staging again,
+    /// posts a write or deregisters the region.
+    #[allow(unsafe_code)]
+    pub(crate) fn reserved<'a, V: Verbs>(&'a mut self, verbs: &'a V) -> Option<&'a mut [u8]> {
+        let r = self.reservation?;
+        let mem = verbs.mr_mem(self.staging.lkey)?;
+        // SAFETY: `r.off .. r.off + r.len` is free staging: `reserve` took
+        // it from `place_in_staging`, which hands out only bytes no queued
+        // or in-flight frame covers (a frame's bytes are released when its
+        // send completion is polled), so no posted write reads them; the
+        // staging rkey is never given to the peer (trusted, as any holder of
+        // an rkey must be, not to forge one), so no remote write targets
+        // them; and the borrows above rule out any other access while the
+        // slice lives.
+        unsafe { mem.slice_mut(r.off, r.len) }.ok()
+    }
+
+    /// Commit the frame written into the last reservation.
+    pub(crate) fn tx_commit(&mut self, len: usize) {
         let Some(r) = self.reservation.take() else {
             debug_assert!(false, "tx_commit without tx_reserve");
             return;
@@ -755,31 +589,28 @@ impl<Q: QueuePair> Transport for RingTransport<Q> {
         });
     }
 
-    /// Poll completions, return owed credits, post every frame the credits
-    /// allow, and ring the doorbell once if anything was posted.
-    fn flush(&mut self, _now: Instant) -> Result<(), TransportError> {
-        self.check()?;
-        self.stats.flushes += 1;
-        self.flush_inner().map_err(|f| self.fail(f))
-    }
-
+    /// Lend up to `max` received frames to `sink`, in place from the local
+    /// ring, in order. Returns how many were lent and, if the peer broke
+    /// the protocol, the fault (after the frames before it).
     #[allow(unsafe_code)]
-    fn rx_burst(
+    pub(crate) fn deliver<V: Verbs>(
         &mut self,
-        _now: Instant,
+        verbs: &V,
         max: usize,
         sink: &mut dyn FnMut(&[u8]),
-    ) -> Result<usize, TransportError> {
-        self.check()?;
-        if let Err(f) = self.reap() {
-            return Err(self.fail(f));
+    ) -> (usize, Option<RingFault>) {
+        if self.fault.is_some() || self.pending_rx.is_empty() {
+            return (0, None);
         }
         let ring_len = self.ring.len;
-        let Some(ring) = self.qp.mr_mem(self.ring.lkey) else {
+        let Some(ring) = verbs.mr_mem(self.ring.lkey) else {
             let lkey = self.ring.lkey;
-            return Err(self.fail(RingFault::Protocol(format!(
-                "receive ring (lkey {lkey:#x}) is not registered"
-            ))));
+            return (
+                0,
+                Some(RingFault::Protocol(format!(
+                    "receive ring (lkey {lkey:#x}) is not registered"
+                ))),
+            );
         };
         let mut delivered = 0;
         let mut violation = None;
@@ -806,12 +637,13 @@ impl<Q: QueuePair> Transport for RingTransport<Q> {
                 break;
             }
             // SAFETY: the peer wrote these bytes with the write whose
-            // receive completion `reap` polled (verbs makes the data visible
-            // before the completion), and it has no credit for them until
-            // `owed_bytes` goes back in a credit message, which takes a
-            // later `flush`: a peer that keeps to the credits it was given
+            // receive completion the driver polled (verbs makes the data
+            // visible before the completion), and it has no credit for them
+            // until `owed_bytes` goes back in a credit message, which takes a
+            // later flush: a peer that keeps to the credits it was given
             // (the trust an rkey grants) does not write them while the sink
-            // holds them. Locally the ring is only ever read.
+            // holds them. Locally the ring is only ever read, and the verbs
+            // stay borrowed (no deregistration) until this returns.
             let bytes = match unsafe { ring.slice(head, frame.len) } {
                 Ok(bytes) => bytes,
                 Err(e) => {
@@ -830,14 +662,6 @@ impl<Q: QueuePair> Transport for RingTransport<Q> {
             delivered += 1;
         }
         self.stats.frames_received += delivered as u64;
-        match violation {
-            Some(v) => Err(self.fail(RingFault::Protocol(v))),
-            None => Ok(delivered),
-        }
-    }
-
-    /// Frames committed and not yet posted, or credits due to the peer.
-    fn tx_pending(&self) -> bool {
-        !self.queued.is_empty() || (self.fault.is_none() && self.credit_due())
+        (delivered, violation.map(RingFault::Protocol))
     }
 }

@@ -1,64 +1,77 @@
-//! [`SimRcQp`]: an in-memory, connected pair of RC queue pairs.
+//! [`SimNic`]: an in-memory RDMA NIC, one per driver, on a [`SimFabric`]
+//! that connects the queue pairs of several NICs.
 //!
-//! The simulator models what the ring protocol can observe of a real RC
-//! connection:
+//! A NIC is what one driver owns: a protection domain (every memory region
+//! of the NIC), one completion queue that all its queue pairs report into
+//! (each completion carries its `qp_num`), and RC queue pairs created in
+//! connected pairs across two NICs ([`SimNic::connect_qp`]). The simulator
+//! models what the ring protocol can observe of real hardware:
 //!
-//! * **Staged posting.** Send WRs wait in a staging list until
-//!   [`ring_doorbell`](QueuePair::ring_doorbell); [`SimRcQp::doorbells`]
-//!   counts the doorbells.
-//! * **Reliable, in-order delivery.** Doorbelled writes are executed in
-//!   posting order. A write checks the local slice (`IBV_WC_LOC_PROT_ERR`,
-//!   `IBV_WC_LOC_LEN_ERR`), the peer's QP state (`IBV_WC_RETRY_EXC_ERR` when
-//!   the peer is in error), the rkey and bounds (`IBV_WC_REM_ACCESS_ERR`) and
-//!   a posted receive WR on the peer. Then the bytes are copied, one peer
-//!   receive WR is consumed, and a successful send completion is queued.
+//! * **Staged posting.** Send WRs wait on their queue pair until
+//!   [`ring_doorbell`](Verbs::ring_doorbell), which hands the WRs of every
+//!   queue pair to the NIC at once; [`SimNic::doorbells`] counts the calls.
+//! * **Reliable, in-order delivery per queue pair.** Doorbelled writes are
+//!   executed in posting order. A write checks the local slice
+//!   (`IBV_WC_LOC_PROT_ERR`, `IBV_WC_LOC_LEN_ERR`), the peer queue pair
+//!   (`IBV_WC_RETRY_EXC_ERR` when it is in error or destroyed), the rkey
+//!   against the peer NIC's protection domain and the bounds
+//!   (`IBV_WC_REM_ACCESS_ERR`) and a posted receive WR on the peer queue
+//!   pair. Then the bytes are copied, one peer receive WR is consumed, and a
+//!   successful send completion is queued.
 //! * **Receiver not ready.** With no receive WR posted at the peer the write
-//!   stays at the head of the send queue (blocking later writes, as RC does)
-//!   and is retried on every later doorbell or `poll_cq`; after
-//!   [`SimConfig::rnr_retry`] failed retries it completes with
-//!   `IBV_WC_RNR_RETRY_EXC_ERR`. (Real hardware retries after an RNR timer;
-//!   `rnr_retry = 7`, "infinite", is not modelled so tests cannot hang.)
-//! * **Error state.** Any error completion moves the QP to
-//!   [`QpState::Error`]: staged and queued send WRs and posted receive WRs
-//!   are flushed with `IBV_WC_WR_FLUSH_ERR`, and so is everything posted
-//!   later. The peer's QP stays connected; its next write fails with
+//!   stays at the head of its send queue (blocking later writes of that
+//!   queue pair, as RC does) and is retried on every later doorbell or
+//!   `poll_cq`; after [`SimConfig::rnr_retry`] failed retries it completes
+//!   with `IBV_WC_RNR_RETRY_EXC_ERR`. (Real hardware retries after an RNR
+//!   timer; `rnr_retry = 7`, "infinite", is not modelled so tests cannot
+//!   hang.)
+//! * **Error state, per queue pair.** Any error completion moves its queue
+//!   pair to [`QpState::Error`]: its staged and queued send WRs and posted
+//!   receive WRs are flushed with `IBV_WC_WR_FLUSH_ERR`, and so is everything
+//!   posted on it later. Other queue pairs of the NIC carry on. The peer
+//!   queue pair stays connected; its next write fails with
 //!   `IBV_WC_RETRY_EXC_ERR` because nobody answers.
 //! * **Landing.** The peer's bytes and receive completion are applied to
-//!   local memory when the local side next calls `poll_cq` — the only way
-//!   software can learn of them — so the receive completion is never visible
+//!   local memory when the local NIC next calls `poll_cq` (the only way
+//!   software can learn of them), so the receive completion is never visible
 //!   before its data.
 //! * **Queue limits.** A WR holds its queue slot until its completion is
 //!   polled; posting beyond [`SimConfig::max_send_wr`] /
 //!   [`SimConfig::max_recv_wr`] fails with `ENOMEM`. More completions than
-//!   [`SimConfig::cq_depth`] overrun the CQ: `poll_cq` fails with
-//!   `EOVERFLOW` and the QP enters the error state.
+//!   [`SimConfig::cq_depth`] overrun the shared CQ: `poll_cq` fails with
+//!   `EOVERFLOW` from then on and every queue pair of the NIC enters the
+//!   error state.
+//! * **Teardown.** [`destroy_qp`](Verbs::destroy_qp) removes the queue
+//!   pair's completions from the CQ (as mlx5 cleans its CQ);
+//!   [`dereg_mr`](Verbs::dereg_mr) frees a region, and later writes naming
+//!   its rkey fail with `IBV_WC_REM_ACCESS_ERR`.
 //!
-//! State shared by the two ends lives behind an `Arc<Mutex<..>>`; this is a
-//! test vehicle, not a fast path.
+//! State the NICs share lives behind an `Arc<Mutex<..>>`; this is a test
+//! vehicle, not a fast path.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::mem::{OwnedMem, RegisteredMem};
 use crate::verbs::{
-    Completion, Errno, LocalSlice, MemoryRegion, QpCaps, QpState, QueuePair, RemoteSlice,
-    VerbsError, WcOpcode, WcStatus,
+    Completion, Errno, LocalSlice, MemoryRegion, QpCaps, QpState, RemoteSlice, Verbs, VerbsError,
+    WcOpcode, WcStatus,
 };
 
-/// Capacities and behaviour of a simulated queue pair.
+/// Capacities and behaviour of the simulated NICs of one fabric.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SimConfig {
-    /// Outstanding send WRs per QP.
+    /// Outstanding send WRs per queue pair.
     pub max_send_wr: u32,
-    /// Outstanding receive WRs per QP.
+    /// Outstanding receive WRs per queue pair.
     pub max_recv_wr: u32,
-    /// Completion-queue entries per QP.
+    /// Entries of each NIC's completion queue, shared by its queue pairs.
     pub cq_depth: u32,
     /// Largest message.
     pub max_msg_size: usize,
     /// RNR retries before a write completes with
     /// [`WcStatus::RnrRetryExceeded`] (a retry happens on each later
-    /// doorbell or `poll_cq` of the writer).
+    /// doorbell or `poll_cq` of the writer's NIC).
     pub rnr_retry: u8,
 }
 
@@ -67,7 +80,7 @@ impl Default for SimConfig {
         Self {
             max_send_wr: 128,
             max_recv_wr: 256,
-            cq_depth: 384,
+            cq_depth: 1 << 16,
             max_msg_size: 1 << 30,
             rnr_retry: 3,
         }
@@ -78,39 +91,54 @@ impl Default for SimConfig {
 /// memory together with its receive completion.
 #[derive(Debug)]
 struct Landing {
-    rkey: u32,
+    lkey: u32,
     offset: usize,
     data: Vec<u8>,
     wc: Completion,
 }
 
-/// The part of one end that the other end's "NIC" touches.
-#[derive(Debug)]
-struct Port {
-    state: QpState,
-    /// rkey → (base address, length), for remote-access checks.
-    rkeys: HashMap<u32, (u64, usize)>,
-    /// Posted receive WRs not yet consumed.
-    recvs: VecDeque<u64>,
+/// A registered region as the peers' NICs see it.
+#[derive(Debug, Clone, Copy)]
+struct RemoteKey {
+    base: u64,
+    len: usize,
+    lkey: u32,
+}
+
+/// The part of a NIC that the other NICs touch.
+#[derive(Debug, Default)]
+struct NicPort {
+    /// The protection domain's regions by rkey.
+    rkeys: HashMap<u32, RemoteKey>,
     /// Executed incoming writes not yet applied.
     inbound: VecDeque<Landing>,
 }
 
-impl Port {
-    fn new() -> Self {
-        Self {
-            state: QpState::ReadyToSend,
-            rkeys: HashMap::new(),
-            recvs: VecDeque::new(),
-            inbound: VecDeque::new(),
-        }
-    }
+/// The part of a queue pair that its peer's NIC touches.
+#[derive(Debug)]
+struct QpPort {
+    nic: usize,
+    peer: u32,
+    state: QpState,
+    /// Posted receive WRs not yet consumed.
+    recvs: VecDeque<u64>,
 }
 
 #[derive(Debug)]
 struct Fabric {
-    ports: [Port; 2],
+    nics: Vec<NicPort>,
+    /// Live queue pairs by number; destroyed ones are gone.
+    qps: HashMap<u32, QpPort>,
     next_key: u32,
+    next_qpn: u32,
+}
+
+/// The network the simulated NICs are attached to. Cloning it gives
+/// another handle on the same network.
+#[derive(Debug, Clone)]
+pub struct SimFabric {
+    shared: Arc<Mutex<Fabric>>,
+    cfg: SimConfig,
 }
 
 #[derive(Debug)]
@@ -128,20 +156,30 @@ struct SendWr {
     rnr_retries: u8,
 }
 
-/// One end of a simulated, connected RC queue pair. See the module
-/// documentation for the semantics.
-#[derive(Debug)]
-pub struct SimRcQp {
-    side: usize,
-    fabric: Arc<Mutex<Fabric>>,
-    cfg: SimConfig,
-    regions: Vec<SimRegion>,
+/// The local side of one queue pair.
+#[derive(Debug, Default)]
+struct SimQp {
     staged: Vec<SendWr>,
     send_queue: VecDeque<SendWr>,
-    cq: VecDeque<Completion>,
-    cq_overrun: bool,
     sq_outstanding: u32,
     rq_outstanding: u32,
+}
+
+/// One simulated NIC: a protection domain, one completion queue and the
+/// queue pairs created on it. See the module documentation for the
+/// semantics.
+#[derive(Debug)]
+pub struct SimNic {
+    nic: usize,
+    fabric: Arc<Mutex<Fabric>>,
+    cfg: SimConfig,
+    regions: HashMap<u32, SimRegion>,
+    /// Regions registered so far: the next region's id.
+    registered: u32,
+    /// Ordered, so that progress visits queue pairs deterministically.
+    qps: BTreeMap<u32, SimQp>,
+    cq: VecDeque<Completion>,
+    cq_overrun: bool,
     doorbells: u64,
 }
 
@@ -156,28 +194,69 @@ fn lock(fabric: &Mutex<Fabric>) -> MutexGuard<'_, Fabric> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-impl SimRcQp {
-    /// Two queue pairs connected to each other, both in the
-    /// ready-to-send state.
-    pub fn pair(cfg: SimConfig) -> (Self, Self) {
-        let fabric = Arc::new(Mutex::new(Fabric {
-            ports: [Port::new(), Port::new()],
-            next_key: 0x100,
-        }));
-        let end = |side| Self {
-            side,
-            fabric: Arc::clone(&fabric),
+impl SimFabric {
+    /// An empty network whose NICs have the capacities of `cfg`.
+    pub fn new(cfg: SimConfig) -> Self {
+        Self {
+            shared: Arc::new(Mutex::new(Fabric {
+                nics: Vec::new(),
+                qps: HashMap::new(),
+                next_key: 0x100,
+                next_qpn: 0x11,
+            })),
             cfg,
-            regions: Vec::new(),
-            staged: Vec::new(),
-            send_queue: VecDeque::new(),
+        }
+    }
+
+    /// A new NIC attached to this network, with no region and no queue
+    /// pair yet.
+    pub fn nic(&self) -> SimNic {
+        let mut fabric = lock(&self.shared);
+        fabric.nics.push(NicPort::default());
+        SimNic {
+            nic: fabric.nics.len() - 1,
+            fabric: Arc::clone(&self.shared),
+            cfg: self.cfg,
+            regions: HashMap::new(),
+            registered: 0,
+            qps: BTreeMap::new(),
             cq: VecDeque::new(),
             cq_overrun: false,
-            sq_outstanding: 0,
-            rq_outstanding: 0,
             doorbells: 0,
+        }
+    }
+}
+
+impl SimNic {
+    /// Two NICs on a new fabric.
+    pub fn pair(cfg: SimConfig) -> (Self, Self) {
+        let fabric = SimFabric::new(cfg);
+        (fabric.nic(), fabric.nic())
+    }
+
+    /// Create a queue pair here and one on `peer`, connected to each other
+    /// and ready to send. Returns their numbers (local, peer).
+    pub fn connect_qp(&mut self, peer: &mut SimNic) -> Result<(u32, u32), VerbsError> {
+        if !Arc::ptr_eq(&self.fabric, &peer.fabric) {
+            return Err(VerbsError::CreateQp {
+                errno: Errno::EINVAL,
+            });
+        }
+        let mut fabric = lock(&self.fabric);
+        let (a, b) = (fabric.next_qpn, fabric.next_qpn + 1);
+        fabric.next_qpn += 2;
+        let port = |nic, peer| QpPort {
+            nic,
+            peer,
+            state: QpState::ReadyToSend,
+            recvs: VecDeque::new(),
         };
-        (end(0), end(1))
+        fabric.qps.insert(a, port(self.nic, b));
+        fabric.qps.insert(b, port(peer.nic, a));
+        drop(fabric);
+        self.qps.insert(a, SimQp::default());
+        peer.qps.insert(b, SimQp::default());
+        Ok((a, b))
     }
 
     /// Doorbells rung so far.
@@ -185,17 +264,23 @@ impl SimRcQp {
         self.doorbells
     }
 
-    /// Receive WRs currently posted and not yet consumed by the peer.
-    pub fn posted_recvs(&self) -> usize {
-        lock(&self.fabric).ports[self.side].recvs.len()
+    /// Receive WRs currently posted on `qpn` and not yet consumed by the
+    /// peer (0 for an unknown queue pair).
+    pub fn posted_recvs(&self, qpn: u32) -> usize {
+        lock(&self.fabric)
+            .qps
+            .get(&qpn)
+            .map_or(0, |qp| qp.recvs.len())
     }
 
-    fn peer(&self) -> usize {
-        1 - self.side
+    /// Queue pairs of this NIC.
+    pub fn qp_count(&self) -> usize {
+        self.qps.len()
     }
 
-    fn region(&self, lkey: u32) -> Option<&SimRegion> {
-        self.regions.iter().find(|r| r.mr.lkey == lkey)
+    /// Regions registered on this NIC.
+    pub fn region_count(&self) -> usize {
+        self.regions.len()
     }
 
     fn push_cqe(&mut self, wc: Completion) {
@@ -206,9 +291,10 @@ impl SimRcQp {
         }
     }
 
-    fn send_wc(wr: &SendWr, status: WcStatus) -> Completion {
+    fn send_wc(qpn: u32, wr: &SendWr, status: WcStatus) -> Completion {
         Completion {
             wr_id: wr.wr_id,
+            qp_num: qpn,
             status,
             opcode: WcOpcode::RdmaWrite,
             imm: None,
@@ -216,18 +302,24 @@ impl SimRcQp {
         }
     }
 
-    /// Move to the error state: report `first`, flush every send and
-    /// receive WR.
-    fn enter_error(&mut self, fabric: &mut Fabric, first: Option<Completion>) {
-        fabric.ports[self.side].state = QpState::Error;
+    /// Move `qpn` to the error state: report `first`, flush its send and
+    /// receive WRs.
+    fn enter_error(&mut self, fabric: &mut Fabric, qpn: u32, first: Option<Completion>) {
+        let recvs: Vec<u64> = match fabric.qps.get_mut(&qpn) {
+            Some(port) => {
+                port.state = QpState::Error;
+                port.recvs.drain(..).collect()
+            }
+            None => Vec::new(),
+        };
         if let Some(wc) = first {
             self.push_cqe(wc);
         }
-        self.flush_sends();
-        let recvs: Vec<u64> = fabric.ports[self.side].recvs.drain(..).collect();
+        self.flush_sends(qpn);
         for wr_id in recvs {
             self.push_cqe(Completion {
                 wr_id,
+                qp_num: qpn,
                 status: WcStatus::WrFlush,
                 opcode: WcOpcode::RecvRdmaWithImm,
                 imm: None,
@@ -236,126 +328,169 @@ impl SimRcQp {
         }
     }
 
-    fn flush_sends(&mut self) {
-        let queued: Vec<SendWr> = self
-            .send_queue
-            .drain(..)
-            .chain(self.staged.drain(..))
-            .collect();
+    fn flush_sends(&mut self, qpn: u32) {
+        let Some(qp) = self.qps.get_mut(&qpn) else {
+            return;
+        };
+        let queued: Vec<SendWr> = qp.send_queue.drain(..).chain(qp.staged.drain(..)).collect();
         for wr in &queued {
-            self.push_cqe(Self::send_wc(wr, WcStatus::WrFlush));
+            self.push_cqe(Self::send_wc(qpn, wr, WcStatus::WrFlush));
         }
     }
 
-    /// Execute doorbelled writes in order until the queue is empty or the
-    /// head is blocked by RNR.
-    fn progress(&mut self, fabric: &mut Fabric) {
-        let (me, peer) = (self.side, self.peer());
-        if fabric.ports[me].state == QpState::Error {
-            self.flush_sends();
+    /// Why `wr` cannot execute now, if it fails outright.
+    fn check_write(&self, fabric: &Fabric, peer: u32, wr: &SendWr) -> Option<WcStatus> {
+        let local_ok = self.regions.get(&wr.local.lkey).is_some_and(|r| {
+            wr.local
+                .offset
+                .checked_add(wr.local.len)
+                .is_some_and(|end| end <= r.mr.len)
+        });
+        if !local_ok {
+            return Some(WcStatus::LocalProtection);
+        }
+        if wr.local.len > self.cfg.max_msg_size {
+            return Some(WcStatus::LocalLength);
+        }
+        let Some(peer_port) = fabric.qps.get(&peer) else {
+            return Some(WcStatus::RetryExceeded);
+        };
+        if peer_port.state == QpState::Error {
+            return Some(WcStatus::RetryExceeded);
+        }
+        let fits = fabric.nics[peer_port.nic]
+            .rkeys
+            .get(&wr.remote.rkey)
+            .is_some_and(|k| {
+                remote_offset(wr.remote.addr, k.base)
+                    .and_then(|off| off.checked_add(wr.local.len))
+                    .is_some_and(|end| end <= k.len)
+            });
+        (!fits).then_some(WcStatus::RemoteAccess)
+    }
+
+    /// Execute the doorbelled writes of `qpn` in order until its queue is
+    /// empty or the head is blocked by RNR.
+    fn progress(&mut self, fabric: &mut Fabric, qpn: u32) {
+        let Some(port) = fabric.qps.get(&qpn) else {
+            return;
+        };
+        if port.state == QpState::Error {
+            self.flush_sends(qpn);
             return;
         }
-        while let Some(wr) = self.send_queue.front().copied() {
-            let local = self
-                .regions
-                .iter_mut()
-                .find(|r| r.mr.lkey == wr.local.lkey)
-                .and_then(|r| {
-                    let end = wr.local.offset.checked_add(wr.local.len)?;
-                    r.buf.bytes_mut().get(wr.local.offset..end)
-                });
-            let Some(src) = local else {
-                self.send_queue.pop_front();
-                let wc = Self::send_wc(&wr, WcStatus::LocalProtection);
-                self.enter_error(fabric, Some(wc));
+        let peer = port.peer;
+        loop {
+            let Some(wr) = self
+                .qps
+                .get(&qpn)
+                .and_then(|q| q.send_queue.front().copied())
+            else {
                 return;
             };
-            let failure =
-                if wr.local.len > self.cfg.max_msg_size {
-                    Some(WcStatus::LocalLength)
-                } else if fabric.ports[peer].state == QpState::Error {
-                    Some(WcStatus::RetryExceeded)
-                } else {
-                    let fits = fabric.ports[peer].rkeys.get(&wr.remote.rkey).is_some_and(
-                        |&(base, len)| {
-                            remote_offset(wr.remote.addr, base)
-                                .and_then(|off| off.checked_add(wr.local.len))
-                                .is_some_and(|end| end <= len)
-                        },
-                    );
-                    (!fits).then_some(WcStatus::RemoteAccess)
-                };
-            if let Some(status) = failure {
-                self.send_queue.pop_front();
-                self.enter_error(fabric, Some(Self::send_wc(&wr, status)));
+            if let Some(status) = self.check_write(fabric, peer, &wr) {
+                if let Some(qp) = self.qps.get_mut(&qpn) {
+                    qp.send_queue.pop_front();
+                }
+                self.enter_error(fabric, qpn, Some(Self::send_wc(qpn, &wr, status)));
                 return;
             }
-            let Some(recv_wr) = fabric.ports[peer].recvs.pop_front() else {
-                let head = self.send_queue.front_mut().expect("head exists");
-                if head.rnr_retries >= self.cfg.rnr_retry {
-                    self.send_queue.pop_front();
-                    let wc = Self::send_wc(&wr, WcStatus::RnrRetryExceeded);
-                    self.enter_error(fabric, Some(wc));
+            let peer_port = fabric.qps.get_mut(&peer).expect("checked by check_write");
+            let Some(recv_wr) = peer_port.recvs.pop_front() else {
+                let retry = self.cfg.rnr_retry;
+                let Some(head) = self
+                    .qps
+                    .get_mut(&qpn)
+                    .and_then(|q| q.send_queue.front_mut())
+                else {
+                    return;
+                };
+                if head.rnr_retries >= retry {
+                    if let Some(qp) = self.qps.get_mut(&qpn) {
+                        qp.send_queue.pop_front();
+                    }
+                    let wc = Self::send_wc(qpn, &wr, WcStatus::RnrRetryExceeded);
+                    self.enter_error(fabric, qpn, Some(wc));
                 } else {
                     head.rnr_retries += 1;
                 }
                 return;
             };
-            let data = src.to_vec();
+            let peer_nic = peer_port.nic;
+            let key = fabric.nics[peer_nic].rkeys[&wr.remote.rkey];
+            let range = wr.local.offset..wr.local.offset + wr.local.len;
+            let data = self
+                .regions
+                .get_mut(&wr.local.lkey)
+                .map(|r| r.buf.bytes_mut()[range].to_vec())
+                .expect("checked by check_write");
             let byte_len = u32::try_from(data.len()).unwrap_or(u32::MAX);
-            let base = fabric.ports[peer].rkeys[&wr.remote.rkey].0;
-            fabric.ports[peer].inbound.push_back(Landing {
-                rkey: wr.remote.rkey,
-                offset: remote_offset(wr.remote.addr, base).unwrap_or(0),
+            fabric.nics[peer_nic].inbound.push_back(Landing {
+                lkey: key.lkey,
+                offset: remote_offset(wr.remote.addr, key.base).unwrap_or(0),
                 data,
                 wc: Completion {
                     wr_id: recv_wr,
+                    qp_num: peer,
                     status: WcStatus::Success,
                     opcode: WcOpcode::RecvRdmaWithImm,
                     imm: Some(wr.imm),
                     byte_len,
                 },
             });
-            self.send_queue.pop_front();
-            self.push_cqe(Self::send_wc(&wr, WcStatus::Success));
+            if let Some(qp) = self.qps.get_mut(&qpn) {
+                qp.send_queue.pop_front();
+            }
+            self.push_cqe(Self::send_wc(qpn, &wr, WcStatus::Success));
         }
     }
 
-    /// Apply writes the peer executed: land the bytes, then queue the
+    fn progress_all(&mut self, fabric: &mut Fabric) {
+        let qpns: Vec<u32> = self.qps.keys().copied().collect();
+        for qpn in qpns {
+            self.progress(fabric, qpn);
+        }
+    }
+
+    /// Apply writes the peers executed: land the bytes, then queue the
     /// receive completions.
     fn apply_inbound(&mut self, fabric: &mut Fabric) {
-        while let Some(landing) = fabric.ports[self.side].inbound.pop_front() {
-            let target = self
-                .regions
-                .iter_mut()
-                .find(|r| r.mr.rkey == landing.rkey)
-                .and_then(|r| {
-                    r.buf
-                        .bytes_mut()
-                        .get_mut(landing.offset..landing.offset + landing.data.len())
-                });
-            // The writer checked rkey and bounds against our table; regions
-            // are never deregistered, so the target exists.
+        while let Some(landing) = fabric.nics[self.nic].inbound.pop_front() {
+            let target = self.regions.get_mut(&landing.lkey).and_then(|r| {
+                r.buf
+                    .bytes_mut()
+                    .get_mut(landing.offset..landing.offset + landing.data.len())
+            });
+            // The writer checked rkey and bounds against our protection
+            // domain; a region deregistered since takes nothing.
             if let Some(dst) = target {
                 dst.copy_from_slice(&landing.data);
             }
-            self.push_cqe(landing.wc);
+            if self.qps.contains_key(&landing.wc.qp_num) {
+                self.push_cqe(landing.wc);
+            }
         }
     }
 }
 
-impl QueuePair for SimRcQp {
-    fn caps(&self) -> QpCaps {
-        QpCaps {
-            max_send_wr: self.cfg.max_send_wr,
-            max_recv_wr: self.cfg.max_recv_wr,
-            cq_depth: self.cfg.cq_depth,
-            max_msg_size: self.cfg.max_msg_size,
-        }
+impl Verbs for SimNic {
+    fn cq_depth(&self) -> u32 {
+        self.cfg.cq_depth
     }
 
-    fn state(&self) -> QpState {
-        lock(&self.fabric).ports[self.side].state
+    fn qp_caps(&self, qpn: u32) -> Option<QpCaps> {
+        self.qps.contains_key(&qpn).then_some(QpCaps {
+            max_send_wr: self.cfg.max_send_wr,
+            max_recv_wr: self.cfg.max_recv_wr,
+            max_msg_size: self.cfg.max_msg_size,
+        })
+    }
+
+    fn qp_state(&self, qpn: u32) -> Option<QpState> {
+        if !self.qps.contains_key(&qpn) {
+            return None;
+        }
+        lock(&self.fabric).qps.get(&qpn).map(|q| q.state)
     }
 
     fn reg_mr(&mut self, len: usize) -> Result<MemoryRegion, VerbsError> {
@@ -369,43 +504,73 @@ impl QueuePair for SimRcQp {
         let key = fabric.next_key;
         fabric.next_key += 2;
         let mr = MemoryRegion {
-            id: u32::try_from(self.regions.len()).unwrap_or(u32::MAX),
+            id: self.registered,
             // Synthetic, distinct and far apart, like virtual addresses.
             addr: u64::from(key) << 32,
             len,
             lkey: key,
             rkey: key + 1,
         };
-        fabric.ports[self.side]
-            .rkeys
-            .insert(mr.rkey, (mr.addr, len));
+        fabric.nics[self.nic].rkeys.insert(
+            mr.rkey,
+            RemoteKey {
+                base: mr.addr,
+                len,
+                lkey: mr.lkey,
+            },
+        );
         drop(fabric);
-        self.regions.push(SimRegion {
-            mr,
-            buf: OwnedMem::zeroed(len),
-        });
+        self.registered += 1;
+        self.regions.insert(
+            mr.lkey,
+            SimRegion {
+                mr,
+                buf: OwnedMem::zeroed(len),
+            },
+        );
         Ok(mr)
     }
 
+    fn dereg_mr(&mut self, lkey: u32) -> Result<(), VerbsError> {
+        let Some(region) = self.regions.remove(&lkey) else {
+            return Err(VerbsError::DeregMr {
+                lkey,
+                errno: Errno::EINVAL,
+            });
+        };
+        lock(&self.fabric).nics[self.nic]
+            .rkeys
+            .remove(&region.mr.rkey);
+        Ok(())
+    }
+
     fn mr_mem(&self, lkey: u32) -> Option<RegisteredMem<'_>> {
-        self.region(lkey).map(|r| r.buf.mem())
+        self.regions.get(&lkey).map(|r| r.buf.mem())
     }
 
     fn post_write_with_imm(
         &mut self,
+        qpn: u32,
         wr_id: u64,
         local: LocalSlice,
         remote: RemoteSlice,
         imm: u32,
     ) -> Result<(), VerbsError> {
-        if self.sq_outstanding >= self.cfg.max_send_wr {
+        let max = self.cfg.max_send_wr;
+        let Some(qp) = self.qps.get_mut(&qpn) else {
+            return Err(VerbsError::PostSend {
+                wr_id,
+                errno: Errno::EINVAL,
+            });
+        };
+        if qp.sq_outstanding >= max {
             return Err(VerbsError::PostSend {
                 wr_id,
                 errno: Errno::ENOMEM,
             });
         }
-        self.sq_outstanding += 1;
-        self.staged.push(SendWr {
+        qp.sq_outstanding += 1;
+        qp.staged.push(SendWr {
             wr_id,
             local,
             remote,
@@ -415,38 +580,60 @@ impl QueuePair for SimRcQp {
         Ok(())
     }
 
-    fn post_recv(&mut self, wr_id: u64) -> Result<(), VerbsError> {
-        if self.rq_outstanding >= self.cfg.max_recv_wr {
+    fn post_recv(&mut self, qpn: u32, wr_id: u64) -> Result<(), VerbsError> {
+        let max = self.cfg.max_recv_wr;
+        let Some(qp) = self.qps.get_mut(&qpn) else {
+            return Err(VerbsError::PostRecv {
+                wr_id,
+                errno: Errno::EINVAL,
+            });
+        };
+        if qp.rq_outstanding >= max {
             return Err(VerbsError::PostRecv {
                 wr_id,
                 errno: Errno::ENOMEM,
             });
         }
-        self.rq_outstanding += 1;
+        qp.rq_outstanding += 1;
         let fabric = Arc::clone(&self.fabric);
         let mut fabric = lock(&fabric);
-        fabric.ports[self.side].recvs.push_back(wr_id);
-        if fabric.ports[self.side].state == QpState::Error {
-            self.enter_error(&mut fabric, None);
+        let Some(port) = fabric.qps.get_mut(&qpn) else {
+            return Err(VerbsError::PostRecv {
+                wr_id,
+                errno: Errno::EINVAL,
+            });
+        };
+        port.recvs.push_back(wr_id);
+        if port.state == QpState::Error {
+            self.enter_error(&mut fabric, qpn, None);
         }
         Ok(())
     }
 
     fn ring_doorbell(&mut self) -> Result<(), VerbsError> {
         self.doorbells += 1;
-        self.send_queue.extend(self.staged.drain(..));
+        for qp in self.qps.values_mut() {
+            let staged = std::mem::take(&mut qp.staged);
+            qp.send_queue.extend(staged);
+        }
         let fabric = Arc::clone(&self.fabric);
-        self.progress(&mut lock(&fabric));
+        self.progress_all(&mut lock(&fabric));
         Ok(())
     }
 
     fn poll_cq(&mut self, out: &mut [Completion]) -> Result<usize, VerbsError> {
         let fabric = Arc::clone(&self.fabric);
         let mut fabric = lock(&fabric);
-        self.apply_inbound(&mut fabric);
-        self.progress(&mut fabric);
+        if !self.cq_overrun {
+            self.apply_inbound(&mut fabric);
+            self.progress_all(&mut fabric);
+        }
         if self.cq_overrun {
-            fabric.ports[self.side].state = QpState::Error;
+            for qpn in self.qps.keys() {
+                if let Some(port) = fabric.qps.get_mut(qpn) {
+                    port.state = QpState::Error;
+                }
+            }
             return Err(VerbsError::PollCq {
                 errno: Errno::EOVERFLOW,
             });
@@ -454,291 +641,32 @@ impl QueuePair for SimRcQp {
         drop(fabric);
         let n = out.len().min(self.cq.len());
         for (slot, wc) in out.iter_mut().zip(self.cq.drain(..n)) {
-            match wc.opcode {
-                WcOpcode::RdmaWrite => self.sq_outstanding -= 1,
-                WcOpcode::RecvRdmaWithImm => self.rq_outstanding -= 1,
+            if let Some(qp) = self.qps.get_mut(&wc.qp_num) {
+                match wc.opcode {
+                    WcOpcode::RdmaWrite => qp.sq_outstanding -= 1,
+                    WcOpcode::RecvRdmaWithImm => qp.rq_outstanding -= 1,
+                }
             }
             *slot = wc;
         }
         Ok(n)
     }
+
+    fn destroy_qp(&mut self, qpn: u32) -> Result<(), VerbsError> {
+        if self.qps.remove(&qpn).is_none() {
+            return Err(VerbsError::DestroyQp {
+                qpn,
+                errno: Errno::EINVAL,
+            });
+        }
+        let mut fabric = lock(&self.fabric);
+        fabric.qps.remove(&qpn);
+        fabric.nics[self.nic].inbound.retain(|l| l.wc.qp_num != qpn);
+        drop(fabric);
+        self.cq.retain(|wc| wc.qp_num != qpn);
+        Ok(())
+    }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn poll_all(qp: &mut SimRcQp) -> Vec<Completion> {
-        let mut buf = [Completion::default(); 16];
-        let mut all = Vec::new();
-        for _ in 0..100 {
-            let n = qp.poll_cq(&mut buf).expect("poll_cq");
-            if n == 0 {
-                break;
-            }
-            all.extend_from_slice(&buf[..n]);
-        }
-        all
-    }
-
-    fn local(mr: &MemoryRegion, offset: usize, len: usize) -> LocalSlice {
-        LocalSlice {
-            lkey: mr.lkey,
-            offset,
-            len,
-        }
-    }
-
-    fn remote(mr: &MemoryRegion, offset: u64) -> RemoteSlice {
-        RemoteSlice {
-            rkey: mr.rkey,
-            addr: mr.addr + offset,
-        }
-    }
-
-    #[test]
-    fn an_end_can_move_to_another_thread() {
-        fn send<T: Send>(t: T) -> T {
-            t
-        }
-        let (a, b) = SimRcQp::pair(SimConfig::default());
-        let mut a = std::thread::spawn(move || send(a)).join().unwrap();
-        let mr = a.reg_mr(8).unwrap();
-        let a = std::thread::spawn(move || send(a)).join().unwrap();
-        a.mr_mem(mr.lkey).unwrap().write(0, b"moved").unwrap();
-        let mut back = [0; 5];
-        a.mr_mem(mr.lkey).unwrap().read(0, &mut back).unwrap();
-        assert_eq!(&back, b"moved");
-        drop(b);
-    }
-
-    #[test]
-    fn write_with_imm_lands_and_completes_both_sides() {
-        let (mut a, mut b) = SimRcQp::pair(SimConfig::default());
-        let src = a.reg_mr(64).unwrap();
-        let dst = b.reg_mr(64).unwrap();
-        a.mr_mem(src.lkey).unwrap().write(0, b"ping").unwrap();
-        b.post_recv(77).unwrap();
-        a.post_write_with_imm(5, local(&src, 0, 4), remote(&dst, 10), 0xabc)
-            .unwrap();
-        // Staged until the doorbell.
-        assert!(poll_all(&mut b).is_empty());
-        assert_eq!(b.posted_recvs(), 1);
-        a.ring_doorbell().unwrap();
-        assert_eq!(a.doorbells(), 1);
-        let send = poll_all(&mut a);
-        assert_eq!(send.len(), 1);
-        assert_eq!(send[0].wr_id, 5);
-        assert_eq!(send[0].status, WcStatus::Success);
-        assert_eq!(send[0].opcode, WcOpcode::RdmaWrite);
-        let recv = poll_all(&mut b);
-        assert_eq!(recv.len(), 1);
-        assert_eq!(recv[0].wr_id, 77);
-        assert_eq!(recv[0].opcode, WcOpcode::RecvRdmaWithImm);
-        assert_eq!(recv[0].imm, Some(0xabc));
-        assert_eq!(recv[0].byte_len, 4);
-        let mut landed = [0; 4];
-        b.mr_mem(dst.lkey).unwrap().read(10, &mut landed).unwrap();
-        assert_eq!(&landed, b"ping");
-    }
-
-    #[test]
-    fn zero_length_write_delivers_only_the_immediate() {
-        let (mut a, mut b) = SimRcQp::pair(SimConfig::default());
-        let src = a.reg_mr(8).unwrap();
-        let dst = b.reg_mr(8).unwrap();
-        b.post_recv(1).unwrap();
-        a.post_write_with_imm(1, local(&src, 0, 0), remote(&dst, 8), 42)
-            .unwrap();
-        a.ring_doorbell().unwrap();
-        let recv = poll_all(&mut b);
-        assert_eq!((recv[0].imm, recv[0].byte_len), (Some(42), 0));
-    }
-
-    #[test]
-    fn remote_access_out_of_bounds_errors_and_flushes() {
-        let (mut a, mut b) = SimRcQp::pair(SimConfig::default());
-        let src = a.reg_mr(64).unwrap();
-        let dst = b.reg_mr(64).unwrap();
-        a.post_recv(900).unwrap();
-        for i in 0..3 {
-            b.post_recv(i).unwrap();
-        }
-        a.post_write_with_imm(1, local(&src, 0, 16), remote(&dst, 56), 0)
-            .unwrap();
-        a.post_write_with_imm(2, local(&src, 0, 8), remote(&dst, 0), 0)
-            .unwrap();
-        a.ring_doorbell().unwrap();
-        assert_eq!(a.state(), QpState::Error);
-        let wcs = poll_all(&mut a);
-        let statuses: Vec<_> = wcs.iter().map(|w| (w.wr_id, w.status)).collect();
-        assert_eq!(
-            statuses,
-            vec![
-                (1, WcStatus::RemoteAccess),
-                (2, WcStatus::WrFlush),
-                (900, WcStatus::WrFlush)
-            ]
-        );
-        // Later posts flush too.
-        a.post_write_with_imm(3, local(&src, 0, 8), remote(&dst, 0), 0)
-            .unwrap();
-        a.ring_doorbell().unwrap();
-        a.post_recv(901).unwrap();
-        let later: Vec<_> = poll_all(&mut a)
-            .iter()
-            .map(|w| (w.wr_id, w.status))
-            .collect();
-        assert_eq!(
-            later,
-            vec![(3, WcStatus::WrFlush), (901, WcStatus::WrFlush)]
-        );
-        // Nothing landed at the peer, no recv consumed.
-        assert!(poll_all(&mut b).is_empty());
-        assert_eq!(b.posted_recvs(), 3);
-        // The peer's next write finds nobody answering.
-        let bsrc = b.reg_mr(8).unwrap();
-        b.post_write_with_imm(9, local(&bsrc, 0, 8), remote(&src, 0), 0)
-            .unwrap();
-        b.ring_doorbell().unwrap();
-        assert_eq!(poll_all(&mut b)[0].status, WcStatus::RetryExceeded);
-    }
-
-    #[test]
-    fn wrong_key_is_a_remote_access_error() {
-        let (mut a, mut b) = SimRcQp::pair(SimConfig::default());
-        let src = a.reg_mr(64).unwrap();
-        let dst = b.reg_mr(64).unwrap();
-        b.post_recv(0).unwrap();
-        let lkey_as_rkey = RemoteSlice {
-            rkey: dst.lkey,
-            addr: dst.addr,
-        };
-        a.post_write_with_imm(1, local(&src, 0, 8), lkey_as_rkey, 0)
-            .unwrap();
-        a.ring_doorbell().unwrap();
-        assert_eq!(poll_all(&mut a)[0].status, WcStatus::RemoteAccess);
-    }
-
-    #[test]
-    fn local_slice_outside_region_is_a_protection_error() {
-        let (mut a, mut b) = SimRcQp::pair(SimConfig::default());
-        let src = a.reg_mr(16).unwrap();
-        let dst = b.reg_mr(64).unwrap();
-        b.post_recv(0).unwrap();
-        a.post_write_with_imm(1, local(&src, 8, 16), remote(&dst, 0), 0)
-            .unwrap();
-        a.ring_doorbell().unwrap();
-        assert_eq!(poll_all(&mut a)[0].status, WcStatus::LocalProtection);
-        assert_eq!(a.state(), QpState::Error);
-    }
-
-    #[test]
-    fn rnr_blocks_then_recovers_when_a_recv_is_posted() {
-        let (mut a, mut b) = SimRcQp::pair(SimConfig::default());
-        let src = a.reg_mr(8).unwrap();
-        let dst = b.reg_mr(8).unwrap();
-        a.post_write_with_imm(1, local(&src, 0, 8), remote(&dst, 0), 1)
-            .unwrap();
-        a.ring_doorbell().unwrap();
-        assert!(poll_all(&mut a).is_empty());
-        b.post_recv(0).unwrap();
-        assert_eq!(poll_all(&mut a)[0].status, WcStatus::Success);
-        assert_eq!(poll_all(&mut b)[0].imm, Some(1));
-    }
-
-    #[test]
-    fn rnr_retry_exhaustion_is_an_error_completion() {
-        let cfg = SimConfig {
-            rnr_retry: 2,
-            ..SimConfig::default()
-        };
-        let (mut a, mut b) = SimRcQp::pair(cfg);
-        let src = a.reg_mr(8).unwrap();
-        let dst = b.reg_mr(8).unwrap();
-        a.post_write_with_imm(1, local(&src, 0, 8), remote(&dst, 0), 1)
-            .unwrap();
-        a.post_write_with_imm(2, local(&src, 0, 8), remote(&dst, 0), 2)
-            .unwrap();
-        a.ring_doorbell().unwrap();
-        let mut seen = Vec::new();
-        for _ in 0..10 {
-            seen.extend(poll_all(&mut a));
-            if !seen.is_empty() {
-                break;
-            }
-        }
-        let statuses: Vec<_> = seen.iter().map(|w| (w.wr_id, w.status)).collect();
-        assert_eq!(
-            statuses,
-            vec![(1, WcStatus::RnrRetryExceeded), (2, WcStatus::WrFlush)]
-        );
-        assert_eq!(a.state(), QpState::Error);
-        assert!(poll_all(&mut b).is_empty());
-    }
-
-    #[test]
-    fn posting_beyond_queue_capacity_fails_until_completions_are_polled() {
-        let cfg = SimConfig {
-            max_send_wr: 2,
-            max_recv_wr: 1,
-            ..SimConfig::default()
-        };
-        let (mut a, mut b) = SimRcQp::pair(cfg);
-        let src = a.reg_mr(8).unwrap();
-        let dst = b.reg_mr(8).unwrap();
-        b.post_recv(0).unwrap();
-        assert_eq!(
-            b.post_recv(1),
-            Err(VerbsError::PostRecv {
-                wr_id: 1,
-                errno: Errno::ENOMEM
-            })
-        );
-        a.post_write_with_imm(1, local(&src, 0, 0), remote(&dst, 0), 0)
-            .unwrap();
-        a.post_write_with_imm(2, local(&src, 0, 0), remote(&dst, 0), 0)
-            .unwrap();
-        assert_eq!(
-            a.post_write_with_imm(3, local(&src, 0, 0), remote(&dst, 0), 0),
-            Err(VerbsError::PostSend {
-                wr_id: 3,
-                errno: Errno::ENOMEM
-            })
-        );
-        a.ring_doorbell().unwrap();
-        // WR 1 completed; WR 2 waits for a receive WR (RNR).
-        let mut one = [Completion::default(); 1];
-        assert_eq!(a.poll_cq(&mut one), Ok(1));
-        assert_eq!((one[0].wr_id, one[0].status), (1, WcStatus::Success));
-        a.post_write_with_imm(3, local(&src, 0, 0), remote(&dst, 0), 0)
-            .unwrap();
-        // The receive slot frees once b polls the completion.
-        assert_eq!(b.poll_cq(&mut one), Ok(1));
-        b.post_recv(1).unwrap();
-    }
-
-    #[test]
-    fn cq_overrun_fails_poll_and_errors_the_qp() {
-        let (mut c, mut d) = SimRcQp::pair(SimConfig {
-            cq_depth: 2,
-            ..SimConfig::default()
-        });
-        let cs = c.reg_mr(8).unwrap();
-        let dr = d.reg_mr(8).unwrap();
-        for i in 0..3 {
-            d.post_recv(i).unwrap();
-            c.post_write_with_imm(i, local(&cs, 0, 0), remote(&dr, 0), 0)
-                .unwrap();
-        }
-        c.ring_doorbell().unwrap();
-        let mut one = [Completion::default(); 1];
-        assert_eq!(
-            c.poll_cq(&mut one),
-            Err(VerbsError::PollCq {
-                errno: Errno::EOVERFLOW
-            })
-        );
-        assert_eq!(c.state(), QpState::Error);
-    }
-}
+mod tests;

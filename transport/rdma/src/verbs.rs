@@ -1,18 +1,20 @@
 //! The verbs model: the handful of ibverbs operations the ring protocol
-//! needs, as plain data plus the [`QueuePair`] trait.
+//! needs, as plain data plus the [`Verbs`] trait.
 //!
 //! Names follow rdma-core (`ibv_reg_mr`, `ibv_post_send` with
 //! `IBV_WR_RDMA_WRITE_WITH_IMM`, `ibv_post_recv`, `ibv_poll_cq`,
 //! `struct ibv_wc`) and rust-ibverbs (`MemoryRegion`, local/remote memory
-//! slices). The model is deliberately narrow: one reliable-connected (RC)
-//! queue pair, one completion queue for both directions, every send work
-//! request signaled, receive work requests without scatter entries (a
-//! write-with-immediate consumes a receive WR only to deliver its
+//! slices). The model is deliberately narrow and per core, like the
+//! hardware: one protection domain that owns every memory region, one
+//! completion queue that every queue pair reports into (send and receive),
+//! and reliable-connected (RC) queue pairs, one per connection. Every send
+//! work request is signaled; receive work requests have no scatter entries
+//! (a write-with-immediate consumes a receive WR only to deliver its
 //! immediate; the bytes land where the writer said).
 //!
-//! Two implementations exist or are planned: [`SimRcQp`](crate::SimRcQp), an
-//! in-memory connected pair used by the tests, and the verbs driver over
-//! `rdma-sys` (a later issue; see `docs/backends/rdma.md`).
+//! Two implementations exist or are planned: [`SimNic`](crate::SimNic), an
+//! in-memory NIC on a simulated fabric used by the tests, and the verbs
+//! backend over `rdma-sys` (a later issue; see `docs/backends/rdma.md`).
 
 use std::fmt;
 
@@ -28,7 +30,8 @@ use crate::mem::RegisteredMem;
 /// with local write and remote write access.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct MemoryRegion {
-    /// Driver-local identifier (registration order).
+    /// Identifier local to the verbs that registered it (registration
+    /// order).
     pub id: u32,
     /// Address of the first byte as the peer names it in `remote_addr`
     /// (the buffer's virtual address for the verbs driver; synthetic in the
@@ -144,12 +147,16 @@ pub enum WcOpcode {
 
 /// One work completion (`struct ibv_wc`).
 ///
-/// As in verbs, only `wr_id` and `status` are meaningful on an error
-/// completion; callers classify completions by their own `wr_id` encoding.
+/// As in verbs, only `wr_id`, `status` and `qp_num` are meaningful on an
+/// error completion; callers classify completions by their own `wr_id`
+/// encoding.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Completion {
     /// The `wr_id` given when the WR was posted.
     pub wr_id: u64,
+    /// The queue pair the WR was posted on (`ibv_wc.qp_num`): one
+    /// completion queue serves every queue pair of a driver.
+    pub qp_num: u32,
     /// Outcome.
     pub status: WcStatus,
     /// What completed.
@@ -173,16 +180,13 @@ pub enum QpState {
     Error,
 }
 
-/// Queue capacities fixed when the QP was created (`struct ibv_qp_cap` and
-/// the CQ size).
+/// Queue capacities fixed when the QP was created (`struct ibv_qp_cap`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QpCaps {
     /// Send WRs that may be outstanding (posted, completion not yet polled).
     pub max_send_wr: u32,
     /// Receive WRs that may be outstanding.
     pub max_recv_wr: u32,
-    /// Completion-queue entries.
-    pub cq_depth: u32,
     /// Largest message (`max_msg_sz` of the port).
     pub max_msg_size: usize,
 }
@@ -238,6 +242,29 @@ pub enum VerbsError {
         /// Reported error.
         errno: Errno,
     },
+    /// `ibv_dereg_mr` failed (`EINVAL`: no region with this lkey).
+    #[error("ibv_dereg_mr (lkey {lkey:#x}) failed: {errno}")]
+    DeregMr {
+        /// The region's local key.
+        lkey: u32,
+        /// Reported error.
+        errno: Errno,
+    },
+    /// `ibv_destroy_qp` failed (`EINVAL`: no queue pair with this number).
+    #[error("ibv_destroy_qp (qp {qpn:#x}) failed: {errno}")]
+    DestroyQp {
+        /// The queue pair number.
+        qpn: u32,
+        /// Reported error.
+        errno: Errno,
+    },
+    /// `ibv_create_qp` or connecting the new queue pair failed (`EINVAL`:
+    /// the two ends are not on one fabric).
+    #[error("ibv_create_qp failed: {errno}")]
+    CreateQp {
+        /// Reported error.
+        errno: Errno,
+    },
     /// `ibv_post_send` rejected a work request (for example the send queue
     /// is full: `ENOMEM`).
     #[error("ibv_post_send (wr_id {wr_id:#x}) failed: {errno}")]
@@ -264,28 +291,40 @@ pub enum VerbsError {
     },
 }
 
-/// One connected RC queue pair with its completion queue and the memory
-/// regions registered for it: exactly the verbs the ring protocol needs.
+/// The verbs of one driver, as the hardware arranges them per core: a
+/// protection domain that owns every memory region, one completion queue
+/// that every queue pair reports into, and the connected RC queue pairs,
+/// named by their number (`qp_num`). Creating and connecting a queue pair
+/// (the QPN/GID exchange and the Reset → Init → RTR → RTS walk) belongs to
+/// the implementation; the ring protocol starts on a connected one.
 ///
 /// Posting is staged: [`post_write_with_imm`](Self::post_write_with_imm)
-/// only queues a WR; [`ring_doorbell`](Self::ring_doorbell) hands every
-/// queued WR to the NIC at once (the real driver links the staged
-/// `ibv_send_wr`s and calls `ibv_post_send` once, which writes the doorbell).
-/// Receive WRs are visible as soon as they are posted.
+/// only queues a WR on its queue pair; [`ring_doorbell`](Self::ring_doorbell)
+/// hands every WR queued on any queue pair to the NIC at once. Receive WRs
+/// are visible as soon as they are posted.
 ///
 /// Every send WR is signaled: each produces exactly one completion, in
-/// posting order (RC). A WR occupies its queue slot until its completion has
-/// been returned by [`poll_cq`](Self::poll_cq).
-pub trait QueuePair {
-    /// Queue capacities.
-    fn caps(&self) -> QpCaps;
+/// posting order per queue pair (RC). A WR occupies its queue slot until its
+/// completion has been returned by [`poll_cq`](Self::poll_cq).
+pub trait Verbs {
+    /// Entries of the completion queue. It must hold every WR that may be
+    /// outstanding on all queue pairs at once, or it overruns.
+    fn cq_depth(&self) -> u32;
 
-    /// Current state.
-    fn state(&self) -> QpState;
+    /// Capacities of queue pair `qpn`; `None` if there is no such QP.
+    fn qp_caps(&self, qpn: u32) -> Option<QpCaps>;
 
-    /// Register `len` zeroed bytes for local and remote write access
-    /// (`ibv_reg_mr` over a buffer the driver owns).
+    /// Current state of queue pair `qpn`; `None` if there is no such QP.
+    fn qp_state(&self, qpn: u32) -> Option<QpState>;
+
+    /// Register `len` zeroed bytes in the protection domain for local and
+    /// remote write access (`ibv_reg_mr` over a buffer the implementation
+    /// owns).
     fn reg_mr(&mut self, len: usize) -> Result<MemoryRegion, VerbsError>;
+
+    /// Deregister the region `lkey` and free its bytes (`ibv_dereg_mr`).
+    /// Work requests still posted against it complete with an error.
+    fn dereg_mr(&mut self, lkey: u32) -> Result<(), VerbsError>;
 
     /// The memory of a region registered here, or `None` for an unknown
     /// lkey. The NIC may access it at any time, so it is a
@@ -293,26 +332,36 @@ pub trait QueuePair {
     /// lending a range as a slice is `unsafe`.
     fn mr_mem(&self, lkey: u32) -> Option<RegisteredMem<'_>>;
 
-    /// Stage one `IBV_WR_RDMA_WRITE_WITH_IMM`: write `local` into the peer's
-    /// region at `remote`, then consume one of the peer's receive WRs to
-    /// deliver `imm` (with the write's length). Visible to the NIC only
-    /// after [`ring_doorbell`](Self::ring_doorbell).
+    /// Stage one `IBV_WR_RDMA_WRITE_WITH_IMM` on queue pair `qpn`: write
+    /// `local` into the peer's region at `remote`, then consume one of the
+    /// peer's receive WRs to deliver `imm` (with the write's length).
+    /// Visible to the NIC only after [`ring_doorbell`](Self::ring_doorbell).
     fn post_write_with_imm(
         &mut self,
+        qpn: u32,
         wr_id: u64,
         local: LocalSlice,
         remote: RemoteSlice,
         imm: u32,
     ) -> Result<(), VerbsError>;
 
-    /// Post one receive WR (no scatter entries) for an incoming
-    /// write-with-imm.
-    fn post_recv(&mut self, wr_id: u64) -> Result<(), VerbsError>;
+    /// Post one receive WR (no scatter entries) on queue pair `qpn` for an
+    /// incoming write-with-imm.
+    fn post_recv(&mut self, qpn: u32, wr_id: u64) -> Result<(), VerbsError>;
 
-    /// Hand every staged send WR to the NIC with one doorbell.
+    /// Hand every send WR staged on any queue pair to the NIC: one
+    /// submission per pass. A failure names a WR not handed over
+    /// ([`VerbsError::PostSend`]); the WRs of other queue pairs are handed
+    /// over regardless.
     fn ring_doorbell(&mut self) -> Result<(), VerbsError>;
 
-    /// Move up to `out.len()` completions (send and receive) into `out`;
-    /// returns how many.
+    /// Move up to `out.len()` completions (send and receive, of every queue
+    /// pair) into `out`; returns how many.
     fn poll_cq(&mut self, out: &mut [Completion]) -> Result<usize, VerbsError>;
+
+    /// Destroy queue pair `qpn` (`ibv_destroy_qp`): its WRs are dropped and
+    /// its completions still in the CQ are removed, so none arrives after
+    /// this returns. The peer's later writes fail with
+    /// [`WcStatus::RetryExceeded`].
+    fn destroy_qp(&mut self, qpn: u32) -> Result<(), VerbsError>;
 }

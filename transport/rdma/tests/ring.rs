@@ -1,4 +1,5 @@
-//! The ring protocol over the simulated RC queue pair.
+//! The ring protocol of one connection, through an `RdmaDriver` on each
+//! side over simulated NICs.
 
 use std::collections::VecDeque;
 use std::time::Instant;
@@ -6,12 +7,71 @@ use std::time::Instant;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use starwire_rdma::{
-    PreparedRing, QpState, QueuePair, RangeError, RegisteredMem, RemoteRing, RingConfig, RingError,
-    RingFault, RingTransport, SimConfig, SimRcQp, WcStatus, WorkRequest,
+    QpState, RangeError, RdmaDriver, RegisteredMem, RemoteRing, RingConfig, RingConn, RingError,
+    RingFault, SimConfig, SimNic, Verbs, WcStatus, WorkRequest,
 };
-use starwire_transport::{Transport, TransportError};
+use starwire_transport::{ConnId, Driver, TransportError};
 
-type Ring = RingTransport<SimRcQp>;
+/// One side: a driver with a single connection.
+struct End {
+    d: RdmaDriver<SimNic>,
+    c: ConnId,
+}
+
+impl End {
+    fn ring(&self) -> &RingConn {
+        self.d.ring(self.c).expect("connected")
+    }
+
+    fn tx_reserve(&mut self, len: usize) -> Result<Option<&mut [u8]>, TransportError> {
+        self.d.tx_reserve(self.c, len)
+    }
+
+    fn tx_commit(&mut self, len: usize) {
+        self.d.tx_commit(self.c, len);
+    }
+
+    fn take_failure(&mut self) -> Result<(), TransportError> {
+        match self.d.poll_failure() {
+            Some((c, e)) => {
+                assert_eq!(c, self.c);
+                Err(e)
+            }
+            None => Ok(()),
+        }
+    }
+
+    fn flush(&mut self, now: Instant) -> Result<(), TransportError> {
+        self.d.flush(now);
+        self.take_failure()
+    }
+
+    fn rx_burst(
+        &mut self,
+        now: Instant,
+        max: usize,
+        sink: &mut dyn FnMut(&[u8]),
+    ) -> Result<usize, TransportError> {
+        let me = self.c;
+        let n = self.d.rx_burst(now, max, &mut |c, f| {
+            assert_eq!(c, me);
+            sink(f);
+        });
+        self.take_failure().map(|()| n)
+    }
+
+    fn tx_pending(&self) -> bool {
+        self.d.tx_pending(self.c)
+    }
+
+    fn max_frame_len(&self) -> usize {
+        self.d.max_frame_len()
+    }
+
+    fn qp_state(&self) -> Option<QpState> {
+        self.d.verbs().qp_state(self.ring().qpn())
+    }
+}
 
 fn small_cfg() -> RingConfig {
     RingConfig {
@@ -22,15 +82,16 @@ fn small_cfg() -> RingConfig {
     }
 }
 
-fn connect(a: RingConfig, b: RingConfig, sim: SimConfig) -> (Ring, Ring) {
-    let (qa, qb) = SimRcQp::pair(sim);
-    let pa = PreparedRing::new(qa, a).expect("prepare a");
-    let pb = PreparedRing::new(qb, b).expect("prepare b");
-    let (ra, rb) = (pa.local_ring(), pb.local_ring());
-    (
-        pa.connect(rb).expect("connect a"),
-        pb.connect(ra).expect("connect b"),
-    )
+fn connect(a: RingConfig, b: RingConfig, sim: SimConfig) -> (End, End) {
+    let (mut na, mut nb) = SimNic::pair(sim);
+    let (qa, qb) = na.connect_qp(&mut nb).expect("queue pair");
+    let mut da = RdmaDriver::new(na, a).expect("driver a");
+    let mut db = RdmaDriver::new(nb, b).expect("driver b");
+    let (ca, ra) = da.prepare(qa).expect("prepare a");
+    let (cb, rb) = db.prepare(qb).expect("prepare b");
+    da.connect(ca, rb).expect("connect a");
+    db.connect(cb, ra).expect("connect b");
+    (End { d: da, c: ca }, End { d: db, c: cb })
 }
 
 /// Deterministic frame contents: a function of the sequence number.
@@ -48,7 +109,7 @@ fn matches(seq: u64, frame: &[u8]) -> bool {
 }
 
 /// Try to queue one frame; true if it was taken.
-fn send(t: &mut Ring, seq: u64, len: usize) -> bool {
+fn send(t: &mut End, seq: u64, len: usize) -> bool {
     match t.tx_reserve(len).expect("tx_reserve") {
         Some(buf) => {
             assert_eq!(buf.len(), len);
@@ -84,7 +145,7 @@ impl Stream {
         self.received == self.total
     }
 
-    fn offer(&mut self, t: &mut Ring, rng: &mut SmallRng, burst: usize) {
+    fn offer(&mut self, t: &mut End, rng: &mut SmallRng, burst: usize) {
         let max = t.max_frame_len();
         for _ in 0..burst {
             if self.next_seq == self.total {
@@ -107,7 +168,7 @@ impl Stream {
         }
     }
 
-    fn drain(&mut self, t: &mut Ring, now: Instant, max: usize) {
+    fn drain(&mut self, t: &mut End, now: Instant, max: usize) {
         let expected = &mut self.sent_lens;
         let received = &mut self.received;
         let n = t
@@ -154,7 +215,7 @@ fn random_one_way(seed: u64) {
     }
     assert!(ab.done(), "delivered {} of {}", ab.received, ab.total);
     assert!(ab.sent_lens.is_empty());
-    let (sa, sb) = (a.stats(), b.stats());
+    let (sa, sb) = (a.ring().stats(), b.ring().stats());
     assert_eq!(sa.data_writes, 5000);
     assert_eq!(sb.frames_received, 5000);
     assert!(sa.wraps > 100, "wraps: {}", sa.wraps);
@@ -165,7 +226,7 @@ fn random_one_way(seed: u64) {
         b.flush(now).unwrap();
         a.flush(now).unwrap();
     }
-    assert_eq!(a.ring_credit(), 4096);
+    assert_eq!(a.ring().ring_credit(), 4096);
     assert!(!a.tx_pending() && !b.tx_pending());
 }
 
@@ -211,20 +272,29 @@ fn random_both_ways(seed: u64) {
         ba.received
     );
     // Credit chatter dies out when idle.
-    for _ in 0..10 {
+    let idle_round = |a: &mut End, b: &mut End| {
         a.flush(now).unwrap();
         b.flush(now).unwrap();
         a.rx_burst(now, 8, &mut |_| panic!("no data")).unwrap();
         b.rx_burst(now, 8, &mut |_| panic!("no data")).unwrap();
-    }
-    let quiet = (a.stats().credit_writes, b.stats().credit_writes);
+    };
     for _ in 0..10 {
-        a.flush(now).unwrap();
-        b.flush(now).unwrap();
-        a.rx_burst(now, 8, &mut |_| panic!("no data")).unwrap();
-        b.rx_burst(now, 8, &mut |_| panic!("no data")).unwrap();
+        idle_round(&mut a, &mut b);
     }
-    assert_eq!(quiet, (a.stats().credit_writes, b.stats().credit_writes));
+    let quiet = (
+        a.ring().stats().credit_writes,
+        b.ring().stats().credit_writes,
+    );
+    for _ in 0..10 {
+        idle_round(&mut a, &mut b);
+    }
+    assert_eq!(
+        quiet,
+        (
+            a.ring().stats().credit_writes,
+            b.ring().stats().credit_writes
+        )
+    );
     assert!(!a.tx_pending() && !b.tx_pending());
 }
 
@@ -241,24 +311,24 @@ fn one_doorbell_per_flush_with_work_and_none_when_idle() {
         }
         let burst = rng.gen_range(0..8);
         ab.offer(&mut a, &mut rng, burst);
-        let before = a.stats();
+        let before = a.ring().stats();
         a.flush(now).unwrap();
-        let after = a.stats();
+        let after = a.ring().stats();
         let posted =
             (after.data_writes - before.data_writes) + (after.credit_writes - before.credit_writes);
         if posted > 0 {
             flushes_with_work += 1;
         }
         // Exactly one doorbell per flush that posted something.
-        assert_eq!(a.qp().doorbells(), flushes_with_work);
+        assert_eq!(a.d.verbs().doorbells(), flushes_with_work);
         ab.drain(&mut b, now, 4);
         b.flush(now).unwrap();
     }
     assert!(ab.done());
-    assert_eq!(a.qp().doorbells(), flushes_with_work);
-    assert_eq!(a.stats().doorbells, flushes_with_work);
-    assert!(a.stats().flushes > flushes_with_work);
-    let writes = a.stats().data_writes + a.stats().credit_writes;
+    assert_eq!(a.d.verbs().doorbells(), flushes_with_work);
+    assert_eq!(a.d.stats().doorbells, flushes_with_work);
+    assert!(a.d.stats().flushes > flushes_with_work);
+    let writes = a.ring().stats().data_writes + a.ring().stats().credit_writes;
     assert!(
         writes > flushes_with_work,
         "writes were batched behind doorbells"
@@ -271,18 +341,18 @@ fn one_doorbell_per_flush_with_work_and_none_when_idle() {
         b.flush(now).unwrap();
     }
     assert!(!a.tx_pending());
-    let bells = a.qp().doorbells();
+    let bells = a.d.verbs().doorbells();
     for seq in 0..6 {
         assert!(send(&mut a, seq, 100));
     }
     assert!(a.tx_pending());
     a.flush(now).unwrap();
-    assert_eq!(a.qp().doorbells(), bells + 1);
+    assert_eq!(a.d.verbs().doorbells(), bells + 1);
     assert!(!a.tx_pending());
     // Idle flushes ring nothing.
     a.flush(now).unwrap();
     a.flush(now).unwrap();
-    assert_eq!(a.qp().doorbells(), bells + 1);
+    assert_eq!(a.d.verbs().doorbells(), bells + 1);
 }
 
 #[test]
@@ -299,8 +369,8 @@ fn bursts_respect_max_and_keep_order() {
         assert!(send(&mut a, seq, 40 + seq as usize));
     }
     a.flush(now).unwrap();
-    assert_eq!(a.qp().doorbells(), 1);
-    assert_eq!(a.stats().data_writes, 50);
+    assert_eq!(a.d.verbs().doorbells(), 1);
+    assert_eq!(a.ring().stats().data_writes, 50);
     let mut got = Vec::new();
     assert_eq!(b.rx_burst(now, 0, &mut |_| panic!("max 0")).unwrap(), 0);
     let mut sizes = Vec::new();
@@ -324,7 +394,7 @@ fn bursts_respect_max_and_keep_order() {
     b.flush(now).unwrap();
     assert!(!b.tx_pending());
     a.flush(now).unwrap();
-    assert_eq!(a.ring_credit(), 8192);
+    assert_eq!(a.ring().ring_credit(), 8192);
 }
 
 #[test]
@@ -340,11 +410,11 @@ fn receiver_that_never_polls_stalls_the_sender_without_loss() {
         a.flush(now).unwrap();
     }
     // recv_depth 8, one kept in reserve for credits.
-    assert_eq!(a.stats().data_writes, 7);
-    assert_eq!(a.peer_recv_credit(), 1);
-    assert!(a.stats().recv_stalls > 0);
+    assert_eq!(a.ring().stats().data_writes, 7);
+    assert_eq!(a.ring().peer_recv_credit(), 1);
+    assert!(a.ring().stats().recv_stalls > 0);
     assert!(a.tx_pending());
-    assert_eq!(a.qp().state(), QpState::ReadyToSend);
+    assert_eq!(a.qp_state(), Some(QpState::ReadyToSend));
     // The receiver wakes up: everything arrives.
     let mut seq = 0;
     for _ in 0..100 {
@@ -364,24 +434,30 @@ fn receiver_that_never_polls_stalls_the_sender_without_loss() {
 
 #[test]
 fn rnr_when_the_receiver_never_reposts_is_a_typed_error() {
-    let (qa, mut qb) = SimRcQp::pair(SimConfig {
+    let (na, mut nb) = SimNic::pair(SimConfig {
         rnr_retry: 3,
         ..SimConfig::default()
     });
-    let pa = PreparedRing::new(qa, small_cfg()).unwrap();
+    let mut na = na;
+    let (qa, qb) = na.connect_qp(&mut nb).unwrap();
+    let mut da = RdmaDriver::new(na, small_cfg()).unwrap();
+    let (ca, _) = da.prepare(qa).unwrap();
     // A hand-driven peer that registers a ring and posts only two receive
     // WRs while promising sixteen.
-    let ring = qb.reg_mr(4096).unwrap();
-    qb.post_recv(1).unwrap();
-    qb.post_recv(2).unwrap();
-    let mut a = pa
-        .connect(RemoteRing {
+    let ring = nb.reg_mr(4096).unwrap();
+    nb.post_recv(qb, 1).unwrap();
+    nb.post_recv(qb, 2).unwrap();
+    da.connect(
+        ca,
+        RemoteRing {
             rkey: ring.rkey,
             addr: ring.addr,
             len: 4096,
             recv_depth: 16,
-        })
-        .unwrap();
+        },
+    )
+    .unwrap();
+    let mut a = End { d: da, c: ca };
     let now = Instant::now();
     for seq in 0..5 {
         assert!(send(&mut a, seq, 128));
@@ -399,26 +475,24 @@ fn rnr_when_the_receiver_never_reposts_is_a_typed_error() {
     let err = err.expect("RNR must surface as an error, not a hang");
     assert!(matches!(err, TransportError::Link(ref m) if m.contains("IBV_WC_RNR_RETRY_EXC_ERR")));
     assert_eq!(
-        a.fault(),
+        a.ring().fault(),
         Some(&RingFault::Completion {
             wr: WorkRequest::DataWrite,
             wr_id: 2,
             status: WcStatus::RnrRetryExceeded,
         })
     );
-    assert_eq!(a.qp().state(), QpState::Error);
-    // Sticky: every later call fails the same way.
+    assert_eq!(a.qp_state(), Some(QpState::Error));
+    // Sticky, and reported once: later calls fail, nothing more is polled.
     assert!(matches!(a.tx_reserve(8), Err(TransportError::Link(_))));
-    assert!(matches!(a.flush(now), Err(TransportError::Link(_))));
-    assert!(matches!(
-        a.rx_burst(now, 1, &mut |_| {}),
-        Err(TransportError::Link(_))
-    ));
+    assert!(a.flush(now).is_ok());
+    assert!(a.rx_burst(now, 1, &mut |_| panic!("no frame")).is_ok());
+    assert!(!a.tx_pending());
     // The two writes that found a receive WR landed.
     let mut wcs = [starwire_rdma::Completion::default(); 4];
-    assert_eq!(qb.poll_cq(&mut wcs).unwrap(), 2);
+    assert_eq!(nb.poll_cq(&mut wcs).unwrap(), 2);
     let mut landed = [0u8; 4];
-    qb.mr_mem(ring.lkey)
+    nb.mr_mem(ring.lkey)
         .unwrap()
         .read(128, &mut landed)
         .unwrap();
@@ -431,17 +505,16 @@ fn rnr_when_the_receiver_never_reposts_is_a_typed_error() {
 
 #[test]
 fn remote_access_outside_the_ring_puts_the_qp_in_error() {
-    let (qa, qb) = SimRcQp::pair(SimConfig::default());
-    let pa = PreparedRing::new(qa, small_cfg()).unwrap();
-    let pb = PreparedRing::new(qb, small_cfg()).unwrap();
-    let ra = pa.local_ring();
+    let (mut na, mut nb) = SimNic::pair(SimConfig::default());
+    let (qa, qb) = na.connect_qp(&mut nb).unwrap();
+    let mut da = RdmaDriver::new(na, small_cfg()).unwrap();
+    let mut db = RdmaDriver::new(nb, small_cfg()).unwrap();
+    let (ca, ra) = da.prepare(qa).unwrap();
+    let (cb, rb) = db.prepare(qb).unwrap();
     // b's ring is 4096 bytes; a is told it is twice that.
-    let lie = RemoteRing {
-        len: 8192,
-        ..pb.local_ring()
-    };
-    let mut a = pa.connect(lie).unwrap();
-    let mut b = pb.connect(ra).unwrap();
+    da.connect(ca, RemoteRing { len: 8192, ..rb }).unwrap();
+    db.connect(cb, ra).unwrap();
+    let (mut a, mut b) = (End { d: da, c: ca }, End { d: db, c: cb });
     let now = Instant::now();
     let mut result = Ok(());
     for seq in 0..6 {
@@ -458,14 +531,14 @@ fn remote_access_outside_the_ring_puts_the_qp_in_error() {
     let err = result.expect_err("write past the ring must fail");
     assert!(matches!(err, TransportError::Link(ref m) if m.contains("IBV_WC_REM_ACCESS_ERR")));
     assert!(matches!(
-        a.fault(),
+        a.ring().fault(),
         Some(RingFault::Completion {
             wr: WorkRequest::DataWrite,
             status: WcStatus::RemoteAccess,
             ..
         })
     ));
-    assert_eq!(a.qp().state(), QpState::Error);
+    assert_eq!(a.qp_state(), Some(QpState::Error));
     // The four writes inside the ring were delivered intact.
     let mut seq = 0;
     b.rx_burst(now, 16, &mut |f| {
@@ -478,7 +551,7 @@ fn remote_access_outside_the_ring_puts_the_qp_in_error() {
     let err = b.flush(now).and_then(|()| b.flush(now)).unwrap_err();
     assert!(matches!(err, TransportError::Link(ref m) if m.contains("IBV_WC_RETRY_EXC_ERR")));
     assert!(matches!(
-        b.fault(),
+        b.ring().fault(),
         Some(RingFault::Completion {
             wr: WorkRequest::CreditWrite,
             ..
@@ -494,8 +567,8 @@ fn frames_are_encoded_and_read_in_place() {
         let start = mem.as_ptr() as usize;
         start..start + mem.len()
     };
-    let staging = addresses(a.qp().mr_mem(a.staging_region().lkey).unwrap());
-    let ring = addresses(b.qp().mr_mem(b.ring_region().lkey).unwrap());
+    let staging = addresses(a.d.verbs().mr_mem(a.ring().staging_region().lkey).unwrap());
+    let ring = addresses(b.d.verbs().mr_mem(b.ring().ring_region().lkey).unwrap());
     let mut delivered = 0;
     for round in 0..20u64 {
         for i in 0..3 {
@@ -538,6 +611,8 @@ fn max_size_frames_and_oversize_rejection() {
             max: 2048
         })
     ));
+    // Refusing an oversized frame is not a failure of the connection.
+    assert!(a.d.poll_failure().is_none());
     // A small frame after each maximal one: every later maximal frame
     // straddles the end of the ring and must wrap.
     let lens: Vec<usize> = (0..400)
@@ -562,7 +637,7 @@ fn max_size_frames_and_oversize_rejection() {
         b.flush(now).unwrap();
     }
     assert_eq!(seen, lens.len());
-    assert!(a.stats().wraps >= 100, "{:?}", a.stats());
+    assert!(a.ring().stats().wraps >= 100, "{:?}", a.ring().stats());
 }
 
 #[test]
@@ -573,16 +648,39 @@ fn explicit_max_frame_len_is_honoured_and_checked() {
     };
     let (a, _b) = connect(cfg, small_cfg(), SimConfig::default());
     assert_eq!(a.max_frame_len(), 1000);
-    let (qa, qb) = SimRcQp::pair(SimConfig::default());
     let too_big = RingConfig {
         max_frame_len: Some(2049),
         ..small_cfg()
     };
-    let pa = PreparedRing::new(qa, too_big).unwrap();
-    let pb = PreparedRing::new(qb, small_cfg()).unwrap();
+    let (na, _nb) = SimNic::pair(SimConfig::default());
     assert!(matches!(
-        pa.connect(pb.local_ring()),
+        RdmaDriver::new(na, too_big),
         Err(RingError::Config(_))
+    ));
+    // A peer whose ring cannot hold two of our largest frames is refused,
+    // and the connection stays prepared for a better answer.
+    let (mut na, mut nb) = SimNic::pair(SimConfig::default());
+    let (qa, qb) = na.connect_qp(&mut nb).unwrap();
+    let mut da = RdmaDriver::new(na, small_cfg()).unwrap();
+    let half = RingConfig {
+        ring_len: 2048,
+        ..small_cfg()
+    };
+    let mut db = RdmaDriver::new(nb, half).unwrap();
+    let (ca, _) = da.prepare(qa).unwrap();
+    let (_, rb) = db.prepare(qb).unwrap();
+    assert!(matches!(da.connect(ca, rb), Err(RingError::Remote(_))));
+    assert!(da.ring(ca).is_none());
+    let fine = RemoteRing { len: 4096, ..rb };
+    da.connect(ca, fine).unwrap();
+    assert!(da.ring(ca).is_some());
+    assert!(matches!(
+        da.connect(ca, fine),
+        Err(RingError::NotPrepared(c)) if c == ca
+    ));
+    assert!(matches!(
+        db.connect(ConnId::new(7), fine),
+        Err(RingError::NotPrepared(_))
     ));
 }
 
@@ -611,44 +709,54 @@ fn setup_rejects_unusable_shapes() {
         },
     ];
     for cfg in bad {
-        let (qa, _qb) = SimRcQp::pair(SimConfig {
-            max_recv_wr: 2048,
-            cq_depth: 4096,
-            ..SimConfig::default()
-        });
+        let (na, _nb) = SimNic::pair(SimConfig::default());
         assert!(
-            matches!(PreparedRing::new(qa, cfg), Err(RingError::Config(_))),
+            matches!(RdmaDriver::new(na, cfg), Err(RingError::Config(_))),
             "{cfg:?}"
         );
     }
     // recv_depth beyond the QP's receive queue.
-    let (qa, _qb) = SimRcQp::pair(SimConfig {
+    let (mut na, mut nb) = SimNic::pair(SimConfig {
         max_recv_wr: 4,
         ..SimConfig::default()
     });
+    let (qa, _) = na.connect_qp(&mut nb).unwrap();
+    let mut da = RdmaDriver::new(na, small_cfg()).unwrap();
+    assert!(matches!(da.prepare(qa), Err(RingError::Config(_))));
+    assert_eq!(da.verbs().region_count(), 0, "nothing stays registered");
     assert!(matches!(
-        PreparedRing::new(qa, small_cfg()),
-        Err(RingError::Config(_))
+        da.prepare(0xdead),
+        Err(RingError::UnknownQp(0xdead))
     ));
-    // A CQ too small for both queues.
-    let (qa, _qb) = SimRcQp::pair(SimConfig {
-        cq_depth: 16,
+    assert!(da.is_empty());
+}
+
+#[test]
+fn the_shared_cq_bounds_the_connections_of_a_driver() {
+    // Each connection may have 128 send + 8 receive WRs outstanding: a
+    // 300-entry CQ holds two of them, not three.
+    let (mut na, mut nb) = SimNic::pair(SimConfig {
+        cq_depth: 300,
         ..SimConfig::default()
     });
-    assert!(matches!(
-        PreparedRing::new(qa, small_cfg()),
-        Err(RingError::Config(_))
-    ));
-    // A bad remote description.
-    let (qa, _qb) = SimRcQp::pair(SimConfig::default());
-    let pa = PreparedRing::new(qa, small_cfg()).unwrap();
-    let remote = RemoteRing {
-        rkey: 1,
-        addr: 0,
-        len: 4096,
-        recv_depth: 2,
-    };
-    assert!(matches!(pa.connect(remote), Err(RingError::Remote(_))));
+    let qps: Vec<(u32, u32)> = (0..3).map(|_| na.connect_qp(&mut nb).unwrap()).collect();
+    let mut da = RdmaDriver::new(na, small_cfg()).unwrap();
+    let (c0, _) = da.prepare(qps[0].0).unwrap();
+    da.prepare(qps[1].0).unwrap();
+    let err = da.prepare(qps[2].0).unwrap_err();
+    assert!(
+        matches!(&err, RingError::Config(m) if m.contains("CQ depth 300")),
+        "{err}"
+    );
+    assert_eq!(da.len(), 2);
+    // Detaching frees the connection's share, its slot, its queue pair
+    // and its regions.
+    da.detach(c0);
+    assert_eq!(da.len(), 1);
+    assert_eq!(da.verbs().qp_count(), 2);
+    assert_eq!(da.verbs().region_count(), 2);
+    let (c2, _) = da.prepare(qps[2].0).unwrap();
+    assert_eq!(c2, c0, "the slot is reused");
 }
 
 #[test]
@@ -664,17 +772,19 @@ fn remote_ring_round_trips_through_bytes() {
 
 #[test]
 fn preparing_posts_the_receive_depth() {
-    let (qa, _qb) = SimRcQp::pair(SimConfig::default());
-    let pa = PreparedRing::new(qa, small_cfg()).unwrap();
-    assert_eq!(pa.qp().posted_recvs(), 8);
-    assert_eq!(pa.local_ring().recv_depth, 8);
-    assert_eq!(pa.local_ring().len, 4096);
+    let (mut na, mut nb) = SimNic::pair(SimConfig::default());
+    let (qa, _) = na.connect_qp(&mut nb).unwrap();
+    let mut da = RdmaDriver::new(na, small_cfg()).unwrap();
+    let (_, local) = da.prepare(qa).unwrap();
+    assert_eq!(da.verbs().posted_recvs(qa), 8);
+    assert_eq!(local.recv_depth, 8);
+    assert_eq!(local.len, 4096);
 }
 
 #[test]
 fn region_ranges_outside_the_region_are_typed_errors() {
     let (a, _b) = connect(small_cfg(), small_cfg(), SimConfig::default());
-    let staging = a.qp().mr_mem(a.staging_region().lkey).unwrap();
+    let staging = a.d.verbs().mr_mem(a.ring().staging_region().lkey).unwrap();
     assert_eq!(staging.len(), 2048);
     let outside = |off, len| RangeError {
         off,
@@ -686,7 +796,7 @@ fn region_ranges_outside_the_region_are_typed_errors() {
     assert_eq!(staging.range(usize::MAX, 1), Err(outside(usize::MAX, 1)));
     assert_eq!(staging.read(2048, &mut [0; 1]), Err(outside(2048, 1)));
     assert_eq!(staging.write(4096, &[]), Err(outside(4096, 0)));
-    // SAFETY: nothing is in flight on this idle transport and the rejected
+    // SAFETY: nothing is in flight on this idle connection and the rejected
     // calls lend nothing.
     unsafe {
         assert_eq!(staging.slice(1, 2048), Err(outside(1, 2048)));
@@ -695,5 +805,5 @@ fn region_ranges_outside_the_region_are_typed_errors() {
             Err(outside(2047, usize::MAX))
         );
     }
-    assert!(a.qp().mr_mem(0xdead).is_none());
+    assert!(a.d.verbs().mr_mem(0xdead).is_none());
 }

@@ -4,7 +4,12 @@ use rand::SeedableRng;
 
 use super::*;
 
-const MTU: usize = 128; // 96 bytes of payload per packet
+const MTU: usize = PACKET_HEADER_LEN + 96; // 96 bytes of payload per packet
+
+/// The ids of the two ends of `pair`: packets from a to b carry
+/// `dst_conn` 2 and `src_conn` 1.
+const A: ConnIds = ConnIds { local: 1, peer: 2 };
+const B: ConnIds = ConnIds { local: 2, peer: 1 };
 
 fn cfg() -> ReliableConfig {
     ReliableConfig {
@@ -16,8 +21,8 @@ fn cfg() -> ReliableConfig {
 
 fn pair(cfg: ReliableConfig) -> (ReliableCore, ReliableCore) {
     (
-        ReliableCore::new(cfg.clone(), MTU).unwrap(),
-        ReliableCore::new(cfg, MTU).unwrap(),
+        ReliableCore::new(cfg.clone(), MTU, A).unwrap(),
+        ReliableCore::new(cfg, MTU, B).unwrap(),
     )
 }
 
@@ -51,11 +56,13 @@ fn feed(c: &mut ReliableCore, now: Instant, pkts: &[Vec<u8>], out: &mut Vec<Vec<
     c.deliver(usize::MAX, &mut |f| out.push(f.to_vec()));
 }
 
-fn data_pkt(conn_id: u32, seq: u32, flags: PacketFlags, payload: &[u8]) -> Vec<u8> {
+/// A data packet from `src` to `dst`.
+fn data_pkt_between(src: u32, dst: u32, seq: u32, flags: PacketFlags, payload: &[u8]) -> Vec<u8> {
     let mut buf = vec![0; PACKET_HEADER_LEN + payload.len()];
     let hdr = PacketHeader {
         flags: PacketFlags::DATA.with(flags),
-        conn_id,
+        dst_conn: dst,
+        src_conn: src,
         seq,
         ack: cfg().initial_seq,
         sack: 0,
@@ -63,6 +70,11 @@ fn data_pkt(conn_id: u32, seq: u32, flags: PacketFlags, payload: &[u8]) -> Vec<u
     };
     hdr.encode(payload, &mut buf);
     buf
+}
+
+/// A data packet from a to `dst`.
+fn data_pkt(dst: u32, seq: u32, flags: PacketFlags, payload: &[u8]) -> Vec<u8> {
+    data_pkt_between(A.local, dst, seq, flags, payload)
 }
 
 fn whole() -> PacketFlags {
@@ -122,12 +134,17 @@ fn out_of_window_and_old_sequence_numbers_are_dropped() {
     let now = Instant::now();
     let w = cfg().window;
     let mut got = Vec::new();
-    feed(&mut b, now, &[data_pkt(1, w, whole(), b"far")], &mut got);
+    feed(
+        &mut b,
+        now,
+        &[data_pkt(B.local, w, whole(), b"far")],
+        &mut got,
+    );
     assert_eq!(b.stats().out_of_window, 1);
     feed(
         &mut b,
         now,
-        &[data_pkt(1, u32::MAX, whole(), b"old")],
+        &[data_pkt(B.local, u32::MAX, whole(), b"old")],
         &mut got,
     );
     assert_eq!(
@@ -139,7 +156,7 @@ fn out_of_window_and_old_sequence_numbers_are_dropped() {
     feed(
         &mut b,
         now,
-        &[data_pkt(1, w - 1, whole(), b"edge")],
+        &[data_pkt(B.local, w - 1, whole(), b"edge")],
         &mut got,
     );
     assert_eq!(b.stats().out_of_order, 1);
@@ -147,7 +164,7 @@ fn out_of_window_and_old_sequence_numbers_are_dropped() {
     assert_eq!(b.rcv_nxt(), 0);
     // Filling the gap 0..w-1 delivers everything in order.
     let fill: Vec<_> = (0..w - 1)
-        .map(|s| data_pkt(1, s, whole(), &s.to_le_bytes()))
+        .map(|s| data_pkt(B.local, s, whole(), &s.to_le_bytes()))
         .collect();
     feed(&mut b, now, &fill, &mut got);
     assert_eq!(got.len() as u32, w);
@@ -364,6 +381,14 @@ fn corrupted_foreign_and_malformed_packets_are_dropped() {
         &mut got,
     );
     assert_eq!(b.stats().dropped_foreign, 1);
+    // The right destination from the wrong peer connection is foreign too.
+    feed(
+        &mut b,
+        now,
+        &[data_pkt_between(77, B.local, 0, whole(), b"payload")],
+        &mut got,
+    );
+    assert_eq!(b.stats().dropped_foreign, 2);
     feed(
         &mut b,
         now,
@@ -418,7 +443,7 @@ fn protocol_violations_fail_the_connection() {
     feed(
         &mut b,
         now,
-        &[data_pkt(1, 0, PacketFlags::LAST, b"x")],
+        &[data_pkt(B.local, 0, PacketFlags::LAST, b"x")],
         &mut Vec::new(),
     );
     let err = b.check().unwrap_err();
@@ -429,7 +454,7 @@ fn protocol_violations_fail_the_connection() {
     let pkts: Vec<_> = (0..11)
         .map(|s| {
             data_pkt(
-                1,
+                B.local,
                 s,
                 if s == 0 {
                     PacketFlags::FIRST
@@ -484,21 +509,21 @@ fn direct_delivery_respects_the_budget_and_order() {
 
 #[test]
 fn config_validation() {
-    assert!(ReliableCore::new(cfg(), MIN_MTU - 1).is_err());
+    assert!(ReliableCore::new(cfg(), MIN_MTU - 1, A).is_err());
     let small = ReliableConfig {
         window: 10,
         ..cfg()
     };
     assert!(
-        ReliableCore::new(small, MTU).is_err(),
+        ReliableCore::new(small, MTU, A).is_err(),
         "11 fragments > window 10"
     );
     let huge = ReliableConfig {
         window: MAX_WINDOW + 1,
         ..cfg()
     };
-    assert!(ReliableCore::new(huge, MTU).is_err());
-    let mut c = ReliableCore::new(cfg(), MTU).unwrap();
+    assert!(ReliableCore::new(huge, MTU, A).is_err());
+    let mut c = ReliableCore::new(cfg(), MTU, A).unwrap();
     assert!(matches!(
         c.tx_reserve(1025),
         Err(TransportError::FrameTooLarge {

@@ -1,0 +1,469 @@
+//! [`DatagramDriver`]: every connection of one reactor over one datagram
+//! queue, each with its own [`ReliableCore`].
+//!
+//! DPDK-style hardware gives each core one receive and one transmit queue,
+//! shared by all the core's connections. Packets carry the receiving end's
+//! connection id (`dst_conn`, see [`crate::packet`]): its low bits are the
+//! connection's slot in the driver, its high bits a generation that changes
+//! whenever the slot is reused, so a receive pass routes each packet with
+//! an index and a comparison, and a late packet of a closed connection
+//! does not reach the next one. Packets whose id names no connected slot
+//! are counted and dropped.
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use starwire_transport::{ConnId, Driver, Sleep, TransportError};
+use thiserror::Error;
+
+use crate::core::{ConfigError, ConnIds, ReliableConfig, ReliableCore};
+use crate::link::{DatagramLink, LinkError};
+use crate::packet::{PacketError, PacketHeader};
+
+/// Bits of a connection id that name its slot.
+const SLOT_BITS: u32 = 20;
+const SLOT_MASK: u32 = (1 << SLOT_BITS) - 1;
+/// Connections one driver can hold.
+pub const MAX_CONNECTIONS: usize = 1 << SLOT_BITS;
+
+/// Setting up a driver or one of its connections failed.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum DatagramError {
+    /// The reliability configuration does not fit the link.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The connection is not one prepared and not yet connected.
+    #[error("{0} is not a prepared connection of this driver")]
+    NotPrepared(ConnId),
+    /// The driver holds [`MAX_CONNECTIONS`] connections.
+    #[error("the driver already holds {MAX_CONNECTIONS} connections")]
+    TooManyConnections,
+}
+
+/// Counters of a driver, for tests and metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DatagramStats {
+    /// `flush` calls.
+    pub flushes: u64,
+    /// Bursts handed to the link (`tx_burst_flush`): at most one per
+    /// flush, whatever the number of connections with packets.
+    pub tx_bursts: u64,
+    /// Packets in those bursts.
+    pub packets_sent: u64,
+    /// Receive passes (`rx_burst` on the link): one per `rx_burst`.
+    pub rx_bursts: u64,
+    /// Packets taken from the link.
+    pub packets_received: u64,
+    /// Packets dropped for a bad checksum.
+    pub dropped_corrupt: u64,
+    /// Packets dropped as malformed (bad magic, version, lengths, flags).
+    pub dropped_malformed: u64,
+    /// Packets whose `dst_conn` names no live connection of the driver
+    /// (unknown, not yet connected, closed or failed).
+    pub dropped_unknown_conn: u64,
+}
+
+#[derive(Debug)]
+struct Slot {
+    /// Changes whenever the slot is freed; part of the connection id.
+    generation: u32,
+    /// Prepared or connected.
+    held: bool,
+    /// The reliability core, once connected.
+    core: Option<ReliableCore>,
+    /// Why the connection failed, once reported by `poll_failure`.
+    failure: Option<String>,
+    /// Frames the current receive pass may still lend.
+    budget: usize,
+}
+
+impl Slot {
+    fn id(&self, index: usize) -> u32 {
+        (self.generation << SLOT_BITS) | index as u32
+    }
+
+    /// The core of a connection that has not failed.
+    fn live(&mut self) -> Option<&mut ReliableCore> {
+        if self.failure.is_some() {
+            return None;
+        }
+        self.core.as_mut().filter(|c| c.check().is_ok())
+    }
+}
+
+/// The datagram backend's [`Driver`]: one per reactor, over the reactor's
+/// one [`DatagramLink`] (a DPDK queue pair, or [`LossyLink`] in tests).
+/// Every connection runs its own [`ReliableCore`] with the settings of
+/// one [`ReliableConfig`].
+///
+/// A connection is set up in two steps around the out-of-band exchange
+/// (there is no handshake on the wire): [`prepare`](Self::prepare) takes a
+/// slot and returns the connection id the peer must address, and
+/// [`connect`](Self::connect) starts reliable delivery toward the peer's
+/// id. Frames may be queued in between; they leave once connected.
+///
+/// A [`flush`](Driver::flush) runs every connection's timers and writes
+/// every packet they have to send into one burst (one
+/// [`DatagramLink::tx_burst_flush`]); when the link's transmit ring fills,
+/// the rest waits for the next flush, which starts with the connection that
+/// did not fit. An [`rx_burst`](Driver::rx_burst) takes one burst of up to
+/// [`ReliableConfig::rx_batch`] packets from the link and routes each to
+/// its connection. A DPDK queue has no receive interrupt, so the driver
+/// never sleeps ([`Sleep::Never`]).
+///
+/// [`LossyLink`]: crate::LossyLink
+#[derive(Debug)]
+pub struct DatagramDriver<L> {
+    link: L,
+    cfg: ReliableConfig,
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    failed: VecDeque<(ConnId, TransportError)>,
+    /// Where the next flush starts writing packets.
+    next_tx: usize,
+    stats: DatagramStats,
+}
+
+impl<L: DatagramLink> DatagramDriver<L> {
+    /// A driver with no connection over `link`; every connection will use
+    /// `cfg`, with packets sized to the link's MTU.
+    pub fn new(link: L, cfg: ReliableConfig) -> Result<Self, ConfigError> {
+        // The checks of a core are the checks of the configuration.
+        ReliableCore::new(cfg.clone(), link.mtu(), ConnIds { local: 0, peer: 0 })?;
+        Ok(Self {
+            link,
+            cfg,
+            slots: Vec::new(),
+            free: Vec::new(),
+            failed: VecDeque::new(),
+            next_tx: 0,
+            stats: DatagramStats::default(),
+        })
+    }
+
+    /// Take a slot for a new connection. Returns its handle and the id the
+    /// peer addresses its packets to (to send in the out-of-band exchange).
+    pub fn prepare(&mut self) -> Result<(ConnId, u32), DatagramError> {
+        let index = match self.free.pop() {
+            Some(i) => i as usize,
+            None if self.slots.len() < MAX_CONNECTIONS => {
+                self.slots.push(Slot {
+                    generation: 0,
+                    held: false,
+                    core: None,
+                    failure: None,
+                    budget: 0,
+                });
+                self.slots.len() - 1
+            }
+            None => return Err(DatagramError::TooManyConnections),
+        };
+        let slot = &mut self.slots[index];
+        slot.held = true;
+        slot.failure = None;
+        Ok((ConnId::new(index as u32), slot.id(index)))
+    }
+
+    /// Start reliable delivery on the prepared connection `conn` toward the
+    /// peer's connection `peer_id`.
+    pub fn connect(&mut self, conn: ConnId, peer_id: u32) -> Result<(), DatagramError> {
+        let index = conn.index();
+        let mtu = self.link.mtu();
+        let Some(slot) = self.slots.get_mut(index) else {
+            return Err(DatagramError::NotPrepared(conn));
+        };
+        if !slot.held || slot.core.is_some() {
+            return Err(DatagramError::NotPrepared(conn));
+        }
+        let ids = ConnIds {
+            local: slot.id(index),
+            peer: peer_id,
+        };
+        slot.core = Some(ReliableCore::new(self.cfg.clone(), mtu, ids)?);
+        Ok(())
+    }
+
+    /// The id the peer addresses `conn`'s packets to.
+    pub fn local_id(&self, conn: ConnId) -> Option<u32> {
+        let slot = self.slots.get(conn.index()).filter(|s| s.held)?;
+        Some(slot.id(conn.index()))
+    }
+
+    /// The reliability core of `conn`, once connected.
+    pub fn core(&self, conn: ConnId) -> Option<&ReliableCore> {
+        self.slots.get(conn.index())?.core.as_ref()
+    }
+
+    /// The link.
+    pub fn link(&self) -> &L {
+        &self.link
+    }
+
+    /// The link, mutably.
+    pub fn link_mut(&mut self) -> &mut L {
+        &mut self.link
+    }
+
+    /// The settings every connection uses.
+    pub fn config(&self) -> &ReliableConfig {
+        &self.cfg
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> DatagramStats {
+        self.stats
+    }
+
+    /// Connections held, prepared or connected.
+    pub fn len(&self) -> usize {
+        self.slots.len() - self.free.len()
+    }
+
+    /// True when the driver holds no connection.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Report connections whose core failed since the last call.
+    fn take_failures(&mut self) {
+        for (i, slot) in self.slots.iter_mut().enumerate() {
+            if slot.failure.is_some() {
+                continue;
+            }
+            if let Some(Err(e)) = slot.core.as_ref().map(ReliableCore::check) {
+                slot.failure = Some(match &e {
+                    TransportError::Link(why) => why.clone(),
+                    other => other.to_string(),
+                });
+                self.failed.push_back((ConnId::new(i as u32), e));
+            }
+        }
+    }
+
+    /// The link failed: every connection fails with it.
+    fn fail_all(&mut self, e: &LinkError) {
+        tracing::warn!(%e, "datagram link failed");
+        let why = format!("datagram link: {e}");
+        for (i, slot) in self.slots.iter_mut().enumerate() {
+            if slot.held && slot.failure.is_none() {
+                slot.failure = Some(why.clone());
+                self.failed
+                    .push_back((ConnId::new(i as u32), TransportError::Link(why.clone())));
+            }
+        }
+    }
+
+    fn live(&mut self, conn: ConnId) -> Result<Option<&mut ReliableCore>, TransportError> {
+        match self.slots.get_mut(conn.index()) {
+            Some(Slot {
+                held: true,
+                failure: Some(why),
+                ..
+            }) => Err(TransportError::Link(why.clone())),
+            Some(slot) if slot.held => Ok(slot.core.as_mut()),
+            _ => Err(TransportError::Closed),
+        }
+    }
+}
+
+impl<L: DatagramLink> Driver for DatagramDriver<L> {
+    fn max_frame_len(&self) -> usize {
+        self.cfg.max_frame_len
+    }
+
+    fn tx_reserve(
+        &mut self,
+        conn: ConnId,
+        len: usize,
+    ) -> Result<Option<&mut [u8]>, TransportError> {
+        match self.live(conn)? {
+            Some(core) => core.tx_reserve(len),
+            // Not connected yet: frames wait in the message layer.
+            None => Ok(None),
+        }
+    }
+
+    fn tx_commit(&mut self, conn: ConnId, len: usize) {
+        if let Ok(Some(core)) = self.live(conn) {
+            core.tx_commit(len);
+        }
+    }
+
+    /// Frames committed and not yet acknowledged by the peer.
+    fn tx_pending(&self, conn: ConnId) -> bool {
+        self.slots.get(conn.index()).is_some_and(|s| {
+            s.failure.is_none()
+                && s.core
+                    .as_ref()
+                    .is_some_and(|c| c.check().is_ok() && c.tx_pending())
+        })
+    }
+
+    fn rx_burst(&mut self, now: Instant, max: usize, sink: &mut dyn FnMut(ConnId, &[u8])) -> usize {
+        let Self {
+            link,
+            slots,
+            stats,
+            cfg,
+            ..
+        } = self;
+        let mut delivered = 0;
+        // Frames reassembled earlier go first, keeping each connection's
+        // order; the rest of the budget is for this burst.
+        for (i, slot) in slots.iter_mut().enumerate() {
+            slot.budget = max;
+            let Some(core) = slot.live() else { continue };
+            let id = ConnId::new(i as u32);
+            let n = core.deliver(max, &mut |f: &[u8]| sink(id, f));
+            slot.budget -= n;
+            delivered += n;
+        }
+        stats.rx_bursts += 1;
+        let burst = link.rx_burst(now, cfg.rx_batch, &mut |pkt: &[u8]| {
+            stats.packets_received += 1;
+            let (hdr, payload) = match PacketHeader::decode(pkt) {
+                Ok(x) => x,
+                Err(PacketError::BadChecksum) => {
+                    stats.dropped_corrupt += 1;
+                    return;
+                }
+                Err(_) => {
+                    stats.dropped_malformed += 1;
+                    return;
+                }
+            };
+            let index = (hdr.dst_conn & SLOT_MASK) as usize;
+            let Some(slot) = slots.get_mut(index).filter(|s| s.id(index) == hdr.dst_conn) else {
+                stats.dropped_unknown_conn += 1;
+                return;
+            };
+            let core = match slot.core.as_mut() {
+                Some(core) if slot.failure.is_none() && core.check().is_ok() => core,
+                _ => {
+                    stats.dropped_unknown_conn += 1;
+                    return;
+                }
+            };
+            let id = ConnId::new(index as u32);
+            let before = slot.budget;
+            core.handle_parsed(
+                now,
+                &hdr,
+                payload,
+                &mut |f: &[u8]| sink(id, f),
+                &mut slot.budget,
+            );
+            delivered += before - slot.budget;
+        });
+        // Frames the burst completed behind others that were waiting.
+        for (i, slot) in self.slots.iter_mut().enumerate() {
+            let budget = slot.budget;
+            let Some(core) = slot.live() else { continue };
+            if budget == 0 || core.ready_frames() == 0 {
+                continue;
+            }
+            let id = ConnId::new(i as u32);
+            delivered += core.deliver(budget, &mut |f: &[u8]| sink(id, f));
+        }
+        match burst {
+            Ok(_) => self.take_failures(),
+            Err(e) => self.fail_all(&e),
+        }
+        delivered
+    }
+
+    /// Run every connection's timers, then write the packets they have to
+    /// send (retransmissions, new data, due acknowledgements) into one
+    /// burst.
+    fn flush(&mut self, now: Instant) -> bool {
+        self.stats.flushes += 1;
+        for slot in &mut self.slots {
+            if let Some(core) = slot.live() {
+                core.handle_timeout(now);
+            }
+        }
+        let n = self.slots.len();
+        let mtu = self.link.mtu();
+        let start = if n == 0 { 0 } else { self.next_tx % n };
+        let mut written = 0u64;
+        let mut ring_full = false;
+        let mut commit_error = None;
+        'conns: for k in 0..n {
+            let i = (start + k) % n;
+            let Some(core) = self.slots[i].live() else {
+                continue;
+            };
+            while core.wants_transmit(now) {
+                let Some(buf) = self.link.tx_alloc(mtu) else {
+                    // This connection goes first in the next burst.
+                    self.next_tx = i;
+                    ring_full = true;
+                    break 'conns;
+                };
+                let Some(len) = core.poll_transmit(now, buf) else {
+                    break;
+                };
+                if let Err(e) = self.link.tx_commit(len) {
+                    commit_error = Some(e);
+                    break 'conns;
+                }
+                written += 1;
+            }
+        }
+        if !ring_full {
+            self.next_tx = start + 1;
+        }
+        if let Some(e) = commit_error {
+            self.fail_all(&e);
+        }
+        if written > 0 {
+            match self.link.tx_burst_flush(now) {
+                Ok(sent) => {
+                    self.stats.tx_bursts += 1;
+                    self.stats.packets_sent += sent as u64;
+                }
+                Err(e) => self.fail_all(&e),
+            }
+        }
+        self.take_failures();
+        written > 0
+    }
+
+    fn poll_failure(&mut self) -> Option<(ConnId, TransportError)> {
+        self.failed.pop_front()
+    }
+
+    /// Free the connection's slot; its id stops matching (a later
+    /// connection in the slot gets another generation), so packets still
+    /// in flight to it are dropped as unknown.
+    fn detach(&mut self, conn: ConnId) {
+        let Some(slot) = self.slots.get_mut(conn.index()) else {
+            return;
+        };
+        if !slot.held {
+            return;
+        }
+        slot.held = false;
+        slot.core = None;
+        slot.generation = (slot.generation + 1) & (u32::MAX >> SLOT_BITS);
+        self.free.push(conn.index() as u32);
+        self.failed.retain(|(c, _)| *c != conn);
+    }
+
+    /// The earliest timer over the connections: a retransmission or
+    /// delayed acknowledgement, or now when packets wait for room in the
+    /// link's transmit ring.
+    fn poll_timeout(&self) -> Option<Instant> {
+        self.slots
+            .iter()
+            .filter(|s| s.failure.is_none())
+            .filter_map(|s| s.core.as_ref())
+            .filter_map(ReliableCore::poll_timeout)
+            .min()
+    }
+
+    fn sleep(&self) -> Sleep {
+        Sleep::Never
+    }
+}

@@ -1,0 +1,483 @@
+//! One `DatagramDriver` per side serving many connections over one lossy
+//! link: the message layer (`Sessions`) on 64 connections under seeded
+//! loss, one burst per flush, routing by connection id, timers and
+//! failures per connection. Deterministic: seeded loss, a virtual clock.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use starwire_datagram::{
+    DatagramDriver, DatagramError, DatagramLink, LossConfig, LossyLink, PacketFlags, PacketHeader,
+    ReliableConfig, PACKET_HEADER_LEN,
+};
+use starwire_transport::{
+    Body, ConnConfig, ConnId, Connection, Driver, Incoming, PeerInfo, Sessions, TaskRole,
+    TransportError,
+};
+use starwire_wire::{Opcode, Status};
+
+type Dgram = DatagramDriver<LossyLink>;
+
+/// Two drivers over one link pair with `n` connections between them:
+/// `a_ids[i]` on `a` is connected to `b_ids[i]` on `b`. The shape of the
+/// conformance suite's `DriverPair`.
+fn pair(n: usize, loss: LossConfig, seed: u64) -> (Dgram, Vec<ConnId>, Dgram, Vec<ConnId>) {
+    pair_with(n, loss, seed, ReliableConfig::default())
+}
+
+fn pair_with(
+    n: usize,
+    loss: LossConfig,
+    seed: u64,
+    cfg: ReliableConfig,
+) -> (Dgram, Vec<ConnId>, Dgram, Vec<ConnId>) {
+    let (la, lb) = LossyLink::pair(loss, seed);
+    let mut a = DatagramDriver::new(la, cfg.clone()).expect("driver a");
+    let mut b = DatagramDriver::new(lb, cfg).expect("driver b");
+    let (mut a_ids, mut b_ids) = (Vec::new(), Vec::new());
+    for _ in 0..n {
+        let (ca, ia) = a.prepare().expect("prepare a");
+        let (cb, ib) = b.prepare().expect("prepare b");
+        a.connect(ca, ib).expect("connect a");
+        b.connect(cb, ia).expect("connect b");
+        a_ids.push(ca);
+        b_ids.push(cb);
+    }
+    (a, a_ids, b, b_ids)
+}
+
+/// 5 % loss with duplication and reordering, room for many connections.
+fn lossy() -> LossConfig {
+    LossConfig {
+        loss: 0.05,
+        duplicate: 0.02,
+        reorder: 0.05,
+        queue_capacity: 1 << 16,
+        tx_ring: 256,
+        ..LossConfig::lossless(1500)
+    }
+}
+
+/// The shared conformance suite on 64 connections of one driver per side.
+#[test]
+fn conformance_over_sixty_four_connections() {
+    for (name, loss) in [
+        ("datagram-0%", LossConfig::lossless(1500)),
+        ("datagram-5%", lossy()),
+    ] {
+        let mut seed = 0;
+        starwire_transport::conformance::run_all_drivers(name, 64, |n| {
+            seed += 1;
+            let (a, a_ids, b, b_ids) = pair(n, loss.clone(), seed);
+            starwire_transport::conformance::DriverPair { a, a_ids, b, b_ids }
+        });
+    }
+}
+
+/// Both sides' message layers over one driver each, on a virtual clock.
+struct Net {
+    a: Sessions<Dgram>,
+    b: Sessions<Dgram>,
+    a_ids: Vec<ConnId>,
+    b_ids: Vec<ConnId>,
+    now: Instant,
+}
+
+fn peer(role: TaskRole, index: u32) -> PeerInfo {
+    PeerInfo {
+        role,
+        job: match role {
+            TaskRole::Ps => "ps".into(),
+            TaskRole::Worker => "worker".into(),
+        },
+        task_index: index,
+        incarnation: 3,
+        shards: 1,
+    }
+}
+
+impl Net {
+    /// Connection `i` is worker `i` on `a` and server `i` on `b`.
+    fn new(n: usize, loss: LossConfig, seed: u64) -> Self {
+        let (a, a_ids, b, b_ids) = pair(n, loss, seed);
+        let mut a = Sessions::new(a);
+        let mut b = Sessions::new(b);
+        for (i, (&ca, &cb)) in a_ids.iter().zip(&b_ids).enumerate() {
+            a.insert(ca, ConnConfig::new(peer(TaskRole::Worker, i as u32)));
+            b.insert(cb, ConnConfig::new(peer(TaskRole::Ps, i as u32)));
+        }
+        Self {
+            a,
+            b,
+            a_ids,
+            b_ids,
+            now: Instant::now(),
+        }
+    }
+
+    /// Turn both sides until `done`; the clock jumps to the next timer
+    /// (a retransmission) when nothing moves.
+    fn drive(
+        &mut self,
+        on_a: &mut dyn FnMut(ConnId, &mut Connection, Incoming<'_>),
+        on_b: &mut dyn FnMut(ConnId, &mut Connection, Incoming<'_>),
+        done: &mut dyn FnMut(&mut Self) -> bool,
+    ) {
+        let mut idle = 0;
+        while !done(self) {
+            let sa = self.a.turn(self.now, on_a);
+            let sb = self.b.turn(self.now, on_b);
+            if let Some((id, _, e)) = self.a.poll_failed().or_else(|| self.b.poll_failed()) {
+                panic!("{id} failed: {e}");
+            }
+            let step = Duration::from_micros(20);
+            if sa.busy() || sb.busy() {
+                idle = 0;
+                self.now += step;
+                continue;
+            }
+            idle += 1;
+            assert!(idle < 100_000, "no progress");
+            let next = [self.a.poll_timeout(), self.b.poll_timeout()]
+                .into_iter()
+                .flatten()
+                .min();
+            self.now = match next {
+                Some(t) if t > self.now => t,
+                _ => self.now + step,
+            };
+        }
+    }
+
+    fn established(&self) -> bool {
+        let up = |s: &Sessions<Dgram>, ids: &[ConnId]| {
+            ids.iter()
+                .all(|&c| s.conn_ref(c).is_some_and(Connection::is_established))
+        };
+        up(&self.a, &self.a_ids) && up(&self.b, &self.b_ids)
+    }
+}
+
+fn echo(_: ConnId, conn: &mut Connection, m: Incoming<'_>) {
+    if let Incoming::Request {
+        id, opcode, body, ..
+    } = m
+    {
+        conn.respond(id, opcode, Status::Ok, Body::from(body.to_vec()))
+            .expect("respond");
+    }
+}
+
+#[test]
+fn sixty_four_sessions_handshake_and_echo_through_loss() {
+    let n = 64;
+    let mut net = Net::new(n, lossy(), 0x64);
+    net.drive(&mut |_, _, _| {}, &mut |_, _, _| {}, &mut |net| {
+        net.established()
+    });
+    // Each handshake reached its own peer: packets were routed to the
+    // connection their id names.
+    for (i, (&ca, &cb)) in net.a_ids.iter().zip(&net.b_ids).enumerate() {
+        let pa = net.a.conn_ref(ca).and_then(Connection::peer).unwrap();
+        let pb = net.b.conn_ref(cb).and_then(Connection::peer).unwrap();
+        assert_eq!((pa.role, pa.task_index), (TaskRole::Ps, i as u32));
+        assert_eq!((pb.role, pb.task_index), (TaskRole::Worker, i as u32));
+    }
+
+    let mut rng = SmallRng::seed_from_u64(6);
+    let index: HashMap<ConnId, usize> =
+        net.a_ids.iter().enumerate().map(|(i, &c)| (c, i)).collect();
+    let mut expect: HashMap<(usize, u64), Vec<u8>> = HashMap::new();
+    for (i, &c) in net.a_ids.iter().enumerate() {
+        for _ in 0..10 {
+            // Many bodies span several packets; some exceed a frame.
+            let len = rng.gen_range(0..80_000);
+            let mut body = vec![0u8; len];
+            rng.fill(&mut body[..]);
+            let id = net
+                .a
+                .conn(c)
+                .unwrap()
+                .request(Opcode::Rpc, 0, Body::from(body.clone()), None)
+                .expect("request");
+            expect.insert((i, id), body);
+        }
+    }
+    let mut answered = 0;
+    let mut on_a = |c: ConnId, _: &mut Connection, m: Incoming<'_>| {
+        let Incoming::Response {
+            id, status, body, ..
+        } = m
+        else {
+            panic!("the worker got a request");
+        };
+        assert_eq!(status, Status::Ok);
+        let want = expect
+            .remove(&(index[&c], id))
+            .expect("a response to a request of this connection");
+        assert!(want == body);
+        answered += 1;
+    };
+    net.drive(&mut on_a, &mut echo, &mut |net| {
+        net.a_ids
+            .iter()
+            .all(|&c| net.a.conn_ref(c).unwrap().pending_requests() == 0)
+    });
+    assert_eq!(answered, 10 * n);
+    // Loss happened and was repaired; every burst served many connections.
+    let link = net.a.driver().link().tx_stats();
+    assert!(link.lost > 100, "{link:?}");
+    let retransmits: u64 = net
+        .a_ids
+        .iter()
+        .map(|&c| net.a.driver().core(c).unwrap().stats().retransmits)
+        .sum();
+    assert!(retransmits > 0);
+    let st = net.a.driver().stats();
+    assert!(st.tx_bursts <= st.flushes, "{st:?}");
+    assert_eq!(st.dropped_unknown_conn, 0);
+}
+
+#[test]
+fn one_flush_over_sixty_four_connections_is_one_burst() {
+    let n = 64;
+    let loss = LossConfig {
+        tx_ring: 1024,
+        ..LossConfig::lossless(1500)
+    };
+    // A receive pass takes up to `rx_batch` packets: room for all 256.
+    let cfg = ReliableConfig {
+        rx_batch: 256,
+        ..ReliableConfig::default()
+    };
+    let (mut a, a_ids, mut b, b_ids) = pair_with(n, loss, 1, cfg);
+    let now = Instant::now();
+    for (i, &c) in a_ids.iter().enumerate() {
+        // Two frames per connection, the second in three packets.
+        for len in [100, 3000] {
+            let buf = a.tx_reserve(c, len).unwrap().expect("window");
+            buf.fill(i as u8);
+            a.tx_commit(c, len);
+        }
+    }
+    assert!(a.flush(now));
+    assert_eq!(a.stats().tx_bursts, 1);
+    assert_eq!(a.link().tx_stats().bursts, 1);
+    assert_eq!(a.link().tx_stats().sent, 4 * n as u64);
+    // One receive pass takes one link burst and routes it: `max` frames
+    // per connection, in order, the rest kept for the next pass.
+    let index: HashMap<ConnId, usize> = b_ids.iter().enumerate().map(|(i, &c)| (c, i)).collect();
+    let mut seen = vec![Vec::new(); n];
+    let got = b.rx_burst(now, 1, &mut |c, f| {
+        let i = index[&c];
+        assert!(f.iter().all(|&x| x == i as u8));
+        seen[i].push(f.len());
+    });
+    assert_eq!(got, n);
+    assert_eq!(b.stats().rx_bursts, 1);
+    assert!(seen.iter().all(|s| s == &[100]), "{seen:?}");
+    b.rx_burst(now, 1, &mut |c, f| seen[index[&c]].push(f.len()));
+    assert!(seen.iter().all(|s| s == &[100, 3000]));
+    // The acknowledgements of every connection leave in one burst too.
+    assert!(b.flush(now + Duration::from_millis(1)));
+    assert_eq!(b.link().tx_stats().bursts, 1);
+    a.rx_burst(now, 1, &mut |_, _| panic!("no data"));
+    assert!(a_ids.iter().all(|&c| !a.tx_pending(c)));
+}
+
+#[test]
+fn a_full_transmit_ring_carries_the_rest_to_the_next_flush() {
+    let n = 8;
+    // Eight packets per burst, four per connection waiting.
+    let (mut a, a_ids, mut b, b_ids) = pair(
+        n,
+        LossConfig {
+            tx_ring: 8,
+            ..LossConfig::lossless(1500)
+        },
+        2,
+    );
+    let now = Instant::now();
+    for &c in &a_ids {
+        for _ in 0..4 {
+            a.tx_reserve(c, 64).unwrap().expect("window");
+            a.tx_commit(c, 64);
+        }
+    }
+    let mut rounds = 0;
+    let mut got = vec![0; n];
+    let index: HashMap<ConnId, usize> = b_ids.iter().enumerate().map(|(i, &c)| (c, i)).collect();
+    while got.iter().sum::<usize>() < 4 * n {
+        rounds += 1;
+        assert!(rounds <= 4, "each flush fills the ring");
+        a.flush(now);
+        // Packets still waiting make the timer due at once.
+        if rounds < 4 {
+            assert_eq!(a.poll_timeout(), Some(now));
+        }
+        b.rx_burst(now, 64, &mut |c, _| got[index[&c]] += 1);
+    }
+    assert_eq!(a.stats().tx_bursts, 4);
+    assert!(got.iter().all(|&g| g == 4));
+}
+
+#[test]
+fn unknown_and_foreign_packets_are_counted_and_dropped() {
+    let (mut a, _, mut b, b_ids) = pair(2, LossConfig::lossless(1500), 3);
+    let now = Instant::now();
+    let mut send = |dst: u32, src: u32| {
+        let hdr = PacketHeader {
+            flags: PacketFlags::DATA
+                .with(PacketFlags::FIRST)
+                .with(PacketFlags::LAST),
+            dst_conn: dst,
+            src_conn: src,
+            seq: 0,
+            ack: 0,
+            sack: 0,
+            payload_len: 0,
+        };
+        let buf = a.link_mut().tx_alloc(PACKET_HEADER_LEN + 4).unwrap();
+        let len = hdr.encode(b"evil", buf);
+        a.link_mut().tx_commit(len).unwrap();
+    };
+    let b0 = b.local_id(b_ids[0]).unwrap();
+    // An id no slot has, the right slot with another generation, and the
+    // right id from the wrong peer connection.
+    send(77, 0);
+    send(b0 + (1 << 20), 0);
+    let wrong_src = b.core(b_ids[1]).unwrap().ids().peer;
+    send(b0, wrong_src);
+    a.link_mut().tx_burst_flush(now).unwrap();
+    // Garbage: no header at all.
+    a.link_mut().tx_alloc(3).unwrap().copy_from_slice(b"bad");
+    a.link_mut().tx_commit(3).unwrap();
+    a.link_mut().tx_burst_flush(now).unwrap();
+    assert_eq!(b.rx_burst(now, 8, &mut |_, _| panic!("nothing valid")), 0);
+    let st = b.stats();
+    assert_eq!(st.dropped_unknown_conn, 2);
+    assert_eq!(st.dropped_malformed, 1);
+    assert_eq!(b.core(b_ids[0]).unwrap().stats().dropped_foreign, 1);
+    assert!(b.poll_failure().is_none());
+}
+
+#[test]
+fn a_reused_slot_ignores_packets_of_its_previous_connection() {
+    let (mut a, a_ids, mut b, b_ids) = pair(1, LossConfig::lossless(1500), 4);
+    let now = Instant::now();
+    let old = b.local_id(b_ids[0]).unwrap();
+    a.tx_reserve(a_ids[0], 10).unwrap().unwrap();
+    a.tx_commit(a_ids[0], 10);
+    a.flush(now);
+    // b closes the connection before the packet arrives, and a new one
+    // takes the slot.
+    b.detach(b_ids[0]);
+    assert!(matches!(
+        b.tx_reserve(b_ids[0], 1),
+        Err(TransportError::Closed)
+    ));
+    let (c, new) = b.prepare().unwrap();
+    assert_eq!(c, b_ids[0], "the slot is reused");
+    assert_ne!(new, old, "under another id");
+    let (ca, ia) = a.prepare().unwrap();
+    b.connect(c, ia).unwrap();
+    a.connect(ca, new).unwrap();
+    assert_eq!(b.rx_burst(now, 8, &mut |_, _| panic!("stale frame")), 0);
+    assert_eq!(b.stats().dropped_unknown_conn, 1);
+    assert!(matches!(
+        b.connect(c, ia),
+        Err(DatagramError::NotPrepared(x)) if x == c
+    ));
+}
+
+#[test]
+fn poll_timeout_is_the_earliest_timer_over_connections() {
+    let (mut a, a_ids, _b, _) = pair(3, LossConfig::lossless(1500), 5);
+    let t0 = Instant::now();
+    assert_eq!(a.poll_timeout(), None, "idle connections have no timer");
+    a.tx_reserve(a_ids[1], 10).unwrap().unwrap();
+    a.tx_commit(a_ids[1], 10);
+    a.flush(t0);
+    let rto = a.poll_timeout().expect("a retransmission timer");
+    assert_eq!(rto, a.core(a_ids[1]).unwrap().poll_timeout().unwrap());
+    assert!(rto > t0);
+    let t1 = t0 + Duration::from_micros(500);
+    a.tx_reserve(a_ids[2], 10).unwrap().unwrap();
+    a.tx_commit(a_ids[2], 10);
+    a.flush(t1);
+    assert_eq!(a.poll_timeout(), Some(rto), "the earlier of the two");
+    // At the deadline the first connection retransmits, the second waits.
+    a.flush(rto);
+    assert_eq!(a.core(a_ids[1]).unwrap().stats().retransmits, 1);
+    assert_eq!(a.core(a_ids[2]).unwrap().stats().retransmits, 0);
+}
+
+#[test]
+fn a_dead_peer_connection_fails_alone() {
+    let n = 4;
+    let (mut a, a_ids, mut b, b_ids) = pair(n, LossConfig::lossless(1500), 6);
+    let mut now = Instant::now();
+    // b forgets connection 2; a keeps sending on every connection.
+    b.detach(b_ids[2]);
+    let mut failure = None;
+    for round in 0..10_000 {
+        for &c in &a_ids {
+            if let Ok(Some(buf)) = a.tx_reserve(c, 16) {
+                buf.fill(round as u8);
+                a.tx_commit(c, 16);
+            }
+        }
+        a.flush(now);
+        b.rx_burst(now, 64, &mut |_, _| {});
+        b.flush(now);
+        a.rx_burst(now, 64, &mut |_, _| {});
+        if let Some(f) = a.poll_failure() {
+            failure = Some(f);
+            break;
+        }
+        now = a.poll_timeout().map_or(now, |t| t.max(now)) + Duration::from_micros(10);
+    }
+    let (c, e) = failure.expect("connection 2 fails");
+    assert_eq!(c, a_ids[2]);
+    assert!(e.to_string().contains("peer unreachable"), "{e}");
+    assert!(a.poll_failure().is_none(), "alone");
+    assert!(b.stats().dropped_unknown_conn > 0);
+    for (i, &c) in a_ids.iter().enumerate() {
+        assert_eq!(a.tx_reserve(c, 1).is_ok(), i != 2);
+    }
+    a.detach(a_ids[2]);
+    assert_eq!(a.len(), n - 1);
+}
+
+#[test]
+fn frames_queued_before_connect_wait_for_it() {
+    let (la, lb) = LossyLink::pair(LossConfig::lossless(1500), 7);
+    let mut a = DatagramDriver::new(la, ReliableConfig::default()).unwrap();
+    let mut b = DatagramDriver::new(lb, ReliableConfig::default()).unwrap();
+    let (ca, ia) = a.prepare().unwrap();
+    let (cb, ib) = b.prepare().unwrap();
+    assert!(matches!(a.tx_reserve(ca, 8), Ok(None)));
+    a.connect(ca, ib).unwrap();
+    let now = Instant::now();
+    a.tx_reserve(ca, 8)
+        .unwrap()
+        .unwrap()
+        .copy_from_slice(b"12345678");
+    a.tx_commit(ca, 8);
+    a.flush(now);
+    // b is not connected yet: the packet is dropped, and retransmitted
+    // once b is.
+    assert_eq!(b.rx_burst(now, 8, &mut |_, _| panic!("not connected")), 0);
+    assert_eq!(b.stats().dropped_unknown_conn, 1);
+    b.connect(cb, ia).unwrap();
+    let later = a.poll_timeout().unwrap();
+    a.flush(later);
+    let mut got = Vec::new();
+    b.rx_burst(later, 8, &mut |c, f| {
+        assert_eq!(c, cb);
+        got.push(f.to_vec());
+    });
+    assert_eq!(got, vec![b"12345678".to_vec()]);
+}

@@ -1,0 +1,506 @@
+//! One `RdmaDriver` per side serving many connections over one simulated
+//! completion queue: raw frames per connection, the message layer
+//! (`Sessions`) on 64 connections, and failures confined to their
+//! connection. Everything is deterministic: seeded sizes, a virtual clock.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use starwire_rdma::{
+    LocalSlice, MemoryRegion, RdmaDriver, RemoteSlice, RingConfig, SimConfig, SimNic, Verbs,
+    WcStatus, MIN_RECV_DEPTH,
+};
+use starwire_transport::{
+    Body, ConnConfig, ConnId, Connection, Driver, Incoming, PeerInfo, Sessions, TaskRole,
+    TransportError,
+};
+use starwire_wire::{Opcode, Status};
+
+type Rdma = RdmaDriver<SimNic>;
+
+/// Rings small enough for many connections per test.
+fn cfg() -> RingConfig {
+    RingConfig {
+        ring_len: 16 * 1024,
+        staging_len: 8 * 1024,
+        recv_depth: 16,
+        max_frame_len: None,
+    }
+}
+
+/// Two drivers with `n` connections between them: `a_ids[i]` on `a` is
+/// connected to `b_ids[i]` on `b`. The shape of the conformance suite's
+/// `DriverPair`.
+fn pair(n: usize, ring: RingConfig) -> (Rdma, Vec<ConnId>, Rdma, Vec<ConnId>) {
+    let (mut na, mut nb) = SimNic::pair(SimConfig::default());
+    let qps: Vec<(u32, u32)> = (0..n)
+        .map(|_| na.connect_qp(&mut nb).expect("queue pair"))
+        .collect();
+    let mut a = RdmaDriver::new(na, ring).expect("driver a");
+    let mut b = RdmaDriver::new(nb, ring).expect("driver b");
+    let (mut a_ids, mut b_ids) = (Vec::new(), Vec::new());
+    for (qa, qb) in qps {
+        let (ca, ra) = a.prepare(qa).expect("prepare a");
+        let (cb, rb) = b.prepare(qb).expect("prepare b");
+        a.connect(ca, rb).expect("connect a");
+        b.connect(cb, ra).expect("connect b");
+        a_ids.push(ca);
+        b_ids.push(cb);
+    }
+    (a, a_ids, b, b_ids)
+}
+
+/// The shared conformance suite on 64 connections of one driver per side.
+#[test]
+fn conformance_over_sixty_four_connections() {
+    starwire_transport::conformance::run_all_drivers("rdma-sim", 64, |n| {
+        let (a, a_ids, b, b_ids) = pair(n, cfg());
+        starwire_transport::conformance::DriverPair { a, a_ids, b, b_ids }
+    });
+}
+
+/// Frame `seq` of connection `conn`: its first 12 bytes name both.
+fn frame(conn: usize, seq: u32, len: usize) -> Vec<u8> {
+    let mut f = vec![0u8; len.max(12)];
+    f[..8].copy_from_slice(&(conn as u64).to_le_bytes());
+    f[8..12].copy_from_slice(&seq.to_le_bytes());
+    for (i, b) in f[12..].iter_mut().enumerate() {
+        *b = (conn as u8) ^ (seq as u8).wrapping_mul(7) ^ i as u8;
+    }
+    f
+}
+
+#[test]
+fn one_flush_over_many_connections_rings_one_doorbell() {
+    let n = 64;
+    let (mut a, a_ids, mut b, b_ids) = pair(n, cfg());
+    let now = Instant::now();
+    for (i, &c) in a_ids.iter().enumerate() {
+        for seq in 0..3 {
+            let f = frame(i, seq, 100 + i);
+            let buf = a.tx_reserve(c, f.len()).unwrap().expect("room");
+            buf.copy_from_slice(&f);
+            a.tx_commit(c, f.len());
+        }
+    }
+    assert!(a_ids.iter().all(|&c| a.tx_pending(c)));
+    let before = a.stats();
+    assert!(a.flush(now));
+    let after = a.stats();
+    assert_eq!(after.doorbells - before.doorbells, 1);
+    assert_eq!(a.verbs().doorbells(), 1);
+    let writes: u64 = a_ids
+        .iter()
+        .map(|&c| a.ring(c).unwrap().stats().data_writes)
+        .sum();
+    assert_eq!(writes, 3 * n as u64);
+    assert!(a_ids.iter().all(|&c| !a.tx_pending(c)));
+
+    // One receive pass polls the shared CQ in batches (not once per
+    // connection) and lends every connection's frames, tagged and in
+    // order, at most `max` per connection.
+    let index: HashMap<ConnId, usize> = b_ids.iter().enumerate().map(|(i, &c)| (c, i)).collect();
+    let mut next = vec![0u32; n];
+    let polls = b.stats().cq_polls;
+    let got = b.rx_burst(now, 2, &mut |c, f| {
+        let i = index[&c];
+        assert_eq!(f, frame(i, next[i], 100 + i).as_slice());
+        next[i] += 1;
+    });
+    assert_eq!(got, 2 * n);
+    assert!(next.iter().all(|&k| k == 2));
+    let per_pass = b.stats().cq_polls - polls;
+    assert!(per_pass <= (3 * n as u64) / 32 + 1, "{per_pass} polls");
+    assert_eq!(b.stats().completions, 3 * n as u64);
+    let got = b.rx_burst(now, 2, &mut |c, f| {
+        let i = index[&c];
+        assert_eq!(f, frame(i, next[i], 100 + i).as_slice());
+        next[i] += 1;
+    });
+    assert_eq!(got, n);
+    // The credits go back behind one doorbell too.
+    let bells = b.verbs().doorbells();
+    assert!(b.flush(now));
+    assert_eq!(b.verbs().doorbells(), bells + 1);
+    assert!(b.poll_failure().is_none() && a.poll_failure().is_none());
+}
+
+#[test]
+fn frames_stay_in_order_per_connection_under_random_traffic() {
+    let n = 64;
+    let mut ring = cfg();
+    ring.recv_depth = MIN_RECV_DEPTH;
+    let (mut a, a_ids, mut b, b_ids) = pair(n, ring);
+    let mut rng = SmallRng::seed_from_u64(0x64);
+    let max = a.max_frame_len();
+    let total = 150u32;
+    let lens: Vec<Vec<usize>> = (0..n)
+        .map(|_| (0..total).map(|_| rng.gen_range(12..=max)).collect())
+        .collect();
+    let index: HashMap<ConnId, usize> = b_ids.iter().enumerate().map(|(i, &c)| (c, i)).collect();
+    let mut sent = vec![0u32; n];
+    let mut got = vec![0u32; n];
+    let now = Instant::now();
+    for _ in 0..100_000 {
+        if got.iter().all(|&g| g == total) {
+            break;
+        }
+        for (i, &c) in a_ids.iter().enumerate() {
+            for _ in 0..rng.gen_range(0..3) {
+                if sent[i] == total {
+                    break;
+                }
+                let f = frame(i, sent[i], lens[i][sent[i] as usize]);
+                let Some(buf) = a.tx_reserve(c, f.len()).unwrap() else {
+                    break;
+                };
+                buf.copy_from_slice(&f);
+                a.tx_commit(c, f.len());
+                sent[i] += 1;
+            }
+        }
+        let bells = a.stats().doorbells;
+        a.flush(now);
+        assert!(a.stats().doorbells <= bells + 1);
+        b.rx_burst(now, rng.gen_range(1..4), &mut |c, f| {
+            let i = index[&c];
+            let want = frame(i, got[i], lens[i][got[i] as usize]);
+            assert!(f == want.as_slice(), "conn {i} frame {}", got[i]);
+            got[i] += 1;
+        });
+        b.flush(now);
+        a.rx_burst(now, 4, &mut |_, _| panic!("no traffic b -> a"));
+    }
+    assert!(got.iter().all(|&g| g == total), "{got:?}");
+    assert!(a.poll_failure().is_none() && b.poll_failure().is_none());
+    let stalls: u64 = a_ids
+        .iter()
+        .map(|&c| a.ring(c).unwrap().stats().recv_stalls)
+        .sum();
+    assert!(stalls > 0, "credits limited the senders");
+    let writes: u64 = a_ids
+        .iter()
+        .map(|&c| a.ring(c).unwrap().stats().data_writes)
+        .sum();
+    assert_eq!(writes, u64::from(total) * n as u64);
+    let bells = a.stats().doorbells;
+    assert!(
+        writes > 16 * bells,
+        "{writes} writes behind {bells} doorbells"
+    );
+}
+
+/// Both sides' message layers over one driver each.
+struct Net {
+    a: Sessions<Rdma>,
+    b: Sessions<Rdma>,
+    a_ids: Vec<ConnId>,
+    b_ids: Vec<ConnId>,
+    now: Instant,
+}
+
+fn peer(role: TaskRole, index: u32) -> PeerInfo {
+    PeerInfo {
+        role,
+        job: match role {
+            TaskRole::Ps => "ps".into(),
+            TaskRole::Worker => "worker".into(),
+        },
+        task_index: index,
+        incarnation: 7,
+        shards: 1,
+    }
+}
+
+impl Net {
+    /// Connection `i` is worker `i` on `a` and server `i` on `b`.
+    fn new(n: usize) -> Self {
+        let (a, a_ids, b, b_ids) = pair(n, cfg());
+        let mut a = Sessions::new(a);
+        let mut b = Sessions::new(b);
+        for (i, (&ca, &cb)) in a_ids.iter().zip(&b_ids).enumerate() {
+            a.insert(ca, ConnConfig::new(peer(TaskRole::Worker, i as u32)));
+            b.insert(cb, ConnConfig::new(peer(TaskRole::Ps, i as u32)));
+        }
+        Self {
+            a,
+            b,
+            a_ids,
+            b_ids,
+            now: Instant::now(),
+        }
+    }
+
+    fn drive(
+        &mut self,
+        on_a: &mut dyn FnMut(ConnId, &mut Connection, Incoming<'_>),
+        on_b: &mut dyn FnMut(ConnId, &mut Connection, Incoming<'_>),
+        done: &mut dyn FnMut(&mut Self) -> bool,
+    ) {
+        let mut idle = 0;
+        while !done(self) {
+            let sa = self.a.turn(self.now, on_a);
+            let sb = self.b.turn(self.now, on_b);
+            if let Some((id, _, e)) = self.a.poll_failed().or_else(|| self.b.poll_failed()) {
+                panic!("{id} failed: {e}");
+            }
+            self.now += Duration::from_micros(10);
+            if sa.busy() || sb.busy() {
+                idle = 0;
+            } else {
+                idle += 1;
+                assert!(idle < 10_000, "no progress");
+            }
+        }
+    }
+}
+
+fn echo(_: ConnId, conn: &mut Connection, m: Incoming<'_>) {
+    if let Incoming::Request {
+        id, opcode, body, ..
+    } = m
+    {
+        conn.respond(id, opcode, Status::Ok, Body::from(body.to_vec()))
+            .expect("respond");
+    }
+}
+
+#[test]
+fn sixty_four_sessions_handshake_and_echo_over_one_driver_each() {
+    let n = 64;
+    let mut net = Net::new(n);
+    net.drive(&mut |_, _, _| {}, &mut |_, _, _| {}, &mut |net| {
+        net.a_ids
+            .iter()
+            .all(|&c| net.a.conn_ref(c).is_some_and(Connection::is_established))
+            && net
+                .b_ids
+                .iter()
+                .all(|&c| net.b.conn_ref(c).is_some_and(Connection::is_established))
+    });
+    // Each handshake reached its own peer: frames were routed to the
+    // connection their queue pair belongs to.
+    for (i, (&ca, &cb)) in net.a_ids.iter().zip(&net.b_ids).enumerate() {
+        let pa = net.a.conn_ref(ca).and_then(Connection::peer).unwrap();
+        let pb = net.b.conn_ref(cb).and_then(Connection::peer).unwrap();
+        assert_eq!((pa.role, pa.task_index), (TaskRole::Ps, i as u32));
+        assert_eq!((pb.role, pb.task_index), (TaskRole::Worker, i as u32));
+    }
+
+    let mut rng = SmallRng::seed_from_u64(5);
+    let index: HashMap<ConnId, usize> =
+        net.a_ids.iter().enumerate().map(|(i, &c)| (c, i)).collect();
+    let mut expect: HashMap<(usize, u64), Vec<u8>> = HashMap::new();
+    for (i, &c) in net.a_ids.iter().enumerate() {
+        for _ in 0..20 {
+            // Some bodies exceed the largest frame and are chunked.
+            let len = rng.gen_range(0..12_000);
+            let mut body = vec![0u8; len];
+            rng.fill(&mut body[..]);
+            let id = net
+                .a
+                .conn(c)
+                .unwrap()
+                .request(Opcode::Rpc, 0, Body::from(body.clone()), None)
+                .expect("request");
+            expect.insert((i, id), body);
+        }
+    }
+    let mut answered = 0;
+    let mut on_a = |c: ConnId, _: &mut Connection, m: Incoming<'_>| {
+        let Incoming::Response {
+            id, status, body, ..
+        } = m
+        else {
+            panic!("the worker got a request");
+        };
+        assert_eq!(status, Status::Ok);
+        let want = expect
+            .remove(&(index[&c], id))
+            .expect("a response to a request of this connection");
+        assert!(want == body);
+        answered += 1;
+    };
+    net.drive(&mut on_a, &mut echo, &mut |net| {
+        net.a_ids
+            .iter()
+            .all(|&c| net.a.conn_ref(c).unwrap().pending_requests() == 0)
+    });
+    assert_eq!(answered, 20 * n);
+    let st = net.a.driver().stats();
+    assert!(st.doorbells <= st.flushes, "{st:?}");
+}
+
+#[test]
+fn a_failed_connection_is_reported_alone_and_the_others_carry_on() {
+    let n = 8;
+    let (mut a, a_ids, mut b, b_ids) = pair(n, cfg());
+    let now = Instant::now();
+    // b drops connection 3: its queue pair is destroyed.
+    b.detach(b_ids[3]);
+    assert!(b.ring(b_ids[3]).is_none());
+    for (i, &c) in a_ids.iter().enumerate() {
+        let f = frame(i, 0, 64);
+        a.tx_reserve(c, f.len())
+            .unwrap()
+            .unwrap()
+            .copy_from_slice(&f);
+        a.tx_commit(c, f.len());
+    }
+    a.flush(now);
+    a.flush(now);
+    let (c, e) = a.poll_failure().expect("connection 3 fails");
+    assert_eq!(c, a_ids[3]);
+    assert!(
+        matches!(&e, TransportError::Link(m) if m.contains(WcStatus::RetryExceeded.verbs_name())),
+        "{e}"
+    );
+    assert!(a.poll_failure().is_none(), "reported once, alone");
+    assert!(matches!(
+        a.tx_reserve(a_ids[3], 8),
+        Err(TransportError::Link(_))
+    ));
+    let mut seen = Vec::new();
+    b.rx_burst(now, 8, &mut |c, _| seen.push(c));
+    seen.sort_unstable();
+    let mut want: Vec<ConnId> = b_ids.clone();
+    want.remove(3);
+    assert_eq!(seen, want);
+    // Detaching the failed connection releases its queue pair and regions.
+    let (qps, regions) = (a.verbs().qp_count(), a.verbs().region_count());
+    a.detach(a_ids[3]);
+    assert_eq!(a.verbs().qp_count(), qps - 1);
+    assert_eq!(a.verbs().region_count(), regions - 2);
+    assert!(matches!(
+        a.tx_reserve(a_ids[3], 8),
+        Err(TransportError::Closed)
+    ));
+}
+
+#[test]
+fn frames_that_arrive_before_connect_wait_for_it() {
+    let (mut na, mut nb) = SimNic::pair(SimConfig::default());
+    let (qa, qb) = na.connect_qp(&mut nb).unwrap();
+    let mut a = RdmaDriver::new(na, cfg()).unwrap();
+    let mut b = RdmaDriver::new(nb, cfg()).unwrap();
+    let (ca, ra) = a.prepare(qa).unwrap();
+    let (cb, rb) = b.prepare(qb).unwrap();
+    a.connect(ca, rb).unwrap();
+    let now = Instant::now();
+    for seq in 0..5 {
+        let f = frame(0, seq, 200);
+        a.tx_reserve(ca, f.len())
+            .unwrap()
+            .unwrap()
+            .copy_from_slice(&f);
+        a.tx_commit(ca, f.len());
+    }
+    a.flush(now);
+    // b is prepared, not connected: it holds the completions and lends
+    // nothing; its own frames wait too.
+    assert_eq!(b.rx_burst(now, 16, &mut |_, _| panic!("not connected")), 0);
+    assert!(matches!(b.tx_reserve(cb, 8), Ok(None)));
+    b.connect(cb, ra).unwrap();
+    let mut seq = 0;
+    b.rx_burst(now, 16, &mut |c, f| {
+        assert_eq!(c, cb);
+        assert_eq!(f, frame(0, seq, 200).as_slice());
+        seq += 1;
+    });
+    assert_eq!(seq, 5);
+    assert!(b.poll_failure().is_none());
+}
+
+#[test]
+fn completions_of_a_queue_pair_the_driver_does_not_own_are_ignored() {
+    let (mut na, mut nb) = SimNic::pair(SimConfig::default());
+    let (qa, qb) = na.connect_qp(&mut nb).unwrap();
+    let (stray_a, stray_b) = na.connect_qp(&mut nb).unwrap();
+    let mut a = RdmaDriver::new(na, cfg()).unwrap();
+    let mut b = RdmaDriver::new(nb, cfg()).unwrap();
+    let (ca, ra) = a.prepare(qa).unwrap();
+    let (cb, rb) = b.prepare(qb).unwrap();
+    a.connect(ca, rb).unwrap();
+    b.connect(cb, ra).unwrap();
+    // A receive WR on a queue pair of a's NIC that no connection owns,
+    // with a wr_id that names connection slot 0; b's NIC writes to it.
+    a.verbs_mut().post_recv(stray_a, 1 << 63).unwrap();
+    let src = b.verbs_mut().reg_mr(8).unwrap();
+    let dst = a.ring(ca).unwrap().ring_region();
+    b.verbs_mut()
+        .post_write_with_imm(
+            stray_b,
+            0,
+            LocalSlice {
+                lkey: src.lkey,
+                offset: 0,
+                len: 0,
+            },
+            RemoteSlice {
+                rkey: dst.rkey,
+                addr: dst.addr,
+            },
+            0,
+        )
+        .unwrap();
+    b.verbs_mut().ring_doorbell().unwrap();
+    let now = Instant::now();
+    assert_eq!(a.rx_burst(now, 8, &mut |_, _| panic!("no frame")), 0);
+    assert_eq!(a.stats().stray_completions, 1);
+    assert!(a.poll_failure().is_none(), "connection 0 is unaffected");
+    assert_eq!(a.ring(ca).unwrap().stats().frames_received, 0);
+}
+
+#[test]
+fn an_overrun_completion_queue_fails_every_connection_once() {
+    // Two connections take 2 * (16 + 16) entries of a 64-entry queue;
+    // queue pairs outside the driver flood it with 96 completions.
+    let (mut na, mut nb) = SimNic::pair(SimConfig {
+        max_send_wr: 16,
+        max_recv_wr: 64,
+        cq_depth: 64,
+        ..SimConfig::default()
+    });
+    let qps: Vec<(u32, u32)> = (0..2).map(|_| na.connect_qp(&mut nb).unwrap()).collect();
+    let floods: Vec<(u32, u32)> = (0..3).map(|_| na.connect_qp(&mut nb).unwrap()).collect();
+    let (src_a, dst_a) = (na.reg_mr(8).unwrap(), na.reg_mr(8).unwrap());
+    let (src_b, dst_b) = (nb.reg_mr(8).unwrap(), nb.reg_mr(8).unwrap());
+    let write = |nic: &mut SimNic, qpn, wr_id, src: &MemoryRegion, dst: &MemoryRegion| {
+        let local = LocalSlice {
+            lkey: src.lkey,
+            offset: 0,
+            len: 0,
+        };
+        let remote = RemoteSlice {
+            rkey: dst.rkey,
+            addr: dst.addr,
+        };
+        nic.post_write_with_imm(qpn, wr_id, local, remote, 0)
+            .unwrap();
+    };
+    for &(fa, fb) in &floods {
+        for i in 0..16 {
+            na.post_recv(fa, i).unwrap();
+            nb.post_recv(fb, i).unwrap();
+            write(&mut na, fa, i, &src_a, &dst_b);
+            write(&mut nb, fb, i, &src_b, &dst_a);
+        }
+    }
+    na.ring_doorbell().unwrap();
+    nb.ring_doorbell().unwrap();
+    let mut a = RdmaDriver::new(na, cfg()).unwrap();
+    let ids: Vec<ConnId> = qps.iter().map(|q| a.prepare(q.0).unwrap().0).collect();
+    let now = Instant::now();
+    a.rx_burst(now, 8, &mut |_, _| {});
+    let mut failed: Vec<ConnId> = std::iter::from_fn(|| a.poll_failure().map(|(c, _)| c)).collect();
+    failed.sort_unstable();
+    assert_eq!(failed, ids, "both prepared connections fail");
+    a.flush(now);
+    a.rx_burst(now, 8, &mut |_, _| {});
+    assert!(a.poll_failure().is_none(), "once each");
+    assert!(
+        matches!(a.tx_reserve(ids[0], 8), Err(TransportError::Link(m)) if m.contains("EOVERFLOW"))
+    );
+}
