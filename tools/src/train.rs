@@ -5,7 +5,7 @@ use std::net::ToSocketAddrs;
 use std::path::PathBuf;
 
 use clap::Args;
-use starwire_config::{ClusterConfig, ClusterFlags, EndpointMap, NetworkSettings, Overrides, Role};
+use starwire_config::{ClusterConfig, ClusterFlags, EndpointMap, Overrides, Role, Settings};
 use starwire_graph::{ModelKind, Protocol};
 use starwire_ps::{OptimizerKind, Strategy};
 use starwire_train::source::DataSource;
@@ -100,6 +100,10 @@ pub struct TrainArgs {
     /// Progress line every this many steps of worker 0 (0: none).
     #[arg(long, default_value_t = 100)]
     pub log_every: u64,
+    /// Pinned reactors (PS_DISABLE_PIN_CORES / WORKER_DISABLE_PIN_CORES
+    /// false) take the cores near this NIC first.
+    #[arg(long)]
+    pub device: Option<String>,
     /// Print one JSON object as the last line.
     #[arg(long)]
     pub json: bool,
@@ -165,14 +169,19 @@ fn check_backend(name: &str) -> Result<BackendKind, String> {
     })
 }
 
-/// The configuration from the flags and the DeepRec environment variables.
+/// The configuration from the flags and the DeepRec environment variables
+/// (resolved as `starwire info` shows them: a PS's connections are the
+/// workers, a worker's the PS tasks).
 fn config(a: &TrainArgs, ps: usize, workers: usize) -> Result<TrainConfig, String> {
     let backend = check_backend(&a.backend)?;
-    let o = Overrides::default();
-    let wk = NetworkSettings::from_process_env(Role::Worker, ps, &o).map_err(|e| e.to_string())?;
-    let pss =
-        NetworkSettings::from_process_env(Role::Ps, workers, &o).map_err(|e| e.to_string())?;
-    Ok(TrainConfig {
+    let settings = Settings::resolve(
+        workers,
+        ps,
+        &starwire_config::process_env,
+        &Overrides::default(),
+    )
+    .map_err(|e| e.to_string())?;
+    let mut cfg = TrainConfig {
         backend,
         ps,
         workers,
@@ -197,13 +206,13 @@ fn config(a: &TrainArgs, ps: usize, workers: usize) -> Result<TrainConfig, Strin
         train_examples: a.train_examples,
         eval_examples: a.eval_examples,
         skip_bad_lines: a.skip_bad_lines,
-        worker_polling: wk.polling.value,
-        ps_polling: pss.polling.value,
-        ps_reactors: pss.cores.value,
-        pin_ps: pss.pin_cores.value && pss.polling.value,
         compute_threads: a.compute_threads,
         log_every: if a.json { 0 } else { a.log_every },
-    })
+        device: a.device.clone(),
+        ..TrainConfig::default()
+    };
+    cfg.apply_settings(&settings);
+    Ok(cfg)
 }
 
 fn print_report(r: &TrainReport, json: bool) -> Result<(), String> {
@@ -249,6 +258,7 @@ fn print_report(r: &TrainReport, json: bool) -> Result<(), String> {
     if let Some(c) = &r.checkpoint {
         println!("  checkpoint written to {}", c.display());
     }
+    println!("  {}", starwire_train::cluster::summary(&r.reactors));
     Ok(())
 }
 
@@ -323,10 +333,13 @@ pub fn ps_main(r: RoleArgs) -> Result<(), String> {
         .map_err(|e| format!("{me}: {e}"))?
         .next()
         .ok_or_else(|| format!("{me}: no address"))?;
-    let stats = starwire_train::run_ps_task(&cfg, c.task.index as usize, bind)
+    let rep = starwire_train::run_ps_task(&cfg, c.task.index as usize, bind)
         .map_err(|e| e.to_string())?;
     if r.train.json {
-        println!("{}", serde_json::json!({ "shards": stats }));
+        println!(
+            "{}",
+            serde_json::to_string(&rep).map_err(|e| e.to_string())?
+        );
     } else {
         eprintln!("starwire ps {}: every worker is done", c.task.index);
     }

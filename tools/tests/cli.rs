@@ -490,6 +490,101 @@ fn train_json_contract_and_flags() {
     assert_eq!(v["tensor_fuse"], false);
     assert_eq!(v["samples"].as_u64(), Some(8192));
     assert!(num(&v, "auc") > 0.5);
+    // Defaults: min(8, 2 workers) PS reactors and one network thread per
+    // worker, none pinned, none polling.
+    let want: Vec<Value> = [("ps", 0), ("ps", 1), ("worker", 0), ("worker", 1)]
+        .iter()
+        .map(|&(role, index)| {
+            serde_json::json!({"role": role, "index": index, "cpu": null, "polling": false})
+        })
+        .collect();
+    assert_eq!(v["reactors"], Value::Array(want), "{v}");
+}
+
+/// Every network variable, so the runner's environment does not leak in.
+fn net_env<'a>(overrides: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
+    let mut env = vec![
+        ("PS_ENABLE_POLLING", "false"),
+        ("WORKER_ENABLE_POLLING", "false"),
+        ("PS_DISABLE_PIN_CORES", "true"),
+        ("WORKER_DISABLE_PIN_CORES", "true"),
+        ("STARWIRE_IDLE_POLL_US", "0"),
+    ];
+    env.retain(|(k, _)| !overrides.iter().any(|(o, _)| o == k));
+    env.extend_from_slice(overrides);
+    env
+}
+
+const TINY_TRAIN: &[&str] = &[
+    "--train-examples",
+    "4096",
+    "--eval-examples",
+    "1024",
+    "--epochs",
+    "1",
+    "--batch-size",
+    "256",
+];
+
+#[test]
+fn train_places_pinned_reactors_on_different_cpus() {
+    let env = net_env(&[
+        ("PS_ENABLE_POLLING", "1"),
+        ("WORKER_ENABLE_POLLING", "1"),
+        ("PS_DISABLE_PIN_CORES", "0"),
+        ("WORKER_DISABLE_PIN_CORES", "false"),
+        ("NETWORK_PS_CORE_NUMBER", "1"),
+        ("STARWIRE_IDLE_POLL_US", "200"),
+    ]);
+    let out = run_with(&[&["train", "--json"], TINY_TRAIN].concat(), &env);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: Value = serde_json::from_str(text(&out.stdout).lines().last().unwrap()).unwrap();
+    let reactors = v["reactors"].as_array().expect("reactors");
+    let roles: Vec<(&str, u64)> = reactors
+        .iter()
+        .map(|r| (r["role"].as_str().unwrap(), r["index"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(roles, [("ps", 0), ("worker", 0), ("worker", 1)]);
+    assert!(reactors.iter().all(|r| r["polling"] == true), "{v}");
+    let cpus: Vec<u64> = reactors
+        .iter()
+        .map(|r| r["cpu"].as_u64().expect("pinned"))
+        .collect();
+    // Planned together: distinct CPUs while there are CPUs for each.
+    let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let distinct = cpus.len().min(ncpu);
+    let mut first = cpus[..distinct].to_vec();
+    first.sort_unstable();
+    first.dedup();
+    assert_eq!(first.len(), distinct, "{cpus:?} on {ncpu} cpus");
+}
+
+#[test]
+fn train_text_summarises_the_reactors() {
+    let env = net_env(&[
+        ("PS_ENABLE_POLLING", "TRUE"),
+        ("NETWORK_PS_CORE_NUMBER", "2"),
+        ("PS_DISABLE_PIN_CORES", "0"),
+    ]);
+    let args = [&["train", "--device", "starwire-no-such-nic0"], TINY_TRAIN].concat();
+    let out = run_with(&args, &env);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let line = stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("reactors:"))
+        .unwrap_or_else(|| panic!("no reactors line in {stdout}"));
+    assert!(
+        line.contains("2 ps (cpus ")
+            && line.contains("; polling), 2 worker (unpinned; no polling)"),
+        "{line}"
+    );
+    // An unknown NIC is a warning, not an error.
+    assert!(
+        text(&out.stderr).contains("starwire-no-such-nic0"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 #[test]
@@ -508,6 +603,16 @@ fn train_rejects_bad_flags_with_clear_errors() {
         "{}",
         text(&out.stderr)
     );
+    for (var, value) in [
+        ("WORKER_DISABLE_PIN_CORES", "maybe"),
+        ("STARWIRE_IDLE_POLL_US", "10us"),
+        ("NETWORK_WORKER_CORE_NUMBER", "0"),
+    ] {
+        let out = run_with(&["train"], &net_env(&[(var, value)]));
+        assert!(!out.status.success(), "{var}={value}");
+        let err = text(&out.stderr);
+        assert!(err.contains(var) && err.contains(value), "{err}");
+    }
     let out = run(&["train", "--train", "criteo:/nonexistent/x.tsv"]);
     assert!(!out.status.success());
     assert!(
@@ -537,24 +642,39 @@ fn ps_and_worker_processes_train_across_processes() {
         "1".to_owned(),
         "--json".to_owned(),
     ];
+    // Every task reads the same variables: 2 shards on the PS, pinned;
+    // the worker polls and floats.
+    let env = net_env(&[
+        ("NETWORK_PS_CORE_NUMBER", "2"),
+        ("PS_DISABLE_PIN_CORES", "false"),
+        ("WORKER_ENABLE_POLLING", "true"),
+    ]);
     let mut ps = Command::new(BIN)
         .arg("ps")
         .args(&hosts)
+        .envs(env.iter().copied())
         .env_remove("TF_CONFIG")
         .env_remove("TF_SEASTAR_ENDPOINT_MAP_PATH")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let w = run(&[
-        &["worker"],
-        &hosts.iter().map(String::as_str).collect::<Vec<_>>()[..],
-    ]
-    .concat());
+    let w = run_with(
+        &[
+            &["worker"],
+            &hosts.iter().map(String::as_str).collect::<Vec<_>>()[..],
+        ]
+        .concat(),
+        &env,
+    );
     assert!(w.status.success(), "{}", text(&w.stderr));
     let v: Value = serde_json::from_str(text(&w.stdout).lines().last().unwrap()).unwrap();
     assert_eq!(v["samples"].as_u64(), Some(8192));
     assert!(num(&v, "auc") > 0.5);
+    assert_eq!(
+        v["reactors"],
+        serde_json::json!([{"role": "worker", "index": 0, "cpu": null, "polling": true}])
+    );
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         if let Some(st) = ps.try_wait().unwrap() {
@@ -566,6 +686,17 @@ fn ps_and_worker_processes_train_across_processes() {
             "ps did not exit after the worker was done"
         );
         std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = ps.wait_with_output().unwrap();
+    let v: Value = serde_json::from_str(text(&out.stdout).lines().last().unwrap()).unwrap();
+    assert_eq!(v["shards"].as_array().map(Vec::len), Some(2), "{v}");
+    let reactors = v["reactors"].as_array().expect("reactors");
+    assert_eq!(reactors.len(), 2, "{v}");
+    for (i, r) in reactors.iter().enumerate() {
+        assert_eq!(r["role"], "ps");
+        assert_eq!(r["index"], i);
+        assert_eq!(r["polling"], false);
+        assert!(r["cpu"].is_u64(), "pinned: {r}");
     }
 }
 

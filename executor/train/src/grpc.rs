@@ -15,7 +15,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use starwire_grpc::{GrpcClient, GrpcError, GrpcServer, Handler, HandlerError};
 use starwire_transport::wire::{Opcode, Status};
 
-use crate::cluster::{ClusterBackend, Plan, RunningPs, TrainConfig, WorkerNet};
+use crate::cluster::{ClusterBackend, Plan, ReactorLayout, RunningPs, TrainConfig, WorkerNet};
 use crate::locked::{lock, LockedShards};
 use crate::net::{Exchange, Reply, Request, Traffic};
 use crate::psserver;
@@ -215,6 +215,8 @@ impl ClusterBackend for Grpc {
         listener: TcpListener,
         expected: usize,
         restore: Option<&Path>,
+        // No reactors: tonic serves the shards.
+        _layout: &ReactorLayout,
     ) -> Result<Box<dyn RunningPs>, TrainError> {
         if cfg.sync {
             return Err(TrainError::Config(

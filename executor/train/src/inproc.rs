@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use starwire_transport::wire::Status;
 
-use crate::cluster::{ClusterBackend, Plan, RunningPs, TrainConfig, WorkerNet};
+use crate::cluster::{ClusterBackend, Plan, ReactorLayout, RunningPs, TrainConfig, WorkerNet};
 use crate::locked::{lock, LockedShards, ShardService};
 use crate::net::{Exchange, Reply, Request, Traffic};
 use crate::psserver::{self, PsHandler};
@@ -243,6 +243,8 @@ impl ClusterBackend for Inproc {
         listener: TcpListener,
         expected: usize,
         restore: Option<&Path>,
+        // No reactors: the shards sit behind locks.
+        _layout: &ReactorLayout,
     ) -> Result<Box<dyn RunningPs>, TrainError> {
         let state = Arc::new(LockedShards::start(cfg, plan, p, restore)?);
         let addr = listener.local_addr()?;

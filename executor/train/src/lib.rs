@@ -81,6 +81,9 @@ pub enum TrainError {
         /// Why.
         reason: String,
     },
+    /// Placing or pinning a reactor failed.
+    #[error("reactor placement: {0}")]
+    Placement(#[from] starwire_placement::PlacementError),
     /// An I/O error (listening, threads).
     #[error("I/O: {0}")]
     Io(#[from] std::io::Error),

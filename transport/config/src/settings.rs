@@ -157,6 +157,19 @@ pub enum IdlePolicy {
     PollThenPark(Duration),
 }
 
+impl IdlePolicy {
+    /// The policy of a reactor with polling on or off and an idle-poll time
+    /// of `idle_poll_us` µs (`STARWIRE_IDLE_POLL_US`): off parks at once;
+    /// on polls forever with 0, else polls that long, then parks.
+    pub fn from_polling(polling: bool, idle_poll_us: u64) -> Self {
+        match (polling, idle_poll_us) {
+            (false, _) => IdlePolicy::Park,
+            (true, 0) => IdlePolicy::BusyPoll,
+            (true, us) => IdlePolicy::PollThenPark(Duration::from_micros(us)),
+        }
+    }
+}
+
 const BOOL_EXPECTED: &str = "true, false, 1 or 0 (any case)";
 const CORES_EXPECTED: &str = "an integer >= 1";
 const MICROS_EXPECTED: &str = "an integer number of microseconds >= 0";
@@ -330,11 +343,7 @@ impl NetworkSettings {
 
     /// What an idle reactor does: see [`IdlePolicy`].
     pub fn idle_policy(&self) -> IdlePolicy {
-        match (self.polling.value, self.idle_poll_us.value) {
-            (false, _) => IdlePolicy::Park,
-            (true, 0) => IdlePolicy::BusyPoll,
-            (true, us) => IdlePolicy::PollThenPark(Duration::from_micros(us)),
-        }
+        IdlePolicy::from_polling(self.polling.value, self.idle_poll_us.value)
     }
 
     /// This role's three DeepRec variables as display rows, values as the

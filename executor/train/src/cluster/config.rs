@@ -71,6 +71,14 @@ pub struct TrainConfig {
     pub ps_reactors: usize,
     /// Pin PS reactors to cores (not `PS_DISABLE_PIN_CORES`).
     pub pin_ps: bool,
+    /// Pin each worker's network thread to a core (not
+    /// `WORKER_DISABLE_PIN_CORES`).
+    pub pin_workers: bool,
+    /// How long a polling PS reactor polls when idle before it parks, in
+    /// µs; 0 polls forever (`STARWIRE_IDLE_POLL_US`).
+    pub idle_poll_us: u64,
+    /// Pinned reactors take the cores near this NIC first (`--device`).
+    pub device: Option<String>,
     /// Compute threads of each worker's graph executor (0: inline).
     pub compute_threads: usize,
     /// Print progress every this many steps of worker 0 (0: never).
@@ -108,6 +116,9 @@ impl Default for TrainConfig {
             ps_polling: false,
             ps_reactors: 1,
             pin_ps: false,
+            pin_workers: false,
+            idle_poll_us: 0,
+            device: None,
             compute_threads: 0,
             log_every: 0,
         }

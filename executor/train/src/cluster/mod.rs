@@ -2,17 +2,22 @@
 //! train` and the single roles of `starwire ps` and `starwire worker`.
 //!
 //! Its parts: the configuration (`config.rs`), the plan of which PS holds
-//! each variable (`plan.rs`), the pieces of the PS and worker roles
-//! (`roles.rs`) and the report (`report.rs`).
+//! each variable (`plan.rs`), where the reactors run (`reactors.rs`), the
+//! pieces of the PS and worker roles (`roles.rs`) and the report
+//! (`report.rs`).
 
 mod config;
 mod plan;
+mod reactors;
 mod report;
 mod roles;
 
 pub use config::{model_name, protocol_name, BackendKind, TrainConfig};
 pub use plan::{plan, shard_threshold, Plan, ASSIGNMENT_SAMPLE};
-pub use report::{Interval, TrainReport};
+pub use reactors::{
+    summary, PinnedThread, ProcessReactors, ReactorLayout, ReactorReport, OVERSUBSCRIBED_IDLE_POLL,
+};
+pub use report::{Interval, PsTaskReport, TrainReport};
 pub(crate) use roles::shard_handler;
 pub use roles::{
     connect, evaluate, load_eval, make_shard, start_ps, worker_loop, ClusterBackend, PsTask,
@@ -56,12 +61,16 @@ fn run_local_on(k: &dyn ClusterBackend, cfg: &TrainConfig) -> Result<TrainReport
         }
     }
     let restore = manifest.as_ref().and(cfg.checkpoint_dir.as_deref());
+    // PS tasks and workers are planned together: pinned, they take
+    // different CPUs while there are CPUs to spare.
+    let layout = ReactorLayout::detect(cfg, &ProcessReactors::local(cfg))?;
+    warn(&layout);
     // Workers plus the evaluator say DONE to every shard.
     let expected = cfg.workers + 1;
     let mut tasks = Vec::with_capacity(cfg.ps);
     for p in 0..cfg.ps {
         let l = TcpListener::bind("127.0.0.1:0")?;
-        tasks.push(k.start_ps(cfg, &plan, p, l, expected, restore)?);
+        tasks.push(k.start_ps(cfg, &plan, p, l, expected, restore, &layout)?);
     }
     let addrs: Vec<String> = tasks.iter().map(|t| t.addr().to_string()).collect();
 
@@ -84,6 +93,7 @@ fn run_local_on(k: &dyn ClusterBackend, cfg: &TrainConfig) -> Result<TrainReport
             let mut hs = Vec::new();
             for w in 0..cfg.workers {
                 let (plan, addrs, start, ev) = (&plan, &addrs, &start, &eval_interval);
+                let cpu = layout.worker_cpu(w);
                 let resume = manifest
                     .as_ref()
                     .and_then(|m| m.workers.iter().find(|p| p.worker as usize == w).cloned());
@@ -106,6 +116,7 @@ fn run_local_on(k: &dyn ClusterBackend, cfg: &TrainConfig) -> Result<TrainReport
                                 Some(start),
                                 resume.as_ref(),
                                 Some(ev),
+                                cpu,
                             );
                             let _ = control_all(&mut *net, plan.shards, &Control::Done);
                             net.close();
@@ -221,17 +232,26 @@ fn run_local_on(k: &dyn ClusterBackend, cfg: &TrainConfig) -> Result<TrainReport
         checkpoint: ckpt,
         resumed_from_step: manifest.map(|m| m.global_step),
         shard_stats,
+        reactors: layout.report(),
     })
 }
 
+/// The layout's warnings, on stderr.
+fn warn(layout: &ReactorLayout) {
+    for w in &layout.warnings {
+        eprintln!("warning: {w}");
+    }
+}
+
 /// `starwire ps`: serve PS task `index` on `bind` until every one of the
-/// `cfg.workers` workers has said `DONE`; returns the shards' counters.
-/// Restores from `--checkpoint-dir` when it holds a checkpoint.
+/// `cfg.workers` workers has said `DONE`; returns the shards' counters and
+/// the task's reactors. Restores from `--checkpoint-dir` when it holds a
+/// checkpoint.
 pub fn run_ps_task(
     cfg: &TrainConfig,
     index: usize,
     bind: SocketAddr,
-) -> Result<Vec<serde_json::Value>, TrainError> {
+) -> Result<PsTaskReport, TrainError> {
     across_processes(cfg.backend)?;
     let k = cluster_backend(cfg.backend);
     let plan = plan(cfg)?;
@@ -239,14 +259,21 @@ pub fn run_ps_task(
         Some(d) => read_manifest(d)?.map(|_| d.as_path()),
         None => None,
     };
+    let layout = ReactorLayout::detect(cfg, &ProcessReactors::ps_task(cfg, index))?;
+    warn(&layout);
+    let reactors = layout.report();
     let l = TcpListener::bind(bind)?;
-    let task = k.start_ps(cfg, &plan, index, l, cfg.workers, restore)?;
+    let task = k.start_ps(cfg, &plan, index, l, cfg.workers, restore, &layout)?;
     eprintln!(
-        "starwire ps {index}: serving {} shard(s) on {}",
+        "starwire ps {index}: serving {} shard(s) on {}; {}",
         cfg.ps_reactors.max(1),
-        task.addr()
+        task.addr(),
+        summary(&reactors)
     );
-    task.join()
+    Ok(PsTaskReport {
+        shards: task.join()?,
+        reactors,
+    })
 }
 
 /// `starwire worker`: run worker `index` against the PS tasks at
@@ -271,6 +298,8 @@ pub fn run_worker_task(
             .find(|p| p.worker as usize == index)
             .cloned()
     });
+    let layout = ReactorLayout::detect(cfg, &ProcessReactors::worker(index))?;
+    warn(&layout);
     let mut net = k.connect(cfg, ps_addrs, index as u32, plan.shards)?;
     let eval_all = if index == 0 {
         load_eval(cfg, &plan.truth, cfg.eval_examples)?
@@ -278,7 +307,16 @@ pub fn run_worker_task(
         Vec::new()
     };
     let t0 = Instant::now();
-    let out = worker_loop(cfg, &plan, index, &mut *net, None, resume.as_ref(), None)?;
+    let out = worker_loop(
+        cfg,
+        &plan,
+        index,
+        &mut *net,
+        None,
+        resume.as_ref(),
+        None,
+        layout.worker_cpu(index),
+    )?;
     let train_seconds = out
         .end
         .map_or(0.0, |e| e.saturating_duration_since(t0).as_secs_f64());
@@ -332,5 +370,6 @@ pub fn run_worker_task(
         checkpoint: ckpt,
         resumed_from_step: manifest.map(|m| m.global_step),
         shard_stats,
+        reactors: layout.report(),
     })
 }

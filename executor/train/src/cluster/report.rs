@@ -6,6 +6,8 @@ use std::path::PathBuf;
 use serde::Serialize;
 use starwire_ps::AssignmentReport;
 
+use super::ReactorReport;
+
 /// One progress interval (an epoch of worker 0).
 #[derive(Debug, Clone, Serialize)]
 pub struct Interval {
@@ -76,4 +78,16 @@ pub struct TrainReport {
     pub resumed_from_step: Option<u64>,
     /// Per-shard counters.
     pub shard_stats: Vec<serde_json::Value>,
+    /// The reactors of this process: PS reactors, then each worker's
+    /// network thread.
+    pub reactors: Vec<ReactorReport>,
+}
+
+/// The outcome of one PS task (`starwire ps --json` prints it).
+#[derive(Debug, Clone, Serialize)]
+pub struct PsTaskReport {
+    /// Per-shard counters.
+    pub shards: Vec<serde_json::Value>,
+    /// The task's reactors.
+    pub reactors: Vec<ReactorReport>,
 }

@@ -11,10 +11,11 @@ use std::time::{Duration, Instant};
 use starwire_data::{auc, logloss, Batch, TrueModel};
 use starwire_graph::{partition, Executor};
 use starwire_ps::{Manifest, PsShard, WorkerProgress};
-use starwire_transport::reactor::{IdlePolicy, Reactor, ReactorSpec};
+use starwire_transport::reactor::Reactor;
 use starwire_transport::{ConnConfig, Driver, PeerInfo, StreamDriver, TaskRole};
 
 use super::config::shard_config;
+use super::reactors::{PinnedThread, ReactorLayout};
 use super::{model_name, protocol_name, BackendKind, Interval, Plan, TrainConfig};
 use crate::handler::{shard_file, ShardHandler};
 use crate::link::{connect_shard, Acceptor, Backend, ShardInbox, Tcp};
@@ -147,7 +148,9 @@ impl<D: Driver> WorkerNet for SessionNet<D> {
 pub trait ClusterBackend: Sync {
     /// The name in reports.
     fn name(&self) -> &'static str;
-    /// Start PS task `p` on `listener` (see [`start_ps`]).
+    /// Start PS task `p` on `listener`, its reactors placed by `layout`
+    /// (see [`start_ps`]).
+    #[allow(clippy::too_many_arguments)]
     fn start_ps(
         &self,
         cfg: &TrainConfig,
@@ -156,6 +159,7 @@ pub trait ClusterBackend: Sync {
         listener: TcpListener,
         expected: usize,
         restore: Option<&Path>,
+        layout: &ReactorLayout,
     ) -> Result<Box<dyn RunningPs>, TrainError>;
     /// Connect worker (or evaluator) `index` to every shard.
     fn connect(
@@ -183,9 +187,10 @@ impl<K: Backend> ClusterBackend for Sessions<K> {
         listener: TcpListener,
         expected: usize,
         restore: Option<&Path>,
+        layout: &ReactorLayout,
     ) -> Result<Box<dyn RunningPs>, TrainError> {
         Ok(Box::new(start_ps::<K>(
-            cfg, plan, p, listener, expected, restore,
+            cfg, plan, p, listener, expected, restore, layout,
         )?))
     }
     fn connect(
@@ -212,7 +217,7 @@ pub(super) fn cluster_backend(b: BackendKind) -> Box<dyn ClusterBackend> {
 
 /// Start PS task `ps_index` of the plan on `listener`; its shards finish
 /// after `expected` workers have said `DONE`. Restores the shards from
-/// `restore` if given.
+/// `restore` if given. Each shard's reactor runs where `layout` puts it.
 pub fn start_ps<K: Backend>(
     cfg: &TrainConfig,
     plan: &Plan,
@@ -220,9 +225,9 @@ pub fn start_ps<K: Backend>(
     listener: TcpListener,
     expected: usize,
     restore: Option<&Path>,
+    layout: &ReactorLayout,
 ) -> Result<PsTask<K>, TrainError> {
     let r = cfg.ps_reactors.max(1);
-    let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut reactors = Vec::with_capacity(r);
     let mut inboxes = Vec::with_capacity(r);
     for local in 0..r {
@@ -230,16 +235,7 @@ pub fn start_ps<K: Backend>(
         let handler = shard_handler(cfg, plan, s, restore)?;
         let (tx, rx) = mpsc::channel();
         let conn_cfg = ConnConfig::new(peer(TaskRole::Ps, ps_index as u32, r as u16));
-        let spec = ReactorSpec {
-            index: s,
-            cpu: cfg.pin_ps.then_some(local % ncpu),
-            idle: if cfg.ps_polling {
-                IdlePolicy::PollThenPark(Duration::from_millis(5))
-            } else {
-                IdlePolicy::Park
-            },
-            max_park: Duration::from_millis(100),
-        };
+        let spec = layout.ps_spec(s)?;
         // The driver (an io_uring ring) is made on the reactor's own
         // thread, which reports a failure to make it.
         let (btx, brx) = mpsc::sync_channel(1);
@@ -404,7 +400,9 @@ fn sync_epoch_steps(cfg: &TrainConfig) -> Result<Option<u64>, TrainError> {
     Ok(Some(min_share.div_ceil(cfg.batch_size as u64)))
 }
 
-/// Run worker `w` of the cluster until its data (or step cap) is done.
+/// Run worker `w` of the cluster until its data (or step cap) is done,
+/// pinned to `cpu` if given (after its compute threads have started, so
+/// they keep the process's CPUs).
 #[allow(clippy::too_many_arguments)]
 pub fn worker_loop(
     cfg: &TrainConfig,
@@ -414,6 +412,7 @@ pub fn worker_loop(
     start: Option<&Barrier>,
     resume: Option<&WorkerProgress>,
     eval_batches: Option<&[Batch]>,
+    cpu: Option<usize>,
 ) -> Result<WorkerOutcome, TrainError> {
     let part = partition(&plan.model, cfg.protocol);
     let mut core = WorkerCore::new(
@@ -455,6 +454,7 @@ pub fn worker_loop(
     if let Some(b) = start {
         b.wait();
     }
+    let _pinned = PinnedThread::pin(cpu)?;
     let t0 = Instant::now();
     let mut loss_sum = 0.0f64;
     let mut loss_n = 0u64;
