@@ -37,6 +37,18 @@ fn lr_learns_on_the_local_cluster() {
     for s in &r.shard_stats {
         assert_eq!(s["global_step"].as_u64().unwrap(), r.steps, "{s}");
     }
+    // One reactor per shard, one network thread per worker; the default
+    // config pins and polls nothing.
+    let reactors: Vec<(&str, usize)> = r
+        .reactors
+        .iter()
+        .map(|x| (x.role.job_name(), x.index))
+        .collect();
+    assert_eq!(
+        reactors,
+        [("ps", 0), ("ps", 1), ("worker", 0), ("worker", 1)]
+    );
+    assert!(r.reactors.iter().all(|x| x.cpu.is_none() && !x.polling));
 }
 
 /// The two partitionings compute the same thing: with one worker the run
@@ -311,6 +323,10 @@ fn inproc_trains_with_a_barrier_and_only_in_one_process() {
     })
     .unwrap();
     assert_eq!(r.backend, "inproc");
+    // The shards sit behind locks: only the workers' threads are listed.
+    let workers: Vec<usize> = r.reactors.iter().map(|x| x.index).collect();
+    assert_eq!(workers, [0, 1, 2]);
+    assert!(r.reactors.iter().all(|x| x.role.job_name() == "worker"));
     assert_eq!(r.steps, 3 * 22);
     for s in &r.shard_stats {
         assert_eq!(s["global_step"].as_u64().unwrap(), 66);
