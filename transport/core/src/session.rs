@@ -18,12 +18,16 @@ pub struct TurnStats {
     pub rx_frames: usize,
     /// Frames handed to the backend.
     pub tx_frames: usize,
+    /// The driver's submission did work ([`Driver::flush`]): it may have
+    /// taken in input that the next receive pass delivers, so the turn is
+    /// not idle even when no frame moved.
+    pub submitted: bool,
 }
 
 impl TurnStats {
     /// True when the turn moved anything.
     pub fn busy(&self) -> bool {
-        self.rx_frames + self.tx_frames > 0
+        self.rx_frames + self.tx_frames > 0 || self.submitted
     }
 }
 
@@ -160,20 +164,23 @@ impl<D: Driver> Sessions<D> {
                 }
             });
         self.take_failures();
-        stats.tx_frames = self.transmit(now);
+        (stats.tx_frames, stats.submitted) = self.transmit(now);
         stats
     }
 
     /// Send what the connections queued, without receiving: timers, each
     /// connection's frames, one submission.
     pub fn flush(&mut self, now: Instant) -> TurnStats {
+        let (tx_frames, submitted) = self.transmit(now);
         TurnStats {
             rx_frames: 0,
-            tx_frames: self.transmit(now),
+            tx_frames,
+            submitted,
         }
     }
 
-    fn transmit(&mut self, now: Instant) -> usize {
+    /// Frames written, and whether the driver's submission did work.
+    fn transmit(&mut self, now: Instant) -> (usize, bool) {
         let mut frames = 0;
         for (i, slot) in self.slots.iter_mut().enumerate() {
             let Some(s) = slot.as_mut() else { continue };
@@ -195,9 +202,9 @@ impl<D: Driver> Sessions<D> {
                 }
             }
         }
-        self.driver.flush(now);
+        let submitted = self.driver.flush(now);
         self.take_failures();
-        frames
+        (frames, submitted)
     }
 
     fn take_failures(&mut self) {
