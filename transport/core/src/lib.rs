@@ -10,14 +10,23 @@
 //!   [`Sessions`] runs those of every connection of one [`Driver`] (the
 //!   per-core object a reactor drives) for a reactor's turn.
 //!
+//! On top, the **session layer** every role runs on: an [`Endpoint`] (a
+//! driver, its sessions and a role's [`Service`]) that a reactor or a
+//! plain thread turns, the [`accept::Acceptor`] that routes each accepted
+//! stream by its [`preamble`] to the reactor owning its shard, and
+//! [`accept::dial`].
+//!
 //! Around them: Send/Recv [`fusion`], the in-memory and fault-injecting test
 //! backends in [`testing`], and the [`conformance`] suite every backend runs.
 #![deny(unsafe_code)]
 
+pub mod accept;
 pub mod conformance;
 pub mod connection;
 pub mod driver;
+pub mod endpoint;
 pub mod fusion;
+pub mod preamble;
 pub mod reactor;
 pub mod session;
 pub mod socket;
@@ -29,6 +38,7 @@ pub use connection::{
     TaskRole, PROTOCOL_VERSION,
 };
 pub use driver::{ConnId, ConnTx, Driver, FrameTx, Link, Links, Sleep, StreamDriver};
+pub use endpoint::{Endpoint, Service};
 pub use session::{Sessions, TurnStats};
 pub use starwire_wire as wire;
 pub use transport::{Transport, TransportError};

@@ -73,6 +73,29 @@ pub trait ReactorState: Send {
     fn park(&mut self, waker: ParkWaker<'_>, timeout: Duration) -> Parked;
 }
 
+/// No state: a reactor whose state could not be made on its thread (its
+/// driver failed to start there) finishes at once.
+impl<S: ReactorState> ReactorState for Option<S> {
+    fn turn(&mut self, now: Instant) -> bool {
+        self.as_mut().is_some_and(|s| s.turn(now))
+    }
+
+    fn next_deadline(&self) -> Option<Instant> {
+        self.as_ref().and_then(S::next_deadline)
+    }
+
+    fn finished(&self) -> bool {
+        self.as_ref().map_or(true, S::finished)
+    }
+
+    fn park(&mut self, waker: ParkWaker<'_>, timeout: Duration) -> Parked {
+        match self {
+            Some(s) => s.park(waker, timeout),
+            None => Parked::Poll(park_fds(waker, &[], &[], timeout)),
+        }
+    }
+}
+
 /// The reactor's eventfd, as a park waits on it.
 #[derive(Debug, Clone, Copy)]
 pub struct ParkWaker<'a> {

@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use crate::connection::{ConnConfig, ConnError, Connection, Incoming};
+use crate::connection::{ConnConfig, ConnError, Connection, Event, Incoming};
 use crate::driver::{ConnId, Driver};
 
 /// Frames taken from each connection per turn.
@@ -232,6 +232,68 @@ impl<D: Driver> Sessions<D> {
         let id = ConnId::new(i as u32);
         self.driver.detach(id);
         Some((id, s.conn, s.failed.expect("failed")))
+    }
+
+    /// Like [`poll_failed`](Self::poll_failed), but the failed connection
+    /// is handed to `f` while it is still attached, with the driver, to
+    /// read what the driver keeps of it (its counters); it is detached
+    /// once `f` returns. `None` when no connection failed.
+    pub fn poll_failed_with<R>(
+        &mut self,
+        f: impl FnOnce(ConnId, &mut Connection, &ConnError, &D) -> R,
+    ) -> Option<R> {
+        let i = self
+            .slots
+            .iter()
+            .position(|s| s.as_ref().is_some_and(|s| s.failed.is_some()))?;
+        let mut s = self.slots[i].take()?;
+        self.live -= 1;
+        let id = ConnId::new(i as u32);
+        let error = s.failed.take().expect("failed");
+        let r = f(id, &mut s.conn, &error, &self.driver);
+        self.driver.detach(id);
+        Some(r)
+    }
+
+    /// End connection `id` for a reason of the layer above (its peer broke
+    /// the application's protocol): it is closed, nothing more of it is
+    /// received or sent, and [`poll_failed`](Self::poll_failed) hands it
+    /// out with `reason` (unless it had failed already). False when `id`
+    /// is not held.
+    pub fn end(&mut self, id: ConnId, reason: ConnError) -> bool {
+        let Some(Some(s)) = self.slots.get_mut(id.index()) else {
+            return false;
+        };
+        if s.failed.is_none() {
+            s.conn.close();
+            s.failed = Some(reason);
+        }
+        true
+    }
+
+    /// Hand every event of the connections held to `f`, connection by
+    /// connection. A failed connection's events stay with it, for
+    /// whoever takes it from [`poll_failed`](Self::poll_failed).
+    pub fn poll_events(&mut self, f: &mut dyn FnMut(ConnId, &mut Connection, Event)) {
+        for (i, slot) in self.slots.iter_mut().enumerate() {
+            let Some(s) = slot.as_mut().filter(|s| s.failed.is_none()) else {
+                continue;
+            };
+            while let Some(ev) = s.conn.poll_event() {
+                f(ConnId::new(i as u32), &mut s.conn, ev);
+            }
+        }
+    }
+
+    /// True when no connection held has anything left to send: nothing
+    /// queued in its message layer and nothing its driver has not handed
+    /// to the wire.
+    pub fn is_drained(&self) -> bool {
+        self.slots.iter().enumerate().all(|(i, s)| {
+            s.as_ref().map_or(true, |s| {
+                !s.conn.wants_transmit() && !self.driver.tx_pending(ConnId::new(i as u32))
+            })
+        })
     }
 
     /// The connection [`poll_failed`](Self::poll_failed) hands out next,
