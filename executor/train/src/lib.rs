@@ -19,9 +19,10 @@
 //! given `now`) and [`psserver`] (a shard's requests, barriers and
 //! finished workers) take messages and events in and queue replies and
 //! requests on connections; neither reads a clock or touches a socket.
-//! [`net`] and [`server`] are the I/O shells that read the clock, drive
-//! the sessions and park; `tests/protocol.rs` runs the protocol without
-//! them, over in-memory connections on a virtual clock.
+//! [`net`] and [`server`] plug them into the transport's session layer as
+//! `Service`s of an `Endpoint`, which accepts, dials, turns the sessions
+//! and parks; `tests/protocol.rs` runs the same endpoints over in-memory
+//! connections on a virtual clock.
 //!
 //! What runs where: on a PS, every request (decode, lookup or optimizer
 //! update, encode) runs inline on the shard's reactor; a shard is never
@@ -31,12 +32,12 @@
 //! threads when `--compute-threads` is non-zero.
 #![deny(unsafe_code)]
 
+pub mod backend;
 pub mod cluster;
 #[cfg(feature = "grpc")]
 pub mod grpc;
 pub mod handler;
 pub mod inproc;
-pub mod link;
 mod locked;
 pub mod net;
 pub mod psclient;
@@ -64,6 +65,12 @@ pub enum TrainError {
     /// Connecting to a PS failed.
     #[error("connecting to {0}: {1}")]
     Connect(String, std::io::Error),
+    /// Connecting to a PS shard (connect and preamble) failed.
+    #[error(transparent)]
+    Dial(#[from] starwire_transport::accept::DialError),
+    /// A PS task's acceptor could not start.
+    #[error("PS acceptor: {0}")]
+    Accept(#[from] starwire_transport::accept::AcceptError),
     /// A connection to a shard failed.
     #[error("link to shard {0}: {1}")]
     Link(usize, String),

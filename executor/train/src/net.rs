@@ -1,25 +1,27 @@
 //! The worker's side of the network: send a set of requests to PS shards
-//! and wait for every reply. The worker thread drives its own driver, with
-//! one connection per shard (run-to-completion, no hand-off to a network
-//! thread); between turns it busy-polls or, with polling off, parks the way
-//! the driver says.
+//! and wait for every reply. The worker thread turns its own
+//! [`Endpoint`], one connection per shard on one driver
+//! (run-to-completion, no hand-off to a network thread); between turns it
+//! busy-polls or, with polling off, parks the way the driver says.
 //!
-//! [`SessionNet`] is the I/O shell around the sans-IO [`PsClient`]: it reads
-//! the clock, turns the sessions ([`turn`]) and parks until input or the
-//! next deadline; which requests are pending, which reply is whose and
-//! when an exchange has failed are the client's.
+//! [`WorkerService`] plugs the sans-IO [`PsClient`] into the endpoint:
+//! which requests are pending, which reply is whose and when an exchange
+//! has failed are the client's; [`SessionNet`] starts an exchange and
+//! turns the endpoint until it is done.
 
 use std::time::{Duration, Instant};
 
-use starwire_transport::reactor::{local_waker, park_driver, Parked, ReactorWaker};
+use starwire_transport::reactor::{local_waker, IdlePolicy, ReactorWaker};
 use starwire_transport::wire::{Opcode, Status};
-use starwire_transport::{Body, ConnConfig, ConnId, Connection, Driver, Sessions};
+use starwire_transport::{
+    Body, ConnError, ConnId, Connection, Driver, Endpoint, Event, Incoming, Service, Sessions,
+};
 
 use crate::psclient::{PsClient, ShardConns};
 use crate::TrainError;
 
-/// Longest park between two looks at the sessions (a park also ends on
-/// input, writability or the next deadline).
+/// Longest park between two looks at the connections (a park also ends
+/// on input, writability or the next deadline).
 const MAX_PARK: Duration = Duration::from_millis(50);
 
 /// One request of an exchange.
@@ -63,196 +65,216 @@ pub trait Exchange {
     fn traffic(&self) -> Traffic;
 }
 
-/// A worker's connections, one per shard, on one driver.
+/// A worker's [`PsClient`] over its connections, one per shard, as an
+/// endpoint's [`Service`]. A connection attached for shard `s` (the
+/// global shard index) is shard `s`'s.
 #[derive(Debug)]
-pub struct ShardSessions<D> {
-    sessions: Sessions<D>,
-    /// `ids[s]`: shard `s`'s connection.
-    ids: Vec<ConnId>,
+pub struct WorkerService {
+    client: PsClient,
+    /// `ids[s]`: shard `s`'s connection, once attached.
+    ids: Vec<Option<ConnId>>,
     /// By [`ConnId::index`]: the connection's shard.
     shard_of: Vec<Option<usize>>,
+    /// What failed the exchange (or the connecting), first failure first.
+    error: Option<TrainError>,
 }
 
-impl<D: Driver> ShardSessions<D> {
-    /// The connections `ids` of `driver` (`ids[s]`: shard `s`'s, just
-    /// attached), each with `cfg`; their handshakes are queued.
-    pub fn new(driver: D, ids: Vec<ConnId>, cfg: &ConnConfig) -> Self {
-        let mut sessions = Sessions::new(driver);
-        let mut shard_of = Vec::new();
-        for (s, &id) in ids.iter().enumerate() {
-            sessions.insert(id, cfg.clone());
-            if shard_of.len() <= id.index() {
-                shard_of.resize(id.index() + 1, None);
-            }
-            shard_of[id.index()] = Some(s);
-        }
+impl WorkerService {
+    /// A client of `shards` shards whose connections are opened at `now`:
+    /// every handshake must complete, and later every request be
+    /// answered, within `timeout`.
+    pub fn new(shards: usize, timeout: Duration, now: Instant) -> Self {
         Self {
-            sessions,
-            ids,
-            shard_of,
+            client: PsClient::new(shards, timeout, now),
+            ids: vec![None; shards],
+            shard_of: Vec::new(),
+            error: None,
         }
     }
 
-    /// The sessions, e.g. for their timers.
-    pub fn sessions(&self) -> &Sessions<D> {
-        &self.sessions
+    /// The client core.
+    pub fn client(&self) -> &PsClient {
+        &self.client
     }
 
-    /// The shard of `id`, one of `ids`.
-    fn shard(&self, id: ConnId) -> usize {
-        shard_of(&self.shard_of, id).unwrap_or_default()
+    /// Start an exchange at `now` on the connections of `sessions` (see
+    /// [`PsClient::start`]).
+    pub fn start<D: Driver>(
+        &mut self,
+        sessions: &mut Sessions<D>,
+        reqs: Vec<Request>,
+        replies: Vec<Reply>,
+        now: Instant,
+    ) -> Result<(), TrainError> {
+        let mut conns = Conns {
+            ids: &self.ids,
+            sessions,
+        };
+        self.client.start(&mut conns, reqs, replies, now)
+    }
+
+    /// True once the exchange is done or has failed.
+    pub fn is_settled(&self) -> bool {
+        self.error.is_some() || self.client.is_done()
+    }
+
+    /// True once connecting is done or has failed.
+    pub fn is_connected_or_failed(&self) -> bool {
+        self.error.is_some() || self.client.is_connected()
+    }
+
+    /// What failed the exchange, if anything; the next exchange starts
+    /// afresh.
+    pub fn take_error(&mut self) -> Option<TrainError> {
+        self.error.take()
+    }
+
+    /// End the exchange (done or failed) and hand back the replies.
+    pub fn finish(&mut self) -> Vec<Reply> {
+        self.client.finish()
+    }
+
+    fn shard(&self, id: ConnId) -> Option<usize> {
+        self.shard_of.get(id.index()).copied().flatten()
+    }
+
+    fn fail(&mut self, e: TrainError) {
+        self.error.get_or_insert(e);
     }
 }
 
-/// `id`'s shard in `map` (by [`ConnId::index`]).
-fn shard_of(map: &[Option<usize>], id: ConnId) -> Option<usize> {
-    map.get(id.index()).copied().flatten()
+/// The connections of one worker by shard, for [`PsClient::start`].
+struct Conns<'a, D> {
+    ids: &'a [Option<ConnId>],
+    sessions: &'a mut Sessions<D>,
 }
 
-impl<D: Driver> ShardConns for ShardSessions<D> {
+impl<D: Driver> ShardConns for Conns<'_, D> {
     fn conn(&mut self, shard: usize) -> Option<&mut Connection> {
-        let id = *self.ids.get(shard)?;
+        let id = (*self.ids.get(shard)?)?;
         self.sessions.conn(id)
     }
 }
 
-/// One turn of a client's connections at `now`: one receive pass (the
-/// responses to `client`), the events of every connection to `client`,
-/// timers, what each connection has to write and one submission. Returns
-/// whether anything moved; an error (a connection failed, a request or the
-/// handshake timed out) fails the exchange.
-pub fn turn<D: Driver>(
-    client: &mut PsClient,
-    net: &mut ShardSessions<D>,
-    now: Instant,
-) -> Result<bool, TrainError> {
-    let ShardSessions {
-        sessions,
-        ids,
-        shard_of: map,
-    } = net;
-    let st = sessions.turn(now, &mut |id, _, m| {
-        if let Some(s) = shard_of(map, id) {
-            client.handle_message(s, m);
+impl<D: Driver> Service<D> for WorkerService {
+    fn on_attach(&mut self, id: ConnId, shard: u32, _now: Instant) {
+        let s = shard as usize;
+        if let Some(slot) = self.ids.get_mut(s) {
+            *slot = Some(id);
         }
-    });
-    if let Some((id, _, e)) = sessions.poll_failed() {
-        let s = shard_of(map, id).unwrap_or_default();
-        return Err(TrainError::Link(s, e.to_string()));
+        if self.shard_of.len() <= id.index() {
+            self.shard_of.resize(id.index() + 1, None);
+        }
+        self.shard_of[id.index()] = Some(s);
     }
-    for (s, &id) in ids.iter().enumerate() {
-        let Some(conn) = sessions.conn(id) else {
-            continue;
-        };
-        while let Some(ev) = conn.poll_event() {
-            client.handle_event(s, ev)?;
+
+    fn on_message(
+        &mut self,
+        id: ConnId,
+        _conn: &mut Connection,
+        msg: Incoming<'_>,
+        _now: Instant,
+    ) -> Result<(), ConnError> {
+        if let Some(s) = self.shard(id) {
+            self.client.handle_message(s, msg);
+        }
+        Ok(())
+    }
+
+    fn on_event(&mut self, id: ConnId, _conn: &mut Connection, ev: Event, _now: Instant) {
+        let s = self.shard(id).unwrap_or_default();
+        if let Err(e) = self.client.handle_event(s, ev) {
+            self.fail(e);
         }
     }
-    client.handle_timeout(now)?;
-    Ok(st.busy())
+
+    fn on_closed(
+        &mut self,
+        id: ConnId,
+        _conn: &mut Connection,
+        error: &ConnError,
+        _driver: &D,
+        _now: Instant,
+    ) {
+        let s = self.shard(id).unwrap_or_default();
+        self.fail(TrainError::Link(s, error.to_string()));
+    }
+
+    /// The client's own deadline (connecting).
+    fn poll(&mut self, _sessions: &mut Sessions<D>, now: Instant) -> bool {
+        if let Err(e) = self.client.handle_timeout(now) {
+            self.fail(e);
+        }
+        false
+    }
+
+    fn next_deadline(&self) -> Option<Instant> {
+        self.client.poll_timeout()
+    }
 }
 
-/// [`Exchange`] over starwire sessions, one per shard, on one driver.
+/// [`Exchange`] over a worker's [`Endpoint`], turned by the calling
+/// thread.
 #[derive(Debug)]
 pub struct SessionNet<D> {
-    net: ShardSessions<D>,
-    client: PsClient,
-    polling: bool,
+    endpoint: Endpoint<D, WorkerService>,
+    idle: IdlePolicy,
     /// What a park also waits on; nothing writes it, so only input and
     /// timeouts end a park.
     waker: ReactorWaker,
 }
 
 impl<D: Driver> SessionNet<D> {
-    /// A client over `net`; waits for every handshake. Handshakes and,
-    /// later, replies must come within `timeout`.
-    pub fn new(
-        net: ShardSessions<D>,
-        polling: bool,
-        timeout: Duration,
-    ) -> Result<Self, TrainError> {
-        let n = net.ids.len();
+    /// A client over `endpoint`, whose connections are attached; waits for
+    /// every handshake. Busy-polls between turns when `polling`, else
+    /// parks.
+    pub fn new(endpoint: Endpoint<D, WorkerService>, polling: bool) -> Result<Self, TrainError> {
         let waker = local_waker().map_err(|e| TrainError::Internal(e.to_string()))?;
         let mut net = Self {
-            net,
-            client: PsClient::new(n, timeout, Instant::now()),
-            polling,
+            endpoint,
+            idle: if polling {
+                IdlePolicy::BusyPoll
+            } else {
+                IdlePolicy::Park
+            },
             waker,
         };
-        while !net.client.is_connected() {
-            let now = Instant::now();
-            if !net.turn(now)? {
-                net.park(now);
-            }
-        }
+        net.run(WorkerService::is_connected_or_failed)?;
         Ok(net)
     }
 
     /// Close every connection politely.
     pub fn close(&mut self) {
-        let ShardSessions { sessions, ids, .. } = &mut self.net;
-        for &id in ids.iter() {
-            if let Some(c) = sessions.conn(id) {
-                c.close();
-            }
-        }
-        sessions.flush(Instant::now());
+        self.endpoint.close_all(Instant::now());
     }
 
-    fn turn(&mut self, now: Instant) -> Result<bool, TrainError> {
-        turn(&mut self.client, &mut self.net, now)
-    }
-
-    /// Send the exchange the client has started, then turn until it is
-    /// done or failed.
-    fn run(&mut self) -> Result<(), TrainError> {
-        // Write everything before waiting on anything.
-        self.net.sessions.flush(Instant::now());
-        if let Some((id, _, e)) = self.net.sessions.poll_failed() {
-            return Err(TrainError::Link(self.net.shard(id), e.to_string()));
-        }
-        while !self.client.is_done() {
-            let now = Instant::now();
-            if !self.turn(now)? && !self.client.is_done() {
-                self.park(now);
-            }
-        }
-        Ok(())
-    }
-
-    /// Wait the way the driver says for input, writability or the next
-    /// deadline (at most [`MAX_PARK`]); spin once instead when polling.
-    fn park(&mut self, now: Instant) {
-        if self.polling {
-            std::hint::spin_loop();
-            return;
-        }
-        let next = self
-            .net
-            .sessions
-            .poll_timeout()
-            .into_iter()
-            .chain(self.client.poll_timeout())
-            .min();
-        let max = next.map_or(MAX_PARK, |t| t.saturating_duration_since(now).min(MAX_PARK));
-        let waker = self.waker.park_waker();
-        if park_driver(self.net.sessions.driver_mut(), waker, max) == Parked::No {
-            std::hint::spin_loop();
+    /// Turn until `done`; the failure the service saw, if any.
+    fn run(&mut self, done: fn(&WorkerService) -> bool) -> Result<(), TrainError> {
+        self.endpoint
+            .run_until(&self.waker, self.idle, MAX_PARK, done);
+        match self.endpoint.service_mut().take_error() {
+            Some(e) => Err(e),
+            None => Ok(()),
         }
     }
 }
 
 impl<D: Driver> Exchange for SessionNet<D> {
     fn exchange(&mut self, reqs: Vec<Request>, replies: &mut Vec<Reply>) -> Result<(), TrainError> {
-        let r = self
-            .client
-            .start(&mut self.net, reqs, std::mem::take(replies), Instant::now())
-            .and_then(|()| self.run());
-        *replies = self.client.finish();
+        let now = Instant::now();
+        let (service, sessions) = self.endpoint.parts_mut();
+        let r = service
+            .start(sessions, reqs, std::mem::take(replies), now)
+            .and_then(|()| {
+                // Write everything before waiting on anything.
+                self.endpoint.flush(now);
+                self.run(WorkerService::is_settled)
+            });
+        *replies = self.endpoint.service_mut().finish();
         r
     }
 
     fn traffic(&self) -> Traffic {
-        self.client.traffic()
+        self.endpoint.service().client().traffic()
     }
 }

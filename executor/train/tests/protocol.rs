@@ -1,23 +1,25 @@
 //! The PS protocol end to end between client cores ([`PsClient`], one per
-//! worker) and two server cores ([`PsServer`]) over in-memory connections,
-//! on a virtual clock: pull, push, the `WAIT_STEP` barrier, checkpoint and
-//! `DONE`; and timeouts that fire only because virtual time passes.
-//! Nothing here sleeps or reads the clock after the start: a round that
-//! moves nothing jumps the clock to the next deadline.
+//! worker, in a [`WorkerService`]) and two server cores ([`PsServer`], in
+//! a [`ShardService`]), each on the endpoint the trainer runs them on, over
+//! in-memory connections on a virtual clock: pull, push, the `WAIT_STEP`
+//! barrier, checkpoint and `DONE`; and timeouts that fire only because
+//! virtual time passes. Nothing here sleeps or reads the clock after the
+//! start: a round that moves nothing jumps the clock to the next deadline.
+//!
+//! [`PsClient`]: starwire_train::psclient::PsClient
+//! [`PsServer`]: starwire_train::psserver::PsServer
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use starwire_ps::{Init, OptimizerConfig, PsShard, ShardConfig, VarDef, VarKind};
 use starwire_train::handler::{shard_file, ShardHandler};
-use starwire_train::net::{self, Reply, Request, ShardSessions};
-use starwire_train::psclient::PsClient;
-use starwire_train::psserver::PsServer;
-use starwire_train::server;
+use starwire_train::net::{Reply, Request, WorkerService};
+use starwire_train::server::ShardService;
 use starwire_train::TrainError;
 use starwire_transport::testing::MemTransport;
 use starwire_transport::wire::{Opcode, Status};
-use starwire_transport::{Body, ConnConfig, Links, PeerInfo, Sessions, TaskRole};
+use starwire_transport::{Body, ConnConfig, Endpoint, Links, PeerInfo, TaskRole};
 use starwire_wire::ps::{
     parse_push_response, Control, Limits, PullReply, PullRequestWriter, PullResponse,
     PushRequestWriter,
@@ -75,18 +77,18 @@ fn peer(role: TaskRole, index: u32) -> ConnConfig {
 /// Frames of in-memory connections.
 const MAX_FRAME: usize = 1 << 16;
 
-/// One server core and the connections of every worker, on one driver.
+type Mem = Links<MemTransport>;
+
+/// One server core and the connections of every worker, on one endpoint.
 struct Server {
-    core: PsServer<ShardHandler>,
-    sessions: Sessions<Links<MemTransport>>,
+    ep: Endpoint<Mem, ShardService<ShardHandler>>,
     /// Never turned: a shard that does not answer.
     silent: bool,
 }
 
 /// A worker's client core and its connections, one per shard.
 struct Client {
-    core: PsClient,
-    conns: ShardSessions<Links<MemTransport>>,
+    ep: Endpoint<Mem, WorkerService>,
 }
 
 /// Workers connected to two server cores, and the virtual clock.
@@ -101,8 +103,12 @@ impl Cluster {
     /// connected to both (the handshakes run on the virtual clock).
     fn connected(dir: &Path, workers: usize) -> Self {
         let mut c = Self::unconnected(dir, workers);
-        c.drive(|c| c.clients.iter().all(|w| w.core.is_connected()))
-            .expect("handshakes");
+        c.drive(|c| {
+            c.clients
+                .iter()
+                .all(|w| w.ep.service().client().is_connected())
+        })
+        .expect("handshakes");
         c
     }
 
@@ -116,27 +122,30 @@ impl Cluster {
                     checkpoint_dir: Some(dir.to_owned()),
                 };
                 Server {
-                    core: PsServer::new(handler, workers),
-                    sessions: Sessions::new(Links::new(MAX_FRAME)),
+                    ep: Endpoint::new(
+                        Links::new(MAX_FRAME),
+                        ShardService::new(i, handler, workers),
+                        peer(TaskRole::Ps, 0),
+                    ),
                     silent: false,
                 }
             })
             .collect();
         let mut clients = Vec::new();
         for w in 0..workers {
-            let mut links = Links::new(MAX_FRAME);
-            let mut ids = Vec::new();
-            for srv in &mut servers {
+            let mut ep = Endpoint::new(
+                Links::new(MAX_FRAME),
+                WorkerService::new(SHARDS, TIMEOUT, now),
+                peer(TaskRole::Worker, w as u32),
+            );
+            for (s, srv) in servers.iter_mut().enumerate() {
                 let (a, b) = MemTransport::pair(MAX_FRAME, 64);
-                ids.push(links.attach(a));
-                let id = srv.sessions.driver_mut().attach(b);
-                srv.sessions.insert(id, peer(TaskRole::Ps, 0));
-                srv.core.handle_open(id.index());
+                let id = ep.sessions_mut().driver_mut().attach(a);
+                ep.open(id, s as u32, now);
+                let id = srv.ep.sessions_mut().driver_mut().attach(b);
+                srv.ep.open(id, 0, now);
             }
-            clients.push(Client {
-                core: PsClient::new(SHARDS, TIMEOUT, now),
-                conns: ShardSessions::new(links, ids, &peer(TaskRole::Worker, w as u32)),
-            });
+            clients.push(Client { ep });
         }
         Self {
             clients,
@@ -145,33 +154,32 @@ impl Cluster {
         }
     }
 
-    /// One round at the virtual `now`: every client's sessions, then every
+    /// One round at the virtual `now`: every client's endpoint, then every
     /// server's. Returns whether anything moved.
     fn round(&mut self) -> Result<bool, TrainError> {
         let mut busy = false;
         for c in &mut self.clients {
-            busy |= net::turn(&mut c.core, &mut c.conns, self.now)?;
+            busy |= c.ep.turn(self.now);
+            if let Some(e) = c.ep.service_mut().take_error() {
+                return Err(e);
+            }
         }
         for srv in self.servers.iter_mut().filter(|s| !s.silent) {
-            let t = server::turn(&mut srv.core, &mut srv.sessions, self.now);
-            assert_eq!(t.closed, 0, "a server connection ended");
-            busy |= t.busy;
+            busy |= srv.ep.turn(self.now);
+            assert_eq!(
+                srv.ep.service().closed_connections(),
+                0,
+                "a server connection ended"
+            );
         }
         Ok(busy)
     }
 
-    /// The earliest timer of a client or of any session.
+    /// The earliest timer of any endpoint (its sessions' or its client's).
     fn next_deadline(&self) -> Option<Instant> {
-        let servers = self.servers.iter().map(|s| s.sessions.poll_timeout());
-        let clients = self
-            .clients
-            .iter()
-            .map(|c| c.conns.sessions().poll_timeout());
-        clients
-            .chain(servers)
-            .flatten()
-            .chain(self.clients.iter().filter_map(|c| c.core.poll_timeout()))
-            .min()
+        let servers = self.servers.iter().map(|s| s.ep.next_deadline());
+        let clients = self.clients.iter().map(|c| c.ep.next_deadline());
+        clients.chain(servers).flatten().min()
     }
 
     /// Run rounds until one moves nothing, without letting time jump.
@@ -204,14 +212,14 @@ impl Cluster {
 
     /// Start worker `w`'s exchange, as its `Exchange::exchange` does.
     fn start(&mut self, w: usize, reqs: Vec<Request>) -> Result<(), TrainError> {
-        let c = &mut self.clients[w];
-        c.core.start(&mut c.conns, reqs, Vec::new(), self.now)
+        let (service, sessions) = self.clients[w].ep.parts_mut();
+        service.start(sessions, reqs, Vec::new(), self.now)
     }
 
     /// Drive worker `w`'s exchange to its end; its replies.
     fn finish(&mut self, w: usize) -> Result<Vec<Reply>, TrainError> {
-        let r = self.drive(|c| c.clients[w].core.is_done());
-        let replies = self.clients[w].core.finish();
+        let r = self.drive(|c| c.clients[w].ep.service().client().is_done());
+        let replies = self.clients[w].ep.service_mut().finish();
         r.map(|()| replies)
     }
 
@@ -229,7 +237,7 @@ impl Cluster {
     fn global_steps(&self) -> Vec<u64> {
         self.servers
             .iter()
-            .map(|s| s.core.handler().shard.global_step())
+            .map(|s| s.ep.service().handler().shard.global_step())
             .collect()
     }
 }
@@ -395,7 +403,10 @@ fn pull_push_barrier_checkpoint_done() {
     )
     .unwrap();
     c.settle().unwrap();
-    assert!(!c.clients[0].core.is_done(), "the barrier was not held");
+    assert!(
+        !c.clients[0].ep.service().client().is_done(),
+        "the barrier was not held"
+    );
     assert_eq!(c.global_steps(), vec![1; SHARDS]);
     let pushes = (0..SHARDS)
         .map(|s| req(s, Opcode::SparsePush, empty_push()))
@@ -457,13 +468,18 @@ fn pull_push_barrier_checkpoint_done() {
             .collect()
     };
     for w in 0..2 {
-        assert!(c.servers.iter().all(|s| !s.core.finished()), "worker {w}");
+        assert!(
+            c.servers
+                .iter()
+                .all(|s| !s.ep.service().server().finished()),
+            "worker {w}"
+        );
         for r in c.exchange_of(w, done()).expect("done") {
             assert!(ok(&r).is_empty());
         }
     }
-    assert!(c.servers.iter().all(|s| s.core.finished()));
-    let t = c.clients[0].core.traffic();
+    assert!(c.servers.iter().all(|s| s.ep.service().server().finished()));
+    let t = c.clients[0].ep.service().client().traffic();
     assert_eq!(t.requests, 2 + 2 + 2 + 2 + 1 + 2 + 2 + 1 + 2);
 }
 
@@ -513,7 +529,9 @@ fn a_silent_shard_times_the_handshake_out() {
     // Shard 1's server end stays open but never turns.
     c.servers[1].silent = true;
     let start = c.now;
-    let e = c.drive(|c| c.clients[0].core.is_connected()).unwrap_err();
+    let e = c
+        .drive(|c| c.clients[0].ep.service().client().is_connected())
+        .unwrap_err();
     assert!(
         matches!(&e, TrainError::Link(1, m) if m.contains("handshake")),
         "{e}"

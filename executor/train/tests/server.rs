@@ -3,19 +3,19 @@
 
 use std::io::Write;
 use std::net::{TcpListener, TcpStream};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use starwire_ps::{PsShard, ShardConfig, VarDef};
 use starwire_tcp::TcpDriver;
+use starwire_train::backend::tcp_config;
 use starwire_train::handler::ShardHandler;
-use starwire_train::link::{connect_shard, tcp_config, Acceptor, ShardInbox};
-use starwire_train::net::{Exchange, Reply, Request, SessionNet, ShardSessions};
-use starwire_train::server::PsReactor;
+use starwire_train::net::{Exchange, Reply, Request, SessionNet, WorkerService};
+use starwire_train::server::ShardService;
+use starwire_transport::accept::{dial, inboxes, AcceptConfig, Acceptor};
 use starwire_transport::reactor::{IdlePolicy, Reactor, ReactorSpec};
 use starwire_transport::wire::{Opcode, Status};
-use starwire_transport::{Body, ConnConfig, PeerInfo, StreamDriver, TaskRole};
+use starwire_transport::{Body, ConnConfig, Endpoint, PeerInfo, TaskRole};
 use starwire_wire::ps::{Control, PullRequestWriter, PullResponse};
 
 fn peer(role: TaskRole) -> ConnConfig {
@@ -29,8 +29,8 @@ fn peer(role: TaskRole) -> ConnConfig {
 }
 
 struct Ps {
-    reactor: Reactor<PsReactor<ShardHandler, TcpDriver>>,
-    _acceptor: Acceptor,
+    reactor: Reactor<Endpoint<TcpDriver, ShardService<ShardHandler>>>,
+    acceptor: Acceptor,
     addr: String,
 }
 
@@ -57,7 +57,8 @@ fn start(expected: usize) -> Ps {
         },
     ];
     let shard = PsShard::new(0, &vars, ShardConfig::default());
-    let (tx, rx) = mpsc::channel();
+    let (tx, mut rxs) = inboxes(1).unwrap();
+    let rx = rxs.pop().unwrap();
     let spec = ReactorSpec {
         index: 0,
         cpu: None,
@@ -65,45 +66,42 @@ fn start(expected: usize) -> Ps {
         max_park: Duration::from_millis(20),
     };
     let reactor = Reactor::spawn(spec, move |_| {
-        PsReactor::new(
-            0,
-            ShardHandler {
-                shard,
-                index: 0,
-                checkpoint_dir: None,
-            },
+        let handler = ShardHandler {
+            shard,
+            index: 0,
+            checkpoint_dir: None,
+        };
+        Endpoint::new(
+            TcpDriver::new(tcp_config()).unwrap(),
+            ShardService::new(0, handler, expected),
             peer(TaskRole::Ps),
-            Some(TcpDriver::new(tcp_config()).unwrap()),
-            rx,
-            expected,
         )
+        .with_inbox(rx)
     })
     .unwrap();
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap().to_string();
-    let acceptor = Acceptor::spawn(
-        l,
-        vec![ShardInbox {
-            tx,
-            waker: reactor.waker(),
-        }],
-    )
-    .unwrap();
+    let acceptor = Acceptor::spawn(l, tx, vec![reactor.waker()], AcceptConfig::default()).unwrap();
     Ps {
         reactor,
-        _acceptor: acceptor,
+        acceptor,
         addr,
     }
 }
 
 fn client(addr: &str) -> SessionNet<TcpDriver> {
-    let s = connect_shard(addr, 0, Instant::now() + Duration::from_secs(5)).unwrap();
-    let mut driver = TcpDriver::new(tcp_config()).unwrap();
-    let id = driver.attach_stream(s).unwrap();
-    let net = ShardSessions::new(driver, vec![id], &peer(TaskRole::Worker));
+    let s = dial(addr, 0, Instant::now() + Duration::from_secs(5)).unwrap();
+    let now = Instant::now();
     // Well under the acceptor's 10 s preamble timeout: a silent peer must
     // not hold up this handshake.
-    SessionNet::new(net, false, Duration::from_secs(3)).unwrap()
+    let service = WorkerService::new(1, Duration::from_secs(3), now);
+    let mut ep = Endpoint::new(
+        TcpDriver::new(tcp_config()).unwrap(),
+        service,
+        peer(TaskRole::Worker),
+    );
+    ep.attach_stream(s, 0, now).unwrap();
+    SessionNet::new(ep, false).unwrap()
 }
 
 fn one(net: &mut SessionNet<TcpDriver>, opcode: Opcode, body: Vec<u8>) -> Reply {
@@ -213,10 +211,14 @@ fn errors_are_statuses_and_end_only_the_bad_connection() {
         one(&mut good, Opcode::Rpc, Control::Done.encode()).status,
         Some(Status::Ok)
     );
-    let (shard, _) = ps.reactor.join().unwrap();
+    let (ep, _) = ps.reactor.join().unwrap();
+    let shard = ep.service();
     assert!(shard.server().service().failed() >= 5);
     assert!(
-        shard.closed_connections >= 1,
+        shard.closed_connections() >= 1,
         "the garbage connection was closed"
     );
+    let st = ps.acceptor.stats();
+    assert_eq!(st.bad_preamble, 1, "{st:?}");
+    assert_eq!(st.routed, 3, "{st:?}");
 }

@@ -11,15 +11,16 @@ use std::time::{Duration, Instant};
 use starwire_data::{auc, logloss, Batch, TrueModel};
 use starwire_graph::{partition, Executor};
 use starwire_ps::{Manifest, PsShard, WorkerProgress};
+use starwire_transport::accept::{dial, inboxes, AcceptConfig, Acceptor};
 use starwire_transport::reactor::{IdlePolicy, Reactor, ReactorSpec};
-use starwire_transport::{ConnConfig, Driver, PeerInfo, StreamDriver, TaskRole};
+use starwire_transport::{ConnConfig, Driver, Endpoint, PeerInfo, TaskRole};
 
 use super::config::shard_config;
 use super::{model_name, protocol_name, BackendKind, Interval, Plan, TrainConfig};
+use crate::backend::{Backend, Tcp};
 use crate::handler::{shard_file, ShardHandler};
-use crate::link::{connect_shard, Acceptor, Backend, ShardInbox, Tcp};
-use crate::net::{Exchange, SessionNet, ShardSessions, Traffic};
-use crate::server::PsReactor;
+use crate::net::{Exchange, SessionNet, Traffic, WorkerService};
+use crate::server::ShardService;
 use crate::source::{DataSource, Reader};
 use crate::worker::WorkerCore;
 use crate::TrainError;
@@ -41,11 +42,16 @@ fn peer(role: TaskRole, index: u32, shards: u16) -> PeerInfo {
     }
 }
 
+/// One shard's reactor state: its endpoint, or none when the backend
+/// failed to start on the reactor's thread (the reactor then finishes at
+/// once).
+type ShardState<K> = Option<Endpoint<<K as Backend>::Driver, ShardService<ShardHandler>>>;
+
 /// A running PS task: its acceptor and one reactor per shard.
 #[derive(Debug)]
 pub struct PsTask<K: Backend> {
     acceptor: Acceptor,
-    reactors: Vec<Reactor<PsReactor<ShardHandler, K::Driver>>>,
+    reactors: Vec<Reactor<ShardState<K>>>,
 }
 
 impl<K: Backend> PsTask<K> {
@@ -63,7 +69,9 @@ impl<K: Backend> PsTask<K> {
             let (shard, _) = r
                 .join()
                 .map_err(|e| TrainError::Internal(format!("PS reactor: {e}")))?;
-            out.push(crate::psserver::PsHandler::stats(shard.handler()));
+            let shard =
+                shard.ok_or_else(|| TrainError::Internal("PS reactor had no driver".into()))?;
+            out.push(crate::psserver::PsHandler::stats(shard.service().handler()));
         }
         drop(acceptor);
         Ok(out)
@@ -204,7 +212,7 @@ pub(super) fn cluster_backend(b: BackendKind) -> Box<dyn ClusterBackend> {
         BackendKind::Tcp => Box::new(Sessions::<Tcp>::default()),
         BackendKind::Inproc => Box::new(crate::inproc::Inproc),
         #[cfg(all(feature = "uring", target_os = "linux"))]
-        BackendKind::Uring => Box::new(Sessions::<crate::link::Uring>::default()),
+        BackendKind::Uring => Box::new(Sessions::<crate::backend::Uring>::default()),
         #[cfg(feature = "grpc")]
         BackendKind::Grpc => Box::new(crate::grpc::Grpc),
     }
@@ -223,12 +231,11 @@ pub fn start_ps<K: Backend>(
 ) -> Result<PsTask<K>, TrainError> {
     let r = cfg.ps_reactors.max(1);
     let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let (tx, rxs) = inboxes(r)?;
     let mut reactors = Vec::with_capacity(r);
-    let mut inboxes = Vec::with_capacity(r);
-    for local in 0..r {
+    for (local, rx) in rxs.into_iter().enumerate() {
         let s = ps_index * r + local;
         let handler = shard_handler(cfg, plan, s, restore)?;
-        let (tx, rx) = mpsc::channel();
         let conn_cfg = ConnConfig::new(peer(TaskRole::Ps, ps_index as u32, r as u16));
         let spec = ReactorSpec {
             index: s,
@@ -248,19 +255,19 @@ pub fn start_ps<K: Backend>(
             let driver = K::driver(polling);
             let ok = driver.as_ref().map(|_| ()).map_err(|e| e.to_string());
             let _ = btx.send(ok);
-            PsReactor::new(s, handler, conn_cfg, driver.ok(), rx, expected)
+            let service = ShardService::new(s, handler, expected);
+            driver
+                .ok()
+                .map(|d| Endpoint::new(d, service, conn_cfg).with_inbox(rx))
         })
         .map_err(|e| TrainError::Internal(format!("starting PS reactor: {e}")))?;
         brx.recv()
             .map_err(|_| TrainError::Internal("PS reactor died while starting".into()))?
             .map_err(|e| TrainError::Backend(K::NAME, e))?;
-        inboxes.push(ShardInbox {
-            tx,
-            waker: reactor.waker(),
-        });
         reactors.push(reactor);
     }
-    let acceptor = Acceptor::spawn(listener, inboxes)?;
+    let wakers = reactors.iter().map(Reactor::waker).collect();
+    let acceptor = Acceptor::spawn(listener, tx, wakers, AcceptConfig::default())?;
     Ok(PsTask { acceptor, reactors })
 }
 
@@ -273,24 +280,26 @@ pub fn connect<K: Backend>(
 ) -> Result<SessionNet<K::Driver>, TrainError> {
     let r = cfg.ps_reactors.max(1);
     let deadline = Instant::now() + Duration::from_secs(60);
-    let mut ts = Vec::with_capacity(shards);
+    let mut streams = Vec::with_capacity(shards);
     for s in 0..shards {
         let (p, local) = (s / r, s % r);
         let addr = ps_addrs
             .get(p)
             .ok_or_else(|| TrainError::Config(format!("no address for PS {p}")))?;
-        ts.push(connect_shard(addr, local as u32, deadline)?);
+        streams.push(dial(addr, local as u32, deadline)?);
     }
     let backend = |e: &dyn std::fmt::Display| TrainError::Backend(K::NAME, e.to_string());
-    let mut driver = K::driver(cfg.worker_polling).map_err(|e| backend(&e))?;
-    let ids = ts
-        .into_iter()
-        .map(|s| driver.attach_stream(s))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| backend(&e))?;
+    let driver = K::driver(cfg.worker_polling).map_err(|e| backend(&e))?;
+    let now = Instant::now();
+    let service = WorkerService::new(shards, Duration::from_secs(120), now);
     let cc = ConnConfig::new(peer(TaskRole::Worker, index, 1));
-    let net = ShardSessions::new(driver, ids, &cc);
-    SessionNet::new(net, cfg.worker_polling, Duration::from_secs(120))
+    let mut endpoint = Endpoint::new(driver, service, cc);
+    for (s, stream) in streams.into_iter().enumerate() {
+        endpoint
+            .attach_stream(stream, s as u32, now)
+            .map_err(|e| backend(&e))?;
+    }
+    SessionNet::new(endpoint, cfg.worker_polling)
 }
 
 /// What one worker did.

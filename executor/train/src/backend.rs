@@ -1,0 +1,71 @@
+//! The backends the trainer's sessions run over: the driver each PS
+//! reactor and each worker thread makes, and the transport settings of
+//! training traffic.
+
+use std::io;
+
+use starwire_tcp::{TcpConfig, TcpDriver};
+use starwire_transport::StreamDriver;
+
+/// A backend of the trainer: its name and the driver a thread makes.
+pub trait Backend: Send + Sync + 'static {
+    /// The driver of one thread: every connection of a PS reactor, or of a
+    /// worker.
+    type Driver: StreamDriver + Send + std::fmt::Debug + 'static;
+    /// The name on the command line and in reports.
+    const NAME: &'static str;
+    /// A driver for the calling thread (one driver per thread; an io_uring
+    /// ring is its thread's), whose thread polls (`polling`: busy, or
+    /// before it parks) or parks at once.
+    fn driver(polling: bool) -> io::Result<Self::Driver>;
+}
+
+/// The TCP backend.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Tcp;
+
+impl Backend for Tcp {
+    type Driver = TcpDriver;
+    const NAME: &'static str = "tcp";
+    fn driver(_polling: bool) -> io::Result<TcpDriver> {
+        TcpDriver::new(tcp_config())
+    }
+}
+
+/// Transport settings for training traffic: frames of 1 MiB (bigger
+/// messages are chunked by the connection), 8 MiB of send queue.
+pub fn tcp_config() -> TcpConfig {
+    TcpConfig {
+        max_frame_len: 1 << 20,
+        rx_buffer_len: 2 << 20,
+        tx_queue_limit_bytes: 8 << 20,
+        ..TcpConfig::default()
+    }
+}
+
+#[cfg(all(feature = "uring", target_os = "linux"))]
+pub use uring_backend::Uring;
+
+#[cfg(all(feature = "uring", target_os = "linux"))]
+mod uring_backend {
+    use std::io;
+
+    use starwire_uring::{UringConfig, UringDriver};
+
+    use super::Backend;
+
+    /// The io_uring backend: one ring per thread, every connection of the
+    /// thread on it, one `io_uring_enter` per turn
+    /// (`STARWIRE_URING_SQPOLL=1` for SQPOLL).
+    #[derive(Debug, Clone, Copy, Default)]
+    pub struct Uring;
+
+    impl Backend for Uring {
+        type Driver = UringDriver;
+        const NAME: &'static str = "uring";
+        fn driver(polling: bool) -> io::Result<UringDriver> {
+            // A polling thread receives in spin mode (`RecvMode::Spin`).
+            UringDriver::new(&UringConfig::for_polling(polling)).map_err(io::Error::other)
+        }
+    }
+}
