@@ -2,12 +2,16 @@
 //! message sequence-numbered and checksummed, payload sizes varying; counts
 //! lost, duplicated, corrupted and reordered messages, and RSS growth.
 //!
-//! Each reactor drives one driver with its share of the connections.
-//! Optionally the fault-injecting [`Faulty`] wrapper sits under every TCP
-//! link on both ends ([`Links`] of faulty links). TCP has no reliability at our layer, so faults must show
-//! up as failures. A stalled connection (dropped frames leak credits) is
-//! bounded by `--duration` plus `--drain`: whatever is still unanswered
-//! then is reported lost.
+//! Each reactor runs one [`Endpoint`] of the session layer: one driver
+//! with its share of the connections, and the soak's client or server as
+//! its [`Service`]. The client dials every connection ([`dial`], with the
+//! preamble naming the server reactor it is for); the server's
+//! [`Acceptor`] routes each to that reactor. Optionally the
+//! fault-injecting [`Faulty`] wrapper sits under every TCP link on both
+//! ends ([`Links`] of faulty links). TCP has no reliability at our layer,
+//! so faults must show up as failures. A stalled connection (dropped
+//! frames leak credits) is bounded by `--duration` plus `--drain`:
+//! whatever is still unanswered then is reported lost.
 
 use std::collections::{HashMap, HashSet};
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
@@ -17,13 +21,13 @@ use serde::Serialize;
 use starwire_config::{FlagOverride, NetworkSettings, Overrides, Role};
 use starwire_placement::{plan, CpuSet, Placement, ReactorMode, Topology};
 use starwire_tcp::{TcpConfig, TcpDriver, TcpTransport};
-use starwire_transport::reactor::{
-    park_driver, IdlePolicy, ParkWaker, Parked, Reactor, ReactorSpec, ReactorState,
-};
+use starwire_transport::accept::{dial, inboxes, AcceptConfig, Acceptor};
+use starwire_transport::reactor::{IdlePolicy, Reactor, ReactorSpec};
 use starwire_transport::testing::{FaultSpec, FaultStats, Faulty};
 use starwire_transport::wire::{Opcode, Status};
 use starwire_transport::{
-    Body, ConnId, Connection, Driver, Incoming, Links, Sessions, StreamDriver, TaskRole,
+    Body, ConnError, ConnId, Connection, Driver, Endpoint, Incoming, Links, Service, Sessions,
+    StreamDriver, TaskRole, TransportError,
 };
 
 use crate::bench::sessions::conn_config;
@@ -192,20 +196,6 @@ fn fault_counts<D: SoakDriver>(sessions: &Sessions<D>) -> FaultCounts {
     f
 }
 
-/// The connections of `sessions` that failed: removed, each with the
-/// faults injected on it (counted into `faults`) and its handle.
-fn take_failed<D: SoakDriver>(sessions: &mut Sessions<D>, faults: &mut FaultCounts) -> Vec<ConnId> {
-    let mut out = Vec::new();
-    while let Some(id) = sessions.next_failed() {
-        faults.add(sessions.driver().fault_stats(id));
-        if sessions.poll_failed().is_none() {
-            break;
-        }
-        out.push(id);
-    }
-    out
-}
-
 const SEQ_HDR: usize = 16;
 
 /// Order-sensitive checksum of `seq` and `data`: every 8-byte word goes
@@ -310,16 +300,26 @@ struct ClientConn {
     track: SeqTrack,
 }
 
-struct SoakClient<D> {
-    sessions: Sessions<D>,
-    /// By [`ConnId::index`]; `None` once the connection failed.
+/// The client's role on one reactor: keeps `inflight` requests
+/// outstanding on each of its connections until `stop_sending`, checks
+/// every response, and closes the connections once all are answered or
+/// at `give_up`.
+struct SoakClient {
+    /// Connection `k` attached here is number `first + k * step` of the
+    /// whole soak.
+    first: u64,
+    step: u64,
+    attached: u64,
+    /// By [`ConnId::index`]; `None` once the connection ended.
     conns: Vec<Option<ClientConn>>,
     inflight: usize,
     max_size: usize,
     stop_sending: Instant,
     give_up: Instant,
+    /// Whether the last turn was before `stop_sending`.
+    sending: bool,
     counts: Counts,
-    /// Faults injected on connections that failed (and went).
+    /// Faults injected on connections that ended (and went).
     faults: FaultCounts,
     done: bool,
 }
@@ -329,17 +329,25 @@ fn slot<T>(slots: &mut [Option<T>], id: ConnId) -> Option<&mut T> {
     slots.get_mut(id.index()).and_then(Option::as_mut)
 }
 
-impl<D: SoakDriver> SoakClient<D> {
-    fn finish(&mut self, now: Instant) {
+/// `slots[id.index()] = value`, growing `slots` as needed.
+fn put<T>(slots: &mut Vec<Option<T>>, id: ConnId, value: T) {
+    if slots.len() <= id.index() {
+        slots.resize_with(id.index() + 1, || None);
+    }
+    slots[id.index()] = Some(value);
+}
+
+impl SoakClient {
+    /// What is still unanswered is lost; every connection is closed.
+    fn finish<D: Driver>(&mut self, sessions: &mut Sessions<D>) {
         for (i, c) in self.conns.iter_mut().enumerate() {
             let Some(c) = c else { continue };
             self.counts.lost += c.outstanding.len() as u64;
             c.outstanding.clear();
-            if let Some(conn) = self.sessions.conn(ConnId::new(i as u32)) {
+            if let Some(conn) = sessions.conn(ConnId::new(i as u32)) {
                 conn.close();
             }
         }
-        self.sessions.flush(now);
         self.done = true;
     }
 }
@@ -371,76 +379,100 @@ fn on_response(
     }
 }
 
-impl<D: SoakDriver> ReactorState for SoakClient<D> {
-    fn turn(&mut self, now: Instant) -> bool {
+impl<D: SoakDriver> Service<D> for SoakClient {
+    fn on_attach(&mut self, id: ConnId, _shard: u32, _now: Instant) {
+        let index = self.first + self.attached * self.step;
+        self.attached += 1;
+        put(
+            &mut self.conns,
+            id,
+            ClientConn {
+                index,
+                next_seq: 0,
+                outstanding: HashMap::new(),
+                track: SeqTrack::default(),
+            },
+        );
+    }
+
+    fn on_message(
+        &mut self,
+        id: ConnId,
+        _conn: &mut Connection,
+        msg: Incoming<'_>,
+        _now: Instant,
+    ) -> Result<(), ConnError> {
+        if let Some(c) = slot(&mut self.conns, id) {
+            on_response(&mut c.outstanding, &mut c.track, &mut self.counts, msg);
+        }
+        Ok(())
+    }
+
+    fn on_closed(
+        &mut self,
+        id: ConnId,
+        _conn: &mut Connection,
+        _error: &ConnError,
+        driver: &D,
+        _now: Instant,
+    ) {
+        self.faults.add(driver.fault_stats(id));
+        let Some(c) = self.conns.get_mut(id.index()).and_then(Option::take) else {
+            return;
+        };
+        // Closed by the soak's end: counted there.
+        if !self.done {
+            self.counts.failed += 1;
+            self.counts.lost += c.outstanding.len() as u64;
+        }
+    }
+
+    fn poll(&mut self, sessions: &mut Sessions<D>, now: Instant) -> bool {
         if self.done {
             return false;
         }
-        let sending = now < self.stop_sending;
-        let Self {
-            sessions,
-            conns,
-            counts,
-            ..
-        } = self;
-        for (i, c) in conns.iter_mut().enumerate() {
+        self.sending = now < self.stop_sending;
+        if !self.sending {
+            let all_quiet = self
+                .conns
+                .iter()
+                .flatten()
+                .all(|c| c.outstanding.is_empty());
+            if all_quiet || now >= self.give_up {
+                self.finish(sessions);
+                return true;
+            }
+            return false;
+        }
+        let mut sent = false;
+        for (i, c) in self.conns.iter_mut().enumerate() {
             let Some(c) = c else { continue };
             let Some(conn) = sessions.conn(ConnId::new(i as u32)) else {
                 continue;
             };
-            while sending && c.outstanding.len() < self.inflight {
+            while c.outstanding.len() < self.inflight {
                 let seq = c.next_seq;
                 let len = payload_len(c.index, seq, self.max_size);
                 match conn.request(Opcode::Rpc, 0, make_body(seq, len, c.index), None) {
                     Ok(id) => {
                         c.outstanding.insert(id, seq);
                         c.next_seq += 1;
-                        counts.messages += 1;
+                        self.counts.messages += 1;
+                        sent = true;
                     }
                     Err(_) => break,
                 }
             }
         }
-        let mut busy = sessions
-            .turn(now, &mut |id, _, m| {
-                if let Some(c) = slot(conns, id) {
-                    on_response(&mut c.outstanding, &mut c.track, counts, m);
-                }
-            })
-            .busy();
-        for (i, c) in conns.iter().enumerate() {
-            if c.is_some() {
-                if let Some(conn) = sessions.conn(ConnId::new(i as u32)) {
-                    while conn.poll_event().is_some() {}
-                }
-            }
-        }
-        for id in take_failed(sessions, &mut self.faults) {
-            if let Some(c) = conns.get_mut(id.index()).and_then(Option::take) {
-                counts.failed += 1;
-                counts.lost += c.outstanding.len() as u64;
-            }
-            busy = true;
-        }
-        let all_quiet = conns.iter().flatten().all(|c| c.outstanding.is_empty());
-        if !sending && (all_quiet || now >= self.give_up) {
-            self.finish(now);
-            return true;
-        }
-        busy
+        sent
     }
 
     fn next_deadline(&self) -> Option<Instant> {
-        let phase = if Instant::now() < self.stop_sending {
+        Some(if self.sending {
             self.stop_sending
         } else {
             self.give_up
-        };
-        Some(self.sessions.poll_timeout().map_or(phase, |t| t.min(phase)))
-    }
-
-    fn park(&mut self, waker: ParkWaker<'_>, timeout: Duration) -> Parked {
-        park_driver(self.sessions.driver_mut(), waker, timeout)
+        })
     }
 
     fn finished(&self) -> bool {
@@ -448,12 +480,13 @@ impl<D: SoakDriver> ReactorState for SoakClient<D> {
     }
 }
 
-struct SoakServer<D> {
-    sessions: Sessions<D>,
+/// The server's role on one reactor: checks and answers every request.
+#[derive(Default)]
+struct SoakServer {
     /// By [`ConnId::index`].
-    tracks: Vec<SeqTrack>,
+    tracks: Vec<Option<SeqTrack>>,
     counts: Counts,
-    /// Faults injected on connections that failed (and went).
+    /// Faults injected on connections that ended (and went).
     faults: FaultCounts,
 }
 
@@ -483,36 +516,36 @@ fn serve_request(
     let _ = conn.respond(id, opcode, status, reply);
 }
 
-impl<D: SoakDriver> ReactorState for SoakServer<D> {
-    fn turn(&mut self, now: Instant) -> bool {
-        let Self {
-            sessions,
-            tracks,
-            counts,
-            faults,
-        } = self;
-        let mut busy = sessions
-            .turn(now, &mut |id, conn, m| {
-                if let Some(track) = tracks.get_mut(id.index()) {
-                    serve_request(track, counts, conn, m);
-                }
-            })
-            .busy();
-        for i in 0..tracks.len() {
-            if let Some(conn) = sessions.conn(ConnId::new(i as u32)) {
-                while conn.poll_event().is_some() {}
-            }
+impl<D: SoakDriver> Service<D> for SoakServer {
+    fn on_attach(&mut self, id: ConnId, _shard: u32, _now: Instant) {
+        put(&mut self.tracks, id, SeqTrack::default());
+    }
+
+    fn on_message(
+        &mut self,
+        id: ConnId,
+        conn: &mut Connection,
+        msg: Incoming<'_>,
+        _now: Instant,
+    ) -> Result<(), ConnError> {
+        if let Some(track) = slot(&mut self.tracks, id) {
+            serve_request(track, &mut self.counts, conn, msg);
         }
-        busy |= !take_failed(sessions, faults).is_empty();
-        busy
+        Ok(())
     }
 
-    fn next_deadline(&self) -> Option<Instant> {
-        self.sessions.poll_timeout()
-    }
-
-    fn park(&mut self, waker: ParkWaker<'_>, timeout: Duration) -> Parked {
-        park_driver(self.sessions.driver_mut(), waker, timeout)
+    fn on_closed(
+        &mut self,
+        id: ConnId,
+        _conn: &mut Connection,
+        _error: &ConnError,
+        driver: &D,
+        _now: Instant,
+    ) {
+        self.faults.add(driver.fault_stats(id));
+        if let Some(t) = self.tracks.get_mut(id.index()) {
+            *t = None;
+        }
     }
 }
 
@@ -602,119 +635,149 @@ struct Outcome {
     faults: FaultCounts,
 }
 
-/// One reactor's driver and its connections, with each connection's
-/// number in the whole soak.
-struct Group<D> {
-    driver: D,
-    conns: Vec<(ConnId, u64)>,
+/// How long dialing one connection may keep retrying.
+const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What attaches connections to one reactor's driver: a stream becomes a
+/// connection, the `k`-th of the reactor being link number
+/// `first + k * step` of its side (made by `attacher(first, step)`).
+trait Attach<D>: FnMut(&mut D, TcpStream) -> Result<ConnId, TransportError> + Send + 'static {}
+
+impl<D, F> Attach<D> for F where
+    F: FnMut(&mut D, TcpStream) -> Result<ConnId, TransportError> + Send + 'static
+{
 }
 
-/// Stream `i` of `streams` goes to group `i % groups` (one driver per
-/// reactor, made by `make`), attached by `attach` with its number `i`.
-fn groups<D>(
-    streams: Vec<TcpStream>,
-    groups: usize,
-    mut make: impl FnMut() -> Result<D, String>,
-    mut attach: impl FnMut(&mut D, TcpStream, u64) -> Result<ConnId, String>,
-) -> Result<Vec<Group<D>>, String> {
-    let mut out = (0..groups.max(1))
-        .map(|_| {
-            make().map(|driver| Group {
-                driver,
-                conns: Vec::new(),
-            })
+/// The attacher of a driver of plain streams.
+fn stream_attacher<D: StreamDriver>(
+    _first: u64,
+    _step: u64,
+) -> fn(&mut D, TcpStream) -> Result<ConnId, TransportError> {
+    D::attach_stream
+}
+
+/// The attacher of TCP links with `spec`'s faults injected: link `i` of a
+/// side injects with seed `spec.seed + i`.
+fn faulty_attacher(
+    spec: FaultSpec,
+    cfg: TcpConfig,
+) -> impl Fn(u64, u64) -> Box<dyn Attach<Links<Faulty<TcpTransport>>>> {
+    move |first, step| {
+        let mut k = 0u64;
+        Box::new(move |d: &mut Links<Faulty<TcpTransport>>, s: TcpStream| {
+            let t = TcpTransport::new(s, cfg)?;
+            let mut f = spec;
+            f.seed = spec.seed.wrapping_add(first + k * step);
+            k += 1;
+            Ok(d.attach(Faulty::new(t, f)))
         })
-        .collect::<Result<Vec<_>, _>>()?;
-    let n = out.len();
-    for (i, s) in streams.into_iter().enumerate() {
-        let g = &mut out[i % n];
-        let id = attach(&mut g.driver, s, i as u64)?;
-        g.conns.push((id, i as u64));
     }
-    Ok(out)
 }
 
-/// [`groups`] of drivers of TCP streams made by `make`.
-fn stream_groups<D: StreamDriver>(
-    streams: Vec<TcpStream>,
-    n: usize,
-    make: impl FnMut() -> Result<D, String>,
-) -> Result<Vec<Group<D>>, String> {
-    groups(streams, n, make, |d, s, _| {
-        d.attach_stream(s)
-            .map_err(|e| format!("attaching a connection: {e}"))
-    })
-}
+/// First link number of the server side's links (for fault seeds).
+const SERVER_LINKS: u64 = 1 << 20;
 
-fn run_soak<D: SoakDriver>(
+type ServerReactor<D> = Reactor<Endpoint<D, SoakServer>>;
+
+/// Run the soak over drivers made by `make`, their connections attached by
+/// `attacher`'s: server reactors behind an acceptor, then the clients,
+/// which dial every connection.
+fn run_soak<D: SoakDriver, A: Attach<D>>(
     args: &SoakArgs,
     lay: &Layout,
-    clients: Vec<Group<D>>,
-    servers: Vec<Group<D>>,
+    make: impl Fn() -> Result<D, String>,
+    attacher: impl Fn(u64, u64) -> A,
 ) -> Result<Outcome, String> {
-    let nc = clients.len();
+    let (nc, ns) = (lay.client_cpus.len(), lay.server_cpus.len());
+    // Every driver first: what fails then fails before any thread starts.
+    let server_drivers = (0..ns).map(|_| make()).collect::<Result<Vec<_>, _>>()?;
+    let client_drivers = (0..nc).map(|_| make()).collect::<Result<Vec<_>, _>>()?;
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .map_err(|e| format!("binding a loopback listener: {e}"))?;
+    let (tx, rxs) = inboxes(ns).map_err(|e| format!("acceptor: {e}"))?;
+    let mut servers: Vec<ServerReactor<D>> = Vec::with_capacity(ns);
+    for (k, (driver, rx)) in server_drivers.into_iter().zip(rxs).enumerate() {
+        let attach = attacher(SERVER_LINKS + k as u64, ns as u64);
+        let cfg = conn_config(TaskRole::Ps, 256);
+        let r = Reactor::spawn(spec(nc + k, lay.server_cpus[k], lay.idle), move |_| {
+            Endpoint::new(driver, SoakServer::default(), cfg).with_inbox_attach(rx, attach)
+        });
+        match r {
+            Ok(r) => servers.push(r),
+            Err(e) => {
+                let _ = stop_servers(servers);
+                return Err(format!("server reactor {k}: {e}"));
+            }
+        }
+    }
+    let wakers = servers.iter().map(Reactor::waker).collect();
+    let acceptor = match Acceptor::spawn(listener, tx, wakers, AcceptConfig::default()) {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = stop_servers(servers);
+            return Err(format!("acceptor: {e}"));
+        }
+    };
+    let addr = acceptor.local_addr().to_string();
+    let clients = run_clients(args, lay, client_drivers, &addr, &attacher);
+    let served = stop_servers(servers);
+    drop(acceptor);
+    let (mut counts, mut faults) = clients?;
+    let (sc, sf) = served?;
+    counts.add(&sc);
+    faults.add_counts(sf);
+    Ok(Outcome { counts, faults })
+}
+
+/// Dial every connection (connection `i` to server reactor `i % ns`, on
+/// client reactor `i % nc`), run the client reactors for `--duration`
+/// plus at most `--drain`, and add up what they counted.
+fn run_clients<D: SoakDriver, A: Attach<D>>(
+    args: &SoakArgs,
+    lay: &Layout,
+    drivers: Vec<D>,
+    addr: &str,
+    attacher: &impl Fn(u64, u64) -> A,
+) -> Result<(Counts, FaultCounts), String> {
+    let (nc, ns) = (drivers.len(), lay.server_cpus.len());
+    let deadline = Instant::now() + DIAL_TIMEOUT;
+    let mut streams: Vec<Vec<(TcpStream, u32)>> = (0..nc).map(|_| Vec::new()).collect();
+    for i in 0..args.connections {
+        let shard = (i % ns) as u32;
+        let s = dial(addr, shard, deadline).map_err(|e| e.to_string())?;
+        streams[i % nc].push((s, shard));
+    }
     let start = Instant::now();
     let stop_sending = start + Duration::from_secs_f64(args.duration);
     let give_up = stop_sending + Duration::from_secs_f64(args.drain);
-    let mut server_reactors = Vec::new();
-    for (k, g) in servers.into_iter().enumerate() {
-        let cfg = conn_config(TaskRole::Ps, 256);
-        let r = Reactor::spawn(spec(nc + k, lay.server_cpus[k], lay.idle), move |_| {
-            let mut sessions = Sessions::new(g.driver);
-            let mut tracks = Vec::new();
-            for &(id, _) in &g.conns {
-                sessions.insert(id, cfg.clone());
-                if tracks.len() <= id.index() {
-                    tracks.resize_with(id.index() + 1, SeqTrack::default);
-                }
-            }
-            SoakServer {
-                sessions,
-                tracks,
-                counts: Counts::default(),
-                faults: FaultCounts::default(),
-            }
-        })
-        .map_err(|e| format!("server reactor {k}: {e}"))?;
-        server_reactors.push(r);
-    }
-    let mut client_reactors = Vec::new();
-    for (k, g) in clients.into_iter().enumerate() {
-        let inflight = args.inflight.max(1);
-        let max_size = args.max_size;
-        let cfg = conn_config(TaskRole::Worker, 256);
-        let r = Reactor::spawn(spec(k, lay.client_cpus[k], lay.idle), move |_| {
-            let mut sessions = Sessions::new(g.driver);
-            let mut conns = Vec::new();
-            for &(id, index) in &g.conns {
-                sessions.insert(id, cfg.clone());
-                if conns.len() <= id.index() {
-                    conns.resize_with(id.index() + 1, || None);
-                }
-                conns[id.index()] = Some(ClientConn {
-                    index,
-                    next_seq: 0,
-                    outstanding: HashMap::new(),
-                    track: SeqTrack::default(),
-                });
-            }
-            SoakClient {
-                sessions,
-                conns,
-                inflight,
-                max_size,
-                stop_sending,
-                give_up,
-                counts: Counts::default(),
-                faults: FaultCounts::default(),
-                done: false,
-            }
-        })
-        .map_err(|e| format!("client reactor {k}: {e}"))?;
+    let mut client_reactors = Vec::with_capacity(nc);
+    for (k, (driver, group)) in drivers.into_iter().zip(streams).enumerate() {
+        let client = SoakClient {
+            first: k as u64,
+            step: nc as u64,
+            attached: 0,
+            conns: Vec::new(),
+            inflight: args.inflight.max(1),
+            max_size: args.max_size,
+            stop_sending,
+            give_up,
+            sending: true,
+            counts: Counts::default(),
+            faults: FaultCounts::default(),
+            done: false,
+        };
+        let mut ep = Endpoint::new(driver, client, conn_config(TaskRole::Worker, 256));
+        let mut attach = attacher(k as u64, nc as u64);
+        let now = Instant::now();
+        for (s, shard) in group {
+            let id = attach(ep.sessions_mut().driver_mut(), s)
+                .map_err(|e| format!("attaching a connection: {e}"))?;
+            ep.open(id, shard, now);
+        }
+        let r = Reactor::spawn(spec(k, lay.client_cpus[k], lay.idle), move |_| ep)
+            .map_err(|e| format!("client reactor {k}: {e}"))?;
         client_reactors.push(r);
     }
-    let mut counts = Counts::default();
-    let mut faults = FaultCounts::default();
     let mut progress_at = Instant::now() + Duration::from_secs(5);
     // Wait for the clients (bounded by duration + drain), showing progress.
     while Instant::now() < give_up {
@@ -731,38 +794,46 @@ fn run_soak<D: SoakDriver>(
     if !args.json && start.elapsed() > Duration::from_secs(5) {
         eprintln!();
     }
+    let mut counts = Counts::default();
+    let mut faults = FaultCounts::default();
     for (k, r) in client_reactors.into_iter().enumerate() {
-        let (client, _) = r.join().map_err(|e| format!("client reactor {k}: {e}"))?;
+        let (ep, _) = r.join().map_err(|e| format!("client reactor {k}: {e}"))?;
+        let (client, sessions) = ep.into_parts();
         counts.add(&client.counts);
         faults.add_counts(client.faults);
-        faults.add_counts(fault_counts(&client.sessions));
+        faults.add_counts(fault_counts(&sessions));
     }
-    for (k, r) in server_reactors.into_iter().enumerate() {
-        let (server, _) = r.stop().map_err(|e| format!("server reactor {k}: {e}"))?;
-        let mut sc = server.counts;
-        // Requests are counted by the client; the server contributes only
-        // what it detected on the request path.
-        sc.messages = 0;
-        sc.answered = 0;
-        counts.add(&sc);
-        faults.add_counts(server.faults);
-        faults.add_counts(fault_counts(&server.sessions));
-    }
-    Ok(Outcome { counts, faults })
+    Ok((counts, faults))
 }
 
-fn connect_pairs(n: usize) -> Result<(Vec<TcpStream>, Vec<TcpStream>), String> {
-    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .map_err(|e| format!("binding a loopback listener: {e}"))?;
-    let addr = listener.local_addr().map_err(|e| e.to_string())?;
-    let mut clients = Vec::with_capacity(n);
-    let mut servers = Vec::with_capacity(n);
-    for _ in 0..n {
-        clients.push(TcpStream::connect(addr).map_err(|e| format!("connect {addr}: {e}"))?);
-        let (s, _) = listener.accept().map_err(|e| format!("accept: {e}"))?;
-        servers.push(s);
+/// Stop every server reactor and add up what they detected on the request
+/// path (requests are counted by the client).
+fn stop_servers<D: SoakDriver>(
+    servers: Vec<ServerReactor<D>>,
+) -> Result<(Counts, FaultCounts), String> {
+    let mut counts = Counts::default();
+    let mut faults = FaultCounts::default();
+    let mut error = None;
+    for (k, r) in servers.into_iter().enumerate() {
+        match r.stop() {
+            Ok((ep, _)) => {
+                let (server, sessions) = ep.into_parts();
+                let mut sc = server.counts;
+                sc.messages = 0;
+                sc.answered = 0;
+                counts.add(&sc);
+                faults.add_counts(server.faults);
+                faults.add_counts(fault_counts(&sessions));
+            }
+            Err(e) => {
+                error.get_or_insert(format!("server reactor {k}: {e}"));
+            }
+        }
     }
-    Ok((clients, servers))
+    match error {
+        Some(e) => Err(e),
+        None => Ok((counts, faults)),
+    }
 }
 
 /// Run `starwire soak`. Returns whether the soak passed.
@@ -778,7 +849,6 @@ pub fn main(args: SoakArgs) -> Result<bool, String> {
     }
     let rss_start_kb = rss_kb();
     let lay = layout(&args)?;
-    let (cs, ss) = connect_pairs(args.connections)?;
     #[cfg(all(feature = "uring", target_os = "linux"))]
     if args.backend == "uring" {
         if args.faults.is_some() {
@@ -788,34 +858,18 @@ pub fn main(args: SoakArgs) -> Result<bool, String> {
         // Each ring binds to its reactor thread at the first enter.
         let cfg = crate::bench::sessions::uring_config(lay.idle, 0);
         let make = || starwire_uring::UringDriver::new(&cfg).map_err(|e| e.to_string());
-        let ct = stream_groups(cs, lay.client_cpus.len(), make)?;
-        let st = stream_groups(ss, lay.server_cpus.len(), make)?;
-        let out = run_soak(&args, &lay, ct, st)?;
+        let out = run_soak(&args, &lay, make, stream_attacher)?;
         return report(&args, &lay, rss_start_kb, out);
     }
     let cfg = TcpConfig::default();
     let out = match args.faults {
         None => {
             let make = || TcpDriver::new(cfg).map_err(|e| format!("tcp driver: {e}"));
-            let ct = stream_groups(cs, lay.client_cpus.len(), make)?;
-            let st = stream_groups(ss, lay.server_cpus.len(), make)?;
-            run_soak(&args, &lay, ct, st)?
+            run_soak(&args, &lay, make, stream_attacher)?
         }
         Some(spec) => {
-            // Client link `i` injects with seed `seed + i`, server link `i`
-            // with `seed + 2^20 + i`.
-            let faulty = |base: u64| {
-                move |d: &mut Links<Faulty<TcpTransport>>, s: TcpStream, i: u64| {
-                    let t = TcpTransport::new(s, cfg).map_err(|e| format!("tcp transport: {e}"))?;
-                    let mut f = spec;
-                    f.seed = spec.seed.wrapping_add(base + i);
-                    Ok(d.attach(Faulty::new(t, f)))
-                }
-            };
             let make = || Ok(Links::new(cfg.max_frame_len));
-            let ct = groups(cs, lay.client_cpus.len(), make, faulty(0))?;
-            let st = groups(ss, lay.server_cpus.len(), make, faulty(1 << 20))?;
-            run_soak(&args, &lay, ct, st)?
+            run_soak(&args, &lay, make, faulty_attacher(spec, cfg))?
         }
     };
     report(&args, &lay, rss_start_kb, out)

@@ -376,6 +376,41 @@ fn soak_passes_without_faults() {
 }
 
 #[test]
+fn soak_through_a_fault_injector_that_injects_nothing_passes() {
+    // The faulty links on both ends (the server's attached from the
+    // acceptor's routed streams), several reactors a side: with every
+    // probability zero the soak must pass, so the --faults plumbing alone
+    // loses nothing.
+    let out = run(&[
+        "soak",
+        "--backend",
+        "tcp",
+        "--connections",
+        "6",
+        "--client-reactors",
+        "3",
+        "--server-reactors",
+        "2",
+        "--duration",
+        "2",
+        "--faults",
+        "drop=0,corrupt=0",
+        "--json",
+    ]);
+    let s = text(&out.stdout);
+    assert!(out.status.success(), "{s}\n{}", text(&out.stderr));
+    let v: Value = serde_json::from_str(s.trim()).expect("soak JSON");
+    assert!(v["messages"].as_u64().unwrap_or(0) > 0, "{v}");
+    assert_eq!(v["answered"], v["messages"], "{v}");
+    assert_eq!(
+        (v["client_reactors"].clone(), v["server_reactors"].clone()),
+        (3.into(), 2.into()),
+        "{v}"
+    );
+    assert_eq!(v["faults_injected"]["dropped"], 0, "{v}");
+}
+
+#[test]
 fn faulted_soak_fails_and_reports_loss() {
     let t0 = Instant::now();
     let out = run(&[

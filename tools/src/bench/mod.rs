@@ -2,10 +2,13 @@
 //!
 //! Every run goes through the same control protocol, also over loopback:
 //! the client sends the [`Plan`] as one JSON line, and for every [`Run`] the
-//! server opens a data listener, answers `{"ready":{"port":P}}`, serves one
-//! data connection until the client closes it, and answers `{"done":...}`.
-//! Without `--listen`/`--connect` the server side runs on a thread of the
-//! same process.
+//! server opens a data listener, answers `{"ready":{"port":P}}`, serves the
+//! run's data connections until the client closes them, and answers
+//! `{"done":...}`. Data connections are made by the session layer: the
+//! client dials each ([`dial`], the preamble for shard 0, the server's one
+//! reactor), and an [`Acceptor`] on the data listener reads the preamble
+//! and hands the stream on. Without `--listen`/`--connect` the server side
+//! runs on a thread of the same process.
 
 #[cfg(feature = "grpc")]
 mod grpc;
@@ -19,8 +22,8 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use starwire_config::{FlagOverride, NetworkSettings, Overrides, Role};
 use starwire_placement::{plan, CpuSet, Placement, ReactorMode, Topology};
-use starwire_transport::reactor::IdlePolicy;
-use starwire_transport::ConnId;
+use starwire_transport::accept::{dial, inboxes, AcceptConfig, Acceptor};
+use starwire_transport::reactor::{local_waker, IdlePolicy};
 
 use crate::backend::Backend;
 use crate::stats::{median, summarize};
@@ -500,16 +503,16 @@ fn serve(listener: TcpListener, server_core: Option<Option<usize>>) -> Result<()
             .map_err(|e| format!("binding a data listener on {ip}: {e}"))?;
         let port = data.local_addr().map_err(|e| e.to_string())?.port();
         send_line(&mut w, &ServerMsg::Ready { port })?;
-        let streams = accept_all(&data, want)?;
         let res = match run.backend {
-            Backend::Raw => raw::serve(one_stream(streams)?, core, plan.polling),
-            Backend::Tcp => tcp_driver(streams, &run)
-                .and_then(|(d, ids)| sessions::serve(d, ids, &run, core, idle)),
+            Backend::Raw => accept_one(data).and_then(|s| raw::serve(s, core, plan.polling)),
+            Backend::Tcp => {
+                tcp_driver(&run).and_then(|d| sessions::serve(d, data, want, &run, core, idle))
+            }
             #[cfg(all(feature = "uring", target_os = "linux"))]
-            Backend::Uring => uring_driver(streams, idle, &run)
-                .and_then(|(d, ids)| sessions::serve(d, ids, &run, core, idle)),
+            Backend::Uring => uring_driver(idle, &run)
+                .and_then(|d| sessions::serve(d, data, want, &run, core, idle)),
             #[cfg(feature = "grpc")]
-            Backend::Grpc => grpc::serve(one_stream(streams)?, &run),
+            Backend::Grpc => accept_one(data).and_then(|s| grpc::serve(s, &run)),
         };
         let msg = match &res {
             Ok(()) => ServerMsg::Done {
@@ -530,35 +533,31 @@ fn serve(listener: TcpListener, server_core: Option<Option<usize>>) -> Result<()
 /// How long the server waits for a run's data connections.
 const ACCEPT_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Accept `n` connections on `data`, or fail after [`ACCEPT_TIMEOUT`]: a
-/// client that failed part-way through connecting (out of descriptors,
-/// say) must not leave the server blocked in `accept` for good.
-fn accept_all(data: &TcpListener, n: usize) -> Result<Vec<TcpStream>, String> {
-    data.set_nonblocking(true)
-        .map_err(|e| format!("data listener: {e}"))?;
+/// The one data connection of a baseline run, taken from an acceptor on
+/// `data` like the starwire backends' (so its preamble is read, with the
+/// acceptor's timeout, before the baseline sees the socket). There is no
+/// reactor: this thread takes it from the acceptor's ring, for up to
+/// [`ACCEPT_TIMEOUT`].
+fn accept_one(data: TcpListener) -> Result<TcpStream, String> {
+    let (tx, rx) = inboxes(1).map_err(|e| format!("data acceptor: {e}"))?;
+    let mut rx = rx.into_iter().next().ok_or("data acceptor: no inbox")?;
+    // Nobody parks on this waker; the acceptor's wake-ups are no-ops.
+    let waker = local_waker().map_err(|e| format!("data acceptor: {e}"))?;
+    let _acceptor = Acceptor::spawn(data, tx, vec![waker], AcceptConfig::default())
+        .map_err(|e| format!("data acceptor: {e}"))?;
     let deadline = Instant::now() + ACCEPT_TIMEOUT;
-    let mut streams = Vec::with_capacity(n);
-    while streams.len() < n {
-        match data.accept() {
-            Ok((s, _)) => {
-                s.set_nonblocking(false)
-                    .map_err(|e| format!("data connection: {e}"))?;
-                streams.push(s);
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                if Instant::now() >= deadline {
-                    return Err(format!(
-                        "{} of {n} data connections arrived within {} s",
-                        streams.len(),
-                        ACCEPT_TIMEOUT.as_secs()
-                    ));
-                }
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            Err(e) => return Err(format!("accepting a data connection: {e}")),
+    loop {
+        if let Some(r) = rx.pop() {
+            return Ok(r.stream);
         }
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "the data connection did not arrive within {} s",
+                ACCEPT_TIMEOUT.as_secs()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(1));
     }
-    Ok(streams)
 }
 
 /// Data connections of `run`: `--connections` for the starwire backends,
@@ -579,27 +578,18 @@ fn one_stream(streams: Vec<TcpStream>) -> Result<TcpStream, String> {
     }
 }
 
-/// The run's connections on one TCP driver (the bench reactor's).
-fn tcp_driver(
-    streams: Vec<TcpStream>,
-    run: &Run,
-) -> Result<(starwire_tcp::TcpDriver, Vec<ConnId>), String> {
-    let driver = starwire_tcp::TcpDriver::new(sessions::tcp_config(run.max_size))
-        .map_err(|e| format!("tcp driver: {e}"))?;
-    sessions::attach(driver, streams)
+/// The TCP driver of one end of `run` (the bench reactor's).
+fn tcp_driver(run: &Run) -> Result<starwire_tcp::TcpDriver, String> {
+    starwire_tcp::TcpDriver::new(sessions::tcp_config(run.max_size))
+        .map_err(|e| format!("tcp driver: {e}"))
 }
 
-/// The run's connections on one ring (the bench reactor's), made here and
+/// The ring of one end of `run` (the bench reactor's), made here and
 /// bound to the reactor thread at its first enter.
 #[cfg(all(feature = "uring", target_os = "linux"))]
-fn uring_driver(
-    streams: Vec<TcpStream>,
-    idle: IdlePolicy,
-    run: &Run,
-) -> Result<(starwire_uring::UringDriver, Vec<ConnId>), String> {
-    let driver = starwire_uring::UringDriver::new(&sessions::uring_config(idle, run.max_size))
-        .map_err(|e| format!("{e}; use --backends tcp"))?;
-    sessions::attach(driver, streams)
+fn uring_driver(idle: IdlePolicy, run: &Run) -> Result<starwire_uring::UringDriver, String> {
+    starwire_uring::UringDriver::new(&sessions::uring_config(idle, run.max_size))
+        .map_err(|e| format!("{e}; use --backends tcp"))
 }
 
 struct Progress {
@@ -665,23 +655,22 @@ fn drive(plan: &Plan, ctl_addr: SocketAddr) -> Result<Vec<ResultLine>, String> {
             ServerMsg::Ready { port } => port,
             other => return Err(format!("bench server: unexpected {other:?}")),
         };
-        let addr = SocketAddr::new(ctl_addr.ip(), port);
+        // Shard 0: the server's one reactor. The listener is bound
+        // before `ready`, so one attempt each (no retry).
+        let addr = SocketAddr::new(ctl_addr.ip(), port).to_string();
         let want = data_connections(run);
-        let mut streams = Vec::with_capacity(want);
-        for _ in 0..want {
-            streams.push(
-                TcpStream::connect(addr)
-                    .map_err(|e| format!("connecting the data connection {addr}: {e}"))?,
-            );
-        }
+        let streams = (0..want)
+            .map(|_| dial(&addr, 0, Instant::now()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("data connection: {e}"))?;
         let measured = match run.backend {
             Backend::Raw => one_stream(streams)
                 .and_then(|s| raw::client(s, run, plan.client_core, plan.polling)),
-            Backend::Tcp => tcp_driver(streams, run)
-                .and_then(|(d, ids)| sessions::client(d, ids, run, plan.client_core, client_idle)),
+            Backend::Tcp => tcp_driver(run)
+                .and_then(|d| sessions::client(d, streams, run, plan.client_core, client_idle)),
             #[cfg(all(feature = "uring", target_os = "linux"))]
-            Backend::Uring => uring_driver(streams, client_idle, run)
-                .and_then(|(d, ids)| sessions::client(d, ids, run, plan.client_core, client_idle)),
+            Backend::Uring => uring_driver(client_idle, run)
+                .and_then(|d| sessions::client(d, streams, run, plan.client_core, client_idle)),
             #[cfg(feature = "grpc")]
             Backend::Grpc => {
                 one_stream(streams).and_then(|s| grpc::client(s, run, plan.client_core))

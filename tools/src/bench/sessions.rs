@@ -1,29 +1,30 @@
-//! starwire sessions over any backend: the load generator is a
-//! [`ReactorState`] on the client reactor (pinned to the client core), the
-//! echo/ack server one on the server reactor (pinned to the server core),
-//! each with one driver holding every connection of the run. No
-//! application thread sits between them and the sessions. The same code
-//! runs over TCP and io_uring through [`BenchDriver`].
+//! starwire sessions over any backend: the load generator and the
+//! echo/ack server are [`Service`]s of the session layer, each on an
+//! [`Endpoint`] that a reactor pinned to its core turns, with one driver
+//! holding every connection of the run. The client attaches the streams it
+//! dialed; the server's come from an [`Acceptor`] on the run's data
+//! listener. No application thread sits between the reactors and the
+//! sessions. The same code runs over TCP and io_uring through
+//! [`BenchDriver`].
 
 use std::collections::VecDeque;
-use std::net::TcpStream;
+use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use starwire_tcp::{TcpConfig, TcpDriver};
+use starwire_transport::accept::{inboxes, AcceptConfig, Acceptor};
 use starwire_transport::fusion::{FusionBatcher, FusionConfig, OutTensor};
-use starwire_transport::reactor::{
-    park_driver, IdlePolicy, ParkWaker, Parked, Reactor, ReactorSpec, ReactorState,
-};
+use starwire_transport::reactor::{IdlePolicy, Reactor, ReactorSpec};
 use starwire_transport::wire::tensor::DType;
 use starwire_transport::wire::tensors::TensorList;
 use starwire_transport::wire::{Opcode, Status, HEADER_LEN};
 use starwire_transport::{
-    Body, ConnConfig, ConnError, ConnId, Connection, Incoming, PeerInfo, Sessions, StreamDriver,
-    TaskRole, TransportError,
+    Body, ConnConfig, ConnError, ConnId, Connection, Driver, Endpoint, Incoming, PeerInfo, Service,
+    Sessions, StreamDriver, TaskRole, TransportError,
 };
 
-use super::{Measured, Mode, Run};
+use super::{Measured, Mode, Run, ACCEPT_TIMEOUT};
 
 /// TCP settings both ends derive from the plan, so they agree: a frame
 /// holds the largest payload whole (no chunking in the measurement).
@@ -102,28 +103,6 @@ pub fn uring_config(idle: IdlePolicy, max_payload: usize) -> starwire_uring::Uri
     }
 }
 
-/// Attach `streams` (a run's data connections) to `driver`, in order.
-pub fn attach<D: StreamDriver>(
-    mut driver: D,
-    streams: Vec<TcpStream>,
-) -> Result<(D, Vec<ConnId>), String> {
-    let ids = streams
-        .into_iter()
-        .map(|s| driver.attach_stream(s))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("attaching a data connection: {e}"))?;
-    Ok((driver, ids))
-}
-
-/// The connections `ids` of `driver`, each with `cfg`.
-fn sessions<D: BenchDriver>(driver: D, ids: &[ConnId], cfg: &ConnConfig) -> Sessions<D> {
-    let mut s = Sessions::new(driver);
-    for &id in ids {
-        s.insert(id, cfg.clone());
-    }
-    s
-}
-
 /// Connection settings of one end.
 pub fn conn_config(role: TaskRole, window: u32) -> ConnConfig {
     let incarnation = std::time::SystemTime::now()
@@ -154,15 +133,36 @@ fn spec(index: usize, cpu: Option<usize>, idle: IdlePolicy) -> ReactorSpec {
     }
 }
 
-/// The server's state: answers `Rpc` with an echo, `Tensors` (after
+/// The server's role: answers `Rpc` with an echo, `Tensors` (after
 /// decoding the list) and everything else with an empty ack, on every
-/// connection of the run.
+/// connection of the run; done once the run's `want` connections have
+/// come and gone, or when they did not all come within [`ACCEPT_TIMEOUT`]
+/// (a client that failed part-way through connecting must not leave the
+/// server waiting for good).
 #[derive(Debug)]
-pub struct EchoServer<D> {
-    /// A connection that ended is removed (its socket closes, so the
-    /// client's requests on it fail rather than wait).
-    sessions: Sessions<D>,
+pub struct EchoServer {
+    want: usize,
+    attached: usize,
+    /// Connections attached and not ended yet.
+    live: usize,
+    /// When the connections still missing stop being waited for; set at
+    /// the first turn.
+    accept_by: Option<Instant>,
+    timed_out: bool,
     error: Option<String>,
+}
+
+impl EchoServer {
+    fn new(want: usize) -> Self {
+        Self {
+            want,
+            attached: 0,
+            live: 0,
+            accept_by: None,
+            timed_out: false,
+            error: None,
+        }
+    }
 }
 
 fn answer(conn: &mut Connection, m: Incoming<'_>, error: &mut Option<String>) {
@@ -189,59 +189,104 @@ fn answer(conn: &mut Connection, m: Incoming<'_>, error: &mut Option<String>) {
     }
 }
 
-impl<D: BenchDriver> ReactorState for EchoServer<D> {
-    fn turn(&mut self, now: Instant) -> bool {
-        let Self { sessions, error } = self;
-        let mut busy = sessions
-            .turn(now, &mut |_, conn, m| answer(conn, m, error))
-            .busy();
-        while let Some((_, _, e)) = sessions.poll_failed() {
-            // The client closing its connection ends it; anything else is
-            // the run's error. Either way the connection goes, and its
-            // socket with it; the last one ends the run.
-            if !matches!(
-                e,
-                ConnError::Closed | ConnError::Transport(TransportError::Closed)
-            ) {
-                error.get_or_insert_with(|| format!("server connection: {e}"));
-            }
-            busy = true;
-        }
-        busy
+impl<D: Driver> Service<D> for EchoServer {
+    fn on_attach(&mut self, _id: ConnId, _shard: u32, _now: Instant) {
+        self.attached += 1;
+        self.live += 1;
     }
 
-    fn park(&mut self, waker: ParkWaker<'_>, timeout: Duration) -> Parked {
-        park_driver(self.sessions.driver_mut(), waker, timeout)
+    fn on_message(
+        &mut self,
+        _id: ConnId,
+        conn: &mut Connection,
+        msg: Incoming<'_>,
+        _now: Instant,
+    ) -> Result<(), ConnError> {
+        answer(conn, msg, &mut self.error);
+        Ok(())
+    }
+
+    fn on_closed(
+        &mut self,
+        _id: ConnId,
+        _conn: &mut Connection,
+        error: &ConnError,
+        _driver: &D,
+        _now: Instant,
+    ) {
+        // The client closing its connection ends it; anything else is the
+        // run's error. Either way the connection goes, and its socket with
+        // it; the last one ends the run.
+        self.live = self.live.saturating_sub(1);
+        if !matches!(
+            error,
+            ConnError::Closed | ConnError::Transport(TransportError::Closed)
+        ) {
+            self.error
+                .get_or_insert_with(|| format!("server connection: {error}"));
+        }
+    }
+
+    fn poll(&mut self, _sessions: &mut Sessions<D>, now: Instant) -> bool {
+        let by = *self.accept_by.get_or_insert(now + ACCEPT_TIMEOUT);
+        if self.attached < self.want && now >= by && !self.timed_out {
+            self.timed_out = true;
+            self.error.get_or_insert_with(|| {
+                format!(
+                    "{} of {} data connections arrived within {} s",
+                    self.attached,
+                    self.want,
+                    ACCEPT_TIMEOUT.as_secs()
+                )
+            });
+            return true;
+        }
+        false
+    }
+
+    fn next_deadline(&self) -> Option<Instant> {
+        self.accept_by.filter(|_| self.attached < self.want)
     }
 
     fn finished(&self) -> bool {
-        self.sessions.is_empty()
+        self.timed_out || (self.attached >= self.want && self.live == 0)
     }
 }
 
-/// Serve the data connections `ids` of `driver` (one run's) on a reactor
-/// pinned to `core`; returns when the client has closed all of them.
+/// Serve the run's `want` data connections, accepted on `data` (each
+/// with its preamble for shard 0), with `driver` on a reactor pinned to
+/// `core`; returns when the client has closed all of them.
 pub fn serve<D: BenchDriver>(
     driver: D,
-    ids: Vec<ConnId>,
+    data: TcpListener,
+    want: usize,
     run: &Run,
     core: Option<usize>,
     idle: IdlePolicy,
 ) -> Result<(), String> {
     let cfg = conn_config(TaskRole::Ps, window_for(run));
-    let reactor = Reactor::spawn(spec(1, core, idle), move |_| EchoServer {
-        sessions: sessions(driver, &ids, &cfg),
-        error: None,
+    let (tx, rx) = inboxes(1).map_err(|e| format!("data acceptor: {e}"))?;
+    let rx = rx.into_iter().next().ok_or("data acceptor: no inbox")?;
+    let reactor = Reactor::spawn(spec(1, core, idle), move |_| {
+        Endpoint::new(driver, EchoServer::new(want), cfg).with_inbox(rx)
     })
     .map_err(|e| format!("server reactor: {e}"))?;
+    let acceptor = match Acceptor::spawn(data, tx, vec![reactor.waker()], AcceptConfig::default()) {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = reactor.stop();
+            return Err(format!("data acceptor: {e}"));
+        }
+    };
     let (server, rstats) = reactor.join().map_err(|e| format!("server reactor: {e}"))?;
+    drop(acceptor);
     tracing::debug!(
         reactor = ?rstats,
-        backend = %server.sessions.driver().counters(),
+        backend = %server.sessions().driver().counters(),
         "bench server counters"
     );
-    match server.error {
-        Some(e) => Err(e),
+    match &server.service().error {
+        Some(e) => Err(e.clone()),
         None => Ok(()),
     }
 }
@@ -274,11 +319,10 @@ struct FuseState {
     unfused_rate: Option<f64>,
 }
 
-/// The load generator, run as the client reactor's state.
+/// The load generator: the client's role, over every connection of the
+/// run (fuse mode uses one).
 #[derive(Debug)]
-pub struct LoadGen<D> {
-    /// Every connection of the run; fuse mode uses one.
-    sessions: Sessions<D>,
+pub struct LoadGen {
     /// The connections, in the order they were attached.
     ids: Vec<ConnId>,
     st: GenState,
@@ -307,9 +351,8 @@ struct GenState {
 }
 
 impl GenState {
-    /// The state of `run` over connections whose [`ConnId::index`] is
-    /// below `slots`.
-    fn new(run: &Run, slots: usize) -> Self {
+    /// The state of `run`, before its connections are attached.
+    fn new(run: &Run) -> Self {
         let (op, record) = match run.mode {
             Mode::Lat => (Opcode::Rpc, true),
             Mode::Rate => (Opcode::DensePush, true),
@@ -347,9 +390,7 @@ impl GenState {
             op,
             payload,
             record,
-            starts: (0..slots.max(1))
-                .map(|_| VecDeque::with_capacity(run.inflight))
-                .collect(),
+            starts: Vec::new(),
             issued: 0,
             completed: 0,
             measure_start: None,
@@ -506,12 +547,50 @@ impl GenState {
     }
 }
 
-impl<D: BenchDriver> ReactorState for LoadGen<D> {
-    fn turn(&mut self, now: Instant) -> bool {
-        if self.st.closed {
+impl<D: Driver> Service<D> for LoadGen {
+    fn on_attach(&mut self, id: ConnId, _shard: u32, _now: Instant) {
+        self.ids.push(id);
+        let starts = &mut self.st.starts;
+        if starts.len() <= id.index() {
+            let inflight = self.st.run.inflight;
+            starts.resize_with(id.index() + 1, || VecDeque::with_capacity(inflight));
+        }
+    }
+
+    fn on_message(
+        &mut self,
+        id: ConnId,
+        conn: &mut Connection,
+        msg: Incoming<'_>,
+        _now: Instant,
+    ) -> Result<(), ConnError> {
+        if !self.st.closed {
+            self.st.on_incoming(id.index(), conn, msg);
+        }
+        Ok(())
+    }
+
+    fn on_closed(
+        &mut self,
+        _id: ConnId,
+        _conn: &mut Connection,
+        error: &ConnError,
+        _driver: &D,
+        _now: Instant,
+    ) {
+        // Once the run closed its connections, their ends are no failure.
+        if !self.st.closed {
+            self.st.fail(format!("client connection: {error}"));
+        }
+    }
+
+    /// The first turn starts the run on every connection (attached before
+    /// the reactor started); the turn after the run completed closes them.
+    fn poll(&mut self, sessions: &mut Sessions<D>, now: Instant) -> bool {
+        let Self { ids, st } = self;
+        if st.closed {
             return false;
         }
-        let Self { sessions, ids, st } = self;
         if !st.kicked {
             st.kicked = true;
             if st.run.warmup == 0 {
@@ -522,13 +601,7 @@ impl<D: BenchDriver> ReactorState for LoadGen<D> {
                     st.issue(id.index(), conn);
                 }
             }
-        }
-        let mut busy = sessions
-            .turn(now, &mut |id, conn, m| st.on_incoming(id.index(), conn, m))
-            .busy();
-        while let Some((_, _, e)) = sessions.poll_failed() {
-            st.fail(format!("client connection: {e}"));
-            busy = true;
+            return true;
         }
         if st.complete {
             for &id in ids.iter() {
@@ -536,14 +609,10 @@ impl<D: BenchDriver> ReactorState for LoadGen<D> {
                     conn.close();
                 }
             }
-            sessions.flush(now);
             st.closed = true;
+            return true;
         }
-        busy
-    }
-
-    fn park(&mut self, waker: ParkWaker<'_>, timeout: Duration) -> Parked {
-        park_driver(self.sessions.driver_mut(), waker, timeout)
+        false
     }
 
     fn finished(&self) -> bool {
@@ -551,29 +620,35 @@ impl<D: BenchDriver> ReactorState for LoadGen<D> {
     }
 }
 
-/// Run the load generator of `run` over the connections `ids` of `driver`
-/// (the run's) on a client reactor pinned to `core`.
+/// Run the load generator of `run` over `streams` (the run's data
+/// connections, dialed), attached to `driver`, on a client reactor pinned
+/// to `core`.
 pub fn client<D: BenchDriver>(
     driver: D,
-    ids: Vec<ConnId>,
+    streams: Vec<TcpStream>,
     run: &Run,
     core: Option<usize>,
     idle: IdlePolicy,
 ) -> Result<Measured, String> {
     let cfg = conn_config(TaskRole::Worker, window_for(run));
-    let slots = ids.iter().map(|id| id.index() + 1).max().unwrap_or(1);
-    let st = GenState::new(run, slots);
-    let reactor = Reactor::spawn(spec(0, core, idle), move |_| LoadGen {
-        sessions: sessions(driver, &ids, &cfg),
-        ids,
-        st,
-    })
-    .map_err(|e| format!("client reactor: {e}"))?;
-    let (gen, rstats) = reactor.join().map_err(|e| format!("client reactor: {e}"))?;
+    let gen = LoadGen {
+        ids: Vec::with_capacity(streams.len()),
+        st: GenState::new(run),
+    };
+    let mut ep = Endpoint::new(driver, gen, cfg);
+    let now = Instant::now();
+    for s in streams {
+        ep.attach_stream(s, 0, now)
+            .map_err(|e| format!("attaching a data connection: {e}"))?;
+    }
+    let reactor = Reactor::spawn(spec(0, core, idle), move |_| ep)
+        .map_err(|e| format!("client reactor: {e}"))?;
+    let (ep, rstats) = reactor.join().map_err(|e| format!("client reactor: {e}"))?;
+    let (gen, sessions) = ep.into_parts();
     // Each park outside the driver is one poll(2), and one read(2) of the
     // reactor's eventfd when a wake-up ended it; each request is two
     // messages (request and response) on this end.
-    let driver = gen.sessions.driver();
+    let driver = sessions.driver();
     let syscalls = driver.syscalls() + (rstats.parks - rstats.driver_parks) + rstats.waker_reads;
     tracing::debug!(
         reactor = ?rstats,

@@ -93,11 +93,21 @@ pub trait Service<D: Driver> {
     }
 }
 
+/// How an endpoint's driver makes a routed stream one of its connections.
+type AttachFn<D> = Box<dyn FnMut(&mut D, TcpStream) -> Result<ConnId, TransportError> + Send>;
+
 /// The routed streams of one endpoint, and how its driver attaches one.
-#[derive(Debug)]
 struct Inbox<D> {
     rx: Consumer<Routed>,
-    attach: fn(&mut D, TcpStream) -> Result<ConnId, TransportError>,
+    attach: AttachFn<D>,
+}
+
+impl<D> std::fmt::Debug for Inbox<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inbox")
+            .field("rx", &self.rx)
+            .finish_non_exhaustive()
+    }
 }
 
 /// One driver, its sessions and a [`Service`]. See the module
@@ -128,13 +138,25 @@ impl<D: Driver, S: Service<D>> Endpoint<D, S> {
     /// here from `rx` (this endpoint's ring of
     /// [`inboxes`](crate::accept::inboxes)), attaching them at the start
     /// of each turn.
-    pub fn with_inbox(mut self, rx: Consumer<Routed>) -> Self
+    pub fn with_inbox(self, rx: Consumer<Routed>) -> Self
     where
-        D: StreamDriver,
+        D: StreamDriver + 'static,
     {
+        self.with_inbox_attach(rx, D::attach_stream)
+    }
+
+    /// Like [`with_inbox`](Self::with_inbox), for a driver that is not a
+    /// [`StreamDriver`] or whose connections need more than a stream (a
+    /// fault injector around each link): `attach` makes each routed stream
+    /// a connection of the driver.
+    pub fn with_inbox_attach(
+        mut self,
+        rx: Consumer<Routed>,
+        attach: impl FnMut(&mut D, TcpStream) -> Result<ConnId, TransportError> + Send + 'static,
+    ) -> Self {
         self.inbox = Some(Inbox {
             rx,
-            attach: D::attach_stream,
+            attach: Box::new(attach),
         });
         self
     }
