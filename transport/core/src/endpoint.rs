@@ -120,7 +120,18 @@ pub struct Endpoint<D, S> {
     inbox: Option<Inbox<D>>,
     /// Connections the service ended in the current turn, with why.
     ended: Vec<(ConnId, ConnError)>,
+    /// When the service finished, if it has: what is still queued then
+    /// gets [`LINGER`] to leave.
+    finished_at: Option<Instant>,
+    /// The linger ran out with bytes still queued (a peer that stopped
+    /// reading): the endpoint finishes without them.
+    lingered: bool,
 }
+
+/// How long a finished endpoint waits for its connections to send what
+/// they queued (as `SO_LINGER` bounds a close): a peer that stopped
+/// reading must not hold a finished reactor forever.
+pub const LINGER: Duration = Duration::from_secs(5);
 
 impl<D: Driver, S: Service<D>> Endpoint<D, S> {
     /// No connections yet on `driver`; each one gets `cfg`.
@@ -131,6 +142,8 @@ impl<D: Driver, S: Service<D>> Endpoint<D, S> {
             cfg,
             inbox: None,
             ended: Vec::new(),
+            finished_at: None,
+            lingered: false,
         }
     }
 
@@ -239,7 +252,25 @@ impl<D: Driver, S: Service<D>> Endpoint<D, S> {
                 }
             })
             .busy();
-        busy | self.settle(now)
+        busy |= self.settle(now);
+        self.watch_linger(now);
+        busy
+    }
+
+    /// Start the linger when the service finishes; end it when it runs
+    /// out with bytes still queued.
+    fn watch_linger(&mut self, now: Instant) {
+        if !self.service.finished() || self.lingered {
+            return;
+        }
+        let since = *self.finished_at.get_or_insert(now);
+        if now.saturating_duration_since(since) >= LINGER && !self.sessions.is_drained() {
+            tracing::warn!(
+                connections = self.sessions.len(),
+                "finished with bytes still queued after {LINGER:?}: a peer stopped reading"
+            );
+            self.lingered = true;
+        }
     }
 
     /// Send what the service queued outside a turn, without receiving:
@@ -265,10 +296,18 @@ impl<D: Driver, S: Service<D>> Endpoint<D, S> {
     /// The earliest instant a turn has timer work: the sessions' or the
     /// service's.
     pub fn next_deadline(&self) -> Option<Instant> {
-        match (self.sessions.poll_timeout(), self.service.next_deadline()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        let linger = self
+            .finished_at
+            .filter(|_| !self.lingered)
+            .map(|t| t + LINGER);
+        [
+            self.sessions.poll_timeout(),
+            self.service.next_deadline(),
+            linger,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// Wait the way the driver says until `waker` is readable, input
@@ -278,9 +317,9 @@ impl<D: Driver, S: Service<D>> Endpoint<D, S> {
     }
 
     /// True once the service is finished and every connection has sent
-    /// what it queued.
+    /// what it queued, or [`LINGER`] passed since it finished.
     pub fn is_finished(&self) -> bool {
-        self.service.finished() && self.sessions.is_drained()
+        self.service.finished() && (self.lingered || self.sessions.is_drained())
     }
 
     /// Turn on the calling thread, which is not a reactor, until
@@ -590,6 +629,31 @@ mod tests {
         // The request queued behind the bad one on connection 1 was never
         // served.
         assert_eq!(b.service().served, 1);
+    }
+
+    #[test]
+    fn a_finished_endpoint_lingers_for_a_peer_that_stopped_reading_then_goes() {
+        let now = Instant::now();
+        let mut a = Endpoint::new(Links::new(1024), Asker::default(), config(TaskRole::Worker));
+        // One frame in flight at most, and the peer never reads: the
+        // handshake fills the link and the goodbye stays queued.
+        let (la, _silent_peer) = MemTransport::pair(1024, 1);
+        let id = a.sessions_mut().driver_mut().attach(la);
+        a.open(id, 0, now);
+        a.turn(now);
+        a.sessions_mut().conn(id).expect("held").close();
+        a.turn(now);
+        assert!(
+            Service::<Mem>::finished(a.service()),
+            "want 0: done at once"
+        );
+        assert!(!a.is_finished(), "bytes still queued");
+        assert_eq!(a.next_deadline(), Some(now + LINGER));
+        a.turn(now + LINGER - Duration::from_millis(1));
+        assert!(!a.is_finished(), "still lingering");
+        a.turn(now + LINGER);
+        assert!(a.is_finished(), "the linger ran out");
+        assert_eq!(a.next_deadline(), None);
     }
 
     #[test]
