@@ -9,6 +9,7 @@
 
 use std::time::Instant;
 
+use starwire_transport::endpoint::LINGER;
 use starwire_transport::wire::{Opcode, Status};
 use starwire_transport::{ConnError, ConnId, Connection, Driver, Incoming, Service, Sessions};
 
@@ -22,6 +23,14 @@ pub struct ShardService<H> {
     index: usize,
     server: PsServer<H>,
     closed_connections: u64,
+    /// Connections attached and not yet ended.
+    open: usize,
+    /// When every expected worker was done: the shard then waits (at most
+    /// [`LINGER`]) for them to hang up, so a worker still waiting on
+    /// another shard's reply never sees this one close under it.
+    done_at: Option<Instant>,
+    /// The wait for the workers to hang up ran out.
+    gave_up_waiting: bool,
 }
 
 impl<H: PsHandler> ShardService<H> {
@@ -32,6 +41,9 @@ impl<H: PsHandler> ShardService<H> {
             index,
             server: PsServer::new(handler, expected_workers),
             closed_connections: 0,
+            open: 0,
+            done_at: None,
+            gave_up_waiting: false,
         }
     }
 
@@ -59,6 +71,7 @@ impl<H: PsHandler> ShardService<H> {
 
 impl<H: PsHandler, D: Driver> Service<D> for ShardService<H> {
     fn on_attach(&mut self, id: ConnId, _shard: u32, _now: Instant) {
+        self.open += 1;
         self.server.handle_open(id.index());
     }
 
@@ -93,10 +106,23 @@ impl<H: PsHandler, D: Driver> Service<D> for ShardService<H> {
         }
         self.server.handle_close(id.index(), conn);
         self.closed_connections += 1;
+        self.open = self.open.saturating_sub(1);
     }
 
     /// Answer the `WAIT_STEP` barriers the global step has reached.
-    fn poll(&mut self, sessions: &mut Sessions<D>, _now: Instant) -> bool {
+    fn poll(&mut self, sessions: &mut Sessions<D>, now: Instant) -> bool {
+        if self.server.finished() {
+            let since = *self.done_at.get_or_insert(now);
+            if self.open > 0 && !self.gave_up_waiting && now >= since + LINGER {
+                tracing::warn!(
+                    shard = self.index,
+                    open = self.open,
+                    "every worker is done but {} connection(s) stayed open for {LINGER:?}",
+                    self.open
+                );
+                self.gave_up_waiting = true;
+            }
+        }
         let mut any = false;
         while let Some(r) = self.server.poll_release() {
             if let Some(conn) = u32::try_from(r.conn)
@@ -112,7 +138,15 @@ impl<H: PsHandler, D: Driver> Service<D> for ShardService<H> {
         any
     }
 
+    fn next_deadline(&self) -> Option<Instant> {
+        self.done_at
+            .filter(|_| self.open > 0 && !self.gave_up_waiting)
+            .map(|t| t + LINGER)
+    }
+
+    /// Every expected worker is done and has hung up (or stayed connected
+    /// for [`LINGER`] after).
     fn finished(&self) -> bool {
-        self.server.finished()
+        self.server.finished() && (self.open == 0 || self.gave_up_waiting)
     }
 }
