@@ -84,8 +84,23 @@ impl WorkerService {
     /// every handshake must complete, and later every request be
     /// answered, within `timeout`.
     pub fn new(shards: usize, timeout: Duration, now: Instant) -> Self {
+        Self::with_client(shards, PsClient::new(shards, timeout, now))
+    }
+
+    /// A client of `shards` shards that holds the connections of those
+    /// of `mine` only ([`PsClient::for_shards`]).
+    pub fn for_shards(
+        shards: usize,
+        mine: impl IntoIterator<Item = usize>,
+        timeout: Duration,
+        now: Instant,
+    ) -> Self {
+        Self::with_client(shards, PsClient::for_shards(shards, mine, timeout, now))
+    }
+
+    fn with_client(shards: usize, client: PsClient) -> Self {
         Self {
-            client: PsClient::new(shards, timeout, now),
+            client,
             ids: vec![None; shards],
             shard_of: Vec::new(),
             error: None,

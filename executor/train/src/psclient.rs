@@ -42,10 +42,29 @@ impl PsClient {
     /// `now`: every handshake must complete, and later every request be
     /// answered, within `timeout`.
     pub fn new(shards: usize, timeout: Duration, now: Instant) -> Self {
+        Self::for_shards(shards, 0..shards, timeout, now)
+    }
+
+    /// A client of `shards` shards that sends only to those of `mine`
+    /// (one of a worker's network reactors, which holds those shards'
+    /// connections): connecting waits for their handshakes alone.
+    pub fn for_shards(
+        shards: usize,
+        mine: impl IntoIterator<Item = usize>,
+        timeout: Duration,
+        now: Instant,
+    ) -> Self {
+        let mut connected = vec![true; shards];
+        for s in mine {
+            if let Some(c) = connected.get_mut(s) {
+                *c = false;
+            }
+        }
+        let waiting = connected.iter().any(|&c| !c);
         Self {
             timeout,
-            connect_deadline: (shards > 0).then(|| now + timeout),
-            connected: vec![false; shards],
+            connect_deadline: waiting.then(|| now + timeout),
+            connected,
             pending: vec![Vec::new(); shards],
             outstanding: 0,
             replies: Vec::new(),
