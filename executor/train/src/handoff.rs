@@ -177,8 +177,9 @@ impl HandoffService {
         let Some((reqs, replies)) = lane.waiting.take() else {
             return false;
         };
-        // A connection that failed since the last part fails this one, as
-        // it fails the next exchange of a worker that turns its own.
+        // A failure the service holds from before (connecting) fails this
+        // part, as it fails the next exchange of a worker that turns its
+        // own connections.
         let failed = match lane.service.take_error() {
             Some(e) => Some((replies, e)),
             None => match lane.service.start(sessions, reqs, replies, now) {

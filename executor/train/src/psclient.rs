@@ -139,9 +139,12 @@ impl PsClient {
         self.outstanding -= 1;
     }
 
-    /// An event of `shard`'s connection. A closed connection, or a
-    /// request of the exchange that failed (its deadline passed, the
-    /// connection was lost), fails the exchange.
+    /// An event of `shard`'s connection. A connection closed during the
+    /// handshake or while the exchange waits on it, or a request of the
+    /// exchange that failed (its deadline passed, the connection was
+    /// lost), fails the exchange. A connection closed that owes nothing
+    /// fails nothing yet: a PS whose shards finish one by one closes some
+    /// while others still answer.
     pub fn handle_event(&mut self, shard: usize, ev: Event) -> Result<(), TrainError> {
         match ev {
             Event::Connected(_) => {
@@ -153,10 +156,13 @@ impl PsClient {
                 }
                 Ok(())
             }
-            Event::PeerClosed if self.is_connected() => {
+            Event::PeerClosed if !self.is_connected() => {
+                Err(TrainError::Link(shard, "closed during handshake".into()))
+            }
+            Event::PeerClosed if self.is_waiting_on(shard) => {
                 Err(TrainError::Link(shard, "PS closed the connection".into()))
             }
-            Event::PeerClosed => Err(TrainError::Link(shard, "closed during handshake".into())),
+            Event::PeerClosed => Ok(()),
             Event::RequestFailed { id, error } => {
                 let ours = self
                     .pending
@@ -191,6 +197,12 @@ impl PsClient {
     /// ([`Connection::poll_timeout`]).
     pub fn poll_timeout(&self) -> Option<Instant> {
         self.connect_deadline
+    }
+
+    /// True while a request of the exchange to `shard` waits for its
+    /// reply.
+    pub fn is_waiting_on(&self, shard: usize) -> bool {
+        self.pending.get(shard).is_some_and(|p| !p.is_empty())
     }
 
     /// True once every request of the exchange has its reply.
