@@ -249,8 +249,8 @@ impl HandoffService {
 impl Drop for HandoffService {
     fn drop(&mut self) {
         for l in 0..self.lanes.len() {
-            // A ring with no room holds this reactor's reply, which that
-            // compute thread reads first and then does not wait again.
+            // The ring has room: it holds at most this reactor's one reply
+            // to that compute thread.
             let _ = self.tx.push_to(
                 l,
                 FromReactor::Exit {
@@ -418,7 +418,12 @@ impl ComputeEnd {
         reqs: Vec<Request>,
         replies: Vec<Reply>,
     ) -> Result<(), TrainError> {
-        if self.gone[r] || self.closed {
+        if self.closed {
+            return Err(TrainError::Internal(
+                "the worker's network reactors are closed".into(),
+            ));
+        }
+        if self.gone[r] {
             return Err(ended(r));
         }
         let part = ToReactor::Part {
@@ -600,7 +605,6 @@ impl<D: Driver + Send + 'static> Drop for NetworkReactors<D> {
 /// `s % cfg.reactors.len()`: one [`ComputeEnd`] per compute thread
 /// (`cfg.producers`), to move to its thread, and the reactors. Each
 /// reactor makes its driver on its own thread.
-#[allow(clippy::type_complexity)]
 pub fn spawn<K: Backend>(
     streams: Vec<TcpStream>,
     cfg: &HandoffConfig,
