@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The figures the issues ask for, in one run: train quality and speed
-# (issue 5), gRPC against tcp (issue 6), io_uring against tcp (issue 4).
+# (issue 5), gRPC against tcp (issue 6), io_uring against tcp (issue 4),
+# the worker hand-off on and off (issue 23).
 # Release build with the grpc feature; every figure a ratio of two lines
 # of this one run. Usage: bash ci/figures.sh > figures.txt
 cd "$(dirname "$0")/.."
@@ -33,6 +34,18 @@ echo "### 6t inproc (no network)";    j train --backend inproc --model lr --embe
 echo "### 6t uring fuse on";          j train --backend uring --model lr --embedding-dim 64 --batch-size 512 --epochs 1 --json
 for b in tcp "grpc --tensor-fuse off" inproc; do
   echo "### 6t2 epochs 2 $b";         j train --backend $b --model lr --embedding-dim 64 --batch-size 512 --json
+done
+# On and off alternating, 3 rounds, per backend and polling setting.
+for round in 1 2 3; do
+  for b in tcp uring; do
+    for poll in false true; do
+      for h in on off; do
+        echo "### 23 handoff $h $b polling $poll round $round"
+        WORKER_ENABLE_POLLING=$poll PS_ENABLE_POLLING=$poll \
+          j train --backend $b --epochs 6 --optimizer adagrad --lr 0.3 --worker-handoff $h --json
+      done
+    done
+  done
 done
 echo "### 6b rate";  "$B" bench --backends grpc,tcp --mode rate --sizes 4096 --inflight 32 --repeat 3 2>&1 | tail -8
 echo "### 6b lat";   "$B" bench --backends grpc,tcp --mode lat --sizes 64 --polling on --cores 0,1 --repeat 3 2>&1 | tail -8

@@ -94,6 +94,11 @@ pub struct TrainArgs {
     /// Skip malformed Criteo lines (counted) instead of failing.
     #[arg(long)]
     pub skip_bad_lines: bool,
+    /// Workers hand their requests to NETWORK_WORKER_CORE_NUMBER network
+    /// reactors through the M:N queue (on), or drive their connections on
+    /// the worker thread (off). tcp and uring only.
+    #[arg(long, default_value = "off", value_parser = crate::parse_on_off, action = clap::ArgAction::Set)]
+    pub worker_handoff: bool,
     /// Compute threads per worker for large ops (0: inline).
     #[arg(long, default_value_t = 0)]
     pub compute_threads: usize,
@@ -207,6 +212,7 @@ fn config(a: &TrainArgs, ps: usize, workers: usize) -> Result<TrainConfig, Strin
         eval_examples: a.eval_examples,
         skip_bad_lines: a.skip_bad_lines,
         compute_threads: a.compute_threads,
+        worker_handoff: a.worker_handoff,
         log_every: if a.json { 0 } else { a.log_every },
         device: a.device.clone(),
         ..TrainConfig::default()
@@ -268,14 +274,15 @@ pub fn main(a: TrainArgs) -> Result<(), String> {
     if !a.json {
         eprintln!(
             "starwire train: {} on {} PS x {} reactor(s) and {} workers over loopback {}; \
-             polling ps={} worker={}",
+             polling ps={} worker={}; worker handoff {}",
             starwire_train::cluster::model_name(cfg.model),
             cfg.ps,
             cfg.ps_reactors,
             cfg.workers,
             a.backend,
             cfg.ps_polling,
-            cfg.worker_polling
+            cfg.worker_polling,
+            if cfg.handoff() { "on" } else { "off" }
         );
     }
     let r = starwire_train::run_local(&cfg).map_err(|e| e.to_string())?;

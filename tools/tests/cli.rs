@@ -523,6 +523,7 @@ fn train_json_contract_and_flags() {
     assert_eq!(v["protocol"], "star_server_lite");
     assert_eq!(v["backend"], "tcp");
     assert_eq!(v["tensor_fuse"], false);
+    assert_eq!(v["worker_handoff"], false);
     assert_eq!(v["samples"].as_u64(), Some(8192));
     assert!(num(&v, "auc") > 0.5);
     // Defaults: min(8, 2 workers) PS reactors and one network thread per
@@ -560,6 +561,56 @@ const TINY_TRAIN: &[&str] = &[
     "--batch-size",
     "256",
 ];
+
+/// `--worker-handoff on`: each worker's NETWORK_WORKER_CORE_NUMBER
+/// network reactors are listed (pinned ones on CPUs of the same plan);
+/// inproc has none to hand requests to.
+#[test]
+fn train_worker_handoff_lists_the_network_reactors() {
+    let env = net_env(&[
+        ("WORKER_DISABLE_PIN_CORES", "false"),
+        ("NETWORK_WORKER_CORE_NUMBER", "2"),
+    ]);
+    let args = [&["train", "--json", "--worker-handoff", "on"], TINY_TRAIN].concat();
+    let out = run_with(&args, &env);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: Value = serde_json::from_str(text(&out.stdout).lines().last().unwrap()).unwrap();
+    assert_eq!(v["worker_handoff"], true, "{v}");
+    let reactors = v["reactors"].as_array().expect("reactors");
+    let listed: Vec<(&str, u64, bool)> = reactors
+        .iter()
+        .map(|r| {
+            let role = r["role"].as_str().unwrap();
+            (role, r["index"].as_u64().unwrap(), r["cpu"].is_u64())
+        })
+        .collect();
+    // Two shards: two network reactors per worker, pinned; the PS ones not.
+    assert_eq!(
+        listed,
+        [
+            ("ps", 0, false),
+            ("ps", 1, false),
+            ("worker", 0, true),
+            ("worker", 1, true),
+            ("worker", 2, true),
+            ("worker", 3, true),
+        ]
+    );
+    let out = run_with(
+        &[
+            &["train", "--backend", "inproc", "--worker-handoff", "on"],
+            TINY_TRAIN,
+        ]
+        .concat(),
+        &env,
+    );
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("--worker-handoff"),
+        "{}",
+        text(&out.stderr)
+    );
+}
 
 #[test]
 fn train_places_pinned_reactors_on_different_cpus() {
@@ -659,6 +710,12 @@ fn train_rejects_bad_flags_with_clear_errors() {
 
 #[test]
 fn ps_and_worker_processes_train_across_processes() {
+    across_processes(false);
+    // The worker hands its requests to one network reactor per shard.
+    across_processes(true);
+}
+
+fn across_processes(handoff: bool) {
     let port = |l: std::net::TcpListener| l.local_addr().unwrap().port();
     let p0 = port(std::net::TcpListener::bind("127.0.0.1:0").unwrap());
     let w0 = port(std::net::TcpListener::bind("127.0.0.1:0").unwrap());
@@ -676,11 +733,14 @@ fn ps_and_worker_processes_train_across_processes() {
         "--epochs".to_owned(),
         "1".to_owned(),
         "--json".to_owned(),
+        "--worker-handoff".to_owned(),
+        if handoff { "on" } else { "off" }.to_owned(),
     ];
     // Every task reads the same variables: 2 shards on the PS, pinned;
     // the worker polls and floats.
     let env = net_env(&[
         ("NETWORK_PS_CORE_NUMBER", "2"),
+        ("NETWORK_WORKER_CORE_NUMBER", "2"),
         ("PS_DISABLE_PIN_CORES", "false"),
         ("WORKER_ENABLE_POLLING", "true"),
     ]);
@@ -702,14 +762,19 @@ fn ps_and_worker_processes_train_across_processes() {
         .concat(),
         &env,
     );
-    assert!(w.status.success(), "{}", text(&w.stderr));
+    assert!(w.status.success(), "handoff {handoff}: {}", text(&w.stderr));
     let v: Value = serde_json::from_str(text(&w.stdout).lines().last().unwrap()).unwrap();
     assert_eq!(v["samples"].as_u64(), Some(8192));
     assert!(num(&v, "auc") > 0.5);
-    assert_eq!(
-        v["reactors"],
-        serde_json::json!([{"role": "worker", "index": 0, "cpu": null, "polling": true}])
-    );
+    assert_eq!(v["worker_handoff"], handoff);
+    let worker =
+        |index| serde_json::json!({"role": "worker", "index": index, "cpu": null, "polling": true});
+    let want = if handoff {
+        serde_json::json!([worker(0), worker(1)])
+    } else {
+        serde_json::json!([worker(0)])
+    };
+    assert_eq!(v["reactors"], want);
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         if let Some(st) = ps.try_wait().unwrap() {

@@ -242,6 +242,7 @@ impl ClusterBackend for Grpc {
         ps_addrs: &[String],
         _index: u32,
         _shards: usize,
+        _layout: Option<&ReactorLayout>,
     ) -> Result<Box<dyn WorkerNet>, TrainError> {
         let mut clients = Vec::with_capacity(ps_addrs.len());
         for a in ps_addrs {

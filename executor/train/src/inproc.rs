@@ -263,6 +263,7 @@ impl ClusterBackend for Inproc {
         ps_addrs: &[String],
         _index: u32,
         _shards: usize,
+        _layout: Option<&ReactorLayout>,
     ) -> Result<Box<dyn WorkerNet>, TrainError> {
         let reg = lock(&REGISTRY);
         let mut ps = Vec::with_capacity(ps_addrs.len());

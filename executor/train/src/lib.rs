@@ -27,9 +27,11 @@
 //! What runs where: on a PS, every request (decode, lookup or optimizer
 //! update, encode) runs inline on the shard's reactor; a shard is never
 //! touched by another thread, so nothing is locked. On a worker, the worker
-//! thread drives its own connections and runs the graph inline; the graph
-//! executor hands a matrix product above its FLOP threshold to compute
-//! threads when `--compute-threads` is non-zero.
+//! thread runs the graph inline and either drives its own connections
+//! (`--worker-handoff off`) or hands its requests to the worker's network
+//! reactors through the M:N queue ([`handoff`], `on`); the graph executor
+//! hands a matrix product above its FLOP threshold to compute threads when
+//! `--compute-threads` is non-zero.
 #![deny(unsafe_code)]
 
 pub mod backend;
@@ -37,6 +39,7 @@ pub mod cluster;
 #[cfg(feature = "grpc")]
 pub mod grpc;
 pub mod handler;
+pub mod handoff;
 pub mod inproc;
 mod locked;
 pub mod net;

@@ -75,6 +75,8 @@ pub struct WorkerService {
     ids: Vec<Option<ConnId>>,
     /// By [`ConnId::index`]: the connection's shard.
     shard_of: Vec<Option<usize>>,
+    /// `lost[s]`: why shard `s`'s connection ended, once it has.
+    lost: Vec<Option<String>>,
     /// What failed the exchange (or the connecting), first failure first.
     error: Option<TrainError>,
 }
@@ -84,10 +86,26 @@ impl WorkerService {
     /// every handshake must complete, and later every request be
     /// answered, within `timeout`.
     pub fn new(shards: usize, timeout: Duration, now: Instant) -> Self {
+        Self::with_client(shards, PsClient::new(shards, timeout, now))
+    }
+
+    /// A client of `shards` shards that holds the connections of those
+    /// of `mine` only ([`PsClient::for_shards`]).
+    pub fn for_shards(
+        shards: usize,
+        mine: impl IntoIterator<Item = usize>,
+        timeout: Duration,
+        now: Instant,
+    ) -> Self {
+        Self::with_client(shards, PsClient::for_shards(shards, mine, timeout, now))
+    }
+
+    fn with_client(shards: usize, client: PsClient) -> Self {
         Self {
-            client: PsClient::new(shards, timeout, now),
+            client,
             ids: vec![None; shards],
             shard_of: Vec::new(),
+            lost: vec![None; shards],
             error: None,
         }
     }
@@ -110,7 +128,15 @@ impl WorkerService {
             ids: &self.ids,
             sessions,
         };
-        self.client.start(&mut conns, reqs, replies, now)
+        self.client
+            .start(&mut conns, reqs, replies, now)
+            .map_err(|e| match e {
+                // A request to a shard whose connection ended: say why.
+                TrainError::Link(s, _) if self.lost.get(s).is_some_and(Option::is_some) => {
+                    TrainError::Link(s, self.lost[s].clone().unwrap_or_default())
+                }
+                e => e,
+            })
     }
 
     /// True once the exchange is done or has failed.
@@ -197,7 +223,15 @@ impl<D: Driver> Service<D> for WorkerService {
         _now: Instant,
     ) {
         let s = self.shard(id).unwrap_or_default();
-        self.fail(TrainError::Link(s, error.to_string()));
+        // A connection that owes the exchange nothing fails the next
+        // request to its shard, not this exchange (see
+        // [`PsClient::handle_event`]).
+        if !self.client.is_connected() || self.client.is_waiting_on(s) {
+            self.fail(TrainError::Link(s, error.to_string()));
+        }
+        if let Some(l) = self.lost.get_mut(s) {
+            *l = Some(error.to_string());
+        }
     }
 
     /// The client's own deadline (connecting).

@@ -42,10 +42,29 @@ impl PsClient {
     /// `now`: every handshake must complete, and later every request be
     /// answered, within `timeout`.
     pub fn new(shards: usize, timeout: Duration, now: Instant) -> Self {
+        Self::for_shards(shards, 0..shards, timeout, now)
+    }
+
+    /// A client of `shards` shards that sends only to those of `mine`
+    /// (one of a worker's network reactors, which holds those shards'
+    /// connections): connecting waits for their handshakes alone.
+    pub fn for_shards(
+        shards: usize,
+        mine: impl IntoIterator<Item = usize>,
+        timeout: Duration,
+        now: Instant,
+    ) -> Self {
+        let mut connected = vec![true; shards];
+        for s in mine {
+            if let Some(c) = connected.get_mut(s) {
+                *c = false;
+            }
+        }
+        let waiting = connected.iter().any(|&c| !c);
         Self {
             timeout,
-            connect_deadline: (shards > 0).then(|| now + timeout),
-            connected: vec![false; shards],
+            connect_deadline: waiting.then(|| now + timeout),
+            connected,
             pending: vec![Vec::new(); shards],
             outstanding: 0,
             replies: Vec::new(),
@@ -120,9 +139,12 @@ impl PsClient {
         self.outstanding -= 1;
     }
 
-    /// An event of `shard`'s connection. A closed connection, or a
-    /// request of the exchange that failed (its deadline passed, the
-    /// connection was lost), fails the exchange.
+    /// An event of `shard`'s connection. A connection closed during the
+    /// handshake or while the exchange waits on it, or a request of the
+    /// exchange that failed (its deadline passed, the connection was
+    /// lost), fails the exchange. A connection closed that owes nothing
+    /// fails nothing yet: a PS whose shards finish one by one closes some
+    /// while others still answer.
     pub fn handle_event(&mut self, shard: usize, ev: Event) -> Result<(), TrainError> {
         match ev {
             Event::Connected(_) => {
@@ -134,10 +156,13 @@ impl PsClient {
                 }
                 Ok(())
             }
-            Event::PeerClosed if self.is_connected() => {
+            Event::PeerClosed if !self.is_connected() => {
+                Err(TrainError::Link(shard, "closed during handshake".into()))
+            }
+            Event::PeerClosed if self.is_waiting_on(shard) => {
                 Err(TrainError::Link(shard, "PS closed the connection".into()))
             }
-            Event::PeerClosed => Err(TrainError::Link(shard, "closed during handshake".into())),
+            Event::PeerClosed => Ok(()),
             Event::RequestFailed { id, error } => {
                 let ours = self
                     .pending
@@ -172,6 +197,12 @@ impl PsClient {
     /// ([`Connection::poll_timeout`]).
     pub fn poll_timeout(&self) -> Option<Instant> {
         self.connect_deadline
+    }
+
+    /// True while a request of the exchange to `shard` waits for its
+    /// reply.
+    pub fn is_waiting_on(&self, shard: usize) -> bool {
+        self.pending.get(shard).is_some_and(|p| !p.is_empty())
     }
 
     /// True once every request of the exchange has its reply.

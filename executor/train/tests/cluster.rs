@@ -341,3 +341,101 @@ fn inproc_trains_with_a_barrier_and_only_in_one_process() {
     let e = starwire_train::run_worker_task(&cfg, &["127.0.0.1:1".into()], 0).unwrap_err();
     assert!(e.to_string().contains("inproc"), "{e}");
 }
+
+/// With `--worker-handoff on` the worker thread hands its requests to its
+/// network reactors and computes the same steps: with one worker the run
+/// is deterministic, so losses and AUC agree with the worker that turns
+/// its own connections, on every backend with reactors. The reactors are
+/// listed as the worker's.
+#[test]
+fn worker_handoff_computes_the_same_steps() {
+    let base = TrainConfig {
+        workers: 1,
+        steps: Some(12),
+        model: ModelKind::Wdl,
+        worker_reactors: 2,
+        ..small()
+    };
+    for &(name, backend) in starwire_train::BackendKind::ALL {
+        if !matches!(name, "tcp" | "uring") {
+            continue;
+        }
+        let off = run_local(&TrainConfig {
+            backend,
+            ..base.clone()
+        })
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let on = run_local(&TrainConfig {
+            backend,
+            worker_handoff: true,
+            ..base.clone()
+        })
+        .unwrap_or_else(|e| panic!("{name} handoff: {e}"));
+        assert!(!off.worker_handoff && on.worker_handoff, "{name}");
+        assert_eq!(on.steps, 12, "{name}");
+        assert!(
+            (on.final_train_loss - off.final_train_loss).abs() < 1e-9,
+            "{name}: {} vs {}",
+            on.final_train_loss,
+            off.final_train_loss
+        );
+        assert!((on.auc - off.auc).abs() < 1e-9, "{name}");
+        assert_eq!(on.requests_per_step, off.requests_per_step, "{name}");
+        assert_eq!(on.bytes_per_step, off.bytes_per_step, "{name}");
+        let listed = |r: &starwire_train::TrainReport| -> Vec<(&'static str, usize)> {
+            r.reactors
+                .iter()
+                .map(|x| (x.role.job_name(), x.index))
+                .collect()
+        };
+        assert_eq!(listed(&off), [("ps", 0), ("ps", 1), ("worker", 0)]);
+        // Two shards, two network reactors.
+        assert_eq!(
+            listed(&on),
+            [("ps", 0), ("ps", 1), ("worker", 0), ("worker", 1)]
+        );
+    }
+}
+
+/// Two asynchronous workers with the hand-off, polling, learn as well as
+/// without it; each worker's network reactors are listed, at most one per
+/// shard.
+#[test]
+fn worker_handoff_learns_like_the_worker_thread() {
+    let base = TrainConfig {
+        epochs: 2,
+        ..small()
+    };
+    let off = run_local(&base).unwrap();
+    let on = run_local(&TrainConfig {
+        worker_handoff: true,
+        worker_polling: true,
+        worker_reactors: 3,
+        ..base.clone()
+    })
+    .unwrap();
+    assert_eq!(on.samples, off.samples);
+    assert!(on.auc > 0.70, "auc {}", on.auc);
+    assert!((on.auc - off.auc).abs() < 0.01, "{} vs {}", on.auc, off.auc);
+    for s in &on.shard_stats {
+        assert_eq!(s["global_step"].as_u64().unwrap(), on.steps, "{s}");
+    }
+    let workers: Vec<(usize, bool)> = on
+        .reactors
+        .iter()
+        .filter(|x| x.role.job_name() == "worker")
+        .map(|x| (x.index, x.polling))
+        .collect();
+    assert_eq!(workers, [(0, true), (1, true), (2, true), (3, true)]);
+}
+
+#[test]
+fn worker_handoff_needs_a_backend_with_reactors() {
+    let e = run_local(&TrainConfig {
+        backend: starwire_train::BackendKind::Inproc,
+        worker_handoff: true,
+        ..small()
+    })
+    .unwrap_err();
+    assert!(e.to_string().contains("--worker-handoff"), "{e}");
+}

@@ -520,6 +520,50 @@ fn an_unanswered_barrier_times_out_on_the_virtual_clock() {
     assert_eq!(p.steps, vec![0, 3]);
 }
 
+/// A shard whose connection goes once it has answered (a PS whose shards
+/// finish one by one after every worker's `DONE`) does not fail the
+/// exchange still waiting on another shard; the next request to it fails
+/// with why its connection ended.
+#[test]
+fn a_connection_that_goes_after_its_reply_fails_only_what_it_owes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Cluster::connected(dir.path(), 1);
+    c.servers[1].silent = true;
+    let stats = || Control::Stats.encode();
+    c.start(
+        0,
+        vec![req(0, Opcode::Rpc, stats()), req(1, Opcode::Rpc, stats())],
+    )
+    .unwrap();
+    c.settle().unwrap();
+    assert!(!c.clients[0].ep.service().client().is_done());
+    // Shard 0 has answered; its end of the connection goes.
+    let id = c.servers[0].ep.sessions().ids().next().unwrap();
+    c.servers[0].ep.sessions_mut().remove(id).unwrap();
+    c.settle().unwrap();
+    assert_eq!(
+        c.clients[0].ep.sessions().len(),
+        1,
+        "shard 0's connection ended"
+    );
+    c.servers[1].silent = false;
+    let replies = c.finish(0).unwrap();
+    assert!(replies.iter().all(|r| r.status == Some(Status::Ok)));
+    let e = c.exchange(vec![req(0, Opcode::Rpc, stats())]).unwrap_err();
+    assert!(
+        matches!(&e, TrainError::Link(0, m) if m.contains("closed")),
+        "{e}"
+    );
+    // While shard 1 owes a reply, losing its connection fails the exchange.
+    c.start(0, vec![req(1, Opcode::Rpc, stats())]).unwrap();
+    c.servers[1].silent = true;
+    c.settle().unwrap();
+    let id = c.servers[1].ep.sessions().ids().next().unwrap();
+    c.servers[1].ep.sessions_mut().remove(id).unwrap();
+    let e = c.settle().unwrap_err();
+    assert!(matches!(&e, TrainError::Link(1, _)), "{e}");
+}
+
 /// Shards that never answer the handshake: connecting fails once the
 /// virtual clock reaches the timeout.
 #[test]

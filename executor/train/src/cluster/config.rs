@@ -69,9 +69,16 @@ pub struct TrainConfig {
     pub ps_polling: bool,
     /// Reactors (shards) per PS task (`NETWORK_PS_CORE_NUMBER`).
     pub ps_reactors: usize,
+    /// Workers hand their requests to network reactors through the M:N
+    /// queue (`--worker-handoff on`) instead of turning their connections
+    /// on the worker thread.
+    pub worker_handoff: bool,
+    /// Network reactors per worker with the hand-off
+    /// (`NETWORK_WORKER_CORE_NUMBER`; at most one per shard).
+    pub worker_reactors: usize,
     /// Pin PS reactors to cores (not `PS_DISABLE_PIN_CORES`).
     pub pin_ps: bool,
-    /// Pin each worker's network thread to a core (not
+    /// Pin each worker's network threads to cores (not
     /// `WORKER_DISABLE_PIN_CORES`).
     pub pin_workers: bool,
     /// How long a polling PS reactor polls when idle before it parks, in
@@ -115,6 +122,8 @@ impl Default for TrainConfig {
             worker_polling: false,
             ps_polling: false,
             ps_reactors: 1,
+            worker_handoff: false,
+            worker_reactors: 1,
             pin_ps: false,
             pin_workers: false,
             idle_poll_us: 0,

@@ -20,8 +20,8 @@ pub use reactors::{
 pub use report::{Interval, PsTaskReport, TrainReport};
 pub(crate) use roles::shard_handler;
 pub use roles::{
-    connect, evaluate, load_eval, make_shard, start_ps, worker_loop, ClusterBackend, PsTask,
-    RunningPs, Sessions, WorkerNet, WorkerOutcome,
+    connect, connect_handoff, evaluate, load_eval, make_shard, start_ps, worker_loop,
+    ClusterBackend, PsTask, RunningPs, Sessions, WorkerNet, WorkerOutcome,
 };
 
 use std::net::{SocketAddr, TcpListener};
@@ -47,6 +47,7 @@ pub fn run_local(cfg: &TrainConfig) -> Result<TrainReport, TrainError> {
 }
 
 fn run_local_on(k: &dyn ClusterBackend, cfg: &TrainConfig) -> Result<TrainReport, TrainError> {
+    cfg.check_handoff()?;
     let plan = plan(cfg)?;
     let manifest = match &cfg.checkpoint_dir {
         Some(d) => read_manifest(d)?,
@@ -92,7 +93,8 @@ fn run_local_on(k: &dyn ClusterBackend, cfg: &TrainConfig) -> Result<TrainReport
         std::thread::scope(|sc| {
             let mut hs = Vec::new();
             for w in 0..cfg.workers {
-                let (plan, addrs, start, ev) = (&plan, &addrs, &start, &eval_interval);
+                let (plan, addrs, start, ev, layout) =
+                    (&plan, &addrs, &start, &eval_interval, &layout);
                 let cpu = layout.worker_cpu(w);
                 let resume = manifest
                     .as_ref()
@@ -101,7 +103,8 @@ fn run_local_on(k: &dyn ClusterBackend, cfg: &TrainConfig) -> Result<TrainReport
                     std::thread::Builder::new()
                         .name(format!("starwire-worker-{w}"))
                         .spawn_scoped(sc, move || {
-                            let mut net = match k.connect(cfg, addrs, w as u32, plan.shards) {
+                            let net = k.connect(cfg, addrs, w as u32, plan.shards, Some(layout));
+                            let mut net = match net {
                                 Ok(n) => n,
                                 Err(e) => {
                                     start.wait();
@@ -156,7 +159,7 @@ fn run_local_on(k: &dyn ClusterBackend, cfg: &TrainConfig) -> Result<TrainReport
         return Err(e);
     }
     // The evaluator: its own connections, after every worker has pushed.
-    let mut net = k.connect(cfg, &addrs, cfg.workers as u32, plan.shards)?;
+    let mut net = k.connect(cfg, &addrs, cfg.workers as u32, plan.shards, None)?;
     let mut core = WorkerCore::new(
         partition(&plan.model, cfg.protocol),
         plan.layout.clone(),
@@ -215,6 +218,7 @@ fn run_local_on(k: &dyn ClusterBackend, cfg: &TrainConfig) -> Result<TrainReport
         workers: cfg.workers,
         tensor_fuse: cfg.tensor_fuse,
         sync: cfg.sync,
+        worker_handoff: cfg.handoff(),
         steps,
         samples,
         train_seconds,
@@ -286,6 +290,7 @@ pub fn run_worker_task(
     index: usize,
 ) -> Result<TrainReport, TrainError> {
     across_processes(cfg.backend)?;
+    cfg.check_handoff()?;
     let k = cluster_backend(cfg.backend);
     let plan = plan(cfg)?;
     let manifest = match &cfg.checkpoint_dir {
@@ -300,7 +305,7 @@ pub fn run_worker_task(
     });
     let layout = ReactorLayout::detect(cfg, &ProcessReactors::worker(index))?;
     warn(&layout);
-    let mut net = k.connect(cfg, ps_addrs, index as u32, plan.shards)?;
+    let mut net = k.connect(cfg, ps_addrs, index as u32, plan.shards, Some(&layout))?;
     let eval_all = if index == 0 {
         load_eval(cfg, &plan.truth, cfg.eval_examples)?
     } else {
@@ -353,6 +358,7 @@ pub fn run_worker_task(
         workers: cfg.workers,
         tensor_fuse: cfg.tensor_fuse,
         sync: cfg.sync,
+        worker_handoff: cfg.handoff(),
         steps: out.steps,
         samples: out.samples,
         train_seconds,

@@ -1,8 +1,10 @@
 //! Where the reactors of a training process run and how they idle.
 //!
 //! A process's reactors are its PS reactors (one per shard of the PS tasks
-//! it runs) and each of its workers' network thread (the worker thread,
-//! which runs the worker's requests and its graph). The pinned ones get
+//! it runs) and each of its workers' network threads: with the hand-off
+//! (`--worker-handoff on`), the worker's network reactors; without it, the
+//! worker thread, which runs the worker's requests and its graph. The
+//! pinned ones get
 //! their CPUs from one starwire-placement plan, so the PS tasks and workers
 //! of the local cluster do not share CPUs while there are CPUs to spare.
 //! Which reactors poll, park or are pinned comes from the network settings
@@ -28,23 +30,52 @@ use crate::TrainError;
 /// reactors sharing a core must park when idle (see docs/PLACEMENT.md).
 pub const OVERSUBSCRIBED_IDLE_POLL: Duration = Duration::from_micros(50);
 
-/// Longest single park of a PS reactor, so a shard with no timers still
-/// re-checks its inbox.
+/// Longest single park of a PS reactor or a worker's network reactor, so
+/// a reactor with no timers still re-checks its inbox.
 const MAX_PARK: Duration = Duration::from_millis(100);
 
 impl TrainConfig {
     /// Takes the reactor settings of both roles, as starwire-config
     /// resolved them (flags, then DeepRec's variables, then defaults).
-    ///
-    /// A worker runs its requests on its own thread, so it has one network
-    /// thread whatever `NETWORK_WORKER_CORE_NUMBER` says.
     pub fn apply_settings(&mut self, s: &Settings) {
         self.ps_polling = s.ps.polling.value;
         self.worker_polling = s.worker.polling.value;
         self.ps_reactors = s.ps.cores.value;
+        self.worker_reactors = s.worker.cores.value;
         self.pin_ps = s.ps.pin_cores.value;
         self.pin_workers = s.worker.pin_cores.value;
         self.idle_poll_us = s.ps.idle_poll_us.value;
+    }
+
+    /// Whether workers hand their requests to network reactors:
+    /// `--worker-handoff on` on a backend whose workers drive sessions.
+    pub fn handoff(&self) -> bool {
+        self.worker_handoff && runs_reactors(self.backend)
+    }
+
+    /// Network threads of each worker: with the hand-off, its network
+    /// reactors (`NETWORK_WORKER_CORE_NUMBER`, at most one per shard, since
+    /// each holds whole connections); without it, one, the worker thread.
+    pub fn worker_network_threads(&self) -> usize {
+        if self.handoff() {
+            let shards = self.ps.max(1) * self.ps_reactors.max(1);
+            self.worker_reactors.clamp(1, shards)
+        } else {
+            1
+        }
+    }
+
+    /// `--worker-handoff on` needs workers that drive sessions: inproc and
+    /// grpc have no network reactors to hand requests to.
+    pub(super) fn check_handoff(&self) -> Result<(), TrainError> {
+        if self.worker_handoff && !runs_reactors(self.backend) {
+            return Err(TrainError::Config(
+                "--worker-handoff on hands a worker's requests to network reactors, which only \
+                 the tcp and uring backends have"
+                    .into(),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -72,7 +103,9 @@ pub struct ReactorReport {
     /// `ps` or `worker`.
     #[serde(serialize_with = "serialize_role")]
     pub role: Role,
-    /// The shard (ps) or the worker index (worker).
+    /// The shard (ps); the worker (worker, without the hand-off); the
+    /// worker's network reactor, `worker × reactors per worker + reactor`
+    /// (worker, with the hand-off).
     pub index: usize,
     /// The CPU it is pinned to, if pinned.
     pub cpu: Option<CpuId>,
@@ -155,9 +188,17 @@ pub struct ReactorLayout {
     ps: Vec<(usize, Option<CpuId>)>,
     ps_polling: bool,
     ps_idle: IdlePolicy,
-    /// `(worker, cpu)` of every worker's network thread.
+    /// `(index, cpu)` of every worker network thread, worker by worker:
+    /// index `w × per_worker + r` is worker `w`'s `r`-th.
     workers: Vec<(usize, Option<CpuId>)>,
+    /// Network threads per worker.
+    per_worker: usize,
+    /// The worker threads hand their requests to network reactors.
+    handoff: bool,
     worker_polling: bool,
+    /// How a worker's network reactors idle, and how its worker thread
+    /// waits for their replies (with the hand-off).
+    worker_idle: IdlePolicy,
     /// What the operator should know (the plan's warnings, reactors
     /// sharing CPUs).
     pub warnings: Vec<String>,
@@ -197,8 +238,11 @@ impl ReactorLayout {
             Vec::new()
         };
         let workers: Vec<usize> = which.workers.clone().collect();
+        let handoff = cfg.handoff();
+        let per_worker = cfg.worker_network_threads();
+        let worker_threads = workers.len() * per_worker;
         let pinned_ps = if cfg.pin_ps { ps.len() } else { 0 };
-        let pinned_workers = if cfg.pin_workers { workers.len() } else { 0 };
+        let pinned_workers = if cfg.pin_workers { worker_threads } else { 0 };
         let pinned = pinned_ps + pinned_workers;
         let mut warnings = Vec::new();
         let cpus: Vec<Option<CpuId>> = if pinned > 0 {
@@ -230,7 +274,9 @@ impl ReactorLayout {
         let (ps_cpus, worker_cpus) = cpus.split_at(pinned_ps.min(cpus.len()));
         let cpu_of = |cpus: &[Option<CpuId>], i: usize| cpus.get(i).copied().flatten();
 
-        let threads = ps.len() + workers.len();
+        // With the hand-off, a worker thread waiting for replies may poll
+        // too.
+        let threads = ps.len() + worker_threads + if handoff { workers.len() } else { 0 };
         let oversubscribed = threads > usable.len();
         let wanted = starwire_config::IdlePolicy::from_polling(cfg.ps_polling, cfg.idle_poll_us);
         let ps_idle = idle_policy(wanted, oversubscribed);
@@ -242,6 +288,24 @@ impl ReactorLayout {
                 OVERSUBSCRIBED_IDLE_POLL.as_micros()
             ));
         }
+        let wanted =
+            starwire_config::IdlePolicy::from_polling(cfg.worker_polling, cfg.idle_poll_us);
+        let worker_idle = idle_policy(wanted, oversubscribed);
+        if handoff && !workers.is_empty() && worker_idle != to_reactor_idle(wanted) {
+            warnings.push(format!(
+                "{threads} threads share {} usable cpus: polling worker network reactors and \
+                 worker threads poll {} us, then park",
+                usable.len(),
+                OVERSUBSCRIBED_IDLE_POLL.as_micros()
+            ));
+        }
+        if handoff && cfg.worker_reactors > per_worker {
+            warnings.push(format!(
+                "NETWORK_WORKER_CORE_NUMBER is {} but a worker has {per_worker} connections: \
+                 {per_worker} network reactors each",
+                cfg.worker_reactors
+            ));
+        }
         Ok(ReactorLayout {
             ps: ps
                 .iter()
@@ -250,12 +314,16 @@ impl ReactorLayout {
                 .collect(),
             ps_polling: cfg.ps_polling,
             ps_idle,
-            workers: workers
-                .iter()
-                .enumerate()
-                .map(|(i, &w)| (w, cpu_of(worker_cpus, i)))
+            workers: (0..worker_threads)
+                .map(|i| {
+                    let (w, r) = (workers[i / per_worker], i % per_worker);
+                    (w * per_worker + r, cpu_of(worker_cpus, i))
+                })
                 .collect(),
+            per_worker,
+            handoff,
             worker_polling: cfg.worker_polling && runs_reactors(cfg.backend),
+            worker_idle,
             warnings,
         })
     }
@@ -274,12 +342,53 @@ impl ReactorLayout {
         })
     }
 
-    /// The CPU of worker `worker`'s network thread, if pinned.
+    /// The CPU of worker `worker`'s worker thread, if pinned: without the
+    /// hand-off it is the worker's network thread; with it, it is not a
+    /// reactor and is not pinned.
     pub fn worker_cpu(&self, worker: usize) -> Option<CpuId> {
+        if self.handoff {
+            return None;
+        }
         self.workers
             .iter()
             .find(|(w, _)| *w == worker)
             .and_then(|&(_, cpu)| cpu)
+    }
+
+    /// Whether the workers hand their requests to network reactors.
+    pub fn handoff(&self) -> bool {
+        self.handoff
+    }
+
+    /// The specs of worker `worker`'s network reactors (with the
+    /// hand-off), in order: reactor `r` serves the worker's shards `s`
+    /// with `s % reactors == r`.
+    pub fn worker_specs(&self, worker: usize) -> Result<Vec<ReactorSpec>, TrainError> {
+        let first = worker * self.per_worker;
+        (first..first + self.per_worker)
+            .map(|index| {
+                let &(_, cpu) =
+                    self.workers
+                        .iter()
+                        .find(|(i, _)| *i == index)
+                        .ok_or_else(|| {
+                            TrainError::Internal(format!(
+                                "no network reactor placed for worker {worker}"
+                            ))
+                        })?;
+                Ok(ReactorSpec {
+                    index,
+                    cpu,
+                    idle: self.worker_idle,
+                    max_park: MAX_PARK,
+                })
+            })
+            .collect()
+    }
+
+    /// How a worker thread waits for its network reactors' replies.
+    pub fn worker_wait(&self) -> IdlePolicy {
+        self.worker_idle
     }
 
     /// Every reactor, PS ones first.
@@ -405,6 +514,8 @@ mod tests {
         );
         assert_eq!(cfg.ps_reactors, 3);
         assert_eq!(cfg.idle_poll_us, 20);
+        // min(2, 1 PS task) network reactors per worker.
+        assert_eq!(cfg.worker_reactors, 1);
         // Defaults: min(8, 2 workers) PS reactors, nothing polls or pins.
         let cfg = local(&[]);
         assert_eq!(cfg.ps_reactors, 2);
@@ -616,6 +727,75 @@ mod tests {
         );
         assert_eq!(l.worker_cpu(0), None);
         assert_eq!(summary(&l.report()), "reactors: 1 worker (cpus 4; polling)");
+    }
+
+    #[test]
+    fn handoff_places_each_workers_network_reactors() {
+        let mut cfg = local(&[
+            ("WORKER_DISABLE_PIN_CORES", "0"),
+            ("WORKER_ENABLE_POLLING", "1"),
+            ("NETWORK_WORKER_CORE_NUMBER", "2"),
+        ]);
+        cfg.worker_handoff = true;
+        assert!(cfg.handoff());
+        assert_eq!(cfg.worker_network_threads(), 2);
+        let which = ProcessReactors::local(&cfg);
+        // 2 PS reactors, 2 × 2 network reactors and 2 worker threads on 8
+        // CPUs: the network reactors take the first four (the PS ones are
+        // not pinned), the worker threads none.
+        let l = ReactorLayout::new(&cfg, &which, &set("0-7"), &Topology::default()).unwrap();
+        assert!(l.handoff());
+        assert_eq!((l.worker_cpu(0), l.worker_cpu(1)), (None, None));
+        let specs = l.worker_specs(1).unwrap();
+        assert_eq!(
+            specs.iter().map(|s| (s.index, s.cpu)).collect::<Vec<_>>(),
+            vec![(2, Some(2)), (3, Some(3))]
+        );
+        assert!(specs.iter().all(|s| s.idle == IdlePolicy::BusyPoll));
+        assert_eq!(l.worker_wait(), IdlePolicy::BusyPoll);
+        assert!(l.warnings.is_empty(), "{:?}", l.warnings);
+        assert_eq!(
+            summary(&l.report()),
+            "reactors: 2 ps (unpinned; no polling), 4 worker (cpus 0,1,2,3; polling)"
+        );
+        // On 4 CPUs the 8 threads share: the polling ones poll, then park.
+        let l = ReactorLayout::new(&cfg, &which, &set("0-3"), &Topology::default()).unwrap();
+        let shared = IdlePolicy::PollThenPark(OVERSUBSCRIBED_IDLE_POLL);
+        assert_eq!(l.worker_wait(), shared);
+        assert_eq!(l.worker_specs(0).unwrap()[1].idle, shared);
+        assert!(
+            l.warnings[0].contains("worker network reactors"),
+            "{:?}",
+            l.warnings
+        );
+        // At most one reactor per shard (connection).
+        cfg.worker_reactors = 5;
+        assert_eq!(cfg.worker_network_threads(), 2);
+        let l = ReactorLayout::new(&cfg, &which, &set("0-7"), &Topology::default()).unwrap();
+        assert!(
+            l.warnings[0].contains("NETWORK_WORKER_CORE_NUMBER is 5"),
+            "{:?}",
+            l.warnings
+        );
+        // `starwire worker 3`: its own reactors only.
+        let l = ReactorLayout::new(
+            &cfg,
+            &ProcessReactors::worker(3),
+            &set("4-5"),
+            &Topology::default(),
+        )
+        .unwrap();
+        let listed: Vec<(usize, Option<usize>)> =
+            l.report().iter().map(|r| (r.index, r.cpu)).collect();
+        assert_eq!(listed, vec![(6, Some(4)), (7, Some(5))]);
+        assert!(l.worker_specs(0).is_err(), "worker 0 is not this process's");
+        // Without reactors there is nothing to hand requests to.
+        cfg.backend = BackendKind::Inproc;
+        assert!(!cfg.handoff());
+        assert_eq!(cfg.worker_network_threads(), 1);
+        assert!(cfg.check_handoff().is_err());
+        cfg.worker_handoff = false;
+        assert!(cfg.check_handoff().is_ok());
     }
 
     #[test]

@@ -42,6 +42,9 @@ pub struct TrainReport {
     pub tensor_fuse: bool,
     /// Synchronous training.
     pub sync: bool,
+    /// Workers hand their requests to network reactors
+    /// (`--worker-handoff on` on a backend with reactors).
+    pub worker_handoff: bool,
     /// Steps run, all workers together.
     pub steps: u64,
     /// Examples trained on.
@@ -79,7 +82,8 @@ pub struct TrainReport {
     /// Per-shard counters.
     pub shard_stats: Vec<serde_json::Value>,
     /// The reactors of this process: PS reactors, then each worker's
-    /// network thread.
+    /// network threads (its network reactors with the hand-off, else the
+    /// worker thread).
     pub reactors: Vec<ReactorReport>,
 }
 

@@ -20,6 +20,7 @@ use super::reactors::{PinnedThread, ReactorLayout};
 use super::{model_name, protocol_name, BackendKind, Interval, Plan, TrainConfig};
 use crate::backend::{Backend, Tcp};
 use crate::handler::{shard_file, ShardHandler};
+use crate::handoff::{HandoffConfig, HandoffNet};
 use crate::net::{Exchange, SessionNet, Traffic, WorkerService};
 use crate::server::ShardService;
 use crate::source::{DataSource, Reader};
@@ -151,6 +152,12 @@ impl<D: Driver> WorkerNet for SessionNet<D> {
     }
 }
 
+impl<D: Driver + Send + 'static> WorkerNet for HandoffNet<D> {
+    fn close(&mut self) {
+        HandoffNet::close(self);
+    }
+}
+
 /// How the local cluster starts a PS task and connects a worker on one
 /// backend.
 pub trait ClusterBackend: Sync {
@@ -169,13 +176,18 @@ pub trait ClusterBackend: Sync {
         restore: Option<&Path>,
         layout: &ReactorLayout,
     ) -> Result<Box<dyn RunningPs>, TrainError>;
-    /// Connect worker (or evaluator) `index` to every shard.
+    /// Connect worker (or evaluator) `index` to every shard. With
+    /// `layout`, a worker that hands its requests to network reactors
+    /// ([`TrainConfig::handoff`]) starts them where `layout` puts them;
+    /// without it (the evaluator), the calling thread drives the
+    /// connections.
     fn connect(
         &self,
         cfg: &TrainConfig,
         ps_addrs: &[String],
         index: u32,
         shards: usize,
+        layout: Option<&ReactorLayout>,
     ) -> Result<Box<dyn WorkerNet>, TrainError>;
 }
 
@@ -207,8 +219,12 @@ impl<K: Backend> ClusterBackend for Sessions<K> {
         ps_addrs: &[String],
         index: u32,
         shards: usize,
+        layout: Option<&ReactorLayout>,
     ) -> Result<Box<dyn WorkerNet>, TrainError> {
-        Ok(Box::new(connect::<K>(cfg, ps_addrs, index, shards)?))
+        Ok(match layout.filter(|l| l.handoff()) {
+            Some(layout) => Box::new(connect_handoff::<K>(cfg, ps_addrs, index, shards, layout)?),
+            None => Box::new(connect::<K>(cfg, ps_addrs, index, shards)?),
+        })
     }
 }
 
@@ -267,13 +283,15 @@ pub fn start_ps<K: Backend>(
     Ok(PsTask { acceptor, reactors })
 }
 
-/// Connect a worker (or the evaluator) to every shard of the cluster.
-pub fn connect<K: Backend>(
+/// How long a worker's handshakes, and each of its requests, may take.
+const WORKER_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Dial every shard of the cluster: shard `s`'s stream at position `s`.
+fn dial_shards(
     cfg: &TrainConfig,
     ps_addrs: &[String],
-    index: u32,
     shards: usize,
-) -> Result<SessionNet<K::Driver>, TrainError> {
+) -> Result<Vec<std::net::TcpStream>, TrainError> {
     let r = cfg.ps_reactors.max(1);
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut streams = Vec::with_capacity(shards);
@@ -284,10 +302,22 @@ pub fn connect<K: Backend>(
             .ok_or_else(|| TrainError::Config(format!("no address for PS {p}")))?;
         streams.push(dial(addr, local as u32, deadline)?);
     }
+    Ok(streams)
+}
+
+/// Connect a worker (or the evaluator) to every shard of the cluster; the
+/// calling thread drives the connections.
+pub fn connect<K: Backend>(
+    cfg: &TrainConfig,
+    ps_addrs: &[String],
+    index: u32,
+    shards: usize,
+) -> Result<SessionNet<K::Driver>, TrainError> {
+    let streams = dial_shards(cfg, ps_addrs, shards)?;
     let backend = |e: &dyn std::fmt::Display| TrainError::Backend(K::NAME, e.to_string());
     let driver = K::driver(cfg.worker_polling).map_err(|e| backend(&e))?;
     let now = Instant::now();
-    let service = WorkerService::new(shards, Duration::from_secs(120), now);
+    let service = WorkerService::new(shards, WORKER_TIMEOUT, now);
     let cc = ConnConfig::new(peer(TaskRole::Worker, index, 1));
     let mut endpoint = Endpoint::new(driver, service, cc);
     for (s, stream) in streams.into_iter().enumerate() {
@@ -296,6 +326,28 @@ pub fn connect<K: Backend>(
             .map_err(|e| backend(&e))?;
     }
     SessionNet::new(endpoint, cfg.worker_polling)
+}
+
+/// Connect worker `index` to every shard of the cluster through its
+/// network reactors, placed by `layout`; the calling thread hands them its
+/// requests.
+pub fn connect_handoff<K: Backend>(
+    cfg: &TrainConfig,
+    ps_addrs: &[String],
+    index: u32,
+    shards: usize,
+    layout: &ReactorLayout,
+) -> Result<HandoffNet<K::Driver>, TrainError> {
+    let streams = dial_shards(cfg, ps_addrs, shards)?;
+    let hc = HandoffConfig {
+        reactors: layout.worker_specs(index as usize)?,
+        producers: 1,
+        wait: layout.worker_wait(),
+        polling: cfg.worker_polling,
+        conn: ConnConfig::new(peer(TaskRole::Worker, index, 1)),
+        timeout: WORKER_TIMEOUT,
+    };
+    HandoffNet::connect::<K>(streams, &hc)
 }
 
 /// What one worker did.
