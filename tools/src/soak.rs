@@ -26,7 +26,7 @@ use starwire_transport::reactor::{IdlePolicy, Reactor, ReactorSpec};
 use starwire_transport::testing::{FaultSpec, FaultStats, Faulty};
 use starwire_transport::wire::{Opcode, Status};
 use starwire_transport::{
-    Body, ConnError, ConnId, Connection, Driver, Endpoint, Incoming, Links, Service, Sessions,
+    ConnError, ConnId, Connection, Driver, Endpoint, Incoming, Links, Payload, Service, Sessions,
     StreamDriver, TaskRole, TransportError,
 };
 
@@ -241,7 +241,7 @@ fn payload_len(conn: u64, seq: u64, max: usize) -> usize {
 }
 
 /// `[seq u64][checksum u64][payload]`.
-fn make_body(seq: u64, len: usize, salt: u64) -> Body {
+fn make_body(seq: u64, len: usize, salt: u64) -> Payload {
     let mut v = Vec::with_capacity(SEQ_HDR + len);
     v.extend_from_slice(&seq.to_le_bytes());
     v.extend_from_slice(&[0u8; 8]);
@@ -249,7 +249,7 @@ fn make_body(seq: u64, len: usize, salt: u64) -> Body {
     v.extend((0..len).map(|i| (base as usize).wrapping_add(i.wrapping_mul(131)) as u8));
     let sum = checksum(seq, &v[SEQ_HDR..]);
     v[8..16].copy_from_slice(&sum.to_le_bytes());
-    Body::from(v)
+    Payload::from(v)
 }
 
 /// Decode and verify a body: `Some(seq)` when the checksum matches.
@@ -510,7 +510,7 @@ fn serve_request(
         }
         None => {
             counts.corrupted += 1;
-            (Status::BadRequest, Body::empty())
+            (Status::BadRequest, Payload::empty())
         }
     };
     let _ = conn.respond(id, opcode, status, reply);

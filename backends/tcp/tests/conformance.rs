@@ -10,7 +10,7 @@ use starwire_tcp::{TcpConfig, TcpDriver, TcpTransport};
 use starwire_transport::conformance::{self, link_pairs, DriverPair, Pair, MIN_CONNECTIONS};
 use starwire_transport::testing::{FaultSpec, Faulty};
 use starwire_transport::wire::Opcode;
-use starwire_transport::{Body, Connection, Driver, Incoming, Links, Sleep, StreamDriver};
+use starwire_transport::{Connection, Driver, Incoming, Links, Payload, Sleep, StreamDriver};
 
 /// `n` loopback connections between two tcp drivers, attached from their
 /// streams.
@@ -166,7 +166,7 @@ fn faulty_tcp_links_show_every_fault_on_its_own_connection() {
                 let id = p.a_ids[i];
                 let Some(c) = p.a.conn(id) else { continue };
                 while *sent < SENT && !c.is_closed() {
-                    let body = Body::from(message(*sent));
+                    let body = Payload::from(message(*sent));
                     if c.send_oneway(Opcode::Tensors, 0, body).is_err() {
                         break;
                     }

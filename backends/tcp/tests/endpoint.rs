@@ -10,8 +10,8 @@ use starwire_transport::accept::{dial, inboxes, AcceptConfig, Acceptor};
 use starwire_transport::reactor::{local_waker, IdlePolicy, Reactor, ReactorSpec};
 use starwire_transport::wire::{Opcode, Status};
 use starwire_transport::{
-    Body, ConnConfig, ConnError, ConnId, Connection, Endpoint, Event, Incoming, PeerInfo, Service,
-    Sessions, TaskRole,
+    ConnConfig, ConnError, ConnId, Connection, Endpoint, Event, Incoming, Payload, PeerInfo,
+    Service, Sessions, TaskRole,
 };
 
 const CONNECTIONS: usize = 16;
@@ -55,7 +55,7 @@ impl Service<TcpDriver> for Echo {
             return Ok(());
         };
         self.served += 1;
-        conn.respond(id, opcode, Status::Ok, Body::from(body.to_vec()))
+        conn.respond(id, opcode, Status::Ok, Payload::from(body.to_vec()))
             .map_err(|_| ConnError::Protocol("reply not queued"))
     }
     fn on_closed(
@@ -130,7 +130,7 @@ impl Service<TcpDriver> for Client {
         for id in ids {
             let c = sessions.conn(id).expect("held");
             for k in 0..REQUESTS {
-                c.request(Opcode::Rpc, 0, Body::from(body(id, k)), None)
+                c.request(Opcode::Rpc, 0, Payload::from(body(id, k)), None)
                     .expect("queued");
             }
         }

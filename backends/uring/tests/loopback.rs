@@ -326,7 +326,7 @@ fn many_connections_share_one_driver_with_one_enter_per_turn() {
 fn sessions_of_64_connections_echo_over_one_driver_each() {
     use starwire_transport::wire::Status;
     use starwire_transport::{
-        Body, ConnConfig, Connection, Incoming, PeerInfo, Sessions, TaskRole,
+        ConnConfig, Connection, Incoming, Payload, PeerInfo, Sessions, TaskRole,
     };
     let peer = |role, incarnation| PeerInfo {
         role,
@@ -355,7 +355,7 @@ fn sessions_of_64_connections_echo_over_one_driver_each() {
                         id, opcode, body, ..
                     } = m
                     {
-                        conn.respond(id, opcode, Status::Ok, Body::from(body.to_vec()))
+                        conn.respond(id, opcode, Status::Ok, Payload::from(body.to_vec()))
                             .expect("respond");
                         answered += 1;
                     }
@@ -384,7 +384,7 @@ fn sessions_of_64_connections_echo_over_one_driver_each() {
                 let req = s
                     .conn(id)
                     .unwrap()
-                    .request(Opcode::Rpc, 0, Body::from(b.clone()), None)
+                    .request(Opcode::Rpc, 0, Payload::from(b.clone()), None)
                     .expect("request");
                 want.insert((id, req), b);
             }

@@ -298,7 +298,7 @@ mod tests {
     use crate::handler::ShardHandler;
     use starwire_ps::{PsShard, ShardConfig};
     use starwire_transport::wire::Opcode;
-    use starwire_transport::Body;
+    use starwire_transport::Payload;
     use starwire_wire::ps::Control;
 
     fn state(shards: usize) -> Arc<LockedShards> {
@@ -328,7 +328,7 @@ mod tests {
         Request {
             shard,
             opcode: Opcode::Rpc,
-            body: Body::from_bytes(c.encode()),
+            body: Payload::from_bytes(c.encode()),
         }
     }
 
@@ -382,7 +382,7 @@ mod tests {
         let bad = Request {
             shard: 0,
             opcode: Opcode::SparsePull,
-            body: Body::from_bytes(vec![0xff; 7]),
+            body: Payload::from_bytes(vec![0xff; 7]),
         };
         n.exchange(vec![bad], &mut replies).unwrap();
         assert!(matches!(replies[0].status, Some(s) if s != Status::Ok));

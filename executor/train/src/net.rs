@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use starwire_transport::reactor::{local_waker, IdlePolicy, ReactorWaker};
 use starwire_transport::wire::{Opcode, Status};
 use starwire_transport::{
-    Body, ConnError, ConnId, Connection, Driver, Endpoint, Event, Incoming, Service, Sessions,
+    ConnError, ConnId, Connection, Driver, Endpoint, Event, Incoming, Payload, Service, Sessions,
 };
 
 use crate::psclient::{PsClient, ShardConns};
@@ -32,7 +32,7 @@ pub struct Request {
     /// What it is.
     pub opcode: Opcode,
     /// The body.
-    pub body: Body,
+    pub body: Payload,
 }
 
 /// One reply, in the order of the requests.

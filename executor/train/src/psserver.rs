@@ -17,7 +17,7 @@ use std::collections::HashMap;
 
 use bytes::Bytes;
 use starwire_transport::wire::{Opcode, Status};
-use starwire_transport::{Body, Connection, Incoming};
+use starwire_transport::{Connection, Incoming, Payload};
 use starwire_wire::ps::Control;
 use thiserror::Error;
 
@@ -200,8 +200,8 @@ pub struct Release {
 
 impl Release {
     /// The reply body: the global step, `u64` little-endian.
-    pub fn body(&self) -> Body {
-        Body::from_bytes(Bytes::copy_from_slice(&self.step.to_le_bytes()))
+    pub fn body(&self) -> Payload {
+        Payload::from_bytes(Bytes::copy_from_slice(&self.step.to_le_bytes()))
     }
 }
 
@@ -288,7 +288,7 @@ impl<H: PsHandler> PsServer<H> {
                 if status == Status::Ok && lent.len() < MAX_LENT {
                     lent.push(bytes.clone());
                 }
-                conn.respond(id, opcode, status, Body::from_bytes(bytes))
+                conn.respond(id, opcode, status, Payload::from_bytes(bytes))
                     .map_err(|_| ServeError::ReplyNotQueued)
             }
             Reply::Wait(_) if waiting.iter().any(|w| w.0 == key) => Err(ServeError::SecondBarrier),
@@ -301,7 +301,7 @@ impl<H: PsHandler> PsServer<H> {
                 if oneway {
                     return Ok(());
                 }
-                conn.respond(id, opcode, Status::Ok, Body::empty())
+                conn.respond(id, opcode, Status::Ok, Payload::empty())
                     .map_err(|_| ServeError::ReplyNotQueued)
             }
         }

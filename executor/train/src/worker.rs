@@ -15,7 +15,7 @@ use starwire_graph::{
 };
 use starwire_ps::shard_of;
 use starwire_transport::wire::{Opcode, Status};
-use starwire_transport::Body;
+use starwire_transport::Payload;
 use starwire_wire::ps::{
     parse_push_response, Control, Limits, PullReply, PullRequestWriter, PullResponse,
     PushRequestWriter,
@@ -94,8 +94,8 @@ pub struct WorkerCore {
     global_step: u64,
 }
 
-fn bytes_body(v: Vec<u8>) -> Body {
-    Body::from_bytes(Bytes::from(v))
+fn bytes_body(v: Vec<u8>) -> Payload {
+    Payload::from_bytes(Bytes::from(v))
 }
 
 fn check(r: &Reply, what: &str) -> Result<(), TrainError> {

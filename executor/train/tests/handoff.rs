@@ -14,8 +14,8 @@ use starwire_transport::accept::{dial, inboxes, AcceptConfig, Acceptor};
 use starwire_transport::reactor::{IdlePolicy, Reactor, ReactorSpec};
 use starwire_transport::wire::{Opcode, Status};
 use starwire_transport::{
-    Body, ConnConfig, ConnError, ConnId, Connection, Driver, Endpoint, Incoming, PeerInfo, Service,
-    TaskRole,
+    ConnConfig, ConnError, ConnId, Connection, Driver, Endpoint, Incoming, Payload, PeerInfo,
+    Service, TaskRole,
 };
 
 fn peer(role: TaskRole) -> ConnConfig {
@@ -66,7 +66,7 @@ impl<D: Driver> Service<D> for Echo {
         }
         let mut out = self.shard_of[id.index()].to_le_bytes().to_vec();
         out.extend_from_slice(body);
-        conn.respond(rid, opcode, Status::Ok, Body::from(out))
+        conn.respond(rid, opcode, Status::Ok, Payload::from(out))
             .map_err(|_| ConnError::Protocol("reply not queued"))
     }
 }
@@ -172,7 +172,7 @@ fn hammer(end: &mut ComputeEnd, lane: u64, shards: usize, exchanges: u64) -> u64
             .map(|(shard, body)| Request {
                 shard: *shard,
                 opcode: Opcode::Rpc,
-                body: Body::from(body.clone()),
+                body: Payload::from(body.clone()),
             })
             .collect();
         end.exchange(batch, &mut replies)
@@ -252,7 +252,7 @@ fn a_reactor_that_ends_fails_the_exchange_waiting_on_it() {
         let req = Request {
             shard: 0,
             opcode: Opcode::Rpc,
-            body: Body::from(vec![1, 2, 3]),
+            body: Payload::from(vec![1, 2, 3]),
         };
         let r = end.exchange(vec![req], &mut Vec::new());
         (r, end)
@@ -268,7 +268,7 @@ fn a_reactor_that_ends_fails_the_exchange_waiting_on_it() {
         vec![Request {
             shard: 0,
             opcode: Opcode::Rpc,
-            body: Body::empty(),
+            body: Payload::empty(),
         }],
         &mut Vec::new(),
     );
@@ -287,7 +287,7 @@ fn a_reactor_that_ends_fails_the_exchange_waiting_on_it() {
         .map(|shard| Request {
             shard,
             opcode: Opcode::Rpc,
-            body: Body::empty(),
+            body: Payload::empty(),
         })
         .collect();
     let e = end.exchange(reqs, &mut Vec::new()).unwrap_err();

@@ -19,7 +19,7 @@ use starwire_train::server::ShardService;
 use starwire_train::TrainError;
 use starwire_transport::testing::MemTransport;
 use starwire_transport::wire::{Opcode, Status};
-use starwire_transport::{Body, ConnConfig, Endpoint, Links, PeerInfo, TaskRole};
+use starwire_transport::{ConnConfig, Endpoint, Links, Payload, PeerInfo, TaskRole};
 use starwire_wire::ps::{
     parse_push_response, Control, Limits, PullReply, PullRequestWriter, PullResponse,
     PushRequestWriter,
@@ -246,7 +246,7 @@ fn req(shard: usize, opcode: Opcode, body: Vec<u8>) -> Request {
     Request {
         shard,
         opcode,
-        body: Body::from(body),
+        body: Payload::from(body),
     }
 }
 

@@ -15,7 +15,7 @@ use starwire_train::server::ShardService;
 use starwire_transport::accept::{dial, inboxes, AcceptConfig, Acceptor};
 use starwire_transport::reactor::{IdlePolicy, Reactor, ReactorSpec};
 use starwire_transport::wire::{Opcode, Status};
-use starwire_transport::{Body, ConnConfig, Endpoint, PeerInfo, TaskRole};
+use starwire_transport::{ConnConfig, Endpoint, Payload, PeerInfo, TaskRole};
 use starwire_wire::ps::{Control, PullRequestWriter, PullResponse};
 
 fn peer(role: TaskRole) -> ConnConfig {
@@ -110,7 +110,7 @@ fn one(net: &mut SessionNet<TcpDriver>, opcode: Opcode, body: Vec<u8>) -> Reply 
         vec![Request {
             shard: 0,
             opcode,
-            body: Body::from_bytes(Bytes::from(body)),
+            body: Payload::from_bytes(Bytes::from(body)),
         }],
         &mut replies,
     )

@@ -20,7 +20,7 @@ use starwire_transport::fusion::{FusionBatcher, FusionConfig, OutTensor};
 use starwire_transport::wire::tensor::DType;
 use starwire_transport::wire::tensors::TensorList;
 use starwire_transport::wire::Opcode;
-use starwire_transport::Body;
+use starwire_transport::Payload;
 
 use super::{Measured, Mode, Run};
 
@@ -169,7 +169,7 @@ fn window(c: &GrpcClient, run: &Run) -> Result<Measured, String> {
     })
 }
 
-fn body_bytes(b: Body) -> Bytes {
+fn body_bytes(b: Payload) -> Bytes {
     match b.segments() {
         [one] => one.clone(),
         segs => {

@@ -20,8 +20,8 @@ use starwire_transport::wire::tensor::DType;
 use starwire_transport::wire::tensors::TensorList;
 use starwire_transport::wire::{Opcode, Status, HEADER_LEN};
 use starwire_transport::{
-    Body, ConnConfig, ConnError, ConnId, Connection, Driver, Endpoint, Incoming, PeerInfo, Service,
-    Sessions, StreamDriver, TaskRole, TransportError,
+    ConnConfig, ConnError, ConnId, Connection, Driver, Endpoint, Incoming, Payload, PeerInfo,
+    Service, Sessions, StreamDriver, TaskRole, TransportError,
 };
 
 use super::{Measured, Mode, Run, ACCEPT_TIMEOUT};
@@ -177,12 +177,15 @@ fn answer(conn: &mut Connection, m: Incoming<'_>, error: &mut Option<String>) {
         return;
     };
     let (status, reply) = match opcode {
-        Opcode::Rpc => (Status::Ok, Body::from_bytes(Bytes::copy_from_slice(body))),
+        Opcode::Rpc => (
+            Status::Ok,
+            Payload::from_bytes(Bytes::copy_from_slice(body)),
+        ),
         Opcode::Tensors => match TensorList::parse(body) {
-            Ok(_) => (Status::Ok, Body::empty()),
-            Err(_) => (Status::BadRequest, Body::empty()),
+            Ok(_) => (Status::Ok, Payload::empty()),
+            Err(_) => (Status::BadRequest, Payload::empty()),
         },
-        _ => (Status::Ok, Body::empty()),
+        _ => (Status::Ok, Payload::empty()),
     };
     if let Err(e) = conn.respond(id, opcode, status, reply) {
         error.get_or_insert_with(|| format!("server respond: {e}"));
@@ -431,7 +434,7 @@ impl GenState {
             if !self.may_start(t) {
                 break;
             }
-            match conn.request(self.op, 0, Body::from_bytes(self.payload.clone()), None) {
+            match conn.request(self.op, 0, Payload::from_bytes(self.payload.clone()), None) {
                 Ok(id) => {
                     self.starts[c].push_back((id, t));
                     self.issued += 1;

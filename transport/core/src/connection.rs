@@ -133,31 +133,31 @@ pub enum RequestError {
 pub enum SendError {
     /// The bounded send queue is full; the body is handed back.
     #[error("send queue full")]
-    QueueFull(Body),
+    QueueFull(Payload),
     /// The message is longer than the configured maximum.
     #[error("message of {len} bytes exceeds the maximum {max}")]
     TooLarge {
-        /// Body length.
+        /// Payload length.
         len: usize,
         /// Configured maximum.
         max: u32,
         /// The body, handed back.
-        body: Body,
+        body: Payload,
     },
     /// The connection is closed.
     #[error("connection closed")]
-    Closed(Body),
+    Closed(Payload),
 }
 
-/// A message body: owned segments sent back to back (a gather list), so
+/// A message payload: owned segments sent back to back (a gather list), so
 /// tensors held in `Bytes` reach a vectored write without a copy.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Body {
+pub struct Payload {
     segs: Vec<Bytes>,
     len: usize,
 }
 
-impl Body {
+impl Payload {
     /// An empty body.
     pub fn empty() -> Self {
         Self::default()
@@ -176,7 +176,7 @@ impl Body {
         }
     }
     /// Move `other`'s segments to the end of this body.
-    pub fn append(&mut self, other: Body) {
+    pub fn append(&mut self, other: Payload) {
         self.len += other.len;
         self.segs.extend(other.segs);
     }
@@ -213,7 +213,7 @@ impl Body {
     }
 }
 
-impl From<Vec<u8>> for Body {
+impl From<Vec<u8>> for Payload {
     fn from(v: Vec<u8>) -> Self {
         Self::from_bytes(v)
     }
@@ -282,7 +282,7 @@ pub enum Event {
 #[derive(Debug)]
 struct Outgoing {
     header: Header,
-    body: Body,
+    body: Payload,
     /// Bytes of `body` already sent in earlier chunks.
     sent: usize,
     /// Whether any chunk has been sent.
@@ -370,7 +370,7 @@ impl Connection {
         };
         let mut body = vec![0u8; hello.encoded_len()];
         hello.emit(&mut body);
-        c.push_control(Header::new(Opcode::Hello, 0, 0), Body::from(body));
+        c.push_control(Header::new(Opcode::Hello, 0, 0), Payload::from(body));
         c
     }
 
@@ -410,7 +410,7 @@ impl Connection {
         &mut self,
         opcode: Opcode,
         shard: u16,
-        body: Body,
+        body: Payload,
         deadline: Option<Instant>,
     ) -> Result<u64, SendError> {
         self.check_send(&body)?;
@@ -427,7 +427,12 @@ impl Connection {
     }
 
     /// Queue a one-way message: no response, no request id.
-    pub fn send_oneway(&mut self, opcode: Opcode, shard: u16, body: Body) -> Result<(), SendError> {
+    pub fn send_oneway(
+        &mut self,
+        opcode: Opcode,
+        shard: u16,
+        body: Payload,
+    ) -> Result<(), SendError> {
         self.check_send(&body)?;
         let mut h = Header::new(opcode, 0, 0);
         h.flags = Flags::ONEWAY;
@@ -441,7 +446,7 @@ impl Connection {
         id: u64,
         opcode: Opcode,
         status: Status,
-        body: Body,
+        body: Payload,
     ) -> Result<(), SendError> {
         self.check_send(&body)?;
         let mut h = Header::new(opcode, id, 0);
@@ -466,7 +471,7 @@ impl Connection {
         }) {
             self.queue.remove(pos);
         } else if !self.closed {
-            self.push_control(Header::new(Opcode::Cancel, id, 0), Body::empty());
+            self.push_control(Header::new(Opcode::Cancel, id, 0), Payload::empty());
         }
         true
     }
@@ -484,7 +489,7 @@ impl Connection {
             return;
         }
         self.queue.clear();
-        self.push_control(Header::new(Opcode::Goodbye, 0, 0), Body::empty());
+        self.push_control(Header::new(Opcode::Goodbye, 0, 0), Payload::empty());
         self.fail_all("closed locally".into());
         self.closed = true;
     }
@@ -763,7 +768,7 @@ impl Connection {
         Ok(())
     }
 
-    fn check_send(&self, body: &Body) -> Result<(), SendError> {
+    fn check_send(&self, body: &Payload) -> Result<(), SendError> {
         if self.closed {
             return Err(SendError::Closed(body.clone()));
         }
@@ -777,7 +782,7 @@ impl Connection {
         Ok(())
     }
 
-    fn enqueue(&mut self, header: Header, body: Body) -> Result<(), SendError> {
+    fn enqueue(&mut self, header: Header, body: Payload) -> Result<(), SendError> {
         if self.queue.len() >= self.cfg.send_queue_limit {
             return Err(SendError::QueueFull(body));
         }
@@ -790,7 +795,7 @@ impl Connection {
         Ok(())
     }
 
-    fn push_control(&mut self, header: Header, body: Body) {
+    fn push_control(&mut self, header: Header, body: Payload) {
         self.control.push_back(Outgoing {
             header,
             body,

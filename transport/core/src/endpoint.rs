@@ -442,7 +442,7 @@ mod tests {
     use starwire_wire::{Opcode, Status};
 
     use super::*;
-    use crate::connection::{Body, PeerInfo, TaskRole};
+    use crate::connection::{Payload, PeerInfo, TaskRole};
     use crate::driver::Links;
     use crate::testing::MemTransport;
 
@@ -489,7 +489,7 @@ mod tests {
                 return Err(ConnError::Protocol("tensors are not served here"));
             }
             self.served += 1;
-            conn.respond(id, opcode, Status::Ok, Body::from(body.to_vec()))
+            conn.respond(id, opcode, Status::Ok, Payload::from(body.to_vec()))
                 .map_err(|_| ConnError::Protocol("reply not queued"))
         }
         fn on_event(&mut self, id: ConnId, _conn: &mut Connection, ev: Event, _now: Instant) {
@@ -546,7 +546,7 @@ mod tests {
             let ids: Vec<ConnId> = sessions.ids().collect();
             for id in ids {
                 if let Some(c) = sessions.conn(id) {
-                    c.request(op, 0, Body::from(b"ping".to_vec()), None)
+                    c.request(op, 0, Payload::from(b"ping".to_vec()), None)
                         .expect("queued");
                     self.asked += 1;
                 }
@@ -612,7 +612,7 @@ mod tests {
         a.sessions_mut()
             .conn(c1)
             .expect("held")
-            .request(Opcode::Tensors, 0, Body::empty(), None)
+            .request(Opcode::Tensors, 0, Payload::empty(), None)
             .expect("queued");
         a.service_mut().opcode = Some(Opcode::Rpc);
         a.service_mut().want = 1;

@@ -21,7 +21,7 @@ use starwire_wire::tensor::{DType, TensorRef, ZERO_PAD};
 use starwire_wire::tensors::LIST_HEAD_LEN;
 use starwire_wire::FrameError;
 
-use crate::connection::Body;
+use crate::connection::Payload;
 
 /// Fusion settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,7 +87,7 @@ impl OutTensor {
 #[derive(Debug)]
 struct BodyBuilder {
     /// Finished segments (copied runs and referenced large tensors).
-    body: Body,
+    body: Payload,
     /// The run of copied bytes being written; reused across steps, so a
     /// steady-state step allocates nothing here.
     inline: BytesMut,
@@ -97,7 +97,7 @@ struct BodyBuilder {
 impl BodyBuilder {
     fn new() -> Self {
         Self {
-            body: Body::empty(),
+            body: Payload::empty(),
             inline: BytesMut::new(),
             count: 0,
         }
@@ -132,12 +132,12 @@ impl BodyBuilder {
     }
 
     /// Finish the body and reset for the next one, keeping the buffer.
-    fn take(&mut self) -> (Body, u32) {
+    fn take(&mut self) -> (Payload, u32) {
         // The list head is its own small segment, written once the count is
         // known, so no segment is copied to patch it.
         let mut head = [0u8; LIST_HEAD_LEN];
         head[0..4].copy_from_slice(&self.count.to_le_bytes());
-        let mut body = Body::from_bytes(Bytes::copy_from_slice(&head));
+        let mut body = Payload::from_bytes(Bytes::copy_from_slice(&head));
         body.append(std::mem::take(&mut self.body));
         body.push(self.inline.split().freeze());
         let n = self.count;
@@ -152,7 +152,7 @@ struct Destination {
     /// Bodies closed during this step (split above the threshold, or one
     /// per tensor with fusion off), in order. Non-empty only while `open`
     /// is, since every `add` lands in `open`.
-    closed: Vec<(Body, u32)>,
+    closed: Vec<(Payload, u32)>,
     /// The largest body seen so far (capped at the split threshold): how
     /// much to reserve when the copy buffer runs out.
     hint: usize,
@@ -212,7 +212,7 @@ impl FusionBatcher {
 
     /// End the step: emit the message bodies for every destination, in the
     /// order the tensors were added, as `(destination, body, tensor count)`.
-    pub fn finish_step(&mut self, emit: &mut dyn FnMut(usize, Body, u32)) {
+    pub fn finish_step(&mut self, emit: &mut dyn FnMut(usize, Payload, u32)) {
         for (i, d) in self.dests.iter_mut().enumerate() {
             if d.open.is_empty() {
                 continue;
@@ -232,7 +232,7 @@ mod tests {
     use super::*;
     use starwire_wire::tensors::TensorList;
 
-    fn flat(body: &Body) -> Vec<u8> {
+    fn flat(body: &Payload) -> Vec<u8> {
         body.segments()
             .iter()
             .flat_map(|s| s.iter().copied())

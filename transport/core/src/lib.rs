@@ -39,7 +39,7 @@ pub mod testing;
 pub mod transport;
 
 pub use connection::{
-    Body, ConnConfig, ConnError, Connection, Event, Incoming, PeerInfo, RequestError, SendError,
+    ConnConfig, ConnError, Connection, Event, Incoming, Payload, PeerInfo, RequestError, SendError,
     TaskRole, PROTOCOL_VERSION,
 };
 pub use driver::{ConnId, ConnTx, Driver, FrameTx, Link, Links, Sleep, StreamDriver};

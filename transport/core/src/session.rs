@@ -322,7 +322,7 @@ mod tests {
     use starwire_wire::{Opcode, Status};
 
     use super::*;
-    use crate::connection::{Body, Event, PeerInfo, RequestError, TaskRole};
+    use crate::connection::{Event, Payload, PeerInfo, RequestError, TaskRole};
     use crate::driver::Links;
     use crate::testing::MemTransport;
     use crate::transport::TransportError;
@@ -361,7 +361,7 @@ mod tests {
             });
             b.turn(now, &mut |_, c, m| {
                 if let Incoming::Request { id, opcode, .. } = m {
-                    c.respond(id, opcode, Status::Ok, Body::empty())
+                    c.respond(id, opcode, Status::Ok, Payload::empty())
                         .expect("respond");
                 }
             });
@@ -371,7 +371,7 @@ mod tests {
 
     fn request(s: &mut Mem, id: ConnId) -> u64 {
         let c = s.conn(id).expect("held");
-        c.request(Opcode::Rpc, 0, Body::from(vec![1, 2, 3]), None)
+        c.request(Opcode::Rpc, 0, Payload::from(vec![1, 2, 3]), None)
             .expect("queue")
     }
 

@@ -8,8 +8,8 @@ use starwire_transport::testing::MemTransport;
 use starwire_transport::wire::message::{Hello, Role};
 use starwire_transport::wire::{Flags, FrameError, Header, Opcode, Status, HEADER_LEN};
 use starwire_transport::{
-    Body, ConnConfig, ConnError, ConnId, Connection, Driver, Incoming, Links, PeerInfo, Sessions,
-    TaskRole, Transport,
+    ConnConfig, ConnError, ConnId, Connection, Driver, Incoming, Links, Payload, PeerInfo,
+    Sessions, TaskRole, Transport,
 };
 
 const MAX_FRAME: usize = 4096;
@@ -208,7 +208,7 @@ fn one_bad_connection_does_not_disturb_another() {
     pair.a.driver_mut().tx_commit(bad, f.len());
     let id = pair
         .a(1)
-        .request(Opcode::Rpc, 0, Body::from(vec![5u8; 10]), None)
+        .request(Opcode::Rpc, 0, Payload::from(vec![5u8; 10]), None)
         .expect("queue");
     let mut ok = false;
     let mut rejected = false;
@@ -221,7 +221,7 @@ fn one_bad_connection_does_not_disturb_another() {
         },
         &mut |_, c: &mut Connection, m| {
             if let Incoming::Request { id, opcode, .. } = m {
-                c.respond(id, opcode, Status::Ok, Body::empty())
+                c.respond(id, opcode, Status::Ok, Payload::empty())
                     .expect("respond");
             }
         },
@@ -252,7 +252,7 @@ fn semantic_error_fails_one_request_only() {
         .request(
             Opcode::DensePull,
             0,
-            Body::from(99u32.to_le_bytes().to_vec()),
+            Payload::from(99u32.to_le_bytes().to_vec()),
             None,
         )
         .expect("queue");
@@ -261,7 +261,7 @@ fn semantic_error_fails_one_request_only() {
         .request(
             Opcode::DensePull,
             0,
-            Body::from(1u32.to_le_bytes().to_vec()),
+            Payload::from(1u32.to_le_bytes().to_vec()),
             None,
         )
         .expect("queue");
@@ -283,7 +283,7 @@ fn semantic_error_fails_one_request_only() {
                 } else {
                     Status::UnknownVariable
                 };
-                c.respond(id, opcode, status, Body::empty())
+                c.respond(id, opcode, status, Payload::empty())
                     .expect("respond");
             }
         },

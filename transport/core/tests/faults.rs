@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use starwire_transport::conformance::{link_pairs, Pair};
 use starwire_transport::testing::{FaultSpec, Faulty, MemTransport};
 use starwire_transport::wire::Opcode;
-use starwire_transport::{Body, ConnId, Connection, Incoming};
+use starwire_transport::{ConnId, Connection, Incoming, Payload};
 
 fn fnv1a(data: &[u8]) -> u64 {
     data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
@@ -76,7 +76,7 @@ fn run(spec: FaultSpec, n: u64) -> (Verdict, starwire_transport::testing::FaultS
         while sent < n {
             match p
                 .a(0)
-                .send_oneway(Opcode::Tensors, 0, Body::from(message(sent)))
+                .send_oneway(Opcode::Tensors, 0, Payload::from(message(sent)))
             {
                 Ok(()) => sent += 1,
                 Err(_) => break,

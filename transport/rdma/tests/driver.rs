@@ -13,7 +13,7 @@ use starwire_rdma::{
     WcStatus, MIN_RECV_DEPTH,
 };
 use starwire_transport::{
-    Body, ConnConfig, ConnId, Connection, Driver, Incoming, PeerInfo, Sessions, TaskRole,
+    ConnConfig, ConnId, Connection, Driver, Incoming, Payload, PeerInfo, Sessions, TaskRole,
     TransportError,
 };
 use starwire_wire::{Opcode, Status};
@@ -262,7 +262,7 @@ fn echo(_: ConnId, conn: &mut Connection, m: Incoming<'_>) {
         id, opcode, body, ..
     } = m
     {
-        conn.respond(id, opcode, Status::Ok, Body::from(body.to_vec()))
+        conn.respond(id, opcode, Status::Ok, Payload::from(body.to_vec()))
             .expect("respond");
     }
 }
@@ -303,7 +303,7 @@ fn sixty_four_sessions_handshake_and_echo_over_one_driver_each() {
                 .a
                 .conn(c)
                 .unwrap()
-                .request(Opcode::Rpc, 0, Body::from(body.clone()), None)
+                .request(Opcode::Rpc, 0, Payload::from(body.clone()), None)
                 .expect("request");
             expect.insert((i, id), body);
         }

@@ -11,7 +11,7 @@ use starwire_wire::{Header, Opcode};
 use super::messages::{check_tag, echo, echo_round, tagged};
 use super::pair::{Failed, Pair, Side};
 use super::DriverPair;
-use crate::connection::{Body, Connection, Event, Incoming};
+use crate::connection::{Connection, Event, Incoming, Payload};
 use crate::driver::Driver;
 
 /// Requests each connection has in flight when the victims are hit.
@@ -65,7 +65,7 @@ pub fn failure_and_close_are_isolated<A: Driver, B: Driver>(drivers: DriverPair<
     for (i, ids) in ids.iter_mut().enumerate() {
         let d = (fate(i) != Fate::Survive).then_some(deadline);
         for _ in 0..LOAD {
-            let body = Body::from(tagged(i, true, 64, &mut rng));
+            let body = Payload::from(tagged(i, true, 64, &mut rng));
             ids.insert(p.a(i).request(Opcode::Rpc, 0, body, d).expect("queue"));
         }
     }

@@ -15,7 +15,7 @@ use starwire_wire::{Opcode, Status, HEADER_LEN};
 use super::pair::{peer, Pair};
 use super::DriverPair;
 use crate::connection::{
-    Body, ConnConfig, Connection, Event, Incoming, RequestError, SendError, TaskRole,
+    ConnConfig, Connection, Event, Incoming, Payload, RequestError, SendError, TaskRole,
 };
 use crate::driver::Driver;
 
@@ -71,7 +71,7 @@ pub(super) fn echo(j: usize, conn: &mut Connection, m: Incoming<'_>) {
         if body[0] == SILENT {
             return;
         }
-        conn.respond(id, opcode, Status::Ok, Body::from(body.to_vec()))
+        conn.respond(id, opcode, Status::Ok, Payload::from(body.to_vec()))
             .expect("respond");
     }
 }
@@ -94,7 +94,7 @@ pub(super) fn echo_round<A: Driver, B: Driver>(
             let body = tagged(i, true, len, &mut rng);
             let id = p
                 .a(i)
-                .request(Opcode::Rpc, 0, Body::from(body.clone()), None)
+                .request(Opcode::Rpc, 0, Payload::from(body.clone()), None)
                 .expect("queue request");
             want.insert(id, body);
         }
@@ -167,7 +167,7 @@ pub fn oneway_order<A: Driver, B: Driver>(drivers: DriverPair<A, B>) {
             while *next < PER_CONN {
                 let mut body = tag(i, true).to_vec();
                 body.extend(next.to_le_bytes().repeat(1 + *next as usize % 64));
-                match p.a(i).send_oneway(Opcode::Tensors, 0, Body::from(body)) {
+                match p.a(i).send_oneway(Opcode::Tensors, 0, Payload::from(body)) {
                     Ok(()) => *next += 1,
                     Err(SendError::QueueFull(_)) => break,
                     Err(e) => panic!("connection {i}: send_oneway: {e}"),
@@ -207,7 +207,7 @@ pub fn chunked_messages<A: Driver, B: Driver>(drivers: DriverPair<A, B>) {
             let body = tagged(i, true, len, &mut SmallRng::seed_from_u64(seed));
             let id = p
                 .a(i)
-                .request(Opcode::Rpc, 0, Body::from(body), None)
+                .request(Opcode::Rpc, 0, Payload::from(body), None)
                 .expect("queue request");
             want.push_back((id, seed, len));
         }
@@ -243,10 +243,10 @@ pub fn send_queue_backpressure<A: Driver, B: Driver>(drivers: DriverPair<A, B>) 
             let mut body = tag(i, true).to_vec();
             body.push(k as u8);
             p.a(i)
-                .request(Opcode::Rpc, 0, Body::from(body), None)
+                .request(Opcode::Rpc, 0, Payload::from(body), None)
                 .expect("room for the limit");
         }
-        let extra = Body::from(tag(i, true).to_vec());
+        let extra = Payload::from(tag(i, true).to_vec());
         match p.a(i).request(Opcode::Rpc, 0, extra.clone(), None) {
             Err(SendError::QueueFull(body)) => assert_eq!(body, extra),
             other => panic!("connection {i}: expected QueueFull, got {other:?}"),
@@ -289,7 +289,7 @@ pub fn credit_window<A: Driver, B: Driver>(drivers: DriverPair<A, B>) {
             let mut body = tag(i, true).to_vec();
             body.push(k as u8);
             p.a(i)
-                .send_oneway(Opcode::Tensors, 0, Body::from(body))
+                .send_oneway(Opcode::Tensors, 0, Payload::from(body))
                 .expect("queue");
         }
     }
@@ -344,7 +344,7 @@ pub fn deadline_and_cancel<A: Driver, B: Driver>(drivers: DriverPair<A, B>) {
     let body = |i: usize, answer: bool, rest: &[u8]| {
         let mut b = tag(i, answer).to_vec();
         b.extend_from_slice(rest);
-        Body::from(b)
+        Payload::from(b)
     };
     let mut silent = Vec::with_capacity(n);
     let mut held = Vec::with_capacity(n);
@@ -439,7 +439,7 @@ pub fn close_fails_pending<A: Driver, B: Driver>(drivers: DriverPair<A, B>) {
         .map(|i| {
             (0..PENDING)
                 .map(|_| {
-                    let body = Body::from(tag(i, false).to_vec());
+                    let body = Payload::from(tag(i, false).to_vec());
                     p.a(i).request(Opcode::Rpc, 0, body, None).expect("queue")
                 })
                 .collect()
@@ -475,7 +475,7 @@ pub fn close_fails_pending<A: Driver, B: Driver>(drivers: DriverPair<A, B>) {
         }
         assert!(closed, "connection {i}: no PeerClosed");
         assert_eq!(&failed, ids, "connection {i}");
-        match p.a(i).request(Opcode::Rpc, 0, Body::empty(), None) {
+        match p.a(i).request(Opcode::Rpc, 0, Payload::empty(), None) {
             Err(SendError::Closed(_)) => {}
             other => panic!("connection {i}: expected Closed, got {other:?}"),
         }
