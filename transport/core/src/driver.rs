@@ -156,7 +156,11 @@ pub trait Driver {
     /// One submission for every connection: hand everything queued to the
     /// wire (one system call or doorbell where the hardware allows) and
     /// drive the driver's timers (retransmission) with `now`. Returns true
-    /// when it did work.
+    /// when the reactor must turn again before it parks: the submission
+    /// took in completions or input that the next receive pass delivers
+    /// (an io_uring enter reaps receives with its sends). A driver may
+    /// answer true whenever it did any work: that costs a turn, never a
+    /// lost wake-up.
     fn flush(&mut self, now: Instant) -> bool;
 
     /// A connection found failed or closed by the peer, with the reason,
@@ -380,8 +384,9 @@ impl<T: Link> Driver for Links<T> {
         delivered
     }
 
+    /// Writes each link with bytes queued (or timers due). Writing takes
+    /// in no input, so a turn after it is never needed: false.
     fn flush(&mut self, now: Instant) -> bool {
-        let mut work = false;
         for i in 0..self.links.len() {
             if self.dead[i] {
                 continue;
@@ -392,12 +397,11 @@ impl<T: Link> Driver for Links<T> {
             if !link.tx_pending() && link.poll_timeout().is_none() {
                 continue;
             }
-            work = true;
             if let Err(e) = link.flush(now) {
                 self.fail(i, e);
             }
         }
-        work
+        false
     }
 
     fn poll_failure(&mut self) -> Option<(ConnId, TransportError)> {
@@ -578,7 +582,7 @@ mod tests {
         buf[0] = 9;
         d.tx_commit(ConnId::new(0), 1);
         assert!(d.tx_pending(ConnId::new(0)));
-        assert!(d.flush(Instant::now()));
+        assert!(!d.flush(Instant::now()), "writing takes in no input");
         let mut echo = Vec::new();
         peers[0]
             .rx_burst(Instant::now(), 8, &mut |f| echo.push(f.to_vec()))

@@ -18,9 +18,9 @@ pub struct TurnStats {
     pub rx_frames: usize,
     /// Frames handed to the backend.
     pub tx_frames: usize,
-    /// The driver's submission did work ([`Driver::flush`]): it may have
-    /// taken in input that the next receive pass delivers, so the turn is
-    /// not idle even when no frame moved.
+    /// The driver's submission took in input ([`Driver::flush`]) that
+    /// the next receive pass delivers, so the turn is not idle even when
+    /// no frame moved.
     pub submitted: bool,
 }
 
