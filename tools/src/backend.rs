@@ -93,13 +93,13 @@ pub fn missing_backend_hint(name: &str) -> Option<String> {
              io_uring enabled), or use --backends tcp"
         }
         "verbs" | "rdma" | "ibverbs" => {
-            "no RDMA support compiled in; build with --features verbs \
-             (needs libibverbs-dev) or use --backends tcp"
+            "starwire has no RDMA verbs backend yet: its ring protocol runs \
+             on a simulated NIC only (docs/backends/rdma.md); use --backends tcp"
         }
         "dpdk" => {
-            "the dpdk backend is not compiled in; rebuild with \
-             `cargo build --release --features dpdk` (needs DPDK, libdpdk-dev \
-             and hugepages), or use --backends tcp"
+            "starwire has no DPDK backend yet: its reliable-datagram core runs \
+             on a simulated link only (docs/backends/datagram.md); use \
+             --backends tcp"
         }
         #[cfg(not(feature = "grpc"))]
         "grpc" => {
@@ -161,7 +161,7 @@ mod tests {
             assert!(e.contains("--features uring"), "{e}");
         }
         let e = "verbs".parse::<Backend>().unwrap_err();
-        assert!(e.contains("libibverbs-dev"), "{e}");
+        assert!(e.contains("no RDMA verbs backend yet"), "{e}");
         #[cfg(feature = "grpc")]
         assert_eq!("grpc".parse::<Backend>(), Ok(Backend::Grpc));
         #[cfg(not(feature = "grpc"))]
