@@ -12,10 +12,8 @@ use starwire_datagram::{
     DatagramDriver, DatagramError, DatagramLink, LossConfig, LossyLink, PacketFlags, PacketHeader,
     ReliableConfig, PACKET_HEADER_LEN,
 };
-use starwire_transport::{
-    ConnConfig, ConnId, Connection, Driver, Incoming, Payload, PeerInfo, Sessions, TaskRole,
-    TransportError,
-};
+use starwire_transport::conformance::{DriverPair, Pair};
+use starwire_transport::{ConnId, Connection, Driver, Incoming, Payload, TaskRole, TransportError};
 use starwire_wire::{Opcode, Status};
 
 type Dgram = DatagramDriver<LossyLink>;
@@ -71,96 +69,22 @@ fn conformance_over_sixty_four_connections() {
         starwire_transport::conformance::run_all_drivers(name, 64, |n| {
             seed += 1;
             let (a, a_ids, b, b_ids) = pair(n, loss.clone(), seed);
-            starwire_transport::conformance::DriverPair { a, a_ids, b, b_ids }
+            DriverPair { a, a_ids, b, b_ids }
         });
     }
 }
 
-/// Both sides' message layers over one driver each, on a virtual clock.
-struct Net {
-    a: Sessions<Dgram>,
-    b: Sessions<Dgram>,
-    a_ids: Vec<ConnId>,
-    b_ids: Vec<ConnId>,
-    now: Instant,
+/// Both sides' message layers over one driver each, on a virtual clock:
+/// the conformance suite's [`Pair`]. Connection `i` is worker `i` on `a`
+/// and PS `i` on `b`.
+type Net = Pair<Dgram, Dgram>;
+
+fn net(n: usize, loss: LossConfig, seed: u64) -> Net {
+    let (a, a_ids, b, b_ids) = pair(n, loss, seed);
+    Pair::new(DriverPair { a, a_ids, b, b_ids })
 }
 
-fn peer(role: TaskRole, index: u32) -> PeerInfo {
-    PeerInfo {
-        role,
-        job: match role {
-            TaskRole::Ps => "ps".into(),
-            TaskRole::Worker => "worker".into(),
-        },
-        task_index: index,
-        incarnation: 3,
-        shards: 1,
-    }
-}
-
-impl Net {
-    /// Connection `i` is worker `i` on `a` and server `i` on `b`.
-    fn new(n: usize, loss: LossConfig, seed: u64) -> Self {
-        let (a, a_ids, b, b_ids) = pair(n, loss, seed);
-        let mut a = Sessions::new(a);
-        let mut b = Sessions::new(b);
-        for (i, (&ca, &cb)) in a_ids.iter().zip(&b_ids).enumerate() {
-            a.insert(ca, ConnConfig::new(peer(TaskRole::Worker, i as u32)));
-            b.insert(cb, ConnConfig::new(peer(TaskRole::Ps, i as u32)));
-        }
-        Self {
-            a,
-            b,
-            a_ids,
-            b_ids,
-            now: Instant::now(),
-        }
-    }
-
-    /// Turn both sides until `done`; the clock jumps to the next timer
-    /// (a retransmission) when nothing moves.
-    fn drive(
-        &mut self,
-        on_a: &mut dyn FnMut(ConnId, &mut Connection, Incoming<'_>),
-        on_b: &mut dyn FnMut(ConnId, &mut Connection, Incoming<'_>),
-        done: &mut dyn FnMut(&mut Self) -> bool,
-    ) {
-        let mut idle = 0;
-        while !done(self) {
-            let sa = self.a.turn(self.now, on_a);
-            let sb = self.b.turn(self.now, on_b);
-            if let Some((id, _, e)) = self.a.poll_failed().or_else(|| self.b.poll_failed()) {
-                panic!("{id} failed: {e}");
-            }
-            let step = Duration::from_micros(20);
-            if sa.busy() || sb.busy() {
-                idle = 0;
-                self.now += step;
-                continue;
-            }
-            idle += 1;
-            assert!(idle < 100_000, "no progress");
-            let next = [self.a.poll_timeout(), self.b.poll_timeout()]
-                .into_iter()
-                .flatten()
-                .min();
-            self.now = match next {
-                Some(t) if t > self.now => t,
-                _ => self.now + step,
-            };
-        }
-    }
-
-    fn established(&self) -> bool {
-        let up = |s: &Sessions<Dgram>, ids: &[ConnId]| {
-            ids.iter()
-                .all(|&c| s.conn_ref(c).is_some_and(Connection::is_established))
-        };
-        up(&self.a, &self.a_ids) && up(&self.b, &self.b_ids)
-    }
-}
-
-fn echo(_: ConnId, conn: &mut Connection, m: Incoming<'_>) {
+fn echo(_: usize, conn: &mut Connection, m: Incoming<'_>) {
     if let Incoming::Request {
         id, opcode, body, ..
     } = m
@@ -173,10 +97,8 @@ fn echo(_: ConnId, conn: &mut Connection, m: Incoming<'_>) {
 #[test]
 fn sixty_four_sessions_handshake_and_echo_through_loss() {
     let n = 64;
-    let mut net = Net::new(n, lossy(), 0x64);
-    net.drive(&mut |_, _, _| {}, &mut |_, _, _| {}, &mut |net| {
-        net.established()
-    });
+    let mut net = net(n, lossy(), 0x64);
+    net.establish();
     // Each handshake reached its own peer: packets were routed to the
     // connection their id names.
     for (i, (&ca, &cb)) in net.a_ids.iter().zip(&net.b_ids).enumerate() {
@@ -187,8 +109,6 @@ fn sixty_four_sessions_handshake_and_echo_through_loss() {
     }
 
     let mut rng = SmallRng::seed_from_u64(6);
-    let index: HashMap<ConnId, usize> =
-        net.a_ids.iter().enumerate().map(|(i, &c)| (c, i)).collect();
     let mut expect: HashMap<(usize, u64), Vec<u8>> = HashMap::new();
     for (i, &c) in net.a_ids.iter().enumerate() {
         for _ in 0..10 {
@@ -206,7 +126,7 @@ fn sixty_four_sessions_handshake_and_echo_through_loss() {
         }
     }
     let mut answered = 0;
-    let mut on_a = |c: ConnId, _: &mut Connection, m: Incoming<'_>| {
+    let mut on_a = |i: usize, _: &mut Connection, m: Incoming<'_>| {
         let Incoming::Response {
             id, status, body, ..
         } = m
@@ -215,7 +135,7 @@ fn sixty_four_sessions_handshake_and_echo_through_loss() {
         };
         assert_eq!(status, Status::Ok);
         let want = expect
-            .remove(&(index[&c], id))
+            .remove(&(i, id))
             .expect("a response to a request of this connection");
         assert!(want == body);
         answered += 1;

@@ -4,7 +4,7 @@
 //! connection. Everything is deterministic: seeded sizes, a virtual clock.
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -12,10 +12,8 @@ use starwire_rdma::{
     LocalSlice, MemoryRegion, RdmaDriver, RemoteSlice, RingConfig, SimConfig, SimNic, Verbs,
     WcStatus, MIN_RECV_DEPTH,
 };
-use starwire_transport::{
-    ConnConfig, ConnId, Connection, Driver, Incoming, Payload, PeerInfo, Sessions, TaskRole,
-    TransportError,
-};
+use starwire_transport::conformance::{DriverPair, Pair};
+use starwire_transport::{ConnId, Connection, Driver, Incoming, Payload, TaskRole, TransportError};
 use starwire_wire::{Opcode, Status};
 
 type Rdma = RdmaDriver<SimNic>;
@@ -57,7 +55,7 @@ fn pair(n: usize, ring: RingConfig) -> (Rdma, Vec<ConnId>, Rdma, Vec<ConnId>) {
 fn conformance_over_sixty_four_connections() {
     starwire_transport::conformance::run_all_drivers("rdma-sim", 64, |n| {
         let (a, a_ids, b, b_ids) = pair(n, cfg());
-        starwire_transport::conformance::DriverPair { a, a_ids, b, b_ids }
+        DriverPair { a, a_ids, b, b_ids }
     });
 }
 
@@ -192,72 +190,17 @@ fn frames_stay_in_order_per_connection_under_random_traffic() {
     );
 }
 
-/// Both sides' message layers over one driver each.
-struct Net {
-    a: Sessions<Rdma>,
-    b: Sessions<Rdma>,
-    a_ids: Vec<ConnId>,
-    b_ids: Vec<ConnId>,
-    now: Instant,
+/// Both sides' message layers over one driver each, on a virtual clock:
+/// the conformance suite's [`Pair`]. Connection `i` is worker `i` on `a`
+/// and PS `i` on `b`.
+type Net = Pair<Rdma, Rdma>;
+
+fn net(n: usize) -> Net {
+    let (a, a_ids, b, b_ids) = pair(n, cfg());
+    Pair::new(DriverPair { a, a_ids, b, b_ids })
 }
 
-fn peer(role: TaskRole, index: u32) -> PeerInfo {
-    PeerInfo {
-        role,
-        job: match role {
-            TaskRole::Ps => "ps".into(),
-            TaskRole::Worker => "worker".into(),
-        },
-        task_index: index,
-        incarnation: 7,
-        shards: 1,
-    }
-}
-
-impl Net {
-    /// Connection `i` is worker `i` on `a` and server `i` on `b`.
-    fn new(n: usize) -> Self {
-        let (a, a_ids, b, b_ids) = pair(n, cfg());
-        let mut a = Sessions::new(a);
-        let mut b = Sessions::new(b);
-        for (i, (&ca, &cb)) in a_ids.iter().zip(&b_ids).enumerate() {
-            a.insert(ca, ConnConfig::new(peer(TaskRole::Worker, i as u32)));
-            b.insert(cb, ConnConfig::new(peer(TaskRole::Ps, i as u32)));
-        }
-        Self {
-            a,
-            b,
-            a_ids,
-            b_ids,
-            now: Instant::now(),
-        }
-    }
-
-    fn drive(
-        &mut self,
-        on_a: &mut dyn FnMut(ConnId, &mut Connection, Incoming<'_>),
-        on_b: &mut dyn FnMut(ConnId, &mut Connection, Incoming<'_>),
-        done: &mut dyn FnMut(&mut Self) -> bool,
-    ) {
-        let mut idle = 0;
-        while !done(self) {
-            let sa = self.a.turn(self.now, on_a);
-            let sb = self.b.turn(self.now, on_b);
-            if let Some((id, _, e)) = self.a.poll_failed().or_else(|| self.b.poll_failed()) {
-                panic!("{id} failed: {e}");
-            }
-            self.now += Duration::from_micros(10);
-            if sa.busy() || sb.busy() {
-                idle = 0;
-            } else {
-                idle += 1;
-                assert!(idle < 10_000, "no progress");
-            }
-        }
-    }
-}
-
-fn echo(_: ConnId, conn: &mut Connection, m: Incoming<'_>) {
+fn echo(_: usize, conn: &mut Connection, m: Incoming<'_>) {
     if let Incoming::Request {
         id, opcode, body, ..
     } = m
@@ -270,16 +213,8 @@ fn echo(_: ConnId, conn: &mut Connection, m: Incoming<'_>) {
 #[test]
 fn sixty_four_sessions_handshake_and_echo_over_one_driver_each() {
     let n = 64;
-    let mut net = Net::new(n);
-    net.drive(&mut |_, _, _| {}, &mut |_, _, _| {}, &mut |net| {
-        net.a_ids
-            .iter()
-            .all(|&c| net.a.conn_ref(c).is_some_and(Connection::is_established))
-            && net
-                .b_ids
-                .iter()
-                .all(|&c| net.b.conn_ref(c).is_some_and(Connection::is_established))
-    });
+    let mut net = net(n);
+    net.establish();
     // Each handshake reached its own peer: frames were routed to the
     // connection their queue pair belongs to.
     for (i, (&ca, &cb)) in net.a_ids.iter().zip(&net.b_ids).enumerate() {
@@ -290,8 +225,6 @@ fn sixty_four_sessions_handshake_and_echo_over_one_driver_each() {
     }
 
     let mut rng = SmallRng::seed_from_u64(5);
-    let index: HashMap<ConnId, usize> =
-        net.a_ids.iter().enumerate().map(|(i, &c)| (c, i)).collect();
     let mut expect: HashMap<(usize, u64), Vec<u8>> = HashMap::new();
     for (i, &c) in net.a_ids.iter().enumerate() {
         for _ in 0..20 {
@@ -309,7 +242,7 @@ fn sixty_four_sessions_handshake_and_echo_over_one_driver_each() {
         }
     }
     let mut answered = 0;
-    let mut on_a = |c: ConnId, _: &mut Connection, m: Incoming<'_>| {
+    let mut on_a = |i: usize, _: &mut Connection, m: Incoming<'_>| {
         let Incoming::Response {
             id, status, body, ..
         } = m
@@ -318,7 +251,7 @@ fn sixty_four_sessions_handshake_and_echo_over_one_driver_each() {
         };
         assert_eq!(status, Status::Ok);
         let want = expect
-            .remove(&(index[&c], id))
+            .remove(&(i, id))
             .expect("a response to a request of this connection");
         assert!(want == body);
         answered += 1;
