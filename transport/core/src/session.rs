@@ -223,15 +223,9 @@ impl<D: Driver> Sessions<D> {
     /// [`Connection::poll_event`] still holds the failed requests) and the
     /// reason.
     pub fn poll_failed(&mut self) -> Option<(ConnId, Connection, ConnError)> {
-        let i = self
-            .slots
-            .iter()
-            .position(|s| s.as_ref().is_some_and(|s| s.failed.is_some()))?;
-        let s = self.slots[i].take()?;
-        self.live -= 1;
-        let id = ConnId::new(i as u32);
+        let (id, s, error) = self.take_failed()?;
         self.driver.detach(id);
-        Some((id, s.conn, s.failed.expect("failed")))
+        Some((id, s.conn, error))
     }
 
     /// Like [`poll_failed`](Self::poll_failed), but the failed connection
@@ -242,17 +236,22 @@ impl<D: Driver> Sessions<D> {
         &mut self,
         f: impl FnOnce(ConnId, &mut Connection, &ConnError, &D) -> R,
     ) -> Option<R> {
+        let (id, mut s, error) = self.take_failed()?;
+        let r = f(id, &mut s.conn, &error, &self.driver);
+        self.driver.detach(id);
+        Some(r)
+    }
+
+    /// The first failed connection, out of its slot but still attached.
+    fn take_failed(&mut self) -> Option<(ConnId, Slot, ConnError)> {
         let i = self
             .slots
             .iter()
             .position(|s| s.as_ref().is_some_and(|s| s.failed.is_some()))?;
         let mut s = self.slots[i].take()?;
         self.live -= 1;
-        let id = ConnId::new(i as u32);
-        let error = s.failed.take().expect("failed");
-        let r = f(id, &mut s.conn, &error, &self.driver);
-        self.driver.detach(id);
-        Some(r)
+        let error = s.failed.take()?;
+        Some((ConnId::new(i as u32), s, error))
     }
 
     /// End connection `id` for a reason of the layer above (its peer broke
@@ -294,17 +293,6 @@ impl<D: Driver> Sessions<D> {
                 !s.conn.wants_transmit() && !self.driver.tx_pending(ConnId::new(i as u32))
             })
         })
-    }
-
-    /// The connection [`poll_failed`](Self::poll_failed) hands out next,
-    /// while it is still attached to the driver: to read what the driver
-    /// keeps of it (its counters) before it goes.
-    pub fn next_failed(&self) -> Option<ConnId> {
-        let i = self
-            .slots
-            .iter()
-            .position(|s| s.as_ref().is_some_and(|s| s.failed.is_some()))?;
-        Some(ConnId::new(i as u32))
     }
 
     /// Remove `id` (after an orderly close, say) and detach it from the
