@@ -6,6 +6,8 @@
 mod backend;
 mod bench;
 mod info;
+mod logging;
+mod metrics;
 mod report;
 mod soak;
 mod stats;
@@ -21,6 +23,8 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     cmd: Command,
+    #[command(flatten)]
+    log: logging::LogArgs,
 }
 
 #[derive(Debug, Subcommand)]
@@ -64,14 +68,8 @@ pub(crate) fn parse_on_off(s: &str) -> Result<bool, String> {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("error")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let cli = Cli::parse();
+    logging::init(&cli.log);
     let r = match cli.cmd {
         Command::Bench(a) => bench::main(a).map(|()| true),
         Command::Soak(a) => soak::main(a),

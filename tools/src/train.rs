@@ -102,7 +102,8 @@ pub struct TrainArgs {
     /// Compute threads per worker for large ops (0: inline).
     #[arg(long, default_value_t = 0)]
     pub compute_threads: usize,
-    /// Progress line every this many steps of worker 0 (0: none).
+    /// A progress line every this many steps of each worker, and global
+    /// steps of each PS shard, on stderr (0: none).
     #[arg(long, default_value_t = 100)]
     pub log_every: u64,
     /// Pinned reactors (PS_DISABLE_PIN_CORES / WORKER_DISABLE_PIN_CORES
@@ -112,6 +113,8 @@ pub struct TrainArgs {
     /// Print one JSON object as the last line.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub metrics: crate::metrics::MetricsArgs,
 }
 
 fn parse_protocol(s: &str) -> Result<Protocol, String> {
@@ -213,7 +216,7 @@ fn config(a: &TrainArgs, ps: usize, workers: usize) -> Result<TrainConfig, Strin
         skip_bad_lines: a.skip_bad_lines,
         compute_threads: a.compute_threads,
         worker_handoff: a.worker_handoff,
-        log_every: if a.json { 0 } else { a.log_every },
+        log_every: a.log_every,
         device: a.device.clone(),
         ..TrainConfig::default()
     };
@@ -285,6 +288,7 @@ pub fn main(a: TrainArgs) -> Result<(), String> {
             if cfg.handoff() { "on" } else { "off" }
         );
     }
+    let _metrics = a.metrics.serve(&cfg.telemetry)?;
     let r = starwire_train::run_local(&cfg).map_err(|e| e.to_string())?;
     print_report(&r, a.json)
 }
@@ -340,6 +344,7 @@ pub fn ps_main(r: RoleArgs) -> Result<(), String> {
         .map_err(|e| format!("{me}: {e}"))?
         .next()
         .ok_or_else(|| format!("{me}: no address"))?;
+    let _metrics = r.train.metrics.serve(&cfg.telemetry)?;
     let rep = starwire_train::run_ps_task(&cfg, c.task.index as usize, bind)
         .map_err(|e| e.to_string())?;
     if r.train.json {
@@ -357,6 +362,7 @@ pub fn ps_main(r: RoleArgs) -> Result<(), String> {
 pub fn worker_main(r: RoleArgs) -> Result<(), String> {
     let (c, ps_addrs) = resolve(&r, Role::Worker)?;
     let cfg = config(&r.train, c.spec.ps().len(), c.spec.workers().len())?;
+    let _metrics = r.train.metrics.serve(&cfg.telemetry)?;
     let rep = starwire_train::run_worker_task(&cfg, &ps_addrs, c.task.index as usize)
         .map_err(|e| e.to_string())?;
     print_report(&rep, r.train.json)

@@ -7,6 +7,7 @@ use starwire_ps::{write_atomic, PsError, PsShard};
 use starwire_transport::wire::Status;
 
 use crate::psserver::{HandlerError, PsHandler};
+use crate::telemetry::ShardTelemetry;
 
 /// The file name of shard `i`'s checkpoint inside a checkpoint directory.
 pub fn shard_file(i: usize) -> String {
@@ -38,15 +39,30 @@ pub struct ShardHandler {
     /// The PS task's `--checkpoint-dir`: the only place a `CHECKPOINT`
     /// request may write to (a peer does not choose paths on the PS).
     pub checkpoint_dir: Option<std::path::PathBuf>,
+    /// Where the shard publishes its counters and logs its progress (none:
+    /// not published).
+    pub telemetry: Option<ShardTelemetry>,
+}
+
+impl ShardHandler {
+    fn publish(&mut self) {
+        if let Some(t) = &mut self.telemetry {
+            t.publish(&self.shard);
+        }
+    }
 }
 
 impl PsHandler for ShardHandler {
     fn pull(&mut self, body: &[u8], out: &mut Vec<u8>) -> Result<(), HandlerError> {
-        self.shard.handle_pull(body, out).map_err(err)
+        let r = self.shard.handle_pull(body, out).map_err(err);
+        self.publish();
+        r
     }
 
     fn push(&mut self, body: &[u8], out: &mut Vec<u8>) -> Result<(), HandlerError> {
-        self.shard.handle_push(body, out).map_err(err)
+        let r = self.shard.handle_push(body, out).map_err(err);
+        self.publish();
+        r
     }
 
     fn global_step(&self) -> u64 {

@@ -308,6 +308,7 @@ mod tests {
                     shard: PsShard::new(i, &[], ShardConfig::default()),
                     index: i,
                     checkpoint_dir: None,
+                    telemetry: None,
                 })
                 .collect(),
         ))

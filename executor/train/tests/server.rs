@@ -70,6 +70,7 @@ fn start(expected: usize) -> Ps {
             shard,
             index: 0,
             checkpoint_dir: None,
+            telemetry: None,
         };
         Endpoint::new(
             TcpDriver::new(tcp_config()).unwrap(),

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use starwire_data::SyntheticSpec;
 use starwire_graph::{ModelKind, Protocol};
 use starwire_ps::{OptimizerConfig, OptimizerKind, ShardConfig, Strategy};
+use starwire_telemetry::Telemetry;
 
 use crate::source::DataSource;
 use crate::TrainError;
@@ -88,8 +89,11 @@ pub struct TrainConfig {
     pub device: Option<String>,
     /// Compute threads of each worker's graph executor (0: inline).
     pub compute_threads: usize,
-    /// Print progress every this many steps of worker 0 (0: never).
+    /// Log progress every this many steps of each worker and global steps
+    /// of each shard (0: never).
     pub log_every: u64,
+    /// Where the PS shards and workers publish their live counters.
+    pub telemetry: Telemetry,
 }
 
 impl Default for TrainConfig {
@@ -130,6 +134,7 @@ impl Default for TrainConfig {
             device: None,
             compute_threads: 0,
             log_every: 0,
+            telemetry: Telemetry::default(),
         }
     }
 }
@@ -161,6 +166,14 @@ impl BackendKind {
         #[cfg(feature = "grpc")]
         ("grpc", BackendKind::Grpc),
     ];
+
+    /// The backend's name on the command line.
+    pub fn name(self) -> &'static str {
+        Self::ALL
+            .iter()
+            .find(|(_, b)| *b == self)
+            .map_or("unknown", |(n, _)| n)
+    }
 
     /// The backend called `name`, if compiled in.
     pub fn from_name(name: &str) -> Option<Self> {

@@ -240,10 +240,10 @@ fn run_local_on(k: &dyn ClusterBackend, cfg: &TrainConfig) -> Result<TrainReport
     })
 }
 
-/// The layout's warnings, on stderr.
+/// The layout's warnings, logged.
 fn warn(layout: &ReactorLayout) {
     for w in &layout.warnings {
-        eprintln!("warning: {w}");
+        tracing::warn!("{w}");
     }
 }
 

@@ -24,6 +24,7 @@ use crate::handoff::{HandoffConfig, HandoffNet};
 use crate::net::{Exchange, SessionNet, Traffic, WorkerService};
 use crate::server::ShardService;
 use crate::source::{DataSource, Reader};
+use crate::telemetry::{ShardTelemetry, StepProgress, WorkerTelemetry};
 use crate::worker::WorkerCore;
 use crate::TrainError;
 use starwire_wire::ps::Control;
@@ -88,10 +89,13 @@ pub(crate) fn shard_handler(
     s: usize,
     restore: Option<&Path>,
 ) -> Result<ShardHandler, TrainError> {
+    let shard = make_shard(cfg, plan, s, restore)?;
+    let telemetry = ShardTelemetry::new(&cfg.telemetry, cfg.backend.name(), &shard, cfg.log_every);
     Ok(ShardHandler {
-        shard: make_shard(cfg, plan, s, restore)?,
+        shard,
         index: s,
         checkpoint_dir: cfg.checkpoint_dir.clone(),
+        telemetry: Some(telemetry),
     })
 }
 
@@ -516,7 +520,15 @@ pub fn worker_loop(
         b.wait();
     }
     let _pinned = PinnedThread::pin(cpu)?;
-    let t0 = Instant::now();
+    let cells = WorkerTelemetry::new(
+        &cfg.telemetry,
+        cfg.backend.name(),
+        w,
+        cfg.log_every,
+        net.traffic(),
+    );
+    let mut timed = cells.timed(net);
+    let net: &mut dyn Exchange = &mut timed;
     let mut loss_sum = 0.0f64;
     let mut loss_n = 0u64;
     let w_count = cfg.workers as u64;
@@ -534,6 +546,7 @@ pub fn worker_loop(
             if n == 0 {
                 break;
             }
+            let t_step = Instant::now();
             let info = core.step(net, &batch)?;
             offset += n as u64;
             steps_done += 1;
@@ -545,15 +558,15 @@ pub fn worker_loop(
                 core.flush(net)?;
                 core.barrier(net, steps_done * w_count)?;
             }
-            if w == 0 && cfg.log_every > 0 && steps_done % cfg.log_every == 0 {
-                let secs = t0.elapsed().as_secs_f64();
-                eprintln!(
-                    "worker 0: step {steps_done:>7}  epoch {epoch}  loss {:.4}  global step {}  {:.0} samples/s (this worker)",
-                    loss_sum / loss_n.max(1) as f64,
-                    core.global_step(),
-                    out.samples as f64 / secs.max(1e-9),
-                );
-            }
+            cells.stepped(StepProgress {
+                steps: out.steps,
+                steps_done,
+                samples: out.samples,
+                epoch,
+                loss: loss_sum / loss_n.max(1) as f64,
+                global_step: core.global_step(),
+                took: t_step.elapsed(),
+            });
         }
         epoch += 1;
         offset = 0;
@@ -563,9 +576,14 @@ pub fn worker_loop(
                 core.flush(net)?;
                 let (a, l) = evaluate(&mut core, net, eb)?;
                 if cfg.log_every > 0 {
-                    eprintln!(
-                        "worker 0: epoch {epoch} done: train loss {:.4}  eval auc {a:.4}  logloss {l:.4}",
-                        out.last_loss
+                    tracing::info!(
+                        target: "progress",
+                        worker = w,
+                        epoch,
+                        train_loss = format_args!("{:.4}", out.last_loss),
+                        eval_auc = format_args!("{a:.4}"),
+                        eval_logloss = format_args!("{l:.4}"),
+                        "epoch done"
                     );
                 }
                 out.intervals.push(Interval {

@@ -1,0 +1,215 @@
+//! Operability of the `starwire` binary: the metrics endpoint scraped
+//! during a run, progress lines and their flags. Short runs only.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_starwire");
+
+fn starwire(args: &[&str]) -> Command {
+    let mut c = Command::new(BIN);
+    c.args(args)
+        .env_remove("TF_CONFIG")
+        .env_remove("TF_SEASTAR_ENDPOINT_MAP_PATH")
+        .env_remove("RUST_LOG");
+    c
+}
+
+/// `GET path` on `addr`: the status code and the body.
+fn get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
+    let mut s = TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut resp = String::new();
+    s.read_to_string(&mut resp)?;
+    let status = resp
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = resp
+        .split_once("\r\n\r\n")
+        .map_or(String::new(), |(_, b)| b.to_owned());
+    Ok((status, body))
+}
+
+/// Lines of the child's stderr, as they come, on a channel.
+fn stderr_lines(child: &mut Child) -> mpsc::Receiver<String> {
+    let err = child.stderr.take().expect("piped stderr");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(err).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// The families a scrape during `train` must show.
+const NAMES: &[&str] = &[
+    "starwire_ps_requests_total{shard=\"0\",kind=\"pull\"}",
+    "starwire_ps_requests_total{shard=\"0\",kind=\"push\"}",
+    "starwire_ps_rows{shard=\"0\",table=",
+    "starwire_transport_bytes_total{backend=\"tcp\",direction=\"sent\"}",
+    "starwire_transport_bytes_total{backend=\"tcp\",direction=\"received\"}",
+    "starwire_worker_samples_total{worker=\"0\"}",
+    "starwire_worker_samples_total{worker=\"1\"}",
+    "starwire_request_duration_seconds_bucket{le=",
+    "starwire_request_duration_seconds_count",
+    "starwire_step_duration_seconds_bucket{le=",
+    "starwire_step_duration_seconds_sum",
+    "process_cpu_seconds_total",
+    "process_resident_memory_bytes",
+    "process_open_fds",
+];
+
+/// The value of the sample that starts with `name` (labels included).
+fn sample(scrape: &str, name: &str) -> Option<f64> {
+    scrape
+        .lines()
+        .find(|l| l.starts_with(name))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[test]
+fn train_serves_metrics_while_it_runs() {
+    let mut child = starwire(&[
+        "train",
+        "--steps",
+        "100000",
+        "--batch-size",
+        "32",
+        "--eval-examples",
+        "500",
+        "--log-every",
+        "0",
+        "--metrics-addr",
+        "127.0.0.1:0",
+    ])
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("run starwire");
+    let lines = stderr_lines(&mut child);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let addr = loop {
+        let line = lines
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .expect("a line naming the metrics address");
+        if let Some(url) = line.split("metrics on http://").nth(1) {
+            break url.trim_end_matches("/metrics").to_owned();
+        }
+    };
+    let (status, body) = get(&addr, "/healthz").expect("GET /healthz");
+    assert_eq!((status, body.as_str()), (200, "ok\n"));
+    let (status, _) = get(&addr, "/nope").expect("GET /nope");
+    assert_eq!(status, 404);
+    // Scrape until the workers have trained: every family is there from
+    // the start, the samples count up.
+    let mut last = String::new();
+    while Instant::now() < deadline {
+        let (status, body) = get(&addr, "/metrics").expect("GET /metrics during the run");
+        assert_eq!(status, 200);
+        last = body;
+        let trained =
+            sample(&last, "starwire_worker_samples_total{worker=\"0\"}").is_some_and(|n| n > 0.0);
+        if trained && NAMES.iter().all(|n| last.contains(n)) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    for n in NAMES {
+        assert!(last.contains(n), "no {n} in the scrape:\n{last}");
+    }
+    assert!(
+        sample(
+            &last,
+            "starwire_ps_requests_total{shard=\"0\",kind=\"push\"}"
+        )
+        .unwrap()
+            > 0.0
+    );
+    assert!(sample(&last, "process_resident_memory_bytes").unwrap() > 0.0);
+    assert!(
+        last.contains("# TYPE starwire_step_duration_seconds histogram"),
+        "{last}"
+    );
+}
+
+fn short_train(extra: &[&str]) -> std::process::Output {
+    let mut args = vec![
+        "train",
+        "--steps",
+        "40",
+        "--batch-size",
+        "64",
+        "--train-examples",
+        "4000",
+        "--eval-examples",
+        "500",
+        "--log-every",
+        "10",
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    let out = starwire(&args).output().expect("run starwire");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+#[test]
+fn progress_goes_to_stderr_with_json_and_quiet_hides_it() {
+    let out = short_train(&[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    for w in 0..2 {
+        assert!(
+            err.contains(&format!("worker worker={w} step=10 ")),
+            "no progress of worker {w}:\n{err}"
+        );
+    }
+    assert!(err.contains("ps shard=0 global_step="), "{err}");
+    // Piped stderr: no colour codes.
+    assert!(!err.contains('\u{1b}'), "{err}");
+    // --json owns stdout: one JSON object.
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(stdout.lines().count(), 1, "{stdout}");
+    serde_json::from_str::<serde_json::Value>(stdout.trim()).expect("a JSON report");
+
+    let out = short_train(&["--quiet"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("progress"), "--quiet showed progress:\n{err}");
+}
+
+#[test]
+fn json_log_format_writes_one_object_per_line() {
+    let out = short_train(&["--log-format", "json"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    let progress: Vec<serde_json::Value> = err
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
+        .filter(|v: &serde_json::Value| v["target"] == "progress")
+        .collect();
+    assert!(
+        progress
+            .iter()
+            .any(|v| v["message"] == "worker" && v["step"] == 10 && v["worker"] == 0),
+        "{err}"
+    );
+}
