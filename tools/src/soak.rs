@@ -31,6 +31,8 @@ use starwire_transport::{
 };
 
 use crate::bench::sessions::conn_config;
+use crate::metrics::{SoakCells, SoakCounts};
+use starwire_telemetry::Telemetry;
 
 /// Options of `starwire soak`.
 #[derive(Debug, clap::Args)]
@@ -68,6 +70,8 @@ pub struct SoakArgs {
     /// One JSON object at the end instead of text.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub metrics: crate::metrics::MetricsArgs,
 }
 
 fn parse_soak_backend(s: &str) -> Result<String, String> {
@@ -322,6 +326,7 @@ struct SoakClient {
     /// Faults injected on connections that ended (and went).
     faults: FaultCounts,
     done: bool,
+    cells: SoakCells,
 }
 
 /// `slots[id.index()]`, if there.
@@ -431,6 +436,15 @@ impl<D: SoakDriver> Service<D> for SoakClient {
         if self.done {
             return false;
         }
+        let c = &self.counts;
+        self.cells.publish(SoakCounts {
+            sent: c.messages,
+            answered: c.answered,
+            lost: c.lost,
+            duplicated: c.duplicated,
+            corrupted: c.corrupted,
+            out_of_order: c.out_of_order,
+        });
         self.sending = now < self.stop_sending;
         if !self.sending {
             let all_quiet = self
@@ -556,6 +570,8 @@ struct Layout {
     idle_name: String,
     oversubscribed: bool,
     cpus: usize,
+    /// Where the client reactors publish their counts.
+    telemetry: Telemetry,
 }
 
 fn layout(args: &SoakArgs) -> Result<Layout, String> {
@@ -618,6 +634,7 @@ fn layout(args: &SoakArgs) -> Result<Layout, String> {
         idle_name,
         oversubscribed: p.oversubscribed,
         cpus: usable.len(),
+        telemetry: Telemetry::new(),
     })
 }
 
@@ -765,6 +782,7 @@ fn run_clients<D: SoakDriver, A: Attach<D>>(
             counts: Counts::default(),
             faults: FaultCounts::default(),
             done: false,
+            cells: SoakCells::new(&lay.telemetry),
         };
         let mut ep = Endpoint::new(driver, client, conn_config(TaskRole::Worker, 256));
         let mut attach = attacher(k as u64, nc as u64);
@@ -779,20 +797,25 @@ fn run_clients<D: SoakDriver, A: Attach<D>>(
         client_reactors.push(r);
     }
     let mut progress_at = Instant::now() + Duration::from_secs(5);
-    // Wait for the clients (bounded by duration + drain), showing progress.
+    // Wait for the clients (bounded by duration + drain), showing progress
+    // (a line every 5 s; --json owns stdout only).
     while Instant::now() < give_up {
         std::thread::sleep(Duration::from_millis(100));
-        if !args.json && Instant::now() >= progress_at {
+        if Instant::now() >= progress_at {
             progress_at += Duration::from_secs(5);
-            eprint!(
-                "\r[starwire soak] {:>5.0}/{:.0} s",
-                start.elapsed().as_secs_f64(),
-                args.duration
-            );
+            let t = start.elapsed().as_secs_f64();
+            if t < args.duration {
+                tracing::info!(target: "progress", "soak: sending {t:.0}/{:.0} s", args.duration);
+            } else {
+                let d = t - args.duration;
+                tracing::info!(
+                    target: "progress",
+                    "soak: sent for {:.0} s; draining {d:.0}/{:.0} s",
+                    args.duration,
+                    args.drain
+                );
+            }
         }
-    }
-    if !args.json && start.elapsed() > Duration::from_secs(5) {
-        eprintln!();
     }
     let mut counts = Counts::default();
     let mut faults = FaultCounts::default();
@@ -849,6 +872,7 @@ pub fn main(args: SoakArgs) -> Result<bool, String> {
     }
     let rss_start_kb = rss_kb();
     let lay = layout(&args)?;
+    let _metrics = args.metrics.serve(&lay.telemetry)?;
     #[cfg(all(feature = "uring", target_os = "linux"))]
     if args.backend == "uring" {
         if args.faults.is_some() {

@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use starwire_config::{FlagOverride, NetworkSettings, Overrides, Role};
 use starwire_placement::{plan, CpuSet, Placement, ReactorMode, Topology};
+use starwire_telemetry::Telemetry;
 use starwire_transport::accept::{dial, inboxes, AcceptConfig, Acceptor};
 use starwire_transport::reactor::{local_waker, IdlePolicy};
 
@@ -364,6 +365,9 @@ pub struct BenchArgs {
     /// Run the plan against a `bench --listen` server at ADDR:PORT.
     #[arg(long)]
     pub connect: Option<String>,
+    /// With --listen: the server's metrics.
+    #[command(flatten)]
+    pub metrics: crate::metrics::MetricsArgs,
 }
 
 /// `--cores C,S`.
@@ -471,7 +475,11 @@ fn recv_line<T: for<'de> Deserialize<'de>>(r: &mut BufReader<TcpStream>) -> Resu
 /// The server side: serve one control session on `listener`.
 /// `server_core` overrides the plan's server core (the listen host's own
 /// `--cores`).
-fn serve(listener: TcpListener, server_core: Option<Option<usize>>) -> Result<(), String> {
+fn serve(
+    listener: TcpListener,
+    server_core: Option<Option<usize>>,
+    telemetry: &Telemetry,
+) -> Result<(), String> {
     let (ctl, peer) = listener
         .accept()
         .map_err(|e| format!("accepting the control connection: {e}"))?;
@@ -503,6 +511,13 @@ fn serve(listener: TcpListener, server_core: Option<Option<usize>>) -> Result<()
             .map_err(|e| format!("binding a data listener on {ip}: {e}"))?;
         let port = data.local_addr().map_err(|e| e.to_string())?.port();
         send_line(&mut w, &ServerMsg::Ready { port })?;
+        telemetry
+            .counter(
+                "starwire_bench_runs",
+                "Benchmark runs the server served, by backend",
+                &[("backend", run.backend.name())],
+            )
+            .add(1);
         let res = match run.backend {
             Backend::Raw => accept_one(data).and_then(|s| raw::serve(s, core, plan.polling)),
             Backend::Tcp => {
@@ -602,16 +617,22 @@ impl Progress {
         if self.start.elapsed() < Duration::from_secs(2) {
             return;
         }
-        self.shown = true;
-        eprint!(
-            "\r[starwire bench {:>3}/{total}] {} {} {} B rep {}      ",
+        let line = format!(
+            "[starwire bench {:>3}/{total}] {} {} {} B rep {}",
             i + 1,
             run.backend,
             run.mode.name(),
             run.size,
             run.rep + 1
         );
-        let _ = std::io::stderr().flush();
+        // One line rewritten in place on a terminal; whole lines in a log.
+        if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+            self.shown = true;
+            eprint!("\r{line}      ");
+            let _ = std::io::stderr().flush();
+        } else {
+            eprintln!("{line}");
+        }
     }
 
     fn finish(&self) {
@@ -801,6 +822,11 @@ fn resolve_addr(s: &str) -> Result<SocketAddr, String> {
 }
 
 fn validate(args: &BenchArgs) -> Result<(), String> {
+    if args.metrics.metrics_addr.is_some() && args.listen.is_none() {
+        return Err(
+            "--metrics-addr serves the bench server's metrics: use it with --listen".into(),
+        );
+    }
     if args.backends.is_empty() || args.mode.is_empty() || args.sizes.is_empty() {
         return Err("--backends, --mode and --sizes must not be empty".into());
     }
@@ -873,7 +899,7 @@ pub(crate) fn run_loopback(plan: &Plan) -> Result<Vec<ResultLine>, String> {
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let server = std::thread::Builder::new()
         .name("bench-control".into())
-        .spawn(move || serve(listener, None))
+        .spawn(move || serve(listener, None, &Telemetry::new()))
         .map_err(|e| e.to_string())?;
     // A client error returns at once: the server thread may still wait
     // for data connections that will not come (it gives up after
@@ -901,7 +927,9 @@ pub fn main(args: BenchArgs) -> Result<(), String> {
             listener.local_addr().map_err(|e| e.to_string())?
         );
         let core = args.cores.map(|c| Some(c.server));
-        return serve(listener, core);
+        let telemetry = Telemetry::new();
+        let _metrics = args.metrics.serve(&telemetry)?;
+        return serve(listener, core, &telemetry);
     }
     let (client_core, server_core) = choose_cores(args.cores, args.device.as_deref())?;
     let plan = Plan {

@@ -9,6 +9,7 @@
 //! cells and never stops the threads that write them.
 
 mod process;
+mod soak;
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
@@ -22,6 +23,7 @@ use prometheus_client::registry::Registry;
 use starwire_telemetry::{Kind, Telemetry, Value};
 
 pub use process::ProcessCollector;
+pub use soak::{SoakCells, SoakCounts};
 
 /// The metrics flag of `train`, `ps`, `worker`, `soak` and `bench --listen`.
 #[derive(Debug, Clone, Default, Args)]

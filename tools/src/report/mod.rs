@@ -280,12 +280,15 @@ pub fn main(args: ReportArgs, train: Option<&dyn TrainSuite>) -> Result<(), Stri
     let t0 = Instant::now();
     let mut lines = Vec::new();
     for plan in plans(&args, &backends, &m) {
+        let sizes: Vec<String> = plan.sizes.iter().map(ToString::to_string).collect();
+        let inflight = plan
+            .inflight
+            .map_or_else(|| "default".to_owned(), |k| k.to_string());
         eprintln!(
-            "[starwire report {:>5.1}s] {} {:?} inflight {:?}",
+            "[starwire report {:>5.1}s] {} sizes {} inflight {inflight}",
             t0.elapsed().as_secs_f64(),
             plan.modes[0].name(),
-            plan.sizes,
-            plan.inflight
+            sizes.join(","),
         );
         lines.extend(bench::run_loopback(&plan)?);
     }

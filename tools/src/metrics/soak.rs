@@ -1,0 +1,63 @@
+//! What `starwire soak` publishes: each client reactor's message counts,
+//! once per reactor turn.
+
+use std::sync::Arc;
+
+use starwire_telemetry::{Counter, Telemetry};
+
+/// A client reactor's counts as they stand.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SoakCounts {
+    /// Requests sent.
+    pub sent: u64,
+    /// Answers received.
+    pub answered: u64,
+    /// Requests whose answer never came (a connection that failed).
+    pub lost: u64,
+    /// Answers received twice.
+    pub duplicated: u64,
+    /// Answers whose body did not check.
+    pub corrupted: u64,
+    /// Answers out of order.
+    pub out_of_order: u64,
+}
+
+/// One client reactor's cells of `starwire_soak_messages_total{outcome}`.
+#[derive(Debug)]
+pub struct SoakCells([Arc<Counter>; 6]);
+
+impl SoakCells {
+    /// Cells in `t`.
+    pub fn new(t: &Telemetry) -> Self {
+        let c = |outcome| {
+            t.counter(
+                "starwire_soak_messages",
+                "Soak messages by outcome (sent, answered, lost, duplicated, corrupted, out_of_order)",
+                &[("outcome", outcome)],
+            )
+        };
+        Self([
+            c("sent"),
+            c("answered"),
+            c("lost"),
+            c("duplicated"),
+            c("corrupted"),
+            c("out_of_order"),
+        ])
+    }
+
+    /// Publish the reactor's counts (plain stores).
+    pub fn publish(&self, c: SoakCounts) {
+        let v = [
+            c.sent,
+            c.answered,
+            c.lost,
+            c.duplicated,
+            c.corrupted,
+            c.out_of_order,
+        ];
+        for (cell, v) in self.0.iter().zip(v) {
+            cell.set(v);
+        }
+    }
+}
