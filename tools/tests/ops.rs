@@ -61,6 +61,7 @@ const NAMES: &[&str] = &[
     "starwire_ps_rows{shard=\"0\",table=",
     "starwire_transport_bytes_total{backend=\"tcp\",direction=\"sent\"}",
     "starwire_transport_bytes_total{backend=\"tcp\",direction=\"received\"}",
+    "starwire_transport_syscalls_total{backend=\"tcp\"}",
     "starwire_worker_samples_total{worker=\"0\"}",
     "starwire_worker_samples_total{worker=\"1\"}",
     "starwire_request_duration_seconds_bucket{le=",

@@ -6,13 +6,18 @@
 //! A shard publishes the totals its [`PsShard`] keeps anyway, with plain
 //! relaxed stores after each request (one request carries a whole step's
 //! keys for the shard); a worker publishes once per exchange and per
-//! step. Nothing here locks or allocates after the cells are made.
+//! step; a PS reactor publishes its driver's system calls a few times a
+//! second ([`Published`]). Nothing here locks or allocates after the cells
+//! are made.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use starwire_ps::{PsShard, Var};
 use starwire_telemetry::{Counter, Gauge, Histogram, Telemetry, DURATION_BOUNDS};
+
+use starwire_transport::reactor::{ParkWaker, Parked, ReactorState};
+use starwire_transport::{Driver, Endpoint, Service};
 
 use crate::net::{Exchange, Reply, Request, Traffic};
 use crate::TrainError;
@@ -326,5 +331,96 @@ impl Exchange for TimedExchange<'_> {
 
     fn traffic(&self) -> Traffic {
         self.net.traffic()
+    }
+}
+
+/// How often a PS reactor publishes its driver's counters: they are summed
+/// over the driver's connections, so not on every turn.
+const DRIVER_PUBLISH_EVERY: Duration = Duration::from_millis(250);
+
+/// A PS reactor's endpoint (none when its driver failed to start on the
+/// reactor's thread) that publishes its driver's system calls
+/// (`starwire_transport_syscalls_total{backend}`) every
+/// [`DRIVER_PUBLISH_EVERY`] of turns, and once more when taken apart.
+pub struct Published<D: Driver, S> {
+    endpoint: Option<Endpoint<D, S>>,
+    syscalls: fn(&D) -> Option<u64>,
+    cell: Arc<Counter>,
+    next: Option<Instant>,
+}
+
+impl<D: Driver, S> std::fmt::Debug for Published<D, S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Published")
+            .field("running", &self.endpoint.is_some())
+            .field("syscalls", &self.cell.get())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<D: Driver, S: Service<D>> Published<D, S> {
+    /// `endpoint`, its driver's system calls (as `syscalls` counts them)
+    /// published into `t` under `backend`.
+    pub fn new(
+        endpoint: Option<Endpoint<D, S>>,
+        t: &Telemetry,
+        backend: &str,
+        syscalls: fn(&D) -> Option<u64>,
+    ) -> Self {
+        Self {
+            endpoint,
+            syscalls,
+            cell: t.counter(
+                "starwire_transport_syscalls",
+                "System calls the PS reactors' drivers made (reads, writes, io_uring enters)",
+                &[("backend", backend)],
+            ),
+            next: None,
+        }
+    }
+
+    fn publish(&self) {
+        let n = self
+            .endpoint
+            .as_ref()
+            .and_then(|e| (self.syscalls)(e.sessions().driver()));
+        // A closed connection takes its counts with it: the published
+        // total never goes back.
+        if let Some(n) = n {
+            self.cell.set(n.max(self.cell.get()));
+        }
+    }
+
+    /// The endpoint, after a last publication.
+    pub fn into_inner(self) -> Option<Endpoint<D, S>> {
+        self.publish();
+        self.endpoint
+    }
+}
+
+impl<D, S> ReactorState for Published<D, S>
+where
+    D: Driver + Send,
+    S: Service<D> + Send,
+{
+    fn turn(&mut self, now: Instant) -> bool {
+        let busy = self.endpoint.turn(now);
+        if self.next.map_or(true, |t| now >= t) {
+            self.next = Some(now + DRIVER_PUBLISH_EVERY);
+            self.publish();
+        }
+        busy
+    }
+
+    fn next_deadline(&self) -> Option<Instant> {
+        self.endpoint.next_deadline()
+    }
+
+    fn finished(&self) -> bool {
+        self.endpoint.finished()
+    }
+
+    fn park(&mut self, waker: ParkWaker<'_>, timeout: Duration) -> Parked {
+        self.endpoint.park(waker, timeout)
     }
 }

@@ -24,7 +24,7 @@ use crate::handoff::{HandoffConfig, HandoffNet};
 use crate::net::{Exchange, SessionNet, Traffic, WorkerService};
 use crate::server::ShardService;
 use crate::source::{DataSource, Reader};
-use crate::telemetry::{ShardTelemetry, StepProgress, WorkerTelemetry};
+use crate::telemetry::{Published, ShardTelemetry, StepProgress, WorkerTelemetry};
 use crate::worker::WorkerCore;
 use crate::TrainError;
 use starwire_wire::ps::Control;
@@ -47,8 +47,8 @@ fn peer(role: TaskRole, index: u32, shards: u16) -> PeerInfo {
 
 /// One shard's reactor state: its endpoint, or none when the backend
 /// failed to start on the reactor's thread (the reactor then finishes at
-/// once).
-type ShardState<K> = Option<Endpoint<<K as Backend>::Driver, ShardService<ShardHandler>>>;
+/// once), publishing its driver's counters.
+type ShardState<K> = Published<<K as Backend>::Driver, ShardService<ShardHandler>>;
 
 /// A running PS task: its acceptor and one reactor per shard.
 #[derive(Debug)]
@@ -72,8 +72,9 @@ impl<K: Backend> PsTask<K> {
             let (shard, _) = r
                 .join()
                 .map_err(|e| TrainError::Internal(format!("PS reactor: {e}")))?;
-            let shard =
-                shard.ok_or_else(|| TrainError::Internal("PS reactor had no driver".into()))?;
+            let shard = shard
+                .into_inner()
+                .ok_or_else(|| TrainError::Internal("PS reactor had no driver".into()))?;
             out.push(crate::psserver::PsHandler::stats(shard.service().handler()));
         }
         drop(acceptor);
@@ -267,14 +268,16 @@ pub fn start_ps<K: Backend>(
         // thread, which reports a failure to make it.
         let (btx, brx) = mpsc::sync_channel(1);
         let polling = cfg.ps_polling;
+        let telemetry = cfg.telemetry.clone();
         let reactor = Reactor::spawn(spec, move |_| {
             let driver = K::driver(polling);
             let ok = driver.as_ref().map(|_| ()).map_err(|e| e.to_string());
             let _ = btx.send(ok);
             let service = ShardService::new(s, handler, expected);
-            driver
+            let endpoint = driver
                 .ok()
-                .map(|d| Endpoint::new(d, service, conn_cfg).with_inbox(rx))
+                .map(|d| Endpoint::new(d, service, conn_cfg).with_inbox(rx));
+            Published::new(endpoint, &telemetry, K::NAME, K::syscalls)
         })
         .map_err(|e| TrainError::Internal(format!("starting PS reactor: {e}")))?;
         brx.recv()
