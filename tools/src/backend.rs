@@ -112,6 +112,12 @@ pub fn missing_backend_hint(name: &str) -> Option<String> {
     Some(hint.to_owned())
 }
 
+/// [`missing_backend_hint`] for the commands whose flag is `--backend`
+/// (train, ps, worker, soak): the hints name bench's `--backends`.
+pub fn missing_backend_hint_singular(name: &str) -> Option<String> {
+    missing_backend_hint(name).map(|h| h.replace("--backends ", "--backend "))
+}
+
 /// The starwire backends of this binary, for messages.
 pub fn compiled_in() -> String {
     Backend::compiled()
@@ -169,6 +175,8 @@ mod tests {
             .parse::<Backend>()
             .unwrap_err()
             .contains("--features grpc"));
+        let e = missing_backend_hint_singular("dpdk").unwrap();
+        assert!(e.contains("use --backend tcp"), "{e}");
         let e = "carrier-pigeon".parse::<Backend>().unwrap_err();
         assert!(e.contains("unknown backend"), "{e}");
     }

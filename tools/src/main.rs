@@ -5,6 +5,7 @@
 
 mod backend;
 mod bench;
+mod failure;
 mod info;
 mod logging;
 mod metrics;
@@ -15,11 +16,22 @@ mod train;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
+
+use failure::Failure;
+
+/// `starwire --version`: the package version and the commit it was built
+/// from (`unknown` outside a git checkout).
+pub(crate) const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("STARWIRE_GIT_COMMIT"),
+    ")"
+);
 
 /// starwire: benchmark, soak-test and inspect starwire transports.
 #[derive(Debug, Parser)]
-#[command(name = "starwire", version, about)]
+#[command(name = "starwire", version = VERSION, about)]
 struct Cli {
     #[command(subcommand)]
     cmd: Command,
@@ -55,6 +67,17 @@ enum Command {
     /// The standard suite across every compiled-in backend: report.md,
     /// report.json and SVG plots in --out DIR.
     Report(report::ReportArgs),
+    /// Print a completion script for SHELL (bash, zsh, fish, elvish,
+    /// powershell) on stdout.
+    Completions(CompletionsArgs),
+}
+
+/// `starwire completions SHELL`.
+#[derive(Debug, clap::Args)]
+struct CompletionsArgs {
+    /// The shell.
+    #[arg(value_enum)]
+    shell: clap_complete::Shell,
 }
 
 /// `on|off`, or any boolean the DeepRec variables accept (true/false/1/0).
@@ -70,24 +93,42 @@ pub(crate) fn parse_on_off(s: &str) -> Result<bool, String> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     logging::init(&cli.log);
-    let r = match cli.cmd {
-        Command::Bench(a) => bench::main(a).map(|()| true),
-        Command::Soak(a) => soak::main(a),
-        Command::Info(a) => info::main(a).map(|()| true),
+    let r: Result<bool, Failure> = match cli.cmd {
+        Command::Bench(a) => bench::validate(&a)
+            .map_err(Failure::Usage)
+            .and_then(|()| Ok(bench::main(a)?))
+            .map(|()| true),
+        Command::Soak(a) => soak::validate(&a)
+            .map_err(Failure::Usage)
+            .and_then(|()| Ok(soak::main(a)?)),
+        Command::Info(a) => info::main(a).map(|()| true).map_err(Failure::Run),
         Command::Train(a) => train::main(a).map(|()| true),
         Command::Ps(a) => train::ps_main(a).map(|()| true),
         Command::Worker(a) => train::worker_main(a).map(|()| true),
-        Command::Place(a) => train::place_main(a).map(|()| true),
-        Command::Data(a) => train::data_main(a).map(|()| true),
-        Command::Reference(a) => train::reference_main(a).map(|()| true),
-        Command::Report(a) => report::main(a, Some(&train::ReportTrain)).map(|()| true),
+        Command::Place(a) => train::place_main(a).map(|()| true).map_err(Failure::Usage),
+        Command::Data(a) => train::data_main(a).map(|()| true).map_err(Failure::Run),
+        Command::Reference(a) => train::reference_main(a)
+            .map(|()| true)
+            .map_err(Failure::Run),
+        Command::Report(a) => report::main(a, Some(&train::ReportTrain))
+            .map(|()| true)
+            .map_err(Failure::Run),
+        Command::Completions(a) => {
+            clap_complete::generate(
+                a.shell,
+                &mut Cli::command(),
+                "starwire",
+                &mut std::io::stdout(),
+            );
+            Ok(true)
+        }
     };
     match r {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
-            eprintln!("starwire: error: {e}");
-            ExitCode::FAILURE
+            eprintln!("starwire: error: {}", e.message());
+            e.exit_code()
         }
     }
 }

@@ -81,7 +81,7 @@ fn parse_soak_backend(s: &str) -> Result<String, String> {
         "uring" | "io_uring" | "io-uring" => Ok("uring".to_owned()),
         "raw" => Err("the raw baseline has no message layer to soak; use --backend tcp".into()),
         other => Err(
-            crate::backend::missing_backend_hint(other).unwrap_or_else(|| {
+            crate::backend::missing_backend_hint_singular(other).unwrap_or_else(|| {
                 format!(
                     "unknown backend {other:?}; soak supports: {}",
                     crate::backend::compiled_in()
@@ -859,8 +859,8 @@ fn stop_servers<D: SoakDriver>(
     }
 }
 
-/// Run `starwire soak`. Returns whether the soak passed.
-pub fn main(args: SoakArgs) -> Result<bool, String> {
+/// The checks across `soak`'s flags (usage errors).
+pub(crate) fn validate(args: &SoakArgs) -> Result<(), String> {
     if args.connections == 0 {
         return Err("--connections must be at least 1".into());
     }
@@ -870,14 +870,20 @@ pub fn main(args: SoakArgs) -> Result<bool, String> {
     if args.max_size > (16 << 20) {
         return Err("--max-size: at most 16 MiB".into());
     }
+    if args.backend != "tcp" && args.faults.is_some() {
+        return Err("--faults is supported with --backend tcp only".into());
+    }
+    Ok(())
+}
+
+/// Run `starwire soak`. Returns whether the soak passed.
+pub fn main(args: SoakArgs) -> Result<bool, String> {
+    validate(&args)?;
     let rss_start_kb = rss_kb();
     let lay = layout(&args)?;
     let _metrics = args.metrics.serve(&lay.telemetry)?;
     #[cfg(all(feature = "uring", target_os = "linux"))]
     if args.backend == "uring" {
-        if args.faults.is_some() {
-            return Err("--faults is supported with --backend tcp only".into());
-        }
         crate::backend::Backend::Uring.check_available()?;
         // Each ring binds to its reactor thread at the first enter.
         let cfg = crate::bench::sessions::uring_config(lay.idle, 0);

@@ -11,20 +11,22 @@ use starwire_ps::{OptimizerKind, Strategy};
 use starwire_train::source::DataSource;
 use starwire_train::{BackendKind, TrainConfig, TrainReport};
 
+use crate::failure::{at_least_one, Failure};
+
 /// Training flags shared by `train`, `ps` and `worker` (every task of a
 /// cluster must be given the same ones).
 #[derive(Debug, Clone, Args)]
 pub struct TrainArgs {
     /// PS tasks (local cluster).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = at_least_one)]
     pub ps: usize,
     /// Worker tasks (local cluster).
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = at_least_one)]
     pub workers: usize,
     /// Transport backend: tcp, uring, grpc (when built in), or inproc (no
     /// network: workers call the shards directly; the compute bound, local
     /// cluster only).
-    #[arg(long, default_value = "tcp")]
+    #[arg(long, default_value = "tcp", value_parser = parse_backend)]
     pub backend: String,
     /// star_server (robust) or star_server_lite (pooling on the PS).
     #[arg(long, default_value = "star_server", value_parser = parse_protocol)]
@@ -45,10 +47,10 @@ pub struct TrainArgs {
     #[arg(long)]
     pub steps: Option<u64>,
     /// Examples per step per worker.
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = 512, value_parser = at_least_one)]
     pub batch_size: usize,
     /// Embedding width.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = at_least_one)]
     pub embedding_dim: usize,
     /// sgd, adagrad or adam.
     #[arg(long, default_value = "adagrad", value_parser = parse_optimizer)]
@@ -165,16 +167,27 @@ fn parse_strategy(s: &str, seed: u64) -> Result<Strategy, String> {
 fn check_backend(name: &str) -> Result<BackendKind, String> {
     BackendKind::from_name(name).ok_or_else(|| {
         let have: Vec<&str> = BackendKind::ALL.iter().map(|(n, _)| *n).collect();
-        crate::backend::missing_backend_hint(name).map_or_else(
-            || {
-                format!(
-                    "unknown backend {name:?}; training runs on: {}",
-                    have.join(", ")
-                )
-            },
-            |h| format!("--backend {name}: {h}"),
-        )
+        crate::backend::missing_backend_hint_singular(name).unwrap_or_else(|| {
+            format!(
+                "unknown backend {name:?}; training runs on: {}",
+                have.join(", ")
+            )
+        })
     })
+}
+
+/// `--backend`: a training backend compiled into this binary.
+fn parse_backend(s: &str) -> Result<String, String> {
+    let name = s.trim().to_ascii_lowercase();
+    check_backend(&name).map(|_| name)
+}
+
+/// A failure of the trainer: an invalid configuration is a usage error.
+fn train_failure(e: starwire_train::TrainError) -> Failure {
+    match e {
+        starwire_train::TrainError::Config(_) => Failure::Usage(e.to_string()),
+        _ => Failure::Run(e.to_string()),
+    }
 }
 
 /// The configuration from the flags and the DeepRec environment variables
@@ -272,8 +285,8 @@ fn print_report(r: &TrainReport, json: bool) -> Result<(), String> {
 }
 
 /// `starwire train`.
-pub fn main(a: TrainArgs) -> Result<(), String> {
-    let cfg = config(&a, a.ps, a.workers)?;
+pub fn main(a: TrainArgs) -> Result<(), Failure> {
+    let cfg = config(&a, a.ps, a.workers).map_err(Failure::Usage)?;
     if !a.json {
         eprintln!(
             "starwire train: {} on {} PS x {} reactor(s) and {} workers over loopback {}; \
@@ -289,8 +302,8 @@ pub fn main(a: TrainArgs) -> Result<(), String> {
         );
     }
     let _metrics = a.metrics.serve(&cfg.telemetry)?;
-    let r = starwire_train::run_local(&cfg).map_err(|e| e.to_string())?;
-    print_report(&r, a.json)
+    let r = starwire_train::run_local(&cfg).map_err(train_failure)?;
+    Ok(print_report(&r, a.json)?)
 }
 
 /// Cluster flags of `starwire ps` / `starwire worker`.
@@ -335,9 +348,10 @@ fn resolve(r: &RoleArgs, role: Role) -> Result<(ClusterConfig, Vec<String>), Str
 }
 
 /// `starwire ps`.
-pub fn ps_main(r: RoleArgs) -> Result<(), String> {
-    let (c, ps_addrs) = resolve(&r, Role::Ps)?;
-    let cfg = config(&r.train, c.spec.ps().len(), c.spec.workers().len())?;
+pub fn ps_main(r: RoleArgs) -> Result<(), Failure> {
+    let (c, ps_addrs) = resolve(&r, Role::Ps).map_err(Failure::Usage)?;
+    let cfg =
+        config(&r.train, c.spec.ps().len(), c.spec.workers().len()).map_err(Failure::Usage)?;
     let me = &ps_addrs[c.task.index as usize];
     let bind = me
         .to_socket_addrs()
@@ -345,8 +359,8 @@ pub fn ps_main(r: RoleArgs) -> Result<(), String> {
         .next()
         .ok_or_else(|| format!("{me}: no address"))?;
     let _metrics = r.train.metrics.serve(&cfg.telemetry)?;
-    let rep = starwire_train::run_ps_task(&cfg, c.task.index as usize, bind)
-        .map_err(|e| e.to_string())?;
+    let rep =
+        starwire_train::run_ps_task(&cfg, c.task.index as usize, bind).map_err(train_failure)?;
     if r.train.json {
         println!(
             "{}",
@@ -359,13 +373,14 @@ pub fn ps_main(r: RoleArgs) -> Result<(), String> {
 }
 
 /// `starwire worker`.
-pub fn worker_main(r: RoleArgs) -> Result<(), String> {
-    let (c, ps_addrs) = resolve(&r, Role::Worker)?;
-    let cfg = config(&r.train, c.spec.ps().len(), c.spec.workers().len())?;
+pub fn worker_main(r: RoleArgs) -> Result<(), Failure> {
+    let (c, ps_addrs) = resolve(&r, Role::Worker).map_err(Failure::Usage)?;
+    let cfg =
+        config(&r.train, c.spec.ps().len(), c.spec.workers().len()).map_err(Failure::Usage)?;
     let _metrics = r.train.metrics.serve(&cfg.telemetry)?;
     let rep = starwire_train::run_worker_task(&cfg, &ps_addrs, c.task.index as usize)
-        .map_err(|e| e.to_string())?;
-    print_report(&rep, r.train.json)
+        .map_err(train_failure)?;
+    Ok(print_report(&rep, r.train.json)?)
 }
 
 /// `starwire place`: compare the strategies of assigning variables to PS
@@ -373,7 +388,7 @@ pub fn worker_main(r: RoleArgs) -> Result<(), String> {
 #[derive(Debug, Clone, Args)]
 pub struct PlaceArgs {
     /// PS tasks to assign the variables to.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, value_parser = at_least_one)]
     pub ps: usize,
     /// `zipf` (a benchmark model of `--vars` variables with Zipf-distributed
     /// sizes and independent request loads), `lr` or `wdl` (estimated from
@@ -403,9 +418,6 @@ pub struct PlaceArgs {
 /// `starwire place`.
 pub fn place_main(a: PlaceArgs) -> Result<(), String> {
     use starwire_ps::assign::{assign_with, zipf_model, AssignOptions};
-    if a.ps == 0 {
-        return Err("--ps must be at least 1".into());
-    }
     let stats = match a.model.as_str() {
         "zipf" => zipf_model(a.vars, a.zipf, a.seed),
         m @ ("lr" | "wdl") => {

@@ -214,3 +214,75 @@ fn json_log_format_writes_one_object_per_line() {
         "{err}"
     );
 }
+
+/// Runs `starwire ARGS` to completion.
+fn run(args: &[&str]) -> std::process::Output {
+    starwire(args).output().expect("run starwire")
+}
+
+#[test]
+fn usage_errors_exit_2_and_name_the_flag() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["train", "--backend", "foo"], "--backend"),
+        (&["bench", "--backends", "foo"], "--backends"),
+        (&["soak", "--backend", "foo"], "--backend"),
+        (&["train", "--ps", "0"], "--ps"),
+        (&["train", "--workers", "0"], "--workers"),
+        (&["train", "--batch-size", "0"], "--batch-size"),
+        (&["place", "--ps", "0"], "--ps"),
+        (&["soak", "--duration", "0"], "--duration"),
+        (&["bench", "--metrics-addr", "127.0.0.1:0"], "--listen"),
+        (
+            &["worker", "--ps-hosts", "a:1", "--worker-hosts", "b:1"],
+            "task",
+        ),
+    ];
+    for (args, flag) in cases {
+        let out = run(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(flag), "{args:?} does not name {flag}: {err}");
+    }
+}
+
+#[test]
+fn train_backend_hints_name_trains_flag() {
+    for name in ["dpdk", "verbs"] {
+        let out = run(&["train", "--backend", name]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains("use --backend tcp"), "{err}");
+        assert!(!err.contains("--backends"), "{err}");
+    }
+}
+
+#[test]
+fn run_time_errors_exit_1() {
+    // A criteo file that is not there: the flags are fine, the run fails.
+    let out = run(&["train", "--train", "criteo:/nonexistent/starwire.tsv"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("/nonexistent/starwire.tsv"), "{err}");
+}
+
+#[test]
+fn version_names_the_commit_and_completions_cover_the_commands() {
+    let out = run(&["--version"]);
+    assert!(out.status.success());
+    let v = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        v.starts_with("starwire 0.") && v.contains("(commit "),
+        "{v}"
+    );
+    for shell in ["bash", "zsh", "fish"] {
+        let out = run(&["completions", shell]);
+        assert!(out.status.success(), "{shell}");
+        let script = String::from_utf8_lossy(&out.stdout);
+        for cmd in ["train", "bench", "soak", "completions"] {
+            assert!(script.contains(cmd), "{shell} script lacks {cmd}");
+        }
+        assert!(script.contains("metrics-addr"), "{shell}");
+    }
+    let out = run(&["completions", "tcsh"]);
+    assert_eq!(out.status.code(), Some(2));
+}

@@ -821,7 +821,8 @@ fn resolve_addr(s: &str) -> Result<SocketAddr, String> {
         .ok_or_else(|| format!("{s}: no address"))
 }
 
-fn validate(args: &BenchArgs) -> Result<(), String> {
+/// The checks across `bench`'s flags (usage errors).
+pub(crate) fn validate(args: &BenchArgs) -> Result<(), String> {
     if args.metrics.metrics_addr.is_some() && args.listen.is_none() {
         return Err(
             "--metrics-addr serves the bench server's metrics: use it with --listen".into(),

@@ -72,6 +72,26 @@ impl Collector for TelemetryCollector {
     }
 }
 
+/// `starwire_build_info{version, commit} 1`.
+#[derive(Debug)]
+struct BuildInfo;
+
+impl Collector for BuildInfo {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let mut e = encoder.encode_descriptor(
+            "starwire_build_info",
+            "The starwire version and the git commit it was built from",
+            None,
+            MetricType::Gauge,
+        )?;
+        let labels = [
+            ("version", env!("CARGO_PKG_VERSION")),
+            ("commit", env!("STARWIRE_GIT_COMMIT")),
+        ];
+        e.encode_family(&labels)?.encode_gauge(&1i64)
+    }
+}
+
 fn encode_value(
     e: &mut prometheus_client::encoding::MetricEncoder<'_>,
     v: &Value,
@@ -91,6 +111,7 @@ fn encode_value(
 pub fn render(telemetry: &Telemetry) -> Result<String, String> {
     let mut registry = Registry::default();
     registry.register_collector(Box::new(TelemetryCollector(telemetry.clone())));
+    registry.register_collector(Box::new(BuildInfo));
     registry.register_collector(Box::new(ProcessCollector));
     let mut out = String::new();
     prometheus_client::encoding::prometheus_text::encode(&mut out, &registry)
@@ -228,6 +249,7 @@ mod tests {
             "{s}"
         );
         assert!(s.contains("starwire_step_duration_seconds_count 1"), "{s}");
+        assert!(s.contains("starwire_build_info{version=\""), "{s}");
         assert!(s.contains("process_resident_memory_bytes "), "{s}");
         assert!(s.contains("process_open_fds "), "{s}");
         assert!(s.contains("process_cpu_seconds_total "), "{s}");

@@ -1,0 +1,74 @@
+//! How a command fails, and the exit status that says so: 2 for a usage
+//! error (a bad flag or value, a combination of flags that cannot work,
+//! a backend that is not compiled in), 1 for a failure at run time (a
+//! peer that went away, a file that cannot be read, a failed soak).
+//!
+//! Flags whose values can be checked alone are checked by clap (it exits
+//! with 2 and names the flag); checks across flags return
+//! [`Failure::Usage`].
+
+use std::process::ExitCode;
+
+/// A command's failure.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Failure {
+    /// The command line cannot work: exit status 2.
+    Usage(String),
+    /// The run failed: exit status 1.
+    Run(String),
+}
+
+impl From<String> for Failure {
+    /// Errors are run-time errors unless a command says otherwise.
+    fn from(s: String) -> Self {
+        Failure::Run(s)
+    }
+}
+
+impl Failure {
+    /// The exit status.
+    pub fn exit_code(&self) -> ExitCode {
+        match self {
+            Failure::Usage(_) => ExitCode::from(2),
+            Failure::Run(_) => ExitCode::FAILURE,
+        }
+    }
+
+    /// The message.
+    pub fn message(&self) -> &str {
+        match self {
+            Failure::Usage(m) | Failure::Run(m) => m,
+        }
+    }
+}
+
+/// A count that must be at least 1 (`--ps`, `--workers`, ...), for
+/// clap's `value_parser`.
+pub fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("expected a whole number: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_start_at_one() {
+        assert_eq!(at_least_one("3"), Ok(3));
+        assert_eq!(at_least_one(" 1 "), Ok(1));
+        assert!(at_least_one("0").unwrap_err().contains("at least 1"));
+        assert!(at_least_one("-1").is_err());
+        assert!(at_least_one("two").is_err());
+    }
+
+    #[test]
+    fn usage_exits_2_and_run_time_1() {
+        assert_eq!(Failure::Usage("x".into()).exit_code(), ExitCode::from(2));
+        assert_eq!(Failure::from("y".to_owned()).exit_code(), ExitCode::FAILURE);
+        assert_eq!(Failure::Usage("x".into()).message(), "x");
+    }
+}
