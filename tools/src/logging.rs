@@ -1,7 +1,7 @@
 //! Logs and progress lines on stderr, through tracing.
 //!
-//! By default warnings, errors, status lines (the `status` target: where
-//! the metrics are served) and progress lines (the `progress` target: PS
+//! By default warnings, errors, status lines (the `status` target: what
+//! runs and where it serves) and progress lines (the `progress` target: PS
 //! and worker progress every `--log-every`) show; `--quiet` hides
 //! progress. `RUST_LOG` replaces the default filter
 //! (`--quiet` still hides progress). Colour only when stderr is a
@@ -33,8 +33,7 @@ pub struct LogArgs {
     pub log_format: LogFormat,
 }
 
-/// Warnings, errors, progress and status lines (where the metrics are
-/// served).
+/// Warnings, errors, progress and status lines.
 const DEFAULT_FILTER: &str = "warn,progress=info,status=info";
 
 /// The filter: `RUST_LOG` if set, else [`DEFAULT_FILTER`]; `quiet` turns

@@ -253,6 +253,9 @@ fn print_report(r: &TrainReport, json: bool) -> Result<(), String> {
         r.shards,
         r.workers
     );
+    if let Some(step) = r.resumed_from_step {
+        println!("  resumed from the checkpoint at global step {step}; this run:");
+    }
     println!(
         "  steps {}  samples {}  {:.1} s  {:.0} samples/s  {:.0} bytes/step  {:.1} requests/step",
         r.steps, r.samples, r.train_seconds, r.samples_per_s, r.bytes_per_step, r.requests_per_step
@@ -287,20 +290,19 @@ fn print_report(r: &TrainReport, json: bool) -> Result<(), String> {
 /// `starwire train`.
 pub fn main(a: TrainArgs) -> Result<(), Failure> {
     let cfg = config(&a, a.ps, a.workers).map_err(Failure::Usage)?;
-    if !a.json {
-        eprintln!(
-            "starwire train: {} on {} PS x {} reactor(s) and {} workers over loopback {}; \
-             polling ps={} worker={}; worker handoff {}",
-            starwire_train::cluster::model_name(cfg.model),
-            cfg.ps,
-            cfg.ps_reactors,
-            cfg.workers,
-            a.backend,
-            cfg.ps_polling,
-            cfg.worker_polling,
-            if cfg.handoff() { "on" } else { "off" }
-        );
-    }
+    tracing::info!(
+        target: "status",
+        "starwire train: {} on {} PS x {} reactor(s) and {} workers over loopback {}; \
+         polling ps={} worker={}; worker handoff {}",
+        starwire_train::cluster::model_name(cfg.model),
+        cfg.ps,
+        cfg.ps_reactors,
+        cfg.workers,
+        a.backend,
+        cfg.ps_polling,
+        cfg.worker_polling,
+        if cfg.handoff() { "on" } else { "off" }
+    );
     let _metrics = a.metrics.serve(&cfg.telemetry)?;
     let r = starwire_train::run_local(&cfg).map_err(train_failure)?;
     Ok(print_report(&r, a.json)?)
@@ -361,13 +363,12 @@ pub fn ps_main(r: RoleArgs) -> Result<(), Failure> {
     let _metrics = r.train.metrics.serve(&cfg.telemetry)?;
     let rep =
         starwire_train::run_ps_task(&cfg, c.task.index as usize, bind).map_err(train_failure)?;
+    tracing::info!(target: "status", "starwire ps {}: every worker is done", c.task.index);
     if r.train.json {
         println!(
             "{}",
             serde_json::to_string(&rep).map_err(|e| e.to_string())?
         );
-    } else {
-        eprintln!("starwire ps {}: every worker is done", c.task.index);
     }
     Ok(())
 }

@@ -614,7 +614,9 @@ struct Progress {
 
 impl Progress {
     fn update(&mut self, i: usize, total: usize, run: &Run) {
-        if self.start.elapsed() < Duration::from_secs(2) {
+        if self.start.elapsed() < Duration::from_secs(2)
+            || !tracing::enabled!(target: "progress", tracing::Level::INFO)
+        {
             return;
         }
         let line = format!(
@@ -631,7 +633,7 @@ impl Progress {
             eprint!("\r{line}      ");
             let _ = std::io::stderr().flush();
         } else {
-            eprintln!("{line}");
+            tracing::info!(target: "progress", "{line}");
         }
     }
 

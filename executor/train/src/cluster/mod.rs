@@ -268,7 +268,8 @@ pub fn run_ps_task(
     let reactors = layout.report();
     let l = TcpListener::bind(bind)?;
     let task = k.start_ps(cfg, &plan, index, l, cfg.workers, restore, &layout)?;
-    eprintln!(
+    tracing::info!(
+        target: "status",
         "starwire ps {index}: serving {} shard(s) on {}; {}",
         cfg.ps_reactors.max(1),
         task.addr(),
