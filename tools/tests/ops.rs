@@ -286,3 +286,18 @@ fn version_names_the_commit_and_completions_cover_the_commands() {
     let out = run(&["completions", "tcsh"]);
     assert_eq!(out.status.code(), Some(2));
 }
+
+#[test]
+fn a_bad_criteo_line_names_the_file_and_the_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("day_0.tsv");
+    std::fs::write(&path, "1\t2\tthree\n").unwrap();
+    let src = format!("criteo:{}", path.display());
+    let out = run(&["train", "--train", &src, "--eval-examples", "10"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!("{}: bad line 1", path.display())),
+        "{err}"
+    );
+}

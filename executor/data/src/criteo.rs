@@ -76,6 +76,29 @@ pub enum DataError {
     /// An invalid [`crate::SyntheticSpec`].
     #[error("invalid synthetic spec: {0}")]
     Spec(&'static str),
+    /// An error reading the file at `path` (see [`DataError::in_file`]).
+    #[error("{}: {source}", path.display())]
+    InFile {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong in it.
+        #[source]
+        source: Box<DataError>,
+    },
+}
+
+impl DataError {
+    /// This error, saying that it happened in the file at `path` (errors
+    /// that name their file already are kept as they are).
+    pub fn in_file(self, path: &Path) -> Self {
+        match self {
+            e @ (DataError::Open { .. } | DataError::InFile { .. }) => e,
+            e => DataError::InFile {
+                path: path.to_owned(),
+                source: Box::new(e),
+            },
+        }
+    }
 }
 
 /// Options of [`CriteoReader`].
@@ -337,6 +360,27 @@ fn parse_i64(s: &[u8]) -> Option<i64> {
 mod tests {
     use super::*;
     use std::io::Cursor;
+
+    #[test]
+    fn errors_in_a_file_name_it_once() {
+        let bad = DataError::BadLine {
+            line: 3,
+            reason: BadLineReason::ColumnCount(2),
+        }
+        .in_file(Path::new("/data/day_0.tsv"));
+        assert_eq!(
+            bad.to_string(),
+            "/data/day_0.tsv: bad line 3: 2 columns, expected 40"
+        );
+        let again = bad.in_file(Path::new("/elsewhere"));
+        assert!(again.to_string().starts_with("/data/day_0.tsv: bad line 3"));
+        let open = DataError::Open {
+            path: "/x".into(),
+            source: io::ErrorKind::NotFound.into(),
+        }
+        .in_file(Path::new("/x"));
+        assert!(matches!(open, DataError::Open { .. }));
+    }
 
     fn line(label: &str, ints: &[&str; 13], cats: &[&str; 26]) -> String {
         let mut s = label.to_owned();

@@ -46,8 +46,8 @@ impl std::fmt::Display for DataSource {
 pub enum Reader {
     /// A share of the synthetic stream.
     Synthetic(Synthetic),
-    /// A share of a file's lines.
-    Criteo(CriteoReader),
+    /// A share of the lines of the file at the path.
+    Criteo(CriteoReader, PathBuf),
 }
 
 impl Reader {
@@ -65,15 +65,18 @@ impl Reader {
                 Synthetic::new(model.clone(), starwire_data::Stream::Train, examples)
                     .split(worker, workers)?,
             ),
-            DataSource::Criteo(p) => Reader::Criteo(CriteoReader::open(
-                p,
-                ReaderOptions {
-                    skip_bad_lines,
-                    worker,
-                    workers,
-                    ..ReaderOptions::default()
-                },
-            )?),
+            DataSource::Criteo(p) => Reader::Criteo(
+                CriteoReader::open(
+                    p,
+                    ReaderOptions {
+                        skip_bad_lines,
+                        worker,
+                        workers,
+                        ..ReaderOptions::default()
+                    },
+                )?,
+                p.clone(),
+            ),
         })
     }
 
@@ -91,21 +94,25 @@ impl Reader {
                 starwire_data::Stream::Eval,
                 n,
             )),
-            DataSource::Criteo(p) => Reader::Criteo(CriteoReader::open(
-                p,
-                ReaderOptions {
-                    skip_bad_lines,
-                    ..ReaderOptions::default()
-                },
-            )?),
+            DataSource::Criteo(p) => Reader::Criteo(
+                CriteoReader::open(
+                    p,
+                    ReaderOptions {
+                        skip_bad_lines,
+                        ..ReaderOptions::default()
+                    },
+                )?,
+                p.clone(),
+            ),
         })
     }
 
-    /// Up to `max` examples into `batch`; 0 at the end of the epoch.
+    /// Up to `max` examples into `batch`; 0 at the end of the epoch. A
+    /// file's errors name the file.
     pub fn next_batch(&mut self, max: usize, batch: &mut Batch) -> Result<usize, DataError> {
         match self {
             Reader::Synthetic(s) => Ok(s.next_batch(max, batch)),
-            Reader::Criteo(r) => r.next_batch(max, batch),
+            Reader::Criteo(r, p) => r.next_batch(max, batch).map_err(|e| e.in_file(p)),
         }
     }
 
@@ -116,7 +123,7 @@ impl Reader {
                 s.rewind();
                 Ok(())
             }
-            Reader::Criteo(r) => r.rewind(),
+            Reader::Criteo(r, p) => r.rewind().map_err(|e| e.in_file(p)),
         }
     }
 
@@ -124,7 +131,7 @@ impl Reader {
     pub fn skipped(&self) -> u64 {
         match self {
             Reader::Synthetic(_) => 0,
-            Reader::Criteo(r) => r.counters().skipped,
+            Reader::Criteo(r, _) => r.counters().skipped,
         }
     }
 }
