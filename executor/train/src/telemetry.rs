@@ -15,36 +15,22 @@ use std::time::{Duration, Instant};
 
 use starwire_ps::{PsShard, Var};
 use starwire_telemetry::{Counter, Gauge, Histogram, Telemetry, DURATION_BOUNDS};
-
 use starwire_transport::reactor::{ParkWaker, Parked, ReactorState};
 use starwire_transport::{Driver, Endpoint, Service};
 
 use crate::net::{Exchange, Reply, Request, Traffic};
 use crate::TrainError;
 
-/// The PS requests a shard served, by shard and kind.
-pub const PS_REQUESTS: &str = "starwire_ps_requests";
-/// Rows a shard holds, by shard and table.
-pub const PS_ROWS: &str = "starwire_ps_rows";
-/// Message bytes this process sent and received, by backend and direction.
-pub const TRANSPORT_BYTES: &str = "starwire_transport_bytes";
-/// Examples a worker trained on.
-pub const WORKER_SAMPLES: &str = "starwire_worker_samples";
-/// Worker exchange round trips.
-pub const REQUEST_DURATION: &str = "starwire_request_duration_seconds";
-/// Worker step durations.
-pub const STEP_DURATION: &str = "starwire_step_duration_seconds";
-
 fn bytes_cells(t: &Telemetry, backend: &str) -> (Arc<Counter>, Arc<Counter>) {
     let help = "Message bytes (request and reply bodies) this process sent and received";
     (
         t.counter(
-            TRANSPORT_BYTES,
+            "starwire_transport_bytes",
             help,
             &[("backend", backend), ("direction", "sent")],
         ),
         t.counter(
-            TRANSPORT_BYTES,
+            "starwire_transport_bytes",
             help,
             &[("backend", backend), ("direction", "received")],
         ),
@@ -84,7 +70,7 @@ impl ShardTelemetry {
         let s = shard.shard_index().to_string();
         let req = |kind| {
             t.counter(
-                PS_REQUESTS,
+                "starwire_ps_requests",
                 "PS requests served, by shard and kind",
                 &[("shard", &s), ("kind", kind)],
             )
@@ -95,7 +81,7 @@ impl ShardTelemetry {
             .iter()
             .filter_map(|v| match v {
                 Var::Table(tb) => Some(t.gauge(
-                    PS_ROWS,
+                    "starwire_ps_rows",
                     "Embedding rows a PS shard holds, by shard and table",
                     &[("shard", &s), ("table", &tb.def().name)],
                 )),
@@ -215,7 +201,7 @@ impl WorkerTelemetry {
         Self {
             worker,
             samples: t.counter(
-                WORKER_SAMPLES,
+                "starwire_worker_samples",
                 "Training examples a worker trained on",
                 &[("worker", &w)],
             ),
@@ -230,13 +216,13 @@ impl WorkerTelemetry {
                 &[("worker", &w)],
             ),
             step_seconds: t.histogram(
-                STEP_DURATION,
+                "starwire_step_duration_seconds",
                 "Worker training steps (exchange with every shard and compute)",
                 &[],
                 DURATION_BOUNDS,
             ),
             request_seconds: t.histogram(
-                REQUEST_DURATION,
+                "starwire_request_duration_seconds",
                 "Worker exchanges with the PS shards: requests sent to the reply of the last",
                 &[],
                 DURATION_BOUNDS,
