@@ -183,6 +183,9 @@ pub struct WorkerTelemetry {
     traffic_base: Traffic,
     log_every: u64,
     started: Instant,
+    /// The losses summed, and counted, since the gauge was last set (the
+    /// worker thread alone uses the cells).
+    window: std::cell::Cell<(f64, u64)>,
 }
 
 impl WorkerTelemetry {
@@ -212,7 +215,7 @@ impl WorkerTelemetry {
             ),
             loss: t.gauge(
                 "starwire_worker_loss",
-                "A worker's mean training loss since its last epoch began",
+                "A worker's mean training loss over its last window of steps (--log-every, else 100)",
                 &[("worker", &w)],
             ),
             step_seconds: t.histogram(
@@ -232,6 +235,7 @@ impl WorkerTelemetry {
             traffic_base,
             log_every,
             started: Instant::now(),
+            window: std::cell::Cell::new((0.0, 0)),
         }
     }
 
@@ -250,21 +254,36 @@ impl WorkerTelemetry {
     }
 
     /// One step done: `steps` and `samples` so far in this session, the
-    /// step's duration, the mean loss of the epoch so far; logs progress
-    /// every `--log-every` steps (`steps_done` counts resumed steps too).
+    /// step's duration and loss. The loss gauge and the progress line give
+    /// the mean loss of a window of steps: those since the last progress
+    /// line (every `--log-every` steps, counting resumed steps too), or the
+    /// last [`LOSS_WINDOW`] steps without progress lines.
     pub fn stepped(&self, p: StepProgress) {
         self.step_seconds.observe(p.took);
         self.samples.set(p.samples);
         self.steps.set(p.steps);
-        self.loss.set(p.loss);
-        if self.log_every > 0 && p.steps_done % self.log_every == 0 {
+        let (sum, n) = self.window.get();
+        let (sum, n) = (sum + p.loss, n + 1);
+        let mean = sum / n as f64;
+        let every = if self.log_every > 0 {
+            self.log_every
+        } else {
+            LOSS_WINDOW
+        };
+        if p.steps_done % every != 0 {
+            self.window.set((sum, n));
+            return;
+        }
+        self.window.set((0.0, 0));
+        self.loss.set(mean);
+        if self.log_every > 0 {
             let secs = self.started.elapsed().as_secs_f64().max(1e-9);
             tracing::info!(
                 target: "progress",
                 worker = self.worker,
                 step = p.steps_done,
                 epoch = p.epoch,
-                loss = format_args!("{:.4}", p.loss),
+                loss = format_args!("{mean:.4}"),
                 global_step = p.global_step,
                 samples_per_s = format_args!("{:.0}", p.samples as f64 / secs),
                 "worker"
@@ -272,6 +291,9 @@ impl WorkerTelemetry {
         }
     }
 }
+
+/// Steps of the loss gauge's window when there are no progress lines.
+pub const LOSS_WINDOW: u64 = 100;
 
 /// What [`WorkerTelemetry::stepped`] publishes.
 #[derive(Debug, Clone, Copy)]
@@ -284,7 +306,7 @@ pub struct StepProgress {
     pub samples: u64,
     /// The epoch.
     pub epoch: u64,
-    /// Mean loss of the epoch so far.
+    /// The step's training loss.
     pub loss: f64,
     /// Highest global step seen.
     pub global_step: u64,
@@ -408,5 +430,101 @@ where
 
     fn park(&mut self, waker: ParkWaker<'_>, timeout: Duration) -> Parked {
         self.endpoint.park(waker, timeout)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use starwire_ps::{Init, ShardConfig, VarDef, VarKind};
+    use starwire_telemetry::{Family, Value};
+    use starwire_wire::ps::PullRequestWriter;
+
+    fn sample(f: &[Family], name: &str, labels: &[(&str, &str)]) -> Option<Value> {
+        let fam = f.iter().find(|f| f.name == name)?;
+        fam.samples
+            .iter()
+            .find(|(l, _)| {
+                l.len() == labels.len()
+                    && l.iter()
+                        .zip(labels)
+                        .all(|((k, v), (k2, v2))| k == k2 && v == v2)
+            })
+            .map(|(_, v)| v.clone())
+    }
+
+    #[test]
+    fn a_shard_publishes_requests_rows_and_bytes() {
+        let vars = [VarDef {
+            id: 1,
+            name: "emb".into(),
+            kind: VarKind::Embedding { dim: 4 },
+            init: Init::Uniform { scale: 0.1 },
+        }];
+        let mut shard = PsShard::new(3, &vars, ShardConfig::default());
+        let t = Telemetry::new();
+        let mut cells = ShardTelemetry::new(&t, "tcp", &shard, 0);
+        let mut body = Vec::new();
+        PullRequestWriter::new(&mut body).rows(1, &[10, 11, 12]);
+        let mut out = Vec::new();
+        shard.handle_pull(&body, &mut out).unwrap();
+        cells.publish(&shard);
+        let f = t.families();
+        let labels = [("shard", "3"), ("kind", "pull")];
+        assert_eq!(
+            sample(&f, "starwire_ps_requests", &labels),
+            Some(Value::Counter(1))
+        );
+        assert_eq!(
+            sample(&f, "starwire_ps_rows", &[("shard", "3"), ("table", "emb")]),
+            Some(Value::Gauge(3.0))
+        );
+        let sent = [("backend", "tcp"), ("direction", "sent")];
+        assert_eq!(
+            sample(&f, "starwire_transport_bytes", &sent),
+            Some(Value::Counter(out.len() as u64))
+        );
+    }
+
+    #[test]
+    fn the_loss_gauge_is_the_mean_of_a_window() {
+        let t = Telemetry::new();
+        let w = WorkerTelemetry::new(&t, "tcp", 1, 2, Traffic::default());
+        let step = |n: u64, loss: f64| {
+            w.stepped(StepProgress {
+                steps: n,
+                steps_done: n,
+                samples: 10 * n,
+                epoch: 0,
+                loss,
+                global_step: n,
+                took: Duration::from_millis(1),
+            })
+        };
+        let loss = || sample(&t.families(), "starwire_worker_loss", &[("worker", "1")]);
+        step(1, 1.0);
+        assert_eq!(loss(), Some(Value::Gauge(0.0)));
+        step(2, 3.0);
+        assert_eq!(loss(), Some(Value::Gauge(2.0)));
+        step(3, 5.0);
+        step(4, 7.0);
+        assert_eq!(loss(), Some(Value::Gauge(6.0)));
+        let samples = sample(&t.families(), "starwire_worker_samples", &[("worker", "1")]);
+        assert_eq!(samples, Some(Value::Counter(40)));
+        let Some(Value::Histogram(h)) =
+            sample(&t.families(), "starwire_step_duration_seconds", &[])
+        else {
+            panic!("no step histogram");
+        };
+        assert_eq!(h.count(), 4);
+    }
+
+    #[test]
+    fn next_multiple_never_divides_by_zero() {
+        assert_eq!(next_multiple(0, 100), 100);
+        assert_eq!(next_multiple(100, 100), 200);
+        assert_eq!(next_multiple(150, 100), 200);
+        assert_eq!(next_multiple(5, 0), u64::MAX);
+        assert_eq!(next_multiple(u64::MAX - 1, 7), u64::MAX);
     }
 }

@@ -566,7 +566,7 @@ pub fn worker_loop(
                 steps_done,
                 samples: out.samples,
                 epoch,
-                loss: loss_sum / loss_n.max(1) as f64,
+                loss: f64::from(info.loss),
                 global_step: core.global_step(),
                 took: t_step.elapsed(),
             });
