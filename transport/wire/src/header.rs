@@ -194,6 +194,16 @@ pub enum Status {
     Internal,
     /// The RPC method id is unknown.
     UnknownMethod,
+    /// The request is beyond one of the server's bounds (a reply larger
+    /// than its `--max-reply-bytes`, a table at its `--max-rows`, a barrier
+    /// further ahead than its `--max-wait-steps`). Retrying it will fail
+    /// the same way.
+    LimitExceeded,
+    /// The server has no memory for the reply now (its
+    /// `--memory-budget-mb` is spent on other connections' replies).
+    Overloaded,
+    /// A pushed gradient holds NaN or an infinity; nothing was applied.
+    NonFinite,
     /// A status this build does not know (kept so it can be reported).
     Other(u16),
 }
@@ -209,6 +219,9 @@ impl Status {
             4 => Self::Cancelled,
             5 => Self::Internal,
             6 => Self::UnknownMethod,
+            7 => Self::LimitExceeded,
+            8 => Self::Overloaded,
+            9 => Self::NonFinite,
             other => Self::Other(other),
         }
     }
@@ -222,7 +235,27 @@ impl Status {
             Self::Cancelled => 4,
             Self::Internal => 5,
             Self::UnknownMethod => 6,
+            Self::LimitExceeded => 7,
+            Self::Overloaded => 8,
+            Self::NonFinite => 9,
             Self::Other(v) => v,
+        }
+    }
+
+    /// What the status means, in a few words, for an error message.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::UnknownVariable => "unknown variable",
+            Self::WrongShape => "wrong shape or kind",
+            Self::BadRequest => "malformed request",
+            Self::Cancelled => "cancelled",
+            Self::Internal => "internal error on the server",
+            Self::UnknownMethod => "unknown method",
+            Self::LimitExceeded => "beyond a bound of the server",
+            Self::Overloaded => "server out of memory budget, retry later",
+            Self::NonFinite => "gradient not finite (NaN or infinity)",
+            Self::Other(_) => "unknown status",
         }
     }
 }
