@@ -86,6 +86,10 @@ pub enum Opcode {
     Goodbye = 0x04,
     /// Keep-alive probe; empty body.
     Ping = 0x05,
+    /// The second step of the handshake: the sender's proof that it holds
+    /// the cluster token, and its training flags
+    /// ([`crate::message::AuthMsg`]).
+    Auth = 0x06,
     /// A request outside the data path; the PS protocol carries its
     /// control messages in it ([`crate::ps::Control`]).
     Rpc = 0x10,
@@ -112,6 +116,7 @@ impl Opcode {
             0x03 => Self::Cancel,
             0x04 => Self::Goodbye,
             0x05 => Self::Ping,
+            0x06 => Self::Auth,
             0x10 => Self::Rpc,
             0x11 => Self::Tensors,
             0x20 => Self::SparsePull,
@@ -126,7 +131,7 @@ impl Opcode {
     pub fn is_control(self) -> bool {
         matches!(
             self,
-            Self::Hello | Self::Credit | Self::Cancel | Self::Goodbye | Self::Ping
+            Self::Hello | Self::Auth | Self::Credit | Self::Cancel | Self::Goodbye | Self::Ping
         )
     }
 }
@@ -352,7 +357,10 @@ impl Header {
         if opcode.is_control() && chunked {
             return Err(FrameError::BadLength("chunked control frame"));
         }
-        if opcode.is_control() && opcode != Opcode::Hello && message_len != 0 {
+        if opcode.is_control()
+            && !matches!(opcode, Opcode::Hello | Opcode::Auth)
+            && message_len != 0
+        {
             return Err(FrameError::BadLength("control frame with a body"));
         }
         Ok(Self {
