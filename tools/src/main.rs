@@ -5,6 +5,7 @@
 
 mod backend;
 mod bench;
+mod guard;
 mod info;
 mod report;
 mod soak;

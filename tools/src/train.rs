@@ -112,6 +112,9 @@ pub struct TrainArgs {
     /// Print one JSON object as the last line.
     #[arg(long)]
     pub json: bool,
+    /// The cluster token and the PS task's bounds.
+    #[command(flatten)]
+    pub guard: crate::guard::GuardArgs,
 }
 
 fn parse_protocol(s: &str) -> Result<Protocol, String> {
@@ -215,6 +218,7 @@ fn config(a: &TrainArgs, ps: usize, workers: usize) -> Result<TrainConfig, Strin
         worker_handoff: a.worker_handoff,
         log_every: if a.json { 0 } else { a.log_every },
         device: a.device.clone(),
+        guard: a.guard.guard()?,
         ..TrainConfig::default()
     };
     cfg.apply_settings(&settings);
@@ -340,6 +344,10 @@ pub fn ps_main(r: RoleArgs) -> Result<(), String> {
         .map_err(|e| format!("{me}: {e}"))?
         .next()
         .ok_or_else(|| format!("{me}: no address"))?;
+    if let Err(e) = cfg.guard.check_listen(bind) {
+        eprintln!("starwire: error: {e}");
+        std::process::exit(crate::guard::EXIT_INSECURE.into());
+    }
     let rep = starwire_train::run_ps_task(&cfg, c.task.index as usize, bind)
         .map_err(|e| e.to_string())?;
     if r.train.json {

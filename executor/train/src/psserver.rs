@@ -17,7 +17,7 @@ use std::collections::HashMap;
 
 use bytes::Bytes;
 use starwire_transport::wire::{Opcode, Status};
-use starwire_transport::{Connection, Incoming, Payload};
+use starwire_transport::{Connection, Incoming, Payload, SendError};
 use starwire_wire::ps::Control;
 use thiserror::Error;
 
@@ -302,8 +302,22 @@ impl<H: PsHandler> PsServer<H> {
                 if status == Status::Ok && lent.len() < MAX_LENT {
                     lent.push(bytes.clone());
                 }
-                conn.respond(id, opcode, status, Payload::from_bytes(bytes))
-                    .map_err(|_| ServeError::ReplyNotQueued)
+                match conn.respond(id, opcode, status, Payload::from_bytes(bytes)) {
+                    Ok(()) => Ok(()),
+                    // Other connections' replies hold the task's memory
+                    // budget: this request is answered, not dropped.
+                    Err(SendError::OverBudget(_)) => {
+                        service.failed += 1;
+                        conn.respond_error(
+                            id,
+                            opcode,
+                            Status::Overloaded,
+                            "the reply does not fit in the PS's --memory-budget-mb now; retry",
+                        )
+                        .map_err(|_| ServeError::ReplyNotQueued)
+                    }
+                    Err(_) => Err(ServeError::ReplyNotQueued),
+                }
             }
             Reply::Wait(_) if waiting.iter().any(|w| w.0 == key) => Err(ServeError::SecondBarrier),
             Reply::Wait(n)
@@ -315,13 +329,8 @@ impl<H: PsHandler> PsServer<H> {
                     service.handler.global_step()
                 );
                 service.failed += 1;
-                conn.respond(
-                    id,
-                    opcode,
-                    Status::LimitExceeded,
-                    Payload::from(msg.into_bytes()),
-                )
-                .map_err(|_| ServeError::ReplyNotQueued)
+                conn.respond_error(id, opcode, Status::LimitExceeded, &msg)
+                    .map_err(|_| ServeError::ReplyNotQueued)
             }
             Reply::Wait(n) => {
                 waiting.push((key, id, n));

@@ -90,6 +90,8 @@ pub struct TrainConfig {
     pub compute_threads: usize,
     /// Print progress every this many steps of worker 0 (0: never).
     pub log_every: u64,
+    /// The cluster token and a PS task's bounds.
+    pub guard: super::guard::Guard,
 }
 
 impl Default for TrainConfig {
@@ -130,6 +132,7 @@ impl Default for TrainConfig {
             device: None,
             compute_threads: 0,
             log_every: 0,
+            guard: super::guard::Guard::default(),
         }
     }
 }
@@ -191,6 +194,8 @@ pub(super) fn shard_config(cfg: &TrainConfig) -> ShardConfig {
         filter_freq: cfg.filter_freq,
         steps_to_live: cfg.steps_to_live,
         default_value_dim: cfg.default_value_dim,
+        max_reply_bytes: cfg.guard.max_reply_bytes,
+        max_rows: cfg.guard.max_rows,
         ..ShardConfig::default()
     }
 }
