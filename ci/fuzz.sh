@@ -8,9 +8,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs="${1:-60}"
-third=$(( secs / 4 > 0 ? secs / 4 : 1 ))
+share=$(( secs / 4 > 0 ? secs / 4 : 1 ))
 seed="${FUZZ_SEED:-$(date +%s)}"
-cargo run --release --locked -p starwire-wire-fuzz --bin fuzz-decode -- --seconds "$third" --seed "$seed"
-cargo run --release --locked -p starwire-wire-fuzz --bin fuzz-deframe -- --seconds "$third" --seed "$seed"
-cargo run --release --locked -p starwire-wire-fuzz --bin fuzz-handshake -- --seconds "$third" --seed "$seed"
-cargo run --release --locked -p starwire-wire-fuzz --bin fuzz-ps-proto -- --seconds "$third" --seed "$seed"
+cargo run --release --locked -p starwire-wire-fuzz --bin fuzz-decode -- --seconds "$share" --seed "$seed"
+cargo run --release --locked -p starwire-wire-fuzz --bin fuzz-deframe -- --seconds "$share" --seed "$seed"
+cargo run --release --locked -p starwire-wire-fuzz --bin fuzz-handshake -- --seconds "$share" --seed "$seed"
+cargo run --release --locked -p starwire-wire-fuzz --bin fuzz-ps-proto -- --seconds "$share" --seed "$seed"

@@ -344,7 +344,7 @@ pub fn ps_main(r: RoleArgs) -> Result<(), String> {
         .map_err(|e| format!("{me}: {e}"))?
         .next()
         .ok_or_else(|| format!("{me}: no address"))?;
-    if let Err(e) = cfg.guard.check_listen(bind) {
+    if let Err(e) = cfg.guard.check_listen(bind, cfg.backend) {
         eprintln!("starwire: error: {e}");
         std::process::exit(crate::guard::EXIT_INSECURE.into());
     }

@@ -1003,7 +1003,18 @@ impl Connection {
         if !self.cfg.flags.is_empty() && !msg.config.is_empty() {
             let differ = auth::flags_differ(&self.cfg.flags, msg.config);
             if !differ.is_empty() {
-                return Err(self.fatal(ConnError::FlagsDiffer(differ.join(", "))));
+                let e = ConnError::FlagsDiffer(differ.join(", "));
+                if self.sent_auth {
+                    return Err(self.fatal(e));
+                }
+                // An acceptor that held its proof back: the peer proved
+                // the token, so it gets ours and our flags, to name the
+                // ones that differ too, then a goodbye.
+                self.peer_hello = Some(hello);
+                self.queue_auth();
+                self.close();
+                self.error = Some(e);
+                return Ok(());
             }
         }
         if !self.sent_auth {

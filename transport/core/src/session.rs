@@ -269,7 +269,15 @@ impl<D: Driver> Sessions<D> {
                 continue;
             }
             s.conn.handle_timeout(now);
+            // A connection that failed outside a frame still sends what it
+            // queued for its peer (why it closes), then fails.
             if let Some(e) = s.conn.take_error() {
+                let id = ConnId::new(i as u32);
+                if s.conn.wants_transmit() {
+                    if let Ok(n) = s.conn.poll_transmit(&mut self.driver.tx(id)) {
+                        frames += n;
+                    }
+                }
                 s.failed = Some(e);
                 continue;
             }

@@ -277,7 +277,7 @@ pub fn run_ps_task(
     let layout = ReactorLayout::detect(cfg, &ProcessReactors::ps_task(cfg, index))?;
     warn(&layout);
     let reactors = layout.report();
-    cfg.guard.check_listen(bind)?;
+    cfg.guard.check_listen(bind, cfg.backend)?;
     let l = TcpListener::bind(bind)?;
     let task = k.start_ps(cfg, &plan, index, l, cfg.workers, restore, &layout)?;
     eprintln!(
