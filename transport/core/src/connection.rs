@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use starwire_wire::message::{AuthMsg, Hello, Role, HELLO_FLAG_AUTH, MAX_JOB_NAME_LEN};
+use starwire_wire::message::{Hello, Role, HELLO_FLAG_AUTH, MAX_JOB_NAME_LEN};
 use starwire_wire::{Flags, FrameError, Header, Opcode, Status, HEADER_LEN};
 use thiserror::Error;
 
@@ -32,6 +32,14 @@ use crate::auth::{self, ClusterToken, Nonce, Side};
 use crate::budget::MemoryBudget;
 use crate::driver::FrameTx;
 use crate::transport::TransportError;
+
+mod charge;
+mod handshake;
+mod payload;
+
+pub use payload::Payload;
+
+use charge::charge;
 
 /// The protocol version carried in the handshake.
 pub const PROTOCOL_VERSION: u16 = 2;
@@ -195,76 +203,6 @@ pub enum SendError {
     /// The memory budget has no room for the body; it is handed back.
     #[error("memory budget exhausted")]
     OverBudget(Payload),
-}
-
-/// A message payload: owned segments sent back to back (a gather list), so
-/// tensors held in `Bytes` reach a vectored write without a copy.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Payload {
-    segs: Vec<Bytes>,
-    len: usize,
-}
-
-impl Payload {
-    /// An empty body.
-    pub fn empty() -> Self {
-        Self::default()
-    }
-    /// A body of one segment.
-    pub fn from_bytes(b: impl Into<Bytes>) -> Self {
-        let b = b.into();
-        let len = b.len();
-        Self { segs: vec![b], len }
-    }
-    /// Append a segment.
-    pub fn push(&mut self, b: Bytes) {
-        self.len += b.len();
-        if !b.is_empty() {
-            self.segs.push(b);
-        }
-    }
-    /// Move `other`'s segments to the end of this body.
-    pub fn append(&mut self, other: Payload) {
-        self.len += other.len;
-        self.segs.extend(other.segs);
-    }
-    /// Total length.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-    /// True when empty.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-    /// The segments.
-    pub fn segments(&self) -> &[Bytes] {
-        &self.segs
-    }
-    /// The segments covering `[from, from + n)`, sliced without copying.
-    fn slice(&self, from: usize, n: usize, out: &mut Vec<Bytes>) {
-        out.clear();
-        let mut skip = from;
-        let mut want = n;
-        for s in &self.segs {
-            if want == 0 {
-                break;
-            }
-            if skip >= s.len() {
-                skip -= s.len();
-                continue;
-            }
-            let take = (s.len() - skip).min(want);
-            out.push(s.slice(skip..skip + take));
-            want -= take;
-            skip = 0;
-        }
-    }
-}
-
-impl From<Vec<u8>> for Payload {
-    fn from(v: Vec<u8>) -> Self {
-        Self::from_bytes(v)
-    }
 }
 
 /// A message delivered by [`Connection::handle_frame`], borrowed in place
@@ -917,174 +855,6 @@ impl Connection {
         }
     }
 
-    fn handle_hello(&mut self, body: &[u8]) -> Result<(), ConnError> {
-        if self.peer.is_some() || self.peer_hello.is_some() {
-            return Err(self.fatal(ConnError::Protocol("second handshake")));
-        }
-        let hello = match Hello::parse(body) {
-            Ok(h) => h,
-            Err(e) => return Err(self.fatal(ConnError::Handshake(e.to_string()))),
-        };
-        if hello.protocol_version != PROTOCOL_VERSION {
-            return Err(self.fatal(ConnError::Handshake(format!(
-                "peer speaks protocol version {}, this build speaks {}",
-                hello.protocol_version, PROTOCOL_VERSION
-            ))));
-        }
-        if (hello.max_frame_len as usize) < HEADER_LEN + 64 {
-            return Err(self.fatal(ConnError::Handshake(format!(
-                "peer's maximum frame of {} bytes is too small",
-                hello.max_frame_len
-            ))));
-        }
-        let peer_auth = hello.flags & HELLO_FLAG_AUTH != 0;
-        match (self.cfg.token.is_some(), peer_auth) {
-            (true, false) => {
-                return Err(self.fatal(ConnError::Unauthenticated("the peer has no cluster token")))
-            }
-            (false, true) => {
-                return Err(self.fatal(ConnError::Handshake(
-                    "the peer requires a cluster token and this end has none \
-                     (set STARWIRE_CLUSTER_TOKEN or --token-file)"
-                        .into(),
-                )))
-            }
-            _ => {}
-        }
-        self.max_frame_len = self.max_frame_len.min(hello.max_frame_len as usize);
-        self.send_credit = self.send_credit.saturating_add(hello.initial_credits);
-        self.peer_hello = Some(PeerHello {
-            info: PeerInfo {
-                role: match hello.role {
-                    Role::Ps => TaskRole::Ps,
-                    Role::Worker => TaskRole::Worker,
-                },
-                job: hello.job_name.to_owned(),
-                task_index: hello.task_index,
-                incarnation: hello.incarnation,
-                shards: hello.shard_count,
-            },
-            nonce: hello.nonce,
-        });
-        // An acceptor with a token proves it only to a peer that proved it
-        // first (see `crate::auth`).
-        if self.cfg.side == Side::Dialer || self.cfg.token.is_none() {
-            self.queue_auth();
-        }
-        Ok(())
-    }
-
-    /// The peer's proof and flags: check them and complete the handshake.
-    fn handle_auth(&mut self, body: &[u8]) -> Result<(), ConnError> {
-        if self.peer.is_some() {
-            return Err(self.fatal(ConnError::Protocol("second handshake")));
-        }
-        let Some(hello) = self.peer_hello.take() else {
-            return Err(self.fatal(ConnError::Protocol("handshake proof before the hello")));
-        };
-        let msg = match AuthMsg::parse(body) {
-            Ok(m) => m,
-            Err(e) => return Err(self.fatal(ConnError::Handshake(e.to_string()))),
-        };
-        if let Some(t) = &self.cfg.token {
-            let ok = t.verify(
-                self.cfg.side.peer(),
-                &hello.nonce,
-                &self.nonce,
-                msg.config,
-                &msg.proof,
-            );
-            if !ok {
-                return Err(self.fatal(ConnError::Unauthenticated(
-                    "its proof does not match this end's cluster token",
-                )));
-            }
-        }
-        if !self.cfg.flags.is_empty() && !msg.config.is_empty() {
-            let differ = auth::flags_differ(&self.cfg.flags, msg.config);
-            if !differ.is_empty() {
-                let e = ConnError::FlagsDiffer(differ.join(", "));
-                if self.sent_auth {
-                    return Err(self.fatal(e));
-                }
-                // An acceptor that held its proof back: the peer proved
-                // the token, so it gets ours and our flags, to name the
-                // ones that differ too, then a goodbye.
-                self.peer_hello = Some(hello);
-                self.queue_auth();
-                self.close();
-                self.error = Some(e);
-                return Ok(());
-            }
-        }
-        if !self.sent_auth {
-            self.peer_hello = Some(hello);
-            self.queue_auth();
-            let Some(h) = self.peer_hello.take() else {
-                unreachable!("put back above");
-            };
-            return self.complete(h.info);
-        }
-        self.complete(hello.info)
-    }
-
-    /// Queue this end's `Auth` for the peer's `Hello`.
-    fn queue_auth(&mut self) {
-        let Some(hello) = &self.peer_hello else {
-            return;
-        };
-        let proof = match &self.cfg.token {
-            Some(t) => t.proof(self.cfg.side, &self.nonce, &hello.nonce, &self.cfg.flags),
-            None => [0u8; starwire_wire::message::PROOF_LEN],
-        };
-        let msg = AuthMsg {
-            proof,
-            config: &self.cfg.flags,
-        };
-        // Flags too long to send are sent as none (nothing to compare);
-        // the configurations that fill them stay far below the bound.
-        let body = msg.to_vec().unwrap_or_else(|e| {
-            tracing::warn!("training flags not compared: {e}");
-            AuthMsg { proof, config: "" }.to_vec().unwrap_or_default()
-        });
-        self.push_control(Header::new(Opcode::Auth, 0, 0), Payload::from(body));
-        self.sent_auth = true;
-    }
-
-    /// The handshake completed with `peer`.
-    fn complete(&mut self, peer: PeerInfo) -> Result<(), ConnError> {
-        if let Some(previous) = self.cfg.known_peer_incarnation {
-            if previous != peer.incarnation {
-                self.events.push_back(Event::PeerRestarted {
-                    previous,
-                    peer: peer.clone(),
-                });
-            }
-        }
-        self.events.push_back(Event::Connected(peer.clone()));
-        self.peer = Some(peer);
-        Ok(())
-    }
-
-    /// Charge `n` bytes to the budget, if there is one.
-    fn charge(&mut self, n: usize) -> bool {
-        charge(&self.cfg.budget, &mut self.charged, n)
-    }
-
-    /// Give back `n` bytes charged before.
-    fn release(&mut self, n: usize) {
-        if let (true, Some(b)) = (n > 0, &self.cfg.budget) {
-            b.release(n);
-            self.charged -= n;
-        }
-    }
-
-    /// Empty the send queue, releasing what it held.
-    fn drop_queue(&mut self) {
-        let n: usize = self.queue.drain(..).map(|o| o.charged).sum();
-        self.release(n);
-    }
-
     fn check_send(&self, body: &Payload) -> Result<(), SendError> {
         if self.closed {
             return Err(SendError::Closed(body.clone()));
@@ -1191,31 +961,6 @@ impl Connection {
                 error: RequestError::ConnectionLost(why.clone()),
             });
         }
-    }
-}
-
-impl Drop for Connection {
-    /// Whatever the connection still holds goes back to the budget.
-    fn drop(&mut self) {
-        if let Some(b) = &self.cfg.budget {
-            b.release(self.charged);
-        }
-    }
-}
-
-/// Charge `n` bytes to `budget`, if there is one, counting them in
-/// `charged`.
-fn charge(budget: &Option<MemoryBudget>, charged: &mut usize, n: usize) -> bool {
-    if n == 0 {
-        return true;
-    }
-    match budget {
-        Some(b) if !b.try_charge(n) => false,
-        Some(_) => {
-            *charged += n;
-            true
-        }
-        None => true,
     }
 }
 
