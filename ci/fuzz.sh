@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Fuzz smoke runs on the stable toolchain, all from starwire-wire-fuzz: the
-# frame and body decoder, the stream deframer against a reference, then the
-# PS pull/push codec through the shard's request handlers. SECONDS is split
-# between them.
+# frame and body decoder, the stream deframer against a reference, the PS
+# end of a connection's handshake (hello, auth, the cluster-token check),
+# then the PS pull/push codec through the shard's request handlers. SECONDS
+# is split between them.
 # Usage: ci/fuzz.sh [SECONDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs="${1:-60}"
-third=$(( secs / 3 > 0 ? secs / 3 : 1 ))
+share=$(( secs / 4 > 0 ? secs / 4 : 1 ))
 seed="${FUZZ_SEED:-$(date +%s)}"
-cargo run --release --locked -p starwire-wire-fuzz --bin fuzz-decode -- --seconds "$third" --seed "$seed"
-cargo run --release --locked -p starwire-wire-fuzz --bin fuzz-deframe -- --seconds "$third" --seed "$seed"
-cargo run --release --locked -p starwire-wire-fuzz --bin fuzz-ps-proto -- --seconds "$third" --seed "$seed"
+cargo run --release --locked -p starwire-wire-fuzz --bin fuzz-decode -- --seconds "$share" --seed "$seed"
+cargo run --release --locked -p starwire-wire-fuzz --bin fuzz-deframe -- --seconds "$share" --seed "$seed"
+cargo run --release --locked -p starwire-wire-fuzz --bin fuzz-handshake -- --seconds "$share" --seed "$seed"
+cargo run --release --locked -p starwire-wire-fuzz --bin fuzz-ps-proto -- --seconds "$share" --seed "$seed"

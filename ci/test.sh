@@ -109,7 +109,7 @@ stage "test (default features)" test_default
 stage "test (each feature)" test_each_feature
 stage "test (all features)" test_all_features
 stage "loom" loom
-stage "fuzz (frame decoder, deframer and PS codec, ${FUZZ_SECONDS}s)" fuzz
+stage "fuzz (frame decoder, deframer, handshake and PS codec, ${FUZZ_SECONDS}s)" fuzz
 stage "soak (tcp, ${SOAK_CONNECTIONS} connections, ${SOAK_SECONDS}s)" soak
 stage "soak (uring, ${SOAK_CONNECTIONS} connections, ${SOAK_SECONDS}s)" soak_uring
 stage "soak (uring, messages up to 2 MB, each receive mode)" soak_uring_long_frames

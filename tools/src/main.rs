@@ -6,6 +6,7 @@
 mod backend;
 mod bench;
 mod failure;
+mod guard;
 mod info;
 mod logging;
 mod metrics;

@@ -117,6 +117,9 @@ pub struct TrainArgs {
     pub json: bool,
     #[command(flatten)]
     pub metrics: crate::metrics::MetricsArgs,
+    /// The cluster token and the PS task's bounds.
+    #[command(flatten)]
+    pub guard: crate::guard::GuardArgs,
 }
 
 fn parse_protocol(s: &str) -> Result<Protocol, String> {
@@ -231,6 +234,7 @@ fn config(a: &TrainArgs, ps: usize, workers: usize) -> Result<TrainConfig, Strin
         worker_handoff: a.worker_handoff,
         log_every: a.log_every,
         device: a.device.clone(),
+        guard: a.guard.guard()?,
         ..TrainConfig::default()
     };
     cfg.apply_settings(&settings);
@@ -360,6 +364,9 @@ pub fn ps_main(r: RoleArgs) -> Result<(), Failure> {
         .map_err(|e| format!("{me}: {e}"))?
         .next()
         .ok_or_else(|| format!("{me}: no address"))?;
+    if let Err(e) = cfg.guard.check_listen(bind, cfg.backend) {
+        return Err(Failure::Usage(e.to_string()));
+    }
     let _metrics = r.train.metrics.serve(&cfg.telemetry)?;
     let rep =
         starwire_train::run_ps_task(&cfg, c.task.index as usize, bind).map_err(train_failure)?;

@@ -19,7 +19,7 @@ enum End {
 /// tested against a scripted reader.
 pub(crate) struct RxBuffer {
     /// Fixed length; never resized.
-    buf: Vec<u8>,
+    buf: RxMem,
     /// Unconsumed bytes are `buf[start..end]`.
     start: usize,
     end: usize,
@@ -40,13 +40,51 @@ impl std::fmt::Debug for RxBuffer {
     }
 }
 
+/// The memory of a receive buffer: an anonymous mapping, whose pages the
+/// kernel provides zeroed on first touch, so a connection costs the pages
+/// its traffic touched rather than the whole buffer (an idle or refused
+/// peer costs a page). The heap (where a freed large block can come back
+/// already touched) only when the mapping fails.
+enum RxMem {
+    Map(memmap2::MmapMut),
+    Heap(Vec<u8>),
+}
+
+impl RxMem {
+    fn new(len: usize) -> Self {
+        match memmap2::MmapMut::map_anon(len) {
+            Ok(m) => Self::Map(m),
+            Err(_) => Self::Heap(vec![0; len]),
+        }
+    }
+}
+
+impl std::ops::Deref for RxMem {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Self::Map(m) => m,
+            Self::Heap(v) => v,
+        }
+    }
+}
+
+impl std::ops::DerefMut for RxMem {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        match self {
+            Self::Map(m) => m,
+            Self::Heap(v) => v,
+        }
+    }
+}
+
 impl RxBuffer {
     /// `len >= 2 * deframer.max_frame_len()` (checked by
     /// `TcpConfig::validate`).
     pub(crate) fn new(len: usize, deframer: Deframer) -> Self {
         debug_assert!(len / 2 >= deframer.max_frame_len());
         Self {
-            buf: vec![0; len],
+            buf: RxMem::new(len),
             start: 0,
             end: 0,
             deframer,
@@ -57,7 +95,7 @@ impl RxBuffer {
 
     /// Allocated bytes; constant for the life of the buffer.
     pub(crate) fn capacity(&self) -> usize {
-        self.buf.capacity()
+        self.buf.len()
     }
 
     /// Received bytes not yet delivered.

@@ -325,7 +325,11 @@ impl PsShard {
                         let updates = c.u64("row updates")?;
                         c.f32s(&mut data, "row data")?;
                         // Keys strictly increase, so the key is new.
-                        rows.insert(key, last_access, updates, &data);
+                        rows.insert(key, last_access, updates, &data).map_err(|e| {
+                            CheckpointError::Corrupt(format!(
+                                "variable {id}: no room for row {key}: {e:?}"
+                            ))
+                        })?;
                     }
                     let n_pending = c.fits(n_pending, 24, "pending counters")?;
                     let mut pending = FxHashMap::default();

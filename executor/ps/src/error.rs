@@ -2,6 +2,8 @@
 
 use starwire_wire::ps::DecodeError;
 
+use crate::table::TableFull;
+
 /// An error from [`crate::PsShard::handle_pull`] or [`crate::PsShard::handle_push`].
 ///
 /// Whatever the error, the shard state is unchanged: every item is validated
@@ -38,6 +40,33 @@ pub enum PsError {
         item: &'static str,
         /// The variable kind (`"dense"`, `"embedding"`).
         var_kind: &'static str,
+    },
+    /// The pull's reply would be larger than
+    /// [`ShardConfig::max_reply_bytes`](crate::ShardConfig::max_reply_bytes).
+    #[error(
+        "the reply would be at least {at_least} bytes, more than the PS's --max-reply-bytes {max}"
+    )]
+    ReplyTooLarge {
+        /// Bytes counted when the bound was passed.
+        at_least: u64,
+        /// The bound.
+        max: u64,
+    },
+    /// A table could not take the rows a pull needs.
+    #[error(transparent)]
+    TableFull(#[from] TableFull),
+    /// An allocation the request needs was refused.
+    #[error("out of memory for the {what}")]
+    OutOfMemory {
+        /// What was being allocated.
+        what: &'static str,
+    },
+    /// A pushed gradient (after summing the request's duplicates) holds NaN
+    /// or an infinity; no variable was changed.
+    #[error("variable {var}: the pushed gradient is not finite (NaN or infinity)")]
+    NonFinite {
+        /// Variable id.
+        var: u32,
     },
 }
 

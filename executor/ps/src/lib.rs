@@ -72,6 +72,10 @@ pub use assign::{shard_of, AssignmentReport, Strategy, VarStats, VariableAssignm
 pub use checkpoint::{write_atomic, Manifest, WorkerProgress};
 pub use error::{CheckpointError, PsError};
 pub use optim::{OptimizerConfig, OptimizerKind};
-pub use shard::{DenseVar, PsShard, ShardConfig, ShardReport, ShardStats, Var};
-pub use table::{EmbeddingTable, TablePolicy, TableStats, DEFAULT_VALUE_DIM};
+pub use shard::{
+    DenseVar, PsShard, ShardConfig, ShardReport, ShardStats, Var, DEFAULT_MAX_REPLY_BYTES,
+};
+pub use table::{
+    EmbeddingTable, NoRoom, TableFull, TablePolicy, TableStats, DEFAULT_MAX_ROWS, DEFAULT_VALUE_DIM,
+};
 pub use var::{Init, VarDef, VarKind};

@@ -1,6 +1,6 @@
 //! [`PsShard`]: the state of one PS reactor and its request handlers.
 
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 use starwire_wire::ps::{
     self, put_f32s, DecodeError, Limits, PullItem, PullRequest, PullResponseWriter, PushItem,
     PushRequest,
@@ -8,7 +8,7 @@ use starwire_wire::ps::{
 
 use crate::error::PsError;
 use crate::optim::OptimizerConfig;
-use crate::table::{EmbeddingTable, TablePolicy, TableStats};
+use crate::table::{EmbeddingTable, NoRoom, TableFull, TablePolicy, TableStats};
 use crate::var::{VarDef, VarKind};
 
 /// Configuration of a shard.
@@ -34,7 +34,15 @@ pub struct ShardConfig {
     pub default_value_dim: usize,
     /// Codec limits applied to requests.
     pub limits: Limits,
+    /// Largest pull reply, in bytes (`--max-reply-bytes`): a pull whose
+    /// reply would be larger is refused before anything is allocated.
+    pub max_reply_bytes: usize,
+    /// Most rows of each table on this shard (`--max-rows`).
+    pub max_rows: usize,
 }
+
+/// The default of [`ShardConfig::max_reply_bytes`] (`--max-reply-bytes`).
+pub const DEFAULT_MAX_REPLY_BYTES: usize = 256 << 20;
 
 impl Default for ShardConfig {
     fn default() -> Self {
@@ -47,6 +55,8 @@ impl Default for ShardConfig {
             filter_capacity: TablePolicy::default().filter_capacity,
             default_value_dim: TablePolicy::default().default_value_dim,
             limits: Limits::default(),
+            max_reply_bytes: DEFAULT_MAX_REPLY_BYTES,
+            max_rows: TablePolicy::default().max_rows,
         }
     }
 }
@@ -156,6 +166,9 @@ pub struct PsShard {
     touched: Vec<usize>,
     pulled: Vec<usize>,
     sum: Vec<f32>,
+    /// Per variable: the keys a pull could add to it (an upper bound).
+    new_rows: Vec<u64>,
+    missing: FxHashSet<u64>,
 }
 
 impl PsShard {
@@ -173,6 +186,7 @@ impl PsShard {
             steps_to_live: cfg.steps_to_live,
             filter_capacity: cfg.filter_capacity,
             default_value_dim: cfg.default_value_dim,
+            max_rows: cfg.max_rows,
         };
         let mut out = Vec::with_capacity(sorted.len());
         let mut index = FxHashMap::default();
@@ -217,6 +231,8 @@ impl PsShard {
             touched: Vec::new(),
             pulled: Vec::new(),
             sum: Vec::new(),
+            new_rows: Vec::new(),
+            missing: FxHashSet::default(),
         }
     }
 
@@ -341,8 +357,11 @@ impl PsShard {
 
     fn handle_pull_inner(&mut self, req: &[u8], out: &mut Vec<u8>) -> Result<(), PsError> {
         let view = PullRequest::parse(req, &self.cfg.limits)?;
-        // Validate every item and size the response before changing anything.
-        let mut size = 16usize;
+        // Validate every item and size the response before changing
+        // anything: each check is O(1) per item.
+        let max_reply = self.cfg.max_reply_bytes as u64;
+        let mut size = 16u64;
+        let mut tables = false;
         for item in view.items() {
             let (i, n) = match item {
                 PullItem::Dense { var } => (self.kind_check(var, "dense", false)?, 1),
@@ -364,11 +383,32 @@ impl PsShard {
                 }
                 .into());
             }
-            size = size.saturating_add(16 + 4 * elems as usize);
+            size = size.saturating_add(16 + 4 * elems);
+            if size > max_reply {
+                return Err(PsError::ReplyTooLarge {
+                    at_least: size,
+                    max: max_reply,
+                });
+            }
+            if let Some(keys) = item.keys() {
+                if !tables {
+                    self.new_rows.clear();
+                    self.new_rows.resize(self.vars.len(), 0);
+                    tables = true;
+                }
+                self.new_rows[i] += keys.len() as u64;
+            }
         }
-        out.reserve(size);
+        if tables {
+            self.check_room(&view)?;
+        }
+        // Bounded by `max_reply_bytes` above; a refused allocation is
+        // answered, not fatal.
+        out.try_reserve(size as usize)
+            .map_err(|_| PsError::OutOfMemory { what: "pull reply" })?;
         let step = self.global_step;
         let mut w = PullResponseWriter::new(out, step);
+        let mut failed = None;
         for item in view.items() {
             // Indices were checked above.
             let Some(&i) = self.index.get(&item.var()) else {
@@ -381,8 +421,11 @@ impl PsShard {
                 (PullItem::Rows { var, keys }, Var::Table(t)) => {
                     let dim = t.dim();
                     let out = w.rows(var, dim as u32, keys.len() as u32);
-                    t.pull_rows_into(keys, step, out);
                     self.pulled.push(i);
+                    if let Err(e) = t.pull_rows_into(keys, step, out) {
+                        failed = Some(e);
+                        break;
+                    }
                 }
                 (PullItem::Pooled { var, offsets, keys }, Var::Table(t)) => {
                     let dim = t.dim();
@@ -392,20 +435,30 @@ impl PsShard {
                     sum.clear();
                     sum.resize(dim, 0.0);
                     let mut start = 0usize;
-                    for end in offsets.iter().skip(1) {
+                    self.pulled.push(i);
+                    'pooled: for end in offsets.iter().skip(1) {
                         let end = end as usize;
                         sum.fill(0.0);
                         for k in keys.slice(start, end).iter() {
-                            if let Some(row) = t.pull_once(k, step) {
-                                for (a, x) in sum.iter_mut().zip(&row[..dim]) {
-                                    *a += x;
+                            match t.pull_once(k, step) {
+                                Ok(Some(row)) => {
+                                    for (a, x) in sum.iter_mut().zip(&row[..dim]) {
+                                        *a += x;
+                                    }
+                                }
+                                Ok(None) => {}
+                                Err(e) => {
+                                    failed = Some(e);
+                                    break 'pooled;
                                 }
                             }
                         }
                         put_f32s(out, sum);
                         start = end;
                     }
-                    self.pulled.push(i);
+                    if failed.is_some() {
+                        break;
+                    }
                 }
                 // Kinds were checked above.
                 _ => {}
@@ -418,6 +471,58 @@ impl PsShard {
             }
         }
         self.pulled.clear();
+        match failed {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
+        }
+    }
+
+    /// The first variable of the push whose accumulated gradient is not
+    /// finite.
+    fn non_finite(&self) -> Option<u32> {
+        self.touched.iter().find_map(|&i| {
+            let finite = match &self.vars[i] {
+                Var::Dense(d) => !d.touched || all_finite(&d.acc),
+                Var::Table(t) => t.accumulated_finite(),
+            };
+            (!finite).then(|| self.vars[i].id())
+        })
+    }
+
+    /// Refuse a pull that could take a table past
+    /// [`ShardConfig::max_rows`] before it creates any row. `new_rows`
+    /// holds each table's keys in the request: when those fit, no probe is
+    /// made; only a table near its cap has the request's keys counted
+    /// (each distinct key without a row once). A key the frequency filter
+    /// would still hold back counts as a row: the check errs on refusing.
+    fn check_room(&mut self, view: &PullRequest<'_>) -> Result<(), PsError> {
+        let max = self.cfg.max_rows as u64;
+        for i in 0..self.new_rows.len() {
+            let want = self.new_rows[i];
+            let Var::Table(t) = &self.vars[i] else {
+                continue;
+            };
+            if want == 0 || t.len() as u64 + want <= max {
+                continue;
+            }
+            self.missing.clear();
+            let mut missing = 0usize;
+            for item in view.items() {
+                if self.index.get(&item.var()) != Some(&i) {
+                    continue;
+                }
+                if let Some(keys) = item.keys() {
+                    missing += t.count_missing(keys.iter(), &mut self.missing);
+                }
+            }
+            if t.len() as u64 + missing as u64 > max {
+                return Err(PsError::TableFull(TableFull {
+                    var: t.def.id,
+                    rows: t.len(),
+                    why: NoRoom::MaxRows,
+                }));
+            }
+        }
         Ok(())
     }
 
@@ -534,6 +639,19 @@ impl PsShard {
                 _ => {}
             }
         }
+        // A NaN or an infinity would spread to every weight it touches:
+        // refuse the push before any variable changes. The check runs over
+        // the accumulated (deduplicated) gradients, which are in cache, and
+        // also catches finite gradients whose sum overflows.
+        if let Some(var) = self.non_finite() {
+            for &i in &self.touched {
+                match &mut self.vars[i] {
+                    Var::Dense(d) => d.touched = false,
+                    Var::Table(t) => t.discard_accumulated(),
+                }
+            }
+            return Err(PsError::NonFinite { var });
+        }
         let opt = self.cfg.optimizer;
         for &i in &self.touched {
             match &mut self.vars[i] {
@@ -558,4 +676,10 @@ impl PsShard {
         ps::write_push_response(out, self.global_step);
         Ok(())
     }
+}
+
+/// True when no value of `v` is NaN or infinite. The fold has no early
+/// exit, so it vectorises.
+pub(crate) fn all_finite(v: &[f32]) -> bool {
+    v.iter().fold(true, |ok, x| ok & x.is_finite())
 }

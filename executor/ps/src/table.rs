@@ -82,18 +82,17 @@ struct Block {
 }
 
 impl Block {
-    /// # Panics
-    /// When the mapping fails: out of memory, as `vec!` aborts.
-    fn new(floats: usize, huge: bool) -> Self {
+    /// A zeroed block; [`NoRoom::Memory`] when the mapping fails.
+    fn new(floats: usize, huge: bool) -> Result<Self, NoRoom> {
         let map = memmap2::MmapOptions::new()
             .len(floats * std::mem::size_of::<f32>())
             .map_anon()
-            .expect("out of memory for a table block");
+            .map_err(|_| NoRoom::Memory)?;
         if huge {
             // Refused advice (THP disabled) leaves small pages: harmless.
             let _ = map.advise(memmap2::Advice::HugePage);
         }
-        Self { map, huge }
+        Ok(Self { map, huge })
     }
 
     // A mapping is page-aligned and its length a multiple of 4: the casts
@@ -111,7 +110,11 @@ impl Clone for Arena {
     fn clone(&self) -> Self {
         let mut out = Arena::with_shift(self.stride, self.shift, self.blocks.len());
         for b in &self.blocks {
-            let mut copy = Block::new(b.floats().len(), b.huge);
+            // Cloning a table is for tests and tools, which treat running
+            // out of memory as `vec!` does.
+            let Ok(mut copy) = Block::new(b.floats().len(), b.huge) else {
+                std::alloc::handle_alloc_error(std::alloc::Layout::new::<Block>());
+            };
             copy.floats_mut().copy_from_slice(b.floats());
             out.blocks.push(copy);
         }
@@ -139,18 +142,21 @@ impl Arena {
         1 << self.shift
     }
 
-    fn push_block(&mut self, huge: bool) {
+    fn push_block(&mut self, huge: bool) -> Result<(), NoRoom> {
         let floats = self.block_rows() * self.stride;
-        self.blocks.push(Block::new(floats, huge));
+        self.blocks.try_reserve(1).map_err(|_| NoRoom::Memory)?;
+        self.blocks.push(Block::new(floats, huge)?);
+        Ok(())
     }
 
     /// Make row `index` addressable (its floats are zero or stale).
-    fn ensure(&mut self, index: u32) {
+    fn ensure(&mut self, index: u32) -> Result<(), NoRoom> {
         let block = (index >> self.shift) as usize;
         while self.blocks.len() <= block {
             let huge = self.blocks.len() >= SMALL_PAGE_BLOCKS;
-            self.push_block(huge);
+            self.push_block(huge)?;
         }
+        Ok(())
     }
 
     fn row(&self, index: u32) -> &[f32] {
@@ -214,19 +220,19 @@ impl Rows {
         last_access: u64,
         updates: u64,
         data: &[f32],
-    ) -> bool {
+    ) -> Result<bool, NoRoom> {
         use std::collections::hash_map::Entry;
         let Entry::Vacant(v) = self.map.entry(key) else {
-            return false;
+            return Ok(false);
         };
-        let index = alloc(&mut self.arena, &mut self.next, &mut self.free);
+        let index = alloc(&mut self.arena, &mut self.next, &mut self.free)?;
         self.arena.row_mut(index).copy_from_slice(data);
         v.insert(Slot {
             index,
             last_access,
             updates,
         });
-        true
+        Ok(true)
     }
 
     /// Keep the rows for which `keep` is true; returns how many were removed.
@@ -244,18 +250,50 @@ impl Rows {
     }
 }
 
+/// Why a table could not make a row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum NoRoom {
+    /// The table holds [`TablePolicy::max_rows`] rows.
+    MaxRows,
+    /// The arena's memory could not be mapped.
+    Memory,
+    /// Every row index of the shard is taken.
+    Indices,
+}
+
+/// A pull needed a new row and the table had no room for it. Rows the
+/// request created before it stay (each is a row a later pull would have
+/// made).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("table {var} cannot take a new row: {} ({rows} rows held)", match why {
+    NoRoom::MaxRows => "it holds --max-rows rows",
+    NoRoom::Memory => "out of memory",
+    NoRoom::Indices => "every row index is taken",
+})]
+pub struct TableFull {
+    /// The table's variable id.
+    pub var: u32,
+    /// Rows it holds.
+    pub rows: usize,
+    /// Which bound it hit.
+    pub why: NoRoom,
+}
+
 /// A new row index: a freed one, or the next one (the arena grows to hold
 /// it). The row's floats are stale or zero; the caller writes all of them.
-fn alloc(arena: &mut Arena, next: &mut u32, free: &mut Vec<u32>) -> u32 {
+fn alloc(arena: &mut Arena, next: &mut u32, free: &mut Vec<u32>) -> Result<u32, NoRoom> {
     if let Some(i) = free.pop() {
-        return i;
+        return Ok(i);
     }
     let i = *next;
-    *next = next
-        .checked_add(1)
-        .expect("more than 2^32 rows in one table shard");
-    arena.ensure(i);
-    i
+    // `NO_ROW` marks a missing row, so it is never an index.
+    if i == NO_ROW {
+        return Err(NoRoom::Indices);
+    }
+    arena.ensure(i)?;
+    *next = i + 1;
+    Ok(i)
 }
 
 /// Marks a key that has no row in [`EmbeddingTable::resolve`]'s output.
@@ -292,7 +330,13 @@ pub struct TablePolicy {
     /// [`crate::var`]). 0: every row gets the initial values of its own
     /// key (one initialiser run per new row).
     pub default_value_dim: usize,
+    /// Most rows the table (this shard's piece of it) holds; a pull that
+    /// needs more is refused ([`TableFull`]).
+    pub max_rows: usize,
 }
+
+/// The default of [`TablePolicy::max_rows`] (`--max-rows`).
+pub const DEFAULT_MAX_ROWS: usize = 100_000_000;
 
 impl Default for TablePolicy {
     fn default() -> Self {
@@ -301,6 +345,7 @@ impl Default for TablePolicy {
             steps_to_live: 0,
             filter_capacity: 1 << 22,
             default_value_dim: DEFAULT_VALUE_DIM,
+            max_rows: DEFAULT_MAX_ROWS,
         }
     }
 }
@@ -446,8 +491,9 @@ impl EmbeddingTable {
     /// Pull `key` at global step `step`: creates the row if the key is
     /// admitted, refreshes its access time and returns its weights; `None`
     /// while the frequency filter holds the key back (the caller uses zeros).
-    /// Every call counts towards the filter.
-    pub fn pull(&mut self, key: u64, step: u64) -> Option<&[f32]> {
+    /// Every call counts towards the filter. An error when a new row has no
+    /// room ([`TablePolicy::max_rows`], memory).
+    pub fn pull(&mut self, key: u64, step: u64) -> Result<Option<&[f32]>, TableFull> {
         self.pull_row(key, step, false)
     }
 
@@ -455,7 +501,7 @@ impl EmbeddingTable {
     /// filter counter at most once until [`Self::end_request`]; further
     /// occurrences in the same request are answered with zeros (and counted
     /// as filtered pulls) without counting.
-    pub(crate) fn pull_once(&mut self, key: u64, step: u64) -> Option<&[f32]> {
+    pub(crate) fn pull_once(&mut self, key: u64, step: u64) -> Result<Option<&[f32]>, TableFull> {
         self.pull_row(key, step, true)
     }
 
@@ -466,18 +512,31 @@ impl EmbeddingTable {
         }
     }
 
-    fn pull_row(&mut self, key: u64, step: u64, once: bool) -> Option<&[f32]> {
-        let index = self.resolve(key, step, once);
-        (index != NO_ROW).then(|| &self.rows.arena.row(index)[..self.dim])
+    fn pull_row(&mut self, key: u64, step: u64, once: bool) -> Result<Option<&[f32]>, TableFull> {
+        let index = self.resolve(key, step, once)?;
+        Ok((index != NO_ROW).then(|| &self.rows.arena.row(index)[..self.dim]))
+    }
+
+    /// How many of `keys` have no row: those a pull could create. Each
+    /// distinct key counts once.
+    pub(crate) fn count_missing(
+        &self,
+        keys: impl Iterator<Item = u64>,
+        seen: &mut FxHashSet<u64>,
+    ) -> usize {
+        keys.filter(|k| !self.rows.map.contains_key(k) && seen.insert(*k))
+            .count()
     }
 
     /// The row index of `key` for a pull at `step` ([`NO_ROW`] while the
     /// filter holds it back), creating the row if the key is admitted now
     /// and refreshing its access time.
-    fn resolve(&mut self, key: u64, step: u64, once: bool) -> u32 {
+    fn resolve(&mut self, key: u64, step: u64, once: bool) -> Result<u32, TableFull> {
         use std::collections::hash_map::Entry;
         let dim = self.dim;
         let rows = &mut self.rows;
+        let max_rows = self.policy.max_rows;
+        let len = rows.map.len();
         // One hash lookup for an existing row; a new row goes into the slot
         // that lookup found.
         let slot = match rows.map.entry(key) {
@@ -485,12 +544,20 @@ impl EmbeddingTable {
             Entry::Vacant(v) => {
                 if once && self.policy.filter_freq > 1 && !self.scratch.counted.insert(key) {
                     self.stats.filtered_pulls += 1;
-                    return NO_ROW;
+                    return Ok(NO_ROW);
                 }
                 if !admit(&mut self.pending, &mut self.stats, &self.policy, key, step) {
-                    return NO_ROW;
+                    return Ok(NO_ROW);
                 }
-                let index = alloc(&mut rows.arena, &mut rows.next, &mut rows.free);
+                let full = |why| TableFull {
+                    var: self.def.id,
+                    rows: len,
+                    why,
+                };
+                if len >= max_rows {
+                    return Err(full(NoRoom::MaxRows));
+                }
+                let index = alloc(&mut rows.arena, &mut rows.next, &mut rows.free).map_err(full)?;
                 let (w, s) = rows.arena.row_mut(index).split_at_mut(dim);
                 match self.defaults.as_mut() {
                     Some(d) => w.copy_from_slice(d.row(&self.def, self.seed, dim, key)),
@@ -506,7 +573,7 @@ impl EmbeddingTable {
             }
         };
         slot.last_access = slot.last_access.max(step);
-        slot.index
+        Ok(slot.index)
     }
 
     /// Answer a rows pull item: append the rows of `keys` (zeros for keys
@@ -517,22 +584,39 @@ impl EmbeddingTable {
     /// admitted new ones), the second copies the rows. The probes of the
     /// first pass do not depend on one another, so their cache misses
     /// overlap instead of alternating with the copies.
-    pub(crate) fn pull_rows_into(&mut self, keys: U64s<'_>, step: u64, out: &mut Vec<u8>) {
+    pub(crate) fn pull_rows_into(
+        &mut self,
+        keys: U64s<'_>,
+        step: u64,
+        out: &mut Vec<u8>,
+    ) -> Result<(), TableFull> {
         let mut resolved = std::mem::take(&mut self.scratch.resolved);
         resolved.clear();
-        resolved.extend(keys.iter().map(|k| self.resolve(k, step, true)));
-        let dim = self.dim;
-        out.reserve(4 * dim * resolved.len());
-        for (i, &index) in resolved.iter().enumerate() {
-            let ahead = resolved.get(i + prefetch::DISTANCE).copied();
-            self.rows.arena.prefetch(ahead, dim);
-            if index == NO_ROW {
-                out.resize(out.len() + 4 * dim, 0);
-            } else {
-                put_f32s(out, &self.rows.arena.row(index)[..dim]);
+        let mut r = Ok(());
+        for k in keys.iter() {
+            match self.resolve(k, step, true) {
+                Ok(i) => resolved.push(i),
+                Err(e) => {
+                    r = Err(e);
+                    break;
+                }
+            }
+        }
+        if r.is_ok() {
+            let dim = self.dim;
+            out.reserve(4 * dim * resolved.len());
+            for (i, &index) in resolved.iter().enumerate() {
+                let ahead = resolved.get(i + prefetch::DISTANCE).copied();
+                self.rows.arena.prefetch(ahead, dim);
+                if index == NO_ROW {
+                    out.resize(out.len() + 4 * dim, 0);
+                } else {
+                    put_f32s(out, &self.rows.arena.row(index)[..dim]);
+                }
             }
         }
         self.scratch.resolved = resolved;
+        r
     }
 
     /// Add `grad` (one row, `dim` floats) to the gradient accumulated for
@@ -550,6 +634,18 @@ impl EmbeddingTable {
             let base = slot as usize * dim;
             grad.add_to(&mut self.scratch.acc_grads[base..base + dim]);
         }
+    }
+
+    /// True when every accumulated gradient is finite.
+    pub(crate) fn accumulated_finite(&self) -> bool {
+        crate::shard::all_finite(&self.scratch.acc_grads)
+    }
+
+    /// Drop the accumulated gradients without applying them.
+    pub(crate) fn discard_accumulated(&mut self) {
+        self.scratch.acc_index.clear();
+        self.scratch.acc_keys.clear();
+        self.scratch.acc_grads.clear();
     }
 
     /// True when gradients are waiting in the accumulator.
@@ -710,10 +806,10 @@ mod tests {
         for k in [3u64, 11, 8 * 1000 + 3, u64::MAX - 4] {
             // u64::MAX - 4 = 8 * m + 3 as well.
             t.def().init_values(9, 3, &mut want);
-            assert_eq!(t.pull(k, 0).unwrap(), &want[..], "key {k}");
+            assert_eq!(t.pull(k, 0).expect("room").unwrap(), &want[..], "key {k}");
         }
         t.def().init_values(9, 5, &mut want);
-        assert_eq!(t.pull(13, 0).unwrap(), &want[..]);
+        assert_eq!(t.pull(13, 0).expect("room").unwrap(), &want[..]);
         let mut other = vec![0.0; 4];
         t.def().init_values(9, 3, &mut other);
         assert_ne!(want, other, "distinct default rows differ");
@@ -726,7 +822,7 @@ mod tests {
         let mut want = vec![0.0; 4];
         for k in [3u64, 11, 1 << 40] {
             t.def().init_values(9, k, &mut want);
-            assert_eq!(t.pull(k, 0).unwrap(), &want[..], "key {k}");
+            assert_eq!(t.pull(k, 0).expect("room").unwrap(), &want[..], "key {k}");
         }
     }
 
@@ -737,18 +833,18 @@ mod tests {
             default_value_dim: 8,
             ..TablePolicy::default()
         });
-        let first = t.pull(21, 0).unwrap().to_vec();
+        let first = t.pull(21, 0).expect("room").unwrap().to_vec();
         t.accumulate(21, F32s::new(&grad(1.0)).unwrap());
         t.apply_accumulated();
-        assert_ne!(t.pull(21, 0).unwrap(), &first[..]);
+        assert_ne!(t.pull(21, 0).expect("room").unwrap(), &first[..]);
         assert_eq!(t.evict(10), 1);
-        assert_eq!(t.pull(21, 10).unwrap(), &first[..]);
+        assert_eq!(t.pull(21, 10).expect("room").unwrap(), &first[..]);
     }
 
     #[test]
     fn created_on_first_pull_with_seeded_values() {
         let mut t = table(0, 0, 16);
-        let r = t.pull(11, 0).unwrap().to_vec();
+        let r = t.pull(11, 0).expect("room").unwrap().to_vec();
         let mut want = vec![0.0; 4];
         t.def().init_values(9, 11, &mut want);
         assert_eq!(r, want);
@@ -762,7 +858,7 @@ mod tests {
         let mut a = Arena::with_shift(stride, 2, 0);
         let rows = (SMALL_PAGE_BLOCKS + 3) * a.block_rows();
         for i in 0..rows as u32 {
-            a.ensure(i);
+            a.ensure(i).expect("memory");
             let r = a.row_mut(i);
             assert!(r.iter().all(|&x| x == 0.0), "row {i} starts zeroed");
             r.iter_mut()
@@ -799,7 +895,7 @@ mod tests {
         t.rows.arena = Arena::with_shift(t.rows.arena.stride, 4, 0);
         let n = 3 * t.rows.arena.block_rows() as u64 + 5;
         for k in 1..=n {
-            t.pull(k, 0);
+            t.pull(k, 0).expect("room");
             t.accumulate(k, F32s::new(&grad(k as f32)).unwrap());
             t.apply_accumulated();
         }
@@ -807,7 +903,7 @@ mod tests {
         let mut want = vec![0.0; 4];
         for k in (1..=n).step_by(97).chain([n]) {
             t.def().init_values(9, k, &mut want);
-            let got = t.pull(k, 0).unwrap();
+            let got = t.pull(k, 0).expect("room").unwrap();
             for (g, w) in got.iter().zip(&want) {
                 // SGD with lr 1: the row moved by minus its gradient.
                 assert_eq!(*g, w - k as f32, "key {k}");
@@ -818,13 +914,13 @@ mod tests {
     #[test]
     fn filter_admits_on_nth_pull_and_ignores_pushes_before() {
         let mut t = table(3, 0, 16);
-        assert!(t.pull(5, 0).is_none());
+        assert!(t.pull(5, 0).expect("room").is_none());
         t.accumulate(5, F32s::new(&grad(1.0)).unwrap());
         assert_eq!(t.apply_accumulated(), 0);
         assert_eq!(t.stats().ignored_pushes, 1);
-        assert!(t.pull(5, 1).is_none());
+        assert!(t.pull(5, 1).expect("room").is_none());
         assert_eq!(t.pending_len(), 1);
-        assert!(t.pull(5, 2).is_some());
+        assert!(t.pull(5, 2).expect("room").is_some());
         assert_eq!(t.pending_len(), 0);
         assert_eq!(t.stats().filtered_pulls, 2);
         assert_eq!(t.stats().admitted, 1);
@@ -834,20 +930,20 @@ mod tests {
     fn filter_counter_map_is_bounded() {
         let mut t = table(2, 0, 2);
         for k in 1..=5 {
-            assert!(t.pull(k, 0).is_none());
+            assert!(t.pull(k, 0).expect("room").is_none());
         }
         assert_eq!(t.pending_len(), 2);
         assert_eq!(t.stats().filter_overflow, 3);
         // Keys 1 and 2 are counted, so they are admitted on the next pull.
-        assert!(t.pull(1, 1).is_some());
-        assert!(t.pull(5, 1).is_none());
+        assert!(t.pull(1, 1).expect("room").is_some());
+        assert!(t.pull(5, 1).expect("room").is_none());
     }
 
     #[test]
     fn ttl_evicts_stale_rows_only() {
         let mut t = table(0, 10, 16);
-        t.pull(1, 0);
-        t.pull(2, 5);
+        t.pull(1, 0).expect("room");
+        t.pull(2, 5).expect("room");
         t.accumulate(1, F32s::new(&grad(0.5)).unwrap());
         t.apply_accumulated_at(8);
         assert_eq!(t.evict(14), 0);
@@ -857,7 +953,7 @@ mod tests {
         assert_eq!(t.evict(18), 1);
         assert_eq!(t.stats().evicted, 2);
         // Re-created with the same initial values.
-        let again = t.pull(2, 20).unwrap().to_vec();
+        let again = t.pull(2, 20).expect("room").unwrap().to_vec();
         let mut want = vec![0.0; 4];
         t.def().init_values(9, 2, &mut want);
         assert_eq!(again, want);
@@ -868,13 +964,13 @@ mod tests {
         let mut t = table(0, 10, 16);
         t.opt = OptimizerConfig::adagrad(0.5);
         t.rows = Rows::with_capacity(4 * 2, 0);
-        t.pull(1, 0);
+        t.pull(1, 0).expect("room");
         t.accumulate(1, F32s::new(&grad(1.0)).unwrap());
         t.apply_accumulated_at(0);
         assert_ne!(t.slots(1).unwrap(), [0.1; 4]);
         assert_eq!(t.evict(10), 1);
         // Key 2 takes key 1's index: its weights and slots are its own.
-        let row = t.pull(2, 11).unwrap().to_vec();
+        let row = t.pull(2, 11).expect("room").unwrap().to_vec();
         let mut want = vec![0.0; 4];
         t.def().init_values(9, 2, &mut want);
         assert_eq!(row, want);
@@ -891,11 +987,12 @@ mod tests {
         let bytes: Vec<u8> = keys.iter().flat_map(|k| k.to_le_bytes()).collect();
         for step in 0..3 {
             let mut out = Vec::new();
-            a.pull_rows_into(U64s::new(&bytes).unwrap(), step, &mut out);
+            a.pull_rows_into(U64s::new(&bytes).unwrap(), step, &mut out)
+                .expect("room");
             a.end_request();
             let mut want = Vec::new();
             for &k in &keys {
-                match b.pull_once(k, step) {
+                match b.pull_once(k, step).expect("room") {
                     Some(r) => put_f32s(&mut want, r),
                     None => want.resize(want.len() + 16, 0),
                 }
@@ -910,7 +1007,7 @@ mod tests {
     #[test]
     fn duplicate_keys_are_summed() {
         let mut t = table(0, 0, 16);
-        let before = t.pull(7, 0).unwrap().to_vec();
+        let before = t.pull(7, 0).expect("room").unwrap().to_vec();
         t.accumulate(7, F32s::new(&grad(1.0)).unwrap());
         t.accumulate(7, F32s::new(&grad(2.0)).unwrap());
         assert_eq!(t.apply_accumulated(), 1);

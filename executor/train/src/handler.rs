@@ -18,6 +18,9 @@ fn status(e: &PsError) -> Status {
     match e {
         PsError::UnknownVariable(_) => Status::UnknownVariable,
         PsError::ShapeMismatch { .. } | PsError::KindMismatch { .. } => Status::WrongShape,
+        PsError::ReplyTooLarge { .. } | PsError::TableFull(_) => Status::LimitExceeded,
+        PsError::OutOfMemory { .. } => Status::Overloaded,
+        PsError::NonFinite { .. } => Status::NonFinite,
         _ => Status::BadRequest,
     }
 }

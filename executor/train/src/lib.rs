@@ -98,6 +98,9 @@ pub enum TrainError {
     /// An I/O error (listening, threads).
     #[error("I/O: {0}")]
     Io(#[from] std::io::Error),
+    /// A PS task would serve unauthenticated peers beyond this host.
+    #[error("{0}")]
+    Insecure(String),
     /// A bug or an impossible state, reported instead of a panic.
     #[error("internal: {0}")]
     Internal(String),

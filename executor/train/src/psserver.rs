@@ -17,7 +17,7 @@ use std::collections::HashMap;
 
 use bytes::Bytes;
 use starwire_transport::wire::{Opcode, Status};
-use starwire_transport::{Connection, Incoming, Payload};
+use starwire_transport::{Connection, Incoming, Payload, SendError};
 use starwire_wire::ps::Control;
 use thiserror::Error;
 
@@ -208,6 +208,9 @@ impl Release {
 /// At most this many sent replies are kept for their buffers.
 const MAX_LENT: usize = 8;
 
+/// The default of [`PsServer::with_max_wait_steps`] (`--max-wait-steps`).
+pub const DEFAULT_MAX_WAIT_STEPS: u64 = 1 << 20;
+
 /// A shard's protocol state over its connections. See the module
 /// documentation. Connections are named by a key the caller chooses (the
 /// reactor's slot index), announced with [`handle_open`](Self::handle_open).
@@ -223,6 +226,7 @@ pub struct PsServer<H> {
     waiting: Vec<(usize, u64, u64)>,
     expected_workers: usize,
     done_workers: usize,
+    max_wait_steps: u64,
 }
 
 impl<H: PsHandler> PsServer<H> {
@@ -236,7 +240,17 @@ impl<H: PsHandler> PsServer<H> {
             waiting: Vec::new(),
             expected_workers,
             done_workers: 0,
+            max_wait_steps: DEFAULT_MAX_WAIT_STEPS,
         }
+    }
+
+    /// A `WAIT_STEP` for a step more than `n` steps ahead of the global
+    /// step is answered with [`Status::LimitExceeded`] instead of being
+    /// held (a barrier that far ahead would hold its request for ever).
+    #[must_use]
+    pub fn with_max_wait_steps(mut self, n: u64) -> Self {
+        self.max_wait_steps = n;
+        self
     }
 
     /// The shard state.
@@ -288,10 +302,36 @@ impl<H: PsHandler> PsServer<H> {
                 if status == Status::Ok && lent.len() < MAX_LENT {
                     lent.push(bytes.clone());
                 }
-                conn.respond(id, opcode, status, Payload::from_bytes(bytes))
-                    .map_err(|_| ServeError::ReplyNotQueued)
+                match conn.respond(id, opcode, status, Payload::from_bytes(bytes)) {
+                    Ok(()) => Ok(()),
+                    // Other connections' replies hold the task's memory
+                    // budget: this request is answered, not dropped.
+                    Err(SendError::OverBudget(_)) => {
+                        service.failed += 1;
+                        conn.respond_error(
+                            id,
+                            opcode,
+                            Status::Overloaded,
+                            "the reply does not fit in the PS's --memory-budget-mb now; retry",
+                        )
+                        .map_err(|_| ServeError::ReplyNotQueued)
+                    }
+                    Err(_) => Err(ServeError::ReplyNotQueued),
+                }
             }
             Reply::Wait(_) if waiting.iter().any(|w| w.0 == key) => Err(ServeError::SecondBarrier),
+            Reply::Wait(n)
+                if n.saturating_sub(service.handler.global_step()) > self.max_wait_steps =>
+            {
+                let msg = format!(
+                    "WAIT_STEP {n} is more than --max-wait-steps {} ahead of the global step {}",
+                    self.max_wait_steps,
+                    service.handler.global_step()
+                );
+                service.failed += 1;
+                conn.respond_error(id, opcode, Status::LimitExceeded, &msg)
+                    .map_err(|_| ServeError::ReplyNotQueued)
+            }
             Reply::Wait(n) => {
                 waiting.push((key, id, n));
                 Ok(())

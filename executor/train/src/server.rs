@@ -47,6 +47,14 @@ impl<H: PsHandler> ShardService<H> {
         }
     }
 
+    /// Answer a `WAIT_STEP` more than `n` steps ahead of the global step
+    /// at once, with an error ([`PsServer::with_max_wait_steps`]).
+    #[must_use]
+    pub fn with_max_wait_steps(mut self, n: u64) -> Self {
+        self.server = self.server.with_max_wait_steps(n);
+        self
+    }
+
     /// The shard state, e.g. to read counters after the run.
     pub fn handler(&self) -> &H {
         self.server.handler()

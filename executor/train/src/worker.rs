@@ -102,7 +102,8 @@ fn check(r: &Reply, what: &str) -> Result<(), TrainError> {
     match r.status {
         Some(Status::Ok) => Ok(()),
         Some(s) => Err(TrainError::Remote(format!(
-            "{what} failed with {s:?}: {}",
+            "{what} failed with {s:?} ({}): {}",
+            s.describe(),
             String::from_utf8_lossy(&r.body)
         ))),
         None => Err(TrainError::Remote(format!("{what}: no reply"))),

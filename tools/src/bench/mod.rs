@@ -368,6 +368,10 @@ pub struct BenchArgs {
     /// With --listen: the server's metrics.
     #[command(flatten)]
     pub metrics: crate::metrics::MetricsArgs,
+    /// The cluster token of the starwire data connections (a non-loopback
+    /// --listen needs one, or --insecure).
+    #[command(flatten)]
+    pub token: crate::guard::TokenArgs,
 }
 
 /// `--cores C,S`.
@@ -921,8 +925,17 @@ pub fn main(args: BenchArgs) -> Result<(), String> {
     for b in &args.backends {
         b.check_available()?;
     }
+    let token = args.token.token()?;
+    let has_token = token.is_some();
+    // Set once per process; a second `main` (tests) keeps the first.
+    let _ = sessions::BENCH_TOKEN.set(token);
     if let Some(listen) = &args.listen {
         let addr = resolve_addr(listen)?;
+        if let Err(e) = starwire_train::cluster::check_listen(addr, has_token, args.token.insecure)
+        {
+            eprintln!("starwire: error: {e}");
+            std::process::exit(crate::guard::EXIT_INSECURE.into());
+        }
         let listener =
             TcpListener::bind(addr).map_err(|e| format!("binding --listen {addr}: {e}"))?;
         eprintln!(

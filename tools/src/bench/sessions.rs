@@ -121,8 +121,15 @@ pub fn conn_config(role: TaskRole, window: u32) -> ConnConfig {
     });
     c.recv_window = window.max(c.recv_window);
     c.send_queue_limit = c.send_queue_limit.max(window as usize * 2);
+    c.token = BENCH_TOKEN.get().cloned().flatten();
     c
 }
+
+/// The cluster token of `bench --listen` / `--connect` (`--token-file` or
+/// STARWIRE_CLUSTER_TOKEN), set once by `bench::main`: the data
+/// connections of both ends prove it in their handshake.
+pub static BENCH_TOKEN: std::sync::OnceLock<Option<starwire_transport::ClusterToken>> =
+    std::sync::OnceLock::new();
 
 fn spec(index: usize, cpu: Option<usize>, idle: IdlePolicy) -> ReactorSpec {
     ReactorSpec {

@@ -24,7 +24,7 @@ use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -60,6 +60,33 @@ pub struct Routed {
     pub peer: SocketAddr,
     /// The shard its preamble named.
     pub shard: u32,
+    /// Its place among the task's [`AcceptConfig::max_connections`]:
+    /// held for as long as the connection lives (the endpoint keeps it).
+    pub permit: ConnPermit,
+}
+
+/// One of a task's open connections, counted against
+/// [`AcceptConfig::max_connections`] from accept until it is dropped.
+#[derive(Debug)]
+pub struct ConnPermit(Arc<AtomicUsize>);
+
+impl ConnPermit {
+    /// A permit of `open`, counted at once.
+    fn new(open: &Arc<AtomicUsize>) -> Self {
+        open.fetch_add(1, Ordering::Relaxed);
+        Self(open.clone())
+    }
+
+    /// A permit counted in no task's total (a stream routed by hand).
+    pub fn uncounted() -> Self {
+        Self::new(&Arc::new(AtomicUsize::new(0)))
+    }
+}
+
+impl Drop for ConnPermit {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// Limits of an [`Acceptor`].
@@ -70,14 +97,22 @@ pub struct AcceptConfig {
     /// Most sockets held at once before their reactor has them (waiting
     /// for their preamble, or for room in their reactor's ring).
     pub max_pending: usize,
+    /// Most connections open at once, from accept until their reactor
+    /// ends them (`--max-connections`): past it a new one is closed at
+    /// once.
+    pub max_connections: usize,
 }
 
+/// The default of [`AcceptConfig::max_connections`].
+pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
+
 impl Default for AcceptConfig {
-    /// A 10 s preamble timeout, 1024 pending sockets.
+    /// A 10 s preamble timeout, 1024 pending sockets, 1024 connections.
     fn default() -> Self {
         Self {
             preamble_timeout: Duration::from_secs(10),
             max_pending: 1024,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
         }
     }
 }
@@ -142,10 +177,13 @@ pub struct AcceptStats {
     pub lost: u64,
     /// Closed to keep within [`AcceptConfig::max_pending`].
     pub evicted: u64,
+    /// Closed at once: [`AcceptConfig::max_connections`] were open.
+    pub refused: u64,
 }
 
 #[derive(Debug, Default)]
 struct Counters {
+    refused: AtomicU64,
     accepted: AtomicU64,
     routed: AtomicU64,
     timed_out: AtomicU64,
@@ -170,6 +208,7 @@ impl Counters {
             unknown_shard: get(&self.unknown_shard),
             lost: get(&self.lost),
             evicted: get(&self.evicted),
+            refused: get(&self.refused),
         }
     }
 }
@@ -218,6 +257,7 @@ impl Acceptor {
             counters: counters.clone(),
             pending: VecDeque::new(),
             held: Vec::new(),
+            open: Arc::new(AtomicUsize::new(0)),
         };
         let join = std::thread::Builder::new()
             .name("starwire-accept".into())
@@ -260,6 +300,7 @@ struct Pending {
     peer: SocketAddr,
     deadline: Instant,
     reader: PreambleReader,
+    permit: ConnPermit,
 }
 
 /// What reading from a pending socket found.
@@ -285,6 +326,8 @@ struct AcceptLoop {
     pending: VecDeque<Pending>,
     /// Streams whose reactor's ring was full, in arrival order.
     held: Vec<Routed>,
+    /// Connections open: pending, held, and with their reactors.
+    open: Arc<AtomicUsize>,
 }
 
 impl AcceptLoop {
@@ -462,6 +505,7 @@ impl AcceptLoop {
             stream: p.stream,
             peer: p.peer,
             shard,
+            permit: p.permit,
         };
         // Behind streams already held for a full ring, so each reactor
         // gets its streams in the order their preambles completed.
@@ -505,6 +549,15 @@ impl AcceptLoop {
                 }
             };
             Counters::add(&self.counters.accepted);
+            if self.open.load(Ordering::Relaxed) >= self.cfg.max_connections {
+                tracing::warn!(
+                    %peer,
+                    "refused connection: {} connections are open (--max-connections)",
+                    self.cfg.max_connections
+                );
+                Counters::add(&self.counters.refused);
+                continue;
+            }
             if let Err(e) = stream.set_nonblocking(true) {
                 tracing::warn!(%peer, "setting up a connection: {e}");
                 Counters::add(&self.counters.lost);
@@ -518,6 +571,7 @@ impl AcceptLoop {
                 peer,
                 deadline: now + self.cfg.preamble_timeout,
                 reader: PreambleReader::new(),
+                permit: ConnPermit::new(&self.open),
             });
         }
     }

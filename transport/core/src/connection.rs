@@ -20,18 +20,32 @@
 //! caller ([`SendError::QueueFull`]); nothing is dropped.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
-use std::time::Instant;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use starwire_wire::message::{Hello, Role, MAX_JOB_NAME_LEN};
+use starwire_wire::message::{Hello, Role, HELLO_FLAG_AUTH, MAX_JOB_NAME_LEN};
 use starwire_wire::{Flags, FrameError, Header, Opcode, Status, HEADER_LEN};
 use thiserror::Error;
 
+use crate::auth::{self, ClusterToken, Nonce, Side};
+use crate::budget::MemoryBudget;
 use crate::driver::FrameTx;
 use crate::transport::TransportError;
 
+mod charge;
+mod handshake;
+mod payload;
+
+pub use payload::Payload;
+
+use charge::charge;
+
 /// The protocol version carried in the handshake.
-pub const PROTOCOL_VERSION: u16 = 1;
+pub const PROTOCOL_VERSION: u16 = 2;
+
+/// Longest body of a reply [`Connection::respond_error`] queues.
+pub const MAX_ERROR_BODY: usize = 256;
 
 /// The role of a task in the cluster.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -76,6 +90,26 @@ pub struct ConnConfig {
     /// Grant credits back as soon as frames are delivered. When false the
     /// application calls [`Connection::grant`].
     pub auto_credit: bool,
+    /// Which end this is: it decides the order of the handshake's proofs
+    /// (see [`crate::auth`]). The endpoint sets it.
+    pub side: Side,
+    /// The cluster token: with one, the peer must prove it holds the same
+    /// before any of its messages is delivered, and a peer without one is
+    /// refused.
+    pub token: Option<ClusterToken>,
+    /// Training flags (`name=value` lines) that the peer's must equal; a
+    /// connection whose peer sends different ones fails at connect.
+    /// Empty: nothing to compare.
+    pub flags: Arc<str>,
+    /// A connection whose handshake has not completed this long after it
+    /// was opened fails ([`ConnError::TimedOut`]). The endpoint arms it.
+    pub handshake_timeout: Option<Duration>,
+    /// A connection that receives nothing and sends nothing for this long,
+    /// or whose queued messages cannot leave for this long (a peer that
+    /// stopped reading), fails. Enforced by [`Sessions`](crate::Sessions).
+    pub idle_timeout: Option<Duration>,
+    /// The budget queued and reassembled messages are charged to.
+    pub budget: Option<MemoryBudget>,
 }
 
 impl ConnConfig {
@@ -89,6 +123,12 @@ impl ConnConfig {
             send_queue_limit: 4096,
             max_message_len: 1 << 30,
             auto_credit: true,
+            side: Side::Dialer,
+            token: None,
+            flags: Arc::from(""),
+            handshake_timeout: None,
+            idle_timeout: None,
+            budget: None,
         }
     }
 }
@@ -113,6 +153,19 @@ pub enum ConnError {
     /// The connection was closed (locally or by a `Goodbye`).
     #[error("connection closed")]
     Closed,
+    /// The peer did not prove it holds the cluster token, or holds none.
+    #[error("peer not authenticated: {0}")]
+    Unauthenticated(&'static str),
+    /// The peer's training flags differ from ours.
+    #[error("training flags differ from the peer's: {0}")]
+    FlagsDiffer(String),
+    /// A deadline of the connection passed: the handshake, or the idle
+    /// timeout.
+    #[error("{0}")]
+    TimedOut(&'static str),
+    /// A message could not be held within the memory budget.
+    #[error("memory budget exhausted: {0}")]
+    OverBudget(&'static str),
 }
 
 /// Why one request failed. The connection may live on.
@@ -147,76 +200,9 @@ pub enum SendError {
     /// The connection is closed.
     #[error("connection closed")]
     Closed(Payload),
-}
-
-/// A message payload: owned segments sent back to back (a gather list), so
-/// tensors held in `Bytes` reach a vectored write without a copy.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Payload {
-    segs: Vec<Bytes>,
-    len: usize,
-}
-
-impl Payload {
-    /// An empty body.
-    pub fn empty() -> Self {
-        Self::default()
-    }
-    /// A body of one segment.
-    pub fn from_bytes(b: impl Into<Bytes>) -> Self {
-        let b = b.into();
-        let len = b.len();
-        Self { segs: vec![b], len }
-    }
-    /// Append a segment.
-    pub fn push(&mut self, b: Bytes) {
-        self.len += b.len();
-        if !b.is_empty() {
-            self.segs.push(b);
-        }
-    }
-    /// Move `other`'s segments to the end of this body.
-    pub fn append(&mut self, other: Payload) {
-        self.len += other.len;
-        self.segs.extend(other.segs);
-    }
-    /// Total length.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-    /// True when empty.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-    /// The segments.
-    pub fn segments(&self) -> &[Bytes] {
-        &self.segs
-    }
-    /// The segments covering `[from, from + n)`, sliced without copying.
-    fn slice(&self, from: usize, n: usize, out: &mut Vec<Bytes>) {
-        out.clear();
-        let mut skip = from;
-        let mut want = n;
-        for s in &self.segs {
-            if want == 0 {
-                break;
-            }
-            if skip >= s.len() {
-                skip -= s.len();
-                continue;
-            }
-            let take = (s.len() - skip).min(want);
-            out.push(s.slice(skip..skip + take));
-            want -= take;
-            skip = 0;
-        }
-    }
-}
-
-impl From<Vec<u8>> for Payload {
-    fn from(v: Vec<u8>) -> Self {
-        Self::from_bytes(v)
-    }
+    /// The memory budget has no room for the body; it is handed back.
+    #[error("memory budget exhausted")]
+    OverBudget(Payload),
 }
 
 /// A message delivered by [`Connection::handle_frame`], borrowed in place
@@ -287,12 +273,23 @@ struct Outgoing {
     sent: usize,
     /// Whether any chunk has been sent.
     started: bool,
+    /// Bytes charged to the budget for it.
+    charged: usize,
 }
 
 #[derive(Debug)]
 struct Reassembly {
     header: Header,
     buf: Vec<u8>,
+    /// Bytes charged to the budget for `buf`.
+    charged: usize,
+}
+
+/// The peer's `Hello`, kept until its `Auth` completes the handshake.
+#[derive(Debug)]
+struct PeerHello {
+    info: PeerInfo,
+    nonce: Nonce,
 }
 
 /// The connection state machine. See the module documentation.
@@ -318,6 +315,19 @@ pub struct Connection {
     reassembly: Option<Reassembly>,
     events: VecDeque<Event>,
     scratch: Vec<Bytes>,
+    /// This end's handshake nonce.
+    nonce: Nonce,
+    /// The peer's `Hello`, until its `Auth` came.
+    peer_hello: Option<PeerHello>,
+    /// Our `Auth` is queued.
+    sent_auth: bool,
+    handshake_deadline: Option<Instant>,
+    /// An error found outside `handle_frame` (a deadline), for the caller.
+    error: Option<ConnError>,
+    /// Bytes charged to the budget, over the queue and the reassembly.
+    charged: usize,
+    /// Data frames written so far.
+    data_frames_sent: u64,
 }
 
 impl Connection {
@@ -339,6 +349,13 @@ impl Connection {
             reassembly: None,
             events: VecDeque::new(),
             scratch: Vec::new(),
+            nonce: auth::nonce(),
+            peer_hello: None,
+            sent_auth: false,
+            handshake_deadline: None,
+            error: None,
+            charged: 0,
+            data_frames_sent: 0,
             cfg,
         };
         let local = &c.cfg.local;
@@ -356,7 +373,11 @@ impl Connection {
         }
         let hello = Hello {
             protocol_version: PROTOCOL_VERSION,
-            flags: 0,
+            flags: if c.cfg.token.is_some() {
+                HELLO_FLAG_AUTH
+            } else {
+                0
+            },
             role: match local.role {
                 TaskRole::Ps => Role::Ps,
                 TaskRole::Worker => Role::Worker,
@@ -367,6 +388,7 @@ impl Connection {
             initial_credits: c.cfg.recv_window,
             max_frame_len: u32::try_from(max_frame_len).unwrap_or(u32::MAX),
             shard_count: local.shards,
+            nonce: c.nonce,
         };
         let mut body = vec![0u8; hello.encoded_len()];
         hello.emit(&mut body);
@@ -397,6 +419,35 @@ impl Connection {
     /// Messages waiting in the send queue.
     pub fn queued(&self) -> usize {
         self.queue.len()
+    }
+
+    /// Data frames written so far: what a check that the peer still reads
+    /// compares.
+    pub fn data_frames_sent(&self) -> u64 {
+        self.data_frames_sent
+    }
+
+    /// Fail the connection ([`ConnError::TimedOut`]) if its handshake has
+    /// not completed by `deadline`.
+    pub fn set_handshake_deadline(&mut self, deadline: Instant) {
+        self.handshake_deadline = Some(deadline);
+    }
+
+    /// The error that ended the connection outside
+    /// [`handle_frame`](Self::handle_frame) (a deadline in
+    /// [`handle_timeout`](Self::handle_timeout)), once.
+    pub fn take_error(&mut self) -> Option<ConnError> {
+        self.error.take()
+    }
+
+    /// Fail the connection with `e` (the caller found it breaking a bound
+    /// of its own, such as the idle timeout); it comes back from
+    /// [`take_error`](Self::take_error).
+    pub fn fail(&mut self, e: ConnError) {
+        if !self.closed {
+            let e = self.fatal(e);
+            self.error = Some(e);
+        }
     }
 
     /// Credits the peer has granted us and we have not spent.
@@ -440,6 +491,44 @@ impl Connection {
         self.enqueue(h, body)
     }
 
+    /// Queue a short error reply to the peer's request `id`: `message`
+    /// (cut to [`MAX_ERROR_BODY`] bytes) with a non-`Ok` `status`. It is
+    /// charged to the budget even past its limit, so that a request that
+    /// did not fit still gets its answer; the send queue's bound holds.
+    pub fn respond_error(
+        &mut self,
+        id: u64,
+        opcode: Opcode,
+        status: Status,
+        message: &str,
+    ) -> Result<(), SendError> {
+        let mut end = message.len().min(MAX_ERROR_BODY);
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        let body = Payload::from_bytes(Bytes::copy_from_slice(&message.as_bytes()[..end]));
+        self.check_send(&body)?;
+        if self.queue.len() >= self.cfg.send_queue_limit {
+            return Err(SendError::QueueFull(body));
+        }
+        let mut h = Header::new(opcode, id, 0);
+        h.flags = Flags::RESPONSE;
+        h.status = status;
+        let charged = body.len();
+        if let Some(b) = &self.cfg.budget {
+            b.charge(charged);
+            self.charged += charged;
+        }
+        self.queue.push_back(Outgoing {
+            header: h,
+            body,
+            sent: 0,
+            started: false,
+            charged,
+        });
+        Ok(())
+    }
+
     /// Queue the response to the peer's request `id`.
     pub fn respond(
         &mut self,
@@ -469,7 +558,9 @@ impl Connection {
         if let Some(pos) = self.queue.iter().position(|o| {
             o.header.request_id == id && !o.started && !o.header.flags.contains(Flags::RESPONSE)
         }) {
-            self.queue.remove(pos);
+            if let Some(o) = self.queue.remove(pos) {
+                self.release(o.charged);
+            }
         } else if !self.closed {
             self.push_control(Header::new(Opcode::Cancel, id, 0), Payload::empty());
         }
@@ -488,7 +579,7 @@ impl Connection {
         if self.closed {
             return;
         }
-        self.queue.clear();
+        self.drop_queue();
         self.push_control(Header::new(Opcode::Goodbye, 0, 0), Payload::empty());
         self.fail_all("closed locally".into());
         self.closed = true;
@@ -499,7 +590,7 @@ impl Connection {
         if !self.closed {
             self.fail_all(err.to_string());
             self.closed = true;
-            self.queue.clear();
+            self.drop_queue();
             self.control.clear();
         }
     }
@@ -507,11 +598,27 @@ impl Connection {
     /// The next instant at which [`handle_timeout`](Self::handle_timeout)
     /// has work (the earliest deadline).
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.deadlines.first().map(|(d, _)| *d)
+        let handshake = self
+            .handshake_deadline
+            .filter(|_| self.peer.is_none() && !self.closed);
+        let requests = self.deadlines.first().map(|(d, _)| *d);
+        match (handshake, requests) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
-    /// Fail every request whose deadline is at or before `now`.
+    /// Fail every request whose deadline is at or before `now`, and the
+    /// connection if its handshake is overdue (see
+    /// [`take_error`](Self::take_error)).
     pub fn handle_timeout(&mut self, now: Instant) {
+        if self.peer.is_none() && !self.closed && self.handshake_deadline.is_some_and(|d| d <= now)
+        {
+            self.fail(ConnError::TimedOut(
+                "no handshake within the handshake timeout",
+            ));
+            return;
+        }
         while let Some(&(d, id)) = self.deadlines.first() {
             if d > now {
                 break;
@@ -535,7 +642,7 @@ impl Connection {
     pub fn wants_transmit(&self) -> bool {
         !self.control.is_empty()
             || self.should_grant()
-            || (!self.queue.is_empty() && self.send_credit > 0)
+            || (!self.queue.is_empty() && self.send_credit > 0 && self.peer.is_some())
     }
 
     /// Write as many queued frames into `t` as credits and the backend's
@@ -559,7 +666,8 @@ impl Connection {
                 Err(e) => return Err(e),
             }
         }
-        if self.closed {
+        // No message leaves before the peer proved who it is.
+        if self.closed || self.peer.is_none() {
             return Ok(frames);
         }
         while self.send_credit > 0 {
@@ -580,11 +688,14 @@ impl Connection {
             }
             self.commit_grant(o.header.credit);
             frames += 1;
+            self.data_frames_sent += 1;
             self.send_credit -= 1;
             if o.sent < o.body.len() {
                 // More chunks to go; they keep the link until done so the
                 // receiver reassembles one message at a time.
                 self.queue.push_front(o);
+            } else {
+                self.release(o.charged);
             }
         }
         if self.should_grant() {
@@ -638,8 +749,10 @@ impl Connection {
             );
         }
         self.send_credit = self.send_credit.saturating_add(h.credit);
-        if h.opcode == Opcode::Hello {
-            return self.handle_hello(body).map(|()| None);
+        match h.opcode {
+            Opcode::Hello => return self.handle_hello(body).map(|()| None),
+            Opcode::Auth => return self.handle_auth(body).map(|()| None),
+            _ => {}
         }
         if self.peer.is_none() {
             return Err(self.fatal(ConnError::Protocol("frame before the handshake")));
@@ -687,9 +800,16 @@ impl Connection {
                 // doubling copied each message about once more (7% of a
                 // 1 MiB stream's time over io_uring).
                 let room = (h.message_len as usize).min(body.len().max(1) * 16);
+                if !self.charge(room) {
+                    return Err(self.fatal(ConnError::OverBudget("a chunked message")));
+                }
                 let mut buf = Vec::with_capacity(room);
                 buf.extend_from_slice(body);
-                self.reassembly = Some(Reassembly { header: h, buf });
+                self.reassembly = Some(Reassembly {
+                    header: h,
+                    buf,
+                    charged: room,
+                });
                 Ok(None)
             }
             (Some(r), true) => {
@@ -704,7 +824,14 @@ impl Connection {
                         self.fatal(ConnError::Protocol("chunk does not continue its message"))
                     );
                 }
+                let cap = r.buf.capacity();
                 r.buf.extend_from_slice(body);
+                let grown = r.buf.capacity() - cap;
+                r.charged += grown;
+                if grown > 0 && !charge(&self.cfg.budget, &mut self.charged, grown) {
+                    r.charged -= grown;
+                    return Err(self.fatal(ConnError::OverBudget("a chunked message")));
+                }
                 if more {
                     return Ok(None);
                 }
@@ -713,7 +840,12 @@ impl Connection {
                         "chunked message shorter than announced",
                     )));
                 }
-                let r = self.reassembly.take().expect("matched Some above");
+                let Some(r) = self.reassembly.take() else {
+                    unreachable!("matched Some above");
+                };
+                // The buffer goes to the caller, which drops it once the
+                // message is handled.
+                self.release(r.charged);
                 let header = r.header;
                 *reassembled = r.buf;
                 let body: &'a Vec<u8> = reassembled;
@@ -721,51 +853,6 @@ impl Connection {
             }
             _ => Err(self.fatal(ConnError::Protocol("chunk out of sequence"))),
         }
-    }
-
-    fn handle_hello(&mut self, body: &[u8]) -> Result<(), ConnError> {
-        if self.peer.is_some() {
-            return Err(self.fatal(ConnError::Protocol("second handshake")));
-        }
-        let hello = match Hello::parse(body) {
-            Ok(h) => h,
-            Err(e) => return Err(self.fatal(ConnError::Handshake(e.to_string()))),
-        };
-        if hello.protocol_version != PROTOCOL_VERSION {
-            return Err(self.fatal(ConnError::Handshake(format!(
-                "peer speaks protocol version {}, this build speaks {}",
-                hello.protocol_version, PROTOCOL_VERSION
-            ))));
-        }
-        if (hello.max_frame_len as usize) < HEADER_LEN + 64 {
-            return Err(self.fatal(ConnError::Handshake(format!(
-                "peer's maximum frame of {} bytes is too small",
-                hello.max_frame_len
-            ))));
-        }
-        self.max_frame_len = self.max_frame_len.min(hello.max_frame_len as usize);
-        self.send_credit = self.send_credit.saturating_add(hello.initial_credits);
-        let peer = PeerInfo {
-            role: match hello.role {
-                Role::Ps => TaskRole::Ps,
-                Role::Worker => TaskRole::Worker,
-            },
-            job: hello.job_name.to_owned(),
-            task_index: hello.task_index,
-            incarnation: hello.incarnation,
-            shards: hello.shard_count,
-        };
-        if let Some(previous) = self.cfg.known_peer_incarnation {
-            if previous != peer.incarnation {
-                self.events.push_back(Event::PeerRestarted {
-                    previous,
-                    peer: peer.clone(),
-                });
-            }
-        }
-        self.events.push_back(Event::Connected(peer.clone()));
-        self.peer = Some(peer);
-        Ok(())
     }
 
     fn check_send(&self, body: &Payload) -> Result<(), SendError> {
@@ -786,11 +873,20 @@ impl Connection {
         if self.queue.len() >= self.cfg.send_queue_limit {
             return Err(SendError::QueueFull(body));
         }
+        let charged = if self.cfg.budget.is_some() {
+            body.len()
+        } else {
+            0
+        };
+        if !self.charge(charged) {
+            return Err(SendError::OverBudget(body));
+        }
         self.queue.push_back(Outgoing {
             header,
             body,
             sent: 0,
             started: false,
+            charged,
         });
         Ok(())
     }
@@ -801,6 +897,7 @@ impl Connection {
             body,
             sent: 0,
             started: false,
+            charged: 0,
         });
     }
 
@@ -846,8 +943,11 @@ impl Connection {
     fn fatal(&mut self, e: ConnError) -> ConnError {
         self.fail_all(e.to_string());
         self.closed = true;
-        self.queue.clear();
+        self.drop_queue();
         self.control.clear();
+        if let Some(r) = self.reassembly.take() {
+            self.release(r.charged);
+        }
         e
     }
 

@@ -23,12 +23,13 @@
 //! request deadlines are [`Connection`]'s; the endpoint's timers are the
 //! sessions' and the service's ([`Service::next_deadline`]).
 
-use std::net::TcpStream;
+use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use starwire_queue::Consumer;
 
-use crate::accept::Routed;
+use crate::accept::{ConnPermit, Routed};
+use crate::auth::Side;
 use crate::connection::{ConnConfig, ConnError, Connection, Event, Incoming};
 use crate::driver::{ConnId, Driver, StreamDriver};
 use crate::reactor::{park_driver, IdlePolicy, ParkWaker, Parked, ReactorState, ReactorWaker};
@@ -126,6 +127,9 @@ pub struct Endpoint<D, S> {
     /// The linger ran out with bytes still queued (a peer that stopped
     /// reading): the endpoint finishes without them.
     lingered: bool,
+    /// By [`ConnId::index`]: who dialed a routed connection, and its
+    /// place among the task's open connections (given back when it ends).
+    routed: Vec<Option<(SocketAddr, ConnPermit)>>,
 }
 
 /// How long a finished endpoint waits for its connections to send what
@@ -144,6 +148,7 @@ impl<D: Driver, S: Service<D>> Endpoint<D, S> {
             ended: Vec::new(),
             finished_at: None,
             lingered: false,
+            routed: Vec::new(),
         }
     }
 
@@ -193,8 +198,17 @@ impl<D: Driver, S: Service<D>> Endpoint<D, S> {
     /// (through [`sessions_mut`](Self::sessions_mut)), for `shard`: its
     /// handshake is queued and the service told.
     pub fn open(&mut self, id: ConnId, shard: u32, now: Instant) {
-        self.sessions.insert(id, self.cfg.clone());
+        self.start(id, self.cfg.clone(), now);
         self.service.on_attach(id, shard, now);
+    }
+
+    /// Start the message layer of `id` with `cfg`, its handshake timed.
+    fn start(&mut self, id: ConnId, cfg: crate::connection::ConnConfig, now: Instant) {
+        let timeout = cfg.handshake_timeout;
+        self.sessions.insert(id, cfg);
+        if let (Some(t), Some(c)) = (timeout, self.sessions.conn(id)) {
+            c.set_handshake_deadline(now + t);
+        }
     }
 
     /// The service.
@@ -360,15 +374,23 @@ impl<D: Driver, S: Service<D>> Endpoint<D, S> {
 
     /// Attach the streams routed here; true if there were any.
     fn take_routed(&mut self, now: Instant) -> bool {
-        let Some(inbox) = self.inbox.as_mut() else {
-            return false;
-        };
         let mut any = false;
-        while let Some(r) = inbox.rx.pop() {
+        while let Some(inbox) = self.inbox.as_mut() {
+            let Some(r) = inbox.rx.pop() else {
+                break;
+            };
             any = true;
-            match (inbox.attach)(self.sessions.driver_mut(), r.stream) {
+            let attached = (inbox.attach)(self.sessions.driver_mut(), r.stream);
+            match attached {
                 Ok(id) => {
-                    self.sessions.insert(id, self.cfg.clone());
+                    let mut cfg = self.cfg.clone();
+                    cfg.side = Side::Acceptor;
+                    let i = id.index();
+                    if self.routed.len() <= i {
+                        self.routed.resize_with(i + 1, || None);
+                    }
+                    self.routed[i] = Some((r.peer, r.permit));
+                    self.start(id, cfg, now);
                     self.service.on_attach(id, r.shard, now);
                 }
                 Err(e) => {
@@ -388,6 +410,7 @@ impl<D: Driver, S: Service<D>> Endpoint<D, S> {
             sessions,
             service,
             ended,
+            routed,
             ..
         } = self;
         for (id, why) in ended.drain(..) {
@@ -403,15 +426,36 @@ impl<D: Driver, S: Service<D>> Endpoint<D, S> {
             sessions.end(id, why);
         }
         let mut closed = false;
-        while sessions
-            .poll_failed_with(|id, conn, error, driver| {
-                service.on_closed(id, conn, error, driver, now);
-            })
-            .is_some()
-        {
+        while let Some(id) = sessions.poll_failed_with(|id, conn, error, driver| {
+            if conn.peer().is_none() {
+                if let Some(Some((peer, _))) = routed.get(id.index()) {
+                    refused(peer, error);
+                }
+            }
+            service.on_closed(id, conn, error, driver, now);
+            id
+        }) {
+            // Its place among the task's connections is free again.
+            if let Some(r) = routed.get_mut(id.index()) {
+                *r = None;
+            }
             closed = true;
         }
         closed
+    }
+}
+
+/// Log a routed connection that ended before its handshake completed: at
+/// warn when it failed to authenticate or to agree, with who dialed.
+fn refused(peer: &SocketAddr, error: &ConnError) {
+    match error {
+        ConnError::Unauthenticated(_)
+        | ConnError::FlagsDiffer(_)
+        | ConnError::TimedOut(_)
+        | ConnError::Handshake(_) => {
+            tracing::warn!(%peer, "closed a connection before serving it: {error}");
+        }
+        _ => tracing::debug!(%peer, "connection ended during its handshake: {error}"),
     }
 }
 

@@ -26,6 +26,8 @@
 #![deny(unsafe_code)]
 
 pub mod accept;
+pub mod auth;
+pub mod budget;
 pub mod conformance;
 pub mod connection;
 pub mod driver;
@@ -38,6 +40,8 @@ pub mod socket;
 pub mod testing;
 pub mod transport;
 
+pub use auth::{ClusterToken, Side};
+pub use budget::MemoryBudget;
 pub use connection::{
     ConnConfig, ConnError, Connection, Event, Incoming, Payload, PeerInfo, RequestError, SendError,
     TaskRole, PROTOCOL_VERSION,

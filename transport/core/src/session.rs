@@ -3,7 +3,7 @@
 //! them: one receive pass, the frames each connection has to send, one
 //! submission.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::connection::{ConnConfig, ConnError, Connection, Event, Incoming};
 use crate::driver::{ConnId, Driver};
@@ -47,6 +47,63 @@ struct Slot {
     conn: Connection,
     reassembled: Vec<u8>,
     failed: Option<ConnError>,
+    /// [`ConnConfig::idle_timeout`] and what it is measured from.
+    idle: Option<Idle>,
+}
+
+/// A connection's idle timeout and the instants it is measured from.
+#[derive(Debug)]
+struct Idle {
+    timeout: Duration,
+    /// The last frame received or data frame sent (`None` until the first
+    /// turn sees the connection).
+    last_active: Option<Instant>,
+    /// Since when queued messages could not leave.
+    stalled_since: Option<Instant>,
+    /// [`Connection::data_frames_sent`] at the last look.
+    sent: u64,
+}
+
+impl Idle {
+    /// Whether the connection broke its idle timeout at `now`, given it
+    /// has `queued` messages waiting; updates the instants.
+    fn check(&mut self, conn: &Connection, now: Instant) -> Option<ConnError> {
+        let sent = conn.data_frames_sent();
+        let moved = sent != self.sent;
+        self.sent = sent;
+        let last = *self.last_active.get_or_insert(now);
+        if moved {
+            self.last_active = Some(now);
+        }
+        self.stalled_since = match (conn.queued() > 0, moved) {
+            (false, _) | (true, true) => None,
+            (true, false) => Some(self.stalled_since.unwrap_or(now)),
+        };
+        if self
+            .stalled_since
+            .is_some_and(|t| now.saturating_duration_since(t) >= self.timeout)
+        {
+            return Some(ConnError::TimedOut(
+                "the peer read none of its replies within the idle timeout",
+            ));
+        }
+        if !moved && now.saturating_duration_since(last) >= self.timeout {
+            return Some(ConnError::TimedOut(
+                "nothing received or sent within the idle timeout",
+            ));
+        }
+        None
+    }
+
+    /// When [`check`](Self::check) would next fail the connection.
+    fn deadline(&self) -> Option<Instant> {
+        let idle = self.last_active.map(|t| t + self.timeout);
+        let stall = self.stalled_since.map(|t| t + self.timeout);
+        match (idle, stall) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
 }
 
 impl<D: Driver> Sessions<D> {
@@ -76,6 +133,12 @@ impl<D: Driver> Sessions<D> {
         if self.slots.len() <= i {
             self.slots.resize_with(i + 1, || None);
         }
+        let idle = cfg.idle_timeout.map(|timeout| Idle {
+            timeout,
+            last_active: None,
+            stalled_since: None,
+            sent: 0,
+        });
         let conn = Connection::new(cfg, self.driver.max_frame_len());
         if self.slots[i].is_none() {
             self.live += 1;
@@ -84,6 +147,7 @@ impl<D: Driver> Sessions<D> {
             conn,
             reassembled: Vec::new(),
             failed: None,
+            idle,
         });
     }
 
@@ -128,7 +192,14 @@ impl<D: Driver> Sessions<D> {
             .slots
             .iter()
             .flatten()
-            .filter_map(|s| s.conn.poll_timeout())
+            .filter(|s| s.failed.is_none())
+            .flat_map(|s| {
+                [
+                    s.conn.poll_timeout(),
+                    s.idle.as_ref().and_then(Idle::deadline),
+                ]
+            })
+            .flatten()
             .min();
         match (conns, self.driver.poll_timeout()) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -157,8 +228,18 @@ impl<D: Driver> Sessions<D> {
                 if s.failed.is_some() {
                     return;
                 }
+                if let Some(idle) = s.idle.as_mut() {
+                    idle.last_active = Some(now);
+                }
                 match s.conn.handle_frame(frame, &mut s.reassembled) {
-                    Ok(Some(msg)) => on_msg(id, &mut s.conn, msg),
+                    Ok(Some(msg)) => {
+                        on_msg(id, &mut s.conn, msg);
+                        // A reassembled message's buffer is not kept: its
+                        // bytes were charged to the budget only until now.
+                        if s.reassembled.capacity() > 0 {
+                            s.reassembled = Vec::new();
+                        }
+                    }
                     Ok(None) => {}
                     Err(e) => s.failed = Some(e),
                 }
@@ -188,12 +269,34 @@ impl<D: Driver> Sessions<D> {
                 continue;
             }
             s.conn.handle_timeout(now);
+            // A connection that failed outside a frame still sends what it
+            // queued for its peer (why it closes), then fails.
+            if let Some(e) = s.conn.take_error() {
+                let id = ConnId::new(i as u32);
+                if s.conn.wants_transmit() {
+                    if let Ok(n) = s.conn.poll_transmit(&mut self.driver.tx(id)) {
+                        frames += n;
+                    }
+                }
+                s.failed = Some(e);
+                continue;
+            }
             if !s.conn.wants_transmit() {
+                if let Some(e) = s.idle.as_mut().and_then(|i| i.check(&s.conn, now)) {
+                    s.conn.fail(e);
+                    s.failed = s.conn.take_error();
+                }
                 continue;
             }
             let id = ConnId::new(i as u32);
             match s.conn.poll_transmit(&mut self.driver.tx(id)) {
-                Ok(n) => frames += n,
+                Ok(n) => {
+                    frames += n;
+                    if let Some(e) = s.idle.as_mut().and_then(|i| i.check(&s.conn, now)) {
+                        s.conn.fail(e);
+                        s.failed = s.conn.take_error();
+                    }
+                }
                 Err(e) => {
                     if let ConnError::Transport(t) = &e {
                         s.conn.handle_transport_error(t);

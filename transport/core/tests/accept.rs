@@ -205,6 +205,7 @@ fn the_pending_cap_closes_the_oldest_silent_socket() {
     let cfg = AcceptConfig {
         preamble_timeout: Duration::from_secs(30),
         max_pending: 4,
+        ..AcceptConfig::default()
     };
     let (acceptor, reactors) = start([1, 0], cfg);
     let addr = acceptor.local_addr();

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use starwire_transport::conformance::{link_pairs, Pair, Side};
 use starwire_transport::testing::MemTransport;
-use starwire_transport::wire::message::{Hello, Role};
+use starwire_transport::wire::message::{AuthMsg, Hello, Role};
 use starwire_transport::wire::{Flags, FrameError, Header, Opcode, Status, HEADER_LEN};
 use starwire_transport::{
     ConnConfig, ConnError, ConnId, Connection, Driver, Incoming, Links, Payload, PeerInfo,
@@ -35,11 +35,23 @@ fn hello_frame(credits: u32) -> Vec<u8> {
         initial_credits: credits,
         max_frame_len: MAX_FRAME as u32,
         shard_count: 1,
+        nonce: [7; 16],
     };
     let mut f = vec![0u8; HEADER_LEN + h.encoded_len()];
     Header::new(Opcode::Hello, 0, h.encoded_len() as u32).emit(&mut f);
     h.emit(&mut f[HEADER_LEN..]);
     f
+}
+
+/// The handshake's second frame of a peer without a token or flags.
+fn auth_frame() -> Vec<u8> {
+    let body = AuthMsg {
+        proof: [0; 32],
+        config: "",
+    }
+    .to_vec()
+    .expect("auth");
+    frame(Header::new(Opcode::Auth, 0, body.len() as u32), &body)
 }
 
 fn send_raw(t: &mut MemTransport, frame: &[u8]) {
@@ -89,7 +101,7 @@ fn frame(h: Header, body: &[u8]) -> Vec<u8> {
 fn bad_magic_closes() {
     let mut f = frame(Header::new(Opcode::Rpc, 1, 4), &[1, 2, 3, 4]);
     f[0] = b'X';
-    let e = feed(&[hello_frame(8), f]);
+    let e = feed(&[hello_frame(8), auth_frame(), f]);
     assert!(
         matches!(e, ConnError::Frame(FrameError::BadMagic(_))),
         "{e}"
@@ -100,7 +112,7 @@ fn bad_magic_closes() {
 fn truncated_frame_closes() {
     let mut f = frame(Header::new(Opcode::Rpc, 1, 100), &[0; 100]);
     f.truncate(HEADER_LEN + 10);
-    let e = feed(&[hello_frame(8), f]);
+    let e = feed(&[hello_frame(8), auth_frame(), f]);
     assert!(
         matches!(e, ConnError::Frame(FrameError::Truncated { .. })),
         "{e}"
@@ -113,7 +125,7 @@ fn oversized_length_closes_without_allocating() {
     let mut h = Header::new(Opcode::Rpc, 1, 0);
     h.body_len = u32::MAX;
     h.message_len = u32::MAX;
-    let e = feed(&[hello_frame(8), frame(h, &[0; 16])]);
+    let e = feed(&[hello_frame(8), auth_frame(), frame(h, &[0; 16])]);
     assert!(
         matches!(e, ConnError::Frame(FrameError::Oversized { .. })),
         "{e}"
@@ -131,6 +143,7 @@ fn length_overflow_closes() {
     second.message_len = 100;
     let e = feed(&[
         hello_frame(8),
+        auth_frame(),
         frame(first, &[1; 64]),
         frame(second, &[2; 64]),
     ]);
@@ -141,7 +154,7 @@ fn length_overflow_closes() {
 fn body_longer_than_message_closes() {
     let mut h = Header::new(Opcode::Rpc, 1, 64);
     h.message_len = 10;
-    let e = feed(&[hello_frame(8), frame(h, &[0; 64])]);
+    let e = feed(&[hello_frame(8), auth_frame(), frame(h, &[0; 64])]);
     assert!(
         matches!(e, ConnError::Frame(FrameError::BadLength(_))),
         "{e}"
@@ -152,7 +165,7 @@ fn body_longer_than_message_closes() {
 fn unknown_opcode_closes() {
     let mut f = frame(Header::new(Opcode::Rpc, 1, 0), &[]);
     f[5] = 0x7e;
-    let e = feed(&[hello_frame(8), f]);
+    let e = feed(&[hello_frame(8), auth_frame(), f]);
     assert!(
         matches!(e, ConnError::Frame(FrameError::UnknownOpcode(0x7e))),
         "{e}"
@@ -172,6 +185,7 @@ fn frames_beyond_credit_close() {
     cfg.auto_credit = false;
     let (mut raw, mut ps, _) = ps_end(cfg);
     send_raw(&mut raw, &hello_frame(8));
+    send_raw(&mut raw, &auth_frame());
     for i in 0..3 {
         let mut h = Header::new(Opcode::Rpc, i + 1, 0);
         h.flags = Flags::ONEWAY;

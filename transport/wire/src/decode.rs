@@ -125,6 +125,11 @@ fn visit(s: &mut DecodeSummary, b: &Body<'_>) {
         Body::Hello(h) => {
             mix(s, h.incarnation ^ u64::from(h.task_index));
             mix(s, h.job_name.chars().map(u64::from).sum());
+            mix(s, h.nonce.iter().map(|&b| u64::from(b)).sum());
+        }
+        Body::Auth(a) => {
+            mix(s, a.proof.iter().map(|&b| u64::from(b)).sum());
+            mix(s, a.config.len() as u64);
         }
         Body::Tensors(list) => {
             for t in list.iter() {

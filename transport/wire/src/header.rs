@@ -86,6 +86,10 @@ pub enum Opcode {
     Goodbye = 0x04,
     /// Keep-alive probe; empty body.
     Ping = 0x05,
+    /// The second step of the handshake: the sender's proof that it holds
+    /// the cluster token, and its training flags
+    /// ([`crate::message::AuthMsg`]).
+    Auth = 0x06,
     /// A request outside the data path; the PS protocol carries its
     /// control messages in it ([`crate::ps::Control`]).
     Rpc = 0x10,
@@ -112,6 +116,7 @@ impl Opcode {
             0x03 => Self::Cancel,
             0x04 => Self::Goodbye,
             0x05 => Self::Ping,
+            0x06 => Self::Auth,
             0x10 => Self::Rpc,
             0x11 => Self::Tensors,
             0x20 => Self::SparsePull,
@@ -126,7 +131,7 @@ impl Opcode {
     pub fn is_control(self) -> bool {
         matches!(
             self,
-            Self::Hello | Self::Credit | Self::Cancel | Self::Goodbye | Self::Ping
+            Self::Hello | Self::Auth | Self::Credit | Self::Cancel | Self::Goodbye | Self::Ping
         )
     }
 }
@@ -194,6 +199,16 @@ pub enum Status {
     Internal,
     /// The RPC method id is unknown.
     UnknownMethod,
+    /// The request is beyond one of the server's bounds (a reply larger
+    /// than its `--max-reply-bytes`, a table at its `--max-rows`, a barrier
+    /// further ahead than its `--max-wait-steps`). Retrying it will fail
+    /// the same way.
+    LimitExceeded,
+    /// The server has no memory for the reply now (its
+    /// `--memory-budget-mb` is spent on other connections' replies).
+    Overloaded,
+    /// A pushed gradient holds NaN or an infinity; nothing was applied.
+    NonFinite,
     /// A status this build does not know (kept so it can be reported).
     Other(u16),
 }
@@ -209,6 +224,9 @@ impl Status {
             4 => Self::Cancelled,
             5 => Self::Internal,
             6 => Self::UnknownMethod,
+            7 => Self::LimitExceeded,
+            8 => Self::Overloaded,
+            9 => Self::NonFinite,
             other => Self::Other(other),
         }
     }
@@ -222,7 +240,27 @@ impl Status {
             Self::Cancelled => 4,
             Self::Internal => 5,
             Self::UnknownMethod => 6,
+            Self::LimitExceeded => 7,
+            Self::Overloaded => 8,
+            Self::NonFinite => 9,
             Self::Other(v) => v,
+        }
+    }
+
+    /// What the status means, in a few words, for an error message.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::UnknownVariable => "unknown variable",
+            Self::WrongShape => "wrong shape or kind",
+            Self::BadRequest => "malformed request",
+            Self::Cancelled => "cancelled",
+            Self::Internal => "internal error on the server",
+            Self::UnknownMethod => "unknown method",
+            Self::LimitExceeded => "beyond a bound of the server",
+            Self::Overloaded => "server out of memory budget, retry later",
+            Self::NonFinite => "gradient not finite (NaN or infinity)",
+            Self::Other(_) => "unknown status",
         }
     }
 }
@@ -319,7 +357,10 @@ impl Header {
         if opcode.is_control() && chunked {
             return Err(FrameError::BadLength("chunked control frame"));
         }
-        if opcode.is_control() && opcode != Opcode::Hello && message_len != 0 {
+        if opcode.is_control()
+            && !matches!(opcode, Opcode::Hello | Opcode::Auth)
+            && message_len != 0
+        {
             return Err(FrameError::BadLength("control frame with a body"));
         }
         Ok(Self {

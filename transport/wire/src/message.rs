@@ -44,6 +44,9 @@ pub enum BodyError {
     /// An unknown task role code.
     #[error("unknown task role {0}")]
     UnknownRole(u8),
+    /// The training flags of an `Auth` are longer than [`MAX_CONFIG_LEN`].
+    #[error("training flags of {0} bytes exceed {MAX_CONFIG_LEN}")]
+    ConfigTooLong(usize),
 }
 
 impl BodyError {
@@ -95,7 +98,12 @@ impl Role {
 /// Longest job name in a [`Hello`], in bytes.
 pub const MAX_JOB_NAME_LEN: usize = 64;
 /// Bytes of a [`Hello`] before the job name.
-pub const HELLO_FIXED_LEN: usize = 30;
+pub const HELLO_FIXED_LEN: usize = 46;
+/// Bytes of a [`Hello`]'s nonce.
+pub const NONCE_LEN: usize = 16;
+/// [`Hello::flags`] bit: the sender holds a cluster token and proves it in
+/// its [`AuthMsg`]; it talks only to a peer that does too.
+pub const HELLO_FLAG_AUTH: u16 = 1;
 
 /// The connection handshake (opcode `Hello`), sent by both sides first.
 ///
@@ -111,7 +119,8 @@ pub const HELLO_FIXED_LEN: usize = 30;
 /// 20     4    initial_credits  u32
 /// 24     4    max_frame_len    u32 (largest frame, header included, the sender accepts)
 /// 28     2    shard_count      u16 (reactors / shards of the sender)
-/// 30     n    job_name         UTF-8, job_name_len bytes
+/// 30    16    nonce            random, new for every connection
+/// 46     n    job_name         UTF-8, job_name_len bytes
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Hello<'a> {
@@ -133,6 +142,8 @@ pub struct Hello<'a> {
     pub max_frame_len: u32,
     /// Number of shards (reactors) of the sender.
     pub shard_count: u16,
+    /// The sender's challenge: the peer's [`AuthMsg`] proof covers it.
+    pub nonce: [u8; NONCE_LEN],
 }
 
 impl<'a> Hello<'a> {
@@ -160,6 +171,8 @@ impl<'a> Hello<'a> {
         let initial_credits = le::u32_at(body, 20)?;
         let max_frame_len = le::u32_at(body, 24)?;
         let shard_count = le::u16_at(body, 28)?;
+        let mut nonce = [0u8; NONCE_LEN];
+        nonce.copy_from_slice(&body[30..HELLO_FIXED_LEN]);
         let rest = body.get(HELLO_FIXED_LEN..).unwrap_or_default();
         let Some(name) = rest.get(..name_len) else {
             return Err(FrameError::Truncated {
@@ -180,6 +193,7 @@ impl<'a> Hello<'a> {
             initial_credits,
             max_frame_len,
             shard_count,
+            nonce,
         })
     }
 
@@ -217,8 +231,85 @@ impl<'a> Hello<'a> {
         le::put_u32(out, 20, self.initial_credits);
         le::put_u32(out, 24, self.max_frame_len);
         le::put_u16(out, 28, self.shard_count);
+        out[30..HELLO_FIXED_LEN].copy_from_slice(&self.nonce);
         out[HELLO_FIXED_LEN..len].copy_from_slice(self.job_name.as_bytes());
         len
+    }
+}
+
+/// Bytes of an [`AuthMsg`]'s proof (an HMAC-SHA256).
+pub const PROOF_LEN: usize = 32;
+/// Longest training-flags text in an [`AuthMsg`], in bytes.
+pub const MAX_CONFIG_LEN: usize = 4096;
+/// Bytes of an [`AuthMsg`] before the flags text.
+pub const AUTH_FIXED_LEN: usize = PROOF_LEN + 2;
+
+/// The second step of the handshake (opcode `Auth`), sent by each side
+/// once it has the peer's [`Hello`].
+///
+/// ```text
+/// offset size field
+///  0    32    proof        HMAC-SHA256 under the cluster token (zero without one)
+/// 32     2    config_len   u16, at most 4096
+/// 34     n    config       UTF-8 training flags, one `name=value` a line
+/// ```
+///
+/// The proof is over the sender's side, both nonces and the flags text,
+/// so it proves the token without showing it, cannot be replayed on
+/// another connection and vouches for the flags.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AuthMsg<'a> {
+    /// The sender's proof.
+    pub proof: [u8; PROOF_LEN],
+    /// The sender's training flags (empty: it has none to compare).
+    pub config: &'a str,
+}
+
+impl<'a> AuthMsg<'a> {
+    /// Parse; the body must be exactly the fixed part plus the flags.
+    pub fn parse(body: &'a [u8]) -> Result<Self, BodyError> {
+        if body.len() < AUTH_FIXED_LEN {
+            return Err(FrameError::Truncated {
+                needed: AUTH_FIXED_LEN,
+                have: body.len(),
+            }
+            .into());
+        }
+        let mut proof = [0u8; PROOF_LEN];
+        proof.copy_from_slice(&body[..PROOF_LEN]);
+        let len = usize::from(le::u16_at(body, PROOF_LEN)?);
+        if len > MAX_CONFIG_LEN {
+            return Err(BodyError::ConfigTooLong(len));
+        }
+        let rest = &body[AUTH_FIXED_LEN..];
+        let Some(text) = rest.get(..len) else {
+            return Err(FrameError::Truncated {
+                needed: AUTH_FIXED_LEN + len,
+                have: body.len(),
+            }
+            .into());
+        };
+        no_trailing(&rest[len..])?;
+        let config = core::str::from_utf8(text).map_err(|_| BodyError::BadUtf8("config"))?;
+        Ok(Self { proof, config })
+    }
+
+    /// Body length.
+    pub fn encoded_len(&self) -> usize {
+        AUTH_FIXED_LEN + self.config.len()
+    }
+
+    /// The body, or why it cannot be one (flags text over
+    /// [`MAX_CONFIG_LEN`]).
+    pub fn to_vec(&self) -> Result<Vec<u8>, BodyError> {
+        if self.config.len() > MAX_CONFIG_LEN {
+            return Err(BodyError::ConfigTooLong(self.config.len()));
+        }
+        let mut out = vec![0u8; self.encoded_len()];
+        out[..PROOF_LEN].copy_from_slice(&self.proof);
+        le::put_u16(&mut out, PROOF_LEN, self.config.len() as u16);
+        out[AUTH_FIXED_LEN..].copy_from_slice(self.config.as_bytes());
+        Ok(out)
     }
 }
 
@@ -230,6 +321,8 @@ pub enum Body<'a> {
     Empty,
     /// A handshake.
     Hello(Hello<'a>),
+    /// The handshake's proof and training flags.
+    Auth(AuthMsg<'a>),
     /// A fused tensor list.
     Tensors(TensorList<'a>),
     /// A PS control request (opcode `Rpc`).
@@ -267,6 +360,7 @@ impl<'a> Body<'a> {
         let limits = ps::Limits::default();
         Ok(match header.opcode {
             Opcode::Hello => Self::Hello(Hello::parse(body)?),
+            Opcode::Auth => Self::Auth(AuthMsg::parse(body)?),
             Opcode::Credit | Opcode::Cancel | Opcode::Goodbye | Opcode::Ping => {
                 parse_empty(body)?;
                 Self::Empty

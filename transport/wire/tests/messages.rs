@@ -1,7 +1,10 @@
 //! Round trips of `Hello`, every `BodyError` variant, and the opcode
 //! dispatch of `Body::parse`.
 
-use starwire_wire::message::{parse_empty, HELLO_FIXED_LEN, MAX_JOB_NAME_LEN};
+use starwire_wire::message::{
+    parse_empty, AuthMsg, AUTH_FIXED_LEN, HELLO_FIXED_LEN, MAX_CONFIG_LEN, MAX_JOB_NAME_LEN,
+    PROOF_LEN,
+};
 use starwire_wire::ps::{
     self, write_push_response, Control, ControlError, PullRequestWriter, PullResponseWriter,
     PushRequestWriter,
@@ -40,7 +43,50 @@ fn hello() -> Hello<'static> {
         initial_credits: 128,
         max_frame_len: 1 << 20,
         shard_count: 4,
+        nonce: *b"0123456789abcdef",
     }
+}
+
+#[test]
+fn auth_round_trip_and_errors() {
+    let a = AuthMsg {
+        proof: [7; PROOF_LEN],
+        config: "model=wdl\nlr=0.3\n",
+    };
+    let b = a.to_vec().unwrap();
+    assert_eq!(b.len(), AUTH_FIXED_LEN + a.config.len());
+    assert_eq!(AuthMsg::parse(&b), Ok(a));
+    assert!(inside(&b, AuthMsg::parse(&b).unwrap().config.as_bytes()));
+    // Truncated, too long, not UTF-8, trailing bytes.
+    assert!(matches!(
+        AuthMsg::parse(&b[..AUTH_FIXED_LEN - 1]),
+        Err(BodyError::Layout(FrameError::Truncated { .. }))
+    ));
+    assert!(matches!(
+        AuthMsg::parse(&b[..b.len() - 1]),
+        Err(BodyError::Layout(FrameError::Truncated { .. }))
+    ));
+    let mut long = b.clone();
+    long[PROOF_LEN..AUTH_FIXED_LEN].copy_from_slice(&5000u16.to_le_bytes());
+    assert_eq!(AuthMsg::parse(&long), Err(BodyError::ConfigTooLong(5000)));
+    let mut bad = b.clone();
+    bad[AUTH_FIXED_LEN] = 0xff;
+    assert_eq!(AuthMsg::parse(&bad), Err(BodyError::BadUtf8("config")));
+    let mut extra = b.clone();
+    extra.push(0);
+    assert_eq!(
+        AuthMsg::parse(&extra),
+        Err(BodyError::TrailingBytes { extra: 1 })
+    );
+    let text = "x".repeat(MAX_CONFIG_LEN + 1);
+    let too_long = AuthMsg {
+        proof: [0; PROOF_LEN],
+        config: &text,
+    };
+    assert_eq!(
+        too_long.to_vec(),
+        Err(BodyError::ConfigTooLong(MAX_CONFIG_LEN + 1))
+    );
 }
 
 #[test]

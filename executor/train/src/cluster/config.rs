@@ -94,6 +94,8 @@ pub struct TrainConfig {
     pub log_every: u64,
     /// Where the PS shards and workers publish their live counters.
     pub telemetry: Telemetry,
+    /// The cluster token and a PS task's bounds.
+    pub guard: super::guard::Guard,
 }
 
 impl Default for TrainConfig {
@@ -135,6 +137,7 @@ impl Default for TrainConfig {
             compute_threads: 0,
             log_every: 0,
             telemetry: Telemetry::default(),
+            guard: super::guard::Guard::default(),
         }
     }
 }
@@ -204,6 +207,8 @@ pub(super) fn shard_config(cfg: &TrainConfig) -> ShardConfig {
         filter_freq: cfg.filter_freq,
         steps_to_live: cfg.steps_to_live,
         default_value_dim: cfg.default_value_dim,
+        max_reply_bytes: cfg.guard.max_reply_bytes,
+        max_rows: cfg.guard.max_rows,
         ..ShardConfig::default()
     }
 }

@@ -7,12 +7,17 @@
 //! (`report.rs`).
 
 mod config;
+mod guard;
 mod plan;
 mod reactors;
 mod report;
 mod roles;
 
 pub use config::{model_name, protocol_name, BackendKind, TrainConfig};
+pub use guard::{
+    check_listen, training_flags, Guard, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_MEMORY_BUDGET_MB,
+};
 pub use plan::{plan, shard_threshold, Plan, ASSIGNMENT_SAMPLE};
 pub use reactors::{
     summary, PinnedThread, ProcessReactors, ReactorLayout, ReactorReport, OVERSUBSCRIBED_IDLE_POLL,
@@ -43,7 +48,13 @@ use starwire_wire::ps::Control;
 /// `starwire train` without cluster flags: PS tasks and workers as threads
 /// of this process over loopback, then an evaluation.
 pub fn run_local(cfg: &TrainConfig) -> Result<TrainReport, TrainError> {
-    run_local_on(&*cluster_backend(cfg.backend), cfg)
+    // The local cluster's tasks authenticate each other with a token of
+    // their own unless one was given: nothing else on the host can join.
+    let mut cfg = cfg.clone();
+    cfg.guard
+        .token
+        .get_or_insert_with(starwire_transport::ClusterToken::random);
+    run_local_on(&*cluster_backend(cfg.backend), &cfg)
 }
 
 fn run_local_on(k: &dyn ClusterBackend, cfg: &TrainConfig) -> Result<TrainReport, TrainError> {
@@ -266,6 +277,7 @@ pub fn run_ps_task(
     let layout = ReactorLayout::detect(cfg, &ProcessReactors::ps_task(cfg, index))?;
     warn(&layout);
     let reactors = layout.report();
+    cfg.guard.check_listen(bind, cfg.backend)?;
     let l = TcpListener::bind(bind)?;
     let task = k.start_ps(cfg, &plan, index, l, cfg.workers, restore, &layout)?;
     tracing::info!(

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use starwire_data::{auc, logloss, Batch, TrueModel};
 use starwire_graph::{partition, Executor};
 use starwire_ps::{Manifest, PsShard, WorkerProgress};
-use starwire_transport::accept::{dial, inboxes, AcceptConfig, Acceptor};
+use starwire_transport::accept::{dial, inboxes, Acceptor};
 use starwire_transport::reactor::Reactor;
 use starwire_transport::{ConnConfig, Driver, Endpoint, PeerInfo, TaskRole};
 
@@ -259,10 +259,16 @@ pub fn start_ps<K: Backend>(
     let r = cfg.ps_reactors.max(1);
     let (tx, rxs) = inboxes(r)?;
     let mut reactors = Vec::with_capacity(r);
+    let budget = cfg.guard.budget();
+    let max_wait_steps = cfg.guard.max_wait_steps;
     for (local, rx) in rxs.into_iter().enumerate() {
         let s = ps_index * r + local;
         let handler = shard_handler(cfg, plan, s, restore)?;
-        let conn_cfg = ConnConfig::new(peer(TaskRole::Ps, ps_index as u32, r as u16));
+        let conn_cfg = cfg.guard.apply(
+            cfg,
+            ConnConfig::new(peer(TaskRole::Ps, ps_index as u32, r as u16)),
+            Some(&budget),
+        );
         let spec = layout.ps_spec(s)?;
         // The driver (an io_uring ring) is made on the reactor's own
         // thread, which reports a failure to make it.
@@ -273,7 +279,8 @@ pub fn start_ps<K: Backend>(
             let driver = K::driver(polling);
             let ok = driver.as_ref().map(|_| ()).map_err(|e| e.to_string());
             let _ = btx.send(ok);
-            let service = ShardService::new(s, handler, expected);
+            let service =
+                ShardService::new(s, handler, expected).with_max_wait_steps(max_wait_steps);
             let endpoint = driver
                 .ok()
                 .map(|d| Endpoint::new(d, service, conn_cfg).with_inbox(rx));
@@ -286,7 +293,7 @@ pub fn start_ps<K: Backend>(
         reactors.push(reactor);
     }
     let wakers = reactors.iter().map(Reactor::waker).collect();
-    let acceptor = Acceptor::spawn(listener, tx, wakers, AcceptConfig::default())?;
+    let acceptor = Acceptor::spawn(listener, tx, wakers, cfg.guard.accept_config())?;
     Ok(PsTask { acceptor, reactors })
 }
 
@@ -325,7 +332,9 @@ pub fn connect<K: Backend>(
     let driver = K::driver(cfg.worker_polling).map_err(|e| backend(&e))?;
     let now = Instant::now();
     let service = WorkerService::new(shards, WORKER_TIMEOUT, now);
-    let cc = ConnConfig::new(peer(TaskRole::Worker, index, 1));
+    let cc = cfg
+        .guard
+        .apply(cfg, ConnConfig::new(peer(TaskRole::Worker, index, 1)), None);
     let mut endpoint = Endpoint::new(driver, service, cc);
     for (s, stream) in streams.into_iter().enumerate() {
         endpoint
@@ -351,7 +360,9 @@ pub fn connect_handoff<K: Backend>(
         producers: 1,
         wait: layout.worker_wait(),
         polling: cfg.worker_polling,
-        conn: ConnConfig::new(peer(TaskRole::Worker, index, 1)),
+        conn: cfg
+            .guard
+            .apply(cfg, ConnConfig::new(peer(TaskRole::Worker, index, 1)), None),
         timeout: WORKER_TIMEOUT,
     };
     HandoffNet::connect::<K>(streams, &hc)

@@ -14,7 +14,11 @@
 //! * [`fuzz_one`] runs the decoder on one input.
 //! * [`check_deframe`] feeds one stream to the deframer in pieces and
 //!   compares it with parsing the stream whole.
-//! * [`driver`] is what the three drivers share: the command line, the
+//! * [`handshake`] feeds frame streams to the PS end of a connection
+//!   ([`starwire_transport::Connection::handle_frame`]: the hello and
+//!   auth parsers, the token check, reassembly and credits), driver
+//!   `fuzz-handshake`.
+//! * [`driver`] is what the drivers share: the command line, the
 //!   mutate-run-keep loop, saving a failing input, the reports.
 //!
 //! The frame drivers are the `fuzz-decode` and `fuzz-deframe` binaries:
@@ -44,6 +48,7 @@
 #![warn(missing_docs)]
 
 pub mod driver;
+pub mod handshake;
 pub mod ps;
 
 use std::path::{Path, PathBuf};
@@ -119,7 +124,7 @@ pub fn outcome_signature(r: &Result<DecodeSummary, FrameError>) -> u64 {
 pub mod seeds {
     //! Valid encoded inputs of every opcode.
 
-    use starwire_wire::message::{Hello, Role};
+    use starwire_wire::message::{AuthMsg, Hello, Role};
     use starwire_wire::ps::{
         put_f32s, write_push_response, Control, PullRequestWriter, PullResponseWriter,
         PushRequestWriter,
@@ -199,7 +204,7 @@ pub mod seeds {
         let rank8_t = TensorRef::new(5, DType::U8, &dims8, &bytes).unwrap();
 
         let hello = Hello {
-            protocol_version: 1,
+            protocol_version: 2,
             flags: 0,
             role: Role::Worker,
             job_name: "worker-é",
@@ -208,7 +213,14 @@ pub mod seeds {
             initial_credits: 64,
             max_frame_len: 1 << 20,
             shard_count: 2,
+            nonce: [0x5a; 16],
         };
+        let auth = AuthMsg {
+            proof: [0xa5; 32],
+            config: "model=wdl\nembedding-dim=8\n",
+        }
+        .to_vec()
+        .unwrap_or_default();
         let list = [
             ids_t, rows_t, halfs_t, bf_t, u8_t, scalar_t, empty_t, rank8_t,
         ];
@@ -240,6 +252,7 @@ pub mod seeds {
                 ok,
                 body(hello.encoded_len(), |o| hello.emit(o)),
             ),
+            (Opcode::Auth, none, ok, auth),
             (Opcode::Credit, none, ok, vec![]),
             (Opcode::Cancel, none, ok, vec![]),
             (Opcode::Goodbye, none, ok, vec![]),

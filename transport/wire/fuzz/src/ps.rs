@@ -86,6 +86,9 @@ pub fn new_shard() -> PsShard {
             // Small, so fuzzed keys share default rows.
             default_value_dim: 16,
             limits: LIMITS,
+            // Small, so fuzzed pulls reach both bounds.
+            max_reply_bytes: 1 << 16,
+            max_rows: 64,
         },
     )
 }

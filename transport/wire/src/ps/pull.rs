@@ -32,7 +32,15 @@ pub enum PullItem<'a> {
     },
 }
 
-impl PullItem<'_> {
+impl<'a> PullItem<'a> {
+    /// The keys of a rows or pooled item; `None` for a dense one.
+    pub fn keys(&self) -> Option<U64s<'a>> {
+        match *self {
+            PullItem::Dense { .. } => None,
+            PullItem::Rows { keys, .. } | PullItem::Pooled { keys, .. } => Some(keys),
+        }
+    }
+
     /// The variable id.
     pub fn var(&self) -> u32 {
         match *self {

@@ -1,0 +1,140 @@
+//! The cluster token on the command line: listeners that refuse to serve
+//! beyond the host without one, and a worker whose token or training
+//! flags differ from its PS's failing at connect with a reason.
+
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+const BIN: &str = env!("CARGO_BIN_EXE_starwire");
+const TOKEN: &str = "cli-test-cluster-token-0123456789";
+
+fn command(args: &[&str], token: Option<&str>) -> Command {
+    let mut c = Command::new(BIN);
+    c.args(args)
+        .env_remove("TF_CONFIG")
+        .env_remove("TF_SEASTAR_ENDPOINT_MAP_PATH")
+        .env_remove("STARWIRE_CLUSTER_TOKEN");
+    if let Some(t) = token {
+        c.env("STARWIRE_CLUSTER_TOKEN", t);
+    }
+    c
+}
+
+fn run(args: &[&str], token: Option<&str>) -> Output {
+    command(args, token).output().expect("run starwire")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr").port()
+}
+
+#[test]
+fn listeners_beyond_loopback_need_a_token_or_insecure() {
+    let w = format!("127.0.0.1:{}", free_port());
+    let any = format!("0.0.0.0:{}", free_port());
+    let out = run(
+        &[
+            "ps",
+            "--ps-hosts",
+            &any,
+            "--worker-hosts",
+            &w,
+            "--task-index",
+            "0",
+        ],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("without a cluster token") && err.contains("--insecure"),
+        "{err}"
+    );
+    let out = run(&["bench", "--listen", &any], None);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    // A token too short to be a secret is refused before anything starts.
+    let out = run(
+        &[
+            "ps",
+            "--ps-hosts",
+            &any,
+            "--worker-hosts",
+            &w,
+            "--task-index",
+            "0",
+        ],
+        Some("short"),
+    );
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("at least 16"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+/// A PS of a one-worker cluster on loopback, with `token`.
+fn ps(hosts: &[String], token: Option<&str>) -> Child {
+    let args: Vec<&str> = ["ps"]
+        .into_iter()
+        .chain(hosts.iter().map(String::as_str))
+        .collect();
+    command(&args, token)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn ps")
+}
+
+#[test]
+fn a_worker_with_another_token_or_other_flags_fails_at_connect() {
+    let hosts: Vec<String> = [
+        "--ps-hosts",
+        &format!("127.0.0.1:{}", free_port()),
+        "--worker-hosts",
+        &format!("127.0.0.1:{}", free_port()),
+        "--task-index",
+        "0",
+        "--train-examples",
+        "4096",
+        "--epochs",
+        "1",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut p = ps(&hosts, Some(TOKEN));
+    let worker = |extra: &[&str], token: Option<&str>| {
+        let args: Vec<&str> = ["worker"]
+            .into_iter()
+            .chain(hosts.iter().map(String::as_str))
+            .chain(extra.iter().copied())
+            .collect();
+        run(&args, token)
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let out = worker(&["--embedding-dim", "16"], Some(TOKEN));
+    let err = text(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("training flags differ")
+            && err.contains("--embedding-dim (16 here, 8 at the peer)"),
+        "{err}"
+    );
+    let out = worker(&[], Some("another-token-of-the-same-length"));
+    assert!(!out.status.success(), "a worker with another token trained");
+    let out = worker(&[], None);
+    let err = text(&out.stderr);
+    assert!(!out.status.success(), "a worker without a token trained");
+    assert!(err.contains("cluster token"), "{err}");
+    // The PS served none of them, and still waits for its worker.
+    assert!(p.try_wait().expect("wait").is_none(), "the PS exited");
+    p.kill().expect("kill");
+    let out = p.wait_with_output().expect("ps output");
+    assert!(!text(&out.stderr).contains("every worker is done"));
+}

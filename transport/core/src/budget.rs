@@ -1,0 +1,92 @@
+//! [`MemoryBudget`]: one bound on the bytes every connection of a task
+//! holds for its peers: chunked messages being reassembled and messages
+//! queued to send.
+//!
+//! Each [`Connection`](crate::Connection) given the budget charges a
+//! message's bytes when it queues or starts to reassemble it and releases
+//! them once the message has left (or was delivered, or the connection
+//! ended). A charge that would pass the limit is refused: the message is
+//! handed back ([`SendError::OverBudget`](crate::SendError::OverBudget))
+//! or the connection that would need it ends. One atomic add per message,
+//! whatever the message's size; connections of every reactor share it.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+/// A byte budget shared by connections (cheap to clone: one `Arc`).
+#[derive(Debug, Clone)]
+pub struct MemoryBudget(Arc<Inner>);
+
+#[derive(Debug)]
+struct Inner {
+    limit: usize,
+    used: AtomicUsize,
+}
+
+impl MemoryBudget {
+    /// A budget of `limit` bytes, none used.
+    pub fn new(limit: usize) -> Self {
+        Self(Arc::new(Inner {
+            limit,
+            used: AtomicUsize::new(0),
+        }))
+    }
+
+    /// The limit, in bytes.
+    pub fn limit(&self) -> usize {
+        self.0.limit
+    }
+
+    /// Bytes charged now.
+    pub fn used(&self) -> usize {
+        self.0.used.load(Ordering::Relaxed)
+    }
+
+    /// Charge `n` bytes if they fit under the limit; false (nothing
+    /// charged) if not.
+    pub fn try_charge(&self, n: usize) -> bool {
+        let before = self.0.used.fetch_add(n, Ordering::Relaxed);
+        if before.saturating_add(n) <= self.0.limit {
+            return true;
+        }
+        self.0.used.fetch_sub(n, Ordering::Relaxed);
+        false
+    }
+
+    /// Charge `n` bytes even past the limit: for the small error replies
+    /// that say a request did not fit, which must still be counted.
+    pub fn charge(&self, n: usize) {
+        self.0.used.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Give back `n` bytes charged before.
+    pub fn release(&self, n: usize) {
+        let before = self.0.used.fetch_sub(n, Ordering::Relaxed);
+        debug_assert!(before >= n, "released {n} of {before} charged bytes");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn charges_fit_under_the_limit_and_a_refused_one_charges_nothing() {
+        let b = MemoryBudget::new(100);
+        let c = b.clone();
+        assert!(b.try_charge(60));
+        assert!(!c.try_charge(41), "shared: 60 + 41 > 100");
+        assert_eq!(b.used(), 60);
+        assert!(c.try_charge(40));
+        assert!(!b.try_charge(1));
+        b.release(60);
+        assert_eq!(c.used(), 40);
+        // Past the limit only on purpose.
+        c.charge(100);
+        assert_eq!(b.used(), 140);
+        assert!(!b.try_charge(0), "nothing fits while over the limit");
+        c.release(140);
+        assert_eq!(b.used(), 0);
+        assert!(b.try_charge(100));
+    }
+}
