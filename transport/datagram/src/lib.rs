@@ -29,6 +29,7 @@ pub mod driver;
 pub mod link;
 pub mod lossy;
 pub mod packet;
+pub mod udp;
 
 pub use crate::core::{ConfigError, ConnIds, CoreStats, ReliableConfig, ReliableCore};
 pub use crate::driver::{DatagramDriver, DatagramError, DatagramStats, MAX_CONNECTIONS};
