@@ -23,7 +23,9 @@ stage() {
 }
 
 apt_deps() {
-    local want=(pkg-config libhwloc-dev libudev-dev protobuf-compiler)
+    # libdpdk-dev and libclang-dev: the dpdk backend (DPDK 22.11 through
+    # pkg-config; bindgen loads libclang).
+    local want=(pkg-config libhwloc-dev libudev-dev protobuf-compiler libdpdk-dev libclang-dev)
     local missing=()
     for p in "${want[@]}"; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -48,7 +50,7 @@ clippy() {
 test_default() { cargo test --workspace --locked; }
 test_each_feature() {
     # Every optional feature of the starwire package, alone.
-    for f in hwloc uring grpc; do
+    for f in hwloc uring grpc dpdk; do
         echo "--- feature $f"
         cargo test -p starwire --no-default-features --features "$f" --locked
     done
