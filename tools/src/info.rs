@@ -368,6 +368,7 @@ fn dpdk_info(_: &InfoArgs) -> Value {
 }
 
 /// A JSON value as `info` prints it (`-` for none).
+#[cfg(feature = "dpdk")]
 pub(crate) fn text(v: &Value) -> String {
     s(v)
 }

@@ -35,7 +35,7 @@ use crate::bench::sessions::conn_config;
 /// Options of `starwire soak`.
 #[derive(Debug, clap::Args)]
 pub struct SoakArgs {
-    /// Backend under test: tcp or uring.
+    /// Backend under test: tcp, uring or dpdk (when built in).
     #[arg(long, default_value = "tcp", value_parser = parse_soak_backend)]
     pub backend: String,
     /// Connections over loopback.
@@ -68,6 +68,10 @@ pub struct SoakArgs {
     /// One JSON object at the end instead of text.
     #[arg(long)]
     pub json: bool,
+    /// Where DPDK runs (feature `dpdk`; backend dpdk).
+    #[cfg(feature = "dpdk")]
+    #[command(flatten)]
+    pub dpdk: crate::dpdk::DpdkArgs,
 }
 
 fn parse_soak_backend(s: &str) -> Result<String, String> {
@@ -75,6 +79,8 @@ fn parse_soak_backend(s: &str) -> Result<String, String> {
         "tcp" => Ok("tcp".to_owned()),
         #[cfg(all(feature = "uring", target_os = "linux"))]
         "uring" | "io_uring" | "io-uring" => Ok("uring".to_owned()),
+        #[cfg(feature = "dpdk")]
+        "dpdk" => Ok("dpdk".to_owned()),
         "raw" => Err("the raw baseline has no message layer to soak; use --backend tcp".into()),
         other => Err(
             crate::backend::missing_backend_hint(other).unwrap_or_else(|| {
@@ -173,6 +179,47 @@ trait SoakDriver: Driver + Send + 'static {
     /// The faults injected on `conn` so far.
     fn fault_stats(&self, _conn: ConnId) -> FaultStats {
         FaultStats::default()
+    }
+
+    /// Run first on the reactor thread that turns the driver.
+    fn on_reactor_thread(&self) {}
+}
+
+/// The DPDK datagram driver: reactor threads register with the EAL.
+#[cfg(feature = "dpdk")]
+impl SoakDriver for crate::dpdk::DpdkDriver {
+    fn on_reactor_thread(&self) {
+        if let Ok(ctx) = crate::dpdk::DpdkContext::get() {
+            ctx.register_thread();
+        }
+    }
+}
+
+/// A DPDK reactor polls its queue and never parks, and both ends share
+/// the port's one queue in this process: one reactor a side unless the
+/// flags ask for more.
+#[cfg(feature = "dpdk")]
+fn dpdk_reactors(mut args: SoakArgs) -> SoakArgs {
+    if args.backend == "dpdk" {
+        args.client_reactors.get_or_insert(1);
+        args.server_reactors.get_or_insert(1);
+    }
+    args
+}
+
+/// The attacher of the DPDK backend: each soak connection's stream
+/// carries the bootstrap of that one connection (addresses and ids), and
+/// then only its close.
+#[cfg(feature = "dpdk")]
+fn dpdk_attacher(
+    _first: u64,
+    _step: u64,
+) -> fn(&mut crate::dpdk::DpdkDriver, TcpStream) -> Result<ConnId, TransportError> {
+    |d, s| {
+        let ids = crate::dpdk::bootstrap(d, &s, 1).map_err(TransportError::Link)?;
+        ids.first()
+            .copied()
+            .ok_or_else(|| TransportError::Link("DPDK bootstrap gave no connection".into()))
     }
 }
 
@@ -700,6 +747,7 @@ fn run_soak<D: SoakDriver, A: Attach<D>>(
         let attach = attacher(SERVER_LINKS + k as u64, ns as u64);
         let cfg = conn_config(TaskRole::Ps, 256);
         let r = Reactor::spawn(spec(nc + k, lay.server_cpus[k], lay.idle), move |_| {
+            driver.on_reactor_thread();
             Endpoint::new(driver, SoakServer::default(), cfg).with_inbox_attach(rx, attach)
         });
         match r {
@@ -741,17 +789,25 @@ fn run_clients<D: SoakDriver, A: Attach<D>>(
 ) -> Result<(Counts, FaultCounts), String> {
     let (nc, ns) = (drivers.len(), lay.server_cpus.len());
     let deadline = Instant::now() + DIAL_TIMEOUT;
-    let mut streams: Vec<Vec<(TcpStream, u32)>> = (0..nc).map(|_| Vec::new()).collect();
+    let mut drivers = drivers;
+    let mut attachers: Vec<A> = (0..nc).map(|k| attacher(k as u64, nc as u64)).collect();
+    let mut groups: Vec<Vec<(ConnId, u32)>> = (0..nc).map(|_| Vec::new()).collect();
     for i in 0..args.connections {
         let shard = (i % ns) as u32;
+        let k = i % nc;
         let s = dial(addr, shard, deadline).map_err(|e| e.to_string())?;
-        streams[i % nc].push((s, shard));
+        // Attached before the next dial: a backend whose ends exchange
+        // addresses over the stream (dpdk) finishes each exchange while
+        // the server reactors have no other stream to wait on.
+        let id =
+            attachers[k](&mut drivers[k], s).map_err(|e| format!("attaching a connection: {e}"))?;
+        groups[k].push((id, shard));
     }
     let start = Instant::now();
     let stop_sending = start + Duration::from_secs_f64(args.duration);
     let give_up = stop_sending + Duration::from_secs_f64(args.drain);
     let mut client_reactors = Vec::with_capacity(nc);
-    for (k, (driver, group)) in drivers.into_iter().zip(streams).enumerate() {
+    for (k, (driver, group)) in drivers.into_iter().zip(groups).enumerate() {
         let client = SoakClient {
             first: k as u64,
             step: nc as u64,
@@ -767,15 +823,15 @@ fn run_clients<D: SoakDriver, A: Attach<D>>(
             done: false,
         };
         let mut ep = Endpoint::new(driver, client, conn_config(TaskRole::Worker, 256));
-        let mut attach = attacher(k as u64, nc as u64);
         let now = Instant::now();
-        for (s, shard) in group {
-            let id = attach(ep.sessions_mut().driver_mut(), s)
-                .map_err(|e| format!("attaching a connection: {e}"))?;
+        for (id, shard) in group {
             ep.open(id, shard, now);
         }
-        let r = Reactor::spawn(spec(k, lay.client_cpus[k], lay.idle), move |_| ep)
-            .map_err(|e| format!("client reactor {k}: {e}"))?;
+        let r = Reactor::spawn(spec(k, lay.client_cpus[k], lay.idle), move |_| {
+            ep.sessions().driver().on_reactor_thread();
+            ep
+        })
+        .map_err(|e| format!("client reactor {k}: {e}"))?;
         client_reactors.push(r);
     }
     let mut progress_at = Instant::now() + Duration::from_secs(5);
@@ -848,7 +904,22 @@ pub fn main(args: SoakArgs) -> Result<bool, String> {
         return Err("--max-size: at most 16 MiB".into());
     }
     let rss_start_kb = rss_kb();
+    #[cfg(feature = "dpdk")]
+    let args = dpdk_reactors(args);
     let lay = layout(&args)?;
+    #[cfg(feature = "dpdk")]
+    if args.backend == "dpdk" {
+        if args.faults.is_some() {
+            return Err("--faults is supported with --backend tcp only".into());
+        }
+        crate::dpdk::DpdkContext::configure(&args.dpdk);
+        let ctx = crate::dpdk::DpdkContext::get()?;
+        // Both ends are in this process, bootstrapping over loopback.
+        let ip = ctx.ip_or_loopback();
+        let make = || ctx.driver(ip, starwire_datagram::ReliableConfig::default());
+        let out = run_soak(&args, &lay, make, dpdk_attacher)?;
+        return report(&args, &lay, rss_start_kb, out);
+    }
     #[cfg(all(feature = "uring", target_os = "linux"))]
     if args.backend == "uring" {
         if args.faults.is_some() {

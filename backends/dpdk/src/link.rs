@@ -22,10 +22,11 @@
 //! takes a burst and files each packet under the link bound to its UDP
 //! destination port, under the queue's lock.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
+use starwire_datagram::packet::peek_dst_conn;
 use starwire_datagram::udp::{self, UdpEndpoint, UdpRepr, HEADERS_LEN, IP_UDP_OVERHEAD};
 use starwire_datagram::{DatagramLink, LinkError};
 
@@ -157,6 +158,9 @@ pub struct DpdkLink {
     cur: Option<(Mbuf, usize)>,
     rx: Vec<Mbuf>,
     cfg: LinkConfig,
+    /// Where the packets of each peer connection id go, when the link's
+    /// connections have different peers; others go to `cfg.peer`.
+    peers: HashMap<u32, UdpEndpoint>,
     mtu: usize,
     stats: DpdkLinkStats,
     pool: Arc<Mempool>,
@@ -192,6 +196,7 @@ impl DpdkLink {
             cur: None,
             rx: Vec::with_capacity(usize::from(cfg.rx_burst)),
             cfg,
+            peers: HashMap::new(),
             mtu,
             stats: DpdkLinkStats::default(),
             pool,
@@ -202,6 +207,25 @@ impl DpdkLink {
     /// The link's settings.
     pub fn config(&self) -> &LinkConfig {
         &self.cfg
+    }
+
+    /// Send every later datagram to `peer`, unless its connection has a
+    /// peer of its own ([`add_peer`](Self::add_peer)).
+    pub fn set_peer(&mut self, peer: UdpEndpoint) {
+        self.cfg.peer = peer;
+    }
+
+    /// Send the datagrams addressed to the peer connection id `peer_conn`
+    /// (their `dst_conn`) to `peer`: the connections of one link may each
+    /// have another peer. Peers are learnt in an out-of-band exchange that
+    /// needs the link's connection ids first.
+    pub fn add_peer(&mut self, peer_conn: u32, peer: UdpEndpoint) {
+        self.peers.insert(peer_conn, peer);
+    }
+
+    /// Forget the peer of `peer_conn` (its connection ended).
+    pub fn remove_peer(&mut self, peer_conn: u32) {
+        self.peers.remove(&peer_conn);
     }
 
     /// Counters.
@@ -292,12 +316,20 @@ impl DatagramLink for DpdkLink {
         if len > self.mtu {
             return Err(LinkError::Oversized { len, mtu: self.mtu });
         }
+        let room = m.room_mut();
+        let dst = if self.peers.is_empty() {
+            self.cfg.peer
+        } else {
+            peek_dst_conn(&room[HEADERS_LEN..HEADERS_LEN + len])
+                .and_then(|c| self.peers.get(&c).copied())
+                .unwrap_or(self.cfg.peer)
+        };
         let repr = UdpRepr {
             src: self.cfg.local,
-            dst: self.cfg.peer,
+            dst,
             payload_len: len,
         };
-        repr.emit(m.room_mut());
+        repr.emit(room);
         // The MTU bounds len far below u16::MAX.
         m.set_len((HEADERS_LEN + len) as u16);
         self.pending.push(m);

@@ -155,6 +155,29 @@ fn raw_datagrams(port: &Port, q: &SharedQueue) {
     assert!(recv_all(&mut c).is_empty());
     assert_eq!(c.stats().rx_filtered, 1, "{:?}", c.stats());
 
+    // Each peer connection id can have a peer of its own: the link reads
+    // dst_conn (bytes 4..8) of each datagram.
+    let (mut e, mut f) = link_pair(q, port, 7004, 7005);
+    let (_, g_end) = endpoints(port, 0, 7006);
+    let mut g = DpdkLink::shared(q, port.info().mtu, LinkConfig::new(g_end, g_end)).expect("g");
+    e.add_peer(77, g.config().local);
+    let to = |conn: u32| {
+        let mut p = vec![0u8; 12];
+        p[4..8].copy_from_slice(&conn.to_le_bytes());
+        p[8] = conn as u8;
+        p
+    };
+    send(&mut e, &to(77));
+    send(&mut e, &to(5));
+    e.tx_burst_flush(Instant::now()).unwrap();
+    assert_eq!(recv_all(&mut g), vec![to(77)]);
+    assert_eq!(
+        recv_all(&mut f),
+        vec![to(5)],
+        "others go to the link's peer"
+    );
+    drop((e, f, g));
+
     // More packets than the ring takes stay pending, in order, and leave
     // with later bursts.
     let total = 3000usize;

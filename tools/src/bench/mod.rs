@@ -10,6 +10,8 @@
 //! and hands the stream on. Without `--listen`/`--connect` the server side
 //! runs on a thread of the same process.
 
+#[cfg(feature = "dpdk")]
+mod dpdk;
 #[cfg(feature = "grpc")]
 mod grpc;
 mod raw;
@@ -312,7 +314,7 @@ fn median_line(lines: &[ResultLine]) -> ResultLine {
 pub struct BenchArgs {
     /// Backends to compare, comma-separated: raw (plain sockets baseline),
     /// tcp, uring (with the `uring` feature, on by default on Linux), grpc
-    /// (with the `grpc` feature).
+    /// (with the `grpc` feature), dpdk (with the `dpdk` feature and --eal).
     #[arg(long, value_delimiter = ',', default_value = "raw,tcp")]
     pub backends: Vec<Backend>,
     /// What to measure (comma-separated list allowed).
@@ -364,6 +366,10 @@ pub struct BenchArgs {
     /// Run the plan against a `bench --listen` server at ADDR:PORT.
     #[arg(long)]
     pub connect: Option<String>,
+    /// Where DPDK runs (feature `dpdk`; backend dpdk).
+    #[cfg(feature = "dpdk")]
+    #[command(flatten)]
+    pub dpdk: crate::dpdk::DpdkArgs,
 }
 
 /// `--cores C,S`.
@@ -513,6 +519,8 @@ fn serve(listener: TcpListener, server_core: Option<Option<usize>>) -> Result<()
                 .and_then(|d| sessions::serve(d, data, want, &run, core, idle)),
             #[cfg(feature = "grpc")]
             Backend::Grpc => accept_one(data).and_then(|s| grpc::serve(s, &run)),
+            #[cfg(feature = "dpdk")]
+            Backend::Dpdk => dpdk::serve(data, want, &run, core, idle),
         };
         let msg = match &res {
             Ok(()) => ServerMsg::Done {
@@ -659,7 +667,9 @@ fn drive(plan: &Plan, ctl_addr: SocketAddr) -> Result<Vec<ResultLine>, String> {
         // before `ready`, so one attempt each (no retry).
         let addr = SocketAddr::new(ctl_addr.ip(), port).to_string();
         let want = data_connections(run);
+        // Over DPDK the data listener only bootstraps: no data streams.
         let streams = (0..want)
+            .filter(|_| run.backend.data_over_tcp())
             .map(|_| dial(&addr, 0, Instant::now()))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| format!("data connection: {e}"))?;
@@ -675,6 +685,14 @@ fn drive(plan: &Plan, ctl_addr: SocketAddr) -> Result<Vec<ResultLine>, String> {
             Backend::Grpc => {
                 one_stream(streams).and_then(|s| grpc::client(s, run, plan.client_core))
             }
+            #[cfg(feature = "dpdk")]
+            Backend::Dpdk => dpdk::client(
+                SocketAddr::new(ctl_addr.ip(), port),
+                want,
+                run,
+                plan.client_core,
+                client_idle,
+            ),
         };
         match recv_line::<ServerMsg>(&mut r)? {
             ServerMsg::Done { ok: true, .. } => {}
@@ -891,6 +909,16 @@ pub fn main(args: BenchArgs) -> Result<(), String> {
     validate(&args)?;
     for b in &args.backends {
         b.check_available()?;
+    }
+    #[cfg(feature = "dpdk")]
+    {
+        crate::dpdk::DpdkContext::configure(&args.dpdk);
+        // The client opens the port before the first run, so a bad EAL
+        // argument or port is the command's error; a --listen server opens
+        // it at its first dpdk run.
+        if args.listen.is_none() && args.backends.contains(&Backend::Dpdk) {
+            crate::dpdk::DpdkContext::get()?;
+        }
     }
     if let Some(listen) = &args.listen {
         let addr = resolve_addr(listen)?;
