@@ -91,6 +91,7 @@ soak_faulted() {
     echo "faulted soak failed, as it must"
 }
 fuzz() { bash ci/fuzz.sh "$FUZZ_SECONDS"; }
+dpdk_netns() { bash ci/dpdk-netns.sh; }
 train_check() {
     # The README's run command must work and come within 0.02 of the oracle
     # AUC (the bar is 0.01, measured and reported; CI leaves room
@@ -110,6 +111,7 @@ stage "clippy" clippy
 stage "test (default features)" test_default
 stage "test (each feature)" test_each_feature
 stage "test (all features)" test_all_features
+stage "dpdk between two network namespaces (af_packet, af_xdp, kernel UDP peer)" dpdk_netns
 stage "loom" loom
 stage "fuzz (frame decoder, deframer and PS codec, ${FUZZ_SECONDS}s)" fuzz
 stage "soak (tcp, ${SOAK_CONNECTIONS} connections, ${SOAK_SECONDS}s)" soak
