@@ -57,7 +57,7 @@ pub(crate) fn eal_init(args: &[String]) -> Result<(), (i32, String)> {
         .collect::<Result<_, _>>()
         .map_err(|_| {
             (
-                libc_einval(),
+                nix::libc::EINVAL,
                 "an EAL argument contains a NUL byte".to_owned(),
             )
         })?;
@@ -74,7 +74,7 @@ pub(crate) fn eal_init(args: &[String]) -> Result<(), (i32, String)> {
             .into_boxed_slice(),
     );
     let argc = i32::try_from(args.len())
-        .map_err(|_| (libc_einval(), "too many EAL arguments".to_owned()))?;
+        .map_err(|_| (nix::libc::EINVAL, "too many EAL arguments".to_owned()))?;
     // SAFETY: argv holds argc pointers to NUL-terminated strings followed
     // by NULL, all leaked above so they outlive the EAL, which may permute
     // the array and keep pointers into it.
@@ -83,10 +83,6 @@ pub(crate) fn eal_init(args: &[String]) -> Result<(), (i32, String)> {
         return Err(last_error());
     }
     Ok(())
-}
-
-fn libc_einval() -> i32 {
-    22
 }
 
 /// The calling thread's lcore id, if it has one.
@@ -325,7 +321,7 @@ impl Mempool {
         socket: i32,
     ) -> Result<Self, (i32, String)> {
         let cname = CString::new(name)
-            .map_err(|_| (libc_einval(), "pool name has a NUL byte".to_owned()))?;
+            .map_err(|_| (nix::libc::EINVAL, "pool name has a NUL byte".to_owned()))?;
         // SAFETY: cname is a valid NUL-terminated name (DPDK copies it);
         // the sizes are plain numbers DPDK checks.
         let pool = unsafe {
@@ -365,10 +361,11 @@ impl Mempool {
 
 impl Drop for Mempool {
     fn drop(&mut self) {
-        // SAFETY: every queue set up with this pool belongs to a Device
-        // that holds an Arc of it and is stopped before the pool drops;
-        // mbufs still out are returned to a freed pool only if leaked by
-        // DPDK itself.
+        // SAFETY: this runs when the last Arc of the pool goes. Each
+        // Device holds one until it has stopped and closed its port (which
+        // releases the mbufs in its rings), and every Mbuf of this crate
+        // lives in a link or demultiplexer that holds the pool or the
+        // queue and drops its mbufs first; so nothing uses the pool after.
         unsafe { sys::rte_mempool_free(self.pool.as_ptr()) }
     }
 }
@@ -418,7 +415,8 @@ impl Mbuf {
         }
     }
 
-    /// Make the packet the first `len` bytes of [`room_mut`](Self::room_mut).
+    /// Make the packet the first `len` bytes of [`room_mut`](Self::room_mut)
+    /// (at most the room).
     pub(crate) fn set_len(&mut self, len: u16) {
         // SAFETY: the mbuf is owned by self.
         let room = unsafe { sys::sw_pktmbuf_room(self.m.as_ptr()) };
