@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use starwire_datagram::udp::UdpEndpoint;
-use starwire_datagram::{DatagramDriver, ReliableConfig};
+use starwire_datagram::{DatagramDriver, DatagramLink, Impaired, ReliableConfig};
 use starwire_dpdk::{
     DeviceInfo, DpdkLink, Eal, LinkConfig, Port, PortConfig, SharedQueue, EAL_ARGS_ENV,
 };
@@ -203,10 +203,9 @@ impl DpdkContext {
         }
     }
 
-    /// A driver over a new link on the shared queue, bound to a UDP port
-    /// of its own, at `ip`; its connections' peers are set by
-    /// [`bootstrap`].
-    pub fn driver(&self, ip: Ipv4Addr, cfg: ReliableConfig) -> Result<DpdkDriver, String> {
+    /// A new link on the shared queue, bound to a UDP port of its own, at
+    /// `ip`; its connections' peers are set by [`bootstrap`].
+    pub fn link(&self, ip: Ipv4Addr) -> Result<DpdkLink, String> {
         let info = self.port.info();
         let mut last = None;
         // Ports of links that ended are free again; try a few.
@@ -218,13 +217,16 @@ impl DpdkContext {
                 port: udp,
             };
             match DpdkLink::shared(&self.queue, info.mtu, LinkConfig::new(local, local)) {
-                Ok(link) => {
-                    return DatagramDriver::new(link, cfg).map_err(|e| format!("dpdk driver: {e}"))
-                }
+                Ok(link) => return Ok(link),
                 Err(e) => last = Some(e),
             }
         }
         Err(format!("no free UDP port on the DPDK queue: {last:?}"))
+    }
+
+    /// A driver over a new [`link`](Self::link).
+    pub fn driver(&self, ip: Ipv4Addr, cfg: ReliableConfig) -> Result<DpdkDriver, String> {
+        DatagramDriver::new(self.link(ip)?, cfg).map_err(|e| format!("dpdk driver: {e}"))
     }
 
     /// This end's IPv4 address when no connection names it: `--dpdk-ip`,
@@ -255,6 +257,33 @@ impl DpdkContext {
 
 /// The datagram driver of one reactor over DPDK.
 pub type DpdkDriver = DatagramDriver<DpdkLink>;
+
+/// A link whose connections the bootstrap can point at their peers: a
+/// [`DpdkLink`], or one under a fault injector.
+pub trait OnDpdk: DatagramLink {
+    /// The DPDK link.
+    fn dpdk(&self) -> &DpdkLink;
+    /// The DPDK link, mutably.
+    fn dpdk_mut(&mut self) -> &mut DpdkLink;
+}
+
+impl OnDpdk for DpdkLink {
+    fn dpdk(&self) -> &DpdkLink {
+        self
+    }
+    fn dpdk_mut(&mut self) -> &mut DpdkLink {
+        self
+    }
+}
+
+impl OnDpdk for Impaired<DpdkLink> {
+    fn dpdk(&self) -> &DpdkLink {
+        self.inner()
+    }
+    fn dpdk_mut(&mut self) -> &mut DpdkLink {
+        self.inner_mut()
+    }
+}
 
 /// Magic word of a bootstrap line.
 const HELLO: &str = "starwire-dpdk-hello";
@@ -321,8 +350,8 @@ const BOOTSTRAP_TIMEOUT: Duration = Duration::from_secs(30);
 /// send where they are, read the peer's, send each connection's packets
 /// to the peer's address and connect it to the peer's connection of the
 /// same index. Returns the connections, in order.
-pub fn bootstrap(
-    driver: &mut DpdkDriver,
+pub fn bootstrap<L: OnDpdk>(
+    driver: &mut DatagramDriver<L>,
     stream: &TcpStream,
     n: usize,
 ) -> Result<Vec<ConnId>, String> {
@@ -334,7 +363,7 @@ pub fn bootstrap(
         ids.push(id);
     }
     let mine = Hello {
-        endpoint: driver.link().config().local,
+        endpoint: driver.link().dpdk().config().local,
         ids,
     };
     stream
@@ -355,7 +384,7 @@ pub fn bootstrap(
         ));
     }
     for (&c, &id) in conns.iter().zip(&peer.ids) {
-        driver.link_mut().add_peer(id, peer.endpoint);
+        driver.link_mut().dpdk_mut().add_peer(id, peer.endpoint);
         driver.connect(c, id).map_err(|e| e.to_string())?;
     }
     tracing::debug!(local = %mine.endpoint, peer = %peer.endpoint, n, "DPDK bootstrap done");

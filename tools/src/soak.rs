@@ -181,6 +181,12 @@ trait SoakDriver: Driver + Send + 'static {
         FaultStats::default()
     }
 
+    /// The faults injected under the whole driver so far (a datagram
+    /// link shared by its connections), besides those of each connection.
+    fn driver_fault_stats(&self) -> FaultStats {
+        FaultStats::default()
+    }
+
     /// Run first on the reactor thread that turns the driver.
     fn on_reactor_thread(&self) {}
 }
@@ -192,6 +198,42 @@ impl SoakDriver for crate::dpdk::DpdkDriver {
         if let Ok(ctx) = crate::dpdk::DpdkContext::get() {
             ctx.register_thread();
         }
+    }
+}
+
+/// The DPDK datagram driver with faults injected under its link.
+#[cfg(feature = "dpdk")]
+impl SoakDriver
+    for starwire_datagram::DatagramDriver<starwire_datagram::Impaired<starwire_dpdk::DpdkLink>>
+{
+    fn on_reactor_thread(&self) {
+        if let Ok(ctx) = crate::dpdk::DpdkContext::get() {
+            ctx.register_thread();
+        }
+    }
+
+    fn driver_fault_stats(&self) -> FaultStats {
+        let s = self.link().stats();
+        FaultStats {
+            dropped: s.lost,
+            corrupted: s.corrupted,
+            delayed: 0,
+            reordered: s.reordered,
+        }
+    }
+}
+
+/// `--faults` as the rates of a fault injector under a datagram link:
+/// drop is loss, corrupt flips bits, reorder and delay hold a packet back
+/// behind later ones (delay_ms at most).
+#[cfg(feature = "dpdk")]
+fn loss_config(f: FaultSpec) -> starwire_datagram::LossConfig {
+    starwire_datagram::LossConfig {
+        loss: f.drop,
+        corrupt: f.corrupt,
+        reorder: (f.reorder + f.delay).min(1.0),
+        reorder_hold: f.delay_for,
+        ..starwire_datagram::LossConfig::lossless(1500)
     }
 }
 
@@ -211,16 +253,22 @@ fn dpdk_reactors(mut args: SoakArgs) -> SoakArgs {
 /// carries the bootstrap of that one connection (addresses and ids), and
 /// then only its close.
 #[cfg(feature = "dpdk")]
-fn dpdk_attacher(
+fn dpdk_attacher<L: crate::dpdk::OnDpdk>(
     _first: u64,
     _step: u64,
-) -> fn(&mut crate::dpdk::DpdkDriver, TcpStream) -> Result<ConnId, TransportError> {
-    |d, s| {
-        let ids = crate::dpdk::bootstrap(d, &s, 1).map_err(TransportError::Link)?;
-        ids.first()
-            .copied()
-            .ok_or_else(|| TransportError::Link("DPDK bootstrap gave no connection".into()))
-    }
+) -> fn(&mut starwire_datagram::DatagramDriver<L>, TcpStream) -> Result<ConnId, TransportError> {
+    dpdk_attach
+}
+
+#[cfg(feature = "dpdk")]
+fn dpdk_attach<L: crate::dpdk::OnDpdk>(
+    d: &mut starwire_datagram::DatagramDriver<L>,
+    s: TcpStream,
+) -> Result<ConnId, TransportError> {
+    let ids = crate::dpdk::bootstrap(d, &s, 1).map_err(TransportError::Link)?;
+    ids.first()
+        .copied()
+        .ok_or_else(|| TransportError::Link("DPDK bootstrap gave no connection".into()))
 }
 
 #[cfg(all(feature = "uring", target_os = "linux"))]
@@ -237,6 +285,7 @@ impl SoakDriver for Links<Faulty<TcpTransport>> {
 /// The faults injected on every connection `sessions` holds.
 fn fault_counts<D: SoakDriver>(sessions: &Sessions<D>) -> FaultCounts {
     let mut f = FaultCounts::default();
+    f.add(sessions.driver().driver_fault_stats());
     for id in sessions.ids() {
         f.add(sessions.driver().fault_stats(id));
     }
@@ -909,15 +958,30 @@ pub fn main(args: SoakArgs) -> Result<bool, String> {
     let lay = layout(&args)?;
     #[cfg(feature = "dpdk")]
     if args.backend == "dpdk" {
-        if args.faults.is_some() {
-            return Err("--faults is supported with --backend tcp only".into());
-        }
         crate::dpdk::DpdkContext::configure(&args.dpdk);
         let ctx = crate::dpdk::DpdkContext::get()?;
         // Both ends are in this process, bootstrapping over loopback.
         let ip = ctx.ip_or_loopback();
-        let make = || ctx.driver(ip, starwire_datagram::ReliableConfig::default());
-        let out = run_soak(&args, &lay, make, dpdk_attacher)?;
+        let cfg = starwire_datagram::ReliableConfig::default();
+        let out = match args.faults {
+            None => {
+                let make = || ctx.driver(ip, cfg.clone());
+                run_soak(&args, &lay, make, dpdk_attacher)?
+            }
+            // Faults under every link: the reliability core repairs them,
+            // so this soak must pass.
+            Some(spec) => {
+                let seed = std::sync::atomic::AtomicU64::new(spec.seed);
+                let make = || {
+                    let s = seed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let link =
+                        starwire_datagram::Impaired::new(ctx.link(ip)?, loss_config(spec), s);
+                    starwire_datagram::DatagramDriver::new(link, cfg.clone())
+                        .map_err(|e| format!("dpdk driver: {e}"))
+                };
+                run_soak(&args, &lay, make, dpdk_attacher)?
+            }
+        };
         return report(&args, &lay, rss_start_kb, out);
     }
     #[cfg(all(feature = "uring", target_os = "linux"))]

@@ -1153,6 +1153,31 @@ fn bench_and_soak_run_over_dpdk_on_net_ring() {
     assert_eq!(r["backend"], "dpdk");
     assert!(r["messages"].as_u64().unwrap() > 0, "{r}");
 
+    // Faults injected under both DPDK links are repaired by the
+    // reliability core: unlike tcp's, this soak must pass.
+    let out = run(&[
+        "soak",
+        "--backend",
+        "dpdk",
+        "--eal",
+        NET_RING,
+        "--connections",
+        "8",
+        "--duration",
+        "2",
+        "--faults",
+        "drop=0.05,reorder=0.05,corrupt=0.01,seed=3",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let r: serde_json::Value = serde_json::from_str(text(&out.stdout).trim()).unwrap();
+    assert_eq!(r["passed"], true, "{r}");
+    assert_eq!(r["lost"], 0, "{r}");
+    let f = &r["faults_injected"];
+    for k in ["dropped", "reordered", "corrupted"] {
+        assert!(f[k].as_u64().unwrap() > 0, "{k} injected: {r}");
+    }
+
     // A bad EAL argument is the command's error, with DPDK's reason.
     let out = run(&[
         "bench",

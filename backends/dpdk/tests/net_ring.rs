@@ -7,7 +7,9 @@ use std::net::Ipv4Addr;
 use std::time::Instant;
 
 use starwire_datagram::udp::UdpEndpoint;
-use starwire_datagram::{DatagramDriver, DatagramLink, LinkError, ReliableConfig};
+use starwire_datagram::{
+    DatagramDriver, DatagramLink, Impaired, LinkError, LossConfig, ReliableConfig,
+};
 use starwire_dpdk::{
     DeviceInfo, DpdkError, DpdkLink, Eal, LinkConfig, Port, PortConfig, SharedQueue,
 };
@@ -107,6 +109,7 @@ fn net_ring_port() {
 
     raw_datagrams(&port, &q);
     conformance_over_net_ring(&port, &q);
+    conformance_under_injected_loss(&port, &q);
 }
 
 /// Datagrams both ways over one shared queue, the headers right, the
@@ -236,4 +239,36 @@ fn conformance_over_net_ring(port: &Port, q: &SharedQueue) {
     );
     // The last acknowledgements may still sit in the ring.
     assert!(after.ipackets - before.ipackets <= after.opackets - before.opackets);
+}
+
+/// The suite again with 5 % loss, 2 % duplication and 5 % reordering
+/// injected under both real links: the reliability core repairs it all.
+fn conformance_under_injected_loss(port: &Port, q: &SharedQueue) {
+    let loss = LossConfig {
+        loss: 0.05,
+        duplicate: 0.02,
+        reorder: 0.05,
+        ..LossConfig::lossless(1500)
+    };
+    let mut udp = 9000u16;
+    conformance::run_all_drivers("dpdk-net_ring-5%", conformance::MIN_CONNECTIONS, |n| {
+        udp += 2;
+        let (la, lb) = link_pair(q, port, udp, udp + 1);
+        let la = Impaired::new(la, loss.clone(), u64::from(udp));
+        let lb = Impaired::new(lb, loss.clone(), u64::from(udp) + 1);
+        let cfg = ReliableConfig::default();
+        let mut a = DatagramDriver::new(la, cfg.clone()).expect("driver a");
+        let mut b = DatagramDriver::new(lb, cfg).expect("driver b");
+        let (mut a_ids, mut b_ids) = (Vec::new(), Vec::new());
+        for _ in 0..n {
+            let (ca, ia) = a.prepare().expect("prepare a");
+            let (cb, ib) = b.prepare().expect("prepare b");
+            a.connect(ca, ib).expect("connect a");
+            b.connect(cb, ia).expect("connect b");
+            a_ids.push(ca);
+            b_ids.push(cb);
+        }
+        DriverPair { a, a_ids, b, b_ids }
+    });
+    assert_eq!(udp, 9000 + 2 * 11, "a fresh driver pair per case");
 }
