@@ -91,7 +91,7 @@ for driver in af_packet af_xdp; do
     server=$!
     ok=true
     for _ in $(seq 50); do
-        grep -q "waiting for a client" "$LOG_DIR/server-$driver.log" && break
+        grep -qs "waiting for a client" "$LOG_DIR/server-$driver.log" && break
         sleep 0.1
     done
     if ! ip netns exec "$NS_B" timeout 120 "$BIN" bench --connect "$CTL_A:$port" \
@@ -101,6 +101,15 @@ for driver in af_packet af_xdp; do
         ok=false
     fi
     wait "$server" || ok=false
+    # Each process stopped its port on the way out: no XDP program is left
+    # on the interfaces.
+    for end in "$NS_A $VA" "$NS_B $VB"; do
+        set -- $end
+        if ip -n "$1" link show "$2" | grep -q "xdp"; then
+            echo "an XDP program is still attached to $2" >&2
+            ok=false
+        fi
+    done
     rows=$(grep -c '"backend":"dpdk"' "$LOG_DIR/client-$driver.json" || true)
     [ "$rows" = 2 ] || ok=false
     while read -r row; do

@@ -6,7 +6,7 @@
 use std::io::{BufRead, BufReader, Write};
 use std::net::{IpAddr, Ipv4Addr, TcpStream};
 use std::sync::atomic::{AtomicU16, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use serde_json::{json, Value};
@@ -140,13 +140,20 @@ pub fn print_info(d: &Value) {
 /// The DPDK port of this process, opened once for every run: the EAL, the
 /// port and its first queue pair, shared by the links of the process
 /// (both ends of a run in one process on `net_ring` loop back through it,
-/// each link bound to its own UDP port).
+/// each link bound to its own UDP port). [`close`](Self::close) stops the
+/// port when the command is done (an af_xdp port detaches its XDP
+/// program from the interface then).
 #[derive(Debug)]
 pub struct DpdkContext {
-    port: Port,
-    queue: SharedQueue,
+    open: Mutex<Option<Opened>>,
     ip: Option<Ipv4Addr>,
     next_udp: AtomicU16,
+}
+
+#[derive(Debug)]
+struct Opened {
+    port: Port,
+    queue: SharedQueue,
 }
 
 static CONTEXT: OnceLock<Result<DpdkContext, String>> = OnceLock::new();
@@ -184,8 +191,10 @@ impl DpdkContext {
                 .take_queue()
                 .ok_or_else(|| format!("DPDK port {}: no queue pair", a.dpdk_port))?;
             Ok(DpdkContext {
-                port,
-                queue: SharedQueue::new(queue),
+                open: Mutex::new(Some(Opened {
+                    port,
+                    queue: SharedQueue::new(queue),
+                })),
                 ip: a.dpdk_ip,
                 next_udp: AtomicU16::new(FIRST_UDP_PORT),
             })
@@ -203,10 +212,27 @@ impl DpdkContext {
         }
     }
 
+    /// Stop and close the port, if this process opened it, once every
+    /// link is gone (the command's runs are over); links made later fail.
+    pub fn close() {
+        if let Some(Ok(ctx)) = CONTEXT.get() {
+            let opened = ctx.lock().take();
+            drop(opened);
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Option<Opened>> {
+        self.open.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// A new link on the shared queue, bound to a UDP port of its own, at
     /// `ip`; its connections' peers are set by [`bootstrap`].
     pub fn link(&self, ip: Ipv4Addr) -> Result<DpdkLink, String> {
-        let info = self.port.info();
+        let open = self.lock();
+        let Some(Opened { port, queue }) = open.as_ref() else {
+            return Err("the DPDK port is closed".into());
+        };
+        let info = port.info();
         let mut last = None;
         // Ports of links that ended are free again; try a few.
         for _ in 0..64 {
@@ -216,7 +242,7 @@ impl DpdkContext {
                 ip,
                 port: udp,
             };
-            match DpdkLink::shared(&self.queue, info.mtu, LinkConfig::new(local, local)) {
+            match DpdkLink::shared(queue, info.mtu, LinkConfig::new(local, local)) {
                 Ok(link) => return Ok(link),
                 Err(e) => last = Some(e),
             }
@@ -251,7 +277,21 @@ impl DpdkContext {
 
     /// The port's counters, for the debug log.
     pub fn port_stats(&self) -> String {
-        format!("{:?}", self.port.stats())
+        match self.lock().as_ref() {
+            Some(o) => format!("{:?}", o.port.stats()),
+            None => "closed".into(),
+        }
+    }
+}
+
+/// Closes the DPDK port of the process ([`DpdkContext::close`]) when
+/// dropped: a command holds one for its duration.
+#[derive(Debug)]
+pub struct CloseOnDrop;
+
+impl Drop for CloseOnDrop {
+    fn drop(&mut self) {
+        DpdkContext::close();
     }
 }
 

@@ -958,6 +958,8 @@ pub fn main(args: SoakArgs) -> Result<bool, String> {
     let lay = layout(&args)?;
     #[cfg(feature = "dpdk")]
     if args.backend == "dpdk" {
+        // Stops the port when the soak is done.
+        let _dpdk = crate::dpdk::CloseOnDrop;
         crate::dpdk::DpdkContext::configure(&args.dpdk);
         let ctx = crate::dpdk::DpdkContext::get()?;
         // Both ends are in this process, bootstrapping over loopback.

@@ -910,6 +910,9 @@ pub fn main(args: BenchArgs) -> Result<(), String> {
     for b in &args.backends {
         b.check_available()?;
     }
+    // Stops the DPDK port, if one was opened, when the command is done.
+    #[cfg(feature = "dpdk")]
+    let _dpdk = crate::dpdk::CloseOnDrop;
     #[cfg(feature = "dpdk")]
     {
         crate::dpdk::DpdkContext::configure(&args.dpdk);
