@@ -15,8 +15,8 @@ use crate::ffi;
 /// transmit packets, one receive burst, and packets waiting in the
 /// software demultiplexer for another link of the queue.
 pub const SOFTWARE_MBUFS_PER_QUEUE: u32 = 1024;
-/// The af_xdp poll-mode driver fills its receive ring with this many
-/// mbufs per queue, whatever the descriptor count asked for.
+/// The af_xdp poll-mode driver needs at least this many mbufs per
+/// receive queue, whatever the descriptor count asked for.
 pub const AF_XDP_RX_MBUFS: u32 = 2048;
 /// Per-lcore mbuf cache of the pool.
 const POOL_CACHE: u32 = 64;
@@ -155,7 +155,7 @@ impl DeviceInfo {
         let why = format!(
             "{queues} queue pair(s) x ({rx} rx + {tx_desc} tx + {SOFTWARE_MBUFS_PER_QUEUE} in software{})",
             if self.driver == "net_af_xdp" {
-                format!("; net_af_xdp fills at least {AF_XDP_RX_MBUFS} per receive queue")
+                format!("; net_af_xdp needs at least {AF_XDP_RX_MBUFS} per receive queue")
             } else {
                 String::new()
             }
