@@ -23,7 +23,9 @@ stage() {
 }
 
 apt_deps() {
-    local want=(pkg-config libhwloc-dev libudev-dev protobuf-compiler)
+    # libdpdk-dev and libclang-dev: the dpdk backend (DPDK 22.11 through
+    # pkg-config; bindgen loads libclang).
+    local want=(pkg-config libhwloc-dev libudev-dev protobuf-compiler libdpdk-dev libclang-dev)
     local missing=()
     for p in "${want[@]}"; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -48,7 +50,7 @@ clippy() {
 test_default() { cargo test --workspace --locked; }
 test_each_feature() {
     # Every optional feature of the starwire package, alone.
-    for f in hwloc uring grpc; do
+    for f in hwloc uring grpc dpdk; do
         echo "--- feature $f"
         cargo test -p starwire --no-default-features --features "$f" --locked
     done
@@ -89,6 +91,7 @@ soak_faulted() {
     echo "faulted soak failed, as it must"
 }
 fuzz() { bash ci/fuzz.sh "$FUZZ_SECONDS"; }
+dpdk_netns() { bash ci/dpdk-netns.sh; }
 train_check() {
     # The README's run command must work and come within 0.02 of the oracle
     # AUC (the bar is 0.01, measured and reported; CI leaves room
@@ -108,6 +111,7 @@ stage "clippy" clippy
 stage "test (default features)" test_default
 stage "test (each feature)" test_each_feature
 stage "test (all features)" test_all_features
+stage "dpdk between two network namespaces (af_packet, af_xdp, kernel UDP peer)" dpdk_netns
 stage "loom" loom
 stage "fuzz (frame decoder, deframer, handshake and PS codec, ${FUZZ_SECONDS}s)" fuzz
 stage "soak (tcp, ${SOAK_CONNECTIONS} connections, ${SOAK_SECONDS}s)" soak

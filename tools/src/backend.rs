@@ -18,6 +18,10 @@ pub enum Backend {
     /// The gRPC baseline (`starwire-grpc`): tonic, one HTTP/2 connection.
     #[cfg(feature = "grpc")]
     Grpc,
+    /// starwire sessions over DPDK (`starwire-dpdk`): the reliable-datagram
+    /// driver over a DPDK port.
+    #[cfg(feature = "dpdk")]
+    Dpdk,
 }
 
 impl Backend {
@@ -30,6 +34,30 @@ impl Backend {
             Backend::Uring => "uring",
             #[cfg(feature = "grpc")]
             Backend::Grpc => "grpc",
+            #[cfg(feature = "dpdk")]
+            Backend::Dpdk => "dpdk",
+        }
+    }
+
+    /// Whether `starwire train` and the report's training section run
+    /// over it.
+    pub fn trains(self) -> bool {
+        match self {
+            Backend::Raw => false,
+            #[cfg(feature = "dpdk")]
+            Backend::Dpdk => false,
+            _ => true,
+        }
+    }
+
+    /// Whether the run's data connections are TCP streams (all but dpdk,
+    /// whose data goes through the DPDK port; its TCP connection only
+    /// bootstraps).
+    pub fn data_over_tcp(self) -> bool {
+        match self {
+            #[cfg(feature = "dpdk")]
+            Backend::Dpdk => false,
+            _ => true,
         }
     }
 
@@ -40,6 +68,8 @@ impl Backend {
             Backend::Tcp => true,
             #[cfg(all(feature = "uring", target_os = "linux"))]
             Backend::Uring => true,
+            #[cfg(feature = "dpdk")]
+            Backend::Dpdk => true,
             _ => false,
         }
     }
@@ -72,6 +102,8 @@ impl Backend {
         v.push(Backend::Uring);
         #[cfg(feature = "grpc")]
         v.push(Backend::Grpc);
+        #[cfg(feature = "dpdk")]
+        v.push(Backend::Dpdk);
         v
     }
 }
@@ -96,10 +128,16 @@ pub fn missing_backend_hint(name: &str) -> Option<String> {
             "starwire has no RDMA verbs backend yet: its ring protocol runs \
              on a simulated NIC only (docs/backends/rdma.md); use --backends tcp"
         }
+        #[cfg(not(feature = "dpdk"))]
         "dpdk" => {
-            "starwire has no DPDK backend yet: its reliable-datagram core runs \
-             on a simulated link only (docs/backends/datagram.md); use \
-             --backends tcp"
+            "the dpdk backend is not compiled in; rebuild with \
+             `cargo build --release --features dpdk` (needs DPDK 22.11: \
+             libdpdk-dev, pkg-config, libclang-dev); use --backends tcp"
+        }
+        #[cfg(feature = "dpdk")]
+        "dpdk" => {
+            "training (train, ps, worker) does not run over the dpdk backend \
+             yet; bench and soak do (docs/backends/dpdk.md); use --backend tcp"
         }
         #[cfg(not(feature = "grpc"))]
         "grpc" => {
@@ -140,6 +178,8 @@ impl FromStr for Backend {
             "uring" | "io_uring" | "io-uring" => Ok(Backend::Uring),
             #[cfg(feature = "grpc")]
             "grpc" => Ok(Backend::Grpc),
+            #[cfg(feature = "dpdk")]
+            "dpdk" => Ok(Backend::Dpdk),
             other => Err(missing_backend_hint(other).unwrap_or_else(|| {
                 let names: Vec<&str> = Backend::compiled().iter().map(|b| b.name()).collect();
                 format!(

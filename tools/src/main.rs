@@ -5,6 +5,8 @@
 
 mod backend;
 mod bench;
+#[cfg(feature = "dpdk")]
+mod dpdk;
 mod failure;
 mod guard;
 mod info;

@@ -37,7 +37,7 @@ use starwire_telemetry::Telemetry;
 /// Options of `starwire soak`.
 #[derive(Debug, clap::Args)]
 pub struct SoakArgs {
-    /// Backend under test: tcp or uring.
+    /// Backend under test: tcp, uring or dpdk (when built in).
     #[arg(long, default_value = "tcp", value_parser = parse_soak_backend)]
     pub backend: String,
     /// Connections over loopback.
@@ -72,6 +72,10 @@ pub struct SoakArgs {
     pub json: bool,
     #[command(flatten)]
     pub metrics: crate::metrics::MetricsArgs,
+    /// Where DPDK runs (feature `dpdk`; backend dpdk).
+    #[cfg(feature = "dpdk")]
+    #[command(flatten)]
+    pub dpdk: crate::dpdk::DpdkArgs,
 }
 
 fn parse_soak_backend(s: &str) -> Result<String, String> {
@@ -79,6 +83,8 @@ fn parse_soak_backend(s: &str) -> Result<String, String> {
         "tcp" => Ok("tcp".to_owned()),
         #[cfg(all(feature = "uring", target_os = "linux"))]
         "uring" | "io_uring" | "io-uring" => Ok("uring".to_owned()),
+        #[cfg(feature = "dpdk")]
+        "dpdk" => Ok("dpdk".to_owned()),
         "raw" => Err("the raw baseline has no message layer to soak; use --backend tcp".into()),
         other => Err(
             crate::backend::missing_backend_hint_singular(other).unwrap_or_else(|| {
@@ -178,6 +184,95 @@ trait SoakDriver: Driver + Send + 'static {
     fn fault_stats(&self, _conn: ConnId) -> FaultStats {
         FaultStats::default()
     }
+
+    /// The faults injected under the whole driver so far (a datagram
+    /// link shared by its connections), besides those of each connection.
+    fn driver_fault_stats(&self) -> FaultStats {
+        FaultStats::default()
+    }
+
+    /// Run first on the reactor thread that turns the driver.
+    fn on_reactor_thread(&self) {}
+}
+
+/// The DPDK datagram driver: reactor threads register with the EAL.
+#[cfg(feature = "dpdk")]
+impl SoakDriver for crate::dpdk::DpdkDriver {
+    fn on_reactor_thread(&self) {
+        if let Ok(ctx) = crate::dpdk::DpdkContext::get() {
+            ctx.register_thread();
+        }
+    }
+}
+
+/// The DPDK datagram driver with faults injected under its link.
+#[cfg(feature = "dpdk")]
+impl SoakDriver
+    for starwire_datagram::DatagramDriver<starwire_datagram::Impaired<starwire_dpdk::DpdkLink>>
+{
+    fn on_reactor_thread(&self) {
+        if let Ok(ctx) = crate::dpdk::DpdkContext::get() {
+            ctx.register_thread();
+        }
+    }
+
+    fn driver_fault_stats(&self) -> FaultStats {
+        let s = self.link().stats();
+        FaultStats {
+            dropped: s.lost,
+            corrupted: s.corrupted,
+            delayed: 0,
+            reordered: s.reordered,
+        }
+    }
+}
+
+/// `--faults` as the rates of a fault injector under a datagram link:
+/// drop is loss, corrupt flips bits, reorder and delay hold a packet back
+/// behind later ones (delay_ms at most).
+#[cfg(feature = "dpdk")]
+fn loss_config(f: FaultSpec) -> starwire_datagram::LossConfig {
+    starwire_datagram::LossConfig {
+        loss: f.drop,
+        corrupt: f.corrupt,
+        reorder: (f.reorder + f.delay).min(1.0),
+        reorder_hold: f.delay_for,
+        ..starwire_datagram::LossConfig::lossless(1500)
+    }
+}
+
+/// A DPDK reactor polls its queue and never parks, and both ends share
+/// the port's one queue in this process: one reactor a side unless the
+/// flags ask for more.
+#[cfg(feature = "dpdk")]
+fn dpdk_reactors(mut args: SoakArgs) -> SoakArgs {
+    if args.backend == "dpdk" {
+        args.client_reactors.get_or_insert(1);
+        args.server_reactors.get_or_insert(1);
+    }
+    args
+}
+
+/// The attacher of the DPDK backend: each soak connection's stream
+/// carries the bootstrap of that one connection (addresses and ids), and
+/// then only its close.
+#[cfg(feature = "dpdk")]
+fn dpdk_attacher<L: crate::dpdk::OnDpdk>(
+    _first: u64,
+    _step: u64,
+) -> fn(&mut starwire_datagram::DatagramDriver<L>, TcpStream) -> Result<ConnId, TransportError> {
+    dpdk_attach
+}
+
+#[cfg(feature = "dpdk")]
+fn dpdk_attach<L: crate::dpdk::OnDpdk>(
+    d: &mut starwire_datagram::DatagramDriver<L>,
+    s: TcpStream,
+) -> Result<ConnId, TransportError> {
+    let ids = crate::dpdk::bootstrap(d, &s, 1).map_err(TransportError::Link)?;
+    ids.first()
+        .copied()
+        .ok_or_else(|| TransportError::Link("DPDK bootstrap gave no connection".into()))
 }
 
 #[cfg(all(feature = "uring", target_os = "linux"))]
@@ -194,6 +289,7 @@ impl SoakDriver for Links<Faulty<TcpTransport>> {
 /// The faults injected on every connection `sessions` holds.
 fn fault_counts<D: SoakDriver>(sessions: &Sessions<D>) -> FaultCounts {
     let mut f = FaultCounts::default();
+    f.add(sessions.driver().driver_fault_stats());
     for id in sessions.ids() {
         f.add(sessions.driver().fault_stats(id));
     }
@@ -717,6 +813,7 @@ fn run_soak<D: SoakDriver, A: Attach<D>>(
         let attach = attacher(SERVER_LINKS + k as u64, ns as u64);
         let cfg = conn_config(TaskRole::Ps, 256);
         let r = Reactor::spawn(spec(nc + k, lay.server_cpus[k], lay.idle), move |_| {
+            driver.on_reactor_thread();
             Endpoint::new(driver, SoakServer::default(), cfg).with_inbox_attach(rx, attach)
         });
         match r {
@@ -758,17 +855,25 @@ fn run_clients<D: SoakDriver, A: Attach<D>>(
 ) -> Result<(Counts, FaultCounts), String> {
     let (nc, ns) = (drivers.len(), lay.server_cpus.len());
     let deadline = Instant::now() + DIAL_TIMEOUT;
-    let mut streams: Vec<Vec<(TcpStream, u32)>> = (0..nc).map(|_| Vec::new()).collect();
+    let mut drivers = drivers;
+    let mut attachers: Vec<A> = (0..nc).map(|k| attacher(k as u64, nc as u64)).collect();
+    let mut groups: Vec<Vec<(ConnId, u32)>> = (0..nc).map(|_| Vec::new()).collect();
     for i in 0..args.connections {
         let shard = (i % ns) as u32;
+        let k = i % nc;
         let s = dial(addr, shard, deadline).map_err(|e| e.to_string())?;
-        streams[i % nc].push((s, shard));
+        // Attached before the next dial: a backend whose ends exchange
+        // addresses over the stream (dpdk) finishes each exchange while
+        // the server reactors have no other stream to wait on.
+        let id =
+            attachers[k](&mut drivers[k], s).map_err(|e| format!("attaching a connection: {e}"))?;
+        groups[k].push((id, shard));
     }
     let start = Instant::now();
     let stop_sending = start + Duration::from_secs_f64(args.duration);
     let give_up = stop_sending + Duration::from_secs_f64(args.drain);
     let mut client_reactors = Vec::with_capacity(nc);
-    for (k, (driver, group)) in drivers.into_iter().zip(streams).enumerate() {
+    for (k, (driver, group)) in drivers.into_iter().zip(groups).enumerate() {
         let client = SoakClient {
             first: k as u64,
             step: nc as u64,
@@ -785,15 +890,15 @@ fn run_clients<D: SoakDriver, A: Attach<D>>(
             cells: SoakCells::new(&lay.telemetry),
         };
         let mut ep = Endpoint::new(driver, client, conn_config(TaskRole::Worker, 256));
-        let mut attach = attacher(k as u64, nc as u64);
         let now = Instant::now();
-        for (s, shard) in group {
-            let id = attach(ep.sessions_mut().driver_mut(), s)
-                .map_err(|e| format!("attaching a connection: {e}"))?;
+        for (id, shard) in group {
             ep.open(id, shard, now);
         }
-        let r = Reactor::spawn(spec(k, lay.client_cpus[k], lay.idle), move |_| ep)
-            .map_err(|e| format!("client reactor {k}: {e}"))?;
+        let r = Reactor::spawn(spec(k, lay.client_cpus[k], lay.idle), move |_| {
+            ep.sessions().driver().on_reactor_thread();
+            ep
+        })
+        .map_err(|e| format!("client reactor {k}: {e}"))?;
         client_reactors.push(r);
     }
     let mut progress_at = Instant::now() + Duration::from_secs(5);
@@ -880,8 +985,40 @@ pub(crate) fn validate(args: &SoakArgs) -> Result<(), String> {
 pub fn main(args: SoakArgs) -> Result<bool, String> {
     validate(&args)?;
     let rss_start_kb = rss_kb();
+    #[cfg(feature = "dpdk")]
+    let args = dpdk_reactors(args);
     let lay = layout(&args)?;
     let _metrics = args.metrics.serve(&lay.telemetry)?;
+    #[cfg(feature = "dpdk")]
+    if args.backend == "dpdk" {
+        // Stops the port when the soak is done.
+        let _dpdk = crate::dpdk::CloseOnDrop;
+        crate::dpdk::DpdkContext::configure(&args.dpdk);
+        let ctx = crate::dpdk::DpdkContext::get()?;
+        // Both ends are in this process, bootstrapping over loopback.
+        let ip = ctx.ip_or_loopback();
+        let cfg = starwire_datagram::ReliableConfig::default();
+        let out = match args.faults {
+            None => {
+                let make = || ctx.driver(ip, cfg.clone());
+                run_soak(&args, &lay, make, dpdk_attacher)?
+            }
+            // Faults under every link: the reliability core repairs them,
+            // so this soak must pass.
+            Some(spec) => {
+                let seed = std::sync::atomic::AtomicU64::new(spec.seed);
+                let make = || {
+                    let s = seed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let link =
+                        starwire_datagram::Impaired::new(ctx.link(ip)?, loss_config(spec), s);
+                    starwire_datagram::DatagramDriver::new(link, cfg.clone())
+                        .map_err(|e| format!("dpdk driver: {e}"))
+                };
+                run_soak(&args, &lay, make, dpdk_attacher)?
+            }
+        };
+        return report(&args, &lay, rss_start_kb, out);
+    }
     #[cfg(all(feature = "uring", target_os = "linux"))]
     if args.backend == "uring" {
         crate::backend::Backend::Uring.check_available()?;

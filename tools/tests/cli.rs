@@ -261,9 +261,17 @@ fn unknown_backend_names_the_missing_feature() {
         e.contains("no RDMA verbs backend yet") && e.contains("simulated NIC"),
         "{e}"
     );
-    let out = run(&["soak", "--backend", "dpdk", "--duration", "1"]);
-    assert!(!out.status.success());
-    assert!(text(&out.stderr).contains("no DPDK backend yet"));
+    if cfg!(feature = "dpdk") {
+        let out = run(&["train", "--backend", "dpdk"]);
+        assert!(!out.status.success());
+        let e = text(&out.stderr);
+        assert!(e.contains("does not run over the dpdk backend yet"), "{e}");
+    } else {
+        let out = run(&["soak", "--backend", "dpdk", "--duration", "1"]);
+        assert!(!out.status.success());
+        let e = text(&out.stderr);
+        assert!(e.contains("--features dpdk"), "{e}");
+    }
 }
 
 #[test]
@@ -1074,4 +1082,114 @@ fn report_quick_writes_markdown_json_and_svg_plots() {
     }
     let t = read("train.svg");
     assert!(t.starts_with("<svg") && t.trim_end().ends_with("</svg>"));
+}
+
+/// EAL arguments of a DPDK port in the process, no hugepages or devices.
+#[cfg(feature = "dpdk")]
+const NET_RING: &str = "--no-huge --no-pci --no-shconf -m 512 --vdev=net_ring0";
+
+/// Bench and soak over DPDK on a net_ring port, both ends in one process
+/// (each run is a process of its own: the EAL initialises once).
+#[cfg(feature = "dpdk")]
+#[test]
+fn bench_and_soak_run_over_dpdk_on_net_ring() {
+    let out = run(&[
+        "bench",
+        "--backends",
+        "tcp,dpdk",
+        "--eal",
+        NET_RING,
+        "--mode",
+        "lat,rate",
+        "--iters",
+        "300",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let rows: Vec<serde_json::Value> = text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON row"))
+        .collect();
+    let got: Vec<(String, String)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["backend"].as_str().unwrap().to_owned(),
+                r["mode"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    for want in [
+        ("tcp", "lat"),
+        ("dpdk", "lat"),
+        ("tcp", "rate"),
+        ("dpdk", "rate"),
+    ] {
+        assert!(
+            got.contains(&(want.0.to_owned(), want.1.to_owned())),
+            "{want:?} in {got:?}"
+        );
+    }
+    for r in rows.iter().filter(|r| r["backend"] == "dpdk") {
+        assert!(r["msgs_per_s"].as_f64().unwrap() > 0.0, "{r}");
+        assert_eq!(r["iters"], 300, "{r}");
+    }
+
+    let out = run(&[
+        "soak",
+        "--backend",
+        "dpdk",
+        "--eal",
+        NET_RING,
+        "--connections",
+        "8",
+        "--duration",
+        "2",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let r: serde_json::Value = serde_json::from_str(text(&out.stdout).trim()).unwrap();
+    assert_eq!(r["passed"], true, "{r}");
+    assert_eq!(r["backend"], "dpdk");
+    assert!(r["messages"].as_u64().unwrap() > 0, "{r}");
+
+    // Faults injected under both DPDK links are repaired by the
+    // reliability core: unlike tcp's, this soak must pass.
+    let out = run(&[
+        "soak",
+        "--backend",
+        "dpdk",
+        "--eal",
+        NET_RING,
+        "--connections",
+        "8",
+        "--duration",
+        "2",
+        "--faults",
+        "drop=0.05,reorder=0.05,corrupt=0.01,seed=3",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let r: serde_json::Value = serde_json::from_str(text(&out.stdout).trim()).unwrap();
+    assert_eq!(r["passed"], true, "{r}");
+    assert_eq!(r["lost"], 0, "{r}");
+    let f = &r["faults_injected"];
+    for k in ["dropped", "reordered", "corrupted"] {
+        assert!(f[k].as_u64().unwrap() > 0, "{k} injected: {r}");
+    }
+
+    // A bad EAL argument is the command's error, with DPDK's reason.
+    let out = run(&[
+        "bench",
+        "--backends",
+        "dpdk",
+        "--eal",
+        "--no-huge --starwire-bogus",
+    ]);
+    assert!(!out.status.success());
+    let e = text(&out.stderr);
+    assert!(
+        e.contains("EAL initialisation") && e.contains("--starwire-bogus"),
+        "{e}"
+    );
 }

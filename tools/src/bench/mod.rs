@@ -10,6 +10,8 @@
 //! and hands the stream on. Without `--listen`/`--connect` the server side
 //! runs on a thread of the same process.
 
+#[cfg(feature = "dpdk")]
+mod dpdk;
 #[cfg(feature = "grpc")]
 mod grpc;
 mod raw;
@@ -313,7 +315,7 @@ fn median_line(lines: &[ResultLine]) -> ResultLine {
 pub struct BenchArgs {
     /// Backends to compare, comma-separated: raw (plain sockets baseline),
     /// tcp, uring (with the `uring` feature, on by default on Linux), grpc
-    /// (with the `grpc` feature).
+    /// (with the `grpc` feature), dpdk (with the `dpdk` feature and --eal).
     #[arg(long, value_delimiter = ',', default_value = "raw,tcp")]
     pub backends: Vec<Backend>,
     /// What to measure (comma-separated list allowed).
@@ -372,6 +374,10 @@ pub struct BenchArgs {
     /// --listen needs one, or --insecure).
     #[command(flatten)]
     pub token: crate::guard::TokenArgs,
+    /// Where DPDK runs (feature `dpdk`; backend dpdk).
+    #[cfg(feature = "dpdk")]
+    #[command(flatten)]
+    pub dpdk: crate::dpdk::DpdkArgs,
 }
 
 /// `--cores C,S`.
@@ -532,6 +538,8 @@ fn serve(
                 .and_then(|d| sessions::serve(d, data, want, &run, core, idle)),
             #[cfg(feature = "grpc")]
             Backend::Grpc => accept_one(data).and_then(|s| grpc::serve(s, &run)),
+            #[cfg(feature = "dpdk")]
+            Backend::Dpdk => dpdk::serve(data, want, &run, core, idle),
         };
         let msg = match &res {
             Ok(()) => ServerMsg::Done {
@@ -686,7 +694,9 @@ fn drive(plan: &Plan, ctl_addr: SocketAddr) -> Result<Vec<ResultLine>, String> {
         // before `ready`, so one attempt each (no retry).
         let addr = SocketAddr::new(ctl_addr.ip(), port).to_string();
         let want = data_connections(run);
+        // Over DPDK the data listener only bootstraps: no data streams.
         let streams = (0..want)
+            .filter(|_| run.backend.data_over_tcp())
             .map(|_| dial(&addr, 0, Instant::now()))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| format!("data connection: {e}"))?;
@@ -702,6 +712,14 @@ fn drive(plan: &Plan, ctl_addr: SocketAddr) -> Result<Vec<ResultLine>, String> {
             Backend::Grpc => {
                 one_stream(streams).and_then(|s| grpc::client(s, run, plan.client_core))
             }
+            #[cfg(feature = "dpdk")]
+            Backend::Dpdk => dpdk::client(
+                SocketAddr::new(ctl_addr.ip(), port),
+                want,
+                run,
+                plan.client_core,
+                client_idle,
+            ),
         };
         match recv_line::<ServerMsg>(&mut r)? {
             ServerMsg::Done { ok: true, .. } => {}
@@ -929,6 +947,19 @@ pub fn main(args: BenchArgs) -> Result<(), String> {
     let has_token = token.is_some();
     // Set once per process; a second `main` (tests) keeps the first.
     let _ = sessions::BENCH_TOKEN.set(token);
+    // Stops the DPDK port, if one was opened, when the command is done.
+    #[cfg(feature = "dpdk")]
+    let _dpdk = crate::dpdk::CloseOnDrop;
+    #[cfg(feature = "dpdk")]
+    {
+        crate::dpdk::DpdkContext::configure(&args.dpdk);
+        // The client opens the port before the first run, so a bad EAL
+        // argument or port is the command's error; a --listen server opens
+        // it at its first dpdk run.
+        if args.listen.is_none() && args.backends.contains(&Backend::Dpdk) {
+            crate::dpdk::DpdkContext::get()?;
+        }
+    }
     if let Some(listen) = &args.listen {
         let addr = resolve_addr(listen)?;
         if let Err(e) = starwire_train::cluster::check_listen(addr, has_token, args.token.insecure)

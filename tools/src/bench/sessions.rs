@@ -39,7 +39,7 @@ pub fn tcp_config(max_payload: usize) -> TcpConfig {
 }
 
 /// A driver the bench runs over, with its counters.
-pub trait BenchDriver: StreamDriver + Send + 'static {
+pub trait BenchDriver: Driver + Send + 'static {
     /// System calls the driver made so far for every connection (reactor
     /// parks in `poll(2)` not included; parks in the driver's own wait
     /// are).
@@ -266,7 +266,7 @@ impl<D: Driver> Service<D> for EchoServer {
 /// Serve the run's `want` data connections, accepted on `data` (each
 /// with its preamble for shard 0), with `driver` on a reactor pinned to
 /// `core`; returns when the client has closed all of them.
-pub fn serve<D: BenchDriver>(
+pub fn serve<D: BenchDriver + StreamDriver>(
     driver: D,
     data: TcpListener,
     want: usize,
@@ -288,8 +288,45 @@ pub fn serve<D: BenchDriver>(
             return Err(format!("data acceptor: {e}"));
         }
     };
-    let (server, rstats) = reactor.join().map_err(|e| format!("server reactor: {e}"))?;
+    let joined = reactor.join();
     drop(acceptor);
+    server_outcome(joined)
+}
+
+/// Serve the connections `ids`, already connected on `driver` (a
+/// datagram driver whose ends exchanged ids out of band), on a reactor
+/// pinned to `core` that runs `on_thread` first; returns when the client
+/// has closed all of them.
+#[cfg(feature = "dpdk")]
+pub fn serve_opened<D: BenchDriver>(
+    driver: D,
+    ids: Vec<ConnId>,
+    run: &Run,
+    core: Option<usize>,
+    idle: IdlePolicy,
+    on_thread: impl FnOnce() + Send + 'static,
+) -> Result<(), String> {
+    let cfg = conn_config(TaskRole::Ps, window_for(run));
+    let reactor = Reactor::spawn(spec(1, core, idle), move |_| {
+        on_thread();
+        let mut ep = Endpoint::new(driver, EchoServer::new(ids.len()), cfg);
+        let now = Instant::now();
+        for id in ids {
+            ep.open(id, 0, now);
+        }
+        ep
+    })
+    .map_err(|e| format!("server reactor: {e}"))?;
+    server_outcome(reactor.join())
+}
+
+type Joined<D, S> = Result<
+    (Endpoint<D, S>, starwire_transport::reactor::ReactorStats),
+    starwire_transport::reactor::ReactorError,
+>;
+
+fn server_outcome<D: BenchDriver>(joined: Joined<D, EchoServer>) -> Result<(), String> {
+    let (server, rstats) = joined.map_err(|e| format!("server reactor: {e}"))?;
     tracing::debug!(
         reactor = ?rstats,
         backend = %server.sessions().driver().counters(),
@@ -633,7 +670,7 @@ impl<D: Driver> Service<D> for LoadGen {
 /// Run the load generator of `run` over `streams` (the run's data
 /// connections, dialed), attached to `driver`, on a client reactor pinned
 /// to `core`.
-pub fn client<D: BenchDriver>(
+pub fn client<D: BenchDriver + StreamDriver>(
     driver: D,
     streams: Vec<TcpStream>,
     run: &Run,
@@ -653,7 +690,41 @@ pub fn client<D: BenchDriver>(
     }
     let reactor = Reactor::spawn(spec(0, core, idle), move |_| ep)
         .map_err(|e| format!("client reactor: {e}"))?;
-    let (ep, rstats) = reactor.join().map_err(|e| format!("client reactor: {e}"))?;
+    client_outcome(reactor.join())
+}
+
+/// Run the load generator of `run` over the connections `ids`, already
+/// connected on `driver`, on a client reactor pinned to `core` that runs
+/// `on_thread` first.
+#[cfg(feature = "dpdk")]
+pub fn client_opened<D: BenchDriver>(
+    driver: D,
+    ids: Vec<ConnId>,
+    run: &Run,
+    core: Option<usize>,
+    idle: IdlePolicy,
+    on_thread: impl FnOnce() + Send + 'static,
+) -> Result<Measured, String> {
+    let cfg = conn_config(TaskRole::Worker, window_for(run));
+    let gen = LoadGen {
+        ids: Vec::with_capacity(ids.len()),
+        st: GenState::new(run),
+    };
+    let reactor = Reactor::spawn(spec(0, core, idle), move |_| {
+        on_thread();
+        let mut ep = Endpoint::new(driver, gen, cfg);
+        let now = Instant::now();
+        for id in ids {
+            ep.open(id, 0, now);
+        }
+        ep
+    })
+    .map_err(|e| format!("client reactor: {e}"))?;
+    client_outcome(reactor.join())
+}
+
+fn client_outcome<D: BenchDriver>(joined: Joined<D, LoadGen>) -> Result<Measured, String> {
+    let (ep, rstats) = joined.map_err(|e| format!("client reactor: {e}"))?;
     let (gen, sessions) = ep.into_parts();
     // Each park outside the driver is one poll(2), and one read(2) of the
     // reactor's eventfd when a wake-up ended it; each request is two

@@ -245,7 +245,7 @@ fn train_cases(backends: &[Backend], quick: bool) -> Vec<TrainCase> {
         steps: if quick { 10 } else { 200 },
     };
     let mut out = Vec::new();
-    for &b in backends.iter().filter(|&&b| b != Backend::Raw) {
+    for &b in backends.iter().filter(|&&b| b.trains()) {
         for fusion in [true, false] {
             out.push(case(b.name(), fusion));
         }
@@ -265,7 +265,14 @@ pub fn main(args: ReportArgs, train: Option<&dyn TrainSuite>) -> Result<(), Stri
             args.duration
         ));
     }
-    let backends = args.backends.clone().unwrap_or_else(Backend::compiled);
+    // dpdk needs EAL arguments and a port: a report includes it only
+    // when --backends names it.
+    let backends = args.backends.clone().unwrap_or_else(|| {
+        Backend::compiled()
+            .into_iter()
+            .filter(|b| b.data_over_tcp())
+            .collect()
+    });
     if backends.is_empty() {
         return Err("--backends must not be empty".into());
     }

@@ -46,8 +46,8 @@ pub enum DatagramError {
 pub struct DatagramStats {
     /// `flush` calls.
     pub flushes: u64,
-    /// Bursts handed to the link (`tx_burst_flush`): at most one per
-    /// flush, whatever the number of connections with packets.
+    /// Bursts that handed packets to the link (`tx_burst_flush`): at most
+    /// one per flush, whatever the number of connections with packets.
     pub tx_bursts: u64,
     /// Packets in those bursts.
     pub packets_sent: u64,
@@ -417,14 +417,16 @@ impl<L: DatagramLink> Driver for DatagramDriver<L> {
         if let Some(e) = commit_error {
             self.fail_all(&e);
         }
-        if written > 0 {
-            match self.link.tx_burst_flush(now) {
-                Ok(sent) => {
-                    self.stats.tx_bursts += 1;
-                    self.stats.packets_sent += sent as u64;
-                }
-                Err(e) => self.fail_all(&e),
+        // Every flush offers the link its queued packets, new or not: a
+        // device whose transmit ring was full keeps the rest queued, and
+        // they leave with the next burst even when nothing new is written.
+        match self.link.tx_burst_flush(now) {
+            Ok(0) => {}
+            Ok(sent) => {
+                self.stats.tx_bursts += 1;
+                self.stats.packets_sent += sent as u64;
             }
+            Err(e) => self.fail_all(&e),
         }
         self.take_failures();
         written > 0

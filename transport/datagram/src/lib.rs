@@ -17,7 +17,10 @@
 //!   connection, packets routed by the connection id in their header, one
 //!   burst per flush and per receive pass.
 //! * [`LossyLink`]: an in-memory link pair that loses, duplicates, reorders
-//!   and corrupts packets deterministically per seed, for tests.
+//!   and corrupts packets deterministically per seed, for tests;
+//!   [`Impaired`] does the same to what is sent over any other link (a
+//!   real DPDK port).
+//! * [`udp`]: the Ethernet/IPv4/UDP encapsulation of the DPDK backend.
 //!
 //! The packet format and protocol rules are in [`packet`] and in
 //! `docs/backends/datagram.md`.
@@ -26,12 +29,15 @@
 
 pub mod core;
 pub mod driver;
+pub mod impair;
 pub mod link;
 pub mod lossy;
 pub mod packet;
+pub mod udp;
 
 pub use crate::core::{ConfigError, ConnIds, CoreStats, ReliableConfig, ReliableCore};
 pub use crate::driver::{DatagramDriver, DatagramError, DatagramStats, MAX_CONNECTIONS};
+pub use crate::impair::{ImpairStats, Impaired};
 pub use crate::link::{DatagramLink, LinkError};
 pub use crate::lossy::{LinkStats, LossConfig, LossyLink};
 pub use crate::packet::{PacketError, PacketFlags, PacketHeader, PACKET_HEADER_LEN};

@@ -41,6 +41,15 @@ pub const PACKET_VERSION: u8 = 2;
 /// Sequence numbers a `sack` bitmap covers beyond the cumulative ack.
 pub const SACK_BITS: u32 = 64;
 
+/// The `dst_conn` field of a packet's header, read without any check (a
+/// link that sends each connection's packets to that connection's peer
+/// reads it from the packets it is handed); `None` if `packet` is too
+/// short to hold it.
+pub fn peek_dst_conn(packet: &[u8]) -> Option<u32> {
+    let b = packet.get(4..8)?;
+    Some(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+}
+
 /// Packet flag bits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct PacketFlags(u8);

@@ -1,8 +1,9 @@
 //! Stable-toolchain mutation fuzzers for starwire's parsers: every wire
 //! decoder through [`starwire_wire::decode_any`] ([`Decode`], driver
 //! `fuzz-decode`), the stream [`starwire_wire::Deframer`] ([`Deframe`],
-//! driver `fuzz-deframe`), and the PS codec through the shard's request
-//! handlers ([`ps::Handlers`], driver `fuzz-ps-proto`).
+//! driver `fuzz-deframe`), the PS codec through the shard's request
+//! handlers ([`ps::Handlers`], driver `fuzz-ps-proto`), and the DPDK
+//! backend's Ethernet/IPv4/UDP parser ([`Udp`], driver `fuzz-udp`).
 //!
 //! * [`seeds`] builds a seed corpus of valid encoded frames of every opcode,
 //!   chunked messages and multi-frame streams.
@@ -58,10 +59,12 @@ use starwire_wire::{decode_any, DecodeSummary, FrameError, Limits};
 mod decode;
 mod deframe;
 mod mutate;
+pub mod udp;
 
 pub use decode::Decode;
 pub use deframe::{check_deframe, Deframe, DeframeOutcome, Feed};
 pub use mutate::{Frames, Mutation, Mutator};
+pub use udp::{Packets, Udp};
 
 /// Limits used for half of the runs: small, so chunking and `Oversized`
 /// are easy to reach.

@@ -1,0 +1,32 @@
+//! The DPDK backend of starwire: kernel bypass over DPDK poll-mode
+//! drivers (`net_ring`, `net_af_packet`, `net_af_xdp`, PCI NICs).
+//!
+//! * [`Eal`]: the EAL, initialised once per process from `--eal "ARGS"`
+//!   or `STARWIRE_EAL_ARGS`, and [`Eal::register_thread`] for reactor
+//!   threads DPDK did not start.
+//! * [`Port`]: a port by index, its rx/tx queue pairs, one mempool sized
+//!   from their depths, its MTU, MAC, link and counters.
+//! * [`DpdkLink`]: a [`DatagramLink`](starwire_datagram::DatagramLink)
+//!   over one queue pair, carrying each datagram in Ethernet/IPv4/UDP
+//!   ([`starwire_datagram::udp`]); under a
+//!   [`DatagramDriver`](starwire_datagram::DatagramDriver) it is one
+//!   reactor's driver. Links that share a queue pair go through a
+//!   [`SharedQueue`], which demultiplexes by UDP destination port.
+//!
+//! Every call into DPDK is in the private `ffi` module, the only place
+//! this crate allows `unsafe`; the raw bindings are `starwire-dpdk-sys`.
+//! `docs/backends/dpdk.md` says what runs and how.
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod eal;
+pub mod error;
+#[allow(unsafe_code)]
+mod ffi;
+pub mod link;
+pub mod port;
+
+pub use crate::eal::{eal_args, split_args, Eal, EAL_ARGS_ENV};
+pub use crate::error::DpdkError;
+pub use crate::link::{DpdkLink, DpdkLinkStats, LinkConfig, SharedQueue};
+pub use crate::port::{DeviceInfo, LinkStatus, Port, PortConfig, PortQueue, PortStats};

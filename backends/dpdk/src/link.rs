@@ -1,0 +1,405 @@
+//! [`DpdkLink`]: the [`DatagramLink`] of one reactor over one DPDK queue
+//! pair, each datagram in an Ethernet/IPv4/UDP packet of its own mbuf.
+//!
+//! Transmit: [`tx_alloc`](DatagramLink::tx_alloc) takes an mbuf from the
+//! port's pool and lends its data room after the headers;
+//! [`tx_commit`](DatagramLink::tx_commit) writes the headers (checksums
+//! included) and queues the mbuf; [`tx_burst_flush`](DatagramLink::tx_burst_flush)
+//! is one `rte_eth_tx_burst` of the queue. Packets the device's ring has
+//! no room for stay queued, in order, for the next burst; `tx_alloc`
+//! refuses once [`LinkConfig::max_pending`] wait.
+//!
+//! Receive: [`rx_burst`](DatagramLink::rx_burst) is one `rte_eth_rx_burst`;
+//! each packet that passes the filter (EtherType IPv4, protocol UDP, not
+//! a fragment, our destination port, well-formed headers) is lent to the
+//! sink in place, its UDP payload straight from the mbuf, which goes back
+//! to the pool afterwards.
+//!
+//! A queue pair owned by one link is used without a lock. Links that share
+//! a queue pair (a port with fewer queues than reactors, or one
+//! `net_ring` port looping back to itself with both ends of a connection
+//! in one process) go through a [`SharedQueue`]: whichever link receives
+//! takes a burst and files each packet under the link bound to its UDP
+//! destination port, under the queue's lock.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use starwire_datagram::packet::peek_dst_conn;
+use starwire_datagram::udp::{self, UdpEndpoint, UdpRepr, HEADERS_LEN, IP_UDP_OVERHEAD};
+use starwire_datagram::{DatagramLink, LinkError};
+
+use crate::error::DpdkError;
+use crate::ffi::{self, Mbuf, Mempool};
+use crate::port::PortQueue;
+
+/// Packets a link's inbox in a [`SharedQueue`] holds; beyond it packets
+/// for that link are dropped (the reliability layer retransmits).
+const INBOX_CAPACITY: usize = 512;
+
+/// How a link sends and receives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinkConfig {
+    /// This end: the port's MAC, an IPv4 address and a UDP port.
+    pub local: UdpEndpoint,
+    /// Where every datagram goes.
+    pub peer: UdpEndpoint,
+    /// Packets per `rte_eth_rx_burst` at most.
+    pub rx_burst: u16,
+    /// Packets queued for transmission at most; `tx_alloc` refuses beyond.
+    pub max_pending: usize,
+}
+
+impl LinkConfig {
+    /// Defaults for the two ends: bursts of 32, up to 256 packets queued.
+    pub fn new(local: UdpEndpoint, peer: UdpEndpoint) -> Self {
+        Self {
+            local,
+            peer,
+            rx_burst: 32,
+            max_pending: 256,
+        }
+    }
+}
+
+/// Counters of one link.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DpdkLinkStats {
+    /// Packets the device took for transmission.
+    pub tx_packets: u64,
+    /// `rte_eth_tx_burst` calls.
+    pub tx_bursts: u64,
+    /// Bursts after which packets stayed queued (the device's ring was
+    /// full).
+    pub tx_ring_full: u64,
+    /// `tx_alloc` refusals for an empty pool.
+    pub tx_no_mbuf: u64,
+    /// `tx_alloc` refusals for [`LinkConfig::max_pending`] packets queued.
+    pub tx_pending_full: u64,
+    /// Packets lent to the sink.
+    pub rx_packets: u64,
+    /// `rte_eth_rx_burst` calls.
+    pub rx_bursts: u64,
+    /// Packets that were not IPv4/UDP to a port of ours.
+    pub rx_filtered: u64,
+    /// Packets to our port with bad headers (lengths, IPv4 checksum,
+    /// several segments).
+    pub rx_malformed: u64,
+    /// Packets dropped because the inbox of the link they were for was
+    /// full (shared queues).
+    pub rx_inbox_full: u64,
+}
+
+/// A queue pair several links use, each bound to its own UDP port.
+#[derive(Debug, Clone)]
+pub struct SharedQueue {
+    inner: Arc<Mutex<Demux>>,
+}
+
+#[derive(Debug)]
+struct Demux {
+    /// Packets received for each bound UDP port, not yet taken. Declared
+    /// before the queue: mbufs go back to the pool before the port can
+    /// stop.
+    inboxes: Vec<(u16, VecDeque<Mbuf>)>,
+    scratch: Vec<Mbuf>,
+    queue: ffi::Queue,
+}
+
+impl SharedQueue {
+    /// Share `queue` among links.
+    pub fn new(queue: PortQueue) -> Self {
+        Self {
+            inner: Arc::new(Mutex::new(Demux {
+                inboxes: Vec::new(),
+                scratch: Vec::new(),
+                queue: queue.0,
+            })),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Demux> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn bind(&self, udp_port: u16) -> Result<(), DpdkError> {
+        let mut d = self.lock();
+        if d.inboxes.iter().any(|(p, _)| *p == udp_port) {
+            return Err(DpdkError::UdpPortInUse {
+                queue: d.queue.index(),
+                udp_port,
+            });
+        }
+        d.inboxes.push((udp_port, VecDeque::new()));
+        Ok(())
+    }
+
+    fn unbind(&self, udp_port: u16) {
+        self.lock().inboxes.retain(|(p, _)| *p != udp_port);
+    }
+}
+
+#[derive(Debug)]
+enum Access {
+    Own(ffi::Queue),
+    Shared(SharedQueue),
+}
+
+/// One reactor's [`DatagramLink`] over a DPDK queue pair; see the
+/// module docs.
+#[derive(Debug)]
+pub struct DpdkLink {
+    // Mbuf holders first: they drop before the queue, so every mbuf is
+    // back in the pool before the port can stop and free it.
+    /// Committed packets the device has not taken yet, in order.
+    pending: Vec<Mbuf>,
+    /// The mbuf lent by the last `tx_alloc`, with the length lent.
+    cur: Option<(Mbuf, usize)>,
+    rx: Vec<Mbuf>,
+    cfg: LinkConfig,
+    /// Where the packets of each peer connection id go, when the link's
+    /// connections have different peers; others go to `cfg.peer`.
+    peers: HashMap<u32, UdpEndpoint>,
+    mtu: usize,
+    stats: DpdkLinkStats,
+    pool: Arc<Mempool>,
+    access: Access,
+}
+
+impl DpdkLink {
+    /// A link owning `queue`; the datagram MTU follows from the port's MTU
+    /// `port_mtu`.
+    pub fn new(queue: PortQueue, port_mtu: u16, cfg: LinkConfig) -> Self {
+        let pool = Arc::clone(queue.0.device().pool());
+        Self::with(Access::Own(queue.0), pool, port_mtu, cfg)
+    }
+
+    /// A link on a queue shared with other links, bound to the UDP port
+    /// `cfg.local.port`, which no other link of the queue may hold.
+    pub fn shared(queue: &SharedQueue, port_mtu: u16, cfg: LinkConfig) -> Result<Self, DpdkError> {
+        queue.bind(cfg.local.port)?;
+        let pool = Arc::clone(queue.lock().queue.device().pool());
+        Ok(Self::with(
+            Access::Shared(queue.clone()),
+            pool,
+            port_mtu,
+            cfg,
+        ))
+    }
+
+    fn with(access: Access, pool: Arc<Mempool>, port_mtu: u16, cfg: LinkConfig) -> Self {
+        let mtu = (usize::from(port_mtu).saturating_sub(IP_UDP_OVERHEAD))
+            .min(ffi::MBUF_DATA_ROOM - HEADERS_LEN);
+        Self {
+            pending: Vec::with_capacity(cfg.max_pending),
+            cur: None,
+            rx: Vec::with_capacity(usize::from(cfg.rx_burst)),
+            cfg,
+            peers: HashMap::new(),
+            mtu,
+            stats: DpdkLinkStats::default(),
+            pool,
+            access,
+        }
+    }
+
+    /// The link's settings.
+    pub fn config(&self) -> &LinkConfig {
+        &self.cfg
+    }
+
+    /// Send every later datagram to `peer`, unless its connection has a
+    /// peer of its own ([`add_peer`](Self::add_peer)).
+    pub fn set_peer(&mut self, peer: UdpEndpoint) {
+        self.cfg.peer = peer;
+    }
+
+    /// Send the datagrams addressed to the peer connection id `peer_conn`
+    /// (their `dst_conn`) to `peer`: the connections of one link may each
+    /// have another peer. Peers are learnt in an out-of-band exchange that
+    /// needs the link's connection ids first.
+    pub fn add_peer(&mut self, peer_conn: u32, peer: UdpEndpoint) {
+        self.peers.insert(peer_conn, peer);
+    }
+
+    /// Forget the peer of `peer_conn` (its connection ended).
+    pub fn remove_peer(&mut self, peer_conn: u32) {
+        self.peers.remove(&peer_conn);
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> DpdkLinkStats {
+        self.stats
+    }
+
+    /// Packets committed and not yet taken by the device.
+    pub fn pending(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Lend each received packet in `self.rx` to `sink` if it passes the
+    /// filter, and free them all.
+    fn lend(&mut self, sink: &mut dyn FnMut(&[u8])) -> usize {
+        let mut lent = 0;
+        for m in self.rx.drain(..) {
+            let data = m.data();
+            if m.segments() != 1 {
+                self.stats.rx_malformed += 1;
+                continue;
+            }
+            if udp::classify(data) != Some(self.cfg.local.port) {
+                self.stats.rx_filtered += 1;
+                continue;
+            }
+            match UdpRepr::parse(data) {
+                Ok((_, payload)) => {
+                    sink(payload);
+                    lent += 1;
+                }
+                Err(_) => self.stats.rx_malformed += 1,
+            }
+        }
+        self.stats.rx_packets += lent as u64;
+        lent
+    }
+}
+
+impl Drop for DpdkLink {
+    fn drop(&mut self) {
+        if let Access::Shared(q) = &self.access {
+            q.unbind(self.cfg.local.port);
+        }
+    }
+}
+
+impl DatagramLink for DpdkLink {
+    fn mtu(&self) -> usize {
+        self.mtu
+    }
+
+    /// Lends at most the mbuf's room after the headers (at least the MTU).
+    fn tx_alloc(&mut self, len: usize) -> Option<&mut [u8]> {
+        if self.pending.len() >= self.cfg.max_pending {
+            self.stats.tx_pending_full += 1;
+            return None;
+        }
+        let mut m = match self.cur.take() {
+            Some((m, _)) => m,
+            None => match self.pool.alloc() {
+                Some(m) => m,
+                None => {
+                    self.stats.tx_no_mbuf += 1;
+                    return None;
+                }
+            },
+        };
+        let len = len.min(m.room_mut().len().saturating_sub(HEADERS_LEN));
+        self.cur = Some((m, len));
+        let (m, _) = self.cur.as_mut()?;
+        Some(&mut m.room_mut()[HEADERS_LEN..HEADERS_LEN + len])
+    }
+
+    fn tx_commit(&mut self, len: usize) -> Result<(), LinkError> {
+        let Some((mut m, allocated)) = self.cur.take() else {
+            return Err(LinkError::BadCommit {
+                len,
+                allocated: None,
+            });
+        };
+        if len > allocated {
+            return Err(LinkError::BadCommit {
+                len,
+                allocated: Some(allocated),
+            });
+        }
+        if len > self.mtu {
+            return Err(LinkError::Oversized { len, mtu: self.mtu });
+        }
+        let room = m.room_mut();
+        let dst = if self.peers.is_empty() {
+            self.cfg.peer
+        } else {
+            peek_dst_conn(&room[HEADERS_LEN..HEADERS_LEN + len])
+                .and_then(|c| self.peers.get(&c).copied())
+                .unwrap_or(self.cfg.peer)
+        };
+        let repr = UdpRepr {
+            src: self.cfg.local,
+            dst,
+            payload_len: len,
+        };
+        repr.emit(room);
+        // The MTU bounds len far below u16::MAX.
+        m.set_len((HEADERS_LEN + len) as u16);
+        self.pending.push(m);
+        Ok(())
+    }
+
+    fn tx_burst_flush(&mut self, _now: Instant) -> Result<usize, LinkError> {
+        if self.pending.is_empty() {
+            return Ok(0);
+        }
+        let sent = match &mut self.access {
+            Access::Own(q) => q.tx_burst(&mut self.pending),
+            Access::Shared(s) => s.lock().queue.tx_burst(&mut self.pending),
+        };
+        self.stats.tx_bursts += 1;
+        self.stats.tx_packets += sent as u64;
+        if !self.pending.is_empty() {
+            self.stats.tx_ring_full += 1;
+        }
+        Ok(sent)
+    }
+
+    fn rx_burst(
+        &mut self,
+        _now: Instant,
+        max: usize,
+        sink: &mut dyn FnMut(&[u8]),
+    ) -> Result<usize, LinkError> {
+        let max = max.min(usize::from(self.cfg.rx_burst));
+        if max == 0 {
+            return Ok(0);
+        }
+        match &mut self.access {
+            Access::Own(q) => {
+                q.rx_burst(&mut self.rx, max as u16);
+                self.stats.rx_bursts += 1;
+            }
+            Access::Shared(s) => {
+                let mut d = s.lock();
+                let Demux {
+                    inboxes,
+                    scratch,
+                    queue,
+                } = &mut *d;
+                let me = self.cfg.local.port;
+                let Some(mine) = inboxes.iter().position(|(p, _)| *p == me) else {
+                    return Err(LinkError::Device(format!("UDP port {me} is not bound")));
+                };
+                let waiting = &mut inboxes[mine].1;
+                let n = max.min(waiting.len());
+                self.rx.extend(waiting.drain(..n));
+                if self.rx.len() < max {
+                    queue.rx_burst(scratch, (max - self.rx.len()) as u16);
+                    self.stats.rx_bursts += 1;
+                    for m in scratch.drain(..) {
+                        let to = udp::classify(m.data())
+                            .and_then(|p| inboxes.iter().position(|(q, _)| *q == p));
+                        match to {
+                            Some(i) if i == mine => self.rx.push(m),
+                            Some(i) if inboxes[i].1.len() < INBOX_CAPACITY => {
+                                inboxes[i].1.push_back(m);
+                            }
+                            Some(_) => self.stats.rx_inbox_full += 1,
+                            // Not for any link: filtered below, counted once.
+                            None => self.rx.push(m),
+                        }
+                    }
+                }
+            }
+        }
+        Ok(self.lend(sink))
+    }
+}

@@ -1,0 +1,274 @@
+//! The DPDK backend on a real DPDK port in one process: `net_ring0`, a
+//! ring-backed port whose transmit queue loops back to its own receive
+//! queue, without hugepages or PCI devices. The EAL initialises once per
+//! process, so every test that needs it is a step of the one test below.
+
+use std::net::Ipv4Addr;
+use std::time::Instant;
+
+use starwire_datagram::udp::UdpEndpoint;
+use starwire_datagram::{
+    DatagramDriver, DatagramLink, Impaired, LinkError, LossConfig, ReliableConfig,
+};
+use starwire_dpdk::{
+    DeviceInfo, DpdkError, DpdkLink, Eal, LinkConfig, Port, PortConfig, SharedQueue,
+};
+use starwire_transport::conformance::{self, DriverPair};
+
+const EAL_ARGS: &str = "--no-huge --no-pci --no-shconf -m 512 --vdev=net_ring0";
+
+fn endpoints(port: &Port, a_port: u16, b_port: u16) -> (UdpEndpoint, UdpEndpoint) {
+    let mac = port.info().mac;
+    let a = UdpEndpoint {
+        mac,
+        ip: Ipv4Addr::new(198, 18, 0, 1),
+        port: a_port,
+    };
+    let b = UdpEndpoint {
+        mac,
+        ip: Ipv4Addr::new(198, 18, 0, 2),
+        port: b_port,
+    };
+    (a, b)
+}
+
+fn link_pair(q: &SharedQueue, port: &Port, a_port: u16, b_port: u16) -> (DpdkLink, DpdkLink) {
+    let (ea, eb) = endpoints(port, a_port, b_port);
+    let mtu = port.info().mtu;
+    let a = DpdkLink::shared(q, mtu, LinkConfig::new(ea, eb)).expect("link a");
+    let b = DpdkLink::shared(q, mtu, LinkConfig::new(eb, ea)).expect("link b");
+    (a, b)
+}
+
+fn send(l: &mut DpdkLink, bytes: &[u8]) {
+    l.tx_alloc(bytes.len()).expect("tx_alloc")[..bytes.len()].copy_from_slice(bytes);
+    l.tx_commit(bytes.len()).expect("tx_commit");
+}
+
+fn recv_all(l: &mut DpdkLink) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    for _ in 0..100 {
+        let n = l
+            .rx_burst(Instant::now(), 64, &mut |p| out.push(p.to_vec()))
+            .expect("rx_burst");
+        if n == 0 && !out.is_empty() {
+            break;
+        }
+    }
+    out
+}
+
+#[test]
+fn net_ring_port() {
+    let eal = Eal::init(EAL_ARGS).expect("EAL");
+    assert!(std::ptr::eq(
+        eal,
+        Eal::init(&format!("  {EAL_ARGS} ")).unwrap()
+    ));
+    assert!(matches!(
+        Eal::init("--no-huge"),
+        Err(DpdkError::EalAlreadyInitialised { .. })
+    ));
+    eal.register_thread().expect("the main lcore is registered");
+    std::thread::spawn(move || {
+        let id = eal.register_thread().expect("register");
+        assert_eq!(eal.register_thread().unwrap(), id, "idempotent");
+    })
+    .join()
+    .unwrap();
+
+    assert_eq!(eal.ports(), 1);
+    let info = DeviceInfo::probe(eal, 0).expect("port 0");
+    assert_eq!(info.driver, "net_ring");
+    assert_eq!(info.name, "net_ring0");
+    assert!(info.mtu >= 1500, "{info:?}");
+    assert!(matches!(
+        DeviceInfo::probe(eal, 3),
+        Err(DpdkError::NoPort {
+            port: 3,
+            available: 1
+        })
+    ));
+    let few = PortConfig {
+        mbufs: Some(100),
+        ..PortConfig::default()
+    };
+    match Port::open(eal, &few) {
+        Err(DpdkError::TooFewMbufs { asked, need, .. }) => {
+            assert_eq!(asked, 100);
+            assert!(need >= 2048);
+        }
+        other => panic!("{other:?}"),
+    }
+
+    let mut port = Port::open(eal, &PortConfig::default()).expect("open");
+    assert!(port.info().link.up);
+    assert_eq!(port.queues(), 1);
+    assert!(port.mbufs() >= 3072);
+    let q = SharedQueue::new(port.take_queue().expect("queue 0"));
+
+    raw_datagrams(&port, &q);
+    conformance_over_net_ring(&port, &q);
+    conformance_under_injected_loss(&port, &q);
+}
+
+/// Datagrams both ways over one shared queue, the headers right, the
+/// device's ring full keeping packets pending, ports demultiplexed.
+fn raw_datagrams(port: &Port, q: &SharedQueue) {
+    let (mut a, mut b) = link_pair(q, port, 7000, 7001);
+    assert!(matches!(
+        DpdkLink::shared(q, port.info().mtu, *a.config()),
+        Err(DpdkError::UdpPortInUse { udp_port: 7000, .. })
+    ));
+    assert_eq!(a.mtu(), usize::from(port.info().mtu) - 28);
+    let before = port.stats().expect("stats");
+    for i in 0..10u8 {
+        send(&mut a, &[i; 100]);
+        send(&mut b, &[100 + i; 3]);
+    }
+    assert_eq!(a.tx_burst_flush(Instant::now()).unwrap(), 10);
+    assert_eq!(b.tx_burst_flush(Instant::now()).unwrap(), 10);
+    let at_b = recv_all(&mut b);
+    let at_a = recv_all(&mut a);
+    assert_eq!(at_b, (0..10u8).map(|i| vec![i; 100]).collect::<Vec<_>>());
+    assert_eq!(
+        at_a,
+        (0..10u8).map(|i| vec![100 + i; 3]).collect::<Vec<_>>()
+    );
+    let after = port.stats().expect("stats");
+    assert_eq!(after.opackets - before.opackets, 20);
+    assert_eq!(after.ipackets - before.ipackets, 20);
+
+    // The largest datagram; a longer commit is refused and not sent.
+    let mtu = a.mtu();
+    send(&mut a, &vec![7; mtu]);
+    assert!(a.tx_alloc(mtu + 1).is_some());
+    assert!(matches!(
+        a.tx_commit(mtu + 1),
+        Err(LinkError::Oversized { .. })
+    ));
+    a.tx_burst_flush(Instant::now()).unwrap();
+    assert_eq!(recv_all(&mut b), vec![vec![7; mtu]]);
+
+    // A packet to a UDP port nobody holds is dropped, not lent.
+    let (mut c, d) = link_pair(q, port, 7002, 7003);
+    drop(d);
+    send(&mut c, b"hello");
+    c.tx_burst_flush(Instant::now()).unwrap();
+    assert!(recv_all(&mut c).is_empty());
+    assert_eq!(c.stats().rx_filtered, 1, "{:?}", c.stats());
+
+    // Each peer connection id can have a peer of its own: the link reads
+    // dst_conn (bytes 4..8) of each datagram.
+    let (mut e, mut f) = link_pair(q, port, 7004, 7005);
+    let (_, g_end) = endpoints(port, 0, 7006);
+    let mut g = DpdkLink::shared(q, port.info().mtu, LinkConfig::new(g_end, g_end)).expect("g");
+    e.add_peer(77, g.config().local);
+    let to = |conn: u32| {
+        let mut p = vec![0u8; 12];
+        p[4..8].copy_from_slice(&conn.to_le_bytes());
+        p[8] = conn as u8;
+        p
+    };
+    send(&mut e, &to(77));
+    send(&mut e, &to(5));
+    e.tx_burst_flush(Instant::now()).unwrap();
+    assert_eq!(recv_all(&mut g), vec![to(77)]);
+    assert_eq!(
+        recv_all(&mut f),
+        vec![to(5)],
+        "others go to the link's peer"
+    );
+    drop((e, f, g));
+
+    // More packets than the ring takes stay pending, in order, and leave
+    // with later bursts.
+    let total = 3000usize;
+    let mut sent = 0usize;
+    let mut got: Vec<u32> = Vec::new();
+    let mut full_seen = false;
+    while got.len() < total {
+        while sent < total {
+            let Some(buf) = a.tx_alloc(4) else { break };
+            buf.copy_from_slice(&(sent as u32).to_le_bytes());
+            a.tx_commit(4).unwrap();
+            sent += 1;
+        }
+        a.tx_burst_flush(Instant::now()).unwrap();
+        full_seen |= a.pending() > 0;
+        b.rx_burst(Instant::now(), 64, &mut |p| {
+            got.push(u32::from_le_bytes([p[0], p[1], p[2], p[3]]));
+        })
+        .unwrap();
+    }
+    assert_eq!(got, (0..total as u32).collect::<Vec<_>>());
+    assert!(
+        full_seen && a.stats().tx_pending_full > 0,
+        "{:?}",
+        a.stats()
+    );
+}
+
+/// The shared conformance suite: 64 connections between two
+/// `DatagramDriver<DpdkLink>`s on one net_ring queue.
+fn conformance_over_net_ring(port: &Port, q: &SharedQueue) {
+    let before = port.stats().expect("stats");
+    let mut udp = 8000u16;
+    conformance::run_all_drivers("dpdk-net_ring", conformance::MIN_CONNECTIONS, |n| {
+        udp += 2;
+        let (la, lb) = link_pair(q, port, udp, udp + 1);
+        let cfg = ReliableConfig::default();
+        let mut a = DatagramDriver::new(la, cfg.clone()).expect("driver a");
+        let mut b = DatagramDriver::new(lb, cfg).expect("driver b");
+        let (mut a_ids, mut b_ids) = (Vec::new(), Vec::new());
+        for _ in 0..n {
+            let (ca, ia) = a.prepare().expect("prepare a");
+            let (cb, ib) = b.prepare().expect("prepare b");
+            a.connect(ca, ib).expect("connect a");
+            b.connect(cb, ia).expect("connect b");
+            a_ids.push(ca);
+            b_ids.push(cb);
+        }
+        DriverPair { a, a_ids, b, b_ids }
+    });
+    assert_eq!(udp, 8000 + 2 * 11, "a fresh driver pair per case");
+    let after = port.stats().expect("stats");
+    assert!(
+        after.opackets - before.opackets > 10_000,
+        "the suite's packets went through the port: {before:?} {after:?}"
+    );
+    // The last acknowledgements may still sit in the ring.
+    assert!(after.ipackets - before.ipackets <= after.opackets - before.opackets);
+}
+
+/// The suite again with 5 % loss, 2 % duplication and 5 % reordering
+/// injected under both real links: the reliability core repairs it all.
+fn conformance_under_injected_loss(port: &Port, q: &SharedQueue) {
+    let loss = LossConfig {
+        loss: 0.05,
+        duplicate: 0.02,
+        reorder: 0.05,
+        ..LossConfig::lossless(1500)
+    };
+    let mut udp = 9000u16;
+    conformance::run_all_drivers("dpdk-net_ring-5%", conformance::MIN_CONNECTIONS, |n| {
+        udp += 2;
+        let (la, lb) = link_pair(q, port, udp, udp + 1);
+        let la = Impaired::new(la, loss.clone(), u64::from(udp));
+        let lb = Impaired::new(lb, loss.clone(), u64::from(udp) + 1);
+        let cfg = ReliableConfig::default();
+        let mut a = DatagramDriver::new(la, cfg.clone()).expect("driver a");
+        let mut b = DatagramDriver::new(lb, cfg).expect("driver b");
+        let (mut a_ids, mut b_ids) = (Vec::new(), Vec::new());
+        for _ in 0..n {
+            let (ca, ia) = a.prepare().expect("prepare a");
+            let (cb, ib) = b.prepare().expect("prepare b");
+            a.connect(ca, ib).expect("connect a");
+            b.connect(cb, ia).expect("connect b");
+            a_ids.push(ca);
+            b_ids.push(cb);
+        }
+        DriverPair { a, a_ids, b, b_ids }
+    });
+    assert_eq!(udp, 9000 + 2 * 11, "a fresh driver pair per case");
+}

@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# The DPDK backend between two network namespaces, over real DPDK ports:
+# two veth pairs join namespace A and namespace B, vA/vB for the DPDK
+# ports (no kernel address on a DPDK side) and cA/cB with addresses for
+# the TCP control and bootstrap connections. For each poll-mode driver,
+# net_af_packet and net_af_xdp:
+#   * a two-process bench: `bench --listen` in A, `bench --connect
+#     --backends dpdk --mode lat,rate` in B, each with its own EAL and port;
+#   * the kernel-UDP check: a Linux UDP socket in B (vB gets an address
+#     for it) exchanges datagrams with a DpdkLink in A, so the kernel
+#     checks our IPv4/UDP headers and checksums
+#     (backends/dpdk/tests/kernel_peer.rs).
+# Prints one JSON line per result and a summary line; exits 0 only if all
+# pass. Needs root (ip netns). Cleans up after itself.
+# Usage: ci/dpdk-netns.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" != 0 ]; then
+    echo "ci/dpdk-netns.sh needs root (ip netns, veth, AF_XDP)" >&2
+    exit 1
+fi
+
+tag="sw$$"
+NS_A="${tag}a"
+NS_B="${tag}b"
+VA="${tag}va"
+VB="${tag}vb"
+CA="${tag}ca"
+CB="${tag}cb"
+CTL_A=10.99.0.1
+CTL_B=10.99.0.2
+DPDK_A=10.99.1.1
+DPDK_B=10.99.1.3
+KERNEL_B=10.99.1.2
+EAL="--no-huge --no-pci --no-shconf -m 512"
+LOG_DIR="$(mktemp -d)"
+
+cleanup() {
+    ip netns del "$NS_A" 2>/dev/null || true
+    ip netns del "$NS_B" 2>/dev/null || true
+    rm -rf "$LOG_DIR"
+}
+trap cleanup EXIT
+
+echo "--- building (debug) starwire with --features dpdk and the kernel-peer test" >&2
+cargo build --locked -q -p starwire --features dpdk
+cargo test --locked -q -p starwire-dpdk --test kernel_peer --no-run
+BIN="$PWD/target/debug/starwire"
+
+ip netns add "$NS_A"
+ip netns add "$NS_B"
+ip link add "$VA" netns "$NS_A" type veth peer name "$VB" netns "$NS_B"
+ip link add "$CA" netns "$NS_A" type veth peer name "$CB" netns "$NS_B"
+for ns in "$NS_A" "$NS_B"; do ip -n "$ns" link set lo up; done
+ip -n "$NS_A" link set "$VA" up
+ip -n "$NS_B" link set "$VB" up
+ip -n "$NS_A" link set "$CA" up
+ip -n "$NS_B" link set "$CB" up
+ip -n "$NS_A" addr add "$CTL_A/24" dev "$CA"
+ip -n "$NS_B" addr add "$CTL_B/24" dev "$CB"
+MAC_A=$(ip -n "$NS_A" -br link show "$VA" | awk '{print $3}')
+MAC_B=$(ip -n "$NS_B" -br link show "$VB" | awk '{print $3}')
+
+passed=0
+failed=0
+result() { # check ok driver [detail-json]
+    local ok=$2
+    if [ "$ok" = true ]; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+    echo "{\"check\":\"$1\",\"driver\":\"$3\",\"passed\":$ok${4:+,$4}}"
+}
+
+port=18700
+for driver in af_packet af_xdp; do
+    case $driver in
+        af_packet)
+            vdev_a="net_af_packet0,iface=$VA"
+            vdev_b="net_af_packet0,iface=$VB"
+            ;;
+        af_xdp)
+            vdev_a="net_af_xdp0,iface=$VA,start_queue=0,queue_count=1"
+            vdev_b="net_af_xdp0,iface=$VB,start_queue=0,queue_count=1"
+            ;;
+    esac
+
+    # Two-process bench: the server in A, the client (with the plan) in B.
+    port=$((port + 1))
+    ip netns exec "$NS_A" timeout 120 "$BIN" bench --listen "$CTL_A:$port" \
+        --eal "$EAL --vdev=$vdev_a" --dpdk-ip "$DPDK_A" \
+        >"$LOG_DIR/server-$driver.log" 2>&1 &
+    server=$!
+    ok=true
+    for _ in $(seq 50); do
+        grep -qs "waiting for a client" "$LOG_DIR/server-$driver.log" && break
+        sleep 0.1
+    done
+    if ! ip netns exec "$NS_B" timeout 120 "$BIN" bench --connect "$CTL_A:$port" \
+        --backends dpdk --eal "$EAL --vdev=$vdev_b" --dpdk-ip "$DPDK_B" \
+        --mode lat,rate --iters 5000 --json \
+        >"$LOG_DIR/client-$driver.json" 2>"$LOG_DIR/client-$driver.log"; then
+        ok=false
+    fi
+    wait "$server" || ok=false
+    # Each process stopped its port on the way out: no XDP program is left
+    # on the interfaces.
+    for end in "$NS_A $VA" "$NS_B $VB"; do
+        set -- $end
+        if ip -n "$1" link show "$2" | grep -q "xdp"; then
+            echo "an XDP program is still attached to $2" >&2
+            ok=false
+        fi
+    done
+    rows=$(grep -c '"backend":"dpdk"' "$LOG_DIR/client-$driver.json" || true)
+    [ "$rows" = 2 ] || ok=false
+    while read -r row; do
+        [ -n "$row" ] && echo "{\"check\":\"bench-row\",\"driver\":\"$driver\",\"row\":$row}"
+    done <"$LOG_DIR/client-$driver.json"
+    if [ "$ok" != true ]; then
+        tail -5 "$LOG_DIR/server-$driver.log" "$LOG_DIR/client-$driver.log" >&2 || true
+    fi
+    result bench "$ok" "$driver" "\"rows\":$rows"
+
+    # The kernel-UDP check: B's kernel gets an address on vB and a static
+    # neighbour entry for ours (the DPDK side answers no ARP).
+    ip -n "$NS_B" addr add "$KERNEL_B/24" dev "$VB"
+    ip -n "$NS_B" neigh replace "$DPDK_A" lladdr "$MAC_A" dev "$VB"
+    ok=true
+    if ! ip netns exec "$NS_A" env \
+        STARWIRE_DPDK_TEST_EAL="$EAL --vdev=$vdev_a" \
+        STARWIRE_DPDK_TEST_NETNS="/var/run/netns/$NS_B" \
+        STARWIRE_DPDK_TEST_LOCAL="$DPDK_A" \
+        STARWIRE_DPDK_TEST_PEER="$KERNEL_B" \
+        STARWIRE_DPDK_TEST_PEER_MAC="$MAC_B" \
+        timeout 120 cargo test --locked -q -p starwire-dpdk --test kernel_peer -- \
+        --ignored --nocapture >"$LOG_DIR/kernel-$driver.log" 2>&1; then
+        ok=false
+        tail -20 "$LOG_DIR/kernel-$driver.log" >&2 || true
+    fi
+    detail=$(grep -o '"sent":[0-9]*,"received":[0-9]*' "$LOG_DIR/kernel-$driver.log" || true)
+    result kernel-udp "$ok" "$driver" "$detail"
+    ip -n "$NS_B" neigh del "$DPDK_A" dev "$VB" 2>/dev/null || true
+    ip -n "$NS_B" addr del "$KERNEL_B/24" dev "$VB"
+done
+
+echo "{\"check\":\"summary\",\"passed\":$passed,\"failed\":$failed}"
+[ "$failed" = 0 ]
