@@ -12,7 +12,7 @@ mod reactors;
 mod report;
 mod roles;
 
-pub use config::{model_name, protocol_name, BackendKind, TrainConfig};
+pub use config::{model_name, protocol_name, BackendKind, TrainConfig, DEFAULT_CONNECT_TIMEOUT};
 pub use plan::{plan, shard_threshold, Plan, ASSIGNMENT_SAMPLE};
 pub use reactors::{
     summary, PinnedThread, ProcessReactors, ReactorLayout, ReactorReport, OVERSUBSCRIBED_IDLE_POLL,
@@ -266,7 +266,7 @@ pub fn run_ps_task(
     let layout = ReactorLayout::detect(cfg, &ProcessReactors::ps_task(cfg, index))?;
     warn(&layout);
     let reactors = layout.report();
-    let l = TcpListener::bind(bind)?;
+    let l = TcpListener::bind(bind).map_err(|source| TrainError::Listen { addr: bind, source })?;
     let task = k.start_ps(cfg, &plan, index, l, cfg.workers, restore, &layout)?;
     tracing::info!(
         target: "status",
