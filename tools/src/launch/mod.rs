@@ -14,6 +14,9 @@ use starwire_train::TrainError;
 
 use crate::failure::Failure;
 
+#[cfg(test)]
+mod deploy_tests;
+
 /// How long `starwire ps` and `starwire worker` keep trying to reach a
 /// peer.
 #[derive(Debug, Clone, Args)]
