@@ -146,7 +146,7 @@ fn a_worker_started_before_its_ps_connects_once_the_ps_appears() {
 }
 
 #[test]
-fn a_ps_name_that_never_resolves_fails_after_the_connect_timeout() {
+fn a_ps_that_never_resolves_or_never_listens_fails_after_the_connect_timeout() {
     let t0 = Instant::now();
     let out: Output = starwire(&[
         "worker",
@@ -177,6 +177,29 @@ fn a_ps_name_that_never_resolves_fails_after_the_connect_timeout() {
         .count();
     assert!(warnings >= 3, "{err}");
     assert!(err.contains("attempt 1 failed"), "{err}");
+    // A name that resolves to where nobody listens: the same bound.
+    let ps = format!("127.0.0.1:{}", free_port());
+    let out = starwire(&[
+        "worker",
+        "--ps-hosts",
+        &ps,
+        "--worker-hosts",
+        "127.0.0.1:2223",
+        "--task-index",
+        "0",
+        "--connect-timeout",
+        "1",
+    ])
+    .output()
+    .expect("run");
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    let last = err.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with(&format!("starwire: error: connecting to {ps}: "))
+            && last.ends_with("gave up after --connect-timeout 1 s"),
+        "{err}"
+    );
 }
 
 #[test]

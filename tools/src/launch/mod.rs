@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use starwire_config::{HostPort, Role};
 use starwire_train::TrainError;
+use starwire_transport::accept::DialError;
 
 use crate::failure::Failure;
 
@@ -42,10 +43,12 @@ impl ConnectArgs {
     /// not listen: names the address, the bound, and the fix.
     pub fn failure(&self, e: TrainError) -> Failure {
         match &e {
-            TrainError::Dial(_) => Failure::Run(format!(
-                "{e}; gave up after --connect-timeout {} s",
-                self.connect_timeout
-            )),
+            TrainError::Dial(DialError::Resolve { .. } | DialError::Connect { .. }) => {
+                Failure::Run(format!(
+                    "{e}; gave up after --connect-timeout {} s",
+                    self.connect_timeout
+                ))
+            }
             TrainError::Listen { addr, source }
                 if source.kind() == std::io::ErrorKind::AddrNotAvailable =>
             {
