@@ -14,16 +14,16 @@ use starwire_placement::{CpuSet, Topology};
 #[derive(Debug, clap::Args)]
 pub struct InfoArgs {
     /// Parameter servers, `host:port,host:port`.
-    #[arg(long)]
+    #[arg(long, visible_alias = "ps_hosts")]
     pub ps_hosts: Option<String>,
     /// Workers, `host:port,host:port` (worker 0 is the chief).
-    #[arg(long)]
+    #[arg(long, visible_alias = "worker_hosts")]
     pub worker_hosts: Option<String>,
     /// This task's job: ps, worker or chief.
-    #[arg(long)]
+    #[arg(long, visible_alias = "job_name")]
     pub job_name: Option<String>,
     /// This task's index within its job.
-    #[arg(long)]
+    #[arg(long, visible_alias = "task_index")]
     pub task_index: Option<u32>,
     /// Busy polling for both roles (overrides WORKER_/PS_ENABLE_POLLING).
     #[arg(long, value_parser = crate::parse_on_off)]

@@ -10,6 +10,7 @@ mod dpdk;
 mod failure;
 mod guard;
 mod info;
+mod launch;
 mod logging;
 mod metrics;
 mod report;
@@ -56,7 +57,7 @@ enum Command {
     /// threads of this process); the main job.
     Train(train::TrainArgs),
     /// Run one PS task of a multi-host cluster.
-    Ps(train::RoleArgs),
+    Ps(launch::PsArgs),
     /// Run one worker task of a multi-host cluster.
     Worker(train::RoleArgs),
     /// Compare the strategies of assigning variables to PS tasks

@@ -1,7 +1,6 @@
 //! `starwire train` (the local loopback cluster), `starwire ps` and
 //! `starwire worker` (one role each, across hosts). See docs/TRAIN.md.
 
-use std::net::ToSocketAddrs;
 use std::path::PathBuf;
 
 use clap::Args;
@@ -186,7 +185,7 @@ fn parse_backend(s: &str) -> Result<String, String> {
 }
 
 /// A failure of the trainer: an invalid configuration is a usage error.
-fn train_failure(e: starwire_train::TrainError) -> Failure {
+pub(crate) fn train_failure(e: starwire_train::TrainError) -> Failure {
     match e {
         starwire_train::TrainError::Config(_) => Failure::Usage(e.to_string()),
         _ => Failure::Run(e.to_string()),
@@ -312,18 +311,25 @@ pub fn main(a: TrainArgs) -> Result<(), Failure> {
     Ok(print_report(&r, a.json)?)
 }
 
-/// Cluster flags of `starwire ps` / `starwire worker`.
+/// Cluster flags of `starwire ps` / `starwire worker`. TensorFlow's and
+/// DeepRec's spellings (`--ps_hosts`, ...) are aliases.
 #[derive(Debug, Clone, Args)]
 pub struct RoleArgs {
     /// PS hosts, `h:p,h:p` (else TF_CONFIG).
-    #[arg(long)]
+    #[arg(long, visible_alias = "ps_hosts")]
     pub ps_hosts: Option<String>,
     /// Worker hosts, `h:p,h:p` (else TF_CONFIG).
-    #[arg(long)]
+    #[arg(long, visible_alias = "worker_hosts")]
     pub worker_hosts: Option<String>,
+    /// This task's job; the subcommand's: ps, or worker or chief (worker
+    /// 0). Optional: the subcommand names the job.
+    #[arg(long, visible_alias = "job_name")]
+    pub job_name: Option<String>,
     /// This task's index (else TF_CONFIG's task).
-    #[arg(long)]
+    #[arg(long, visible_alias = "task_index")]
     pub task_index: Option<u32>,
+    #[command(flatten)]
+    pub connect: crate::launch::ConnectArgs,
     /// Training flags (the same on every task).
     #[command(flatten)]
     pub train: TrainArgs,
@@ -333,16 +339,17 @@ fn resolve(r: &RoleArgs, role: Role) -> Result<(ClusterConfig, Vec<String>), Str
     let flags = ClusterFlags {
         ps_hosts: r.ps_hosts.clone(),
         worker_hosts: r.worker_hosts.clone(),
-        job_name: r.task_index.map(|_| role.job_name().to_owned()),
+        job_name: crate::launch::job_flags(role, r.job_name.as_deref(), r.task_index)?,
         task_index: r.task_index,
     };
     let mut c = ClusterConfig::from_process_env(&flags).map_err(|e| e.to_string())?;
     if c.task.role != role {
         return Err(format!(
-            "this task is {:?} {} in the cluster configuration, not a {}",
-            c.task.role,
-            c.task.index,
-            role.job_name()
+            "this task is {} in the cluster configuration, not a {} task; \
+             run `starwire {}` there",
+            c.task,
+            role.job_name(),
+            c.task.role
         ));
     }
     // `.endpoint_map`: the fast address of every gRPC address it names.
@@ -354,22 +361,21 @@ fn resolve(r: &RoleArgs, role: Role) -> Result<(ClusterConfig, Vec<String>), Str
 }
 
 /// `starwire ps`.
-pub fn ps_main(r: RoleArgs) -> Result<(), Failure> {
-    let (c, ps_addrs) = resolve(&r, Role::Ps).map_err(Failure::Usage)?;
-    let cfg =
+pub fn ps_main(a: crate::launch::PsArgs) -> Result<(), Failure> {
+    let r = &a.role;
+    let (c, _) = resolve(r, Role::Ps).map_err(Failure::Usage)?;
+    let mut cfg =
         config(&r.train, c.spec.ps().len(), c.spec.workers().len()).map_err(Failure::Usage)?;
-    let me = &ps_addrs[c.task.index as usize];
-    let bind = me
-        .to_socket_addrs()
-        .map_err(|e| format!("{me}: {e}"))?
-        .next()
-        .ok_or_else(|| format!("{me}: no address"))?;
+    cfg.connect_timeout = r.connect.timeout();
+    let me = &c.spec.ps()[c.task.index as usize];
+    let deadline = std::time::Instant::now() + cfg.connect_timeout;
+    let bind = crate::launch::listen_addr(a.bind.as_ref(), me, deadline).map_err(Failure::Run)?;
     if let Err(e) = cfg.guard.check_listen(bind, cfg.backend) {
         return Err(Failure::Usage(e.to_string()));
     }
     let _metrics = r.train.metrics.serve(&cfg.telemetry)?;
-    let rep =
-        starwire_train::run_ps_task(&cfg, c.task.index as usize, bind).map_err(train_failure)?;
+    let rep = starwire_train::run_ps_task(&cfg, c.task.index as usize, bind)
+        .map_err(|e| r.connect.failure(e))?;
     tracing::info!(target: "status", "starwire ps {}: every worker is done", c.task.index);
     if r.train.json {
         println!(
@@ -383,11 +389,12 @@ pub fn ps_main(r: RoleArgs) -> Result<(), Failure> {
 /// `starwire worker`.
 pub fn worker_main(r: RoleArgs) -> Result<(), Failure> {
     let (c, ps_addrs) = resolve(&r, Role::Worker).map_err(Failure::Usage)?;
-    let cfg =
+    let mut cfg =
         config(&r.train, c.spec.ps().len(), c.spec.workers().len()).map_err(Failure::Usage)?;
+    cfg.connect_timeout = r.connect.timeout();
     let _metrics = r.train.metrics.serve(&cfg.telemetry)?;
     let rep = starwire_train::run_worker_task(&cfg, &ps_addrs, c.task.index as usize)
-        .map_err(train_failure)?;
+        .map_err(|e| r.connect.failure(e))?;
     Ok(print_report(&rep, r.train.json)?)
 }
 

@@ -72,6 +72,15 @@ pub enum TrainError {
     /// Connecting to a PS shard (connect and preamble) failed.
     #[error(transparent)]
     Dial(#[from] starwire_transport::accept::DialError),
+    /// A PS task could not listen on its address.
+    #[error("listening on {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
     /// A PS task's acceptor could not start.
     #[error("PS acceptor: {0}")]
     Accept(#[from] starwire_transport::accept::AcceptError),

@@ -16,8 +16,9 @@
 //! oldest is closed to make room (a peer that dials properly writes its
 //! preamble at once, so the oldest is the likeliest to be stuck).
 //!
-//! [`dial`] is the other end: connect, write the preamble, and retry until
-//! a deadline while nobody listens yet (a PS task may start after its
+//! [`dial`] is the other end: connect, write the preamble, and retry with
+//! backoff ([`retry`](crate::retry)) until a deadline while the name does
+//! not resolve or nobody listens yet (a PS task may start after its
 //! workers).
 
 use std::collections::VecDeque;
@@ -36,6 +37,7 @@ use thiserror::Error;
 
 use crate::preamble::{Preamble, PreambleReader};
 use crate::reactor::ReactorWaker;
+use crate::retry::{Backoff, Retry};
 
 /// Slots of each reactor's ring of routed streams. A full ring keeps the
 /// stream at the acceptor (counted as pending) until the reactor drains it.
@@ -602,25 +604,31 @@ impl AcceptLoop {
     }
 }
 
-/// A connection [`dial`] could not make.
+/// A connection [`dial`] could not make, or an address [`resolve`] could
+/// not look up.
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum DialError {
-    /// The address did not resolve.
-    #[error("resolving {addr}: {source}")]
+    /// The address did not resolve before the deadline; the last lookup's
+    /// error.
+    #[error("resolving {addr}: {source} ({attempts} attempt(s))")]
     Resolve {
         /// The address.
         addr: String,
-        /// Why.
+        /// Lookups made.
+        attempts: u32,
+        /// Why the last one failed.
         #[source]
         source: io::Error,
     },
     /// No address accepted before the deadline; the last attempt's error.
-    #[error("connecting to {addr}: {source}")]
+    #[error("connecting to {addr}: {source} ({attempts} attempt(s))")]
     Connect {
         /// The address.
         addr: String,
-        /// Why.
+        /// Rounds of connection attempts made.
+        attempts: u32,
+        /// Why the last one failed.
         #[source]
         source: io::Error,
     },
@@ -637,42 +645,109 @@ pub enum DialError {
 
 /// Longest single connect attempt of [`dial`].
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-/// Pause between rounds of [`dial`]'s attempts.
-const DIAL_RETRY: Duration = Duration::from_millis(50);
+
+/// Why one attempt of [`dial`] or [`resolve`] failed.
+enum Failed {
+    /// The lookup failed or found nothing.
+    Resolve(io::Error),
+    /// No address accepted the connection.
+    Connect(io::Error),
+}
+
+impl Failed {
+    fn into_error(self, addr: &str, attempts: u32) -> DialError {
+        let addr = addr.to_owned();
+        match self {
+            Failed::Resolve(source) => DialError::Resolve {
+                addr,
+                attempts,
+                source,
+            },
+            Failed::Connect(source) => DialError::Connect {
+                addr,
+                attempts,
+                source,
+            },
+        }
+    }
+}
+
+fn lookup(addr: &str) -> Result<Vec<SocketAddr>, Failed> {
+    let found: Vec<SocketAddr> = addr.to_socket_addrs().map_err(Failed::Resolve)?.collect();
+    if found.is_empty() {
+        return Err(Failed::Resolve(io::Error::new(
+            io::ErrorKind::NotFound,
+            "no address",
+        )));
+    }
+    Ok(found)
+}
+
+/// Run `attempt` until it succeeds, a retry of [`Backoff::CONNECT`] gives
+/// up at `deadline`, or it fails for good (`Ok(Err(..))`). Each failure
+/// that will be retried is a warning naming `addr`, the attempt and the
+/// pause.
+fn retrying<T>(
+    addr: &str,
+    deadline: Instant,
+    mut attempt: impl FnMut() -> Result<Result<T, DialError>, Failed>,
+) -> Result<T, DialError> {
+    let mut retry = Retry::new(Backoff::CONNECT, deadline);
+    loop {
+        let failed = match attempt() {
+            Ok(done) => return done,
+            Err(failed) => failed,
+        };
+        let Some(wait) = retry.handle_failure(Instant::now()) else {
+            return Err(failed.into_error(addr, retry.failures()));
+        };
+        let (step, source) = match &failed {
+            Failed::Resolve(e) => ("resolving", e),
+            Failed::Connect(e) => ("connecting to", e),
+        };
+        tracing::warn!(
+            addr,
+            attempt = retry.failures(),
+            "{step} {addr}: {source}; attempt {} failed, retrying in {} ms",
+            retry.failures(),
+            wait.as_millis()
+        );
+        std::thread::sleep(wait);
+    }
+}
+
+/// Look `addr` (`host:port`) up, retrying with backoff while the name does
+/// not resolve, until `deadline`. Each retry is logged as a warning.
+pub fn resolve(addr: &str, deadline: Instant) -> Result<Vec<SocketAddr>, DialError> {
+    retrying(addr, deadline, || lookup(addr).map(Ok))
+}
 
 /// Connect to shard `shard` of the task listening at `addr` and write the
-/// preamble, retrying while no address accepts until `deadline`. The
+/// preamble. While the name does not resolve or no address accepts, it
+/// retries with backoff ([`Backoff::CONNECT`]), looking the name up again
+/// each time, until `deadline`; each retry is logged as a warning. The
 /// stream is blocking, with `TCP_NODELAY`.
 pub fn dial(addr: &str, shard: u32, deadline: Instant) -> Result<TcpStream, DialError> {
-    let addrs: Vec<SocketAddr> = addr
-        .to_socket_addrs()
-        .map_err(|source| DialError::Resolve {
-            addr: addr.to_owned(),
-            source,
-        })?
-        .collect();
-    let mut last = io::Error::new(io::ErrorKind::NotFound, "no address");
-    loop {
-        for a in &addrs {
-            match TcpStream::connect_timeout(a, CONNECT_TIMEOUT) {
+    retrying(addr, deadline, || {
+        let mut last = None;
+        for a in lookup(addr)? {
+            match TcpStream::connect_timeout(&a, CONNECT_TIMEOUT) {
                 Ok(mut s) => {
-                    s.write_all(&Preamble { shard }.emit())
+                    let sent = s
+                        .write_all(&Preamble { shard }.emit())
                         .and_then(|()| s.set_nodelay(true))
+                        .map(|()| s)
                         .map_err(|source| DialError::Preamble {
                             addr: addr.to_owned(),
                             source,
-                        })?;
-                    return Ok(s);
+                        });
+                    return Ok(sent);
                 }
-                Err(e) => last = e,
+                Err(e) => last = Some(e),
             }
         }
-        if Instant::now() >= deadline {
-            return Err(DialError::Connect {
-                addr: addr.to_owned(),
-                source: last,
-            });
-        }
-        std::thread::sleep(DIAL_RETRY);
-    }
+        Err(Failed::Connect(last.unwrap_or_else(|| {
+            io::Error::new(io::ErrorKind::NotFound, "no address")
+        })))
+    })
 }

@@ -35,6 +35,7 @@ pub mod endpoint;
 pub mod fusion;
 pub mod preamble;
 pub mod reactor;
+pub mod retry;
 pub mod session;
 pub mod socket;
 pub mod testing;

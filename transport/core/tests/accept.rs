@@ -7,7 +7,9 @@ use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use starwire_queue::Consumer;
-use starwire_transport::accept::{dial, inboxes, AcceptConfig, Acceptor, Routed};
+use starwire_transport::accept::{
+    dial, inboxes, resolve, AcceptConfig, Acceptor, DialError, Routed,
+};
 use starwire_transport::preamble::Preamble;
 use starwire_transport::reactor::{
     park_fds, IdlePolicy, ParkWaker, Parked, Reactor, ReactorSpec, ReactorState,
@@ -232,6 +234,34 @@ fn the_pending_cap_closes_the_oldest_silent_socket() {
     wait_for("the count", || acceptor.stats().routed == 1);
     let st = acceptor.stats();
     assert_eq!((st.accepted, st.evicted), (7, 3), "{st:?}");
+}
+
+#[test]
+fn a_name_that_does_not_resolve_is_retried_until_the_deadline() {
+    // `.invalid` never resolves (RFC 6761).
+    let addr = "starwire-ps-0.invalid:2222";
+    let t0 = Instant::now();
+    let e = dial(addr, 0, t0 + Duration::from_millis(300)).expect_err("no such name");
+    assert!(t0.elapsed() >= Duration::from_millis(300));
+    match &e {
+        DialError::Resolve {
+            addr: a, attempts, ..
+        } => {
+            assert_eq!(a, addr);
+            // 0, 50, 150 ms, then at the deadline.
+            assert!(*attempts >= 4, "{e}");
+        }
+        other => panic!("expected a resolve error, got {other}"),
+    }
+    assert!(
+        e.to_string()
+            .starts_with("resolving starwire-ps-0.invalid:2222: "),
+        "{e}"
+    );
+    let e = resolve(addr, Instant::now()).expect_err("no such name");
+    assert!(matches!(e, DialError::Resolve { attempts: 1, .. }), "{e}");
+    let found = resolve("127.0.0.1:7", Instant::now()).expect("an IP resolves");
+    assert_eq!(found, ["127.0.0.1:7".parse().unwrap()]);
 }
 
 #[test]

@@ -2,6 +2,7 @@
 //! checks and conversions every role applies to it.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use starwire_data::SyntheticSpec;
 use starwire_graph::{ModelKind, Protocol};
@@ -10,6 +11,10 @@ use starwire_telemetry::Telemetry;
 
 use crate::source::DataSource;
 use crate::TrainError;
+
+/// The default of [`TrainConfig::connect_timeout`]: long enough for a
+/// launcher to schedule and start every pod of a cluster.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Everything `starwire train` (and `ps` / `worker`) is configured with.
 #[derive(Debug, Clone)]
@@ -89,6 +94,9 @@ pub struct TrainConfig {
     pub device: Option<String>,
     /// Compute threads of each worker's graph executor (0: inline).
     pub compute_threads: usize,
+    /// How long a worker keeps trying to reach each PS (name lookup and
+    /// connect, with backoff) before it gives up (`--connect-timeout`).
+    pub connect_timeout: Duration,
     /// Log progress every this many steps of each worker and global steps
     /// of each shard (0: never).
     pub log_every: u64,
@@ -135,6 +143,7 @@ impl Default for TrainConfig {
             idle_poll_us: 0,
             device: None,
             compute_threads: 0,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             log_every: 0,
             telemetry: Telemetry::default(),
             guard: super::guard::Guard::default(),

@@ -13,7 +13,7 @@ mod reactors;
 mod report;
 mod roles;
 
-pub use config::{model_name, protocol_name, BackendKind, TrainConfig};
+pub use config::{model_name, protocol_name, BackendKind, TrainConfig, DEFAULT_CONNECT_TIMEOUT};
 pub use guard::{
     check_listen, training_flags, Guard, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_IDLE_TIMEOUT,
     DEFAULT_MEMORY_BUDGET_MB,
@@ -278,7 +278,7 @@ pub fn run_ps_task(
     warn(&layout);
     let reactors = layout.report();
     cfg.guard.check_listen(bind, cfg.backend)?;
-    let l = TcpListener::bind(bind)?;
+    let l = TcpListener::bind(bind).map_err(|source| TrainError::Listen { addr: bind, source })?;
     let task = k.start_ps(cfg, &plan, index, l, cfg.workers, restore, &layout)?;
     tracing::info!(
         target: "status",

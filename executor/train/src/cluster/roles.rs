@@ -307,7 +307,7 @@ fn dial_shards(
     shards: usize,
 ) -> Result<Vec<std::net::TcpStream>, TrainError> {
     let r = cfg.ps_reactors.max(1);
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + cfg.connect_timeout;
     let mut streams = Vec::with_capacity(shards);
     for s in 0..shards {
         let (p, local) = (s / r, s % r);
