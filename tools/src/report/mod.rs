@@ -217,6 +217,9 @@ fn plans(args: &ReportArgs, backends: &[Backend], m: &Machine) -> Vec<Plan> {
         client_core: m.client_core,
         server_core: m.server_core,
         connections: 1,
+        interval_s: None,
+        bidirectional: false,
+        cpu_util: false,
     };
     let (lat, inflight, bw): (&[usize], &[usize], &[usize]) = if args.quick {
         (&[64, 4096], &[1, 8], &[65536])
