@@ -50,8 +50,14 @@ mod tests {
 
     #[test]
     fn percent_of_one_core() {
-        assert_eq!(percent(Duration::from_secs(1), Duration::from_secs(2)), 50.0);
-        assert_eq!(percent(Duration::from_secs(4), Duration::from_secs(2)), 200.0);
+        assert_eq!(
+            percent(Duration::from_secs(1), Duration::from_secs(2)),
+            50.0
+        );
+        assert_eq!(
+            percent(Duration::from_secs(4), Duration::from_secs(2)),
+            200.0
+        );
         assert_eq!(percent(Duration::from_secs(1), Duration::ZERO), 0.0);
     }
 

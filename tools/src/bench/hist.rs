@@ -396,7 +396,15 @@ mod tests {
     fn interval_lines_name_the_run_and_the_window() {
         let mut r = Rtts::new();
         r.record(21_000);
-        let s = interval_line("tcp lat 64 B", 1.0, 2.0, 500, 0.5, 1024.0, r.summary().as_ref());
+        let s = interval_line(
+            "tcp lat 64 B",
+            1.0,
+            2.0,
+            500,
+            0.5,
+            1024.0,
+            r.summary().as_ref(),
+        );
         assert!(s.starts_with("[tcp lat 64 B]"), "{s}");
         assert!(s.contains("1.00-2.00"), "{s}");
         assert!(s.contains("msgs/s       1000"), "{s}");

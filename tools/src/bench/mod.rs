@@ -564,7 +564,9 @@ fn idle_policy(role: Role, polling: bool) -> Result<IdlePolicy, String> {
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 enum ServerMsg {
-    Ready { port: u16 },
+    Ready {
+        port: u16,
+    },
     Done {
         ok: bool,
         error: Option<String>,
@@ -896,7 +898,9 @@ fn drive(plan: &Plan, ctl_addr: SocketAddr, opts: DriveOpts) -> Result<Vec<Outco
         };
         let cpu_pct = cpu.map(|c| c.percent()).transpose()?;
         let server_cpu_pct = match recv_line::<ServerMsg>(&mut r)? {
-            ServerMsg::Done { ok: true, cpu_pct, .. } => cpu_pct,
+            ServerMsg::Done {
+                ok: true, cpu_pct, ..
+            } => cpu_pct,
             ServerMsg::Done { error, .. } => {
                 return Err(format!(
                     "bench server failed in {} {} {} B: {}",
@@ -968,8 +972,25 @@ fn print_table(plan: &Plan, lines: &[ResultLine]) {
     let sys = lines.iter().any(|l| l.syscalls_per_msg.is_some());
     let cpu = lines.iter().any(|l| l.cpu_pct.is_some());
     let srv_cpu = lines.iter().any(|l| l.server_cpu_pct.is_some());
-    let width = 172 + 9 * usize::from(sys) + 7 * usize::from(cpu) + 8 * usize::from(srv_cpu);
-    println!("{}", "-".repeat(width));
+    let mut head = format!(
+        " {:<7} {:<5} {:>9} {:>8} {:>8}",
+        "backend", "mode", "#bytes", "#iters", "inflight"
+    );
+    for c in LAT_COLUMNS {
+        head.push_str(&format!(" {:>14}", format!("{c}[us]")));
+    }
+    head.push_str(&format!(" {:>12} {:>8}", "msgs/s", "Gb/s"));
+    if sys {
+        head.push_str(&format!(" {:>8}", "sys/msg"));
+    }
+    if cpu {
+        head.push_str(&format!(" {:>6}", "cpu%"));
+    }
+    if srv_cpu {
+        head.push_str(&format!(" {:>8}", "srv_cpu%"));
+    }
+    let rule = "-".repeat(head.len());
+    println!("{rule}");
     let conns = match plan.connections {
         0 | 1 => String::new(),
         n => format!("   {n} connections (inflight is per connection)"),
@@ -993,24 +1014,7 @@ fn print_table(plan: &Plan, lines: &[ResultLine]) {
             ""
         }
     );
-    println!("{}", "-".repeat(width));
-    let mut head = format!(
-        " {:<7} {:<5} {:>9} {:>8} {:>8}",
-        "backend", "mode", "#bytes", "#iters", "inflight"
-    );
-    for c in LAT_COLUMNS {
-        head.push_str(&format!(" {:>14}", format!("{c}[us]")));
-    }
-    head.push_str(&format!(" {:>12} {:>8}", "msgs/s", "Gb/s"));
-    if sys {
-        head.push_str(&format!(" {:>8}", "sys/msg"));
-    }
-    if cpu {
-        head.push_str(&format!(" {:>6}", "cpu%"));
-    }
-    if srv_cpu {
-        head.push_str(&format!(" {:>7}", "srv_cpu%"));
-    }
+    println!("{rule}");
     println!("{head}");
     for l in lines {
         if l.mode == Mode::Fuse {
@@ -1065,11 +1069,11 @@ fn print_table(plan: &Plan, lines: &[ResultLine]) {
             row.push_str(&format!(" {:>6}", fmt_opt(l.cpu_pct, 1)));
         }
         if srv_cpu {
-            row.push_str(&format!(" {:>7}", fmt_opt(l.server_cpu_pct, 1)));
+            row.push_str(&format!(" {:>8}", fmt_opt(l.server_cpu_pct, 1)));
         }
         println!("{row}");
     }
-    println!("{}", "-".repeat(width));
+    println!("{rule}");
     for l in lines {
         if let (Some(z), Some(c)) = (l.zc_sends, l.zc_copied) {
             if z > 0 {
