@@ -234,7 +234,8 @@ fn interval_line(
 ) -> String {
     let rate = if secs > 0.0 { msgs as f64 / secs } else { 0.0 };
     let mut s = format!(
-        "[{label}] {from_s:>7.2}-{to_s:<7.2} s  msgs/s {rate:>10.0}  Gb/s {:>8.3}",
+        "[{label}] {:>15} s  msgs/s {rate:>10.0}  Gb/s {:>8.3}",
+        format!("{from_s:.2}-{to_s:.2}"),
         rate * bits_per_msg / 1e9
     );
     if let Some(l) = lat {
