@@ -495,6 +495,8 @@ fn two_processes_over_loopback() {
         assert_eq!(lines.len(), 4, "client {client}");
         for v in &lines {
             check_line(v);
+            // The server measures its own process with --cpu-util.
+            assert_eq!(v["server_cpu_pct"].is_number(), client == 1, "{v}");
         }
         if client == 0 {
             out = run(&[
@@ -509,6 +511,7 @@ fn two_processes_over_loopback() {
                 "64,128",
                 "--iters",
                 "30",
+                "--cpu-util",
                 "--json",
             ]);
         }

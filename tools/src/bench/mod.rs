@@ -16,6 +16,7 @@ mod grpc;
 pub(crate) mod hist;
 mod raw;
 pub mod sessions;
+mod table;
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -381,15 +382,15 @@ fn result_line(plan: &Plan, run: &Run, m: &Measured) -> ResultLine {
 /// One configuration's result: the median of each metric over its
 /// repetitions, except the round trips, which are those of every
 /// repetition merged (`rtts`).
-fn median_line(lines: &[ResultLine], rtts: &Rtts) -> ResultLine {
+fn median_line(lines: &[ResultLine], rtts: Option<&Rtts>) -> ResultLine {
     let mut out = lines[0].clone();
     macro_rules! med {
         ($f:ident) => {
             out.$f = median(lines.iter().map(|l| l.$f));
         };
     }
-    if out.p50_us.is_some() {
-        out.set_latency(rtts.summary());
+    if let Some(r) = rtts {
+        out.set_latency(r.summary());
     }
     med!(msgs_per_s);
     med!(gbps);
@@ -639,11 +640,9 @@ fn serve(
             .map_err(|e| format!("binding a data listener on {ip}: {e}"))?;
         let port = data.local_addr().map_err(|e| e.to_string())?.port();
         send_line(&mut w, &ServerMsg::Ready { port })?;
-        let cpu = if plan.cpu_util {
-            Some(CpuMeter::start()?)
-        } else {
-            None
-        };
+        // getrusage(2) of this process does not fail; were it to, the run
+        // goes on without the figure rather than break the protocol.
+        let cpu = plan.cpu_util.then(CpuMeter::start).and_then(Result::ok);
         telemetry
             .counter(
                 "starwire_bench_runs",
@@ -805,8 +804,7 @@ struct Group {
 
 impl Group {
     fn finish(self, keep_rtts: bool) -> Outcome {
-        let empty = Rtts::new();
-        let line = median_line(&self.lines, self.rtts.as_ref().unwrap_or(&empty));
+        let line = median_line(&self.lines, self.rtts.as_ref());
         Outcome {
             line,
             rtts: self.rtts.filter(|_| keep_rtts),
@@ -942,151 +940,6 @@ fn drive(plan: &Plan, ctl_addr: SocketAddr, opts: DriveOpts) -> Result<Vec<Outco
     out.extend(pending.drain(..).map(|g| g.finish(opts.keep_rtts)));
     progress.finish();
     Ok(out)
-}
-
-fn fmt_opt(v: Option<f64>, prec: usize) -> String {
-    match v {
-        Some(x) => format!("{x:.prec$}"),
-        None => "-".to_owned(),
-    }
-}
-
-/// The table's columns after `inflight`, for lat, rate and bw lines.
-const LAT_COLUMNS: [&str; 9] = [
-    "rtt_min",
-    "rtt_p50",
-    "rtt_avg",
-    "rtt_stdev",
-    "rtt_p99",
-    "rtt_p99.9",
-    "rtt_p99.99",
-    "rtt_max",
-    "1way_p50",
-];
-
-fn print_table(plan: &Plan, lines: &[ResultLine]) {
-    let cores = match (plan.client_core, plan.server_core) {
-        (Some(c), Some(s)) => format!("client core {c}, server core {s}"),
-        _ => "unpinned".to_owned(),
-    };
-    let sys = lines.iter().any(|l| l.syscalls_per_msg.is_some());
-    let cpu = lines.iter().any(|l| l.cpu_pct.is_some());
-    let srv_cpu = lines.iter().any(|l| l.server_cpu_pct.is_some());
-    let mut head = format!(
-        " {:<7} {:<5} {:>9} {:>8} {:>8}",
-        "backend", "mode", "#bytes", "#iters", "inflight"
-    );
-    for c in LAT_COLUMNS {
-        head.push_str(&format!(" {:>14}", format!("{c}[us]")));
-    }
-    head.push_str(&format!(" {:>12} {:>8}", "msgs/s", "Gb/s"));
-    if sys {
-        head.push_str(&format!(" {:>8}", "sys/msg"));
-    }
-    if cpu {
-        head.push_str(&format!(" {:>6}", "cpu%"));
-    }
-    if srv_cpu {
-        head.push_str(&format!(" {:>8}", "srv_cpu%"));
-    }
-    let rule = "-".repeat(head.len());
-    println!("{rule}");
-    let conns = match plan.connections {
-        0 | 1 => String::new(),
-        n => format!("   {n} connections (inflight is per connection)"),
-    };
-    let bidi = if plan.bidirectional {
-        "   bidirectional (rate and bw echoed; Gb/s both ways)"
-    } else {
-        ""
-    };
-    println!(
-        " starwire bench   polling {}   {cores}   repeat {} (median){conns}{bidi}",
-        if plan.polling { "on" } else { "off" },
-        plan.repeat.max(1)
-    );
-    println!(
-        " rtt_* are round trips in us, merged over repetitions; 1way_p50 = rtt_p50 / 2 \
-         (what perftest's *_lat report){}",
-        if cpu && !srv_cpu {
-            "; cpu% is the whole process (over loopback both ends)"
-        } else {
-            ""
-        }
-    );
-    println!("{rule}");
-    println!("{head}");
-    for l in lines {
-        if l.mode == Mode::Fuse {
-            let ratio = match (l.fused_steps_per_s, l.unfused_steps_per_s) {
-                (Some(f), Some(u)) if u > 0.0 => format!("{:.1}x", f / u),
-                _ => "-".to_owned(),
-            };
-            println!(
-                " {:<7} {:<5} {:>9} {:>8} {:>8}   tensors/step {}   fused steps/s {}   \
-                 unfused steps/s {}   fused/unfused {ratio}",
-                l.backend.name(),
-                l.mode.name(),
-                l.size,
-                l.iters,
-                l.inflight,
-                l.tensors.unwrap_or(0),
-                fmt_opt(l.fused_steps_per_s, 1),
-                fmt_opt(l.unfused_steps_per_s, 1),
-            );
-            continue;
-        }
-        let mut row = format!(
-            " {:<7} {:<5} {:>9} {:>8} {:>8}",
-            l.backend.name(),
-            l.mode.name(),
-            l.size,
-            l.iters,
-            l.inflight
-        );
-        for v in [
-            l.min_us,
-            l.p50_us,
-            l.avg_us,
-            l.stdev_us,
-            l.p99_us,
-            l.p999_us,
-            l.p9999_us,
-            l.max_us,
-            l.p50_us.map(|p| p / 2.0),
-        ] {
-            row.push_str(&format!(" {:>14}", fmt_opt(v, 2)));
-        }
-        row.push_str(&format!(
-            " {:>12} {:>8}",
-            fmt_opt(l.msgs_per_s, 0),
-            fmt_opt(l.gbps, 3)
-        ));
-        if sys {
-            row.push_str(&format!(" {:>8}", fmt_opt(l.syscalls_per_msg, 3)));
-        }
-        if cpu {
-            row.push_str(&format!(" {:>6}", fmt_opt(l.cpu_pct, 1)));
-        }
-        if srv_cpu {
-            row.push_str(&format!(" {:>8}", fmt_opt(l.server_cpu_pct, 1)));
-        }
-        println!("{row}");
-    }
-    println!("{rule}");
-    for l in lines {
-        if let (Some(z), Some(c)) = (l.zc_sends, l.zc_copied) {
-            if z > 0 {
-                println!(
-                    " {} {} {} B: {z} zero-copy sends, {c} reported copied by the kernel \
-                     (the connection then sends plainly; loopback always copies)",
-                    l.backend.name(),
-                    l.mode.name(),
-                    l.size
-                );
-            }
-        }
-    }
 }
 
 fn resolve_addr(s: &str) -> Result<SocketAddr, String> {
@@ -1311,7 +1164,93 @@ pub fn main(args: BenchArgs) -> Result<(), String> {
             writeln!(out, "{s}").map_err(|e| e.to_string())?;
         }
     } else {
-        print_table(&plan, &lines);
+        table::print(&plan, &lines);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(modes: Vec<Mode>, bidirectional: bool) -> Plan {
+        Plan {
+            backends: vec![Backend::Tcp],
+            modes,
+            sizes: vec![1024],
+            inflight: None,
+            iters: Some(10),
+            duration_s: None,
+            warmup: None,
+            tensors: 4,
+            repeat: 2,
+            polling: false,
+            client_core: None,
+            server_core: None,
+            connections: 1,
+            interval_s: Some(0.5),
+            bidirectional,
+            cpu_util: false,
+        }
+    }
+
+    #[test]
+    fn runs_carry_interval_and_direction() {
+        let runs = plan(vec![Mode::Lat, Mode::Rate, Mode::Bw, Mode::Fuse], true).runs();
+        assert_eq!(runs.len(), 8, "4 modes x 2 repetitions");
+        assert!(runs.iter().all(|r| r.interval_s == Some(0.5)));
+        let by = |m: Mode| runs.iter().find(|r| r.mode == m).unwrap();
+        // Lat is an echo either way and counts one direction; bidirectional
+        // rate and bw are echoed and count both; fuse is one way.
+        assert!(by(Mode::Lat).echoed() && by(Mode::Rate).echoed() && by(Mode::Bw).echoed());
+        assert!(!by(Mode::Fuse).echoed());
+        assert_eq!(by(Mode::Lat).bits_per_msg(), 8192.0);
+        assert_eq!(by(Mode::Bw).bits_per_msg(), 16384.0);
+        assert!(by(Mode::Fuse).interval_report().is_none());
+        assert!(by(Mode::Bw).interval_report().is_some());
+        let one_way = plan(vec![Mode::Rate], false).runs();
+        assert!(!one_way[0].echoed());
+        assert_eq!(one_way[0].bits_per_msg(), 8192.0);
+    }
+
+    #[test]
+    fn repetitions_merge_their_round_trips_and_take_medians_of_the_rest() {
+        let p = plan(vec![Mode::Lat], false);
+        let runs = p.runs();
+        let measured = |ns: u64, n: u64, secs: u64| {
+            let mut rtts = Rtts::new();
+            for _ in 0..n {
+                rtts.record(ns);
+            }
+            Measured {
+                iters: n,
+                elapsed: Duration::from_secs(secs),
+                rtts,
+                ..Measured::default()
+            }
+        };
+        // One fast repetition of 99 round trips, one slow of a single one.
+        let (a, b) = (measured(10_000, 99, 1), measured(1_000_000, 1, 1));
+        let lines = [result_line(&p, &runs[0], &a), result_line(&p, &runs[1], &b)];
+        // Within the histogram's 0.1%.
+        let near = |v: Option<f64>, want: f64| (v.unwrap() - want).abs() <= want * 1e-3;
+        assert!(near(lines[1].p50_us, 1000.0), "{:?}", lines[1]);
+        let mut all = Rtts::new();
+        all.merge(&a.rtts);
+        all.merge(&b.rtts);
+        let m = median_line(&lines, Some(&all));
+        // Merged: the median is the fast one's, the max the slow one's
+        // (a median of the repetitions' p50s would be 505 µs).
+        assert!(near(m.p50_us, 10.0), "{m:?}");
+        assert!(near(m.max_us, 1000.0), "{m:?}");
+        assert_eq!(m.msgs_per_s, Some(50.0), "median of 99/s and 1/s");
+        assert_eq!(m.repeat, 2);
+    }
+
+    #[test]
+    fn all_sizes_are_the_powers_of_two_from_2_b_to_8_mib() {
+        let s = all_sizes();
+        assert_eq!((s[0], s[s.len() - 1], s.len()), (2, 8 << 20, 23));
+        assert!(s.windows(2).all(|w| w[1] == 2 * w[0]));
+    }
 }
