@@ -749,11 +749,14 @@ fn markdown(
                 .iter()
                 .find(|r| r.case.backend == INPROC)
                 .and_then(|r| r.samples_per_s);
+            let times = match rows.iter().map(|r| r.runs).max().unwrap_or(0) {
+                1 => "once".to_owned(),
+                n => format!("{n} times"),
+            };
             let _ = writeln!(
                 o,
-                "Each case runs its steps {} time(s), the cases taking turns; samples/s is \
-                 the median, the range the slowest and fastest run.\n",
-                rows.iter().map(|r| r.runs).max().unwrap_or(0)
+                "Each case runs {times}, the cases taking turns; samples/s is the median, \
+                 the range the slowest and fastest run.\n"
             );
             let _ = writeln!(
                 o,

@@ -310,7 +310,7 @@ pub fn bandwidth(lines: &[ResultLine], backends: &[Backend]) -> Result<String, S
         "Bandwidth against message size",
         "payload bytes per message",
         "payload Gb/s",
-        XAxis::Pow2,
+        XAxis::Log10,
     )
 }
 
@@ -395,7 +395,7 @@ fn bar_chart(bars: &[Bar], caption: &str, y_desc: &str) -> Result<String, String
                 let above = b.spread.map_or(b.value, |s| s.1.max(b.value));
                 Text::new(
                     si(&b.value),
-                    (i as f64 + 0.3, above + top * 0.02),
+                    (i as f64 + 0.3, above + top * 0.06),
                     ("sans-serif", 14),
                 )
             }))
