@@ -47,6 +47,10 @@ echo "--- building (debug) starwire with --features dpdk and the kernel-peer tes
 cargo build --locked -q -p starwire --features dpdk
 cargo test --locked -q -p starwire-dpdk --test kernel_peer --no-run
 BIN="$PWD/target/debug/starwire"
+# The bench server listens on a non-loopback address, so both ends prove a
+# cluster token (docs/SECURITY.md): one made for this run.
+STARWIRE_CLUSTER_TOKEN="$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')"
+export STARWIRE_CLUSTER_TOKEN
 
 ip netns add "$NS_A"
 ip netns add "$NS_B"
@@ -85,7 +89,7 @@ for driver in af_packet af_xdp; do
 
     # Two-process bench: the server in A, the client (with the plan) in B.
     port=$((port + 1))
-    ip netns exec "$NS_A" timeout 120 "$BIN" bench --listen "$CTL_A:$port" \
+    ip netns exec "$NS_A" timeout 120 "$BIN" bench --listen "$CTL_A:$port" --one-off \
         --eal "$EAL --vdev=$vdev_a" --dpdk-ip "$DPDK_A" \
         >"$LOG_DIR/server-$driver.log" 2>&1 &
     server=$!
@@ -116,7 +120,7 @@ for driver in af_packet af_xdp; do
         [ -n "$row" ] && echo "{\"check\":\"bench-row\",\"driver\":\"$driver\",\"row\":$row}"
     done <"$LOG_DIR/client-$driver.json"
     if [ "$ok" != true ]; then
-        tail -5 "$LOG_DIR/server-$driver.log" "$LOG_DIR/client-$driver.log" >&2 || true
+        tail -n 5 "$LOG_DIR/server-$driver.log" "$LOG_DIR/client-$driver.log" >&2 || true
     fi
     result bench "$ok" "$driver" "\"rows\":$rows"
 

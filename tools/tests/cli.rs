@@ -38,6 +38,9 @@ const CONTRACT: &[&str] = &[
     "p999_us",
     "min_us",
     "max_us",
+    "p9999_us",
+    "avg_us",
+    "stdev_us",
     "msgs_per_s",
     "gbps",
     "polling",
@@ -79,6 +82,9 @@ fn check_line(v: &Value) {
             );
             assert!(min > 0.0 && min <= p50, "{v}");
             assert!(p50 <= p99 && p99 <= p999 && p999 <= max, "{v}");
+            let (p9999, avg) = (num(v, "p9999_us"), num(v, "avg_us"));
+            assert!(p999 <= p9999 && p9999 <= max, "{v}");
+            assert!(min <= avg && avg <= max && num(v, "stdev_us") >= 0.0, "{v}");
             assert!(num(v, "msgs_per_s") > 0.0, "{v}");
         }
         Some("bw") => {
@@ -160,7 +166,15 @@ fn bench_table_output() {
     let out = run(&["bench", "--mode", "rate", "--sizes", "64", "--iters", "50"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let s = text(&out.stdout);
-    assert!(s.contains("t_p50[us]") && s.contains("msgs/s"), "{s}");
+    assert!(s.contains("rtt_p50[us]") && s.contains("msgs/s"), "{s}");
+    assert!(
+        s.contains("rtt_avg[us]") && s.contains("rtt_stdev[us]"),
+        "{s}"
+    );
+    assert!(
+        s.contains("rtt_p99.99[us]") && s.contains("1way_p50[us]"),
+        "{s}"
+    );
     assert!(s.lines().any(|l| l.trim_start().starts_with("raw")), "{s}");
     assert!(s.lines().any(|l| l.trim_start().starts_with("tcp")), "{s}");
 }
@@ -460,7 +474,7 @@ fn two_processes_over_loopback() {
         .expect("spawn server");
     // Retry until the server listens.
     let deadline = Instant::now() + Duration::from_secs(20);
-    let out = loop {
+    let mut out = loop {
         let out = run(&[
             "bench",
             "--connect",
@@ -483,13 +497,41 @@ fn two_processes_over_loopback() {
         }
         std::thread::sleep(Duration::from_millis(100));
     };
-    let lines = json_lines(&out);
-    assert_eq!(lines.len(), 4);
-    for v in &lines {
-        check_line(v);
+    // The server serves client after client until it is stopped.
+    for client in 0..2 {
+        let lines = json_lines(&out);
+        assert_eq!(lines.len(), 4, "client {client}");
+        for v in &lines {
+            check_line(v);
+            // The server measures its own process with --cpu-util.
+            assert_eq!(v["server_cpu_pct"].is_number(), client == 1, "{v}");
+        }
+        if client == 0 {
+            out = run(&[
+                "bench",
+                "--connect",
+                &addr,
+                "--backends",
+                "tcp",
+                "--mode",
+                "lat,bw",
+                "--sizes",
+                "64,128",
+                "--iters",
+                "30",
+                "--cpu-util",
+                "--json",
+            ]);
+        }
     }
-    let status = server.wait().expect("server exits after its client");
-    assert!(status.success());
+    assert!(server.try_wait().expect("server status").is_none());
+    let term = Command::new("kill")
+        .args(["-TERM", &server.id().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(term.success());
+    let status = server.wait().expect("server ends on SIGTERM");
+    assert!(!status.success());
 }
 
 #[test]

@@ -22,6 +22,7 @@ use starwire_transport::wire::tensors::TensorList;
 use starwire_transport::wire::Opcode;
 use starwire_transport::Payload;
 
+use super::hist::{IntervalReport, Rtts};
 use super::{Measured, Mode, Run};
 
 /// Message limit both ends derive from the run: a fused step must fit.
@@ -91,21 +92,26 @@ struct WindowState {
     completed: u64,
     measure_start: Option<Instant>,
     measure_end: Option<Instant>,
-    rtts: Vec<u64>,
+    rtts: Rtts,
+    interval: Option<IntervalReport>,
     error: Option<String>,
 }
 
 /// Lat, rate and bw: `run.inflight` calls outstanding.
 fn window(c: &GrpcClient, run: &Run) -> Result<Measured, String> {
-    let (op, record, echo) = match run.mode {
-        Mode::Lat => (Opcode::Rpc, true, true),
-        Mode::Rate => (Opcode::DensePush, true, false),
-        _ => (Opcode::DensePush, false, false),
-    };
+    // The server echoes `Rpc` and answers `DensePush` empty.
+    let echo = run.echoed();
+    let op = if echo { Opcode::Rpc } else { Opcode::DensePush };
+    let record = matches!(run.mode, Mode::Lat | Mode::Rate);
     let payload = Bytes::from((0..run.size).map(|i| i as u8).collect::<Vec<u8>>());
+    let measure_start = (run.warmup == 0).then(Instant::now);
+    let mut interval = run.interval_report();
+    if let (Some(r), Some(t0)) = (&mut interval, measure_start) {
+        r.start(t0);
+    }
     let st = RefCell::new(WindowState {
-        measure_start: (run.warmup == 0).then(Instant::now),
-        rtts: Vec::with_capacity(if record { run.iters as usize } else { 0 }),
+        measure_start,
+        interval,
         ..WindowState::default()
     });
     let duration = run.duration();
@@ -141,11 +147,20 @@ fn window(c: &GrpcClient, run: &Run) -> Result<Measured, String> {
                 }
             }
             s.completed += 1;
-            if s.completed > run.warmup && record {
-                s.rtts.push(now.duration_since(t0).as_nanos() as u64);
+            if s.completed > run.warmup {
+                let ns = now.duration_since(t0).as_nanos() as u64;
+                if record {
+                    s.rtts.record(ns);
+                }
+                if let Some(r) = &mut s.interval {
+                    r.on_complete(now, record.then_some(ns));
+                }
             }
             if s.completed == run.warmup {
                 s.measure_start = Some(now);
+                if let Some(r) = &mut s.interval {
+                    r.start(now);
+                }
             }
             s.measure_end = Some(now);
         },
@@ -154,13 +169,16 @@ fn window(c: &GrpcClient, run: &Run) -> Result<Measured, String> {
     if let Some(e) = s.error {
         return Err(e);
     }
+    if let (Some(mut r), Some(end)) = (s.interval, s.measure_end) {
+        r.finish(end);
+    }
     let t0 = s.measure_start.unwrap_or_else(Instant::now);
     Ok(Measured {
         iters: s.completed.saturating_sub(run.warmup),
         elapsed: s
             .measure_end
             .map_or(Duration::ZERO, |t| t.saturating_duration_since(t0)),
-        rtts_ns: s.rtts,
+        rtts: s.rtts,
         fused_steps_per_s: None,
         unfused_steps_per_s: None,
         // tokio's system calls are not counted.
@@ -236,7 +254,7 @@ fn fuse(c: &GrpcClient, run: &Run) -> Result<Measured, String> {
     Ok(Measured {
         iters: measured,
         elapsed: Duration::ZERO,
-        rtts_ns: Vec::new(),
+        rtts: Rtts::default(),
         fused_steps_per_s: rates[0],
         unfused_steps_per_s: rates[1],
         syscalls_per_msg: None,

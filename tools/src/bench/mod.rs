@@ -10,16 +10,20 @@
 //! and hands the stream on. Without `--listen`/`--connect` the server side
 //! runs on a thread of the same process.
 
+mod cpu;
 #[cfg(feature = "dpdk")]
 mod dpdk;
 #[cfg(feature = "grpc")]
 mod grpc;
+pub(crate) mod hist;
 mod raw;
 pub mod sessions;
+mod table;
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::time::{Duration, Instant};
+use std::path::PathBuf;
+use std::time::{Duration, Instant, SystemTime};
 
 use serde::{Deserialize, Serialize};
 use starwire_config::{FlagOverride, NetworkSettings, Overrides, Role};
@@ -29,7 +33,9 @@ use starwire_transport::accept::{dial, inboxes, AcceptConfig, Acceptor};
 use starwire_transport::reactor::{local_waker, IdlePolicy};
 
 use crate::backend::Backend;
-use crate::stats::{median, summarize};
+use crate::stats::median;
+use cpu::CpuMeter;
+use hist::{IntervalReport, Rtts};
 
 /// What a run measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
@@ -87,6 +93,16 @@ pub struct Plan {
     /// predates the option).
     #[serde(default = "one")]
     pub connections: usize,
+    /// `--interval`: seconds between the client's interval reports.
+    #[serde(default)]
+    pub interval_s: Option<f64>,
+    /// `--bidirectional`: rate and bw requests are echoed, so the payload
+    /// flows both ways.
+    #[serde(default)]
+    pub bidirectional: bool,
+    /// `--cpu-util`: both ends measure their process's CPU time per run.
+    #[serde(default)]
+    pub cpu_util: bool,
 }
 
 fn one() -> usize {
@@ -120,11 +136,51 @@ pub struct Run {
     pub max_size: usize,
     /// Repetition index.
     pub rep: usize,
+    /// Seconds between interval reports (client side).
+    #[serde(default)]
+    pub interval_s: Option<f64>,
+    /// Rate and bw requests are echoed (see [`Plan::bidirectional`]).
+    #[serde(default)]
+    pub bidirectional: bool,
 }
 
 impl Run {
     fn duration(&self) -> Option<Duration> {
         self.duration_s.map(Duration::from_secs_f64)
+    }
+
+    /// Whether the server echoes every request's payload: lat always,
+    /// rate and bw with `--bidirectional`.
+    pub(crate) fn echoed(&self) -> bool {
+        match self.mode {
+            Mode::Lat => true,
+            Mode::Rate | Mode::Bw => self.bidirectional,
+            Mode::Fuse => false,
+        }
+    }
+
+    /// Payload bits a completed message counts for in `gbps`: its request
+    /// and, when bidirectional, its echo (lat counts one way).
+    fn bits_per_msg(&self) -> f64 {
+        let ways = match self.mode {
+            Mode::Rate | Mode::Bw if self.bidirectional => 2.0,
+            _ => 1.0,
+        };
+        ways * self.size as f64 * 8.0
+    }
+
+    /// The `--interval` reports of this run (lat, rate and bw).
+    pub(crate) fn interval_report(&self) -> Option<IntervalReport> {
+        let every = self.interval_s?;
+        if self.mode == Mode::Fuse {
+            return None;
+        }
+        let label = format!("{} {} {} B", self.backend, self.mode.name(), self.size);
+        Some(IntervalReport::new(
+            Duration::from_secs_f64(every),
+            label,
+            self.bits_per_msg(),
+        ))
     }
 }
 
@@ -180,6 +236,8 @@ impl Plan {
                             tensors: self.tensors.max(1),
                             max_size,
                             rep,
+                            interval_s: self.interval_s,
+                            bidirectional: self.bidirectional,
                         });
                     }
                 }
@@ -196,8 +254,8 @@ pub struct Measured {
     pub iters: u64,
     /// Measured wall time.
     pub elapsed: Duration,
-    /// Round-trip times in ns (lat and rate).
-    pub rtts_ns: Vec<u64>,
+    /// Round-trip times (lat and rate), over every connection.
+    pub rtts: Rtts,
     /// Fused steps per second (fuse mode).
     pub fused_steps_per_s: Option<f64>,
     /// Unfused steps per second (fuse mode).
@@ -225,6 +283,15 @@ pub struct ResultLine {
     pub p999_us: Option<f64>,
     pub min_us: Option<f64>,
     pub max_us: Option<f64>,
+    /// 99.99th percentile round trip.
+    #[serde(default)]
+    pub p9999_us: Option<f64>,
+    /// Mean round trip.
+    #[serde(default)]
+    pub avg_us: Option<f64>,
+    /// Standard deviation of the round trips.
+    #[serde(default)]
+    pub stdev_us: Option<f64>,
     pub msgs_per_s: Option<f64>,
     pub gbps: Option<f64>,
     pub polling: bool,
@@ -243,31 +310,55 @@ pub struct ResultLine {
     /// to plain sends at the first one.
     #[serde(default)]
     pub zc_copied: Option<u64>,
+    /// Rate and bw requests echoed (`--bidirectional`); `gbps` counts
+    /// both ways.
+    #[serde(default)]
+    pub bidirectional: bool,
+    /// `--cpu-util`: CPU time of the client process over the run, in % of
+    /// one core (over loopback the process holds both ends).
+    #[serde(default)]
+    pub cpu_pct: Option<f64>,
+    /// `--cpu-util` with `--connect`: the same of the server process.
+    #[serde(default)]
+    pub server_cpu_pct: Option<f64>,
 }
 
-fn result_line(plan: &Plan, run: &Run, m: &mut Measured) -> ResultLine {
+impl ResultLine {
+    /// Set the latency fields from `lat` (all `None` without one).
+    fn set_latency(&mut self, lat: Option<hist::LatencySummary>) {
+        self.p50_us = lat.map(|l| l.p50_us);
+        self.p99_us = lat.map(|l| l.p99_us);
+        self.p999_us = lat.map(|l| l.p999_us);
+        self.p9999_us = lat.map(|l| l.p9999_us);
+        self.min_us = lat.map(|l| l.min_us);
+        self.max_us = lat.map(|l| l.max_us);
+        self.avg_us = lat.map(|l| l.avg_us);
+        self.stdev_us = lat.map(|l| l.stdev_us);
+    }
+}
+
+fn result_line(plan: &Plan, run: &Run, m: &Measured) -> ResultLine {
     let secs = m.elapsed.as_secs_f64();
     let rate = (secs > 0.0).then(|| m.iters as f64 / secs);
-    let lat = match run.mode {
-        Mode::Lat | Mode::Rate => summarize(&mut m.rtts_ns),
-        Mode::Bw | Mode::Fuse => None,
-    };
     let (msgs_per_s, gbps) = match run.mode {
         Mode::Fuse => (None, None),
-        _ => (rate, rate.map(|r| r * run.size as f64 * 8.0 / 1e9)),
+        _ => (rate, rate.map(|r| r * run.bits_per_msg() / 1e9)),
     };
-    ResultLine {
+    let mut line = ResultLine {
         backend: run.backend,
         mode: run.mode,
         size: run.size,
         inflight: run.inflight,
         connections: run.connections,
         iters: m.iters,
-        p50_us: lat.map(|l| l.p50_us),
-        p99_us: lat.map(|l| l.p99_us),
-        p999_us: lat.map(|l| l.p999_us),
-        min_us: lat.map(|l| l.min_us),
-        max_us: lat.map(|l| l.max_us),
+        p50_us: None,
+        p99_us: None,
+        p999_us: None,
+        min_us: None,
+        max_us: None,
+        p9999_us: None,
+        avg_us: None,
+        stdev_us: None,
         msgs_per_s,
         gbps,
         polling: plan.polling,
@@ -280,27 +371,36 @@ fn result_line(plan: &Plan, run: &Run, m: &mut Measured) -> ResultLine {
         syscalls_per_msg: m.syscalls_per_msg,
         zc_sends: m.zero_copy.map(|z| z.0),
         zc_copied: m.zero_copy.map(|z| z.1),
+        bidirectional: run.bidirectional && matches!(run.mode, Mode::Rate | Mode::Bw),
+        cpu_pct: None,
+        server_cpu_pct: None,
+    };
+    if matches!(run.mode, Mode::Lat | Mode::Rate) {
+        line.set_latency(m.rtts.summary());
     }
+    line
 }
 
-/// The median of each metric over the repetitions of one configuration.
-fn median_line(lines: &[ResultLine]) -> ResultLine {
+/// One configuration's result: the median of each metric over its
+/// repetitions, except the round trips, which are those of every
+/// repetition merged (`rtts`).
+fn median_line(lines: &[ResultLine], rtts: Option<&Rtts>) -> ResultLine {
     let mut out = lines[0].clone();
     macro_rules! med {
         ($f:ident) => {
             out.$f = median(lines.iter().map(|l| l.$f));
         };
     }
-    med!(p50_us);
-    med!(p99_us);
-    med!(p999_us);
-    med!(min_us);
-    med!(max_us);
+    if let Some(r) = rtts {
+        out.set_latency(r.summary());
+    }
     med!(msgs_per_s);
     med!(gbps);
     med!(fused_steps_per_s);
     med!(unfused_steps_per_s);
     med!(syscalls_per_msg);
+    med!(cpu_pct);
+    med!(server_cpu_pct);
     let mut iters: Vec<u64> = lines.iter().map(|l| l.iters).collect();
     iters.sort_unstable();
     out.iters = iters[iters.len() / 2];
@@ -324,6 +424,26 @@ pub struct BenchArgs {
     /// Payload bytes per message, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "64")]
     pub sizes: Vec<usize>,
+    /// Every size from 2 B to 8 MiB, powers of two (perftest's -a).
+    #[arg(long, conflicts_with = "sizes")]
+    pub all_sizes: bool,
+    /// Rate and bw: the server echoes each request, so the payload flows
+    /// both ways at once and Gb/s counts both (perftest's -b); lat is
+    /// always both ways.
+    #[arg(long)]
+    pub bidirectional: bool,
+    /// Report rate and round trips every SECS seconds of each run, on
+    /// stderr (iperf3's -i).
+    #[arg(long, value_name = "SECS")]
+    pub interval: Option<f64>,
+    /// Report the CPU use of the process over each run, in % of one core
+    /// (perftest's --cpu_util).
+    #[arg(long)]
+    pub cpu_util: bool,
+    /// Write the round-trip histogram of every lat and rate result to FILE,
+    /// in HdrHistogram's interval log format, tagged BACKEND-MODE-SIZE.
+    #[arg(long, value_name = "FILE")]
+    pub histogram: Option<PathBuf>,
     /// Outstanding messages for rate (default 16) and bw (default 8), per
     /// connection.
     #[arg(long)]
@@ -361,9 +481,15 @@ pub struct BenchArgs {
     /// One JSON object per result line instead of a table.
     #[arg(long)]
     pub json: bool,
-    /// Serve one benchmark client on ADDR:PORT (the server host).
+    /// Serve benchmark clients on ADDR:PORT, one after another, until
+    /// stopped (SIGINT or SIGTERM): the server host.
     #[arg(long, conflicts_with = "connect")]
     pub listen: Option<String>,
+    /// With --listen: serve one client, then exit with its outcome
+    /// (iperf3's --one-off). Scripts use it so the server ends, and closes
+    /// its ports (a DPDK port's XDP program among them), on its own.
+    #[arg(long, requires = "listen")]
+    pub one_off: bool,
     /// Run the plan against a `bench --listen` server at ADDR:PORT.
     #[arg(long)]
     pub connect: Option<String>,
@@ -454,8 +580,16 @@ fn idle_policy(role: Role, polling: bool) -> Result<IdlePolicy, String> {
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 enum ServerMsg {
-    Ready { port: u16 },
-    Done { ok: bool, error: Option<String> },
+    Ready {
+        port: u16,
+    },
+    Done {
+        ok: bool,
+        error: Option<String>,
+        /// CPU % of the server process over the run (with `--cpu-util`).
+        #[serde(default)]
+        cpu_pct: Option<f64>,
+    },
     Error(String),
 }
 
@@ -486,7 +620,7 @@ fn recv_line<T: for<'de> Deserialize<'de>>(r: &mut BufReader<TcpStream>) -> Resu
 /// `server_core` overrides the plan's server core (the listen host's own
 /// `--cores`).
 fn serve(
-    listener: TcpListener,
+    listener: &TcpListener,
     server_core: Option<Option<usize>>,
     telemetry: &Telemetry,
 ) -> Result<(), String> {
@@ -521,6 +655,9 @@ fn serve(
             .map_err(|e| format!("binding a data listener on {ip}: {e}"))?;
         let port = data.local_addr().map_err(|e| e.to_string())?.port();
         send_line(&mut w, &ServerMsg::Ready { port })?;
+        // getrusage(2) of this process does not fail; were it to, the run
+        // goes on without the figure rather than break the protocol.
+        let cpu = plan.cpu_util.then(CpuMeter::start).and_then(Result::ok);
         telemetry
             .counter(
                 "starwire_bench_runs",
@@ -541,14 +678,17 @@ fn serve(
             #[cfg(feature = "dpdk")]
             Backend::Dpdk => dpdk::serve(data, want, &run, core, idle),
         };
+        let cpu_pct = cpu.and_then(|c| c.percent().ok());
         let msg = match &res {
             Ok(()) => ServerMsg::Done {
                 ok: true,
                 error: None,
+                cpu_pct,
             },
             Err(e) => ServerMsg::Done {
                 ok: false,
                 error: Some(e.clone()),
+                cpu_pct,
             },
         };
         send_line(&mut w, &msg)?;
@@ -656,9 +796,54 @@ impl Progress {
     }
 }
 
+/// One configuration's result and the round trips behind it.
+#[derive(Debug)]
+pub(crate) struct Outcome {
+    /// The result line (medians over repetitions, merged round trips).
+    pub line: ResultLine,
+    /// Every repetition's round trips, merged (lat and rate; kept when
+    /// asked for).
+    pub rtts: Option<Rtts>,
+    /// When its first repetition started, from the start of the bench.
+    pub start: Duration,
+    /// Measured time over its repetitions.
+    pub measured: Duration,
+}
+
+/// The repetitions of one (backend, mode, size) seen so far.
+struct Group {
+    key: (Backend, Mode, usize),
+    lines: Vec<ResultLine>,
+    rtts: Option<Rtts>,
+    start: Duration,
+    measured: Duration,
+}
+
+impl Group {
+    fn finish(self, keep_rtts: bool) -> Outcome {
+        let line = median_line(&self.lines, self.rtts.as_ref());
+        Outcome {
+            line,
+            rtts: self.rtts.filter(|_| keep_rtts),
+            start: self.start,
+            measured: self.measured,
+        }
+    }
+}
+
+/// How [`drive`] reports.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DriveOpts {
+    /// The server runs in this process (its CPU use is the client's).
+    pub loopback: bool,
+    /// Keep each result's merged histogram (for `--histogram`).
+    pub keep_rtts: bool,
+}
+
 /// The client side: send the plan to the server at `ctl_addr`, run every
-/// run, and return the result lines (medians over repetitions).
-fn drive(plan: &Plan, ctl_addr: SocketAddr) -> Result<Vec<ResultLine>, String> {
+/// run, and return one outcome per configuration (medians over
+/// repetitions).
+fn drive(plan: &Plan, ctl_addr: SocketAddr, opts: DriveOpts) -> Result<Vec<Outcome>, String> {
     let ctl = TcpStream::connect(ctl_addr)
         .map_err(|e| format!("connecting to the bench server {ctl_addr}: {e}"))?;
     ctl.set_nodelay(true).ok();
@@ -667,14 +852,23 @@ fn drive(plan: &Plan, ctl_addr: SocketAddr) -> Result<Vec<ResultLine>, String> {
     send_line(&mut w, &ClientHello { plan: plan.clone() })?;
     let client_idle = idle_policy(Role::Worker, plan.polling)?;
     let runs = plan.runs();
+    let started = Instant::now();
     let mut progress = Progress {
-        start: Instant::now(),
+        start: started,
         shown: false,
     };
     let mut raw_fuse_noted = false;
-    // (backend, mode, size) -> lines of every repetition, in first-seen order.
-    let mut groups: Vec<((Backend, Mode, usize), Vec<ResultLine>)> = Vec::new();
+    // The runs of one (mode, size) are contiguous: their groups are
+    // finished, and their histograms merged and freed, before the next.
+    let mut pending: Vec<Group> = Vec::new();
+    let mut out = Vec::new();
     for (i, run) in runs.iter().enumerate() {
+        if pending
+            .first()
+            .is_some_and(|g| (g.key.1, g.key.2) != (run.mode, run.size))
+        {
+            out.extend(pending.drain(..).map(|g| g.finish(opts.keep_rtts)));
+        }
         if run.backend == Backend::Raw && run.mode == Mode::Fuse {
             if !raw_fuse_noted {
                 eprintln!(
@@ -689,6 +883,12 @@ fn drive(plan: &Plan, ctl_addr: SocketAddr) -> Result<Vec<ResultLine>, String> {
         let port = match recv_line::<ServerMsg>(&mut r)? {
             ServerMsg::Ready { port } => port,
             other => return Err(format!("bench server: unexpected {other:?}")),
+        };
+        let run_start = started.elapsed();
+        let cpu = if plan.cpu_util {
+            Some(CpuMeter::start()?)
+        } else {
+            None
         };
         // Shard 0: the server's one reactor. The listener is bound
         // before `ready`, so one attempt each (no retry).
@@ -721,8 +921,11 @@ fn drive(plan: &Plan, ctl_addr: SocketAddr) -> Result<Vec<ResultLine>, String> {
                 client_idle,
             ),
         };
-        match recv_line::<ServerMsg>(&mut r)? {
-            ServerMsg::Done { ok: true, .. } => {}
+        let cpu_pct = cpu.map(|c| c.percent()).transpose()?;
+        let server_cpu_pct = match recv_line::<ServerMsg>(&mut r)? {
+            ServerMsg::Done {
+                ok: true, cpu_pct, ..
+            } => cpu_pct,
             ServerMsg::Done { error, .. } => {
                 return Err(format!(
                     "bench server failed in {} {} {} B: {}",
@@ -733,109 +936,37 @@ fn drive(plan: &Plan, ctl_addr: SocketAddr) -> Result<Vec<ResultLine>, String> {
                 ))
             }
             other => return Err(format!("bench server: unexpected {other:?}")),
-        }
-        let mut m = measured?;
-        let line = result_line(plan, run, &mut m);
+        };
+        let m = measured?;
+        let mut line = result_line(plan, run, &m);
+        line.cpu_pct = cpu_pct;
+        line.server_cpu_pct = server_cpu_pct.filter(|_| !opts.loopback);
         let key = (run.backend, run.mode, run.size);
-        match groups.iter_mut().find(|(k, _)| *k == key) {
-            Some((_, v)) => v.push(line),
-            None => groups.push((key, vec![line])),
-        }
-    }
-    progress.finish();
-    Ok(groups.iter().map(|(_, v)| median_line(v)).collect())
-}
-
-fn fmt_opt(v: Option<f64>, prec: usize) -> String {
-    match v {
-        Some(x) => format!("{x:.prec$}"),
-        None => "-".to_owned(),
-    }
-}
-
-fn print_table(plan: &Plan, lines: &[ResultLine]) {
-    let cores = match (plan.client_core, plan.server_core) {
-        (Some(c), Some(s)) => format!("client core {c}, server core {s}"),
-        _ => "unpinned".to_owned(),
-    };
-    println!("{}", "-".repeat(127));
-    let conns = match plan.connections {
-        0 | 1 => String::new(),
-        n => format!("   {n} connections (inflight is per connection)"),
-    };
-    println!(
-        " starwire bench   polling {}   {cores}   repeat {} (median){conns}",
-        if plan.polling { "on" } else { "off" },
-        plan.repeat.max(1)
-    );
-    println!("{}", "-".repeat(127));
-    println!(
-        " {:<7} {:<5} {:>9} {:>8} {:>8} {:>9} {:>9} {:>9} {:>10} {:>9} {:>12} {:>8} {:>8}",
-        "backend",
-        "mode",
-        "#bytes",
-        "#iters",
-        "inflight",
-        "t_min[us]",
-        "t_p50[us]",
-        "t_p99[us]",
-        "t_p999[us]",
-        "t_max[us]",
-        "msgs/s",
-        "Gb/s",
-        "sys/msg"
-    );
-    for l in lines {
-        if l.mode == Mode::Fuse {
-            let ratio = match (l.fused_steps_per_s, l.unfused_steps_per_s) {
-                (Some(f), Some(u)) if u > 0.0 => format!("{:.1}x", f / u),
-                _ => "-".to_owned(),
-            };
-            println!(
-                " {:<7} {:<5} {:>9} {:>8} {:>8}   tensors/step {}   fused steps/s {}   \
-                 unfused steps/s {}   fused/unfused {ratio}",
-                l.backend.name(),
-                l.mode.name(),
-                l.size,
-                l.iters,
-                l.inflight,
-                l.tensors.unwrap_or(0),
-                fmt_opt(l.fused_steps_per_s, 1),
-                fmt_opt(l.unfused_steps_per_s, 1),
-            );
-            continue;
-        }
-        println!(
-            " {:<7} {:<5} {:>9} {:>8} {:>8} {:>9} {:>9} {:>9} {:>10} {:>9} {:>12} {:>8} {:>8}",
-            l.backend.name(),
-            l.mode.name(),
-            l.size,
-            l.iters,
-            l.inflight,
-            fmt_opt(l.min_us, 2),
-            fmt_opt(l.p50_us, 2),
-            fmt_opt(l.p99_us, 2),
-            fmt_opt(l.p999_us, 2),
-            fmt_opt(l.max_us, 2),
-            fmt_opt(l.msgs_per_s, 0),
-            fmt_opt(l.gbps, 3),
-            fmt_opt(l.syscalls_per_msg, 3),
-        );
-    }
-    println!("{}", "-".repeat(127));
-    for l in lines {
-        if let (Some(z), Some(c)) = (l.zc_sends, l.zc_copied) {
-            if z > 0 {
-                println!(
-                    " {} {} {} B: {z} zero-copy sends, {c} reported copied by the kernel \
-                     (the connection then sends plainly; loopback always copies)",
-                    l.backend.name(),
-                    l.mode.name(),
-                    l.size
-                );
+        let g = match pending.iter().position(|g| g.key == key) {
+            Some(at) => &mut pending[at],
+            None => {
+                pending.push(Group {
+                    key,
+                    lines: Vec::new(),
+                    rtts: None,
+                    start: run_start,
+                    measured: Duration::ZERO,
+                });
+                pending.last_mut().expect("just pushed")
+            }
+        };
+        g.lines.push(line);
+        g.measured += m.elapsed;
+        if matches!(run.mode, Mode::Lat | Mode::Rate) {
+            match &mut g.rtts {
+                Some(all) => all.merge(&m.rtts),
+                None => g.rtts = Some(m.rtts),
             }
         }
     }
+    out.extend(pending.drain(..).map(|g| g.finish(opts.keep_rtts)));
+    progress.finish();
+    Ok(out)
 }
 
 fn resolve_addr(s: &str) -> Result<SocketAddr, String> {
@@ -861,6 +992,20 @@ pub(crate) fn validate(args: &BenchArgs) -> Result<(), String> {
                 "--duration {d}: expected a positive number of seconds"
             ));
         }
+    }
+    if let Some(i) = args.interval {
+        if !(i > 0.0 && i.is_finite()) {
+            return Err(format!(
+                "--interval {i}: expected a positive number of seconds"
+            ));
+        }
+    }
+    if args.bidirectional && args.mode.contains(&Mode::Fuse) {
+        return Err(
+            "--bidirectional applies to rate and bw (lat is always both ways); \
+             fuse mode sends one way"
+                .into(),
+        );
     }
     if args.inflight == Some(0) || args.tensors == 0 || args.repeat == 0 {
         return Err("--inflight, --tensors and --repeat must be at least 1".into());
@@ -919,22 +1064,65 @@ const MAX_CONNECTIONS: usize = 512;
 /// Run `plan` against a bench server on a thread of this process, over
 /// loopback (what `bench` does without `--listen`/`--connect`).
 pub(crate) fn run_loopback(plan: &Plan) -> Result<Vec<ResultLine>, String> {
+    let opts = DriveOpts {
+        loopback: true,
+        keep_rtts: false,
+    };
+    Ok(loopback_outcomes(plan, opts)?
+        .into_iter()
+        .map(|o| o.line)
+        .collect())
+}
+
+fn loopback_outcomes(plan: &Plan, opts: DriveOpts) -> Result<Vec<Outcome>, String> {
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
         .map_err(|e| format!("binding the loopback control listener: {e}"))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let server = std::thread::Builder::new()
         .name("bench-control".into())
-        .spawn(move || serve(listener, None, &Telemetry::new()))
+        .spawn(move || serve(&listener, None, &Telemetry::new()))
         .map_err(|e| e.to_string())?;
     // A client error returns at once: the server thread may still wait
     // for data connections that will not come (it gives up after
     // ACCEPT_TIMEOUT), and ends with the process.
-    let lines = drive(plan, addr)?;
+    let outcomes = drive(plan, addr, opts)?;
     let served = server
         .join()
         .map_err(|_| "bench server thread panicked".to_owned())?;
     served?;
-    Ok(lines)
+    Ok(outcomes)
+}
+
+/// Every size of `--all-sizes`: 2 B to 8 MiB, powers of two.
+fn all_sizes() -> Vec<usize> {
+    (1..=23).map(|k| 1usize << k).collect()
+}
+
+/// `--listen`: serve clients one after another. A client's failure is
+/// logged and the next is served; SIGINT or SIGTERM ends the process.
+fn listen(args: &BenchArgs, listen: &str) -> Result<(), String> {
+    let addr = resolve_addr(listen)?;
+    let listener = TcpListener::bind(addr).map_err(|e| format!("binding --listen {addr}: {e}"))?;
+    let local = listener.local_addr().map_err(|e| e.to_string())?;
+    let core = args.cores.map(|c| Some(c.server));
+    let telemetry = Telemetry::new();
+    let _metrics = args.metrics.serve(&telemetry)?;
+    loop {
+        eprintln!("starwire bench: waiting for a client on {local} (stop with Ctrl-C)");
+        let served = serve(&listener, core, &telemetry);
+        if args.one_off {
+            return served;
+        }
+        match served {
+            Ok(()) => tracing::info!("bench client done"),
+            Err(e) => {
+                tracing::warn!("bench client failed: {e}");
+                // An accept that fails at once (out of file descriptors)
+                // must not spin.
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
 }
 
 /// Run `starwire bench`.
@@ -960,29 +1148,24 @@ pub fn main(args: BenchArgs) -> Result<(), String> {
             crate::dpdk::DpdkContext::get()?;
         }
     }
-    if let Some(listen) = &args.listen {
-        let addr = resolve_addr(listen)?;
+    if let Some(listen_at) = &args.listen {
+        let addr = resolve_addr(listen_at)?;
         if let Err(e) = starwire_train::cluster::check_listen(addr, has_token, args.token.insecure)
         {
             eprintln!("starwire: error: {e}");
             std::process::exit(crate::guard::EXIT_INSECURE.into());
         }
-        let listener =
-            TcpListener::bind(addr).map_err(|e| format!("binding --listen {addr}: {e}"))?;
-        eprintln!(
-            "starwire bench: waiting for a client on {}",
-            listener.local_addr().map_err(|e| e.to_string())?
-        );
-        let core = args.cores.map(|c| Some(c.server));
-        let telemetry = Telemetry::new();
-        let _metrics = args.metrics.serve(&telemetry)?;
-        return serve(listener, core, &telemetry);
+        return listen(&args, listen_at);
     }
     let (client_core, server_core) = choose_cores(args.cores, args.device.as_deref())?;
     let plan = Plan {
         backends: args.backends.clone(),
         modes: args.mode.clone(),
-        sizes: args.sizes.clone(),
+        sizes: if args.all_sizes {
+            all_sizes()
+        } else {
+            args.sizes.clone()
+        },
         inflight: args.inflight,
         iters: args.iters,
         duration_s: args.duration,
@@ -993,11 +1176,40 @@ pub fn main(args: BenchArgs) -> Result<(), String> {
         client_core,
         server_core,
         connections: args.connections,
+        interval_s: args.interval,
+        bidirectional: args.bidirectional,
+        cpu_util: args.cpu_util,
     };
-    let lines = match &args.connect {
-        Some(c) => drive(&plan, resolve_addr(c)?)?,
-        None => run_loopback(&plan)?,
+    // Made before the runs, so that a path that cannot be written fails
+    // before minutes of measuring.
+    if let Some(p) = &args.histogram {
+        std::fs::File::create(p)
+            .map_err(|e| format!("creating --histogram {}: {e}", p.display()))?;
+    }
+    let started = SystemTime::now();
+    let opts = DriveOpts {
+        loopback: args.connect.is_none(),
+        keep_rtts: args.histogram.is_some(),
     };
+    let outcomes = match &args.connect {
+        Some(c) => drive(&plan, resolve_addr(c)?, opts)?,
+        None => loopback_outcomes(&plan, opts)?,
+    };
+    if let Some(p) = &args.histogram {
+        let entries: Vec<hist::LogEntry<'_>> = outcomes
+            .iter()
+            .filter_map(|o| {
+                o.rtts.as_ref().map(|rtts| hist::LogEntry {
+                    tag: format!("{}-{}-{}", o.line.backend, o.line.mode.name(), o.line.size),
+                    start: o.start,
+                    duration: o.measured,
+                    rtts,
+                })
+            })
+            .collect();
+        hist::write_log(p, started, &entries)?;
+    }
+    let lines: Vec<ResultLine> = outcomes.into_iter().map(|o| o.line).collect();
     if args.json {
         let stdout = std::io::stdout();
         let mut out = stdout.lock();
@@ -1006,7 +1218,93 @@ pub fn main(args: BenchArgs) -> Result<(), String> {
             writeln!(out, "{s}").map_err(|e| e.to_string())?;
         }
     } else {
-        print_table(&plan, &lines);
+        table::print(&plan, &lines);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(modes: Vec<Mode>, bidirectional: bool) -> Plan {
+        Plan {
+            backends: vec![Backend::Tcp],
+            modes,
+            sizes: vec![1024],
+            inflight: None,
+            iters: Some(10),
+            duration_s: None,
+            warmup: None,
+            tensors: 4,
+            repeat: 2,
+            polling: false,
+            client_core: None,
+            server_core: None,
+            connections: 1,
+            interval_s: Some(0.5),
+            bidirectional,
+            cpu_util: false,
+        }
+    }
+
+    #[test]
+    fn runs_carry_interval_and_direction() {
+        let runs = plan(vec![Mode::Lat, Mode::Rate, Mode::Bw, Mode::Fuse], true).runs();
+        assert_eq!(runs.len(), 8, "4 modes x 2 repetitions");
+        assert!(runs.iter().all(|r| r.interval_s == Some(0.5)));
+        let by = |m: Mode| runs.iter().find(|r| r.mode == m).unwrap();
+        // Lat is an echo either way and counts one direction; bidirectional
+        // rate and bw are echoed and count both; fuse is one way.
+        assert!(by(Mode::Lat).echoed() && by(Mode::Rate).echoed() && by(Mode::Bw).echoed());
+        assert!(!by(Mode::Fuse).echoed());
+        assert_eq!(by(Mode::Lat).bits_per_msg(), 8192.0);
+        assert_eq!(by(Mode::Bw).bits_per_msg(), 16384.0);
+        assert!(by(Mode::Fuse).interval_report().is_none());
+        assert!(by(Mode::Bw).interval_report().is_some());
+        let one_way = plan(vec![Mode::Rate], false).runs();
+        assert!(!one_way[0].echoed());
+        assert_eq!(one_way[0].bits_per_msg(), 8192.0);
+    }
+
+    #[test]
+    fn repetitions_merge_their_round_trips_and_take_medians_of_the_rest() {
+        let p = plan(vec![Mode::Lat], false);
+        let runs = p.runs();
+        let measured = |ns: u64, n: u64, secs: u64| {
+            let mut rtts = Rtts::new();
+            for _ in 0..n {
+                rtts.record(ns);
+            }
+            Measured {
+                iters: n,
+                elapsed: Duration::from_secs(secs),
+                rtts,
+                ..Measured::default()
+            }
+        };
+        // One fast repetition of 99 round trips, one slow of a single one.
+        let (a, b) = (measured(10_000, 99, 1), measured(1_000_000, 1, 1));
+        let lines = [result_line(&p, &runs[0], &a), result_line(&p, &runs[1], &b)];
+        // Within the histogram's 0.1%.
+        let near = |v: Option<f64>, want: f64| (v.unwrap() - want).abs() <= want * 1e-3;
+        assert!(near(lines[1].p50_us, 1000.0), "{:?}", lines[1]);
+        let mut all = Rtts::new();
+        all.merge(&a.rtts);
+        all.merge(&b.rtts);
+        let m = median_line(&lines, Some(&all));
+        // Merged: the median is the fast one's, the max the slow one's
+        // (a median of the repetitions' p50s would be 505 µs).
+        assert!(near(m.p50_us, 10.0), "{m:?}");
+        assert!(near(m.max_us, 1000.0), "{m:?}");
+        assert_eq!(m.msgs_per_s, Some(50.0), "median of 99/s and 1/s");
+        assert_eq!(m.repeat, 2);
+    }
+
+    #[test]
+    fn all_sizes_are_the_powers_of_two_from_2_b_to_8_mib() {
+        let s = all_sizes();
+        assert_eq!((s[0], s[s.len() - 1], s.len()), (2, 8 << 20, 23));
+        assert!(s.windows(2).all(|w| w[1] == 2 * w[0]));
+    }
 }

@@ -12,6 +12,7 @@ use std::io::{ErrorKind, IoSlice, Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
+use super::hist::Rtts;
 use super::{Measured, Mode, Run};
 
 const HDR: usize = 8;
@@ -151,11 +152,12 @@ fn client_here(
 ) -> Result<Measured, String> {
     pin(core)?;
     setup(&s, polling)?;
-    let (op, resp_len, record) = match run.mode {
-        Mode::Lat => (OP_ECHO, HDR + run.size, true),
-        Mode::Rate => (OP_ACK, HDR, true),
-        Mode::Bw | Mode::Fuse => (OP_ACK, HDR, false),
+    let (op, resp_len) = if run.echoed() {
+        (OP_ECHO, HDR + run.size)
+    } else {
+        (OP_ACK, HDR)
     };
+    let record = matches!(run.mode, Mode::Lat | Mode::Rate);
     let inflight = run.inflight as u64;
     let mut req = Vec::with_capacity(HDR + run.size);
     req.extend_from_slice(&header(run.size, op));
@@ -163,13 +165,17 @@ fn client_here(
     let mut rx = vec![0u8; RX_BUF];
     let duration = run.duration();
     let total = run.warmup + run.iters;
-    let mut rtts = Vec::with_capacity(if record { run.iters as usize } else { 0 });
+    let mut rtts = Rtts::new();
+    let mut interval = run.interval_report();
     let mut starts: VecDeque<Instant> = VecDeque::with_capacity(run.inflight);
     let (mut started, mut completed) = (0u64, 0u64);
     let mut tx_at: Option<usize> = None;
     let mut queued = 0usize;
     let mut rx_acc = 0usize;
     let mut measure_start = (run.warmup == 0).then(Instant::now);
+    if let (Some(r), Some(t0)) = (&mut interval, measure_start) {
+        r.start(t0);
+    }
     let mut measure_end = None;
     loop {
         let may_start = match (duration, measure_start) {
@@ -248,11 +254,20 @@ fn client_here(
                     .pop_front()
                     .ok_or("raw client: response without a request")?;
                 completed += 1;
-                if completed > run.warmup && record {
-                    rtts.push(now.duration_since(t0).as_nanos() as u64);
+                if completed > run.warmup {
+                    let ns = now.duration_since(t0).as_nanos() as u64;
+                    if record {
+                        rtts.record(ns);
+                    }
+                    if let Some(r) = &mut interval {
+                        r.on_complete(now, record.then_some(ns));
+                    }
                 }
                 if completed == run.warmup {
                     measure_start = Some(now);
+                    if let Some(r) = &mut interval {
+                        r.start(now);
+                    }
                 }
                 measure_end = Some(now);
             }
@@ -260,10 +275,13 @@ fn client_here(
     }
     let t0 = measure_start.unwrap_or_else(Instant::now);
     let elapsed = measure_end.map_or(Duration::ZERO, |t| t.saturating_duration_since(t0));
+    if let (Some(mut r), Some(end)) = (interval, measure_end) {
+        r.finish(end);
+    }
     Ok(Measured {
         iters: completed.saturating_sub(run.warmup),
         elapsed,
-        rtts_ns: rtts,
+        rtts,
         ..Measured::default()
     })
 }

@@ -24,6 +24,7 @@ use starwire_transport::{
     Service, Sessions, StreamDriver, TaskRole, TransportError,
 };
 
+use super::hist::{IntervalReport, Rtts};
 use super::{Measured, Mode, Run, ACCEPT_TIMEOUT};
 
 /// TCP settings both ends derive from the plan, so they agree: a frame
@@ -306,7 +307,10 @@ pub fn serve_opened<D: BenchDriver>(
     idle: IdlePolicy,
     on_thread: impl FnOnce() + Send + 'static,
 ) -> Result<(), String> {
-    let cfg = conn_config(TaskRole::Ps, window_for(run));
+    let mut cfg = conn_config(TaskRole::Ps, window_for(run));
+    // The server end of connections opened over a datagram link: no
+    // acceptor marks them, and the handshake's proofs name the side.
+    cfg.side = starwire_transport::Side::Acceptor;
     let reactor = Reactor::spawn(spec(1, core, idle), move |_| {
         on_thread();
         let mut ep = Endpoint::new(driver, EchoServer::new(ids.len()), cfg);
@@ -389,7 +393,8 @@ struct GenState {
     completed: u64,
     measure_start: Option<Instant>,
     measure_end: Option<Instant>,
-    rtts: Vec<u64>,
+    rtts: Rtts,
+    interval: Option<IntervalReport>,
     fuse: Option<FuseState>,
     kicked: bool,
     complete: bool,
@@ -400,11 +405,13 @@ struct GenState {
 impl GenState {
     /// The state of `run`, before its connections are attached.
     fn new(run: &Run) -> Self {
-        let (op, record) = match run.mode {
-            Mode::Lat => (Opcode::Rpc, true),
-            Mode::Rate => (Opcode::DensePush, true),
-            Mode::Bw | Mode::Fuse => (Opcode::DensePush, false),
+        // The server echoes `Rpc` and acks `DensePush` empty.
+        let op = if run.echoed() {
+            Opcode::Rpc
+        } else {
+            Opcode::DensePush
         };
+        let record = matches!(run.mode, Mode::Lat | Mode::Rate);
         let payload = Bytes::from((0..run.size).map(|i| i as u8).collect::<Vec<u8>>());
         let fuse = (run.mode == Mode::Fuse).then(|| {
             let tensors = (0..run.tensors as u64)
@@ -442,13 +449,21 @@ impl GenState {
             completed: 0,
             measure_start: None,
             measure_end: None,
-            rtts: Vec::with_capacity(if record { run.iters as usize } else { 0 }),
+            rtts: Rtts::new(),
+            interval: run.interval_report(),
             fuse,
             kicked: false,
             complete: false,
             closed: false,
             error: None,
             run: run.clone(),
+        }
+    }
+
+    fn start_measuring(&mut self, now: Instant) {
+        self.measure_start = Some(now);
+        if let Some(r) = &mut self.interval {
+            r.start(now);
         }
     }
 
@@ -509,11 +524,17 @@ impl GenState {
             return self.fail(format!("response {id} out of order (expected {want})"));
         }
         self.completed += 1;
-        if self.completed > self.run.warmup && self.record {
-            self.rtts.push(now.duration_since(t0).as_nanos() as u64);
+        if self.completed > self.run.warmup {
+            let ns = now.duration_since(t0).as_nanos() as u64;
+            if self.record {
+                self.rtts.record(ns);
+            }
+            if let Some(r) = &mut self.interval {
+                r.on_complete(now, self.record.then_some(ns));
+            }
         }
         if self.completed == self.run.warmup {
-            self.measure_start = Some(now);
+            self.start_measuring(now);
         }
         self.measure_end = Some(now);
         self.issue(c, conn);
@@ -641,7 +662,7 @@ impl<D: Driver> Service<D> for LoadGen {
         if !st.kicked {
             st.kicked = true;
             if st.run.warmup == 0 {
-                st.measure_start = Some(now);
+                st.start_measuring(now);
             }
             for &id in ids.iter() {
                 if let Some(conn) = sessions.conn(id) {
@@ -747,7 +768,7 @@ fn client_outcome<D: BenchDriver>(joined: Joined<D, LoadGen>) -> Result<Measured
         return Ok(Measured {
             iters: st.completed,
             elapsed: Duration::ZERO,
-            rtts_ns: Vec::new(),
+            rtts: Rtts::default(),
             fused_steps_per_s: f.fused_rate,
             unfused_steps_per_s: f.unfused_rate,
             syscalls_per_msg,
@@ -758,10 +779,13 @@ fn client_outcome<D: BenchDriver>(joined: Joined<D, LoadGen>) -> Result<Measured
     let elapsed = st
         .measure_end
         .map_or(Duration::ZERO, |t| t.saturating_duration_since(t0));
+    if let (Some(mut r), Some(end)) = (st.interval, st.measure_end) {
+        r.finish(end);
+    }
     Ok(Measured {
         iters: st.completed.saturating_sub(st.run.warmup),
         elapsed,
-        rtts_ns: st.rtts,
+        rtts: st.rtts,
         fused_steps_per_s: None,
         unfused_steps_per_s: None,
         syscalls_per_msg,

@@ -4,7 +4,8 @@
 //! SVG plots.
 //!
 //! The suite: latency over sizes 64 B to 1 MiB, rate over 1 to 64 in
-//! flight, bandwidth, fusion, and a short comm-bound `train`. The train
+//! flight, bandwidth, fusion, and a comm-bound `train`, each case run
+//! several times and shown with its range. The train
 //! section comes from a [`TrainSuite`] the caller hands in; a build without
 //! one says so in the report and has no train figures.
 
@@ -92,14 +93,62 @@ pub trait TrainSuite {
     fn run(&self, case: &TrainCase) -> Result<TrainResult, String>;
 }
 
+/// Training steps of a full-suite train case: enough that start-up and the
+/// first steps' allocations do not decide the rate.
+const TRAIN_STEPS: u64 = 1000;
+/// Runs of each train case in the full suite (at least; `--repeat` more).
+const TRAIN_RUNS: usize = 3;
+
 /// One row of the train section of report.json.
 #[derive(Debug, Clone, Serialize)]
 struct TrainRow {
     #[serde(flatten)]
     case: TrainCase,
+    /// Median over the runs that succeeded.
     samples_per_s: Option<f64>,
+    /// Slowest and fastest of those runs.
+    samples_per_s_min: Option<f64>,
+    samples_per_s_max: Option<f64>,
+    /// Runs that succeeded.
+    runs: usize,
     steps: Option<u64>,
+    /// The first failing run's error.
     error: Option<String>,
+}
+
+impl TrainRow {
+    /// The row of `case` from its runs' results.
+    fn new(case: TrainCase, results: Vec<Result<TrainResult, String>>) -> Self {
+        let mut rates = Vec::new();
+        let mut steps = None;
+        let mut error = None;
+        for r in results {
+            match r {
+                Ok(r) => {
+                    rates.push(r.samples_per_s);
+                    steps = Some(r.steps);
+                }
+                Err(e) => {
+                    error.get_or_insert(e);
+                }
+            }
+        }
+        let lo = rates.iter().copied().reduce(f64::min);
+        let hi = rates.iter().copied().reduce(f64::max);
+        TrainRow {
+            case,
+            samples_per_s: crate::stats::median(rates.iter().map(|&r| Some(r))),
+            samples_per_s_min: lo,
+            samples_per_s_max: hi,
+            runs: rates.len(),
+            steps,
+            error,
+        }
+    }
+
+    fn range(&self) -> Option<(f64, f64)> {
+        self.samples_per_s_min.zip(self.samples_per_s_max)
+    }
 }
 
 /// Where and how the suite ran.
@@ -217,6 +266,9 @@ fn plans(args: &ReportArgs, backends: &[Backend], m: &Machine) -> Vec<Plan> {
         client_core: m.client_core,
         server_core: m.server_core,
         connections: 1,
+        interval_s: None,
+        bidirectional: false,
+        cpu_util: false,
     };
     let (lat, inflight, bw): (&[usize], &[usize], &[usize]) = if args.quick {
         (&[64, 4096], &[1, 8], &[65536])
@@ -242,7 +294,7 @@ fn train_cases(backends: &[Backend], quick: bool) -> Vec<TrainCase> {
         model: "lr".into(),
         embedding_dim: 64,
         batch_size: 512,
-        steps: if quick { 10 } else { 200 },
+        steps: if quick { 10 } else { TRAIN_STEPS },
     };
     let mut out = Vec::new();
     for &b in backends.iter().filter(|&&b| b.trains()) {
@@ -299,24 +351,33 @@ pub fn main(args: ReportArgs, train: Option<&dyn TrainSuite>) -> Result<(), Stri
         );
         lines.extend(bench::run_loopback(&plan)?);
     }
+    let runs = if args.quick {
+        1
+    } else {
+        args.repeat.max(TRAIN_RUNS)
+    };
     let train_rows = train.map(|suite| {
-        train_cases(&backends, args.quick)
-            .into_iter()
-            .map(|case| {
+        let cases = train_cases(&backends, args.quick);
+        // Runs alternate between the cases, as the bench's repetitions
+        // alternate between backends: a slow spell of the machine then
+        // touches every case, not one.
+        let mut results: Vec<Vec<Result<TrainResult, String>>> = vec![Vec::new(); cases.len()];
+        for run in 0..runs {
+            for (case, out) in cases.iter().zip(results.iter_mut()) {
                 eprintln!(
-                    "[starwire report {:>5.1}s] train {} fusion {}",
+                    "[starwire report {:>5.1}s] train {} fusion {} run {}/{runs}",
                     t0.elapsed().as_secs_f64(),
                     case.backend,
-                    if case.fusion { "on" } else { "off" }
+                    if case.fusion { "on" } else { "off" },
+                    run + 1
                 );
-                let r = suite.run(&case);
-                TrainRow {
-                    case,
-                    samples_per_s: r.as_ref().ok().map(|r| r.samples_per_s),
-                    steps: r.as_ref().ok().map(|r| r.steps),
-                    error: r.err(),
-                }
-            })
+                out.push(suite.run(case));
+            }
+        }
+        cases
+            .into_iter()
+            .zip(results)
+            .map(|(case, r)| TrainRow::new(case, r))
             .collect::<Vec<_>>()
     });
     write_all(&args.out, &m, &backends, &lines, train_rows.as_deref())?;
@@ -352,14 +413,22 @@ fn write_all(
     let mut plots = vec![
         ("latency.svg", plot::latency(lines, backends)?),
         ("rate.svg", plot::rate(lines, backends)?),
+        ("bandwidth.svg", plot::bandwidth(lines, backends)?),
+        ("fusion.svg", plot::fusion(lines, backends)?),
     ];
     if let Some(rows) = train {
-        let bars: Vec<(String, f64)> = rows
+        let bars: Vec<plot::Bar> = rows
             .iter()
             .filter_map(|r| {
                 r.samples_per_s.map(|v| {
                     let fuse = if r.case.fusion { "fused" } else { "unfused" };
-                    (format!("{} {fuse}", r.case.backend), v)
+                    plot::Bar {
+                        label: format!("{} {fuse}", r.case.backend),
+                        backend: r.case.backend.to_owned(),
+                        light: !r.case.fusion,
+                        value: v,
+                        spread: r.range().filter(|_| r.runs > 1),
+                    }
                 })
             })
             .collect();
@@ -566,6 +635,11 @@ fn markdown(
         o,
         "## Latency (ping-pong, one outstanding): p50 round trip\n"
     );
+    let _ = writeln!(
+        o,
+        "Round trips, not halves: perftest's `*_lat` tools report half a round \
+         trip. The percentiles are over every repetition's round trips merged.\n"
+    );
     let keys = keys_of(lines, Mode::Lat, false);
     table(
         &mut o,
@@ -593,7 +667,10 @@ fn markdown(
         },
     );
     if plots.iter().any(|(n, _)| *n == "latency.svg") {
-        let _ = writeln!(o, "![latency against size](latency.svg)\n");
+        let _ = writeln!(
+            o,
+            "![latency against size: p50 solid, p99 dashed](latency.svg)\n"
+        );
     }
 
     let size = keys_of(lines, Mode::Rate, true).first().map_or(0, |k| k.1);
@@ -631,6 +708,7 @@ fn markdown(
             unit: "Gb/s",
         },
     );
+    let _ = writeln!(o, "![bandwidth against size](bandwidth.svg)\n");
 
     let _ = writeln!(o, "## Fusion (steps of N tensors to one peer)\n");
     let _ = writeln!(
@@ -655,6 +733,7 @@ fn markdown(
         );
     }
     o.push('\n');
+    let _ = writeln!(o, "![fused and unfused steps/s](fusion.svg)\n");
 
     let _ = writeln!(
         o,
@@ -677,22 +756,42 @@ fn markdown(
                 .iter()
                 .find(|r| r.case.backend == INPROC)
                 .and_then(|r| r.samples_per_s);
+            let times = match rows.iter().map(|r| r.runs).max().unwrap_or(0) {
+                1 => "once".to_owned(),
+                n => format!("{n} times"),
+            };
             let _ = writeln!(
                 o,
-                "| backend | fusion | steps | samples/s | ÷ grpc unfused (stock TF) | ÷ inproc (no network) | error |\n|---|---|---:|---:|---:|---:|---|"
+                "Each case runs {times}, the cases taking turns; samples/s is the median, \
+                 the range the slowest and fastest run.\n"
+            );
+            let _ = writeln!(
+                o,
+                "| backend | fusion | steps | runs | samples/s | range | ÷ grpc unfused (stock TF) | ÷ inproc (no network) | error |\n|---|---|---:|---:|---:|---|---:|---:|---|"
             );
             for r in rows {
+                let range = match r.range() {
+                    Some((lo, hi)) if r.runs > 1 => {
+                        format!("{} – {}", fmt_num(Some(lo)), fmt_num(Some(hi)))
+                    }
+                    _ => "–".into(),
+                };
                 let _ = writeln!(
                     o,
-                    "| {} | {} | {} | {} | {} | {} | {} |",
+                    "| {} | {} | {} | {} | {} | {range} | {} | {} | {} |",
                     r.case.backend,
                     if r.case.fusion { "on" } else { "off" },
                     r.steps.map_or("–".into(), |s| s.to_string()),
+                    r.runs,
                     fmt_num(r.samples_per_s),
                     ratio(r.samples_per_s, grpc_off),
                     ratio(r.samples_per_s, bound),
                     r.error.as_deref().unwrap_or("")
                 );
+            }
+            o.push('\n');
+            for note in fusion_notes(rows) {
+                let _ = writeln!(o, "- {note}");
             }
             let _ = writeln!(o, "\n![train samples/s per backend](train.svg)\n");
         }
@@ -703,6 +802,44 @@ fn markdown(
          --features grpc -- report --out DIR`)."
     );
     o
+}
+
+/// What the train rows say about fusion, per backend with both settings:
+/// whether fused was faster, slower, or within the runs' range of unfused.
+fn fusion_notes(rows: &[TrainRow]) -> Vec<String> {
+    let mut out = Vec::new();
+    for on in rows.iter().filter(|r| r.case.fusion) {
+        let Some(off) = rows
+            .iter()
+            .find(|r| !r.case.fusion && r.case.backend == on.case.backend)
+        else {
+            continue;
+        };
+        let (Some(a), Some(b), Some((a_lo, a_hi)), Some((b_lo, b_hi))) =
+            (on.samples_per_s, off.samples_per_s, on.range(), off.range())
+        else {
+            continue;
+        };
+        let name = on.case.backend;
+        let overlap = a_lo <= b_hi && b_lo <= a_hi;
+        out.push(if overlap && on.runs > 1 && off.runs > 1 {
+            format!(
+                "{name}: fused and unfused overlap over their runs ({} and {} \
+                 samples/s): no difference measured",
+                fmt_num(Some(a)),
+                fmt_num(Some(b))
+            )
+        } else {
+            let basis = if on.runs > 1 && off.runs > 1 {
+                "beyond the range of the runs"
+            } else {
+                "from one run each"
+            };
+            let how = if a >= b { "faster" } else { "slower" };
+            format!("{name}: fusion {how}, {}, {basis}", ratio(Some(a), Some(b)))
+        });
+    }
+    out
 }
 
 #[cfg(test)]
@@ -770,15 +907,87 @@ mod tests {
         };
         main(args, Some(&Fixed)).unwrap();
         let md = std::fs::read_to_string(dir.path().join("report.md")).unwrap();
-        assert!(md.contains("| tcp | on | 10 | 1000.0 |"), "{md}");
+        assert!(md.contains("| tcp | on | 10 | 1 | 1000.0 |"), "{md}");
         assert!(md.contains("boom"), "{md}");
         assert!(!md.contains(NO_TRAIN), "{md}");
         let svg = std::fs::read_to_string(dir.path().join("train.svg")).unwrap();
         assert!(svg.contains("<svg") && svg.contains("tcp fused"), "{svg}");
+        for plot in ["latency.svg", "rate.svg", "bandwidth.svg", "fusion.svg"] {
+            let svg = std::fs::read_to_string(dir.path().join(plot)).unwrap();
+            assert!(svg.contains("<svg"), "{plot}");
+            assert!(md.contains(&format!("]({plot})")), "{plot} in {md}");
+        }
         let json: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(dir.path().join("report.json")).unwrap())
                 .unwrap();
         assert_eq!(json["train"][0]["samples_per_s"], 1000.0);
         assert_eq!(json["train"][1]["error"], "boom");
+        assert_eq!(json["train"][0]["runs"], 1);
+    }
+
+    fn row(backend: &'static str, fusion: bool, rates: &[f64]) -> TrainRow {
+        let case = TrainCase {
+            backend,
+            fusion,
+            model: "lr".into(),
+            embedding_dim: 64,
+            batch_size: 512,
+            steps: 1000,
+        };
+        let results = rates
+            .iter()
+            .map(|&r| {
+                Ok(TrainResult {
+                    samples_per_s: r,
+                    steps: 1000,
+                })
+            })
+            .collect();
+        TrainRow::new(case, results)
+    }
+
+    #[test]
+    fn train_rows_keep_the_median_and_range_of_their_runs() {
+        let r = row("tcp", true, &[300.0, 100.0, 200.0]);
+        assert_eq!(r.samples_per_s, Some(200.0));
+        assert_eq!(r.range(), Some((100.0, 300.0)));
+        assert_eq!(r.runs, 3);
+        let mixed = TrainRow::new(
+            r.case.clone(),
+            vec![
+                Err("down".into()),
+                Ok(TrainResult {
+                    samples_per_s: 5.0,
+                    steps: 1,
+                }),
+            ],
+        );
+        assert_eq!((mixed.runs, mixed.samples_per_s), (1, Some(5.0)));
+        assert_eq!(mixed.error.as_deref(), Some("down"));
+    }
+
+    #[test]
+    fn fusion_notes_say_faster_slower_or_within_the_range() {
+        let notes = fusion_notes(&[
+            row("tcp", true, &[90.0, 100.0, 110.0]),
+            row("tcp", false, &[105.0, 120.0, 130.0]),
+            row("uring", true, &[200.0, 210.0, 220.0]),
+            row("uring", false, &[100.0, 110.0, 120.0]),
+            row("grpc", true, &[50.0, 51.0, 52.0]),
+            row("grpc", false, &[80.0, 81.0, 82.0]),
+        ]);
+        assert_eq!(notes.len(), 3, "{notes:?}");
+        assert!(
+            notes[0].starts_with("tcp: fused and unfused overlap"),
+            "{notes:?}"
+        );
+        assert!(
+            notes[1].starts_with("uring: fusion faster, 1.91×"),
+            "{notes:?}"
+        );
+        assert!(
+            notes[2].starts_with("grpc: fusion slower, 0.63×"),
+            "{notes:?}"
+        );
     }
 }
