@@ -975,8 +975,10 @@ pub(crate) fn validate(args: &SoakArgs) -> Result<(), String> {
     if args.max_size > (16 << 20) {
         return Err("--max-size: at most 16 MiB".into());
     }
-    if args.backend != "tcp" && args.faults.is_some() {
-        return Err("--faults is supported with --backend tcp only".into());
+    // tcp: faults under each socket (the soak must detect them); dpdk:
+    // faults under the datagram link (the reliability core repairs them).
+    if !matches!(args.backend.as_str(), "tcp" | "dpdk") && args.faults.is_some() {
+        return Err("--faults is supported with --backend tcp or dpdk only".into());
     }
     Ok(())
 }
