@@ -24,6 +24,10 @@ stage() {
 
 apt_deps() {
     local want=(pkg-config libhwloc-dev libudev-dev protobuf-compiler)
+    # The verbs feature: rdma-sys generates its bindings against the
+    # system's libibverbs and librdmacm with bindgen (libclang). The crate
+    # is a workspace member, so every workspace build needs them too.
+    want+=(libibverbs-dev librdmacm-dev libclang-dev)
     local missing=()
     for p in "${want[@]}"; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -48,11 +52,14 @@ clippy() {
 test_default() { cargo test --workspace --locked; }
 test_each_feature() {
     # Every optional feature of the starwire package, alone.
-    for f in hwloc uring grpc; do
+    for f in hwloc uring grpc verbs; do
         echo "--- feature $f"
         cargo test -p starwire --no-default-features --features "$f" --locked
     done
     cargo test -p starwire-placement --features hwloc --locked
+    # The verbs backend alone; on a host without RDMA (ENOSYS) this checks
+    # the no-device error path.
+    cargo test -p starwire-verbs --locked
     # tcp only: the uring backend left out.
     echo "--- no default features"
     cargo test -p starwire --no-default-features --locked

@@ -184,20 +184,6 @@ fn uring_backend() -> Value {
     Value::Null
 }
 
-fn rdma_devices() -> Value {
-    let dir = Path::new("/sys/class/infiniband");
-    let mut devs = Vec::new();
-    if let Ok(rd) = std::fs::read_dir(dir) {
-        for e in rd.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let node = read_trim(e.path().join("device/numa_node"));
-            devs.push(json!({ "name": name, "numa_node": node }));
-        }
-    }
-    devs.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
-    json!({ "present": dir.exists(), "devices": devs, "backend_compiled_in": false })
-}
-
 fn huge_pages() -> Value {
     let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
     let field = |k: &str| -> Option<u64> {
@@ -332,7 +318,7 @@ pub fn main(a: InfoArgs) -> Result<(), String> {
             },
         },
         "io_uring": io_uring_info(),
-        "rdma": rdma_devices(),
+        "rdma": crate::rdma::devices_json(),
         "huge_pages": huge_pages(),
         "memlock": memlock(),
         "topology": topology(),
@@ -378,6 +364,13 @@ fn print_text(i: &Value, settings: &Settings) {
                 )
             };
             println!("  uring    compiled in (starwire-uring: io_uring), {state}");
+            continue;
+        }
+        if b == "verbs" && i["rdma"]["backend_compiled_in"] == true {
+            println!(
+                "  verbs    compiled in (starwire-verbs; devices below), not yet driven by \
+                 bench, soak or train"
+            );
             continue;
         }
         let compiled = i["backends"]["compiled_in"]
@@ -481,26 +474,7 @@ fn print_text(i: &Value, settings: &Settings) {
             s(&ub["ring"]["file_slots"])
         );
     }
-    let r = &i["rdma"];
-    let devs = r["devices"].as_array().cloned().unwrap_or_default();
-    if devs.is_empty() {
-        println!(
-            "  RDMA devices   none (/sys/class/infiniband {})",
-            if r["present"] == true {
-                "empty"
-            } else {
-                "absent"
-            }
-        );
-    } else {
-        for d in devs {
-            println!(
-                "  RDMA device    {} (numa node {})",
-                s(&d["name"]),
-                s(&d["numa_node"])
-            );
-        }
-    }
+    crate::rdma::print(&i["rdma"]);
     let h = &i["huge_pages"];
     println!(
         "  huge pages     total {}, free {}, size {} kB; transparent: {}",

@@ -6,6 +6,7 @@
 mod backend;
 mod bench;
 mod info;
+mod rdma;
 mod report;
 mod soak;
 mod stats;

@@ -1,0 +1,138 @@
+//! RDMA in `starwire info`: the devices under `/sys/class/infiniband` and,
+//! with the `verbs` feature, what libibverbs reports of each (ports, link
+//! layer, GIDs, the limits the rings depend on), or why there is none.
+
+use std::path::Path;
+
+use serde_json::{json, Value};
+
+fn read_trim(p: impl AsRef<Path>) -> Option<String> {
+    std::fs::read_to_string(p).ok().map(|s| s.trim().to_owned())
+}
+
+/// The `rdma` section of `starwire info --json`.
+pub fn devices_json() -> Value {
+    let dir = Path::new("/sys/class/infiniband");
+    let mut sysfs = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let node = read_trim(e.path().join("device/numa_node"));
+            sysfs.push(json!({ "name": name, "numa_node": node }));
+        }
+    }
+    sysfs.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
+    json!({
+        "present": dir.exists(),
+        "devices": sysfs,
+        "backend_compiled_in": cfg!(all(feature = "verbs", target_os = "linux")),
+        "verbs": verbs_json(),
+    })
+}
+
+#[cfg(all(feature = "verbs", target_os = "linux"))]
+fn verbs_json() -> Value {
+    let list = match starwire_verbs::devices() {
+        Ok(list) => list,
+        Err(e) => return json!({ "devices": [], "error": e.to_string() }),
+    };
+    let devs: Vec<Value> = list
+        .into_iter()
+        .map(|d| match d {
+            Err(e) => json!({ "error": e.to_string() }),
+            Ok(d) => json!({
+                "name": d.name,
+                "fw_ver": d.fw_ver,
+                "node_guid": format!("{:016x}", d.node_guid),
+                "max_qp": d.max_qp,
+                "max_qp_wr": d.max_qp_wr,
+                "max_cqe": d.max_cqe,
+                "max_mr_size": d.max_mr_size,
+                "ports": d.ports.iter().map(|p| json!({
+                    "port": p.port,
+                    "state": p.state,
+                    "link_layer": p.link_layer.to_string(),
+                    "active_mtu": p.active_mtu,
+                    "lid": p.lid,
+                    "max_msg_size": p.max_msg_size,
+                    "gids": p.gids.iter().map(|(i, g)| json!({
+                        "index": i, "gid": g.to_string()
+                    })).collect::<Vec<_>>(),
+                })).collect::<Vec<_>>(),
+            }),
+        })
+        .collect();
+    json!({ "devices": devs, "error": null })
+}
+
+#[cfg(not(all(feature = "verbs", target_os = "linux")))]
+fn verbs_json() -> Value {
+    Value::Null
+}
+
+fn s(v: &Value) -> String {
+    match v {
+        Value::Null => "-".to_owned(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// The RDMA lines of `starwire info`.
+pub fn print(r: &Value) {
+    let v = &r["verbs"];
+    if let Some(e) = v["error"].as_str() {
+        println!("  RDMA devices   none: {e}");
+        return;
+    }
+    if let Some(devs) = v["devices"].as_array() {
+        for d in devs {
+            if let Some(e) = d["error"].as_str() {
+                println!("  RDMA device    unusable: {e}");
+                continue;
+            }
+            println!(
+                "  RDMA device    {} (fw {}, max_qp {}, max_qp_wr {}, max_cqe {}, max_mr_size {})",
+                s(&d["name"]),
+                s(&d["fw_ver"]),
+                s(&d["max_qp"]),
+                s(&d["max_qp_wr"]),
+                s(&d["max_cqe"]),
+                s(&d["max_mr_size"])
+            );
+            for p in d["ports"].as_array().cloned().unwrap_or_default() {
+                println!(
+                    "    port {}       {}, link layer {}, MTU {}, LID {}, max message {}",
+                    s(&p["port"]),
+                    s(&p["state"]),
+                    s(&p["link_layer"]),
+                    s(&p["active_mtu"]),
+                    s(&p["lid"]),
+                    s(&p["max_msg_size"])
+                );
+                for g in p["gids"].as_array().cloned().unwrap_or_default() {
+                    println!("      GID {:<4}     {}", s(&g["index"]), s(&g["gid"]));
+                }
+            }
+        }
+        return;
+    }
+    let devs = r["devices"].as_array().cloned().unwrap_or_default();
+    if devs.is_empty() {
+        println!(
+            "  RDMA devices   none (/sys/class/infiniband {})",
+            if r["present"] == true {
+                "empty"
+            } else {
+                "absent"
+            }
+        );
+    }
+    for d in devs {
+        println!(
+            "  RDMA device    {} (numa node {})",
+            s(&d["name"]),
+            s(&d["numa_node"])
+        );
+    }
+}
