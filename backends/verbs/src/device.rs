@@ -346,7 +346,6 @@ impl VerbsDevice {
     }
 
     /// The device's protection domain.
-    #[allow(dead_code)]
     pub(crate) fn pd(&self) -> &Arc<Pd> {
         &self.inner.pd
     }

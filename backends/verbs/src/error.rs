@@ -101,6 +101,40 @@ pub enum DeviceError {
         /// The errno of `ibv_query_gid`, if it failed.
         errno: Option<i32>,
     },
+    /// `ibv_create_comp_channel` failed.
+    #[error("ibv_create_comp_channel({device}): {}", strerror(*errno))]
+    CreateChannel {
+        /// The device.
+        device: String,
+        /// Its errno.
+        errno: i32,
+    },
+    /// `ibv_create_cq` failed.
+    #[error("ibv_create_cq({device}, {cqe} entries): {}", strerror(*errno))]
+    CreateCq {
+        /// The device.
+        device: String,
+        /// Entries asked for.
+        cqe: u32,
+        /// Its errno.
+        errno: i32,
+    },
+    /// `ibv_modify_qp` to `state` failed (`EINVAL` for a peer address the
+    /// port cannot reach: a GID index of the wrong RoCE version, an MTU
+    /// above the port's).
+    #[error("ibv_modify_qp(qp {qpn:#x}) to {state}: {}", strerror(*errno))]
+    ModifyQp {
+        /// The queue pair.
+        qpn: u32,
+        /// The state asked for (`INIT`, `RTR`, `RTS`).
+        state: &'static str,
+        /// Its errno.
+        errno: i32,
+    },
+    /// No queue pair with this number was created here, or it is not in
+    /// the Init state.
+    #[error("qp {0:#x} is not a queue pair of this reactor waiting to connect")]
+    NotInit(u32),
     /// `ibv_alloc_pd` failed.
     #[error("ibv_alloc_pd({device}): {}", strerror(*errno))]
     AllocPd {

@@ -8,6 +8,14 @@
 //!   `no RDMA device found (ibv_get_device_list: ...); use the tcp backend`.
 //! * [`VerbsDevice`] is one opened port of a device and its one protection
 //!   domain, shared by every reactor using that port.
+//! * [`VerbsNic`] is the verbs of one reactor (one completion channel and
+//!   completion queue for all its queue pairs) and implements
+//!   `starwire_rdma::Verbs`, so a [`VerbsDriver`] (`RdmaDriver<VerbsNic>`)
+//!   runs the ring protocol on real queue pairs, parking its reactor on the
+//!   completion channel.
+//! * [`prepare`]/[`finish`], [`connect_local`] and [`connect_stream`] set a
+//!   connection up: queue pair in Init, receives posted, endpoints
+//!   exchanged (in one process, or over a TCP side channel), RTR, RTS.
 //!
 //! Every `unsafe` line of the crate is in the `sys` module. User
 //! documentation: `docs/backends/rdma.md`.
@@ -15,6 +23,8 @@
 
 mod device;
 mod error;
+mod nic;
+mod setup;
 mod sys;
 
 pub use device::{
@@ -22,3 +32,5 @@ pub use device::{
     VerbsDevice, DEFAULT_GID_INDEX, DEFAULT_PORT,
 };
 pub use error::{DeviceError, NoDeviceReason};
+pub use nic::{NicConfig, NicStats, VerbsNic};
+pub use setup::{connect_local, connect_stream, finish, prepare, Pending, SetupError, VerbsDriver};

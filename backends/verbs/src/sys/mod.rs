@@ -17,9 +17,9 @@
 //! `starwire_rdma::RegisteredMem`, whose lending methods are `unsafe`.
 #![allow(unsafe_code)]
 
-// STEP2 mod cq;
-// STEP2 mod mr;
-// STEP2 mod qp;
+mod cq;
+mod mr;
+mod qp;
 
 use std::ffi::CStr;
 use std::os::fd::{BorrowedFd, RawFd};
@@ -29,9 +29,9 @@ use std::sync::Arc;
 
 use rdma_sys as ffi;
 
-// STEP2 pub(crate) use cq::{CompChannel, Cq, Wc};
-// STEP2 pub(crate) use mr::Mr;
-// STEP2 pub(crate) use qp::{Qp, QpCreate, RtrAttr, RtsAttr, SendWr};
+pub(crate) use cq::{CompChannel, Cq, Wc, POLL_MAX};
+pub(crate) use mr::Mr;
+pub(crate) use qp::{PostScratch, Qp, QpCreate, RtrAttr, RtsAttr, SendWr};
 
 /// `errno` of the calling thread, as libibverbs left it.
 pub(crate) fn last_errno() -> i32 {
@@ -179,7 +179,6 @@ pub(crate) struct PortAttr {
 }
 
 /// An asynchronous event (`ibv_get_async_event`), already acknowledged.
-#[allow(dead_code)] // STEP2
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct AsyncEvent {
     /// `ibv_event_type_str`.
@@ -219,7 +218,6 @@ impl Context {
     }
 
     /// The descriptor that is readable while an asynchronous event waits.
-    #[allow(dead_code)] // STEP2
     pub(crate) fn async_fd(&self) -> BorrowedFd<'_> {
         // SAFETY: the descriptor belongs to the context, which closes it
         // only in `ibv_close_device`, after this borrow ends.
@@ -292,7 +290,6 @@ impl Context {
         Ok(unsafe { gid.raw })
     }
 
-    #[allow(dead_code)] // STEP2
     /// The next asynchronous event, if one waits (the descriptor is
     /// non-blocking), acknowledged at once.
     pub(crate) fn next_async_event(&self) -> Option<AsyncEvent> {
@@ -387,7 +384,6 @@ impl Pd {
         })
     }
 
-    #[allow(dead_code)] // STEP2
     pub(crate) fn as_ptr(&self) -> *mut ffi::ibv_pd {
         self.pd.as_ptr()
     }
