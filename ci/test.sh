@@ -96,6 +96,7 @@ soak_faulted() {
     echo "faulted soak failed, as it must"
 }
 fuzz() { bash ci/fuzz.sh "$FUZZ_SECONDS"; }
+verbs_vm() { bash ci/verbs-vm.sh; }
 train_check() {
     # The README's run command must work and come within 0.02 of the oracle
     # AUC (the bar is 0.01, measured and reported; CI leaves room
@@ -121,5 +122,6 @@ stage "soak (tcp, ${SOAK_CONNECTIONS} connections, ${SOAK_SECONDS}s)" soak
 stage "soak (uring, ${SOAK_CONNECTIONS} connections, ${SOAK_SECONDS}s)" soak_uring
 stage "soak (uring, messages up to 2 MB, each receive mode)" soak_uring_long_frames
 stage "soak with faults (must fail)" soak_faulted
+stage "verbs in an emulated guest (Soft-RoCE: conformance, counters, soak)" verbs_vm
 stage "train (the README run command, checked)" train_check
 echo "=== all stages passed in $(( $(date +%s) - T0 )) s"

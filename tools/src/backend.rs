@@ -101,10 +101,9 @@ pub fn missing_backend_hint(name: &str) -> Option<String> {
         }
         #[cfg(all(feature = "verbs", target_os = "linux"))]
         "verbs" | "rdma" | "ibverbs" => {
-            "the verbs backend (starwire-verbs) is compiled in as a library, \
-             but bench, soak and train do not drive it yet; its conformance \
-             suite runs between two devices in-process (docs/backends/rdma.md); \
-             use --backends tcp"
+            "the verbs backend (starwire-verbs) is compiled in, but only \
+             `starwire soak --backend verbs` drives it yet, not bench or train \
+             (docs/backends/rdma.md); use --backends tcp"
         }
         "dpdk" => {
             "starwire has no DPDK backend yet: its reliable-datagram core runs \

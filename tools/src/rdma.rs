@@ -136,3 +136,84 @@ pub fn print(r: &Value) {
         );
     }
 }
+
+/// Where the verbs backend runs: `--rdma-device`, `--rdma-port`,
+/// `--gid-index`, and in one process the second device
+/// `--rdma-peer-device`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RdmaArgs {
+    /// RDMA device of the verbs backend (default: the first found).
+    #[arg(long)]
+    pub rdma_device: Option<String>,
+    /// Port of the RDMA device.
+    #[arg(long, default_value_t = 1)]
+    pub rdma_port: u8,
+    /// Index of the local GID in the port's GID table (RoCE: picks the
+    /// address and RoCE version; `starwire info` lists the table).
+    #[arg(long, default_value_t = 0)]
+    pub gid_index: u32,
+    /// In one process (bench, soak): the device of the server side
+    /// (default: --rdma-device, connected to itself).
+    #[arg(long)]
+    pub rdma_peer_device: Option<String>,
+}
+
+#[cfg(all(feature = "verbs", target_os = "linux"))]
+pub mod verbs {
+    //! Opening the devices and connecting over the side channel.
+
+    use std::net::TcpStream;
+
+    use starwire_rdma::{RdmaDriver, RingConfig};
+    use starwire_transport::{ConnId, TransportError};
+    use starwire_verbs::{
+        connect_stream, DeviceSpec, NicConfig, VerbsDevice, VerbsDriver, VerbsNic,
+    };
+
+    use super::RdmaArgs;
+
+    /// The client side's device and the server side's (the same one when
+    /// no peer device is named).
+    pub fn open_pair(a: &RdmaArgs) -> Result<(VerbsDevice, VerbsDevice), String> {
+        let spec = |name: &Option<String>| DeviceSpec {
+            name: name.clone(),
+            port: a.rdma_port,
+            gid_index: a.gid_index,
+        };
+        let client = VerbsDevice::open(&spec(&a.rdma_device)).map_err(|e| e.to_string())?;
+        let server = match &a.rdma_peer_device {
+            None => client.clone(),
+            Some(_) => VerbsDevice::open(&spec(&a.rdma_peer_device)).map_err(|e| e.to_string())?,
+        };
+        Ok((client, server))
+    }
+
+    /// One reactor's driver on `dev` for up to `connections` connections
+    /// with rings of `ring_len` bytes.
+    pub fn driver(
+        dev: &VerbsDevice,
+        connections: usize,
+        ring_len: usize,
+    ) -> Result<VerbsDriver, String> {
+        let ring = RingConfig {
+            ring_len,
+            staging_len: ring_len,
+            recv_depth: 64,
+            max_frame_len: None,
+        };
+        let mut cfg = NicConfig {
+            max_send_wr: 64,
+            max_recv_wr: 128,
+            ..NicConfig::default()
+        };
+        cfg.cq_depth = u32::try_from(connections.max(1) * (64 + 64)).unwrap_or(u32::MAX);
+        let nic = VerbsNic::new(dev, cfg).map_err(|e| e.to_string())?;
+        RdmaDriver::new(nic, ring).map_err(|e| e.to_string())
+    }
+
+    /// Set a connection up over the session layer's stream (the side
+    /// channel), then let the stream go.
+    pub fn attach(d: &mut VerbsDriver, mut s: TcpStream) -> Result<ConnId, TransportError> {
+        connect_stream(d, &mut s).map_err(|e| TransportError::Link(e.to_string()))
+    }
+}

@@ -65,6 +65,9 @@ pub struct SoakArgs {
     /// Busy polling on (default) or off (reactors park).
     #[arg(long, value_parser = crate::parse_on_off)]
     pub polling: Option<bool>,
+    /// The verbs backend's devices.
+    #[command(flatten)]
+    pub rdma: crate::rdma::RdmaArgs,
     /// One JSON object at the end instead of text.
     #[arg(long)]
     pub json: bool,
@@ -75,6 +78,8 @@ fn parse_soak_backend(s: &str) -> Result<String, String> {
         "tcp" => Ok("tcp".to_owned()),
         #[cfg(all(feature = "uring", target_os = "linux"))]
         "uring" | "io_uring" | "io-uring" => Ok("uring".to_owned()),
+        #[cfg(all(feature = "verbs", target_os = "linux"))]
+        "verbs" | "rdma" | "ibverbs" => Ok("verbs".to_owned()),
         "raw" => Err("the raw baseline has no message layer to soak; use --backend tcp".into()),
         other => Err(
             crate::backend::missing_backend_hint(other).unwrap_or_else(|| {
@@ -180,6 +185,9 @@ trait SoakDriver: Driver + Send + 'static {
 impl SoakDriver for starwire_uring::UringDriver {}
 
 impl SoakDriver for TcpDriver {}
+
+#[cfg(all(feature = "verbs", target_os = "linux"))]
+impl SoakDriver for starwire_verbs::VerbsDriver {}
 
 impl SoakDriver for Links<Faulty<TcpTransport>> {
     fn fault_stats(&self, conn: ConnId) -> FaultStats {
@@ -859,6 +867,34 @@ pub fn main(args: SoakArgs) -> Result<bool, String> {
         let cfg = crate::bench::sessions::uring_config(lay.idle, 0);
         let make = || starwire_uring::UringDriver::new(&cfg).map_err(|e| e.to_string());
         let out = run_soak(&args, &lay, make, stream_attacher)?;
+        return report(&args, &lay, rss_start_kb, out);
+    }
+    #[cfg(all(feature = "verbs", target_os = "linux"))]
+    if args.backend == "verbs" {
+        if args.faults.is_some() {
+            return Err("--faults is supported with --backend tcp only".into());
+        }
+        let (client_dev, server_dev) = crate::rdma::verbs::open_pair(&args.rdma)?;
+        // Rings hold at least two of the largest frames a request makes.
+        let ring_len = (2 * (args.max_size + 4096))
+            .next_power_of_two()
+            .max(64 << 10);
+        // run_soak makes the server reactors' drivers first, then the
+        // clients'.
+        let servers = lay.server_cpus.len();
+        let made = std::cell::Cell::new(0);
+        let make = || {
+            let k = made.get();
+            made.set(k + 1);
+            let dev = if k < servers {
+                &server_dev
+            } else {
+                &client_dev
+            };
+            crate::rdma::verbs::driver(dev, args.connections, ring_len)
+        };
+        let attacher = |_, _| crate::rdma::verbs::attach;
+        let out = run_soak(&args, &lay, make, attacher)?;
         return report(&args, &lay, rss_start_kb, out);
     }
     let cfg = TcpConfig::default();

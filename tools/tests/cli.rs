@@ -266,6 +266,43 @@ fn unknown_backend_names_the_missing_feature() {
     assert!(text(&out.stderr).contains("no DPDK backend yet"));
 }
 
+/// A command that needs an RDMA device, on a host without one (this
+/// project's CI hosts: `ibv_get_device_list` fails with ENOSYS), says why
+/// and exits 1, without a panic.
+#[cfg(feature = "verbs")]
+#[test]
+fn verbs_without_a_device_exits_1_with_the_reason() {
+    let has_device = std::path::Path::new("/sys/class/infiniband")
+        .read_dir()
+        .is_ok_and(|mut d| d.next().is_some());
+    if has_device {
+        return;
+    }
+    let out = run(&["soak", "--backend", "verbs", "--duration", "1"]);
+    assert_eq!(out.status.code(), Some(1));
+    let e = text(&out.stderr);
+    assert!(!e.contains("panicked"), "{e}");
+    let reason = if e.contains("(no devices)") {
+        "no devices".to_owned()
+    } else {
+        "ibv_get_device_list: Function not implemented".to_owned()
+    };
+    assert!(
+        e.contains(&format!(
+            "no RDMA device found ({reason}); use the tcp backend"
+        )),
+        "{e}"
+    );
+    // info still exits 0 and says why there is none.
+    let out = run(&["info"]);
+    assert!(out.status.success());
+    assert!(
+        text(&out.stdout).contains("RDMA devices   none: no RDMA device found"),
+        "{}",
+        text(&out.stdout)
+    );
+}
+
 #[test]
 fn info_shows_settings_with_sources() {
     let out = Command::new(BIN)

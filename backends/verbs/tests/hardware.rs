@@ -141,7 +141,12 @@ fn frames_arrive_intact_and_counters_add_up() {
         a.flush(now);
         b.rx_burst(now, 64, &mut |c, got| {
             let i = index[&c];
-            assert_eq!(got, frame(i, next_recv[i]), "connection {i} frame {}", next_recv[i]);
+            assert_eq!(
+                got,
+                frame(i, next_recv[i]),
+                "connection {i} frame {}",
+                next_recv[i]
+            );
             next_recv[i] += 1;
             frames += 1;
         });
