@@ -46,12 +46,30 @@ fi
 for p in "$KV" busybox-static ibverbs-utils ibverbs-providers; do
     ls "${p}"_*.deb >/dev/null 2>&1 || apt-get download "$p"
 done
-for p in "$KV" busybox-static ibverbs-utils ibverbs-providers; do
-    [ -d "x-$p" ] || { mkdir -p "x-$p.tmp" && dpkg-deb -x "${p}"_*.deb "x-$p.tmp" && mv "x-$p.tmp" "x-$p"; }
+for p in busybox-static ibverbs-utils ibverbs-providers; do
+    [ -d "x-$p" ] || { rm -rf "x-$p.tmp" && mkdir "x-$p.tmp" && dpkg-deb -x "${p}"_*.deb "x-$p.tmp" && mv "x-$p.tmp" "x-$p"; }
 done
+MODS="crc32_generic udp_tunnel ip6_udp_tunnel ib_core ib_uverbs rdma_rxe veth"
+# Of the kernel package only the image and the guest's modules are kept
+# (the unpacked package is 400 MB).
+K="$CACHE/debs/kernel-$KV"
+if [ ! -d "$K" ]; then
+    rm -rf "$K.tmp" x-kernel && mkdir -p "$K.tmp" x-kernel
+    dpkg-deb -x "${KV}"_*.deb x-kernel
+    cp x-kernel/boot/vmlinuz-* "$K.tmp/"
+    for m in $MODS; do
+        f=$(find x-kernel/lib/modules -name "$m.ko*" | head -1)
+        [ -n "$f" ] || { echo "verbs-vm: module $m not in $KV" >&2; exit 1; }
+        case "$f" in
+            *.xz) xz -dc "$f" > "$K.tmp/$m.ko" ;;
+            *) cp "$f" "$K.tmp/$m.ko" ;;
+        esac
+    done
+    rm -rf x-kernel
+    mv "$K.tmp" "$K"
+fi
 cd - >/dev/null
-K="$CACHE/debs/x-$KV"
-VMLINUZ=$(ls "$K"/boot/vmlinuz-* | head -1)
+VMLINUZ=$(ls "$K"/vmlinuz-* | head -1)
 KREL=$(basename "$VMLINUZ" | sed 's/^vmlinuz-//')
 
 # --- Release binaries, stripped.
@@ -80,15 +98,7 @@ for bin in "$R"/bin/xip "$R"/bin/rdma "$R"/bin/ibv_devices "$R"/bin/starwire "$R
         [ -e "$R$lib" ] || { mkdir -p "$R$(dirname "$lib")"; cp -L "$lib" "$R$lib"; }
     done
 done
-MODS="crc32_generic udp_tunnel ip6_udp_tunnel ib_core ib_uverbs rdma_rxe veth"
-for m in $MODS; do
-    f=$(find "$K/lib/modules/$KREL" -name "$m.ko*" | head -1)
-    [ -n "$f" ] || { echo "verbs-vm: module $m not in $KV" >&2; exit 1; }
-    case "$f" in
-        *.xz) xz -dc "$f" > "$R/lib/modules/$m.ko" ;;
-        *) cp "$f" "$R/lib/modules/$m.ko" ;;
-    esac
-done
+for m in $MODS; do cp "$K/$m.ko" "$R/lib/modules/"; done
 cat > "$R/init" <<EOF
 #!/bin/busybox sh
 /bin/busybox --install -s /bin
@@ -108,7 +118,7 @@ echo "== verbs hardware tests: conformance (64 connections) and counters, rxe0 <
 STARWIRE_RDMA_DEVICE=rxe0 STARWIRE_RDMA_PEER_DEVICE=rxe1 RUST_BACKTRACE=1 \\
     /bin/verbs-hardware --ignored --test-threads 1 --nocapture || ok=0
 echo "== soak: $VM_SOAK_CONNECTIONS connections on one reactor per side, polling off, rxe0 -> rxe1"
-/bin/starwire soak --backend verbs --rdma-device rxe0 --rdma-peer-device rxe1 \\
+RUST_LOG=warn /bin/starwire soak --backend verbs --rdma-device rxe0 --rdma-peer-device rxe1 \\
     --connections $VM_SOAK_CONNECTIONS --client-reactors 1 --server-reactors 1 \\
     --duration $VM_SOAK_SECONDS --polling off --json || ok=0
 if [ \$ok = 1 ]; then echo "STARWIRE-VERBS-VM: PASS"; else echo "STARWIRE-VERBS-VM: FAIL"; fi

@@ -160,15 +160,11 @@ pub struct RdmaArgs {
 
 #[cfg(all(feature = "verbs", target_os = "linux"))]
 pub mod verbs {
-    //! Opening the devices and connecting over the side channel.
-
-    use std::net::TcpStream;
+    //! Opening the devices and making a reactor's driver (whose
+    //! connections are set up over the session layer's TCP connections).
 
     use starwire_rdma::{RdmaDriver, RingConfig};
-    use starwire_transport::{ConnId, TransportError};
-    use starwire_verbs::{
-        connect_stream, DeviceSpec, NicConfig, VerbsDevice, VerbsDriver, VerbsNic,
-    };
+    use starwire_verbs::{DeviceSpec, NicConfig, VerbsDevice, VerbsDriver, VerbsNic};
 
     use super::RdmaArgs;
 
@@ -208,12 +204,7 @@ pub mod verbs {
         };
         cfg.cq_depth = u32::try_from(connections.max(1) * (64 + 64)).unwrap_or(u32::MAX);
         let nic = VerbsNic::new(dev, cfg).map_err(|e| e.to_string())?;
-        RdmaDriver::new(nic, ring).map_err(|e| e.to_string())
-    }
-
-    /// Set a connection up over the session layer's stream (the side
-    /// channel), then let the stream go.
-    pub fn attach(d: &mut VerbsDriver, mut s: TcpStream) -> Result<ConnId, TransportError> {
-        connect_stream(d, &mut s).map_err(|e| TransportError::Link(e.to_string()))
+        let rdma = RdmaDriver::new(nic, ring).map_err(|e| e.to_string())?;
+        Ok(VerbsDriver::new(rdma))
     }
 }

@@ -893,8 +893,7 @@ pub fn main(args: SoakArgs) -> Result<bool, String> {
             };
             crate::rdma::verbs::driver(dev, args.connections, ring_len)
         };
-        let attacher = |_, _| crate::rdma::verbs::attach;
-        let out = run_soak(&args, &lay, make, attacher)?;
+        let out = run_soak(&args, &lay, make, stream_attacher)?;
         return report(&args, &lay, rss_start_kb, out);
     }
     let cfg = TcpConfig::default();

@@ -10,18 +10,22 @@
 //!   domain, shared by every reactor using that port.
 //! * [`VerbsNic`] is the verbs of one reactor (one completion channel and
 //!   completion queue for all its queue pairs) and implements
-//!   `starwire_rdma::Verbs`, so a [`VerbsDriver`] (`RdmaDriver<VerbsNic>`)
+//!   `starwire_rdma::Verbs`, so [`VerbsRdma`] (`RdmaDriver<VerbsNic>`)
 //!   runs the ring protocol on real queue pairs, parking its reactor on the
 //!   completion channel.
-//! * [`prepare`]/[`finish`], [`connect_local`] and [`connect_stream`] set a
+//! * [`prepare`], [`connect_qp`]/[`finish`] and [`connect_local`] set a
 //!   connection up: queue pair in Init, receives posted, endpoints
-//!   exchanged (in one process, or over a TCP side channel), RTR, RTS.
+//!   exchanged, RTR, RTS.
+//! * [`VerbsDriver`] is the reactor's driver: [`VerbsRdma`] plus the TCP
+//!   side channels of connections being set up, stepped by the reactor's
+//!   turns (`StreamDriver::attach_stream` starts one).
 //!
 //! Every `unsafe` line of the crate is in the `sys` module. User
 //! documentation: `docs/backends/rdma.md`.
 #![deny(unsafe_code)]
 
 mod device;
+mod driver;
 mod error;
 mod nic;
 mod setup;
@@ -31,6 +35,7 @@ pub use device::{
     devices, mtu_bytes, DeviceInfo, DeviceResult, DeviceSpec, Gid, LinkLayer, PortInfo,
     VerbsDevice, DEFAULT_GID_INDEX, DEFAULT_PORT,
 };
+pub use driver::{VerbsDriver, SETUP_TIMEOUT};
 pub use error::{DeviceError, NoDeviceReason};
 pub use nic::{NicConfig, NicStats, VerbsNic};
-pub use setup::{connect_local, connect_stream, finish, prepare, Pending, SetupError, VerbsDriver};
+pub use setup::{connect_local, connect_qp, finish, prepare, Pending, SetupError, VerbsRdma};

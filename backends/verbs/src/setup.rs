@@ -1,17 +1,7 @@
 //! Connecting: a queue pair created in Init, its receives posted, the
-//! [`QpEndpoint`]s exchanged (in-process, or over a TCP side channel), the
-//! queue pair taken to RTS and the ring protocol started.
-//!
-//! The TCP side channel is the connection the session layer already makes
-//! to the cluster address (the acceptor's preamble names the shard); the
-//! exchange runs on it and it is closed after. `rdma_cm` would take this
-//! module's place (address and route resolution, the QPN/PSN exchange in
-//! its private data, the state transitions) where the fabric runs it; see
-//! `docs/backends/rdma.md`.
-
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::time::Duration;
+//! [`QpEndpoint`]s exchanged, the queue pair taken to RTS and the ring
+//! protocol started. [`connect_local`] does it between two drivers of one
+//! process; [`VerbsRdma`](crate::VerbsRdma) over a TCP side channel.
 
 use starwire_rdma::{EndpointError, QpEndpoint, RdmaDriver, RingError};
 use starwire_transport::{ConnId, Driver};
@@ -20,11 +10,8 @@ use thiserror::Error;
 use crate::error::DeviceError;
 use crate::nic::VerbsNic;
 
-/// The driver of one reactor over real verbs.
-pub type VerbsDriver = RdmaDriver<VerbsNic>;
-
-/// How long the side-channel exchange may take.
-const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(30);
+/// The ring protocol over one reactor's real verbs.
+pub type VerbsRdma = RdmaDriver<VerbsNic>;
 
 /// Setting up a connection failed.
 #[derive(Debug, Error)]
@@ -59,7 +46,7 @@ pub struct Pending {
 /// Create a queue pair in Init and prepare the connection on it:
 /// registered staging and ring, receive WRs posted before the peer can
 /// learn the ring's rkey.
-pub fn prepare(driver: &mut VerbsDriver) -> Result<Pending, SetupError> {
+pub fn prepare(driver: &mut VerbsRdma) -> Result<Pending, SetupError> {
     let qpn = driver.verbs_mut().create_qp()?;
     let (conn, ring) = match driver.prepare(qpn) {
         Ok(r) => r,
@@ -77,35 +64,46 @@ pub fn prepare(driver: &mut VerbsDriver) -> Result<Pending, SetupError> {
     }
 }
 
-/// Take the queue pair to RTS against `peer` and start the ring protocol.
-/// On error the connection is detached (queue pair destroyed, regions
-/// deregistered).
+/// Take the queue pair to RTR and RTS against `peer`. On error the
+/// connection is detached (queue pair destroyed, regions deregistered).
+pub fn connect_qp(
+    driver: &mut VerbsRdma,
+    p: &Pending,
+    peer: &QpEndpoint,
+) -> Result<(), SetupError> {
+    match driver.verbs_mut().connect_qp(p.qpn, peer) {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            driver.detach(p.conn);
+            Err(e.into())
+        }
+    }
+}
+
+/// [`connect_qp`], then start the ring protocol (`RdmaDriver::connect`).
+/// Call it only once the peer's queue pair is past RTR too: RC retries a
+/// write into a queue pair still in Init, but not for long. On error the
+/// connection is detached.
 pub fn finish(
-    driver: &mut VerbsDriver,
+    driver: &mut VerbsRdma,
     p: &Pending,
     peer: &QpEndpoint,
 ) -> Result<ConnId, SetupError> {
-    let r = driver
-        .verbs_mut()
-        .connect_qp(p.qpn, peer)
-        .map_err(SetupError::from)
-        .and_then(|()| driver.connect(p.conn, peer.ring).map_err(SetupError::from));
-    match r {
+    connect_qp(driver, p, peer)?;
+    match driver.connect(p.conn, peer.ring) {
         Ok(()) => Ok(p.conn),
         Err(e) => {
             driver.detach(p.conn);
-            Err(e)
+            Err(e.into())
         }
     }
 }
 
 /// Connect a new connection of `a` to a new connection of `b` in one
 /// process (two devices, or two ports, of one host). The endpoints go
-/// through their encoding, as over the side channel.
-pub fn connect_local(
-    a: &mut VerbsDriver,
-    b: &mut VerbsDriver,
-) -> Result<(ConnId, ConnId), SetupError> {
+/// through their encoding, as over the side channel; both queue pairs
+/// reach RTS before either ring starts.
+pub fn connect_local(a: &mut VerbsRdma, b: &mut VerbsRdma) -> Result<(ConnId, ConnId), SetupError> {
     let pa = prepare(a)?;
     let pb = match prepare(b) {
         Ok(p) => p,
@@ -116,63 +114,21 @@ pub fn connect_local(
     };
     let ea = QpEndpoint::parse(&pa.local.to_bytes())?;
     let eb = QpEndpoint::parse(&pb.local.to_bytes())?;
-    let ca = match finish(a, &pa, &eb) {
-        Ok(c) => c,
-        Err(e) => {
-            b.detach(pb.conn);
-            return Err(e);
-        }
-    };
-    match finish(b, &pb, &ea) {
-        Ok(cb) => Ok((ca, cb)),
-        Err(e) => {
-            a.detach(ca);
-            Err(e)
-        }
+    if let Err(e) = connect_qp(a, &pa, &eb) {
+        b.detach(pb.conn);
+        return Err(e);
     }
-}
-
-/// Set a connection up over `stream`, the side channel to the peer, which
-/// runs the same function: each side sends its endpoint and reads the
-/// peer's, connects, then sends one byte and waits for the peer's, so
-/// neither writes before the other's queue pair can receive.
-pub fn connect_stream(
-    driver: &mut VerbsDriver,
-    stream: &mut TcpStream,
-) -> Result<ConnId, SetupError> {
-    stream.set_read_timeout(Some(EXCHANGE_TIMEOUT))?;
-    stream.set_write_timeout(Some(EXCHANGE_TIMEOUT))?;
-    stream.set_nodelay(true)?;
-    let p = prepare(driver)?;
-    let exchanged = (|| -> Result<QpEndpoint, SetupError> {
-        stream.write_all(&p.local.to_bytes())?;
-        let mut peer = [0; QpEndpoint::ENCODED_LEN];
-        stream.read_exact(&mut peer)?;
-        Ok(QpEndpoint::parse(&peer)?)
-    })();
-    let peer = match exchanged {
-        Ok(peer) => peer,
-        Err(e) => {
-            driver.detach(p.conn);
-            return Err(e);
-        }
-    };
-    let conn = finish(driver, &p, &peer)?;
-    let ready = (|| -> std::io::Result<()> {
-        stream.write_all(&[1])?;
-        let mut b = [0];
-        stream.read_exact(&mut b)?;
-        if b[0] != 1 {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                format!("expected the ready byte 1, got {}", b[0]),
-            ));
-        }
-        Ok(())
-    })();
-    if let Err(e) = ready {
-        driver.detach(conn);
+    if let Err(e) = connect_qp(b, &pb, &ea) {
+        a.detach(pa.conn);
+        return Err(e);
+    }
+    let started = a
+        .connect(pa.conn, eb.ring)
+        .and_then(|()| b.connect(pb.conn, ea.ring));
+    if let Err(e) = started {
+        a.detach(pa.conn);
+        b.detach(pb.conn);
         return Err(e.into());
     }
-    Ok(conn)
+    Ok((pa.conn, pb.conn))
 }

@@ -17,7 +17,7 @@ use std::time::Instant;
 use starwire_rdma::{RdmaDriver, RingConfig};
 use starwire_transport::conformance::{run_all_drivers, DriverPair};
 use starwire_transport::{ConnId, Driver};
-use starwire_verbs::{connect_local, DeviceSpec, NicConfig, VerbsDevice, VerbsDriver, VerbsNic};
+use starwire_verbs::{connect_local, DeviceSpec, NicConfig, VerbsDevice, VerbsNic, VerbsRdma};
 
 fn spec(var: &str) -> DeviceSpec {
     DeviceSpec {
@@ -57,13 +57,13 @@ fn nic_config() -> NicConfig {
     }
 }
 
-fn driver(dev: &VerbsDevice) -> VerbsDriver {
+fn driver(dev: &VerbsDevice) -> VerbsRdma {
     let nic = VerbsNic::new(dev, nic_config()).expect("verbs of a reactor");
     RdmaDriver::new(nic, ring()).expect("driver")
 }
 
 /// Two drivers joined by `n` connections over real queue pairs.
-fn pair(devs: &(VerbsDevice, VerbsDevice), n: usize) -> DriverPair<VerbsDriver, VerbsDriver> {
+fn pair(devs: &(VerbsDevice, VerbsDevice), n: usize) -> DriverPair<VerbsRdma, VerbsRdma> {
     let mut a = driver(&devs.0);
     let mut b = driver(&devs.1);
     let (mut a_ids, mut b_ids) = (Vec::new(), Vec::new());

@@ -10,6 +10,7 @@
 //! and queued frames, and rings the doorbell once for all of them.
 
 use std::collections::VecDeque;
+use std::os::fd::BorrowedFd;
 use std::time::{Duration, Instant};
 
 use starwire_transport::reactor::{park_fds, ParkEnd, ParkWaker};
@@ -283,6 +284,37 @@ impl<V: Verbs> RdmaDriver<V> {
         reaped || posted > 0
     }
 
+    /// [`Driver::park`], also ending when one of `extra` is readable (a
+    /// driver that wraps this one and waits on descriptors of its own: the
+    /// side channels of connections being set up).
+    pub fn park_with(
+        &mut self,
+        waker: ParkWaker<'_>,
+        extra: &[BorrowedFd<'_>],
+        timeout: Duration,
+    ) -> Option<ParkEnd> {
+        if !self.verbs.can_sleep() {
+            return None;
+        }
+        self.submit();
+        if let Err(e) = self.verbs.arm_cq() {
+            tracing::warn!(%e, "rdma: cannot arm the completion queue; polling instead");
+            return None;
+        }
+        if self.reap() || self.input_waiting() {
+            self.stats.parks_skipped += 1;
+            return Some(ParkEnd::Input);
+        }
+        self.stats.parks += 1;
+        let mut fds = Vec::with_capacity(2 + extra.len());
+        self.verbs.event_fds(&mut fds);
+        fds.extend_from_slice(extra);
+        let end = park_fds(waker, &fds, &[], timeout);
+        drop(fds);
+        self.verbs.take_events();
+        Some(end)
+    }
+
     /// Input the next receive pass would deliver, or a failure to report.
     fn input_waiting(&self) -> bool {
         !self.failed.is_empty()
@@ -452,24 +484,6 @@ impl<V: Verbs> Driver for RdmaDriver<V> {
     /// on the completion channel, the asynchronous events and the waker.
     /// After the wait the events are consumed and acknowledged.
     fn park(&mut self, waker: ParkWaker<'_>, timeout: Duration) -> Option<ParkEnd> {
-        if !self.verbs.can_sleep() {
-            return None;
-        }
-        self.submit();
-        if let Err(e) = self.verbs.arm_cq() {
-            tracing::warn!(%e, "rdma: cannot arm the completion queue; polling instead");
-            return None;
-        }
-        if self.reap() || self.input_waiting() {
-            self.stats.parks_skipped += 1;
-            return Some(ParkEnd::Input);
-        }
-        self.stats.parks += 1;
-        let mut fds = Vec::with_capacity(2);
-        self.verbs.event_fds(&mut fds);
-        let end = park_fds(waker, &fds, &[], timeout);
-        drop(fds);
-        self.verbs.take_events();
-        Some(end)
+        self.park_with(waker, &[], timeout)
     }
 }

@@ -2,7 +2,9 @@
 //! decoder through [`starwire_wire::decode_any`] ([`Decode`], driver
 //! `fuzz-decode`), the stream [`starwire_wire::Deframer`] ([`Deframe`],
 //! driver `fuzz-deframe`), and the PS codec through the shard's request
-//! handlers ([`ps::Handlers`], driver `fuzz-ps-proto`).
+//! handlers ([`ps::Handlers`], driver `fuzz-ps-proto`), and the RDMA
+//! side-channel message `starwire_rdma::QpEndpoint`
+//! ([`endpoint::Endpoint`], driver `fuzz-qp-endpoint`).
 //!
 //! * [`seeds`] builds a seed corpus of valid encoded frames of every opcode,
 //!   chunked messages and multi-frame streams.
@@ -44,6 +46,7 @@
 #![warn(missing_docs)]
 
 pub mod driver;
+pub mod endpoint;
 pub mod ps;
 
 use std::path::{Path, PathBuf};
