@@ -18,6 +18,10 @@ pub enum Backend {
     /// The gRPC baseline (`starwire-grpc`): tonic, one HTTP/2 connection.
     #[cfg(feature = "grpc")]
     Grpc,
+    /// starwire sessions over RDMA verbs (`starwire-verbs`): needs a
+    /// device.
+    #[cfg(all(feature = "verbs", target_os = "linux"))]
+    Verbs,
 }
 
 impl Backend {
@@ -30,6 +34,8 @@ impl Backend {
             Backend::Uring => "uring",
             #[cfg(feature = "grpc")]
             Backend::Grpc => "grpc",
+            #[cfg(all(feature = "verbs", target_os = "linux"))]
+            Backend::Verbs => "verbs",
         }
     }
 
@@ -40,8 +46,20 @@ impl Backend {
             Backend::Tcp => true,
             #[cfg(all(feature = "uring", target_os = "linux"))]
             Backend::Uring => true,
+            #[cfg(all(feature = "verbs", target_os = "linux"))]
+            Backend::Verbs => true,
             _ => false,
         }
+    }
+
+    /// Whether the backend runs only where an RDMA device is (left out of
+    /// `starwire report`'s default suite).
+    pub fn needs_device(self) -> bool {
+        #[cfg(all(feature = "verbs", target_os = "linux"))]
+        if self == Backend::Verbs {
+            return true;
+        }
+        false
     }
 
     /// Check at run time that the backend can work on this machine: io_uring
@@ -60,6 +78,8 @@ impl Backend {
                     None => Ok(()),
                 }
             }
+            #[cfg(all(feature = "verbs", target_os = "linux"))]
+            Backend::Verbs => crate::rdma::verbs::open_client().map(drop),
             _ => Ok(()),
         }
     }
@@ -72,6 +92,8 @@ impl Backend {
         v.push(Backend::Uring);
         #[cfg(feature = "grpc")]
         v.push(Backend::Grpc);
+        #[cfg(all(feature = "verbs", target_os = "linux"))]
+        v.push(Backend::Verbs);
         v
     }
 }
@@ -101,9 +123,8 @@ pub fn missing_backend_hint(name: &str) -> Option<String> {
         }
         #[cfg(all(feature = "verbs", target_os = "linux"))]
         "verbs" | "rdma" | "ibverbs" => {
-            "the verbs backend (starwire-verbs) is compiled in, but only \
-             `starwire soak --backend verbs` drives it yet, not bench or train \
-             (docs/backends/rdma.md); use --backends tcp"
+            "the verbs backend (starwire-verbs) runs bench and soak, not \
+             train, ps or worker yet (docs/backends/rdma.md); use --backend tcp"
         }
         "dpdk" => {
             "starwire has no DPDK backend yet: its reliable-datagram core runs \
@@ -143,6 +164,8 @@ impl FromStr for Backend {
             "uring" | "io_uring" | "io-uring" => Ok(Backend::Uring),
             #[cfg(feature = "grpc")]
             "grpc" => Ok(Backend::Grpc),
+            #[cfg(all(feature = "verbs", target_os = "linux"))]
+            "verbs" | "rdma" | "ibverbs" => Ok(Backend::Verbs),
             other => Err(missing_backend_hint(other).unwrap_or_else(|| {
                 let names: Vec<&str> = Backend::compiled().iter().map(|b| b.name()).collect();
                 format!(
@@ -169,10 +192,13 @@ mod tests {
             let e = "uring".parse::<Backend>().unwrap_err();
             assert!(e.contains("--features uring"), "{e}");
         }
-        let e = "verbs".parse::<Backend>().unwrap_err();
-        assert!(e.contains("verbs backend"), "{e}");
+        #[cfg(feature = "verbs")]
+        assert_eq!("rdma".parse::<Backend>(), Ok(Backend::Verbs));
         #[cfg(not(feature = "verbs"))]
-        assert!(e.contains("--features verbs"), "{e}");
+        {
+            let e = "verbs".parse::<Backend>().unwrap_err();
+            assert!(e.contains("--features verbs"), "{e}");
+        }
         #[cfg(feature = "grpc")]
         assert_eq!("grpc".parse::<Backend>(), Ok(Backend::Grpc));
         #[cfg(not(feature = "grpc"))]

@@ -368,8 +368,8 @@ fn print_text(i: &Value, settings: &Settings) {
         }
         if b == "verbs" && i["rdma"]["backend_compiled_in"] == true {
             println!(
-                "  verbs    compiled in (starwire-verbs; devices below): soak --backend verbs; \
-                 not yet bench or train"
+                "  verbs    compiled in (starwire-verbs; devices below): bench and soak; not yet \
+                 train, ps or worker"
             );
             continue;
         }

@@ -140,7 +140,7 @@ pub fn print(r: &Value) {
 /// Where the verbs backend runs: `--rdma-device`, `--rdma-port`,
 /// `--gid-index`, and in one process the second device
 /// `--rdma-peer-device`.
-#[derive(Debug, Clone, clap::Args)]
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
 pub struct RdmaArgs {
     /// RDMA device of the verbs backend (default: the first found).
     #[arg(long)]
@@ -158,6 +158,27 @@ pub struct RdmaArgs {
     pub rdma_peer_device: Option<String>,
 }
 
+impl Default for RdmaArgs {
+    fn default() -> Self {
+        Self {
+            rdma_device: None,
+            rdma_port: 1,
+            gid_index: 0,
+            rdma_peer_device: None,
+        }
+    }
+}
+
+/// This process's verbs flags and whether it is a `--listen` server:
+/// bench's two ends take their devices from here (a server's end is on
+/// its own host: `--rdma-device`; in one process: `--rdma-peer-device`).
+static PROCESS: std::sync::OnceLock<(RdmaArgs, bool)> = std::sync::OnceLock::new();
+
+/// Record this process's verbs flags (once; bench's `main`).
+pub fn set_process_args(a: &RdmaArgs, listening: bool) {
+    let _ = PROCESS.set((a.clone(), listening));
+}
+
 #[cfg(all(feature = "verbs", target_os = "linux"))]
 pub mod verbs {
     //! Opening the devices and making a reactor's driver (whose
@@ -167,6 +188,38 @@ pub mod verbs {
     use starwire_verbs::{DeviceSpec, NicConfig, VerbsDevice, VerbsDriver, VerbsNic};
 
     use super::RdmaArgs;
+
+    fn open(a: &RdmaArgs, name: &Option<String>) -> Result<VerbsDevice, String> {
+        VerbsDevice::open(&DeviceSpec {
+            name: name.clone(),
+            port: a.rdma_port,
+            gid_index: a.gid_index,
+        })
+        .map_err(|e| e.to_string())
+    }
+
+    fn process() -> (RdmaArgs, bool) {
+        super::PROCESS.get().cloned().unwrap_or_default()
+    }
+
+    /// The device of this process's client end.
+    pub fn open_client() -> Result<VerbsDevice, String> {
+        let (a, _) = process();
+        open(&a, &a.rdma_device)
+    }
+
+    /// The device of this process's server end: `--rdma-device` on a
+    /// `--listen` server, else `--rdma-peer-device` (default
+    /// `--rdma-device`).
+    pub fn open_server() -> Result<VerbsDevice, String> {
+        let (a, listening) = process();
+        let name = if listening {
+            a.rdma_device.clone()
+        } else {
+            a.rdma_peer_device.clone().or(a.rdma_device.clone())
+        };
+        open(&a, &name)
+    }
 
     /// The client side's device and the server side's (the same one when
     /// no peer device is named).
@@ -182,6 +235,31 @@ pub mod verbs {
             Some(_) => VerbsDevice::open(&spec(&a.rdma_peer_device)).map_err(|e| e.to_string())?,
         };
         Ok((client, server))
+    }
+
+    /// `STARWIRE_RDMA_ACK_TIMEOUT`: the local ACK timeout exponent (RC
+    /// waits 4.096 µs × 2^N for an ACK before it retransmits; 14 by
+    /// default, about 67 ms). An emulated or overloaded responder may need
+    /// more: a retransmission is a cost on hardware and a risk on
+    /// Soft-RoCE.
+    fn ack_timeout() -> Result<Option<u8>, String> {
+        let Some(v) = starwire_config::process_env("STARWIRE_RDMA_ACK_TIMEOUT") else {
+            return Ok(None);
+        };
+        match v.trim().parse::<u8>() {
+            Ok(t) if (1..=31).contains(&t) => Ok(Some(t)),
+            _ => Err(format!(
+                "STARWIRE_RDMA_ACK_TIMEOUT={v:?}: expected 1 to 31 (4.096 us x 2^N)"
+            )),
+        }
+    }
+
+    /// Rings that hold two frames of `max_payload` bytes (and headers),
+    /// 64 KiB to 64 MiB; larger messages are chunked by the message layer.
+    pub fn ring_len(max_payload: usize) -> usize {
+        (2 * (max_payload + 4096))
+            .next_power_of_two()
+            .clamp(64 << 10, 64 << 20)
     }
 
     /// One reactor's driver on `dev` for up to `connections` connections
@@ -203,6 +281,9 @@ pub mod verbs {
             ..NicConfig::default()
         };
         cfg.cq_depth = u32::try_from(connections.max(1) * (64 + 64)).unwrap_or(u32::MAX);
+        if let Some(t) = ack_timeout()? {
+            cfg.timeout = t;
+        }
         let nic = VerbsNic::new(dev, cfg).map_err(|e| e.to_string())?;
         let rdma = RdmaDriver::new(nic, ring).map_err(|e| e.to_string())?;
         Ok(VerbsDriver::new(rdma))

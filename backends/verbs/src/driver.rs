@@ -122,6 +122,101 @@ impl Setup {
     }
 }
 
+/// Counters of a [`VerbsDriver`] (or several, added up with
+/// [`add`](Self::add)) and the ratios that matter under emulation, where
+/// timings mean nothing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct VerbsCounters {
+    /// Submissions (`Driver::flush` calls).
+    pub flushes: u64,
+    /// `ibv_post_send` calls: one doorbell per queue pair with work in a
+    /// flush.
+    pub post_sends: u64,
+    /// Send work requests (data and credit writes).
+    pub send_wrs: u64,
+    /// Of those, sent inline.
+    pub inline_wrs: u64,
+    /// Of those, signalled.
+    pub signaled_wrs: u64,
+    /// Frames written (data writes).
+    pub frames_sent: u64,
+    /// Credit writes.
+    pub credit_writes: u64,
+    /// Frames received.
+    pub frames_received: u64,
+    /// Parks on the completion channel.
+    pub parks: u64,
+    /// Completion events read.
+    pub cq_events: u64,
+    /// Asynchronous events read (and logged).
+    pub async_events: u64,
+}
+
+impl VerbsCounters {
+    /// Add `o`'s counts to these.
+    pub fn add(&mut self, o: &VerbsCounters) {
+        self.flushes += o.flushes;
+        self.post_sends += o.post_sends;
+        self.send_wrs += o.send_wrs;
+        self.inline_wrs += o.inline_wrs;
+        self.signaled_wrs += o.signaled_wrs;
+        self.frames_sent += o.frames_sent;
+        self.credit_writes += o.credit_writes;
+        self.frames_received += o.frames_received;
+        self.parks += o.parks;
+        self.cq_events += o.cq_events;
+        self.async_events += o.async_events;
+    }
+
+    fn ratio(a: u64, b: u64) -> f64 {
+        if b == 0 {
+            0.0
+        } else {
+            a as f64 / b as f64
+        }
+    }
+
+    /// `ibv_post_send` doorbells per flush.
+    pub fn doorbells_per_flush(&self) -> f64 {
+        Self::ratio(self.post_sends, self.flushes)
+    }
+
+    /// Send work requests per frame sent.
+    pub fn wrs_per_frame(&self) -> f64 {
+        Self::ratio(self.send_wrs, self.frames_sent)
+    }
+
+    /// Credit writes per frame received.
+    pub fn credit_writes_per_frame(&self) -> f64 {
+        Self::ratio(self.credit_writes, self.frames_received)
+    }
+}
+
+impl std::fmt::Display for VerbsCounters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:.2} doorbells per flush ({} ibv_post_send / {} flushes), {:.3} WRs per frame \
+             ({} send WRs / {} frames sent; {} inline, {} signalled), {:.3} credit writes per \
+             frame ({} / {} frames received), {} parks, {} CQ events, {} async events",
+            self.doorbells_per_flush(),
+            self.post_sends,
+            self.flushes,
+            self.wrs_per_frame(),
+            self.send_wrs,
+            self.frames_sent,
+            self.inline_wrs,
+            self.signaled_wrs,
+            self.credit_writes_per_frame(),
+            self.credit_writes,
+            self.frames_received,
+            self.parks,
+            self.cq_events,
+            self.async_events
+        )
+    }
+}
+
 /// The driver of one reactor over real verbs: the ring protocol
 /// ([`VerbsRdma`], `RdmaDriver<VerbsNic>`) plus the side channels of the
 /// connections being set up. See the module documentation.
@@ -155,6 +250,27 @@ impl VerbsDriver {
     /// The ring driver's counters.
     pub fn stats(&self) -> RdmaStats {
         self.rdma.stats()
+    }
+
+    /// What the guest run and `bench`/`soak` report: submissions,
+    /// doorbells, work requests and credit writes against frames.
+    pub fn counters(&self) -> VerbsCounters {
+        let r = self.rdma.stats();
+        let n = self.nic().stats();
+        let rings = self.rdma.ring_totals();
+        VerbsCounters {
+            flushes: r.flushes,
+            post_sends: n.post_sends,
+            send_wrs: n.send_wrs,
+            inline_wrs: n.inline_wrs,
+            signaled_wrs: n.signaled_wrs,
+            frames_sent: rings.data_writes,
+            credit_writes: rings.credit_writes,
+            frames_received: rings.frames_received,
+            parks: r.parks,
+            cq_events: n.cq_events,
+            async_events: n.async_events,
+        }
     }
 
     /// Connections whose side-channel exchange is under way.

@@ -35,7 +35,7 @@ pub use device::{
     devices, mtu_bytes, DeviceInfo, DeviceResult, DeviceSpec, Gid, LinkLayer, PortInfo,
     VerbsDevice, DEFAULT_GID_INDEX, DEFAULT_PORT,
 };
-pub use driver::{VerbsDriver, SETUP_TIMEOUT};
+pub use driver::{VerbsCounters, VerbsDriver, SETUP_TIMEOUT};
 pub use error::{DeviceError, NoDeviceReason};
 pub use nic::{NicConfig, NicStats, VerbsNic};
 pub use setup::{connect_local, connect_qp, finish, prepare, Pending, SetupError, VerbsRdma};

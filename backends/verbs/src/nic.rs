@@ -90,7 +90,7 @@ pub struct NicStats {
     pub async_events: u64,
 }
 
-/// A staged send WR and whether it is signalled (decided at the doorbell).
+/// One queue pair of the reactor and its send bookkeeping.
 #[derive(Debug)]
 struct QpEntry {
     qp: Qp,
@@ -103,14 +103,6 @@ struct QpEntry {
     /// Posted WRs since the last signalled one.
     since_signal: u32,
     psn: u32,
-}
-
-impl std::fmt::Debug for Qp {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Qp")
-            .field("qp_num", &self.qp_num())
-            .finish()
-    }
 }
 
 /// The verbs of one reactor: one completion channel and completion queue

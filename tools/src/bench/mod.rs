@@ -312,7 +312,8 @@ fn median_line(lines: &[ResultLine]) -> ResultLine {
 pub struct BenchArgs {
     /// Backends to compare, comma-separated: raw (plain sockets baseline),
     /// tcp, uring (with the `uring` feature, on by default on Linux), grpc
-    /// (with the `grpc` feature).
+    /// (with the `grpc` feature), verbs (with the `verbs` feature and an
+    /// RDMA device).
     #[arg(long, value_delimiter = ',', default_value = "raw,tcp")]
     pub backends: Vec<Backend>,
     /// What to measure (comma-separated list allowed).
@@ -327,7 +328,7 @@ pub struct BenchArgs {
     pub inflight: Option<usize>,
     /// Data connections per run (like perftest's -q), all driven by the one
     /// client reactor and the one server reactor; each keeps --inflight
-    /// outstanding. tcp and uring; lat, rate and bw.
+    /// outstanding. tcp, uring and verbs; lat, rate and bw.
     #[arg(long, default_value_t = 1)]
     pub connections: usize,
     /// Measured iterations per run (steps in fuse mode).
@@ -364,6 +365,9 @@ pub struct BenchArgs {
     /// Run the plan against a `bench --listen` server at ADDR:PORT.
     #[arg(long)]
     pub connect: Option<String>,
+    /// The verbs backend's devices.
+    #[command(flatten)]
+    pub rdma: crate::rdma::RdmaArgs,
 }
 
 /// `--cores C,S`.
@@ -513,6 +517,9 @@ fn serve(listener: TcpListener, server_core: Option<Option<usize>>) -> Result<()
                 .and_then(|d| sessions::serve(d, data, want, &run, core, idle)),
             #[cfg(feature = "grpc")]
             Backend::Grpc => accept_one(data).and_then(|s| grpc::serve(s, &run)),
+            #[cfg(all(feature = "verbs", target_os = "linux"))]
+            Backend::Verbs => verbs_driver(false, &run, want)
+                .and_then(|d| sessions::serve(d, data, want, &run, core, idle)),
         };
         let msg = match &res {
             Ok(()) => ServerMsg::Done {
@@ -590,6 +597,23 @@ fn tcp_driver(run: &Run) -> Result<starwire_tcp::TcpDriver, String> {
 fn uring_driver(idle: IdlePolicy, run: &Run) -> Result<starwire_uring::UringDriver, String> {
     starwire_uring::UringDriver::new(&sessions::uring_config(idle, run.max_size))
         .map_err(|e| format!("{e}; use --backends tcp"))
+}
+
+/// The verbs driver of one end of `run` (`client`: this process's client
+/// end, else its server end), for `connections` connections.
+#[cfg(all(feature = "verbs", target_os = "linux"))]
+fn verbs_driver(
+    client: bool,
+    run: &Run,
+    connections: usize,
+) -> Result<starwire_verbs::VerbsDriver, String> {
+    use crate::rdma::verbs;
+    let dev = if client {
+        verbs::open_client()
+    } else {
+        verbs::open_server()
+    }?;
+    verbs::driver(&dev, connections, verbs::ring_len(run.max_size))
 }
 
 struct Progress {
@@ -675,6 +699,9 @@ fn drive(plan: &Plan, ctl_addr: SocketAddr) -> Result<Vec<ResultLine>, String> {
             Backend::Grpc => {
                 one_stream(streams).and_then(|s| grpc::client(s, run, plan.client_core))
             }
+            #[cfg(all(feature = "verbs", target_os = "linux"))]
+            Backend::Verbs => verbs_driver(true, run, want)
+                .and_then(|d| sessions::client(d, streams, run, plan.client_core, client_idle)),
         };
         match recv_line::<ServerMsg>(&mut r)? {
             ServerMsg::Done { ok: true, .. } => {}
@@ -826,8 +853,8 @@ fn validate(args: &BenchArgs) -> Result<(), String> {
     if args.connections > 1 {
         if let Some(b) = args.backends.iter().find(|b| !b.multi_connection()) {
             return Err(format!(
-                "--connections {} applies to the tcp and uring backends; the {} baseline \
-                 uses one connection (pick --backends tcp,uring)",
+                "--connections {} applies to the tcp, uring and verbs backends; the {} \
+                 baseline uses one connection (pick --backends tcp,uring)",
                 args.connections,
                 b.name()
             ));
@@ -889,6 +916,7 @@ pub(crate) fn run_loopback(plan: &Plan) -> Result<Vec<ResultLine>, String> {
 /// Run `starwire bench`.
 pub fn main(args: BenchArgs) -> Result<(), String> {
     validate(&args)?;
+    crate::rdma::set_process_args(&args.rdma, args.listen.is_some());
     for b in &args.backends {
         b.check_available()?;
     }

@@ -18,7 +18,7 @@ use starwire_transport::{ConnId, Driver, Sleep, TransportError};
 
 use crate::ring::{
     check_config, check_remote, wr_slot, PreparedRing, RemoteRing, RingConfig, RingConn, RingError,
-    RingFault, MAX_SLOTS,
+    RingFault, RingStats, MAX_SLOTS,
 };
 use crate::verbs::{Completion, Verbs, VerbsError};
 
@@ -193,6 +193,24 @@ impl<V: Verbs> RdmaDriver<V> {
             Some(Slot::Connected(ring)) => Some(ring),
             _ => None,
         }
+    }
+
+    /// The counters of every connected ring, added up.
+    pub fn ring_totals(&self) -> RingStats {
+        let mut t = RingStats::default();
+        for slot in &self.slots {
+            if let Slot::Connected(ring) = slot {
+                let s = ring.stats();
+                t.data_writes += s.data_writes;
+                t.credit_writes += s.credit_writes;
+                t.frames_received += s.frames_received;
+                t.credits_received += s.credits_received;
+                t.wraps += s.wraps;
+                t.ring_stalls += s.ring_stalls;
+                t.recv_stalls += s.recv_stalls;
+            }
+        }
+        t
     }
 
     /// Connections held, prepared or connected.

@@ -10,10 +10,12 @@
 //! its protection domain, everything before its context) whatever order
 //! the Rust values are dropped in.
 //!
-//! Building attributes is safe; a function is `unsafe` only when it trusts
-//! a pointer its caller gives it (an inline send's source bytes). Memory
-//! the NIC may write (a region registered for remote write) is allocated
-//! and owned by the region itself ([`Mr`]) and reached only through
+//! No function here trusts a pointer from its caller: the one that could,
+//! posting sends (the CPU copies an inline send's bytes inside
+//! `ibv_post_send`), checks every source range against the regions it is
+//! given ([`Qp::post_send`]). Memory the NIC may write (a region
+//! registered for remote write) is allocated and owned by the region
+//! itself ([`Mr`]) and reached only through
 //! `starwire_rdma::RegisteredMem`, whose lending methods are `unsafe`.
 #![allow(unsafe_code)]
 

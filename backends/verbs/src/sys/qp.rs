@@ -85,6 +85,14 @@ pub(crate) struct Qp {
 // is owned by this value.
 unsafe impl Send for Qp {}
 
+impl std::fmt::Debug for Qp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Qp")
+            .field("qp_num", &self.qp_num())
+            .finish()
+    }
+}
+
 impl Qp {
     /// `ibv_create_qp` (RC, one gather entry, receives without scatter
     /// entries). A device that refuses the inline size asked for is asked
