@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Real verbs in an emulated guest: the verbs backend's hardware tests
 # (conformance over 64 connections, frames and counters), a soak of many
-# connections on one reactor, polling off, and a short bench, between the
-# Soft-RoCE devices rxe0 and rxe1 (rdma_rxe over a veth pair) inside a QEMU
-# TCG guest. This host's kernel has no RDMA (ibv_get_device_list: ENOSYS) and
-# KVM cannot boot a stock kernel here, so the guest is fully emulated;
-# timings in it mean nothing, correctness does.
+# connections on one reactor, polling off, a short bench and a short
+# training run, between the Soft-RoCE devices rxe0 and rxe1 (rdma_rxe over
+# a veth pair) inside a QEMU TCG guest. This host's kernel has no RDMA
+# (ibv_get_device_list: ENOSYS) and KVM cannot boot a stock kernel here, so
+# the guest is fully emulated; timings in it mean nothing, correctness does.
 #
 # Needs: apt (Debian 12 packages: the kernel linux-image-amd64 depends on,
 # busybox-static, ibverbs-utils, ibverbs-providers, downloaded with
@@ -128,6 +128,9 @@ STARWIRE_RDMA_ACK_TIMEOUT=20 RUST_LOG=warn /bin/starwire soak --backend verbs --
 echo "== bench: latency and rate over verbs, rxe0 -> rxe1, 4 connections, polling off (timings mean nothing here)"
 STARWIRE_RDMA_ACK_TIMEOUT=20 RUST_LOG=warn /bin/starwire bench --backends verbs --rdma-device rxe0 --rdma-peer-device rxe1 \\
     --mode lat,rate --sizes 64,65536 --connections 4 --iters 2000 --polling off --json || ok=0
+echo "== train: 1 PS and 2 workers in one process over verbs on rxe0, 40 steps"
+STARWIRE_RDMA_ACK_TIMEOUT=20 RUST_LOG=warn /bin/starwire train --backend verbs --rdma-device rxe0 \\
+    --steps 40 --log-every 0 || ok=0
 if [ \$ok = 1 ]; then echo "STARWIRE-VERBS-VM: PASS"; else echo "STARWIRE-VERBS-VM: FAIL"; fi
 poweroff -f
 EOF

@@ -122,10 +122,7 @@ pub fn missing_backend_hint(name: &str) -> Option<String> {
              docs/backends/rdma.md), or use --backends tcp"
         }
         #[cfg(all(feature = "verbs", target_os = "linux"))]
-        "verbs" | "rdma" | "ibverbs" => {
-            "the verbs backend (starwire-verbs) runs bench and soak, not \
-             train, ps or worker yet (docs/backends/rdma.md); use --backend tcp"
-        }
+        "rdma" | "ibverbs" => "the verbs backend is called verbs",
         "dpdk" => {
             "starwire has no DPDK backend yet: its reliable-datagram core runs \
              on a simulated link only (docs/backends/datagram.md); use \

@@ -367,10 +367,7 @@ fn print_text(i: &Value, settings: &Settings) {
             continue;
         }
         if b == "verbs" && i["rdma"]["backend_compiled_in"] == true {
-            println!(
-                "  verbs    compiled in (starwire-verbs; devices below): bench and soak; not yet \
-                 train, ps or worker"
-            );
+            println!("  verbs    compiled in (starwire-verbs; needs an RDMA device, listed below)");
             continue;
         }
         let compiled = i["backends"]["compiled_in"]

@@ -149,6 +149,10 @@ pub enum BackendKind {
     /// The gRPC baseline (feature `grpc`).
     #[cfg(feature = "grpc")]
     Grpc,
+    /// RDMA verbs (feature `verbs`; the device set with
+    /// [`set_verbs_device`](crate::backend::set_verbs_device)).
+    #[cfg(all(feature = "verbs", target_os = "linux"))]
+    Verbs,
 }
 
 impl BackendKind {
@@ -160,6 +164,8 @@ impl BackendKind {
         ("uring", BackendKind::Uring),
         #[cfg(feature = "grpc")]
         ("grpc", BackendKind::Grpc),
+        #[cfg(all(feature = "verbs", target_os = "linux"))]
+        ("verbs", BackendKind::Verbs),
     ];
 
     /// The backend called `name`, if compiled in.
