@@ -47,6 +47,16 @@ pub struct RdmaStats {
     pub parks_skipped: u64,
 }
 
+fn add_ring_stats(t: &mut RingStats, s: &RingStats) {
+    t.data_writes += s.data_writes;
+    t.credit_writes += s.credit_writes;
+    t.frames_received += s.frames_received;
+    t.credits_received += s.credits_received;
+    t.wraps += s.wraps;
+    t.ring_stalls += s.ring_stalls;
+    t.recv_stalls += s.recv_stalls;
+}
+
 // Connected is the common, hot case: kept inline in the slot vector
 // rather than boxed, at the cost of larger free and prepared slots.
 #[allow(clippy::large_enum_variant)]
@@ -90,6 +100,8 @@ pub struct RdmaDriver<V> {
     /// first.
     next: usize,
     stats: RdmaStats,
+    /// The counters of connections detached so far, added up.
+    retired: RingStats,
 }
 
 impl<V: Verbs> RdmaDriver<V> {
@@ -109,6 +121,7 @@ impl<V: Verbs> RdmaDriver<V> {
             wcs: [Completion::default(); POLL_BATCH],
             next: 0,
             stats: RdmaStats::default(),
+            retired: RingStats::default(),
         })
     }
 
@@ -195,19 +208,13 @@ impl<V: Verbs> RdmaDriver<V> {
         }
     }
 
-    /// The counters of every connected ring, added up.
+    /// The counters of every ring the driver has connected, those
+    /// detached since included, added up.
     pub fn ring_totals(&self) -> RingStats {
-        let mut t = RingStats::default();
+        let mut t = self.retired;
         for slot in &self.slots {
             if let Slot::Connected(ring) = slot {
-                let s = ring.stats();
-                t.data_writes += s.data_writes;
-                t.credit_writes += s.credit_writes;
-                t.frames_received += s.frames_received;
-                t.credits_received += s.credits_received;
-                t.wraps += s.wraps;
-                t.ring_stalls += s.ring_stalls;
-                t.recv_stalls += s.recv_stalls;
+                add_ring_stats(&mut t, &ring.stats());
             }
         }
         t
@@ -479,6 +486,7 @@ impl<V: Verbs> Driver for RdmaDriver<V> {
                 p.cq_share()
             }
             Slot::Connected(ring) => {
+                add_ring_stats(&mut self.retired, &ring.stats());
                 ring.release(&mut self.verbs);
                 ring.cq_share()
             }
