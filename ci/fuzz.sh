@@ -3,7 +3,8 @@
 # frame and body decoder, the stream deframer against a reference, the PS
 # end of a connection's handshake (hello, auth, the cluster-token check),
 # the PS pull/push codec through the shard's request handlers, then the
-# DPDK backend's Ethernet/IPv4/UDP parser. SECONDS is split between them.
+# DPDK backend's Ethernet/IPv4/UDP parser. SECONDS is split between them;
+# then 5 s of the RDMA side-channel message parser.
 # Usage: ci/fuzz.sh [SECONDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,3 +19,5 @@ cargo run --release --locked -p starwire-wire-fuzz --bin fuzz-deframe -- --secon
 cargo run --release --locked -p starwire-wire-fuzz --bin fuzz-handshake -- --seconds "$share" --seed "$seed"
 cargo run --release --locked -p starwire-wire-fuzz --bin fuzz-ps-proto -- --seconds "$share" --seed "$seed"
 cargo run --release --locked -p starwire-wire-fuzz --bin fuzz-udp -- --seconds "$udp" --seed "$seed"
+# The RDMA side-channel message is 64 bytes: a few seconds cover it.
+cargo run --release --locked -p starwire-wire-fuzz --bin fuzz-qp-endpoint -- --seconds 5 --seed "$seed"

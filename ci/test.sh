@@ -26,6 +26,11 @@ apt_deps() {
     # libdpdk-dev and libclang-dev: the dpdk backend (DPDK 22.11 through
     # pkg-config; bindgen loads libclang).
     local want=(pkg-config libhwloc-dev libudev-dev protobuf-compiler libdpdk-dev libclang-dev)
+    # The verbs feature: rdma-sys generates its bindings against the
+    # system's libibverbs and librdmacm with bindgen (libclang). Both
+    # backends' crates are workspace members, so every workspace build
+    # needs these.
+    want+=(libibverbs-dev librdmacm-dev)
     local missing=()
     for p in "${want[@]}"; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -50,11 +55,14 @@ clippy() {
 test_default() { cargo test --workspace --locked; }
 test_each_feature() {
     # Every optional feature of the starwire package, alone.
-    for f in hwloc uring grpc dpdk; do
+    for f in hwloc uring grpc dpdk verbs; do
         echo "--- feature $f"
         cargo test -p starwire --no-default-features --features "$f" --locked
     done
     cargo test -p starwire-placement --features hwloc --locked
+    # The verbs backend alone; on a host without RDMA (ENOSYS) this checks
+    # the no-device error path.
+    cargo test -p starwire-verbs --locked
     # tcp only: the uring backend left out.
     echo "--- no default features"
     cargo test -p starwire --no-default-features --locked
@@ -92,6 +100,7 @@ soak_faulted() {
 }
 fuzz() { bash ci/fuzz.sh "$FUZZ_SECONDS"; }
 dpdk_netns() { bash ci/dpdk-netns.sh; }
+verbs_vm() { bash ci/verbs-vm.sh; }
 train_check() {
     # The README's run command must work and come within 0.02 of the oracle
     # AUC (the issue's bar is 0.01, measured and reported; CI leaves room
@@ -113,10 +122,11 @@ stage "test (each feature)" test_each_feature
 stage "test (all features)" test_all_features
 stage "dpdk between two network namespaces (af_packet, af_xdp, kernel UDP peer)" dpdk_netns
 stage "loom" loom
-stage "fuzz (frame decoder, deframer, handshake and PS codec, ${FUZZ_SECONDS}s)" fuzz
+stage "fuzz (frame decoder, deframer, handshake, PS codec, UDP parser; RDMA side-channel message)" fuzz
 stage "soak (tcp, ${SOAK_CONNECTIONS} connections, ${SOAK_SECONDS}s)" soak
 stage "soak (uring, ${SOAK_CONNECTIONS} connections, ${SOAK_SECONDS}s)" soak_uring
 stage "soak (uring, messages up to 2 MB, each receive mode)" soak_uring_long_frames
 stage "soak with faults (must fail)" soak_faulted
+stage "verbs in an emulated guest (Soft-RoCE: conformance, counters, soak)" verbs_vm
 stage "train (the README run command, checked)" train_check
 echo "=== all stages passed in $(( $(date +%s) - T0 )) s"

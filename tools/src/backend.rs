@@ -22,6 +22,10 @@ pub enum Backend {
     /// driver over a DPDK port.
     #[cfg(feature = "dpdk")]
     Dpdk,
+    /// starwire sessions over RDMA verbs (`starwire-verbs`): needs a
+    /// device.
+    #[cfg(all(feature = "verbs", target_os = "linux"))]
+    Verbs,
 }
 
 impl Backend {
@@ -36,6 +40,8 @@ impl Backend {
             Backend::Grpc => "grpc",
             #[cfg(feature = "dpdk")]
             Backend::Dpdk => "dpdk",
+            #[cfg(all(feature = "verbs", target_os = "linux"))]
+            Backend::Verbs => "verbs",
         }
     }
 
@@ -70,8 +76,20 @@ impl Backend {
             Backend::Uring => true,
             #[cfg(feature = "dpdk")]
             Backend::Dpdk => true,
+            #[cfg(all(feature = "verbs", target_os = "linux"))]
+            Backend::Verbs => true,
             _ => false,
         }
+    }
+
+    /// Whether the backend runs only where an RDMA device is (left out of
+    /// `starwire report`'s default suite).
+    pub fn needs_device(self) -> bool {
+        #[cfg(all(feature = "verbs", target_os = "linux"))]
+        if self == Backend::Verbs {
+            return true;
+        }
+        false
     }
 
     /// Check at run time that the backend can work on this machine: io_uring
@@ -90,6 +108,8 @@ impl Backend {
                     None => Ok(()),
                 }
             }
+            #[cfg(all(feature = "verbs", target_os = "linux"))]
+            Backend::Verbs => crate::rdma::verbs::open_client().map(drop),
             _ => Ok(()),
         }
     }
@@ -104,6 +124,8 @@ impl Backend {
         v.push(Backend::Grpc);
         #[cfg(feature = "dpdk")]
         v.push(Backend::Dpdk);
+        #[cfg(all(feature = "verbs", target_os = "linux"))]
+        v.push(Backend::Verbs);
         v
     }
 }
@@ -124,10 +146,15 @@ pub fn missing_backend_hint(name: &str) -> Option<String> {
              `cargo build --release --features uring` (needs Linux >= 5.19 with \
              io_uring enabled), or use --backends tcp"
         }
+        #[cfg(not(all(feature = "verbs", target_os = "linux")))]
         "verbs" | "rdma" | "ibverbs" => {
-            "starwire has no RDMA verbs backend yet: its ring protocol runs \
-             on a simulated NIC only (docs/backends/rdma.md); use --backends tcp"
+            "the verbs backend is not compiled in; rebuild with \
+             `cargo build --release --features verbs` (needs libibverbs-dev, \
+             librdmacm-dev and libclang-dev, and an RDMA device: \
+             docs/backends/rdma.md), or use --backends tcp"
         }
+        #[cfg(all(feature = "verbs", target_os = "linux"))]
+        "rdma" | "ibverbs" => "the verbs backend is called verbs",
         #[cfg(not(feature = "dpdk"))]
         "dpdk" => {
             "the dpdk backend is not compiled in; rebuild with \
@@ -180,6 +207,8 @@ impl FromStr for Backend {
             "grpc" => Ok(Backend::Grpc),
             #[cfg(feature = "dpdk")]
             "dpdk" => Ok(Backend::Dpdk),
+            #[cfg(all(feature = "verbs", target_os = "linux"))]
+            "verbs" | "rdma" | "ibverbs" => Ok(Backend::Verbs),
             other => Err(missing_backend_hint(other).unwrap_or_else(|| {
                 let names: Vec<&str> = Backend::compiled().iter().map(|b| b.name()).collect();
                 format!(
@@ -206,8 +235,13 @@ mod tests {
             let e = "uring".parse::<Backend>().unwrap_err();
             assert!(e.contains("--features uring"), "{e}");
         }
-        let e = "verbs".parse::<Backend>().unwrap_err();
-        assert!(e.contains("no RDMA verbs backend yet"), "{e}");
+        #[cfg(feature = "verbs")]
+        assert_eq!("rdma".parse::<Backend>(), Ok(Backend::Verbs));
+        #[cfg(not(feature = "verbs"))]
+        {
+            let e = "verbs".parse::<Backend>().unwrap_err();
+            assert!(e.contains("--features verbs"), "{e}");
+        }
         #[cfg(feature = "grpc")]
         assert_eq!("grpc".parse::<Backend>(), Ok(Backend::Grpc));
         #[cfg(not(feature = "grpc"))]

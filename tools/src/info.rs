@@ -188,20 +188,6 @@ fn uring_backend() -> Value {
     Value::Null
 }
 
-fn rdma_devices() -> Value {
-    let dir = Path::new("/sys/class/infiniband");
-    let mut devs = Vec::new();
-    if let Ok(rd) = std::fs::read_dir(dir) {
-        for e in rd.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let node = read_trim(e.path().join("device/numa_node"));
-            devs.push(json!({ "name": name, "numa_node": node }));
-        }
-    }
-    devs.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
-    json!({ "present": dir.exists(), "devices": devs, "backend_compiled_in": false })
-}
-
 fn huge_pages() -> Value {
     let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
     let field = |k: &str| -> Option<u64> {
@@ -337,7 +323,7 @@ pub fn main(a: InfoArgs) -> Result<(), String> {
         },
         "io_uring": io_uring_info(),
         "dpdk": dpdk_info(&a),
-        "rdma": rdma_devices(),
+        "rdma": crate::rdma::devices_json(),
         "huge_pages": huge_pages(),
         "memlock": memlock(),
         "topology": topology(),
@@ -404,8 +390,12 @@ fn print_text(i: &Value, settings: &Settings) {
         if b == "dpdk" && cfg!(feature = "dpdk") {
             println!(
                 "  dpdk     compiled in (starwire-dpdk: DatagramDriver over a DPDK queue pair); \
-                 bench and soak do not run over it yet; see the dpdk section below"
+                 see the dpdk section below"
             );
+            continue;
+        }
+        if b == "verbs" && i["rdma"]["backend_compiled_in"] == true {
+            println!("  verbs    compiled in (starwire-verbs; needs an RDMA device, listed below)");
             continue;
         }
         let compiled = i["backends"]["compiled_in"]
@@ -509,26 +499,7 @@ fn print_text(i: &Value, settings: &Settings) {
             s(&ub["ring"]["file_slots"])
         );
     }
-    let r = &i["rdma"];
-    let devs = r["devices"].as_array().cloned().unwrap_or_default();
-    if devs.is_empty() {
-        println!(
-            "  RDMA devices   none (/sys/class/infiniband {})",
-            if r["present"] == true {
-                "empty"
-            } else {
-                "absent"
-            }
-        );
-    } else {
-        for d in devs {
-            println!(
-                "  RDMA device    {} (numa node {})",
-                s(&d["name"]),
-                s(&d["numa_node"])
-            );
-        }
-    }
+    crate::rdma::print(&i["rdma"]);
     let h = &i["huge_pages"];
     println!(
         "  huge pages     total {}, free {}, size {} kB; transparent: {}",

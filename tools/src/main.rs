@@ -13,6 +13,7 @@ mod info;
 mod launch;
 mod logging;
 mod metrics;
+mod rdma;
 mod report;
 mod soak;
 mod stats;

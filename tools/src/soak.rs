@@ -67,6 +67,9 @@ pub struct SoakArgs {
     /// Busy polling on (default) or off (reactors park).
     #[arg(long, value_parser = crate::parse_on_off)]
     pub polling: Option<bool>,
+    /// The verbs backend's devices.
+    #[command(flatten)]
+    pub rdma: crate::rdma::RdmaArgs,
     /// One JSON object at the end instead of text.
     #[arg(long)]
     pub json: bool,
@@ -85,6 +88,8 @@ fn parse_soak_backend(s: &str) -> Result<String, String> {
         "uring" | "io_uring" | "io-uring" => Ok("uring".to_owned()),
         #[cfg(feature = "dpdk")]
         "dpdk" => Ok("dpdk".to_owned()),
+        #[cfg(all(feature = "verbs", target_os = "linux"))]
+        "verbs" | "rdma" | "ibverbs" => Ok("verbs".to_owned()),
         "raw" => Err("the raw baseline has no message layer to soak; use --backend tcp".into()),
         other => Err(
             crate::backend::missing_backend_hint_singular(other).unwrap_or_else(|| {
@@ -120,6 +125,11 @@ struct Report {
     rss_start_kb: Option<u64>,
     rss_end_kb: Option<u64>,
     passed: bool,
+    /// Per reactor, the driver's own counters (the verbs backend's:
+    /// doorbells per flush, work requests and credit writes per frame);
+    /// absent for drivers without them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    driver_counters: Vec<serde_json::Value>,
 }
 
 #[derive(Debug, Default, Clone, Copy, Serialize)]
@@ -193,6 +203,11 @@ trait SoakDriver: Driver + Send + 'static {
 
     /// Run first on the reactor thread that turns the driver.
     fn on_reactor_thread(&self) {}
+
+    /// The driver's own counters for the report, if it has any.
+    fn counters_json(&self) -> Option<serde_json::Value> {
+        None
+    }
 }
 
 /// The DPDK datagram driver: reactor threads register with the EAL.
@@ -280,10 +295,45 @@ impl SoakDriver for starwire_uring::UringDriver {}
 
 impl SoakDriver for TcpDriver {}
 
+#[cfg(all(feature = "verbs", target_os = "linux"))]
+impl SoakDriver for starwire_verbs::VerbsDriver {
+    fn counters_json(&self) -> Option<serde_json::Value> {
+        let c = self.counters();
+        Some(serde_json::json!({
+            "doorbells_per_flush": c.doorbells_per_flush(),
+            "wrs_per_frame": c.wrs_per_frame(),
+            "credit_writes_per_frame": c.credit_writes_per_frame(),
+            "flushes": c.flushes,
+            "ibv_post_send": c.post_sends,
+            "send_wrs": c.send_wrs,
+            "inline_wrs": c.inline_wrs,
+            "signaled_wrs": c.signaled_wrs,
+            "frames_sent": c.frames_sent,
+            "frames_received": c.frames_received,
+            "credit_writes": c.credit_writes,
+            "parks": c.parks,
+            "cq_events": c.cq_events,
+            "async_events": c.async_events,
+        }))
+    }
+}
+
 impl SoakDriver for Links<Faulty<TcpTransport>> {
     fn fault_stats(&self, conn: ConnId) -> FaultStats {
         self.link(conn).map(Faulty::stats).unwrap_or_default()
     }
+}
+
+/// A reactor's driver counters, labelled with its side and index.
+fn side_counters<D: SoakDriver>(
+    sessions: &Sessions<D>,
+    side: &str,
+    reactor: usize,
+) -> Option<serde_json::Value> {
+    let mut v = sessions.driver().counters_json()?;
+    v["side"] = side.into();
+    v["reactor"] = reactor.into();
+    Some(v)
 }
 
 /// The faults injected on every connection `sessions` holds.
@@ -746,6 +796,8 @@ fn spec(index: usize, cpu: Option<usize>, idle: IdlePolicy) -> ReactorSpec {
 struct Outcome {
     counts: Counts,
     faults: FaultCounts,
+    /// Each reactor's driver counters, clients first.
+    driver: Vec<serde_json::Value>,
 }
 
 /// How long dialing one connection may keep retrying.
@@ -836,11 +888,16 @@ fn run_soak<D: SoakDriver, A: Attach<D>>(
     let clients = run_clients(args, lay, client_drivers, &addr, &attacher);
     let served = stop_servers(servers);
     drop(acceptor);
-    let (mut counts, mut faults) = clients?;
-    let (sc, sf) = served?;
+    let (mut counts, mut faults, mut driver) = clients?;
+    let (sc, sf, sd) = served?;
     counts.add(&sc);
     faults.add_counts(sf);
-    Ok(Outcome { counts, faults })
+    driver.extend(sd);
+    Ok(Outcome {
+        counts,
+        faults,
+        driver,
+    })
 }
 
 /// Dial every connection (connection `i` to server reactor `i % ns`, on
@@ -852,7 +909,7 @@ fn run_clients<D: SoakDriver, A: Attach<D>>(
     drivers: Vec<D>,
     addr: &str,
     attacher: &impl Fn(u64, u64) -> A,
-) -> Result<(Counts, FaultCounts), String> {
+) -> Result<(Counts, FaultCounts, Vec<serde_json::Value>), String> {
     let (nc, ns) = (drivers.len(), lay.server_cpus.len());
     let deadline = Instant::now() + DIAL_TIMEOUT;
     let mut drivers = drivers;
@@ -924,23 +981,26 @@ fn run_clients<D: SoakDriver, A: Attach<D>>(
     }
     let mut counts = Counts::default();
     let mut faults = FaultCounts::default();
+    let mut driver = Vec::new();
     for (k, r) in client_reactors.into_iter().enumerate() {
         let (ep, _) = r.join().map_err(|e| format!("client reactor {k}: {e}"))?;
         let (client, sessions) = ep.into_parts();
         counts.add(&client.counts);
         faults.add_counts(client.faults);
         faults.add_counts(fault_counts(&sessions));
+        driver.extend(side_counters(&sessions, "client", k));
     }
-    Ok((counts, faults))
+    Ok((counts, faults, driver))
 }
 
 /// Stop every server reactor and add up what they detected on the request
 /// path (requests are counted by the client).
 fn stop_servers<D: SoakDriver>(
     servers: Vec<ServerReactor<D>>,
-) -> Result<(Counts, FaultCounts), String> {
+) -> Result<(Counts, FaultCounts, Vec<serde_json::Value>), String> {
     let mut counts = Counts::default();
     let mut faults = FaultCounts::default();
+    let mut driver = Vec::new();
     let mut error = None;
     for (k, r) in servers.into_iter().enumerate() {
         match r.stop() {
@@ -952,6 +1012,7 @@ fn stop_servers<D: SoakDriver>(
                 counts.add(&sc);
                 faults.add_counts(server.faults);
                 faults.add_counts(fault_counts(&sessions));
+                driver.extend(side_counters(&sessions, "server", k));
             }
             Err(e) => {
                 error.get_or_insert(format!("server reactor {k}: {e}"));
@@ -960,7 +1021,7 @@ fn stop_servers<D: SoakDriver>(
     }
     match error {
         Some(e) => Err(e),
-        None => Ok((counts, faults)),
+        None => Ok((counts, faults, driver)),
     }
 }
 
@@ -1030,6 +1091,33 @@ pub fn main(args: SoakArgs) -> Result<bool, String> {
         let out = run_soak(&args, &lay, make, stream_attacher)?;
         return report(&args, &lay, rss_start_kb, out);
     }
+    #[cfg(all(feature = "verbs", target_os = "linux"))]
+    if args.backend == "verbs" {
+        if args.faults.is_some() {
+            return Err("--faults is supported with --backend tcp only".into());
+        }
+        let (client_dev, server_dev) = crate::rdma::verbs::open_pair(&args.rdma)?;
+        // Rings hold at least two of the largest frames a request makes.
+        let ring_len = (2 * (args.max_size + 4096))
+            .next_power_of_two()
+            .max(64 << 10);
+        // run_soak makes the server reactors' drivers first, then the
+        // clients'.
+        let servers = lay.server_cpus.len();
+        let made = std::cell::Cell::new(0);
+        let make = || {
+            let k = made.get();
+            made.set(k + 1);
+            let dev = if k < servers {
+                &server_dev
+            } else {
+                &client_dev
+            };
+            crate::rdma::verbs::driver(dev, args.connections, ring_len)
+        };
+        let out = run_soak(&args, &lay, make, stream_attacher)?;
+        return report(&args, &lay, rss_start_kb, out);
+    }
     let cfg = TcpConfig::default();
     let out = match args.faults {
         None => {
@@ -1079,6 +1167,7 @@ fn report(
         rss_start_kb,
         rss_end_kb,
         passed,
+        driver_counters: out.driver,
     };
     if args.json {
         println!(
@@ -1135,6 +1224,17 @@ fn print_report(r: &Report) {
         kb(r.rss_start_kb),
         kb(r.rss_end_kb)
     );
+    for c in &r.driver_counters {
+        println!(
+            "  {} {:<7}  {:.2} doorbells per flush, {:.3} WRs per frame, {:.3} credit writes \
+             per frame",
+            c["side"].as_str().unwrap_or("?"),
+            c["reactor"],
+            c["doorbells_per_flush"].as_f64().unwrap_or(0.0),
+            c["wrs_per_frame"].as_f64().unwrap_or(0.0),
+            c["credit_writes_per_frame"].as_f64().unwrap_or(0.0)
+        );
+    }
     println!("  result       {}", if r.passed { "PASS" } else { "FAIL" });
 }
 

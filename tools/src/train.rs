@@ -22,9 +22,9 @@ pub struct TrainArgs {
     /// Worker tasks (local cluster).
     #[arg(long, default_value_t = 2, value_parser = at_least_one)]
     pub workers: usize,
-    /// Transport backend: tcp, uring, grpc (when built in), or inproc (no
-    /// network: workers call the shards directly; the compute bound, local
-    /// cluster only).
+    /// Transport backend: tcp, uring, grpc, verbs (when built in), or
+    /// inproc (no network: workers call the shards directly; the compute
+    /// bound, local cluster only).
     #[arg(long, default_value = "tcp", value_parser = parse_backend)]
     pub backend: String,
     /// star_server (robust) or star_server_lite (pooling on the PS).
@@ -119,6 +119,10 @@ pub struct TrainArgs {
     /// The cluster token and the PS task's bounds.
     #[command(flatten)]
     pub guard: crate::guard::GuardArgs,
+    /// The verbs backend's device (`--rdma-peer-device` does not apply:
+    /// every task of a process uses `--rdma-device`).
+    #[command(flatten)]
+    pub rdma: crate::rdma::RdmaArgs,
 }
 
 fn parse_protocol(s: &str) -> Result<Protocol, String> {
@@ -197,6 +201,16 @@ pub(crate) fn train_failure(e: starwire_train::TrainError) -> Failure {
 /// workers, a worker's the PS tasks).
 fn config(a: &TrainArgs, ps: usize, workers: usize) -> Result<TrainConfig, String> {
     let backend = check_backend(&a.backend)?;
+    #[cfg(all(feature = "verbs", target_os = "linux"))]
+    if backend == BackendKind::Verbs {
+        let dev = starwire_verbs::VerbsDevice::open(&starwire_verbs::DeviceSpec {
+            name: a.rdma.rdma_device.clone(),
+            port: a.rdma.rdma_port,
+            gid_index: a.rdma.gid_index,
+        })
+        .map_err(|e| e.to_string())?;
+        starwire_train::backend::set_verbs_device(dev);
+    }
     let settings = Settings::resolve(
         workers,
         ps,

@@ -92,3 +92,51 @@ mod uring_backend {
         }
     }
 }
+
+#[cfg(all(feature = "verbs", target_os = "linux"))]
+pub use verbs_backend::{set_verbs_device, Verbs};
+
+#[cfg(all(feature = "verbs", target_os = "linux"))]
+mod verbs_backend {
+    use std::io;
+    use std::sync::OnceLock;
+
+    use starwire_rdma::{RdmaDriver, RingConfig};
+    use starwire_verbs::{NicConfig, VerbsDevice, VerbsDriver, VerbsNic};
+
+    use super::Backend;
+
+    /// The device every verbs driver of the process uses: opened once, so
+    /// the process has one protection domain per device.
+    static DEVICE: OnceLock<VerbsDevice> = OnceLock::new();
+
+    /// Use `dev` for the verbs backend of this process (the first call
+    /// wins).
+    pub fn set_verbs_device(dev: VerbsDevice) {
+        let _ = DEVICE.set(dev);
+    }
+
+    /// The RDMA verbs backend: one completion queue per thread, a queue
+    /// pair and a ring per connection, each set up over its TCP connection.
+    /// Rings carry frames of 1 MiB, as the TCP backend's.
+    #[derive(Debug, Clone, Copy, Default)]
+    pub struct Verbs;
+
+    impl Backend for Verbs {
+        type Driver = VerbsDriver;
+        const NAME: &'static str = "verbs";
+        fn driver(_polling: bool) -> io::Result<VerbsDriver> {
+            let dev = DEVICE.get().ok_or_else(|| {
+                io::Error::other("the verbs backend has no device (set_verbs_device)")
+            })?;
+            let nic = VerbsNic::new(dev, NicConfig::default()).map_err(io::Error::other)?;
+            let ring = RingConfig {
+                ring_len: 2 << 20,
+                staging_len: 2 << 20,
+                ..RingConfig::default()
+            };
+            let rdma = RdmaDriver::new(nic, ring).map_err(io::Error::other)?;
+            Ok(VerbsDriver::new(rdma))
+        }
+    }
+}

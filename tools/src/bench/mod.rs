@@ -415,7 +415,8 @@ fn median_line(lines: &[ResultLine], rtts: Option<&Rtts>) -> ResultLine {
 pub struct BenchArgs {
     /// Backends to compare, comma-separated: raw (plain sockets baseline),
     /// tcp, uring (with the `uring` feature, on by default on Linux), grpc
-    /// (with the `grpc` feature), dpdk (with the `dpdk` feature and --eal).
+    /// (with the `grpc` feature), dpdk (with the `dpdk` feature and --eal),
+    /// verbs (with the `verbs` feature and an RDMA device).
     #[arg(long, value_delimiter = ',', default_value = "raw,tcp")]
     pub backends: Vec<Backend>,
     /// What to measure (comma-separated list allowed).
@@ -450,7 +451,7 @@ pub struct BenchArgs {
     pub inflight: Option<usize>,
     /// Data connections per run (like perftest's -q), all driven by the one
     /// client reactor and the one server reactor; each keeps --inflight
-    /// outstanding. tcp and uring; lat, rate and bw.
+    /// outstanding. tcp, uring and verbs; lat, rate and bw.
     #[arg(long, default_value_t = 1)]
     pub connections: usize,
     /// Measured iterations per run (steps in fuse mode).
@@ -504,6 +505,9 @@ pub struct BenchArgs {
     #[cfg(feature = "dpdk")]
     #[command(flatten)]
     pub dpdk: crate::dpdk::DpdkArgs,
+    /// The verbs backend's devices.
+    #[command(flatten)]
+    pub rdma: crate::rdma::RdmaArgs,
 }
 
 /// `--cores C,S`.
@@ -677,6 +681,9 @@ fn serve(
             Backend::Grpc => accept_one(data).and_then(|s| grpc::serve(s, &run)),
             #[cfg(feature = "dpdk")]
             Backend::Dpdk => dpdk::serve(data, want, &run, core, idle),
+            #[cfg(all(feature = "verbs", target_os = "linux"))]
+            Backend::Verbs => verbs_driver(false, &run, want)
+                .and_then(|d| sessions::serve(d, data, want, &run, core, idle)),
         };
         let cpu_pct = cpu.and_then(|c| c.percent().ok());
         let msg = match &res {
@@ -757,6 +764,23 @@ fn tcp_driver(run: &Run) -> Result<starwire_tcp::TcpDriver, String> {
 fn uring_driver(idle: IdlePolicy, run: &Run) -> Result<starwire_uring::UringDriver, String> {
     starwire_uring::UringDriver::new(&sessions::uring_config(idle, run.max_size))
         .map_err(|e| format!("{e}; use --backends tcp"))
+}
+
+/// The verbs driver of one end of `run` (`client`: this process's client
+/// end, else its server end), for `connections` connections.
+#[cfg(all(feature = "verbs", target_os = "linux"))]
+fn verbs_driver(
+    client: bool,
+    run: &Run,
+    connections: usize,
+) -> Result<starwire_verbs::VerbsDriver, String> {
+    use crate::rdma::verbs;
+    let dev = if client {
+        verbs::open_client()
+    } else {
+        verbs::open_server()
+    }?;
+    verbs::driver(&dev, connections, verbs::ring_len(run.max_size))
 }
 
 struct Progress {
@@ -920,6 +944,9 @@ fn drive(plan: &Plan, ctl_addr: SocketAddr, opts: DriveOpts) -> Result<Vec<Outco
                 plan.client_core,
                 client_idle,
             ),
+            #[cfg(all(feature = "verbs", target_os = "linux"))]
+            Backend::Verbs => verbs_driver(true, run, want)
+                .and_then(|d| sessions::client(d, streams, run, plan.client_core, client_idle)),
         };
         let cpu_pct = cpu.map(|c| c.percent()).transpose()?;
         let server_cpu_pct = match recv_line::<ServerMsg>(&mut r)? {
@@ -1022,8 +1049,8 @@ pub(crate) fn validate(args: &BenchArgs) -> Result<(), String> {
     if args.connections > 1 {
         if let Some(b) = args.backends.iter().find(|b| !b.multi_connection()) {
             return Err(format!(
-                "--connections {} applies to the tcp and uring backends; the {} baseline \
-                 uses one connection (pick --backends tcp,uring)",
+                "--connections {} applies to the tcp, uring and verbs backends; the {} \
+                 baseline uses one connection (pick --backends tcp,uring)",
                 args.connections,
                 b.name()
             ));
@@ -1128,6 +1155,7 @@ fn listen(args: &BenchArgs, listen: &str) -> Result<(), String> {
 /// Run `starwire bench`.
 pub fn main(args: BenchArgs) -> Result<(), String> {
     validate(&args)?;
+    crate::rdma::set_process_args(&args.rdma, args.listen.is_some());
     for b in &args.backends {
         b.check_available()?;
     }

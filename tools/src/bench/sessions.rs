@@ -89,6 +89,19 @@ impl BenchDriver for starwire_uring::UringDriver {
     }
 }
 
+#[cfg(all(feature = "verbs", target_os = "linux"))]
+impl BenchDriver for starwire_verbs::VerbsDriver {
+    /// Parks (each a `poll(2)`) and completion events read: posting and
+    /// polling bypass the kernel.
+    fn syscalls(&self) -> u64 {
+        let c = self.counters();
+        c.parks + c.cq_events
+    }
+    fn counters(&self) -> String {
+        self.counters().to_string()
+    }
+}
+
 /// io_uring settings both ends derive from the plan: frames as for TCP
 /// ([`tcp_config`]), so a frame holds the largest payload whole. A reactor
 /// that polls (busy, or before it parks) receives in spin mode, one that

@@ -297,7 +297,12 @@ fn train_cases(backends: &[Backend], quick: bool) -> Vec<TrainCase> {
         steps: if quick { 10 } else { TRAIN_STEPS },
     };
     let mut out = Vec::new();
-    for &b in backends.iter().filter(|&&b| b.trains()) {
+    // Training does not run over the backends that need a device (verbs)
+    // or EAL arguments (dpdk) in the report.
+    for &b in backends
+        .iter()
+        .filter(|&&b| b.trains() && !b.needs_device())
+    {
         for fusion in [true, false] {
             out.push(case(b.name(), fusion));
         }
@@ -317,12 +322,12 @@ pub fn main(args: ReportArgs, train: Option<&dyn TrainSuite>) -> Result<(), Stri
             args.duration
         ));
     }
-    // dpdk needs EAL arguments and a port: a report includes it only
-    // when --backends names it.
+    // dpdk needs EAL arguments and a port, verbs a device: a report
+    // includes them only when --backends names them.
     let backends = args.backends.clone().unwrap_or_else(|| {
         Backend::compiled()
             .into_iter()
-            .filter(|b| b.data_over_tcp())
+            .filter(|b| b.data_over_tcp() && !b.needs_device())
             .collect()
     });
     if backends.is_empty() {

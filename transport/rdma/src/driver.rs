@@ -10,13 +10,15 @@
 //! and queued frames, and rings the doorbell once for all of them.
 
 use std::collections::VecDeque;
-use std::time::Instant;
+use std::os::fd::BorrowedFd;
+use std::time::{Duration, Instant};
 
+use starwire_transport::reactor::{park_fds, ParkEnd, ParkWaker};
 use starwire_transport::{ConnId, Driver, Sleep, TransportError};
 
 use crate::ring::{
     check_config, check_remote, wr_slot, PreparedRing, RemoteRing, RingConfig, RingConn, RingError,
-    RingFault, MAX_SLOTS,
+    RingFault, RingStats, MAX_SLOTS,
 };
 use crate::verbs::{Completion, Verbs, VerbsError};
 
@@ -38,6 +40,21 @@ pub struct RdmaStats {
     /// Completions that named no connection of the driver (a slot that is
     /// free, or a `qp_num` that is not the slot's); ignored.
     pub stray_completions: u64,
+    /// Parks that waited on the completion channel.
+    pub parks: u64,
+    /// Parks that found completions or input after arming the completion
+    /// queue and returned at once.
+    pub parks_skipped: u64,
+}
+
+fn add_ring_stats(t: &mut RingStats, s: &RingStats) {
+    t.data_writes += s.data_writes;
+    t.credit_writes += s.credit_writes;
+    t.frames_received += s.frames_received;
+    t.credits_received += s.credits_received;
+    t.wraps += s.wraps;
+    t.ring_stalls += s.ring_stalls;
+    t.recv_stalls += s.recv_stalls;
 }
 
 // Connected is the common, hot case: kept inline in the slot vector
@@ -63,8 +80,11 @@ enum Slot {
 /// the protocol once the peer's arrives. Frames may be queued in between;
 /// they leave once connected.
 ///
-/// The simulator has no completion channel, so the driver cannot sleep:
-/// [`Driver::sleep`] is [`Sleep::Never`] and its reactor polls.
+/// Verbs with a completion channel ([`Verbs::can_sleep`]) park the reactor
+/// in the driver's own wait ([`Sleep::Own`]): arm the completion queue,
+/// check it once more, then `poll(2)` on the channel, the asynchronous
+/// events and the reactor's waker. The simulator has none: [`Sleep::Never`],
+/// its reactor polls.
 #[derive(Debug)]
 pub struct RdmaDriver<V> {
     verbs: V,
@@ -80,6 +100,8 @@ pub struct RdmaDriver<V> {
     /// first.
     next: usize,
     stats: RdmaStats,
+    /// The counters of connections detached so far, added up.
+    retired: RingStats,
 }
 
 impl<V: Verbs> RdmaDriver<V> {
@@ -99,6 +121,7 @@ impl<V: Verbs> RdmaDriver<V> {
             wcs: [Completion::default(); POLL_BATCH],
             next: 0,
             stats: RdmaStats::default(),
+            retired: RingStats::default(),
         })
     }
 
@@ -185,6 +208,18 @@ impl<V: Verbs> RdmaDriver<V> {
         }
     }
 
+    /// The counters of every ring the driver has connected, those
+    /// detached since included, added up.
+    pub fn ring_totals(&self) -> RingStats {
+        let mut t = self.retired;
+        for slot in &self.slots {
+            if let Slot::Connected(ring) = slot {
+                add_ring_stats(&mut t, &ring.stats());
+            }
+        }
+        t
+    }
+
     /// Connections held, prepared or connected.
     pub fn len(&self) -> usize {
         self.slots.len() - self.free.len()
@@ -240,6 +275,78 @@ impl<V: Verbs> RdmaDriver<V> {
             Some(Slot::Prepared(prepared)) if prepared.qpn() == wc.qp_num => prepared.hold(*wc),
             _ => self.stats.stray_completions += 1,
         }
+    }
+
+    /// One submission: poll completions, then stage every connection's
+    /// owed credits and the frames its credits allow, and ring the doorbell
+    /// once if anything was staged. True if it took in completions or
+    /// posted anything.
+    fn submit(&mut self) -> bool {
+        let reaped = self.reap();
+        let mut posted = 0;
+        for (i, slot) in self.slots.iter_mut().enumerate() {
+            let Slot::Connected(ring) = slot else {
+                continue;
+            };
+            if !ring.tx_pending() {
+                continue;
+            }
+            match ring.post(&mut self.verbs) {
+                Ok(n) => posted += n,
+                Err(f) => {
+                    if let Some(e) = ring.fail(f) {
+                        self.failed.push_back((ConnId::new(i as u32), e));
+                    }
+                }
+            }
+        }
+        if posted > 0 {
+            match self.verbs.ring_doorbell() {
+                Ok(()) => self.stats.doorbells += 1,
+                Err(e) => self.fail_doorbell(e),
+            }
+        }
+        reaped || posted > 0
+    }
+
+    /// [`Driver::park`], also ending when one of `extra` is readable (a
+    /// driver that wraps this one and waits on descriptors of its own: the
+    /// side channels of connections being set up).
+    pub fn park_with(
+        &mut self,
+        waker: ParkWaker<'_>,
+        extra: &[BorrowedFd<'_>],
+        timeout: Duration,
+    ) -> Option<ParkEnd> {
+        if !self.verbs.can_sleep() {
+            return None;
+        }
+        self.submit();
+        if let Err(e) = self.verbs.arm_cq() {
+            tracing::warn!(%e, "rdma: cannot arm the completion queue; polling instead");
+            return None;
+        }
+        if self.reap() || self.input_waiting() {
+            self.stats.parks_skipped += 1;
+            return Some(ParkEnd::Input);
+        }
+        self.stats.parks += 1;
+        let mut fds = Vec::with_capacity(2 + extra.len());
+        self.verbs.event_fds(&mut fds);
+        fds.extend_from_slice(extra);
+        let end = park_fds(waker, &fds, &[], timeout);
+        drop(fds);
+        self.verbs.take_events();
+        Some(end)
+    }
+
+    /// Input the next receive pass would deliver, or a failure to report.
+    fn input_waiting(&self) -> bool {
+        !self.failed.is_empty()
+            || self
+                .slots
+                .iter()
+                .any(|s| matches!(s, Slot::Connected(ring) if ring.rx_pending()))
     }
 
     fn fail_all(&mut self, fault: &RingFault) {
@@ -348,31 +455,7 @@ impl<V: Verbs> Driver for RdmaDriver<V> {
     /// was staged.
     fn flush(&mut self, _now: Instant) -> bool {
         self.stats.flushes += 1;
-        let reaped = self.reap();
-        let mut posted = 0;
-        for (i, slot) in self.slots.iter_mut().enumerate() {
-            let Slot::Connected(ring) = slot else {
-                continue;
-            };
-            if !ring.tx_pending() {
-                continue;
-            }
-            match ring.post(&mut self.verbs) {
-                Ok(n) => posted += n,
-                Err(f) => {
-                    if let Some(e) = ring.fail(f) {
-                        self.failed.push_back((ConnId::new(i as u32), e));
-                    }
-                }
-            }
-        }
-        if posted > 0 {
-            match self.verbs.ring_doorbell() {
-                Ok(()) => self.stats.doorbells += 1,
-                Err(e) => self.fail_doorbell(e),
-            }
-        }
-        reaped || posted > 0
+        self.submit()
     }
 
     fn poll_failure(&mut self) -> Option<(ConnId, TransportError)> {
@@ -403,6 +486,7 @@ impl<V: Verbs> Driver for RdmaDriver<V> {
                 p.cq_share()
             }
             Slot::Connected(ring) => {
+                add_ring_stats(&mut self.retired, &ring.stats());
                 ring.release(&mut self.verbs);
                 ring.cq_share()
             }
@@ -413,6 +497,19 @@ impl<V: Verbs> Driver for RdmaDriver<V> {
     }
 
     fn sleep(&self) -> Sleep {
-        Sleep::Never
+        if self.verbs.can_sleep() {
+            Sleep::Own
+        } else {
+            Sleep::Never
+        }
+    }
+
+    /// Submit what is queued, arm the completion queue
+    /// (`ibv_req_notify_cq`), poll it once more (a completion that arrived
+    /// before the arming raises no event), and only then wait in `poll(2)`
+    /// on the completion channel, the asynchronous events and the waker.
+    /// After the wait the events are consumed and acknowledged.
+    fn park(&mut self, waker: ParkWaker<'_>, timeout: Duration) -> Option<ParkEnd> {
+        self.park_with(waker, &[], timeout)
     }
 }

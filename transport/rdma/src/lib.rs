@@ -13,10 +13,12 @@
 //! * [`SimNic`] on a [`SimFabric`]: in-memory NICs whose RC queue pairs
 //!   report into one completion queue per NIC, with faithful error
 //!   semantics (remote access errors, receiver-not-ready retry exhaustion,
-//!   the per-QP error state and flushes, CQ overrun). This host has no RDMA
-//!   device, so every test runs over it; the verbs backend (a later issue)
-//!   implements [`Verbs`] over `ibv_post_send` / `ibv_post_recv` /
-//!   `ibv_poll_cq`.
+//!   the per-QP error state and flushes, CQ overrun). Hosts without an RDMA
+//!   device run every test over it; `starwire-verbs` implements [`Verbs`]
+//!   over `ibv_post_send` / `ibv_post_recv` / `ibv_poll_cq`.
+//! * [`bootstrap`]: [`QpEndpoint`], the side-channel message that tells a
+//!   peer our queue pair, port address and receive ring, parsed without
+//!   I/O.
 //! * [`RdmaDriver`]: the [`Driver`](starwire_transport::Driver) of one
 //!   reactor. Each connection is a queue pair and a [`RingConn`]: frames
 //!   are encoded in place in a registered staging region, written into the
@@ -29,6 +31,7 @@
 //! `docs/backends/rdma.md`.
 #![deny(unsafe_code)]
 
+pub mod bootstrap;
 mod driver;
 pub mod imm;
 #[allow(unsafe_code)]
@@ -37,6 +40,7 @@ mod ring;
 mod sim;
 pub mod verbs;
 
+pub use bootstrap::{EndpointError, QpEndpoint, MAX_QPN};
 pub use driver::{RdmaDriver, RdmaStats};
 pub use imm::{Imm, SLOT};
 pub use mem::{RangeError, RegisteredMem};

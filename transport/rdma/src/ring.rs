@@ -309,6 +309,11 @@ impl RingConn {
         self.owed_bytes > 0 || self.owed_recvs >= self.credit_recv_threshold
     }
 
+    /// Received frames polled and not yet lent to a sink.
+    pub(crate) fn rx_pending(&self) -> bool {
+        self.fault.is_none() && !self.pending_rx.is_empty()
+    }
+
     /// Frames committed and not yet posted, or credits due to the peer.
     pub(crate) fn tx_pending(&self) -> bool {
         self.fault.is_none() && (!self.queued.is_empty() || self.credit_due())

@@ -12,11 +12,12 @@
 //! (a write-with-immediate consumes a receive WR only to deliver its
 //! immediate; the bytes land where the writer said).
 //!
-//! Two implementations exist or are planned: [`SimNic`](crate::SimNic), an
-//! in-memory NIC on a simulated fabric used by the tests, and the verbs
-//! backend over `rdma-sys` (a later issue; see `docs/backends/rdma.md`).
+//! Two implementations exist: [`SimNic`](crate::SimNic), an in-memory NIC
+//! on a simulated fabric used by the tests, and `VerbsNic` in
+//! `starwire-verbs`, over libibverbs (see `docs/backends/rdma.md`).
 
 use std::fmt;
+use std::os::fd::BorrowedFd;
 
 use thiserror::Error;
 
@@ -93,6 +94,8 @@ pub enum WcStatus {
     /// `IBV_WC_WR_FLUSH_ERR`: the WR was flushed because the QP is in the
     /// error state.
     WrFlush,
+    /// Any other `enum ibv_wc_status` value a device reports.
+    Other(u32),
 }
 
 impl WcStatus {
@@ -111,6 +114,7 @@ impl WcStatus {
             Self::RnrRetryExceeded => "IBV_WC_RNR_RETRY_EXC_ERR",
             Self::RetryExceeded => "IBV_WC_RETRY_EXC_ERR",
             Self::WrFlush => "IBV_WC_WR_FLUSH_ERR",
+            Self::Other(_) => "IBV_WC_*",
         }
     }
 
@@ -123,13 +127,17 @@ impl WcStatus {
             Self::RnrRetryExceeded => "receiver not ready, RNR retries exhausted",
             Self::RetryExceeded => "transport retries exhausted",
             Self::WrFlush => "flushed, QP in error state",
+            Self::Other(_) => "see enum ibv_wc_status",
         }
     }
 }
 
 impl fmt::Display for WcStatus {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} ({})", self.verbs_name(), self.meaning())
+        match self {
+            Self::Other(n) => write!(f, "ibv_wc_status {n}"),
+            _ => write!(f, "{} ({})", self.verbs_name(), self.meaning()),
+        }
     }
 }
 
@@ -168,11 +176,14 @@ pub struct Completion {
     pub byte_len: u32,
 }
 
-/// Queue-pair state, reduced to what the ring observes (`IBV_QPS_RTS` and
-/// `IBV_QPS_ERR`; the Reset → Init → RTR → RTS walk happens while
-/// connecting).
+/// Queue-pair state, reduced to what the ring observes (the RTR step of
+/// the Reset → Init → RTR → RTS walk happens inside connecting).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum QpState {
+    /// Created, not yet connected (`IBV_QPS_INIT`): receive WRs may be
+    /// posted, so a connection posts its receives before the peer learns
+    /// its rkey; nothing can be sent yet.
+    Init,
     /// Ready to send: connected and usable.
     ReadyToSend,
     /// Error: every outstanding and future WR completes with
@@ -235,7 +246,7 @@ pub enum VerbsError {
         errno: Errno,
     },
     /// `ibv_reg_mr` failed.
-    #[error("ibv_reg_mr of {len} bytes failed: {errno}")]
+    #[error("ibv_reg_mr of {len} bytes failed: {errno}{}", reg_mr_hint(*errno))]
     RegMr {
         /// Requested length.
         len: usize,
@@ -289,6 +300,28 @@ pub enum VerbsError {
         /// Reported error.
         errno: Errno,
     },
+    /// `ibv_req_notify_cq` failed: the completion queue cannot wake a
+    /// parked reactor.
+    #[error("ibv_req_notify_cq failed: {errno}")]
+    ReqNotifyCq {
+        /// Reported error.
+        errno: Errno,
+    },
+}
+
+/// What to tell a user whose registration failed with `errno`: `ENOMEM`
+/// is almost always the locked-memory limit, since registered memory is
+/// pinned.
+fn reg_mr_hint(errno: Errno) -> &'static str {
+    if errno == Errno::ENOMEM {
+        "; registered memory is pinned and counted against RLIMIT_MEMLOCK \
+         (unless the process has CAP_IPC_LOCK): raise it with `ulimit -l unlimited` \
+         in the shell, LimitMEMLOCK=infinity in a systemd unit, \
+         `--ulimit memlock=-1` for docker or a memlock line in \
+         /etc/security/limits.conf, or use smaller rings"
+    } else {
+        ""
+    }
 }
 
 /// The verbs of one driver, as the hardware arranges them per core: a
@@ -364,4 +397,28 @@ pub trait Verbs {
     /// this returns. The peer's later writes fail with
     /// [`WcStatus::RetryExceeded`].
     fn destroy_qp(&mut self, qpn: u32) -> Result<(), VerbsError>;
+
+    /// Whether the verbs can wake a parked reactor ([`event_fds`]
+    /// (Self::event_fds)). False (the default, the simulator): the driver's
+    /// reactor polls.
+    fn can_sleep(&self) -> bool {
+        false
+    }
+
+    /// Descriptors whose readability ends a park: the completion channel
+    /// (readable once the armed completion queue got a completion) and the
+    /// asynchronous-event descriptor.
+    fn event_fds<'a>(&'a self, _out: &mut Vec<BorrowedFd<'a>>) {}
+
+    /// Ask for one completion event on the next completion
+    /// (`ibv_req_notify_cq`), before the last check for completions ahead
+    /// of a park, so none can slip in between unseen.
+    fn arm_cq(&mut self) -> Result<(), VerbsError> {
+        Ok(())
+    }
+
+    /// After a park: consume the completion events that ended it
+    /// (`ibv_get_cq_event`, `ibv_ack_cq_events`) and read and log the
+    /// asynchronous events.
+    fn take_events(&mut self) {}
 }

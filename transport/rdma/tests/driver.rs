@@ -123,6 +123,16 @@ fn one_flush_over_many_connections_rings_one_doorbell() {
     assert!(b.flush(now));
     assert_eq!(b.verbs().doorbells(), bells + 1);
     assert!(b.poll_failure().is_none() && a.poll_failure().is_none());
+
+    // The totals add every ring up, and keep what detached ones counted.
+    let totals = b.ring_totals();
+    assert_eq!(totals.frames_received, 3 * n as u64);
+    assert_eq!(totals.credit_writes, n as u64);
+    for &c in &b_ids[..n / 2] {
+        b.detach(c);
+    }
+    assert_eq!(b.ring_totals(), totals);
+    assert_eq!(a.ring_totals().data_writes, 3 * n as u64);
 }
 
 #[test]

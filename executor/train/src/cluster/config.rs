@@ -166,6 +166,10 @@ pub enum BackendKind {
     /// The gRPC baseline (feature `grpc`).
     #[cfg(feature = "grpc")]
     Grpc,
+    /// RDMA verbs (feature `verbs`; the device set with
+    /// [`set_verbs_device`](crate::backend::set_verbs_device)).
+    #[cfg(all(feature = "verbs", target_os = "linux"))]
+    Verbs,
 }
 
 impl BackendKind {
@@ -177,6 +181,8 @@ impl BackendKind {
         ("uring", BackendKind::Uring),
         #[cfg(feature = "grpc")]
         ("grpc", BackendKind::Grpc),
+        #[cfg(all(feature = "verbs", target_os = "linux"))]
+        ("verbs", BackendKind::Verbs),
     ];
 
     /// The backend's name on the command line.

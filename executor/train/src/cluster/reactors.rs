@@ -87,6 +87,8 @@ fn runs_reactors(b: BackendKind) -> bool {
         BackendKind::Tcp => true,
         #[cfg(all(feature = "uring", target_os = "linux"))]
         BackendKind::Uring => true,
+        #[cfg(all(feature = "verbs", target_os = "linux"))]
+        BackendKind::Verbs => true,
         BackendKind::Inproc => false,
         #[cfg(feature = "grpc")]
         BackendKind::Grpc => false,

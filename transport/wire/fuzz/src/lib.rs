@@ -2,8 +2,10 @@
 //! decoder through [`starwire_wire::decode_any`] ([`Decode`], driver
 //! `fuzz-decode`), the stream [`starwire_wire::Deframer`] ([`Deframe`],
 //! driver `fuzz-deframe`), the PS codec through the shard's request
-//! handlers ([`ps::Handlers`], driver `fuzz-ps-proto`), and the DPDK
-//! backend's Ethernet/IPv4/UDP parser ([`Udp`], driver `fuzz-udp`).
+//! handlers ([`ps::Handlers`], driver `fuzz-ps-proto`), the DPDK
+//! backend's Ethernet/IPv4/UDP parser ([`Udp`], driver `fuzz-udp`), and
+//! the RDMA side-channel message `starwire_rdma::QpEndpoint`
+//! ([`endpoint::Endpoint`], driver `fuzz-qp-endpoint`).
 //!
 //! * [`seeds`] builds a seed corpus of valid encoded frames of every opcode,
 //!   chunked messages and multi-frame streams.
@@ -49,6 +51,7 @@
 #![warn(missing_docs)]
 
 pub mod driver;
+pub mod endpoint;
 pub mod handshake;
 pub mod ps;
 
