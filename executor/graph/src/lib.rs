@@ -98,7 +98,7 @@ pub use model::{
 };
 pub use ops::{check_ragged, combine, scatter_pooled_grad, Combiner};
 pub use partition::{
-    dedup, partition, DensePull, LookupPull, Partitioned, Protocol, PullForm, Pulls, StepFeeds,
-    StepOutput,
+    dedup, partition, Dedup, DensePull, LookupPull, Partitioned, Protocol, PullForm, Pulls,
+    StepFeeds, StepOutput,
 };
 pub use tensor::Tensor;

@@ -192,17 +192,33 @@ impl Partitioned {
 /// hashes; a DoS-resistant hasher buys nothing here). A batch has far fewer
 /// than `u32::MAX` keys; positions past that would not fit the `u32` index.
 pub fn dedup(keys: &[u64]) -> (Vec<u64>, Vec<u32>) {
-    let mut seen: FxHashMap<u64, u32> = FxHashMap::default();
-    seen.reserve(keys.len().min(1 << 20));
-    let mut unique = Vec::new();
-    let index = keys
-        .iter()
-        .map(|&k| {
-            *seen.entry(k).or_insert_with(|| {
-                unique.push(k);
-                (unique.len() - 1) as u32
-            })
-        })
-        .collect();
+    let (mut unique, mut index) = (Vec::new(), Vec::new());
+    Dedup::default().run(keys, &mut unique, &mut index);
     (unique, index)
+}
+
+/// [`dedup`] with its hash map kept between calls, for a caller that
+/// deduplicates every step.
+#[derive(Debug, Default, Clone)]
+pub struct Dedup {
+    seen: FxHashMap<u64, u32>,
+}
+
+impl Dedup {
+    /// Overwrite `unique` and `index` with [`dedup`]'s two results for `keys`.
+    pub fn run(&mut self, keys: &[u64], unique: &mut Vec<u64>, index: &mut Vec<u32>) {
+        self.seen.clear();
+        self.seen.reserve(keys.len().min(1 << 20));
+        unique.clear();
+        index.clear();
+        index.reserve(keys.len());
+        for &k in keys {
+            let next = unique.len() as u32;
+            let p = *self.seen.entry(k).or_insert(next);
+            if p == next {
+                unique.push(k);
+            }
+            index.push(p);
+        }
+    }
 }

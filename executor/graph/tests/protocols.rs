@@ -225,3 +225,13 @@ fn dedup_keeps_first_seen_order() {
     let (u, i) = dedup(&[]);
     assert!(u.is_empty() && i.is_empty());
 }
+
+#[test]
+fn a_reused_dedup_forgets_the_previous_keys() {
+    let mut d = Dedup::default();
+    let (mut u, mut i) = (vec![1], vec![5]);
+    d.run(&[7, 3, 7], &mut u, &mut i);
+    assert_eq!((u.as_slice(), i.as_slice()), (&[7, 3][..], &[0, 1, 0][..]));
+    d.run(&[3, 9, 9], &mut u, &mut i);
+    assert_eq!((u.as_slice(), i.as_slice()), (&[3, 9][..], &[0, 1, 1][..]));
+}
