@@ -1,7 +1,7 @@
 //! The dataflow graph: ops, the builder, the autodiff plan and one run.
 
 use std::borrow::Cow;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::error::GraphError;
 use crate::exec::{Executor, TaskSet};
@@ -504,23 +504,92 @@ impl Graph {
         feeds: GraphFeeds,
         backward: bool,
     ) -> Result<RunOutput, GraphError> {
-        let state = Arc::new(RunState::new(Arc::clone(self), feeds, backward)?);
+        self.run_with(exec, feeds, backward, &mut RunBuffers::default())
+    }
+
+    /// [`Graph::run`] writing the large outputs (pooled lookups, sums,
+    /// concatenations, rows gradients) into the buffers `bufs` kept from
+    /// an earlier run, and keeping this run's for the next.
+    pub fn run_with(
+        self: &Arc<Self>,
+        exec: &Executor,
+        feeds: GraphFeeds,
+        backward: bool,
+        bufs: &mut RunBuffers,
+    ) -> Result<RunOutput, GraphError> {
+        let mut state = RunState::new(Arc::clone(self), feeds, backward)?;
+        let n = self.nodes.len();
+        bufs.fwd.resize_with(n, Vec::new);
+        bufs.grads.resize_with(n, Vec::new);
+        state.spare_fwd = bufs
+            .fwd
+            .iter_mut()
+            .map(|b| Mutex::new(std::mem::take(b)))
+            .collect();
+        state.spare_grads = bufs
+            .grads
+            .iter_mut()
+            .map(|b| Mutex::new(std::mem::take(b)))
+            .collect();
+        let state = Arc::new(state);
         exec.run(Arc::clone(&state));
         match Arc::try_unwrap(state) {
             // Every task has run and the executor let go of the state: the
-            // gradients move out instead of being copied.
+            // gradients move out instead of being copied, and the forward
+            // values are kept as the next run's buffers.
             Ok(mut state) => {
                 let grads = std::mem::take(&mut state.grads)
                     .into_iter()
                     .map(OnceLock::into_inner)
                     .collect();
-                state.output(grads)
+                let out = state.output(grads);
+                for (i, b) in bufs.fwd.iter_mut().enumerate() {
+                    if self.nodes[i].op.reuses_buffer() {
+                        if let Some(t) = state.fwd[i].take() {
+                            *b = t.into_data();
+                        }
+                    }
+                }
+                out
             }
             Err(state) => {
                 let grads = state.grads.iter().map(|g| g.get().cloned()).collect();
                 state.output(grads)
             }
         }
+    }
+}
+
+/// Output buffers one run leaves for the next: a node's output has the
+/// same size from one training step to the next, so a run that writes
+/// into the previous run's buffer neither allocates nor faults in fresh
+/// pages. Empty buffers (the default) make a run allocate as usual.
+#[derive(Debug, Default)]
+pub struct RunBuffers {
+    /// By node: its last forward value's elements.
+    fwd: Vec<Vec<f32>>,
+    /// By node: a buffer for its gradient (rows gradients of lookups,
+    /// given back with [`RunBuffers::give_back`]).
+    grads: Vec<Vec<f32>>,
+}
+
+impl RunBuffers {
+    /// Keep the rows gradients of `graph`'s lookups, from a run's
+    /// [`RunOutput::lookup_grads`], for the next run to write into.
+    pub fn give_back(&mut self, graph: &Graph, lookup_grads: Vec<LookupGrad>) {
+        self.grads.resize_with(graph.nodes.len(), Vec::new);
+        for (&node, g) in graph.lookups.iter().zip(lookup_grads) {
+            if let LookupGrad::Rows(t) = g {
+                self.grads[node] = t.into_data();
+            }
+        }
+    }
+}
+
+impl Op {
+    /// Whether the op's forward kernel writes into a kept buffer.
+    fn reuses_buffer(&self) -> bool {
+        matches!(self, Op::EmbeddingLookup { .. } | Op::AddN | Op::Concat)
     }
 }
 
@@ -541,6 +610,19 @@ struct RunState {
     contrib: Vec<Vec<OnceLock<Tensor>>>,
     grads: Vec<OnceLock<Tensor>>,
     error: OnceLock<GraphError>,
+    /// By node: the buffer its forward kernel writes into, taken once by
+    /// the node's own task (see [`RunBuffers`]).
+    spare_fwd: Vec<Mutex<Vec<f32>>>,
+    /// By node: the buffer its gradient is written into, likewise.
+    spare_grads: Vec<Mutex<Vec<f32>>>,
+}
+
+/// Take node `i`'s buffer out of `spares` (empty when there is none).
+fn take_spare(spares: &[Mutex<Vec<f32>>], i: usize) -> Vec<f32> {
+    spares
+        .get(i)
+        .map(|m| std::mem::take(&mut *m.lock().unwrap_or_else(|e| e.into_inner())))
+        .unwrap_or_default()
 }
 
 fn shape(op: &'static str, detail: String) -> GraphError {
@@ -672,6 +754,8 @@ impl RunState {
             grads: (0..n).map(|_| OnceLock::new()).collect(),
             probs: OnceLock::new(),
             error: OnceLock::new(),
+            spare_fwd: Vec::new(),
+            spare_grads: Vec::new(),
             fwd,
             rows,
             backward,
@@ -705,7 +789,8 @@ impl RunState {
                 let f = self.rows[i]
                     .as_ref()
                     .ok_or_else(|| invalid("lookup rows missing"))?;
-                ops::combine(&f.rows, &f.index, &f.offsets, *combiner)?
+                let out = take_spare(&self.spare_fwd, i);
+                ops::combine_into(&f.rows, &f.index, &f.offsets, *combiner, out)?
             }
             Op::MatMul => ops::matmul(self.input(i, 0)?, self.input(i, 1)?)?,
             Op::Add => ops::add(self.input(i, 0)?, self.input(i, 1)?)?,
@@ -714,13 +799,13 @@ impl RunState {
                 let parts = (0..node.inputs.len())
                     .map(|k| self.input(i, k))
                     .collect::<Result<Vec<_>, _>>()?;
-                ops::add_n(&parts)?
+                ops::add_n(&parts, take_spare(&self.spare_fwd, i))?
             }
             Op::Concat => {
                 let parts = (0..node.inputs.len())
                     .map(|k| self.input(i, k))
                     .collect::<Result<Vec<_>, _>>()?;
-                ops::concat(&parts)?
+                ops::concat(&parts, take_spare(&self.spare_fwd, i))?
             }
             Op::SigmoidCrossEntropy => {
                 let (loss, probs) =
@@ -786,12 +871,13 @@ impl RunState {
                 let f = self.rows[i]
                     .as_ref()
                     .ok_or_else(|| invalid("lookup rows missing"))?;
-                let rg = ops::scatter_pooled_grad(
+                let rg = ops::scatter_pooled_grad_into(
                     &g,
                     &f.index,
                     &f.offsets,
                     f.rows.shape()[0],
                     *combiner,
+                    take_spare(&self.spare_grads, i),
                 )?;
                 let _ = self.grads[i].set(rg);
             }

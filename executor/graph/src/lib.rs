@@ -91,7 +91,8 @@ mod tensor;
 pub use error::{GraphError, TensorError};
 pub use exec::{Executor, DEFAULT_HANDOFF_FLOPS};
 pub use graph::{
-    Graph, GraphBuilder, GraphFeeds, LookupFeed, LookupGrad, Node, NodeId, Op, RunOutput, VarId,
+    Graph, GraphBuilder, GraphFeeds, LookupFeed, LookupGrad, Node, NodeId, Op, RunBuffers,
+    RunOutput, VarId,
 };
 pub use model::{
     Init, LookupSpec, Model, ModelKind, ModelSpec, VarKind, VarSpec, LABELS_SLOT, NUMERIC_SLOT,

@@ -7,7 +7,7 @@ use rustc_hash::FxHashMap;
 
 use crate::error::GraphError;
 use crate::exec::Executor;
-use crate::graph::{Graph, GraphFeeds, LookupFeed, LookupGrad, Op, VarId};
+use crate::graph::{Graph, GraphFeeds, LookupFeed, LookupGrad, Op, RunBuffers, VarId};
 use crate::model::{LookupSpec, Model};
 use crate::tensor::Tensor;
 
@@ -172,7 +172,21 @@ impl Partitioned {
         exec: &Executor,
         feeds: StepFeeds,
     ) -> Result<StepOutput, GraphError> {
-        let out = self.graph.run(exec, Self::graph_feeds(feeds), true)?;
+        self.forward_backward_with(exec, feeds, &mut RunBuffers::default())
+    }
+
+    /// [`Self::forward_backward`] writing into the buffers of an earlier
+    /// step (see [`RunBuffers`]); hand this step's rows gradients back with
+    /// [`RunBuffers::give_back`] once they are sent.
+    pub fn forward_backward_with(
+        &self,
+        exec: &Executor,
+        feeds: StepFeeds,
+        bufs: &mut RunBuffers,
+    ) -> Result<StepOutput, GraphError> {
+        let out = self
+            .graph
+            .run_with(exec, Self::graph_feeds(feeds), true, bufs)?;
         Ok(StepOutput {
             loss: out.loss,
             probs: out.probs,

@@ -10,8 +10,8 @@
 use bytes::Bytes;
 use starwire_data::Batch;
 use starwire_graph::{
-    Combiner, Dedup, Executor, LookupFeed, LookupGrad, Partitioned, PullForm, StepFeeds,
-    StepOutput, Tensor, VarId,
+    Combiner, Dedup, Executor, LookupFeed, LookupGrad, Partitioned, PullForm, RunBuffers,
+    StepFeeds, StepOutput, Tensor, VarId,
 };
 use starwire_ps::shard_of;
 use starwire_transport::wire::{Opcode, Status};
@@ -101,6 +101,8 @@ pub struct WorkerCore {
     /// Pushes of the last step, not sent yet.
     pending_push: Vec<Request>,
     replies: Vec<Reply>,
+    /// The graph's output buffers, kept from step to step.
+    bufs: RunBuffers,
     global_step: u64,
 }
 
@@ -132,6 +134,7 @@ impl WorkerCore {
             lookups: (0..n).map(|_| LookupStep::default()).collect(),
             pending_push: Vec::new(),
             replies: Vec::new(),
+            bufs: RunBuffers::default(),
             global_step: 0,
         }
     }
@@ -577,9 +580,10 @@ impl WorkerCore {
         let feeds = self.feeds(batch, &metas, n_push)?;
         let out = self
             .part
-            .forward_backward(&self.exec, feeds)
+            .forward_backward_with(&self.exec, feeds, &mut self.bufs)
             .map_err(|e| TrainError::Internal(format!("graph: {e}")))?;
         self.pending_push = self.push_requests(&out, batch)?;
+        self.bufs.give_back(self.part.graph(), out.lookup_grads);
         Ok(StepInfo {
             loss: out.loss,
             examples: batch.len,
