@@ -154,6 +154,8 @@ pub struct PsShard {
     pub(crate) stats: ShardStats,
     // Scratch reused across requests (not state).
     touched: Vec<usize>,
+    /// By variable: the items of the push being handled.
+    items_of: Vec<u32>,
     pulled: Vec<usize>,
     sum: Vec<f32>,
 }
@@ -215,6 +217,7 @@ impl PsShard {
             global_step: 0,
             stats: ShardStats::default(),
             touched: Vec::new(),
+            items_of: vec![0; vars.len()],
             pulled: Vec::new(),
             sum: Vec::new(),
         }
@@ -279,6 +282,21 @@ impl PsShard {
         match self.var(id)? {
             Var::Dense(d) => Some(d),
             Var::Table(_) => None,
+        }
+    }
+
+    /// Make room in table `id` for `rows` rows (a capacity hint); false
+    /// when `id` is not a table of this shard.
+    pub fn reserve_rows(&mut self, id: u32, rows: usize) -> bool {
+        let Some(&i) = self.index.get(&id) else {
+            return false;
+        };
+        match &mut self.vars[i] {
+            Var::Table(t) => {
+                t.reserve(rows);
+                true
+            }
+            Var::Dense(_) => false,
         }
     }
 
@@ -461,7 +479,11 @@ impl PsShard {
 
     fn handle_push_inner(&mut self, req: &[u8], out: &mut Vec<u8>) -> Result<(), PsError> {
         let view = PushRequest::parse(req, &self.cfg.limits)?;
+        self.items_of.iter_mut().for_each(|n| *n = 0);
         for item in view.items() {
+            if let Some(&i) = self.index.get(&item.var()) {
+                self.items_of[i] += 1;
+            }
             match item {
                 PushItem::Dense { var, grad } => {
                     let i = self.kind_check(var, "dense", false)?;
@@ -505,6 +527,12 @@ impl PsShard {
                     },
                     Var::Table(t),
                 ) => {
+                    // A table's only item in the request, with unique keys,
+                    // updates its rows without going through the
+                    // accumulator (there is nothing to sum).
+                    if self.items_of[i] == 1 && t.push_rows_direct(keys, grads, step) {
+                        continue;
+                    }
                     let dim = dim as usize;
                     for (j, k) in keys.iter().enumerate() {
                         t.accumulate(k, grads.slice(j * dim, (j + 1) * dim));

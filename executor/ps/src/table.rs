@@ -306,32 +306,34 @@ impl Default for TablePolicy {
 }
 
 /// The default value matrix of a table (DeepRec's `default_value_dim`
-/// rows of initial values). Rows are computed on first use, so a table
-/// that creates few rows never pays for all of them; the memory comes
-/// zeroed from the allocator and is touched only row by row.
+/// rows of initial values), computed whole when the table is made, so
+/// creating a row on a pull is one copy with no check or initialiser run.
 #[derive(Debug, Clone)]
 struct Defaults {
-    values: Vec<f32>,
-    filled: Vec<bool>,
+    values: Box<[f32]>,
+    rows: u64,
+    dim: usize,
 }
 
 impl Defaults {
-    fn new(rows: usize, dim: usize) -> Option<Self> {
-        (rows > 0).then(|| Self {
-            values: vec![0.0; rows * dim],
-            filled: vec![false; rows],
+    fn new(def: &VarDef, seed: u64, rows: usize, dim: usize) -> Option<Self> {
+        (rows > 0).then(|| {
+            let mut values = vec![0.0; rows * dim].into_boxed_slice();
+            for (i, row) in values.chunks_exact_mut(dim.max(1)).enumerate() {
+                def.init_values(seed, i as u64, row);
+            }
+            Self {
+                values,
+                rows: rows as u64,
+                dim,
+            }
         })
     }
 
     /// The initial values of a new row for `key`.
-    fn row(&mut self, def: &VarDef, seed: u64, dim: usize, key: u64) -> &[f32] {
-        let i = (key % self.filled.len() as u64) as usize;
-        let row = &mut self.values[i * dim..(i + 1) * dim];
-        if !self.filled[i] {
-            def.init_values(seed, i as u64, row);
-            self.filled[i] = true;
-        }
-        row
+    fn row(&self, key: u64) -> &[f32] {
+        let i = (key % self.rows) as usize;
+        &self.values[i * self.dim..(i + 1) * self.dim]
     }
 }
 
@@ -378,6 +380,11 @@ struct Scratch {
     resolved: Vec<u32>,
     // Row indices and update counts of the rows of one push.
     targets: Vec<(u32, u64)>,
+    // One bit per row index: the rows of the push item being checked for
+    // repeats (all clear between items).
+    marks: Vec<u64>,
+    // One gradient row decoded from a push item.
+    grad_row: Vec<f32>,
 }
 
 impl EmbeddingTable {
@@ -389,6 +396,7 @@ impl EmbeddingTable {
         opt: OptimizerConfig,
         policy: TablePolicy,
     ) -> Self {
+        let defaults = Defaults::new(&def, seed, policy.default_value_dim, dim).map(Box::new);
         Self {
             def,
             dim,
@@ -398,9 +406,15 @@ impl EmbeddingTable {
             rows: Rows::with_capacity(dim * (1 + opt.slots()), 0),
             pending: Map::default(),
             stats: TableStats::default(),
-            defaults: Defaults::new(policy.default_value_dim, dim).map(Box::new),
+            defaults,
             scratch: Box::default(),
         }
+    }
+
+    /// Make room for `rows` rows without growing the key map (a capacity
+    /// hint: a table holds whatever rows its pulls create).
+    pub fn reserve(&mut self, rows: usize) {
+        self.rows.map.reserve(rows);
     }
 
     /// Row width.
@@ -492,8 +506,8 @@ impl EmbeddingTable {
                 }
                 let index = alloc(&mut rows.arena, &mut rows.next, &mut rows.free);
                 let (w, s) = rows.arena.row_mut(index).split_at_mut(dim);
-                match self.defaults.as_mut() {
-                    Some(d) => w.copy_from_slice(d.row(&self.def, self.seed, dim, key)),
+                match self.defaults.as_deref() {
+                    Some(d) => w.copy_from_slice(d.row(key)),
                     None => self.def.init_values(self.seed, key, w),
                 }
                 self.opt.init_slots(s);
@@ -550,6 +564,63 @@ impl EmbeddingTable {
             let base = slot as usize * dim;
             grad.add_to(&mut self.scratch.acc_grads[base..base + dim]);
         }
+    }
+
+    /// Apply a push item's row gradients (`grads`: `keys.len() * dim`
+    /// floats) straight from the request, refreshing the access time of
+    /// the updated rows to `step`, when every key has a row and no row
+    /// comes twice: a worker's pushes, which carry unique keys. The
+    /// result is that of [`Self::accumulate`] then
+    /// [`Self::apply_accumulated_at`] without the accumulator's hash map
+    /// and copy. Nothing may be accumulated for the table. Returns false,
+    /// having changed nothing, otherwise: the caller accumulates the item.
+    pub(crate) fn push_rows_direct(&mut self, keys: U64s<'_>, grads: F32s<'_>, step: u64) -> bool {
+        debug_assert!(!self.has_accumulated());
+        let dim = self.dim;
+        let mut targets = std::mem::take(&mut self.scratch.targets);
+        targets.clear();
+        let marks = &mut self.scratch.marks;
+        marks.resize((self.rows.next as usize).div_ceil(64), 0);
+        // As in `apply_at`: the probes first (their misses overlap), then
+        // the updates, which probe again (now in cache) to count them.
+        let mut direct = true;
+        for k in keys.iter() {
+            let Some(s) = self.rows.map.get(&k) else {
+                direct = false;
+                break;
+            };
+            let (word, bit) = ((s.index / 64) as usize, 1u64 << (s.index % 64));
+            if marks[word] & bit != 0 {
+                direct = false;
+                break;
+            }
+            marks[word] |= bit;
+            targets.push((s.index, 0));
+        }
+        for &(index, _) in &targets {
+            marks[(index / 64) as usize] = 0;
+        }
+        if direct {
+            let mut g = std::mem::take(&mut self.scratch.grad_row);
+            g.resize(dim, 0.0);
+            let stride = self.rows.arena.stride;
+            for (j, k) in keys.iter().enumerate() {
+                let ahead = targets.get(j + prefetch::DISTANCE).map(|&(ahead, _)| ahead);
+                self.rows.arena.prefetch(ahead, stride);
+                let Some(s) = self.rows.map.get_mut(&k) else {
+                    continue;
+                };
+                s.updates += 1;
+                s.last_access = s.last_access.max(step);
+                let (index, t) = (s.index, s.updates);
+                grads.slice(j * dim, (j + 1) * dim).copy_to(&mut g);
+                let (w, slots) = self.rows.arena.row_mut(index).split_at_mut(dim);
+                self.opt.apply(w, slots, &g, t);
+            }
+            self.scratch.grad_row = g;
+        }
+        self.scratch.targets = targets;
+        direct
     }
 
     /// True when gradients are waiting in the accumulator.
@@ -905,6 +976,68 @@ mod tests {
             assert_eq!(a.stats(), b.stats());
         }
         assert_eq!(a.len(), 3);
+    }
+
+    /// Encoded keys and gradient rows `g * (i + 1)` for key `i`.
+    fn push_item(keys: &[u64], g: f32) -> (Vec<u8>, Vec<u8>) {
+        let k = keys.iter().flat_map(|k| k.to_le_bytes()).collect();
+        let grads = (0..keys.len())
+            .flat_map(|i| grad(g * (i + 1) as f32))
+            .collect();
+        (k, grads)
+    }
+
+    fn adam_table() -> EmbeddingTable {
+        let mut t = table(0, 0, 16);
+        t.opt = OptimizerConfig::adam(0.1);
+        t.rows = Rows::with_capacity(4 * 3, 0);
+        t
+    }
+
+    #[test]
+    fn a_direct_push_updates_rows_as_accumulating_does() {
+        let (mut direct, mut acc) = (adam_table(), adam_table());
+        for t in [&mut direct, &mut acc] {
+            for k in 1..=5 {
+                t.pull(k, 0);
+            }
+        }
+        for (step, keys) in [(3, vec![4u64, 1, 5]), (7, vec![1, 2])] {
+            let (k, g) = push_item(&keys, 0.5);
+            let (k, g) = (U64s::new(&k).unwrap(), F32s::new(&g).unwrap());
+            assert!(direct.push_rows_direct(k, g, step));
+            for (j, key) in k.iter().enumerate() {
+                acc.accumulate(key, g.slice(j * 4, (j + 1) * 4));
+            }
+            acc.apply_accumulated_at(step);
+        }
+        for k in 1..=5 {
+            assert_eq!(direct.rows.get(k), acc.rows.get(k), "key {k}");
+        }
+        assert_eq!(direct.rows.get(1).unwrap().0.updates, 2);
+        assert_eq!(direct.rows.get(1).unwrap().0.last_access, 7);
+        assert_eq!(direct.stats(), acc.stats());
+    }
+
+    #[test]
+    fn a_push_with_a_repeated_or_rowless_key_is_not_applied_directly() {
+        let mut t = adam_table();
+        for k in 1..=3 {
+            t.pull(k, 0);
+        }
+        let before = t.clone();
+        for keys in [vec![1u64, 2, 1], vec![2, 9], vec![3, 3]] {
+            let (k, g) = push_item(&keys, 1.0);
+            let (k, g) = (U64s::new(&k).unwrap(), F32s::new(&g).unwrap());
+            assert!(!t.push_rows_direct(k, g, 4), "{keys:?}");
+            for k in 1..=3 {
+                assert_eq!(t.rows.get(k), before.rows.get(k), "{keys:?}: key {k}");
+            }
+        }
+        // The marks were cleared: the same rows go directly afterwards.
+        let (k, g) = push_item(&[3, 1, 2], 1.0);
+        assert!(t.push_rows_direct(U64s::new(&k).unwrap(), F32s::new(&g).unwrap(), 4));
+        assert_eq!(t.rows.get(3).unwrap().0.updates, 1);
     }
 
     #[test]
