@@ -86,13 +86,13 @@ mod graph;
 mod model;
 mod ops;
 mod partition;
+mod run;
 mod tensor;
 
 pub use error::{GraphError, TensorError};
 pub use exec::{Executor, DEFAULT_HANDOFF_FLOPS};
 pub use graph::{
-    Graph, GraphBuilder, GraphFeeds, LookupFeed, LookupGrad, Node, NodeId, Op, RunBuffers,
-    RunOutput, VarId,
+    Graph, GraphBuilder, GraphFeeds, LookupFeed, LookupGrad, Node, NodeId, Op, RunOutput, VarId,
 };
 pub use model::{
     Init, LookupSpec, Model, ModelKind, ModelSpec, VarKind, VarSpec, LABELS_SLOT, NUMERIC_SLOT,
@@ -102,4 +102,5 @@ pub use partition::{
     dedup, partition, Dedup, DensePull, LookupPull, Partitioned, Protocol, PullForm, Pulls,
     StepFeeds, StepOutput,
 };
+pub use run::RunBuffers;
 pub use tensor::Tensor;

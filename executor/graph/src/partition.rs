@@ -7,8 +7,9 @@ use rustc_hash::FxHashMap;
 
 use crate::error::GraphError;
 use crate::exec::Executor;
-use crate::graph::{Graph, GraphFeeds, LookupFeed, LookupGrad, Op, RunBuffers, VarId};
+use crate::graph::{Graph, GraphFeeds, LookupFeed, LookupGrad, Op, VarId};
 use crate::model::{LookupSpec, Model};
+use crate::run::RunBuffers;
 use crate::tensor::Tensor;
 
 /// How embeddings travel between PS and worker.
