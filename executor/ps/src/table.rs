@@ -978,68 +978,6 @@ mod tests {
         assert_eq!(a.len(), 3);
     }
 
-    /// Encoded keys and gradient rows `g * (i + 1)` for key `i`.
-    fn push_item(keys: &[u64], g: f32) -> (Vec<u8>, Vec<u8>) {
-        let k = keys.iter().flat_map(|k| k.to_le_bytes()).collect();
-        let grads = (0..keys.len())
-            .flat_map(|i| grad(g * (i + 1) as f32))
-            .collect();
-        (k, grads)
-    }
-
-    fn adam_table() -> EmbeddingTable {
-        let mut t = table(0, 0, 16);
-        t.opt = OptimizerConfig::adam(0.1);
-        t.rows = Rows::with_capacity(4 * 3, 0);
-        t
-    }
-
-    #[test]
-    fn a_direct_push_updates_rows_as_accumulating_does() {
-        let (mut direct, mut acc) = (adam_table(), adam_table());
-        for t in [&mut direct, &mut acc] {
-            for k in 1..=5 {
-                t.pull(k, 0);
-            }
-        }
-        for (step, keys) in [(3, vec![4u64, 1, 5]), (7, vec![1, 2])] {
-            let (k, g) = push_item(&keys, 0.5);
-            let (k, g) = (U64s::new(&k).unwrap(), F32s::new(&g).unwrap());
-            assert!(direct.push_rows_direct(k, g, step));
-            for (j, key) in k.iter().enumerate() {
-                acc.accumulate(key, g.slice(j * 4, (j + 1) * 4));
-            }
-            acc.apply_accumulated_at(step);
-        }
-        for k in 1..=5 {
-            assert_eq!(direct.rows.get(k), acc.rows.get(k), "key {k}");
-        }
-        assert_eq!(direct.rows.get(1).unwrap().0.updates, 2);
-        assert_eq!(direct.rows.get(1).unwrap().0.last_access, 7);
-        assert_eq!(direct.stats(), acc.stats());
-    }
-
-    #[test]
-    fn a_push_with_a_repeated_or_rowless_key_is_not_applied_directly() {
-        let mut t = adam_table();
-        for k in 1..=3 {
-            t.pull(k, 0);
-        }
-        let before = t.clone();
-        for keys in [vec![1u64, 2, 1], vec![2, 9], vec![3, 3]] {
-            let (k, g) = push_item(&keys, 1.0);
-            let (k, g) = (U64s::new(&k).unwrap(), F32s::new(&g).unwrap());
-            assert!(!t.push_rows_direct(k, g, 4), "{keys:?}");
-            for k in 1..=3 {
-                assert_eq!(t.rows.get(k), before.rows.get(k), "{keys:?}: key {k}");
-            }
-        }
-        // The marks were cleared: the same rows go directly afterwards.
-        let (k, g) = push_item(&[3, 1, 2], 1.0);
-        assert!(t.push_rows_direct(U64s::new(&k).unwrap(), F32s::new(&g).unwrap(), 4));
-        assert_eq!(t.rows.get(3).unwrap().0.updates, 1);
-    }
-
     #[test]
     fn duplicate_keys_are_summed() {
         let mut t = table(0, 0, 16);
