@@ -196,21 +196,29 @@ pub(crate) fn train_failure(e: starwire_train::TrainError) -> Failure {
     }
 }
 
-/// The configuration from the flags and the DeepRec environment variables
-/// (resolved as `starwire info` shows them: a PS's connections are the
-/// workers, a worker's the PS tasks).
-fn config(a: &TrainArgs, ps: usize, workers: usize) -> Result<TrainConfig, String> {
-    let backend = check_backend(&a.backend)?;
+/// [`config`] (its errors are usage errors), then the device the backend
+/// needs: none found is a run-time error (exit 1), as on a host without
+/// RDMA.
+fn prepare(a: &TrainArgs, ps: usize, workers: usize) -> Result<TrainConfig, Failure> {
+    let cfg = config(a, ps, workers).map_err(Failure::Usage)?;
     #[cfg(all(feature = "verbs", target_os = "linux"))]
-    if backend == BackendKind::Verbs {
+    if cfg.backend == BackendKind::Verbs {
         let dev = starwire_verbs::VerbsDevice::open(&starwire_verbs::DeviceSpec {
             name: a.rdma.rdma_device.clone(),
             port: a.rdma.rdma_port,
             gid_index: a.rdma.gid_index,
         })
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| Failure::Run(e.to_string()))?;
         starwire_train::backend::set_verbs_device(dev);
     }
+    Ok(cfg)
+}
+
+/// The configuration from the flags and the DeepRec environment variables
+/// (resolved as `starwire info` shows them: a PS's connections are the
+/// workers, a worker's the PS tasks).
+fn config(a: &TrainArgs, ps: usize, workers: usize) -> Result<TrainConfig, String> {
+    let backend = check_backend(&a.backend)?;
     let settings = Settings::resolve(
         workers,
         ps,
@@ -306,7 +314,7 @@ fn print_report(r: &TrainReport, json: bool) -> Result<(), String> {
 
 /// `starwire train`.
 pub fn main(a: TrainArgs) -> Result<(), Failure> {
-    let cfg = config(&a, a.ps, a.workers).map_err(Failure::Usage)?;
+    let cfg = prepare(&a, a.ps, a.workers)?;
     tracing::info!(
         target: "status",
         "starwire train: {} on {} PS x {} reactor(s) and {} workers over loopback {}; \
@@ -378,8 +386,7 @@ fn resolve(r: &RoleArgs, role: Role) -> Result<(ClusterConfig, Vec<String>), Str
 pub fn ps_main(a: crate::launch::PsArgs) -> Result<(), Failure> {
     let r = &a.role;
     let (c, _) = resolve(r, Role::Ps).map_err(Failure::Usage)?;
-    let mut cfg =
-        config(&r.train, c.spec.ps().len(), c.spec.workers().len()).map_err(Failure::Usage)?;
+    let mut cfg = prepare(&r.train, c.spec.ps().len(), c.spec.workers().len())?;
     cfg.connect_timeout = r.connect.timeout();
     let me = &c.spec.ps()[c.task.index as usize];
     let deadline = std::time::Instant::now() + cfg.connect_timeout;
@@ -403,8 +410,7 @@ pub fn ps_main(a: crate::launch::PsArgs) -> Result<(), Failure> {
 /// `starwire worker`.
 pub fn worker_main(r: RoleArgs) -> Result<(), Failure> {
     let (c, ps_addrs) = resolve(&r, Role::Worker).map_err(Failure::Usage)?;
-    let mut cfg =
-        config(&r.train, c.spec.ps().len(), c.spec.workers().len()).map_err(Failure::Usage)?;
+    let mut cfg = prepare(&r.train, c.spec.ps().len(), c.spec.workers().len())?;
     cfg.connect_timeout = r.connect.timeout();
     let _metrics = r.train.metrics.serve(&cfg.telemetry)?;
     let rep = starwire_train::run_worker_task(&cfg, &ps_addrs, c.task.index as usize)

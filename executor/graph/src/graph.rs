@@ -1,11 +1,8 @@
-//! The dataflow graph: ops, the builder, the autodiff plan and one run.
-
-use std::borrow::Cow;
-use std::sync::{Arc, OnceLock};
+//! The dataflow graph: ops, the builder and the autodiff plan ([`crate::run`]
+//! runs it).
 
 use crate::error::GraphError;
-use crate::exec::{Executor, TaskSet};
-use crate::ops::{self, Combiner};
+use crate::ops::Combiner;
 use crate::tensor::Tensor;
 
 /// The id of a variable stored on the parameter servers.
@@ -135,7 +132,7 @@ pub struct Node {
 /// is therefore a topological order.
 #[derive(Debug, Default, Clone)]
 pub struct GraphBuilder {
-    nodes: Vec<Node>,
+    pub(crate) nodes: Vec<Node>,
 }
 
 impl GraphBuilder {
@@ -263,9 +260,9 @@ pub struct RunOutput {
 
 /// The task DAG of one kind of run.
 #[derive(Debug, Clone)]
-struct Plan {
-    successors: Vec<Vec<u32>>,
-    predecessors: Vec<u32>,
+pub(crate) struct Plan {
+    pub(crate) successors: Vec<Vec<u32>>,
+    pub(crate) predecessors: Vec<u32>,
 }
 
 impl Plan {
@@ -284,23 +281,23 @@ impl Plan {
 /// A checked graph with its forward and forward+backward plans.
 #[derive(Debug, Clone)]
 pub struct Graph {
-    nodes: Vec<Node>,
-    loss: usize,
+    pub(crate) nodes: Vec<Node>,
+    pub(crate) loss: usize,
     /// Per node, whether it has a backward task.
-    needs_grad: Vec<bool>,
+    pub(crate) needs_grad: Vec<bool>,
     /// Per node, the `(consumer, input position)` pairs whose gradient
     /// contributions sum to its gradient, in a fixed order.
-    grad_sources: Vec<Vec<(usize, usize)>>,
+    pub(crate) grad_sources: Vec<Vec<(usize, usize)>>,
     /// Backward task -> node.
-    bwd_node: Vec<usize>,
-    forward: Plan,
-    full: Plan,
-    inputs: Vec<usize>,
-    vars: Vec<(VarId, usize)>,
-    lookups: Vec<usize>,
+    pub(crate) bwd_node: Vec<usize>,
+    pub(crate) forward: Plan,
+    pub(crate) full: Plan,
+    pub(crate) inputs: Vec<usize>,
+    pub(crate) vars: Vec<(VarId, usize)>,
+    pub(crate) lookups: Vec<usize>,
 }
 
-fn invalid(msg: impl Into<String>) -> GraphError {
+pub(crate) fn invalid(msg: impl Into<String>) -> GraphError {
     GraphError::InvalidGraph(msg.into())
 }
 
@@ -495,472 +492,5 @@ impl Graph {
             })
             .collect();
         Self::new(nodes, self.loss())
-    }
-
-    /// Runs the graph forward, and backward too if `backward`.
-    pub fn run(
-        self: &Arc<Self>,
-        exec: &Executor,
-        feeds: GraphFeeds,
-        backward: bool,
-    ) -> Result<RunOutput, GraphError> {
-        let state = Arc::new(RunState::new(Arc::clone(self), feeds, backward)?);
-        exec.run(Arc::clone(&state));
-        match Arc::try_unwrap(state) {
-            // Every task has run and the executor let go of the state: the
-            // gradients move out instead of being copied.
-            Ok(mut state) => {
-                let grads = std::mem::take(&mut state.grads)
-                    .into_iter()
-                    .map(OnceLock::into_inner)
-                    .collect();
-                state.output(grads)
-            }
-            Err(state) => {
-                let grads = state.grads.iter().map(|g| g.get().cloned()).collect();
-                state.output(grads)
-            }
-        }
-    }
-}
-
-struct RowsFeed {
-    rows: Tensor,
-    index: Vec<u32>,
-    offsets: Vec<u32>,
-}
-
-/// The values of one run. Each slot is written once (by the task that owns
-/// it) and read by later tasks; `OnceLock` gives the happens-before edge.
-struct RunState {
-    graph: Arc<Graph>,
-    backward: bool,
-    fwd: Vec<OnceLock<Tensor>>,
-    probs: OnceLock<Tensor>,
-    rows: Vec<Option<RowsFeed>>,
-    contrib: Vec<Vec<OnceLock<Tensor>>>,
-    grads: Vec<OnceLock<Tensor>>,
-    error: OnceLock<GraphError>,
-}
-
-fn shape(op: &'static str, detail: String) -> GraphError {
-    GraphError::Shape { op, detail }
-}
-
-impl RunState {
-    /// Checks every feed against the graph and places it.
-    fn new(graph: Arc<Graph>, feeds: GraphFeeds, backward: bool) -> Result<Self, GraphError> {
-        let n = graph.nodes.len();
-        let fwd: Vec<OnceLock<Tensor>> = (0..n).map(|_| OnceLock::new()).collect();
-        let mut rows: Vec<Option<RowsFeed>> = (0..n).map(|_| None).collect();
-
-        if feeds.inputs.len() != graph.inputs.len() {
-            return Err(GraphError::MissingFeed(format!(
-                "{} inputs expected, {} given",
-                graph.inputs.len(),
-                feeds.inputs.len()
-            )));
-        }
-        for (slot, t) in feeds.inputs.into_iter().enumerate() {
-            let node = graph.inputs[slot];
-            let Op::Input { cols, .. } = graph.nodes[node].op else {
-                unreachable!("inputs only lists Input nodes")
-            };
-            match t.as_matrix() {
-                Some((_, c)) if c == cols => {}
-                _ => {
-                    return Err(shape(
-                        "Input",
-                        format!("slot {slot}: expected [B,{cols}], got {:?}", t.shape()),
-                    ))
-                }
-            }
-            let _ = fwd[node].set(t);
-        }
-
-        for (var, t) in feeds.dense {
-            let Some(&(_, node)) = graph.vars.iter().find(|(v, _)| *v == var) else {
-                return Err(GraphError::UnknownVariable(var));
-            };
-            let Op::Variable { shape: want, .. } = &graph.nodes[node].op else {
-                unreachable!("vars only lists Variable nodes")
-            };
-            if t.shape() != want.as_slice() {
-                return Err(shape(
-                    "Variable",
-                    format!("{var:?}: expected {want:?}, got {:?}", t.shape()),
-                ));
-            }
-            if fwd[node].set(t).is_err() {
-                return Err(GraphError::DuplicateFeed(format!("{var:?}")));
-            }
-        }
-        if let Some(&(var, _)) = graph.vars.iter().find(|(_, i)| fwd[*i].get().is_none()) {
-            return Err(GraphError::MissingFeed(format!("dense variable {var:?}")));
-        }
-
-        if feeds.lookups.len() != graph.lookups.len() {
-            return Err(GraphError::MissingFeed(format!(
-                "{} lookups expected, {} given",
-                graph.lookups.len(),
-                feeds.lookups.len()
-            )));
-        }
-        for (slot, feed) in feeds.lookups.into_iter().enumerate() {
-            let node = graph.lookups[slot];
-            match (&graph.nodes[node].op, feed) {
-                (
-                    Op::EmbeddingLookup { dim, .. },
-                    LookupFeed::Rows {
-                        rows: r,
-                        index,
-                        offsets,
-                    },
-                ) => {
-                    match r.as_matrix() {
-                        Some((_, d)) if d == *dim => {}
-                        _ => {
-                            return Err(shape(
-                                "EmbeddingLookup",
-                                format!(
-                                    "lookup {slot}: rows must be [U,{dim}], got {:?}",
-                                    r.shape()
-                                ),
-                            ))
-                        }
-                    }
-                    ops::check_ragged(slot, r.shape()[0], &index, &offsets)?;
-                    rows[node] = Some(RowsFeed {
-                        rows: r,
-                        index,
-                        offsets,
-                    });
-                }
-                (Op::Pooled { dim, .. }, LookupFeed::Pooled(t)) => {
-                    match t.as_matrix() {
-                        Some((_, d)) if d == *dim => {}
-                        _ => {
-                            return Err(shape(
-                                "Pooled",
-                                format!("lookup {slot}: expected [B,{dim}], got {:?}", t.shape()),
-                            ))
-                        }
-                    }
-                    let _ = fwd[node].set(t);
-                }
-                (Op::EmbeddingLookup { .. }, _) => {
-                    return Err(GraphError::WrongFeedForm {
-                        index: slot,
-                        expected: "rows",
-                    })
-                }
-                _ => {
-                    return Err(GraphError::WrongFeedForm {
-                        index: slot,
-                        expected: "pooled",
-                    })
-                }
-            }
-        }
-
-        Ok(Self {
-            contrib: graph
-                .nodes
-                .iter()
-                .map(|nd| nd.inputs.iter().map(|_| OnceLock::new()).collect())
-                .collect(),
-            grads: (0..n).map(|_| OnceLock::new()).collect(),
-            probs: OnceLock::new(),
-            error: OnceLock::new(),
-            fwd,
-            rows,
-            backward,
-            graph,
-        })
-    }
-
-    fn plan(&self) -> &Plan {
-        if self.backward {
-            &self.graph.full
-        } else {
-            &self.graph.forward
-        }
-    }
-
-    fn value(&self, node: usize) -> Result<&Tensor, GraphError> {
-        self.fwd[node]
-            .get()
-            .ok_or_else(|| invalid(format!("value of node {node} missing")))
-    }
-
-    fn input(&self, node: usize, k: usize) -> Result<&Tensor, GraphError> {
-        self.value(self.graph.nodes[node].inputs[k].index())
-    }
-
-    fn forward(&self, i: usize) -> Result<(), GraphError> {
-        let node = &self.graph.nodes[i];
-        let out = match &node.op {
-            Op::Input { .. } | Op::Variable { .. } | Op::Pooled { .. } => return Ok(()),
-            Op::EmbeddingLookup { combiner, .. } => {
-                let f = self.rows[i]
-                    .as_ref()
-                    .ok_or_else(|| invalid("lookup rows missing"))?;
-                ops::combine(&f.rows, &f.index, &f.offsets, *combiner)?
-            }
-            Op::MatMul => ops::matmul(self.input(i, 0)?, self.input(i, 1)?)?,
-            Op::Add => ops::add(self.input(i, 0)?, self.input(i, 1)?)?,
-            Op::Relu => ops::relu(self.input(i, 0)?),
-            Op::AddN => {
-                let parts = (0..node.inputs.len())
-                    .map(|k| self.input(i, k))
-                    .collect::<Result<Vec<_>, _>>()?;
-                ops::add_n(&parts)?
-            }
-            Op::Concat => {
-                let parts = (0..node.inputs.len())
-                    .map(|k| self.input(i, k))
-                    .collect::<Result<Vec<_>, _>>()?;
-                ops::concat(&parts)?
-            }
-            Op::SigmoidCrossEntropy => {
-                let (loss, probs) =
-                    ops::sigmoid_cross_entropy(self.input(i, 0)?, self.input(i, 1)?)?;
-                let _ = self.probs.set(probs);
-                loss
-            }
-        };
-        let _ = self.fwd[i].set(out);
-        Ok(())
-    }
-
-    /// The gradient of node `i`: 1 for the loss, else the sum of its
-    /// consumers' contributions in a fixed order.
-    ///
-    /// A single contribution is borrowed, not copied. An `AddN` consumer
-    /// stores one contribution (its own gradient) for all its inputs.
-    fn gradient(&self, i: usize) -> Result<Cow<'_, Tensor>, GraphError> {
-        if i == self.graph.loss {
-            return Ok(Cow::Owned(Tensor::scalar(1.0)));
-        }
-        let mut acc: Option<Cow<'_, Tensor>> = None;
-        for &(c, k) in &self.graph.grad_sources[i] {
-            let k = if matches!(self.graph.nodes[c].op, Op::AddN) {
-                0
-            } else {
-                k
-            };
-            let g = self.contrib[c][k]
-                .get()
-                .ok_or_else(|| invalid(format!("gradient from node {c} missing")))?;
-            match &mut acc {
-                None => acc = Some(Cow::Borrowed(g)),
-                Some(a) => {
-                    if a.shape() != g.shape() {
-                        return Err(shape("gradient", "contributions differ in shape".into()));
-                    }
-                    a.to_mut()
-                        .data_mut()
-                        .iter_mut()
-                        .zip(g.data())
-                        .for_each(|(x, y)| *x += y);
-                }
-            }
-        }
-        acc.ok_or_else(|| invalid(format!("node {i} has no gradient source")))
-    }
-
-    fn backward(&self, i: usize) -> Result<(), GraphError> {
-        let g = self.gradient(i)?;
-        let graph = &self.graph;
-        let node = &graph.nodes[i];
-        let wants = |k: usize| graph.needs_grad[node.inputs[k].index()];
-        let put = |k: usize, t: Tensor| {
-            let _ = self.contrib[i][k].set(t);
-        };
-        match &node.op {
-            Op::Input { .. } => {}
-            Op::Variable { .. } | Op::Pooled { .. } => {
-                let _ = self.grads[i].set(g.into_owned());
-            }
-            Op::EmbeddingLookup { combiner, .. } => {
-                let f = self.rows[i]
-                    .as_ref()
-                    .ok_or_else(|| invalid("lookup rows missing"))?;
-                let rg = ops::scatter_pooled_grad(
-                    &g,
-                    &f.index,
-                    &f.offsets,
-                    f.rows.shape()[0],
-                    *combiner,
-                )?;
-                let _ = self.grads[i].set(rg);
-            }
-            Op::MatMul => {
-                let (a, b) = (self.input(i, 0)?, self.input(i, 1)?);
-                if wants(0) {
-                    put(0, ops::matmul_grad_lhs(&g, b)?);
-                }
-                if wants(1) {
-                    put(1, ops::matmul_grad_rhs(a, &g)?);
-                }
-            }
-            Op::Add => {
-                let (a, b) = (self.input(i, 0)?, self.input(i, 1)?);
-                if wants(1) {
-                    put(1, ops::add_grad_rhs(a, b, &g)?);
-                }
-                if wants(0) {
-                    put(0, g.into_owned());
-                }
-            }
-            Op::AddN => {
-                // Every input's contribution is `g`; `gradient` reads it
-                // from position 0 for all of them.
-                put(0, g.into_owned());
-            }
-            Op::Relu => {
-                if wants(0) {
-                    put(0, ops::relu_grad(self.value(i)?, &g));
-                }
-            }
-            Op::Concat => {
-                let mut start = 0;
-                for k in 0..node.inputs.len() {
-                    let w = self.input(i, k)?.shape()[1];
-                    if wants(k) {
-                        put(k, ops::concat_grad(&g, start, w)?);
-                    }
-                    start += w;
-                }
-            }
-            Op::SigmoidCrossEntropy => {
-                let probs = self
-                    .probs
-                    .get()
-                    .ok_or_else(|| invalid("probabilities missing"))?;
-                if wants(0) {
-                    put(
-                        0,
-                        ops::sigmoid_cross_entropy_grad(probs, self.input(i, 1)?, g.data()[0]),
-                    );
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn input_elems(&self, i: usize) -> u64 {
-        let node = &self.graph.nodes[i];
-        (0..node.inputs.len())
-            .filter_map(|k| self.input(i, k).ok())
-            .map(|t| t.len() as u64)
-            .sum()
-    }
-
-    /// The run's result; `grads` holds every node's gradient (taken from
-    /// [`RunState::grads`]).
-    fn output(&self, mut grads: Vec<Option<Tensor>>) -> Result<RunOutput, GraphError> {
-        if let Some(e) = self.error.get() {
-            return Err(e.clone());
-        }
-        let graph = &self.graph;
-        let loss = self.value(graph.loss)?.data()[0];
-        let probs = self
-            .probs
-            .get()
-            .ok_or_else(|| invalid("probabilities missing"))?
-            .data()
-            .to_vec();
-        let (mut dense_grads, mut lookup_grads) = (Vec::new(), Vec::new());
-        if self.backward {
-            for &(var, node) in &graph.vars {
-                let g = match grads[node].take() {
-                    Some(g) => g,
-                    None => Tensor::zeros(self.value(node)?.shape().to_vec())?,
-                };
-                dense_grads.push((var, g));
-            }
-            for &node in &graph.lookups {
-                let g = grads[node].take();
-                lookup_grads.push(match (&graph.nodes[node].op, &self.rows[node]) {
-                    (Op::EmbeddingLookup { .. }, Some(f)) => LookupGrad::Rows(match g {
-                        Some(g) => g,
-                        None => Tensor::zeros(f.rows.shape().to_vec())?,
-                    }),
-                    _ => LookupGrad::Pooled(match g {
-                        Some(g) => g,
-                        None => Tensor::zeros(self.value(node)?.shape().to_vec())?,
-                    }),
-                });
-            }
-        }
-        Ok(RunOutput {
-            loss,
-            probs,
-            dense_grads,
-            lookup_grads,
-        })
-    }
-}
-
-impl TaskSet for RunState {
-    fn len(&self) -> usize {
-        self.plan().successors.len()
-    }
-
-    fn successors(&self, task: usize) -> &[u32] {
-        &self.plan().successors[task]
-    }
-
-    fn predecessors(&self, task: usize) -> u32 {
-        self.plan().predecessors[task]
-    }
-
-    fn cost(&self, task: usize) -> u64 {
-        let n = self.graph.nodes.len();
-        let (i, factor) = if task < n {
-            (task, 1)
-        } else {
-            (self.graph.bwd_node[task - n], 2)
-        };
-        match &self.graph.nodes[i].op {
-            Op::MatMul => match (self.input(i, 0), self.input(i, 1)) {
-                (Ok(a), Ok(b)) => {
-                    let (m, k) = a.as_matrix().unwrap_or((0, 0));
-                    let cols = b.as_matrix().map_or(0, |(_, c)| c);
-                    factor * 2 * (m as u64) * (k as u64) * (cols as u64)
-                }
-                _ => 0,
-            },
-            Op::EmbeddingLookup { dim, .. } => self.rows[i]
-                .as_ref()
-                .map_or(0, |f| (f.index.len() as u64) * (*dim as u64)),
-            _ => factor * self.input_elems(i),
-        }
-    }
-
-    fn run(&self, task: usize) {
-        if self.error.get().is_some() {
-            return;
-        }
-        let n = self.graph.nodes.len();
-        let r = if task < n {
-            self.forward(task)
-        } else {
-            self.backward(self.graph.bwd_node[task - n])
-        };
-        if let Err(e) = r {
-            let _ = self.error.set(e);
-        }
-    }
-
-    fn panicked(&self, task: usize) {
-        let n = self.graph.nodes.len();
-        let node = if task < n {
-            task
-        } else {
-            self.graph.bwd_node[task - n]
-        };
-        let _ = self.error.set(GraphError::KernelPanicked(node));
     }
 }

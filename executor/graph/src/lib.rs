@@ -86,6 +86,7 @@ mod graph;
 mod model;
 mod ops;
 mod partition;
+mod run;
 mod tensor;
 
 pub use error::{GraphError, TensorError};
@@ -98,7 +99,8 @@ pub use model::{
 };
 pub use ops::{check_ragged, combine, scatter_pooled_grad, Combiner};
 pub use partition::{
-    dedup, partition, DensePull, LookupPull, Partitioned, Protocol, PullForm, Pulls, StepFeeds,
-    StepOutput,
+    dedup, partition, Dedup, DensePull, LookupPull, Partitioned, Protocol, PullForm, Pulls,
+    StepFeeds, StepOutput,
 };
+pub use run::RunBuffers;
 pub use tensor::Tensor;

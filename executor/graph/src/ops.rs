@@ -164,12 +164,14 @@ pub(crate) fn relu_grad(out: &Tensor, g: &Tensor) -> Tensor {
     Tensor::from_parts(out.shape().to_vec(), d)
 }
 
-/// `parts[0] + parts[1] + ...`: one output, summed in input order.
-pub(crate) fn add_n(parts: &[&Tensor]) -> Result<Tensor, GraphError> {
+/// `parts[0] + parts[1] + ...`: one output, summed in input order, written
+/// into `out`'s allocation.
+pub(crate) fn add_n(parts: &[&Tensor], mut out: Vec<f32>) -> Result<Tensor, GraphError> {
     let Some((first, rest)) = parts.split_first() else {
         return Err(shape_err("AddN", "no input".into()));
     };
-    let mut out = first.data().to_vec();
+    out.clear();
+    out.extend_from_slice(first.data());
     for p in rest {
         if p.shape() != first.shape() {
             return Err(shape_err(
@@ -184,8 +186,9 @@ pub(crate) fn add_n(parts: &[&Tensor]) -> Result<Tensor, GraphError> {
     Ok(Tensor::from_parts(first.shape().to_vec(), out))
 }
 
-/// Concatenation of matrices with the same row count along columns.
-pub(crate) fn concat(parts: &[&Tensor]) -> Result<Tensor, GraphError> {
+/// Concatenation of matrices with the same row count along columns, written
+/// into `out`'s allocation.
+pub(crate) fn concat(parts: &[&Tensor], mut out: Vec<f32>) -> Result<Tensor, GraphError> {
     let first = parts
         .first()
         .ok_or_else(|| shape_err("Concat", "no inputs".into()))?;
@@ -202,7 +205,8 @@ pub(crate) fn concat(parts: &[&Tensor]) -> Result<Tensor, GraphError> {
         widths.push(c);
     }
     let total: usize = widths.iter().sum();
-    let mut out = Vec::with_capacity(rows * total);
+    out.clear();
+    out.reserve(rows * total);
     for i in 0..rows {
         for (p, &w) in parts.iter().zip(&widths) {
             out.extend_from_slice(&p.data()[i * w..(i + 1) * w]);
@@ -318,20 +322,40 @@ pub fn combine(
     offsets: &[u32],
     combiner: Combiner,
 ) -> Result<Tensor, GraphError> {
+    combine_into(rows, index, offsets, combiner, Vec::new())
+}
+
+/// [`combine`] written into `out`'s allocation (its contents are ignored).
+/// An example's first row is copied and the others added to it, so the
+/// output is written once and never zeroed first.
+pub(crate) fn combine_into(
+    rows: &Tensor,
+    index: &[u32],
+    offsets: &[u32],
+    combiner: Combiner,
+    mut out: Vec<f32>,
+) -> Result<Tensor, GraphError> {
     let (u, d) = matrix("EmbeddingLookup", "rows", rows)?;
     check_ragged(0, u, index, offsets)?;
     let b = offsets.len() - 1;
-    let mut out = vec![0.0f32; b * d];
-    for (e, w) in offsets.windows(2).enumerate() {
-        let orow = &mut out[e * d..(e + 1) * d];
+    let row = |r: u32| &rows.data()[r as usize * d..(r as usize + 1) * d];
+    out.clear();
+    out.reserve(b * d);
+    for w in offsets.windows(2) {
         let occ = &index[w[0] as usize..w[1] as usize];
-        for &r in occ {
-            let r = r as usize;
-            for (o, &v) in orow.iter_mut().zip(&rows.data()[r * d..(r + 1) * d]) {
+        let Some((&first, rest)) = occ.split_first() else {
+            out.resize(out.len() + d, 0.0);
+            continue;
+        };
+        let start = out.len();
+        out.extend_from_slice(row(first));
+        let orow = &mut out[start..];
+        for &r in rest {
+            for (o, &v) in orow.iter_mut().zip(row(r)) {
                 *o += v;
             }
         }
-        if combiner == Combiner::Mean && !occ.is_empty() {
+        if combiner == Combiner::Mean {
             let inv = 1.0 / occ.len() as f32;
             orow.iter_mut().for_each(|o| *o *= inv);
         }
@@ -349,6 +373,19 @@ pub fn scatter_pooled_grad(
     num_rows: usize,
     combiner: Combiner,
 ) -> Result<Tensor, GraphError> {
+    scatter_pooled_grad_into(grad, index, offsets, num_rows, combiner, Vec::new())
+}
+
+/// [`scatter_pooled_grad`] written into `out`'s allocation (its contents
+/// are ignored).
+pub(crate) fn scatter_pooled_grad_into(
+    grad: &Tensor,
+    index: &[u32],
+    offsets: &[u32],
+    num_rows: usize,
+    combiner: Combiner,
+    mut out: Vec<f32>,
+) -> Result<Tensor, GraphError> {
     let (b, d) = matrix("EmbeddingLookup'", "grad", grad)?;
     check_ragged(0, num_rows, index, offsets)?;
     if offsets.len() != b + 1 {
@@ -363,7 +400,8 @@ pub fn scatter_pooled_grad(
     let len = num_rows
         .checked_mul(d)
         .ok_or_else(|| shape_err("EmbeddingLookup'", "row count overflows".into()))?;
-    let mut out = vec![0.0f32; len];
+    out.clear();
+    out.resize(len, 0.0);
     for (e, w) in offsets.windows(2).enumerate() {
         let occ = &index[w[0] as usize..w[1] as usize];
         let scale = match combiner {

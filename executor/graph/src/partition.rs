@@ -9,6 +9,7 @@ use crate::error::GraphError;
 use crate::exec::Executor;
 use crate::graph::{Graph, GraphFeeds, LookupFeed, LookupGrad, Op, VarId};
 use crate::model::{LookupSpec, Model};
+use crate::run::RunBuffers;
 use crate::tensor::Tensor;
 
 /// How embeddings travel between PS and worker.
@@ -172,7 +173,21 @@ impl Partitioned {
         exec: &Executor,
         feeds: StepFeeds,
     ) -> Result<StepOutput, GraphError> {
-        let out = self.graph.run(exec, Self::graph_feeds(feeds), true)?;
+        self.forward_backward_with(exec, feeds, &mut RunBuffers::default())
+    }
+
+    /// [`Self::forward_backward`] writing into the buffers of an earlier
+    /// step (see [`RunBuffers`]); hand this step's rows gradients back with
+    /// [`RunBuffers::give_back`] once they are sent.
+    pub fn forward_backward_with(
+        &self,
+        exec: &Executor,
+        feeds: StepFeeds,
+        bufs: &mut RunBuffers,
+    ) -> Result<StepOutput, GraphError> {
+        let out = self
+            .graph
+            .run_with(exec, Self::graph_feeds(feeds), true, bufs)?;
         Ok(StepOutput {
             loss: out.loss,
             probs: out.probs,
@@ -192,17 +207,33 @@ impl Partitioned {
 /// hashes; a DoS-resistant hasher buys nothing here). A batch has far fewer
 /// than `u32::MAX` keys; positions past that would not fit the `u32` index.
 pub fn dedup(keys: &[u64]) -> (Vec<u64>, Vec<u32>) {
-    let mut seen: FxHashMap<u64, u32> = FxHashMap::default();
-    seen.reserve(keys.len().min(1 << 20));
-    let mut unique = Vec::new();
-    let index = keys
-        .iter()
-        .map(|&k| {
-            *seen.entry(k).or_insert_with(|| {
-                unique.push(k);
-                (unique.len() - 1) as u32
-            })
-        })
-        .collect();
+    let (mut unique, mut index) = (Vec::new(), Vec::new());
+    Dedup::default().run(keys, &mut unique, &mut index);
     (unique, index)
+}
+
+/// [`dedup`] with its hash map kept between calls, for a caller that
+/// deduplicates every step.
+#[derive(Debug, Default, Clone)]
+pub struct Dedup {
+    seen: FxHashMap<u64, u32>,
+}
+
+impl Dedup {
+    /// Overwrite `unique` and `index` with [`dedup`]'s two results for `keys`.
+    pub fn run(&mut self, keys: &[u64], unique: &mut Vec<u64>, index: &mut Vec<u32>) {
+        self.seen.clear();
+        self.seen.reserve(keys.len().min(1 << 20));
+        unique.clear();
+        index.clear();
+        index.reserve(keys.len());
+        for &k in keys {
+            let next = unique.len() as u32;
+            let p = *self.seen.entry(k).or_insert(next);
+            if p == next {
+                unique.push(k);
+            }
+            index.push(p);
+        }
+    }
 }

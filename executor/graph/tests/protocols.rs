@@ -225,3 +225,33 @@ fn dedup_keeps_first_seen_order() {
     let (u, i) = dedup(&[]);
     assert!(u.is_empty() && i.is_empty());
 }
+
+#[test]
+fn a_reused_dedup_forgets_the_previous_keys() {
+    let mut d = Dedup::default();
+    let (mut u, mut i) = (vec![1], vec![5]);
+    d.run(&[7, 3, 7], &mut u, &mut i);
+    assert_eq!((u.as_slice(), i.as_slice()), (&[7, 3][..], &[0, 1, 0][..]));
+    d.run(&[3, 9, 9], &mut u, &mut i);
+    assert_eq!((u.as_slice(), i.as_slice()), (&[3, 9][..], &[0, 1, 1][..]));
+}
+
+#[test]
+fn steps_with_kept_buffers_match_fresh_ones() {
+    for spec in [small_lr(), small_wdl()] {
+        let model = Model::build(spec.clone()).unwrap();
+        let p = partition(&model, Protocol::StarServer);
+        let mut store = Store::new(&model, 5);
+        let exec = Executor::new(0);
+        let mut bufs = RunBuffers::default();
+        // Batches of changing sizes: kept buffers are reused across shapes.
+        for (i, b) in [16, 16, 5, 32].into_iter().enumerate() {
+            let batch = batch(&mut rng(40 + i as u64), &spec, b);
+            let (f, _) = step_feeds(&p, &mut store, &batch);
+            let fresh = p.forward_backward(&exec, f.clone()).unwrap();
+            let kept = p.forward_backward_with(&exec, f, &mut bufs).unwrap();
+            assert_eq!(kept, fresh, "step {i}");
+            bufs.give_back(p.graph(), kept.lookup_grads);
+        }
+    }
+}

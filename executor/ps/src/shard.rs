@@ -164,6 +164,8 @@ pub struct PsShard {
     pub(crate) stats: ShardStats,
     // Scratch reused across requests (not state).
     touched: Vec<usize>,
+    /// By variable: the items of the push being handled.
+    items_of: Vec<u32>,
     pulled: Vec<usize>,
     sum: Vec<f32>,
     /// Per variable: the keys a pull could add to it (an upper bound).
@@ -229,6 +231,7 @@ impl PsShard {
             global_step: 0,
             stats: ShardStats::default(),
             touched: Vec::new(),
+            items_of: vec![0; vars.len()],
             pulled: Vec::new(),
             sum: Vec::new(),
             new_rows: Vec::new(),
@@ -295,6 +298,21 @@ impl PsShard {
         match self.var(id)? {
             Var::Dense(d) => Some(d),
             Var::Table(_) => None,
+        }
+    }
+
+    /// Make room in table `id` for `rows` rows (a capacity hint); false
+    /// when `id` is not a table of this shard.
+    pub fn reserve_rows(&mut self, id: u32, rows: usize) -> bool {
+        let Some(&i) = self.index.get(&id) else {
+            return false;
+        };
+        match &mut self.vars[i] {
+            Var::Table(t) => {
+                t.reserve(rows);
+                true
+            }
+            Var::Dense(_) => false,
         }
     }
 
@@ -566,7 +584,11 @@ impl PsShard {
 
     fn handle_push_inner(&mut self, req: &[u8], out: &mut Vec<u8>) -> Result<(), PsError> {
         let view = PushRequest::parse(req, &self.cfg.limits)?;
+        self.items_of.iter_mut().for_each(|n| *n = 0);
         for item in view.items() {
+            if let Some(&i) = self.index.get(&item.var()) {
+                self.items_of[i] += 1;
+            }
             match item {
                 PushItem::Dense { var, grad } => {
                     let i = self.kind_check(var, "dense", false)?;
@@ -590,8 +612,12 @@ impl PsShard {
         }
         let step = self.global_step;
         self.touched.clear();
+        // The first variable whose gradients, applied straight from the
+        // request below, are not finite.
+        let mut direct_non_finite = None;
         for item in view.items() {
-            let Some(&i) = self.index.get(&item.var()) else {
+            let var = item.var();
+            let Some(&i) = self.index.get(&var) else {
                 continue;
             };
             self.touched.push(i);
@@ -610,6 +636,16 @@ impl PsShard {
                     },
                     Var::Table(t),
                 ) => {
+                    // A table's only item in the request, with unique keys,
+                    // updates its rows without going through the
+                    // accumulator (there is nothing to sum), once the
+                    // whole push is known to be finite.
+                    if self.items_of[i] == 1 && t.prepare_direct(keys) {
+                        if direct_non_finite.is_none() && !grads.all_finite() {
+                            direct_non_finite = Some(var);
+                        }
+                        continue;
+                    }
                     let dim = dim as usize;
                     for (j, k) in keys.iter().enumerate() {
                         t.accumulate(k, grads.slice(j * dim, (j + 1) * dim));
@@ -643,7 +679,7 @@ impl PsShard {
         // refuse the push before any variable changes. The check runs over
         // the accumulated (deduplicated) gradients, which are in cache, and
         // also catches finite gradients whose sum overflows.
-        if let Some(var) = self.non_finite() {
+        if let Some(var) = direct_non_finite.or_else(|| self.non_finite()) {
             for &i in &self.touched {
                 match &mut self.vars[i] {
                     Var::Dense(d) => d.touched = false,
@@ -662,6 +698,20 @@ impl PsShard {
                 }
                 Var::Table(t) if t.has_accumulated() => {
                     t.apply_accumulated_at(step);
+                }
+                _ => {}
+            }
+        }
+        for item in view.items() {
+            let PushItem::Rows {
+                var, keys, grads, ..
+            } = item
+            else {
+                continue;
+            };
+            match self.index.get(&var).map(|&i| (i, &mut self.vars[i])) {
+                Some((i, Var::Table(t))) if self.items_of[i] == 1 => {
+                    t.push_rows_direct(keys, grads, step);
                 }
                 _ => {}
             }

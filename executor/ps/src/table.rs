@@ -351,32 +351,34 @@ impl Default for TablePolicy {
 }
 
 /// The default value matrix of a table (DeepRec's `default_value_dim`
-/// rows of initial values). Rows are computed on first use, so a table
-/// that creates few rows never pays for all of them; the memory comes
-/// zeroed from the allocator and is touched only row by row.
+/// rows of initial values), computed whole when the table is made, so
+/// creating a row on a pull is one copy with no check or initialiser run.
 #[derive(Debug, Clone)]
 struct Defaults {
-    values: Vec<f32>,
-    filled: Vec<bool>,
+    values: Box<[f32]>,
+    rows: u64,
+    dim: usize,
 }
 
 impl Defaults {
-    fn new(rows: usize, dim: usize) -> Option<Self> {
-        (rows > 0).then(|| Self {
-            values: vec![0.0; rows * dim],
-            filled: vec![false; rows],
+    fn new(def: &VarDef, seed: u64, rows: usize, dim: usize) -> Option<Self> {
+        (rows > 0).then(|| {
+            let mut values = vec![0.0; rows * dim].into_boxed_slice();
+            for (i, row) in values.chunks_exact_mut(dim.max(1)).enumerate() {
+                def.init_values(seed, i as u64, row);
+            }
+            Self {
+                values,
+                rows: rows as u64,
+                dim,
+            }
         })
     }
 
     /// The initial values of a new row for `key`.
-    fn row(&mut self, def: &VarDef, seed: u64, dim: usize, key: u64) -> &[f32] {
-        let i = (key % self.filled.len() as u64) as usize;
-        let row = &mut self.values[i * dim..(i + 1) * dim];
-        if !self.filled[i] {
-            def.init_values(seed, i as u64, row);
-            self.filled[i] = true;
-        }
-        row
+    fn row(&self, key: u64) -> &[f32] {
+        let i = (key % self.rows) as usize;
+        &self.values[i * self.dim..(i + 1) * self.dim]
     }
 }
 
@@ -423,6 +425,13 @@ struct Scratch {
     resolved: Vec<u32>,
     // Row indices and update counts of the rows of one push.
     targets: Vec<(u32, u64)>,
+    // One bit per row index: the rows of the push item being checked for
+    // repeats (all clear between items).
+    marks: Vec<u64>,
+    // One gradient row decoded from a push item.
+    grad_row: Vec<f32>,
+    // `prepare_direct` accepted a push item whose update is still to come.
+    direct_ready: bool,
 }
 
 impl EmbeddingTable {
@@ -434,6 +443,7 @@ impl EmbeddingTable {
         opt: OptimizerConfig,
         policy: TablePolicy,
     ) -> Self {
+        let defaults = Defaults::new(&def, seed, policy.default_value_dim, dim).map(Box::new);
         Self {
             def,
             dim,
@@ -443,9 +453,15 @@ impl EmbeddingTable {
             rows: Rows::with_capacity(dim * (1 + opt.slots()), 0),
             pending: Map::default(),
             stats: TableStats::default(),
-            defaults: Defaults::new(policy.default_value_dim, dim).map(Box::new),
+            defaults,
             scratch: Box::default(),
         }
+    }
+
+    /// Make room for `rows` rows without growing the key map (a capacity
+    /// hint: a table holds whatever rows its pulls create).
+    pub fn reserve(&mut self, rows: usize) {
+        self.rows.map.reserve(rows);
     }
 
     /// Row width.
@@ -559,8 +575,8 @@ impl EmbeddingTable {
                 }
                 let index = alloc(&mut rows.arena, &mut rows.next, &mut rows.free).map_err(full)?;
                 let (w, s) = rows.arena.row_mut(index).split_at_mut(dim);
-                match self.defaults.as_mut() {
-                    Some(d) => w.copy_from_slice(d.row(&self.def, self.seed, dim, key)),
+                match self.defaults.as_deref() {
+                    Some(d) => w.copy_from_slice(d.row(key)),
                     None => self.def.init_values(self.seed, key, w),
                 }
                 self.opt.init_slots(s);
@@ -641,11 +657,85 @@ impl EmbeddingTable {
         crate::shard::all_finite(&self.scratch.acc_grads)
     }
 
-    /// Drop the accumulated gradients without applying them.
+    /// Drop the accumulated gradients, and a prepared direct update,
+    /// without applying them.
     pub(crate) fn discard_accumulated(&mut self) {
+        self.scratch.direct_ready = false;
         self.scratch.acc_index.clear();
         self.scratch.acc_keys.clear();
         self.scratch.acc_grads.clear();
+    }
+
+    /// Whether a push item's rows can be updated straight from the
+    /// request by [`Self::push_rows_direct`]: every key has a row and no
+    /// row comes twice (a worker's pushes, which carry unique keys). Keeps
+    /// the rows found for that call; changes no row. Nothing may be
+    /// accumulated for the table.
+    pub(crate) fn prepare_direct(&mut self, keys: U64s<'_>) -> bool {
+        debug_assert!(!self.has_accumulated());
+        let mut targets = std::mem::take(&mut self.scratch.targets);
+        targets.clear();
+        let marks = &mut self.scratch.marks;
+        marks.resize((self.rows.next as usize).div_ceil(64), 0);
+        // As in `apply_at`: the probes first (their misses overlap); the
+        // updates probe again (now in cache) to count them.
+        let mut direct = true;
+        for k in keys.iter() {
+            let Some(s) = self.rows.map.get(&k) else {
+                direct = false;
+                break;
+            };
+            let (word, bit) = ((s.index / 64) as usize, 1u64 << (s.index % 64));
+            if marks[word] & bit != 0 {
+                direct = false;
+                break;
+            }
+            marks[word] |= bit;
+            targets.push((s.index, 0));
+        }
+        for &(index, _) in &targets {
+            marks[(index / 64) as usize] = 0;
+        }
+        if !direct {
+            targets.clear();
+        }
+        self.scratch.targets = targets;
+        self.scratch.direct_ready = direct;
+        direct
+    }
+
+    /// Apply a push item's row gradients (`grads`: `keys.len() * dim`
+    /// floats) straight from the request, refreshing the access time of
+    /// the updated rows to `step`, after [`Self::prepare_direct`] accepted
+    /// the same `keys`. The result is that of [`Self::accumulate`] then
+    /// [`Self::apply_accumulated_at`] without the accumulator's hash map
+    /// and copy.
+    /// Does nothing unless a prepared update is pending.
+    pub(crate) fn push_rows_direct(&mut self, keys: U64s<'_>, grads: F32s<'_>, step: u64) {
+        if !std::mem::take(&mut self.scratch.direct_ready) {
+            return;
+        }
+        let dim = self.dim;
+        let targets = std::mem::take(&mut self.scratch.targets);
+        debug_assert_eq!(targets.len(), keys.len());
+        let mut g = std::mem::take(&mut self.scratch.grad_row);
+        g.resize(dim, 0.0);
+        let stride = self.rows.arena.stride;
+        for (j, k) in keys.iter().enumerate() {
+            let ahead = targets.get(j + prefetch::DISTANCE).map(|&(ahead, _)| ahead);
+            self.rows.arena.prefetch(ahead, stride);
+            let Some(s) = self.rows.map.get_mut(&k) else {
+                continue;
+            };
+            s.updates += 1;
+            s.last_access = s.last_access.max(step);
+            let (index, t) = (s.index, s.updates);
+            grads.slice(j * dim, (j + 1) * dim).copy_to(&mut g);
+            let (w, slots) = self.rows.arena.row_mut(index).split_at_mut(dim);
+            self.opt.apply(w, slots, &g, t);
+        }
+        self.scratch.grad_row = g;
+        self.scratch.targets = targets;
     }
 
     /// True when gradients are waiting in the accumulator.

@@ -454,3 +454,76 @@ fn oversized_reply_is_refused() {
     ));
     assert!(s.table(EMB).unwrap().is_empty());
 }
+
+fn adam() -> ShardConfig {
+    ShardConfig {
+        seed: 5,
+        optimizer: OptimizerConfig::adam(0.1),
+        ..ShardConfig::default()
+    }
+}
+
+/// Gradient rows `g * (j + 1)` for the `j`-th key of `keys`.
+fn grads(keys: &[u64], g: f32) -> Vec<f32> {
+    (0..keys.len())
+        .flat_map(|j| [g * (j + 1) as f32; DIM])
+        .collect()
+}
+
+#[test]
+fn a_push_of_unique_keys_updates_rows_as_an_accumulated_one_does() {
+    // `direct` gets each step's keys as one item (applied straight from the
+    // request); `split` gets them as two items of one request (accumulated
+    // first). Adam's per-row step counts and the access steps must agree.
+    let (mut direct, mut split) = (shard(adam()), shard(adam()));
+    for s in [&mut direct, &mut split] {
+        pull(s, |w| {
+            w.rows(EMB, &[1, 2, 3, 4, 5]);
+        });
+    }
+    for keys in [vec![4u64, 1, 5], vec![1, 2], vec![3, 1, 2, 5]] {
+        let g = grads(&keys, 0.5);
+        push(&mut direct, true, |w| {
+            w.rows(EMB, DIM as u32, &keys, &g);
+        });
+        let h = keys.len() / 2;
+        push(&mut split, true, |w| {
+            w.rows(EMB, DIM as u32, &keys[..h], &g[..h * DIM]).rows(
+                EMB,
+                DIM as u32,
+                &keys[h..],
+                &g[h * DIM..],
+            );
+        });
+    }
+    assert_eq!(snapshot(&direct), snapshot(&split));
+    assert_ne!(direct.table(EMB).unwrap().get(1).unwrap(), &init_row(1)[..]);
+}
+
+#[test]
+fn a_push_item_with_a_repeated_or_unknown_key_sums_and_ignores_as_before() {
+    let mut s = shard(sgd());
+    pull(&mut s, |w| {
+        w.rows(EMB, &[1, 2, 3]);
+    });
+    let keys = [1u64, 2, 1, 9];
+    push(&mut s, true, |w| {
+        w.rows(EMB, DIM as u32, &keys, &grads(&keys, 1.0));
+    });
+    let t = s.table(EMB).unwrap();
+    // SGD with lr 1: key 1 moved by 1 + 3, key 2 by 2; key 9 has no row.
+    for (k, moved) in [(1, 4.0), (2, 2.0), (3, 0.0)] {
+        for (a, b) in t.get(k).unwrap().iter().zip(init_row(k)) {
+            assert!((a - (b - moved)).abs() < 1e-6, "key {k}");
+        }
+    }
+    assert_eq!(t.stats().ignored_pushes, 1);
+    // The rows of the refused item go straight to the table next time.
+    push(&mut s, true, |w| {
+        w.rows(EMB, DIM as u32, &[3, 1], &grads(&[3, 1], 1.0));
+    });
+    let t = s.table(EMB).unwrap();
+    for (a, b) in t.get(3).unwrap().iter().zip(init_row(3)) {
+        assert!((a - (b - 1.0)).abs() < 1e-6);
+    }
+}

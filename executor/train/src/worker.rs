@@ -10,15 +10,16 @@
 use bytes::Bytes;
 use starwire_data::Batch;
 use starwire_graph::{
-    dedup, Combiner, Executor, LookupFeed, LookupGrad, Partitioned, PullForm, StepFeeds,
-    StepOutput, Tensor, VarId,
+    Combiner, Dedup, Executor, LookupFeed, LookupGrad, Partitioned, PullForm, RunBuffers,
+    StepFeeds, StepOutput, Tensor, VarId,
 };
 use starwire_ps::shard_of;
 use starwire_transport::wire::{Opcode, Status};
 use starwire_transport::Payload;
 use starwire_wire::ps::{
-    parse_push_response, Control, Limits, PullReply, PullRequestWriter, PullResponse,
-    PushRequestWriter,
+    parse_push_response, pull_dense_len, pull_pooled_len, pull_request_header_len, pull_rows_len,
+    push_dense_len, push_pooled_len, push_request_header_len, push_rows_len, Control, Limits,
+    PullReply, PullRequestWriter, PullResponse, PushRequestWriter,
 };
 
 use crate::net::{Exchange, Reply, Request};
@@ -55,13 +56,22 @@ struct LookupStep {
     offsets: Vec<u32>,
     /// Keys of every example, in order.
     keys: Vec<u64>,
-    /// Robust: unique keys and per-occurrence index.
+    /// Robust: the unique keys in first-seen order, and the hash map that
+    /// finds them.
     unique: Vec<u64>,
+    dedup: Dedup,
+    /// Robust: per occurrence, its row of the rows feed.
     index: Vec<u32>,
-    /// Robust: per shard, positions into `unique`; lite: unused.
-    shard_pos: Vec<Vec<u32>>,
-    /// Per shard, the keys sent (robust: unique keys of the shard; lite:
-    /// every occurrence of the shard's keys, per example).
+    /// Robust: the rows feed holds the unique keys shard by shard; shard
+    /// `s`'s rows are `shard_start[s]..shard_start[s + 1]`. Lite: unused.
+    shard_start: Vec<usize>,
+    /// Robust: per unique key (first-seen order), its shard, then its row.
+    row_of: Vec<u32>,
+    /// Robust: per shard, the next row to hand out while `row_of` is filled.
+    next_row: Vec<usize>,
+    /// Per shard, the keys sent (robust: unique keys of the shard, in
+    /// first-seen order; lite: every occurrence of the shard's keys, per
+    /// example).
     shard_keys: Vec<Vec<u64>>,
     /// Lite: per shard, ragged offsets (`B+1`).
     shard_offsets: Vec<Vec<u32>>,
@@ -91,6 +101,8 @@ pub struct WorkerCore {
     /// Pushes of the last step, not sent yet.
     pending_push: Vec<Request>,
     replies: Vec<Reply>,
+    /// The graph's output buffers, kept from step to step.
+    bufs: RunBuffers,
     global_step: u64,
 }
 
@@ -123,6 +135,7 @@ impl WorkerCore {
             lookups: (0..n).map(|_| LookupStep::default()).collect(),
             pending_push: Vec::new(),
             replies: Vec::new(),
+            bufs: RunBuffers::default(),
             global_step: 0,
         }
     }
@@ -169,15 +182,34 @@ impl WorkerCore {
             st.shard_keys.iter_mut().for_each(Vec::clear);
             match form {
                 PullForm::Rows => {
-                    let (u, i) = dedup(&st.keys);
-                    st.unique = u;
-                    st.index = i;
-                    st.shard_pos.resize_with(s_count, Vec::new);
-                    st.shard_pos.iter_mut().for_each(Vec::clear);
-                    for (p, &k) in st.unique.iter().enumerate() {
+                    st.dedup.run(&st.keys, &mut st.unique, &mut st.index);
+                    // The rows feed lays the unique keys out shard by
+                    // shard: a shard's reply then decodes into one range
+                    // of it, and its gradient rows are one range of the
+                    // rows gradient, with no scatter or gather per row.
+                    st.row_of.clear();
+                    for &k in &st.unique {
                         let s = route(k);
-                        st.shard_pos[s].push(p as u32);
+                        st.row_of.push(s as u32);
                         st.shard_keys[s].push(k);
+                    }
+                    st.shard_start.clear();
+                    st.shard_start.push(0);
+                    let mut end = 0;
+                    for keys in &st.shard_keys {
+                        end += keys.len();
+                        st.shard_start.push(end);
+                    }
+                    let next = &mut st.next_row;
+                    next.clear();
+                    next.extend_from_slice(&st.shard_start[..s_count]);
+                    for r in &mut st.row_of {
+                        let s = *r as usize;
+                        *r = next[s] as u32;
+                        next[s] += 1;
+                    }
+                    for i in &mut st.index {
+                        *i = st.row_of[*i as usize];
                     }
                 }
                 PullForm::Pooled => {
@@ -247,7 +279,22 @@ impl WorkerCore {
         let mut reqs = Vec::new();
         let mut metas = Vec::new();
         for (s, items) in self.group(self.pull_items()) {
-            let mut buf = Vec::new();
+            let len = items.iter().fold(pull_request_header_len(), |n, it| {
+                n + match *it {
+                    Item::Dense(_) => pull_dense_len(),
+                    Item::Lookup(l, sh) => {
+                        let st = &self.lookups[l];
+                        match pulls.lookups[l].form {
+                            PullForm::Rows => pull_rows_len(st.shard_keys[sh].len()),
+                            PullForm::Pooled => pull_pooled_len(
+                                st.shard_offsets[sh].len().saturating_sub(1),
+                                st.shard_keys[sh].len(),
+                            ),
+                        }
+                    }
+                }
+            });
+            let mut buf = Vec::with_capacity(len);
             let mut w = PullRequestWriter::new(&mut buf);
             for it in &items {
                 match *it {
@@ -289,12 +336,15 @@ impl WorkerCore {
         let mut global_step = self.global_step;
         let b = batch.len;
         let mut dense: Vec<Option<Tensor>> = vec![None; pulls.dense.len()];
+        // Rows feeds are filled shard range by shard range as the replies
+        // come (in shard order), so they start empty; pooled ones sum the
+        // shards' partial sums, so they start at zero.
         let mut rows: Vec<Vec<f32>> = pulls
             .lookups
             .iter()
             .enumerate()
             .map(|(l, lp)| match lp.form {
-                PullForm::Rows => vec![0.0; self.lookups[l].unique.len() * lp.dim],
+                PullForm::Rows => Vec::with_capacity(self.lookups[l].unique.len() * lp.dim),
                 PullForm::Pooled => vec![0.0; b * lp.dim],
             })
             .collect();
@@ -316,15 +366,21 @@ impl WorkerCore {
                     }
                     (Item::Lookup(l, sh), PullReply::Rows { dim, data, .. }) => {
                         let dim = dim as usize;
-                        let pos = &self.lookups[l].shard_pos[sh];
-                        if dim != pulls.lookups[l].dim || data.len() != pos.len() * dim {
+                        let start = &self.lookups[l].shard_start;
+                        let (lo, hi) = (start[sh] * dim, start[sh + 1] * dim);
+                        if dim != pulls.lookups[l].dim || data.len() != hi - lo {
                             return Err(TrainError::Remote("rows reply shape".into()));
                         }
                         let dst = &mut rows[l];
-                        for (j, &p) in pos.iter().enumerate() {
-                            let p = p as usize;
-                            data.slice(j * dim, (j + 1) * dim)
-                                .copy_to(&mut dst[p * dim..(p + 1) * dim]);
+                        if dst.len() == lo {
+                            data.extend_into(dst);
+                        } else {
+                            // Not the next range (no worker sends that
+                            // way, but the feed does not depend on it).
+                            if dst.len() < hi {
+                                dst.resize(hi, 0.0);
+                            }
+                            data.copy_to(&mut dst[lo..hi]);
                         }
                     }
                     (Item::Lookup(l, _), PullReply::Pooled { dim, data, .. }) => {
@@ -432,9 +488,23 @@ impl WorkerCore {
             last_for_shard[*s] = m;
         }
         let mut reqs = Vec::with_capacity(groups.len() + self.layout.shards);
-        let mut gather = Vec::new();
         for (m, (s, items)) in groups.iter().enumerate() {
-            let mut buf = Vec::new();
+            // Sized up front: a push carries a step's gradients, and a
+            // buffer grown by doubling would copy them several times.
+            let len = items.iter().fold(push_request_header_len(), |n, it| {
+                n + match *it {
+                    Item::Dense(d) => push_dense_len(out.dense_grads[d].1.len()),
+                    Item::Lookup(l, sh) => {
+                        let (dim, keys) =
+                            (pulls.lookups[l].dim, self.lookups[l].shard_keys[sh].len());
+                        match pulls.lookups[l].form {
+                            PullForm::Rows => push_rows_len(keys, dim),
+                            PullForm::Pooled => push_pooled_len(b, keys, dim),
+                        }
+                    }
+                }
+            });
+            let mut buf = Vec::with_capacity(len);
             let mut w = PushRequestWriter::new(&mut buf, last_for_shard[*s] == m);
             for it in items {
                 match *it {
@@ -449,13 +519,11 @@ impl WorkerCore {
                         let dim = lp.dim;
                         match (lp.form, out.lookup_grads.get(l)) {
                             (PullForm::Rows, Some(LookupGrad::Rows(g))) => {
-                                gather.clear();
-                                let gd = g.data();
-                                for &p in &st.shard_pos[sh] {
-                                    let p = p as usize;
-                                    gather.extend_from_slice(&gd[p * dim..(p + 1) * dim]);
-                                }
-                                w.rows(var, dim as u32, &st.shard_keys[sh], &gather);
+                                let (lo, hi) = (st.shard_start[sh], st.shard_start[sh + 1]);
+                                let grads = g.data().get(lo * dim..hi * dim).ok_or_else(|| {
+                                    TrainError::Internal("rows gradient shape".into())
+                                })?;
+                                w.rows(var, dim as u32, &st.shard_keys[sh], grads);
                             }
                             (PullForm::Pooled, Some(LookupGrad::Pooled(g))) => {
                                 let data = scaled[l].as_deref().unwrap_or(g.data());
@@ -484,7 +552,7 @@ impl WorkerCore {
         }
         for (s, &last) in last_for_shard.iter().enumerate() {
             if last == usize::MAX {
-                let mut buf = Vec::new();
+                let mut buf = Vec::with_capacity(push_request_header_len());
                 PushRequestWriter::new(&mut buf, true);
                 reqs.push(Request {
                     shard: s,
@@ -513,9 +581,10 @@ impl WorkerCore {
         let feeds = self.feeds(batch, &metas, n_push)?;
         let out = self
             .part
-            .forward_backward(&self.exec, feeds)
+            .forward_backward_with(&self.exec, feeds, &mut self.bufs)
             .map_err(|e| TrainError::Internal(format!("graph: {e}")))?;
         self.pending_push = self.push_requests(&out, batch)?;
+        self.bufs.give_back(self.part.graph(), out.lookup_grads);
         Ok(StepInfo {
             loss: out.loss,
             examples: batch.len,

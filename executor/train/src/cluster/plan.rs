@@ -33,6 +33,9 @@ pub struct Plan {
     pub assignment: AssignmentReport,
     /// The estimates the assignment worked from.
     pub stats: Vec<VarStats>,
+    /// By variable id: the distinct keys of a table in the assignment
+    /// sample (0 for a dense variable), a lower bound of its rows.
+    pub sample_keys: Vec<u64>,
 }
 
 fn to_def(v: &VarSpec) -> VarDef {
@@ -163,6 +166,11 @@ pub fn plan(cfg: &TrainConfig) -> Result<Plan, TrainError> {
         }
     }
     let stats = var_stats(cfg, &model, &counts, n);
+    let sample_keys = model
+        .variables()
+        .iter()
+        .map(|v| counts.get(&v.id.0).map_or(0, |c| c.len() as u64))
+        .collect();
     // "Large" tables are sharded over every PS by key: those that would by
     // themselves hold more than half a PS's fair share of the bytes.
     let threshold = shard_threshold(&stats, cfg.ps);
@@ -213,5 +221,6 @@ pub fn plan(cfg: &TrainConfig) -> Result<Plan, TrainError> {
         layout,
         assignment: report,
         stats,
+        sample_keys,
     })
 }

@@ -109,6 +109,18 @@ pub fn make_shard(
     restore: Option<&Path>,
 ) -> Result<PsShard, TrainError> {
     let mut shard = PsShard::new(s, &plan.shard_vars[s], shard_config(cfg));
+    // Tables start with room for the rows the assignment sample saw (a
+    // sharded table's share of them), so their maps skip the first
+    // doublings.
+    for def in &plan.shard_vars[s] {
+        let id = def.id as usize;
+        let seen = plan.sample_keys.get(id).copied().unwrap_or(0);
+        let ways = match plan.layout.home_shard.get(id) {
+            Some(Some(_)) => 1,
+            _ => plan.shards.max(1) as u64,
+        };
+        shard.reserve_rows(def.id, usize::try_from(seen / ways).unwrap_or(0));
+    }
     if let Some(dir) = restore {
         let path = dir.join(shard_file(s));
         let ck = |reason: String| TrainError::Checkpoint {

@@ -221,6 +221,23 @@ impl F32s<'_> {
             *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
         }
     }
+    /// Append every element to `out` (decoded once, straight into the
+    /// vector's spare room: nothing is zeroed first).
+    pub fn extend_into(&self, out: &mut Vec<f32>) {
+        out.extend(
+            self.0
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+        );
+    }
+    /// True when no element is NaN or infinite (its exponent bits not
+    /// all ones). The fold has no early exit, so it vectorises.
+    pub fn all_finite(&self) -> bool {
+        self.0.chunks_exact(4).fold(true, |ok, c| {
+            let bits = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            ok & (bits & 0x7f80_0000 != 0x7f80_0000)
+        })
+    }
     /// Add the first `out.len()` elements to `out`.
     pub fn add_to(&self, out: &mut [f32]) {
         for (o, c) in out.iter_mut().zip(self.0.chunks_exact(4)) {

@@ -209,3 +209,18 @@ fn pull_response_round_trip() {
         Err(DecodeError::Truncated { .. })
     ));
 }
+
+#[test]
+fn f32s_decode_into_a_slice_or_onto_a_vector() {
+    let mut bytes = Vec::new();
+    put_f32s(&mut bytes, &[1.5, -2.0, 3.25]);
+    let v = F32s::new(&bytes).unwrap();
+    let mut out = vec![9.0];
+    v.extend_into(&mut out);
+    assert_eq!(out, [9.0, 1.5, -2.0, 3.25]);
+    let mut short = [0.0; 2];
+    v.copy_to(&mut short);
+    assert_eq!(short, [1.5, -2.0]);
+    v.add_to(&mut short);
+    assert_eq!(short, [3.0, -4.0]);
+}
