@@ -275,12 +275,10 @@ impl DpdkContext {
         }
     }
 
-    /// The port's counters, for the debug log.
-    pub fn port_stats(&self) -> String {
-        match self.lock().as_ref() {
-            Some(o) => format!("{:?}", o.port.stats()),
-            None => "closed".into(),
-        }
+    /// The port's counters (`None` once closed, or when DPDK cannot
+    /// read them).
+    pub fn port_stats(&self) -> Option<starwire_dpdk::PortStats> {
+        self.lock().as_ref().and_then(|o| o.port.stats().ok())
     }
 }
 

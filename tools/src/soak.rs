@@ -975,8 +975,9 @@ pub(crate) fn validate(args: &SoakArgs) -> Result<(), String> {
     if args.max_size > (16 << 20) {
         return Err("--max-size: at most 16 MiB".into());
     }
-    if args.backend != "tcp" && args.faults.is_some() {
-        return Err("--faults is supported with --backend tcp only".into());
+    // tcp injects faults on each stream, dpdk under each datagram link.
+    if !matches!(args.backend.as_str(), "tcp" | "dpdk") && args.faults.is_some() {
+        return Err("--faults is supported with --backend tcp or dpdk only".into());
     }
     Ok(())
 }

@@ -1175,6 +1175,29 @@ fn bench_and_soak_run_over_dpdk_on_net_ring() {
     for r in rows.iter().filter(|r| r["backend"] == "dpdk") {
         assert!(r["msgs_per_s"].as_f64().unwrap() > 0.0, "{r}");
         assert_eq!(r["iters"], 300, "{r}");
+        // The backend's counters: both ends received data and acks, at
+        // least one packet per frame, and the one port (both ends share
+        // it) took at least the packets the drivers sent.
+        assert!(r["pps"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["packets_per_frame"].as_f64().unwrap() >= 1.0, "{r}");
+        assert!(r["retransmits"].as_u64().is_some(), "{r}");
+        assert!(r["cpu_us_per_msg"].as_f64().unwrap() > 0.0, "{r}");
+        let port = &r["port_stats"];
+        assert!(port["ipackets"].as_u64().unwrap() >= 2 * 300, "{r}");
+        assert!(port["opackets"].as_u64().unwrap() >= 2 * 300, "{r}");
+        assert_eq!(port["imissed"], 0, "{r}");
+        assert_eq!(port["rx_nombuf"], 0, "{r}");
+    }
+    for r in rows.iter().filter(|r| r["backend"] == "tcp") {
+        for f in [
+            "pps",
+            "packets_per_frame",
+            "retransmits",
+            "cpu_us_per_msg",
+            "port_stats",
+        ] {
+            assert!(r[f].is_null(), "{f} of tcp: {r}");
+        }
     }
 
     let out = run(&[

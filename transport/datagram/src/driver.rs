@@ -16,7 +16,7 @@ use std::time::Instant;
 use starwire_transport::{ConnId, Driver, Sleep, TransportError};
 use thiserror::Error;
 
-use crate::core::{ConfigError, ConnIds, ReliableConfig, ReliableCore};
+use crate::core::{ConfigError, ConnIds, CoreStats, ReliableConfig, ReliableCore};
 use crate::link::{DatagramLink, LinkError};
 use crate::packet::{PacketError, PacketHeader};
 
@@ -123,6 +123,8 @@ pub struct DatagramDriver<L> {
     /// Where the next flush starts writing packets.
     next_tx: usize,
     stats: DatagramStats,
+    /// The reliability counters of connections already detached.
+    retired: CoreStats,
 }
 
 impl<L: DatagramLink> DatagramDriver<L> {
@@ -139,6 +141,7 @@ impl<L: DatagramLink> DatagramDriver<L> {
             failed: VecDeque::new(),
             next_tx: 0,
             stats: DatagramStats::default(),
+            retired: CoreStats::default(),
         })
     }
 
@@ -213,6 +216,16 @@ impl<L: DatagramLink> DatagramDriver<L> {
     /// Counters.
     pub fn stats(&self) -> DatagramStats {
         self.stats
+    }
+
+    /// The reliability counters summed over every connection this driver
+    /// has held, detached ones included (frames, retransmissions, acks).
+    pub fn core_totals(&self) -> CoreStats {
+        let mut t = self.retired;
+        for core in self.slots.iter().filter_map(|s| s.core.as_ref()) {
+            t.accumulate(core.stats());
+        }
+        t
     }
 
     /// Connections held, prepared or connected.
@@ -447,7 +460,9 @@ impl<L: DatagramLink> Driver for DatagramDriver<L> {
             return;
         }
         slot.held = false;
-        slot.core = None;
+        if let Some(core) = slot.core.take() {
+            self.retired.accumulate(core.stats());
+        }
         slot.generation = (slot.generation + 1) & (u32::MAX >> SLOT_BITS);
         self.free.push(conn.index() as u32);
         self.failed.retain(|(c, _)| *c != conn);
