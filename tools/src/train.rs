@@ -22,7 +22,7 @@ pub struct TrainArgs {
     /// Worker tasks (local cluster).
     #[arg(long, default_value_t = 2, value_parser = at_least_one)]
     pub workers: usize,
-    /// Transport backend: tcp, uring, grpc (when built in), or inproc (no
+    /// Transport backend: tcp, uring, grpc, dpdk (when built in), or inproc (no
     /// network: workers call the shards directly; the compute bound, local
     /// cluster only).
     #[arg(long, default_value = "tcp", value_parser = parse_backend)]
@@ -116,6 +116,10 @@ pub struct TrainArgs {
     pub json: bool,
     #[command(flatten)]
     pub metrics: crate::metrics::MetricsArgs,
+    /// Where DPDK runs (feature `dpdk`; backend dpdk).
+    #[cfg(feature = "dpdk")]
+    #[command(flatten)]
+    pub dpdk: crate::dpdk::DpdkArgs,
     /// The cluster token and the PS task's bounds.
     #[command(flatten)]
     pub guard: crate::guard::GuardArgs,
@@ -291,8 +295,25 @@ fn print_report(r: &TrainReport, json: bool) -> Result<(), String> {
 }
 
 /// `starwire train`.
+/// With `--backend dpdk`: set the process's DPDK port up from the flags
+/// (it opens at the first driver); the guard closes it when the command
+/// is done, after every reactor has ended.
+#[cfg(feature = "dpdk")]
+fn dpdk_setup(a: &TrainArgs) -> Option<crate::dpdk::CloseOnDrop> {
+    (a.backend == "dpdk").then(|| {
+        a.dpdk.configure();
+        crate::dpdk::CloseOnDrop
+    })
+}
+
+#[cfg(not(feature = "dpdk"))]
+fn dpdk_setup(_a: &TrainArgs) -> Option<()> {
+    None
+}
+
 pub fn main(a: TrainArgs) -> Result<(), Failure> {
     let cfg = config(&a, a.ps, a.workers).map_err(Failure::Usage)?;
+    let _dpdk = dpdk_setup(&a);
     tracing::info!(
         target: "status",
         "starwire train: {} on {} PS x {} reactor(s) and {} workers over loopback {}; \
@@ -374,6 +395,7 @@ pub fn ps_main(a: crate::launch::PsArgs) -> Result<(), Failure> {
         return Err(Failure::Usage(e.to_string()));
     }
     let _metrics = r.train.metrics.serve(&cfg.telemetry)?;
+    let _dpdk = dpdk_setup(&r.train);
     let rep = starwire_train::run_ps_task(&cfg, c.task.index as usize, bind)
         .map_err(|e| r.connect.failure(e))?;
     tracing::info!(target: "status", "starwire ps {}: every worker is done", c.task.index);
@@ -393,6 +415,7 @@ pub fn worker_main(r: RoleArgs) -> Result<(), Failure> {
         config(&r.train, c.spec.ps().len(), c.spec.workers().len()).map_err(Failure::Usage)?;
     cfg.connect_timeout = r.connect.timeout();
     let _metrics = r.train.metrics.serve(&cfg.telemetry)?;
+    let _dpdk = dpdk_setup(&r.train);
     let rep = starwire_train::run_worker_task(&cfg, &ps_addrs, c.task.index as usize)
         .map_err(|e| r.connect.failure(e))?;
     Ok(print_report(&rep, r.train.json)?)

@@ -275,12 +275,7 @@ fn unknown_backend_names_the_missing_feature() {
         e.contains("no RDMA verbs backend yet") && e.contains("simulated NIC"),
         "{e}"
     );
-    if cfg!(feature = "dpdk") {
-        let out = run(&["train", "--backend", "dpdk"]);
-        assert!(!out.status.success());
-        let e = text(&out.stderr);
-        assert!(e.contains("does not run over the dpdk backend yet"), "{e}");
-    } else {
+    if !cfg!(feature = "dpdk") {
         let out = run(&["soak", "--backend", "dpdk", "--duration", "1"]);
         assert!(!out.status.success());
         let e = text(&out.stderr);
@@ -1257,4 +1252,27 @@ fn bench_and_soak_run_over_dpdk_on_net_ring() {
         e.contains("EAL initialisation") && e.contains("--starwire-bogus"),
         "{e}"
     );
+}
+
+/// `train --backend dpdk` on one net_ring port shared by every PS reactor
+/// and worker of the process, each connection bootstrapped over its TCP
+/// stream: the same synchronous run as over tcp learns the same model.
+#[cfg(feature = "dpdk")]
+#[test]
+fn train_over_dpdk_on_net_ring_matches_tcp() {
+    let train = |extra: &[&str]| {
+        let mut args = vec!["train", "--steps", "100", "--sync", "--json", "--quiet"];
+        args.extend_from_slice(extra);
+        let out = run(&args);
+        assert!(out.status.success(), "{extra:?}: {}", text(&out.stderr));
+        let v: Value = serde_json::from_str(text(&out.stdout).trim()).expect("report JSON");
+        v
+    };
+    let tcp = train(&["--backend", "tcp"]);
+    let dpdk = train(&["--backend", "dpdk", "--eal", NET_RING]);
+    assert_eq!(dpdk["backend"], "dpdk", "{dpdk}");
+    assert_eq!(dpdk["steps"], tcp["steps"], "{dpdk}");
+    let (a, b) = (num(&tcp, "auc"), num(&dpdk, "auc"));
+    assert!(b > 0.6, "{dpdk}");
+    assert!((a - b).abs() < 0.005, "auc tcp {a} dpdk {b}");
 }

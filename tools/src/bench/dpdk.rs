@@ -91,10 +91,13 @@ pub fn serve(
     core: Option<usize>,
     idle: IdlePolicy,
 ) -> Result<Option<DatagramCounters>, String> {
-    let ctx = DpdkContext::get()?;
+    let ctx = DpdkContext::get().map_err(|e| e.to_string())?;
     let stream = accept_bootstrap(&data)?;
-    let mut driver = ctx.driver(ctx.ip_for(&stream)?, ReliableConfig::default())?;
-    let ids = bootstrap(&mut driver, &stream, want)?;
+    let ip = ctx.ip_for(&stream).map_err(|e| e.to_string())?;
+    let mut driver = ctx
+        .driver(ip, ReliableConfig::default())
+        .map_err(|e| e.to_string())?;
+    let ids = bootstrap(&mut driver, &stream, want).map_err(|e| e.to_string())?;
     let res = sessions::serve_opened(driver, ids, run, core, idle, || {
         if let Ok(ctx) = DpdkContext::get() {
             ctx.register_thread();
@@ -112,14 +115,17 @@ pub fn client(
     core: Option<usize>,
     idle: IdlePolicy,
 ) -> Result<Measured, String> {
-    let ctx = DpdkContext::get()?;
+    let ctx = DpdkContext::get().map_err(|e| e.to_string())?;
     let cpu = CpuMeter::start()?;
     let port_before = port_counters(ctx);
     let stream = TcpStream::connect_timeout(&addr, ACCEPT_TIMEOUT)
         .map_err(|e| format!("DPDK bootstrap connection to {addr}: {e}"))?;
     stream.set_nodelay(true).ok();
-    let mut driver = ctx.driver(ctx.ip_for(&stream)?, ReliableConfig::default())?;
-    let ids = bootstrap(&mut driver, &stream, want)?;
+    let ip = ctx.ip_for(&stream).map_err(|e| e.to_string())?;
+    let mut driver = ctx
+        .driver(ip, ReliableConfig::default())
+        .map_err(|e| e.to_string())?;
+    let ids = bootstrap(&mut driver, &stream, want).map_err(|e| e.to_string())?;
     let mut m = sessions::client_opened(driver, ids, run, core, idle, || {
         if let Ok(ctx) = DpdkContext::get() {
             ctx.register_thread();

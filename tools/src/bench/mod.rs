@@ -1188,12 +1188,12 @@ pub fn main(args: BenchArgs) -> Result<(), String> {
     let _dpdk = crate::dpdk::CloseOnDrop;
     #[cfg(feature = "dpdk")]
     {
-        crate::dpdk::DpdkContext::configure(&args.dpdk);
+        args.dpdk.configure();
         // The client opens the port before the first run, so a bad EAL
         // argument or port is the command's error; a --listen server opens
         // it at its first dpdk run.
         if args.listen.is_none() && args.backends.contains(&Backend::Dpdk) {
-            crate::dpdk::DpdkContext::get()?;
+            crate::dpdk::DpdkContext::get().map_err(|e| e.to_string())?;
         }
     }
     if let Some(listen_at) = &args.listen {

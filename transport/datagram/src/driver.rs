@@ -11,9 +11,10 @@
 //! are counted and dropped.
 
 use std::collections::VecDeque;
+use std::net::TcpStream;
 use std::time::Instant;
 
-use starwire_transport::{ConnId, Driver, Sleep, TransportError};
+use starwire_transport::{ConnId, Driver, Sleep, StreamDriver, TransportError};
 use thiserror::Error;
 
 use crate::core::{ConfigError, ConnIds, CoreStats, ReliableConfig, ReliableCore};
@@ -482,5 +483,25 @@ impl<L: DatagramLink> Driver for DatagramDriver<L> {
 
     fn sleep(&self) -> Sleep {
         Sleep::Never
+    }
+}
+
+/// A link whose connections are set up over a TCP stream to the peer: the
+/// two ends exchange their addresses and connection ids on it (a DPDK
+/// link), and then the stream is done. Such a driver is a
+/// [`StreamDriver`], so the roles that dial and accept streams (PS
+/// reactors, workers) run over it unchanged.
+pub trait StreamBootstrap: DatagramLink + Sized {
+    /// Prepare one connection on `driver`, exchange addresses and ids with
+    /// the peer over `stream`, and connect it toward the peer's.
+    fn bootstrap(
+        driver: &mut DatagramDriver<Self>,
+        stream: TcpStream,
+    ) -> Result<ConnId, TransportError>;
+}
+
+impl<L: StreamBootstrap> StreamDriver for DatagramDriver<L> {
+    fn attach_stream(&mut self, stream: TcpStream) -> Result<ConnId, TransportError> {
+        L::bootstrap(self, stream)
     }
 }

@@ -166,6 +166,10 @@ pub enum BackendKind {
     /// The gRPC baseline (feature `grpc`).
     #[cfg(feature = "grpc")]
     Grpc,
+    /// DPDK (feature `dpdk`): reliable datagrams over the process's DPDK
+    /// port, each connection bootstrapped over its TCP stream.
+    #[cfg(feature = "dpdk")]
+    Dpdk,
 }
 
 impl BackendKind {
@@ -177,6 +181,8 @@ impl BackendKind {
         ("uring", BackendKind::Uring),
         #[cfg(feature = "grpc")]
         ("grpc", BackendKind::Grpc),
+        #[cfg(feature = "dpdk")]
+        ("dpdk", BackendKind::Dpdk),
     ];
 
     /// The backend's name on the command line.
@@ -227,7 +233,7 @@ pub(super) fn across_processes(b: BackendKind) -> Result<(), TrainError> {
     if b == BackendKind::Inproc {
         return Err(TrainError::Config(
             "--backend inproc has no network: it runs only in `starwire train` (the local \
-             cluster); `starwire ps` and `starwire worker` need tcp, uring or grpc"
+             cluster); `starwire ps` and `starwire worker` need tcp, uring, grpc or dpdk"
                 .into(),
         ));
     }

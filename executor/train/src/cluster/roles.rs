@@ -241,6 +241,8 @@ pub(super) fn cluster_backend(b: BackendKind) -> Box<dyn ClusterBackend> {
         BackendKind::Uring => Box::new(Sessions::<crate::backend::Uring>::default()),
         #[cfg(feature = "grpc")]
         BackendKind::Grpc => Box::new(crate::grpc::Grpc),
+        #[cfg(feature = "dpdk")]
+        BackendKind::Dpdk => Box::new(Sessions::<crate::backend::Dpdk>::default()),
     }
 }
 
