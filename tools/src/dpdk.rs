@@ -34,6 +34,7 @@ impl DpdkArgs {
             eal: self.eal.clone(),
             port: self.dpdk_port,
             ip: self.dpdk_ip,
+            first_udp_port: None,
         }
     }
 

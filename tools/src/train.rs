@@ -311,6 +311,34 @@ fn dpdk_setup(_a: &TrainArgs) -> Option<()> {
     None
 }
 
+/// This task's fast endpoint in the `.endpoint_map`, over dpdk: the IPv4
+/// address of its DPDK side (unless `--dpdk-ip` names one) and the first
+/// UDP port its links bind. Set before [`dpdk_setup`], which it takes
+/// precedence over (the first configuration counts).
+#[cfg(feature = "dpdk")]
+fn dpdk_fast_endpoint(a: &TrainArgs, fast: &starwire_config::HostPort) -> Result<(), String> {
+    let ip = match a.dpdk.dpdk_ip {
+        Some(ip) => ip,
+        None => fast.host().parse().map_err(|_| {
+            format!(
+                "endpoint map: the fast endpoint {fast} of a dpdk task must be an IPv4 \
+                 address (its DPDK side), or give --dpdk-ip"
+            )
+        })?,
+    };
+    crate::dpdk::DpdkContext::configure(crate::dpdk::ContextConfig {
+        ip: Some(ip),
+        first_udp_port: Some(fast.port()),
+        ..a.dpdk.context_config()
+    });
+    Ok(())
+}
+
+#[cfg(not(feature = "dpdk"))]
+fn dpdk_fast_endpoint(_a: &TrainArgs, _fast: &starwire_config::HostPort) -> Result<(), String> {
+    Ok(())
+}
+
 pub fn main(a: TrainArgs) -> Result<(), Failure> {
     let cfg = config(&a, a.ps, a.workers).map_err(Failure::Usage)?;
     let _dpdk = dpdk_setup(&a);
@@ -356,6 +384,10 @@ pub struct RoleArgs {
     pub train: TrainArgs,
 }
 
+/// This task's cluster configuration and the PS addresses to dial. The
+/// `.endpoint_map`'s fast endpoints replace the spec's; over dpdk, the
+/// spec's addresses carry the bootstrap streams instead, and this task's
+/// fast endpoint names its DPDK side (see [`dpdk_setup`]).
 fn resolve(r: &RoleArgs, role: Role) -> Result<(ClusterConfig, Vec<String>), String> {
     let flags = ClusterFlags {
         ps_hosts: r.ps_hosts.clone(),
@@ -375,7 +407,15 @@ fn resolve(r: &RoleArgs, role: Role) -> Result<(ClusterConfig, Vec<String>), Str
     }
     // `.endpoint_map`: the fast address of every gRPC address it names.
     if let Some(map) = EndpointMap::from_process_env().map_err(|e| format!("endpoint map: {e}"))? {
-        c.spec = map.apply(&c.spec).map_err(|e| e.to_string())?;
+        let mapped = map.apply(&c.spec).map_err(|e| e.to_string())?;
+        if r.train.backend == "dpdk" {
+            let me = mapped
+                .endpoint(c.task)
+                .ok_or_else(|| format!("endpoint map: no fast endpoint for {}", c.task))?;
+            dpdk_fast_endpoint(&r.train, me)?;
+        } else {
+            c.spec = mapped;
+        }
     }
     let ps = c.spec.ps().iter().map(ToString::to_string).collect();
     Ok((c, ps))

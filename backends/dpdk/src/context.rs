@@ -30,6 +30,9 @@ pub struct ContextConfig {
     /// This end's IPv4 address on the port; `None`: the local address of
     /// each bootstrap connection, or loopback where there is none.
     pub ip: Option<Ipv4Addr>,
+    /// The UDP port of the first link; later links take the next ones.
+    /// `None`: 20000.
+    pub first_udp_port: Option<u16>,
 }
 
 /// The DPDK port of this process (see the module). [`close`](Self::close)
@@ -53,7 +56,7 @@ static CONTEXT: OnceLock<Result<DpdkContext, DpdkError>> = OnceLock::new();
 /// its runs.
 static CONFIG: OnceLock<ContextConfig> = OnceLock::new();
 
-/// First UDP port the links of this process bind.
+/// First UDP port the links of this process bind, unless configured.
 const FIRST_UDP_PORT: u16 = 20_000;
 /// UDP ports tried for a new link (ports of links that ended are free
 /// again).
@@ -87,7 +90,7 @@ impl DpdkContext {
                     queue: SharedQueue::new(queue),
                 })),
                 ip: c.ip,
-                next_udp: AtomicU16::new(FIRST_UDP_PORT),
+                next_udp: AtomicU16::new(c.first_udp_port.unwrap_or(FIRST_UDP_PORT)),
             })
         });
         r.as_ref().map_err(Clone::clone)

@@ -68,8 +68,6 @@ pub struct ClientPackets {
     /// Messages the client sent and received (two per request, warm-up
     /// included: the counters include it too).
     pub msgs: u64,
-    /// Wall time of the client's reactor, warm-up included.
-    pub wall: Duration,
     /// CPU time of the client process over the run (over loopback the
     /// process holds both ends).
     pub cpu: Option<Duration>,
@@ -79,9 +77,11 @@ pub struct ClientPackets {
 
 /// Set the packet fields of `line` from the client's figures and the
 /// server's counters (`None` when the server sent none: then the figures
-/// that need both ends stay null).
+/// that need both ends stay null). The packet rate is the run's packets
+/// per request times the measured request rate (`msgs_per_s`), so setup,
+/// warm-up and close, which the counters include, do not dilute it.
 pub fn set_packets(line: &mut ResultLine, c: &ClientPackets, server: Option<DatagramCounters>) {
-    let secs = c.wall.as_secs_f64();
+    let requests = c.msgs / 2;
     line.retransmits = Some(c.counters.retransmits + server.map_or(0, |s| s.retransmits));
     line.port_stats = c.port;
     if c.msgs > 0 {
@@ -89,7 +89,10 @@ pub fn set_packets(line: &mut ResultLine, c: &ClientPackets, server: Option<Data
     }
     if let Some(s) = server {
         let both = c.counters.add(s);
-        line.pps = (secs > 0.0).then(|| both.packets_received as f64 / secs);
+        line.pps = line
+            .msgs_per_s
+            .filter(|_| requests > 0)
+            .map(|r| both.packets_received as f64 / requests as f64 * r);
         line.packets_per_frame =
             (both.frames_sent > 0).then(|| both.packets_sent as f64 / both.frames_sent as f64);
     }

@@ -739,7 +739,6 @@ pub fn client_opened<D: BenchDriver>(
         ids: Vec::with_capacity(ids.len()),
         st: GenState::new(run),
     };
-    let started = Instant::now();
     let reactor = Reactor::spawn(spec(0, core, idle), move |_| {
         on_thread();
         let mut ep = Endpoint::new(driver, gen, cfg);
@@ -750,11 +749,7 @@ pub fn client_opened<D: BenchDriver>(
         ep
     })
     .map_err(|e| format!("client reactor: {e}"))?;
-    let mut m = client_outcome(reactor.join())?;
-    if let Some(p) = m.packets.as_mut() {
-        p.wall = started.elapsed();
-    }
-    Ok(m)
+    client_outcome(reactor.join())
 }
 
 fn client_outcome<D: BenchDriver>(joined: Joined<D, LoadGen>) -> Result<Measured, String> {
