@@ -112,6 +112,13 @@ impl DpdkContext {
     pub fn close() {
         if let Some(Ok(ctx)) = CONTEXT.get() {
             let opened = ctx.lock().take();
+            if let Some(o) = &opened {
+                tracing::debug!(
+                    stats = ?o.port.stats(),
+                    xstats = ?o.port.xstats(),
+                    "closing the DPDK port"
+                );
+            }
             drop(opened);
         }
     }
