@@ -97,7 +97,7 @@ pub struct TrainArgs {
     pub skip_bad_lines: bool,
     /// Workers hand their requests to NETWORK_WORKER_CORE_NUMBER network
     /// reactors through the M:N queue (on), or drive their connections on
-    /// the worker thread (off). tcp and uring only.
+    /// the worker thread (off). tcp, uring and dpdk only.
     #[arg(long, default_value = "off", value_parser = crate::parse_on_off, action = clap::ArgAction::Set)]
     pub worker_handoff: bool,
     /// Compute threads per worker for large ops (0: inline).
