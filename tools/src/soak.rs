@@ -284,10 +284,7 @@ fn dpdk_attach<L: crate::dpdk::OnDpdk>(
     d: &mut starwire_datagram::DatagramDriver<L>,
     s: TcpStream,
 ) -> Result<ConnId, TransportError> {
-    let ids = crate::dpdk::bootstrap(d, &s, 1).map_err(TransportError::Link)?;
-    ids.first()
-        .copied()
-        .ok_or_else(|| TransportError::Link("DPDK bootstrap gave no connection".into()))
+    starwire_dpdk::bootstrap::attach_one(d, &s)
 }
 
 #[cfg(all(feature = "uring", target_os = "linux"))]
@@ -1056,14 +1053,14 @@ pub fn main(args: SoakArgs) -> Result<bool, String> {
     if args.backend == "dpdk" {
         // Stops the port when the soak is done.
         let _dpdk = crate::dpdk::CloseOnDrop;
-        crate::dpdk::DpdkContext::configure(&args.dpdk);
-        let ctx = crate::dpdk::DpdkContext::get()?;
+        args.dpdk.configure();
+        let ctx = crate::dpdk::DpdkContext::get().map_err(|e| e.to_string())?;
         // Both ends are in this process, bootstrapping over loopback.
         let ip = ctx.ip_or_loopback();
         let cfg = starwire_datagram::ReliableConfig::default();
         let out = match args.faults {
             None => {
-                let make = || ctx.driver(ip, cfg.clone());
+                let make = || ctx.driver(ip, cfg.clone()).map_err(|e| e.to_string());
                 run_soak(&args, &lay, make, dpdk_attacher)?
             }
             // Faults under every link: the reliability core repairs them,
@@ -1072,8 +1069,11 @@ pub fn main(args: SoakArgs) -> Result<bool, String> {
                 let seed = std::sync::atomic::AtomicU64::new(spec.seed);
                 let make = || {
                     let s = seed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let link =
-                        starwire_datagram::Impaired::new(ctx.link(ip)?, loss_config(spec), s);
+                    let link = starwire_datagram::Impaired::new(
+                        ctx.link(ip).map_err(|e| e.to_string())?,
+                        loss_config(spec),
+                        s,
+                    );
                     starwire_datagram::DatagramDriver::new(link, cfg.clone())
                         .map_err(|e| format!("dpdk driver: {e}"))
                 };

@@ -22,8 +22,8 @@ pub struct TrainArgs {
     /// Worker tasks (local cluster).
     #[arg(long, default_value_t = 2, value_parser = at_least_one)]
     pub workers: usize,
-    /// Transport backend: tcp, uring, grpc, verbs (when built in), or
-    /// inproc (no network: workers call the shards directly; the compute
+    /// Transport backend: tcp, uring, grpc, dpdk, verbs (when built in),
+    /// or inproc (no network: workers call the shards directly; the compute
     /// bound, local cluster only).
     #[arg(long, default_value = "tcp", value_parser = parse_backend)]
     pub backend: String,
@@ -97,7 +97,7 @@ pub struct TrainArgs {
     pub skip_bad_lines: bool,
     /// Workers hand their requests to NETWORK_WORKER_CORE_NUMBER network
     /// reactors through the M:N queue (on), or drive their connections on
-    /// the worker thread (off). tcp and uring only.
+    /// the worker thread (off). tcp, uring and dpdk only.
     #[arg(long, default_value = "off", value_parser = crate::parse_on_off, action = clap::ArgAction::Set)]
     pub worker_handoff: bool,
     /// Compute threads per worker for large ops (0: inline).
@@ -116,6 +116,10 @@ pub struct TrainArgs {
     pub json: bool,
     #[command(flatten)]
     pub metrics: crate::metrics::MetricsArgs,
+    /// Where DPDK runs (feature `dpdk`; backend dpdk).
+    #[cfg(feature = "dpdk")]
+    #[command(flatten)]
+    pub dpdk: crate::dpdk::DpdkArgs,
     /// The cluster token and the PS task's bounds.
     #[command(flatten)]
     pub guard: crate::guard::GuardArgs,
@@ -313,8 +317,53 @@ fn print_report(r: &TrainReport, json: bool) -> Result<(), String> {
 }
 
 /// `starwire train`.
+/// With `--backend dpdk`: set the process's DPDK port up from the flags
+/// (it opens at the first driver); the guard closes it when the command
+/// is done, after every reactor has ended.
+#[cfg(feature = "dpdk")]
+fn dpdk_setup(a: &TrainArgs) -> Option<crate::dpdk::CloseOnDrop> {
+    (a.backend == "dpdk").then(|| {
+        a.dpdk.configure();
+        crate::dpdk::CloseOnDrop
+    })
+}
+
+#[cfg(not(feature = "dpdk"))]
+fn dpdk_setup(_a: &TrainArgs) -> Option<()> {
+    None
+}
+
+/// This task's fast endpoint in the `.endpoint_map`, over dpdk: the IPv4
+/// address of its DPDK side (unless `--dpdk-ip` names one) and the first
+/// UDP port its links bind. Set before [`dpdk_setup`], which it takes
+/// precedence over (the first configuration counts).
+#[cfg(feature = "dpdk")]
+fn dpdk_fast_endpoint(a: &TrainArgs, fast: &starwire_config::HostPort) -> Result<(), String> {
+    let ip = match a.dpdk.dpdk_ip {
+        Some(ip) => ip,
+        None => fast.host().parse().map_err(|_| {
+            format!(
+                "endpoint map: the fast endpoint {fast} of a dpdk task must be an IPv4 \
+                 address (its DPDK side), or give --dpdk-ip"
+            )
+        })?,
+    };
+    crate::dpdk::DpdkContext::configure(crate::dpdk::ContextConfig {
+        ip: Some(ip),
+        first_udp_port: Some(fast.port()),
+        ..a.dpdk.context_config()
+    });
+    Ok(())
+}
+
+#[cfg(not(feature = "dpdk"))]
+fn dpdk_fast_endpoint(_a: &TrainArgs, _fast: &starwire_config::HostPort) -> Result<(), String> {
+    Ok(())
+}
+
 pub fn main(a: TrainArgs) -> Result<(), Failure> {
     let cfg = prepare(&a, a.ps, a.workers)?;
+    let _dpdk = dpdk_setup(&a);
     tracing::info!(
         target: "status",
         "starwire train: {} on {} PS x {} reactor(s) and {} workers over loopback {}; \
@@ -357,6 +406,10 @@ pub struct RoleArgs {
     pub train: TrainArgs,
 }
 
+/// This task's cluster configuration and the PS addresses to dial. The
+/// `.endpoint_map`'s fast endpoints replace the spec's; over dpdk, the
+/// spec's addresses carry the bootstrap streams instead, and this task's
+/// fast endpoint names its DPDK side (see [`dpdk_setup`]).
 fn resolve(r: &RoleArgs, role: Role) -> Result<(ClusterConfig, Vec<String>), String> {
     let flags = ClusterFlags {
         ps_hosts: r.ps_hosts.clone(),
@@ -376,7 +429,15 @@ fn resolve(r: &RoleArgs, role: Role) -> Result<(ClusterConfig, Vec<String>), Str
     }
     // `.endpoint_map`: the fast address of every gRPC address it names.
     if let Some(map) = EndpointMap::from_process_env().map_err(|e| format!("endpoint map: {e}"))? {
-        c.spec = map.apply(&c.spec).map_err(|e| e.to_string())?;
+        let mapped = map.apply(&c.spec).map_err(|e| e.to_string())?;
+        if r.train.backend == "dpdk" {
+            let me = mapped
+                .endpoint(c.task)
+                .ok_or_else(|| format!("endpoint map: no fast endpoint for {}", c.task))?;
+            dpdk_fast_endpoint(&r.train, me)?;
+        } else {
+            c.spec = mapped;
+        }
     }
     let ps = c.spec.ps().iter().map(ToString::to_string).collect();
     Ok((c, ps))
@@ -395,6 +456,7 @@ pub fn ps_main(a: crate::launch::PsArgs) -> Result<(), Failure> {
         return Err(Failure::Usage(e.to_string()));
     }
     let _metrics = r.train.metrics.serve(&cfg.telemetry)?;
+    let _dpdk = dpdk_setup(&r.train);
     let rep = starwire_train::run_ps_task(&cfg, c.task.index as usize, bind)
         .map_err(|e| r.connect.failure(e))?;
     tracing::info!(target: "status", "starwire ps {}: every worker is done", c.task.index);
@@ -413,6 +475,7 @@ pub fn worker_main(r: RoleArgs) -> Result<(), Failure> {
     let mut cfg = prepare(&r.train, c.spec.ps().len(), c.spec.workers().len())?;
     cfg.connect_timeout = r.connect.timeout();
     let _metrics = r.train.metrics.serve(&cfg.telemetry)?;
+    let _dpdk = dpdk_setup(&r.train);
     let rep = starwire_train::run_worker_task(&cfg, &ps_addrs, c.task.index as usize)
         .map_err(|e| r.connect.failure(e))?;
     Ok(print_report(&rep, r.train.json)?)

@@ -277,12 +277,7 @@ fn unknown_backend_names_the_missing_feature() {
             "{e}"
         );
     }
-    if cfg!(feature = "dpdk") {
-        let out = run(&["train", "--backend", "dpdk"]);
-        assert!(!out.status.success());
-        let e = text(&out.stderr);
-        assert!(e.contains("does not run over the dpdk backend yet"), "{e}");
-    } else {
+    if !cfg!(feature = "dpdk") {
         let out = run(&["soak", "--backend", "dpdk", "--duration", "1"]);
         assert!(!out.status.success());
         let e = text(&out.stderr);
@@ -1222,6 +1217,29 @@ fn bench_and_soak_run_over_dpdk_on_net_ring() {
     for r in rows.iter().filter(|r| r["backend"] == "dpdk") {
         assert!(r["msgs_per_s"].as_f64().unwrap() > 0.0, "{r}");
         assert_eq!(r["iters"], 300, "{r}");
+        // The backend's counters: both ends received data and acks, at
+        // least one packet per frame, and the one port (both ends share
+        // it) took at least the packets the drivers sent.
+        assert!(r["pps"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["packets_per_frame"].as_f64().unwrap() >= 1.0, "{r}");
+        assert!(r["retransmits"].as_u64().is_some(), "{r}");
+        assert!(r["cpu_us_per_msg"].as_f64().unwrap() > 0.0, "{r}");
+        let port = &r["port_stats"];
+        assert!(port["ipackets"].as_u64().unwrap() >= 2 * 300, "{r}");
+        assert!(port["opackets"].as_u64().unwrap() >= 2 * 300, "{r}");
+        assert_eq!(port["imissed"], 0, "{r}");
+        assert_eq!(port["rx_nombuf"], 0, "{r}");
+    }
+    for r in rows.iter().filter(|r| r["backend"] == "tcp") {
+        for f in [
+            "pps",
+            "packets_per_frame",
+            "retransmits",
+            "cpu_us_per_msg",
+            "port_stats",
+        ] {
+            assert!(r[f].is_null(), "{f} of tcp: {r}");
+        }
     }
 
     let out = run(&[
@@ -1281,4 +1299,27 @@ fn bench_and_soak_run_over_dpdk_on_net_ring() {
         e.contains("EAL initialisation") && e.contains("--starwire-bogus"),
         "{e}"
     );
+}
+
+/// `train --backend dpdk` on one net_ring port shared by every PS reactor
+/// and worker of the process, each connection bootstrapped over its TCP
+/// stream: the same synchronous run as over tcp learns the same model.
+#[cfg(feature = "dpdk")]
+#[test]
+fn train_over_dpdk_on_net_ring_matches_tcp() {
+    let train = |extra: &[&str]| {
+        let mut args = vec!["train", "--steps", "100", "--sync", "--json", "--quiet"];
+        args.extend_from_slice(extra);
+        let out = run(&args);
+        assert!(out.status.success(), "{extra:?}: {}", text(&out.stderr));
+        let v: Value = serde_json::from_str(text(&out.stdout).trim()).expect("report JSON");
+        v
+    };
+    let tcp = train(&["--backend", "tcp"]);
+    let dpdk = train(&["--backend", "dpdk", "--eal", NET_RING]);
+    assert_eq!(dpdk["backend"], "dpdk", "{dpdk}");
+    assert_eq!(dpdk["steps"], tcp["steps"], "{dpdk}");
+    let (a, b) = (num(&tcp, "auc"), num(&dpdk, "auc"));
+    assert!(b > 0.6, "{dpdk}");
+    assert!((a - b).abs() < 0.005, "auc tcp {a} dpdk {b}");
 }

@@ -140,4 +140,19 @@ pub enum DpdkError {
         /// DPDK's text for it.
         reason: String,
     },
+    /// The port has no queue pair left to take.
+    #[error("DPDK port {port}: no queue pair left")]
+    NoQueue {
+        /// The port index.
+        port: u16,
+    },
+    /// The process's port was closed (its command is done).
+    #[error("the DPDK port is closed")]
+    PortClosed,
+    /// A datagram driver refused the link's settings.
+    #[error("DPDK datagram driver: {0}")]
+    Driver(String),
+    /// The bootstrap connection cannot name this end's address.
+    #[error("DPDK bootstrap address: {0}")]
+    Bootstrap(String),
 }

@@ -13,12 +13,19 @@
 //!   reactor's driver. Links that share a queue pair go through a
 //!   [`SharedQueue`], which demultiplexes by UDP destination port.
 //!
+//! * [`DpdkContext`]: the process's port, opened once and shared by its
+//!   links; [`bootstrap`]: the exchange of addresses and connection ids
+//!   over a TCP stream, which makes a `DatagramDriver<DpdkLink>` a
+//!   [`StreamDriver`](starwire_transport::StreamDriver).
+//!
 //! Every call into DPDK is in the private `ffi` module, the only place
 //! this crate allows `unsafe`; the raw bindings are `starwire-dpdk-sys`.
 //! `docs/backends/dpdk.md` says what runs and how.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod bootstrap;
+pub mod context;
 pub mod eal;
 pub mod error;
 #[allow(unsafe_code)]
@@ -26,6 +33,8 @@ mod ffi;
 pub mod link;
 pub mod port;
 
+pub use crate::bootstrap::{bootstrap, BootstrapError, Hello, OnDpdk};
+pub use crate::context::{CloseOnDrop, ContextConfig, DpdkContext, DpdkDriver};
 pub use crate::eal::{eal_args, split_args, Eal, EAL_ARGS_ENV};
 pub use crate::error::DpdkError;
 pub use crate::link::{DpdkLink, DpdkLinkStats, LinkConfig, SharedQueue};

@@ -26,7 +26,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use starwire_datagram::packet::peek_dst_conn;
+use starwire_datagram::packet::peek_src_conn;
 use starwire_datagram::udp::{self, UdpEndpoint, UdpRepr, HEADERS_LEN, IP_UDP_OVERHEAD};
 use starwire_datagram::{DatagramLink, LinkError};
 
@@ -49,6 +49,9 @@ pub struct LinkConfig {
     pub rx_burst: u16,
     /// Packets queued for transmission at most; `tx_alloc` refuses beyond.
     pub max_pending: usize,
+    /// Take this end's IPv4 address from the local address of the first
+    /// bootstrap connection (no address was configured).
+    pub ip_from_bootstrap: bool,
 }
 
 impl LinkConfig {
@@ -59,6 +62,7 @@ impl LinkConfig {
             peer,
             rx_burst: 32,
             max_pending: 256,
+            ip_from_bootstrap: false,
         }
     }
 }
@@ -209,23 +213,33 @@ impl DpdkLink {
         &self.cfg
     }
 
+    /// Send every later datagram from `ip`, this end's address from now
+    /// on (`ip_from_bootstrap` is done).
+    pub fn set_local_ip(&mut self, ip: std::net::Ipv4Addr) {
+        self.cfg.local.ip = ip;
+        self.cfg.ip_from_bootstrap = false;
+    }
+
     /// Send every later datagram to `peer`, unless its connection has a
     /// peer of its own ([`add_peer`](Self::add_peer)).
     pub fn set_peer(&mut self, peer: UdpEndpoint) {
         self.cfg.peer = peer;
     }
 
-    /// Send the datagrams addressed to the peer connection id `peer_conn`
-    /// (their `dst_conn`) to `peer`: the connections of one link may each
-    /// have another peer. Peers are learnt in an out-of-band exchange that
-    /// needs the link's connection ids first.
-    pub fn add_peer(&mut self, peer_conn: u32, peer: UdpEndpoint) {
-        self.peers.insert(peer_conn, peer);
+    /// Send the datagrams of our connection `local_conn` (their
+    /// `src_conn`) to `peer`: the connections of one link may each have
+    /// another peer. Keyed by our id, which is unique among the
+    /// connections of the link's driver; the peers' ids are not (two
+    /// workers' drivers both number their first connection alike). Peers
+    /// are learnt in an out-of-band exchange that needs the link's
+    /// connection ids first.
+    pub fn add_peer(&mut self, local_conn: u32, peer: UdpEndpoint) {
+        self.peers.insert(local_conn, peer);
     }
 
-    /// Forget the peer of `peer_conn` (its connection ended).
-    pub fn remove_peer(&mut self, peer_conn: u32) {
-        self.peers.remove(&peer_conn);
+    /// Forget the peer of our connection `local_conn` (it ended).
+    pub fn remove_peer(&mut self, local_conn: u32) {
+        self.peers.remove(&local_conn);
     }
 
     /// Counters.
@@ -320,7 +334,7 @@ impl DatagramLink for DpdkLink {
         let dst = if self.peers.is_empty() {
             self.cfg.peer
         } else {
-            peek_dst_conn(&room[HEADERS_LEN..HEADERS_LEN + len])
+            peek_src_conn(&room[HEADERS_LEN..HEADERS_LEN + len])
                 .and_then(|c| self.peers.get(&c).copied())
                 .unwrap_or(self.cfg.peer)
         };

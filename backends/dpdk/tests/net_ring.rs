@@ -158,16 +158,16 @@ fn raw_datagrams(port: &Port, q: &SharedQueue) {
     assert!(recv_all(&mut c).is_empty());
     assert_eq!(c.stats().rx_filtered, 1, "{:?}", c.stats());
 
-    // Each peer connection id can have a peer of its own: the link reads
-    // dst_conn (bytes 4..8) of each datagram.
+    // Each of our connection ids can have a peer of its own: the link
+    // reads src_conn (bytes 8..12) of each datagram.
     let (mut e, mut f) = link_pair(q, port, 7004, 7005);
     let (_, g_end) = endpoints(port, 0, 7006);
     let mut g = DpdkLink::shared(q, port.info().mtu, LinkConfig::new(g_end, g_end)).expect("g");
     e.add_peer(77, g.config().local);
     let to = |conn: u32| {
-        let mut p = vec![0u8; 12];
-        p[4..8].copy_from_slice(&conn.to_le_bytes());
-        p[8] = conn as u8;
+        let mut p = vec![0u8; 13];
+        p[8..12].copy_from_slice(&conn.to_le_bytes());
+        p[12] = conn as u8;
         p
     };
     send(&mut e, &to(77));

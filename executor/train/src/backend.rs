@@ -140,3 +140,44 @@ mod verbs_backend {
         }
     }
 }
+
+#[cfg(feature = "dpdk")]
+pub use dpdk_backend::Dpdk;
+
+#[cfg(feature = "dpdk")]
+mod dpdk_backend {
+    use std::io;
+
+    use starwire_datagram::ReliableConfig;
+    use starwire_dpdk::{DpdkContext, DpdkDriver};
+
+    use super::Backend;
+
+    /// The DPDK backend: each thread's driver is a link of its own on the
+    /// process's DPDK port ([`DpdkContext`], set up by the command from
+    /// `--eal`, `--dpdk-port` and `--dpdk-ip`), bound to a UDP port of its
+    /// own, so every PS reactor and worker of one process shares the port.
+    /// Each connection is bootstrapped over the TCP stream the roles dial
+    /// and accept as for tcp (`StreamDriver::attach_stream`); its frames
+    /// then travel as reliable datagrams through the port.
+    #[derive(Debug, Clone, Copy, Default)]
+    pub struct Dpdk;
+
+    impl Backend for Dpdk {
+        type Driver = DpdkDriver;
+        const NAME: &'static str = "dpdk";
+        /// A DPDK queue has no receive interrupt: the thread polls
+        /// whatever `polling` says.
+        fn driver(_polling: bool) -> io::Result<DpdkDriver> {
+            let ctx = DpdkContext::get().map_err(io::Error::other)?;
+            // Mempool caches are per EAL thread.
+            ctx.register_thread();
+            ctx.driver(ctx.ip_or_loopback(), ReliableConfig::default())
+                .map_err(io::Error::other)
+        }
+        /// Kernel bypass: the datapath makes none.
+        fn syscalls(_driver: &DpdkDriver) -> Option<u64> {
+            Some(0)
+        }
+    }
+}

@@ -30,10 +30,14 @@ impl CpuMeter {
         })
     }
 
+    /// CPU time of the process since [`CpuMeter::start`].
+    pub fn cpu_time(&self) -> Result<Duration, String> {
+        Ok(process_cpu()?.saturating_sub(self.cpu))
+    }
+
     /// CPU % of one core since [`CpuMeter::start`].
     pub fn percent(&self) -> Result<f64, String> {
-        let cpu = process_cpu()?.saturating_sub(self.cpu);
-        Ok(percent(cpu, self.wall.elapsed()))
+        Ok(percent(self.cpu_time()?, self.wall.elapsed()))
     }
 }
 

@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 use starwire_datagram::ReliableConfig;
 use starwire_transport::reactor::IdlePolicy;
 
+use super::cpu::CpuMeter;
+use super::packets::{DatagramCounters, PortCounters};
 use super::sessions::{self, BenchDriver};
 use super::{Measured, Run, ACCEPT_TIMEOUT};
 use crate::dpdk::{bootstrap, DpdkContext, DpdkDriver};
@@ -23,6 +25,36 @@ impl BenchDriver for DpdkDriver {
 
     fn counters(&self) -> String {
         format!("{:?}; {:?}", self.stats(), self.link().stats())
+    }
+
+    fn datagram(&self) -> Option<DatagramCounters> {
+        let (d, core) = (self.stats(), self.core_totals());
+        Some(DatagramCounters {
+            packets_received: d.packets_received,
+            packets_sent: d.packets_sent,
+            frames_sent: core.frames_sent,
+            retransmits: core.retransmits,
+        })
+    }
+}
+
+/// The port's counters now, for a difference over a run.
+fn port_counters(ctx: &DpdkContext) -> Option<PortCounters> {
+    let s = ctx.port_stats()?;
+    Some(PortCounters {
+        ipackets: s.ipackets,
+        opackets: s.opackets,
+        imissed: s.imissed,
+        rx_nombuf: s.rx_nombuf,
+    })
+}
+
+fn port_delta(a: PortCounters, b: PortCounters) -> PortCounters {
+    PortCounters {
+        ipackets: b.ipackets.saturating_sub(a.ipackets),
+        opackets: b.opackets.saturating_sub(a.opackets),
+        imissed: b.imissed.saturating_sub(a.imissed),
+        rx_nombuf: b.rx_nombuf.saturating_sub(a.rx_nombuf),
     }
 }
 
@@ -50,24 +82,28 @@ fn accept_bootstrap(data: &TcpListener) -> Result<TcpStream, String> {
     }
 }
 
-/// The server end of a run: `want` connections over DPDK.
+/// The server end of a run: `want` connections over DPDK. Returns the
+/// server driver's packet counters.
 pub fn serve(
     data: TcpListener,
     want: usize,
     run: &Run,
     core: Option<usize>,
     idle: IdlePolicy,
-) -> Result<(), String> {
-    let ctx = DpdkContext::get()?;
+) -> Result<Option<DatagramCounters>, String> {
+    let ctx = DpdkContext::get().map_err(|e| e.to_string())?;
     let stream = accept_bootstrap(&data)?;
-    let mut driver = ctx.driver(ctx.ip_for(&stream)?, ReliableConfig::default())?;
-    let ids = bootstrap(&mut driver, &stream, want)?;
+    let ip = ctx.ip_for(&stream).map_err(|e| e.to_string())?;
+    let mut driver = ctx
+        .driver(ip, ReliableConfig::default())
+        .map_err(|e| e.to_string())?;
+    let ids = bootstrap(&mut driver, &stream, want).map_err(|e| e.to_string())?;
     let res = sessions::serve_opened(driver, ids, run, core, idle, || {
         if let Ok(ctx) = DpdkContext::get() {
             ctx.register_thread();
         }
     });
-    tracing::debug!(port = %ctx.port_stats(), "dpdk bench server done");
+    tracing::debug!(port = ?ctx.port_stats(), "dpdk bench server done");
     res
 }
 
@@ -79,15 +115,27 @@ pub fn client(
     core: Option<usize>,
     idle: IdlePolicy,
 ) -> Result<Measured, String> {
-    let ctx = DpdkContext::get()?;
+    let ctx = DpdkContext::get().map_err(|e| e.to_string())?;
+    let cpu = CpuMeter::start()?;
+    let port_before = port_counters(ctx);
     let stream = TcpStream::connect_timeout(&addr, ACCEPT_TIMEOUT)
         .map_err(|e| format!("DPDK bootstrap connection to {addr}: {e}"))?;
     stream.set_nodelay(true).ok();
-    let mut driver = ctx.driver(ctx.ip_for(&stream)?, ReliableConfig::default())?;
-    let ids = bootstrap(&mut driver, &stream, want)?;
-    sessions::client_opened(driver, ids, run, core, idle, || {
+    let ip = ctx.ip_for(&stream).map_err(|e| e.to_string())?;
+    let mut driver = ctx
+        .driver(ip, ReliableConfig::default())
+        .map_err(|e| e.to_string())?;
+    let ids = bootstrap(&mut driver, &stream, want).map_err(|e| e.to_string())?;
+    let mut m = sessions::client_opened(driver, ids, run, core, idle, || {
         if let Ok(ctx) = DpdkContext::get() {
             ctx.register_thread();
         }
-    })
+    })?;
+    if let Some(p) = m.packets.as_mut() {
+        p.cpu = cpu.cpu_time().ok();
+        p.port = port_before
+            .zip(port_counters(ctx))
+            .map(|(a, b)| port_delta(a, b));
+    }
+    Ok(m)
 }

@@ -184,6 +184,7 @@ fn window(c: &GrpcClient, run: &Run) -> Result<Measured, String> {
         // tokio's system calls are not counted.
         syscalls_per_msg: None,
         zero_copy: None,
+        packets: None,
     })
 }
 
@@ -259,5 +260,6 @@ fn fuse(c: &GrpcClient, run: &Run) -> Result<Measured, String> {
         unfused_steps_per_s: rates[1],
         syscalls_per_msg: None,
         zero_copy: None,
+        packets: None,
     })
 }

@@ -16,6 +16,7 @@ mod dpdk;
 #[cfg(feature = "grpc")]
 mod grpc;
 pub(crate) mod hist;
+mod packets;
 mod raw;
 pub mod sessions;
 mod table;
@@ -265,6 +266,8 @@ pub struct Measured {
     pub syscalls_per_msg: Option<f64>,
     /// Client-side zero-copy sends and how many came back copied (uring).
     pub zero_copy: Option<(u64, u64)>,
+    /// The client end's packet counters (datagram backends: dpdk).
+    pub packets: Option<packets::ClientPackets>,
 }
 
 /// One result line; the field names are a contract (see docs/CLI.md).
@@ -321,6 +324,26 @@ pub struct ResultLine {
     /// `--cpu-util` with `--connect`: the same of the server process.
     #[serde(default)]
     pub server_cpu_pct: Option<f64>,
+    /// Packets received per second, summed over both ends, data and
+    /// acknowledgements, warm-up included (dpdk; null otherwise).
+    #[serde(default)]
+    pub pps: Option<f64>,
+    /// Packets sent per frame sent, over both ends: data, retransmissions
+    /// and acknowledgements (dpdk; null otherwise).
+    #[serde(default)]
+    pub packets_per_frame: Option<f64>,
+    /// Data packets sent again, over both ends (dpdk; null otherwise).
+    #[serde(default)]
+    pub retransmits: Option<u64>,
+    /// CPU time of the client process per message sent or received, in
+    /// µs (getrusage; over loopback the process holds both ends) (dpdk;
+    /// null otherwise).
+    #[serde(default)]
+    pub cpu_us_per_msg: Option<f64>,
+    /// The client port's `rte_eth_stats` over the run (dpdk; null
+    /// otherwise).
+    #[serde(default)]
+    pub port_stats: Option<packets::PortCounters>,
 }
 
 impl ResultLine {
@@ -374,6 +397,11 @@ fn result_line(plan: &Plan, run: &Run, m: &Measured) -> ResultLine {
         bidirectional: run.bidirectional && matches!(run.mode, Mode::Rate | Mode::Bw),
         cpu_pct: None,
         server_cpu_pct: None,
+        pps: None,
+        packets_per_frame: None,
+        retransmits: None,
+        cpu_us_per_msg: None,
+        port_stats: None,
     };
     if matches!(run.mode, Mode::Lat | Mode::Rate) {
         line.set_latency(m.rtts.summary());
@@ -401,6 +429,7 @@ fn median_line(lines: &[ResultLine], rtts: Option<&Rtts>) -> ResultLine {
     med!(syscalls_per_msg);
     med!(cpu_pct);
     med!(server_cpu_pct);
+    packets::merge_packets(&mut out, lines);
     let mut iters: Vec<u64> = lines.iter().map(|l| l.iters).collect();
     iters.sort_unstable();
     out.iters = iters[iters.len() / 2];
@@ -593,6 +622,9 @@ enum ServerMsg {
         /// CPU % of the server process over the run (with `--cpu-util`).
         #[serde(default)]
         cpu_pct: Option<f64>,
+        /// The server driver's packet counters (dpdk).
+        #[serde(default)]
+        datagram: Option<packets::DatagramCounters>,
     },
     Error(String),
 }
@@ -669,33 +701,44 @@ fn serve(
                 &[("backend", run.backend.name())],
             )
             .add(1);
-        let res = match run.backend {
-            Backend::Raw => accept_one(data).and_then(|s| raw::serve(s, core, plan.polling)),
-            Backend::Tcp => {
-                tcp_driver(&run).and_then(|d| sessions::serve(d, data, want, &run, core, idle))
-            }
+        // The server's packet counters: a datagram backend's (dpdk).
+        let res: Result<Option<packets::DatagramCounters>, String> = match run.backend {
+            Backend::Raw => accept_one(data)
+                .and_then(|s| raw::serve(s, core, plan.polling))
+                .map(|()| None),
+            Backend::Tcp => tcp_driver(&run)
+                .and_then(|d| sessions::serve(d, data, want, &run, core, idle))
+                .map(|()| None),
             #[cfg(all(feature = "uring", target_os = "linux"))]
             Backend::Uring => uring_driver(idle, &run)
-                .and_then(|d| sessions::serve(d, data, want, &run, core, idle)),
+                .and_then(|d| sessions::serve(d, data, want, &run, core, idle))
+                .map(|()| None),
             #[cfg(feature = "grpc")]
-            Backend::Grpc => accept_one(data).and_then(|s| grpc::serve(s, &run)),
+            Backend::Grpc => accept_one(data)
+                .and_then(|s| grpc::serve(s, &run))
+                .map(|()| None),
             #[cfg(feature = "dpdk")]
             Backend::Dpdk => dpdk::serve(data, want, &run, core, idle),
             #[cfg(all(feature = "verbs", target_os = "linux"))]
             Backend::Verbs => verbs_driver(false, &run, want)
-                .and_then(|d| sessions::serve(d, data, want, &run, core, idle)),
+                .and_then(|d| sessions::serve(d, data, want, &run, core, idle))
+                .map(|()| None),
         };
+        let datagram = res.as_ref().ok().copied().flatten();
+        let res = res.map(|_| ());
         let cpu_pct = cpu.and_then(|c| c.percent().ok());
         let msg = match &res {
             Ok(()) => ServerMsg::Done {
                 ok: true,
                 error: None,
                 cpu_pct,
+                datagram,
             },
             Err(e) => ServerMsg::Done {
                 ok: false,
                 error: Some(e.clone()),
                 cpu_pct,
+                datagram,
             },
         };
         send_line(&mut w, &msg)?;
@@ -949,10 +992,13 @@ fn drive(plan: &Plan, ctl_addr: SocketAddr, opts: DriveOpts) -> Result<Vec<Outco
                 .and_then(|d| sessions::client(d, streams, run, plan.client_core, client_idle)),
         };
         let cpu_pct = cpu.map(|c| c.percent()).transpose()?;
-        let server_cpu_pct = match recv_line::<ServerMsg>(&mut r)? {
+        let (server_cpu_pct, server_datagram) = match recv_line::<ServerMsg>(&mut r)? {
             ServerMsg::Done {
-                ok: true, cpu_pct, ..
-            } => cpu_pct,
+                ok: true,
+                cpu_pct,
+                datagram,
+                ..
+            } => (cpu_pct, datagram),
             ServerMsg::Done { error, .. } => {
                 return Err(format!(
                     "bench server failed in {} {} {} B: {}",
@@ -968,6 +1014,9 @@ fn drive(plan: &Plan, ctl_addr: SocketAddr, opts: DriveOpts) -> Result<Vec<Outco
         let mut line = result_line(plan, run, &m);
         line.cpu_pct = cpu_pct;
         line.server_cpu_pct = server_cpu_pct.filter(|_| !opts.loopback);
+        if let Some(p) = &m.packets {
+            packets::set_packets(&mut line, p, server_datagram);
+        }
         let key = (run.backend, run.mode, run.size);
         let g = match pending.iter().position(|g| g.key == key) {
             Some(at) => &mut pending[at],
@@ -1168,12 +1217,12 @@ pub fn main(args: BenchArgs) -> Result<(), String> {
     let _dpdk = crate::dpdk::CloseOnDrop;
     #[cfg(feature = "dpdk")]
     {
-        crate::dpdk::DpdkContext::configure(&args.dpdk);
+        args.dpdk.configure();
         // The client opens the port before the first run, so a bad EAL
         // argument or port is the command's error; a --listen server opens
         // it at its first dpdk run.
         if args.listen.is_none() && args.backends.contains(&Backend::Dpdk) {
-            crate::dpdk::DpdkContext::get()?;
+            crate::dpdk::DpdkContext::get().map_err(|e| e.to_string())?;
         }
     }
     if let Some(listen_at) = &args.listen {

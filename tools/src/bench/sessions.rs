@@ -25,6 +25,7 @@ use starwire_transport::{
 };
 
 use super::hist::{IntervalReport, Rtts};
+use super::packets::{ClientPackets, DatagramCounters};
 use super::{Measured, Mode, Run, ACCEPT_TIMEOUT};
 
 /// TCP settings both ends derive from the plan, so they agree: a frame
@@ -52,6 +53,10 @@ pub trait BenchDriver: Driver + Send + 'static {
     }
     /// The driver's counters, for `RUST_LOG=debug`.
     fn counters(&self) -> String;
+    /// The packet counters of a datagram driver (dpdk), for the row.
+    fn datagram(&self) -> Option<DatagramCounters> {
+        None
+    }
 }
 
 impl BenchDriver for TcpDriver {
@@ -304,7 +309,7 @@ pub fn serve<D: BenchDriver + StreamDriver>(
     };
     let joined = reactor.join();
     drop(acceptor);
-    server_outcome(joined)
+    server_outcome(joined).map(|_| ())
 }
 
 /// Serve the connections `ids`, already connected on `driver` (a
@@ -319,7 +324,7 @@ pub fn serve_opened<D: BenchDriver>(
     core: Option<usize>,
     idle: IdlePolicy,
     on_thread: impl FnOnce() + Send + 'static,
-) -> Result<(), String> {
+) -> Result<Option<DatagramCounters>, String> {
     let mut cfg = conn_config(TaskRole::Ps, window_for(run));
     // The server end of connections opened over a datagram link: no
     // acceptor marks them, and the handshake's proofs name the side.
@@ -342,7 +347,10 @@ type Joined<D, S> = Result<
     starwire_transport::reactor::ReactorError,
 >;
 
-fn server_outcome<D: BenchDriver>(joined: Joined<D, EchoServer>) -> Result<(), String> {
+/// The server's outcome, with its driver's packet counters (dpdk).
+fn server_outcome<D: BenchDriver>(
+    joined: Joined<D, EchoServer>,
+) -> Result<Option<DatagramCounters>, String> {
     let (server, rstats) = joined.map_err(|e| format!("server reactor: {e}"))?;
     tracing::debug!(
         reactor = ?rstats,
@@ -351,7 +359,7 @@ fn server_outcome<D: BenchDriver>(joined: Joined<D, EchoServer>) -> Result<(), S
     );
     match &server.service().error {
         Some(e) => Err(e.clone()),
-        None => Ok(()),
+        None => Ok(server.sessions().driver().datagram()),
     }
 }
 
@@ -773,6 +781,11 @@ fn client_outcome<D: BenchDriver>(joined: Joined<D, LoadGen>) -> Result<Measured
     let msgs = 2 * gen.st.issued.max(1);
     let syscalls_per_msg = Some(syscalls as f64 / msgs as f64);
     let zero_copy = driver.zero_copy();
+    let packets = driver.datagram().map(|counters| ClientPackets {
+        counters,
+        msgs,
+        ..ClientPackets::default()
+    });
     let st = gen.st;
     if let Some(e) = st.error {
         return Err(e);
@@ -786,6 +799,7 @@ fn client_outcome<D: BenchDriver>(joined: Joined<D, LoadGen>) -> Result<Measured
             unfused_steps_per_s: f.unfused_rate,
             syscalls_per_msg,
             zero_copy,
+            packets,
         });
     }
     let t0 = st.measure_start.unwrap_or_else(Instant::now);
@@ -803,5 +817,6 @@ fn client_outcome<D: BenchDriver>(joined: Joined<D, LoadGen>) -> Result<Measured
         unfused_steps_per_s: None,
         syscalls_per_msg,
         zero_copy,
+        packets,
     })
 }

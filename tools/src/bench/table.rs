@@ -33,6 +33,9 @@ pub(super) fn print(plan: &Plan, lines: &[ResultLine]) {
     let sys = lines.iter().any(|l| l.syscalls_per_msg.is_some());
     let cpu = lines.iter().any(|l| l.cpu_pct.is_some());
     let srv_cpu = lines.iter().any(|l| l.server_cpu_pct.is_some());
+    let pkts = lines
+        .iter()
+        .any(|l| l.pps.is_some() || l.retransmits.is_some());
     let mut head = format!(
         " {:<7} {:<5} {:>9} {:>8} {:>8}",
         "backend", "mode", "#bytes", "#iters", "inflight"
@@ -49,6 +52,12 @@ pub(super) fn print(plan: &Plan, lines: &[ResultLine]) {
     }
     if srv_cpu {
         head.push_str(&format!(" {:>8}", "srv_cpu%"));
+    }
+    if pkts {
+        head.push_str(&format!(
+            " {:>10} {:>9} {:>7} {:>10}",
+            "pkts/s", "pkt/frame", "rexmit", "cpu_us/msg"
+        ));
     }
     let rule = "-".repeat(head.len());
     println!("{rule}");
@@ -131,6 +140,15 @@ pub(super) fn print(plan: &Plan, lines: &[ResultLine]) {
         }
         if srv_cpu {
             row.push_str(&format!(" {:>8}", fmt_opt(l.server_cpu_pct, 1)));
+        }
+        if pkts {
+            row.push_str(&format!(
+                " {:>10} {:>9} {:>7} {:>10}",
+                fmt_opt(l.pps, 0),
+                fmt_opt(l.packets_per_frame, 2),
+                l.retransmits.map_or("-".to_owned(), |r| r.to_string()),
+                fmt_opt(l.cpu_us_per_msg, 2)
+            ));
         }
         println!("{row}");
     }

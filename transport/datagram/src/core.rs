@@ -131,6 +131,46 @@ pub struct CoreStats {
     pub window_full: u64,
 }
 
+impl CoreStats {
+    /// Add `other`'s counters to these (totals over several connections).
+    pub fn accumulate(&mut self, other: &CoreStats) {
+        let CoreStats {
+            frames_sent,
+            frames_delivered,
+            data_packets_sent,
+            retransmits,
+            fast_retransmits,
+            acks_sent,
+            packets_received,
+            dropped_corrupt,
+            dropped_malformed,
+            dropped_foreign,
+            bad_acks,
+            duplicates,
+            out_of_window,
+            out_of_order,
+            timeouts,
+            window_full,
+        } = *other;
+        self.frames_sent += frames_sent;
+        self.frames_delivered += frames_delivered;
+        self.data_packets_sent += data_packets_sent;
+        self.retransmits += retransmits;
+        self.fast_retransmits += fast_retransmits;
+        self.acks_sent += acks_sent;
+        self.packets_received += packets_received;
+        self.dropped_corrupt += dropped_corrupt;
+        self.dropped_malformed += dropped_malformed;
+        self.dropped_foreign += dropped_foreign;
+        self.bad_acks += bad_acks;
+        self.duplicates += duplicates;
+        self.out_of_window += out_of_window;
+        self.out_of_order += out_of_order;
+        self.timeouts += timeouts;
+        self.window_full += window_full;
+    }
+}
+
 /// `a - b` in sequence space.
 fn seq_diff(a: u32, b: u32) -> i32 {
     a.wrapping_sub(b) as i32

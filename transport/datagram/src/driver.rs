@@ -11,12 +11,13 @@
 //! are counted and dropped.
 
 use std::collections::VecDeque;
+use std::net::TcpStream;
 use std::time::Instant;
 
-use starwire_transport::{ConnId, Driver, Sleep, TransportError};
+use starwire_transport::{ConnId, Driver, Sleep, StreamDriver, TransportError};
 use thiserror::Error;
 
-use crate::core::{ConfigError, ConnIds, ReliableConfig, ReliableCore};
+use crate::core::{ConfigError, ConnIds, CoreStats, ReliableConfig, ReliableCore};
 use crate::link::{DatagramLink, LinkError};
 use crate::packet::{PacketError, PacketHeader};
 
@@ -123,6 +124,8 @@ pub struct DatagramDriver<L> {
     /// Where the next flush starts writing packets.
     next_tx: usize,
     stats: DatagramStats,
+    /// The reliability counters of connections already detached.
+    retired: CoreStats,
 }
 
 impl<L: DatagramLink> DatagramDriver<L> {
@@ -139,6 +142,7 @@ impl<L: DatagramLink> DatagramDriver<L> {
             failed: VecDeque::new(),
             next_tx: 0,
             stats: DatagramStats::default(),
+            retired: CoreStats::default(),
         })
     }
 
@@ -213,6 +217,16 @@ impl<L: DatagramLink> DatagramDriver<L> {
     /// Counters.
     pub fn stats(&self) -> DatagramStats {
         self.stats
+    }
+
+    /// The reliability counters summed over every connection this driver
+    /// has held, detached ones included (frames, retransmissions, acks).
+    pub fn core_totals(&self) -> CoreStats {
+        let mut t = self.retired;
+        for core in self.slots.iter().filter_map(|s| s.core.as_ref()) {
+            t.accumulate(core.stats());
+        }
+        t
     }
 
     /// Connections held, prepared or connected.
@@ -447,7 +461,9 @@ impl<L: DatagramLink> Driver for DatagramDriver<L> {
             return;
         }
         slot.held = false;
-        slot.core = None;
+        if let Some(core) = slot.core.take() {
+            self.retired.accumulate(core.stats());
+        }
         slot.generation = (slot.generation + 1) & (u32::MAX >> SLOT_BITS);
         self.free.push(conn.index() as u32);
         self.failed.retain(|(c, _)| *c != conn);
@@ -467,5 +483,25 @@ impl<L: DatagramLink> Driver for DatagramDriver<L> {
 
     fn sleep(&self) -> Sleep {
         Sleep::Never
+    }
+}
+
+/// A link whose connections are set up over a TCP stream to the peer: the
+/// two ends exchange their addresses and connection ids on it (a DPDK
+/// link), and then the stream is done. Such a driver is a
+/// [`StreamDriver`], so the roles that dial and accept streams (PS
+/// reactors, workers) run over it unchanged.
+pub trait StreamBootstrap: DatagramLink + Sized {
+    /// Prepare one connection on `driver`, exchange addresses and ids with
+    /// the peer over `stream`, and connect it toward the peer's.
+    fn bootstrap(
+        driver: &mut DatagramDriver<Self>,
+        stream: TcpStream,
+    ) -> Result<ConnId, TransportError>;
+}
+
+impl<L: StreamBootstrap> StreamDriver for DatagramDriver<L> {
+    fn attach_stream(&mut self, stream: TcpStream) -> Result<ConnId, TransportError> {
+        L::bootstrap(self, stream)
     }
 }

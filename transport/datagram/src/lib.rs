@@ -36,7 +36,9 @@ pub mod packet;
 pub mod udp;
 
 pub use crate::core::{ConfigError, ConnIds, CoreStats, ReliableConfig, ReliableCore};
-pub use crate::driver::{DatagramDriver, DatagramError, DatagramStats, MAX_CONNECTIONS};
+pub use crate::driver::{
+    DatagramDriver, DatagramError, DatagramStats, StreamBootstrap, MAX_CONNECTIONS,
+};
 pub use crate::impair::{ImpairStats, Impaired};
 pub use crate::link::{DatagramLink, LinkError};
 pub use crate::lossy::{LinkStats, LossConfig, LossyLink};

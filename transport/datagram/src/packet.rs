@@ -50,6 +50,15 @@ pub fn peek_dst_conn(packet: &[u8]) -> Option<u32> {
     Some(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
 }
 
+/// The `src_conn` field of a packet's header, read without any check (a
+/// link whose connections have peers of their own finds each packet's
+/// peer by the sending connection, whose id is unique in its driver, where
+/// the peers' ids may not be); `None` if `packet` is too short to hold it.
+pub fn peek_src_conn(packet: &[u8]) -> Option<u32> {
+    let b = packet.get(8..12)?;
+    Some(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+}
+
 /// Packet flag bits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct PacketFlags(u8);

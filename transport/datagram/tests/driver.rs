@@ -401,3 +401,26 @@ fn frames_queued_before_connect_wait_for_it() {
     });
     assert_eq!(got, vec![b"12345678".to_vec()]);
 }
+
+#[test]
+fn core_totals_keep_the_counters_of_detached_connections() {
+    let (mut a, a_ids, mut b, b_ids) = pair(2, LossConfig::lossless(1500), 9);
+    let now = Instant::now();
+    for &c in &a_ids {
+        a.tx_reserve(c, 10).unwrap().unwrap();
+        a.tx_commit(c, 10);
+    }
+    a.flush(now);
+    b.rx_burst(now, 8, &mut |_, _| {});
+    let before = a.core_totals();
+    assert_eq!(before.frames_sent, 2);
+    assert_eq!(b.core_totals().frames_delivered, 2);
+    a.detach(a_ids[0]);
+    b.detach(b_ids[1]);
+    assert_eq!(
+        a.core_totals(),
+        before,
+        "a detached connection still counts"
+    );
+    assert_eq!(b.core_totals().frames_delivered, 2);
+}

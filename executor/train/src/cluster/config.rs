@@ -170,6 +170,10 @@ pub enum BackendKind {
     /// [`set_verbs_device`](crate::backend::set_verbs_device)).
     #[cfg(all(feature = "verbs", target_os = "linux"))]
     Verbs,
+    /// DPDK (feature `dpdk`): reliable datagrams over the process's DPDK
+    /// port, each connection bootstrapped over its TCP stream.
+    #[cfg(feature = "dpdk")]
+    Dpdk,
 }
 
 impl BackendKind {
@@ -183,6 +187,8 @@ impl BackendKind {
         ("grpc", BackendKind::Grpc),
         #[cfg(all(feature = "verbs", target_os = "linux"))]
         ("verbs", BackendKind::Verbs),
+        #[cfg(feature = "dpdk")]
+        ("dpdk", BackendKind::Dpdk),
     ];
 
     /// The backend's name on the command line.
@@ -233,7 +239,7 @@ pub(super) fn across_processes(b: BackendKind) -> Result<(), TrainError> {
     if b == BackendKind::Inproc {
         return Err(TrainError::Config(
             "--backend inproc has no network: it runs only in `starwire train` (the local \
-             cluster); `starwire ps` and `starwire worker` need tcp, uring or grpc"
+             cluster); `starwire ps` and `starwire worker` need tcp, uring, grpc or dpdk"
                 .into(),
         ));
     }

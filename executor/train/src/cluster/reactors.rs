@@ -71,7 +71,7 @@ impl TrainConfig {
         if self.worker_handoff && !runs_reactors(self.backend) {
             return Err(TrainError::Config(
                 "--worker-handoff on hands a worker's requests to network reactors, which only \
-                 the tcp and uring backends have"
+                 the tcp, uring and dpdk backends have"
                     .into(),
             ));
         }
@@ -92,6 +92,8 @@ fn runs_reactors(b: BackendKind) -> bool {
         BackendKind::Inproc => false,
         #[cfg(feature = "grpc")]
         BackendKind::Grpc => false,
+        #[cfg(feature = "dpdk")]
+        BackendKind::Dpdk => true,
     }
 }
 

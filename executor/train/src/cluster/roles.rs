@@ -255,6 +255,8 @@ pub(super) fn cluster_backend(b: BackendKind) -> Box<dyn ClusterBackend> {
         BackendKind::Grpc => Box::new(crate::grpc::Grpc),
         #[cfg(all(feature = "verbs", target_os = "linux"))]
         BackendKind::Verbs => Box::new(Sessions::<crate::backend::Verbs>::default()),
+        #[cfg(feature = "dpdk")]
+        BackendKind::Dpdk => Box::new(Sessions::<crate::backend::Dpdk>::default()),
     }
 }
 

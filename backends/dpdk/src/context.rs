@@ -1,0 +1,209 @@
+//! The DPDK port of a process, opened once for every role that runs in
+//! it: the EAL, the port and its first queue pair, shared by the links of
+//! the process. Each link is bound to a UDP port of its own, so the links
+//! of both ends of a connection in one process (a `net_ring` port that
+//! loops back to itself) are told apart by destination port.
+
+use std::net::{IpAddr, Ipv4Addr, TcpStream};
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+use starwire_datagram::udp::UdpEndpoint;
+use starwire_datagram::{DatagramDriver, ReliableConfig};
+
+use crate::eal::{eal_args, Eal};
+use crate::error::DpdkError;
+use crate::link::{DpdkLink, LinkConfig, SharedQueue};
+use crate::port::{Port, PortConfig, PortStats};
+
+/// The datagram driver of one reactor over DPDK.
+pub type DpdkDriver = DatagramDriver<DpdkLink>;
+
+/// Where the process's DPDK runs: what `--eal`, `--dpdk-port` and
+/// `--dpdk-ip` say.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ContextConfig {
+    /// EAL arguments; `None`: `STARWIRE_EAL_ARGS`.
+    pub eal: Option<String>,
+    /// The port index.
+    pub port: u16,
+    /// This end's IPv4 address on the port; `None`: the local address of
+    /// each bootstrap connection, or loopback where there is none.
+    pub ip: Option<Ipv4Addr>,
+    /// The UDP port of the first link; later links take the next ones.
+    /// `None`: 20000.
+    pub first_udp_port: Option<u16>,
+}
+
+/// The DPDK port of this process (see the module). [`close`](Self::close)
+/// stops the port when the command is done (an af_xdp port detaches its
+/// XDP program from the interface then).
+#[derive(Debug)]
+pub struct DpdkContext {
+    open: Mutex<Option<Opened>>,
+    ip: Option<Ipv4Addr>,
+    next_udp: AtomicU16,
+}
+
+#[derive(Debug)]
+struct Opened {
+    port: Port,
+    queue: SharedQueue,
+}
+
+static CONTEXT: OnceLock<Result<DpdkContext, DpdkError>> = OnceLock::new();
+/// The configuration the context opens with, set by the command before
+/// its runs.
+static CONFIG: OnceLock<ContextConfig> = OnceLock::new();
+
+/// First UDP port the links of this process bind, unless configured.
+const FIRST_UDP_PORT: u16 = 20_000;
+/// UDP ports tried for a new link (ports of links that ended are free
+/// again).
+const UDP_PORT_TRIES: usize = 64;
+
+impl DpdkContext {
+    /// Remember the configuration [`get`](Self::get) opens the port with
+    /// (the first call counts).
+    pub fn configure(cfg: ContextConfig) {
+        let _ = CONFIG.set(cfg);
+    }
+
+    /// The context: on the first call, initialise the EAL and open the
+    /// port the configuration names (else `STARWIRE_EAL_ARGS` and port 0);
+    /// later calls return the first outcome.
+    pub fn get() -> Result<&'static DpdkContext, DpdkError> {
+        let r = CONTEXT.get_or_init(|| {
+            let c = CONFIG.get().cloned().unwrap_or_default();
+            let eal = Eal::init(&eal_args(c.eal.as_deref()))?;
+            let cfg = PortConfig {
+                port: c.port,
+                ..PortConfig::default()
+            };
+            let mut port = Port::open(eal, &cfg)?;
+            let queue = port
+                .take_queue()
+                .ok_or(DpdkError::NoQueue { port: c.port })?;
+            Ok(DpdkContext {
+                open: Mutex::new(Some(Opened {
+                    port,
+                    queue: SharedQueue::new(queue),
+                })),
+                ip: c.ip,
+                next_udp: AtomicU16::new(c.first_udp_port.unwrap_or(FIRST_UDP_PORT)),
+            })
+        });
+        r.as_ref().map_err(Clone::clone)
+    }
+
+    /// Make the calling thread an EAL thread (reactor threads call this
+    /// first, so mempool caches work); a failure is logged, and the thread
+    /// goes on without a cache.
+    pub fn register_thread(&self) {
+        if let Some(eal) = Eal::get() {
+            if let Err(e) = eal.register_thread() {
+                tracing::warn!(%e, "reactor thread not registered with the EAL");
+            }
+        }
+    }
+
+    /// Stop and close the port, if this process opened it, once every
+    /// link is gone (the command's runs are over); links made later fail.
+    pub fn close() {
+        if let Some(Ok(ctx)) = CONTEXT.get() {
+            let opened = ctx.lock().take();
+            if let Some(o) = &opened {
+                tracing::debug!(
+                    stats = ?o.port.stats(),
+                    xstats = ?o.port.xstats(),
+                    "closing the DPDK port"
+                );
+            }
+            drop(opened);
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Option<Opened>> {
+        self.open.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A new link on the shared queue, bound to a UDP port of its own, at
+    /// `ip` (without a configured address, the first bootstrap connection's
+    /// local address replaces it); its connections' peers are set by the
+    /// bootstrap.
+    pub fn link(&self, ip: Ipv4Addr) -> Result<DpdkLink, DpdkError> {
+        let open = self.lock();
+        let Some(Opened { port, queue }) = open.as_ref() else {
+            return Err(DpdkError::PortClosed);
+        };
+        let info = port.info();
+        let mut last = DpdkError::PortClosed;
+        for _ in 0..UDP_PORT_TRIES {
+            let udp = self.next_udp.fetch_add(1, Ordering::Relaxed);
+            let local = UdpEndpoint {
+                mac: info.mac,
+                ip,
+                port: udp,
+            };
+            let cfg = LinkConfig {
+                ip_from_bootstrap: self.ip.is_none(),
+                ..LinkConfig::new(local, local)
+            };
+            match DpdkLink::shared(queue, info.mtu, cfg) {
+                Ok(link) => return Ok(link),
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
+    /// A driver over a new [`link`](Self::link).
+    pub fn driver(&self, ip: Ipv4Addr, cfg: ReliableConfig) -> Result<DpdkDriver, DpdkError> {
+        DatagramDriver::new(self.link(ip)?, cfg).map_err(|e| DpdkError::Driver(e.to_string()))
+    }
+
+    /// This end's IPv4 address when no connection names it: the
+    /// configured one, else loopback (in-process runs).
+    pub fn ip_or_loopback(&self) -> Ipv4Addr {
+        self.ip.unwrap_or(Ipv4Addr::LOCALHOST)
+    }
+
+    /// The configured IPv4 address, if any.
+    pub fn ip(&self) -> Option<Ipv4Addr> {
+        self.ip
+    }
+
+    /// This end's IPv4 address: the configured one, else the local
+    /// address of the bootstrap connection.
+    pub fn ip_for(&self, stream: &TcpStream) -> Result<Ipv4Addr, DpdkError> {
+        if let Some(ip) = self.ip {
+            return Ok(ip);
+        }
+        let local = stream
+            .local_addr()
+            .map_err(|e| DpdkError::Bootstrap(e.to_string()))?;
+        match local.ip() {
+            IpAddr::V4(ip) => Ok(ip),
+            IpAddr::V6(ip) => Err(DpdkError::Bootstrap(format!(
+                "the bootstrap connection is IPv6 ({ip}); give --dpdk-ip"
+            ))),
+        }
+    }
+
+    /// The port's counters (`None` once closed, or when DPDK cannot read
+    /// them).
+    pub fn port_stats(&self) -> Option<PortStats> {
+        self.lock().as_ref().and_then(|o| o.port.stats().ok())
+    }
+}
+
+/// Closes the DPDK port of the process ([`DpdkContext::close`]) when
+/// dropped: a command holds one for its duration.
+#[derive(Debug)]
+pub struct CloseOnDrop;
+
+impl Drop for CloseOnDrop {
+    fn drop(&mut self) {
+        DpdkContext::close();
+    }
+}
