@@ -217,20 +217,34 @@ impl<D: Driver> Service<D> for WorkerService {
     fn on_closed(
         &mut self,
         id: ConnId,
-        _conn: &mut Connection,
+        conn: &mut Connection,
         error: &ConnError,
         _driver: &D,
         _now: Instant,
     ) {
         let s = self.shard(id).unwrap_or_default();
+        // A PS that refuses a peer's proof closes at once and tells it
+        // nothing (an unauthenticated peer learns nothing of the cluster):
+        // the close may even come before the PS's hello. Say what the
+        // likely cause is.
+        let error = match error {
+            ConnError::Transport(_) | ConnError::Closed if !conn.is_established() => {
+                format!(
+                    "{error} during the handshake (a PS closes a peer whose cluster token \
+                     differs from its own, or that has none: STARWIRE_CLUSTER_TOKEN or \
+                     --token-file)"
+                )
+            }
+            e => e.to_string(),
+        };
         // A connection that owes the exchange nothing fails the next
         // request to its shard, not this exchange (see
         // [`PsClient::handle_event`]).
         if !self.client.is_connected() || self.client.is_waiting_on(s) {
-            self.fail(TrainError::Link(s, error.to_string()));
+            self.fail(TrainError::Link(s, error.clone()));
         }
         if let Some(l) = self.lost.get_mut(s) {
-            *l = Some(error.to_string());
+            *l = Some(error);
         }
     }
 
