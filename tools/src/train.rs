@@ -2,11 +2,14 @@
 //! `starwire worker` (one role each, across hosts). See docs/TRAIN.md.
 
 use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 
 use clap::Args;
 use starwire_config::{ClusterConfig, ClusterFlags, EndpointMap, Overrides, Role, Settings};
 use starwire_graph::{ModelKind, Protocol};
 use starwire_ps::{OptimizerKind, Strategy};
+use starwire_train::cluster::PsLifetime;
 use starwire_train::source::DataSource;
 use starwire_train::{BackendKind, TrainConfig, TrainReport};
 
@@ -374,9 +377,23 @@ pub fn ps_main(a: crate::launch::PsArgs) -> Result<(), Failure> {
         return Err(Failure::Usage(e.to_string()));
     }
     let _metrics = r.train.metrics.serve(&cfg.telemetry)?;
-    let rep = starwire_train::run_ps_task(&cfg, c.task.index as usize, bind)
+    let stop = stop_on_signals()?;
+    let lifetime = PsLifetime {
+        exit_when_done: a.exit_when_done,
+        stop: &stop,
+    };
+    let rep = starwire_train::run_ps_task(&cfg, c.task.index as usize, bind, lifetime)
         .map_err(|e| r.connect.failure(e))?;
-    tracing::info!(target: "status", "starwire ps {}: every worker is done", c.task.index);
+    tracing::info!(
+        target: "status",
+        "starwire ps {}: {}",
+        c.task.index,
+        if a.exit_when_done {
+            "every worker is done"
+        } else {
+            "stopped"
+        }
+    );
     if r.train.json {
         println!(
             "{}",
@@ -384,6 +401,22 @@ pub fn ps_main(a: crate::launch::PsArgs) -> Result<(), Failure> {
         );
     }
     Ok(())
+}
+
+/// A flag SIGTERM and SIGINT set, so the PS stops with a checkpoint
+/// instead of dying; a second signal, once the flag is set, exits at once
+/// (status 1), for a checkpoint that hangs.
+fn stop_on_signals() -> Result<Arc<AtomicBool>, Failure> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [SIGTERM, SIGINT] {
+        // The shutdown check runs first: it sees the flag as the previous
+        // signal left it.
+        signal_hook::flag::register_conditional_shutdown(sig, 1, Arc::clone(&stop))
+            .and_then(|_| signal_hook::flag::register(sig, Arc::clone(&stop)))
+            .map_err(|e| Failure::Run(format!("handling signal {sig}: {e}")))?;
+    }
+    Ok(stop)
 }
 
 /// `starwire worker`.

@@ -72,7 +72,7 @@ impl PsHandler for ShardHandler {
         self.shard.global_step()
     }
 
-    fn checkpoint(&mut self, dir: &str) -> Result<(), String> {
+    fn checkpoint(&mut self, dir: &str, out: &mut Vec<u8>) -> Result<(), String> {
         let Some(own) = &self.checkpoint_dir else {
             return Err("this PS task was started without --checkpoint-dir".into());
         };
@@ -84,7 +84,10 @@ impl PsHandler for ShardHandler {
         }
         let path = own.join(shard_file(self.index));
         std::fs::create_dir_all(own).map_err(|e| format!("{dir}: {e}"))?;
-        write_atomic(&path, |w| self.shard.save(w)).map_err(|e| format!("{}: {e}", path.display()))
+        write_atomic(&path, |w| self.shard.save(w))
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        out.extend_from_slice(&self.shard.global_step().to_le_bytes());
+        Ok(())
     }
 
     fn stats(&self) -> serde_json::Value {

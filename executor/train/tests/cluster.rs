@@ -336,7 +336,13 @@ fn inproc_trains_with_a_barrier_and_only_in_one_process() {
         backend: starwire_train::BackendKind::Inproc,
         ..small()
     };
-    let e = starwire_train::run_ps_task(&cfg, 0, "127.0.0.1:0".parse().unwrap()).unwrap_err();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let lifetime = starwire_train::cluster::PsLifetime {
+        exit_when_done: true,
+        stop: &stop,
+    };
+    let e =
+        starwire_train::run_ps_task(&cfg, 0, "127.0.0.1:0".parse().unwrap(), lifetime).unwrap_err();
     assert!(e.to_string().contains("inproc"), "{e}");
     let e = starwire_train::run_worker_task(&cfg, &["127.0.0.1:1".into()], 0).unwrap_err();
     assert!(e.to_string().contains("inproc"), "{e}");

@@ -63,23 +63,91 @@ impl<K: Backend> PsTask<K> {
         self.acceptor.local_addr()
     }
 
-    /// Wait for every shard to finish (every expected worker said `DONE`)
-    /// and return the shards' counters.
+    /// Wait for every shard to finish (every expected worker said `DONE`
+    /// or was lost) and return the shards' counters; a worker that died
+    /// unfinished is an error naming it.
     pub fn join(self) -> Result<Vec<serde_json::Value>, TrainError> {
         let PsTask { acceptor, reactors } = self;
-        let mut out = Vec::new();
-        for r in reactors {
-            let (shard, _) = r
-                .join()
-                .map_err(|e| TrainError::Internal(format!("PS reactor: {e}")))?;
-            let shard = shard
-                .into_inner()
-                .ok_or_else(|| TrainError::Internal("PS reactor had no driver".into()))?;
-            out.push(crate::psserver::PsHandler::stats(shard.service().handler()));
-        }
+        let end = collect::<K>(reactors.into_iter().map(Reactor::join), false)?;
         drop(acceptor);
-        Ok(out)
+        if !end.lost.is_empty() {
+            return Err(TrainError::WorkersLost(end.lost));
+        }
+        Ok(end.stats)
     }
+
+    /// Whether a shard's reactor has ended: its expected workers are done,
+    /// or it failed.
+    pub fn any_finished(&self) -> bool {
+        self.reactors.iter().any(Reactor::is_finished)
+    }
+
+    /// Stop serving: no new connection is accepted, every shard's reactor
+    /// stops (between two requests, so no push is half applied), and each
+    /// shard writes its checkpoint file when `checkpoint` is set and the
+    /// task has a `--checkpoint-dir`.
+    pub fn shutdown(self, checkpoint: bool) -> Result<PsEnd, TrainError> {
+        let PsTask { acceptor, reactors } = self;
+        drop(acceptor);
+        collect::<K>(reactors.into_iter().map(Reactor::stop), checkpoint)
+    }
+}
+
+/// What a PS task's shards ended with.
+#[derive(Debug, Clone, Default)]
+pub struct PsEnd {
+    /// Each shard's counters.
+    pub stats: Vec<serde_json::Value>,
+    /// Each shard's index and global step, as it stopped.
+    pub steps: Vec<(usize, u64)>,
+    /// Workers lost on any shard (connection ended before `DONE`, no
+    /// rejoin), by task index.
+    pub lost: Vec<u32>,
+    /// The shard files written, when asked to checkpoint.
+    pub written: Vec<std::path::PathBuf>,
+}
+
+type Joined<K> = Result<
+    (ShardState<K>, starwire_transport::reactor::ReactorStats),
+    starwire_transport::reactor::ReactorError,
+>;
+
+/// The shards of ended reactors: counters, steps, lost workers, and their
+/// checkpoint files written when `checkpoint` is set.
+fn collect<K: Backend>(
+    ended: impl Iterator<Item = Joined<K>>,
+    checkpoint: bool,
+) -> Result<PsEnd, TrainError> {
+    let mut end = PsEnd::default();
+    for r in ended {
+        let (shard, _) = r.map_err(|e| TrainError::Internal(format!("PS reactor: {e}")))?;
+        let endpoint = shard
+            .into_inner()
+            .ok_or_else(|| TrainError::Internal("PS reactor had no driver".into()))?;
+        let service = endpoint.service();
+        let h = service.handler();
+        end.stats.push(crate::psserver::PsHandler::stats(h));
+        end.steps.push((h.index, h.shard.global_step()));
+        end.lost.extend(service.server().lost());
+        if let (true, Some(dir)) = (checkpoint, &h.checkpoint_dir) {
+            end.written.push(write_shard(h, dir)?);
+        }
+    }
+    end.lost.sort_unstable();
+    end.lost.dedup();
+    Ok(end)
+}
+
+/// Write shard `h`'s checkpoint file into `dir`.
+pub(crate) fn write_shard(h: &ShardHandler, dir: &Path) -> Result<std::path::PathBuf, TrainError> {
+    let path = dir.join(shard_file(h.index));
+    let ck = |reason: String| TrainError::Checkpoint {
+        path: path.clone(),
+        reason,
+    };
+    std::fs::create_dir_all(dir).map_err(|e| ck(e.to_string()))?;
+    starwire_ps::write_atomic(&path, |w| h.shard.save(w)).map_err(|e| ck(e.to_string()))?;
+    Ok(path)
 }
 
 /// Shard `s` of the plan as a reactor (or a lock) serves it, restored
@@ -117,8 +185,33 @@ pub fn make_shard(
         };
         let mut f = std::fs::File::open(&path).map_err(|e| ck(e.to_string()))?;
         shard.restore(&mut f).map_err(|e| ck(e.to_string()))?;
+        let manifest = read_manifest(dir)?.ok_or_else(|| TrainError::Checkpoint {
+            path: dir.join("manifest.json"),
+            reason: "no manifest: the checkpoint is incomplete".into(),
+        })?;
+        check_shard(&manifest, s, shard.global_step(), &path)?;
     }
     Ok(shard)
+}
+
+/// Shard `s`'s file, at global step `file`, against the manifest: a
+/// file of another step than the manifest names is from another
+/// checkpoint (or was written while the shard still trained).
+pub(super) fn check_shard(
+    m: &Manifest,
+    s: usize,
+    file: u64,
+    path: &Path,
+) -> Result<(), TrainError> {
+    match m.shard_steps.get(s) {
+        Some(&manifest) if manifest != file => Err(TrainError::CheckpointMismatch {
+            path: path.to_owned(),
+            shard: s,
+            manifest,
+            file,
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// A PS task as the local cluster drives it, whatever its backend.
@@ -129,6 +222,14 @@ pub trait RunningPs {
     fn join(self: Box<Self>) -> Result<Vec<serde_json::Value>, TrainError>;
     /// Stop at once (a run that failed).
     fn stop(self: Box<Self>);
+    /// Whether the task ended by itself: its expected workers are done,
+    /// or a reactor failed. A task serving until stopped never does.
+    fn finished(&self) -> bool {
+        false
+    }
+    /// Stop serving; each shard writes its checkpoint file when
+    /// `checkpoint` is set and the task has a `--checkpoint-dir`.
+    fn shutdown(self: Box<Self>, checkpoint: bool) -> Result<PsEnd, TrainError>;
 }
 
 impl<K: Backend> RunningPs for PsTask<K> {
@@ -142,6 +243,12 @@ impl<K: Backend> RunningPs for PsTask<K> {
         for r in self.reactors {
             let _ = r.stop();
         }
+    }
+    fn finished(&self) -> bool {
+        self.any_finished()
+    }
+    fn shutdown(self: Box<Self>, checkpoint: bool) -> Result<PsEnd, TrainError> {
+        PsTask::shutdown(*self, checkpoint)
     }
 }
 
@@ -671,14 +778,29 @@ pub(super) fn write_checkpoint(
         path: dir.to_owned(),
         reason: "path is not UTF-8".into(),
     })?;
-    core.control(net, &Control::Checkpoint(d))?;
-    // Every shard's global step (WAIT_STEP(0) answers at once).
-    let global_step = core
-        .control(net, &Control::WaitStep(0))?
+    // Each shard answers with the global step its file holds.
+    let shard_steps = core
+        .control(net, &Control::Checkpoint(d))?
         .iter()
-        .filter_map(|b| b.as_slice().try_into().ok().map(u64::from_le_bytes))
-        .max()
-        .unwrap_or(0);
+        .map(|b| b.as_slice().try_into().map(u64::from_le_bytes))
+        .collect::<Result<Vec<u64>, _>>()
+        .map_err(|_| TrainError::Checkpoint {
+            path: dir.to_owned(),
+            reason: "a shard's checkpoint reply does not carry its global step".into(),
+        })?;
+    write_manifest(cfg, plan, dir, shard_steps, workers)
+}
+
+/// Write `dir`'s manifest for shard files at `shard_steps` (the last
+/// file of a checkpoint: a directory without it is incomplete).
+pub(super) fn write_manifest(
+    cfg: &TrainConfig,
+    plan: &Plan,
+    dir: &Path,
+    shard_steps: Vec<u64>,
+    workers: Vec<WorkerProgress>,
+) -> Result<(), TrainError> {
+    let global_step = shard_steps.iter().copied().max().unwrap_or(0);
     let m = Manifest {
         format_version: starwire_ps::checkpoint::FORMAT_VERSION,
         global_step,
@@ -687,6 +809,7 @@ pub(super) fn write_checkpoint(
         model: model_json(cfg),
         shard_files: (0..plan.shards).map(shard_file).collect(),
         workers,
+        shard_steps,
     };
     let json = m.to_json().map_err(|e| TrainError::Checkpoint {
         path: dir.to_owned(),
