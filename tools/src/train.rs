@@ -76,6 +76,11 @@ pub struct TrainArgs {
     /// Write a checkpoint here at the end; resume from it if one is there.
     #[arg(long)]
     pub checkpoint_dir: Option<PathBuf>,
+    /// Also checkpoint during the run, at every global step that is a
+    /// multiple of N (with --sync and --checkpoint-dir; N a multiple of
+    /// the workers). Worker 0 writes the manifest of each.
+    #[arg(long, value_name = "N")]
+    pub checkpoint_every_steps: Option<u64>,
     /// DeepRec EmbeddingVariable filter_freq: a key gets a row after this
     /// many lookups (0: at once).
     #[arg(long, default_value_t = 0)]
@@ -226,6 +231,7 @@ fn config(a: &TrainArgs, ps: usize, workers: usize) -> Result<TrainConfig, Strin
         sync: a.sync,
         seed: a.seed,
         checkpoint_dir: a.checkpoint_dir.clone(),
+        checkpoint_every_steps: a.checkpoint_every_steps,
         filter_freq: a.filter_freq,
         steps_to_live: a.steps_to_live,
         default_value_dim: a.default_value_dim,

@@ -314,6 +314,7 @@ mod tests {
                     shard: PsShard::new(i, &[], ShardConfig::default()),
                     index: i,
                     checkpoint_dir: None,
+                    checkpoint_every: 0,
                     telemetry: None,
                 })
                 .collect(),

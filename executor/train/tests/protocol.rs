@@ -120,6 +120,7 @@ impl Cluster {
                     shard: PsShard::new(i, &vars(i), shard_config()),
                     index: i,
                     checkpoint_dir: Some(dir.to_owned()),
+                    checkpoint_every: 0,
                     telemetry: None,
                 };
                 Server {

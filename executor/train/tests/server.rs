@@ -70,6 +70,7 @@ fn start(expected: usize) -> Ps {
             shard,
             index: 0,
             checkpoint_dir: None,
+            checkpoint_every: 0,
             telemetry: None,
         };
         Endpoint::new(

@@ -8,6 +8,7 @@
 
 mod config;
 mod guard;
+pub(crate) mod periodic;
 mod plan;
 mod reactors;
 mod report;
@@ -60,6 +61,7 @@ pub fn run_local(cfg: &TrainConfig) -> Result<TrainReport, TrainError> {
 
 fn run_local_on(k: &dyn ClusterBackend, cfg: &TrainConfig) -> Result<TrainReport, TrainError> {
     cfg.check_handoff()?;
+    periodic::check(cfg)?;
     let plan = plan(cfg)?;
     let manifest = match &cfg.checkpoint_dir {
         Some(d) => read_manifest(d)?,
@@ -287,6 +289,7 @@ pub fn run_ps_task(
     lifetime: PsLifetime<'_>,
 ) -> Result<PsTaskReport, TrainError> {
     across_processes(cfg.backend)?;
+    periodic::check(cfg)?;
     let k = cluster_backend(cfg.backend);
     let plan = plan(cfg)?;
     let restore = match &cfg.checkpoint_dir {
@@ -370,7 +373,8 @@ fn ps_manifest(
     // The workers' positions are theirs to report; a checkpoint taken on
     // SIGTERM keeps those of the one it was restored from.
     let workers = read_manifest(dir)?.map(|m| m.workers).unwrap_or_default();
-    write_manifest(cfg, plan, dir, steps, workers)?;
+    let files = (0..plan.shards).map(crate::handler::shard_file).collect();
+    write_manifest(cfg, plan, dir, files, steps, workers)?;
     tracing::info!(
         target: "status",
         "checkpoint: {} shard file(s) and the manifest written into {}",
@@ -391,6 +395,7 @@ pub fn run_worker_task(
 ) -> Result<TrainReport, TrainError> {
     across_processes(cfg.backend)?;
     cfg.check_handoff()?;
+    periodic::check(cfg)?;
     let k = cluster_backend(cfg.backend);
     let plan = plan(cfg)?;
     let manifest = match &cfg.checkpoint_dir {

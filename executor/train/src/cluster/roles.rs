@@ -16,6 +16,7 @@ use starwire_transport::reactor::Reactor;
 use starwire_transport::{ConnConfig, Driver, Endpoint, PeerInfo, TaskRole};
 
 use super::config::shard_config;
+use super::periodic;
 use super::reactors::{PinnedThread, ReactorLayout};
 use super::{model_name, protocol_name, BackendKind, Interval, Plan, TrainConfig};
 use crate::backend::{Backend, Tcp};
@@ -164,6 +165,7 @@ pub(crate) fn shard_handler(
         shard,
         index: s,
         checkpoint_dir: cfg.checkpoint_dir.clone(),
+        checkpoint_every: cfg.checkpoint_every_steps.unwrap_or(0),
         telemetry: Some(telemetry),
     })
 }
@@ -178,20 +180,44 @@ pub fn make_shard(
 ) -> Result<PsShard, TrainError> {
     let mut shard = PsShard::new(s, &plan.shard_vars[s], shard_config(cfg));
     if let Some(dir) = restore {
-        let path = dir.join(shard_file(s));
+        let manifest = read_manifest(dir)?.ok_or_else(|| TrainError::Checkpoint {
+            path: dir.join("manifest.json"),
+            reason: "no manifest: the checkpoint is incomplete".into(),
+        })?;
+        let path = dir.join(manifest_file(&manifest, s, dir)?);
         let ck = |reason: String| TrainError::Checkpoint {
             path: path.clone(),
             reason,
         };
         let mut f = std::fs::File::open(&path).map_err(|e| ck(e.to_string()))?;
         shard.restore(&mut f).map_err(|e| ck(e.to_string()))?;
-        let manifest = read_manifest(dir)?.ok_or_else(|| TrainError::Checkpoint {
-            path: dir.join("manifest.json"),
-            reason: "no manifest: the checkpoint is incomplete".into(),
-        })?;
         check_shard(&manifest, s, shard.global_step(), &path)?;
     }
     Ok(shard)
+}
+
+/// Shard `s`'s file as the manifest names it: a path inside the
+/// checkpoint directory (no `..`, not absolute).
+fn manifest_file<'m>(m: &'m Manifest, s: usize, dir: &Path) -> Result<&'m Path, TrainError> {
+    let bad = |reason: String| TrainError::Checkpoint {
+        path: dir.join("manifest.json"),
+        reason,
+    };
+    let f = Path::new(
+        m.shard_files
+            .get(s)
+            .ok_or_else(|| bad(format!("no file for shard {s}")))?,
+    );
+    let inside = f
+        .components()
+        .all(|c| matches!(c, std::path::Component::Normal(_)));
+    if !inside {
+        return Err(bad(format!(
+            "shard {s}'s file {} is not inside the checkpoint directory",
+            f.display()
+        )));
+    }
+    Ok(f)
 }
 
 /// Shard `s`'s file, at global step `file`, against the manifest: a
@@ -667,6 +693,24 @@ pub fn worker_loop(
             if n == 0 {
                 break;
             }
+            // A checkpoint step's barrier may release the other workers as
+            // soon as this step's push lands: this worker's progress after
+            // the step is written before the push.
+            let c = (steps_done + 1) * w_count;
+            let every = cfg.checkpoint_every_steps.unwrap_or(0);
+            let ckpt_dir = cfg
+                .checkpoint_dir
+                .as_deref()
+                .filter(|_| cfg.sync && periodic::is_checkpoint_step(c, every));
+            if let Some(dir) = ckpt_dir {
+                let progress = WorkerProgress {
+                    worker: w as u32,
+                    epoch,
+                    offset: offset + n as u64,
+                    steps: steps_done + 1,
+                };
+                periodic::write_progress(dir, c, &progress)?;
+            }
             let t_step = Instant::now();
             let info = core.step(net, &batch)?;
             offset += n as u64;
@@ -677,7 +721,10 @@ pub fn worker_loop(
             loss_n += 1;
             if cfg.sync {
                 core.flush(net)?;
-                core.barrier(net, steps_done * w_count)?;
+                core.barrier(net, c)?;
+                if let (0, Some(dir)) = (w, ckpt_dir) {
+                    periodic::complete(cfg, plan, dir, c)?;
+                }
             }
             cells.stepped(StepProgress {
                 steps: out.steps,
@@ -736,7 +783,7 @@ pub fn worker_loop(
     Ok(out)
 }
 
-pub(super) fn read_manifest(dir: &Path) -> Result<Option<Manifest>, TrainError> {
+pub(crate) fn read_manifest(dir: &Path) -> Result<Option<Manifest>, TrainError> {
     let p = dir.join("manifest.json");
     match std::fs::read_to_string(&p) {
         Ok(s) => Manifest::from_json(&s)
@@ -788,7 +835,8 @@ pub(super) fn write_checkpoint(
             path: dir.to_owned(),
             reason: "a shard's checkpoint reply does not carry its global step".into(),
         })?;
-    write_manifest(cfg, plan, dir, shard_steps, workers)
+    let files = (0..plan.shards).map(shard_file).collect();
+    write_manifest(cfg, plan, dir, files, shard_steps, workers)
 }
 
 /// Write `dir`'s manifest for shard files at `shard_steps` (the last
@@ -797,6 +845,7 @@ pub(super) fn write_manifest(
     cfg: &TrainConfig,
     plan: &Plan,
     dir: &Path,
+    shard_files: Vec<String>,
     shard_steps: Vec<u64>,
     workers: Vec<WorkerProgress>,
 ) -> Result<(), TrainError> {
@@ -807,7 +856,7 @@ pub(super) fn write_manifest(
         shard_count: plan.shards,
         seed: cfg.seed,
         model: model_json(cfg),
-        shard_files: (0..plan.shards).map(shard_file).collect(),
+        shard_files,
         workers,
         shard_steps,
     };
