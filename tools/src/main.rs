@@ -14,6 +14,7 @@ mod launch;
 mod logging;
 mod metrics;
 mod report;
+mod rss;
 mod soak;
 mod stats;
 mod train;

@@ -118,7 +118,11 @@ struct Report {
     connections_failed: u64,
     faults_injected: Option<FaultCounts>,
     rss_start_kb: Option<u64>,
+    /// VmRSS once a quarter of `duration_s` had passed.
+    rss_quarter_kb: Option<u64>,
     rss_end_kb: Option<u64>,
+    /// The most `rss_end_kb` may exceed `rss_quarter_kb`: max(5 %, 16 MiB).
+    rss_growth_limit_kb: Option<u64>,
     passed: bool,
 }
 
@@ -170,13 +174,7 @@ impl Counts {
     }
 }
 
-/// VmRSS of this process in kB.
-pub fn rss_kb() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/self/status").ok()?;
-    s.lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-}
+use crate::rss::rss_kb;
 
 /// A driver the soak can run over, with, maybe, fault counters.
 trait SoakDriver: Driver + Send + 'static {
@@ -985,6 +983,7 @@ pub(crate) fn validate(args: &SoakArgs) -> Result<(), String> {
 pub fn main(args: SoakArgs) -> Result<bool, String> {
     validate(&args)?;
     let rss_start_kb = rss_kb();
+    let rss_quarter = crate::rss::RssAt::spawn(Duration::from_secs_f64(args.duration / 4.0));
     #[cfg(feature = "dpdk")]
     let args = dpdk_reactors(args);
     let lay = layout(&args)?;
@@ -1017,7 +1016,7 @@ pub fn main(args: SoakArgs) -> Result<bool, String> {
                 run_soak(&args, &lay, make, dpdk_attacher)?
             }
         };
-        return report(&args, &lay, rss_start_kb, out);
+        return report(&args, &lay, (rss_start_kb, rss_quarter), out);
     }
     #[cfg(all(feature = "uring", target_os = "linux"))]
     if args.backend == "uring" {
@@ -1026,7 +1025,7 @@ pub fn main(args: SoakArgs) -> Result<bool, String> {
         let cfg = crate::bench::sessions::uring_config(lay.idle, 0);
         let make = || starwire_uring::UringDriver::new(&cfg).map_err(|e| e.to_string());
         let out = run_soak(&args, &lay, make, stream_attacher)?;
-        return report(&args, &lay, rss_start_kb, out);
+        return report(&args, &lay, (rss_start_kb, rss_quarter), out);
     }
     let cfg = TcpConfig::default();
     let out = match args.faults {
@@ -1039,23 +1038,25 @@ pub fn main(args: SoakArgs) -> Result<bool, String> {
             run_soak(&args, &lay, make, faulty_attacher(spec, cfg))?
         }
     };
-    report(&args, &lay, rss_start_kb, out)
+    report(&args, &lay, (rss_start_kb, rss_quarter), out)
 }
 
 fn report(
     args: &SoakArgs,
     lay: &Layout,
-    rss_start_kb: Option<u64>,
+    (rss_start_kb, rss_quarter): (Option<u64>, crate::rss::RssAt),
     out: Outcome,
 ) -> Result<bool, String> {
     let rss_end_kb = rss_kb();
+    let rss_quarter_kb = rss_quarter.take();
     let c = out.counts;
     let passed = c.messages > 0
         && c.lost == 0
         && c.duplicated == 0
         && c.corrupted == 0
         && c.out_of_order == 0
-        && c.failed == 0;
+        && c.failed == 0
+        && crate::rss::within_limit(rss_quarter_kb, rss_end_kb);
     let report = Report {
         backend: args.backend.clone(),
         connections: args.connections,
@@ -1075,7 +1076,9 @@ fn report(
         connections_failed: c.failed,
         faults_injected: args.faults.map(|_| out.faults),
         rss_start_kb,
+        rss_quarter_kb,
         rss_end_kb,
+        rss_growth_limit_kb: rss_quarter_kb.map(crate::rss::growth_limit_kb),
         passed,
     };
     if args.json {
@@ -1129,9 +1132,11 @@ fn print_report(r: &Report) {
         );
     }
     println!(
-        "  rss          {} -> {}",
+        "  rss          {} -> {} at 25% -> {} (growth limit {})",
         kb(r.rss_start_kb),
-        kb(r.rss_end_kb)
+        kb(r.rss_quarter_kb),
+        kb(r.rss_end_kb),
+        kb(r.rss_growth_limit_kb)
     );
     println!("  result       {}", if r.passed { "PASS" } else { "FAIL" });
 }
