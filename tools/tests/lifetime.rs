@@ -237,3 +237,45 @@ fn a_worker_killed_mid_run_keeps_a_serving_ps_from_exiting_0() {
         "{err:#?}"
     );
 }
+
+#[test]
+fn a_sync_run_across_processes_checkpoints_during_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    // One worker, 4096 examples in batches of 512: global steps 1..=8,
+    // checkpoints at 4 and 8.
+    let flags = cluster(&[
+        "--train-examples",
+        "4096",
+        "--epochs",
+        "1",
+        "--sync",
+        "--checkpoint-every-steps",
+        "4",
+        "--checkpoint-dir",
+        d,
+    ]);
+    let mut ps = spawn("ps", &flags, &[]);
+    let ps_err = lines(&mut ps);
+    wait_for(&ps_err, "serves until SIGTERM", Duration::from_secs(60));
+    let mut w = spawn("worker", &flags, &[]);
+    let st = wait(&mut w, Duration::from_secs(120));
+    assert!(st.success(), "worker: {st}");
+    for c in ["4", "8"] {
+        let step = dir.path().join("steps").join(c);
+        assert!(step.join("shard-0000.ckpt").exists(), "steps/{c}");
+        let p: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(step.join("worker-0000.json")).unwrap()).unwrap();
+        assert_eq!(p["steps"].to_string(), c, "{p}");
+    }
+    let before = std::fs::read(dir.path().join("manifest.json")).unwrap();
+    signal(&ps, "TERM");
+    let st = wait(&mut ps, Duration::from_secs(60));
+    assert!(st.success(), "ps: {st}");
+    // The PS wrote its shard file, and left the manifest to the worker.
+    assert!(dir.path().join("shard-0000.ckpt").exists());
+    assert_eq!(
+        std::fs::read(dir.path().join("manifest.json")).unwrap(),
+        before
+    );
+}

@@ -344,15 +344,28 @@ pub fn run_ps_task(
 }
 
 /// After a stopped PS task wrote its shard files into `dir`: the manifest,
-/// when this task holds every shard of the cluster (one PS task). With
-/// several PS tasks each writes only its own shards, and the manifest
-/// stays the last one written by the chief.
+/// when this task holds every shard of the cluster (one PS task) and no
+/// checkpoints are taken during the run. With several PS tasks each writes
+/// only its own shards, and the manifest stays the last one written by the
+/// chief.
 fn ps_manifest(
     cfg: &TrainConfig,
     plan: &Plan,
     dir: &std::path::Path,
     end: &PsEnd,
 ) -> Result<(), TrainError> {
+    if cfg.checkpoint_every_steps.is_some() {
+        // The manifest names the latest checkpoint taken during the run,
+        // whose worker positions match its files; this one has none.
+        tracing::info!(
+            target: "status",
+            "checkpoint: {} shard file(s) written into {}; the manifest stays that of the \
+             latest --checkpoint-every-steps checkpoint",
+            end.written.len(),
+            dir.display()
+        );
+        return Ok(());
+    }
     if end.steps.len() != plan.shards {
         tracing::warn!(
             target: "status",
