@@ -69,7 +69,8 @@ impl<K: Backend> PsTask<K> {
     /// unfinished is an error naming it.
     pub fn join(self) -> Result<Vec<serde_json::Value>, TrainError> {
         let PsTask { acceptor, reactors } = self;
-        let end = collect::<K>(reactors.into_iter().map(Reactor::join), false)?;
+        let ended: Vec<Joined<K>> = reactors.into_iter().map(Reactor::join).collect();
+        let end = collect::<K>(ended.into_iter(), false)?;
         drop(acceptor);
         if !end.lost.is_empty() {
             return Err(TrainError::WorkersLost(end.lost));
@@ -84,13 +85,19 @@ impl<K: Backend> PsTask<K> {
     }
 
     /// Stop serving: no new connection is accepted, every shard's reactor
-    /// stops (between two requests, so no push is half applied), and each
-    /// shard writes its checkpoint file when `checkpoint` is set and the
-    /// task has a `--checkpoint-dir`.
+    /// is told to stop at once and stops between two requests (no push is
+    /// half applied), and then each shard writes its checkpoint file when
+    /// `checkpoint` is set and the task has a `--checkpoint-dir`.
     pub fn shutdown(self, checkpoint: bool) -> Result<PsEnd, TrainError> {
         let PsTask { acceptor, reactors } = self;
         drop(acceptor);
-        collect::<K>(reactors.into_iter().map(Reactor::stop), checkpoint)
+        for r in &reactors {
+            r.waker().stop();
+        }
+        // Every reactor is joined before any file is written, so none is
+        // left running by a write that fails.
+        let ended: Vec<Joined<K>> = reactors.into_iter().map(Reactor::join).collect();
+        collect::<K>(ended.into_iter(), checkpoint)
     }
 }
 
