@@ -6,7 +6,7 @@
 # reordered message, a failed connection, or RSS growing by more than
 # max(5 %, 16 MiB) between 25 % and 100 % of the run; its --json line
 # has the figures (messages, lost, duplicated, corrupted, rss_quarter_kb,
-# rss_end_kb).
+# rss_full_kb).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -1,7 +1,7 @@
 //! The soak's memory check: VmRSS sampled once a quarter of the run has
-//! passed (connections set up, buffers warm) and again at the end; growth
-//! between the two of more than max(5 %, 16 MiB) fails the soak, as a
-//! leak would.
+//! passed (connections set up, buffers warm) and again when the whole run
+//! has (before the drain and teardown free anything); growth between the
+//! two of more than max(5 %, 16 MiB) fails the soak, as a leak would.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

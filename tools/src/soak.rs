@@ -120,8 +120,10 @@ struct Report {
     rss_start_kb: Option<u64>,
     /// VmRSS once a quarter of `duration_s` had passed.
     rss_quarter_kb: Option<u64>,
+    /// VmRSS once `duration_s` had passed, before the drain and teardown.
+    rss_full_kb: Option<u64>,
     rss_end_kb: Option<u64>,
-    /// The most `rss_end_kb` may exceed `rss_quarter_kb`: max(5 %, 16 MiB).
+    /// The most `rss_full_kb` may exceed `rss_quarter_kb`: max(5 %, 16 MiB).
     rss_growth_limit_kb: Option<u64>,
     passed: bool,
 }
@@ -984,6 +986,7 @@ pub fn main(args: SoakArgs) -> Result<bool, String> {
     validate(&args)?;
     let rss_start_kb = rss_kb();
     let rss_quarter = crate::rss::RssAt::spawn(Duration::from_secs_f64(args.duration / 4.0));
+    let rss_full = crate::rss::RssAt::spawn(Duration::from_secs_f64(args.duration));
     #[cfg(feature = "dpdk")]
     let args = dpdk_reactors(args);
     let lay = layout(&args)?;
@@ -1016,7 +1019,7 @@ pub fn main(args: SoakArgs) -> Result<bool, String> {
                 run_soak(&args, &lay, make, dpdk_attacher)?
             }
         };
-        return report(&args, &lay, (rss_start_kb, rss_quarter), out);
+        return report(&args, &lay, (rss_start_kb, rss_quarter, rss_full), out);
     }
     #[cfg(all(feature = "uring", target_os = "linux"))]
     if args.backend == "uring" {
@@ -1025,7 +1028,7 @@ pub fn main(args: SoakArgs) -> Result<bool, String> {
         let cfg = crate::bench::sessions::uring_config(lay.idle, 0);
         let make = || starwire_uring::UringDriver::new(&cfg).map_err(|e| e.to_string());
         let out = run_soak(&args, &lay, make, stream_attacher)?;
-        return report(&args, &lay, (rss_start_kb, rss_quarter), out);
+        return report(&args, &lay, (rss_start_kb, rss_quarter, rss_full), out);
     }
     let cfg = TcpConfig::default();
     let out = match args.faults {
@@ -1038,17 +1041,18 @@ pub fn main(args: SoakArgs) -> Result<bool, String> {
             run_soak(&args, &lay, make, faulty_attacher(spec, cfg))?
         }
     };
-    report(&args, &lay, (rss_start_kb, rss_quarter), out)
+    report(&args, &lay, (rss_start_kb, rss_quarter, rss_full), out)
 }
 
 fn report(
     args: &SoakArgs,
     lay: &Layout,
-    (rss_start_kb, rss_quarter): (Option<u64>, crate::rss::RssAt),
+    (rss_start_kb, rss_quarter, rss_full): (Option<u64>, crate::rss::RssAt, crate::rss::RssAt),
     out: Outcome,
 ) -> Result<bool, String> {
     let rss_end_kb = rss_kb();
     let rss_quarter_kb = rss_quarter.take();
+    let rss_full_kb = rss_full.take();
     let c = out.counts;
     let passed = c.messages > 0
         && c.lost == 0
@@ -1056,7 +1060,7 @@ fn report(
         && c.corrupted == 0
         && c.out_of_order == 0
         && c.failed == 0
-        && crate::rss::within_limit(rss_quarter_kb, rss_end_kb);
+        && crate::rss::within_limit(rss_quarter_kb, rss_full_kb.or(rss_end_kb));
     let report = Report {
         backend: args.backend.clone(),
         connections: args.connections,
@@ -1077,6 +1081,7 @@ fn report(
         faults_injected: args.faults.map(|_| out.faults),
         rss_start_kb,
         rss_quarter_kb,
+        rss_full_kb,
         rss_end_kb,
         rss_growth_limit_kb: rss_quarter_kb.map(crate::rss::growth_limit_kb),
         passed,
@@ -1132,9 +1137,10 @@ fn print_report(r: &Report) {
         );
     }
     println!(
-        "  rss          {} -> {} at 25% -> {} (growth limit {})",
+        "  rss          {} -> {} at 25% -> {} at 100% -> {} (growth limit {})",
         kb(r.rss_start_kb),
         kb(r.rss_quarter_kb),
+        kb(r.rss_full_kb),
         kb(r.rss_end_kb),
         kb(r.rss_growth_limit_kb)
     );
