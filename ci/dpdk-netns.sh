@@ -92,7 +92,7 @@ train_pair() {
     fi
     # shellcheck disable=SC2086
     ip netns exec "$NS_A" env STARWIRE_EAL_ARGS="${3:-}" TF_SEASTAR_ENDPOINT_MAP_PATH="$map_dir" \
-        timeout 300 "$BIN" ps $hosts --task-index 0 --backend "$backend" $TRAIN_FLAGS \
+        timeout 300 "$BIN" ps $hosts --task-index 0 --exit-when-done --backend "$backend" $TRAIN_FLAGS \
         >"$LOG_DIR/$name-ps.json" 2>"$LOG_DIR/$name-ps.log" &
     local ps=$! rc=0
     # shellcheck disable=SC2086

@@ -15,6 +15,7 @@ mod logging;
 mod metrics;
 mod rdma;
 mod report;
+mod rss;
 mod soak;
 mod stats;
 mod train;

@@ -123,7 +123,13 @@ struct Report {
     connections_failed: u64,
     faults_injected: Option<FaultCounts>,
     rss_start_kb: Option<u64>,
+    /// VmRSS once a quarter of `duration_s` had passed.
+    rss_quarter_kb: Option<u64>,
+    /// VmRSS once `duration_s` had passed, before the drain and teardown.
+    rss_full_kb: Option<u64>,
     rss_end_kb: Option<u64>,
+    /// The most `rss_full_kb` may exceed `rss_quarter_kb`: max(5 %, 16 MiB).
+    rss_growth_limit_kb: Option<u64>,
     passed: bool,
     /// Per reactor, the driver's own counters (the verbs backend's:
     /// doorbells per flush, work requests and credit writes per frame);
@@ -180,13 +186,7 @@ impl Counts {
     }
 }
 
-/// VmRSS of this process in kB.
-pub fn rss_kb() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/self/status").ok()?;
-    s.lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-}
+use crate::rss::rss_kb;
 
 /// A driver the soak can run over, with, maybe, fault counters.
 trait SoakDriver: Driver + Send + 'static {
@@ -1045,6 +1045,8 @@ pub(crate) fn validate(args: &SoakArgs) -> Result<(), String> {
 pub fn main(args: SoakArgs) -> Result<bool, String> {
     validate(&args)?;
     let rss_start_kb = rss_kb();
+    let rss_quarter = crate::rss::RssAt::spawn(Duration::from_secs_f64(args.duration / 4.0));
+    let rss_full = crate::rss::RssAt::spawn(Duration::from_secs_f64(args.duration));
     #[cfg(feature = "dpdk")]
     let args = dpdk_reactors(args);
     let lay = layout(&args)?;
@@ -1080,7 +1082,7 @@ pub fn main(args: SoakArgs) -> Result<bool, String> {
                 run_soak(&args, &lay, make, dpdk_attacher)?
             }
         };
-        return report(&args, &lay, rss_start_kb, out);
+        return report(&args, &lay, (rss_start_kb, rss_quarter, rss_full), out);
     }
     #[cfg(all(feature = "uring", target_os = "linux"))]
     if args.backend == "uring" {
@@ -1089,7 +1091,7 @@ pub fn main(args: SoakArgs) -> Result<bool, String> {
         let cfg = crate::bench::sessions::uring_config(lay.idle, 0);
         let make = || starwire_uring::UringDriver::new(&cfg).map_err(|e| e.to_string());
         let out = run_soak(&args, &lay, make, stream_attacher)?;
-        return report(&args, &lay, rss_start_kb, out);
+        return report(&args, &lay, (rss_start_kb, rss_quarter, rss_full), out);
     }
     #[cfg(all(feature = "verbs", target_os = "linux"))]
     if args.backend == "verbs" {
@@ -1116,7 +1118,7 @@ pub fn main(args: SoakArgs) -> Result<bool, String> {
             crate::rdma::verbs::driver(dev, args.connections, ring_len)
         };
         let out = run_soak(&args, &lay, make, stream_attacher)?;
-        return report(&args, &lay, rss_start_kb, out);
+        return report(&args, &lay, (rss_start_kb, rss_quarter, rss_full), out);
     }
     let cfg = TcpConfig::default();
     let out = match args.faults {
@@ -1129,23 +1131,26 @@ pub fn main(args: SoakArgs) -> Result<bool, String> {
             run_soak(&args, &lay, make, faulty_attacher(spec, cfg))?
         }
     };
-    report(&args, &lay, rss_start_kb, out)
+    report(&args, &lay, (rss_start_kb, rss_quarter, rss_full), out)
 }
 
 fn report(
     args: &SoakArgs,
     lay: &Layout,
-    rss_start_kb: Option<u64>,
+    (rss_start_kb, rss_quarter, rss_full): (Option<u64>, crate::rss::RssAt, crate::rss::RssAt),
     out: Outcome,
 ) -> Result<bool, String> {
     let rss_end_kb = rss_kb();
+    let rss_quarter_kb = rss_quarter.take();
+    let rss_full_kb = rss_full.take();
     let c = out.counts;
     let passed = c.messages > 0
         && c.lost == 0
         && c.duplicated == 0
         && c.corrupted == 0
         && c.out_of_order == 0
-        && c.failed == 0;
+        && c.failed == 0
+        && crate::rss::within_limit(rss_quarter_kb, rss_full_kb.or(rss_end_kb));
     let report = Report {
         backend: args.backend.clone(),
         connections: args.connections,
@@ -1165,7 +1170,10 @@ fn report(
         connections_failed: c.failed,
         faults_injected: args.faults.map(|_| out.faults),
         rss_start_kb,
+        rss_quarter_kb,
+        rss_full_kb,
         rss_end_kb,
+        rss_growth_limit_kb: rss_quarter_kb.map(crate::rss::growth_limit_kb),
         passed,
         driver_counters: out.driver,
     };
@@ -1220,9 +1228,12 @@ fn print_report(r: &Report) {
         );
     }
     println!(
-        "  rss          {} -> {}",
+        "  rss          {} -> {} at 25% -> {} at 100% -> {} (growth limit {})",
         kb(r.rss_start_kb),
-        kb(r.rss_end_kb)
+        kb(r.rss_quarter_kb),
+        kb(r.rss_full_kb),
+        kb(r.rss_end_kb),
+        kb(r.rss_growth_limit_kb)
     );
     for c in &r.driver_counters {
         println!(

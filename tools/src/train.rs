@@ -2,11 +2,14 @@
 //! `starwire worker` (one role each, across hosts). See docs/TRAIN.md.
 
 use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 
 use clap::Args;
 use starwire_config::{ClusterConfig, ClusterFlags, EndpointMap, Overrides, Role, Settings};
 use starwire_graph::{ModelKind, Protocol};
 use starwire_ps::{OptimizerKind, Strategy};
+use starwire_train::cluster::PsLifetime;
 use starwire_train::source::DataSource;
 use starwire_train::{BackendKind, TrainConfig, TrainReport};
 
@@ -73,6 +76,11 @@ pub struct TrainArgs {
     /// Write a checkpoint here at the end; resume from it if one is there.
     #[arg(long)]
     pub checkpoint_dir: Option<PathBuf>,
+    /// Also checkpoint during the run, at every global step that is a
+    /// multiple of N (with --sync and --checkpoint-dir; N a multiple of
+    /// the workers). Worker 0 writes the manifest of each.
+    #[arg(long, value_name = "N")]
+    pub checkpoint_every_steps: Option<u64>,
     /// DeepRec EmbeddingVariable filter_freq: a key gets a row after this
     /// many lookups (0: at once).
     #[arg(long, default_value_t = 0)]
@@ -249,6 +257,7 @@ fn config(a: &TrainArgs, ps: usize, workers: usize) -> Result<TrainConfig, Strin
         sync: a.sync,
         seed: a.seed,
         checkpoint_dir: a.checkpoint_dir.clone(),
+        checkpoint_every_steps: a.checkpoint_every_steps,
         filter_freq: a.filter_freq,
         steps_to_live: a.steps_to_live,
         default_value_dim: a.default_value_dim,
@@ -457,9 +466,23 @@ pub fn ps_main(a: crate::launch::PsArgs) -> Result<(), Failure> {
     }
     let _metrics = r.train.metrics.serve(&cfg.telemetry)?;
     let _dpdk = dpdk_setup(&r.train);
-    let rep = starwire_train::run_ps_task(&cfg, c.task.index as usize, bind)
+    let stop = stop_on_signals()?;
+    let lifetime = PsLifetime {
+        exit_when_done: a.exit_when_done,
+        stop: &stop,
+    };
+    let rep = starwire_train::run_ps_task(&cfg, c.task.index as usize, bind, lifetime)
         .map_err(|e| r.connect.failure(e))?;
-    tracing::info!(target: "status", "starwire ps {}: every worker is done", c.task.index);
+    tracing::info!(
+        target: "status",
+        "starwire ps {}: {}",
+        c.task.index,
+        if a.exit_when_done {
+            "every worker is done"
+        } else {
+            "stopped"
+        }
+    );
     if r.train.json {
         println!(
             "{}",
@@ -467,6 +490,22 @@ pub fn ps_main(a: crate::launch::PsArgs) -> Result<(), Failure> {
         );
     }
     Ok(())
+}
+
+/// A flag SIGTERM and SIGINT set, so the PS stops with a checkpoint
+/// instead of dying; a second signal, once the flag is set, exits at once
+/// (status 1), for a checkpoint that hangs.
+fn stop_on_signals() -> Result<Arc<AtomicBool>, Failure> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [SIGTERM, SIGINT] {
+        // The shutdown check runs first: it sees the flag as the previous
+        // signal left it.
+        signal_hook::flag::register_conditional_shutdown(sig, 1, Arc::clone(&stop))
+            .and_then(|_| signal_hook::flag::register(sig, Arc::clone(&stop)))
+            .map_err(|e| Failure::Run(format!("handling signal {sig}: {e}")))?;
+    }
+    Ok(stop)
 }
 
 /// `starwire worker`.

@@ -837,7 +837,7 @@ fn across_processes(handoff: bool) {
         ("WORKER_ENABLE_POLLING", "true"),
     ]);
     let mut ps = Command::new(BIN)
-        .arg("ps")
+        .args(["ps", "--exit-when-done"])
         .args(&hosts)
         .envs(env.iter().copied())
         .env_remove("TF_CONFIG")

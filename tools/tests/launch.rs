@@ -128,7 +128,7 @@ fn a_worker_started_before_its_ps_connects_once_the_ps_appears() {
         r#"{{"cluster": {{"ps": ["{ps_addr}"], "chief": ["127.0.0.1:{w}"]}},
             "task": {{"type": "ps", "index": 0}}}}"#
     );
-    let ps = starwire(&[&["ps", "--bind", "127.0.0.1"][..], TINY].concat())
+    let ps = starwire(&[&["ps", "--bind", "127.0.0.1", "--exit-when-done"][..], TINY].concat())
         .env("TF_CONFIG", &tf_config)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -393,6 +393,11 @@ pub struct Manifest {
     pub shard_files: Vec<String>,
     /// Per-worker progress.
     pub workers: Vec<WorkerProgress>,
+    /// Each shard's global step as its file holds it, indexed by shard;
+    /// restore checks every file against it. Empty in manifests that
+    /// predate it (nothing to check).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shard_steps: Vec<u64>,
 }
 
 impl Manifest {
@@ -411,6 +416,13 @@ impl Manifest {
             return Err(CheckpointError::Corrupt(format!(
                 "manifest lists {} shard files for {} shards",
                 m.shard_files.len(),
+                m.shard_count
+            )));
+        }
+        if !m.shard_steps.is_empty() && m.shard_steps.len() != m.shard_count {
+            return Err(CheckpointError::Corrupt(format!(
+                "manifest lists {} shard steps for {} shards",
+                m.shard_steps.len(),
                 m.shard_count
             )));
         }

@@ -186,6 +186,7 @@ fn atomic_write_and_manifest() {
             offset: 4096,
             steps: 20,
         }],
+        shard_steps: vec![s.global_step()],
     };
     let mpath = dir.path().join("manifest.json");
     write_atomic(&mpath, |w| Ok(w.write_all(m.to_json()?.as_bytes())?)).unwrap();
@@ -194,6 +195,18 @@ fn atomic_write_and_manifest() {
     assert!(matches!(
         Manifest::from_json("{"),
         Err(CheckpointError::Manifest(_))
+    ));
+    // Without shard steps (an older manifest) it still reads; with the
+    // wrong number of them it is corrupt.
+    let mut old = serde_json::to_value(&m).unwrap();
+    old.as_object_mut().unwrap().remove("shard_steps");
+    let back = Manifest::from_json(&old.to_string()).unwrap();
+    assert!(back.shard_steps.is_empty());
+    let mut bad = m.clone();
+    bad.shard_steps = vec![1, 2];
+    assert!(matches!(
+        Manifest::from_json(&bad.to_json().unwrap()),
+        Err(CheckpointError::Corrupt(_))
     ));
     let mut bad = m.clone();
     bad.format_version = 7;

@@ -15,7 +15,9 @@ use bytes::{BufMut, Bytes, BytesMut};
 use starwire_grpc::{GrpcClient, GrpcError, GrpcServer, Handler, HandlerError};
 use starwire_transport::wire::{Opcode, Status};
 
-use crate::cluster::{ClusterBackend, Plan, ReactorLayout, RunningPs, TrainConfig, WorkerNet};
+use crate::cluster::{
+    ClusterBackend, Plan, PsEnd, ReactorLayout, RunningPs, TrainConfig, WorkerNet,
+};
 use crate::locked::{lock, LockedShards};
 use crate::net::{Exchange, Reply, Request, Traffic};
 use crate::psserver;
@@ -83,6 +85,10 @@ impl RunningPs for GrpcPs {
     }
     fn stop(self: Box<Self>) {
         self.server.shutdown();
+    }
+    fn shutdown(self: Box<Self>, checkpoint: bool) -> Result<PsEnd, TrainError> {
+        self.server.shutdown();
+        self.svc.shutdown(checkpoint)
     }
 }
 

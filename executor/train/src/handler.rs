@@ -6,6 +6,7 @@ use std::path::Path;
 use starwire_ps::{write_atomic, PsError, PsShard};
 use starwire_transport::wire::Status;
 
+use crate::cluster::periodic::{is_checkpoint_step, step_dir};
 use crate::psserver::{HandlerError, PsHandler};
 use crate::telemetry::ShardTelemetry;
 
@@ -42,6 +43,10 @@ pub struct ShardHandler {
     /// The PS task's `--checkpoint-dir`: the only place a `CHECKPOINT`
     /// request may write to (a peer does not choose paths on the PS).
     pub checkpoint_dir: Option<std::path::PathBuf>,
+    /// Write the shard's file into `checkpoint_dir`'s step directory
+    /// whenever a push makes the global step a multiple of this
+    /// (`--checkpoint-every-steps`; 0: never). See `cluster::periodic`.
+    pub checkpoint_every: u64,
     /// Where the shard publishes its counters and logs its progress (none:
     /// not published).
     pub telemetry: Option<ShardTelemetry>,
@@ -55,6 +60,26 @@ impl ShardHandler {
     }
 }
 
+impl ShardHandler {
+    /// The push that completed checkpoint step `step` was applied and no
+    /// barrier of it is released yet: the shard holds exactly the steps of
+    /// the checkpoint, so its file goes into the step's directory now.
+    fn checkpoint_at(&self, step: u64) -> Result<(), HandlerError> {
+        let Some(own) = &self.checkpoint_dir else {
+            return Ok(());
+        };
+        let dir = step_dir(own, step);
+        let path = dir.join(shard_file(self.index));
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| e.to_string())
+            .and_then(|()| write_atomic(&path, |w| self.shard.save(w)).map_err(|e| e.to_string()))
+            .map_err(|e| HandlerError {
+                status: Status::Internal,
+                message: format!("checkpoint at global step {step}: {}: {e}", path.display()),
+            })
+    }
+}
+
 impl PsHandler for ShardHandler {
     fn pull(&mut self, body: &[u8], out: &mut Vec<u8>) -> Result<(), HandlerError> {
         let r = self.shard.handle_pull(body, out).map_err(err);
@@ -63,8 +88,13 @@ impl PsHandler for ShardHandler {
     }
 
     fn push(&mut self, body: &[u8], out: &mut Vec<u8>) -> Result<(), HandlerError> {
+        let before = self.shard.global_step();
         let r = self.shard.handle_push(body, out).map_err(err);
         self.publish();
+        let step = self.shard.global_step();
+        if step != before && is_checkpoint_step(step, self.checkpoint_every) {
+            self.checkpoint_at(step)?;
+        }
         r
     }
 
@@ -72,7 +102,7 @@ impl PsHandler for ShardHandler {
         self.shard.global_step()
     }
 
-    fn checkpoint(&mut self, dir: &str) -> Result<(), String> {
+    fn checkpoint(&mut self, dir: &str, out: &mut Vec<u8>) -> Result<(), String> {
         let Some(own) = &self.checkpoint_dir else {
             return Err("this PS task was started without --checkpoint-dir".into());
         };
@@ -84,7 +114,10 @@ impl PsHandler for ShardHandler {
         }
         let path = own.join(shard_file(self.index));
         std::fs::create_dir_all(own).map_err(|e| format!("{dir}: {e}"))?;
-        write_atomic(&path, |w| self.shard.save(w)).map_err(|e| format!("{}: {e}", path.display()))
+        write_atomic(&path, |w| self.shard.save(w))
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        out.extend_from_slice(&self.shard.global_step().to_le_bytes());
+        Ok(())
     }
 
     fn stats(&self) -> serde_json::Value {

@@ -17,7 +17,9 @@ use std::time::{Duration, Instant};
 
 use starwire_transport::wire::Status;
 
-use crate::cluster::{ClusterBackend, Plan, ReactorLayout, RunningPs, TrainConfig, WorkerNet};
+use crate::cluster::{
+    ClusterBackend, Plan, PsEnd, ReactorLayout, RunningPs, TrainConfig, WorkerNet,
+};
 use crate::locked::{lock, LockedShards, ShardService};
 use crate::net::{Exchange, Reply, Request, Traffic};
 use crate::psserver::{self, PsHandler};
@@ -59,6 +61,10 @@ impl RunningPs for InprocPs {
     }
 
     fn stop(self: Box<Self>) {}
+
+    fn shutdown(self: Box<Self>, checkpoint: bool) -> Result<PsEnd, TrainError> {
+        self.state.shutdown(checkpoint)
+    }
 }
 
 /// A worker's handles on every PS task.
@@ -308,6 +314,7 @@ mod tests {
                     shard: PsShard::new(i, &[], ShardConfig::default()),
                     index: i,
                     checkpoint_dir: None,
+                    checkpoint_every: 0,
                     telemetry: None,
                 })
                 .collect(),

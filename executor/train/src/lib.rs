@@ -56,6 +56,13 @@ use thiserror::Error;
 
 pub use cluster::{run_local, run_ps_task, run_worker_task, BackendKind, TrainConfig, TrainReport};
 
+fn join_indices(v: &[u32]) -> String {
+    v.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// A training failure.
 #[derive(Debug, Error)]
 #[non_exhaustive]
@@ -110,6 +117,22 @@ pub enum TrainError {
     /// A PS task would serve unauthenticated peers beyond this host.
     #[error("{0}")]
     Insecure(String),
+    /// Workers whose connections ended before they said `DONE` and that
+    /// did not rejoin and finish: their data is not all trained.
+    #[error("worker(s) {} died unfinished: their connections ended before they said DONE", join_indices(.0))]
+    WorkersLost(Vec<u32>),
+    /// A checkpoint's manifest and one of its shard files disagree.
+    #[error("checkpoint {path}: the manifest says shard {shard} is at global step {manifest}, its file holds step {file}")]
+    CheckpointMismatch {
+        /// The shard file.
+        path: PathBuf,
+        /// The shard.
+        shard: usize,
+        /// The shard's step in the manifest.
+        manifest: u64,
+        /// The step in the shard's file.
+        file: u64,
+    },
     /// A bug or an impossible state, reported instead of a panic.
     #[error("internal: {0}")]
     Internal(String),

@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::sync::{Condvar, Mutex, MutexGuard};
 
-use crate::cluster::{shard_handler, Plan, TrainConfig};
+use crate::cluster::{shard_handler, write_shard, Plan, PsEnd, TrainConfig};
 use crate::handler::ShardHandler;
 use crate::psserver::{PsHandler, Service};
 use crate::TrainError;
@@ -72,6 +72,23 @@ impl LockedShards {
     #[cfg(test)]
     pub(crate) fn dones(&self) -> Vec<usize> {
         lock(&self.done).clone()
+    }
+
+    /// The shards as they are (each between two requests): counters and
+    /// steps, and each shard's checkpoint file written when `checkpoint`
+    /// is set and the task has a `--checkpoint-dir`.
+    pub(crate) fn shutdown(&self, checkpoint: bool) -> Result<PsEnd, TrainError> {
+        let mut end = PsEnd::default();
+        for s in &self.shards {
+            let g = lock(s);
+            let h = g.handler();
+            end.stats.push(h.stats());
+            end.steps.push((h.index, h.shard.global_step()));
+            if let (true, Some(dir)) = (checkpoint, &h.checkpoint_dir) {
+                end.written.push(write_shard(h, dir)?);
+            }
+        }
+        Ok(end)
     }
 
     /// Wait until every shard has received `expected` `DONE`s; then the

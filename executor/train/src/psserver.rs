@@ -8,7 +8,8 @@
 //! * [`PsServer`] is a shard's protocol state over its connections: it
 //!   queues each reply on the connection the request came from, holds
 //!   `WAIT_STEP` barriers until the global step reaches them
-//!   ([`PsServer::poll_release`]), and counts the workers that are done.
+//!   ([`PsServer::poll_release`]), and counts the workers that are done
+//!   and those whose connection ended before they said `DONE` (lost).
 //!   It never reads a clock or touches a socket: messages come in through
 //!   [`PsServer::handle_message`], replies go out as frames queued on the
 //!   [`Connection`], and the reactor (`server.rs`) moves them.
@@ -17,7 +18,7 @@ use std::collections::HashMap;
 
 use bytes::Bytes;
 use starwire_transport::wire::{Opcode, Status};
-use starwire_transport::{Connection, Incoming, Payload, SendError};
+use starwire_transport::{Connection, Incoming, Payload, SendError, TaskRole};
 use starwire_wire::ps::Control;
 use thiserror::Error;
 
@@ -39,8 +40,10 @@ pub trait PsHandler: Send + 'static {
     fn push(&mut self, body: &[u8], out: &mut Vec<u8>) -> Result<(), HandlerError>;
     /// The shard's global step.
     fn global_step(&self) -> u64;
-    /// Write the shard's checkpoint file into `dir`.
-    fn checkpoint(&mut self, dir: &str) -> Result<(), String>;
+    /// Write the shard's checkpoint file into `dir`; the reply, written
+    /// into `out`, is the global step the file holds (`u64`
+    /// little-endian), for the manifest.
+    fn checkpoint(&mut self, dir: &str, out: &mut Vec<u8>) -> Result<(), String>;
     /// The shard's counters as JSON.
     fn stats(&self) -> serde_json::Value;
 }
@@ -125,10 +128,12 @@ impl<H: PsHandler> Service<H> {
                 }
                 Ok(Control::Checkpoint(dir)) => (
                     "checkpoint",
-                    handler.checkpoint(dir).map_err(|message| HandlerError {
-                        status: Status::Internal,
-                        message,
-                    }),
+                    handler
+                        .checkpoint(dir, out)
+                        .map_err(|message| HandlerError {
+                            status: Status::Internal,
+                            message,
+                        }),
                 ),
                 Err(e) => (
                     "control",
@@ -220,13 +225,24 @@ pub struct PsServer<H> {
     /// Replies handed to the transport, kept to reuse their buffers once it
     /// has sent and dropped them (see [`reuse_reply`]).
     lent: Vec<Bytes>,
-    /// Per connection key: the worker said `DONE` or its connection ended.
+    /// Per connection key: the worker said `DONE` on it.
     done: Vec<bool>,
     /// Barriers waiting for the global step: (connection, id, step).
     waiting: Vec<(usize, u64, u64)>,
+    /// Every worker task seen, by task index: whether it said `DONE`
+    /// (else its connection ended first: it is lost until it rejoins and
+    /// says `DONE`). Counted by task, not by connection, so a worker that
+    /// rejoins is not counted twice.
+    workers: HashMap<u32, WorkerEnd>,
     expected_workers: usize,
-    done_workers: usize,
     max_wait_steps: u64,
+}
+
+/// How a worker task's connections to a shard ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WorkerEnd {
+    Done,
+    Lost,
 }
 
 impl<H: PsHandler> PsServer<H> {
@@ -238,8 +254,8 @@ impl<H: PsHandler> PsServer<H> {
             lent: Vec::new(),
             done: Vec::new(),
             waiting: Vec::new(),
+            workers: HashMap::new(),
             expected_workers,
-            done_workers: 0,
             max_wait_steps: DEFAULT_MAX_WAIT_STEPS,
         }
     }
@@ -337,7 +353,10 @@ impl<H: PsHandler> PsServer<H> {
                 Ok(())
             }
             Reply::Done => {
-                self.mark_done(key);
+                *self.done_flag(key) = true;
+                if let Some(w) = worker_index(conn) {
+                    self.workers.insert(w, WorkerEnd::Done);
+                }
                 if oneway {
                     return Ok(());
                 }
@@ -348,14 +367,42 @@ impl<H: PsHandler> PsServer<H> {
     }
 
     /// Connection `key` ended (`conn` as it was last). Its barrier is
-    /// dropped. A worker that is gone says nothing more, so it counts as
-    /// done and the shard does not wait for it for ever; a peer that never
-    /// completed the handshake was no worker and does not count.
-    pub fn handle_close(&mut self, key: usize, conn: &Connection) {
+    /// dropped. A worker whose connection ends before it said `DONE` died
+    /// unfinished: it is lost (its index is returned) until it rejoins and
+    /// says `DONE`, and it counts toward [`finished`](Self::finished) so
+    /// the shard does not wait for it for ever. A peer that never completed
+    /// the handshake, or is no worker, does not count.
+    pub fn handle_close(&mut self, key: usize, conn: &Connection) -> Option<u32> {
         self.waiting.retain(|w| w.0 != key);
-        if conn.peer().is_some() {
-            self.mark_done(key);
+        let said_done = std::mem::replace(self.done_flag(key), false);
+        let w = worker_index(conn)?;
+        if said_done {
+            return None;
         }
+        if self.workers.get(&w) == Some(&WorkerEnd::Done) {
+            return None;
+        }
+        self.workers.insert(w, WorkerEnd::Lost);
+        Some(w)
+    }
+
+    /// The workers whose connection ended before they said `DONE` and that
+    /// have not rejoined and said it since, by task index.
+    pub fn lost(&self) -> Vec<u32> {
+        let mut v: Vec<u32> = self
+            .workers
+            .iter()
+            .filter(|(_, e)| **e == WorkerEnd::Lost)
+            .map(|(w, _)| *w)
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Whether this shard waits for its workers to finish (an expected
+    /// count was given) rather than serving until stopped.
+    pub fn exits_when_done(&self) -> bool {
+        self.expected_workers > 0
     }
 
     /// The next barrier the global step has reached, if any.
@@ -366,15 +413,9 @@ impl<H: PsHandler> PsServer<H> {
         Some(Release { conn, id, step })
     }
 
-    /// True once every expected worker is done.
+    /// True once every expected worker is done or lost.
     pub fn finished(&self) -> bool {
-        self.expected_workers > 0 && self.done_workers >= self.expected_workers
-    }
-
-    fn mark_done(&mut self, key: usize) {
-        if !std::mem::replace(self.done_flag(key), true) {
-            self.done_workers += 1;
-        }
+        self.expected_workers > 0 && self.workers.len() >= self.expected_workers
     }
 
     fn done_flag(&mut self, key: usize) -> &mut bool {
@@ -383,6 +424,13 @@ impl<H: PsHandler> PsServer<H> {
         }
         &mut self.done[key]
     }
+}
+
+/// The task index of the worker at the other end of `conn`, if it is one.
+fn worker_index(conn: &Connection) -> Option<u32> {
+    conn.peer()
+        .filter(|p| p.role == TaskRole::Worker)
+        .map(|p| p.task_index)
 }
 
 /// A buffer of at least `cap` bytes for the next reply: the buffer of a

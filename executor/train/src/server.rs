@@ -112,7 +112,24 @@ impl<H: PsHandler, D: Driver> Service<D> for ShardService<H> {
                 "connection ended: {error}"
             );
         }
-        self.server.handle_close(id.index(), conn);
+        if let Some(w) = self.server.handle_close(id.index(), conn) {
+            if self.server.exits_when_done() {
+                tracing::warn!(
+                    shard = self.index,
+                    worker = w,
+                    "worker {w}'s connection ended before it said DONE: its data is not all \
+                     trained; the PS exits non-zero once the other workers are done, unless \
+                     worker {w} rejoins and finishes first"
+                );
+            } else {
+                tracing::warn!(
+                    shard = self.index,
+                    worker = w,
+                    "worker {w}'s connection ended before it said DONE: waiting for it to \
+                     rejoin; stopping the PS before it finishes exits non-zero"
+                );
+            }
+        }
         self.closed_connections += 1;
         self.open = self.open.saturating_sub(1);
     }

@@ -178,6 +178,81 @@ fn checkpoint_restores_the_saved_state() {
     assert!(e.to_string().contains("shards"), "{e}");
 }
 
+/// `--checkpoint-every-steps` with `--sync`: each checkpoint's shard files
+/// hold exactly the steps it names, every worker's progress is recorded,
+/// old ones are removed, and a run resumes from one.
+#[test]
+fn checkpoints_during_a_sync_run_are_consistent_and_resume() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // 16 384 examples, 2 workers, batches of 256: 32 steps each, global
+    // step 64 at the end; capped at 48, with a checkpoint every 16.
+    let cfg = TrainConfig {
+        sync: true,
+        checkpoint_dir: Some(d.to_owned()),
+        checkpoint_every_steps: Some(16),
+        ..small()
+    };
+    // No evaluation: its pulls would add rows after the last step.
+    let first = run_local(&TrainConfig {
+        steps: Some(48),
+        eval_examples: 0,
+        ..cfg.clone()
+    })
+    .unwrap();
+    assert_eq!(first.steps, 48);
+    // Checkpoints at 16, 32 and 48; the latest two are kept.
+    let steps = d.join("steps");
+    let mut kept: Vec<String> = std::fs::read_dir(&steps)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    kept.sort();
+    assert_eq!(kept, ["32", "48"]);
+    // Taken at global step 48, the last step: the same state the end of
+    // the run wrote, byte for byte, on every shard.
+    for s in 0..first.shards {
+        let mid = std::fs::read(steps.join("48").join(format!("shard-{s:04}.ckpt"))).unwrap();
+        let end = std::fs::read(d.join(format!("shard-{s:04}.ckpt"))).unwrap();
+        assert!(
+            mid == end,
+            "shard {s}: the checkpoint at 48 is not the state at 48"
+        );
+    }
+    for w in 0..2 {
+        let p: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(steps.join("48").join(format!("worker-{w:04}.json"))).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(p["steps"], 24, "{p}");
+        assert_eq!(p["offset"], 24 * 256, "{p}");
+    }
+    // Resume from the checkpoint at 32, as after a crash right after it.
+    let mpath = d.join("manifest.json");
+    let mut m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&mpath).unwrap()).unwrap();
+    m["global_step"] = 32.into();
+    m["shard_steps"] = serde_json::json!([32, 32]);
+    m["shard_files"] = serde_json::json!(["steps/32/shard-0000.ckpt", "steps/32/shard-0001.ckpt"]);
+    m["workers"] = serde_json::json!([
+        {"worker": 0, "epoch": 0, "offset": 4096, "steps": 16},
+        {"worker": 1, "epoch": 0, "offset": 4096, "steps": 16},
+    ]);
+    std::fs::write(&mpath, m.to_string()).unwrap();
+    let second = run_local(&cfg).unwrap();
+    assert_eq!(second.resumed_from_step, Some(32));
+    assert_eq!(second.steps, 32, "each worker runs its 16 steps left");
+    assert_eq!(second.samples, 32 * 256);
+    // A file outside the checkpoint directory is refused.
+    m["shard_files"] = serde_json::json!(["../x", "steps/32/shard-0001.ckpt"]);
+    std::fs::write(&mpath, m.to_string()).unwrap();
+    let e = run_local(&cfg).unwrap_err().to_string();
+    assert!(e.contains("not inside the checkpoint directory"), "{e}");
+    // Without --sync there is no barrier to quiesce the pushes.
+    let e = run_local(&TrainConfig { sync: false, ..cfg }).unwrap_err();
+    assert!(e.to_string().contains("needs --sync"), "{e}");
+}
+
 #[test]
 fn criteo_file_trains_like_the_generator() {
     let dir = tempfile::tempdir().unwrap();
@@ -347,7 +422,13 @@ fn inproc_trains_with_a_barrier_and_only_in_one_process() {
         backend: starwire_train::BackendKind::Inproc,
         ..small()
     };
-    let e = starwire_train::run_ps_task(&cfg, 0, "127.0.0.1:0".parse().unwrap()).unwrap_err();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let lifetime = starwire_train::cluster::PsLifetime {
+        exit_when_done: true,
+        stop: &stop,
+    };
+    let e =
+        starwire_train::run_ps_task(&cfg, 0, "127.0.0.1:0".parse().unwrap(), lifetime).unwrap_err();
     assert!(e.to_string().contains("inproc"), "{e}");
     let e = starwire_train::run_worker_task(&cfg, &["127.0.0.1:1".into()], 0).unwrap_err();
     assert!(e.to_string().contains("inproc"), "{e}");

@@ -18,11 +18,11 @@ use starwire_transport::wire::{Opcode, Status};
 use starwire_transport::{ConnConfig, Endpoint, Payload, PeerInfo, TaskRole};
 use starwire_wire::ps::{Control, PullRequestWriter, PullResponse};
 
-fn peer(role: TaskRole) -> ConnConfig {
+fn peer(role: TaskRole, task_index: u32) -> ConnConfig {
     ConnConfig::new(PeerInfo {
         role,
         job: "t".into(),
-        task_index: 0,
+        task_index,
         incarnation: 7,
         shards: 1,
     })
@@ -70,12 +70,13 @@ fn start(expected: usize) -> Ps {
             shard,
             index: 0,
             checkpoint_dir: None,
+            checkpoint_every: 0,
             telemetry: None,
         };
         Endpoint::new(
             TcpDriver::new(tcp_config()).unwrap(),
             ShardService::new(0, handler, expected),
-            peer(TaskRole::Ps),
+            peer(TaskRole::Ps, 0),
         )
         .with_inbox(rx)
     })
@@ -90,7 +91,8 @@ fn start(expected: usize) -> Ps {
     }
 }
 
-fn client(addr: &str) -> SessionNet<TcpDriver> {
+/// Worker `index`'s connection to the shard.
+fn client(addr: &str, index: u32) -> SessionNet<TcpDriver> {
     let s = dial(addr, 0, Instant::now() + Duration::from_secs(5)).unwrap();
     let now = Instant::now();
     // Well under the acceptor's 10 s preamble timeout: a silent peer must
@@ -99,7 +101,7 @@ fn client(addr: &str) -> SessionNet<TcpDriver> {
     let mut ep = Endpoint::new(
         TcpDriver::new(tcp_config()).unwrap(),
         service,
-        peer(TaskRole::Worker),
+        peer(TaskRole::Worker, index),
     );
     ep.attach_stream(s, 0, now).unwrap();
     SessionNet::new(ep, false).unwrap()
@@ -140,7 +142,7 @@ fn errors_are_statuses_and_end_only_the_bad_connection() {
     let ps = start(2);
     // A peer that connects and says nothing.
     let _silent = TcpStream::connect(&ps.addr).unwrap();
-    let mut good = client(&ps.addr);
+    let mut good = client(&ps.addr, 0);
 
     // An unknown variable: a status for this request, connection lives.
     let r = one(&mut good, Opcode::SparsePull, pull(&[(99, None)]));
@@ -201,10 +203,11 @@ fn errors_are_statuses_and_end_only_the_bad_connection() {
     );
     assert_eq!(r.status, Some(Status::Internal));
     assert!(String::from_utf8_lossy(&r.body).contains("--checkpoint-dir"));
-    // A second worker that goes away without DONE counts as done (a dead
-    // worker must not keep the PS up for ever); the garbage connection,
-    // which never completed a handshake, does not count.
-    let other = client(&ps.addr);
+    // A second worker that goes away without DONE is lost: it counts
+    // toward finishing (a dead worker must not keep the PS up for ever)
+    // and is named at the end; the garbage connection, which never
+    // completed a handshake, does not count.
+    let other = client(&ps.addr, 1);
     drop(other);
     std::thread::sleep(Duration::from_millis(100));
     assert!(!ps.reactor_finished(), "one worker is still connected");
@@ -214,6 +217,7 @@ fn errors_are_statuses_and_end_only_the_bad_connection() {
     );
     let (ep, _) = ps.reactor.join().unwrap();
     let shard = ep.service();
+    assert_eq!(shard.server().lost(), vec![1], "worker 1 died unfinished");
     assert!(shard.server().service().failed() >= 5);
     assert!(
         shard.closed_connections() >= 1,
@@ -222,4 +226,28 @@ fn errors_are_statuses_and_end_only_the_bad_connection() {
     let st = ps.acceptor.stats();
     assert_eq!(st.bad_preamble, 1, "{st:?}");
     assert_eq!(st.routed, 3, "{st:?}");
+}
+
+#[test]
+fn a_lost_worker_that_rejoins_and_finishes_is_done() {
+    let ps = start(2);
+    // Worker 1 dies without DONE, then rejoins and finishes; worker 0
+    // finishes. Counted by task, worker 1's two connections are one worker.
+    drop(client(&ps.addr, 1));
+    std::thread::sleep(Duration::from_millis(100));
+    let mut again = client(&ps.addr, 1);
+    assert_eq!(
+        one(&mut again, Opcode::Rpc, Control::Done.encode()).status,
+        Some(Status::Ok)
+    );
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(!ps.reactor_finished(), "worker 0 has not finished");
+    let mut w0 = client(&ps.addr, 0);
+    assert_eq!(
+        one(&mut w0, Opcode::Rpc, Control::Done.encode()).status,
+        Some(Status::Ok)
+    );
+    drop((again, w0));
+    let (ep, _) = ps.reactor.join().unwrap();
+    assert!(ep.service().server().lost().is_empty());
 }

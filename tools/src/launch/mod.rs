@@ -119,6 +119,11 @@ pub struct PsArgs {
     /// address this task's own entry resolves to. In a container, 0.0.0.0.
     #[arg(long, value_name = "ADDR")]
     pub bind: Option<Bind>,
+    /// Exit once every worker of the cluster is done (a batch job),
+    /// instead of serving until SIGTERM or SIGINT. Either way, a worker
+    /// that died unfinished makes the exit status non-zero.
+    #[arg(long)]
+    pub exit_when_done: bool,
     #[command(flatten)]
     pub role: crate::train::RoleArgs,
 }

@@ -56,6 +56,9 @@ pub struct TrainConfig {
     /// Write a checkpoint here at the end; restore from it at start if one
     /// is there.
     pub checkpoint_dir: Option<PathBuf>,
+    /// Also checkpoint during the run, at every global step that is a
+    /// multiple of this (`--checkpoint-every-steps`; needs `sync`).
+    pub checkpoint_every_steps: Option<u64>,
     /// DeepRec `filter_freq` (0: off).
     pub filter_freq: u32,
     /// DeepRec `steps_to_live` (0: off).
@@ -127,6 +130,7 @@ impl Default for TrainConfig {
             sync: false,
             seed: 1,
             checkpoint_dir: None,
+            checkpoint_every_steps: None,
             filter_freq: 0,
             steps_to_live: 0,
             default_value_dim: starwire_ps::DEFAULT_VALUE_DIM,

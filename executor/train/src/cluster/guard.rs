@@ -150,6 +150,11 @@ pub fn training_flags(cfg: &TrainConfig) -> String {
     put("placement", &format!("{:?}", cfg.assignment));
     put("tensor-fuse", &cfg.tensor_fuse);
     put("sync", &cfg.sync);
+    put(
+        "checkpoint-every-steps",
+        &cfg.checkpoint_every_steps
+            .map_or("none".to_string(), |s| s.to_string()),
+    );
     put("seed", &cfg.seed);
     put("filter-freq", &cfg.filter_freq);
     put("steps-to-live", &cfg.steps_to_live);

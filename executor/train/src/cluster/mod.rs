@@ -8,6 +8,7 @@
 
 mod config;
 mod guard;
+pub(crate) mod periodic;
 mod plan;
 mod reactors;
 mod report;
@@ -23,21 +24,22 @@ pub use reactors::{
     summary, PinnedThread, ProcessReactors, ReactorLayout, ReactorReport, OVERSUBSCRIBED_IDLE_POLL,
 };
 pub use report::{Interval, PsTaskReport, TrainReport};
-pub(crate) use roles::shard_handler;
 pub use roles::{
     connect, connect_handoff, evaluate, load_eval, make_shard, start_ps, worker_loop,
-    ClusterBackend, PsTask, RunningPs, Sessions, WorkerNet, WorkerOutcome,
+    ClusterBackend, PsEnd, PsTask, RunningPs, Sessions, WorkerNet, WorkerOutcome,
 };
+pub(crate) use roles::{shard_handler, write_shard};
 
 use std::net::{SocketAddr, TcpListener};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Barrier;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use starwire_data::{auc, Batch};
 use starwire_graph::{partition, Executor};
 
 use config::across_processes;
-use roles::{cluster_backend, read_manifest, write_checkpoint};
+use roles::{cluster_backend, read_manifest, write_checkpoint, write_manifest};
 
 use crate::net::Traffic;
 use crate::source::DataSource;
@@ -59,6 +61,7 @@ pub fn run_local(cfg: &TrainConfig) -> Result<TrainReport, TrainError> {
 
 fn run_local_on(k: &dyn ClusterBackend, cfg: &TrainConfig) -> Result<TrainReport, TrainError> {
     cfg.check_handoff()?;
+    periodic::check(cfg)?;
     let plan = plan(cfg)?;
     let manifest = match &cfg.checkpoint_dir {
         Some(d) => read_manifest(d)?,
@@ -258,16 +261,35 @@ fn warn(layout: &ReactorLayout) {
     }
 }
 
-/// `starwire ps`: serve PS task `index` on `bind` until every one of the
-/// `cfg.workers` workers has said `DONE`; returns the shards' counters and
-/// the task's reactors. Restores from `--checkpoint-dir` when it holds a
-/// checkpoint.
+/// How long `starwire ps` serves.
+#[derive(Debug, Clone, Copy)]
+pub struct PsLifetime<'a> {
+    /// End once every one of the cluster's workers is done
+    /// (`--exit-when-done`, batch jobs); else serve until stopped, as
+    /// TensorFlow's `server.join()`.
+    pub exit_when_done: bool,
+    /// Set (by SIGTERM or SIGINT) to stop the task: it checkpoints (with
+    /// a `--checkpoint-dir`) and ends.
+    pub stop: &'a AtomicBool,
+}
+
+/// How often a PS task looks at its stop flag.
+const STOP_POLL: Duration = Duration::from_millis(50);
+
+/// `starwire ps`: serve PS task `index` on `bind` for `lifetime`; returns
+/// the shards' counters and the task's reactors. Restores from
+/// `--checkpoint-dir` when it holds a checkpoint. A worker that died
+/// unfinished (its connection ended before it said `DONE`, and it did not
+/// rejoin and finish) makes it an error naming the worker, however the
+/// task ended: a PS never ends well while a worker's data is untrained.
 pub fn run_ps_task(
     cfg: &TrainConfig,
     index: usize,
     bind: SocketAddr,
+    lifetime: PsLifetime<'_>,
 ) -> Result<PsTaskReport, TrainError> {
     across_processes(cfg.backend)?;
+    periodic::check(cfg)?;
     let k = cluster_backend(cfg.backend);
     let plan = plan(cfg)?;
     let restore = match &cfg.checkpoint_dir {
@@ -279,18 +301,100 @@ pub fn run_ps_task(
     let reactors = layout.report();
     cfg.guard.check_listen(bind, cfg.backend)?;
     let l = TcpListener::bind(bind).map_err(|source| TrainError::Listen { addr: bind, source })?;
-    let task = k.start_ps(cfg, &plan, index, l, cfg.workers, restore, &layout)?;
+    let expected = if lifetime.exit_when_done {
+        cfg.workers
+    } else {
+        0
+    };
+    let task = k.start_ps(cfg, &plan, index, l, expected, restore, &layout)?;
     tracing::info!(
         target: "status",
-        "starwire ps {index}: serving {} shard(s) on {}; {}",
+        "starwire ps {index}: serving {} shard(s) on {}; {}; {}",
         cfg.ps_reactors.max(1),
         task.addr(),
-        summary(&reactors)
+        summary(&reactors),
+        if lifetime.exit_when_done {
+            "exits when every worker is done, or on SIGTERM or SIGINT"
+        } else {
+            "serves until SIGTERM or SIGINT"
+        }
     );
+    let stopped = || lifetime.stop.load(Ordering::Relaxed);
+    while !stopped() && !task.finished() {
+        std::thread::sleep(STOP_POLL);
+    }
+    if !stopped() {
+        // Every expected worker is done (or a reactor failed: join says).
+        return Ok(PsTaskReport {
+            shards: task.join()?,
+            reactors,
+        });
+    }
+    let end = task.shutdown(true)?;
+    if let Some(dir) = &cfg.checkpoint_dir {
+        ps_manifest(cfg, &plan, dir, &end)?;
+    }
+    if !end.lost.is_empty() {
+        return Err(TrainError::WorkersLost(end.lost));
+    }
     Ok(PsTaskReport {
-        shards: task.join()?,
+        shards: end.stats,
         reactors,
     })
+}
+
+/// After a stopped PS task wrote its shard files into `dir`: the manifest,
+/// when this task holds every shard of the cluster (one PS task) and no
+/// checkpoints are taken during the run. With several PS tasks each writes
+/// only its own shards, and the manifest stays the last one written by the
+/// chief.
+fn ps_manifest(
+    cfg: &TrainConfig,
+    plan: &Plan,
+    dir: &std::path::Path,
+    end: &PsEnd,
+) -> Result<(), TrainError> {
+    if cfg.checkpoint_every_steps.is_some() {
+        // The manifest names the latest checkpoint taken during the run,
+        // whose worker positions match its files; this one has none.
+        tracing::info!(
+            target: "status",
+            "checkpoint: {} shard file(s) written into {}; the manifest stays that of the \
+             latest --checkpoint-every-steps checkpoint",
+            end.written.len(),
+            dir.display()
+        );
+        return Ok(());
+    }
+    if end.steps.len() != plan.shards {
+        tracing::warn!(
+            target: "status",
+            "checkpoint: wrote {} of the cluster's {} shard files into {}; the manifest is \
+             the chief's",
+            end.written.len(),
+            plan.shards,
+            dir.display()
+        );
+        return Ok(());
+    }
+    let mut steps = vec![0u64; plan.shards];
+    for &(s, step) in &end.steps {
+        if let Some(slot) = steps.get_mut(s) {
+            *slot = step;
+        }
+    }
+    // The workers' positions are theirs to report; a checkpoint taken on
+    // SIGTERM keeps those of the one it was restored from.
+    let workers = read_manifest(dir)?.map(|m| m.workers).unwrap_or_default();
+    let files = (0..plan.shards).map(crate::handler::shard_file).collect();
+    write_manifest(cfg, plan, dir, files, steps, workers)?;
+    tracing::info!(
+        target: "status",
+        "checkpoint: {} shard file(s) and the manifest written into {}",
+        end.written.len(),
+        dir.display()
+    );
+    Ok(())
 }
 
 /// `starwire worker`: run worker `index` against the PS tasks at
@@ -304,6 +408,7 @@ pub fn run_worker_task(
 ) -> Result<TrainReport, TrainError> {
     across_processes(cfg.backend)?;
     cfg.check_handoff()?;
+    periodic::check(cfg)?;
     let k = cluster_backend(cfg.backend);
     let plan = plan(cfg)?;
     let manifest = match &cfg.checkpoint_dir {

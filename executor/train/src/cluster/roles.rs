@@ -16,6 +16,7 @@ use starwire_transport::reactor::Reactor;
 use starwire_transport::{ConnConfig, Driver, Endpoint, PeerInfo, TaskRole};
 
 use super::config::shard_config;
+use super::periodic;
 use super::reactors::{PinnedThread, ReactorLayout};
 use super::{model_name, protocol_name, BackendKind, Interval, Plan, TrainConfig};
 use crate::backend::{Backend, Tcp};
@@ -63,23 +64,98 @@ impl<K: Backend> PsTask<K> {
         self.acceptor.local_addr()
     }
 
-    /// Wait for every shard to finish (every expected worker said `DONE`)
-    /// and return the shards' counters.
+    /// Wait for every shard to finish (every expected worker said `DONE`
+    /// or was lost) and return the shards' counters; a worker that died
+    /// unfinished is an error naming it.
     pub fn join(self) -> Result<Vec<serde_json::Value>, TrainError> {
         let PsTask { acceptor, reactors } = self;
-        let mut out = Vec::new();
-        for r in reactors {
-            let (shard, _) = r
-                .join()
-                .map_err(|e| TrainError::Internal(format!("PS reactor: {e}")))?;
-            let shard = shard
-                .into_inner()
-                .ok_or_else(|| TrainError::Internal("PS reactor had no driver".into()))?;
-            out.push(crate::psserver::PsHandler::stats(shard.service().handler()));
-        }
+        let ended: Vec<Joined<K>> = reactors.into_iter().map(Reactor::join).collect();
+        let end = collect::<K>(ended.into_iter(), false)?;
         drop(acceptor);
-        Ok(out)
+        if !end.lost.is_empty() {
+            return Err(TrainError::WorkersLost(end.lost));
+        }
+        Ok(end.stats)
     }
+
+    /// Whether a shard's reactor has ended: its expected workers are done,
+    /// or it failed.
+    pub fn any_finished(&self) -> bool {
+        self.reactors.iter().any(Reactor::is_finished)
+    }
+
+    /// Stop serving: no new connection is accepted, every shard's reactor
+    /// is told to stop at once and stops between two requests (no push is
+    /// half applied), and then each shard writes its checkpoint file when
+    /// `checkpoint` is set and the task has a `--checkpoint-dir`.
+    pub fn shutdown(self, checkpoint: bool) -> Result<PsEnd, TrainError> {
+        let PsTask { acceptor, reactors } = self;
+        drop(acceptor);
+        for r in &reactors {
+            r.waker().stop();
+        }
+        // Every reactor is joined before any file is written, so none is
+        // left running by a write that fails.
+        let ended: Vec<Joined<K>> = reactors.into_iter().map(Reactor::join).collect();
+        collect::<K>(ended.into_iter(), checkpoint)
+    }
+}
+
+/// What a PS task's shards ended with.
+#[derive(Debug, Clone, Default)]
+pub struct PsEnd {
+    /// Each shard's counters.
+    pub stats: Vec<serde_json::Value>,
+    /// Each shard's index and global step, as it stopped.
+    pub steps: Vec<(usize, u64)>,
+    /// Workers lost on any shard (connection ended before `DONE`, no
+    /// rejoin), by task index.
+    pub lost: Vec<u32>,
+    /// The shard files written, when asked to checkpoint.
+    pub written: Vec<std::path::PathBuf>,
+}
+
+type Joined<K> = Result<
+    (ShardState<K>, starwire_transport::reactor::ReactorStats),
+    starwire_transport::reactor::ReactorError,
+>;
+
+/// The shards of ended reactors: counters, steps, lost workers, and their
+/// checkpoint files written when `checkpoint` is set.
+fn collect<K: Backend>(
+    ended: impl Iterator<Item = Joined<K>>,
+    checkpoint: bool,
+) -> Result<PsEnd, TrainError> {
+    let mut end = PsEnd::default();
+    for r in ended {
+        let (shard, _) = r.map_err(|e| TrainError::Internal(format!("PS reactor: {e}")))?;
+        let endpoint = shard
+            .into_inner()
+            .ok_or_else(|| TrainError::Internal("PS reactor had no driver".into()))?;
+        let service = endpoint.service();
+        let h = service.handler();
+        end.stats.push(crate::psserver::PsHandler::stats(h));
+        end.steps.push((h.index, h.shard.global_step()));
+        end.lost.extend(service.server().lost());
+        if let (true, Some(dir)) = (checkpoint, &h.checkpoint_dir) {
+            end.written.push(write_shard(h, dir)?);
+        }
+    }
+    end.lost.sort_unstable();
+    end.lost.dedup();
+    Ok(end)
+}
+
+/// Write shard `h`'s checkpoint file into `dir`.
+pub(crate) fn write_shard(h: &ShardHandler, dir: &Path) -> Result<std::path::PathBuf, TrainError> {
+    let path = dir.join(shard_file(h.index));
+    let ck = |reason: String| TrainError::Checkpoint {
+        path: path.clone(),
+        reason,
+    };
+    std::fs::create_dir_all(dir).map_err(|e| ck(e.to_string()))?;
+    starwire_ps::write_atomic(&path, |w| h.shard.save(w)).map_err(|e| ck(e.to_string()))?;
+    Ok(path)
 }
 
 /// Shard `s` of the plan as a reactor (or a lock) serves it, restored
@@ -96,6 +172,7 @@ pub(crate) fn shard_handler(
         shard,
         index: s,
         checkpoint_dir: cfg.checkpoint_dir.clone(),
+        checkpoint_every: cfg.checkpoint_every_steps.unwrap_or(0),
         telemetry: Some(telemetry),
     })
 }
@@ -122,15 +199,64 @@ pub fn make_shard(
         shard.reserve_rows(def.id, usize::try_from(seen / ways).unwrap_or(0));
     }
     if let Some(dir) = restore {
-        let path = dir.join(shard_file(s));
+        let manifest = read_manifest(dir)?.ok_or_else(|| TrainError::Checkpoint {
+            path: dir.join("manifest.json"),
+            reason: "no manifest: the checkpoint is incomplete".into(),
+        })?;
+        let path = dir.join(manifest_file(&manifest, s, dir)?);
         let ck = |reason: String| TrainError::Checkpoint {
             path: path.clone(),
             reason,
         };
         let mut f = std::fs::File::open(&path).map_err(|e| ck(e.to_string()))?;
         shard.restore(&mut f).map_err(|e| ck(e.to_string()))?;
+        check_shard(&manifest, s, shard.global_step(), &path)?;
     }
     Ok(shard)
+}
+
+/// Shard `s`'s file as the manifest names it: a path inside the
+/// checkpoint directory (no `..`, not absolute).
+fn manifest_file<'m>(m: &'m Manifest, s: usize, dir: &Path) -> Result<&'m Path, TrainError> {
+    let bad = |reason: String| TrainError::Checkpoint {
+        path: dir.join("manifest.json"),
+        reason,
+    };
+    let f = Path::new(
+        m.shard_files
+            .get(s)
+            .ok_or_else(|| bad(format!("no file for shard {s}")))?,
+    );
+    let inside = f
+        .components()
+        .all(|c| matches!(c, std::path::Component::Normal(_)));
+    if !inside {
+        return Err(bad(format!(
+            "shard {s}'s file {} is not inside the checkpoint directory",
+            f.display()
+        )));
+    }
+    Ok(f)
+}
+
+/// Shard `s`'s file, at global step `file`, against the manifest: a
+/// file of another step than the manifest names is from another
+/// checkpoint (or was written while the shard still trained).
+pub(super) fn check_shard(
+    m: &Manifest,
+    s: usize,
+    file: u64,
+    path: &Path,
+) -> Result<(), TrainError> {
+    match m.shard_steps.get(s) {
+        Some(&manifest) if manifest != file => Err(TrainError::CheckpointMismatch {
+            path: path.to_owned(),
+            shard: s,
+            manifest,
+            file,
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// A PS task as the local cluster drives it, whatever its backend.
@@ -141,6 +267,14 @@ pub trait RunningPs {
     fn join(self: Box<Self>) -> Result<Vec<serde_json::Value>, TrainError>;
     /// Stop at once (a run that failed).
     fn stop(self: Box<Self>);
+    /// Whether the task ended by itself: its expected workers are done,
+    /// or a reactor failed. A task serving until stopped never does.
+    fn finished(&self) -> bool {
+        false
+    }
+    /// Stop serving; each shard writes its checkpoint file when
+    /// `checkpoint` is set and the task has a `--checkpoint-dir`.
+    fn shutdown(self: Box<Self>, checkpoint: bool) -> Result<PsEnd, TrainError>;
 }
 
 impl<K: Backend> RunningPs for PsTask<K> {
@@ -154,6 +288,12 @@ impl<K: Backend> RunningPs for PsTask<K> {
         for r in self.reactors {
             let _ = r.stop();
         }
+    }
+    fn finished(&self) -> bool {
+        self.any_finished()
+    }
+    fn shutdown(self: Box<Self>, checkpoint: bool) -> Result<PsEnd, TrainError> {
+        PsTask::shutdown(*self, checkpoint)
     }
 }
 
@@ -576,6 +716,24 @@ pub fn worker_loop(
             if n == 0 {
                 break;
             }
+            // A checkpoint step's barrier may release the other workers as
+            // soon as this step's push lands: this worker's progress after
+            // the step is written before the push.
+            let c = (steps_done + 1) * w_count;
+            let every = cfg.checkpoint_every_steps.unwrap_or(0);
+            let ckpt_dir = cfg
+                .checkpoint_dir
+                .as_deref()
+                .filter(|_| cfg.sync && periodic::is_checkpoint_step(c, every));
+            if let Some(dir) = ckpt_dir {
+                let progress = WorkerProgress {
+                    worker: w as u32,
+                    epoch,
+                    offset: offset + n as u64,
+                    steps: steps_done + 1,
+                };
+                periodic::write_progress(dir, c, &progress)?;
+            }
             let t_step = Instant::now();
             let info = core.step(net, &batch)?;
             offset += n as u64;
@@ -586,7 +744,10 @@ pub fn worker_loop(
             loss_n += 1;
             if cfg.sync {
                 core.flush(net)?;
-                core.barrier(net, steps_done * w_count)?;
+                core.barrier(net, c)?;
+                if let (0, Some(dir)) = (w, ckpt_dir) {
+                    periodic::complete(cfg, plan, dir, c)?;
+                }
             }
             cells.stepped(StepProgress {
                 steps: out.steps,
@@ -645,7 +806,7 @@ pub fn worker_loop(
     Ok(out)
 }
 
-pub(super) fn read_manifest(dir: &Path) -> Result<Option<Manifest>, TrainError> {
+pub(crate) fn read_manifest(dir: &Path) -> Result<Option<Manifest>, TrainError> {
     let p = dir.join("manifest.json");
     match std::fs::read_to_string(&p) {
         Ok(s) => Manifest::from_json(&s)
@@ -687,22 +848,40 @@ pub(super) fn write_checkpoint(
         path: dir.to_owned(),
         reason: "path is not UTF-8".into(),
     })?;
-    core.control(net, &Control::Checkpoint(d))?;
-    // Every shard's global step (WAIT_STEP(0) answers at once).
-    let global_step = core
-        .control(net, &Control::WaitStep(0))?
+    // Each shard answers with the global step its file holds.
+    let shard_steps = core
+        .control(net, &Control::Checkpoint(d))?
         .iter()
-        .filter_map(|b| b.as_slice().try_into().ok().map(u64::from_le_bytes))
-        .max()
-        .unwrap_or(0);
+        .map(|b| b.as_slice().try_into().map(u64::from_le_bytes))
+        .collect::<Result<Vec<u64>, _>>()
+        .map_err(|_| TrainError::Checkpoint {
+            path: dir.to_owned(),
+            reason: "a shard's checkpoint reply does not carry its global step".into(),
+        })?;
+    let files = (0..plan.shards).map(shard_file).collect();
+    write_manifest(cfg, plan, dir, files, shard_steps, workers)
+}
+
+/// Write `dir`'s manifest for shard files at `shard_steps` (the last
+/// file of a checkpoint: a directory without it is incomplete).
+pub(super) fn write_manifest(
+    cfg: &TrainConfig,
+    plan: &Plan,
+    dir: &Path,
+    shard_files: Vec<String>,
+    shard_steps: Vec<u64>,
+    workers: Vec<WorkerProgress>,
+) -> Result<(), TrainError> {
+    let global_step = shard_steps.iter().copied().max().unwrap_or(0);
     let m = Manifest {
         format_version: starwire_ps::checkpoint::FORMAT_VERSION,
         global_step,
         shard_count: plan.shards,
         seed: cfg.seed,
         model: model_json(cfg),
-        shard_files: (0..plan.shards).map(shard_file).collect(),
+        shard_files,
         workers,
+        shard_steps,
     };
     let json = m.to_json().map_err(|e| TrainError::Checkpoint {
         path: dir.to_owned(),

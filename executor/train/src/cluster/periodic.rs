@@ -1,0 +1,199 @@
+//! Checkpoints during the run (`--checkpoint-every-steps N`, with
+//! `--sync`).
+//!
+//! A checkpoint is taken at every global step `C` that is a multiple of
+//! `N`. With `--sync` every worker pushes its step, then waits at a
+//! barrier for the global step `C` before it pushes the next one, so when
+//! a shard's global step becomes `C` its state holds exactly every
+//! worker's first `C / workers` steps, on every shard alike: the shard
+//! writes its file then, inside the push that completed the step, before
+//! any barrier is released. Each worker writes its progress after the
+//! step before it pushes it (the barrier may release the others as soon as
+//! the push lands); once the barrier lets worker 0 through, every shard
+//! file and every worker's progress is in place, and it writes the
+//! manifest.
+//!
+//! Each checkpoint lives in `DIR/steps/C/`; `DIR/manifest.json` names the
+//! latest complete one. A crash before the manifest leaves the previous
+//! checkpoint whole. Worker 0 removes the step directories older than the
+//! one before the latest.
+
+use std::path::{Path, PathBuf};
+
+use starwire_ps::WorkerProgress;
+
+use super::roles::{read_manifest, write_manifest};
+use super::{Plan, TrainConfig};
+use crate::handler::shard_file;
+use crate::TrainError;
+
+/// The directory of the checkpoint at global step `c` inside `dir`.
+pub fn step_dir(dir: &Path, c: u64) -> PathBuf {
+    dir.join("steps").join(c.to_string())
+}
+
+/// Whether global step `c` is a checkpoint step of `--checkpoint-every-steps
+/// every` (0: none).
+pub fn is_checkpoint_step(c: u64, every: u64) -> bool {
+    every > 0 && c > 0 && c % every == 0
+}
+
+fn progress_file(dir: &Path, c: u64, worker: u32) -> PathBuf {
+    step_dir(dir, c).join(format!("worker-{worker:04}.json"))
+}
+
+fn ck(path: &Path) -> impl Fn(String) -> TrainError + '_ {
+    move |reason| TrainError::Checkpoint {
+        path: path.to_owned(),
+        reason,
+    }
+}
+
+/// `--checkpoint-every-steps` needs `--sync` (the barrier that quiesces
+/// the pushes) and a `--checkpoint-dir`, and a multiple of the workers
+/// (the global step moves by one per worker each synchronous step).
+pub(super) fn check(cfg: &TrainConfig) -> Result<(), TrainError> {
+    let Some(n) = cfg.checkpoint_every_steps else {
+        return Ok(());
+    };
+    let bad = |why: &str| {
+        Err(TrainError::Config(format!(
+            "--checkpoint-every-steps {n}: {why}"
+        )))
+    };
+    if cfg.checkpoint_dir.is_none() {
+        return bad("needs --checkpoint-dir");
+    }
+    if !cfg.sync {
+        return bad(
+            "needs --sync (its per-step barrier is what makes every shard's file hold the same \
+             steps)",
+        );
+    }
+    if n == 0 || n % cfg.workers as u64 != 0 {
+        return bad(&format!(
+            "must be a positive multiple of --workers {} (with --sync the global step moves by \
+             one per worker each step)",
+            cfg.workers
+        ));
+    }
+    Ok(())
+}
+
+/// A worker about to push the step that completes global step `c`: its
+/// progress after that step, for the manifest.
+pub(super) fn write_progress(
+    dir: &Path,
+    c: u64,
+    progress: &WorkerProgress,
+) -> Result<(), TrainError> {
+    let path = progress_file(dir, c, progress.worker);
+    let ck = ck(&path);
+    std::fs::create_dir_all(step_dir(dir, c)).map_err(|e| ck(e.to_string()))?;
+    let json = serde_json::to_vec(progress).map_err(|e| ck(e.to_string()))?;
+    starwire_ps::write_atomic(&path, |w| {
+        w.write_all(&json)
+            .map_err(starwire_ps::CheckpointError::from)
+    })
+    .map_err(|e| ck(e.to_string()))
+}
+
+/// Worker 0, through the barrier of checkpoint step `c`: every shard file
+/// and every worker's progress is in `DIR/steps/c/`; write the manifest
+/// naming them, then remove the step directories before the previous
+/// checkpoint.
+pub(super) fn complete(
+    cfg: &TrainConfig,
+    plan: &Plan,
+    dir: &Path,
+    c: u64,
+) -> Result<(), TrainError> {
+    let previous = read_manifest(dir)?.map(|m| m.global_step);
+    let mut workers = Vec::with_capacity(cfg.workers);
+    for w in 0..cfg.workers as u32 {
+        let path = progress_file(dir, c, w);
+        let ck = ck(&path);
+        let text = std::fs::read(&path).map_err(|e| ck(e.to_string()))?;
+        let p: WorkerProgress = serde_json::from_slice(&text).map_err(|e| ck(e.to_string()))?;
+        if p.worker != w {
+            return Err(ck(format!("holds worker {}'s progress", p.worker)));
+        }
+        workers.push(p);
+    }
+    let rel = Path::new("steps").join(c.to_string());
+    let files = (0..plan.shards)
+        .map(|s| rel.join(shard_file(s)).to_string_lossy().into_owned())
+        .collect();
+    write_manifest(cfg, plan, dir, files, vec![c; plan.shards], workers)?;
+    tracing::info!(target: "status", global_step = c, "checkpoint written into {}", dir.display());
+    prune(dir, [Some(c), previous]);
+    Ok(())
+}
+
+/// Remove the step directories of `dir` but those of `keep`; a failure
+/// only costs disk space, so it is a warning.
+fn prune(dir: &Path, keep: [Option<u64>; 2]) {
+    let steps = dir.join("steps");
+    let Ok(entries) = std::fs::read_dir(&steps) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let step = e.file_name().to_str().and_then(|n| n.parse::<u64>().ok());
+        if step.is_some() && !keep.contains(&step) {
+            if let Err(err) = std::fs::remove_dir_all(e.path()) {
+                tracing::warn!("removing the old checkpoint {}: {err}", e.path().display());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checkpoint_steps_are_the_positive_multiples() {
+        assert!(!is_checkpoint_step(0, 4));
+        assert!(!is_checkpoint_step(6, 4));
+        assert!(is_checkpoint_step(8, 4));
+        assert!(!is_checkpoint_step(8, 0), "0: never");
+    }
+
+    #[test]
+    fn the_flag_needs_sync_a_directory_and_a_multiple_of_the_workers() {
+        let ok = TrainConfig {
+            sync: true,
+            workers: 2,
+            checkpoint_dir: Some("/tmp/x".into()),
+            checkpoint_every_steps: Some(4),
+            ..TrainConfig::default()
+        };
+        assert!(check(&ok).is_ok());
+        for (cfg, says) in [
+            (
+                TrainConfig {
+                    sync: false,
+                    ..ok.clone()
+                },
+                "needs --sync",
+            ),
+            (
+                TrainConfig {
+                    checkpoint_dir: None,
+                    ..ok.clone()
+                },
+                "needs --checkpoint-dir",
+            ),
+            (
+                TrainConfig {
+                    checkpoint_every_steps: Some(3),
+                    ..ok.clone()
+                },
+                "multiple of --workers 2",
+            ),
+        ] {
+            let e = check(&cfg).unwrap_err().to_string();
+            assert!(e.contains(says), "{e}");
+        }
+    }
+}

@@ -1,0 +1,281 @@
+//! How long `starwire ps` lives: it serves until SIGTERM, then checkpoints
+//! and exits 0; `--exit-when-done` ends it with its workers; a worker
+//! killed unfinished never lets it exit 0.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_starwire");
+
+/// The binary with a clean environment: no cluster from the caller, no
+/// pinning or polling.
+fn starwire(args: &[&str]) -> Command {
+    let mut c = Command::new(BIN);
+    c.args(args)
+        .env_remove("TF_CONFIG")
+        .env_remove("TF_SEASTAR_ENDPOINT_MAP_PATH")
+        .env_remove("RUST_LOG")
+        .env("PS_ENABLE_POLLING", "false")
+        .env("WORKER_ENABLE_POLLING", "false")
+        .env("PS_DISABLE_PIN_CORES", "true")
+        .env("WORKER_DISABLE_PIN_CORES", "true")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("port")
+        .port()
+}
+
+/// A one-PS, one-worker cluster on loopback, and the training flags.
+fn cluster(extra: &[&str]) -> Vec<String> {
+    let mut v: Vec<String> = [
+        "--ps-hosts",
+        &format!("127.0.0.1:{}", free_port()),
+        "--worker-hosts",
+        &format!("127.0.0.1:{}", free_port()),
+        "--task-index",
+        "0",
+        "--eval-examples",
+        "1024",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    v.extend(extra.iter().map(|s| s.to_string()));
+    v
+}
+
+fn spawn(cmd: &str, flags: &[String], more: &[&str]) -> Child {
+    let args: Vec<&str> = [cmd]
+        .into_iter()
+        .chain(flags.iter().map(String::as_str))
+        .chain(more.iter().copied())
+        .collect();
+    starwire(&args).spawn().expect("spawn")
+}
+
+/// The child's stderr, line by line as it comes.
+fn lines(child: &mut Child) -> mpsc::Receiver<String> {
+    let err = child.stderr.take().expect("piped stderr");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(err).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// Wait for a line containing `what`, at most `limit`; the lines seen.
+fn wait_for(rx: &mpsc::Receiver<String>, what: &str, limit: Duration) -> Vec<String> {
+    let deadline = Instant::now() + limit;
+    let mut seen = Vec::new();
+    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+        match rx.recv_timeout(left) {
+            Ok(l) => {
+                let hit = l.contains(what);
+                seen.push(l);
+                if hit {
+                    return seen;
+                }
+            }
+            Err(_) => break,
+        }
+    }
+    panic!("no line with {what:?} within {limit:?}: {seen:#?}");
+}
+
+fn wait(child: &mut Child, limit: Duration) -> ExitStatus {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(st) = child.try_wait().expect("wait") {
+            return st;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            panic!("the task did not exit within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Send `sig` (`TERM`, `INT`) to `child`, as an operator would.
+fn signal(child: &Child, sig: &str) {
+    let st = Command::new("kill")
+        .args([format!("-{sig}"), child.id().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(st.success(), "kill -{sig}: {st}");
+}
+
+fn manifest(dir: &Path) -> serde_json::Value {
+    let s = std::fs::read_to_string(dir.join("manifest.json")).expect("manifest.json");
+    serde_json::from_str(&s).expect("manifest JSON")
+}
+
+#[test]
+fn sigterm_stops_a_serving_ps_with_a_checkpoint_and_exit_0() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let flags = cluster(&["--train-examples", "4096", "--epochs", "1"]);
+    let mut ps = spawn("ps", &flags, &["--checkpoint-dir", d]);
+    let ps_err = lines(&mut ps);
+    wait_for(&ps_err, "serves until SIGTERM", Duration::from_secs(60));
+    let mut w = spawn("worker", &flags, &[]);
+    let st = wait(&mut w, Duration::from_secs(120));
+    assert!(st.success(), "worker: {st}");
+    // The worker is done; the PS serves on until it is told to stop.
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(ps.try_wait().unwrap().is_none(), "the PS exited by itself");
+    assert!(!dir.path().join("manifest.json").exists());
+    signal(&ps, "TERM");
+    let st = wait(&mut ps, Duration::from_secs(60));
+    let rest: Vec<String> = ps_err.try_iter().collect();
+    assert!(st.success(), "ps: {st}\n{}", rest.join("\n"));
+    let m = manifest(dir.path());
+    let steps = m["shard_steps"].as_array().expect("shard steps");
+    assert_eq!(steps.len(), 1, "{m}");
+    // 4096 examples in batches of 512: 8 pushes reached the shard.
+    assert_eq!(steps[0].as_u64(), Some(8), "{m}");
+    assert_eq!(m["global_step"].as_u64(), Some(8), "{m}");
+    assert!(dir.path().join("shard-0000.ckpt").exists());
+
+    // A PS started on that directory restores it (the manifest and the
+    // file agree) and stops the same way on SIGINT.
+    let mut ps = spawn("ps", &flags, &["--checkpoint-dir", d]);
+    let ps_err = lines(&mut ps);
+    wait_for(&ps_err, "serves until SIGTERM", Duration::from_secs(60));
+    signal(&ps, "INT");
+    let st = wait(&mut ps, Duration::from_secs(60));
+    assert!(st.success(), "restarted ps: {st}");
+    assert_eq!(manifest(dir.path())["shard_steps"][0].as_u64(), Some(8));
+
+    // A manifest that disagrees with its shard file is refused, by name.
+    let mut m = manifest(dir.path());
+    m["shard_steps"][0] = 7.into();
+    std::fs::write(dir.path().join("manifest.json"), m.to_string()).unwrap();
+    let out = starwire(
+        &[
+            &["ps"][..],
+            &flags.iter().map(String::as_str).collect::<Vec<_>>(),
+        ]
+        .concat()
+        .into_iter()
+        .chain(["--checkpoint-dir", d])
+        .collect::<Vec<_>>(),
+    )
+    .output()
+    .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("shard 0 is at global step 7, its file holds step 8"),
+        "{err}"
+    );
+}
+
+/// Start a PS and a long-running worker, and kill the worker with SIGKILL
+/// once it is training.
+fn kill_a_worker_mid_run(ps_flags: &[&str]) -> (Child, mpsc::Receiver<String>) {
+    let flags = cluster(&[
+        "--train-examples",
+        "4000000",
+        "--epochs",
+        "5",
+        "--log-every",
+        "1",
+    ]);
+    let mut ps = spawn("ps", &flags, ps_flags);
+    let ps_err = lines(&mut ps);
+    wait_for(&ps_err, "serving", Duration::from_secs(60));
+    let mut w = spawn("worker", &flags, &[]);
+    let w_err = lines(&mut w);
+    wait_for(&w_err, "global_step", Duration::from_secs(120));
+    w.kill().expect("kill -9 the worker");
+    let _ = w.wait();
+    (ps, ps_err)
+}
+
+#[test]
+fn a_worker_killed_mid_run_makes_an_exit_when_done_ps_fail_naming_it() {
+    let (mut ps, ps_err) = kill_a_worker_mid_run(&["--exit-when-done"]);
+    let st = wait(&mut ps, Duration::from_secs(60));
+    let err: Vec<String> = ps_err.try_iter().collect();
+    let err = err.join("\n");
+    assert_eq!(st.code(), Some(1), "{err}");
+    assert!(
+        err.contains("worker 0's connection ended before it said DONE"),
+        "a warning names the worker: {err}"
+    );
+    assert!(err.contains("worker(s) 0 died unfinished"), "{err}");
+}
+
+#[test]
+fn a_worker_killed_mid_run_keeps_a_serving_ps_from_exiting_0() {
+    let (mut ps, ps_err) = kill_a_worker_mid_run(&[]);
+    wait_for(&ps_err, "waiting for it to rejoin", Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(ps.try_wait().unwrap().is_none(), "the PS serves on");
+    signal(&ps, "TERM");
+    let st = wait(&mut ps, Duration::from_secs(60));
+    let err: Vec<String> = ps_err.try_iter().collect();
+    assert_eq!(st.code(), Some(1), "{}", err.join("\n"));
+    assert!(
+        err.iter()
+            .any(|l| l.contains("worker(s) 0 died unfinished")),
+        "{err:#?}"
+    );
+}
+
+#[test]
+fn a_sync_run_across_processes_checkpoints_during_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    // One worker, 4096 examples in batches of 512: global steps 1..=8,
+    // checkpoints at 4 and 8.
+    let flags = cluster(&[
+        "--train-examples",
+        "4096",
+        "--epochs",
+        "1",
+        "--sync",
+        "--checkpoint-every-steps",
+        "4",
+        "--checkpoint-dir",
+        d,
+    ]);
+    let mut ps = spawn("ps", &flags, &[]);
+    let ps_err = lines(&mut ps);
+    wait_for(&ps_err, "serves until SIGTERM", Duration::from_secs(60));
+    let mut w = spawn("worker", &flags, &[]);
+    let st = wait(&mut w, Duration::from_secs(120));
+    assert!(st.success(), "worker: {st}");
+    for c in ["4", "8"] {
+        let step = dir.path().join("steps").join(c);
+        assert!(step.join("shard-0000.ckpt").exists(), "steps/{c}");
+        let p: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(step.join("worker-0000.json")).unwrap()).unwrap();
+        assert_eq!(p["steps"].to_string(), c, "{p}");
+    }
+    let before = std::fs::read(dir.path().join("manifest.json")).unwrap();
+    signal(&ps, "TERM");
+    let st = wait(&mut ps, Duration::from_secs(60));
+    assert!(st.success(), "ps: {st}");
+    // The PS wrote its shard file, and left the manifest to the worker.
+    assert!(dir.path().join("shard-0000.ckpt").exists());
+    assert_eq!(
+        std::fs::read(dir.path().join("manifest.json")).unwrap(),
+        before
+    );
+}
