@@ -13,6 +13,12 @@ const GROWTH_PER_MILLE: u64 = 50;
 /// Growth always allowed, in kB (allocator and page-cache noise).
 const GROWTH_FLOOR_KB: u64 = 16 << 10;
 
+/// The shortest run whose growth is checked: in a shorter one a quarter
+/// is not enough to set up and warm every buffer (a DPDK mempool's
+/// mbufs are first touched as traffic cycles through them), so growth
+/// there says nothing about leaks.
+pub const MIN_CHECKED_SECS: f64 = 10.0;
+
 /// VmRSS of this process in kB.
 pub fn rss_kb() -> Option<u64> {
     let s = std::fs::read_to_string("/proc/self/status").ok()?;
