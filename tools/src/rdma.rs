@@ -142,6 +142,19 @@ pub fn print(r: &Value) {
 /// `--rdma-peer-device`.
 #[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
 pub struct RdmaArgs {
+    /// The device of this end.
+    #[command(flatten)]
+    pub device: RdmaDeviceArgs,
+    /// In one process (bench, soak): the device of the server side
+    /// (default: --rdma-device, connected to itself).
+    #[arg(long)]
+    pub rdma_peer_device: Option<String>,
+}
+
+/// The device flags of a verbs task (`train`, `ps`, `worker`: every task
+/// of a process uses this one device).
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+pub struct RdmaDeviceArgs {
     /// RDMA device of the verbs backend (default: the first found).
     #[arg(long)]
     pub rdma_device: Option<String>,
@@ -152,18 +165,16 @@ pub struct RdmaArgs {
     /// address and RoCE version; `starwire info` lists the table).
     #[arg(long, default_value_t = 0)]
     pub gid_index: u32,
-    /// In one process (bench, soak): the device of the server side
-    /// (default: --rdma-device, connected to itself).
-    #[arg(long)]
-    pub rdma_peer_device: Option<String>,
 }
 
 impl Default for RdmaArgs {
     fn default() -> Self {
         Self {
-            rdma_device: None,
-            rdma_port: 1,
-            gid_index: 0,
+            device: RdmaDeviceArgs {
+                rdma_device: None,
+                rdma_port: 1,
+                gid_index: 0,
+            },
             rdma_peer_device: None,
         }
     }
@@ -192,8 +203,8 @@ pub mod verbs {
     fn open(a: &RdmaArgs, name: &Option<String>) -> Result<VerbsDevice, String> {
         VerbsDevice::open(&DeviceSpec {
             name: name.clone(),
-            port: a.rdma_port,
-            gid_index: a.gid_index,
+            port: a.device.rdma_port,
+            gid_index: a.device.gid_index,
         })
         .map_err(|e| e.to_string())
     }
@@ -205,7 +216,7 @@ pub mod verbs {
     /// The device of this process's client end.
     pub fn open_client() -> Result<VerbsDevice, String> {
         let (a, _) = process();
-        open(&a, &a.rdma_device)
+        open(&a, &a.device.rdma_device)
     }
 
     /// The device of this process's server end: `--rdma-device` on a
@@ -214,9 +225,9 @@ pub mod verbs {
     pub fn open_server() -> Result<VerbsDevice, String> {
         let (a, listening) = process();
         let name = if listening {
-            a.rdma_device.clone()
+            a.device.rdma_device.clone()
         } else {
-            a.rdma_peer_device.clone().or(a.rdma_device.clone())
+            a.rdma_peer_device.clone().or(a.device.rdma_device.clone())
         };
         open(&a, &name)
     }
@@ -226,10 +237,10 @@ pub mod verbs {
     pub fn open_pair(a: &RdmaArgs) -> Result<(VerbsDevice, VerbsDevice), String> {
         let spec = |name: &Option<String>| DeviceSpec {
             name: name.clone(),
-            port: a.rdma_port,
-            gid_index: a.gid_index,
+            port: a.device.rdma_port,
+            gid_index: a.device.gid_index,
         };
-        let client = VerbsDevice::open(&spec(&a.rdma_device)).map_err(|e| e.to_string())?;
+        let client = VerbsDevice::open(&spec(&a.device.rdma_device)).map_err(|e| e.to_string())?;
         let server = match &a.rdma_peer_device {
             None => client.clone(),
             Some(_) => VerbsDevice::open(&spec(&a.rdma_peer_device)).map_err(|e| e.to_string())?,

@@ -131,10 +131,9 @@ pub struct TrainArgs {
     /// The cluster token and the PS task's bounds.
     #[command(flatten)]
     pub guard: crate::guard::GuardArgs,
-    /// The verbs backend's device (`--rdma-peer-device` does not apply:
-    /// every task of a process uses `--rdma-device`).
+    /// The verbs backend's device: every task of a process uses it.
     #[command(flatten)]
-    pub rdma: crate::rdma::RdmaArgs,
+    pub rdma: crate::rdma::RdmaDeviceArgs,
 }
 
 fn parse_protocol(s: &str) -> Result<Protocol, String> {
