@@ -409,6 +409,11 @@ struct GenState {
     /// By [`ConnId::index`]: the outstanding requests (id, start), in
     /// order.
     starts: Vec<VecDeque<(u64, Instant)>>,
+    /// By [`ConnId::index`]: the requests issued on that connection, and
+    /// its rank in attach order (its share of an `--iters` budget).
+    issued_on: Vec<u64>,
+    rank: Vec<usize>,
+    conns: usize,
     /// Over all connections.
     issued: u64,
     completed: u64,
@@ -466,6 +471,9 @@ impl GenState {
             payload,
             record,
             starts: Vec::new(),
+            issued_on: Vec::new(),
+            rank: Vec::new(),
+            conns: 0,
             issued: 0,
             completed: 0,
             measure_start: None,
@@ -493,11 +501,20 @@ impl GenState {
         self.complete = true;
     }
 
-    fn may_start(&self, now: Instant) -> bool {
+    /// Whether connection `c` may issue one more request. A run of
+    /// `--iters` splits its budget evenly over the connections (as
+    /// perftest gives each QP its `-n`): a connection that answers faster
+    /// does not take the others' share, so every connection is measured.
+    fn may_start(&self, c: usize, now: Instant) -> bool {
         match (self.run.duration(), self.measure_start) {
             (Some(d), Some(t0)) => now.duration_since(t0) < d,
             (Some(_), None) => true,
-            (None, _) => self.issued < self.run.warmup + self.run.iters,
+            (None, _) => {
+                let total = (self.run.warmup + self.run.iters) as u64;
+                let n = self.conns.max(1) as u64;
+                let share = total / n + u64::from((self.rank[c] as u64) < total % n);
+                self.issued_on[c] < share
+            }
         }
     }
 
@@ -511,12 +528,13 @@ impl GenState {
         let inflight = self.run.inflight;
         while self.starts[c].len() < inflight {
             let t = Instant::now();
-            if !self.may_start(t) {
+            if !self.may_start(c, t) {
                 break;
             }
             match conn.request(self.op, 0, Payload::from_bytes(self.payload.clone()), None) {
                 Ok(id) => {
                     self.starts[c].push_back((id, t));
+                    self.issued_on[c] += 1;
                     self.issued += 1;
                 }
                 Err(e) => return self.fail(format!("request: {e}")),
@@ -639,11 +657,16 @@ impl GenState {
 impl<D: Driver> Service<D> for LoadGen {
     fn on_attach(&mut self, id: ConnId, _shard: u32, _now: Instant) {
         self.ids.push(id);
-        let starts = &mut self.st.starts;
-        if starts.len() <= id.index() {
-            let inflight = self.st.run.inflight;
-            starts.resize_with(id.index() + 1, || VecDeque::with_capacity(inflight));
+        let st = &mut self.st;
+        if st.starts.len() <= id.index() {
+            let inflight = st.run.inflight;
+            st.starts
+                .resize_with(id.index() + 1, || VecDeque::with_capacity(inflight));
+            st.issued_on.resize(id.index() + 1, 0);
+            st.rank.resize(id.index() + 1, 0);
         }
+        st.rank[id.index()] = st.conns;
+        st.conns += 1;
     }
 
     fn on_message(
