@@ -15,9 +15,7 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
-
+use crate::faults::{check_rates, Faults};
 use crate::link::{DatagramLink, LinkError};
 use crate::lossy::LossConfig;
 
@@ -40,15 +38,6 @@ pub struct ImpairStats {
     pub corrupted: u64,
 }
 
-#[derive(Debug)]
-struct Held {
-    pkt: Vec<u8>,
-    countdown: u32,
-    /// Set by the first flush that sees the packet held (the clock is
-    /// an argument of flushes, not of commits).
-    release_at: Option<Instant>,
-}
-
 /// A [`DatagramLink`] that loses, duplicates, reorders and corrupts the
 /// packets sent through it before `inner` sends them; see the module docs.
 /// A held packet is released after `reorder_depth` later ones at most, or
@@ -57,13 +46,12 @@ struct Held {
 pub struct Impaired<L> {
     inner: L,
     cfg: LossConfig,
-    rng: SmallRng,
+    faults: Faults,
     /// The buffer lent by the last `tx_alloc`.
     cur: Vec<u8>,
     allocated: Option<usize>,
     /// Packets to hand to the inner link, in order.
     queued: VecDeque<Vec<u8>>,
-    held: Vec<Held>,
     free: Vec<Vec<u8>>,
     stats: ImpairStats,
 }
@@ -76,22 +64,14 @@ impl<L: DatagramLink> Impaired<L> {
     /// # Panics
     /// If a rate is outside `[0, 1]`.
     pub fn new(inner: L, cfg: LossConfig, seed: u64) -> Self {
-        for (name, p) in [
-            ("loss", cfg.loss),
-            ("duplicate", cfg.duplicate),
-            ("reorder", cfg.reorder),
-            ("corrupt", cfg.corrupt),
-        ] {
-            assert!((0.0..=1.0).contains(&p), "{name} rate {p} outside [0, 1]");
-        }
+        check_rates(&cfg);
         Self {
             inner,
             cfg,
-            rng: SmallRng::seed_from_u64(seed ^ 0x1a9a_17ed_0000_0001),
+            faults: Faults::new(seed ^ 0x1a9a_17ed_0000_0001),
             cur: Vec::new(),
             allocated: None,
             queued: VecDeque::new(),
-            held: Vec::new(),
             free: Vec::new(),
             stats: ImpairStats::default(),
         }
@@ -109,43 +89,13 @@ impl<L: DatagramLink> Impaired<L> {
 
     /// What was done so far.
     pub fn stats(&self) -> ImpairStats {
-        self.stats
-    }
-
-    fn chance(&mut self, p: f64) -> bool {
-        p > 0.0 && self.rng.gen::<f64>() < p
-    }
-
-    /// One copy of a packet: corrupted, held back or queued.
-    fn place(&mut self, mut pkt: Vec<u8>) {
-        if !pkt.is_empty() && self.chance(self.cfg.corrupt) {
-            self.stats.corrupted += 1;
-            for _ in 0..self.rng.gen_range(1..=3) {
-                let bit = self.rng.gen_range(0..pkt.len() * 8);
-                pkt[bit / 8] ^= 1 << (bit % 8);
-            }
-        }
-        if self.cfg.reorder_depth > 0 && self.chance(self.cfg.reorder) {
-            self.stats.reordered += 1;
-            let countdown = self.rng.gen_range(1..=self.cfg.reorder_depth);
-            self.held.push(Held {
-                pkt,
-                countdown,
-                release_at: None,
-            });
-            return;
-        }
-        self.queued.push_back(pkt);
-        // Held packets fall behind the one just queued.
-        let mut i = 0;
-        while i < self.held.len() {
-            self.held[i].countdown -= 1;
-            if self.held[i].countdown == 0 {
-                let h = self.held.remove(i);
-                self.queued.push_back(h.pkt);
-            } else {
-                i += 1;
-            }
+        let f = self.faults.faulted;
+        ImpairStats {
+            lost: f.lost,
+            duplicated: f.duplicated,
+            reordered: f.reordered,
+            corrupted: f.corrupted,
+            ..self.stats
         }
     }
 
@@ -197,31 +147,20 @@ impl<L: DatagramLink> DatagramLink for Impaired<L> {
         self.stats.committed += 1;
         let mut pkt = std::mem::take(&mut self.cur);
         pkt.truncate(len);
-        if self.chance(self.cfg.loss) {
-            self.stats.lost += 1;
-            self.free.push(pkt);
-            return Ok(());
+        // The clock is an argument of flushes: a held packet's hold starts
+        // at the first flush that sees it.
+        if let Some(lost) = self
+            .faults
+            .transmit(&self.cfg, pkt, None, usize::MAX, &mut self.queued)
+        {
+            self.free.push(lost);
         }
-        if self.chance(self.cfg.duplicate) {
-            self.stats.duplicated += 1;
-            self.place(pkt.clone());
-        }
-        self.place(pkt);
         Ok(())
     }
 
     fn tx_burst_flush(&mut self, now: Instant) -> Result<usize, LinkError> {
-        let hold = self.cfg.reorder_hold;
-        let mut i = 0;
-        while i < self.held.len() {
-            let due = *self.held[i].release_at.get_or_insert(now + hold);
-            if due <= now {
-                let h = self.held.remove(i);
-                self.queued.push_back(h.pkt);
-            } else {
-                i += 1;
-            }
-        }
+        self.faults
+            .release_due(now, self.cfg.reorder_hold, &mut self.queued);
         self.drain()?;
         let sent = self.inner.tx_burst_flush(now)?;
         // Room the burst made in the inner ring.

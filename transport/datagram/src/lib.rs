@@ -29,6 +29,7 @@
 
 pub mod core;
 pub mod driver;
+mod faults;
 pub mod impair;
 pub mod link;
 pub mod lossy;

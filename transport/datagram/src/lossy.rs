@@ -6,9 +6,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
-
+use crate::faults::{check_rates, Faults};
 use crate::link::{DatagramLink, LinkError};
 
 /// How a [`LossyLink`] pair mistreats packets. Rates are probabilities in
@@ -87,17 +85,9 @@ pub struct LinkStats {
 }
 
 #[derive(Debug)]
-struct Held {
-    pkt: Vec<u8>,
-    countdown: u32,
-    release_at: Instant,
-}
-
-#[derive(Debug)]
 struct Direction {
     queue: VecDeque<Vec<u8>>,
-    held: Vec<Held>,
-    rng: SmallRng,
+    faults: Faults,
     stats: LinkStats,
 }
 
@@ -105,75 +95,28 @@ impl Direction {
     fn new(seed: u64) -> Self {
         Self {
             queue: VecDeque::new(),
-            held: Vec::new(),
-            rng: SmallRng::seed_from_u64(seed),
+            faults: Faults::new(seed),
             stats: LinkStats::default(),
         }
     }
 
-    fn chance(&mut self, p: f64) -> bool {
-        p > 0.0 && self.rng.gen::<f64>() < p
-    }
-
     fn transmit(&mut self, cfg: &LossConfig, pkt: Vec<u8>, now: Instant) {
         self.stats.sent += 1;
-        if self.chance(cfg.loss) {
-            self.stats.lost += 1;
-            return;
-        }
-        if self.chance(cfg.duplicate) {
-            self.stats.duplicated += 1;
-            self.enqueue(cfg, pkt.clone(), now);
-        }
-        self.enqueue(cfg, pkt, now);
+        let release_at = Some(now + cfg.reorder_hold);
+        self.faults
+            .transmit(cfg, pkt, release_at, cfg.queue_capacity, &mut self.queue);
     }
 
-    fn enqueue(&mut self, cfg: &LossConfig, mut pkt: Vec<u8>, now: Instant) {
-        if self.queue.len() + self.held.len() >= cfg.queue_capacity {
-            self.stats.dropped_full += 1;
-            return;
-        }
-        if !pkt.is_empty() && self.chance(cfg.corrupt) {
-            self.stats.corrupted += 1;
-            let flips = self.rng.gen_range(1..=3);
-            for _ in 0..flips {
-                let bit = self.rng.gen_range(0..pkt.len() * 8);
-                pkt[bit / 8] ^= 1 << (bit % 8);
-            }
-        }
-        if cfg.reorder_depth > 0 && self.chance(cfg.reorder) {
-            self.stats.reordered += 1;
-            let countdown = self.rng.gen_range(1..=cfg.reorder_depth);
-            self.held.push(Held {
-                pkt,
-                countdown,
-                release_at: now + cfg.reorder_hold,
-            });
-            return;
-        }
-        self.queue.push_back(pkt);
-        // Held packets fall behind the one just queued.
-        let mut i = 0;
-        while i < self.held.len() {
-            self.held[i].countdown -= 1;
-            if self.held[i].countdown == 0 {
-                let h = self.held.remove(i);
-                self.queue.push_back(h.pkt);
-            } else {
-                i += 1;
-            }
-        }
-    }
-
-    fn release_due(&mut self, now: Instant) {
-        let mut i = 0;
-        while i < self.held.len() {
-            if self.held[i].release_at <= now {
-                let h = self.held.remove(i);
-                self.queue.push_back(h.pkt);
-            } else {
-                i += 1;
-            }
+    /// The counters, with what the fault draw did.
+    fn stats(&self) -> LinkStats {
+        let f = self.faults.faulted;
+        LinkStats {
+            lost: f.lost,
+            dropped_full: f.dropped_full,
+            duplicated: f.duplicated,
+            reordered: f.reordered,
+            corrupted: f.corrupted,
+            ..self.stats
         }
     }
 }
@@ -227,14 +170,7 @@ impl LossyLink {
     /// If a rate is outside `[0, 1]`, or `mtu`, `queue_capacity` or
     /// `tx_ring` is zero.
     pub fn pair(cfg: LossConfig, seed: u64) -> (Self, Self) {
-        for (name, p) in [
-            ("loss", cfg.loss),
-            ("duplicate", cfg.duplicate),
-            ("reorder", cfg.reorder),
-            ("corrupt", cfg.corrupt),
-        ] {
-            assert!((0.0..=1.0).contains(&p), "{name} rate {p} outside [0, 1]");
-        }
+        check_rates(&cfg);
         assert!(cfg.mtu > 0 && cfg.queue_capacity > 0 && cfg.tx_ring > 0);
         let (mtu, tx_ring) = (cfg.mtu, cfg.tx_ring);
         let wire = Arc::new(Mutex::new(Wire {
@@ -265,7 +201,7 @@ impl LossyLink {
 
     /// Counters of the direction from this end to its peer.
     pub fn tx_stats(&self) -> LinkStats {
-        let mut s = self.lock().dirs[self.side].stats;
+        let mut s = self.lock().dirs[self.side].stats();
         s.oversized = self.oversized;
         s
     }
@@ -280,17 +216,13 @@ impl LossyLink {
     pub fn rx_in_flight(&self) -> usize {
         let w = self.lock();
         let d = &w.dirs[1 - self.side];
-        d.queue.len() + d.held.len()
+        d.queue.len() + d.faults.held()
     }
 
     /// When the earliest held-back packet toward this end is released by
     /// time, if any is held.
     pub fn rx_next_release(&self) -> Option<Instant> {
-        self.lock().dirs[1 - self.side]
-            .held
-            .iter()
-            .map(|h| h.release_at)
-            .min()
+        self.lock().dirs[1 - self.side].faults.next_release()
     }
 
     /// Change the loss rate of both directions (e.g. to cut the link).
@@ -359,8 +291,9 @@ impl DatagramLink for LossyLink {
     ) -> Result<usize, LinkError> {
         {
             let mut w = lock(&self.wire);
+            let hold = w.cfg.reorder_hold;
             let d = &mut w.dirs[1 - self.side];
-            d.release_due(now);
+            d.faults.release_due(now, hold, &mut d.queue);
             let n = max.min(d.queue.len());
             self.rx_tmp.extend(d.queue.drain(..n));
             d.stats.delivered += n as u64;
