@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
+use crate::link::LinkError;
 use crate::lossy::LossConfig;
 
 /// What the draw did to the packets given to it.
@@ -157,6 +158,56 @@ impl Faults {
             } else {
                 i += 1;
             }
+        }
+    }
+}
+
+/// Free packet buffers kept for reuse, at most.
+const FREE_LIST_MAX: usize = 256;
+
+/// The packet buffer an in-memory link lends from `tx_alloc` to
+/// `tx_commit`, and the free list it is drawn from.
+#[derive(Debug, Default)]
+pub(crate) struct TxBuf {
+    cur: Vec<u8>,
+    /// The length lent by the last `tx_alloc`, until its commit.
+    lent: Option<usize>,
+    free: Vec<Vec<u8>>,
+}
+
+impl TxBuf {
+    /// A zeroed buffer of `len` bytes; a second call before the commit
+    /// lends the same buffer again.
+    pub fn lend(&mut self, len: usize) -> &mut [u8] {
+        if self.lent.is_none() {
+            self.cur = self.free.pop().unwrap_or_default();
+        }
+        self.cur.clear();
+        self.cur.resize(len, 0);
+        self.lent = Some(len);
+        &mut self.cur[..]
+    }
+
+    /// The first `len` bytes of the buffer lent, as a packet of at most
+    /// `mtu` bytes.
+    pub fn commit(&mut self, len: usize, mtu: usize) -> Result<Vec<u8>, LinkError> {
+        let allocated = self.lent.take();
+        match allocated {
+            Some(a) if len <= a => {}
+            _ => return Err(LinkError::BadCommit { len, allocated }),
+        }
+        if len > mtu {
+            return Err(LinkError::Oversized { len, mtu });
+        }
+        let mut pkt = std::mem::take(&mut self.cur);
+        pkt.truncate(len);
+        Ok(pkt)
+    }
+
+    /// Keep `pkt`'s allocation for a later packet.
+    pub fn recycle(&mut self, pkt: Vec<u8>) {
+        if self.free.len() < FREE_LIST_MAX {
+            self.free.push(pkt);
         }
     }
 }

@@ -15,7 +15,7 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use crate::faults::{check_rates, Faults};
+use crate::faults::{check_rates, Faults, TxBuf};
 use crate::link::{DatagramLink, LinkError};
 use crate::lossy::LossConfig;
 
@@ -47,12 +47,9 @@ pub struct Impaired<L> {
     inner: L,
     cfg: LossConfig,
     faults: Faults,
-    /// The buffer lent by the last `tx_alloc`.
-    cur: Vec<u8>,
-    allocated: Option<usize>,
+    tx: TxBuf,
     /// Packets to hand to the inner link, in order.
     queued: VecDeque<Vec<u8>>,
-    free: Vec<Vec<u8>>,
     stats: ImpairStats,
 }
 
@@ -69,10 +66,8 @@ impl<L: DatagramLink> Impaired<L> {
             inner,
             cfg,
             faults: Faults::new(seed ^ 0x1a9a_17ed_0000_0001),
-            cur: Vec::new(),
-            allocated: None,
+            tx: TxBuf::default(),
             queued: VecDeque::new(),
-            free: Vec::new(),
             stats: ImpairStats::default(),
         }
     }
@@ -109,7 +104,7 @@ impl<L: DatagramLink> Impaired<L> {
             buf[..n].copy_from_slice(&pkt[..n]);
             self.inner.tx_commit(n)?;
             if let Some(done) = self.queued.pop_front() {
-                self.free.push(done);
+                self.tx.recycle(done);
             }
         }
         Ok(())
@@ -125,35 +120,19 @@ impl<L: DatagramLink> DatagramLink for Impaired<L> {
         if self.queued.len() >= MAX_QUEUED {
             return None;
         }
-        if self.allocated.is_none() {
-            self.cur = self.free.pop().unwrap_or_default();
-        }
-        self.cur.clear();
-        self.cur.resize(len, 0);
-        self.allocated = Some(len);
-        Some(&mut self.cur[..])
+        Some(self.tx.lend(len))
     }
 
     fn tx_commit(&mut self, len: usize) -> Result<(), LinkError> {
-        let allocated = self.allocated.take();
-        match allocated {
-            Some(a) if len <= a => {}
-            _ => return Err(LinkError::BadCommit { len, allocated }),
-        }
-        let mtu = self.inner.mtu();
-        if len > mtu {
-            return Err(LinkError::Oversized { len, mtu });
-        }
+        let pkt = self.tx.commit(len, self.inner.mtu())?;
         self.stats.committed += 1;
-        let mut pkt = std::mem::take(&mut self.cur);
-        pkt.truncate(len);
         // The clock is an argument of flushes: a held packet's hold starts
         // at the first flush that sees it.
         if let Some(lost) = self
             .faults
             .transmit(&self.cfg, pkt, None, usize::MAX, &mut self.queued)
         {
-            self.free.push(lost);
+            self.tx.recycle(lost);
         }
         Ok(())
     }

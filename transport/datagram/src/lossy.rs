@@ -6,7 +6,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::faults::{check_rates, Faults};
+use crate::faults::{check_rates, Faults, TxBuf};
 use crate::link::{DatagramLink, LinkError};
 
 /// How a [`LossyLink`] pair mistreats packets. Rates are probabilities in
@@ -138,13 +138,10 @@ pub struct LossyLink {
     wire: Arc<Mutex<Wire>>,
     mtu: usize,
     tx_ring: usize,
-    /// The buffer lent by the last `tx_alloc`, with its length.
-    cur: Vec<u8>,
-    alloc: Option<usize>,
+    tx: TxBuf,
     staged: Vec<Vec<u8>>,
     oversized: u64,
     rx_tmp: Vec<Vec<u8>>,
-    free: Vec<Vec<u8>>,
 }
 
 impl fmt::Debug for LossyLink {
@@ -156,8 +153,6 @@ impl fmt::Debug for LossyLink {
             .finish_non_exhaustive()
     }
 }
-
-const FREE_LIST_MAX: usize = 256;
 
 fn lock(wire: &Mutex<Wire>) -> MutexGuard<'_, Wire> {
     wire.lock().unwrap_or_else(|e| e.into_inner())
@@ -185,12 +180,10 @@ impl LossyLink {
             wire: Arc::clone(&wire),
             mtu,
             tx_ring,
-            cur: Vec::new(),
-            alloc: None,
+            tx: TxBuf::default(),
             staged: Vec::new(),
             oversized: 0,
             rx_tmp: Vec::new(),
-            free: Vec::new(),
         };
         (end(0), end(1))
     }
@@ -244,27 +237,15 @@ impl DatagramLink for LossyLink {
         if self.staged.len() >= self.tx_ring {
             return None;
         }
-        if self.alloc.is_none() {
-            self.cur = self.free.pop().unwrap_or_default();
-        }
-        self.cur.clear();
-        self.cur.resize(len, 0);
-        self.alloc = Some(len);
-        Some(&mut self.cur[..])
+        Some(self.tx.lend(len))
     }
 
     fn tx_commit(&mut self, len: usize) -> Result<(), LinkError> {
-        let allocated = self.alloc.take();
-        match allocated {
-            Some(a) if len <= a => {}
-            _ => return Err(LinkError::BadCommit { len, allocated }),
-        }
-        if len > self.mtu {
-            self.oversized += 1;
-            return Err(LinkError::Oversized { len, mtu: self.mtu });
-        }
-        let mut pkt = std::mem::take(&mut self.cur);
-        pkt.truncate(len);
+        let pkt = self.tx.commit(len, self.mtu).inspect_err(|e| {
+            if matches!(e, LinkError::Oversized { .. }) {
+                self.oversized += 1;
+            }
+        })?;
         self.staged.push(pkt);
         Ok(())
     }
@@ -301,9 +282,7 @@ impl DatagramLink for LossyLink {
         let n = self.rx_tmp.len();
         for pkt in self.rx_tmp.drain(..) {
             sink(&pkt);
-            if self.free.len() < FREE_LIST_MAX {
-                self.free.push(pkt);
-            }
+            self.tx.recycle(pkt);
         }
         Ok(n)
     }
