@@ -460,7 +460,7 @@ pub fn ps_main(a: crate::launch::PsArgs) -> Result<(), Failure> {
     let me = &c.spec.ps()[c.task.index as usize];
     let deadline = std::time::Instant::now() + cfg.connect_timeout;
     let bind = crate::launch::listen_addr(a.bind.as_ref(), me, deadline).map_err(Failure::Run)?;
-    if let Err(e) = cfg.guard.check_listen(bind, cfg.backend) {
+    if let Err(e) = cfg.guard.check_listen(bind) {
         return Err(Failure::Usage(e.to_string()));
     }
     let _metrics = r.train.metrics.serve(&cfg.telemetry)?;

@@ -138,3 +138,77 @@ fn a_worker_with_another_token_or_other_flags_fails_at_connect() {
     let out = p.wait_with_output().expect("ps output");
     assert!(!text(&out.stderr).contains("every worker is done"));
 }
+
+/// A `bench --connect` run of a few raw and tcp messages against `addr`.
+fn bench_client(addr: &str, token: Option<&str>) -> Output {
+    let mut c = command(
+        &[
+            "bench",
+            "--connect",
+            addr,
+            "--backends",
+            "raw,tcp",
+            "--mode",
+            "lat",
+            "--sizes",
+            "64",
+            "--iters",
+            "50",
+            "--warmup",
+            "0",
+            "--json",
+        ],
+        token,
+    );
+    let mut child = c
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn bench client");
+    // A client that waits for a server that never answers must not hang
+    // the test: the handshake gives up after 10 s.
+    let t0 = std::time::Instant::now();
+    while child.try_wait().expect("wait").is_none() {
+        assert!(t0.elapsed() < Duration::from_secs(60), "bench client hung");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.wait_with_output().expect("output")
+}
+
+#[test]
+fn a_bench_server_with_a_token_serves_only_a_client_that_proves_it() {
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut server = command(&["bench", "--listen", &addr, "--one-off"], Some(TOKEN))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn bench server");
+    std::thread::sleep(Duration::from_millis(500));
+    // Without the token, or with another one: the control connection is
+    // closed before the plan is read, and the one-off server waits on.
+    for t in [None, Some("another-token-of-the-same-length")] {
+        let out = bench_client(&addr, t);
+        assert!(
+            !out.status.success(),
+            "a client with token {t:?} was served"
+        );
+        assert!(
+            server.try_wait().expect("wait").is_none(),
+            "the server ended"
+        );
+    }
+    let out = bench_client(&addr, Some(TOKEN));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let lines = text(&out.stdout);
+    assert_eq!(lines.lines().count(), 2, "{lines}");
+    let out = server.wait_with_output().expect("server output");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    assert_eq!(
+        err.matches("closed a bench-control connection before serving it")
+            .count(),
+        2,
+        "{err}"
+    );
+    assert!(err.contains("peer=127.0.0.1:"), "{err}");
+}

@@ -19,7 +19,7 @@ use crate::proto::message_layer_client::MessageLayerClient;
 use crate::proto::{
     CallRequest, DensePullRequest, DensePushRequest, SparsePullRequest, SparsePushRequest,
 };
-use crate::{runtime, GrpcConfig, GrpcError};
+use crate::{auth, runtime, GrpcConfig, GrpcError};
 
 /// Rows answered by [`GrpcClient::sparse_pull`]: one row of `dim` values per
 /// key asked for, row-major.
@@ -57,9 +57,25 @@ impl GrpcClient {
                 source,
             })?
             .tcp_nodelay(true);
-        let channel = rt
-            .block_on(ep.connect())
-            .map_err(|source| GrpcError::Connect { addr: uri, source })?;
+        let channel = if cfg.token.is_none() {
+            rt.block_on(ep.connect())
+        } else {
+            // Each connection the channel makes proves the token first.
+            let cfg = cfg.clone();
+            let connector = tower::service_fn(move |_: Uri| {
+                let cfg = cfg.clone();
+                async move {
+                    let mut s = tokio::net::TcpStream::connect(addr).await?;
+                    s.set_nodelay(true)?;
+                    auth::dial(&mut s, &cfg)
+                        .await
+                        .map_err(|e| io::Error::new(io::ErrorKind::PermissionDenied, e))?;
+                    Ok::<_, io::Error>(TokioIo::new(s))
+                }
+            });
+            rt.block_on(ep.connect_with_connector(connector))
+        }
+        .map_err(|source| GrpcError::Connect { addr: uri, source })?;
         Ok(Self::with_channel(rt, channel, cfg))
     }
 
@@ -67,6 +83,7 @@ impl GrpcClient {
     /// connection). The channel does not reconnect: once this connection is
     /// gone, calls fail with `Unavailable`.
     pub fn from_stream(stream: std::net::TcpStream, cfg: &GrpcConfig) -> Result<Self, GrpcError> {
+        auth::on_std(&stream, false, cfg).map_err(GrpcError::Auth)?;
         stream
             .set_nodelay(true)
             .and_then(|()| stream.set_nonblocking(true))

@@ -19,6 +19,10 @@
 //!   tonic's own default of 4 MiB would refuse a 4 MiB tensor with its
 //!   protobuf framing).
 //!
+//! With a cluster token ([`GrpcConfig::token`]) every connection proves
+//! it both ways before HTTP/2 starts (see `auth.rs` and docs/SECURITY.md);
+//! without one, connections are open to anyone who can reach them.
+//!
 //! The API is blocking, so callers need no async knowledge: a [`Handler`]
 //! answers requests on the server, a [`GrpcClient`] makes calls (one at a
 //! time, a batch at once with [`GrpcClient::call_many`], or a window of `K`
@@ -26,11 +30,17 @@
 //! not be made from inside a tokio runtime.
 #![deny(unsafe_code)]
 
+mod auth;
 mod client;
 mod server;
 
 pub use client::{GrpcClient, SparseRows};
 pub use server::{ConnectionServer, GrpcServer};
+
+use std::time::Duration;
+
+use starwire_transport::auth::stream::StreamAuthError;
+use starwire_transport::ClusterToken;
 
 /// The generated protobuf messages and tonic service
 /// (`proto/starwire_grpc.proto`).
@@ -54,12 +64,19 @@ pub struct GrpcConfig {
     /// refused by tonic with `OutOfRange`/`ResourceExhausted`, never
     /// allocated.
     pub max_message_len: usize,
+    /// The cluster token: with one, each connection proves it both ways
+    /// before any call; a server closes a peer that does not.
+    pub token: Option<ClusterToken>,
+    /// How long a connection may take to prove the token.
+    pub handshake_timeout: Duration,
 }
 
 impl Default for GrpcConfig {
     fn default() -> Self {
         Self {
             max_message_len: 64 << 20,
+            token: None,
+            handshake_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -192,6 +209,10 @@ pub enum GrpcError {
     /// The server task failed.
     #[error("gRPC server: {0}")]
     Serve(#[source] tonic::transport::Error),
+    /// The connection's proof of the cluster token failed (either end's),
+    /// or the peer did not answer it.
+    #[error("the cluster token handshake failed: {0}")]
+    Auth(#[source] StreamAuthError),
 }
 
 impl GrpcError {

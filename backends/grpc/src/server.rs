@@ -7,10 +7,12 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use starwire_transport::ClusterToken;
 use starwire_wire::Opcode;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::runtime::Runtime;
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::{Connected, TcpConnectInfo, TcpIncoming};
 use tonic::{Request, Response, Status};
 
@@ -19,7 +21,7 @@ use crate::proto::{
     CallReply, CallRequest, DensePullReply, DensePullRequest, DensePushRequest, PushReply,
     SparsePullReply, SparsePullRequest, SparsePushRequest,
 };
-use crate::{runtime, GrpcConfig, GrpcError, Handler, HandlerError};
+use crate::{auth, runtime, GrpcConfig, GrpcError, Handler, HandlerError};
 
 /// How long [`GrpcServer::shutdown`] waits for connections to drain before
 /// dropping them.
@@ -157,26 +159,51 @@ impl GrpcServer {
         cfg: &GrpcConfig,
     ) -> Result<Self, GrpcError> {
         let rt = runtime("grpc-server")?;
-        let incoming = {
-            let _g = rt.enter();
-            TcpIncoming::bind(addr)
-                .map_err(|source| GrpcError::Bind { addr, source })?
-                .with_nodelay(Some(true))
-        };
-        let local = incoming
-            .local_addr()
-            .map_err(|source| GrpcError::Bind { addr, source })?;
         let (stop, stopped) = oneshot::channel::<()>();
+        // A dropped sender stops the server too.
+        let stopped = async {
+            let _ = stopped.await;
+        };
         let svc = service(h, cfg);
-        let task = rt.spawn(async move {
-            builder()
-                .add_service(svc)
-                .serve_with_incoming_shutdown(incoming, async {
-                    // A dropped sender stops the server too.
-                    let _ = stopped.await;
-                })
-                .await
-        });
+        let (local, task) = match &cfg.token {
+            None => {
+                let incoming = {
+                    let _g = rt.enter();
+                    TcpIncoming::bind(addr)
+                        .map_err(|source| GrpcError::Bind { addr, source })?
+                        .with_nodelay(Some(true))
+                };
+                let local = incoming
+                    .local_addr()
+                    .map_err(|source| GrpcError::Bind { addr, source })?;
+                let task = rt.spawn(
+                    builder()
+                        .add_service(svc)
+                        .serve_with_incoming_shutdown(incoming, stopped),
+                );
+                (local, task)
+            }
+            Some(token) => {
+                let listener = std::net::TcpListener::bind(addr)
+                    .and_then(|l| l.set_nonblocking(true).map(|()| l))
+                    .map_err(|source| GrpcError::Bind { addr, source })?;
+                let local = listener
+                    .local_addr()
+                    .map_err(|source| GrpcError::Bind { addr, source })?;
+                let listener = {
+                    let _g = rt.enter();
+                    tokio::net::TcpListener::from_std(listener)
+                        .map_err(|source| GrpcError::Bind { addr, source })?
+                };
+                let incoming = authenticated(&rt, listener, token.clone(), cfg.clone());
+                let task = rt.spawn(
+                    builder()
+                        .add_service(svc)
+                        .serve_with_incoming_shutdown(incoming, stopped),
+                );
+                (local, task)
+            }
+        };
         Ok(Self {
             rt,
             local,
@@ -204,6 +231,41 @@ impl GrpcServer {
     }
 }
 
+/// The connections of `listener` that prove `token`, each in a task of
+/// its own so that a slow peer holds up no other; the others are closed.
+/// The accept loop ends with the runtime.
+fn authenticated(
+    rt: &Runtime,
+    listener: tokio::net::TcpListener,
+    token: ClusterToken,
+    cfg: GrpcConfig,
+) -> ReceiverStream<io::Result<tokio::net::TcpStream>> {
+    let (tx, rx) = mpsc::channel(64);
+    rt.spawn(async move {
+        loop {
+            let (mut s, peer) = match listener.accept().await {
+                Ok(c) => c,
+                Err(e) => {
+                    // Out of file descriptors: do not spin.
+                    tracing::debug!("grpc accept: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let (tx, token, cfg) = (tx.clone(), token.clone(), cfg.clone());
+            tokio::spawn(async move {
+                if s.set_nodelay(true).is_err() {
+                    return;
+                }
+                if auth::accept(&mut s, peer, &token, &cfg).await.is_ok() {
+                    let _ = tx.send(Ok(s)).await;
+                }
+            });
+        }
+    });
+    ReceiverStream::new(rx)
+}
+
 /// A server for one connection that is already accepted (the bench's data
 /// connection): serves it until the peer closes it.
 #[derive(Debug)]
@@ -220,6 +282,7 @@ impl ConnectionServer {
         h: Arc<dyn Handler>,
         cfg: &GrpcConfig,
     ) -> Result<Self, GrpcError> {
+        auth::on_std(&stream, true, cfg).map_err(GrpcError::Auth)?;
         stream
             .set_nodelay(true)
             .and_then(|()| stream.set_nonblocking(true))

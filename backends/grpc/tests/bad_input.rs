@@ -149,6 +149,7 @@ fn opcode_over_a_byte_is_invalid_argument() {
 fn oversized_message_is_refused_and_server_keeps_serving() {
     let s = start(&GrpcConfig {
         max_message_len: 1 << 20,
+        ..GrpcConfig::default()
     });
     let c = GrpcClient::connect(s.local_addr()).unwrap();
     let e = c.call(RPC, Bytes::from(vec![7u8; 2 << 20])).unwrap_err();
@@ -162,6 +163,7 @@ fn oversized_message_is_refused_and_server_keeps_serving() {
         s.local_addr(),
         &GrpcConfig {
             max_message_len: 1024,
+            ..GrpcConfig::default()
         },
     )
     .unwrap();

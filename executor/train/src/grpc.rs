@@ -12,7 +12,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use starwire_grpc::{GrpcClient, GrpcError, GrpcServer, Handler, HandlerError};
+use starwire_grpc::{GrpcClient, GrpcConfig, GrpcError, GrpcServer, Handler, HandlerError};
 use starwire_transport::wire::{Opcode, Status};
 
 use crate::cluster::{
@@ -22,6 +22,16 @@ use crate::locked::{lock, LockedShards};
 use crate::net::{Exchange, Reply, Request, Traffic};
 use crate::psserver;
 use crate::TrainError;
+
+/// The baseline's settings: the cluster token, if any, proved on every
+/// connection within the handshake timeout.
+fn grpc_config(cfg: &TrainConfig) -> GrpcConfig {
+    GrpcConfig {
+        token: cfg.guard.token.clone(),
+        handshake_timeout: cfg.guard.handshake_timeout,
+        ..GrpcConfig::default()
+    }
+}
 
 /// The gRPC [`ClusterBackend`].
 #[derive(Debug, Clone, Copy, Default)]
@@ -233,7 +243,7 @@ impl ClusterBackend for Grpc {
         // tonic binds its own listener: hand it the address of ours.
         let addr = listener.local_addr()?;
         drop(listener);
-        let server = GrpcServer::start(addr, svc.clone())
+        let server = GrpcServer::start_with(addr, svc.clone(), &grpc_config(cfg))
             .map_err(|e| TrainError::Backend("grpc", e.to_string()))?;
         Ok(Box::new(GrpcPs {
             server,
@@ -257,7 +267,7 @@ impl ClusterBackend for Grpc {
                 .next()
                 .ok_or_else(|| TrainError::Config(format!("{a}: no address")))?;
             clients.push(
-                GrpcClient::connect(addr)
+                GrpcClient::connect_with(addr, &grpc_config(cfg))
                     .map_err(|e| TrainError::Backend("grpc", e.to_string()))?,
             );
         }

@@ -26,6 +26,7 @@ use super::hist::{IntervalReport, Rtts};
 use super::{Measured, Mode, Run};
 
 /// Message limit both ends derive from the run: a fused step must fit.
+/// The bench's cluster token, if any, authenticates the data connection.
 fn config(run: &Run) -> GrpcConfig {
     let fused = run
         .max_size
@@ -34,6 +35,8 @@ fn config(run: &Run) -> GrpcConfig {
         .saturating_add(1 << 20);
     GrpcConfig {
         max_message_len: fused.max(GrpcConfig::default().max_message_len),
+        token: super::sessions::BENCH_TOKEN.get().cloned().flatten(),
+        ..GrpcConfig::default()
     }
 }
 

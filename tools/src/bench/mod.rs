@@ -8,8 +8,11 @@
 //! client dials each ([`dial`], the preamble for shard 0, the server's one
 //! reactor), and an [`Acceptor`] on the data listener reads the preamble
 //! and hands the stream on. Without `--listen`/`--connect` the server side
-//! runs on a thread of the same process.
+//! runs on a thread of the same process. With a cluster token the control
+//! connection and the raw baseline's data connection prove it first
+//! ([`auth`]).
 
+mod auth;
 mod cpu;
 #[cfg(feature = "dpdk")]
 mod dpdk;
@@ -660,9 +663,16 @@ fn serve(
     server_core: Option<Option<usize>>,
     telemetry: &Telemetry,
 ) -> Result<(), String> {
-    let (ctl, peer) = listener
-        .accept()
-        .map_err(|e| format!("accepting the control connection: {e}"))?;
+    // A peer that does not prove the token is closed, and the next one
+    // taken.
+    let (ctl, peer) = loop {
+        let (ctl, peer) = listener
+            .accept()
+            .map_err(|e| format!("accepting the control connection: {e}"))?;
+        if auth::accept(&ctl, auth::Purpose::Control).is_ok() {
+            break (ctl, peer);
+        }
+    };
     tracing::debug!(%peer, "bench client connected");
     ctl.set_nodelay(true).ok();
     let mut w = ctl.try_clone().map_err(|e| e.to_string())?;
@@ -704,6 +714,7 @@ fn serve(
         // The server's packet counters: a datagram backend's (dpdk).
         let res: Result<Option<packets::DatagramCounters>, String> = match run.backend {
             Backend::Raw => accept_one(data)
+                .and_then(|s| auth::accept(&s, auth::Purpose::Raw).map(|()| s))
                 .and_then(|s| raw::serve(s, core, plan.polling))
                 .map(|()| None),
             Backend::Tcp => tcp_driver(&run)
@@ -913,6 +924,7 @@ pub(crate) struct DriveOpts {
 fn drive(plan: &Plan, ctl_addr: SocketAddr, opts: DriveOpts) -> Result<Vec<Outcome>, String> {
     let ctl = TcpStream::connect(ctl_addr)
         .map_err(|e| format!("connecting to the bench server {ctl_addr}: {e}"))?;
+    auth::dial(&ctl, auth::Purpose::Control)?;
     ctl.set_nodelay(true).ok();
     let mut w = ctl.try_clone().map_err(|e| e.to_string())?;
     let mut r = BufReader::new(ctl);
@@ -969,6 +981,7 @@ fn drive(plan: &Plan, ctl_addr: SocketAddr, opts: DriveOpts) -> Result<Vec<Outco
             .map_err(|e| format!("data connection: {e}"))?;
         let measured = match run.backend {
             Backend::Raw => one_stream(streams)
+                .and_then(|s| auth::dial(&s, auth::Purpose::Raw).map(|()| s))
                 .and_then(|s| raw::client(s, run, plan.client_core, plan.polling)),
             Backend::Tcp => tcp_driver(run)
                 .and_then(|d| sessions::client(d, streams, run, plan.client_core, client_idle)),

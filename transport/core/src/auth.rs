@@ -37,6 +37,8 @@ use sha2::Sha256;
 use starwire_wire::message::{NONCE_LEN, PROOF_LEN};
 use thiserror::Error;
 
+pub mod stream;
+
 /// Environment variable that holds the cluster token.
 pub const TOKEN_ENV: &str = "STARWIRE_CLUSTER_TOKEN";
 

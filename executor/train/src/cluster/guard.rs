@@ -9,7 +9,7 @@ use std::time::Duration;
 use starwire_transport::accept::{AcceptConfig, DEFAULT_MAX_CONNECTIONS};
 use starwire_transport::{ClusterToken, ConnConfig, MemoryBudget};
 
-use super::config::{model_name, protocol_name, BackendKind, TrainConfig};
+use super::config::{model_name, protocol_name, TrainConfig};
 use crate::TrainError;
 
 /// The cluster token and a PS task's bounds (`--token-file`,
@@ -64,15 +64,10 @@ impl Default for Guard {
 }
 
 impl Guard {
-    /// Refuse to serve peers of `backend` on `addr` without a token unless
-    /// it is a loopback address or `--insecure` was given. The gRPC
-    /// baseline authenticates no one: a token does not make it safe.
-    pub fn check_listen(&self, addr: SocketAddr, backend: BackendKind) -> Result<(), TrainError> {
-        #[cfg(feature = "grpc")]
-        if backend == BackendKind::Grpc {
-            return check_listen(addr, false, self.insecure);
-        }
-        let _ = backend;
+    /// Refuse to serve peers on `addr` without a token unless it is a
+    /// loopback address or `--insecure` was given (every backend, the gRPC
+    /// baseline included, authenticates its peers with the token).
+    pub fn check_listen(&self, addr: SocketAddr) -> Result<(), TrainError> {
         check_listen(addr, self.token.is_some(), self.insecure)
     }
 

@@ -299,7 +299,7 @@ pub fn run_ps_task(
     let layout = ReactorLayout::detect(cfg, &ProcessReactors::ps_task(cfg, index))?;
     warn(&layout);
     let reactors = layout.report();
-    cfg.guard.check_listen(bind, cfg.backend)?;
+    cfg.guard.check_listen(bind)?;
     let l = TcpListener::bind(bind).map_err(|source| TrainError::Listen { addr: bind, source })?;
     let expected = if lifetime.exit_when_done {
         cfg.workers
