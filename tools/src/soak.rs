@@ -32,6 +32,7 @@ use starwire_transport::{
 
 use crate::bench::sessions::conn_config;
 use crate::metrics::{SoakCells, SoakCounts};
+use crate::progress::{Progress, Unit};
 use starwire_telemetry::Telemetry;
 
 /// Options of `starwire soak`.
@@ -955,27 +956,27 @@ fn run_clients<D: SoakDriver, A: Attach<D>>(
         .map_err(|e| format!("client reactor {k}: {e}"))?;
         client_reactors.push(r);
     }
-    let mut progress_at = Instant::now() + Duration::from_secs(5);
     // Wait for the clients (bounded by duration + drain), showing progress
-    // (a line every 5 s; --json owns stdout only).
+    // (a bar on a terminal, else a line every few seconds; --json owns
+    // stdout only): the sending phase, then the drain.
+    let secs = |s: f64| s.ceil() as u64;
+    let mut progress = Progress::new("soak: sending", Unit::Seconds, secs(args.duration));
+    let mut draining = false;
     while Instant::now() < give_up {
         std::thread::sleep(Duration::from_millis(100));
-        if Instant::now() >= progress_at {
-            progress_at += Duration::from_secs(5);
-            let t = start.elapsed().as_secs_f64();
-            if t < args.duration {
-                tracing::info!(target: "progress", "soak: sending {t:.0}/{:.0} s", args.duration);
-            } else {
-                let d = t - args.duration;
-                tracing::info!(
-                    target: "progress",
-                    "soak: sent for {:.0} s; draining {d:.0}/{:.0} s",
-                    args.duration,
-                    args.drain
-                );
-            }
+        let t = start.elapsed().as_secs_f64();
+        if t < args.duration {
+            progress.set(t as u64, "");
+            continue;
         }
+        if !draining {
+            draining = true;
+            progress.finish();
+            progress = Progress::new("soak: sent; draining", Unit::Seconds, secs(args.drain));
+        }
+        progress.set((t - args.duration) as u64, "");
     }
+    progress.finish();
     let mut counts = Counts::default();
     let mut faults = FaultCounts::default();
     let mut driver = Vec::new();

@@ -510,7 +510,7 @@ impl GenState {
             (Some(d), Some(t0)) => now.duration_since(t0) < d,
             (Some(_), None) => true,
             (None, _) => {
-                let total = (self.run.warmup + self.run.iters) as u64;
+                let total = self.run.warmup + self.run.iters;
                 let n = self.conns.max(1) as u64;
                 let share = total / n + u64::from((self.rank[c] as u64) < total % n);
                 self.issued_on[c] < share
