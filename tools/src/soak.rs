@@ -34,6 +34,7 @@ use crate::bench::sessions::conn_config;
 use crate::metrics::{SoakCells, SoakCounts};
 use crate::progress::{Progress, Unit};
 use starwire_telemetry::Telemetry;
+use starwire_train::telemetry::DriverCells;
 
 /// Options of `starwire soak`.
 #[derive(Debug, clap::Args)]
@@ -471,6 +472,8 @@ struct SoakClient {
     faults: FaultCounts,
     done: bool,
     cells: SoakCells,
+    /// The reactor's driver counters, published a few times a second.
+    driver: DriverCells,
 }
 
 /// `slots[id.index()]`, if there.
@@ -498,6 +501,7 @@ impl SoakClient {
             }
         }
         self.done = true;
+        self.driver.publish(&sessions.driver().counters());
     }
 }
 
@@ -580,6 +584,9 @@ impl<D: SoakDriver> Service<D> for SoakClient {
         if self.done {
             return false;
         }
+        if self.driver.due(now) {
+            self.driver.publish(&sessions.driver().counters());
+        }
         let c = &self.counts;
         self.cells.publish(SoakCounts {
             sent: c.messages,
@@ -639,13 +646,25 @@ impl<D: SoakDriver> Service<D> for SoakClient {
 }
 
 /// The server's role on one reactor: checks and answers every request.
-#[derive(Default)]
 struct SoakServer {
     /// By [`ConnId::index`].
     tracks: Vec<Option<SeqTrack>>,
     counts: Counts,
     /// Faults injected on connections that ended (and went).
     faults: FaultCounts,
+    /// The reactor's driver counters, published a few times a second.
+    driver: DriverCells,
+}
+
+impl SoakServer {
+    fn new(lay: &Layout, backend: &str) -> Self {
+        Self {
+            tracks: Vec::new(),
+            counts: Counts::default(),
+            faults: FaultCounts::default(),
+            driver: DriverCells::new(&lay.telemetry, backend),
+        }
+    }
 }
 
 fn serve_request(
@@ -677,6 +696,13 @@ fn serve_request(
 impl<D: SoakDriver> Service<D> for SoakServer {
     fn on_attach(&mut self, id: ConnId, _shard: u32, _now: Instant) {
         put(&mut self.tracks, id, SeqTrack::default());
+    }
+
+    fn poll(&mut self, sessions: &mut Sessions<D>, now: Instant) -> bool {
+        if self.driver.due(now) {
+            self.driver.publish(&sessions.driver().counters());
+        }
+        false
     }
 
     fn on_message(
@@ -862,9 +888,10 @@ fn run_soak<D: SoakDriver, A: Attach<D>>(
     for (k, (driver, rx)) in server_drivers.into_iter().zip(rxs).enumerate() {
         let attach = attacher(SERVER_LINKS + k as u64, ns as u64);
         let cfg = conn_config(TaskRole::Ps, 256);
+        let service = SoakServer::new(lay, &args.backend);
         let r = Reactor::spawn(spec(nc + k, lay.server_cpus[k], lay.idle), move |_| {
             driver.on_reactor_thread();
-            Endpoint::new(driver, SoakServer::default(), cfg).with_inbox_attach(rx, attach)
+            Endpoint::new(driver, service, cfg).with_inbox_attach(rx, attach)
         });
         match r {
             Ok(r) => servers.push(r),
@@ -943,6 +970,7 @@ fn run_clients<D: SoakDriver, A: Attach<D>>(
             faults: FaultCounts::default(),
             done: false,
             cells: SoakCells::new(&lay.telemetry),
+            driver: DriverCells::new(&lay.telemetry, &args.backend),
         };
         let mut ep = Endpoint::new(driver, client, conn_config(TaskRole::Worker, 256));
         let now = Instant::now();
