@@ -5,7 +5,9 @@
 //! and worker progress every `--log-every`) show; `--quiet` hides
 //! progress. `RUST_LOG` replaces the default filter
 //! (`--quiet` still hides progress). Colour only when stderr is a
-//! terminal. `--log-format json` writes one JSON object per line.
+//! terminal. `--log-format json` writes one JSON object per line. Lines
+//! are written through [`crate::progress::LogWriter`], which hides a
+//! progress bar while a line is written.
 
 use std::io::IsTerminal;
 
@@ -57,7 +59,7 @@ pub fn init(a: &LogArgs) {
     let filter = filter(a.quiet, rust_log.as_deref());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(crate::progress::LogWriter)
         .with_ansi(std::io::stderr().is_terminal());
     match a.log_format {
         LogFormat::Text => builder.init(),

@@ -13,6 +13,7 @@ mod info;
 mod launch;
 mod logging;
 mod metrics;
+mod progress;
 mod rdma;
 mod report;
 mod rss;

@@ -32,7 +32,9 @@ use starwire_transport::{
 
 use crate::bench::sessions::conn_config;
 use crate::metrics::{SoakCells, SoakCounts};
+use crate::progress::{Progress, Unit};
 use starwire_telemetry::Telemetry;
+use starwire_train::telemetry::DriverCells;
 
 /// Options of `starwire soak`.
 #[derive(Debug, clap::Args)]
@@ -470,6 +472,8 @@ struct SoakClient {
     faults: FaultCounts,
     done: bool,
     cells: SoakCells,
+    /// The reactor's driver counters, published a few times a second.
+    driver: DriverCells,
 }
 
 /// `slots[id.index()]`, if there.
@@ -497,6 +501,7 @@ impl SoakClient {
             }
         }
         self.done = true;
+        self.driver.publish(&sessions.driver().counters());
     }
 }
 
@@ -579,6 +584,9 @@ impl<D: SoakDriver> Service<D> for SoakClient {
         if self.done {
             return false;
         }
+        if self.driver.due(now) {
+            self.driver.publish(&sessions.driver().counters());
+        }
         let c = &self.counts;
         self.cells.publish(SoakCounts {
             sent: c.messages,
@@ -638,13 +646,25 @@ impl<D: SoakDriver> Service<D> for SoakClient {
 }
 
 /// The server's role on one reactor: checks and answers every request.
-#[derive(Default)]
 struct SoakServer {
     /// By [`ConnId::index`].
     tracks: Vec<Option<SeqTrack>>,
     counts: Counts,
     /// Faults injected on connections that ended (and went).
     faults: FaultCounts,
+    /// The reactor's driver counters, published a few times a second.
+    driver: DriverCells,
+}
+
+impl SoakServer {
+    fn new(lay: &Layout, backend: &str) -> Self {
+        Self {
+            tracks: Vec::new(),
+            counts: Counts::default(),
+            faults: FaultCounts::default(),
+            driver: DriverCells::new(&lay.telemetry, backend),
+        }
+    }
 }
 
 fn serve_request(
@@ -676,6 +696,13 @@ fn serve_request(
 impl<D: SoakDriver> Service<D> for SoakServer {
     fn on_attach(&mut self, id: ConnId, _shard: u32, _now: Instant) {
         put(&mut self.tracks, id, SeqTrack::default());
+    }
+
+    fn poll(&mut self, sessions: &mut Sessions<D>, now: Instant) -> bool {
+        if self.driver.due(now) {
+            self.driver.publish(&sessions.driver().counters());
+        }
+        false
     }
 
     fn on_message(
@@ -861,9 +888,10 @@ fn run_soak<D: SoakDriver, A: Attach<D>>(
     for (k, (driver, rx)) in server_drivers.into_iter().zip(rxs).enumerate() {
         let attach = attacher(SERVER_LINKS + k as u64, ns as u64);
         let cfg = conn_config(TaskRole::Ps, 256);
+        let service = SoakServer::new(lay, &args.backend);
         let r = Reactor::spawn(spec(nc + k, lay.server_cpus[k], lay.idle), move |_| {
             driver.on_reactor_thread();
-            Endpoint::new(driver, SoakServer::default(), cfg).with_inbox_attach(rx, attach)
+            Endpoint::new(driver, service, cfg).with_inbox_attach(rx, attach)
         });
         match r {
             Ok(r) => servers.push(r),
@@ -942,6 +970,7 @@ fn run_clients<D: SoakDriver, A: Attach<D>>(
             faults: FaultCounts::default(),
             done: false,
             cells: SoakCells::new(&lay.telemetry),
+            driver: DriverCells::new(&lay.telemetry, &args.backend),
         };
         let mut ep = Endpoint::new(driver, client, conn_config(TaskRole::Worker, 256));
         let now = Instant::now();
@@ -955,27 +984,27 @@ fn run_clients<D: SoakDriver, A: Attach<D>>(
         .map_err(|e| format!("client reactor {k}: {e}"))?;
         client_reactors.push(r);
     }
-    let mut progress_at = Instant::now() + Duration::from_secs(5);
     // Wait for the clients (bounded by duration + drain), showing progress
-    // (a line every 5 s; --json owns stdout only).
+    // (a bar on a terminal, else a line every few seconds; --json owns
+    // stdout only): the sending phase, then the drain.
+    let secs = |s: f64| s.ceil() as u64;
+    let mut progress = Progress::new("soak: sending", Unit::Seconds, secs(args.duration));
+    let mut draining = false;
     while Instant::now() < give_up {
         std::thread::sleep(Duration::from_millis(100));
-        if Instant::now() >= progress_at {
-            progress_at += Duration::from_secs(5);
-            let t = start.elapsed().as_secs_f64();
-            if t < args.duration {
-                tracing::info!(target: "progress", "soak: sending {t:.0}/{:.0} s", args.duration);
-            } else {
-                let d = t - args.duration;
-                tracing::info!(
-                    target: "progress",
-                    "soak: sent for {:.0} s; draining {d:.0}/{:.0} s",
-                    args.duration,
-                    args.drain
-                );
-            }
+        let t = start.elapsed().as_secs_f64();
+        if t < args.duration {
+            progress.set(t as u64, "");
+            continue;
         }
+        if !draining {
+            draining = true;
+            progress.finish();
+            progress = Progress::new("soak: sent; draining", Unit::Seconds, secs(args.drain));
+        }
+        progress.set((t - args.duration) as u64, "");
     }
+    progress.finish();
     let mut counts = Counts::default();
     let mut faults = FaultCounts::default();
     let mut driver = Vec::new();

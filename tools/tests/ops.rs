@@ -310,3 +310,146 @@ fn a_bad_criteo_line_names_the_file_and_the_line() {
         "{err}"
     );
 }
+
+/// Run `soak` with `args` and a metrics endpoint; scrape until every one
+/// of `names` has a sample above zero. Returns the last scrape and every
+/// stderr line of the run (stderr is a pipe: plain progress lines).
+fn soak_scrape(args: &[&str], names: &[&str]) -> (String, Vec<String>) {
+    let mut all = vec!["soak", "--metrics-addr", "127.0.0.1:0"];
+    all.extend_from_slice(args);
+    let mut child = starwire(&all)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run starwire");
+    let lines = stderr_lines(&mut child);
+    let mut seen = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let addr = loop {
+        let line = lines
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .expect("a line naming the metrics address");
+        let url = line.split("metrics on http://").nth(1).map(str::to_owned);
+        seen.push(line);
+        if let Some(url) = url {
+            break url.trim_end_matches("/metrics").to_owned();
+        }
+    };
+    let mut last = String::new();
+    while Instant::now() < deadline {
+        let Ok((200, body)) = get(&addr, "/metrics") else {
+            break;
+        };
+        last = body;
+        if names
+            .iter()
+            .all(|n| sample(&last, n).is_some_and(|v| v > 0.0))
+        {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let status = child.wait().expect("soak ends");
+    seen.extend(lines.iter());
+    assert!(status.success(), "{}", seen.join("\n"));
+    (last, seen)
+}
+
+#[test]
+fn soak_publishes_its_drivers_counters_and_logs_plain_progress() {
+    let names = [
+        "starwire_transport_syscalls_total{backend=\"tcp\"}",
+        "starwire_soak_messages_total{outcome=\"answered\"}",
+    ];
+    let (scrape, lines) = soak_scrape(
+        &[
+            "--backend",
+            "tcp",
+            "--connections",
+            "4",
+            "--duration",
+            "6",
+            "--drain",
+            "1",
+        ],
+        &names,
+    );
+    for n in names {
+        assert!(
+            sample(&scrape, n).is_some_and(|v| v > 0.0),
+            "no {n} in the scrape:\n{scrape}"
+        );
+    }
+    // tcp keeps no retransmission count: no such series.
+    assert!(
+        !scrape.contains("starwire_transport_retransmits"),
+        "{scrape}"
+    );
+    // Not a terminal: whole progress lines with an ETA, no bar.
+    let all = lines.join("\n");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("soak: sending ") && l.contains("/6 s") && l.contains("eta")),
+        "{all}"
+    );
+    assert!(!all.contains('\r'), "{all:?}");
+}
+
+#[test]
+fn soak_quiet_logs_no_progress() {
+    let out = starwire(&[
+        "--quiet",
+        "soak",
+        "--backend",
+        "tcp",
+        "--connections",
+        "2",
+        "--duration",
+        "6",
+        "--drain",
+        "1",
+    ])
+    .output()
+    .expect("run starwire");
+    assert!(out.status.success());
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(!e.contains("soak: sending"), "{e}");
+}
+
+/// The reliable-datagram counters of a DPDK soak over a net_ring port,
+/// with loss under the link so that packets are sent again.
+#[cfg(feature = "dpdk")]
+#[test]
+fn dpdk_soak_publishes_packets_and_retransmissions() {
+    let names = [
+        "starwire_transport_packets_total{backend=\"dpdk\",direction=\"sent\"}",
+        "starwire_transport_packets_total{backend=\"dpdk\",direction=\"received\"}",
+        "starwire_transport_retransmits_total{backend=\"dpdk\"}",
+    ];
+    let (scrape, _) = soak_scrape(
+        &[
+            "--backend",
+            "dpdk",
+            "--eal",
+            "--no-huge --no-pci --no-shconf -m 512 --vdev=net_ring0",
+            "--connections",
+            "8",
+            "--duration",
+            "3",
+            "--faults",
+            "drop=0.01,seed=3",
+        ],
+        &names,
+    );
+    for n in names {
+        assert!(
+            sample(&scrape, n).is_some_and(|v| v > 0.0),
+            "no {n} in the scrape:\n{scrape}"
+        );
+    }
+    assert!(
+        scrape.contains("starwire_transport_retransmit_timeouts_total{backend=\"dpdk\"}"),
+        "{scrape}"
+    );
+}

@@ -35,7 +35,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use socket2::{Domain, Protocol, SockRef, Socket, Type};
 use starwire_transport::{
-    ConnId, Driver, Link, Links, Sleep, StreamDriver, Transport, TransportError,
+    ConnId, Driver, DriverCounters, Link, Links, Sleep, StreamDriver, Transport, TransportError,
 };
 use starwire_wire::Deframer;
 
@@ -304,6 +304,20 @@ impl StreamDriver for TcpDriver {
 impl Driver for TcpDriver {
     fn max_frame_len(&self) -> usize {
         self.links.max_frame_len()
+    }
+    /// Read and write calls of the connections still attached.
+    fn counters(&self) -> DriverCounters {
+        let syscalls = self
+            .transports()
+            .map(|(_, t)| {
+                let s = t.stats();
+                s.read_calls + s.write_calls
+            })
+            .sum();
+        DriverCounters {
+            syscalls: Some(syscalls),
+            ..DriverCounters::default()
+        }
     }
     fn tx_reserve(
         &mut self,

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use starwire_transport::reactor::{ParkEnd, ParkWaker};
-use starwire_transport::{ConnId, Driver, Sleep, StreamDriver, TransportError};
+use starwire_transport::{ConnId, Driver, DriverCounters, Sleep, StreamDriver, TransportError};
 
 use crate::probe::Features;
 use crate::ring::{ConnStats, Ring};
@@ -102,6 +102,16 @@ fn gone() -> TransportError {
 impl Driver for UringDriver {
     fn max_frame_len(&self) -> usize {
         self.cfg.max_frame_len
+    }
+
+    /// `io_uring_enter` calls and the eventfd drains that fell back to
+    /// `read(2)`.
+    fn counters(&self) -> DriverCounters {
+        let ring = self.ring.borrow();
+        DriverCounters {
+            syscalls: Some(ring.stats.enters + ring.stats.eventfd_read_syscalls),
+            ..DriverCounters::default()
+        }
     }
 
     /// Lends `len` bytes of a registered transmit slot (or of heap memory,

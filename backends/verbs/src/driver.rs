@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use starwire_rdma::{QpEndpoint, RdmaStats};
 use starwire_transport::reactor::{ParkEnd, ParkWaker};
-use starwire_transport::{ConnId, Driver, Sleep, StreamDriver, TransportError};
+use starwire_transport::{ConnId, Driver, DriverCounters, Sleep, StreamDriver, TransportError};
 
 use crate::nic::VerbsNic;
 use crate::setup::{connect_qp, prepare, Pending, SetupError, VerbsRdma};
@@ -349,6 +349,17 @@ impl StreamDriver for VerbsDriver {
 impl Driver for VerbsDriver {
     fn max_frame_len(&self) -> usize {
         self.rdma.max_frame_len()
+    }
+
+    /// The RDMA driver's counters; system calls are the parks (each a
+    /// `poll(2)`) and the completion events read, posting and polling
+    /// bypass the kernel.
+    fn counters(&self) -> DriverCounters {
+        let c = self.counters();
+        DriverCounters {
+            syscalls: Some(c.parks + c.cq_events),
+            ..self.rdma.counters()
+        }
     }
 
     fn tx_reserve(

@@ -18,11 +18,6 @@ pub trait Backend: Send + Sync + 'static {
     /// ring is its thread's), whose thread polls (`polling`: busy, or
     /// before it parks) or parks at once.
     fn driver(polling: bool) -> io::Result<Self::Driver>;
-    /// System calls `driver` made so far for its connections, for the
-    /// metrics; none for a driver that does not count them.
-    fn syscalls(_driver: &Self::Driver) -> Option<u64> {
-        None
-    }
 }
 
 /// The TCP backend.
@@ -34,18 +29,6 @@ impl Backend for Tcp {
     const NAME: &'static str = "tcp";
     fn driver(_polling: bool) -> io::Result<TcpDriver> {
         TcpDriver::new(tcp_config())
-    }
-    /// Read and write calls of the connections still attached.
-    fn syscalls(driver: &TcpDriver) -> Option<u64> {
-        Some(
-            driver
-                .transports()
-                .map(|(_, t)| {
-                    let s = t.stats();
-                    s.read_calls + s.write_calls
-                })
-                .sum(),
-        )
     }
 }
 
@@ -83,12 +66,6 @@ mod uring_backend {
         fn driver(polling: bool) -> io::Result<UringDriver> {
             // A polling thread receives in spin mode (`RecvMode::Spin`).
             UringDriver::new(&UringConfig::for_polling(polling)).map_err(io::Error::other)
-        }
-        /// `io_uring_enter` calls and the eventfd drains that fell back to
-        /// `read(2)`.
-        fn syscalls(driver: &UringDriver) -> Option<u64> {
-            let s = driver.stats();
-            Some(s.enters + s.eventfd_read_syscalls)
         }
     }
 }
@@ -174,10 +151,6 @@ mod dpdk_backend {
             ctx.register_thread();
             ctx.driver(ctx.ip_or_loopback(), ReliableConfig::default())
                 .map_err(io::Error::other)
-        }
-        /// Kernel bypass: the datapath makes none.
-        fn syscalls(_driver: &DpdkDriver) -> Option<u64> {
-            Some(0)
         }
     }
 }

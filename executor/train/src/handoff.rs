@@ -35,8 +35,11 @@ use starwire_transport::{
     ConnConfig, ConnError, ConnId, Connection, Driver, Endpoint, Event, Incoming, Service, Sessions,
 };
 
+use starwire_telemetry::Telemetry;
+
 use crate::backend::Backend;
 use crate::net::{Exchange, Reply, Request, Traffic, WorkerService};
+use crate::telemetry::Published;
 use crate::TrainError;
 
 /// Slots of each ring. A compute thread has at most one part in flight
@@ -94,6 +97,8 @@ pub struct HandoffConfig {
     pub conn: ConnConfig,
     /// How long the handshakes, and later each request, may take.
     pub timeout: Duration,
+    /// Where the reactors publish their drivers' counters.
+    pub telemetry: Telemetry,
 }
 
 /// One compute thread's [`WorkerService`] on a reactor, and its part.
@@ -558,7 +563,7 @@ impl Exchange for ComputeEnd {
 
 /// The state of one network reactor: its endpoint, or none when its
 /// driver failed to start (the reactor then finishes at once).
-type NetworkState<D> = Option<Endpoint<D, HandoffService>>;
+type NetworkState<D> = Published<D, HandoffService>;
 
 /// A worker's running network reactors. Dropping them stops them.
 #[derive(Debug)]
@@ -635,6 +640,7 @@ pub fn spawn<K: Backend>(
         let spec = cfg.reactors[r].clone();
         let (conn, polling, timeout, lanes) =
             (cfg.conn.clone(), cfg.polling, cfg.timeout, cfg.producers);
+        let telemetry = cfg.telemetry.clone();
         let (btx, brx) = mpsc::sync_channel(1);
         let reactor = Reactor::spawn(spec, move |_| {
             let made = (|| {
@@ -654,7 +660,7 @@ pub fn spawn<K: Backend>(
                 Ok::<_, String>(endpoint)
             })();
             let _ = btx.send(made.as_ref().map(|_| ()).map_err(Clone::clone));
-            made.ok()
+            Published::new(made.ok(), &telemetry, K::NAME)
         })
         .map_err(|e| TrainError::Internal(format!("starting a worker network reactor: {e}")))?;
         reactors.reactors.push(reactor);

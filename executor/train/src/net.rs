@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 use starwire_transport::reactor::{local_waker, IdlePolicy, ReactorWaker};
 use starwire_transport::wire::{Opcode, Status};
 use starwire_transport::{
-    ConnError, ConnId, Connection, Driver, Endpoint, Event, Incoming, Payload, Service, Sessions,
+    ConnError, ConnId, Connection, Driver, DriverCounters, Endpoint, Event, Incoming, Payload,
+    Service, Sessions,
 };
 
 use crate::psclient::{PsClient, ShardConns};
@@ -63,6 +64,11 @@ pub trait Exchange {
     fn exchange(&mut self, reqs: Vec<Request>, replies: &mut Vec<Reply>) -> Result<(), TrainError>;
     /// Bytes and requests so far.
     fn traffic(&self) -> Traffic;
+    /// The counters of the driver the calling thread turns, if it turns
+    /// one (read a few times a second for the metrics).
+    fn driver_counters(&self) -> Option<DriverCounters> {
+        None
+    }
 }
 
 /// A worker's [`PsClient`] over its connections, one per shard, as an
@@ -324,5 +330,9 @@ impl<D: Driver> Exchange for SessionNet<D> {
 
     fn traffic(&self) -> Traffic {
         self.endpoint.service().client().traffic()
+    }
+
+    fn driver_counters(&self) -> Option<DriverCounters> {
+        Some(self.endpoint.sessions().driver().counters())
     }
 }

@@ -6,9 +6,11 @@
 //! A shard publishes the totals its [`PsShard`] keeps anyway, with plain
 //! relaxed stores after each request (one request carries a whole step's
 //! keys for the shard); a worker publishes once per exchange and per
-//! step; a PS reactor publishes its driver's system calls a few times a
-//! second ([`Published`]). Nothing here locks or allocates after the cells
-//! are made.
+//! step; a reactor (a PS reactor, a worker's network reactor, a worker
+//! thread that turns its own endpoint) publishes its driver's counters
+//! ([`Driver::counters`]) a few times a second ([`DriverCells`],
+//! [`Published`]). Nothing here locks or allocates after the cells are
+//! made (a driver's cells are made at its first publication).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,7 +18,7 @@ use std::time::{Duration, Instant};
 use starwire_ps::{PsShard, Var};
 use starwire_telemetry::{Counter, Gauge, Histogram, Telemetry, DURATION_BOUNDS};
 use starwire_transport::reactor::{ParkWaker, Parked, ReactorState};
-use starwire_transport::{Driver, Endpoint, Service};
+use starwire_transport::{Driver, DriverCounters, Endpoint, Service};
 
 use crate::net::{Exchange, Reply, Request, Traffic};
 use crate::TrainError;
@@ -178,6 +180,8 @@ pub struct WorkerTelemetry {
     request_seconds: Arc<Histogram>,
     sent: Arc<Counter>,
     received: Arc<Counter>,
+    /// The counters of the driver of a worker that turns its own endpoint.
+    driver: std::cell::RefCell<DriverCells>,
     /// Traffic of the worker's connections before this session (they may
     /// have carried a resumed worker's earlier exchanges).
     traffic_base: Traffic,
@@ -232,6 +236,7 @@ impl WorkerTelemetry {
             ),
             sent,
             received,
+            driver: std::cell::RefCell::new(DriverCells::new(t, backend)),
             traffic_base,
             log_every,
             started: Instant::now(),
@@ -245,8 +250,14 @@ impl WorkerTelemetry {
         TimedExchange { net, cells: self }
     }
 
-    fn exchanged(&self, took: Duration, traffic: Traffic) {
+    fn exchanged(&self, took: Duration, traffic: Traffic, net: &dyn Exchange, now: Instant) {
         self.request_seconds.observe(took);
+        let mut driver = self.driver.borrow_mut();
+        if driver.due(now) {
+            if let Some(c) = net.driver_counters() {
+                driver.publish(&c);
+            }
+        }
         self.sent
             .set(traffic.sent.saturating_sub(self.traffic_base.sent));
         self.received
@@ -333,74 +344,176 @@ impl Exchange for TimedExchange<'_> {
     fn exchange(&mut self, reqs: Vec<Request>, replies: &mut Vec<Reply>) -> Result<(), TrainError> {
         let t0 = Instant::now();
         let r = self.net.exchange(reqs, replies);
-        self.cells.exchanged(t0.elapsed(), self.net.traffic());
+        let now = Instant::now();
+        self.cells
+            .exchanged(now - t0, self.net.traffic(), &*self.net, now);
         r
     }
 
     fn traffic(&self) -> Traffic {
         self.net.traffic()
     }
+
+    fn driver_counters(&self) -> Option<DriverCounters> {
+        self.net.driver_counters()
+    }
 }
 
-/// How often a PS reactor publishes its driver's counters: they are summed
+/// How often a reactor publishes its driver's counters: some are summed
 /// over the driver's connections, so not on every turn.
-const DRIVER_PUBLISH_EVERY: Duration = Duration::from_millis(250);
+pub const DRIVER_PUBLISH_EVERY: Duration = Duration::from_millis(250);
 
-/// A PS reactor's endpoint (none when its driver failed to start on the
-/// reactor's thread) that publishes its driver's system calls
-/// (`starwire_transport_syscalls_total{backend}`) every
-/// [`DRIVER_PUBLISH_EVERY`] of turns, and once more when taken apart.
+/// A family of driver counters: name, help, and the label beside
+/// `backend`, if any.
+type DriverFamily = (
+    &'static str,
+    &'static str,
+    Option<(&'static str, &'static str)>,
+);
+
+/// The families of [`DriverCounters`], in [`counter_values`]'s order.
+const DRIVER_FAMILIES: [DriverFamily; 8] = [
+    (
+        "starwire_transport_syscalls",
+        "System calls the drivers made on the datapath (socket reads and writes, io_uring enters, completion-channel reads)",
+        None,
+    ),
+    (
+        "starwire_transport_packets",
+        "Packets the datagram drivers handed to and took from their links",
+        Some(("direction", "sent")),
+    ),
+    (
+        "starwire_transport_packets",
+        "Packets the datagram drivers handed to and took from their links",
+        Some(("direction", "received")),
+    ),
+    (
+        "starwire_transport_retransmits",
+        "Data packets the reliable-datagram cores sent again",
+        None,
+    ),
+    (
+        "starwire_transport_retransmit_timeouts",
+        "Retransmission timeouts of the reliable-datagram cores",
+        None,
+    ),
+    (
+        "starwire_transport_doorbells",
+        "Doorbells the RDMA drivers rang (at most one per flush)",
+        None,
+    ),
+    (
+        "starwire_transport_credit_stalls",
+        "RDMA posting passes that left frames queued for lack of ring credit",
+        None,
+    ),
+    (
+        "starwire_transport_receive_stalls",
+        "RDMA posting passes that left frames queued for lack of the peer's receive work requests",
+        None,
+    ),
+];
+
+fn counter_values(c: &DriverCounters) -> [Option<u64>; 8] {
+    [
+        c.syscalls,
+        c.packets_sent,
+        c.packets_received,
+        c.retransmits,
+        c.retransmit_timeouts,
+        c.doorbells,
+        c.credit_stalls,
+        c.receive_stalls,
+    ]
+}
+
+/// One reactor's cells of its driver's counters
+/// (`starwire_transport_*_total{backend}`), made at the first publication
+/// of each counter the driver keeps: a TCP reactor has no retransmission
+/// series, an RDMA one no syscall series unless it counts them.
+#[derive(Debug)]
+pub struct DriverCells {
+    telemetry: Telemetry,
+    backend: String,
+    cells: [Option<Arc<Counter>>; 8],
+    next: Option<Instant>,
+}
+
+impl DriverCells {
+    /// Cells in `t` for a driver of `backend`.
+    pub fn new(t: &Telemetry, backend: &str) -> Self {
+        Self {
+            telemetry: t.clone(),
+            backend: backend.to_owned(),
+            cells: Default::default(),
+            next: None,
+        }
+    }
+
+    /// Whether a publication is due at `now`: at the first call, then
+    /// every [`DRIVER_PUBLISH_EVERY`].
+    pub fn due(&mut self, now: Instant) -> bool {
+        if self.next.is_some_and(|t| now < t) {
+            return false;
+        }
+        self.next = Some(now + DRIVER_PUBLISH_EVERY);
+        true
+    }
+
+    /// Publish `c`. A closed connection may take its counts with it (a
+    /// driver that sums its attached connections): a published total
+    /// never goes back.
+    pub fn publish(&mut self, c: &DriverCounters) {
+        for (i, v) in counter_values(c).into_iter().enumerate() {
+            let Some(v) = v else { continue };
+            let (name, help, extra) = DRIVER_FAMILIES[i];
+            let cell = self.cells[i].get_or_insert_with(|| {
+                let mut labels = vec![("backend", self.backend.as_str())];
+                labels.extend(extra);
+                self.telemetry.counter(name, help, &labels)
+            });
+            cell.set(v.max(cell.get()));
+        }
+    }
+}
+
+/// A reactor's endpoint (none when its driver failed to start on the
+/// reactor's thread) that publishes its driver's counters
+/// ([`DriverCells`]) every [`DRIVER_PUBLISH_EVERY`] of turns, and once
+/// more when taken apart: the PS reactors and a worker's network reactors.
 pub struct Published<D: Driver, S> {
     endpoint: Option<Endpoint<D, S>>,
-    syscalls: fn(&D) -> Option<u64>,
-    cell: Arc<Counter>,
-    next: Option<Instant>,
+    cells: DriverCells,
 }
 
 impl<D: Driver, S> std::fmt::Debug for Published<D, S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Published")
             .field("running", &self.endpoint.is_some())
-            .field("syscalls", &self.cell.get())
+            .field("cells", &self.cells)
             .finish_non_exhaustive()
     }
 }
 
 impl<D: Driver, S: Service<D>> Published<D, S> {
-    /// `endpoint`, its driver's system calls (as `syscalls` counts them)
-    /// published into `t` under `backend`.
-    pub fn new(
-        endpoint: Option<Endpoint<D, S>>,
-        t: &Telemetry,
-        backend: &str,
-        syscalls: fn(&D) -> Option<u64>,
-    ) -> Self {
+    /// `endpoint`, its driver's counters published into `t` under
+    /// `backend`.
+    pub fn new(endpoint: Option<Endpoint<D, S>>, t: &Telemetry, backend: &str) -> Self {
         Self {
             endpoint,
-            syscalls,
-            cell: t.counter(
-                "starwire_transport_syscalls",
-                "System calls the PS reactors' drivers made (reads, writes, io_uring enters)",
-                &[("backend", backend)],
-            ),
-            next: None,
+            cells: DriverCells::new(t, backend),
         }
     }
 
-    fn publish(&self) {
-        let n = self
-            .endpoint
-            .as_ref()
-            .and_then(|e| (self.syscalls)(e.sessions().driver()));
-        // A closed connection takes its counts with it: the published
-        // total never goes back.
-        if let Some(n) = n {
-            self.cell.set(n.max(self.cell.get()));
+    fn publish(&mut self) {
+        if let Some(e) = &self.endpoint {
+            self.cells.publish(&e.sessions().driver().counters());
         }
     }
 
     /// The endpoint, after a last publication.
-    pub fn into_inner(self) -> Option<Endpoint<D, S>> {
+    pub fn into_inner(mut self) -> Option<Endpoint<D, S>> {
         self.publish();
         self.endpoint
     }
@@ -413,8 +526,7 @@ where
 {
     fn turn(&mut self, now: Instant) -> bool {
         let busy = self.endpoint.turn(now);
-        if self.next.map_or(true, |t| now >= t) {
-            self.next = Some(now + DRIVER_PUBLISH_EVERY);
+        if self.cells.due(now) {
             self.publish();
         }
         busy
@@ -517,6 +629,55 @@ mod tests {
             panic!("no step histogram");
         };
         assert_eq!(h.count(), 4);
+    }
+
+    #[test]
+    fn driver_cells_publish_what_the_driver_keeps_and_never_go_back() {
+        let t = Telemetry::new();
+        let mut cells = DriverCells::new(&t, "dpdk");
+        let t0 = Instant::now();
+        assert!(cells.due(t0));
+        assert!(!cells.due(t0 + DRIVER_PUBLISH_EVERY / 2));
+        assert!(cells.due(t0 + DRIVER_PUBLISH_EVERY));
+        // Nothing kept, nothing registered.
+        cells.publish(&DriverCounters::default());
+        assert!(t.families().is_empty());
+        let mut c = DriverCounters {
+            packets_sent: Some(10),
+            packets_received: Some(9),
+            retransmits: Some(2),
+            ..DriverCounters::default()
+        };
+        cells.publish(&c);
+        let f = t.families();
+        let names: Vec<_> = f.iter().map(|f| f.name).collect();
+        assert_eq!(
+            names,
+            [
+                "starwire_transport_packets",
+                "starwire_transport_retransmits"
+            ]
+        );
+        let b = [("backend", "dpdk")];
+        assert_eq!(
+            sample(&f, "starwire_transport_retransmits", &b),
+            Some(Value::Counter(2))
+        );
+        assert_eq!(
+            sample(
+                &f,
+                "starwire_transport_packets",
+                &[("backend", "dpdk"), ("direction", "received")]
+            ),
+            Some(Value::Counter(9))
+        );
+        // A connection that closed took its counts: the total stays.
+        c.retransmits = Some(1);
+        cells.publish(&c);
+        assert_eq!(
+            sample(&t.families(), "starwire_transport_retransmits", &b),
+            Some(Value::Counter(2))
+        );
     }
 
     #[test]

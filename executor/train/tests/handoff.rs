@@ -138,6 +138,7 @@ fn config(reactors: usize, producers: usize, idle: IdlePolicy) -> HandoffConfig 
         polling: idle != IdlePolicy::Park,
         conn: peer(TaskRole::Worker),
         timeout: Duration::from_secs(30),
+        telemetry: starwire_telemetry::Telemetry::new(),
     }
 }
 

@@ -23,7 +23,7 @@ impl BenchDriver for DpdkDriver {
         0
     }
 
-    fn counters(&self) -> String {
+    fn counters_text(&self) -> String {
         format!("{:?}; {:?}", self.stats(), self.link().stats())
     }
 

@@ -204,18 +204,16 @@ impl IntervalReport {
             return;
         };
         let secs = now.saturating_duration_since(from).as_secs_f64();
-        eprintln!(
-            "{}",
-            interval_line(
-                &self.label,
-                from.saturating_duration_since(t0).as_secs_f64(),
-                now.saturating_duration_since(t0).as_secs_f64(),
-                self.msgs,
-                secs,
-                self.bits_per_msg,
-                self.rtts.summary().as_ref()
-            )
+        let line = interval_line(
+            &self.label,
+            from.saturating_duration_since(t0).as_secs_f64(),
+            now.saturating_duration_since(t0).as_secs_f64(),
+            self.msgs,
+            secs,
+            self.bits_per_msg,
+            self.rtts.summary().as_ref(),
         );
+        crate::progress::suspend(|| eprintln!("{line}"));
         self.msgs = 0;
         self.rtts.reset();
         self.from = Some(now);

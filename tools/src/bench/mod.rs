@@ -37,6 +37,7 @@ use starwire_transport::accept::{dial, inboxes, AcceptConfig, Acceptor};
 use starwire_transport::reactor::{local_waker, IdlePolicy};
 
 use crate::backend::Backend;
+use crate::progress::{Progress, Unit};
 use crate::stats::median;
 use cpu::CpuMeter;
 use hist::{IntervalReport, Rtts};
@@ -248,6 +249,30 @@ impl Plan {
             }
         }
         out
+    }
+
+    /// The runs that measure something: the raw baseline has no fuse mode
+    /// (its runs are skipped). The length of a bench's progress.
+    pub fn measured_runs(&self) -> u64 {
+        self.runs().iter().filter(|r| !r.skipped()).count() as u64
+    }
+}
+
+impl Run {
+    /// A run the client skips (fuse over the raw baseline).
+    fn skipped(&self) -> bool {
+        self.backend == Backend::Raw && self.mode == Mode::Fuse
+    }
+
+    /// What the progress calls it: `tcp lat 64 B rep 1`.
+    fn progress_msg(&self) -> String {
+        format!(
+            "{} {} {} B rep {}",
+            self.backend,
+            self.mode.name(),
+            self.size,
+            self.rep + 1
+        )
     }
 }
 
@@ -837,43 +862,6 @@ fn verbs_driver(
     verbs::driver(&dev, connections, verbs::ring_len(run.max_size))
 }
 
-struct Progress {
-    start: Instant,
-    shown: bool,
-}
-
-impl Progress {
-    fn update(&mut self, i: usize, total: usize, run: &Run) {
-        if self.start.elapsed() < Duration::from_secs(2)
-            || !tracing::enabled!(target: "progress", tracing::Level::INFO)
-        {
-            return;
-        }
-        let line = format!(
-            "[starwire bench {:>3}/{total}] {} {} {} B rep {}",
-            i + 1,
-            run.backend,
-            run.mode.name(),
-            run.size,
-            run.rep + 1
-        );
-        // One line rewritten in place on a terminal; whole lines in a log.
-        if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
-            self.shown = true;
-            eprint!("\r{line}      ");
-            let _ = std::io::stderr().flush();
-        } else {
-            tracing::info!(target: "progress", "{line}");
-        }
-    }
-
-    fn finish(&self) {
-        if self.shown {
-            eprintln!();
-        }
-    }
-}
-
 /// One configuration's result and the round trips behind it.
 #[derive(Debug)]
 pub(crate) struct Outcome {
@@ -921,7 +909,13 @@ pub(crate) struct DriveOpts {
 /// The client side: send the plan to the server at `ctl_addr`, run every
 /// run, and return one outcome per configuration (medians over
 /// repetitions).
-fn drive(plan: &Plan, ctl_addr: SocketAddr, opts: DriveOpts) -> Result<Vec<Outcome>, String> {
+/// Each run is an item of `progress`.
+fn drive(
+    plan: &Plan,
+    ctl_addr: SocketAddr,
+    opts: DriveOpts,
+    progress: &mut Progress,
+) -> Result<Vec<Outcome>, String> {
     let ctl = TcpStream::connect(ctl_addr)
         .map_err(|e| format!("connecting to the bench server {ctl_addr}: {e}"))?;
     auth::dial(&ctl, auth::Purpose::Control)?;
@@ -932,33 +926,31 @@ fn drive(plan: &Plan, ctl_addr: SocketAddr, opts: DriveOpts) -> Result<Vec<Outco
     let client_idle = idle_policy(Role::Worker, plan.polling)?;
     let runs = plan.runs();
     let started = Instant::now();
-    let mut progress = Progress {
-        start: started,
-        shown: false,
-    };
     let mut raw_fuse_noted = false;
     // The runs of one (mode, size) are contiguous: their groups are
     // finished, and their histograms merged and freed, before the next.
     let mut pending: Vec<Group> = Vec::new();
     let mut out = Vec::new();
-    for (i, run) in runs.iter().enumerate() {
+    for run in &runs {
         if pending
             .first()
             .is_some_and(|g| (g.key.1, g.key.2) != (run.mode, run.size))
         {
             out.extend(pending.drain(..).map(|g| g.finish(opts.keep_rtts)));
         }
-        if run.backend == Backend::Raw && run.mode == Mode::Fuse {
+        if run.skipped() {
             if !raw_fuse_noted {
-                eprintln!(
-                    "note: fuse mode does not apply to the raw baseline (no tensors, \
-                     no fusion); skipped"
-                );
+                crate::progress::suspend(|| {
+                    eprintln!(
+                        "note: fuse mode does not apply to the raw baseline (no tensors, \
+                         no fusion); skipped"
+                    )
+                });
                 raw_fuse_noted = true;
             }
             continue;
         }
-        progress.update(i, runs.len(), run);
+        progress.begin(&run.progress_msg());
         let port = match recv_line::<ServerMsg>(&mut r)? {
             ServerMsg::Ready { port } => port,
             other => return Err(format!("bench server: unexpected {other:?}")),
@@ -1046,6 +1038,7 @@ fn drive(plan: &Plan, ctl_addr: SocketAddr, opts: DriveOpts) -> Result<Vec<Outco
         };
         g.lines.push(line);
         g.measured += m.elapsed;
+        progress.end();
         if matches!(run.mode, Mode::Lat | Mode::Rate) {
             match &mut g.rtts {
                 Some(all) => all.merge(&m.rtts),
@@ -1054,7 +1047,6 @@ fn drive(plan: &Plan, ctl_addr: SocketAddr, opts: DriveOpts) -> Result<Vec<Outco
         }
     }
     out.extend(pending.drain(..).map(|g| g.finish(opts.keep_rtts)));
-    progress.finish();
     Ok(out)
 }
 
@@ -1151,19 +1143,27 @@ pub(crate) fn validate(args: &BenchArgs) -> Result<(), String> {
 const MAX_CONNECTIONS: usize = 512;
 
 /// Run `plan` against a bench server on a thread of this process, over
-/// loopback (what `bench` does without `--listen`/`--connect`).
-pub(crate) fn run_loopback(plan: &Plan) -> Result<Vec<ResultLine>, String> {
+/// loopback (what `bench` does without `--listen`/`--connect`), each run
+/// an item of `progress`.
+pub(crate) fn run_loopback(
+    plan: &Plan,
+    progress: &mut Progress,
+) -> Result<Vec<ResultLine>, String> {
     let opts = DriveOpts {
         loopback: true,
         keep_rtts: false,
     };
-    Ok(loopback_outcomes(plan, opts)?
+    Ok(loopback_outcomes(plan, opts, progress)?
         .into_iter()
         .map(|o| o.line)
         .collect())
 }
 
-fn loopback_outcomes(plan: &Plan, opts: DriveOpts) -> Result<Vec<Outcome>, String> {
+fn loopback_outcomes(
+    plan: &Plan,
+    opts: DriveOpts,
+    progress: &mut Progress,
+) -> Result<Vec<Outcome>, String> {
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
         .map_err(|e| format!("binding the loopback control listener: {e}"))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
@@ -1174,7 +1174,7 @@ fn loopback_outcomes(plan: &Plan, opts: DriveOpts) -> Result<Vec<Outcome>, Strin
     // A client error returns at once: the server thread may still wait
     // for data connections that will not come (it gives up after
     // ACCEPT_TIMEOUT), and ends with the process.
-    let outcomes = drive(plan, addr, opts)?;
+    let outcomes = drive(plan, addr, opts, progress)?;
     let served = server
         .join()
         .map_err(|_| "bench server thread panicked".to_owned())?;
@@ -1281,10 +1281,12 @@ pub fn main(args: BenchArgs) -> Result<(), String> {
         loopback: args.connect.is_none(),
         keep_rtts: args.histogram.is_some(),
     };
+    let mut progress = Progress::new("starwire bench", Unit::Items, plan.measured_runs());
     let outcomes = match &args.connect {
-        Some(c) => drive(&plan, resolve_addr(c)?, opts)?,
-        None => loopback_outcomes(&plan, opts)?,
+        Some(c) => drive(&plan, resolve_addr(c)?, opts, &mut progress)?,
+        None => loopback_outcomes(&plan, opts, &mut progress)?,
     };
+    progress.finish();
     if let Some(p) = &args.histogram {
         let entries: Vec<hist::LogEntry<'_>> = outcomes
             .iter()

@@ -52,7 +52,7 @@ pub trait BenchDriver: Driver + Send + 'static {
         None
     }
     /// The driver's counters, for `RUST_LOG=debug`.
-    fn counters(&self) -> String;
+    fn counters_text(&self) -> String;
     /// The packet counters of a datagram driver (dpdk), for the row.
     fn datagram(&self) -> Option<DatagramCounters> {
         None
@@ -68,7 +68,7 @@ impl BenchDriver for TcpDriver {
             })
             .sum()
     }
-    fn counters(&self) -> String {
+    fn counters_text(&self) -> String {
         let all: Vec<String> = self
             .transports()
             .map(|(_, t)| format!("{:?}", t.stats()))
@@ -89,7 +89,7 @@ impl BenchDriver for starwire_uring::UringDriver {
         let s = self.stats();
         Some((s.zc_sends, s.zc_copied))
     }
-    fn counters(&self) -> String {
+    fn counters_text(&self) -> String {
         format!("{:?}", self.stats())
     }
 }
@@ -102,7 +102,7 @@ impl BenchDriver for starwire_verbs::VerbsDriver {
         let c = self.counters();
         c.parks + c.cq_events
     }
-    fn counters(&self) -> String {
+    fn counters_text(&self) -> String {
         self.counters().to_string()
     }
 }
@@ -354,7 +354,7 @@ fn server_outcome<D: BenchDriver>(
     let (server, rstats) = joined.map_err(|e| format!("server reactor: {e}"))?;
     tracing::debug!(
         reactor = ?rstats,
-        backend = %server.sessions().driver().counters(),
+        backend = %server.sessions().driver().counters_text(),
         "bench server counters"
     );
     match &server.service().error {
@@ -798,7 +798,7 @@ fn client_outcome<D: BenchDriver>(joined: Joined<D, LoadGen>) -> Result<Measured
     let syscalls = driver.syscalls() + (rstats.parks - rstats.driver_parks) + rstats.waker_reads;
     tracing::debug!(
         reactor = ?rstats,
-        backend = %driver.counters(),
+        backend = %driver.counters_text(),
         "bench client counters"
     );
     let msgs = 2 * gen.st.issued.max(1);

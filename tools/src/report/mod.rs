@@ -19,6 +19,7 @@ use serde::Serialize;
 
 use crate::backend::Backend;
 use crate::bench::{self, Cores, Mode, Plan, ResultLine};
+use crate::progress::{Progress, Unit};
 
 /// Latency sizes of the full suite: 64 B, then every power of 4 to 1 MiB.
 const LAT_SIZES: &[usize] = &[64, 256, 1024, 4096, 16384, 65536, 262_144, 1_048_576];
@@ -342,41 +343,37 @@ pub fn main(args: ReportArgs, train: Option<&dyn TrainSuite>) -> Result<(), Stri
     let cores = bench::choose_cores(args.cores, None)?;
     let m = machine(&args, cores, polling);
     let t0 = Instant::now();
-    let mut lines = Vec::new();
-    for plan in plans(&args, &backends, &m) {
-        let sizes: Vec<String> = plan.sizes.iter().map(ToString::to_string).collect();
-        let inflight = plan
-            .inflight
-            .map_or_else(|| "default".to_owned(), |k| k.to_string());
-        eprintln!(
-            "[starwire report {:>5.1}s] {} sizes {} inflight {inflight}",
-            t0.elapsed().as_secs_f64(),
-            plan.modes[0].name(),
-            sizes.join(","),
-        );
-        lines.extend(bench::run_loopback(&plan)?);
-    }
+    let plans = plans(&args, &backends, &m);
     let runs = if args.quick {
         1
     } else {
         args.repeat.max(TRAIN_RUNS)
     };
-    let train_rows = train.map(|suite| {
-        let cases = train_cases(&backends, args.quick);
+    let cases = train.map(|_| train_cases(&backends, args.quick));
+    let mut progress = Progress::new(
+        "starwire report",
+        Unit::Items,
+        progress_len(&plans, cases.as_deref().map_or(0, <[_]>::len), runs),
+    );
+    let mut lines = Vec::new();
+    for plan in &plans {
+        lines.extend(bench::run_loopback(plan, &mut progress)?);
+    }
+    let train_rows = train.zip(cases).map(|(suite, cases)| {
         // Runs alternate between the cases, as the bench's repetitions
         // alternate between backends: a slow spell of the machine then
         // touches every case, not one.
         let mut results: Vec<Vec<Result<TrainResult, String>>> = vec![Vec::new(); cases.len()];
         for run in 0..runs {
             for (case, out) in cases.iter().zip(results.iter_mut()) {
-                eprintln!(
-                    "[starwire report {:>5.1}s] train {} fusion {} run {}/{runs}",
-                    t0.elapsed().as_secs_f64(),
+                progress.begin(&format!(
+                    "train {} fusion {} run {}/{runs}",
                     case.backend,
                     if case.fusion { "on" } else { "off" },
                     run + 1
-                );
+                ));
                 out.push(suite.run(case));
+                progress.end();
             }
         }
         cases
@@ -385,6 +382,7 @@ pub fn main(args: ReportArgs, train: Option<&dyn TrainSuite>) -> Result<(), Stri
             .map(|(case, r)| TrainRow::new(case, r))
             .collect::<Vec<_>>()
     });
+    progress.finish();
     write_all(&args.out, &m, &backends, &lines, train_rows.as_deref())?;
     eprintln!(
         "starwire report: wrote {} in {:.1}s",
@@ -392,6 +390,13 @@ pub fn main(args: ReportArgs, train: Option<&dyn TrainSuite>) -> Result<(), Stri
         t0.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// The items of a report's progress: every measured bench run of its
+/// plans, and each train case's runs.
+fn progress_len(plans: &[Plan], train_cases: usize, train_runs: usize) -> u64 {
+    let bench: u64 = plans.iter().map(Plan::measured_runs).sum();
+    bench + (train_cases * train_runs) as u64
 }
 
 fn write_file(dir: &Path, name: &str, contents: &str) -> Result<(), String> {
@@ -870,6 +875,26 @@ mod tests {
         assert_eq!((cases[2].backend, cases[2].fusion), (INPROC, true));
         assert!(train_cases(&[Backend::Raw], false).is_empty());
         assert_eq!((cases[0].embedding_dim, cases[0].batch_size), (64, 512));
+    }
+
+    #[test]
+    fn progress_counts_every_measured_run_and_train_run() {
+        let args = ReportArgs {
+            out: PathBuf::from("unused"),
+            quick: true,
+            backends: None,
+            duration: 0.5,
+            repeat: 1,
+            polling: None,
+            cores: None,
+        };
+        let backends = [Backend::Raw, Backend::Tcp];
+        let plans = plans(&args, &backends, &machine(&args, (None, None), true));
+        // lat at 2 sizes, rate at 2 in-flight counts, bw at 1 size: two
+        // backends each; fuse: tcp only (the raw baseline has none).
+        assert_eq!(progress_len(&plans, 0, 1), 2 * 2 + 2 * 2 + 2 + 1);
+        let cases = train_cases(&backends, true).len();
+        assert_eq!(progress_len(&plans, cases, 3), 11 + 3 * 3);
     }
 
     #[test]

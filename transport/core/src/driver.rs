@@ -195,6 +195,39 @@ pub trait Driver {
     fn park(&mut self, _waker: ParkWaker<'_>, _timeout: Duration) -> Option<ParkEnd> {
         None
     }
+
+    /// The counters the driver keeps anyway, for the metrics: read by its
+    /// reactor a few times a second, never on every turn (some are sums
+    /// over the connections). Counters the driver does not keep are `None`.
+    fn counters(&self) -> DriverCounters {
+        DriverCounters::default()
+    }
+}
+
+/// What a driver has counted since it was made, as [`Driver::counters`]
+/// reports it; `None` where the driver keeps no such count. Sums over
+/// connections may count only the connections still attached.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DriverCounters {
+    /// System calls on the datapath (reads and writes of sockets,
+    /// `io_uring_enter`s, completion-channel reads).
+    pub syscalls: Option<u64>,
+    /// Packets handed to a datagram link.
+    pub packets_sent: Option<u64>,
+    /// Packets taken from a datagram link.
+    pub packets_received: Option<u64>,
+    /// Data packets a reliable-datagram core sent again.
+    pub retransmits: Option<u64>,
+    /// Retransmission timeouts of a reliable-datagram core.
+    pub retransmit_timeouts: Option<u64>,
+    /// Doorbells rung (RDMA: at most one per flush).
+    pub doorbells: Option<u64>,
+    /// RDMA posting passes that left frames queued for lack of ring
+    /// credit (the peer had not freed ring space).
+    pub credit_stalls: Option<u64>,
+    /// RDMA posting passes that left frames queued for lack of the
+    /// peer's posted receive work requests.
+    pub receive_stalls: Option<u64>,
 }
 
 /// A driver of TCP streams (the tcp and io_uring backends): its

@@ -47,7 +47,9 @@ pub use connection::{
     ConnConfig, ConnError, Connection, Event, Incoming, Payload, PeerInfo, RequestError, SendError,
     TaskRole, PROTOCOL_VERSION,
 };
-pub use driver::{ConnId, ConnTx, Driver, FrameTx, Link, Links, Sleep, StreamDriver};
+pub use driver::{
+    ConnId, ConnTx, Driver, DriverCounters, FrameTx, Link, Links, Sleep, StreamDriver,
+};
 pub use endpoint::{Endpoint, Service};
 pub use session::{Sessions, TurnStats};
 pub use starwire_wire as wire;

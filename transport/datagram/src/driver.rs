@@ -14,7 +14,7 @@ use std::collections::VecDeque;
 use std::net::TcpStream;
 use std::time::Instant;
 
-use starwire_transport::{ConnId, Driver, Sleep, StreamDriver, TransportError};
+use starwire_transport::{ConnId, Driver, DriverCounters, Sleep, StreamDriver, TransportError};
 use thiserror::Error;
 
 use crate::core::{ConfigError, ConnIds, CoreStats, ReliableConfig, ReliableCore};
@@ -284,6 +284,19 @@ impl<L: DatagramLink> DatagramDriver<L> {
 impl<L: DatagramLink> Driver for DatagramDriver<L> {
     fn max_frame_len(&self) -> usize {
         self.cfg.max_frame_len
+    }
+
+    /// Packets through the link, and the reliability cores'
+    /// retransmissions and timeouts (detached connections' included).
+    fn counters(&self) -> DriverCounters {
+        let core = self.core_totals();
+        DriverCounters {
+            packets_sent: Some(self.stats.packets_sent),
+            packets_received: Some(self.stats.packets_received),
+            retransmits: Some(core.retransmits),
+            retransmit_timeouts: Some(core.timeouts),
+            ..DriverCounters::default()
+        }
     }
 
     fn tx_reserve(

@@ -155,6 +155,10 @@ fn sixty_four_sessions_handshake_and_echo_through_loss() {
         .map(|&c| net.a.driver().core(c).unwrap().stats().retransmits)
         .sum();
     assert!(retransmits > 0);
+    // The metrics read the same counts through the driver contract.
+    let c = Driver::counters(net.a.driver());
+    assert_eq!(c.retransmits, Some(retransmits));
+    assert_eq!(c.packets_sent, Some(net.a.driver().stats().packets_sent));
     let st = net.a.driver().stats();
     assert!(st.tx_bursts <= st.flushes, "{st:?}");
     assert_eq!(st.dropped_unknown_conn, 0);

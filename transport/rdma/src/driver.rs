@@ -14,7 +14,7 @@ use std::os::fd::BorrowedFd;
 use std::time::{Duration, Instant};
 
 use starwire_transport::reactor::{park_fds, ParkEnd, ParkWaker};
-use starwire_transport::{ConnId, Driver, Sleep, TransportError};
+use starwire_transport::{ConnId, Driver, DriverCounters, Sleep, TransportError};
 
 use crate::ring::{
     check_config, check_remote, wr_slot, PreparedRing, RemoteRing, RingConfig, RingConn, RingError,
@@ -382,6 +382,18 @@ impl<V: Verbs> Driver for RdmaDriver<V> {
     /// and the queue pairs' maximum message (checked per connection).
     fn max_frame_len(&self) -> usize {
         self.max_frame
+    }
+
+    /// Doorbells, and the rings' stalls for credit and for the peer's
+    /// receive work requests (detached connections' included).
+    fn counters(&self) -> DriverCounters {
+        let rings = self.ring_totals();
+        DriverCounters {
+            doorbells: Some(self.stats.doorbells),
+            credit_stalls: Some(rings.ring_stalls),
+            receive_stalls: Some(rings.recv_stalls),
+            ..DriverCounters::default()
+        }
     }
 
     fn tx_reserve(

@@ -89,6 +89,8 @@ fn one_flush_over_many_connections_rings_one_doorbell() {
     let after = a.stats();
     assert_eq!(after.doorbells - before.doorbells, 1);
     assert_eq!(a.verbs().doorbells(), 1);
+    // The metrics read the same count through the driver contract.
+    assert_eq!(Driver::counters(&a).doorbells, Some(after.doorbells));
     let writes: u64 = a_ids
         .iter()
         .map(|&c| a.ring(c).unwrap().stats().data_writes)
@@ -188,6 +190,10 @@ fn frames_stay_in_order_per_connection_under_random_traffic() {
         .map(|&c| a.ring(c).unwrap().stats().recv_stalls)
         .sum();
     assert!(stalls > 0, "credits limited the senders");
+    let c = Driver::counters(&a);
+    assert_eq!(c.receive_stalls, Some(stalls));
+    assert_eq!(c.credit_stalls, Some(a.ring_totals().ring_stalls));
+    assert_eq!(c.syscalls, None);
     let writes: u64 = a_ids
         .iter()
         .map(|&c| a.ring(c).unwrap().stats().data_writes)

@@ -440,7 +440,7 @@ pub fn start_ps<K: Backend>(
             let endpoint = driver
                 .ok()
                 .map(|d| Endpoint::new(d, service, conn_cfg).with_inbox(rx));
-            Published::new(endpoint, &telemetry, K::NAME, K::syscalls)
+            Published::new(endpoint, &telemetry, K::NAME)
         })
         .map_err(|e| TrainError::Internal(format!("starting PS reactor: {e}")))?;
         brx.recv()
@@ -520,6 +520,7 @@ pub fn connect_handoff<K: Backend>(
             .guard
             .apply(cfg, ConnConfig::new(peer(TaskRole::Worker, index, 1)), None),
         timeout: WORKER_TIMEOUT,
+        telemetry: cfg.telemetry.clone(),
     };
     HandoffNet::connect::<K>(streams, &hc)
 }
