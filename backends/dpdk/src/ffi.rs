@@ -633,11 +633,15 @@ fn flow_error(ret: i32, msg: *const c_char) -> (i32, String) {
     // SAFETY: a non-null message of rte_flow_error is a NUL-terminated
     // string the driver keeps (a literal), copied out at once.
     let msg = unsafe { CStr::from_ptr(msg) }.to_string_lossy();
+    if msg == text {
+        return (errno, text);
+    }
     (errno, format!("{msg} ({text})"))
 }
 
-/// Whether the started port `port` takes a rule sending IPv4/UDP packets
-/// to `udp_dst` to receive queue `queue` (`rte_flow_validate`).
+/// Whether port `port` (probed; started or not) takes a rule sending
+/// IPv4/UDP packets to `udp_dst` to receive queue `queue`
+/// (`rte_flow_validate`).
 pub(crate) fn flow_validate(port: u16, udp_dst: u16, queue: u16) -> Result<(), (i32, String)> {
     let mut flow = std::ptr::null_mut();
     let mut msg = std::ptr::null();
