@@ -16,8 +16,10 @@
 #     the cA/cB pair). A PS task ends when every worker has said it is
 #     done.
 # Prints one JSON line per result and a summary line; exits 0 only if all
-# pass. Needs root (ip netns). Cleans up after itself.
-# Usage: ci/dpdk-netns.sh
+# pass. Needs root (ip netns). Cleans up after itself. Namespaces and
+# interfaces are named $STARWIRE_NETNS_PREFIX (default sw) plus the
+# script's pid, so runs with other prefixes never collide.
+# Usage: [STARWIRE_NETNS_PREFIX=sw] ci/dpdk-netns.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,7 +28,7 @@ if [ "$(id -u)" != 0 ]; then
     exit 1
 fi
 
-tag="sw$$"
+tag="${STARWIRE_NETNS_PREFIX:-sw}$$"
 NS_A="${tag}a"
 NS_B="${tag}b"
 VA="${tag}va"

@@ -25,6 +25,13 @@ pub struct DpdkArgs {
     /// address of the TCP connection the ends bootstrap over).
     #[arg(long)]
     pub dpdk_ip: Option<Ipv4Addr>,
+    /// Queue pairs to set up on the DPDK port, one per reactor of this
+    /// process (default: bench and soak, their reactors in this process;
+    /// train, ps and worker, 1). With two or more each reactor's link has
+    /// a pair of its own, steered by rte_flow where the port supports it,
+    /// else demultiplexed in software; with 1 every link shares it.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    pub dpdk_queues: Option<u16>,
 }
 
 impl DpdkArgs {
@@ -35,6 +42,7 @@ impl DpdkArgs {
             port: self.dpdk_port,
             ip: self.dpdk_ip,
             first_udp_port: None,
+            queues: self.dpdk_queues,
         }
     }
 
@@ -42,6 +50,17 @@ impl DpdkArgs {
     /// first use).
     pub fn configure(&self) {
         DpdkContext::configure(self.context_config());
+    }
+
+    /// Like [`configure`](Self::configure), with `reactors` queue pairs
+    /// unless `--dpdk-queues` says otherwise: a command that knows how
+    /// many reactors it runs gives each a queue pair.
+    pub fn configure_for(&self, reactors: usize) {
+        let mut c = self.context_config();
+        c.queues = c
+            .queues
+            .or(Some(u16::try_from(reactors.max(1)).unwrap_or(u16::MAX)));
+        DpdkContext::configure(c);
     }
 }
 
@@ -65,6 +84,7 @@ pub fn info_json(a: &DpdkArgs) -> Value {
     };
     let cfg = PortConfig {
         port: a.dpdk_port,
+        queues: a.dpdk_queues.unwrap_or(1),
         ..PortConfig::default()
     };
     let ports: Vec<Value> = DeviceInfo::probe_all(eal)
@@ -74,6 +94,9 @@ pub fn info_json(a: &DpdkArgs) -> Value {
             Ok(d) => {
                 let queues = d.queues_for(&cfg);
                 let (mbufs, why) = d.mbufs_needed(queues, cfg.rx_desc, cfg.tx_desc);
+                // Validated on the port as probed (not yet configured); a
+                // run logs the steering it chose once the port is started.
+                let (steering, steering_why) = starwire_dpdk::probe_steering(d.port, queues);
                 json!({
                     "port": d.port,
                     "name": d.name,
@@ -85,7 +108,8 @@ pub fn info_json(a: &DpdkArgs) -> Value {
                     "max_queues": {"rx": d.max_rx_queues, "tx": d.max_tx_queues},
                     "socket": d.socket,
                     "setup": {"queues": queues, "rx_desc": cfg.rx_desc, "tx_desc": cfg.tx_desc,
-                              "mbufs_needed": mbufs, "mbufs_why": why},
+                              "mbufs_needed": mbufs, "mbufs_why": why,
+                              "steering": steering.as_str(), "steering_why": steering_why},
                     "selected": d.port == a.dpdk_port,
                 })
             }
@@ -129,7 +153,7 @@ pub fn print_info(d: &Value) {
         let st = &p["setup"];
         println!(
             "  port {}{}       {} (driver {}), MAC {}, MTU {}, link {} {} Mbit/s; queues rx {} tx {} \
-             (starwire sets up {}, {} rx + {} tx descriptors), mbufs {} ({})",
+             (starwire sets up {}, {} rx + {} tx descriptors), mbufs {} ({}); steering {} ({})",
             s(&p["port"]),
             if p["selected"] == true { "*" } else { " " },
             s(&p["name"]),
@@ -145,6 +169,8 @@ pub fn print_info(d: &Value) {
             s(&st["tx_desc"]),
             s(&st["mbufs_needed"]),
             s(&st["mbufs_why"]),
+            s(&st["steering"]),
+            s(&st["steering_why"]),
         );
     }
 }

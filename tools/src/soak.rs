@@ -258,9 +258,9 @@ fn loss_config(f: FaultSpec) -> starwire_datagram::LossConfig {
     }
 }
 
-/// A DPDK reactor polls its queue and never parks, and both ends share
-/// the port's one queue in this process: one reactor a side unless the
-/// flags ask for more.
+/// A DPDK reactor polls its queue and never parks: one reactor a side
+/// unless the flags ask for more (each gets a queue pair of its own where
+/// the port has enough).
 #[cfg(feature = "dpdk")]
 fn dpdk_reactors(mut args: SoakArgs) -> SoakArgs {
     if args.backend == "dpdk" {
@@ -1084,7 +1084,8 @@ pub fn main(args: SoakArgs) -> Result<bool, String> {
     if args.backend == "dpdk" {
         // Stops the port when the soak is done.
         let _dpdk = crate::dpdk::CloseOnDrop;
-        args.dpdk.configure();
+        args.dpdk
+            .configure_for(lay.client_cpus.len() + lay.server_cpus.len());
         let ctx = crate::dpdk::DpdkContext::get().map_err(|e| e.to_string())?;
         // Both ends are in this process, bootstrapping over loopback.
         let ip = ctx.ip_or_loopback();

@@ -1229,6 +1229,8 @@ fn bench_and_soak_run_over_dpdk_on_net_ring() {
         assert!(port["opackets"].as_u64().unwrap() >= 2 * 300, "{r}");
         assert_eq!(port["imissed"], 0, "{r}");
         assert_eq!(port["rx_nombuf"], 0, "{r}");
+        // A queue pair per reactor; net_ring has no rte_flow.
+        assert_eq!(r["steering"], "software", "{r}");
     }
     for r in rows.iter().filter(|r| r["backend"] == "tcp") {
         for f in [
@@ -1237,6 +1239,7 @@ fn bench_and_soak_run_over_dpdk_on_net_ring() {
             "retransmits",
             "cpu_us_per_msg",
             "port_stats",
+            "steering",
         ] {
             assert!(r[f].is_null(), "{f} of tcp: {r}");
         }
@@ -1258,6 +1261,32 @@ fn bench_and_soak_run_over_dpdk_on_net_ring() {
     let r: serde_json::Value = serde_json::from_str(text(&out.stdout).trim()).unwrap();
     assert_eq!(r["passed"], true, "{r}");
     assert_eq!(r["backend"], "dpdk");
+    assert!(r["messages"].as_u64().unwrap() > 0, "{r}");
+
+    // Two reactors a side, a queue pair each: every packet lands on its
+    // sender's queue and is handed to its receiver in software.
+    let out = run(&[
+        "soak",
+        "--backend",
+        "dpdk",
+        "--eal",
+        NET_RING,
+        "--client-reactors",
+        "2",
+        "--server-reactors",
+        "2",
+        "--dpdk-queues",
+        "4",
+        "--connections",
+        "8",
+        "--duration",
+        "2",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let r: serde_json::Value = serde_json::from_str(text(&out.stdout).trim()).unwrap();
+    assert_eq!(r["passed"], true, "{r}");
+    assert_eq!(r["client_reactors"], 2, "{r}");
     assert!(r["messages"].as_u64().unwrap() > 0, "{r}");
 
     // Faults injected under both DPDK links are repaired by the

@@ -1,8 +1,11 @@
 //! The DPDK port of a process, opened once for every role that runs in
-//! it: the EAL, the port and its first queue pair, shared by the links of
-//! the process. Each link is bound to a UDP port of its own, so the links
-//! of both ends of a connection in one process (a `net_ring` port that
-//! loops back to itself) are told apart by destination port.
+//! it: the EAL, the port and its queue pairs. With one queue pair per
+//! reactor (`ContextConfig::queues`, as many as the port offers) each
+//! link leases a pair of its own ([`QueueSet`], steered by `rte_flow` or
+//! in software); with one, every link shares it ([`SharedQueue`]). Each
+//! link is bound to a UDP port of its own, so the links of both ends of a
+//! connection in one process (a `net_ring` port that loops back to
+//! itself) are told apart by destination port.
 
 use std::net::{IpAddr, Ipv4Addr, TcpStream};
 use std::sync::atomic::{AtomicU16, Ordering};
@@ -15,6 +18,7 @@ use crate::eal::{eal_args, Eal};
 use crate::error::DpdkError;
 use crate::link::{DpdkLink, LinkConfig, SharedQueue};
 use crate::port::{Port, PortConfig, PortStats};
+use crate::steer::{probe_steering, QueueSet, Steering};
 
 /// The datagram driver of one reactor over DPDK.
 pub type DpdkDriver = DatagramDriver<DpdkLink>;
@@ -33,6 +37,10 @@ pub struct ContextConfig {
     /// The UDP port of the first link; later links take the next ones.
     /// `None`: 20000.
     pub first_udp_port: Option<u16>,
+    /// Queue pairs to set up, one per reactor of the process (`None`:
+    /// one, shared by every link); the port gets at most what its driver
+    /// offers.
+    pub queues: Option<u16>,
 }
 
 /// The DPDK port of this process (see the module). [`close`](Self::close)
@@ -47,8 +55,18 @@ pub struct DpdkContext {
 
 #[derive(Debug)]
 struct Opened {
+    // The queues before the port: links' leases go back to the set first.
+    queues: Queues,
     port: Port,
-    queue: SharedQueue,
+}
+
+/// The queue pairs the links of the process use.
+#[derive(Debug)]
+enum Queues {
+    /// One pair, shared under a lock.
+    Single(SharedQueue),
+    /// A pair per link.
+    Set(QueueSet),
 }
 
 static CONTEXT: OnceLock<Result<DpdkContext, DpdkError>> = OnceLock::new();
@@ -78,17 +96,28 @@ impl DpdkContext {
             let eal = Eal::init(&eal_args(c.eal.as_deref()))?;
             let cfg = PortConfig {
                 port: c.port,
+                queues: c.queues.unwrap_or(1).max(1),
                 ..PortConfig::default()
             };
             let mut port = Port::open(eal, &cfg)?;
-            let queue = port
-                .take_queue()
-                .ok_or(DpdkError::NoQueue { port: c.port })?;
+            let (steering, why) = probe_steering(c.port, port.queues());
+            tracing::info!(
+                port = c.port,
+                queues = port.queues(),
+                asked = cfg.queues,
+                steering = steering.as_str(),
+                %why,
+                "DPDK steering"
+            );
+            let queues = match steering {
+                Steering::Single => Queues::Single(SharedQueue::new(
+                    port.take_queue()
+                        .ok_or(DpdkError::NoQueue { port: c.port })?,
+                )),
+                _ => Queues::Set(QueueSet::new(&mut port, steering)?),
+            };
             Ok(DpdkContext {
-                open: Mutex::new(Some(Opened {
-                    port,
-                    queue: SharedQueue::new(queue),
-                })),
+                open: Mutex::new(Some(Opened { queues, port })),
                 ip: c.ip,
                 next_udp: AtomicU16::new(c.first_udp_port.unwrap_or(FIRST_UDP_PORT)),
             })
@@ -127,13 +156,23 @@ impl DpdkContext {
         self.open.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A new link on the shared queue, bound to a UDP port of its own, at
+    /// How the packets of the process's links reach them (`None` once the
+    /// port is closed).
+    pub fn steering(&self) -> Option<Steering> {
+        self.lock().as_ref().map(|o| match &o.queues {
+            Queues::Single(_) => Steering::Single,
+            Queues::Set(s) => s.steering(),
+        })
+    }
+
+    /// A new link on a queue pair of its own (or the shared one), bound
+    /// to a UDP port of its own, at
     /// `ip` (without a configured address, the first bootstrap connection's
     /// local address replaces it); its connections' peers are set by the
     /// bootstrap.
     pub fn link(&self, ip: Ipv4Addr) -> Result<DpdkLink, DpdkError> {
         let open = self.lock();
-        let Some(Opened { port, queue }) = open.as_ref() else {
+        let Some(Opened { port, queues }) = open.as_ref() else {
             return Err(DpdkError::PortClosed);
         };
         let info = port.info();
@@ -149,9 +188,14 @@ impl DpdkContext {
                 ip_from_bootstrap: self.ip.is_none(),
                 ..LinkConfig::new(local, local)
             };
-            match DpdkLink::shared(queue, info.mtu, cfg) {
+            let made = match queues {
+                Queues::Single(q) => DpdkLink::shared(q, info.mtu, cfg),
+                Queues::Set(set) => DpdkLink::steered(set, info.mtu, cfg),
+            };
+            match made {
                 Ok(link) => return Ok(link),
-                Err(e) => last = e,
+                Err(e @ DpdkError::UdpPortInUse { .. }) => last = e,
+                Err(e) => return Err(e),
             }
         }
         Err(last)

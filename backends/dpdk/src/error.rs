@@ -146,6 +146,17 @@ pub enum DpdkError {
         /// The port index.
         port: u16,
     },
+    /// Every queue pair of a port's queue set is held by a link.
+    #[error(
+        "DPDK port {port}: all {queues} queue pairs are held by links; set up one per \
+         reactor (--dpdk-queues)"
+    )]
+    QueuesTaken {
+        /// The port index.
+        port: u16,
+        /// Queue pairs in the set.
+        queues: usize,
+    },
     /// The process's port was closed (its command is done).
     #[error("the DPDK port is closed")]
     PortClosed,

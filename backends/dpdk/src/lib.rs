@@ -10,7 +10,10 @@
 //!   over one queue pair, carrying each datagram in Ethernet/IPv4/UDP
 //!   ([`starwire_datagram::udp`]); under a
 //!   [`DatagramDriver`](starwire_datagram::DatagramDriver) it is one
-//!   reactor's driver. Links that share a queue pair go through a
+//!   reactor's driver. A port with a queue pair per link is a
+//!   [`QueueSet`]: each link leases a pair, steered to it by `rte_flow`
+//!   or handed its packets by the other links over lock-free rings
+//!   ([`steer`]). Links that share one queue pair go through a
 //!   [`SharedQueue`], which demultiplexes by UDP destination port.
 //!
 //! * [`DpdkContext`]: the process's port, opened once and shared by its
@@ -32,6 +35,7 @@ pub mod error;
 mod ffi;
 pub mod link;
 pub mod port;
+pub mod steer;
 
 pub use crate::bootstrap::{bootstrap, BootstrapError, Hello, OnDpdk};
 pub use crate::context::{CloseOnDrop, ContextConfig, DpdkContext, DpdkDriver};
@@ -39,3 +43,4 @@ pub use crate::eal::{eal_args, split_args, Eal, EAL_ARGS_ENV};
 pub use crate::error::DpdkError;
 pub use crate::link::{DpdkLink, DpdkLinkStats, LinkConfig, SharedQueue};
 pub use crate::port::{DeviceInfo, LinkStatus, Port, PortConfig, PortQueue, PortStats};
+pub use crate::steer::{probe_steering, QueueSet, Steering};

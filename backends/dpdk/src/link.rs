@@ -15,12 +15,14 @@
 //! sink in place, its UDP payload straight from the mbuf, which goes back
 //! to the pool afterwards.
 //!
-//! A queue pair owned by one link is used without a lock. Links that share
-//! a queue pair (a port with fewer queues than reactors, or one
-//! `net_ring` port looping back to itself with both ends of a connection
-//! in one process) go through a [`SharedQueue`]: whichever link receives
-//! takes a burst and files each packet under the link bound to its UDP
-//! destination port, under the queue's lock.
+//! A queue pair owned by one link is used without a lock: one the link
+//! was given ([`DpdkLink::new`]) or one it leased from a [`QueueSet`]
+//! ([`DpdkLink::steered`]), whose links hand each other the packets that
+//! arrived on the wrong queue through lock-free rings (see
+//! [`steer`](crate::steer)). Links that share a queue pair (a port with
+//! fewer queues than reactors) go through a [`SharedQueue`]: whichever
+//! link receives takes a burst and files each packet under the link bound
+//! to its UDP destination port, under the queue's lock.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -33,6 +35,7 @@ use starwire_datagram::{DatagramLink, LinkError};
 use crate::error::DpdkError;
 use crate::ffi::{self, Mbuf, Mempool};
 use crate::port::PortQueue;
+use crate::steer::{Lease, QueueSet};
 
 /// Packets a link's inbox in a [`SharedQueue`] holds; beyond it packets
 /// for that link are dropped (the reliability layer retransmits).
@@ -91,8 +94,13 @@ pub struct DpdkLinkStats {
     /// several segments).
     pub rx_malformed: u64,
     /// Packets dropped because the inbox of the link they were for was
-    /// full (shared queues).
+    /// full (shared queues, queue sets).
     pub rx_inbox_full: u64,
+    /// Packets this link received on its queue and handed to the link of
+    /// their UDP port (queue sets).
+    pub rx_handed_over: u64,
+    /// Packets other links handed to this one (queue sets).
+    pub rx_handed_in: u64,
 }
 
 /// A queue pair several links use, each bound to its own UDP port.
@@ -147,6 +155,7 @@ impl SharedQueue {
 #[derive(Debug)]
 enum Access {
     Own(ffi::Queue),
+    Steered(Lease),
     Shared(SharedQueue),
 }
 
@@ -190,6 +199,15 @@ impl DpdkLink {
             port_mtu,
             cfg,
         ))
+    }
+
+    /// A link on a queue pair of its own leased from `set`, bound to the
+    /// UDP port `cfg.local.port`, which no other link of the set may hold.
+    /// The queue pair goes back to the set when the link drops.
+    pub fn steered(set: &QueueSet, port_mtu: u16, cfg: LinkConfig) -> Result<Self, DpdkError> {
+        let lease = set.lease(cfg.local.port)?;
+        let pool = Arc::clone(set.pool());
+        Ok(Self::with(Access::Steered(lease), pool, port_mtu, cfg))
     }
 
     fn with(access: Access, pool: Arc<Mempool>, port_mtu: u16, cfg: LinkConfig) -> Self {
@@ -245,6 +263,16 @@ impl DpdkLink {
     /// Counters.
     pub fn stats(&self) -> DpdkLinkStats {
         self.stats
+    }
+
+    /// The index of the queue pair the link uses (`None` once a leased
+    /// pair is back in its set).
+    pub fn queue(&self) -> Option<u16> {
+        match &self.access {
+            Access::Own(q) => Some(q.index()),
+            Access::Steered(l) => l.queue(),
+            Access::Shared(s) => Some(s.lock().queue.index()),
+        }
     }
 
     /// Packets committed and not yet taken by the device.
@@ -356,6 +384,7 @@ impl DatagramLink for DpdkLink {
         }
         let sent = match &mut self.access {
             Access::Own(q) => q.tx_burst(&mut self.pending),
+            Access::Steered(l) => l.tx_burst(&mut self.pending),
             Access::Shared(s) => s.lock().queue.tx_burst(&mut self.pending),
         };
         self.stats.tx_bursts += 1;
@@ -381,6 +410,7 @@ impl DatagramLink for DpdkLink {
                 q.rx_burst(&mut self.rx, max as u16);
                 self.stats.rx_bursts += 1;
             }
+            Access::Steered(l) => l.rx(&mut self.rx, max, &mut self.stats),
             Access::Shared(s) => {
                 let mut d = s.lock();
                 let Demux {

@@ -2,6 +2,8 @@
 //! ring-backed port whose transmit queue loops back to its own receive
 //! queue, without hugepages or PCI devices. The EAL initialises once per
 //! process, so every test that needs it is a step of the one test below.
+//! A second ring port, `net_ring1`, is opened with four queue pairs for
+//! the links of a queue set.
 
 use std::net::Ipv4Addr;
 use std::time::Instant;
@@ -11,11 +13,12 @@ use starwire_datagram::{
     DatagramDriver, DatagramLink, Impaired, LinkError, LossConfig, ReliableConfig,
 };
 use starwire_dpdk::{
-    DeviceInfo, DpdkError, DpdkLink, Eal, LinkConfig, Port, PortConfig, SharedQueue,
+    probe_steering, DeviceInfo, DpdkError, DpdkLink, Eal, LinkConfig, Port, PortConfig, QueueSet,
+    SharedQueue, Steering,
 };
 use starwire_transport::conformance::{self, DriverPair};
 
-const EAL_ARGS: &str = "--no-huge --no-pci --no-shconf -m 512 --vdev=net_ring0";
+const EAL_ARGS: &str = "--no-huge --no-pci --no-shconf -m 512 --vdev=net_ring0 --vdev=net_ring1";
 
 fn endpoints(port: &Port, a_port: u16, b_port: u16) -> (UdpEndpoint, UdpEndpoint) {
     let mac = port.info().mac;
@@ -77,7 +80,7 @@ fn net_ring_port() {
     .join()
     .unwrap();
 
-    assert_eq!(eal.ports(), 1);
+    assert_eq!(eal.ports(), 2);
     let info = DeviceInfo::probe(eal, 0).expect("port 0");
     assert_eq!(info.driver, "net_ring");
     assert_eq!(info.name, "net_ring0");
@@ -86,7 +89,7 @@ fn net_ring_port() {
         DeviceInfo::probe(eal, 3),
         Err(DpdkError::NoPort {
             port: 3,
-            available: 1
+            available: 2
         })
     ));
     let few = PortConfig {
@@ -110,6 +113,110 @@ fn net_ring_port() {
     raw_datagrams(&port, &q);
     conformance_over_net_ring(&port, &q);
     conformance_under_injected_loss(&port, &q);
+
+    queue_set(eal);
+}
+
+/// A port with a queue pair per link and no `rte_flow` (net_ring has no
+/// flow rules): each link sends on its own queue, whose packets come back
+/// on the same queue's receive side, so every packet for another link is
+/// handed over through the grid. Raw datagrams first, then the
+/// conformance suite between two links of the set.
+fn queue_set(eal: &'static Eal) {
+    let cfg = PortConfig {
+        port: 1,
+        queues: 4,
+        ..PortConfig::default()
+    };
+    let mut port = Port::open(eal, &cfg).expect("open net_ring1");
+    assert_eq!(port.queues(), 4);
+    let (steering, why) = probe_steering(1, port.queues());
+    assert_eq!(steering, Steering::Software, "{why}");
+    assert_eq!(probe_steering(1, 1).0, Steering::Single);
+    let set = QueueSet::new(&mut port, steering).expect("queue set");
+    assert_eq!((set.queues(), set.free()), (4, 4));
+    let mtu = port.info().mtu;
+    let ep = |udp: u16| endpoints(&port, udp, udp).0;
+    let mut links: Vec<DpdkLink> = (0..4)
+        .map(|i| DpdkLink::steered(&set, mtu, LinkConfig::new(ep(7100 + i), ep(7100))))
+        .collect::<Result<_, _>>()
+        .expect("four links");
+    let mut queues: Vec<u16> = links.iter().filter_map(DpdkLink::queue).collect();
+    queues.sort_unstable();
+    assert_eq!(queues, [0, 1, 2, 3], "a queue pair each");
+    assert!(matches!(
+        DpdkLink::steered(&set, mtu, LinkConfig::new(ep(7200), ep(7200))),
+        Err(DpdkError::QueuesTaken { queues: 4, .. })
+    ));
+    drop(links.pop());
+    assert_eq!(set.free(), 1, "a dropped link gives its pair back");
+    assert!(matches!(
+        DpdkLink::steered(&set, mtu, LinkConfig::new(ep(7100), ep(7100))),
+        Err(DpdkError::UdpPortInUse { udp_port: 7100, .. })
+    ));
+    links.push(DpdkLink::steered(&set, mtu, LinkConfig::new(ep(7103), ep(7100))).expect("again"));
+
+    // Every link sends 20 datagrams to each other link: byte 0 says the
+    // sender, byte 12 the sequence. Links poll in turn until all arrived.
+    for (i, l) in links.iter_mut().enumerate() {
+        for j in 0..4u32 {
+            l.add_peer(j, ep(7100 + j as u16));
+        }
+        for seq in 0..20u8 {
+            for j in (0..4u32).filter(|&j| j as usize != i) {
+                let mut p = [0u8; 13];
+                p[0] = i as u8;
+                p[8..12].copy_from_slice(&j.to_le_bytes());
+                p[12] = seq;
+                send(l, &p);
+            }
+        }
+        assert_eq!(l.tx_burst_flush(Instant::now()).unwrap(), 60);
+    }
+    let mut got: Vec<Vec<(u8, u8)>> = vec![Vec::new(); 4];
+    for _ in 0..1000 {
+        for (i, l) in links.iter_mut().enumerate() {
+            l.rx_burst(Instant::now(), 32, &mut |p| got[i].push((p[0], p[12])))
+                .unwrap();
+        }
+        if got.iter().all(|g| g.len() == 60) {
+            break;
+        }
+    }
+    for (i, g) in got.iter().enumerate() {
+        for from in (0..4u8).filter(|&f| usize::from(f) != i) {
+            let seqs: Vec<u8> = g.iter().filter(|p| p.0 == from).map(|p| p.1).collect();
+            assert_eq!(seqs, (0..20).collect::<Vec<_>>(), "link {i} from {from}");
+        }
+    }
+    let over: u64 = links.iter().map(|l| l.stats().rx_handed_over).sum();
+    let in_: u64 = links.iter().map(|l| l.stats().rx_handed_in).sum();
+    assert_eq!((over, in_), (240, 240), "each packet handed over once");
+    drop(links);
+    assert_eq!(set.free(), 4);
+
+    let mut udp = 7300u16;
+    conformance::run_all_drivers("dpdk-queue-set", conformance::MIN_CONNECTIONS, |n| {
+        udp += 2;
+        let a_end = ep(udp);
+        let b_end = ep(udp + 1);
+        let la = DpdkLink::steered(&set, mtu, LinkConfig::new(a_end, b_end)).expect("link a");
+        let lb = DpdkLink::steered(&set, mtu, LinkConfig::new(b_end, a_end)).expect("link b");
+        let cfg = ReliableConfig::default();
+        let mut a = DatagramDriver::new(la, cfg.clone()).expect("driver a");
+        let mut b = DatagramDriver::new(lb, cfg).expect("driver b");
+        let (mut a_ids, mut b_ids) = (Vec::new(), Vec::new());
+        for _ in 0..n {
+            let (ca, ia) = a.prepare().expect("prepare a");
+            let (cb, ib) = b.prepare().expect("prepare b");
+            a.connect(ca, ib).expect("connect a");
+            b.connect(cb, ia).expect("connect b");
+            a_ids.push(ca);
+            b_ids.push(cb);
+        }
+        DriverPair { a, a_ids, b, b_ids }
+    });
+    assert_eq!(set.free(), 4, "every case's links gave their pairs back");
 }
 
 /// Datagrams both ways over one shared queue, the headers right, the

@@ -136,6 +136,7 @@ pub fn client(
         p.port = port_before
             .zip(port_counters(ctx))
             .map(|(a, b)| port_delta(a, b));
+        p.steering = ctx.steering().map(|s| s.as_str());
     }
     Ok(m)
 }

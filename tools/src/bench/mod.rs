@@ -372,6 +372,10 @@ pub struct ResultLine {
     /// otherwise).
     #[serde(default)]
     pub port_stats: Option<packets::PortCounters>,
+    /// How the client port's packets reach its reactors: `rte_flow`,
+    /// `software` or `single` (dpdk; null otherwise).
+    #[serde(default)]
+    pub steering: Option<String>,
 }
 
 impl ResultLine {
@@ -430,6 +434,7 @@ fn result_line(plan: &Plan, run: &Run, m: &Measured) -> ResultLine {
         retransmits: None,
         cpu_us_per_msg: None,
         port_stats: None,
+        steering: None,
     };
     if matches!(run.mode, Mode::Lat | Mode::Rate) {
         line.set_latency(m.rtts.summary());
@@ -1230,7 +1235,13 @@ pub fn main(args: BenchArgs) -> Result<(), String> {
     let _dpdk = crate::dpdk::CloseOnDrop;
     #[cfg(feature = "dpdk")]
     {
-        args.dpdk.configure();
+        // A reactor a side: both in this process unless one end is remote.
+        let reactors = if args.listen.is_some() || args.connect.is_some() {
+            1
+        } else {
+            2
+        };
+        args.dpdk.configure_for(reactors);
         // The client opens the port before the first run, so a bad EAL
         // argument or port is the command's error; a --listen server opens
         // it at its first dpdk run.

@@ -73,6 +73,8 @@ pub struct ClientPackets {
     pub cpu: Option<Duration>,
     /// The client port's counters over the run.
     pub port: Option<PortCounters>,
+    /// How the client port's packets reach its reactors.
+    pub steering: Option<&'static str>,
 }
 
 /// Set the packet fields of `line` from the client's figures and the
@@ -84,6 +86,7 @@ pub fn set_packets(line: &mut ResultLine, c: &ClientPackets, server: Option<Data
     let requests = c.msgs / 2;
     line.retransmits = Some(c.counters.retransmits + server.map_or(0, |s| s.retransmits));
     line.port_stats = c.port;
+    line.steering = c.steering.map(str::to_owned);
     if c.msgs > 0 {
         line.cpu_us_per_msg = c.cpu.map(|t| t.as_secs_f64() * 1e6 / c.msgs as f64);
     }
@@ -112,4 +115,5 @@ pub fn merge_packets(out: &mut ResultLine, lines: &[ResultLine]) {
         .iter()
         .filter_map(|l| l.port_stats)
         .reduce(PortCounters::add);
+    out.steering = lines.iter().find_map(|l| l.steering.clone());
 }

@@ -1,3 +1,5 @@
+#include <errno.h>
+
 #include "shim.h"
 
 int sw_rte_errno(void) { return rte_errno; }
@@ -27,4 +29,41 @@ uint16_t sw_pktmbuf_room(const struct rte_mbuf *m) { return (uint16_t)(m->buf_le
 void sw_pktmbuf_set_len(struct rte_mbuf *m, uint16_t len) {
     m->data_len = len;
     m->pkt_len = len;
+}
+
+int sw_flow_udp_to_queue(uint16_t port, uint16_t udp_dst, uint16_t queue, int create,
+                         struct rte_flow **flow, const char **msg) {
+    struct rte_flow_attr attr = {.ingress = 1};
+    struct rte_flow_item_udp spec = {.hdr.dst_port = rte_cpu_to_be_16(udp_dst)};
+    struct rte_flow_item_udp mask = {.hdr.dst_port = RTE_BE16(0xffff)};
+    struct rte_flow_item pattern[] = {
+        {.type = RTE_FLOW_ITEM_TYPE_ETH},
+        {.type = RTE_FLOW_ITEM_TYPE_IPV4},
+        {.type = RTE_FLOW_ITEM_TYPE_UDP, .spec = &spec, .mask = &mask},
+        {.type = RTE_FLOW_ITEM_TYPE_END},
+    };
+    struct rte_flow_action_queue to = {.index = queue};
+    struct rte_flow_action actions[] = {
+        {.type = RTE_FLOW_ACTION_TYPE_QUEUE, .conf = &to},
+        {.type = RTE_FLOW_ACTION_TYPE_END},
+    };
+    struct rte_flow_error err = {0};
+    *msg = NULL;
+    if (!create) {
+        int ret = rte_flow_validate(port, &attr, pattern, actions, &err);
+        if (ret != 0)
+            *msg = err.message;
+        return ret;
+    }
+    *flow = rte_flow_create(port, &attr, pattern, actions, &err);
+    if (*flow == NULL) {
+        *msg = err.message;
+        return rte_errno > 0 ? -rte_errno : -EINVAL;
+    }
+    return 0;
+}
+
+int sw_flow_destroy(uint16_t port, struct rte_flow *flow) {
+    struct rte_flow_error err = {0};
+    return rte_flow_destroy(port, flow, &err);
 }

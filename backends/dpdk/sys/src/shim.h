@@ -11,6 +11,7 @@
 #include <rte_eal.h>
 #include <rte_errno.h>
 #include <rte_ethdev.h>
+#include <rte_flow.h>
 #include <rte_lcore.h>
 #include <rte_mbuf.h>
 #include <rte_mempool.h>
@@ -37,5 +38,15 @@ uint16_t sw_pktmbuf_nb_segs(const struct rte_mbuf *m);
 uint16_t sw_pktmbuf_room(const struct rte_mbuf *m);
 /* A one-segment packet of len bytes: data_len = pkt_len = len. */
 void sw_pktmbuf_set_len(struct rte_mbuf *m, uint16_t len);
+
+/* Validate (create == 0) or create (create != 0) an ingress rule that sends
+ * Ethernet/IPv4/UDP packets to UDP port udp_dst to receive queue queue
+ * (rte_flow_validate / rte_flow_create). Returns 0, or a negative errno with
+ * *msg set to the driver's static message (or NULL); on creation *flow
+ * is the rule. */
+int sw_flow_udp_to_queue(uint16_t port, uint16_t udp_dst, uint16_t queue, int create,
+                         struct rte_flow **flow, const char **msg);
+/* rte_flow_destroy: 0 or a negative errno. */
+int sw_flow_destroy(uint16_t port, struct rte_flow *flow);
 
 #endif

@@ -1,0 +1,345 @@
+//! A queue pair per link: how the packets of each reactor reach its
+//! queue, and the software demultiplexer that hands over those that
+//! arrive on another's.
+//!
+//! A port with a queue pair per link ([`QueueSet`]) gives each link one
+//! pair, used without a lock: the link transmits on its own queue and
+//! polls its own receive queue. Where the port takes `rte_flow` rules,
+//! each link's UDP port is steered to its receive queue
+//! ([`Steering::RteFlow`]). Where it does not ([`Steering::Software`]:
+//! `net_ring`, `net_af_packet`, `net_af_xdp`, cloud vNICs), packets land
+//! on whichever queue the device picks (queue 0 without RSS, the queue
+//! of the sending queue on `net_ring`, a hash on `net_af_packet`'s
+//! fanout); the link that polls that queue hands each packet for another
+//! link's UDP port over an M:N grid of single-producer rings
+//! (`starwire_queue::grid_polling`), one ring per (link, link) pair, as
+//! Machnet does on vNICs without flow steering. A port with fewer queues
+//! than links is [`Steering::Single`]: its links share queue 0 through
+//! [`SharedQueue`](crate::SharedQueue), under a lock.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use starwire_datagram::udp;
+use starwire_queue::{grid_polling, Consumer, Producer};
+
+use crate::error::DpdkError;
+use crate::ffi::{self, FlowRule, Mbuf, Mempool};
+use crate::link::DpdkLinkStats;
+use crate::port::Port;
+
+/// Packets each ring of the grid holds; beyond it a handed-over packet
+/// is dropped (the reliability layer retransmits it).
+pub const HANDOVER_RING: usize = 256;
+
+/// How the packets of a port's links reach them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Steering {
+    /// A queue pair per link; `rte_flow` rules steer each link's UDP port
+    /// to its receive queue.
+    RteFlow,
+    /// A queue pair per link; the link that receives a packet for another
+    /// hands it over through a lock-free M:N grid of rings.
+    Software,
+    /// One queue pair shared by every link under a lock.
+    Single,
+}
+
+impl Steering {
+    /// The name in logs, `starwire info` and bench rows.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Steering::RteFlow => "rte_flow",
+            Steering::Software => "software",
+            Steering::Single => "single",
+        }
+    }
+}
+
+impl std::fmt::Display for Steering {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Which steering a started port with `queues` queue pairs supports, and
+/// why: `rte_flow` when the driver validates a rule to its second queue.
+pub fn probe_steering(port: u16, queues: u16) -> (Steering, String) {
+    if queues < 2 {
+        return (
+            Steering::Single,
+            format!("{queues} queue pair: every link shares it"),
+        );
+    }
+    match ffi::flow_validate(port, PROBE_UDP_PORT, 1) {
+        Ok(()) => (
+            Steering::RteFlow,
+            "rte_flow_validate accepts a UDP destination port rule".to_owned(),
+        ),
+        Err((errno, reason)) => (
+            Steering::Software,
+            format!("rte_flow_validate refused a UDP rule: {reason} (errno {errno})"),
+        ),
+    }
+}
+
+/// The UDP port of the rule [`probe_steering`] validates.
+const PROBE_UDP_PORT: u16 = 20_000;
+
+/// The UDP port bound to each slot: `port + 1`, 0 when free. Read without
+/// a lock by every receiving link, written under the set's lock.
+#[derive(Debug)]
+struct Routes(Box<[AtomicU32]>);
+
+impl Routes {
+    /// The slot bound to `udp_port`, if any.
+    fn find(&self, udp_port: u16) -> Option<usize> {
+        let want = u32::from(udp_port) + 1;
+        self.0
+            .iter()
+            .position(|r| r.load(Ordering::Acquire) == want)
+    }
+}
+
+/// One queue pair with its ends of the grid: the rings it hands packets
+/// to the other slots through, and the rings it takes theirs from.
+#[derive(Debug)]
+struct Slot {
+    /// Its place in the grid and in the routes.
+    index: usize,
+    // Ring handles before the queue: packets still in a ring go back to
+    // the pool while the device (and its pool) lives.
+    handover: Producer<Mbuf>,
+    inbox: Consumer<Mbuf>,
+    queue: ffi::Queue,
+}
+
+#[derive(Debug)]
+struct Shared {
+    free: Mutex<Vec<Slot>>,
+    routes: Routes,
+    steering: Steering,
+    /// Slots of the set, leased or not.
+    slots: usize,
+    /// The port index.
+    port: u16,
+    pool: Arc<Mempool>,
+}
+
+impl Shared {
+    /// Empty a slot about to be leased of what its last holder left: the
+    /// packets handed to it (for a link that is gone), and those waiting
+    /// on its receive queue, which go to their links if bound, else back
+    /// to the pool. A new link then starts on fresh packets.
+    fn clear(&self, slot: &mut Slot) {
+        let stale = slot.inbox.drain(usize::MAX, drop);
+        let mut burst = Vec::new();
+        let mut dropped = 0;
+        while slot.queue.rx_burst(&mut burst, 32) > 0 {
+            for m in burst.drain(..) {
+                let to = udp::classify(m.data()).and_then(|p| self.routes.find(p));
+                if let Some(i) = to {
+                    if slot.handover.push_to(i, m).is_ok() {
+                        continue;
+                    }
+                }
+                dropped += 1;
+            }
+        }
+        if stale + dropped > 0 {
+            tracing::debug!(
+                queue = slot.queue.index(),
+                stale,
+                dropped,
+                "packets left for a link that is gone"
+            );
+        }
+    }
+}
+
+/// Every queue pair of a port, each to be leased by one link; see the
+/// module docs.
+#[derive(Debug, Clone)]
+pub struct QueueSet {
+    shared: Arc<Shared>,
+}
+
+impl QueueSet {
+    /// Take every queue pair left on `port` (at least two), with
+    /// `steering` (from [`probe_steering`]).
+    pub fn new(port: &mut Port, steering: Steering) -> Result<Self, DpdkError> {
+        let mut queues = Vec::new();
+        while let Some(q) = port.take_queue() {
+            queues.push(q.0);
+        }
+        let n = queues.len();
+        let port = port.info().port;
+        if n < 2 {
+            return Err(DpdkError::NoQueue { port });
+        }
+        let pool = Arc::clone(queues[0].device().pool());
+        let (producers, consumers) = grid_polling(n, n, HANDOVER_RING);
+        let free: Vec<Slot> = producers
+            .into_iter()
+            .zip(consumers)
+            .zip(queues)
+            .enumerate()
+            .map(|(index, ((handover, inbox), queue))| Slot {
+                index,
+                handover,
+                inbox,
+                queue,
+            })
+            .rev()
+            .collect();
+        Ok(Self {
+            shared: Arc::new(Shared {
+                free: Mutex::new(free),
+                routes: Routes((0..n).map(|_| AtomicU32::new(0)).collect()),
+                steering,
+                slots: n,
+                port,
+                pool,
+            }),
+        })
+    }
+
+    /// How packets reach the links of the set.
+    pub fn steering(&self) -> Steering {
+        self.shared.steering
+    }
+
+    /// Queue pairs in the set.
+    pub fn queues(&self) -> usize {
+        self.shared.slots
+    }
+
+    pub(crate) fn pool(&self) -> &Arc<Mempool> {
+        &self.shared.pool
+    }
+
+    /// Queue pairs no link holds.
+    pub fn free(&self) -> usize {
+        self.lock().len()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Vec<Slot>> {
+        self.shared.free.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Lease a queue pair to the link bound to `udp_port`.
+    pub(crate) fn lease(&self, udp_port: u16) -> Result<Lease, DpdkError> {
+        let mut free = self.lock();
+        if let Some(i) = self.shared.routes.find(udp_port) {
+            return Err(DpdkError::UdpPortInUse {
+                queue: i as u16,
+                udp_port,
+            });
+        }
+        let Some(mut slot) = free.pop() else {
+            return Err(DpdkError::QueuesTaken {
+                port: self.shared.port,
+                queues: self.shared.slots,
+            });
+        };
+        self.shared.clear(&mut slot);
+        let queue = slot.queue.index();
+        let flow = match self.shared.steering {
+            Steering::RteFlow => match FlowRule::create(slot.queue.device(), udp_port, queue) {
+                Ok(f) => Some(f),
+                // The software hand-over still delivers what lands elsewhere.
+                Err((errno, reason)) => {
+                    tracing::warn!(udp_port, queue, errno, %reason,
+                        "rte_flow_create failed; this link's packets are handed over in software");
+                    None
+                }
+            },
+            _ => None,
+        };
+        self.shared.routes.0[slot.index].store(u32::from(udp_port) + 1, Ordering::Release);
+        Ok(Lease {
+            slot: Some(slot),
+            flow,
+            set: Arc::clone(&self.shared),
+            udp_port,
+            scratch: Vec::new(),
+        })
+    }
+}
+
+/// A queue pair held by one link; it goes back to its set on drop.
+#[derive(Debug)]
+pub(crate) struct Lease {
+    scratch: Vec<Mbuf>,
+    /// Destroyed before the slot goes back.
+    flow: Option<FlowRule>,
+    slot: Option<Slot>,
+    set: Arc<Shared>,
+    udp_port: u16,
+}
+
+impl Lease {
+    /// The queue pair's index on the port.
+    pub(crate) fn queue(&self) -> Option<u16> {
+        self.slot.as_ref().map(|s| s.queue.index())
+    }
+
+    /// One `rte_eth_tx_burst` on the leased queue (the lease holds its
+    /// slot from creation until it drops).
+    pub(crate) fn tx_burst(&mut self, pkts: &mut Vec<Mbuf>) -> usize {
+        self.slot.as_mut().map_or(0, |s| s.queue.tx_burst(pkts))
+    }
+
+    /// Up to `max` packets for this link into `out`: some of those other
+    /// links handed over, one `rte_eth_rx_burst` of the leased queue, whose
+    /// packets for other links' UDP ports go to their rings, then more of
+    /// the handed-over ones if room is left. The handed-over packets take
+    /// at most half a burst before the queue is polled, so neither source
+    /// starves the other (a link whose inbox stays full still polls the
+    /// queue its peers' packets arrive on). Packets for no link stay in
+    /// `out`, for the link's filter to count.
+    pub(crate) fn rx(&mut self, out: &mut Vec<Mbuf>, max: usize, stats: &mut DpdkLinkStats) {
+        let me = self.udp_port;
+        let Self {
+            scratch, slot, set, ..
+        } = self;
+        let Some(slot) = slot.as_mut() else { return };
+        let start = out.len();
+        let handed_in = slot.inbox.pop_batch(out, max.div_ceil(2));
+        let room = max.saturating_sub(handed_in);
+        if room > 0 {
+            slot.queue.rx_burst(scratch, room as u16);
+            stats.rx_bursts += 1;
+        }
+        for m in scratch.drain(..) {
+            let to = match udp::classify(m.data()) {
+                Some(p) if p != me => set.routes.find(p),
+                _ => None,
+            };
+            match to {
+                Some(i) => match slot.handover.push_to(i, m) {
+                    Ok(()) => stats.rx_handed_over += 1,
+                    Err(m) => {
+                        drop(m);
+                        stats.rx_inbox_full += 1;
+                    }
+                },
+                None => out.push(m),
+            }
+        }
+        let more = max.saturating_sub(out.len() - start);
+        let handed_in = handed_in + slot.inbox.pop_batch(out, more.min(max - handed_in));
+        stats.rx_handed_in += handed_in as u64;
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        drop(self.flow.take());
+        if let Some(slot) = self.slot.take() {
+            let mut free = self.set.free.lock().unwrap_or_else(|e| e.into_inner());
+            self.set.routes.0[slot.index].store(0, Ordering::Release);
+            free.push(slot);
+        }
+    }
+}
