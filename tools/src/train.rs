@@ -67,7 +67,8 @@ pub struct TrainArgs {
     /// per tensor (off).
     #[arg(long, default_value = "on", value_parser = crate::parse_on_off, action = clap::ArgAction::Set)]
     pub tensor_fuse: bool,
-    /// Synchronous training: a barrier per step.
+    /// Synchronous SGD: each step's pushes of every worker summed in
+    /// worker-index order and applied once, then a barrier.
     #[arg(long)]
     pub sync: bool,
     /// Seed of the data, initial values and annealing.

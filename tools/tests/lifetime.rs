@@ -279,3 +279,54 @@ fn a_sync_run_across_processes_checkpoints_during_the_run() {
         before
     );
 }
+
+/// With `--sync`, a step needs every worker: when one is killed and does
+/// not rejoin, the survivor fails within `--idle-timeout-secs`, naming it,
+/// instead of waiting at its barrier.
+#[test]
+fn a_sync_survivor_fails_naming_a_killed_worker() {
+    let hosts = |n: usize| {
+        (0..n)
+            .map(|_| format!("127.0.0.1:{}", free_port()))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let base: Vec<String> = [
+        "--ps-hosts",
+        &hosts(1),
+        "--worker-hosts",
+        &hosts(2),
+        "--sync",
+        "--train-examples",
+        "4000000",
+        "--eval-examples",
+        "1024",
+        "--log-every",
+        "1",
+        "--idle-timeout-secs",
+        "4",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut ps = spawn("ps", &base, &["--task-index", "0", "--exit-when-done"]);
+    let ps_err = lines(&mut ps);
+    wait_for(&ps_err, "serving", Duration::from_secs(60));
+    let mut w0 = spawn("worker", &base, &["--task-index", "0"]);
+    let mut w1 = spawn("worker", &base, &["--task-index", "1"]);
+    let w1_err = lines(&mut w1);
+    wait_for(&w1_err, "global_step", Duration::from_secs(120));
+    w1.kill().expect("kill -9 worker 1");
+    let _ = w1.wait();
+    let killed = Instant::now();
+    let w0_err = lines(&mut w0);
+    let st = wait(&mut w0, Duration::from_secs(30));
+    let took = killed.elapsed();
+    let err: Vec<String> = w0_err.try_iter().collect();
+    let err = err.join("\n");
+    assert_eq!(st.code(), Some(1), "{err}");
+    assert!(err.contains("worker 1 died unfinished"), "{err}");
+    assert!(took < Duration::from_secs(4), "took {took:?}");
+    let st = wait(&mut ps, Duration::from_secs(30));
+    assert_eq!(st.code(), Some(1), "the PS does not exit 0");
+}

@@ -430,13 +430,20 @@ pub fn start_ps<K: Backend>(
         // thread, which reports a failure to make it.
         let (btx, brx) = mpsc::sync_channel(1);
         let polling = cfg.ps_polling;
+        // Half the idle timeout: the barriers fail naming the dead worker
+        // before the idle timeout closes the connections waiting on them.
+        let dead_wait = cfg.guard.idle_timeout.map_or(Duration::MAX, |t| t / 2);
+        let sync_workers = cfg.sync.then_some(cfg.workers);
         let telemetry = cfg.telemetry.clone();
         let reactor = Reactor::spawn(spec, move |_| {
             let driver = K::driver(polling);
             let ok = driver.as_ref().map(|_| ()).map_err(|e| e.to_string());
             let _ = btx.send(ok);
-            let service =
+            let mut service =
                 ShardService::new(s, handler, expected).with_max_wait_steps(max_wait_steps);
+            if let Some(w) = sync_workers {
+                service = service.with_sync(w, dead_wait);
+            }
             let endpoint = driver
                 .ok()
                 .map(|d| Endpoint::new(d, service, conn_cfg).with_inbox(rx));
