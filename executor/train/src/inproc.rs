@@ -320,6 +320,7 @@ mod tests {
                     index: i,
                     checkpoint_dir: None,
                     checkpoint_every: 0,
+                    checkpoint_next: None,
                     telemetry: None,
                 })
                 .collect(),

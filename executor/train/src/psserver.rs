@@ -46,6 +46,10 @@ pub trait PsHandler: Send + 'static {
     /// into `out`, is the global step the file holds (`u64`
     /// little-endian), for the manifest.
     fn checkpoint(&mut self, dir: &str, out: &mut Vec<u8>) -> Result<(), String>;
+    /// Write the shard's checkpoint file into its checkpoint directory's
+    /// `steps/c/` when a push makes the global step `c`
+    /// (`CHECKPOINT_AT`, `--checkpoint-every-secs`).
+    fn checkpoint_at(&mut self, c: u64) -> Result<(), String>;
     /// The shard's counters as JSON.
     fn stats(&self) -> serde_json::Value;
 }
@@ -166,6 +170,13 @@ impl<H: PsHandler> Service<H> {
                         }),
                     )
                 }
+                Ok(Control::CheckpointAt(c)) => (
+                    "checkpoint",
+                    handler.checkpoint_at(c).map_err(|message| HandlerError {
+                        status: Status::BadRequest,
+                        message,
+                    }),
+                ),
                 Ok(Control::Checkpoint(dir)) => (
                     "checkpoint",
                     handler

@@ -71,6 +71,7 @@ fn start(expected: usize) -> Ps {
             index: 0,
             checkpoint_dir: None,
             checkpoint_every: 0,
+            checkpoint_next: None,
             telemetry: None,
         };
         Endpoint::new(

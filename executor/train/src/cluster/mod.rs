@@ -354,13 +354,13 @@ fn ps_manifest(
     dir: &std::path::Path,
     end: &PsEnd,
 ) -> Result<(), TrainError> {
-    if cfg.checkpoint_every_steps.is_some() {
+    if cfg.checkpoint_every_steps.is_some() || cfg.checkpoint_every_secs.is_some() {
         // The manifest names the latest checkpoint taken during the run,
         // whose worker positions match its files; this one has none.
         tracing::info!(
             target: "status",
             "checkpoint: {} shard file(s) written into {}; the manifest stays that of the \
-             latest --checkpoint-every-steps checkpoint",
+             latest checkpoint taken during the run",
             end.written.len(),
             dir.display()
         );

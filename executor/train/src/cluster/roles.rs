@@ -173,6 +173,7 @@ pub(crate) fn shard_handler(
         index: s,
         checkpoint_dir: cfg.checkpoint_dir.clone(),
         checkpoint_every: cfg.checkpoint_every_steps.unwrap_or(0),
+        checkpoint_next: None,
         telemetry: Some(telemetry),
     })
 }
@@ -709,6 +710,7 @@ pub fn worker_loop(
     let mut loss_sum = 0.0f64;
     let mut loss_n = 0u64;
     let w_count = cfg.workers as u64;
+    let mut last_checkpoint = Instant::now();
     'epochs: while epoch < cfg.epochs {
         let mut in_epoch = std::mem::take(&mut resumed_in_epoch);
         loop {
@@ -741,6 +743,19 @@ pub fn worker_loop(
                 };
                 periodic::write_progress(dir, c, &progress)?;
             }
+            // Worker 0 times the checkpoints of --checkpoint-every-secs: the
+            // shards hear of step c before this worker's push of it.
+            let timed_dir = cfg
+                .checkpoint_dir
+                .as_deref()
+                .filter(|_| w == 0 && cfg.sync && ckpt_dir.is_none())
+                .filter(|_| {
+                    cfg.checkpoint_every_secs
+                        .is_some_and(|s| last_checkpoint.elapsed() >= s)
+                });
+            if timed_dir.is_some() {
+                core.control(net, &Control::CheckpointAt(c))?;
+            }
             let t_step = Instant::now();
             let info = core.step(net, &batch)?;
             offset += n as u64;
@@ -754,6 +769,12 @@ pub fn worker_loop(
                 core.barrier(net, c)?;
                 if let (0, Some(dir)) = (w, ckpt_dir) {
                     periodic::complete(cfg, plan, dir, c)?;
+                    last_checkpoint = Instant::now();
+                }
+                if let Some(dir) = timed_dir {
+                    let progress = periodic::sync_progress(cfg, steps_done, epoch_cap.unwrap_or(0));
+                    periodic::publish(cfg, plan, dir, c, progress)?;
+                    last_checkpoint = Instant::now();
                 }
             }
             cells.stepped(StepProgress {
