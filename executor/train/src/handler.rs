@@ -47,6 +47,9 @@ pub struct ShardHandler {
     /// whenever a push makes the global step a multiple of this
     /// (`--checkpoint-every-steps`; 0: never). See `cluster::periodic`.
     pub checkpoint_every: u64,
+    /// The incarnation of the PS task serving the shard, as its handshake
+    /// tells it (reported in `STATS`, so a worker sees a restart).
+    pub incarnation: u64,
     /// A checkpoint step asked for by `CHECKPOINT_AT` and not reached yet.
     pub checkpoint_next: Option<u64>,
     /// Where the shard publishes its counters and logs its progress (none:
@@ -155,6 +158,7 @@ impl PsHandler for ShardHandler {
         }
         serde_json::json!({
             "shard": self.index,
+            "incarnation": self.incarnation,
             "global_step": self.shard.global_step(),
             "pulls": s.pulls,
             "pushes": s.pushes,

@@ -174,6 +174,7 @@ pub(crate) fn shard_handler(
         checkpoint_dir: cfg.checkpoint_dir.clone(),
         checkpoint_every: cfg.checkpoint_every_steps.unwrap_or(0),
         checkpoint_next: None,
+        incarnation: 0,
         telemetry: Some(telemetry),
     })
 }
@@ -420,12 +421,10 @@ pub fn start_ps<K: Backend>(
     let max_wait_steps = cfg.guard.max_wait_steps;
     for (local, rx) in rxs.into_iter().enumerate() {
         let s = ps_index * r + local;
-        let handler = shard_handler(cfg, plan, s, restore)?;
-        let conn_cfg = cfg.guard.apply(
-            cfg,
-            ConnConfig::new(peer(TaskRole::Ps, ps_index as u32, r as u16)),
-            Some(&budget),
-        );
+        let mut handler = shard_handler(cfg, plan, s, restore)?;
+        let me = peer(TaskRole::Ps, ps_index as u32, r as u16);
+        handler.incarnation = me.incarnation;
+        let conn_cfg = cfg.guard.apply(cfg, ConnConfig::new(me), Some(&budget));
         let spec = layout.ps_spec(s)?;
         // The driver (an io_uring ring) is made on the reactor's own
         // thread, which reports a failure to make it.
