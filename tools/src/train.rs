@@ -67,7 +67,8 @@ pub struct TrainArgs {
     /// per tensor (off).
     #[arg(long, default_value = "on", value_parser = crate::parse_on_off, action = clap::ArgAction::Set)]
     pub tensor_fuse: bool,
-    /// Synchronous training: a barrier per step.
+    /// Synchronous SGD: each step's pushes of every worker summed in
+    /// worker-index order and applied once, then a barrier.
     #[arg(long)]
     pub sync: bool,
     /// Seed of the data, initial values and annealing.
@@ -81,6 +82,10 @@ pub struct TrainArgs {
     /// the workers). Worker 0 writes the manifest of each.
     #[arg(long, value_name = "N")]
     pub checkpoint_every_steps: Option<u64>,
+    /// Also checkpoint during the run once S seconds have passed since the
+    /// last checkpoint, at the next step (with --sync and --checkpoint-dir).
+    #[arg(long, value_name = "S")]
+    pub checkpoint_every_secs: Option<u64>,
     /// DeepRec EmbeddingVariable filter_freq: a key gets a row after this
     /// many lookups (0: at once).
     #[arg(long, default_value_t = 0)]
@@ -257,6 +262,7 @@ fn config(a: &TrainArgs, ps: usize, workers: usize) -> Result<TrainConfig, Strin
         seed: a.seed,
         checkpoint_dir: a.checkpoint_dir.clone(),
         checkpoint_every_steps: a.checkpoint_every_steps,
+        checkpoint_every_secs: a.checkpoint_every_secs.map(std::time::Duration::from_secs),
         filter_freq: a.filter_freq,
         steps_to_live: a.steps_to_live,
         default_value_dim: a.default_value_dim,

@@ -279,3 +279,185 @@ fn a_sync_run_across_processes_checkpoints_during_the_run() {
         before
     );
 }
+
+/// With `--sync`, a step needs every worker: when one is killed and does
+/// not rejoin, the survivor fails within `--idle-timeout-secs`, naming it,
+/// instead of waiting at its barrier.
+#[test]
+fn a_sync_survivor_fails_naming_a_killed_worker() {
+    let hosts = |n: usize| {
+        (0..n)
+            .map(|_| format!("127.0.0.1:{}", free_port()))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let base: Vec<String> = [
+        "--ps-hosts",
+        &hosts(1),
+        "--worker-hosts",
+        &hosts(2),
+        "--sync",
+        "--train-examples",
+        "4000000",
+        "--eval-examples",
+        "1024",
+        "--log-every",
+        "1",
+        "--idle-timeout-secs",
+        "4",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut ps = spawn("ps", &base, &["--task-index", "0", "--exit-when-done"]);
+    let ps_err = lines(&mut ps);
+    wait_for(&ps_err, "serving", Duration::from_secs(60));
+    let mut w0 = spawn("worker", &base, &["--task-index", "0"]);
+    let mut w1 = spawn("worker", &base, &["--task-index", "1"]);
+    let w1_err = lines(&mut w1);
+    wait_for(&w1_err, "global_step", Duration::from_secs(120));
+    w1.kill().expect("kill -9 worker 1");
+    let _ = w1.wait();
+    let killed = Instant::now();
+    let w0_err = lines(&mut w0);
+    let st = wait(&mut w0, Duration::from_secs(30));
+    let took = killed.elapsed();
+    let err: Vec<String> = w0_err.try_iter().collect();
+    let err = err.join("\n");
+    assert_eq!(st.code(), Some(1), "{err}");
+    assert!(err.contains("worker 1 died unfinished"), "{err}");
+    assert!(took < Duration::from_secs(4), "took {took:?}");
+    let st = wait(&mut ps, Duration::from_secs(30));
+    assert_eq!(st.code(), Some(1), "the PS does not exit 0");
+}
+
+/// The checkpoint files in `dir` (its top level), by name.
+fn shard_files(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut v: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".ckpt"))
+        .map(|e| {
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                std::fs::read(e.path()).unwrap(),
+            )
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// A synchronous run of one PS and two workers in `dir`; with `kill_at`,
+/// the PS is killed with SIGKILL once a checkpoint of that global step or
+/// later is in the manifest, and started again with the same flags. The
+/// workers' JSON reports.
+fn sync_run(dir: &Path, kill_at: Option<u64>) -> Vec<serde_json::Value> {
+    let hosts = |n: usize| {
+        (0..n)
+            .map(|_| format!("127.0.0.1:{}", free_port()))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let flags: Vec<String> = [
+        "--ps-hosts",
+        &hosts(1),
+        "--worker-hosts",
+        &hosts(2),
+        "--sync",
+        "--train-examples",
+        "24576",
+        "--batch-size",
+        "128",
+        "--epochs",
+        "1",
+        "--eval-examples",
+        "1024",
+        "--checkpoint-every-steps",
+        "32",
+        "--checkpoint-dir",
+        dir.to_str().unwrap(),
+        "--connect-timeout",
+        "60",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let ps_args = ["--task-index", "0", "--exit-when-done"];
+    let mut ps = spawn("ps", &flags, &ps_args);
+    let ps_err = lines(&mut ps);
+    wait_for(&ps_err, "serving", Duration::from_secs(60));
+    let workers: Vec<Child> = (0..2)
+        .map(|i| {
+            spawn(
+                "worker",
+                &flags,
+                &["--task-index", &i.to_string(), "--json"],
+            )
+        })
+        .collect();
+    if let Some(at) = kill_at {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let step = std::fs::read_to_string(dir.join("manifest.json"))
+                .ok()
+                .and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok())
+                .and_then(|m| m["global_step"].as_u64());
+            if step.is_some_and(|s| s >= at) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "no checkpoint at {at}");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        ps.kill().expect("kill -9 the PS");
+        let _ = ps.wait();
+        ps = spawn("ps", &flags, &ps_args);
+    }
+    let outs: Vec<_> = workers
+        .into_iter()
+        .map(|w| w.wait_with_output().unwrap())
+        .collect();
+    let all_err: Vec<String> = outs
+        .iter()
+        .map(|o| String::from_utf8_lossy(&o.stderr).into_owned())
+        .collect();
+    let reports = outs
+        .iter()
+        .map(|o| {
+            assert!(o.status.success(), "worker: {}: {all_err:#?}", o.status);
+            serde_json::from_slice::<serde_json::Value>(&o.stdout)
+                .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&o.stdout)))
+        })
+        .collect();
+    let st = wait(&mut ps, Duration::from_secs(60));
+    assert!(st.success(), "ps: {st}");
+    reports
+}
+
+/// `kill -9` of the PS of a synchronous run, and its restart with the
+/// same `--checkpoint-dir`: the workers reconnect, see the restart, roll
+/// back to the checkpoint and go on; the run ends with the model of an
+/// uninterrupted run, byte for byte.
+#[test]
+fn a_sync_run_whose_ps_is_killed_and_restarted_ends_bit_identical() {
+    let whole = tempfile::tempdir().unwrap();
+    sync_run(whole.path(), None);
+    let killed = tempfile::tempdir().unwrap();
+    let reports = sync_run(killed.path(), Some(64));
+    for r in &reports {
+        let f = r["failovers"].as_array().expect("failovers");
+        assert_eq!(f.len(), 1, "{r}");
+        let to = f[0]["rolled_back_to"].as_u64().unwrap();
+        assert!(to >= 64 && to % 32 == 0, "{r}");
+        eprintln!(
+            "failover: rolled back to global step {to}, reconnected in {} s",
+            f[0]["reconnect_seconds"]
+        );
+    }
+    let (a, b) = (shard_files(whole.path()), shard_files(killed.path()));
+    assert!(!a.is_empty());
+    assert!(
+        a == b,
+        "the model after the PS restart differs from an uninterrupted run's"
+    );
+}

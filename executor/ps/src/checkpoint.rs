@@ -25,10 +25,10 @@ pub const MAGIC: [u8; 8] = *b"SWPSCKPT";
 /// Current format version.
 pub const FORMAT_VERSION: u32 = 1;
 
-const VAR_DENSE: u8 = 1;
-const VAR_TABLE: u8 = 2;
+pub(crate) const VAR_DENSE: u8 = 1;
+pub(crate) const VAR_TABLE: u8 = 2;
 
-fn opt_code(k: OptimizerKind) -> u8 {
+pub(crate) fn opt_code(k: OptimizerKind) -> u8 {
     match k {
         OptimizerKind::Sgd => 1,
         OptimizerKind::Adagrad => 2,
@@ -38,14 +38,23 @@ fn opt_code(k: OptimizerKind) -> u8 {
 
 /// A writer that computes the CRC-32C of what goes through it, with its own
 /// buffer so small fields do not each reach the underlying writer.
-struct CrcWriter<'w> {
+/// A writer that keeps the CRC-32C of what went through it, for the
+/// file's last four bytes ([`finish`](Self::finish)).
+pub(crate) struct CrcWriter<'w> {
     inner: &'w mut dyn Write,
     crc: u32,
     buf: Vec<u8>,
 }
 
-impl CrcWriter<'_> {
-    fn put(&mut self, b: &[u8]) -> io::Result<()> {
+impl<'w> CrcWriter<'w> {
+    pub(crate) fn new(inner: &'w mut dyn Write) -> Self {
+        Self {
+            inner,
+            crc: 0,
+            buf: Vec::with_capacity(1 << 16),
+        }
+    }
+    pub(crate) fn put(&mut self, b: &[u8]) -> io::Result<()> {
         self.crc = crc32c::crc32c_append(self.crc, b);
         self.buf.extend_from_slice(b);
         if self.buf.len() >= 1 << 16 {
@@ -54,22 +63,22 @@ impl CrcWriter<'_> {
         }
         Ok(())
     }
-    fn u8(&mut self, v: u8) -> io::Result<()> {
+    pub(crate) fn u8(&mut self, v: u8) -> io::Result<()> {
         self.put(&[v])
     }
-    fn u32(&mut self, v: u32) -> io::Result<()> {
+    pub(crate) fn u32(&mut self, v: u32) -> io::Result<()> {
         self.put(&v.to_le_bytes())
     }
-    fn u64(&mut self, v: u64) -> io::Result<()> {
+    pub(crate) fn u64(&mut self, v: u64) -> io::Result<()> {
         self.put(&v.to_le_bytes())
     }
-    fn f32s(&mut self, v: &[f32]) -> io::Result<()> {
+    pub(crate) fn f32s(&mut self, v: &[f32]) -> io::Result<()> {
         for x in v {
             self.put(&x.to_le_bytes())?;
         }
         Ok(())
     }
-    fn finish(mut self) -> io::Result<()> {
+    pub(crate) fn finish(mut self) -> io::Result<()> {
         let crc = self.crc;
         self.buf.extend_from_slice(&crc.to_le_bytes());
         self.inner.write_all(&self.buf)?;
@@ -77,13 +86,21 @@ impl CrcWriter<'_> {
     }
 }
 
-struct Cursor<'a> {
+/// A checked reader over a file's bytes.
+pub(crate) struct Cursor<'a> {
     buf: &'a [u8],
     pos: usize,
 }
 
 impl<'a> Cursor<'a> {
-    fn bytes(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], CheckpointError> {
+    pub(crate) fn new(buf: &'a [u8], pos: usize) -> Self {
+        Self { buf, pos }
+    }
+    pub(crate) fn bytes(
+        &mut self,
+        n: usize,
+        what: &'static str,
+    ) -> Result<&'a [u8], CheckpointError> {
         if n > self.buf.len() - self.pos {
             return Err(CheckpointError::Truncated(what));
         }
@@ -91,22 +108,22 @@ impl<'a> Cursor<'a> {
         self.pos += n;
         Ok(b)
     }
-    fn left(&self) -> usize {
+    pub(crate) fn left(&self) -> usize {
         self.buf.len() - self.pos
     }
-    fn u8(&mut self, what: &'static str) -> Result<u8, CheckpointError> {
+    pub(crate) fn u8(&mut self, what: &'static str) -> Result<u8, CheckpointError> {
         Ok(self.bytes(1, what)?[0])
     }
-    fn u32(&mut self, what: &'static str) -> Result<u32, CheckpointError> {
+    pub(crate) fn u32(&mut self, what: &'static str) -> Result<u32, CheckpointError> {
         let b = self.bytes(4, what)?;
         Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
     }
-    fn u64(&mut self, what: &'static str) -> Result<u64, CheckpointError> {
+    pub(crate) fn u64(&mut self, what: &'static str) -> Result<u64, CheckpointError> {
         let mut a = [0u8; 8];
         a.copy_from_slice(self.bytes(8, what)?);
         Ok(u64::from_le_bytes(a))
     }
-    fn zeros(&mut self, n: usize, what: &'static str) -> Result<(), CheckpointError> {
+    pub(crate) fn zeros(&mut self, n: usize, what: &'static str) -> Result<(), CheckpointError> {
         if self.bytes(n, what)?.iter().any(|&b| b != 0) {
             return Err(CheckpointError::Corrupt(format!(
                 "reserved bytes set in {what}"
@@ -114,7 +131,11 @@ impl<'a> Cursor<'a> {
         }
         Ok(())
     }
-    fn f32s(&mut self, out: &mut [f32], what: &'static str) -> Result<(), CheckpointError> {
+    pub(crate) fn f32s(
+        &mut self,
+        out: &mut [f32],
+        what: &'static str,
+    ) -> Result<(), CheckpointError> {
         let b = self.bytes(out.len() * 4, what)?;
         for (o, c) in out.iter_mut().zip(b.chunks_exact(4)) {
             *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
@@ -122,7 +143,12 @@ impl<'a> Cursor<'a> {
         Ok(())
     }
     /// Check that `n` records of `size` bytes fit in what is left.
-    fn fits(&self, n: u64, size: usize, what: &'static str) -> Result<usize, CheckpointError> {
+    pub(crate) fn fits(
+        &self,
+        n: u64,
+        size: usize,
+        what: &'static str,
+    ) -> Result<usize, CheckpointError> {
         let n = usize::try_from(n).map_err(|_| CheckpointError::Truncated(what))?;
         match n.checked_mul(size) {
             Some(len) if len <= self.left() => Ok(n),
@@ -131,7 +157,7 @@ impl<'a> Cursor<'a> {
     }
 }
 
-fn mismatch(s: String) -> CheckpointError {
+pub(crate) fn mismatch(s: String) -> CheckpointError {
     CheckpointError::Mismatch(s)
 }
 

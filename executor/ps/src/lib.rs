@@ -61,6 +61,7 @@
 
 pub mod assign;
 pub mod checkpoint;
+pub mod delta;
 mod error;
 pub mod optim;
 mod prefetch;

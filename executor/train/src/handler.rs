@@ -47,6 +47,11 @@ pub struct ShardHandler {
     /// whenever a push makes the global step a multiple of this
     /// (`--checkpoint-every-steps`; 0: never). See `cluster::periodic`.
     pub checkpoint_every: u64,
+    /// The incarnation of the PS task serving the shard, as its handshake
+    /// tells it (reported in `STATS`, so a worker sees a restart).
+    pub incarnation: u64,
+    /// A checkpoint step asked for by `CHECKPOINT_AT` and not reached yet.
+    pub checkpoint_next: Option<u64>,
     /// Where the shard publishes its counters and logs its progress (none:
     /// not published).
     pub telemetry: Option<ShardTelemetry>,
@@ -64,7 +69,7 @@ impl ShardHandler {
     /// The push that completed checkpoint step `step` was applied and no
     /// barrier of it is released yet: the shard holds exactly the steps of
     /// the checkpoint, so its file goes into the step's directory now.
-    fn checkpoint_at(&self, step: u64) -> Result<(), HandlerError> {
+    fn write_step(&self, step: u64) -> Result<(), HandlerError> {
         let Some(own) = &self.checkpoint_dir else {
             return Ok(());
         };
@@ -92,8 +97,12 @@ impl PsHandler for ShardHandler {
         let r = self.shard.handle_push(body, out).map_err(err);
         self.publish();
         let step = self.shard.global_step();
-        if step != before && is_checkpoint_step(step, self.checkpoint_every) {
-            self.checkpoint_at(step)?;
+        if step != before
+            && (is_checkpoint_step(step, self.checkpoint_every)
+                || self.checkpoint_next == Some(step))
+        {
+            self.checkpoint_next = self.checkpoint_next.filter(|&c| c > step);
+            self.write_step(step)?;
         }
         r
     }
@@ -120,6 +129,20 @@ impl PsHandler for ShardHandler {
         Ok(())
     }
 
+    fn checkpoint_at(&mut self, c: u64) -> Result<(), String> {
+        if self.checkpoint_dir.is_none() {
+            return Err("this PS task was started without --checkpoint-dir".into());
+        }
+        let step = self.shard.global_step();
+        if c <= step {
+            return Err(format!(
+                "CHECKPOINT_AT {c}: the global step is already {step}"
+            ));
+        }
+        self.checkpoint_next = Some(c);
+        Ok(())
+    }
+
     fn stats(&self) -> serde_json::Value {
         let s = self.shard.stats();
         let mut rows = 0u64;
@@ -135,6 +158,7 @@ impl PsHandler for ShardHandler {
         }
         serde_json::json!({
             "shard": self.index,
+            "incarnation": self.incarnation,
             "global_step": self.shard.global_step(),
             "pulls": s.pulls,
             "pushes": s.pushes,

@@ -70,6 +70,8 @@ impl RunningPs for InprocPs {
 /// A worker's handles on every PS task.
 struct InprocNet {
     ps: Vec<Arc<LockedShards>>,
+    /// This worker's task index: a `--sync` shard gathers pushes by it.
+    worker: u32,
     reactors: usize,
     traffic: Traffic,
     /// A multi-segment request body, made contiguous.
@@ -140,6 +142,7 @@ impl Exchange for InprocNet {
             let (at, r) = self.todo.remove(i);
             let (st, local, m) = slot(&self.ps, self.reactors, r.shard)?;
             serve_one(
+                self.worker,
                 &mut self.scratch,
                 &mut self.traffic,
                 g,
@@ -181,6 +184,7 @@ fn first_free<'a>(
 /// Serve `r` on the shard `g` guards (`(task, local index, shard)`)
 /// into `rep`.
 fn serve_one(
+    worker: u32,
     scratch: &mut Vec<u8>,
     traffic: &mut Traffic,
     mut g: MutexGuard<'_, ShardService>,
@@ -210,7 +214,7 @@ fn serve_one(
         v.reserve(cap);
         v
     };
-    let reply = g.serve(r.opcode, body, next);
+    let reply = g.serve_from(Some(worker), r.opcode, body, next);
     drop(g);
     match reply {
         psserver::Reply::Now(status, bytes) => {
@@ -267,7 +271,7 @@ impl ClusterBackend for Inproc {
         &self,
         cfg: &TrainConfig,
         ps_addrs: &[String],
-        _index: u32,
+        index: u32,
         _shards: usize,
         _layout: Option<&ReactorLayout>,
     ) -> Result<Box<dyn WorkerNet>, TrainError> {
@@ -289,6 +293,7 @@ impl ClusterBackend for Inproc {
         }
         Ok(Box::new(InprocNet {
             ps,
+            worker: index,
             reactors: cfg.ps_reactors.max(1),
             traffic: Traffic::default(),
             scratch: Vec::new(),
@@ -315,15 +320,19 @@ mod tests {
                     index: i,
                     checkpoint_dir: None,
                     checkpoint_every: 0,
+                    checkpoint_next: None,
+                    incarnation: 0,
                     telemetry: None,
                 })
                 .collect(),
+            None,
         ))
     }
 
     fn net(st: &Arc<LockedShards>, shards: usize) -> InprocNet {
         InprocNet {
             ps: vec![st.clone()],
+            worker: 0,
             reactors: shards,
             traffic: Traffic::default(),
             scratch: Vec::new(),

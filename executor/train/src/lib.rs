@@ -47,6 +47,7 @@ pub mod psclient;
 pub mod psserver;
 pub mod server;
 pub mod source;
+pub mod syncstep;
 pub mod telemetry;
 pub mod worker;
 
@@ -132,6 +133,18 @@ pub enum TrainError {
         manifest: u64,
         /// The step in the shard's file.
         file: u64,
+    },
+    /// A shard answers again after its connection failed, from a PS task
+    /// of another incarnation (the task restarted): whatever it held
+    /// since its checkpoint is gone, and the worker rolls back to it.
+    #[error("PS shard {shard} restarted (incarnation {previous}, now {now})")]
+    PeerRestarted {
+        /// The shard.
+        shard: usize,
+        /// Its incarnation before.
+        previous: u64,
+        /// Its incarnation now.
+        now: u64,
     },
     /// A bug or an impossible state, reported instead of a panic.
     #[error("internal: {0}")]

@@ -38,19 +38,26 @@ impl LockedShards {
         restore: Option<&Path>,
     ) -> Result<Self, TrainError> {
         let r = cfg.ps_reactors.max(1);
-        (0..r)
+        let handlers = (0..r)
             .map(|local| shard_handler(cfg, plan, p * r + local, restore))
-            .collect::<Result<Vec<_>, _>>()
-            .map(Self::new)
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self::new(handlers, cfg.sync.then_some(cfg.workers)))
     }
 
-    /// These handlers as shards 0, 1, … of a task.
-    pub(crate) fn new(handlers: Vec<ShardHandler>) -> Self {
+    /// These handlers as shards 0, 1, … of a task, gathering each step's
+    /// pushes of `sync` workers when given (`--sync`).
+    pub(crate) fn new(handlers: Vec<ShardHandler>, sync: Option<usize>) -> Self {
         let n = handlers.len();
         Self {
             shards: handlers
                 .into_iter()
-                .map(|handler| Mutex::new(Service::new(handler)))
+                .map(|handler| {
+                    let s = Service::new(handler);
+                    Mutex::new(match sync {
+                        Some(w) => s.with_sync(w),
+                        None => s,
+                    })
+                })
                 .collect(),
             done: Mutex::new(vec![0; n]),
             all_done: Condvar::new(),

@@ -19,8 +19,10 @@ use std::collections::HashMap;
 use bytes::Bytes;
 use starwire_transport::wire::{Opcode, Status};
 use starwire_transport::{Connection, Incoming, Payload, SendError, TaskRole};
-use starwire_wire::ps::Control;
+use starwire_wire::ps::{write_push_response, Control, Limits};
 use thiserror::Error;
+
+use crate::syncstep::{step_marker, SyncStep};
 
 /// Why a request failed; the status goes back to the worker, the connection
 /// lives on.
@@ -44,6 +46,10 @@ pub trait PsHandler: Send + 'static {
     /// into `out`, is the global step the file holds (`u64`
     /// little-endian), for the manifest.
     fn checkpoint(&mut self, dir: &str, out: &mut Vec<u8>) -> Result<(), String>;
+    /// Write the shard's checkpoint file into its checkpoint directory's
+    /// `steps/c/` when a push makes the global step `c`
+    /// (`CHECKPOINT_AT`, `--checkpoint-every-secs`).
+    fn checkpoint_at(&mut self, c: u64) -> Result<(), String>;
     /// The shard's counters as JSON.
     fn stats(&self) -> serde_json::Value;
 }
@@ -60,13 +66,15 @@ pub enum Reply {
 }
 
 /// A handler and what serving it keeps between requests: the scratch
-/// buffer replies are written into, and counters.
+/// buffer replies are written into, counters, and with `--sync` the
+/// pushes of the step being gathered.
 #[derive(Debug)]
 pub struct Service<H> {
     handler: H,
     out: Vec<u8>,
     served: HashMap<&'static str, u64>,
     failed: u64,
+    sync: Option<SyncStep>,
 }
 
 impl<H: PsHandler> Service<H> {
@@ -77,7 +85,20 @@ impl<H: PsHandler> Service<H> {
             out: Vec::new(),
             served: HashMap::new(),
             failed: 0,
+            sync: None,
         }
+    }
+
+    /// Synchronous SGD over `workers` workers (`--sync`): the pushes of a
+    /// step that name their worker ([`serve_from`](Self::serve_from)) are
+    /// gathered and applied once, in worker-index order, when every worker
+    /// has pushed the step ([`crate::syncstep`]).
+    #[must_use]
+    pub fn with_sync(mut self, workers: usize) -> Self {
+        // The shard checks the merged push against its own limits; each
+        // worker's push is checked against the codec's defaults on arrival.
+        self.sync = Some(SyncStep::new(workers, Limits::default()));
+        self
     }
 
     /// The shard state.
@@ -95,10 +116,24 @@ impl<H: PsHandler> Service<H> {
         self.failed
     }
 
-    /// Serve one request. A reply that leaves takes the scratch buffer
-    /// with it; `next(capacity)` gives the buffer that replaces it.
+    /// Serve one request of a sender not known as a worker. A reply that
+    /// leaves takes the scratch buffer with it; `next(capacity)` gives the
+    /// buffer that replaces it.
     pub fn serve(
         &mut self,
+        opcode: Opcode,
+        body: &[u8],
+        next: impl FnOnce(usize) -> Vec<u8>,
+    ) -> Reply {
+        self.serve_from(None, opcode, body, next)
+    }
+
+    /// Serve one request of worker `from` (its task index, when the sender
+    /// is a worker): as [`serve`](Self::serve), and with
+    /// [`with_sync`](Self::with_sync) a worker's push joins its step.
+    pub fn serve_from(
+        &mut self,
+        from: Option<u32>,
         opcode: Opcode,
         body: &[u8],
         next: impl FnOnce(usize) -> Vec<u8>,
@@ -108,14 +143,23 @@ impl<H: PsHandler> Service<H> {
             out,
             served,
             failed,
+            sync,
         } = self;
         out.clear();
-        let (kind, r) = match opcode {
-            Opcode::SparsePull => ("pull", handler.pull(body, out)),
-            Opcode::SparsePush => ("push", handler.push(body, out)),
-            Opcode::Rpc => match Control::parse(body) {
+        let (kind, r) = match (opcode, sync.as_mut().zip(from)) {
+            (Opcode::SparsePull, _) => ("pull", handler.pull(body, out)),
+            (Opcode::SparsePush, Some((sync, w))) => {
+                ("push", push_sync(handler, sync, w, body, out))
+            }
+            (Opcode::SparsePush, None) => ("push", handler.push(body, out)),
+            (Opcode::Rpc, s) => match Control::parse(body) {
                 Ok(Control::WaitStep(n)) => return Reply::Wait(n),
-                Ok(Control::Done) => return Reply::Done,
+                Ok(Control::Done) => {
+                    if let Some((sync, w)) = s {
+                        done_sync(handler, sync, w, out);
+                    }
+                    return Reply::Done;
+                }
                 Ok(Control::Stats) => {
                     let v = handler.stats();
                     (
@@ -126,6 +170,13 @@ impl<H: PsHandler> Service<H> {
                         }),
                     )
                 }
+                Ok(Control::CheckpointAt(c)) => (
+                    "checkpoint",
+                    handler.checkpoint_at(c).map_err(|message| HandlerError {
+                        status: Status::BadRequest,
+                        message,
+                    }),
+                ),
                 Ok(Control::Checkpoint(dir)) => (
                     "checkpoint",
                     handler
@@ -143,7 +194,7 @@ impl<H: PsHandler> Service<H> {
                     }),
                 ),
             },
-            _ => (
+            (_, _) => (
                 "other",
                 Err(HandlerError {
                     status: Status::UnknownMethod,
@@ -165,6 +216,63 @@ impl<H: PsHandler> Service<H> {
             }
         }
     }
+}
+
+/// A worker's push of a synchronous step: kept until every worker has
+/// pushed the step, then the step is applied. The reply carries the global
+/// step as it is after this push.
+fn push_sync<H: PsHandler>(
+    handler: &mut H,
+    sync: &mut SyncStep,
+    w: u32,
+    body: &[u8],
+    out: &mut Vec<u8>,
+) -> Result<(), HandlerError> {
+    let complete = sync.handle_push(w, body).map_err(|e| HandlerError {
+        status: Status::BadRequest,
+        message: e.to_string(),
+    })?;
+    if complete {
+        apply_step(handler, sync, out)?;
+    }
+    write_push_response(out, handler.global_step());
+    Ok(())
+}
+
+/// Worker `w` said `DONE`; if the step was waiting only for it, it is
+/// applied (an error is logged: `DONE` has no error reply, and the workers
+/// that pushed the step find it at their barrier).
+fn done_sync<H: PsHandler>(handler: &mut H, sync: &mut SyncStep, w: u32, out: &mut Vec<u8>) {
+    if sync.handle_done(w) {
+        if let Err(e) = apply_step(handler, sync, out) {
+            tracing::error!(worker = w, "synchronous step: {}", e.message);
+        }
+    }
+}
+
+/// Apply the gathered step: the merged push, then one step marker per
+/// other worker, so the global step moves by the worker count.
+fn apply_step<H: PsHandler>(
+    handler: &mut H,
+    sync: &mut SyncStep,
+    out: &mut Vec<u8>,
+) -> Result<(), HandlerError> {
+    let Some(merged) = sync.take_step() else {
+        return Ok(());
+    };
+    handler.push(merged, out).map_err(|e| HandlerError {
+        status: e.status,
+        message: format!(
+            "the synchronous step (every worker's push, summed): {}",
+            e.message
+        ),
+    })?;
+    let mut marker = Vec::new();
+    for _ in 1..sync.workers() {
+        out.clear();
+        handler.push(step_marker(&mut marker), out)?;
+    }
+    Ok(())
 }
 
 /// Why a connection must end. The other connections are served on.
@@ -269,6 +377,13 @@ impl<H: PsHandler> PsServer<H> {
         self
     }
 
+    /// Synchronous SGD over `workers` workers ([`Service::with_sync`]).
+    #[must_use]
+    pub fn with_sync(mut self, workers: usize) -> Self {
+        self.service = self.service.with_sync(workers);
+        self
+    }
+
     /// The shard state.
     pub fn handler(&self) -> &H {
         self.service.handler()
@@ -305,13 +420,14 @@ impl<H: PsHandler> PsServer<H> {
         else {
             return Ok(());
         };
+        let from = worker_index(conn);
         let Self {
             service,
             lent,
             waiting,
             ..
         } = self;
-        match service.serve(opcode, body, |cap| reuse_reply(lent, cap)) {
+        match service.serve_from(from, opcode, body, |cap| reuse_reply(lent, cap)) {
             Reply::Now(..) if oneway => Ok(()),
             Reply::Now(status, bytes) => {
                 let bytes = Bytes::from(bytes);
@@ -403,6 +519,12 @@ impl<H: PsHandler> PsServer<H> {
     /// count was given) rather than serving until stopped.
     pub fn exits_when_done(&self) -> bool {
         self.expected_workers > 0
+    }
+
+    /// Every barrier held, as (connection, request id), to be answered
+    /// with an error: the step they wait for will not come.
+    pub fn take_barriers(&mut self) -> Vec<(usize, u64)> {
+        self.waiting.drain(..).map(|(c, id, _)| (c, id)).collect()
     }
 
     /// The next barrier the global step has reached, if any.

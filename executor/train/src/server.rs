@@ -7,11 +7,13 @@
 //! hand-off. What to do with each request is the sans-IO [`PsServer`]'s;
 //! accepting, turning the sessions and parking are the endpoint's.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use starwire_transport::endpoint::LINGER;
 use starwire_transport::wire::{Opcode, Status};
-use starwire_transport::{ConnError, ConnId, Connection, Driver, Incoming, Service, Sessions};
+use starwire_transport::{
+    ConnError, ConnId, Connection, Driver, Incoming, Service, Sessions, TaskRole,
+};
 
 use crate::psserver::{PsHandler, PsServer};
 
@@ -31,6 +33,14 @@ pub struct ShardService<H> {
     done_at: Option<Instant>,
     /// The wait for the workers to hang up ran out.
     gave_up_waiting: bool,
+    /// With `--sync`: how long the barriers wait for a worker that died
+    /// unfinished to rejoin before they fail naming it.
+    dead_worker_wait: Option<Duration>,
+    /// Workers that died unfinished and have not sent anything since, and
+    /// when their connection ended.
+    dead: Vec<(u32, Instant)>,
+    /// Why every barrier now fails (a dead worker did not rejoin in time).
+    broken: Option<String>,
 }
 
 impl<H: PsHandler> ShardService<H> {
@@ -44,6 +54,9 @@ impl<H: PsHandler> ShardService<H> {
             open: 0,
             done_at: None,
             gave_up_waiting: false,
+            dead_worker_wait: None,
+            dead: Vec::new(),
+            broken: None,
         }
     }
 
@@ -52,6 +65,18 @@ impl<H: PsHandler> ShardService<H> {
     #[must_use]
     pub fn with_max_wait_steps(mut self, n: u64) -> Self {
         self.server = self.server.with_max_wait_steps(n);
+        self
+    }
+
+    /// Synchronous SGD over `workers` workers (`--sync`,
+    /// [`PsServer::with_sync`]). A step cannot complete without every
+    /// worker: once a worker died unfinished and has not rejoined for
+    /// `dead_worker_wait`, every barrier is answered with an error naming
+    /// it, so the other workers fail instead of waiting for ever.
+    #[must_use]
+    pub fn with_sync(mut self, workers: usize, dead_worker_wait: Duration) -> Self {
+        self.server = self.server.with_sync(workers);
+        self.dead_worker_wait = Some(dead_worker_wait);
         self
     }
 
@@ -77,6 +102,42 @@ impl<H: PsHandler> ShardService<H> {
     }
 }
 
+impl<H: PsHandler> ShardService<H> {
+    /// With `--sync`, once a dead worker has not rejoined in time: answer
+    /// every barrier held (and every later one) with an error naming it.
+    fn fail_barriers<D: Driver>(&mut self, sessions: &mut Sessions<D>, now: Instant) -> bool {
+        if self.broken.is_none() {
+            let wait = self.dead_worker_wait.unwrap_or(Duration::MAX);
+            let late = |d: &&(u32, Instant)| d.1.checked_add(wait).is_some_and(|t| now >= t);
+            if let Some(&(w, _)) = self.dead.iter().find(late) {
+                self.broken = Some(format!(
+                    "worker {w} died unfinished and did not rejoin within {wait:?}: a \
+                     synchronous step cannot complete without it"
+                ));
+                tracing::error!(
+                    shard = self.index,
+                    worker = w,
+                    "{}",
+                    self.broken.as_deref().unwrap_or("")
+                );
+            }
+        }
+        let Some(why) = &self.broken else {
+            return false;
+        };
+        let held = self.server.take_barriers();
+        for &(c, id) in &held {
+            if let Some(conn) = u32::try_from(c)
+                .ok()
+                .and_then(|i| sessions.conn(ConnId::new(i)))
+            {
+                let _ = conn.respond_error(id, Opcode::Rpc, Status::Cancelled, why);
+            }
+        }
+        !held.is_empty()
+    }
+}
+
 impl<H: PsHandler, D: Driver> Service<D> for ShardService<H> {
     fn on_attach(&mut self, id: ConnId, _shard: u32, _now: Instant) {
         self.open += 1;
@@ -92,6 +153,12 @@ impl<H: PsHandler, D: Driver> Service<D> for ShardService<H> {
         msg: Incoming<'_>,
         _now: Instant,
     ) -> Result<(), ConnError> {
+        if !self.dead.is_empty() {
+            // A dead worker that sends again has rejoined.
+            if let Some(p) = conn.peer().filter(|p| p.role == TaskRole::Worker) {
+                self.dead.retain(|d| d.0 != p.task_index);
+            }
+        }
         self.server
             .handle_message(id.index(), conn, msg)
             .map_err(|e| ConnError::Protocol(e.reason()))
@@ -103,7 +170,7 @@ impl<H: PsHandler, D: Driver> Service<D> for ShardService<H> {
         conn: &mut Connection,
         error: &ConnError,
         _driver: &D,
-        _now: Instant,
+        now: Instant,
     ) {
         if !matches!(error, ConnError::Closed) {
             tracing::debug!(
@@ -113,7 +180,16 @@ impl<H: PsHandler, D: Driver> Service<D> for ShardService<H> {
             );
         }
         if let Some(w) = self.server.handle_close(id.index(), conn) {
-            if self.server.exits_when_done() {
+            if let Some(wait) = self.dead_worker_wait {
+                self.dead.retain(|d| d.0 != w);
+                self.dead.push((w, now));
+                tracing::warn!(
+                    shard = self.index,
+                    worker = w,
+                    "worker {w}'s connection ended before it said DONE: the synchronous steps \
+                     wait {wait:?} for it to rejoin, then fail"
+                );
+            } else if self.server.exits_when_done() {
                 tracing::warn!(
                     shard = self.index,
                     worker = w,
@@ -148,7 +224,7 @@ impl<H: PsHandler, D: Driver> Service<D> for ShardService<H> {
                 self.gave_up_waiting = true;
             }
         }
-        let mut any = false;
+        let mut any = self.fail_barriers(sessions, now);
         while let Some(r) = self.server.poll_release() {
             if let Some(conn) = u32::try_from(r.conn)
                 .ok()
@@ -164,9 +240,14 @@ impl<H: PsHandler, D: Driver> Service<D> for ShardService<H> {
     }
 
     fn next_deadline(&self) -> Option<Instant> {
-        self.done_at
+        let linger = self
+            .done_at
             .filter(|_| self.open > 0 && !self.gave_up_waiting)
-            .map(|t| t + LINGER)
+            .map(|t| t + LINGER);
+        let dead = self
+            .dead_worker_wait
+            .and_then(|wait| self.dead.iter().filter_map(|d| d.1.checked_add(wait)).min());
+        linger.into_iter().chain(dead).min()
     }
 
     /// Every expected worker is done and has hung up (or stayed connected

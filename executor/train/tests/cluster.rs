@@ -539,3 +539,132 @@ fn worker_handoff_needs_a_backend_with_reactors() {
     .unwrap_err();
     assert!(e.to_string().contains("--worker-handoff"), "{e}");
 }
+
+/// The checkpoint files a run wrote into `dir`, shard by shard.
+fn shard_files(dir: &std::path::Path, shards: usize) -> Vec<Vec<u8>> {
+    (0..shards)
+        .map(|s| std::fs::read(dir.join(format!("shard-{s:04}.ckpt"))).unwrap())
+        .collect()
+}
+
+/// `--sync` is synchronous SGD: each step's pushes are summed in
+/// worker-index order and applied once, so two runs of the same seed end
+/// with the same model, byte for byte, whatever order the pushes reached
+/// the shards in; over the network and in process alike, fused or not.
+#[test]
+fn two_sync_runs_of_one_seed_end_bit_identical() {
+    for (backend, fuse) in [
+        (starwire_train::BackendKind::Tcp, true),
+        (starwire_train::BackendKind::Tcp, false),
+        (starwire_train::BackendKind::Inproc, true),
+    ] {
+        let mut models = Vec::new();
+        let mut losses = Vec::new();
+        for _ in 0..2 {
+            let dir = tempfile::tempdir().unwrap();
+            let r = run_local(&TrainConfig {
+                backend,
+                tensor_fuse: fuse,
+                sync: true,
+                workers: 3,
+                train_examples: 6_144,
+                eval_examples: 1_024,
+                optimizer: OptimizerKind::Adagrad,
+                checkpoint_dir: Some(dir.path().to_owned()),
+                ..small()
+            })
+            .unwrap();
+            // 2048 examples each: 8 steps per worker.
+            assert_eq!(r.steps, 24);
+            for s in &r.shard_stats {
+                assert_eq!(s["global_step"].as_u64().unwrap(), 24);
+            }
+            models.push(shard_files(dir.path(), r.shards));
+            losses.push(r.final_train_loss);
+        }
+        assert!(
+            models[0] == models[1],
+            "{backend:?} fuse {fuse}: two sync runs of one seed differ"
+        );
+        assert_eq!(losses[0].to_bits(), losses[1].to_bits());
+    }
+}
+
+/// `--checkpoint-every-secs` with `--sync`: a checkpoint taken mid-run at
+/// the step worker 0 picked holds that step on every shard, with every
+/// worker's position; resumed from it (as after a crash right after it),
+/// the run ends with the model an uninterrupted run ends with, byte for
+/// byte.
+#[test]
+fn a_sync_run_resumed_from_a_timed_checkpoint_ends_bit_identical() {
+    let cfg = TrainConfig {
+        sync: true,
+        workers: 2,
+        // Two epochs of 40 steps per worker: 160 global steps.
+        epochs: 2,
+        train_examples: 10_160,
+        eval_examples: 0,
+        batch_size: 128,
+        ..small()
+    };
+    // Uninterrupted, no checkpoint during the run.
+    let whole = tempfile::tempdir().unwrap();
+    let r = run_local(&TrainConfig {
+        checkpoint_dir: Some(whole.path().to_owned()),
+        ..cfg.clone()
+    })
+    .unwrap();
+    assert_eq!(r.steps, 160);
+    let expected = shard_files(whole.path(), r.shards);
+    // With a checkpoint every 200 ms: copy the first manifest seen during
+    // the run and the files it names, as a crash would have left them.
+    let timed = tempfile::tempdir().unwrap();
+    let saved = tempfile::tempdir().unwrap();
+    let run = {
+        let cfg = TrainConfig {
+            checkpoint_dir: Some(timed.path().to_owned()),
+            checkpoint_every_secs: Some(std::time::Duration::from_millis(200)),
+            ..cfg.clone()
+        };
+        std::thread::spawn(move || run_local(&cfg))
+    };
+    let mpath = timed.path().join("manifest.json");
+    let mut manifest = None;
+    while !run.is_finished() && manifest.is_none() {
+        if let Ok(text) = std::fs::read_to_string(&mpath) {
+            let m: serde_json::Value = serde_json::from_str(&text).unwrap();
+            for f in m["shard_files"].as_array().unwrap() {
+                let rel = f.as_str().unwrap();
+                let to = saved.path().join(rel);
+                std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+                std::fs::copy(timed.path().join(rel), to).unwrap();
+            }
+            std::fs::write(saved.path().join("manifest.json"), &text).unwrap();
+            manifest = Some(m);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let r = run.join().unwrap().unwrap();
+    assert_eq!(r.steps, 160);
+    // The timed run's model is the uninterrupted one's.
+    assert!(shard_files(timed.path(), r.shards) == expected);
+    let m = manifest.expect("no checkpoint during the run");
+    let c = m["global_step"].as_u64().unwrap();
+    assert!(c > 0 && c < 160 && c % 2 == 0, "{m}");
+    assert_eq!(m["shard_steps"], serde_json::json!([c, c]), "{m}");
+    for w in m["workers"].as_array().unwrap() {
+        assert_eq!(w["steps"].as_u64(), Some(c / 2), "{m}");
+    }
+    // Resumed from it: the remaining steps, and the same model.
+    let resumed = run_local(&TrainConfig {
+        checkpoint_dir: Some(saved.path().to_owned()),
+        ..cfg
+    })
+    .unwrap();
+    assert_eq!(resumed.resumed_from_step, Some(c));
+    assert_eq!(resumed.steps, 160 - c);
+    assert!(
+        shard_files(saved.path(), resumed.shards) == expected,
+        "resumed at global step {c}, the model differs from an uninterrupted run's"
+    );
+}

@@ -121,6 +121,8 @@ impl Cluster {
                     index: i,
                     checkpoint_dir: Some(dir.to_owned()),
                     checkpoint_every: 0,
+                    checkpoint_next: None,
+                    incarnation: 0,
                     telemetry: None,
                 };
                 Server {

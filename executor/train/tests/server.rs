@@ -71,6 +71,8 @@ fn start(expected: usize) -> Ps {
             index: 0,
             checkpoint_dir: None,
             checkpoint_every: 0,
+            checkpoint_next: None,
+            incarnation: 0,
             telemetry: None,
         };
         Endpoint::new(

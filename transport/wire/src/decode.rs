@@ -143,6 +143,7 @@ fn visit(s: &mut DecodeSummary, b: &Body<'_>) {
                 Control::Checkpoint(dir) => dir.len() as u64,
                 Control::Stats => 3,
                 Control::Done => 4,
+                Control::CheckpointAt(c) => c ^ 5,
             },
         ),
         Body::PullRequest(r) => {

@@ -59,6 +59,10 @@ pub struct TrainConfig {
     /// Also checkpoint during the run, at every global step that is a
     /// multiple of this (`--checkpoint-every-steps`; needs `sync`).
     pub checkpoint_every_steps: Option<u64>,
+    /// Also checkpoint during the run when this long has passed since the
+    /// last one, at the next global step worker 0 reaches
+    /// (`--checkpoint-every-secs`; needs `sync`).
+    pub checkpoint_every_secs: Option<std::time::Duration>,
     /// DeepRec `filter_freq` (0: off).
     pub filter_freq: u32,
     /// DeepRec `steps_to_live` (0: off).
@@ -131,6 +135,7 @@ impl Default for TrainConfig {
             seed: 1,
             checkpoint_dir: None,
             checkpoint_every_steps: None,
+            checkpoint_every_secs: None,
             filter_freq: 0,
             steps_to_live: 0,
             default_value_dim: starwire_ps::DEFAULT_VALUE_DIM,

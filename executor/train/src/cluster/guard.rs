@@ -150,6 +150,11 @@ pub fn training_flags(cfg: &TrainConfig) -> String {
         &cfg.checkpoint_every_steps
             .map_or("none".to_string(), |s| s.to_string()),
     );
+    put(
+        "checkpoint-every-secs",
+        &cfg.checkpoint_every_secs
+            .map_or("none".to_string(), |s| s.as_secs_f64().to_string()),
+    );
     put("seed", &cfg.seed);
     put("filter-freq", &cfg.filter_freq);
     put("steps-to-live", &cfg.steps_to_live);

@@ -7,6 +7,7 @@
 //! (`report.rs`).
 
 mod config;
+mod failover;
 mod guard;
 pub(crate) mod periodic;
 mod plan;
@@ -15,6 +16,7 @@ mod report;
 mod roles;
 
 pub use config::{model_name, protocol_name, BackendKind, TrainConfig, DEFAULT_CONNECT_TIMEOUT};
+pub use failover::Failover;
 pub use guard::{
     check_listen, training_flags, Guard, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_IDLE_TIMEOUT,
     DEFAULT_MEMORY_BUDGET_MB,
@@ -37,6 +39,7 @@ use std::time::{Duration, Instant};
 
 use starwire_data::{auc, Batch};
 use starwire_graph::{partition, Executor};
+use starwire_transport::retry::{Backoff, Retry};
 
 use config::across_processes;
 use roles::{cluster_backend, read_manifest, write_checkpoint, write_manifest};
@@ -251,6 +254,7 @@ fn run_local_on(k: &dyn ClusterBackend, cfg: &TrainConfig) -> Result<TrainReport
         resumed_from_step: manifest.map(|m| m.global_step),
         shard_stats,
         reactors: layout.report(),
+        failovers: Vec::new(),
     })
 }
 
@@ -354,13 +358,13 @@ fn ps_manifest(
     dir: &std::path::Path,
     end: &PsEnd,
 ) -> Result<(), TrainError> {
-    if cfg.checkpoint_every_steps.is_some() {
+    if cfg.checkpoint_every_steps.is_some() || cfg.checkpoint_every_secs.is_some() {
         // The manifest names the latest checkpoint taken during the run,
         // whose worker positions match its files; this one has none.
         tracing::info!(
             target: "status",
             "checkpoint: {} shard file(s) written into {}; the manifest stays that of the \
-             latest --checkpoint-every-steps checkpoint",
+             latest checkpoint taken during the run",
             end.written.len(),
             dir.display()
         );
@@ -430,16 +434,75 @@ pub fn run_worker_task(
         Vec::new()
     };
     let t0 = Instant::now();
-    let out = worker_loop(
-        cfg,
-        &plan,
-        index,
-        &mut *net,
-        None,
-        resume.as_ref(),
-        None,
-        layout.worker_cpu(index),
-    )?;
+    let mut resume = resume;
+    let mut known = match cfg.checkpoint_dir {
+        Some(_) => failover::incarnations(&mut *net, plan.shards)?,
+        None => Vec::new(),
+    };
+    let mut failovers = Vec::new();
+    let out = loop {
+        let e = match worker_loop(
+            cfg,
+            &plan,
+            index,
+            &mut *net,
+            None,
+            resume.as_ref(),
+            None,
+            layout.worker_cpu(index),
+        ) {
+            Ok(out) => break out,
+            Err(e) => e,
+        };
+        if known.is_empty()
+            || !failover::is_link_failure(&e)
+            || failovers.len() as u32 >= failover::MAX_RESTARTS
+        {
+            return Err(e);
+        }
+        let lost = Instant::now();
+        tracing::warn!(
+            worker = index,
+            "{e}: reconnecting to the PS tasks (for up to --connect-timeout {:?})",
+            cfg.connect_timeout
+        );
+        net.close();
+        drop(net);
+        // The dial retries a PS that does not accept yet; a handshake cut
+        // (a dying task's listener still accepting) is retried here.
+        let mut retry = Retry::new(Backoff::CONNECT, lost + cfg.connect_timeout);
+        let (new_net, now) = loop {
+            let attempt = k
+                .connect(cfg, ps_addrs, index as u32, plan.shards, Some(&layout))
+                .and_then(|mut n| Ok((failover::incarnations(&mut *n, plan.shards)?, n)));
+            match attempt {
+                Ok((now, n)) => break (n, now),
+                Err(e) if failover::is_link_failure(&e) => {
+                    let pause = retry.handle_failure(Instant::now()).ok_or(e)?;
+                    std::thread::sleep(pause);
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        net = new_net;
+        let Some(restart) = failover::restarted(&known, &now) else {
+            return Err(e);
+        };
+        known = now;
+        let (step, progress) = failover::rollback(cfg, index)?;
+        let reconnect_seconds = failover::since(lost);
+        tracing::warn!(
+            worker = index,
+            "{restart}: rolling back to its checkpoint (global step {}), {reconnect_seconds:.3} s \
+             after the failure",
+            step.unwrap_or(0)
+        );
+        failovers.push(failover::Failover {
+            rolled_back_to: step,
+            reconnect_seconds,
+        });
+        resume = progress;
+    };
     let train_seconds = out
         .end
         .map_or(0.0, |e| e.saturating_duration_since(t0).as_secs_f64());
@@ -495,5 +558,6 @@ pub fn run_worker_task(
         resumed_from_step: manifest.map(|m| m.global_step),
         shard_stats,
         reactors: layout.report(),
+        failovers,
     })
 }

@@ -1,5 +1,5 @@
-//! Checkpoints during the run (`--checkpoint-every-steps N`, with
-//! `--sync`).
+//! Checkpoints during the run (`--checkpoint-every-steps N` and
+//! `--checkpoint-every-secs S`, with `--sync`).
 //!
 //! A checkpoint is taken at every global step `C` that is a multiple of
 //! `N`. With `--sync` every worker pushes its step, then waits at a
@@ -12,6 +12,17 @@
 //! the push lands); once the barrier lets worker 0 through, every shard
 //! file and every worker's progress is in place, and it writes the
 //! manifest.
+//!
+//! `--checkpoint-every-secs S`: once `S` has passed since the last
+//! checkpoint, worker 0 picks the global step `C` its next step completes
+//! and, before pushing that step, asks every shard to write its file at
+//! `C` (`CHECKPOINT_AT`); its push cannot be applied before the shards
+//! have the request (one ordered connection per shard), so every shard
+//! writes at `C`, inside the push that completes it, as above. With
+//! `--sync` the workers move in lockstep, so every worker's position at
+//! `C` follows from the step count (the same number of steps per epoch
+//! for all, every batch full but an epoch's last): worker 0 writes them
+//! into the manifest without the workers writing files.
 //!
 //! Each checkpoint lives in `DIR/steps/C/`; `DIR/manifest.json` names the
 //! latest complete one. A crash before the manifest leaves the previous
@@ -53,6 +64,23 @@ fn ck(path: &Path) -> impl Fn(String) -> TrainError + '_ {
 /// the pushes) and a `--checkpoint-dir`, and a multiple of the workers
 /// (the global step moves by one per worker each synchronous step).
 pub(super) fn check(cfg: &TrainConfig) -> Result<(), TrainError> {
+    if let Some(s) = cfg.checkpoint_every_secs {
+        let bad = |why: &str| {
+            Err(TrainError::Config(format!(
+                "--checkpoint-every-secs {}: {why}",
+                s.as_secs_f64()
+            )))
+        };
+        if cfg.checkpoint_dir.is_none() {
+            return bad("needs --checkpoint-dir");
+        }
+        if !cfg.sync {
+            return bad(
+                "needs --sync (its per-step barrier is what makes every shard's file hold the \
+                 same steps)",
+            );
+        }
+    }
     let Some(n) = cfg.checkpoint_every_steps else {
         return Ok(());
     };
@@ -108,7 +136,6 @@ pub(super) fn complete(
     dir: &Path,
     c: u64,
 ) -> Result<(), TrainError> {
-    let previous = read_manifest(dir)?.map(|m| m.global_step);
     let mut workers = Vec::with_capacity(cfg.workers);
     for w in 0..cfg.workers as u32 {
         let path = progress_file(dir, c, w);
@@ -120,6 +147,37 @@ pub(super) fn complete(
         }
         workers.push(p);
     }
+    publish(cfg, plan, dir, c, workers)
+}
+
+/// Every worker's position after `k` synchronous steps of `epoch_steps`
+/// steps per epoch: all run the same steps, every batch full but an
+/// epoch's last, so `k` steps are `k / epoch_steps` epochs and
+/// `k % epoch_steps` full batches.
+pub(super) fn sync_progress(cfg: &TrainConfig, k: u64, epoch_steps: u64) -> Vec<WorkerProgress> {
+    let e = epoch_steps.max(1);
+    (0..cfg.workers as u32)
+        .map(|worker| WorkerProgress {
+            worker,
+            epoch: k / e,
+            offset: (k % e) * cfg.batch_size as u64,
+            steps: k,
+        })
+        .collect()
+}
+
+/// Worker 0, through the barrier of checkpoint step `c` (every shard file
+/// is in `DIR/steps/c/`): write the manifest naming the files and
+/// `workers`' progress, then remove the step directories before the
+/// previous checkpoint.
+pub(super) fn publish(
+    cfg: &TrainConfig,
+    plan: &Plan,
+    dir: &Path,
+    c: u64,
+    workers: Vec<WorkerProgress>,
+) -> Result<(), TrainError> {
+    let previous = read_manifest(dir)?.map(|m| m.global_step);
     let rel = Path::new("steps").join(c.to_string());
     let files = (0..plan.shards)
         .map(|s| rel.join(shard_file(s)).to_string_lossy().into_owned())
@@ -195,5 +253,38 @@ mod tests {
             let e = check(&cfg).unwrap_err().to_string();
             assert!(e.contains(says), "{e}");
         }
+        let secs = TrainConfig {
+            checkpoint_every_steps: None,
+            checkpoint_every_secs: Some(std::time::Duration::from_secs(30)),
+            ..ok.clone()
+        };
+        assert!(check(&secs).is_ok());
+        let e = check(&TrainConfig {
+            sync: false,
+            ..secs
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("--checkpoint-every-secs 30: needs --sync"),
+            "{e}"
+        );
+    }
+
+    /// Lockstep workers' positions follow from the step count, across
+    /// epochs.
+    #[test]
+    fn sync_progress_counts_full_batches_and_epochs() {
+        let cfg = TrainConfig {
+            workers: 2,
+            batch_size: 100,
+            ..TrainConfig::default()
+        };
+        let p = sync_progress(&cfg, 13, 5);
+        assert_eq!(p.len(), 2);
+        assert_eq!(
+            (p[1].worker, p[1].epoch, p[1].offset, p[1].steps),
+            (1, 2, 300, 13)
+        );
     }
 }

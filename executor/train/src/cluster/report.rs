@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use serde::Serialize;
 use starwire_ps::AssignmentReport;
 
+use super::failover::Failover;
 use super::ReactorReport;
 
 /// One progress interval (an epoch of worker 0).
@@ -79,6 +80,10 @@ pub struct TrainReport {
     pub checkpoint: Option<PathBuf>,
     /// The step the run resumed from (a restored checkpoint), if any.
     pub resumed_from_step: Option<u64>,
+    /// PS restarts the worker went through (`starwire worker` with
+    /// `--checkpoint-dir`): the step rolled back to and how long the
+    /// reconnect took.
+    pub failovers: Vec<Failover>,
     /// Per-shard counters.
     pub shard_stats: Vec<serde_json::Value>,
     /// The reactors of this process: PS reactors, then each worker's

@@ -173,6 +173,8 @@ pub(crate) fn shard_handler(
         index: s,
         checkpoint_dir: cfg.checkpoint_dir.clone(),
         checkpoint_every: cfg.checkpoint_every_steps.unwrap_or(0),
+        checkpoint_next: None,
+        incarnation: 0,
         telemetry: Some(telemetry),
     })
 }
@@ -419,24 +421,29 @@ pub fn start_ps<K: Backend>(
     let max_wait_steps = cfg.guard.max_wait_steps;
     for (local, rx) in rxs.into_iter().enumerate() {
         let s = ps_index * r + local;
-        let handler = shard_handler(cfg, plan, s, restore)?;
-        let conn_cfg = cfg.guard.apply(
-            cfg,
-            ConnConfig::new(peer(TaskRole::Ps, ps_index as u32, r as u16)),
-            Some(&budget),
-        );
+        let mut handler = shard_handler(cfg, plan, s, restore)?;
+        let me = peer(TaskRole::Ps, ps_index as u32, r as u16);
+        handler.incarnation = me.incarnation;
+        let conn_cfg = cfg.guard.apply(cfg, ConnConfig::new(me), Some(&budget));
         let spec = layout.ps_spec(s)?;
         // The driver (an io_uring ring) is made on the reactor's own
         // thread, which reports a failure to make it.
         let (btx, brx) = mpsc::sync_channel(1);
         let polling = cfg.ps_polling;
+        // Half the idle timeout: the barriers fail naming the dead worker
+        // before the idle timeout closes the connections waiting on them.
+        let dead_wait = cfg.guard.idle_timeout.map_or(Duration::MAX, |t| t / 2);
+        let sync_workers = cfg.sync.then_some(cfg.workers);
         let telemetry = cfg.telemetry.clone();
         let reactor = Reactor::spawn(spec, move |_| {
             let driver = K::driver(polling);
             let ok = driver.as_ref().map(|_| ()).map_err(|e| e.to_string());
             let _ = btx.send(ok);
-            let service =
+            let mut service =
                 ShardService::new(s, handler, expected).with_max_wait_steps(max_wait_steps);
+            if let Some(w) = sync_workers {
+                service = service.with_sync(w, dead_wait);
+            }
             let endpoint = driver
                 .ok()
                 .map(|d| Endpoint::new(d, service, conn_cfg).with_inbox(rx));
@@ -703,6 +710,7 @@ pub fn worker_loop(
     let mut loss_sum = 0.0f64;
     let mut loss_n = 0u64;
     let w_count = cfg.workers as u64;
+    let mut last_checkpoint = Instant::now();
     'epochs: while epoch < cfg.epochs {
         let mut in_epoch = std::mem::take(&mut resumed_in_epoch);
         loop {
@@ -735,6 +743,19 @@ pub fn worker_loop(
                 };
                 periodic::write_progress(dir, c, &progress)?;
             }
+            // Worker 0 times the checkpoints of --checkpoint-every-secs: the
+            // shards hear of step c before this worker's push of it.
+            let timed_dir = cfg
+                .checkpoint_dir
+                .as_deref()
+                .filter(|_| w == 0 && cfg.sync && ckpt_dir.is_none())
+                .filter(|_| {
+                    cfg.checkpoint_every_secs
+                        .is_some_and(|s| last_checkpoint.elapsed() >= s)
+                });
+            if timed_dir.is_some() {
+                core.control(net, &Control::CheckpointAt(c))?;
+            }
             let t_step = Instant::now();
             let info = core.step(net, &batch)?;
             offset += n as u64;
@@ -748,6 +769,12 @@ pub fn worker_loop(
                 core.barrier(net, c)?;
                 if let (0, Some(dir)) = (w, ckpt_dir) {
                     periodic::complete(cfg, plan, dir, c)?;
+                    last_checkpoint = Instant::now();
+                }
+                if let Some(dir) = timed_dir {
+                    let progress = periodic::sync_progress(cfg, steps_done, epoch_cap.unwrap_or(0));
+                    periodic::publish(cfg, plan, dir, c, progress)?;
+                    last_checkpoint = Instant::now();
                 }
             }
             cells.stepped(StepProgress {

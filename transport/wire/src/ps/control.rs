@@ -7,6 +7,7 @@
 //! | `CHECKPOINT` (2) | UTF-8 directory path | empty, after the shard file is durably in place |
 //! | `STATS` (3) | empty | JSON object of the shard's counters |
 //! | `DONE` (4) | empty | empty; the worker will send nothing more |
+//! | `CHECKPOINT_AT` (5) | `u64` global step `c` | empty, at once; the shard writes its file into its checkpoint directory's `steps/c/` inside the push that makes its global step `c` |
 //!
 //! The data path (pull and push) uses its own opcodes, `SparsePull` and
 //! `SparsePush`, with the bodies of the [parent module](super).
@@ -21,6 +22,8 @@ pub const CHECKPOINT: u8 = 2;
 pub const STATS: u8 = 3;
 /// The worker has finished.
 pub const DONE: u8 = 4;
+/// Write the shard's checkpoint file when the global step reaches a value.
+pub const CHECKPOINT_AT: u8 = 5;
 
 /// A control request, borrowing its path from the body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,6 +36,8 @@ pub enum Control<'a> {
     Stats,
     /// See [`DONE`].
     Done,
+    /// See [`CHECKPOINT_AT`].
+    CheckpointAt(u64),
 }
 
 /// A control body that does not decode.
@@ -61,6 +66,12 @@ impl<'a> Control<'a> {
                     .map_err(|_| ControlError::Malformed("WAIT_STEP"))?;
                 Ok(Control::WaitStep(u64::from_le_bytes(b)))
             }
+            CHECKPOINT_AT => {
+                let b: [u8; 8] = rest
+                    .try_into()
+                    .map_err(|_| ControlError::Malformed("CHECKPOINT_AT"))?;
+                Ok(Control::CheckpointAt(u64::from_le_bytes(b)))
+            }
             CHECKPOINT => std::str::from_utf8(rest)
                 .map(Control::Checkpoint)
                 .map_err(|_| ControlError::Malformed("CHECKPOINT")),
@@ -87,6 +98,11 @@ impl<'a> Control<'a> {
             }
             Control::Stats => vec![STATS],
             Control::Done => vec![DONE],
+            Control::CheckpointAt(c) => {
+                let mut v = vec![CHECKPOINT_AT];
+                v.extend_from_slice(&c.to_le_bytes());
+                v
+            }
         }
     }
 }
@@ -102,6 +118,7 @@ mod tests {
             Control::Checkpoint("/tmp/x"),
             Control::Stats,
             Control::Done,
+            Control::CheckpointAt(96),
         ] {
             assert_eq!(Control::parse(&c.encode()), Ok(c));
         }
@@ -114,6 +131,10 @@ mod tests {
         assert_eq!(
             Control::parse(&[CHECKPOINT, 0xff]),
             Err(ControlError::Malformed("CHECKPOINT"))
+        );
+        assert_eq!(
+            Control::parse(&[CHECKPOINT_AT, 1]),
+            Err(ControlError::Malformed("CHECKPOINT_AT"))
         );
         assert_eq!(
             Control::parse(&[DONE, 0]),

@@ -1,0 +1,393 @@
+//! Incremental checkpoints, as PS-Plus exports them for online learning:
+//! a delta file holds only the embedding rows touched since a full
+//! checkpoint (its *base*), every dense variable whole (they are small),
+//! and each table's counters and pending frequency-filter counters.
+//!
+//! * [`TouchedRows`] records the keys of the pulls and pushes a shard
+//!   serves (a pull can add a row, or move its last access step; a push
+//!   changes it), read from the request bodies, so the shard's own
+//!   request path is left as it is.
+//! * [`PsShard::save_delta`] writes the rows of those keys; a recorded key
+//!   with no row now (filtered, or evicted after its last touch) is listed
+//!   as removed.
+//! * [`PsShard::apply_delta`] reads a delta onto a shard restored from its
+//!   base (the shard's global step must be the delta's base step): the
+//!   shard then holds the state the delta was taken from.
+//!
+//! A row evicted by `steps_to_live` without being touched since the base is
+//! not in the delta: with eviction, take full checkpoints. The byte layout
+//! is in `docs/CHECKPOINT.md`.
+
+use std::io::{Read, Write};
+
+use rustc_hash::{FxHashMap, FxHashSet};
+use starwire_wire::ps::{Limits, PullRequest, PushItem, PushRequest};
+
+use crate::checkpoint::{mismatch, opt_code, CrcWriter, Cursor, VAR_DENSE, VAR_TABLE};
+use crate::error::CheckpointError;
+use crate::shard::{PsShard, Var};
+use crate::table::{Pending, Rows, TableStats};
+
+/// The first eight bytes of a delta file.
+pub const DELTA_MAGIC: [u8; 8] = *b"SWPSDELT";
+/// The delta format version this build writes and reads.
+pub const DELTA_VERSION: u32 = 1;
+
+/// The keys of every table a shard's requests touched since the last full
+/// checkpoint. See the module documentation.
+#[derive(Debug, Default, Clone)]
+pub struct TouchedRows {
+    keys: FxHashMap<u32, FxHashSet<u64>>,
+    limits: Limits,
+}
+
+impl TouchedRows {
+    /// Record requests checked against `limits` (the shard's).
+    pub fn new(limits: Limits) -> Self {
+        Self {
+            keys: FxHashMap::default(),
+            limits,
+        }
+    }
+
+    /// A pull request the shard served. One that does not decode changed
+    /// nothing (the shard refuses it too).
+    pub fn record_pull(&mut self, body: &[u8]) {
+        let Ok(req) = PullRequest::parse(body, &self.limits) else {
+            return;
+        };
+        for item in req.items() {
+            if let Some(keys) = item.keys() {
+                self.keys.entry(item.var()).or_default().extend(keys.iter());
+            }
+        }
+    }
+
+    /// A push request the shard served.
+    pub fn record_push(&mut self, body: &[u8]) {
+        let Ok(req) = PushRequest::parse(body, &self.limits) else {
+            return;
+        };
+        for item in req.items() {
+            let (var, keys) = match item {
+                PushItem::Dense { .. } => continue,
+                PushItem::Rows { var, keys, .. } | PushItem::Pooled { var, keys, .. } => {
+                    (var, keys)
+                }
+            };
+            self.keys.entry(var).or_default().extend(keys.iter());
+        }
+    }
+
+    /// Keys recorded, over all tables.
+    pub fn len(&self) -> usize {
+        self.keys.values().map(FxHashSet::len).sum()
+    }
+
+    /// True when nothing was recorded.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Forget every key (a full checkpoint was written: it is the new base).
+    pub fn clear(&mut self) {
+        self.keys.clear();
+    }
+
+    fn sorted(&self, var: u32) -> Vec<u64> {
+        let mut v: Vec<u64> = self
+            .keys
+            .get(&var)
+            .map(|s| s.iter().copied().collect())
+            .unwrap_or_default();
+        v.sort_unstable();
+        v
+    }
+}
+
+impl PsShard {
+    /// Write a delta of this shard against the full checkpoint at global
+    /// step `base`: the rows of `touched`'s keys, every dense variable, and
+    /// each table's counters and pending counters.
+    pub fn save_delta(
+        &self,
+        base: u64,
+        touched: &TouchedRows,
+        w: &mut dyn Write,
+    ) -> Result<(), CheckpointError> {
+        let mut w = CrcWriter::new(w);
+        w.put(&DELTA_MAGIC)?;
+        w.u32(DELTA_VERSION)?;
+        w.u32(0)?;
+        w.u64(self.shard_index as u64)?;
+        w.u64(self.global_step)?;
+        w.u64(base)?;
+        w.u64(self.cfg.seed)?;
+        w.u8(opt_code(self.cfg.optimizer.kind))?;
+        w.put(&[0, 0, 0])?;
+        w.u32(self.vars.len() as u32)?;
+        let slots = self.cfg.optimizer.slots() as u32;
+        for v in &self.vars {
+            match v {
+                Var::Dense(d) => {
+                    w.u32(d.def.id)?;
+                    w.u8(VAR_DENSE)?;
+                    w.put(&[0, 0, 0])?;
+                    w.u32(d.values.len() as u32)?;
+                    w.u32(slots)?;
+                    w.u64(d.updates)?;
+                    w.f32s(&d.values)?;
+                    w.f32s(&d.slots)?;
+                }
+                Var::Table(t) => {
+                    w.u32(t.def.id)?;
+                    w.u8(VAR_TABLE)?;
+                    w.put(&[0, 0, 0])?;
+                    w.u32(t.dim as u32)?;
+                    w.u32(slots)?;
+                    let s = t.stats;
+                    for c in [
+                        s.admitted,
+                        s.filtered_pulls,
+                        s.filter_overflow,
+                        s.evicted,
+                        s.ignored_pushes,
+                    ] {
+                        w.u64(c)?;
+                    }
+                    let keys = touched.sorted(t.def.id);
+                    let (present, removed): (Vec<u64>, Vec<u64>) =
+                        keys.into_iter().partition(|&k| t.rows.get(k).is_some());
+                    w.u64(present.len() as u64)?;
+                    w.u64(t.pending.len() as u64)?;
+                    w.u64(removed.len() as u64)?;
+                    for k in present {
+                        let Some((s, data)) = t.rows.get(k) else {
+                            continue;
+                        };
+                        w.u64(k)?;
+                        w.u64(s.last_access)?;
+                        w.u64(s.updates)?;
+                        w.f32s(data)?;
+                    }
+                    let mut pending: Vec<u64> = t.pending.keys().copied().collect();
+                    pending.sort_unstable();
+                    for k in pending {
+                        let p = t.pending[&k];
+                        w.u64(k)?;
+                        w.u32(p.count)?;
+                        w.u32(0)?;
+                        w.u64(p.last_seen)?;
+                    }
+                    for k in removed {
+                        w.u64(k)?;
+                    }
+                }
+            }
+        }
+        w.finish()?;
+        Ok(())
+    }
+
+    /// Apply a delta written by [`save_delta`](Self::save_delta) of a shard
+    /// with the same variables, index, seed and optimizer, whose base is
+    /// this shard's global step. On any error the shard is unchanged.
+    pub fn apply_delta(&mut self, r: &mut dyn Read) -> Result<(), CheckpointError> {
+        let mut data = Vec::new();
+        r.read_to_end(&mut data)?;
+        let d = DeltaHeader::parse(&data)?;
+        if d.shard_index != self.shard_index as u64 {
+            return Err(mismatch(format!(
+                "shard index {}, this shard is {}",
+                d.shard_index, self.shard_index
+            )));
+        }
+        if d.seed != self.cfg.seed || d.optimizer != opt_code(self.cfg.optimizer.kind) {
+            return Err(mismatch("seed or optimizer differs".into()));
+        }
+        if d.base != self.global_step {
+            return Err(mismatch(format!(
+                "a delta against global step {}, this shard is at {}",
+                d.base, self.global_step
+            )));
+        }
+        if d.n_vars as usize != self.vars.len() {
+            return Err(mismatch(format!(
+                "{} variables, this shard has {}",
+                d.n_vars,
+                self.vars.len()
+            )));
+        }
+        let mut c = Cursor::new(&data[..data.len() - 4], DeltaHeader::LEN);
+        let slots = self.cfg.optimizer.slots();
+        let mut vars = self.vars.clone();
+        for v in &mut vars {
+            let id = c.u32("variable id")?;
+            let kind = c.u8("variable kind")?;
+            c.zeros(3, "variable header")?;
+            let width = c.u32("variable width")? as usize;
+            let nslots = c.u32("slot count")? as usize;
+            if id != v.id() || nslots != slots {
+                return Err(mismatch(format!(
+                    "variable {id} with {nslots} slots, expected {} with {slots}",
+                    v.id()
+                )));
+            }
+            match v {
+                Var::Dense(dv) => {
+                    if kind != VAR_DENSE || width != dv.values.len() {
+                        return Err(mismatch(format!(
+                            "variable {id}: kind {kind} width {width}"
+                        )));
+                    }
+                    dv.updates = c.u64("dense updates")?;
+                    c.f32s(&mut dv.values, "dense values")?;
+                    c.f32s(&mut dv.slots, "dense slots")?;
+                }
+                Var::Table(t) => {
+                    if kind != VAR_TABLE || width != t.dim {
+                        return Err(mismatch(format!(
+                            "variable {id}: kind {kind} width {width}"
+                        )));
+                    }
+                    let mut s = [0u64; 5];
+                    for x in &mut s {
+                        *x = c.u64("table counters")?;
+                    }
+                    let n_rows = c.u64("row count")?;
+                    let n_pending = c.u64("pending count")?;
+                    let n_removed = c.u64("removed count")?;
+                    let row_floats = width * (1 + slots);
+                    let n_rows = c.fits(n_rows, 24 + 4 * row_floats, "rows")?;
+                    let mut changed = Vec::with_capacity(n_rows);
+                    let mut prev = None;
+                    for _ in 0..n_rows {
+                        let key = c.u64("row key")?;
+                        if prev.is_some_and(|p| p >= key) {
+                            return Err(CheckpointError::Corrupt(format!(
+                                "variable {id}: row keys not strictly increasing"
+                            )));
+                        }
+                        prev = Some(key);
+                        let last_access = c.u64("row access step")?;
+                        let updates = c.u64("row updates")?;
+                        let mut row = vec![0.0f32; row_floats];
+                        c.f32s(&mut row, "row data")?;
+                        changed.push((key, last_access, updates, row));
+                    }
+                    let n_pending = c.fits(n_pending, 24, "pending counters")?;
+                    let mut pending = FxHashMap::default();
+                    pending.reserve(n_pending);
+                    for _ in 0..n_pending {
+                        let key = c.u64("pending key")?;
+                        let count = c.u32("pending count")?;
+                        c.zeros(4, "pending counter")?;
+                        let last_seen = c.u64("pending step")?;
+                        if pending.insert(key, Pending { count, last_seen }).is_some() {
+                            return Err(CheckpointError::Corrupt(format!(
+                                "variable {id}: duplicate pending key"
+                            )));
+                        }
+                    }
+                    let n_removed = c.fits(n_removed, 8, "removed keys")?;
+                    let mut gone = FxHashSet::default();
+                    for _ in 0..n_removed {
+                        gone.insert(c.u64("removed key")?);
+                    }
+                    gone.extend(changed.iter().map(|r| r.0));
+                    // The rows the delta does not name are the base's.
+                    let keep = t.rows.len().saturating_sub(gone.len()) + changed.len();
+                    let mut rows = Rows::with_capacity(row_floats, keep);
+                    let room = |e| {
+                        CheckpointError::Corrupt(format!("variable {id}: no room for a row: {e:?}"))
+                    };
+                    for k in t.rows.keys().filter(|k| !gone.contains(k)) {
+                        if let Some((s, data)) = t.rows.get(k) {
+                            rows.insert(k, s.last_access, s.updates, data)
+                                .map_err(room)?;
+                        }
+                    }
+                    for (k, last_access, updates, data) in &changed {
+                        rows.insert(*k, *last_access, *updates, data)
+                            .map_err(room)?;
+                    }
+                    t.stats = TableStats {
+                        admitted: s[0],
+                        filtered_pulls: s[1],
+                        filter_overflow: s[2],
+                        evicted: s[3],
+                        ignored_pushes: s[4],
+                    };
+                    t.rows = rows;
+                    t.pending = pending;
+                }
+            }
+        }
+        if c.left() != 0 {
+            return Err(CheckpointError::Corrupt(format!(
+                "{} bytes after the last variable",
+                c.left()
+            )));
+        }
+        self.vars = vars;
+        self.global_step = d.step;
+        Ok(())
+    }
+}
+
+/// The header of a delta file, checked (magic, version, CRC), as
+/// `starwire`'s readers show it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeltaHeader {
+    /// The shard.
+    pub shard_index: u64,
+    /// The global step the delta brings its base to.
+    pub step: u64,
+    /// The global step of the full checkpoint it applies to.
+    pub base: u64,
+    /// The job's seed.
+    pub seed: u64,
+    /// The optimizer code (as in a full checkpoint).
+    pub optimizer: u8,
+    /// Variables that follow.
+    pub n_vars: u32,
+}
+
+impl DeltaHeader {
+    const LEN: usize = 56;
+
+    /// Check a whole delta file's magic, version and CRC, and read its
+    /// header.
+    pub fn parse(data: &[u8]) -> Result<Self, CheckpointError> {
+        if data.len() < Self::LEN + 4 {
+            return Err(CheckpointError::Truncated("delta header"));
+        }
+        if data[..8] != DELTA_MAGIC {
+            return Err(CheckpointError::BadMagic);
+        }
+        let (body, tail) = data.split_at(data.len() - 4);
+        let mut c = Cursor::new(body, 8);
+        let version = c.u32("version")?;
+        if version != DELTA_VERSION {
+            return Err(CheckpointError::BadVersion(version));
+        }
+        let stored = u32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]]);
+        let computed = crc32c::crc32c(body);
+        if stored != computed {
+            return Err(CheckpointError::Checksum { stored, computed });
+        }
+        c.zeros(4, "header")?;
+        let h = Self {
+            shard_index: c.u64("shard index")?,
+            step: c.u64("global step")?,
+            base: c.u64("base step")?,
+            seed: c.u64("seed")?,
+            optimizer: c.u8("optimizer")?,
+            n_vars: {
+                c.zeros(3, "header")?;
+                c.u32("variable count")?
+            },
+        };
+        Ok(h)
+    }
+}
