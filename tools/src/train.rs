@@ -654,13 +654,28 @@ pub struct ReferenceArgs {
     /// synthetic or criteo:PATH.
     #[arg(long, default_value = "synthetic")]
     pub eval: DataSource,
-    /// Passes over the training data.
+    /// lbfgs (L2 logistic regression fitted to convergence, its strength
+    /// chosen on a validation split) or adagrad (the stochastic trainer of
+    /// --epochs, --batch-size and --lr).
+    #[arg(long, default_value = "lbfgs", value_parser = ["lbfgs", "adagrad"])]
+    pub solver: String,
+    /// lbfgs: fit with this L2 strength instead of choosing one of
+    /// 1e-4, 3e-5, 1e-5, 3e-6, 1e-6 on every 10th example.
+    #[arg(long)]
+    pub l2: Option<f64>,
+    /// lbfgs: most passes over the data per fit.
+    #[arg(long, default_value_t = 400, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_passes: u32,
+    /// lbfgs: converged when the gradient's norm is at most this.
+    #[arg(long, default_value_t = 1e-5)]
+    pub tolerance: f64,
+    /// adagrad: passes over the training data.
     #[arg(long, default_value_t = 2)]
     pub epochs: u64,
-    /// Examples per step.
-    #[arg(long, default_value_t = 512)]
+    /// adagrad: examples per step (and the reading unit of both).
+    #[arg(long, default_value_t = 512, value_parser = at_least_one)]
     pub batch_size: usize,
-    /// Adagrad learning rate.
+    /// adagrad: learning rate.
     #[arg(long, default_value_t = 0.5)]
     pub lr: f32,
     /// Seed of the synthetic data.
@@ -677,9 +692,18 @@ pub struct ReferenceArgs {
     pub json: bool,
 }
 
+/// How the reference was fitted, for the report.
+enum Fitted {
+    Adagrad(starwire_data::ReferenceLr),
+    Lbfgs(starwire_data::ConvergedLr, starwire_data::ConvergedReport),
+}
+
 /// `starwire reference`.
 pub fn reference_main(a: ReferenceArgs) -> Result<(), String> {
-    use starwire_data::{auc, logloss, Batch, Optimizer, ReferenceLr, SyntheticSpec, TrueModel};
+    use starwire_data::{
+        auc, logloss, Batch, ConvergedLr, ConvergedOptions, Optimizer, ReferenceLr, SyntheticSpec,
+        TrueModel,
+    };
     use starwire_train::source::Reader;
     let spec = SyntheticSpec {
         seed: a.seed,
@@ -687,62 +711,126 @@ pub fn reference_main(a: ReferenceArgs) -> Result<(), String> {
         ..SyntheticSpec::default()
     };
     let truth = std::sync::Arc::new(TrueModel::new(spec).map_err(|e| e.to_string())?);
-    let mut lr = ReferenceLr::new(Optimizer::Adagrad {
-        lr: a.lr,
-        initial_accumulator: 0.1,
-    });
     let mut r = Reader::train(&a.train, &truth, a.train_examples, 0, 1, false)
         .map_err(|e| e.to_string())?;
     let mut b = Batch::with_capacity(a.batch_size);
     let t0 = std::time::Instant::now();
     let mut samples = 0u64;
-    for _ in 0..a.epochs {
-        loop {
-            let n = r
+    let fitted = if a.solver == "adagrad" {
+        let mut lr = ReferenceLr::new(Optimizer::Adagrad {
+            lr: a.lr,
+            initial_accumulator: 0.1,
+        });
+        for _ in 0..a.epochs {
+            while r
                 .next_batch(a.batch_size, &mut b)
-                .map_err(|e| e.to_string())?;
-            if n == 0 {
-                break;
+                .map_err(|e| e.to_string())?
+                > 0
+            {
+                samples += b.len as u64;
+                lr.fit_batch(&b);
             }
-            samples += n as u64;
-            lr.fit_batch(&b);
+            r.rewind().map_err(|e| e.to_string())?;
         }
-        r.rewind().map_err(|e| e.to_string())?;
-    }
+        Fitted::Adagrad(lr)
+    } else {
+        let mut all = Batch::default();
+        while r
+            .next_batch(a.batch_size, &mut b)
+            .map_err(|e| e.to_string())?
+            > 0
+        {
+            all.extend_from(&b);
+        }
+        let opts = ConvergedOptions {
+            l2_grid: a
+                .l2
+                .map_or_else(|| ConvergedOptions::default().l2_grid, |l| vec![l]),
+            max_passes: a.max_passes,
+            tolerance: a.tolerance,
+            ..ConvergedOptions::default()
+        };
+        let (m, rep) = ConvergedLr::fit(&all, &opts).map_err(|e| e.to_string())?;
+        samples = all.len as u64;
+        Fitted::Lbfgs(m, rep)
+    };
     let secs = t0.elapsed().as_secs_f64();
     let mut e = Reader::eval(&a.eval, &truth, a.eval_examples, false).map_err(|e| e.to_string())?;
     let (mut labels, mut probs, mut oracle) = (Vec::new(), Vec::new(), Vec::new());
     let mut p = Vec::new();
+    let synthetic_eval = a.eval == DataSource::Synthetic;
     while (labels.len() as u64) < a.eval_examples {
         let want = (a.eval_examples - labels.len() as u64).min(a.batch_size as u64) as usize;
         let n = e.next_batch(want, &mut b).map_err(|e| e.to_string())?;
         if n == 0 {
             break;
         }
-        lr.predict_batch(&b, &mut p);
+        match &fitted {
+            Fitted::Adagrad(m) => m.predict_batch(&b, &mut p),
+            Fitted::Lbfgs(m, _) => m.predict_batch(&b, &mut p),
+        }
         labels.extend_from_slice(&b.labels);
         probs.extend_from_slice(&p);
-        oracle.extend((0..b.len).map(|i| truth.oracle_prob(&b, i)));
+        if synthetic_eval {
+            oracle.extend((0..b.len).map(|i| truth.oracle_prob(&b, i)));
+        }
     }
-    let (a_auc, a_ll, o_auc) = (
-        auc(&labels, &probs),
-        logloss(&labels, &probs),
-        auc(&labels, &oracle),
-    );
+    let (a_auc, a_ll) = (auc(&labels, &probs), logloss(&labels, &probs));
+    let o_auc = synthetic_eval.then(|| auc(&labels, &oracle));
     if a.json {
+        let mut j = serde_json::json!({
+            "trainer": "reference_lr", "solver": a.solver, "samples": samples,
+            "seconds": secs,
+            "auc": a_auc, "logloss": a_ll, "oracle_auc": o_auc, "eval_examples": labels.len(),
+        });
+        if let Fitted::Adagrad(_) = &fitted {
+            j["samples_per_s"] = (samples as f64 / secs.max(1e-9)).into();
+        }
+        if let Fitted::Lbfgs(_, rep) = &fitted {
+            j["converged"] = rep.fit.converged.into();
+            j["passes"] = rep.fit.passes.into();
+            j["total_passes"] = rep.total_passes.into();
+            j["grad_norm"] = rep.fit.grad_norm.into();
+            j["l2"] = rep.fit.l2.into();
+            j["validation"] = rep
+                .validation
+                .iter()
+                .map(|(s, auc)| serde_json::json!({"l2": s.l2, "auc": auc, "passes": s.passes, "converged": s.converged}))
+                .collect();
+        }
+        println!("{j}");
+        return Ok(());
+    }
+    if let Fitted::Lbfgs(_, rep) = &fitted {
+        for (s, auc) in &rep.validation {
+            println!(
+                "  l2 {:.0e}: validation auc {auc:.4} ({} passes{})",
+                s.l2,
+                s.passes,
+                if s.converged { "" } else { ", not converged" }
+            );
+        }
         println!(
-            "{}",
-            serde_json::json!({
-                "trainer": "reference_lr", "samples": samples, "samples_per_s": samples as f64 / secs.max(1e-9),
-                "auc": a_auc, "logloss": a_ll, "oracle_auc": o_auc, "eval_examples": labels.len(),
-            })
+            "reference lr (l-bfgs, l2 {:.0e}): {} after {} passes, gradient norm {:.2e}; {} passes in {secs:.1} s",
+            rep.fit.l2,
+            if rep.fit.converged { "converged" } else { "NOT converged" },
+            rep.fit.passes,
+            rep.fit.grad_norm,
+            rep.total_passes
         );
     } else {
         println!(
-            "reference lr: {samples} samples in {secs:.1} s; eval auc {a_auc:.4}  logloss {a_ll:.4}  on {} examples (oracle auc {o_auc:.4})",
-            labels.len()
+            "reference lr (adagrad): {samples} samples in {secs:.1} s, {:.0} samples/s",
+            samples as f64 / secs.max(1e-9)
         );
     }
+    let oracle = o_auc
+        .map(|o| format!(" (oracle auc {o:.4})"))
+        .unwrap_or_default();
+    println!(
+        "  eval auc {a_auc:.4}  logloss {a_ll:.4}  on {} examples{oracle}",
+        labels.len()
+    );
     Ok(())
 }
 

@@ -932,6 +932,48 @@ fn data_writes_criteo_and_reference_trains_on_it() {
     let v = &json_lines(&out)[0];
     assert_eq!(v["samples"].as_u64(), Some(4096));
     assert!(num(v, "auc") > 0.6, "{v}");
+    // L-BFGS by default: how converged, and no oracle for a file.
+    assert_eq!(v["solver"], "lbfgs", "{v}");
+    assert_eq!(v["converged"], true, "{v}");
+    assert!(
+        num(v, "passes") >= 1.0 && num(v, "grad_norm") <= 1e-5,
+        "{v}"
+    );
+    assert!(
+        v["validation"].as_array().is_some_and(|a| !a.is_empty()),
+        "{v}"
+    );
+    assert!(v["oracle_auc"].is_null(), "{v}");
+    let out = run(&[
+        "reference",
+        "--train",
+        &src,
+        "--eval",
+        &src,
+        "--solver",
+        "adagrad",
+        "--epochs",
+        "1",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v = &json_lines(&out)[0];
+    assert_eq!(v["samples"].as_u64(), Some(4096));
+    assert!(v["converged"].is_null(), "{v}");
+    let out = run(&[
+        "reference",
+        "--train-examples",
+        "3000",
+        "--eval-examples",
+        "2000",
+        "--l2",
+        "1e-3",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v = &json_lines(&out)[0];
+    assert!(num(v, "oracle_auc") > 0.7, "{v}");
+    assert_eq!(num(v, "l2"), 1e-3, "{v}");
 }
 
 #[cfg(feature = "uring")]
