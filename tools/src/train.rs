@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use clap::Args;
 use starwire_config::{ClusterConfig, ClusterFlags, EndpointMap, Overrides, Role, Settings};
+use starwire_data::SyntheticSpec;
 use starwire_graph::{ModelKind, Protocol};
 use starwire_ps::{OptimizerKind, Strategy};
 use starwire_train::cluster::PsLifetime;
@@ -54,12 +55,27 @@ pub struct TrainArgs {
     /// Embedding width.
     #[arg(long, default_value_t = 8, value_parser = at_least_one)]
     pub embedding_dim: usize,
-    /// sgd, adagrad or adam.
+    /// sgd, adagrad, adam, ftrl or adagrad_decay.
     #[arg(long, default_value = "adagrad", value_parser = parse_optimizer)]
     pub optimizer: OptimizerKind,
-    /// Learning rate.
+    /// Learning rate (FTRL's alpha).
     #[arg(long, default_value_t = 0.3)]
     pub lr: f32,
+    /// ftrl: beta (TensorFlow's FtrlOptimizer beta).
+    #[arg(long, default_value_t = 0.0)]
+    pub beta: f32,
+    /// ftrl: l1_regularization_strength.
+    #[arg(long, default_value_t = 0.0)]
+    pub l1_regularization_strength: f32,
+    /// ftrl: l2_regularization_strength.
+    #[arg(long, default_value_t = 0.0)]
+    pub l2_regularization_strength: f32,
+    /// adagrad_decay: accumulator_decay_step (global steps per decay).
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub accumulator_decay_step: u64,
+    /// adagrad_decay: accumulator_decay_rate.
+    #[arg(long, default_value_t = 0.9)]
+    pub accumulator_decay_rate: f32,
     /// How whole variables are assigned to PS tasks: rr, greedy or anneal.
     #[arg(long, default_value = "greedy")]
     pub placement: String,
@@ -159,12 +175,10 @@ fn parse_model(s: &str) -> Result<ModelKind, String> {
 }
 
 fn parse_optimizer(s: &str) -> Result<OptimizerKind, String> {
-    match s {
-        "sgd" => Ok(OptimizerKind::Sgd),
-        "adagrad" => Ok(OptimizerKind::Adagrad),
-        "adam" => Ok(OptimizerKind::Adam),
-        _ => Err(format!("expected sgd, adagrad or adam, got {s:?}")),
-    }
+    OptimizerKind::from_name(s).ok_or_else(|| {
+        let names: Vec<&str> = OptimizerKind::ALL.iter().map(|(n, _)| *n).collect();
+        format!("expected one of {}, got {s:?}", names.join(", "))
+    })
 }
 
 fn parse_strategy(s: &str, seed: u64) -> Result<Strategy, String> {
@@ -237,6 +251,7 @@ fn config(a: &TrainArgs, ps: usize, workers: usize) -> Result<TrainConfig, Strin
         &Overrides::default(),
     )
     .map_err(|e| e.to_string())?;
+    check_optimizer_flags(a)?;
     let mut cfg = TrainConfig {
         backend,
         ps,
@@ -251,6 +266,14 @@ fn config(a: &TrainArgs, ps: usize, workers: usize) -> Result<TrainConfig, Strin
         embedding_dim: a.embedding_dim,
         optimizer: a.optimizer,
         lr: a.lr,
+        optimizer_params: starwire_ps::OptimizerConfig {
+            ftrl_beta: a.beta,
+            l1: a.l1_regularization_strength,
+            l2: a.l2_regularization_strength,
+            decay_step: a.accumulator_decay_step,
+            decay_rate: a.accumulator_decay_rate,
+            ..starwire_ps::OptimizerConfig::with_kind(a.optimizer, a.lr)
+        },
         assignment: parse_strategy(&a.placement, a.seed)?,
         tensor_fuse: a.tensor_fuse,
         sync: a.sync,
@@ -272,6 +295,32 @@ fn config(a: &TrainArgs, ps: usize, workers: usize) -> Result<TrainConfig, Strin
     };
     cfg.apply_settings(&settings);
     Ok(cfg)
+}
+
+/// The optimizer's hyper-parameters are in range (a usage error names the
+/// flag).
+fn check_optimizer_flags(a: &TrainArgs) -> Result<(), String> {
+    let positive = |v: f32| v.is_finite() && v > 0.0;
+    let non_negative = |v: f32| v.is_finite() && v >= 0.0;
+    if !positive(a.lr) {
+        return Err(format!("--lr must be a positive number, got {}", a.lr));
+    }
+    for (flag, v) in [
+        ("--beta", a.beta),
+        ("--l1-regularization-strength", a.l1_regularization_strength),
+        ("--l2-regularization-strength", a.l2_regularization_strength),
+    ] {
+        if !non_negative(v) {
+            return Err(format!("{flag} must be 0 or more, got {v}"));
+        }
+    }
+    if !(positive(a.accumulator_decay_rate) && a.accumulator_decay_rate <= 1.0) {
+        return Err(format!(
+            "--accumulator-decay-rate must be in (0, 1], got {}",
+            a.accumulator_decay_rate
+        ));
+    }
+    Ok(())
 }
 
 fn print_report(r: &TrainReport, json: bool) -> Result<(), String> {
@@ -622,13 +671,30 @@ pub struct DataArgs {
     /// Seed (the same as `train --seed` gives the same data).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Ids per categorical field.
+    #[arg(long, default_value_t = SyntheticSpec::default().vocab)]
+    pub vocab: u32,
+    /// Zipf exponent of the ids' distribution (larger: fewer ids carry
+    /// more of the draws).
+    #[arg(long, default_value_t = SyntheticSpec::default().zipf_exponent)]
+    pub zipf_exponent: f64,
+    /// Mean click probability the true model's bias is calibrated to.
+    #[arg(long, default_value_t = SyntheticSpec::default().target_ctr)]
+    pub ctr: f64,
+    /// The most frequent ids of each field that carry a true weight.
+    #[arg(long, default_value_t = SyntheticSpec::default().weighted_ids)]
+    pub weighted_ids: u32,
 }
 
 /// `starwire data`.
 pub fn data_main(a: DataArgs) -> Result<(), String> {
-    use starwire_data::{Stream, Synthetic, SyntheticSpec, TrueModel};
+    use starwire_data::{Stream, Synthetic, TrueModel};
     let spec = SyntheticSpec {
         seed: a.seed,
+        vocab: a.vocab,
+        zipf_exponent: a.zipf_exponent,
+        target_ctr: a.ctr,
+        weighted_ids: a.weighted_ids,
         ..SyntheticSpec::default()
     };
     let stream = match a.stream.as_str() {
@@ -701,8 +767,7 @@ enum Fitted {
 /// `starwire reference`.
 pub fn reference_main(a: ReferenceArgs) -> Result<(), String> {
     use starwire_data::{
-        auc, logloss, Batch, ConvergedLr, ConvergedOptions, Optimizer, ReferenceLr, SyntheticSpec,
-        TrueModel,
+        auc, logloss, Batch, ConvergedLr, ConvergedOptions, Optimizer, ReferenceLr, TrueModel,
     };
     use starwire_train::source::Reader;
     let spec = SyntheticSpec {

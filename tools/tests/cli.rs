@@ -908,6 +908,57 @@ fn place_compares_strategies_on_a_zipf_model() {
 }
 
 #[test]
+fn ftrl_and_adagrad_decay_train_and_bad_hyper_parameters_are_usage_errors() {
+    for extra in [
+        &[
+            "--optimizer",
+            "ftrl",
+            "--l1-regularization-strength",
+            "0.001",
+            "--beta",
+            "1",
+        ][..],
+        &[
+            "--optimizer",
+            "adagrad_decay",
+            "--accumulator-decay-step",
+            "20",
+        ][..],
+    ] {
+        let mut args = vec![
+            "train",
+            "--steps",
+            "60",
+            "--lr",
+            "0.1",
+            "--eval-examples",
+            "4000",
+            "--json",
+            "--quiet",
+        ];
+        args.extend_from_slice(extra);
+        let out = run(&args);
+        assert!(out.status.success(), "{extra:?}: {}", text(&out.stderr));
+        let v = &json_lines(&out)[0];
+        assert!(num(v, "auc") > 0.6, "{extra:?}: {v}");
+    }
+    for (flag, value) in [
+        ("--beta", "-1"),
+        ("--l2-regularization-strength", "nan"),
+        ("--accumulator-decay-rate", "1.5"),
+        ("--optimizer", "lamb"),
+    ] {
+        let out = run(&["train", "--steps", "1", &format!("{flag}={value}")]);
+        assert_eq!(out.status.code(), Some(2), "{flag}");
+        assert!(
+            text(&out.stderr).contains(flag),
+            "{flag}: {}",
+            text(&out.stderr)
+        );
+    }
+}
+
+#[test]
 fn data_writes_criteo_and_reference_trains_on_it() {
     let dir = tempfile::tempdir().unwrap();
     let f = dir.path().join("t.tsv");

@@ -694,7 +694,7 @@ impl PsShard {
                 Var::Dense(d) if d.touched => {
                     d.touched = false;
                     d.updates += 1;
-                    opt.apply(&mut d.values, &mut d.slots, &d.acc, d.updates);
+                    opt.apply(&mut d.values, &mut d.slots, &d.acc, d.updates, step);
                 }
                 Var::Table(t) if t.has_accumulated() => {
                     t.apply_accumulated_at(step);

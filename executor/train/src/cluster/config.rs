@@ -45,6 +45,10 @@ pub struct TrainConfig {
     pub optimizer: OptimizerKind,
     /// Learning rate.
     pub lr: f32,
+    /// The optimizer's other hyper-parameters (FTRL's `beta`, `l1`, `l2`;
+    /// AdagradDecay's decay step and rate); its `kind` and `lr` are taken
+    /// from `optimizer` and `lr`.
+    pub optimizer_params: OptimizerConfig,
     /// How whole variables are assigned to PS tasks (`--placement`).
     pub assignment: Strategy,
     /// One fused pull and push per shard per step (`--tensor-fuse on`).
@@ -125,6 +129,7 @@ impl Default for TrainConfig {
             embedding_dim: 8,
             optimizer: OptimizerKind::Adagrad,
             lr: 0.05,
+            optimizer_params: OptimizerConfig::adagrad(0.05),
             assignment: Strategy::Greedy,
             tensor_fuse: true,
             sync: false,
@@ -228,7 +233,11 @@ pub fn model_name(m: ModelKind) -> &'static str {
 pub(super) fn shard_config(cfg: &TrainConfig) -> ShardConfig {
     ShardConfig {
         seed: cfg.seed,
-        optimizer: OptimizerConfig::with_kind(cfg.optimizer, cfg.lr),
+        optimizer: OptimizerConfig {
+            kind: cfg.optimizer,
+            lr: cfg.lr,
+            ..cfg.optimizer_params
+        },
         filter_freq: cfg.filter_freq,
         steps_to_live: cfg.steps_to_live,
         default_value_dim: cfg.default_value_dim,
