@@ -104,6 +104,10 @@ impl DenseVar {
 }
 
 /// A variable of the shard.
+// A shard holds a handful of these, each reached through a reference:
+// boxing the table would add an indirection to every row lookup to save
+// memory that does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
 pub enum Var {
     /// A dense variable.
