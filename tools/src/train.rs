@@ -37,7 +37,8 @@ pub struct TrainArgs {
     /// lr or wdl.
     #[arg(long, default_value = "lr", value_parser = parse_model)]
     pub model: ModelKind,
-    /// synthetic or criteo:PATH.
+    /// synthetic or criteo:PATH (a file, directory or glob pattern; .gz
+    /// files decompressed; each worker reads its share of the files).
     #[arg(long, default_value = "synthetic")]
     pub train: DataSource,
     /// synthetic or criteo:PATH.

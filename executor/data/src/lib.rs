@@ -31,6 +31,7 @@
 pub mod batch;
 pub mod converged;
 pub mod criteo;
+pub mod files;
 pub mod hash;
 pub mod metrics;
 pub mod reference;
@@ -42,6 +43,7 @@ pub use converged::{ConvergedError, ConvergedLr, ConvergedOptions, ConvergedRepo
 pub use criteo::{
     BadLineReason, CriteoReader, DataError, ReaderCounters, ReaderOptions, CRITEO_COLUMNS,
 };
+pub use files::CriteoFiles;
 pub use hash::{feature_hash, MISSING_KEY};
 pub use metrics::{auc, logloss};
 pub use reference::{Optimizer, ReferenceLr};
