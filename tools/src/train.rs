@@ -10,6 +10,7 @@ use starwire_config::{ClusterConfig, ClusterFlags, EndpointMap, Overrides, Role,
 use starwire_data::SyntheticSpec;
 use starwire_graph::{ModelKind, Protocol};
 use starwire_ps::{OptimizerKind, Strategy};
+use starwire_train::cluster::LrScaling;
 use starwire_train::cluster::PsLifetime;
 use starwire_train::source::DataSource;
 use starwire_train::{BackendKind, TrainConfig, TrainReport};
@@ -62,6 +63,13 @@ pub struct TrainArgs {
     /// Learning rate (FTRL's alpha).
     #[arg(long, default_value_t = 0.3)]
     pub lr: f32,
+    /// Scale the rate of each push with the workers W: none, sqrt (--lr /
+    /// sqrt(W)) or linear (--lr / W).
+    #[arg(long, default_value = "none", value_parser = parse_lr_scaling)]
+    pub lr_scaling: LrScaling,
+    /// Grow the rate linearly over the first N global steps of each shard.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub lr_warmup_steps: u64,
     /// ftrl: beta (TensorFlow's FtrlOptimizer beta).
     #[arg(long, default_value_t = 0.0)]
     pub beta: f32,
@@ -182,6 +190,14 @@ fn parse_optimizer(s: &str) -> Result<OptimizerKind, String> {
     })
 }
 
+fn parse_lr_scaling(s: &str) -> Result<LrScaling, String> {
+    LrScaling::ALL
+        .iter()
+        .find(|(n, _)| *n == s)
+        .map(|&(_, k)| k)
+        .ok_or_else(|| format!("expected none, sqrt or linear, got {s:?}"))
+}
+
 fn parse_strategy(s: &str, seed: u64) -> Result<Strategy, String> {
     match s {
         "rr" => Ok(Strategy::RoundRobin),
@@ -267,6 +283,8 @@ fn config(a: &TrainArgs, ps: usize, workers: usize) -> Result<TrainConfig, Strin
         embedding_dim: a.embedding_dim,
         optimizer: a.optimizer,
         lr: a.lr,
+        lr_scaling: a.lr_scaling,
+        lr_warmup_steps: a.lr_warmup_steps,
         optimizer_params: starwire_ps::OptimizerConfig {
             ftrl_beta: a.beta,
             l1: a.l1_regularization_strength,

@@ -942,7 +942,33 @@ fn ftrl_and_adagrad_decay_train_and_bad_hyper_parameters_are_usage_errors() {
         let v = &json_lines(&out)[0];
         assert!(num(v, "auc") > 0.6, "{extra:?}: {v}");
     }
+    // Staleness in the report; the rate scaled and warmed up.
+    let out = run(&[
+        "train",
+        "--steps",
+        "40",
+        "--workers",
+        "3",
+        "--eval-examples",
+        "2000",
+        "--lr-scaling",
+        "sqrt",
+        "--lr-warmup-steps",
+        "30",
+        "--json",
+        "--quiet",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v = &json_lines(&out)[0];
+    let st = &v["staleness"];
+    assert!(num(st, "pushes") > 0.0, "{v}");
+    assert!(
+        num(st, "max") >= num(st, "p99") && num(st, "p99") as f64 >= 0.0,
+        "{st}"
+    );
+    assert!(num(st, "mean") <= num(st, "max"), "{st}");
     for (flag, value) in [
+        ("--lr-scaling", "cubic"),
         ("--beta", "-1"),
         ("--l2-regularization-strength", "nan"),
         ("--accumulator-decay-rate", "1.5"),

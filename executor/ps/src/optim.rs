@@ -82,6 +82,9 @@ pub struct OptimizerConfig {
     pub decay_step: u64,
     /// AdagradDecay's `accumulator_decay_rate` (default 0.9).
     pub decay_rate: f32,
+    /// Learning-rate warm-up: the rate grows linearly from `lr / N` at
+    /// global step 0 to `lr` at global step `N - 1` (0: none).
+    pub warmup_steps: u64,
 }
 
 impl OptimizerConfig {
@@ -111,6 +114,17 @@ impl OptimizerConfig {
             l2: 0.0,
             decay_step: 100_000,
             decay_rate: 0.9,
+            warmup_steps: 0,
+        }
+    }
+
+    /// The learning rate at `global_step`, after the warm-up.
+    #[inline]
+    pub fn lr_at(&self, global_step: u64) -> f32 {
+        if global_step < self.warmup_steps {
+            (f64::from(self.lr) * (global_step + 1) as f64 / self.warmup_steps as f64) as f32
+        } else {
+            self.lr
         }
     }
 
@@ -146,7 +160,7 @@ impl OptimizerConfig {
         debug_assert_eq!(g.len(), n);
         debug_assert_eq!(slots.len(), self.slots() * n);
         let g = &g[..n];
-        let lr = self.lr;
+        let lr = self.lr_at(global_step);
         match self.kind {
             OptimizerKind::Sgd => {
                 for (w, g) in w.iter_mut().zip(g) {
@@ -240,6 +254,22 @@ mod tests {
             o.apply(&mut w, &mut s, &[1.0, 0.0, -1.0], 1, 1);
             assert!(w[0] < 0.0 && w[1] == 0.0 && w[2] > 0.0, "{kind:?}: {w:?}");
         }
+    }
+
+    #[test]
+    fn warmup_ramps_the_rate_linearly() {
+        let o = OptimizerConfig {
+            warmup_steps: 4,
+            ..OptimizerConfig::sgd(1.0)
+        };
+        assert_eq!(
+            [0, 1, 2, 3, 4, 100].map(|s| o.lr_at(s)),
+            [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+        );
+        let mut w = [0.0f32];
+        o.apply(&mut w, &mut [], &[1.0], 1, 0);
+        assert_eq!(w, [-0.25]);
+        assert_eq!(OptimizerConfig::sgd(0.5).lr_at(0), 0.5);
     }
 
     #[test]

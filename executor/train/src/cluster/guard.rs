@@ -148,6 +148,10 @@ pub fn training_flags(cfg: &TrainConfig) -> String {
     put("embedding-dim", &cfg.embedding_dim);
     put("optimizer", &format!("{:?}", cfg.optimizer).to_lowercase());
     put("lr", &cfg.lr);
+    if cfg.lr_scaling != super::config::LrScaling::None || cfg.lr_warmup_steps > 0 {
+        put("lr-scaling", &cfg.lr_scaling.name());
+        put("lr-warmup-steps", &cfg.lr_warmup_steps);
+    }
     let o = &cfg.optimizer_params;
     match cfg.optimizer {
         OptimizerKind::Ftrl => {
