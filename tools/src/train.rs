@@ -7,8 +7,10 @@ use std::sync::Arc;
 
 use clap::Args;
 use starwire_config::{ClusterConfig, ClusterFlags, EndpointMap, Overrides, Role, Settings};
+use starwire_data::SyntheticSpec;
 use starwire_graph::{ModelKind, Protocol};
 use starwire_ps::{OptimizerKind, Strategy};
+use starwire_train::cluster::LrScaling;
 use starwire_train::cluster::PsLifetime;
 use starwire_train::source::DataSource;
 use starwire_train::{BackendKind, TrainConfig, TrainReport};
@@ -36,7 +38,8 @@ pub struct TrainArgs {
     /// lr or wdl.
     #[arg(long, default_value = "lr", value_parser = parse_model)]
     pub model: ModelKind,
-    /// synthetic or criteo:PATH.
+    /// synthetic or criteo:PATH (a file, directory or glob pattern; .gz
+    /// files decompressed; each worker reads its share of the files).
     #[arg(long, default_value = "synthetic")]
     pub train: DataSource,
     /// synthetic or criteo:PATH.
@@ -54,12 +57,34 @@ pub struct TrainArgs {
     /// Embedding width.
     #[arg(long, default_value_t = 8, value_parser = at_least_one)]
     pub embedding_dim: usize,
-    /// sgd, adagrad or adam.
+    /// sgd, adagrad, adam, ftrl or adagrad_decay.
     #[arg(long, default_value = "adagrad", value_parser = parse_optimizer)]
     pub optimizer: OptimizerKind,
-    /// Learning rate.
+    /// Learning rate (FTRL's alpha).
     #[arg(long, default_value_t = 0.3)]
     pub lr: f32,
+    /// Scale the rate of each push with the workers W: none, sqrt (--lr /
+    /// sqrt(W)) or linear (--lr / W).
+    #[arg(long, default_value = "none", value_parser = parse_lr_scaling)]
+    pub lr_scaling: LrScaling,
+    /// Grow the rate linearly over the first N global steps of each shard.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub lr_warmup_steps: u64,
+    /// ftrl: beta (TensorFlow's FtrlOptimizer beta).
+    #[arg(long, default_value_t = 0.0)]
+    pub beta: f32,
+    /// ftrl: l1_regularization_strength.
+    #[arg(long, default_value_t = 0.0)]
+    pub l1_regularization_strength: f32,
+    /// ftrl: l2_regularization_strength.
+    #[arg(long, default_value_t = 0.0)]
+    pub l2_regularization_strength: f32,
+    /// adagrad_decay: accumulator_decay_step (global steps per decay).
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub accumulator_decay_step: u64,
+    /// adagrad_decay: accumulator_decay_rate.
+    #[arg(long, default_value_t = 0.9)]
+    pub accumulator_decay_rate: f32,
     /// How whole variables are assigned to PS tasks: rr, greedy or anneal.
     #[arg(long, default_value = "greedy")]
     pub placement: String,
@@ -164,12 +189,18 @@ fn parse_model(s: &str) -> Result<ModelKind, String> {
 }
 
 fn parse_optimizer(s: &str) -> Result<OptimizerKind, String> {
-    match s {
-        "sgd" => Ok(OptimizerKind::Sgd),
-        "adagrad" => Ok(OptimizerKind::Adagrad),
-        "adam" => Ok(OptimizerKind::Adam),
-        _ => Err(format!("expected sgd, adagrad or adam, got {s:?}")),
-    }
+    OptimizerKind::from_name(s).ok_or_else(|| {
+        let names: Vec<&str> = OptimizerKind::ALL.iter().map(|(n, _)| *n).collect();
+        format!("expected one of {}, got {s:?}", names.join(", "))
+    })
+}
+
+fn parse_lr_scaling(s: &str) -> Result<LrScaling, String> {
+    LrScaling::ALL
+        .iter()
+        .find(|(n, _)| *n == s)
+        .map(|&(_, k)| k)
+        .ok_or_else(|| format!("expected none, sqrt or linear, got {s:?}"))
 }
 
 fn parse_strategy(s: &str, seed: u64) -> Result<Strategy, String> {
@@ -242,6 +273,7 @@ fn config(a: &TrainArgs, ps: usize, workers: usize) -> Result<TrainConfig, Strin
         &Overrides::default(),
     )
     .map_err(|e| e.to_string())?;
+    check_optimizer_flags(a)?;
     let mut cfg = TrainConfig {
         backend,
         ps,
@@ -256,6 +288,16 @@ fn config(a: &TrainArgs, ps: usize, workers: usize) -> Result<TrainConfig, Strin
         embedding_dim: a.embedding_dim,
         optimizer: a.optimizer,
         lr: a.lr,
+        lr_scaling: a.lr_scaling,
+        lr_warmup_steps: a.lr_warmup_steps,
+        optimizer_params: starwire_ps::OptimizerConfig {
+            ftrl_beta: a.beta,
+            l1: a.l1_regularization_strength,
+            l2: a.l2_regularization_strength,
+            decay_step: a.accumulator_decay_step,
+            decay_rate: a.accumulator_decay_rate,
+            ..starwire_ps::OptimizerConfig::with_kind(a.optimizer, a.lr)
+        },
         assignment: parse_strategy(&a.placement, a.seed)?,
         tensor_fuse: a.tensor_fuse,
         sync: a.sync,
@@ -278,6 +320,32 @@ fn config(a: &TrainArgs, ps: usize, workers: usize) -> Result<TrainConfig, Strin
     };
     cfg.apply_settings(&settings);
     Ok(cfg)
+}
+
+/// The optimizer's hyper-parameters are in range (a usage error names the
+/// flag).
+fn check_optimizer_flags(a: &TrainArgs) -> Result<(), String> {
+    let positive = |v: f32| v.is_finite() && v > 0.0;
+    let non_negative = |v: f32| v.is_finite() && v >= 0.0;
+    if !positive(a.lr) {
+        return Err(format!("--lr must be a positive number, got {}", a.lr));
+    }
+    for (flag, v) in [
+        ("--beta", a.beta),
+        ("--l1-regularization-strength", a.l1_regularization_strength),
+        ("--l2-regularization-strength", a.l2_regularization_strength),
+    ] {
+        if !non_negative(v) {
+            return Err(format!("{flag} must be 0 or more, got {v}"));
+        }
+    }
+    if !(positive(a.accumulator_decay_rate) && a.accumulator_decay_rate <= 1.0) {
+        return Err(format!(
+            "--accumulator-decay-rate must be in (0, 1], got {}",
+            a.accumulator_decay_rate
+        ));
+    }
+    Ok(())
 }
 
 fn print_report(r: &TrainReport, json: bool) -> Result<(), String> {
@@ -628,13 +696,30 @@ pub struct DataArgs {
     /// Seed (the same as `train --seed` gives the same data).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Ids per categorical field.
+    #[arg(long, default_value_t = SyntheticSpec::default().vocab)]
+    pub vocab: u32,
+    /// Zipf exponent of the ids' distribution (larger: fewer ids carry
+    /// more of the draws).
+    #[arg(long, default_value_t = SyntheticSpec::default().zipf_exponent)]
+    pub zipf_exponent: f64,
+    /// Mean click probability the true model's bias is calibrated to.
+    #[arg(long, default_value_t = SyntheticSpec::default().target_ctr)]
+    pub ctr: f64,
+    /// The most frequent ids of each field that carry a true weight.
+    #[arg(long, default_value_t = SyntheticSpec::default().weighted_ids)]
+    pub weighted_ids: u32,
 }
 
 /// `starwire data`.
 pub fn data_main(a: DataArgs) -> Result<(), String> {
-    use starwire_data::{Stream, Synthetic, SyntheticSpec, TrueModel};
+    use starwire_data::{Stream, Synthetic, TrueModel};
     let spec = SyntheticSpec {
         seed: a.seed,
+        vocab: a.vocab,
+        zipf_exponent: a.zipf_exponent,
+        target_ctr: a.ctr,
+        weighted_ids: a.weighted_ids,
         ..SyntheticSpec::default()
     };
     let stream = match a.stream.as_str() {
@@ -660,13 +745,28 @@ pub struct ReferenceArgs {
     /// synthetic or criteo:PATH.
     #[arg(long, default_value = "synthetic")]
     pub eval: DataSource,
-    /// Passes over the training data.
+    /// lbfgs (L2 logistic regression fitted to convergence, its strength
+    /// chosen on a validation split) or adagrad (the stochastic trainer of
+    /// --epochs, --batch-size and --lr).
+    #[arg(long, default_value = "lbfgs", value_parser = ["lbfgs", "adagrad"])]
+    pub solver: String,
+    /// lbfgs: fit with this L2 strength instead of choosing one of
+    /// 1e-4, 3e-5, 1e-5, 3e-6, 1e-6 on every 10th example.
+    #[arg(long)]
+    pub l2: Option<f64>,
+    /// lbfgs: most passes over the data per fit.
+    #[arg(long, default_value_t = 400, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_passes: u32,
+    /// lbfgs: converged when the gradient's norm is at most this.
+    #[arg(long, default_value_t = 1e-5)]
+    pub tolerance: f64,
+    /// adagrad: passes over the training data.
     #[arg(long, default_value_t = 2)]
     pub epochs: u64,
-    /// Examples per step.
-    #[arg(long, default_value_t = 512)]
+    /// adagrad: examples per step (and the reading unit of both).
+    #[arg(long, default_value_t = 512, value_parser = at_least_one)]
     pub batch_size: usize,
-    /// Adagrad learning rate.
+    /// adagrad: learning rate.
     #[arg(long, default_value_t = 0.5)]
     pub lr: f32,
     /// Seed of the synthetic data.
@@ -683,9 +783,17 @@ pub struct ReferenceArgs {
     pub json: bool,
 }
 
+/// How the reference was fitted, for the report.
+enum Fitted {
+    Adagrad(starwire_data::ReferenceLr),
+    Lbfgs(starwire_data::ConvergedLr, starwire_data::ConvergedReport),
+}
+
 /// `starwire reference`.
 pub fn reference_main(a: ReferenceArgs) -> Result<(), String> {
-    use starwire_data::{auc, logloss, Batch, Optimizer, ReferenceLr, SyntheticSpec, TrueModel};
+    use starwire_data::{
+        auc, logloss, Batch, ConvergedLr, ConvergedOptions, Optimizer, ReferenceLr, TrueModel,
+    };
     use starwire_train::source::Reader;
     let spec = SyntheticSpec {
         seed: a.seed,
@@ -693,62 +801,126 @@ pub fn reference_main(a: ReferenceArgs) -> Result<(), String> {
         ..SyntheticSpec::default()
     };
     let truth = std::sync::Arc::new(TrueModel::new(spec).map_err(|e| e.to_string())?);
-    let mut lr = ReferenceLr::new(Optimizer::Adagrad {
-        lr: a.lr,
-        initial_accumulator: 0.1,
-    });
     let mut r = Reader::train(&a.train, &truth, a.train_examples, 0, 1, false)
         .map_err(|e| e.to_string())?;
     let mut b = Batch::with_capacity(a.batch_size);
     let t0 = std::time::Instant::now();
     let mut samples = 0u64;
-    for _ in 0..a.epochs {
-        loop {
-            let n = r
+    let fitted = if a.solver == "adagrad" {
+        let mut lr = ReferenceLr::new(Optimizer::Adagrad {
+            lr: a.lr,
+            initial_accumulator: 0.1,
+        });
+        for _ in 0..a.epochs {
+            while r
                 .next_batch(a.batch_size, &mut b)
-                .map_err(|e| e.to_string())?;
-            if n == 0 {
-                break;
+                .map_err(|e| e.to_string())?
+                > 0
+            {
+                samples += b.len as u64;
+                lr.fit_batch(&b);
             }
-            samples += n as u64;
-            lr.fit_batch(&b);
+            r.rewind().map_err(|e| e.to_string())?;
         }
-        r.rewind().map_err(|e| e.to_string())?;
-    }
+        Fitted::Adagrad(lr)
+    } else {
+        let mut all = Batch::default();
+        while r
+            .next_batch(a.batch_size, &mut b)
+            .map_err(|e| e.to_string())?
+            > 0
+        {
+            all.extend_from(&b);
+        }
+        let opts = ConvergedOptions {
+            l2_grid: a
+                .l2
+                .map_or_else(|| ConvergedOptions::default().l2_grid, |l| vec![l]),
+            max_passes: a.max_passes,
+            tolerance: a.tolerance,
+            ..ConvergedOptions::default()
+        };
+        let (m, rep) = ConvergedLr::fit(&all, &opts).map_err(|e| e.to_string())?;
+        samples = all.len as u64;
+        Fitted::Lbfgs(m, rep)
+    };
     let secs = t0.elapsed().as_secs_f64();
     let mut e = Reader::eval(&a.eval, &truth, a.eval_examples, false).map_err(|e| e.to_string())?;
     let (mut labels, mut probs, mut oracle) = (Vec::new(), Vec::new(), Vec::new());
     let mut p = Vec::new();
+    let synthetic_eval = a.eval == DataSource::Synthetic;
     while (labels.len() as u64) < a.eval_examples {
         let want = (a.eval_examples - labels.len() as u64).min(a.batch_size as u64) as usize;
         let n = e.next_batch(want, &mut b).map_err(|e| e.to_string())?;
         if n == 0 {
             break;
         }
-        lr.predict_batch(&b, &mut p);
+        match &fitted {
+            Fitted::Adagrad(m) => m.predict_batch(&b, &mut p),
+            Fitted::Lbfgs(m, _) => m.predict_batch(&b, &mut p),
+        }
         labels.extend_from_slice(&b.labels);
         probs.extend_from_slice(&p);
-        oracle.extend((0..b.len).map(|i| truth.oracle_prob(&b, i)));
+        if synthetic_eval {
+            oracle.extend((0..b.len).map(|i| truth.oracle_prob(&b, i)));
+        }
     }
-    let (a_auc, a_ll, o_auc) = (
-        auc(&labels, &probs),
-        logloss(&labels, &probs),
-        auc(&labels, &oracle),
-    );
+    let (a_auc, a_ll) = (auc(&labels, &probs), logloss(&labels, &probs));
+    let o_auc = synthetic_eval.then(|| auc(&labels, &oracle));
     if a.json {
+        let mut j = serde_json::json!({
+            "trainer": "reference_lr", "solver": a.solver, "samples": samples,
+            "seconds": secs,
+            "auc": a_auc, "logloss": a_ll, "oracle_auc": o_auc, "eval_examples": labels.len(),
+        });
+        if let Fitted::Adagrad(_) = &fitted {
+            j["samples_per_s"] = (samples as f64 / secs.max(1e-9)).into();
+        }
+        if let Fitted::Lbfgs(_, rep) = &fitted {
+            j["converged"] = rep.fit.converged.into();
+            j["passes"] = rep.fit.passes.into();
+            j["total_passes"] = rep.total_passes.into();
+            j["grad_norm"] = rep.fit.grad_norm.into();
+            j["l2"] = rep.fit.l2.into();
+            j["validation"] = rep
+                .validation
+                .iter()
+                .map(|(s, auc)| serde_json::json!({"l2": s.l2, "auc": auc, "passes": s.passes, "converged": s.converged}))
+                .collect();
+        }
+        println!("{j}");
+        return Ok(());
+    }
+    if let Fitted::Lbfgs(_, rep) = &fitted {
+        for (s, auc) in &rep.validation {
+            println!(
+                "  l2 {:.0e}: validation auc {auc:.4} ({} passes{})",
+                s.l2,
+                s.passes,
+                if s.converged { "" } else { ", not converged" }
+            );
+        }
         println!(
-            "{}",
-            serde_json::json!({
-                "trainer": "reference_lr", "samples": samples, "samples_per_s": samples as f64 / secs.max(1e-9),
-                "auc": a_auc, "logloss": a_ll, "oracle_auc": o_auc, "eval_examples": labels.len(),
-            })
+            "reference lr (l-bfgs, l2 {:.0e}): {} after {} passes, gradient norm {:.2e}; {} passes in {secs:.1} s",
+            rep.fit.l2,
+            if rep.fit.converged { "converged" } else { "NOT converged" },
+            rep.fit.passes,
+            rep.fit.grad_norm,
+            rep.total_passes
         );
     } else {
         println!(
-            "reference lr: {samples} samples in {secs:.1} s; eval auc {a_auc:.4}  logloss {a_ll:.4}  on {} examples (oracle auc {o_auc:.4})",
-            labels.len()
+            "reference lr (adagrad): {samples} samples in {secs:.1} s, {:.0} samples/s",
+            samples as f64 / secs.max(1e-9)
         );
     }
+    let oracle = o_auc
+        .map(|o| format!(" (oracle auc {o:.4})"))
+        .unwrap_or_default();
+    println!(
+        "  eval auc {a_auc:.4}  logloss {a_ll:.4}  on {} examples{oracle}",
+        labels.len()
+    );
     Ok(())
 }
 

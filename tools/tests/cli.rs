@@ -908,6 +908,83 @@ fn place_compares_strategies_on_a_zipf_model() {
 }
 
 #[test]
+fn ftrl_and_adagrad_decay_train_and_bad_hyper_parameters_are_usage_errors() {
+    for extra in [
+        &[
+            "--optimizer",
+            "ftrl",
+            "--l1-regularization-strength",
+            "0.001",
+            "--beta",
+            "1",
+        ][..],
+        &[
+            "--optimizer",
+            "adagrad_decay",
+            "--accumulator-decay-step",
+            "20",
+        ][..],
+    ] {
+        let mut args = vec![
+            "train",
+            "--steps",
+            "60",
+            "--lr",
+            "0.1",
+            "--eval-examples",
+            "4000",
+            "--json",
+            "--quiet",
+        ];
+        args.extend_from_slice(extra);
+        let out = run(&args);
+        assert!(out.status.success(), "{extra:?}: {}", text(&out.stderr));
+        let v = &json_lines(&out)[0];
+        assert!(num(v, "auc") > 0.6, "{extra:?}: {v}");
+    }
+    // Staleness in the report; the rate scaled and warmed up.
+    let out = run(&[
+        "train",
+        "--steps",
+        "40",
+        "--workers",
+        "3",
+        "--eval-examples",
+        "2000",
+        "--lr-scaling",
+        "sqrt",
+        "--lr-warmup-steps",
+        "30",
+        "--json",
+        "--quiet",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v = &json_lines(&out)[0];
+    let st = &v["staleness"];
+    assert!(num(st, "pushes") > 0.0, "{v}");
+    assert!(
+        num(st, "max") >= num(st, "p99") && num(st, "p99") as f64 >= 0.0,
+        "{st}"
+    );
+    assert!(num(st, "mean") <= num(st, "max"), "{st}");
+    for (flag, value) in [
+        ("--lr-scaling", "cubic"),
+        ("--beta", "-1"),
+        ("--l2-regularization-strength", "nan"),
+        ("--accumulator-decay-rate", "1.5"),
+        ("--optimizer", "lamb"),
+    ] {
+        let out = run(&["train", "--steps", "1", &format!("{flag}={value}")]);
+        assert_eq!(out.status.code(), Some(2), "{flag}");
+        assert!(
+            text(&out.stderr).contains(flag),
+            "{flag}: {}",
+            text(&out.stderr)
+        );
+    }
+}
+
+#[test]
 fn data_writes_criteo_and_reference_trains_on_it() {
     let dir = tempfile::tempdir().unwrap();
     let f = dir.path().join("t.tsv");
@@ -932,6 +1009,48 @@ fn data_writes_criteo_and_reference_trains_on_it() {
     let v = &json_lines(&out)[0];
     assert_eq!(v["samples"].as_u64(), Some(4096));
     assert!(num(v, "auc") > 0.6, "{v}");
+    // L-BFGS by default: how converged, and no oracle for a file.
+    assert_eq!(v["solver"], "lbfgs", "{v}");
+    assert_eq!(v["converged"], true, "{v}");
+    assert!(
+        num(v, "passes") >= 1.0 && num(v, "grad_norm") <= 1e-5,
+        "{v}"
+    );
+    assert!(
+        v["validation"].as_array().is_some_and(|a| !a.is_empty()),
+        "{v}"
+    );
+    assert!(v["oracle_auc"].is_null(), "{v}");
+    let out = run(&[
+        "reference",
+        "--train",
+        &src,
+        "--eval",
+        &src,
+        "--solver",
+        "adagrad",
+        "--epochs",
+        "1",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v = &json_lines(&out)[0];
+    assert_eq!(v["samples"].as_u64(), Some(4096));
+    assert!(v["converged"].is_null(), "{v}");
+    let out = run(&[
+        "reference",
+        "--train-examples",
+        "3000",
+        "--eval-examples",
+        "2000",
+        "--l2",
+        "1e-3",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v = &json_lines(&out)[0];
+    assert!(num(v, "oracle_auc") > 0.7, "{v}");
+    assert_eq!(num(v, "l2"), 1e-3, "{v}");
 }
 
 #[cfg(feature = "uring")]

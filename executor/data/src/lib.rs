@@ -21,13 +21,17 @@
 //!   Criteo file that reads back to the same batches. See [`synthetic`].
 //! * [`auc`], [`logloss`]: exact, tie-aware AUC and clipped log loss.
 //! * [`BatchSource`]: the reader and the generator behind one trait.
+//! * [`ConvergedLr`]: L2 logistic regression fitted to convergence with
+//!   L-BFGS, its strength chosen on a validation split. See [`converged`].
 //! * [`reference::ReferenceLr`]: the single-process logistic regression
 //!   (SGD or Adagrad) the distributed trainer is compared with.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod batch;
+pub mod converged;
 pub mod criteo;
+pub mod files;
 pub mod hash;
 pub mod metrics;
 pub mod reference;
@@ -35,9 +39,11 @@ pub mod source;
 pub mod synthetic;
 
 pub use batch::{transform_count, Batch, NUM_CATEGORICAL, NUM_NUMERIC};
+pub use converged::{ConvergedError, ConvergedLr, ConvergedOptions, ConvergedReport, FitStatus};
 pub use criteo::{
     BadLineReason, CriteoReader, DataError, ReaderCounters, ReaderOptions, CRITEO_COLUMNS,
 };
+pub use files::CriteoFiles;
 pub use hash::{feature_hash, MISSING_KEY};
 pub use metrics::{auc, logloss};
 pub use reference::{Optimizer, ReferenceLr};

@@ -33,6 +33,8 @@ pub(crate) fn opt_code(k: OptimizerKind) -> u8 {
         OptimizerKind::Sgd => 1,
         OptimizerKind::Adagrad => 2,
         OptimizerKind::Adam => 3,
+        OptimizerKind::Ftrl => 4,
+        OptimizerKind::AdagradDecay => 5,
     }
 }
 

@@ -1,4 +1,5 @@
-//! Optimizers: SGD, Adagrad and Adam, one update rule used by both the dense
+//! Optimizers: SGD, Adagrad, Adam, FTRL-Proximal ([`ftrl`]) and DeepRec's
+//! AdagradDecay ([`adagrad_decay`]), one update rule used by both the dense
 //! variables and the sparse (row-wise) embedding updates.
 //!
 //! Sparse variants update only the rows a push touches; duplicate keys of a
@@ -12,6 +13,9 @@
 
 use serde::{Deserialize, Serialize};
 
+mod adagrad_decay;
+mod ftrl;
+
 /// The update rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum OptimizerKind {
@@ -21,6 +25,35 @@ pub enum OptimizerKind {
     Adagrad,
     /// Adam with bias correction.
     Adam,
+    /// FTRL-Proximal (see [`ftrl`]).
+    Ftrl,
+    /// Adagrad with a decaying accumulator (see [`adagrad_decay`]).
+    AdagradDecay,
+}
+
+impl OptimizerKind {
+    /// Every kind with its command-line name.
+    pub const ALL: [(&'static str, OptimizerKind); 5] = [
+        ("sgd", OptimizerKind::Sgd),
+        ("adagrad", OptimizerKind::Adagrad),
+        ("adam", OptimizerKind::Adam),
+        ("ftrl", OptimizerKind::Ftrl),
+        ("adagrad_decay", OptimizerKind::AdagradDecay),
+    ];
+
+    /// The kind named `name` on the command line.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.iter().find(|(n, _)| *n == name).map(|&(_, k)| k)
+    }
+
+    /// Slot vectors per variable or row.
+    pub fn slots(self) -> usize {
+        match self {
+            OptimizerKind::Sgd => 0,
+            OptimizerKind::Adagrad => 1,
+            OptimizerKind::Adam | OptimizerKind::Ftrl | OptimizerKind::AdagradDecay => 2,
+        }
+    }
 }
 
 /// Optimizer configuration.
@@ -30,7 +63,8 @@ pub struct OptimizerConfig {
     pub kind: OptimizerKind,
     /// Learning rate.
     pub lr: f32,
-    /// Adagrad's initial accumulator (default 0.1).
+    /// The initial accumulator of Adagrad, FTRL and AdagradDecay (default
+    /// 0.1; AdagradDecay's decay never takes it below this).
     pub initial_accumulator: f32,
     /// Adam's beta1 (default 0.9).
     pub beta1: f32,
@@ -38,6 +72,19 @@ pub struct OptimizerConfig {
     pub beta2: f32,
     /// Adam's epsilon (default 1e-8).
     pub epsilon: f32,
+    /// FTRL's `beta` (default 0).
+    pub ftrl_beta: f32,
+    /// FTRL's `l1_regularization_strength` (default 0).
+    pub l1: f32,
+    /// FTRL's `l2_regularization_strength` (default 0).
+    pub l2: f32,
+    /// AdagradDecay's `accumulator_decay_step` (default 100 000 global steps).
+    pub decay_step: u64,
+    /// AdagradDecay's `accumulator_decay_rate` (default 0.9).
+    pub decay_rate: f32,
+    /// Learning-rate warm-up: the rate grows linearly from `lr / N` at
+    /// global step 0 to `lr` at global step `N - 1` (0: none).
+    pub warmup_steps: u64,
 }
 
 impl OptimizerConfig {
@@ -62,16 +109,28 @@ impl OptimizerConfig {
             beta1: 0.9,
             beta2: 0.999,
             epsilon: 1e-8,
+            ftrl_beta: 0.0,
+            l1: 0.0,
+            l2: 0.0,
+            decay_step: 100_000,
+            decay_rate: 0.9,
+            warmup_steps: 0,
+        }
+    }
+
+    /// The learning rate at `global_step`, after the warm-up.
+    #[inline]
+    pub fn lr_at(&self, global_step: u64) -> f32 {
+        if global_step < self.warmup_steps {
+            (f64::from(self.lr) * (global_step + 1) as f64 / self.warmup_steps as f64) as f32
+        } else {
+            self.lr
         }
     }
 
     /// Number of slot vectors (each as wide as the variable or row).
     pub fn slots(&self) -> usize {
-        match self.kind {
-            OptimizerKind::Sgd => 0,
-            OptimizerKind::Adagrad => 1,
-            OptimizerKind::Adam => 2,
-        }
+        self.kind.slots()
     }
 
     /// Initial slot values; `slots.len()` is `self.slots() * width`.
@@ -79,13 +138,21 @@ impl OptimizerConfig {
         match self.kind {
             OptimizerKind::Adagrad => slots.fill(self.initial_accumulator),
             OptimizerKind::Sgd | OptimizerKind::Adam => slots.fill(0.0),
+            OptimizerKind::Ftrl | OptimizerKind::AdagradDecay => {
+                // [acc.., z.. or decay count..]
+                let (acc, second) = slots.split_at_mut(slots.len() / 2);
+                acc.fill(self.initial_accumulator);
+                second.fill(0.0);
+            }
         }
     }
 
     /// Apply gradient `g` to `w` with `slots` (`[m.. , v..]` for Adam,
-    /// `[acc..]` for Adagrad); `t` is the step count including this update
-    /// (>= 1), used by Adam's bias correction.
-    pub fn apply(&self, w: &mut [f32], slots: &mut [f32], g: &[f32], t: u64) {
+    /// `[acc..]` for Adagrad, `[n.., z..]` for FTRL, `[acc.., decays..]` for
+    /// AdagradDecay); `t` is the step count including this update (>= 1),
+    /// used by Adam's bias correction, and `global_step` the shard's global
+    /// step, which schedules AdagradDecay's decay.
+    pub fn apply(&self, w: &mut [f32], slots: &mut [f32], g: &[f32], t: u64, global_step: u64) {
         // One branch per call (per row); the loops below run over slices
         // re-sliced to one length, so they have no bounds checks and no
         // branches and the compiler vectorises them.
@@ -93,7 +160,7 @@ impl OptimizerConfig {
         debug_assert_eq!(g.len(), n);
         debug_assert_eq!(slots.len(), self.slots() * n);
         let g = &g[..n];
-        let lr = self.lr;
+        let lr = self.lr_at(global_step);
         match self.kind {
             OptimizerKind::Sgd => {
                 for (w, g) in w.iter_mut().zip(g) {
@@ -121,6 +188,20 @@ impl OptimizerConfig {
                     *w -= lr_t * *m / (v.sqrt() + eps);
                 }
             }
+            OptimizerKind::Ftrl => ftrl::Ftrl {
+                alpha: lr,
+                beta: self.ftrl_beta,
+                l1: self.l1,
+                l2: self.l2,
+            }
+            .apply(w, slots, g),
+            OptimizerKind::AdagradDecay => adagrad_decay::AdagradDecay {
+                lr,
+                decay_step: self.decay_step,
+                decay_rate: self.decay_rate,
+                baseline: self.initial_accumulator,
+            }
+            .apply(w, slots, g, global_step),
         }
     }
 }
@@ -133,7 +214,7 @@ mod tests {
     fn sgd_step() {
         let o = OptimizerConfig::sgd(0.5);
         let mut w = [1.0, 2.0];
-        o.apply(&mut w, &mut [], &[2.0, -2.0], 1);
+        o.apply(&mut w, &mut [], &[2.0, -2.0], 1, 1);
         assert_eq!(w, [0.0, 3.0]);
     }
 
@@ -144,7 +225,7 @@ mod tests {
         let mut s = [0.0f32];
         o.init_slots(&mut s);
         assert_eq!(s, [0.1]);
-        o.apply(&mut w, &mut s, &[1.0], 1);
+        o.apply(&mut w, &mut s, &[1.0], 1, 1);
         assert!((s[0] - 1.1).abs() < 1e-6);
         assert!((w[0] - (1.0 - 0.1 / 1.1f32.sqrt())).abs() < 1e-6);
     }
@@ -155,9 +236,47 @@ mod tests {
         let o = OptimizerConfig::adam(0.01);
         let mut w = [0.0f32, 0.0];
         let mut s = [0.0f32; 4];
-        o.apply(&mut w, &mut s, &[3.0, -0.2], 1);
+        o.apply(&mut w, &mut s, &[3.0, -0.2], 1, 1);
         assert!((w[0] + 0.01).abs() < 1e-5, "{w:?}");
         assert!((w[1] - 0.01).abs() < 1e-5, "{w:?}");
         assert!((s[0] - 0.3).abs() < 1e-6);
+    }
+
+    #[test]
+    fn new_kinds_have_two_slots_initialised_per_half() {
+        for kind in [OptimizerKind::Ftrl, OptimizerKind::AdagradDecay] {
+            let o = OptimizerConfig::with_kind(kind, 0.1);
+            assert_eq!(o.slots(), 2);
+            let mut s = [9.0f32; 6];
+            o.init_slots(&mut s);
+            assert_eq!(s, [0.1, 0.1, 0.1, 0.0, 0.0, 0.0]);
+            let mut w = [0.0f32; 3];
+            o.apply(&mut w, &mut s, &[1.0, 0.0, -1.0], 1, 1);
+            assert!(w[0] < 0.0 && w[1] == 0.0 && w[2] > 0.0, "{kind:?}: {w:?}");
+        }
+    }
+
+    #[test]
+    fn warmup_ramps_the_rate_linearly() {
+        let o = OptimizerConfig {
+            warmup_steps: 4,
+            ..OptimizerConfig::sgd(1.0)
+        };
+        assert_eq!(
+            [0, 1, 2, 3, 4, 100].map(|s| o.lr_at(s)),
+            [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+        );
+        let mut w = [0.0f32];
+        o.apply(&mut w, &mut [], &[1.0], 1, 0);
+        assert_eq!(w, [-0.25]);
+        assert_eq!(OptimizerConfig::sgd(0.5).lr_at(0), 0.5);
+    }
+
+    #[test]
+    fn names_round_trip() {
+        for (name, kind) in OptimizerKind::ALL {
+            assert_eq!(OptimizerKind::from_name(name), Some(kind));
+        }
+        assert_eq!(OptimizerKind::from_name("lamb"), None);
     }
 }

@@ -104,6 +104,10 @@ impl DenseVar {
 }
 
 /// A variable of the shard.
+// A shard holds a handful of these, each reached through a reference:
+// boxing the table would add an indirection to every row lookup to save
+// memory that does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
 pub enum Var {
     /// A dense variable.
@@ -694,7 +698,7 @@ impl PsShard {
                 Var::Dense(d) if d.touched => {
                     d.touched = false;
                     d.updates += 1;
-                    opt.apply(&mut d.values, &mut d.slots, &d.acc, d.updates);
+                    opt.apply(&mut d.values, &mut d.slots, &d.acc, d.updates, step);
                 }
                 Var::Table(t) if t.has_accumulated() => {
                     t.apply_accumulated_at(step);

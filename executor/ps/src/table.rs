@@ -732,7 +732,7 @@ impl EmbeddingTable {
             let (index, t) = (s.index, s.updates);
             grads.slice(j * dim, (j + 1) * dim).copy_to(&mut g);
             let (w, slots) = self.rows.arena.row_mut(index).split_at_mut(dim);
-            self.opt.apply(w, slots, &g, t);
+            self.opt.apply(w, slots, &g, t, step);
         }
         self.scratch.grad_row = g;
         self.scratch.targets = targets;
@@ -778,7 +778,7 @@ impl EmbeddingTable {
             }
             let g = &self.scratch.acc_grads[i * dim..(i + 1) * dim];
             let (w, slots) = self.rows.arena.row_mut(index).split_at_mut(dim);
-            self.opt.apply(w, slots, g, t);
+            self.opt.apply(w, slots, g, t, step.unwrap_or(0));
             applied += 1;
         }
         self.scratch.targets = targets;

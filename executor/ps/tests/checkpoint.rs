@@ -1,8 +1,8 @@
 //! Checkpoint round trips, corruption and atomic writes.
 
 use starwire_ps::{
-    write_atomic, CheckpointError, Init, Manifest, OptimizerConfig, PsShard, ShardConfig, VarDef,
-    VarKind, WorkerProgress,
+    write_atomic, CheckpointError, Init, Manifest, OptimizerConfig, OptimizerKind, PsShard,
+    ShardConfig, VarDef, VarKind, WorkerProgress,
 };
 use starwire_wire::ps::{Limits, PullRequestWriter, PullResponse, PushRequestWriter};
 
@@ -24,9 +24,13 @@ fn vars() -> Vec<VarDef> {
 }
 
 fn cfg() -> ShardConfig {
+    cfg_with(OptimizerConfig::adam(0.01))
+}
+
+fn cfg_with(optimizer: OptimizerConfig) -> ShardConfig {
     ShardConfig {
         seed: 11,
-        optimizer: OptimizerConfig::adam(0.01),
+        optimizer,
         filter_freq: 2,
         steps_to_live: 50,
         ..ShardConfig::default()
@@ -35,7 +39,11 @@ fn cfg() -> ShardConfig {
 
 /// A shard with rows, pending filter counters, Adam slots and a global step.
 fn trained() -> PsShard {
-    let mut s = PsShard::new(3, &vars(), cfg());
+    trained_with(cfg())
+}
+
+fn trained_with(cfg: ShardConfig) -> PsShard {
+    let mut s = PsShard::new(3, &vars(), cfg);
     let (mut req, mut out) = (Vec::new(), Vec::new());
     for step in 0..20u64 {
         let keys: Vec<u64> = (0..10).map(|i| 1 + (step * 7 + i * i) % 40).collect();
@@ -96,6 +104,46 @@ fn save_restore_is_identical() {
     let mut s = s;
     assert_eq!(pull_all(&mut s), pull_all(&mut r));
     assert_eq!(save(&s), save(&r));
+}
+
+#[test]
+fn ftrl_and_adagrad_decay_slots_round_trip() {
+    let decay = OptimizerConfig {
+        decay_step: 5,
+        decay_rate: 0.5,
+        ..OptimizerConfig::with_kind(OptimizerKind::AdagradDecay, 0.1)
+    };
+    let ftrl = OptimizerConfig {
+        l1: 0.01,
+        l2: 0.1,
+        ftrl_beta: 1.0,
+        ..OptimizerConfig::with_kind(OptimizerKind::Ftrl, 0.1)
+    };
+    for opt in [decay, ftrl] {
+        let s = trained_with(cfg_with(opt));
+        let bytes = save(&s);
+        let mut r = PsShard::new(3, &vars(), cfg_with(opt));
+        r.restore(&mut bytes.as_slice()).unwrap();
+        let (a, b) = (s.table(1).unwrap(), r.table(1).unwrap());
+        let mut seen = 0;
+        for k in 1..=45 {
+            assert_eq!(a.slots(k), b.slots(k), "{:?}", opt.kind);
+            if let Some(sl) = a.slots(k) {
+                assert_eq!(sl.len(), 16, "two slots of width 8");
+                // The second slot moved: z for FTRL, the decay count for
+                // AdagradDecay (20 steps of 5).
+                seen += usize::from(sl[8..].iter().any(|&x| x != 0.0));
+            }
+        }
+        assert!(seen > 0, "{:?}", opt.kind);
+        assert_eq!(s.dense(2), r.dense(2));
+        // A shard of another optimizer does not take the checkpoint.
+        let mut other = PsShard::new(3, &vars(), cfg());
+        assert!(matches!(
+            other.restore(&mut bytes.as_slice()),
+            Err(CheckpointError::Mismatch(_))
+        ));
+    }
 }
 
 #[test]

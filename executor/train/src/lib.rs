@@ -47,6 +47,7 @@ pub mod psclient;
 pub mod psserver;
 pub mod server;
 pub mod source;
+pub mod staleness;
 pub mod syncstep;
 pub mod telemetry;
 pub mod worker;

@@ -1,18 +1,20 @@
-//! Training and evaluation data: the synthetic generator or a Criteo TSV
-//! file, split across workers.
+//! Training and evaluation data: the synthetic generator or Criteo TSV
+//! files (plain or `.gz`, a file, a directory or a glob pattern), split
+//! across workers (see [`starwire_data::files`]).
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use starwire_data::criteo::{CriteoReader, ReaderOptions};
-use starwire_data::{Batch, DataError, Synthetic, TrueModel};
+use starwire_data::criteo::ReaderOptions;
+use starwire_data::{Batch, CriteoFiles, DataError, Synthetic, TrueModel};
 
 /// Where examples come from (`--train` / `--eval`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DataSource {
     /// The built-in generator.
     Synthetic,
-    /// A Criteo-format TSV file.
+    /// Criteo-format TSV: a file, a directory or a glob pattern; `.gz`
+    /// files are decompressed.
     Criteo(PathBuf),
 }
 
@@ -46,8 +48,8 @@ impl std::fmt::Display for DataSource {
 pub enum Reader {
     /// A share of the synthetic stream.
     Synthetic(Synthetic),
-    /// A share of the lines of the file at the path.
-    Criteo(CriteoReader, PathBuf),
+    /// A share of the files (or of their lines).
+    Criteo(CriteoFiles),
 }
 
 impl Reader {
@@ -65,18 +67,15 @@ impl Reader {
                 Synthetic::new(model.clone(), starwire_data::Stream::Train, examples)
                     .split(worker, workers)?,
             ),
-            DataSource::Criteo(p) => Reader::Criteo(
-                CriteoReader::open(
-                    p,
-                    ReaderOptions {
-                        skip_bad_lines,
-                        worker,
-                        workers,
-                        ..ReaderOptions::default()
-                    },
-                )?,
-                p.clone(),
-            ),
+            DataSource::Criteo(p) => Reader::Criteo(CriteoFiles::open(
+                p,
+                ReaderOptions {
+                    skip_bad_lines,
+                    worker,
+                    workers,
+                    ..ReaderOptions::default()
+                },
+            )?),
         })
     }
 
@@ -94,16 +93,13 @@ impl Reader {
                 starwire_data::Stream::Eval,
                 n,
             )),
-            DataSource::Criteo(p) => Reader::Criteo(
-                CriteoReader::open(
-                    p,
-                    ReaderOptions {
-                        skip_bad_lines,
-                        ..ReaderOptions::default()
-                    },
-                )?,
-                p.clone(),
-            ),
+            DataSource::Criteo(p) => Reader::Criteo(CriteoFiles::open(
+                p,
+                ReaderOptions {
+                    skip_bad_lines,
+                    ..ReaderOptions::default()
+                },
+            )?),
         })
     }
 
@@ -112,7 +108,7 @@ impl Reader {
     pub fn next_batch(&mut self, max: usize, batch: &mut Batch) -> Result<usize, DataError> {
         match self {
             Reader::Synthetic(s) => Ok(s.next_batch(max, batch)),
-            Reader::Criteo(r, p) => r.next_batch(max, batch).map_err(|e| e.in_file(p)),
+            Reader::Criteo(r) => r.next_batch(max, batch),
         }
     }
 
@@ -123,7 +119,10 @@ impl Reader {
                 s.rewind();
                 Ok(())
             }
-            Reader::Criteo(r, p) => r.rewind().map_err(|e| e.in_file(p)),
+            Reader::Criteo(r) => {
+                r.rewind();
+                Ok(())
+            }
         }
     }
 
@@ -131,7 +130,7 @@ impl Reader {
     pub fn skipped(&self) -> u64 {
         match self {
             Reader::Synthetic(_) => 0,
-            Reader::Criteo(r, _) => r.counters().skipped,
+            Reader::Criteo(r) => r.skipped(),
         }
     }
 }

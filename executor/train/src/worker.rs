@@ -23,6 +23,7 @@ use starwire_wire::ps::{
 };
 
 use crate::net::{Exchange, Reply, Request};
+use crate::staleness::{StalenessHistogram, StalenessTracker};
 use crate::TrainError;
 
 /// Where the model's variables live, as the worker needs it.
@@ -104,6 +105,9 @@ pub struct WorkerCore {
     /// The graph's output buffers, kept from step to step.
     bufs: RunBuffers,
     global_step: u64,
+    staleness: StalenessTracker,
+    /// Per-step scratch: the shard of each request of an exchange.
+    shards: Vec<usize>,
 }
 
 fn bytes_body(v: Vec<u8>) -> Payload {
@@ -137,6 +141,8 @@ impl WorkerCore {
             replies: Vec::new(),
             bufs: RunBuffers::default(),
             global_step: 0,
+            staleness: StalenessTracker::default(),
+            shards: Vec::new(),
         }
     }
 
@@ -573,11 +579,14 @@ impl WorkerCore {
         let mut reqs = std::mem::take(&mut self.pending_push);
         let n_push = reqs.len();
         reqs.extend(pulls);
+        self.shards.clear();
+        self.shards.extend(reqs.iter().map(|r| r.shard));
         let mut replies = std::mem::take(&mut self.replies);
         let r = net.exchange(reqs, &mut replies);
         self.replies = replies;
         r?;
         self.check_pushes(n_push)?;
+        self.track_staleness(n_push);
         let feeds = self.feeds(batch, &metas, n_push)?;
         let out = self
             .part
@@ -606,11 +615,32 @@ impl WorkerCore {
     pub fn flush(&mut self, net: &mut dyn Exchange) -> Result<(), TrainError> {
         let reqs = std::mem::take(&mut self.pending_push);
         let n = reqs.len();
+        self.shards.clear();
+        self.shards.extend(reqs.iter().map(|r| r.shard));
         let mut replies = std::mem::take(&mut self.replies);
         let r = net.exchange(reqs, &mut replies);
         self.replies = replies;
         r?;
-        self.check_pushes(n)
+        self.check_pushes(n)?;
+        self.track_staleness(n);
+        Ok(())
+    }
+
+    /// Count the staleness of the pushes among the first `n_push` replies
+    /// of the exchange whose shards are in `self.shards`, and note the
+    /// steps of its pulls.
+    fn track_staleness(&mut self, n_push: usize) {
+        let replies = self.shards.iter().zip(&self.replies);
+        let (pushes, pulls) = (replies.clone().take(n_push), replies.skip(n_push));
+        self.staleness.handle_exchange(
+            pushes.map(|(&s, r)| (s, &r.body[..])),
+            pulls.map(|(&s, r)| (s, &r.body[..])),
+        );
+    }
+
+    /// The staleness of this worker's pushes so far.
+    pub fn staleness(&self) -> &StalenessHistogram {
+        self.staleness.histogram()
     }
 
     /// The `--sync` barrier: wait until every shard has seen `step` steps.
@@ -645,6 +675,8 @@ impl WorkerCore {
         self.replies = replies;
         r?;
         let feeds = self.feeds(batch, &metas, 0)?;
+        // No push follows an evaluation's pulls.
+        self.staleness.forget_pulls();
         self.part
             .forward(&self.exec, feeds)
             .map_err(|e| TrainError::Internal(format!("graph: {e}")))

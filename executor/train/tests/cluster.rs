@@ -294,6 +294,48 @@ fn criteo_file_trains_like_the_generator() {
     assert_eq!(r.skipped_lines, 1);
 }
 
+/// A directory of gzip files: two workers each read two of the four files
+/// whole (DeepRec's WorkQueue split), and together see every example once
+/// per epoch.
+#[test]
+fn a_directory_of_gz_files_is_dealt_out_to_workers() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let plain = dir.path().join("all.tsv");
+    let spec = starwire_data::SyntheticSpec {
+        seed: 1,
+        examples_per_epoch: 8_192,
+        ..Default::default()
+    };
+    starwire_data::write_criteo(&plain, 8_192, spec).unwrap();
+    let text = std::fs::read_to_string(&plain).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let parts = dir.path().join("parts");
+    std::fs::create_dir(&parts).unwrap();
+    for (i, chunk) in lines.chunks(2_048).enumerate() {
+        let f = std::fs::File::create(parts.join(format!("part-{i}.tsv.gz"))).unwrap();
+        let mut e = flate2::write::GzEncoder::new(f, flate2::Compression::fast());
+        e.write_all((chunk.join("\n") + "\n").as_bytes()).unwrap();
+        e.finish().unwrap();
+    }
+    let cfg = TrainConfig {
+        workers: 2,
+        epochs: 1,
+        train: DataSource::Criteo(parts.clone()),
+        ..small()
+    };
+    let r = run_local(&cfg).unwrap();
+    assert_eq!(r.samples, 8_192);
+    assert!(r.auc > 0.6, "{}", r.auc);
+    // The same through a glob pattern.
+    let glob = run_local(&TrainConfig {
+        train: DataSource::Criteo(parts.join("part-*.tsv.gz")),
+        ..cfg
+    })
+    .unwrap();
+    assert_eq!(glob.samples, 8_192);
+}
+
 #[test]
 fn steps_flag_is_the_total_over_workers() {
     let r = run_local(&TrainConfig {

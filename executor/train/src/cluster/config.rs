@@ -16,6 +16,48 @@ use crate::TrainError;
 /// launcher to schedule and start every pod of a cluster.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(300);
 
+/// How the learning rate of each push scales with the number of workers
+/// `W` (`--lr-scaling`). Asynchronous pushes are applied one by one, each
+/// on values up to `W - 1` other workers' steps old, so many workers need a
+/// smaller rate per push.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LrScaling {
+    /// `--lr` as given.
+    None,
+    /// `--lr / sqrt(W)`.
+    Sqrt,
+    /// `--lr / W`.
+    Linear,
+}
+
+impl LrScaling {
+    /// Every rule with its command-line name.
+    pub const ALL: [(&'static str, LrScaling); 3] = [
+        ("none", LrScaling::None),
+        ("sqrt", LrScaling::Sqrt),
+        ("linear", LrScaling::Linear),
+    ];
+
+    /// The factor applied to `--lr` with `workers` workers.
+    pub fn factor(self, workers: usize) -> f32 {
+        let w = workers.max(1) as f32;
+        match self {
+            LrScaling::None => 1.0,
+            LrScaling::Sqrt => 1.0 / w.sqrt(),
+            LrScaling::Linear => 1.0 / w,
+        }
+    }
+
+    /// The command-line name.
+    pub fn name(self) -> &'static str {
+        match self {
+            LrScaling::None => "none",
+            LrScaling::Sqrt => "sqrt",
+            LrScaling::Linear => "linear",
+        }
+    }
+}
+
 /// Everything `starwire train` (and `ps` / `worker`) is configured with.
 #[derive(Debug, Clone)]
 pub struct TrainConfig {
@@ -45,6 +87,14 @@ pub struct TrainConfig {
     pub optimizer: OptimizerKind,
     /// Learning rate.
     pub lr: f32,
+    /// How the rate of each push is scaled with the number of workers.
+    pub lr_scaling: LrScaling,
+    /// Global steps of linear learning-rate warm-up (0: none).
+    pub lr_warmup_steps: u64,
+    /// The optimizer's other hyper-parameters (FTRL's `beta`, `l1`, `l2`;
+    /// AdagradDecay's decay step and rate); its `kind` and `lr` are taken
+    /// from `optimizer` and `lr`.
+    pub optimizer_params: OptimizerConfig,
     /// How whole variables are assigned to PS tasks (`--placement`).
     pub assignment: Strategy,
     /// One fused pull and push per shard per step (`--tensor-fuse on`).
@@ -129,6 +179,9 @@ impl Default for TrainConfig {
             embedding_dim: 8,
             optimizer: OptimizerKind::Adagrad,
             lr: 0.05,
+            lr_scaling: LrScaling::None,
+            lr_warmup_steps: 0,
+            optimizer_params: OptimizerConfig::adagrad(0.05),
             assignment: Strategy::Greedy,
             tensor_fuse: true,
             sync: false,
@@ -233,7 +286,12 @@ pub fn model_name(m: ModelKind) -> &'static str {
 pub(super) fn shard_config(cfg: &TrainConfig) -> ShardConfig {
     ShardConfig {
         seed: cfg.seed,
-        optimizer: OptimizerConfig::with_kind(cfg.optimizer, cfg.lr),
+        optimizer: OptimizerConfig {
+            kind: cfg.optimizer,
+            lr: cfg.lr * cfg.lr_scaling.factor(cfg.workers),
+            warmup_steps: cfg.lr_warmup_steps,
+            ..cfg.optimizer_params
+        },
         filter_freq: cfg.filter_freq,
         steps_to_live: cfg.steps_to_live,
         default_value_dim: cfg.default_value_dim,
@@ -253,4 +311,27 @@ pub(super) fn across_processes(b: BackendKind) -> Result<(), TrainError> {
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scaling_and_warmup_reach_the_shards() {
+        let cfg = TrainConfig {
+            workers: 16,
+            lr: 0.4,
+            lr_scaling: LrScaling::Sqrt,
+            lr_warmup_steps: 100,
+            ..TrainConfig::default()
+        };
+        let o = shard_config(&cfg).optimizer;
+        assert_eq!((o.lr, o.warmup_steps), (0.1, 100));
+        assert_eq!(LrScaling::Linear.factor(16), 1.0 / 16.0);
+        assert_eq!(LrScaling::None.factor(64), 1.0);
+        for (name, s) in LrScaling::ALL {
+            assert_eq!(s.name(), name);
+        }
+    }
 }

@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use starwire_ps::OptimizerKind;
 use starwire_transport::accept::{AcceptConfig, DEFAULT_MAX_CONNECTIONS};
 use starwire_transport::{ClusterToken, ConnConfig, MemoryBudget};
 
@@ -142,6 +143,23 @@ pub fn training_flags(cfg: &TrainConfig) -> String {
     put("embedding-dim", &cfg.embedding_dim);
     put("optimizer", &format!("{:?}", cfg.optimizer).to_lowercase());
     put("lr", &cfg.lr);
+    if cfg.lr_scaling != super::config::LrScaling::None || cfg.lr_warmup_steps > 0 {
+        put("lr-scaling", &cfg.lr_scaling.name());
+        put("lr-warmup-steps", &cfg.lr_warmup_steps);
+    }
+    let o = &cfg.optimizer_params;
+    match cfg.optimizer {
+        OptimizerKind::Ftrl => {
+            put("beta", &o.ftrl_beta);
+            put("l1-regularization-strength", &o.l1);
+            put("l2-regularization-strength", &o.l2);
+        }
+        OptimizerKind::AdagradDecay => {
+            put("accumulator-decay-step", &o.decay_step);
+            put("accumulator-decay-rate", &o.decay_rate);
+        }
+        OptimizerKind::Sgd | OptimizerKind::Adagrad | OptimizerKind::Adam => {}
+    }
     put("placement", &format!("{:?}", cfg.assignment));
     put("tensor-fuse", &cfg.tensor_fuse);
     put("sync", &cfg.sync);

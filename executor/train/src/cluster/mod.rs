@@ -15,7 +15,9 @@ mod reactors;
 mod report;
 mod roles;
 
-pub use config::{model_name, protocol_name, BackendKind, TrainConfig, DEFAULT_CONNECT_TIMEOUT};
+pub use config::{
+    model_name, protocol_name, BackendKind, LrScaling, TrainConfig, DEFAULT_CONNECT_TIMEOUT,
+};
 pub use failover::Failover;
 pub use guard::{
     check_listen, training_flags, Guard, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_IDLE_TIMEOUT,
@@ -46,6 +48,7 @@ use roles::{cluster_backend, read_manifest, write_checkpoint, write_manifest};
 
 use crate::net::Traffic;
 use crate::source::DataSource;
+use crate::staleness::StalenessHistogram;
 use crate::worker::{control_all, WorkerCore};
 use crate::TrainError;
 use starwire_wire::ps::Control;
@@ -251,6 +254,13 @@ fn run_local_on(k: &dyn ClusterBackend, cfg: &TrainConfig) -> Result<TrainReport
         assignment: plan.assignment.clone(),
         skipped_lines: outs.iter().map(|o| o.skipped).sum(),
         checkpoint: ckpt,
+        staleness: outs
+            .iter()
+            .fold(StalenessHistogram::default(), |mut h, o| {
+                h.merge(&o.staleness);
+                h
+            })
+            .summary(),
         resumed_from_step: manifest.map(|m| m.global_step),
         shard_stats,
         reactors: layout.report(),
@@ -555,6 +565,7 @@ pub fn run_worker_task(
         assignment: plan.assignment,
         skipped_lines: out.skipped,
         checkpoint: ckpt,
+        staleness: out.staleness.summary(),
         resumed_from_step: manifest.map(|m| m.global_step),
         shard_stats,
         reactors: layout.report(),

@@ -60,11 +60,7 @@ fn to_def(v: &VarSpec) -> VarDef {
 }
 
 fn slots(k: OptimizerKind) -> usize {
-    match k {
-        OptimizerKind::Sgd => 0,
-        OptimizerKind::Adagrad => 1,
-        OptimizerKind::Adam => 2,
-    }
+    k.slots()
 }
 
 /// Examples read to estimate table sizes and traffic for variable

@@ -86,6 +86,9 @@ pub struct TrainReport {
     pub failovers: Vec<Failover>,
     /// Per-shard counters.
     pub shard_stats: Vec<serde_json::Value>,
+    /// Global steps each shard applied between a gradient's pull and its
+    /// push, over every worker's pushes (`crate::staleness`).
+    pub staleness: crate::staleness::Staleness,
     /// The reactors of this process: PS reactors, then each worker's
     /// network threads (its network reactors with the hand-off, else the
     /// worker thread).

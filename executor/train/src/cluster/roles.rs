@@ -551,6 +551,8 @@ pub struct WorkerOutcome {
     pub skipped: u64,
     /// When training ended.
     pub end: Option<Instant>,
+    /// How stale this worker's pushes were.
+    pub staleness: crate::staleness::StalenessHistogram,
 }
 
 /// Read at most `cap` examples of an evaluation source into batches of
@@ -825,6 +827,7 @@ pub fn worker_loop(
     }
     out.traffic = net.traffic();
     out.skipped = reader.skipped();
+    out.staleness = core.staleness().clone();
     out.progress = Some(WorkerProgress {
         worker: w as u32,
         epoch,
