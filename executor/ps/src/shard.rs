@@ -644,7 +644,7 @@ impl PsShard {
                     // updates its rows without going through the
                     // accumulator (there is nothing to sum), once the
                     // whole push is known to be finite.
-                    if self.items_of[i] == 1 && t.prepare_direct(keys) {
+                    if self.items_of[i] == 1 && t.prepare_direct(keys, step) {
                         if direct_non_finite.is_none() && !grads.all_finite() {
                             direct_non_finite = Some(var);
                         }
@@ -707,15 +707,12 @@ impl PsShard {
             }
         }
         for item in view.items() {
-            let PushItem::Rows {
-                var, keys, grads, ..
-            } = item
-            else {
+            let PushItem::Rows { var, grads, .. } = item else {
                 continue;
             };
             match self.index.get(&var).map(|&i| (i, &mut self.vars[i])) {
                 Some((i, Var::Table(t))) if self.items_of[i] == 1 => {
-                    t.push_rows_direct(keys, grads, step);
+                    t.push_rows_direct(grads);
                 }
                 _ => {}
             }

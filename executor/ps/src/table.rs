@@ -432,6 +432,9 @@ struct Scratch {
     grad_row: Vec<f32>,
     // `prepare_direct` accepted a push item whose update is still to come.
     direct_ready: bool,
+    // The rows `prepare_direct` counted an update for: each key and its
+    // access step before, to give the counts back if the push is refused.
+    direct_undo: Vec<(u64, u64)>,
 }
 
 impl EmbeddingTable {
@@ -657,10 +660,13 @@ impl EmbeddingTable {
         crate::shard::all_finite(&self.scratch.acc_grads)
     }
 
-    /// Drop the accumulated gradients, and a prepared direct update,
+    /// Drop the accumulated gradients, and a prepared direct update (its
+    /// rows' update counts and access steps go back to what they were),
     /// without applying them.
     pub(crate) fn discard_accumulated(&mut self) {
-        self.scratch.direct_ready = false;
+        if std::mem::take(&mut self.scratch.direct_ready) {
+            self.undo_direct();
+        }
         self.scratch.acc_index.clear();
         self.scratch.acc_keys.clear();
         self.scratch.acc_grads.clear();
@@ -668,20 +674,29 @@ impl EmbeddingTable {
 
     /// Whether a push item's rows can be updated straight from the
     /// request by [`Self::push_rows_direct`]: every key has a row and no
-    /// row comes twice (a worker's pushes, which carry unique keys). Keeps
-    /// the rows found for that call; changes no row. Nothing may be
-    /// accumulated for the table.
-    pub(crate) fn prepare_direct(&mut self, keys: U64s<'_>) -> bool {
+    /// row comes twice (a worker's pushes, which carry unique keys).
+    /// Nothing may be accumulated for the table.
+    ///
+    /// When it can, each row's update is counted now (its update count
+    /// and access step at `step`, as [`Self::apply_accumulated_at`] counts
+    /// them) and its index and count kept, so the update itself finds the
+    /// rows without probing the key map again: by then the probes of the
+    /// request's other items have pushed this one's out of the cache.
+    /// The weights change only in [`Self::push_rows_direct`];
+    /// [`Self::discard_accumulated`] gives the counts back. When it
+    /// cannot, nothing changes.
+    pub(crate) fn prepare_direct(&mut self, keys: U64s<'_>, step: u64) -> bool {
         debug_assert!(!self.has_accumulated());
         let mut targets = std::mem::take(&mut self.scratch.targets);
+        let mut undo = std::mem::take(&mut self.scratch.direct_undo);
         targets.clear();
+        undo.clear();
         let marks = &mut self.scratch.marks;
         marks.resize((self.rows.next as usize).div_ceil(64), 0);
-        // As in `apply_at`: the probes first (their misses overlap); the
-        // updates probe again (now in cache) to count them.
+        // As in `apply_at`: the probes first, their misses overlapping.
         let mut direct = true;
         for k in keys.iter() {
-            let Some(s) = self.rows.map.get(&k) else {
+            let Some(s) = self.rows.map.get_mut(&k) else {
                 direct = false;
                 break;
             };
@@ -691,51 +706,62 @@ impl EmbeddingTable {
                 break;
             }
             marks[word] |= bit;
-            targets.push((s.index, 0));
+            undo.push((k, s.last_access));
+            s.updates += 1;
+            s.last_access = s.last_access.max(step);
+            targets.push((s.index, s.updates));
         }
         for &(index, _) in &targets {
             marks[(index / 64) as usize] = 0;
         }
-        if !direct {
-            targets.clear();
-        }
         self.scratch.targets = targets;
+        self.scratch.direct_undo = undo;
+        if !direct {
+            self.undo_direct();
+        }
         self.scratch.direct_ready = direct;
         direct
     }
 
-    /// Apply a push item's row gradients (`grads`: `keys.len() * dim`
-    /// floats) straight from the request, refreshing the access time of
-    /// the updated rows to `step`, after [`Self::prepare_direct`] accepted
-    /// the same `keys`. The result is that of [`Self::accumulate`] then
-    /// [`Self::apply_accumulated_at`] without the accumulator's hash map
-    /// and copy.
+    /// Give back the update counts and access steps `prepare_direct`
+    /// took (its keys are unique, so each row is restored once).
+    fn undo_direct(&mut self) {
+        for &(k, last_access) in &self.scratch.direct_undo {
+            if let Some(s) = self.rows.map.get_mut(&k) {
+                s.updates -= 1;
+                s.last_access = last_access;
+            }
+        }
+        self.scratch.direct_undo.clear();
+        self.scratch.targets.clear();
+    }
+
+    /// Apply a push item's row gradients (`grads`: one row of `dim`
+    /// floats per key, in the keys' order) straight from the request to
+    /// the rows [`Self::prepare_direct`] accepted and counted. The result
+    /// is that of [`Self::accumulate`] then [`Self::apply_accumulated_at`]
+    /// without the accumulator's hash map and copy.
     /// Does nothing unless a prepared update is pending.
-    pub(crate) fn push_rows_direct(&mut self, keys: U64s<'_>, grads: F32s<'_>, step: u64) {
+    pub(crate) fn push_rows_direct(&mut self, grads: F32s<'_>) {
         if !std::mem::take(&mut self.scratch.direct_ready) {
             return;
         }
         let dim = self.dim;
         let targets = std::mem::take(&mut self.scratch.targets);
-        debug_assert_eq!(targets.len(), keys.len());
+        debug_assert_eq!(targets.len() * dim, grads.len());
         let mut g = std::mem::take(&mut self.scratch.grad_row);
         g.resize(dim, 0.0);
         let stride = self.rows.arena.stride;
-        for (j, k) in keys.iter().enumerate() {
+        for (j, &(index, t)) in targets.iter().enumerate() {
             let ahead = targets.get(j + prefetch::DISTANCE).map(|&(ahead, _)| ahead);
             self.rows.arena.prefetch(ahead, stride);
-            let Some(s) = self.rows.map.get_mut(&k) else {
-                continue;
-            };
-            s.updates += 1;
-            s.last_access = s.last_access.max(step);
-            let (index, t) = (s.index, s.updates);
             grads.slice(j * dim, (j + 1) * dim).copy_to(&mut g);
             let (w, slots) = self.rows.arena.row_mut(index).split_at_mut(dim);
             self.opt.apply(w, slots, &g, t, step);
         }
         self.scratch.grad_row = g;
         self.scratch.targets = targets;
+        self.scratch.direct_undo.clear();
     }
 
     /// True when gradients are waiting in the accumulator.

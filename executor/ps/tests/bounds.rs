@@ -188,6 +188,51 @@ fn nan_and_infinite_gradients_are_refused_and_change_nothing() {
     assert_ne!(snapshot(&s), before);
 }
 
+#[test]
+fn a_refused_push_gives_back_the_update_counts_of_rows_it_would_have_updated_directly() {
+    let mut s = shard(ShardConfig {
+        optimizer: OptimizerConfig::adam(0.1),
+        ..ShardConfig::default()
+    });
+    pull(&mut s, |w| {
+        w.rows(EMB, &[1, 2, 3]);
+    })
+    .unwrap();
+    // Two steps on, so a counted update would move the rows' access step
+    // as well as their update count.
+    for _ in 0..2 {
+        push(&mut s, |w| {
+            w.rows(EMB, DIM as u32, &[3], &g_of(0.5));
+        })
+        .unwrap();
+    }
+    let before = snapshot(&s);
+    let mut d = vec![0.1f32; DENSE];
+    d[9] = f32::NAN;
+    // The rows item is finite, with unique keys (it goes straight to the
+    // rows); the dense item after it is not.
+    let e = push(&mut s, |w| {
+        w.rows(EMB, DIM as u32, &[2, 1], &[g_of(0.5), g_of(0.25)].concat())
+            .dense(W, &d);
+    })
+    .unwrap_err();
+    assert_eq!(e, PsError::NonFinite { var: W });
+    assert_eq!(snapshot(&s), before, "a refused push changed the shard");
+    // The same rows item alone is applied, once.
+    let mut twin = shard(ShardConfig {
+        optimizer: OptimizerConfig::adam(0.1),
+        ..ShardConfig::default()
+    });
+    assert!(twin.restore(&mut before.as_slice()).is_ok());
+    for t in [&mut s, &mut twin] {
+        push(t, |w| {
+            w.rows(EMB, DIM as u32, &[2, 1], &[g_of(0.5), g_of(0.25)].concat());
+        })
+        .unwrap();
+    }
+    assert_eq!(snapshot(&s), snapshot(&twin));
+}
+
 fn g_of(x: f32) -> Vec<f32> {
     let mut g = vec![0.0; DIM];
     g[0] = x;
