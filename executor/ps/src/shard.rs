@@ -712,7 +712,7 @@ impl PsShard {
             };
             match self.index.get(&var).map(|&i| (i, &mut self.vars[i])) {
                 Some((i, Var::Table(t))) if self.items_of[i] == 1 => {
-                    t.push_rows_direct(grads);
+                    t.push_rows_direct(grads, step);
                 }
                 _ => {}
             }

@@ -742,7 +742,7 @@ impl EmbeddingTable {
     /// is that of [`Self::accumulate`] then [`Self::apply_accumulated_at`]
     /// without the accumulator's hash map and copy.
     /// Does nothing unless a prepared update is pending.
-    pub(crate) fn push_rows_direct(&mut self, grads: F32s<'_>) {
+    pub(crate) fn push_rows_direct(&mut self, grads: F32s<'_>, step: u64) {
         if !std::mem::take(&mut self.scratch.direct_ready) {
             return;
         }
