@@ -101,9 +101,17 @@ fn socket_input_wakes_a_parked_reactor() {
     let g = got.clone();
     let reactor = Reactor::spawn(spec, move |_| SocketReader { sock, got: g }).expect("spawn");
     let tx = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
-    for _ in 0..100 {
+    // Each datagram goes once the reactor has read the one before and had
+    // a moment to park again, so on a loaded machine the datagrams do not
+    // pile up while the reactor waits for a cpu (which reads them in one
+    // turn with fewer parks).
+    for i in 0..100 {
         tx.send_to(b"x", addr).expect("send");
-        std::thread::sleep(Duration::from_micros(300));
+        let t0 = std::time::Instant::now();
+        while got.load(Ordering::SeqCst) <= i && t0.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        std::thread::sleep(Duration::from_millis(1));
     }
     let (_, stats) = reactor.join().expect("join");
     assert_eq!(got.load(Ordering::SeqCst), 100);
