@@ -7,7 +7,10 @@
 # Usage: ci/fuzz-afl.sh [SECONDS] [TARGET...]
 #   SECONDS  per target (default 180); TARGET among decode deframe
 #            handshake ps-proto udp qp-endpoint (default: all).
-# Environment: FUZZ_OUT (default target/afl), UPDATE_CORPUS=1 to replace
+# Environment: FUZZ_EXECS=N stops a target after N executions if that
+# comes before SECONDS (the "20 minutes or 10 million executions":
+# FUZZ_EXECS=10000000 ci/fuzz-afl.sh 1200); FUZZ_OUT (default
+# target/afl), UPDATE_CORPUS=1 to replace
 # transport/wire/fuzz/corpus/TARGET with the run's queue entries that found
 # new edges, smallest first, up to CORPUS_KB (default 40) KiB a target.
 #
@@ -67,7 +70,7 @@ for t in "${targets[@]}"; do
         in="$out/seeds/$t"
     fi
     rm -rf "${out:?}/$t"
-    cargo afl fuzz -V "$secs" -i "$in" -o "$out/$t" -- "$bin/afl-$t" >"$out/$t.log" 2>&1 || {
+    cargo afl fuzz -V "$secs" ${FUZZ_EXECS:+-E "$FUZZ_EXECS"} -i "$in" -o "$out/$t" -- "$bin/afl-$t" >"$out/$t.log" 2>&1 || {
         echo "afl-fuzz failed for $t: see $out/$t.log" >&2
         exit 1
     }
