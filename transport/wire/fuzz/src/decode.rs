@@ -96,6 +96,15 @@ impl Target for Decode {
         ]
     }
 
+    fn check(&mut self, input: &[u8]) -> Result<(), String> {
+        for limits in [Limits::default(), SMALL_LIMITS] {
+            self.run(&limits, input)?;
+        }
+        // The acceptor's first bytes: the preamble's parser.
+        let _ = starwire_transport::preamble::Preamble::parse(input);
+        Ok(())
+    }
+
     fn replay(&mut self, input: &[u8]) -> bool {
         for limits in [Limits::default(), SMALL_LIMITS] {
             println!("{limits:?}: {:?}", decode_any(input, &limits));

@@ -381,6 +381,12 @@ impl Target for Deframe {
         ]
     }
 
+    fn check(&mut self, input: &[u8]) -> Result<(), String> {
+        // The input holds its own choices (the feed's control bytes).
+        let small = Feed::parse(input).limits == SMALL_LIMITS;
+        self.run(&small, input).map(drop)
+    }
+
     fn replay(&mut self, input: &[u8]) -> bool {
         println!("{:?}", Feed::parse(input));
         match check_deframe(input) {

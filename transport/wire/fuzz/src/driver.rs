@@ -109,6 +109,12 @@ pub trait Target {
     /// Run one saved input, printing what it did; false if an oracle
     /// that reports failed.
     fn replay(&mut self, input: &[u8]) -> bool;
+
+    /// Run one input under every choice of a run that the input does not
+    /// hold itself (both limits, with and without a token): the body that
+    /// the AFL drivers (`transport/wire/fuzz/afl`) and the corpus replay
+    /// test run. `Err` says which oracle failed; a panic is a crash.
+    fn check(&mut self, input: &[u8]) -> Result<(), String>;
 }
 
 /// A driver's options, parsed once from its command line.
@@ -535,6 +541,10 @@ mod tests {
 
         fn replay(&mut self, input: &[u8]) -> bool {
             self.run(&(), input).is_ok()
+        }
+
+        fn check(&mut self, input: &[u8]) -> Result<(), String> {
+            self.run(&(), input).map(drop)
         }
     }
 

@@ -185,6 +185,13 @@ impl Target for Handshake {
         ]
     }
 
+    fn check(&mut self, input: &[u8]) -> Result<(), String> {
+        for token in [false, true] {
+            self.run(&Case { token }, input)?;
+        }
+        Ok(())
+    }
+
     fn replay(&mut self, input: &[u8]) -> bool {
         let mut ok = true;
         for token in [false, true] {

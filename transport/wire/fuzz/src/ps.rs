@@ -469,6 +469,11 @@ impl driver::Target for Handlers {
         ]
     }
 
+    fn check(&mut self, input: &[u8]) -> Result<(), String> {
+        // With the check that a refused request changed nothing.
+        self.run(&true, input).map(drop)
+    }
+
     fn replay(&mut self, input: &[u8]) -> bool {
         println!("{:?}", Target::new().run(input, true));
         true
