@@ -111,6 +111,12 @@ pub struct TrainArgs {
     /// last checkpoint, at the next step (with --sync and --checkpoint-dir).
     #[arg(long, value_name = "S")]
     pub checkpoint_every_secs: Option<u64>,
+    /// Each PS shard also writes an incremental checkpoint (the rows
+    /// touched since its last full checkpoint) into
+    /// DIR/deltas/C/ at every global step C that is a multiple of N
+    /// (with --checkpoint-dir).
+    #[arg(long, value_name = "N")]
+    pub delta_every_steps: Option<u64>,
     /// DeepRec EmbeddingVariable filter_freq: a key gets a row after this
     /// many lookups (0: at once).
     #[arg(long, default_value_t = 0)]
@@ -305,6 +311,7 @@ fn config(a: &TrainArgs, ps: usize, workers: usize) -> Result<TrainConfig, Strin
         checkpoint_dir: a.checkpoint_dir.clone(),
         checkpoint_every_steps: a.checkpoint_every_steps,
         checkpoint_every_secs: a.checkpoint_every_secs.map(std::time::Duration::from_secs),
+        delta_every_steps: a.delta_every_steps,
         filter_freq: a.filter_freq,
         steps_to_live: a.steps_to_live,
         default_value_dim: a.default_value_dim,

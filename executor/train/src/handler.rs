@@ -7,6 +7,7 @@ use starwire_ps::{write_atomic, PsError, PsShard};
 use starwire_transport::wire::Status;
 
 use crate::cluster::periodic::{is_checkpoint_step, step_dir};
+use crate::deltas::DeltaExport;
 use crate::psserver::{HandlerError, PsHandler};
 use crate::telemetry::ShardTelemetry;
 
@@ -52,6 +53,8 @@ pub struct ShardHandler {
     pub incarnation: u64,
     /// A checkpoint step asked for by `CHECKPOINT_AT` and not reached yet.
     pub checkpoint_next: Option<u64>,
+    /// Incremental checkpoints (`--delta-every-steps`; none: not written).
+    pub deltas: Option<DeltaExport>,
     /// Where the shard publishes its counters and logs its progress (none:
     /// not published).
     pub telemetry: Option<ShardTelemetry>,
@@ -85,9 +88,29 @@ impl ShardHandler {
     }
 }
 
+impl ShardHandler {
+    /// Write the shard's delta if `step` is a delta step.
+    fn write_delta(&mut self, step: u64) -> Result<(), HandlerError> {
+        let (Some(d), Some(own)) = (&mut self.deltas, &self.checkpoint_dir) else {
+            return Ok(());
+        };
+        if !d.is_delta_step(step) {
+            return Ok(());
+        }
+        d.write(&self.shard, self.index, own)
+            .map_err(|e| HandlerError {
+                status: Status::Internal,
+                message: format!("delta at global step {step}: {e}"),
+            })
+    }
+}
+
 impl PsHandler for ShardHandler {
     fn pull(&mut self, body: &[u8], out: &mut Vec<u8>) -> Result<(), HandlerError> {
         let r = self.shard.handle_pull(body, out).map_err(err);
+        if let Some(d) = &mut self.deltas {
+            d.record_pull(body);
+        }
         self.publish();
         r
     }
@@ -95,6 +118,9 @@ impl PsHandler for ShardHandler {
     fn push(&mut self, body: &[u8], out: &mut Vec<u8>) -> Result<(), HandlerError> {
         let before = self.shard.global_step();
         let r = self.shard.handle_push(body, out).map_err(err);
+        if let Some(d) = &mut self.deltas {
+            d.record_push(body);
+        }
         self.publish();
         let step = self.shard.global_step();
         if step != before
@@ -103,6 +129,11 @@ impl PsHandler for ShardHandler {
         {
             self.checkpoint_next = self.checkpoint_next.filter(|&c| c > step);
             self.write_step(step)?;
+            if let Some(d) = &mut self.deltas {
+                d.full_written(step);
+            }
+        } else if step != before {
+            self.write_delta(step)?;
         }
         r
     }
@@ -125,7 +156,11 @@ impl PsHandler for ShardHandler {
         std::fs::create_dir_all(own).map_err(|e| format!("{dir}: {e}"))?;
         write_atomic(&path, |w| self.shard.save(w))
             .map_err(|e| format!("{}: {e}", path.display()))?;
-        out.extend_from_slice(&self.shard.global_step().to_le_bytes());
+        let step = self.shard.global_step();
+        if let Some(d) = &mut self.deltas {
+            d.full_written(step);
+        }
+        out.extend_from_slice(&step.to_le_bytes());
         Ok(())
     }
 

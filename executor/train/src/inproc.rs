@@ -321,6 +321,7 @@ mod tests {
                     checkpoint_dir: None,
                     checkpoint_every: 0,
                     checkpoint_next: None,
+                    deltas: None,
                     incarnation: 0,
                     telemetry: None,
                 })

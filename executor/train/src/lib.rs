@@ -36,6 +36,7 @@
 
 pub mod backend;
 pub mod cluster;
+pub mod deltas;
 #[cfg(feature = "grpc")]
 pub mod grpc;
 pub mod handler;

@@ -710,3 +710,50 @@ fn a_sync_run_resumed_from_a_timed_checkpoint_ends_bit_identical() {
         "resumed at global step {c}, the model differs from an uninterrupted run's"
     );
 }
+
+/// `--delta-every-steps`: each shard writes the rows touched since its
+/// last full checkpoint; the latest delta applied onto that checkpoint
+/// gives the shard as it was at the delta's step, byte for byte (here the
+/// end of the run).
+#[test]
+fn a_delta_on_its_full_checkpoint_is_the_shard_at_its_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let cfg = TrainConfig {
+        sync: true,
+        steps: Some(48),
+        eval_examples: 0,
+        checkpoint_dir: Some(d.to_owned()),
+        checkpoint_every_steps: Some(32),
+        delta_every_steps: Some(8),
+        ..small()
+    };
+    let r = run_local(&cfg).unwrap();
+    assert_eq!(r.steps, 48);
+    // Full at 32; the deltas since then replace each other: 48 is left.
+    let kept: Vec<String> = std::fs::read_dir(d.join("deltas"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(kept, ["48"]);
+    let plan = starwire_train::cluster::plan(&cfg).unwrap();
+    for s in 0..r.shards {
+        let name = format!("shard-{s:04}");
+        let mut shard = starwire_train::cluster::make_shard(&cfg, &plan, s, None).unwrap();
+        let full = std::fs::read(d.join("steps/32").join(format!("{name}.ckpt"))).unwrap();
+        shard.restore(&mut full.as_slice()).unwrap();
+        let delta = std::fs::read(d.join("deltas/48").join(format!("{name}.delta"))).unwrap();
+        assert!(delta.len() < full.len() * 2);
+        shard.apply_delta(&mut delta.as_slice()).unwrap();
+        let mut now = Vec::new();
+        shard.save(&mut now).unwrap();
+        let end = std::fs::read(d.join(format!("{name}.ckpt"))).unwrap();
+        assert!(now == end, "shard {s}: base + delta is not the shard at 48");
+    }
+    let e = run_local(&TrainConfig {
+        steps_to_live: 10,
+        ..cfg
+    })
+    .unwrap_err();
+    assert!(e.to_string().contains("--delta-every-steps 8"), "{e}");
+}

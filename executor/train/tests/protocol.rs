@@ -122,6 +122,7 @@ impl Cluster {
                     checkpoint_dir: Some(dir.to_owned()),
                     checkpoint_every: 0,
                     checkpoint_next: None,
+                    deltas: None,
                     incarnation: 0,
                     telemetry: None,
                 };

@@ -72,6 +72,7 @@ fn start(expected: usize) -> Ps {
             checkpoint_dir: None,
             checkpoint_every: 0,
             checkpoint_next: None,
+            deltas: None,
             incarnation: 0,
             telemetry: None,
         };

@@ -113,6 +113,10 @@ pub struct TrainConfig {
     /// last one, at the next global step worker 0 reaches
     /// (`--checkpoint-every-secs`; needs `sync`).
     pub checkpoint_every_secs: Option<std::time::Duration>,
+    /// Each shard also writes an incremental checkpoint (the rows touched
+    /// since its last full one) at every global step that is a multiple of
+    /// this (`--delta-every-steps`; needs `checkpoint_dir`).
+    pub delta_every_steps: Option<u64>,
     /// DeepRec `filter_freq` (0: off).
     pub filter_freq: u32,
     /// DeepRec `steps_to_live` (0: off).
@@ -189,6 +193,7 @@ impl Default for TrainConfig {
             checkpoint_dir: None,
             checkpoint_every_steps: None,
             checkpoint_every_secs: None,
+            delta_every_steps: None,
             filter_freq: 0,
             steps_to_live: 0,
             default_value_dim: starwire_ps::DEFAULT_VALUE_DIM,

@@ -64,6 +64,24 @@ fn ck(path: &Path) -> impl Fn(String) -> TrainError + '_ {
 /// the pushes) and a `--checkpoint-dir`, and a multiple of the workers
 /// (the global step moves by one per worker each synchronous step).
 pub(super) fn check(cfg: &TrainConfig) -> Result<(), TrainError> {
+    if let Some(n) = cfg.delta_every_steps {
+        let bad = |why: &str| {
+            Err(TrainError::Config(format!(
+                "--delta-every-steps {n}: {why}"
+            )))
+        };
+        if cfg.checkpoint_dir.is_none() {
+            return bad("needs --checkpoint-dir");
+        }
+        if n == 0 {
+            return bad("must be positive");
+        }
+        if cfg.steps_to_live > 0 {
+            return bad(
+                "--steps-to-live evicts rows a delta does not list (take full checkpoints)",
+            );
+        }
+    }
     if let Some(s) = cfg.checkpoint_every_secs {
         let bad = |why: &str| {
             Err(TrainError::Config(format!(

@@ -20,6 +20,7 @@ use super::periodic;
 use super::reactors::{PinnedThread, ReactorLayout};
 use super::{model_name, protocol_name, BackendKind, Interval, Plan, TrainConfig};
 use crate::backend::{Backend, Tcp};
+use crate::deltas::DeltaExport;
 use crate::handler::{shard_file, ShardHandler};
 use crate::handoff::{HandoffConfig, HandoffNet};
 use crate::net::{Exchange, SessionNet, Traffic, WorkerService};
@@ -168,12 +169,16 @@ pub(crate) fn shard_handler(
 ) -> Result<ShardHandler, TrainError> {
     let shard = make_shard(cfg, plan, s, restore)?;
     let telemetry = ShardTelemetry::new(&cfg.telemetry, cfg.backend.name(), &shard, cfg.log_every);
+    let deltas = cfg
+        .delta_every_steps
+        .map(|n| DeltaExport::new(n, shard.global_step(), &shard));
     Ok(ShardHandler {
         shard,
         index: s,
         checkpoint_dir: cfg.checkpoint_dir.clone(),
         checkpoint_every: cfg.checkpoint_every_steps.unwrap_or(0),
         checkpoint_next: None,
+        deltas,
         incarnation: 0,
         telemetry: Some(telemetry),
     })
