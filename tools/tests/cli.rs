@@ -963,7 +963,7 @@ fn ftrl_and_adagrad_decay_train_and_bad_hyper_parameters_are_usage_errors() {
     let st = &v["staleness"];
     assert!(num(st, "pushes") > 0.0, "{v}");
     assert!(
-        num(st, "max") >= num(st, "p99") && num(st, "p99") as f64 >= 0.0,
+        num(st, "max") >= num(st, "p99") && num(st, "p99") >= 0.0,
         "{st}"
     );
     assert!(num(st, "mean") <= num(st, "max"), "{st}");
