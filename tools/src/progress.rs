@@ -268,11 +268,12 @@ impl Drop for Progress {
     }
 }
 
-/// A bar on stderr: `LABEL [bar] DONE/TOTAL MSG (elapsed, eta)`.
+/// A bar on stderr: `LABEL [bar] DONE/TOTAL (elapsed, eta) MSG`, the
+/// message last.
 fn bar(label: &'static str, unit: Unit, total: u64) -> ProgressBar {
     let unit = if unit == Unit::Seconds { " s" } else { "" };
     let template = format!(
-        "{{prefix}} [{{bar:30}}] {{pos}}/{{len}}{unit} {{wide_msg}} (elapsed {{elapsed_h}}, eta {{eta_linear}})"
+        "{{prefix}} [{{bar:20}}] {{pos}}/{{len}}{unit} (elapsed {{elapsed_h}}, eta {{eta_linear}}) {{msg}}"
     );
     let style = ProgressStyle::with_template(&template)
         .unwrap_or_else(|_| ProgressStyle::default_bar())

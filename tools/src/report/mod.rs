@@ -349,17 +349,18 @@ pub fn main(args: ReportArgs, train: Option<&dyn TrainSuite>) -> Result<(), Stri
     } else {
         args.repeat.max(TRAIN_RUNS)
     };
-    let cases = train.map(|_| train_cases(&backends, args.quick));
-    let mut progress = Progress::new(
-        "starwire report",
-        Unit::Items,
-        progress_len(&plans, cases.as_deref().map_or(0, <[_]>::len), runs),
-    );
+    // A train run takes many bench runs' time: each part has progress of
+    // its own, so that each ETA is at the pace of its own items.
+    let mut progress = Progress::new("starwire report: bench", Unit::Items, bench_runs(&plans));
     let mut lines = Vec::new();
     for plan in &plans {
         lines.extend(bench::run_loopback(plan, &mut progress)?);
     }
-    let train_rows = train.zip(cases).map(|(suite, cases)| {
+    progress.finish();
+    let train_rows = train.map(|suite| {
+        let cases = train_cases(&backends, args.quick);
+        let total = (cases.len() * runs) as u64;
+        let mut progress = Progress::new("starwire report: train", Unit::Items, total);
         // Runs alternate between the cases, as the bench's repetitions
         // alternate between backends: a slow spell of the machine then
         // touches every case, not one.
@@ -382,7 +383,6 @@ pub fn main(args: ReportArgs, train: Option<&dyn TrainSuite>) -> Result<(), Stri
             .map(|(case, r)| TrainRow::new(case, r))
             .collect::<Vec<_>>()
     });
-    progress.finish();
     write_all(&args.out, &m, &backends, &lines, train_rows.as_deref())?;
     eprintln!(
         "starwire report: wrote {} in {:.1}s",
@@ -392,11 +392,9 @@ pub fn main(args: ReportArgs, train: Option<&dyn TrainSuite>) -> Result<(), Stri
     Ok(())
 }
 
-/// The items of a report's progress: every measured bench run of its
-/// plans, and each train case's runs.
-fn progress_len(plans: &[Plan], train_cases: usize, train_runs: usize) -> u64 {
-    let bench: u64 = plans.iter().map(Plan::measured_runs).sum();
-    bench + (train_cases * train_runs) as u64
+/// The items of the bench part's progress: every measured run of `plans`.
+fn bench_runs(plans: &[Plan]) -> u64 {
+    plans.iter().map(Plan::measured_runs).sum()
 }
 
 fn write_file(dir: &Path, name: &str, contents: &str) -> Result<(), String> {
@@ -878,7 +876,7 @@ mod tests {
     }
 
     #[test]
-    fn progress_counts_every_measured_run_and_train_run() {
+    fn bench_progress_counts_every_measured_run() {
         let args = ReportArgs {
             out: PathBuf::from("unused"),
             quick: true,
@@ -892,9 +890,7 @@ mod tests {
         let plans = plans(&args, &backends, &machine(&args, (None, None), true));
         // lat at 2 sizes, rate at 2 in-flight counts, bw at 1 size: two
         // backends each; fuse: tcp only (the raw baseline has none).
-        assert_eq!(progress_len(&plans, 0, 1), 2 * 2 + 2 * 2 + 2 + 1);
-        let cases = train_cases(&backends, true).len();
-        assert_eq!(progress_len(&plans, cases, 3), 11 + 3 * 3);
+        assert_eq!(bench_runs(&plans), 2 * 2 + 2 * 2 + 2 + 1);
     }
 
     #[test]
