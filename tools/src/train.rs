@@ -61,7 +61,7 @@ pub struct TrainArgs {
     #[arg(long, default_value = "adagrad", value_parser = parse_optimizer)]
     pub optimizer: OptimizerKind,
     /// Learning rate (FTRL's alpha).
-    #[arg(long, default_value_t = 0.3)]
+    #[arg(long, default_value_t = 0.6)]
     pub lr: f32,
     /// Scale the rate of each push with the workers W: none, sqrt (--lr /
     /// sqrt(W)) or linear (--lr / W).
