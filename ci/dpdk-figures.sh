@@ -3,7 +3,8 @@
 # one pair of network namespaces (not run by CI):
 #   * dpdk over net_af_xdp and over net_af_packet against the tcp backend:
 #     round trip p50/p99 at 64 B, rate at 4 KiB x 32 in flight, bandwidth
-#     at 1 MiB; two-process bench (`--listen` in A, `--connect` in B),
+#     at 1 MiB (over net_af_xdp only the round trip: bursts of full-size
+#     packets stall in its transmit ring on a veth, see the docs' Limits); two-process bench (`--listen` in A, `--connect` in B),
 #     client reactor on core 0, server reactor on core 1, polling on, the
 #     backends alternated --repeat times (medians reported);
 #   * dpdk's packet rate (`bench --backends dpdk --mode rate --sizes 64
@@ -86,7 +87,7 @@ bench_pair() {
     local name=$1 vdev_a=$2 vdev_b=$3
     shift 3
     port=$((port + 1))
-    ip netns exec "$NS_A" timeout 600 "$BIN" bench --listen "$CTL_A:$port" --one-off \
+    ip netns exec "$NS_A" timeout 180 "$BIN" bench --listen "$CTL_A:$port" --one-off \
         --eal "$EAL --vdev=$vdev_a" --dpdk-ip "$DPDK_A" \
         >"$LOG_DIR/$name-server.log" 2>&1 &
     local server=$! rc=0
@@ -94,7 +95,7 @@ bench_pair() {
         grep -qs "waiting for a client" "$LOG_DIR/$name-server.log" && break
         sleep 0.1
     done
-    ip netns exec "$NS_B" timeout 600 "$BIN" bench --connect "$CTL_A:$port" \
+    ip netns exec "$NS_B" timeout 180 "$BIN" bench --connect "$CTL_A:$port" \
         --eal "$EAL --vdev=$vdev_b" --dpdk-ip "$DPDK_B" \
         --cores 0,1 --polling on --repeat "$REPEAT" --duration "$DURATION" --json "$@" \
         >"$LOG_DIR/$name.json" 2>"$LOG_DIR/$name.log" || rc=1
@@ -157,6 +158,12 @@ for driver in af_xdp af_packet; do
         mode=$what backends=tcp,dpdk
         if [ "$what" = pps ]; then mode=rate backends=dpdk; fi
         name="$driver-$what"
+        if [ "$driver" = af_xdp ] && { [ "$what" = rate ] || [ "$what" = bw ]; }; then
+            # Bursts of full-size packets stall in the AF_XDP transmit ring
+            # on a veth (docs/backends/dpdk.md, Limits).
+            echo "{\"figure\":\"$what\",\"driver\":\"$driver\",\"skipped\":\"full-size bursts stall over net_af_xdp on a veth\"}"
+            continue
+        fi
         if ! bench_pair "$name" "$vdev_a" "$vdev_b" --backends "$backends" --mode "$mode" "$@"; then
             echo "{\"figure\":\"$what\",\"driver\":\"$driver\",\"error\":true}"
             continue

@@ -10,6 +10,8 @@
 #     for it) exchanges datagrams with a DpdkLink in A, so the kernel
 #     checks our IPv4/UDP headers and checksums
 #     (backends/dpdk/tests/kernel_peer.rs);
+#   * `starwire info` on a net_af_packet port with two queue pairs: the
+#     steering it would get (software: no rte_flow);
 #   * a two-process training run (net_af_packet): `starwire ps` in A,
 #     `starwire worker` in B, `--backend dpdk --sync`, the DPDK addresses from an .endpoint_map,
 #     whose AUC must be within 0.005 of the same run over tcp (run once, on
@@ -209,6 +211,19 @@ for driver in af_packet af_xdp; do
     fi
     result train "$ok" "$driver" "\"auc\":${auc:-null},\"tcp_auc\":${TCP_AUC:-null}"
 done
+
+# Several queue pairs: net_af_packet with qpairs=2 offers two, and
+# `starwire info` says how they would be steered (software: the PMD has no
+# rte_flow). The two-process benches above run one reactor a side, so one
+# queue pair each. (net_af_xdp refuses queue_count=2 on a veth: the PMD
+# allows one queue on an interface that reports no combined channels.)
+ok=true
+info=$(ip netns exec "$NS_A" timeout 60 "$BIN" info --json \
+    --eal "$EAL --vdev=net_af_packet0,iface=$VA,qpairs=2" --dpdk-queues 2 2>/dev/null) || ok=false
+steering=$(echo "$info" | grep -o '"steering":"[a-z_]*"' | head -1 | cut -d'"' -f4)
+echo "$info" | grep -q '"max_queues":{"rx":2,"tx":2}' || ok=false
+[ "$steering" = software ] || ok=false
+result queues "$ok" af_packet "\"steering\":\"${steering:-none}\""
 
 echo "{\"check\":\"summary\",\"passed\":$passed,\"failed\":$failed}"
 [ "$failed" = 0 ]
