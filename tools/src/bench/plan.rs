@@ -1,0 +1,434 @@
+//! The plan of a `starwire bench` invocation, its runs, and the result
+//! line each run (or the median of its repeats) prints.
+
+use super::*;
+
+/// What a run measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Ping-pong echo, one outstanding; round-trip percentiles.
+    Lat,
+    /// Requests with K outstanding, each answered with an empty ack.
+    Rate,
+    /// One-way stream of payload with K outstanding (acked).
+    Bw,
+    /// Steps of N tensors to one peer, fused vs unfused.
+    Fuse,
+}
+
+impl Mode {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Mode::Lat => "lat",
+            Mode::Rate => "rate",
+            Mode::Bw => "bw",
+            Mode::Fuse => "fuse",
+        }
+    }
+}
+
+/// The whole benchmark, as sent from the client to the server.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Plan {
+    /// Backends, in the order they alternate.
+    pub backends: Vec<Backend>,
+    /// Modes.
+    pub modes: Vec<Mode>,
+    /// Payload sizes in bytes.
+    pub sizes: Vec<usize>,
+    /// `--inflight`, if given.
+    pub inflight: Option<usize>,
+    /// `--iters`, if given.
+    pub iters: Option<u64>,
+    /// `--duration` in seconds, if given.
+    pub duration_s: Option<f64>,
+    /// `--warmup`, if given.
+    pub warmup: Option<u64>,
+    /// `--tensors` (fuse mode).
+    pub tensors: usize,
+    /// `--repeat`.
+    pub repeat: usize,
+    /// Busy polling on.
+    pub polling: bool,
+    /// Client core.
+    pub client_core: Option<usize>,
+    /// Server core.
+    pub server_core: Option<usize>,
+    /// `--connections`: data connections per run (1 from a client that
+    /// predates the option).
+    #[serde(default = "one")]
+    pub connections: usize,
+    /// `--interval`: seconds between the client's interval reports.
+    #[serde(default)]
+    pub interval_s: Option<f64>,
+    /// `--bidirectional`: rate and bw requests are echoed, so the payload
+    /// flows both ways.
+    #[serde(default)]
+    pub bidirectional: bool,
+    /// `--cpu-util`: both ends measure their process's CPU time per run.
+    #[serde(default)]
+    pub cpu_util: bool,
+}
+
+pub(super) fn one() -> usize {
+    1
+}
+
+/// One measurement: one backend, mode and size.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Run {
+    /// Backend.
+    pub backend: Backend,
+    /// Mode.
+    pub mode: Mode,
+    /// Payload bytes per message (per tensor in fuse mode).
+    pub size: usize,
+    /// Outstanding messages per connection (1 for lat).
+    pub inflight: usize,
+    /// Data connections, all driven by one client and one server reactor.
+    #[serde(default = "one")]
+    pub connections: usize,
+    /// Measured iterations (steps in fuse mode); ignored with a duration.
+    pub iters: u64,
+    /// Warm-up iterations, not measured.
+    pub warmup: u64,
+    /// Measure for this long instead of `iters`.
+    pub duration_s: Option<f64>,
+    /// Tensors per step (fuse mode).
+    pub tensors: usize,
+    /// Largest payload of the plan (sizes the starwire frame limits
+    /// identically on both ends).
+    pub max_size: usize,
+    /// Repetition index.
+    pub rep: usize,
+    /// Seconds between interval reports (client side).
+    #[serde(default)]
+    pub interval_s: Option<f64>,
+    /// Rate and bw requests are echoed (see [`Plan::bidirectional`]).
+    #[serde(default)]
+    pub bidirectional: bool,
+}
+
+impl Run {
+    pub(super) fn duration(&self) -> Option<Duration> {
+        self.duration_s.map(Duration::from_secs_f64)
+    }
+
+    /// Whether the server echoes every request's payload: lat always,
+    /// rate and bw with `--bidirectional`.
+    pub(crate) fn echoed(&self) -> bool {
+        match self.mode {
+            Mode::Lat => true,
+            Mode::Rate | Mode::Bw => self.bidirectional,
+            Mode::Fuse => false,
+        }
+    }
+
+    /// Payload bits a completed message counts for in `gbps`: its request
+    /// and, when bidirectional, its echo (lat counts one way).
+    pub(super) fn bits_per_msg(&self) -> f64 {
+        let ways = match self.mode {
+            Mode::Rate | Mode::Bw if self.bidirectional => 2.0,
+            _ => 1.0,
+        };
+        ways * self.size as f64 * 8.0
+    }
+
+    /// The `--interval` reports of this run (lat, rate and bw).
+    pub(crate) fn interval_report(&self) -> Option<IntervalReport> {
+        let every = self.interval_s?;
+        if self.mode == Mode::Fuse {
+            return None;
+        }
+        let label = format!("{} {} {} B", self.backend, self.mode.name(), self.size);
+        Some(IntervalReport::new(
+            Duration::from_secs_f64(every),
+            label,
+            self.bits_per_msg(),
+        ))
+    }
+}
+
+pub(super) fn default_iters(mode: Mode, size: usize, tensors: usize) -> u64 {
+    let size = size.max(1) as u64;
+    match mode {
+        Mode::Lat => ((256u64 << 20) / size).clamp(100, 10_000),
+        Mode::Rate => ((1u64 << 30) / size).clamp(1_000, 200_000),
+        Mode::Bw => ((4u64 << 30) / size).clamp(200, 200_000),
+        Mode::Fuse => (200_000 / tensors.max(1) as u64).clamp(20, 2_000),
+    }
+}
+
+impl Plan {
+    /// Every run, in execution order: for each mode and size, the backends
+    /// alternate `repeat` times.
+    pub fn runs(&self) -> Vec<Run> {
+        let max_size = self.sizes.iter().copied().max().unwrap_or(0);
+        let mut out = Vec::new();
+        for &mode in &self.modes {
+            for &size in &self.sizes {
+                for rep in 0..self.repeat.max(1) {
+                    for &backend in &self.backends {
+                        let inflight = match mode {
+                            Mode::Lat => 1,
+                            Mode::Rate => self.inflight.unwrap_or(16),
+                            Mode::Bw => self.inflight.unwrap_or(8),
+                            Mode::Fuse => self.tensors,
+                        }
+                        .max(1);
+                        let iters = self
+                            .iters
+                            .unwrap_or_else(|| default_iters(mode, size, self.tensors));
+                        // Every connection starts with `inflight` requests
+                        // at once: the warm-up covers that burst twice, so
+                        // that the measurement starts in the steady state.
+                        let burst = match mode {
+                            Mode::Fuse => 0,
+                            _ => 2 * (self.connections.max(1) * inflight) as u64,
+                        };
+                        let warmup = self
+                            .warmup
+                            .unwrap_or((iters / 10).clamp(1, 1_000).max(burst));
+                        out.push(Run {
+                            backend,
+                            mode,
+                            size,
+                            inflight,
+                            connections: self.connections.max(1),
+                            iters: iters.max(1),
+                            warmup,
+                            duration_s: self.duration_s,
+                            tensors: self.tensors.max(1),
+                            max_size,
+                            rep,
+                            interval_s: self.interval_s,
+                            bidirectional: self.bidirectional,
+                        });
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// The runs that measure something: the raw baseline has no fuse mode
+    /// (its runs are skipped). The length of a bench's progress.
+    pub fn measured_runs(&self) -> u64 {
+        self.runs().iter().filter(|r| !r.skipped()).count() as u64
+    }
+}
+
+impl Run {
+    /// A run the client skips (fuse over the raw baseline).
+    pub(super) fn skipped(&self) -> bool {
+        self.backend == Backend::Raw && self.mode == Mode::Fuse
+    }
+
+    /// What the progress calls it: `tcp lat 64 B rep 1`.
+    pub(super) fn progress_msg(&self) -> String {
+        format!(
+            "{} {} {} B rep {}",
+            self.backend,
+            self.mode.name(),
+            self.size,
+            self.rep + 1
+        )
+    }
+}
+
+/// What the client side of one run measured.
+#[derive(Debug, Clone, Default)]
+pub struct Measured {
+    /// Completed measured iterations (requests, or steps in fuse mode).
+    pub iters: u64,
+    /// Measured wall time.
+    pub elapsed: Duration,
+    /// Round-trip times (lat and rate), over every connection.
+    pub rtts: Rtts,
+    /// Fused steps per second (fuse mode).
+    pub fused_steps_per_s: Option<f64>,
+    /// Unfused steps per second (fuse mode).
+    pub unfused_steps_per_s: Option<f64>,
+    /// Client-side system calls per message sent or received (starwire
+    /// backends; `None` for the raw baseline).
+    pub syscalls_per_msg: Option<f64>,
+    /// Client-side zero-copy sends and how many came back copied (uring).
+    pub zero_copy: Option<(u64, u64)>,
+    /// The client end's packet counters (datagram backends: dpdk).
+    pub packets: Option<packets::ClientPackets>,
+}
+
+/// One result line; the field names are a contract (see docs/CLI.md).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ResultLine {
+    pub backend: Backend,
+    pub mode: Mode,
+    pub size: usize,
+    pub inflight: usize,
+    /// Data connections of the run (`inflight` is per connection).
+    #[serde(default = "one")]
+    pub connections: usize,
+    pub iters: u64,
+    pub p50_us: Option<f64>,
+    pub p99_us: Option<f64>,
+    pub p999_us: Option<f64>,
+    pub min_us: Option<f64>,
+    pub max_us: Option<f64>,
+    /// 99.99th percentile round trip.
+    #[serde(default)]
+    pub p9999_us: Option<f64>,
+    /// Mean round trip.
+    #[serde(default)]
+    pub avg_us: Option<f64>,
+    /// Standard deviation of the round trips.
+    #[serde(default)]
+    pub stdev_us: Option<f64>,
+    pub msgs_per_s: Option<f64>,
+    pub gbps: Option<f64>,
+    pub polling: bool,
+    pub client_core: Option<usize>,
+    pub server_core: Option<usize>,
+    pub fused_steps_per_s: Option<f64>,
+    pub unfused_steps_per_s: Option<f64>,
+    pub tensors: Option<usize>,
+    pub repeat: usize,
+    #[serde(default)]
+    pub syscalls_per_msg: Option<f64>,
+    /// Client-side zero-copy sends (uring; null otherwise).
+    #[serde(default)]
+    pub zc_sends: Option<u64>,
+    /// Of those, sends the kernel reported as copied; a connection switches
+    /// to plain sends at the first one.
+    #[serde(default)]
+    pub zc_copied: Option<u64>,
+    /// Rate and bw requests echoed (`--bidirectional`); `gbps` counts
+    /// both ways.
+    #[serde(default)]
+    pub bidirectional: bool,
+    /// `--cpu-util`: CPU time of the client process over the run, in % of
+    /// one core (over loopback the process holds both ends).
+    #[serde(default)]
+    pub cpu_pct: Option<f64>,
+    /// `--cpu-util` with `--connect`: the same of the server process.
+    #[serde(default)]
+    pub server_cpu_pct: Option<f64>,
+    /// Packets received per second, summed over both ends, data and
+    /// acknowledgements, warm-up included (dpdk; null otherwise).
+    #[serde(default)]
+    pub pps: Option<f64>,
+    /// Packets sent per frame sent, over both ends: data, retransmissions
+    /// and acknowledgements (dpdk; null otherwise).
+    #[serde(default)]
+    pub packets_per_frame: Option<f64>,
+    /// Data packets sent again, over both ends (dpdk; null otherwise).
+    #[serde(default)]
+    pub retransmits: Option<u64>,
+    /// CPU time of the client process per message sent or received, in
+    /// µs (getrusage; over loopback the process holds both ends) (dpdk;
+    /// null otherwise).
+    #[serde(default)]
+    pub cpu_us_per_msg: Option<f64>,
+    /// The client port's `rte_eth_stats` over the run (dpdk; null
+    /// otherwise).
+    #[serde(default)]
+    pub port_stats: Option<packets::PortCounters>,
+    /// How the client port's packets reach its reactors: `rte_flow`,
+    /// `software` or `single` (dpdk; null otherwise).
+    #[serde(default)]
+    pub steering: Option<String>,
+}
+
+impl ResultLine {
+    /// Set the latency fields from `lat` (all `None` without one).
+    pub(super) fn set_latency(&mut self, lat: Option<hist::LatencySummary>) {
+        self.p50_us = lat.map(|l| l.p50_us);
+        self.p99_us = lat.map(|l| l.p99_us);
+        self.p999_us = lat.map(|l| l.p999_us);
+        self.p9999_us = lat.map(|l| l.p9999_us);
+        self.min_us = lat.map(|l| l.min_us);
+        self.max_us = lat.map(|l| l.max_us);
+        self.avg_us = lat.map(|l| l.avg_us);
+        self.stdev_us = lat.map(|l| l.stdev_us);
+    }
+}
+
+pub(super) fn result_line(plan: &Plan, run: &Run, m: &Measured) -> ResultLine {
+    let secs = m.elapsed.as_secs_f64();
+    let rate = (secs > 0.0).then(|| m.iters as f64 / secs);
+    let (msgs_per_s, gbps) = match run.mode {
+        Mode::Fuse => (None, None),
+        _ => (rate, rate.map(|r| r * run.bits_per_msg() / 1e9)),
+    };
+    let mut line = ResultLine {
+        backend: run.backend,
+        mode: run.mode,
+        size: run.size,
+        inflight: run.inflight,
+        connections: run.connections,
+        iters: m.iters,
+        p50_us: None,
+        p99_us: None,
+        p999_us: None,
+        min_us: None,
+        max_us: None,
+        p9999_us: None,
+        avg_us: None,
+        stdev_us: None,
+        msgs_per_s,
+        gbps,
+        polling: plan.polling,
+        client_core: plan.client_core,
+        server_core: plan.server_core,
+        fused_steps_per_s: m.fused_steps_per_s,
+        unfused_steps_per_s: m.unfused_steps_per_s,
+        tensors: (run.mode == Mode::Fuse).then_some(run.tensors),
+        repeat: 1,
+        syscalls_per_msg: m.syscalls_per_msg,
+        zc_sends: m.zero_copy.map(|z| z.0),
+        zc_copied: m.zero_copy.map(|z| z.1),
+        bidirectional: run.bidirectional && matches!(run.mode, Mode::Rate | Mode::Bw),
+        cpu_pct: None,
+        server_cpu_pct: None,
+        pps: None,
+        packets_per_frame: None,
+        retransmits: None,
+        cpu_us_per_msg: None,
+        port_stats: None,
+        steering: None,
+    };
+    if matches!(run.mode, Mode::Lat | Mode::Rate) {
+        line.set_latency(m.rtts.summary());
+    }
+    line
+}
+
+/// One configuration's result: the median of each metric over its
+/// repetitions, except the round trips, which are those of every
+/// repetition merged (`rtts`).
+pub(super) fn median_line(lines: &[ResultLine], rtts: Option<&Rtts>) -> ResultLine {
+    let mut out = lines[0].clone();
+    macro_rules! med {
+        ($f:ident) => {
+            out.$f = median(lines.iter().map(|l| l.$f));
+        };
+    }
+    if let Some(r) = rtts {
+        out.set_latency(r.summary());
+    }
+    med!(msgs_per_s);
+    med!(gbps);
+    med!(fused_steps_per_s);
+    med!(unfused_steps_per_s);
+    med!(syscalls_per_msg);
+    med!(cpu_pct);
+    med!(server_cpu_pct);
+    packets::merge_packets(&mut out, lines);
+    let mut iters: Vec<u64> = lines.iter().map(|l| l.iters).collect();
+    iters.sort_unstable();
+    out.iters = iters[iters.len() / 2];
+    out.zc_sends = lines.iter().filter_map(|l| l.zc_sends).max();
+    out.zc_copied = lines.iter().filter_map(|l| l.zc_copied).max();
+    out.repeat = lines.len();
+    out
+}
