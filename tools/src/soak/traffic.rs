@@ -1,0 +1,393 @@
+//! The soak's traffic: checksummed, sequenced message bodies, the
+//! client that sends them and checks every answer, and the echoing
+//! server.
+
+use super::*;
+
+pub(super) const SEQ_HDR: usize = 16;
+
+/// Order-sensitive checksum of `seq` and `data`: every 8-byte word goes
+/// through a bijective mix, so any change of one word changes the result.
+pub(super) fn checksum(seq: u64, data: &[u8]) -> u64 {
+    let mut h = 0x243f_6a88_85a3_08d3u64 ^ seq.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    let mut words = data.chunks_exact(8);
+    for w in &mut words {
+        let v = u64::from_le_bytes(w.try_into().unwrap_or([0; 8]));
+        h = (h ^ v).wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(29);
+    }
+    let rest = words.remainder();
+    let mut last = [0u8; 8];
+    last[..rest.len()].copy_from_slice(rest);
+    h = (h ^ u64::from_le_bytes(last)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    h ^ data.len() as u64
+}
+
+pub(super) fn mix(mut x: u64) -> u64 {
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    x ^ (x >> 33)
+}
+
+/// Payload length for message `seq` of connection `conn`: mostly small,
+/// some medium, a few up to `max`.
+pub(super) fn payload_len(conn: u64, seq: u64, max: usize) -> usize {
+    let r = mix(conn << 40 ^ seq);
+    let bucket = r % 100;
+    let cap = match bucket {
+        0..=69 => 256,
+        70..=94 => 4096,
+        _ => max,
+    }
+    .min(max);
+    if cap == 0 {
+        0
+    } else {
+        ((r >> 8) % (cap as u64 + 1)) as usize
+    }
+}
+
+/// `[seq u64][checksum u64][payload]`.
+pub(super) fn make_body(seq: u64, len: usize, salt: u64) -> Payload {
+    let mut v = Vec::with_capacity(SEQ_HDR + len);
+    v.extend_from_slice(&seq.to_le_bytes());
+    v.extend_from_slice(&[0u8; 8]);
+    let base = mix(seq ^ salt);
+    v.extend((0..len).map(|i| (base as usize).wrapping_add(i.wrapping_mul(131)) as u8));
+    let sum = checksum(seq, &v[SEQ_HDR..]);
+    v[8..16].copy_from_slice(&sum.to_le_bytes());
+    Payload::from(v)
+}
+
+/// Decode and verify a body: `Some(seq)` when the checksum matches.
+pub(super) fn check_body(body: &[u8]) -> Option<u64> {
+    if body.len() < SEQ_HDR {
+        return None;
+    }
+    let seq = u64::from_le_bytes(body[..8].try_into().ok()?);
+    let sum = u64::from_le_bytes(body[8..16].try_into().ok()?);
+    (checksum(seq, &body[SEQ_HDR..]) == sum).then_some(seq)
+}
+
+/// In-order tracking of sequence numbers on one stream.
+#[derive(Debug, Default)]
+pub(super) struct SeqTrack {
+    pub(super) next: u64,
+    pub(super) missing: HashSet<u64>,
+}
+
+impl SeqTrack {
+    /// Note `seq`; counts duplicates and out-of-order arrivals.
+    pub(super) fn see(&mut self, seq: u64, c: &mut Counts) {
+        if seq == self.next {
+            self.next += 1;
+        } else if seq > self.next {
+            // A gap: the skipped ones may still come (reordered) or never
+            // (lost, counted by the requester).
+            if seq - self.next <= 1 << 16 {
+                self.missing.extend(self.next..seq);
+            }
+            self.next = seq + 1;
+        } else if self.missing.remove(&seq) {
+            c.out_of_order += 1;
+        } else {
+            c.duplicated += 1;
+        }
+    }
+}
+
+/// One client connection's bookkeeping.
+pub(super) struct ClientConn {
+    /// The connection's number in the whole soak (payload sizes and
+    /// contents derive from it).
+    pub(super) index: u64,
+    pub(super) next_seq: u64,
+    /// request id -> seq
+    pub(super) outstanding: HashMap<u64, u64>,
+    pub(super) track: SeqTrack,
+}
+
+/// The client's role on one reactor: keeps `inflight` requests
+/// outstanding on each of its connections until `stop_sending`, checks
+/// every response, and closes the connections once all are answered or
+/// at `give_up`.
+pub(super) struct SoakClient {
+    /// Connection `k` attached here is number `first + k * step` of the
+    /// whole soak.
+    pub(super) first: u64,
+    pub(super) step: u64,
+    pub(super) attached: u64,
+    /// By [`ConnId::index`]; `None` once the connection ended.
+    pub(super) conns: Vec<Option<ClientConn>>,
+    pub(super) inflight: usize,
+    pub(super) max_size: usize,
+    pub(super) stop_sending: Instant,
+    pub(super) give_up: Instant,
+    /// Whether the last turn was before `stop_sending`.
+    pub(super) sending: bool,
+    pub(super) counts: Counts,
+    /// Faults injected on connections that ended (and went).
+    pub(super) faults: FaultCounts,
+    pub(super) done: bool,
+    pub(super) cells: SoakCells,
+    /// The reactor's driver counters, published a few times a second.
+    pub(super) driver: DriverCells,
+}
+
+/// `slots[id.index()]`, if there.
+pub(super) fn slot<T>(slots: &mut [Option<T>], id: ConnId) -> Option<&mut T> {
+    slots.get_mut(id.index()).and_then(Option::as_mut)
+}
+
+/// `slots[id.index()] = value`, growing `slots` as needed.
+pub(super) fn put<T>(slots: &mut Vec<Option<T>>, id: ConnId, value: T) {
+    if slots.len() <= id.index() {
+        slots.resize_with(id.index() + 1, || None);
+    }
+    slots[id.index()] = Some(value);
+}
+
+impl SoakClient {
+    /// What is still unanswered is lost; every connection is closed.
+    pub(super) fn finish<D: Driver>(&mut self, sessions: &mut Sessions<D>) {
+        for (i, c) in self.conns.iter_mut().enumerate() {
+            let Some(c) = c else { continue };
+            self.counts.lost += c.outstanding.len() as u64;
+            c.outstanding.clear();
+            if let Some(conn) = sessions.conn(ConnId::new(i as u32)) {
+                conn.close();
+            }
+        }
+        self.done = true;
+        self.driver.publish(&sessions.driver().counters());
+    }
+}
+
+pub(super) fn on_response(
+    outstanding: &mut HashMap<u64, u64>,
+    track: &mut SeqTrack,
+    counts: &mut Counts,
+    m: Incoming<'_>,
+) {
+    let Incoming::Response {
+        id, status, body, ..
+    } = m
+    else {
+        return;
+    };
+    let Some(want) = outstanding.remove(&id) else {
+        counts.duplicated += 1;
+        return;
+    };
+    counts.answered += 1;
+    if status != Status::Ok {
+        // The server found the request corrupted (and counted it).
+        return;
+    }
+    match check_body(body) {
+        Some(seq) if seq == want => track.see(seq, counts),
+        _ => counts.corrupted += 1,
+    }
+}
+
+impl<D: SoakDriver> Service<D> for SoakClient {
+    fn on_attach(&mut self, id: ConnId, _shard: u32, _now: Instant) {
+        let index = self.first + self.attached * self.step;
+        self.attached += 1;
+        put(
+            &mut self.conns,
+            id,
+            ClientConn {
+                index,
+                next_seq: 0,
+                outstanding: HashMap::new(),
+                track: SeqTrack::default(),
+            },
+        );
+    }
+
+    fn on_message(
+        &mut self,
+        id: ConnId,
+        _conn: &mut Connection,
+        msg: Incoming<'_>,
+        _now: Instant,
+    ) -> Result<(), ConnError> {
+        if let Some(c) = slot(&mut self.conns, id) {
+            on_response(&mut c.outstanding, &mut c.track, &mut self.counts, msg);
+        }
+        Ok(())
+    }
+
+    fn on_closed(
+        &mut self,
+        id: ConnId,
+        _conn: &mut Connection,
+        _error: &ConnError,
+        driver: &D,
+        _now: Instant,
+    ) {
+        self.faults.add(driver.fault_stats(id));
+        let Some(c) = self.conns.get_mut(id.index()).and_then(Option::take) else {
+            return;
+        };
+        // Closed by the soak's end: counted there.
+        if !self.done {
+            self.counts.failed += 1;
+            self.counts.lost += c.outstanding.len() as u64;
+        }
+    }
+
+    fn poll(&mut self, sessions: &mut Sessions<D>, now: Instant) -> bool {
+        if self.done {
+            return false;
+        }
+        if self.driver.due(now) {
+            self.driver.publish(&sessions.driver().counters());
+        }
+        let c = &self.counts;
+        self.cells.publish(SoakCounts {
+            sent: c.messages,
+            answered: c.answered,
+            lost: c.lost,
+            duplicated: c.duplicated,
+            corrupted: c.corrupted,
+            out_of_order: c.out_of_order,
+        });
+        self.sending = now < self.stop_sending;
+        if !self.sending {
+            let all_quiet = self
+                .conns
+                .iter()
+                .flatten()
+                .all(|c| c.outstanding.is_empty());
+            if all_quiet || now >= self.give_up {
+                self.finish(sessions);
+                return true;
+            }
+            return false;
+        }
+        let mut sent = false;
+        for (i, c) in self.conns.iter_mut().enumerate() {
+            let Some(c) = c else { continue };
+            let Some(conn) = sessions.conn(ConnId::new(i as u32)) else {
+                continue;
+            };
+            while c.outstanding.len() < self.inflight {
+                let seq = c.next_seq;
+                let len = payload_len(c.index, seq, self.max_size);
+                match conn.request(Opcode::Rpc, 0, make_body(seq, len, c.index), None) {
+                    Ok(id) => {
+                        c.outstanding.insert(id, seq);
+                        c.next_seq += 1;
+                        self.counts.messages += 1;
+                        sent = true;
+                    }
+                    Err(_) => break,
+                }
+            }
+        }
+        sent
+    }
+
+    fn next_deadline(&self) -> Option<Instant> {
+        Some(if self.sending {
+            self.stop_sending
+        } else {
+            self.give_up
+        })
+    }
+
+    fn finished(&self) -> bool {
+        self.done
+    }
+}
+
+/// The server's role on one reactor: checks and answers every request.
+pub(super) struct SoakServer {
+    /// By [`ConnId::index`].
+    pub(super) tracks: Vec<Option<SeqTrack>>,
+    pub(super) counts: Counts,
+    /// Faults injected on connections that ended (and went).
+    pub(super) faults: FaultCounts,
+    /// The reactor's driver counters, published a few times a second.
+    pub(super) driver: DriverCells,
+}
+
+impl SoakServer {
+    pub(super) fn new(lay: &Layout, backend: &str) -> Self {
+        Self {
+            tracks: Vec::new(),
+            counts: Counts::default(),
+            faults: FaultCounts::default(),
+            driver: DriverCells::new(&lay.telemetry, backend),
+        }
+    }
+}
+
+pub(super) fn serve_request(
+    track: &mut SeqTrack,
+    counts: &mut Counts,
+    conn: &mut Connection,
+    m: Incoming<'_>,
+) {
+    let Incoming::Request {
+        id, opcode, body, ..
+    } = m
+    else {
+        return;
+    };
+    let (status, reply) = match check_body(body) {
+        Some(seq) => {
+            track.see(seq, counts);
+            let len = (mix(seq) % 1024) as usize;
+            (Status::Ok, make_body(seq, len, !seq))
+        }
+        None => {
+            counts.corrupted += 1;
+            (Status::BadRequest, Payload::empty())
+        }
+    };
+    let _ = conn.respond(id, opcode, status, reply);
+}
+
+impl<D: SoakDriver> Service<D> for SoakServer {
+    fn on_attach(&mut self, id: ConnId, _shard: u32, _now: Instant) {
+        put(&mut self.tracks, id, SeqTrack::default());
+    }
+
+    fn poll(&mut self, sessions: &mut Sessions<D>, now: Instant) -> bool {
+        if self.driver.due(now) {
+            self.driver.publish(&sessions.driver().counters());
+        }
+        false
+    }
+
+    fn on_message(
+        &mut self,
+        id: ConnId,
+        conn: &mut Connection,
+        msg: Incoming<'_>,
+        _now: Instant,
+    ) -> Result<(), ConnError> {
+        if let Some(track) = slot(&mut self.tracks, id) {
+            serve_request(track, &mut self.counts, conn, msg);
+        }
+        Ok(())
+    }
+
+    fn on_closed(
+        &mut self,
+        id: ConnId,
+        _conn: &mut Connection,
+        _error: &ConnError,
+        driver: &D,
+        _now: Instant,
+    ) {
+        self.faults.add(driver.fault_stats(id));
+        if let Some(t) = self.tracks.get_mut(id.index()) {
+            *t = None;
+        }
+    }
+}
