@@ -1,0 +1,286 @@
+//! Row storage of an [`EmbeddingTable`](super::EmbeddingTable): the key
+//! map and the arena of rows (weights and optimizer slots side by side),
+//! in blocks that grow without moving rows.
+
+use super::*;
+
+/// Where a row lives, and its bookkeeping for eviction and Adam's per-row
+/// bias correction: the value of the key map, so the probe that finds a
+/// row also brings these in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Slot {
+    /// The row's index in the arena.
+    pub(crate) index: u32,
+    /// Global step of the last pull or update.
+    pub(crate) last_access: u64,
+    /// Number of optimizer updates applied to this row.
+    pub(crate) updates: u64,
+}
+
+/// The rows of a table: a key -> [`Slot`] map and an [`Arena`] of rows of
+/// `stride` floats each (`dim` weights, then each optimizer slot). Rows are
+/// not allocated one by one: a new row takes a freed index or the next one,
+/// so creating a row costs no `malloc` and removing one no `free`.
+#[derive(Debug, Clone)]
+pub(crate) struct Rows {
+    pub(crate) map: Map<Slot>,
+    pub(crate) arena: Arena,
+    /// Indices below this have been handed out.
+    pub(crate) next: u32,
+    /// Indices of evicted rows, reused first.
+    pub(crate) free: Vec<u32>,
+}
+
+/// Rows of a table in blocks of about [`BLOCK_BYTES`]. Growing adds a block
+/// and never moves a row: one growable `Vec` of all rows copied the whole
+/// table (and faulted its new pages in) at every doubling, which showed as
+/// the PS's largest `memmove` while a table filled.
+///
+/// Blocks are anonymous mappings, so pages no row has touched cost no
+/// memory. Those past the first [`SMALL_PAGE_BLOCKS`] are advised
+/// `MADV_HUGEPAGE`: a large table's rows are read and updated in random
+/// order, and with 4 KiB pages nearly every row touched cost a TLB miss
+/// (`ps_table_1m`, 512 MiB of rows: pull and push 13-14% faster with huge
+/// pages). A small table stays on 4 KiB pages: its TLB footprint is small,
+/// many small tables cost no 2 MiB page each, and on this VM a fresh 2 MiB
+/// page cost more to clear on first touch than the TLB saved (the
+/// comm-bound train, whose table shards are 14 MiB each, was 10-20% slower
+/// with huge pages from the first block).
+#[derive(Debug)]
+pub(crate) struct Arena {
+    pub(crate) stride: usize,
+    /// log2 of the rows per block.
+    pub(crate) shift: u32,
+    pub(crate) blocks: Vec<Block>,
+}
+
+/// Target size of an arena block: one transparent huge page.
+pub(crate) const BLOCK_BYTES: usize = 2 << 20;
+/// Blocks of a table shard (16 MiB) kept on small pages; see [`Arena`].
+pub(crate) const SMALL_PAGE_BLOCKS: usize = 8;
+/// Fewest rows per block (for rows wider than `BLOCK_BYTES / 1024`).
+pub(crate) const MIN_BLOCK_SHIFT: u32 = 10;
+
+/// One block of an [`Arena`]: an anonymous mapping of `rows << shift`
+/// floats, zeroed by the kernel.
+#[derive(Debug)]
+pub(crate) struct Block {
+    pub(crate) map: memmap2::MmapMut,
+    /// Advised `MADV_HUGEPAGE`.
+    pub(crate) huge: bool,
+}
+
+impl Block {
+    /// A zeroed block; [`NoRoom::Memory`] when the mapping fails.
+    pub(crate) fn new(floats: usize, huge: bool) -> Result<Self, NoRoom> {
+        let map = memmap2::MmapOptions::new()
+            .len(floats * std::mem::size_of::<f32>())
+            .map_anon()
+            .map_err(|_| NoRoom::Memory)?;
+        if huge {
+            // Refused advice (THP disabled) leaves small pages: harmless.
+            let _ = map.advise(memmap2::Advice::HugePage);
+        }
+        Ok(Self { map, huge })
+    }
+
+    // A mapping is page-aligned and its length a multiple of 4: the casts
+    // cannot fail.
+    pub(crate) fn floats(&self) -> &[f32] {
+        bytemuck::cast_slice(&self.map)
+    }
+
+    pub(crate) fn floats_mut(&mut self) -> &mut [f32] {
+        bytemuck::cast_slice_mut(&mut self.map)
+    }
+}
+
+impl Clone for Arena {
+    fn clone(&self) -> Self {
+        let mut out = Arena::with_shift(self.stride, self.shift, self.blocks.len());
+        for b in &self.blocks {
+            // Cloning a table is for tests and tools, which treat running
+            // out of memory as `vec!` does.
+            let Ok(mut copy) = Block::new(b.floats().len(), b.huge) else {
+                std::alloc::handle_alloc_error(std::alloc::Layout::new::<Block>());
+            };
+            copy.floats_mut().copy_from_slice(b.floats());
+            out.blocks.push(copy);
+        }
+        out
+    }
+}
+
+impl Arena {
+    pub(crate) fn new(stride: usize, rows: usize) -> Self {
+        let per_block = BLOCK_BYTES / (stride.max(1) * std::mem::size_of::<f32>());
+        let shift = per_block.max(1).ilog2().max(MIN_BLOCK_SHIFT);
+        Self::with_shift(stride, shift, rows.div_ceil(1 << shift))
+    }
+
+    pub(crate) fn with_shift(stride: usize, shift: u32, blocks: usize) -> Self {
+        Self {
+            stride,
+            shift,
+            blocks: Vec::with_capacity(blocks),
+        }
+    }
+
+    /// Rows per block.
+    pub(crate) fn block_rows(&self) -> usize {
+        1 << self.shift
+    }
+
+    pub(crate) fn push_block(&mut self, huge: bool) -> Result<(), NoRoom> {
+        let floats = self.block_rows() * self.stride;
+        self.blocks.try_reserve(1).map_err(|_| NoRoom::Memory)?;
+        self.blocks.push(Block::new(floats, huge)?);
+        Ok(())
+    }
+
+    /// Make row `index` addressable (its floats are zero or stale).
+    pub(crate) fn ensure(&mut self, index: u32) -> Result<(), NoRoom> {
+        let block = (index >> self.shift) as usize;
+        while self.blocks.len() <= block {
+            let huge = self.blocks.len() >= SMALL_PAGE_BLOCKS;
+            self.push_block(huge)?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn row(&self, index: u32) -> &[f32] {
+        let at = (index as usize & (self.block_rows() - 1)) * self.stride;
+        &self.blocks[(index >> self.shift) as usize].floats()[at..at + self.stride]
+    }
+
+    /// Prefetch the first `floats` floats of row `index`, unless it is
+    /// `None` or [`NO_ROW`] (see [`prefetch`]).
+    pub(crate) fn prefetch(&self, index: Option<u32>, floats: usize) {
+        if let Some(i) = index.filter(|&i| i != NO_ROW) {
+            prefetch::row(&self.row(i)[..floats]);
+        }
+    }
+
+    pub(crate) fn row_mut(&mut self, index: u32) -> &mut [f32] {
+        let at = (index as usize & (self.block_rows() - 1)) * self.stride;
+        &mut self.blocks[(index >> self.shift) as usize].floats_mut()[at..at + self.stride]
+    }
+}
+
+impl Rows {
+    /// An empty store of rows of `stride` floats, with room for `n` rows.
+    pub(crate) fn with_capacity(stride: usize, n: usize) -> Self {
+        let mut map = Map::default();
+        map.reserve(n);
+        Self {
+            map,
+            arena: Arena::new(stride, n),
+            next: 0,
+            free: Vec::new(),
+        }
+    }
+
+    /// Number of rows.
+    pub(crate) fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// True when there is no row.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// The keys, in no particular order.
+    pub(crate) fn keys(&self) -> impl Iterator<Item = u64> + '_ {
+        self.map.keys().copied()
+    }
+
+    /// The bookkeeping and the `stride` floats of `key`'s row.
+    pub(crate) fn get(&self, key: u64) -> Option<(Slot, &[f32])> {
+        let s = *self.map.get(&key)?;
+        Some((s, self.arena.row(s.index)))
+    }
+
+    /// Add a row for `key` (which must not have one) holding `data`
+    /// (`stride` floats); false if the key already has a row.
+    pub(crate) fn insert(
+        &mut self,
+        key: u64,
+        last_access: u64,
+        updates: u64,
+        data: &[f32],
+    ) -> Result<bool, NoRoom> {
+        use std::collections::hash_map::Entry;
+        let Entry::Vacant(v) = self.map.entry(key) else {
+            return Ok(false);
+        };
+        let index = alloc(&mut self.arena, &mut self.next, &mut self.free)?;
+        self.arena.row_mut(index).copy_from_slice(data);
+        v.insert(Slot {
+            index,
+            last_access,
+            updates,
+        });
+        Ok(true)
+    }
+
+    /// Keep the rows for which `keep` is true; returns how many were removed.
+    pub(crate) fn retain(&mut self, mut keep: impl FnMut(&Slot) -> bool) -> usize {
+        let before = self.map.len();
+        let free = &mut self.free;
+        self.map.retain(|_, s| {
+            let k = keep(s);
+            if !k {
+                free.push(s.index);
+            }
+            k
+        });
+        before - self.map.len()
+    }
+}
+
+/// Why a table could not make a row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum NoRoom {
+    /// The table holds [`TablePolicy::max_rows`] rows.
+    MaxRows,
+    /// The arena's memory could not be mapped.
+    Memory,
+    /// Every row index of the shard is taken.
+    Indices,
+}
+
+/// A pull needed a new row and the table had no room for it. Rows the
+/// request created before it stay (each is a row a later pull would have
+/// made).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("table {var} cannot take a new row: {} ({rows} rows held)", match why {
+    NoRoom::MaxRows => "it holds --max-rows rows",
+    NoRoom::Memory => "out of memory",
+    NoRoom::Indices => "every row index is taken",
+})]
+pub struct TableFull {
+    /// The table's variable id.
+    pub var: u32,
+    /// Rows it holds.
+    pub rows: usize,
+    /// Which bound it hit.
+    pub why: NoRoom,
+}
+
+/// A new row index: a freed one, or the next one (the arena grows to hold
+/// it). The row's floats are stale or zero; the caller writes all of them.
+pub(crate) fn alloc(arena: &mut Arena, next: &mut u32, free: &mut Vec<u32>) -> Result<u32, NoRoom> {
+    if let Some(i) = free.pop() {
+        return Ok(i);
+    }
+    let i = *next;
+    // `NO_ROW` marks a missing row, so it is never an index.
+    if i == NO_ROW {
+        return Err(NoRoom::Indices);
+    }
+    arena.ensure(i)?;
+    *next = i + 1;
+    Ok(i)
+}
