@@ -454,6 +454,17 @@ fn a_sync_run_whose_ps_is_killed_and_restarted_ends_bit_identical() {
             f[0]["reconnect_seconds"]
         );
     }
+    // The examples trained again after the roll-back count once.
+    let count = |r: &serde_json::Value| {
+        (
+            r["examples_trained"].as_u64().unwrap(),
+            r["examples_planned"].as_u64().unwrap(),
+        )
+    };
+    assert_eq!(
+        reports.iter().map(|r| count(r)).collect::<Vec<_>>(),
+        vec![(12288, 12288); 2]
+    );
     let (a, b) = (shard_files(whole.path()), shard_files(killed.path()));
     assert!(!a.is_empty());
     assert!(

@@ -131,6 +131,10 @@ fn sync_mode_runs_equal_steps_with_a_barrier() {
     for s in &r.shard_stats {
         assert_eq!(s["global_step"].as_u64().unwrap(), 66);
     }
+    assert_eq!(
+        (r.examples_trained, r.examples_planned),
+        (16_384, Some(16_384))
+    );
     // Three epochs: the cap is per epoch, not cut short overall.
     let r = run_local(&TrainConfig {
         sync: true,
@@ -226,6 +230,7 @@ fn checkpoints_during_a_sync_run_are_consistent_and_resume() {
         .unwrap();
         assert_eq!(p["steps"], 24, "{p}");
         assert_eq!(p["offset"], 24 * 256, "{p}");
+        assert_eq!(p["examples"], 24 * 256, "{p}");
     }
     // Resume from the checkpoint at 32, as after a crash right after it.
     let mpath = d.join("manifest.json");
@@ -235,14 +240,19 @@ fn checkpoints_during_a_sync_run_are_consistent_and_resume() {
     m["shard_steps"] = serde_json::json!([32, 32]);
     m["shard_files"] = serde_json::json!(["steps/32/shard-0000.ckpt", "steps/32/shard-0001.ckpt"]);
     m["workers"] = serde_json::json!([
-        {"worker": 0, "epoch": 0, "offset": 4096, "steps": 16},
-        {"worker": 1, "epoch": 0, "offset": 4096, "steps": 16},
+        {"worker": 0, "epoch": 0, "offset": 4096, "steps": 16, "examples": 4096},
+        {"worker": 1, "epoch": 0, "offset": 4096, "steps": 16, "examples": 4096},
     ]);
     std::fs::write(&mpath, m.to_string()).unwrap();
     let second = run_local(&cfg).unwrap();
     assert_eq!(second.resumed_from_step, Some(32));
     assert_eq!(second.steps, 32, "each worker runs its 16 steps left");
     assert_eq!(second.samples, 32 * 256);
+    // What the model holds: the checkpoint's examples and those since.
+    assert_eq!(
+        (second.examples_trained, second.examples_planned),
+        (16_384, Some(16_384))
+    );
     // A file outside the checkpoint directory is refused.
     m["shard_files"] = serde_json::json!(["../x", "steps/32/shard-0001.ckpt"]);
     std::fs::write(&mpath, m.to_string()).unwrap();
@@ -345,6 +355,8 @@ fn steps_flag_is_the_total_over_workers() {
     })
     .unwrap();
     assert_eq!(r.steps, 10);
+    // Steps of 4, 3 and 3 batches of 256.
+    assert_eq!((r.examples_trained, r.examples_planned), (2560, Some(2560)));
 }
 
 /// With two PS, small tables are assigned whole to one shard and large ones
@@ -705,6 +717,12 @@ fn a_sync_run_resumed_from_a_timed_checkpoint_ends_bit_identical() {
     .unwrap();
     assert_eq!(resumed.resumed_from_step, Some(c));
     assert_eq!(resumed.steps, 160 - c);
+    // Two epochs of 10 160: the timed checkpoint's examples (every batch
+    // full but each epoch's last) and those since.
+    assert_eq!(
+        (resumed.examples_trained, resumed.examples_planned),
+        (20_320, Some(20_320))
+    );
     assert!(
         shard_files(saved.path(), resumed.shards) == expected,
         "resumed at global step {c}, the model differs from an uninterrupted run's"

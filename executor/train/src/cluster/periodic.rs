@@ -33,7 +33,7 @@ use std::path::{Path, PathBuf};
 
 use starwire_ps::WorkerProgress;
 
-use super::roles::{read_manifest, write_manifest};
+use super::roles::{examples_after, read_manifest, write_manifest};
 use super::{Plan, TrainConfig};
 use crate::handler::shard_file;
 use crate::TrainError;
@@ -172,14 +172,22 @@ pub(super) fn complete(
 /// steps per epoch: all run the same steps, every batch full but an
 /// epoch's last, so `k` steps are `k / epoch_steps` epochs and
 /// `k % epoch_steps` full batches.
-pub(super) fn sync_progress(cfg: &TrainConfig, k: u64, epoch_steps: u64) -> Vec<WorkerProgress> {
-    let e = epoch_steps.max(1);
+pub(super) fn sync_progress(
+    cfg: &TrainConfig,
+    k: u64,
+    epoch_steps: Option<u64>,
+) -> Vec<WorkerProgress> {
+    let e = epoch_steps.unwrap_or(0).max(1);
+    let b = cfg.batch_size as u64;
     (0..cfg.workers as u32)
         .map(|worker| WorkerProgress {
             worker,
             epoch: k / e,
-            offset: (k % e) * cfg.batch_size as u64,
+            offset: (k % e) * b,
             steps: k,
+            // A share not known without reading it (Criteo) counts every
+            // batch as full.
+            examples: examples_after(cfg, worker as usize, k, epoch_steps).unwrap_or(k * b),
         })
         .collect()
 }
@@ -296,13 +304,20 @@ mod tests {
         let cfg = TrainConfig {
             workers: 2,
             batch_size: 100,
+            epochs: 3,
             ..TrainConfig::default()
         };
-        let p = sync_progress(&cfg, 13, 5);
+        let p = sync_progress(&cfg, 13, Some(5));
         assert_eq!(p.len(), 2);
         assert_eq!(
-            (p[1].worker, p[1].epoch, p[1].offset, p[1].steps),
-            (1, 2, 300, 13)
+            (
+                p[1].worker,
+                p[1].epoch,
+                p[1].offset,
+                p[1].steps,
+                p[1].examples
+            ),
+            (1, 2, 300, 13, 1300)
         );
     }
 }
