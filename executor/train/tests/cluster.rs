@@ -729,6 +729,74 @@ fn a_sync_run_resumed_from_a_timed_checkpoint_ends_bit_identical() {
     );
 }
 
+/// `--checkpoint-every-steps` without `--sync`: every worker stops at
+/// each checkpoint step, so each shard file holds every worker's first
+/// `C / workers` steps and the manifest their positions; a run resumed
+/// from one trains each example once.
+#[test]
+fn checkpoints_during_an_async_run_record_every_worker_and_resume() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // 16 384 examples, 2 workers, batches of 256: 32 steps each.
+    let cfg = TrainConfig {
+        checkpoint_dir: Some(d.to_owned()),
+        checkpoint_every_steps: Some(16),
+        eval_examples: 0,
+        ..small()
+    };
+    let first = run_local(&cfg).unwrap();
+    assert_eq!(first.steps, 64);
+    assert_eq!(
+        (first.examples_trained, first.examples_planned),
+        (16_384, Some(16_384))
+    );
+    let steps = d.join("steps");
+    let mut kept: Vec<String> = std::fs::read_dir(&steps)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    kept.sort();
+    assert_eq!(kept, ["48", "64"]);
+    for w in 0..2 {
+        let p: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(steps.join("48").join(format!("worker-{w:04}.json"))).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            (&p["steps"], &p["offset"], &p["examples"]),
+            (&24.into(), &(24 * 256).into(), &(24 * 256).into()),
+            "{p}"
+        );
+    }
+    // Resume from the checkpoint at 48, as after a crash right after it:
+    // each shard restores its step 48 (checked against the manifest) and
+    // each worker trains its 8 steps left.
+    let mpath = d.join("manifest.json");
+    let mut m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&mpath).unwrap()).unwrap();
+    m["global_step"] = 48.into();
+    m["shard_steps"] = serde_json::json!([48, 48]);
+    m["shard_files"] = serde_json::json!(["steps/48/shard-0000.ckpt", "steps/48/shard-0001.ckpt"]);
+    m["workers"] = serde_json::json!([
+        serde_json::from_slice::<serde_json::Value>(
+            &std::fs::read(steps.join("48/worker-0000.json")).unwrap()
+        )
+        .unwrap(),
+        serde_json::from_slice::<serde_json::Value>(
+            &std::fs::read(steps.join("48/worker-0001.json")).unwrap()
+        )
+        .unwrap(),
+    ]);
+    std::fs::write(&mpath, m.to_string()).unwrap();
+    let second = run_local(&cfg).unwrap();
+    assert_eq!(second.resumed_from_step, Some(48));
+    assert_eq!(second.steps, 16);
+    assert_eq!(
+        (second.examples_trained, second.examples_planned),
+        (16_384, Some(16_384))
+    );
+}
+
 /// `--delta-every-steps`: each shard writes the rows touched since its
 /// last full checkpoint; the latest delta applied onto that checkpoint
 /// gives the shard as it was at the delta's step, byte for byte (here the

@@ -60,9 +60,10 @@ fn ck(path: &Path) -> impl Fn(String) -> TrainError + '_ {
     }
 }
 
-/// `--checkpoint-every-steps` needs `--sync` (the barrier that quiesces
-/// the pushes) and a `--checkpoint-dir`, and a multiple of the workers
-/// (the global step moves by one per worker each synchronous step).
+/// `--checkpoint-every-steps` needs a `--checkpoint-dir` and a multiple
+/// of the workers (the global step moves by one per worker each step of
+/// all); asynchronously, data whose shares are known before the run (a
+/// worker that ran out of data would never reach the barrier).
 pub(super) fn check(cfg: &TrainConfig) -> Result<(), TrainError> {
     if let Some(n) = cfg.delta_every_steps {
         let bad = |why: &str| {
@@ -110,15 +111,15 @@ pub(super) fn check(cfg: &TrainConfig) -> Result<(), TrainError> {
     if cfg.checkpoint_dir.is_none() {
         return bad("needs --checkpoint-dir");
     }
-    if !cfg.sync {
+    if !cfg.sync && super::roles::last_common_step(cfg).is_none() {
         return bad(
-            "needs --sync (its per-step barrier is what makes every shard's file hold the same \
-             steps)",
+            "without --sync needs the generator's data (each worker's number of steps known \
+             before the run, so every worker stops at each checkpoint step)",
         );
     }
     if n == 0 || n % cfg.workers as u64 != 0 {
         return bad(&format!(
-            "must be a positive multiple of --workers {} (with --sync the global step moves by \
+            "must be a positive multiple of --workers {} (the global step moves by \
              one per worker each step)",
             cfg.workers
         ));
@@ -244,7 +245,7 @@ mod tests {
     }
 
     #[test]
-    fn the_flag_needs_sync_a_directory_and_a_multiple_of_the_workers() {
+    fn the_flag_needs_a_directory_a_multiple_of_the_workers_and_known_shares() {
         let ok = TrainConfig {
             sync: true,
             workers: 2,
@@ -253,13 +254,18 @@ mod tests {
             ..TrainConfig::default()
         };
         assert!(check(&ok).is_ok());
+        let not_sync = TrainConfig {
+            sync: false,
+            ..ok.clone()
+        };
+        assert!(check(&not_sync).is_ok());
         for (cfg, says) in [
             (
                 TrainConfig {
-                    sync: false,
-                    ..ok.clone()
+                    train: crate::source::DataSource::Criteo("/tmp/x.tsv".into()),
+                    ..not_sync
                 },
-                "needs --sync",
+                "without --sync needs the generator's data",
             ),
             (
                 TrainConfig {

@@ -505,9 +505,15 @@ pub fn connect<K: Backend>(
         .apply(cfg, ConnConfig::new(peer(TaskRole::Worker, index, 1)), None);
     let mut endpoint = Endpoint::new(driver, service, cc);
     for (s, stream) in streams.into_iter().enumerate() {
+        // A stream the PS reset after accepting it (a dying task's
+        // listener) fails here: a lost connection, which the failover
+        // retries, not a broken backend.
         endpoint
             .attach_stream(stream, s as u32, now)
-            .map_err(|e| backend(&e))?;
+            .map_err(|e| match e {
+                starwire_transport::TransportError::Io(e) => TrainError::Io(e),
+                e => backend(&e),
+            })?;
     }
     SessionNet::new(endpoint, cfg.worker_polling)
 }
@@ -687,6 +693,21 @@ pub(super) fn examples_after(
     Some(full * per_epoch + rest)
 }
 
+/// Steps an uninterrupted run takes on worker `w`, asynchronously (none:
+/// its share is not known without reading the data).
+fn steps_planned(cfg: &TrainConfig, w: usize) -> Option<u64> {
+    let per_epoch = share_examples(cfg, w)?.div_ceil(cfg.batch_size.max(1) as u64);
+    let all = per_epoch.saturating_mul(cfg.epochs);
+    Some(step_cap(cfg, w).map_or(all, |c| c.min(all)))
+}
+
+/// Asynchronous checkpoints during the run stop every worker at the same
+/// step: the last step every worker reaches (none: a share's size is not
+/// known).
+pub(super) fn last_common_step(cfg: &TrainConfig) -> Option<u64> {
+    (0..cfg.workers).map(|w| steps_planned(cfg, w)).min()?
+}
+
 /// Examples an uninterrupted run trains on worker `w`: every epoch of its
 /// share, up to its `--steps` cap.
 pub fn examples_planned(cfg: &TrainConfig, w: usize) -> Result<Option<u64>, TrainError> {
@@ -742,6 +763,13 @@ pub fn worker_loop(
     )?;
     let cap = step_cap(cfg, w);
     let epoch_cap = sync_epoch_steps(cfg)?;
+    // Asynchronously a checkpoint step stops every worker at a barrier, so
+    // only the steps every worker reaches are checkpoint steps.
+    let async_cut = if cfg.sync {
+        u64::MAX
+    } else {
+        last_common_step(cfg).unwrap_or(0)
+    };
     let mut batch = Batch::with_capacity(cfg.batch_size);
     let mut out = WorkerOutcome::default();
     let (mut epoch, mut offset, mut steps_done) = (0u64, 0u64, 0u64);
@@ -803,7 +831,7 @@ pub fn worker_loop(
             let ckpt_dir = cfg
                 .checkpoint_dir
                 .as_deref()
-                .filter(|_| cfg.sync && periodic::is_checkpoint_step(c, every));
+                .filter(|_| steps_done < async_cut && periodic::is_checkpoint_step(c, every));
             if let Some(dir) = ckpt_dir {
                 let progress = WorkerProgress {
                     worker: w as u32,
@@ -846,6 +874,15 @@ pub fn worker_loop(
                     let progress = periodic::sync_progress(cfg, steps_done, epoch_cap);
                     periodic::publish(cfg, plan, dir, c, progress)?;
                     last_checkpoint = Instant::now();
+                }
+            } else if let Some(dir) = ckpt_dir {
+                // Every worker stops after its step `c / workers`: the
+                // barrier lets none push the next step before every shard
+                // has applied exactly these (and written its file).
+                core.flush(net)?;
+                core.barrier(net, c)?;
+                if w == 0 {
+                    periodic::complete(cfg, plan, dir, c)?;
                 }
             }
             cells.stepped(StepProgress {
