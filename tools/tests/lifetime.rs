@@ -482,7 +482,7 @@ fn a_sync_run_whose_ps_is_killed_and_restarted_ends_bit_identical() {
         )
     };
     assert_eq!(
-        reports.iter().map(|r| count(r)).collect::<Vec<_>>(),
+        reports.iter().map(count).collect::<Vec<_>>(),
         vec![(12288, 12288); 2]
     );
     let (a, b) = (shard_files(whole.path()), shard_files(killed.path()));

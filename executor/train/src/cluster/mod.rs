@@ -501,7 +501,8 @@ pub fn run_worker_task(
             return Err(e);
         };
         known = now;
-        let (step, progress) = failover::rollback(cfg, index)?;
+        let restored = failover::restored_step(&mut *net, plan.shards)?;
+        let (step, progress) = failover::rollback(cfg, index, restored)?;
         let reconnect_seconds = failover::since(lost);
         tracing::warn!(
             worker = index,

@@ -49,7 +49,7 @@ pub fn is_checkpoint_step(c: u64, every: u64) -> bool {
     every > 0 && c > 0 && c % every == 0
 }
 
-fn progress_file(dir: &Path, c: u64, worker: u32) -> PathBuf {
+pub(super) fn progress_file(dir: &Path, c: u64, worker: u32) -> PathBuf {
     step_dir(dir, c).join(format!("worker-{worker:04}.json"))
 }
 

@@ -168,6 +168,7 @@ pub(crate) fn shard_handler(
     restore: Option<&Path>,
 ) -> Result<ShardHandler, TrainError> {
     let shard = make_shard(cfg, plan, s, restore)?;
+    let restored_step = shard.global_step();
     let telemetry = ShardTelemetry::new(&cfg.telemetry, cfg.backend.name(), &shard, cfg.log_every);
     let deltas = cfg
         .delta_every_steps
@@ -180,6 +181,7 @@ pub(crate) fn shard_handler(
         checkpoint_next: None,
         deltas,
         incarnation: 0,
+        restored_step,
         telemetry: Some(telemetry),
     })
 }
