@@ -258,9 +258,20 @@ fn checkpoints_during_a_sync_run_are_consistent_and_resume() {
     std::fs::write(&mpath, m.to_string()).unwrap();
     let e = run_local(&cfg).unwrap_err().to_string();
     assert!(e.contains("not inside the checkpoint directory"), "{e}");
-    // Without --sync there is no barrier to quiesce the pushes.
-    let e = run_local(&TrainConfig { sync: false, ..cfg }).unwrap_err();
-    assert!(e.to_string().contains("needs --sync"), "{e}");
+    // Without --sync a worker whose share ends first would never reach a
+    // checkpoint step's barrier: Criteo files, whose shares are not known
+    // before the run, are refused.
+    let e = run_local(&TrainConfig {
+        sync: false,
+        train: DataSource::Criteo(d.join("train.tsv")),
+        ..cfg
+    })
+    .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("without --sync needs the generator's data"),
+        "{e}"
+    );
 }
 
 #[test]
