@@ -215,16 +215,21 @@ pub(super) fn publish(
     Ok(())
 }
 
-/// Remove the step directories of `dir` but those of `keep`; a failure
-/// only costs disk space, so it is a warning.
+/// Remove the step directories of `dir` older than those of `keep`; a
+/// failure only costs disk space, so it is a warning.
 fn prune(dir: &Path, keep: [Option<u64>; 2]) {
     let steps = dir.join("steps");
     let Ok(entries) = std::fs::read_dir(&steps) else {
         return;
     };
+    // Only older directories go: without --sync a worker may already be
+    // writing its progress into the next checkpoint's directory.
+    let Some(oldest) = keep.iter().flatten().min().copied() else {
+        return;
+    };
     for e in entries.flatten() {
         let step = e.file_name().to_str().and_then(|n| n.parse::<u64>().ok());
-        if step.is_some() && !keep.contains(&step) {
+        if step.is_some_and(|s| s < oldest) {
             if let Err(err) = std::fs::remove_dir_all(e.path()) {
                 tracing::warn!("removing the old checkpoint {}: {err}", e.path().display());
             }
