@@ -103,8 +103,9 @@ pub struct TrainArgs {
     #[arg(long)]
     pub checkpoint_dir: Option<PathBuf>,
     /// Also checkpoint during the run, at every global step that is a
-    /// multiple of N (with --sync and --checkpoint-dir; N a multiple of
-    /// the workers). Worker 0 writes the manifest of each.
+    /// multiple of N (with --checkpoint-dir; N a multiple of the workers;
+    /// without --sync, generator data only). Worker 0 writes the manifest
+    /// of each.
     #[arg(long, value_name = "N")]
     pub checkpoint_every_steps: Option<u64>,
     /// Also checkpoint during the run once S seconds have passed since the

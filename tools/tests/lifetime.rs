@@ -348,29 +348,37 @@ fn shard_files(dir: &Path) -> Vec<(String, Vec<u8>)> {
     v
 }
 
-/// A synchronous run of one PS and two workers in `dir`; with `kill_at`,
-/// the PS is killed with SIGKILL once a checkpoint of that global step or
-/// later is in the manifest, and started again with the same flags. The
-/// workers' JSON reports.
-fn sync_run(dir: &Path, kill_at: Option<u64>) -> Vec<serde_json::Value> {
+/// A run of one PS and two workers in `dir` (`--sync` and one epoch, or
+/// asynchronous and two), with a checkpoint every 32 global steps; with
+/// `kill_at`, the PS is killed with SIGKILL once a checkpoint of that
+/// global step or later is in the manifest, and started again with the
+/// same flags. The workers' JSON reports, and with `kill_at` the seconds
+/// from the PS's restart to the last worker rolling back (training again).
+fn killed_run(
+    dir: &Path,
+    sync: bool,
+    kill_at: Option<u64>,
+) -> (Vec<serde_json::Value>, Option<f64>) {
     let hosts = |n: usize| {
         (0..n)
             .map(|_| format!("127.0.0.1:{}", free_port()))
             .collect::<Vec<_>>()
             .join(",")
     };
+    let mode: &[&str] = if sync {
+        &["--sync", "--epochs", "1"]
+    } else {
+        &["--epochs", "2"]
+    };
     let flags: Vec<String> = [
         "--ps-hosts",
         &hosts(1),
         "--worker-hosts",
         &hosts(2),
-        "--sync",
         "--train-examples",
         "24576",
         "--batch-size",
         "128",
-        "--epochs",
-        "1",
         "--eval-examples",
         "1024",
         "--checkpoint-every-steps",
@@ -381,13 +389,14 @@ fn sync_run(dir: &Path, kill_at: Option<u64>) -> Vec<serde_json::Value> {
         "60",
     ]
     .iter()
+    .chain(mode)
     .map(|s| s.to_string())
     .collect();
     let ps_args = ["--task-index", "0", "--exit-when-done"];
     let mut ps = spawn("ps", &flags, &ps_args);
     let ps_err = lines(&mut ps);
     wait_for(&ps_err, "serving", Duration::from_secs(60));
-    let workers: Vec<Child> = (0..2)
+    let mut workers: Vec<Child> = (0..2)
         .map(|i| {
             spawn(
                 "worker",
@@ -396,6 +405,8 @@ fn sync_run(dir: &Path, kill_at: Option<u64>) -> Vec<serde_json::Value> {
             )
         })
         .collect();
+    let worker_err: Vec<_> = workers.iter_mut().map(lines).collect();
+    let mut back_in = None;
     if let Some(at) = kill_at {
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
@@ -412,14 +423,19 @@ fn sync_run(dir: &Path, kill_at: Option<u64>) -> Vec<serde_json::Value> {
         ps.kill().expect("kill -9 the PS");
         let _ = ps.wait();
         ps = spawn("ps", &flags, &ps_args);
+        let restarted = Instant::now();
+        for rx in &worker_err {
+            wait_for(rx, "rolling back", Duration::from_secs(120));
+        }
+        back_in = Some(restarted.elapsed().as_secs_f64());
     }
     let outs: Vec<_> = workers
         .into_iter()
         .map(|w| w.wait_with_output().unwrap())
         .collect();
-    let all_err: Vec<String> = outs
+    let all_err: Vec<Vec<String>> = worker_err
         .iter()
-        .map(|o| String::from_utf8_lossy(&o.stderr).into_owned())
+        .map(|rx| rx.try_iter().collect())
         .collect();
     let reports = outs
         .iter()
@@ -431,7 +447,7 @@ fn sync_run(dir: &Path, kill_at: Option<u64>) -> Vec<serde_json::Value> {
         .collect();
     let st = wait(&mut ps, Duration::from_secs(60));
     assert!(st.success(), "ps: {st}");
-    reports
+    (reports, back_in)
 }
 
 /// `kill -9` of the PS of a synchronous run, and its restart with the
@@ -441,9 +457,13 @@ fn sync_run(dir: &Path, kill_at: Option<u64>) -> Vec<serde_json::Value> {
 #[test]
 fn a_sync_run_whose_ps_is_killed_and_restarted_ends_bit_identical() {
     let whole = tempfile::tempdir().unwrap();
-    sync_run(whole.path(), None);
+    killed_run(whole.path(), true, None);
     let killed = tempfile::tempdir().unwrap();
-    let reports = sync_run(killed.path(), Some(64));
+    let (reports, back_in) = killed_run(killed.path(), true, Some(64));
+    eprintln!(
+        "training again {:.3} s after the PS restart",
+        back_in.unwrap()
+    );
     for r in &reports {
         let f = r["failovers"].as_array().expect("failovers");
         assert_eq!(f.len(), 1, "{r}");
@@ -454,10 +474,50 @@ fn a_sync_run_whose_ps_is_killed_and_restarted_ends_bit_identical() {
             f[0]["reconnect_seconds"]
         );
     }
+    // The examples trained again after the roll-back count once.
+    let count = |r: &serde_json::Value| {
+        (
+            r["examples_trained"].as_u64().unwrap(),
+            r["examples_planned"].as_u64().unwrap(),
+        )
+    };
+    assert_eq!(
+        reports.iter().map(count).collect::<Vec<_>>(),
+        vec![(12288, 12288); 2]
+    );
     let (a, b) = (shard_files(whole.path()), shard_files(killed.path()));
     assert!(!a.is_empty());
     assert!(
         a == b,
         "the model after the PS restart differs from an uninterrupted run's"
+    );
+}
+
+/// `kill -9` of the PS of an asynchronous run with checkpoints during the
+/// run, and its restart with the same `--checkpoint-dir`: every worker
+/// rolls back to its own position in the checkpoint, so each example is
+/// trained into the final model exactly once.
+#[test]
+fn an_async_run_whose_ps_is_killed_and_restarted_trains_each_example_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (reports, back_in) = killed_run(dir.path(), false, Some(64));
+    for r in &reports {
+        let f = r["failovers"].as_array().expect("failovers");
+        assert_eq!(f.len(), 1, "{r}");
+        let to = f[0]["rolled_back_to"].as_u64().unwrap();
+        assert!(to >= 64 && to % 32 == 0, "{r}");
+        // Two epochs of the worker's 12 288 examples; the session trained
+        // more (those after the checkpoint twice).
+        assert_eq!(r["examples_planned"].as_u64(), Some(24_576), "{r}");
+        assert_eq!(r["examples_trained"].as_u64(), Some(24_576), "{r}");
+        eprintln!(
+            "failover: rolled back to global step {to}, reconnected in {} s; examples {} of {} \
+             planned ({} trained in the session)",
+            f[0]["reconnect_seconds"], r["examples_trained"], r["examples_planned"], r["samples"]
+        );
+    }
+    eprintln!(
+        "training again {:.3} s after the PS restart",
+        back_in.unwrap()
     );
 }

@@ -401,6 +401,10 @@ pub struct WorkerProgress {
     pub offset: u64,
     /// Steps done by this worker.
     pub steps: u64,
+    /// Examples this worker trained into the model up to this position,
+    /// over every epoch (0 in manifests written before it was recorded).
+    #[serde(default)]
+    pub examples: u64,
 }
 
 /// Description of a whole checkpoint (all shards), written last as

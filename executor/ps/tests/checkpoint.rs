@@ -233,6 +233,7 @@ fn atomic_write_and_manifest() {
             epoch: 1,
             offset: 4096,
             steps: 20,
+            examples: 86_016,
         }],
         shard_steps: vec![s.global_step()],
     };

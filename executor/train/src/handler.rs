@@ -51,6 +51,10 @@ pub struct ShardHandler {
     /// The incarnation of the PS task serving the shard, as its handshake
     /// tells it (reported in `STATS`, so a worker sees a restart).
     pub incarnation: u64,
+    /// The global step the shard was restored at (0: started afresh),
+    /// reported in `STATS`: a worker rolls back to its position at that
+    /// step after a restart.
+    pub restored_step: u64,
     /// A checkpoint step asked for by `CHECKPOINT_AT` and not reached yet.
     pub checkpoint_next: Option<u64>,
     /// Incremental checkpoints (`--delta-every-steps`; none: not written).
@@ -194,6 +198,7 @@ impl PsHandler for ShardHandler {
         serde_json::json!({
             "shard": self.index,
             "incarnation": self.incarnation,
+            "restored_step": self.restored_step,
             "global_step": self.shard.global_step(),
             "pulls": s.pulls,
             "pushes": s.pushes,

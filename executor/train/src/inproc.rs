@@ -323,6 +323,7 @@ mod tests {
                     checkpoint_next: None,
                     deltas: None,
                     incarnation: 0,
+                    restored_step: 0,
                     telemetry: None,
                 })
                 .collect(),

@@ -131,6 +131,10 @@ fn sync_mode_runs_equal_steps_with_a_barrier() {
     for s in &r.shard_stats {
         assert_eq!(s["global_step"].as_u64().unwrap(), 66);
     }
+    assert_eq!(
+        (r.examples_trained, r.examples_planned),
+        (16_384, Some(16_384))
+    );
     // Three epochs: the cap is per epoch, not cut short overall.
     let r = run_local(&TrainConfig {
         sync: true,
@@ -226,6 +230,7 @@ fn checkpoints_during_a_sync_run_are_consistent_and_resume() {
         .unwrap();
         assert_eq!(p["steps"], 24, "{p}");
         assert_eq!(p["offset"], 24 * 256, "{p}");
+        assert_eq!(p["examples"], 24 * 256, "{p}");
     }
     // Resume from the checkpoint at 32, as after a crash right after it.
     let mpath = d.join("manifest.json");
@@ -235,22 +240,38 @@ fn checkpoints_during_a_sync_run_are_consistent_and_resume() {
     m["shard_steps"] = serde_json::json!([32, 32]);
     m["shard_files"] = serde_json::json!(["steps/32/shard-0000.ckpt", "steps/32/shard-0001.ckpt"]);
     m["workers"] = serde_json::json!([
-        {"worker": 0, "epoch": 0, "offset": 4096, "steps": 16},
-        {"worker": 1, "epoch": 0, "offset": 4096, "steps": 16},
+        {"worker": 0, "epoch": 0, "offset": 4096, "steps": 16, "examples": 4096},
+        {"worker": 1, "epoch": 0, "offset": 4096, "steps": 16, "examples": 4096},
     ]);
     std::fs::write(&mpath, m.to_string()).unwrap();
     let second = run_local(&cfg).unwrap();
     assert_eq!(second.resumed_from_step, Some(32));
     assert_eq!(second.steps, 32, "each worker runs its 16 steps left");
     assert_eq!(second.samples, 32 * 256);
+    // What the model holds: the checkpoint's examples and those since.
+    assert_eq!(
+        (second.examples_trained, second.examples_planned),
+        (16_384, Some(16_384))
+    );
     // A file outside the checkpoint directory is refused.
     m["shard_files"] = serde_json::json!(["../x", "steps/32/shard-0001.ckpt"]);
     std::fs::write(&mpath, m.to_string()).unwrap();
     let e = run_local(&cfg).unwrap_err().to_string();
     assert!(e.contains("not inside the checkpoint directory"), "{e}");
-    // Without --sync there is no barrier to quiesce the pushes.
-    let e = run_local(&TrainConfig { sync: false, ..cfg }).unwrap_err();
-    assert!(e.to_string().contains("needs --sync"), "{e}");
+    // Without --sync a worker whose share ends first would never reach a
+    // checkpoint step's barrier: Criteo files, whose shares are not known
+    // before the run, are refused.
+    let e = run_local(&TrainConfig {
+        sync: false,
+        train: DataSource::Criteo(d.join("train.tsv")),
+        ..cfg
+    })
+    .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("without --sync needs the generator's data"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -345,6 +366,8 @@ fn steps_flag_is_the_total_over_workers() {
     })
     .unwrap();
     assert_eq!(r.steps, 10);
+    // Steps of 4, 3 and 3 batches of 256.
+    assert_eq!((r.examples_trained, r.examples_planned), (2560, Some(2560)));
 }
 
 /// With two PS, small tables are assigned whole to one shard and large ones
@@ -705,9 +728,83 @@ fn a_sync_run_resumed_from_a_timed_checkpoint_ends_bit_identical() {
     .unwrap();
     assert_eq!(resumed.resumed_from_step, Some(c));
     assert_eq!(resumed.steps, 160 - c);
+    // Two epochs of 10 160: the timed checkpoint's examples (every batch
+    // full but each epoch's last) and those since.
+    assert_eq!(
+        (resumed.examples_trained, resumed.examples_planned),
+        (20_320, Some(20_320))
+    );
     assert!(
         shard_files(saved.path(), resumed.shards) == expected,
         "resumed at global step {c}, the model differs from an uninterrupted run's"
+    );
+}
+
+/// `--checkpoint-every-steps` without `--sync`: every worker stops at
+/// each checkpoint step, so each shard file holds every worker's first
+/// `C / workers` steps and the manifest their positions; a run resumed
+/// from one trains each example once.
+#[test]
+fn checkpoints_during_an_async_run_record_every_worker_and_resume() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // 16 384 examples, 2 workers, batches of 256: 32 steps each.
+    let cfg = TrainConfig {
+        checkpoint_dir: Some(d.to_owned()),
+        checkpoint_every_steps: Some(16),
+        eval_examples: 0,
+        ..small()
+    };
+    let first = run_local(&cfg).unwrap();
+    assert_eq!(first.steps, 64);
+    assert_eq!(
+        (first.examples_trained, first.examples_planned),
+        (16_384, Some(16_384))
+    );
+    let steps = d.join("steps");
+    let mut kept: Vec<String> = std::fs::read_dir(&steps)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    kept.sort();
+    assert_eq!(kept, ["48", "64"]);
+    for w in 0..2 {
+        let p: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(steps.join("48").join(format!("worker-{w:04}.json"))).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            (&p["steps"], &p["offset"], &p["examples"]),
+            (&24.into(), &(24 * 256).into(), &(24 * 256).into()),
+            "{p}"
+        );
+    }
+    // Resume from the checkpoint at 48, as after a crash right after it:
+    // each shard restores its step 48 (checked against the manifest) and
+    // each worker trains its 8 steps left.
+    let mpath = d.join("manifest.json");
+    let mut m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&mpath).unwrap()).unwrap();
+    m["global_step"] = 48.into();
+    m["shard_steps"] = serde_json::json!([48, 48]);
+    m["shard_files"] = serde_json::json!(["steps/48/shard-0000.ckpt", "steps/48/shard-0001.ckpt"]);
+    m["workers"] = serde_json::json!([
+        serde_json::from_slice::<serde_json::Value>(
+            &std::fs::read(steps.join("48/worker-0000.json")).unwrap()
+        )
+        .unwrap(),
+        serde_json::from_slice::<serde_json::Value>(
+            &std::fs::read(steps.join("48/worker-0001.json")).unwrap()
+        )
+        .unwrap(),
+    ]);
+    std::fs::write(&mpath, m.to_string()).unwrap();
+    let second = run_local(&cfg).unwrap();
+    assert_eq!(second.resumed_from_step, Some(48));
+    assert_eq!(second.steps, 16);
+    assert_eq!(
+        (second.examples_trained, second.examples_planned),
+        (16_384, Some(16_384))
     );
 }
 

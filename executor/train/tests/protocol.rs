@@ -124,6 +124,7 @@ impl Cluster {
                     checkpoint_next: None,
                     deltas: None,
                     incarnation: 0,
+                    restored_step: 0,
                     telemetry: None,
                 };
                 Server {

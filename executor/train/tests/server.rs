@@ -74,6 +74,7 @@ fn start(expected: usize) -> Ps {
             checkpoint_next: None,
             deltas: None,
             incarnation: 0,
+            restored_step: 0,
             telemetry: None,
         };
         Endpoint::new(

@@ -107,7 +107,8 @@ pub struct TrainConfig {
     /// is there.
     pub checkpoint_dir: Option<PathBuf>,
     /// Also checkpoint during the run, at every global step that is a
-    /// multiple of this (`--checkpoint-every-steps`; needs `sync`).
+    /// multiple of this (`--checkpoint-every-steps`; without `sync`, the
+    /// generator's data only).
     pub checkpoint_every_steps: Option<u64>,
     /// Also checkpoint during the run when this long has passed since the
     /// last one, at the next global step worker 0 reaches

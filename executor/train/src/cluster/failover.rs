@@ -24,17 +24,36 @@ use crate::TrainError;
 /// At most this many PS restarts are gone through in one worker run.
 pub(super) const MAX_RESTARTS: u32 = 16;
 
-/// Each shard's incarnation (the PS task's, from `STATS`).
-pub(super) fn incarnations(net: &mut dyn WorkerNet, shards: usize) -> Result<Vec<u64>, TrainError> {
+/// Each shard's `field` of `STATS` (a number).
+fn stats_field(
+    net: &mut dyn WorkerNet,
+    shards: usize,
+    field: &str,
+) -> Result<Vec<u64>, TrainError> {
     control_all(net, shards, &Control::Stats)?
         .iter()
         .map(|b| {
             serde_json::from_slice::<serde_json::Value>(b)
                 .ok()
-                .and_then(|v| v["incarnation"].as_u64())
-                .ok_or_else(|| TrainError::Remote("STATS without the shard's incarnation".into()))
+                .and_then(|v| v[field].as_u64())
+                .ok_or_else(|| TrainError::Remote(format!("STATS without the shard's {field}")))
         })
         .collect()
+}
+
+/// Each shard's incarnation (the PS task's, from `STATS`).
+pub(super) fn incarnations(net: &mut dyn WorkerNet, shards: usize) -> Result<Vec<u64>, TrainError> {
+    stats_field(net, shards, "incarnation")
+}
+
+/// The global step the restarted PS tasks restored (from `STATS`; the
+/// highest over the shards, which a consistent checkpoint makes the step of
+/// each shard that applied any step).
+pub(super) fn restored_step(net: &mut dyn WorkerNet, shards: usize) -> Result<u64, TrainError> {
+    Ok(stats_field(net, shards, "restored_step")?
+        .into_iter()
+        .max()
+        .unwrap_or(0))
 }
 
 /// The first shard whose incarnation changed, as the typed event.
@@ -57,18 +76,35 @@ pub(super) fn is_link_failure(e: &TrainError) -> bool {
 }
 
 /// What the worker resumes from after a restart: its position in the
-/// checkpoint the restarted PS restored (none: from the start).
+/// checkpoint of global step `restored`, the one the restarted PS restored
+/// (0: none, from the start). The manifest names it, unless worker 0 wrote
+/// a newer one after the PS read it (a checkpoint completed as the PS
+/// died): then the step directory's own record of this worker's position
+/// is read.
 pub(super) fn rollback(
     cfg: &TrainConfig,
     index: usize,
+    restored: u64,
 ) -> Result<(Option<u64>, Option<WorkerProgress>), TrainError> {
-    let Some(dir) = &cfg.checkpoint_dir else {
+    let Some(dir) = cfg.checkpoint_dir.as_deref().filter(|_| restored > 0) else {
         return Ok((None, None));
     };
     let m = read_manifest(dir)?;
-    let step = m.as_ref().map(|m| m.global_step);
-    let p = m.and_then(|m| m.workers.into_iter().find(|p| p.worker as usize == index));
-    Ok((step, p))
+    if let Some(m) = m.filter(|m| m.global_step == restored) {
+        let p = m.workers.into_iter().find(|p| p.worker as usize == index);
+        return Ok((Some(restored), p));
+    }
+    let path = super::periodic::progress_file(dir, restored, index as u32);
+    let fail = |reason: String| TrainError::Checkpoint {
+        path: path.clone(),
+        reason: format!(
+            "the restarted PS restored global step {restored}, whose position of this worker \
+             is not in the manifest: {reason}"
+        ),
+    };
+    let text = std::fs::read(&path).map_err(|e| fail(e.to_string()))?;
+    let p: WorkerProgress = serde_json::from_slice(&text).map_err(|e| fail(e.to_string()))?;
+    Ok((Some(restored), Some(p)))
 }
 
 /// A restart gone through, for the report.
@@ -83,4 +119,54 @@ pub struct Failover {
 /// Time since `t`, in seconds.
 pub(super) fn since(t: Instant) -> f64 {
     t.elapsed().as_secs_f64()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use starwire_ps::Manifest;
+
+    fn progress(worker: u32, steps: u64) -> WorkerProgress {
+        WorkerProgress {
+            worker,
+            epoch: 0,
+            offset: steps * 10,
+            steps,
+            examples: steps * 10,
+        }
+    }
+
+    /// The manifest names the restored step, or a newer one (written as
+    /// the PS died): the step directory's record is read then.
+    #[test]
+    fn rollback_goes_to_the_restored_step() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = TrainConfig {
+            checkpoint_dir: Some(dir.path().to_owned()),
+            ..TrainConfig::default()
+        };
+        let m = Manifest {
+            format_version: starwire_ps::checkpoint::FORMAT_VERSION,
+            global_step: 96,
+            shard_count: 1,
+            seed: 1,
+            model: serde_json::json!({}),
+            shard_files: vec!["steps/96/shard-0000.ckpt".into()],
+            workers: vec![progress(0, 48), progress(1, 48)],
+            shard_steps: vec![96],
+        };
+        std::fs::write(dir.path().join("manifest.json"), m.to_json().unwrap()).unwrap();
+        assert_eq!(
+            rollback(&cfg, 1, 96).unwrap(),
+            (Some(96), Some(progress(1, 48)))
+        );
+        assert_eq!(rollback(&cfg, 1, 0).unwrap(), (None, None));
+        let e = rollback(&cfg, 1, 64).unwrap_err().to_string();
+        assert!(e.contains("restored global step 64"), "{e}");
+        super::super::periodic::write_progress(dir.path(), 64, &progress(1, 32)).unwrap();
+        assert_eq!(
+            rollback(&cfg, 1, 64).unwrap(),
+            (Some(64), Some(progress(1, 32)))
+        );
+    }
 }

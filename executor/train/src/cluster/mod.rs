@@ -241,6 +241,8 @@ fn run_local_on(k: &dyn ClusterBackend, cfg: &TrainConfig) -> Result<TrainReport
         worker_handoff: cfg.handoff(),
         steps,
         samples,
+        examples_trained: outs.iter().map(|o| o.examples_trained).sum(),
+        examples_planned: outs.iter().map(|o| o.examples_planned).sum(),
         train_seconds,
         samples_per_s: samples as f64 / train_seconds.max(1e-9),
         auc: auc_v,
@@ -499,7 +501,8 @@ pub fn run_worker_task(
             return Err(e);
         };
         known = now;
-        let (step, progress) = failover::rollback(cfg, index)?;
+        let restored = failover::restored_step(&mut *net, plan.shards)?;
+        let (step, progress) = failover::rollback(cfg, index, restored)?;
         let reconnect_seconds = failover::since(lost);
         tracing::warn!(
             worker = index,
@@ -552,6 +555,8 @@ pub fn run_worker_task(
         worker_handoff: cfg.handoff(),
         steps: out.steps,
         samples: out.samples,
+        examples_trained: out.examples_trained,
+        examples_planned: out.examples_planned,
         train_seconds,
         samples_per_s: out.samples as f64 / train_seconds.max(1e-9),
         auc: auc_v,

@@ -33,7 +33,7 @@ use std::path::{Path, PathBuf};
 
 use starwire_ps::WorkerProgress;
 
-use super::roles::{read_manifest, write_manifest};
+use super::roles::{examples_after, read_manifest, write_manifest};
 use super::{Plan, TrainConfig};
 use crate::handler::shard_file;
 use crate::TrainError;
@@ -49,7 +49,7 @@ pub fn is_checkpoint_step(c: u64, every: u64) -> bool {
     every > 0 && c > 0 && c % every == 0
 }
 
-fn progress_file(dir: &Path, c: u64, worker: u32) -> PathBuf {
+pub(super) fn progress_file(dir: &Path, c: u64, worker: u32) -> PathBuf {
     step_dir(dir, c).join(format!("worker-{worker:04}.json"))
 }
 
@@ -60,9 +60,10 @@ fn ck(path: &Path) -> impl Fn(String) -> TrainError + '_ {
     }
 }
 
-/// `--checkpoint-every-steps` needs `--sync` (the barrier that quiesces
-/// the pushes) and a `--checkpoint-dir`, and a multiple of the workers
-/// (the global step moves by one per worker each synchronous step).
+/// `--checkpoint-every-steps` needs a `--checkpoint-dir` and a multiple
+/// of the workers (the global step moves by one per worker each step of
+/// all); asynchronously, data whose shares are known before the run (a
+/// worker that ran out of data would never reach the barrier).
 pub(super) fn check(cfg: &TrainConfig) -> Result<(), TrainError> {
     if let Some(n) = cfg.delta_every_steps {
         let bad = |why: &str| {
@@ -110,15 +111,15 @@ pub(super) fn check(cfg: &TrainConfig) -> Result<(), TrainError> {
     if cfg.checkpoint_dir.is_none() {
         return bad("needs --checkpoint-dir");
     }
-    if !cfg.sync {
+    if !cfg.sync && super::roles::last_common_step(cfg).is_none() {
         return bad(
-            "needs --sync (its per-step barrier is what makes every shard's file hold the same \
-             steps)",
+            "without --sync needs the generator's data (each worker's number of steps known \
+             before the run, so every worker stops at each checkpoint step)",
         );
     }
     if n == 0 || n % cfg.workers as u64 != 0 {
         return bad(&format!(
-            "must be a positive multiple of --workers {} (with --sync the global step moves by \
+            "must be a positive multiple of --workers {} (the global step moves by \
              one per worker each step)",
             cfg.workers
         ));
@@ -172,14 +173,22 @@ pub(super) fn complete(
 /// steps per epoch: all run the same steps, every batch full but an
 /// epoch's last, so `k` steps are `k / epoch_steps` epochs and
 /// `k % epoch_steps` full batches.
-pub(super) fn sync_progress(cfg: &TrainConfig, k: u64, epoch_steps: u64) -> Vec<WorkerProgress> {
-    let e = epoch_steps.max(1);
+pub(super) fn sync_progress(
+    cfg: &TrainConfig,
+    k: u64,
+    epoch_steps: Option<u64>,
+) -> Vec<WorkerProgress> {
+    let e = epoch_steps.unwrap_or(0).max(1);
+    let b = cfg.batch_size as u64;
     (0..cfg.workers as u32)
         .map(|worker| WorkerProgress {
             worker,
             epoch: k / e,
-            offset: (k % e) * cfg.batch_size as u64,
+            offset: (k % e) * b,
             steps: k,
+            // A share not known without reading it (Criteo) counts every
+            // batch as full.
+            examples: examples_after(cfg, worker as usize, k, epoch_steps).unwrap_or(k * b),
         })
         .collect()
 }
@@ -206,16 +215,21 @@ pub(super) fn publish(
     Ok(())
 }
 
-/// Remove the step directories of `dir` but those of `keep`; a failure
-/// only costs disk space, so it is a warning.
+/// Remove the step directories of `dir` older than those of `keep`; a
+/// failure only costs disk space, so it is a warning.
 fn prune(dir: &Path, keep: [Option<u64>; 2]) {
     let steps = dir.join("steps");
     let Ok(entries) = std::fs::read_dir(&steps) else {
         return;
     };
+    // Only older directories go: without --sync a worker may already be
+    // writing its progress into the next checkpoint's directory.
+    let Some(oldest) = keep.iter().flatten().min().copied() else {
+        return;
+    };
     for e in entries.flatten() {
         let step = e.file_name().to_str().and_then(|n| n.parse::<u64>().ok());
-        if step.is_some() && !keep.contains(&step) {
+        if step.is_some_and(|s| s < oldest) {
             if let Err(err) = std::fs::remove_dir_all(e.path()) {
                 tracing::warn!("removing the old checkpoint {}: {err}", e.path().display());
             }
@@ -236,7 +250,7 @@ mod tests {
     }
 
     #[test]
-    fn the_flag_needs_sync_a_directory_and_a_multiple_of_the_workers() {
+    fn the_flag_needs_a_directory_a_multiple_of_the_workers_and_known_shares() {
         let ok = TrainConfig {
             sync: true,
             workers: 2,
@@ -245,13 +259,18 @@ mod tests {
             ..TrainConfig::default()
         };
         assert!(check(&ok).is_ok());
+        let not_sync = TrainConfig {
+            sync: false,
+            ..ok.clone()
+        };
+        assert!(check(&not_sync).is_ok());
         for (cfg, says) in [
             (
                 TrainConfig {
-                    sync: false,
-                    ..ok.clone()
+                    train: crate::source::DataSource::Criteo("/tmp/x.tsv".into()),
+                    ..not_sync
                 },
-                "needs --sync",
+                "without --sync needs the generator's data",
             ),
             (
                 TrainConfig {
@@ -296,13 +315,20 @@ mod tests {
         let cfg = TrainConfig {
             workers: 2,
             batch_size: 100,
+            epochs: 3,
             ..TrainConfig::default()
         };
-        let p = sync_progress(&cfg, 13, 5);
+        let p = sync_progress(&cfg, 13, Some(5));
         assert_eq!(p.len(), 2);
         assert_eq!(
-            (p[1].worker, p[1].epoch, p[1].offset, p[1].steps),
-            (1, 2, 300, 13)
+            (
+                p[1].worker,
+                p[1].epoch,
+                p[1].offset,
+                p[1].steps,
+                p[1].examples
+            ),
+            (1, 2, 300, 13, 1300)
         );
     }
 }

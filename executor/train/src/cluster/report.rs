@@ -48,8 +48,17 @@ pub struct TrainReport {
     pub worker_handoff: bool,
     /// Steps run, all workers together.
     pub steps: u64,
-    /// Examples trained on.
+    /// Examples trained on in this session (a roll-back's retrained
+    /// examples count again).
     pub samples: u64,
+    /// Examples whose gradients the model holds at the end, summed over
+    /// the workers of the report: each worker's position resumed from plus
+    /// what it trained since, so examples trained again after a roll-back
+    /// count once.
+    pub examples_trained: u64,
+    /// Examples an uninterrupted run of the same flags trains (none: the
+    /// data's size is not known without reading it, as for Criteo files).
+    pub examples_planned: Option<u64>,
     /// Training wall time in seconds (from the first step to the last push).
     pub train_seconds: f64,
     /// Aggregate training throughput.

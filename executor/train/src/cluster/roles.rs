@@ -168,6 +168,7 @@ pub(crate) fn shard_handler(
     restore: Option<&Path>,
 ) -> Result<ShardHandler, TrainError> {
     let shard = make_shard(cfg, plan, s, restore)?;
+    let restored_step = shard.global_step();
     let telemetry = ShardTelemetry::new(&cfg.telemetry, cfg.backend.name(), &shard, cfg.log_every);
     let deltas = cfg
         .delta_every_steps
@@ -180,6 +181,7 @@ pub(crate) fn shard_handler(
         checkpoint_next: None,
         deltas,
         incarnation: 0,
+        restored_step,
         telemetry: Some(telemetry),
     })
 }
@@ -505,9 +507,15 @@ pub fn connect<K: Backend>(
         .apply(cfg, ConnConfig::new(peer(TaskRole::Worker, index, 1)), None);
     let mut endpoint = Endpoint::new(driver, service, cc);
     for (s, stream) in streams.into_iter().enumerate() {
+        // A stream the PS reset after accepting it (a dying task's
+        // listener) fails here: a lost connection, which the failover
+        // retries, not a broken backend.
         endpoint
             .attach_stream(stream, s as u32, now)
-            .map_err(|e| backend(&e))?;
+            .map_err(|e| match e {
+                starwire_transport::TransportError::Io(e) => TrainError::Io(e),
+                e => backend(&e),
+            })?;
     }
     SessionNet::new(endpoint, cfg.worker_polling)
 }
@@ -542,8 +550,15 @@ pub fn connect_handoff<K: Backend>(
 pub struct WorkerOutcome {
     /// Steps run in this session.
     pub steps: u64,
-    /// Examples trained on.
+    /// Examples trained on in this session.
     pub samples: u64,
+    /// Examples of this worker the model holds at the end: those of the
+    /// position it resumed from plus those trained since (a roll-back's
+    /// retrained examples count once).
+    pub examples_trained: u64,
+    /// Examples an uninterrupted run plans for this worker (none: not
+    /// known without reading the data, as for Criteo files).
+    pub examples_planned: Option<u64>,
     /// Traffic.
     pub traffic: Traffic,
     /// Progress for a checkpoint.
@@ -634,6 +649,75 @@ fn epoch_examples(cfg: &TrainConfig) -> Result<u64, TrainError> {
     }
 }
 
+/// Examples in worker `w`'s share of one epoch, when known without
+/// reading the data (the generator deals example `i` to worker
+/// `i % workers`).
+pub(super) fn share_examples(cfg: &TrainConfig, w: usize) -> Option<u64> {
+    match cfg.train {
+        DataSource::Synthetic => Some(
+            cfg.train_examples
+                .saturating_sub(w as u64)
+                .div_ceil(cfg.workers.max(1) as u64),
+        ),
+        DataSource::Criteo(_) => None,
+    }
+}
+
+/// Examples worker `w` trains in one epoch and the steps it takes: its
+/// share, cut to `epoch_cap` batches under `--sync`.
+fn epoch_plan(cfg: &TrainConfig, share: u64, epoch_cap: Option<u64>) -> (u64, u64) {
+    let b = cfg.batch_size.max(1) as u64;
+    let steps = share.div_ceil(b);
+    match epoch_cap {
+        Some(c) if c < steps => (c * b, c),
+        _ => (share, steps),
+    }
+}
+
+/// Examples of worker `w` in the first `k` of its steps of an
+/// uninterrupted run (none: its share is not known).
+pub(super) fn examples_after(
+    cfg: &TrainConfig,
+    w: usize,
+    k: u64,
+    epoch_cap: Option<u64>,
+) -> Option<u64> {
+    let (per_epoch, steps) = epoch_plan(cfg, share_examples(cfg, w)?, epoch_cap);
+    if steps == 0 {
+        return Some(0);
+    }
+    let full = (k / steps).min(cfg.epochs);
+    let rest = if full < cfg.epochs {
+        ((k % steps) * cfg.batch_size as u64).min(per_epoch)
+    } else {
+        0
+    };
+    Some(full * per_epoch + rest)
+}
+
+/// Steps an uninterrupted run takes on worker `w`, asynchronously (none:
+/// its share is not known without reading the data).
+fn steps_planned(cfg: &TrainConfig, w: usize) -> Option<u64> {
+    let per_epoch = share_examples(cfg, w)?.div_ceil(cfg.batch_size.max(1) as u64);
+    let all = per_epoch.saturating_mul(cfg.epochs);
+    Some(step_cap(cfg, w).map_or(all, |c| c.min(all)))
+}
+
+/// Asynchronous checkpoints during the run stop every worker at the same
+/// step: the last step every worker reaches (none: a share's size is not
+/// known).
+pub(super) fn last_common_step(cfg: &TrainConfig) -> Option<u64> {
+    (0..cfg.workers).map(|w| steps_planned(cfg, w)).min()?
+}
+
+/// Examples an uninterrupted run trains on worker `w`: every epoch of its
+/// share, up to its `--steps` cap.
+pub fn examples_planned(cfg: &TrainConfig, w: usize) -> Result<Option<u64>, TrainError> {
+    let epoch_cap = sync_epoch_steps(cfg)?;
+    let k = step_cap(cfg, w).unwrap_or(u64::MAX);
+    Ok(examples_after(cfg, w, k, epoch_cap))
+}
+
 /// With `--sync`, every worker runs the same number of steps per epoch (a
 /// barrier waits for all of them): the batches of the smallest share.
 fn sync_epoch_steps(cfg: &TrainConfig) -> Result<Option<u64>, TrainError> {
@@ -681,10 +765,19 @@ pub fn worker_loop(
     )?;
     let cap = step_cap(cfg, w);
     let epoch_cap = sync_epoch_steps(cfg)?;
+    // Asynchronously a checkpoint step stops every worker at a barrier, so
+    // only the steps every worker reaches are checkpoint steps.
+    let async_cut = if cfg.sync {
+        u64::MAX
+    } else {
+        last_common_step(cfg).unwrap_or(0)
+    };
     let mut batch = Batch::with_capacity(cfg.batch_size);
     let mut out = WorkerOutcome::default();
     let (mut epoch, mut offset, mut steps_done) = (0u64, 0u64, 0u64);
     let mut resumed_in_epoch = 0u64;
+    out.examples_planned = examples_planned(cfg, w)?;
+    let resumed_examples = resume.map_or(0, |p| p.examples);
     if let Some(p) = resume {
         epoch = p.epoch;
         steps_done = p.steps;
@@ -740,13 +833,14 @@ pub fn worker_loop(
             let ckpt_dir = cfg
                 .checkpoint_dir
                 .as_deref()
-                .filter(|_| cfg.sync && periodic::is_checkpoint_step(c, every));
+                .filter(|_| steps_done < async_cut && periodic::is_checkpoint_step(c, every));
             if let Some(dir) = ckpt_dir {
                 let progress = WorkerProgress {
                     worker: w as u32,
                     epoch,
                     offset: offset + n as u64,
                     steps: steps_done + 1,
+                    examples: resumed_examples + out.samples + n as u64,
                 };
                 periodic::write_progress(dir, c, &progress)?;
             }
@@ -779,9 +873,18 @@ pub fn worker_loop(
                     last_checkpoint = Instant::now();
                 }
                 if let Some(dir) = timed_dir {
-                    let progress = periodic::sync_progress(cfg, steps_done, epoch_cap.unwrap_or(0));
+                    let progress = periodic::sync_progress(cfg, steps_done, epoch_cap);
                     periodic::publish(cfg, plan, dir, c, progress)?;
                     last_checkpoint = Instant::now();
+                }
+            } else if let Some(dir) = ckpt_dir {
+                // Every worker stops after its step `c / workers`: the
+                // barrier lets none push the next step before every shard
+                // has applied exactly these (and written its file).
+                core.flush(net)?;
+                core.barrier(net, c)?;
+                if w == 0 {
+                    periodic::complete(cfg, plan, dir, c)?;
                 }
             }
             cells.stepped(StepProgress {
@@ -833,11 +936,13 @@ pub fn worker_loop(
     out.traffic = net.traffic();
     out.skipped = reader.skipped();
     out.staleness = core.staleness().clone();
+    out.examples_trained = resumed_examples + out.samples;
     out.progress = Some(WorkerProgress {
         worker: w as u32,
         epoch,
         offset,
         steps: steps_done,
+        examples: out.examples_trained,
     });
     Ok(out)
 }
