@@ -163,6 +163,71 @@ pub(crate) fn mismatch(s: String) -> CheckpointError {
     CheckpointError::Mismatch(s)
 }
 
+/// The record of variable `v` up to its rows: a dense variable whole; a
+/// table's id, kind, width, slot count and counters (its rows follow, as
+/// the full checkpoint or the delta lists them).
+pub(crate) fn put_var_head(w: &mut CrcWriter<'_>, v: &Var, slots: u32) -> io::Result<()> {
+    match v {
+        Var::Dense(d) => {
+            w.u32(d.def.id)?;
+            w.u8(VAR_DENSE)?;
+            w.put(&[0, 0, 0])?;
+            w.u32(d.values.len() as u32)?;
+            w.u32(slots)?;
+            w.u64(d.updates)?;
+            w.f32s(&d.values)?;
+            w.f32s(&d.slots)
+        }
+        Var::Table(t) => {
+            w.u32(t.def.id)?;
+            w.u8(VAR_TABLE)?;
+            w.put(&[0, 0, 0])?;
+            w.u32(t.dim as u32)?;
+            w.u32(slots)?;
+            let s = t.stats;
+            for c in [
+                s.admitted,
+                s.filtered_pulls,
+                s.filter_overflow,
+                s.evicted,
+                s.ignored_pushes,
+            ] {
+                w.u64(c)?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Row `k` of `rows` (key, last access, updates, weights and slots), if
+/// the table holds it.
+pub(crate) fn put_row(w: &mut CrcWriter<'_>, rows: &Rows, k: u64) -> io::Result<()> {
+    let Some((s, data)) = rows.get(k) else {
+        return Ok(());
+    };
+    w.u64(k)?;
+    w.u64(s.last_access)?;
+    w.u64(s.updates)?;
+    w.f32s(data)
+}
+
+/// Every pending filter counter, by key.
+pub(crate) fn put_pending(
+    w: &mut CrcWriter<'_>,
+    pending: &FxHashMap<u64, Pending>,
+) -> io::Result<()> {
+    let mut keys: Vec<u64> = pending.keys().copied().collect();
+    keys.sort_unstable();
+    for k in keys {
+        let p = pending[&k];
+        w.u64(k)?;
+        w.u32(p.count)?;
+        w.u32(0)?;
+        w.u64(p.last_seen)?;
+    }
+    Ok(())
+}
+
 impl PsShard {
     /// Write the whole shard state: every variable, row, optimizer slot,
     /// pending filter counter, table counter, and the global step.
@@ -183,57 +248,18 @@ impl PsShard {
         w.u32(self.vars.len() as u32)?;
         let slots = self.cfg.optimizer.slots() as u32;
         for v in &self.vars {
-            match v {
-                Var::Dense(d) => {
-                    w.u32(d.def.id)?;
-                    w.u8(VAR_DENSE)?;
-                    w.put(&[0, 0, 0])?;
-                    w.u32(d.values.len() as u32)?;
-                    w.u32(slots)?;
-                    w.u64(d.updates)?;
-                    w.f32s(&d.values)?;
-                    w.f32s(&d.slots)?;
-                }
-                Var::Table(t) => {
-                    w.u32(t.def.id)?;
-                    w.u8(VAR_TABLE)?;
-                    w.put(&[0, 0, 0])?;
-                    w.u32(t.dim as u32)?;
-                    w.u32(slots)?;
-                    let s = t.stats;
-                    for c in [
-                        s.admitted,
-                        s.filtered_pulls,
-                        s.filter_overflow,
-                        s.evicted,
-                        s.ignored_pushes,
-                    ] {
-                        w.u64(c)?;
-                    }
-                    w.u64(t.rows.len() as u64)?;
-                    w.u64(t.pending.len() as u64)?;
-                    let mut keys: Vec<u64> = t.rows.keys().collect();
-                    keys.sort_unstable();
-                    for k in keys {
-                        let Some((s, data)) = t.rows.get(k) else {
-                            continue;
-                        };
-                        w.u64(k)?;
-                        w.u64(s.last_access)?;
-                        w.u64(s.updates)?;
-                        w.f32s(data)?;
-                    }
-                    let mut keys: Vec<u64> = t.pending.keys().copied().collect();
-                    keys.sort_unstable();
-                    for k in keys {
-                        let p = t.pending[&k];
-                        w.u64(k)?;
-                        w.u32(p.count)?;
-                        w.u32(0)?;
-                        w.u64(p.last_seen)?;
-                    }
-                }
+            put_var_head(&mut w, v, slots)?;
+            let Var::Table(t) = v else {
+                continue;
+            };
+            w.u64(t.rows.len() as u64)?;
+            w.u64(t.pending.len() as u64)?;
+            let mut keys: Vec<u64> = t.rows.keys().collect();
+            keys.sort_unstable();
+            for k in keys {
+                put_row(&mut w, &t.rows, k)?;
             }
+            put_pending(&mut w, &t.pending)?;
         }
         w.finish()?;
         Ok(())

@@ -23,7 +23,9 @@ use std::io::{Read, Write};
 use rustc_hash::{FxHashMap, FxHashSet};
 use starwire_wire::ps::{Limits, PullRequest, PushItem, PushRequest};
 
-use crate::checkpoint::{mismatch, opt_code, CrcWriter, Cursor, VAR_DENSE, VAR_TABLE};
+use crate::checkpoint::{
+    mismatch, opt_code, put_pending, put_row, put_var_head, CrcWriter, Cursor, VAR_DENSE, VAR_TABLE,
+};
 use crate::error::CheckpointError;
 use crate::shard::{PsShard, Var};
 use crate::table::{Pending, Rows, TableStats};
@@ -128,61 +130,22 @@ impl PsShard {
         w.u32(self.vars.len() as u32)?;
         let slots = self.cfg.optimizer.slots() as u32;
         for v in &self.vars {
-            match v {
-                Var::Dense(d) => {
-                    w.u32(d.def.id)?;
-                    w.u8(VAR_DENSE)?;
-                    w.put(&[0, 0, 0])?;
-                    w.u32(d.values.len() as u32)?;
-                    w.u32(slots)?;
-                    w.u64(d.updates)?;
-                    w.f32s(&d.values)?;
-                    w.f32s(&d.slots)?;
-                }
-                Var::Table(t) => {
-                    w.u32(t.def.id)?;
-                    w.u8(VAR_TABLE)?;
-                    w.put(&[0, 0, 0])?;
-                    w.u32(t.dim as u32)?;
-                    w.u32(slots)?;
-                    let s = t.stats;
-                    for c in [
-                        s.admitted,
-                        s.filtered_pulls,
-                        s.filter_overflow,
-                        s.evicted,
-                        s.ignored_pushes,
-                    ] {
-                        w.u64(c)?;
-                    }
-                    let keys = touched.sorted(t.def.id);
-                    let (present, removed): (Vec<u64>, Vec<u64>) =
-                        keys.into_iter().partition(|&k| t.rows.get(k).is_some());
-                    w.u64(present.len() as u64)?;
-                    w.u64(t.pending.len() as u64)?;
-                    w.u64(removed.len() as u64)?;
-                    for k in present {
-                        let Some((s, data)) = t.rows.get(k) else {
-                            continue;
-                        };
-                        w.u64(k)?;
-                        w.u64(s.last_access)?;
-                        w.u64(s.updates)?;
-                        w.f32s(data)?;
-                    }
-                    let mut pending: Vec<u64> = t.pending.keys().copied().collect();
-                    pending.sort_unstable();
-                    for k in pending {
-                        let p = t.pending[&k];
-                        w.u64(k)?;
-                        w.u32(p.count)?;
-                        w.u32(0)?;
-                        w.u64(p.last_seen)?;
-                    }
-                    for k in removed {
-                        w.u64(k)?;
-                    }
-                }
+            put_var_head(&mut w, v, slots)?;
+            let Var::Table(t) = v else {
+                continue;
+            };
+            let keys = touched.sorted(t.def.id);
+            let (present, removed): (Vec<u64>, Vec<u64>) =
+                keys.into_iter().partition(|&k| t.rows.get(k).is_some());
+            w.u64(present.len() as u64)?;
+            w.u64(t.pending.len() as u64)?;
+            w.u64(removed.len() as u64)?;
+            for k in present {
+                put_row(&mut w, &t.rows, k)?;
+            }
+            put_pending(&mut w, &t.pending)?;
+            for k in removed {
+                w.u64(k)?;
             }
         }
         w.finish()?;
