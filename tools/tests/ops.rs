@@ -124,7 +124,14 @@ fn train_serves_metrics_while_it_runs() {
         last = body;
         let trained =
             sample(&last, "starwire_worker_samples_total{worker=\"0\"}").is_some_and(|n| n > 0.0);
-        if trained && NAMES.iter().all(|n| last.contains(n)) {
+        // The PS publishes its counters on its own turns: a worker's count
+        // can show before the shard's count of the push it sent.
+        let pushed = sample(
+            &last,
+            "starwire_ps_requests_total{shard=\"0\",kind=\"push\"}",
+        )
+        .is_some_and(|n| n > 0.0);
+        if trained && pushed && NAMES.iter().all(|n| last.contains(n)) {
             break;
         }
         std::thread::sleep(Duration::from_millis(200));
