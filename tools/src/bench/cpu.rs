@@ -75,8 +75,12 @@ mod tests {
             std::hint::black_box(x);
         }
         let p = m.percent().unwrap();
-        // A spinning thread on a shared machine: well above idle, and one
-        // thread cannot use much more than one core.
-        assert!(p > 5.0 && p < 150.0, "{p}");
+        // The meter counts the whole process, and the test harness runs
+        // other tests on other threads meanwhile: the spinning thread lifts
+        // it well above idle, and no process can use more than every core
+        // (with room for the clocks' granularity).
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let ceiling = 100.0 * cores as f64 + 25.0;
+        assert!(p > 5.0 && p < ceiling, "{p} not in (5, {ceiling})");
     }
 }
