@@ -2,42 +2,9 @@
 //! --bidirectional, --interval, --cpu-util and --histogram. Short runs
 //! only; no timing is asserted.
 
-use std::process::{Command, Output};
+mod common;
 
-use serde_json::Value;
-
-const BIN: &str = env!("CARGO_BIN_EXE_starwire");
-
-fn run(args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .env_remove("TF_CONFIG")
-        .env_remove("TF_SEASTAR_ENDPOINT_MAP_PATH")
-        .output()
-        .expect("run starwire")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-fn json_lines(out: &Output) -> Vec<Value> {
-    assert!(
-        out.status.success(),
-        "starwire failed: {}\n{}",
-        text(&out.stdout),
-        text(&out.stderr)
-    );
-    text(&out.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad JSON {l:?}: {e}")))
-        .collect()
-}
-
-fn num(v: &Value, k: &str) -> f64 {
-    v[k].as_f64()
-        .unwrap_or_else(|| panic!("{k} not a number in {v}"))
-}
+use common::{json_lines, num, run, text};
 
 #[test]
 fn all_sizes_runs_2_bytes_to_8_mib() {

@@ -1,31 +1,14 @@
 //! End-to-end tests of the `starwire` binary. Short runs only (CI has two
 //! cores); no timing is asserted.
 
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_starwire");
+mod common;
 
-fn run(args: &[&str]) -> Output {
-    run_with(args, &[])
-}
-
-/// `run` with extra environment variables.
-fn run_with(args: &[&str], env: &[(&str, &str)]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .envs(env.iter().copied())
-        .env_remove("TF_CONFIG")
-        .env_remove("TF_SEASTAR_ENDPOINT_MAP_PATH")
-        .output()
-        .expect("run starwire")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
+use common::{json_lines, num, run, run_with, text, BIN};
 
 const CONTRACT: &[&str] = &[
     "backend",
@@ -47,24 +30,6 @@ const CONTRACT: &[&str] = &[
     "client_core",
     "server_core",
 ];
-
-fn json_lines(out: &Output) -> Vec<Value> {
-    assert!(
-        out.status.success(),
-        "starwire failed: {}\n{}",
-        text(&out.stdout),
-        text(&out.stderr)
-    );
-    text(&out.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad JSON {l:?}: {e}")))
-        .collect()
-}
-
-fn num(v: &Value, k: &str) -> f64 {
-    v[k].as_f64()
-        .unwrap_or_else(|| panic!("{k} is not a number in {v}"))
-}
 
 fn check_line(v: &Value) {
     for k in CONTRACT {

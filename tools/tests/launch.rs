@@ -3,40 +3,12 @@
 //! do not resolve yet, `--bind` and `--connect-timeout`. Short runs only;
 //! no timing is asserted beyond the bounds the flags set.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc;
+use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_starwire");
+mod common;
 
-/// The binary with a clean environment: no cluster from the caller, no
-/// pinning or polling, default log filter.
-fn starwire(args: &[&str]) -> Command {
-    let mut c = Command::new(BIN);
-    c.args(args)
-        .env_remove("TF_CONFIG")
-        .env_remove("TF_SEASTAR_ENDPOINT_MAP_PATH")
-        .env_remove("RUST_LOG")
-        .env("PS_ENABLE_POLLING", "false")
-        .env("WORKER_ENABLE_POLLING", "false")
-        .env("PS_DISABLE_PIN_CORES", "true")
-        .env("WORKER_DISABLE_PIN_CORES", "true")
-        .stdin(Stdio::null());
-    c
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-/// A port nobody listens on (just released).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("port")
-        .port()
-}
+use common::{free_port, starwire, stderr_lines, text, wait};
 
 const TINY: &[&str] = &[
     "--train-examples",
@@ -47,37 +19,6 @@ const TINY: &[&str] = &[
     "1",
     "--json",
 ];
-
-/// Lines of the child's stderr as they come, and every line kept for the
-/// end.
-fn stderr_lines(child: &mut Child) -> mpsc::Receiver<String> {
-    let err = child.stderr.take().expect("piped stderr");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(err).lines() {
-            let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    rx
-}
-
-/// Wait for `child` to exit, at most `limit`.
-fn wait(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(st) = child.try_wait().expect("wait") {
-            return st;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            panic!("the task did not exit within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
 
 #[test]
 fn a_worker_started_before_its_ps_connects_once_the_ps_appears() {

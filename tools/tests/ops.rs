@@ -1,22 +1,14 @@
 //! Operability of the `starwire` binary: the metrics endpoint scraped
 //! during a run, progress lines and their flags. Short runs only.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_starwire");
+mod common;
 
-fn starwire(args: &[&str]) -> Command {
-    let mut c = Command::new(BIN);
-    c.args(args)
-        .env_remove("TF_CONFIG")
-        .env_remove("TF_SEASTAR_ENDPOINT_MAP_PATH")
-        .env_remove("RUST_LOG");
-    c
-}
+use common::{run, starwire, stderr_lines};
 
 /// `GET path` on `addr`: the status code and the body.
 fn get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
@@ -37,21 +29,6 @@ fn get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
         .split_once("\r\n\r\n")
         .map_or(String::new(), |(_, b)| b.to_owned());
     Ok((status, body))
-}
-
-/// Lines of the child's stderr, as they come, on a channel.
-fn stderr_lines(child: &mut Child) -> mpsc::Receiver<String> {
-    let err = child.stderr.take().expect("piped stderr");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(err).lines() {
-            let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    rx
 }
 
 /// The families a scrape during `train` must show.
@@ -220,11 +197,6 @@ fn json_log_format_writes_one_object_per_line() {
             .any(|v| v["message"] == "worker" && v["step"] == 10 && v["worker"] == 0),
         "{err}"
     );
-}
-
-/// Runs `starwire ARGS` to completion.
-fn run(args: &[&str]) -> std::process::Output {
-    starwire(args).output().expect("run starwire")
 }
 
 #[test]

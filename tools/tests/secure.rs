@@ -5,7 +5,10 @@
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
-const BIN: &str = env!("CARGO_BIN_EXE_starwire");
+mod common;
+
+use common::{free_port, text, BIN};
+
 const TOKEN: &str = "cli-test-cluster-token-0123456789";
 
 fn command(args: &[&str], token: Option<&str>) -> Command {
@@ -22,15 +25,6 @@ fn command(args: &[&str], token: Option<&str>) -> Command {
 
 fn run(args: &[&str], token: Option<&str>) -> Output {
     command(args, token).output().expect("run starwire")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr").port()
 }
 
 #[test]
