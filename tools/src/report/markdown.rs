@@ -44,29 +44,20 @@ pub(super) fn human_size(s: usize) -> String {
     }
 }
 
-/// What a table shows: one metric of one mode.
-#[derive(Clone, Copy)]
-pub(super) struct Metric {
-    mode: Mode,
-    get: fn(&ResultLine) -> Option<f64>,
-    unit: &'static str,
-}
-
-/// A table: one row per key, per backend the metric, then the ratio of
-/// every other backend to `raw` and to `grpc` (when those are present).
-pub(super) fn table(
+/// A table of one metric of one mode: one row per size (per in-flight
+/// count for rate), per backend the metric, then the ratio of every other
+/// backend to `raw` and to `grpc` (when those are present).
+fn table(
     out: &mut String,
-    key_name: &str,
-    keys: &[(String, usize, Option<usize>)],
     backends: &[Backend],
     lines: &[ResultLine],
-    metric: Metric,
+    mode: Mode,
+    metric: fn(&ResultLine) -> Option<f64>,
+    unit: &str,
 ) {
-    let Metric {
-        mode,
-        get: metric,
-        unit,
-    } = metric;
+    let by_inflight = mode == Mode::Rate;
+    let key_name = if by_inflight { "in flight" } else { "size" };
+    let keys = keys_of(lines, mode, by_inflight);
     let bases: Vec<Backend> = backends
         .iter()
         .copied()
@@ -85,7 +76,7 @@ pub(super) fn table(
         }
     }
     let _ = writeln!(out, "{head}\n{rule}");
-    for (label, size, inflight) in keys {
+    for (label, size, inflight) in &keys {
         let v = |b: Backend| find(lines, b, mode, *size, *inflight).and_then(metric);
         let mut row = format!("| {label} |");
         for &b in backends {
@@ -204,32 +195,9 @@ pub(super) fn markdown(
         "Round trips, not halves: perftest's `*_lat` tools report half a round \
          trip. The percentiles are over every repetition's round trips merged.\n"
     );
-    let keys = keys_of(lines, Mode::Lat, false);
-    table(
-        &mut o,
-        "size",
-        &keys,
-        backends,
-        lines,
-        Metric {
-            mode: Mode::Lat,
-            get: |l| l.p50_us,
-            unit: "µs",
-        },
-    );
+    table(&mut o, backends, lines, Mode::Lat, |l| l.p50_us, "µs");
     let _ = writeln!(o, "p99 round trip:\n");
-    table(
-        &mut o,
-        "size",
-        &keys,
-        backends,
-        lines,
-        Metric {
-            mode: Mode::Lat,
-            get: |l| l.p99_us,
-            unit: "µs",
-        },
-    );
+    table(&mut o, backends, lines, Mode::Lat, |l| l.p99_us, "µs");
     if plots.iter().any(|(n, _)| *n == "latency.svg") {
         let _ = writeln!(
             o,
@@ -243,35 +211,18 @@ pub(super) fn markdown(
         "## Message rate ({} requests, each acked empty) against requests in flight\n",
         human_size(size)
     );
-    let keys = keys_of(lines, Mode::Rate, true);
     table(
         &mut o,
-        "in flight",
-        &keys,
         backends,
         lines,
-        Metric {
-            mode: Mode::Rate,
-            get: |l| l.msgs_per_s,
-            unit: "msgs/s",
-        },
+        Mode::Rate,
+        |l| l.msgs_per_s,
+        "msgs/s",
     );
     let _ = writeln!(o, "![rate against in-flight](rate.svg)\n");
 
     let _ = writeln!(o, "## Bandwidth (one-way stream, 8 in flight, acked)\n");
-    let keys = keys_of(lines, Mode::Bw, false);
-    table(
-        &mut o,
-        "size",
-        &keys,
-        backends,
-        lines,
-        Metric {
-            mode: Mode::Bw,
-            get: |l| l.gbps,
-            unit: "Gb/s",
-        },
-    );
+    table(&mut o, backends, lines, Mode::Bw, |l| l.gbps, "Gb/s");
     let _ = writeln!(o, "![bandwidth against size](bandwidth.svg)\n");
 
     let _ = writeln!(o, "## Fusion (steps of N tensors to one peer)\n");
