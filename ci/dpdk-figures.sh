@@ -35,15 +35,6 @@ command -v dpdk-testpmd >/dev/null || {
 }
 
 tag="${STARWIRE_NETNS_PREFIX:-swf}$$"
-NS_A="${tag}a"
-NS_B="${tag}b"
-VA="${tag}va"
-VB="${tag}vb"
-CA="${tag}ca"
-CB="${tag}cb"
-CTL_A=10.98.0.1
-DPDK_A=10.98.1.1
-DPDK_B=10.98.1.3
 EAL="--no-huge --no-pci --no-shconf -m 512"
 REPEAT="${REPEAT:-3}"
 DURATION="${DURATION:-3}"
@@ -51,9 +42,10 @@ TESTPMD_SECS="${TESTPMD_SECS:-8}"
 PROFILE="${PROFILE:-release}"
 LOG_DIR="$(mktemp -d)"
 
+# shellcheck source=ci/lib/netns.sh
+. ci/lib/netns.sh
 cleanup() {
-    ip netns del "$NS_A" 2>/dev/null || true
-    ip netns del "$NS_B" 2>/dev/null || true
+    netns_down
     rm -rf "$LOG_DIR"
 }
 trap cleanup EXIT
@@ -68,17 +60,7 @@ BIN="$PWD/target/$PROFILE/starwire"
 STARWIRE_CLUSTER_TOKEN="$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')"
 export STARWIRE_CLUSTER_TOKEN
 
-ip netns add "$NS_A"
-ip netns add "$NS_B"
-ip link add "$VA" netns "$NS_A" type veth peer name "$VB" netns "$NS_B"
-ip link add "$CA" netns "$NS_A" type veth peer name "$CB" netns "$NS_B"
-for ns in "$NS_A" "$NS_B"; do ip -n "$ns" link set lo up; done
-for l in "$NS_A $VA" "$NS_B $VB" "$NS_A $CA" "$NS_B $CB"; do
-    set -- $l
-    ip -n "$1" link set "$2" up
-done
-ip -n "$NS_A" addr add "$CTL_A/24" dev "$CA"
-ip -n "$NS_B" addr add 10.98.0.2/24 dev "$CB"
+netns_up "$tag" 10.98
 
 port=18900
 # One two-process bench: `bench_pair NAME VDEV_A VDEV_B ARGS...`; the rows
