@@ -436,6 +436,12 @@ impl ReliableCore {
         self.failed.is_none() && (self.tx_pending() || self.rcv_nxt != self.cfg.initial_seq)
     }
 
+    /// True while the peer is owed something: an acknowledgement, or our
+    /// frames until it acknowledges them (and the core has not failed).
+    pub fn owes_peer(&self) -> bool {
+        self.failed.is_none() && (self.tx_pending() || self.ack_deadline.is_some())
+    }
+
     /// How long a closed core lingers: two of the longest retransmission
     /// timeouts, so that the peer's retransmission of a packet whose
     /// acknowledgement was lost arrives within it.

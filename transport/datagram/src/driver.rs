@@ -538,6 +538,18 @@ impl<L: DatagramLink> Driver for DatagramDriver<L> {
         }
     }
 
+    /// A detached connection's core still owes its peer an
+    /// acknowledgement or has frames unacknowledged (it lingers on after
+    /// that, but only to answer retransmissions, which a stopping reactor
+    /// need not wait for).
+    fn winding_down(&self) -> bool {
+        self.slots
+            .iter()
+            .filter(|s| s.lingering)
+            .filter_map(|s| s.core.as_ref())
+            .any(ReliableCore::owes_peer)
+    }
+
     /// The earliest timer over the connections: a retransmission or
     /// delayed acknowledgement, or now when packets wait for room in the
     /// link's transmit ring.

@@ -454,10 +454,15 @@ fn a_detached_connection_acknowledges_the_peers_last_frames() {
     let old = b.local_id(cb).unwrap();
     b.detach(cb);
     assert_eq!((b.len(), b.lingering()), (0, 1), "b lingers, detached");
+    assert!(b.winding_down(), "b owes an acknowledgement");
 
     // b's acknowledgement goes out, and is lost.
     now += Duration::from_millis(1);
     b.flush(now);
+    assert!(
+        !b.winding_down(),
+        "a stopping reactor need not wait for retransmissions"
+    );
     let lost = a
         .link_mut()
         .rx_burst(now, 64, &mut |_| {})
@@ -509,6 +514,7 @@ fn a_lingering_core_whose_peer_is_gone_goes_quietly() {
     a.detach(a_ids[0]);
     b.detach(b_ids[0]);
     assert_eq!(a.lingering(), 1, "a has a frame unacknowledged");
+    assert!(a.winding_down());
     assert_eq!(b.lingering(), 0, "b received nothing: freed at once");
     for _ in 0..10_000 {
         a.flush(now);
@@ -519,6 +525,7 @@ fn a_lingering_core_whose_peer_is_gone_goes_quietly() {
         now = a.poll_timeout().map_or(now, |t| t.max(now)) + Duration::from_micros(10);
     }
     assert_eq!(a.lingering(), 0, "the retry budget bounds the linger");
+    assert!(!a.winding_down());
     assert!(a.poll_failure().is_none());
     assert!(b.stats().dropped_unknown_conn > 0);
     assert_eq!(a.core_totals().timeouts, 10);
