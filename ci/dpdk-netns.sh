@@ -10,7 +10,8 @@
 #     (each prints its report; both must pass: 0 lost, duplicated,
 #     corrupted, out of order, failed);
 #   * the kernel-UDP check: a Linux UDP socket in B (vB gets an address
-#     for it) exchanges datagrams with a DpdkLink in A, so the kernel
+#     for it, and no neighbour entry: the DpdkLink answers the kernel's
+#     ARP request) exchanges datagrams with a DpdkLink in A, so the kernel
 #     checks our IPv4/UDP headers and checksums
 #     (backends/dpdk/tests/kernel_peer.rs);
 #   * `starwire info` on a net_af_packet port with two queue pairs: the
@@ -187,10 +188,10 @@ for driver in af_packet af_xdp; do
     fi
     result soak "$ok" "$driver"
 
-    # The kernel-UDP check: B's kernel gets an address on vB and a static
-    # neighbour entry for ours (the DPDK side answers no ARP).
+    # The kernel-UDP check: B's kernel gets an address on vB and no
+    # neighbour entry for ours: it resolves it by ARP, which the DPDK side
+    # answers.
     ip -n "$NS_B" addr add "$KERNEL_B/24" dev "$VB"
-    ip -n "$NS_B" neigh replace "$DPDK_A" lladdr "$MAC_A" dev "$VB"
     ok=true
     if ! ip netns exec "$NS_A" env \
         STARWIRE_DPDK_TEST_EAL="$EAL --vdev=$vdev_a" \
@@ -203,9 +204,11 @@ for driver in af_packet af_xdp; do
         ok=false
         tail -20 "$LOG_DIR/kernel-$driver.log" >&2 || true
     fi
-    detail=$(grep -o '"sent":[0-9]*,"received":[0-9]*' "$LOG_DIR/kernel-$driver.log" || true)
+    detail=$(grep -o '"sent":[0-9]*,"received":[0-9]*,"arp_replies":[0-9]*' \
+        "$LOG_DIR/kernel-$driver.log" || true)
     result kernel-udp "$ok" "$driver" "$detail"
-    ip -n "$NS_B" neigh del "$DPDK_A" dev "$VB" 2>/dev/null || true
+    # The next driver's run starts from an empty neighbour cache.
+    ip -n "$NS_B" neigh flush dev "$VB" 2>/dev/null || true
     ip -n "$NS_B" addr del "$KERNEL_B/24" dev "$VB"
 
     # Two-process training over dpdk: each connection bootstrapped over
