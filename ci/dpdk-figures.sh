@@ -3,8 +3,7 @@
 # one pair of network namespaces (not run by CI):
 #   * dpdk over net_af_xdp and over net_af_packet against the tcp backend:
 #     round trip p50/p99 at 64 B, rate at 4 KiB x 32 in flight, bandwidth
-#     at 1 MiB (over net_af_xdp only the round trip: bursts of full-size
-#     packets stall in its transmit ring on a veth, see the docs' Limits); two-process bench (`--listen` in A, `--connect` in B),
+#     at 1 MiB; two-process bench (`--listen` in A, `--connect` in B),
 #     client reactor on core 0, server reactor on core 1, polling on, the
 #     backends alternated --repeat times (medians reported);
 #   * dpdk's packet rate (`bench --backends dpdk --mode rate --sizes 64
@@ -13,6 +12,7 @@
 #     dpdk-testpmd io-forwarding with --tx-first, one process in each
 #     namespace on the same vdev (forwarding lcore 1 in A, 0 in B), its
 #     Rx-pps summed over both ends.
+# The namespaces come from ci/lib/netns.sh, as dpdk-netns.sh's do.
 # The DPDK ports take vA/vB (no kernel address); tcp, the control and the
 # bootstrap connections run over cA/cB, a second veth pair of the same
 # kind between the same namespaces (a DPDK port's interface carries no
@@ -35,15 +35,6 @@ command -v dpdk-testpmd >/dev/null || {
 }
 
 tag="${STARWIRE_NETNS_PREFIX:-swf}$$"
-NS_A="${tag}a"
-NS_B="${tag}b"
-VA="${tag}va"
-VB="${tag}vb"
-CA="${tag}ca"
-CB="${tag}cb"
-CTL_A=10.98.0.1
-DPDK_A=10.98.1.1
-DPDK_B=10.98.1.3
 EAL="--no-huge --no-pci --no-shconf -m 512"
 REPEAT="${REPEAT:-3}"
 DURATION="${DURATION:-3}"
@@ -51,9 +42,10 @@ TESTPMD_SECS="${TESTPMD_SECS:-8}"
 PROFILE="${PROFILE:-release}"
 LOG_DIR="$(mktemp -d)"
 
+# shellcheck source=ci/lib/netns.sh
+. ci/lib/netns.sh
 cleanup() {
-    ip netns del "$NS_A" 2>/dev/null || true
-    ip netns del "$NS_B" 2>/dev/null || true
+    netns_down
     rm -rf "$LOG_DIR"
 }
 trap cleanup EXIT
@@ -68,17 +60,7 @@ BIN="$PWD/target/$PROFILE/starwire"
 STARWIRE_CLUSTER_TOKEN="$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')"
 export STARWIRE_CLUSTER_TOKEN
 
-ip netns add "$NS_A"
-ip netns add "$NS_B"
-ip link add "$VA" netns "$NS_A" type veth peer name "$VB" netns "$NS_B"
-ip link add "$CA" netns "$NS_A" type veth peer name "$CB" netns "$NS_B"
-for ns in "$NS_A" "$NS_B"; do ip -n "$ns" link set lo up; done
-for l in "$NS_A $VA" "$NS_B $VB" "$NS_A $CA" "$NS_B $CB"; do
-    set -- $l
-    ip -n "$1" link set "$2" up
-done
-ip -n "$NS_A" addr add "$CTL_A/24" dev "$CA"
-ip -n "$NS_B" addr add 10.98.0.2/24 dev "$CB"
+netns_up "$tag" 10.98
 
 port=18900
 # One two-process bench: `bench_pair NAME VDEV_A VDEV_B ARGS...`; the rows
@@ -158,12 +140,6 @@ for driver in af_xdp af_packet; do
         mode=$what backends=tcp,dpdk
         if [ "$what" = pps ]; then mode=rate backends=dpdk; fi
         name="$driver-$what"
-        if [ "$driver" = af_xdp ] && { [ "$what" = rate ] || [ "$what" = bw ]; }; then
-            # Bursts of full-size packets stall in the AF_XDP transmit ring
-            # on a veth (docs/backends/dpdk.md, Limits).
-            echo "{\"figure\":\"$what\",\"driver\":\"$driver\",\"skipped\":\"full-size bursts stall over net_af_xdp on a veth\"}"
-            continue
-        fi
         if ! bench_pair "$name" "$vdev_a" "$vdev_b" --backends "$backends" --mode "$mode" "$@"; then
             echo "{\"figure\":\"$what\",\"driver\":\"$driver\",\"error\":true}"
             continue

@@ -313,26 +313,29 @@ unsafe impl Sync for Mempool {}
 
 impl Mempool {
     /// A pool of `size` mbufs with `cache` per lcore and the default data
-    /// room, on NUMA `socket`.
+    /// room, on NUMA `socket`. `packed` lays the mbufs end to end in one
+    /// chunk (`RTE_MEMPOOL_F_NO_IOVA_CONTIG`) rather than keeping each
+    /// within a page: for a device that reads the pool as one array of
+    /// equal frames and does no DMA (`net_af_xdp` registers it as its
+    /// UMEM).
     pub(crate) fn new(
         name: &str,
         size: u32,
         cache: u32,
         socket: i32,
+        packed: bool,
     ) -> Result<Self, (i32, String)> {
         let cname = CString::new(name)
             .map_err(|_| (nix::libc::EINVAL, "pool name has a NUL byte".to_owned()))?;
-        // SAFETY: cname is a valid NUL-terminated name (DPDK copies it);
-        // the sizes are plain numbers DPDK checks.
-        let pool = unsafe {
-            sys::rte_pktmbuf_pool_create(
-                cname.as_ptr(),
-                size,
-                cache,
-                0,
-                sys::RTE_MBUF_DEFAULT_BUF_SIZE as u16,
-                socket,
-            )
+        let room = sys::RTE_MBUF_DEFAULT_BUF_SIZE as u16;
+        let pool = if packed {
+            // SAFETY: as below; the shim makes the pool as
+            // rte_pktmbuf_pool_create does, with one flag more.
+            unsafe { sys::sw_pktmbuf_pool_create_packed(cname.as_ptr(), size, cache, room, socket) }
+        } else {
+            // SAFETY: cname is a valid NUL-terminated name (DPDK copies
+            // it); the sizes are plain numbers DPDK checks.
+            unsafe { sys::rte_pktmbuf_pool_create(cname.as_ptr(), size, cache, 0, room, socket) }
         };
         match NonNull::new(pool) {
             Some(pool) => Ok(Self { pool, size }),

@@ -13,7 +13,9 @@
 //! each packet that passes the filter (EtherType IPv4, protocol UDP, not
 //! a fragment, our destination port, well-formed headers) is lent to the
 //! sink in place, its UDP payload straight from the mbuf, which goes back
-//! to the pool afterwards.
+//! to the pool afterwards. An ARP request for our IPv4 address is
+//! answered: the reply joins the packets queued for the next burst, so a
+//! kernel peer needs no static neighbour entry for us.
 //!
 //! A queue pair owned by one link is used without a lock: one the link
 //! was given ([`DpdkLink::new`]) or one it leased from a [`QueueSet`]
@@ -28,6 +30,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
+use starwire_datagram::arp::{ArpRepr, ETHERTYPE_ARP};
 use starwire_datagram::packet::peek_src_conn;
 use starwire_datagram::udp::{self, UdpEndpoint, UdpRepr, HEADERS_LEN, IP_UDP_OVERHEAD};
 use starwire_datagram::{DatagramLink, LinkError};
@@ -93,6 +96,8 @@ pub struct DpdkLinkStats {
     /// Packets to our port with bad headers (lengths, IPv4 checksum,
     /// several segments).
     pub rx_malformed: u64,
+    /// ARP requests for our IPv4 address answered.
+    pub arp_replies: u64,
     /// Packets dropped because the inbox of the link they were for was
     /// full (shared queues, queue sets).
     pub rx_inbox_full: u64,
@@ -280,18 +285,53 @@ impl DpdkLink {
         self.pending.len()
     }
 
+    /// Queue the reply to `frame` if it is an ARP request for our address
+    /// (and an mbuf and room in the queue are there; else the asker asks
+    /// again). True when answered.
+    fn answer_arp(&mut self, frame: &[u8]) -> bool {
+        let local = self.cfg.local;
+        let Some(reply) = ArpRepr::parse(frame)
+            .ok()
+            .and_then(|r| r.answer(local.mac, local.ip))
+        else {
+            return false;
+        };
+        if self.pending.len() >= self.cfg.max_pending {
+            return false;
+        }
+        let Some(mut m) = self.pool.alloc() else {
+            return false;
+        };
+        let len = reply.buffer_len();
+        let Some(room) = m.room_mut().get_mut(..len) else {
+            return false;
+        };
+        reply.emit(room);
+        // A 60-byte frame.
+        m.set_len(len as u16);
+        self.pending.push(m);
+        self.stats.arp_replies += 1;
+        true
+    }
+
     /// Lend each received packet in `self.rx` to `sink` if it passes the
-    /// filter, and free them all.
+    /// filter, answer ARP requests for our address, and free them all.
     fn lend(&mut self, sink: &mut dyn FnMut(&[u8])) -> usize {
         let mut lent = 0;
-        for m in self.rx.drain(..) {
+        // Taken for the pass (an ARP reply needs the link), given back
+        // empty with its capacity.
+        let mut rx = std::mem::take(&mut self.rx);
+        for m in rx.drain(..) {
             let data = m.data();
             if m.segments() != 1 {
                 self.stats.rx_malformed += 1;
                 continue;
             }
             if udp::classify(data) != Some(self.cfg.local.port) {
-                self.stats.rx_filtered += 1;
+                let arp = data.get(12..14) == Some(&ETHERTYPE_ARP.to_be_bytes()[..]);
+                if !(arp && self.answer_arp(data)) {
+                    self.stats.rx_filtered += 1;
+                }
                 continue;
             }
             match UdpRepr::parse(data) {
@@ -302,6 +342,7 @@ impl DpdkLink {
                 Err(_) => self.stats.rx_malformed += 1,
             }
         }
+        self.rx = rx;
         self.stats.rx_packets += lent as u64;
         lent
     }

@@ -234,13 +234,26 @@ impl Port {
             // A power of two minus one is the ring size DPDK wastes least on.
             None => ((need + CACHE_SLACK).next_power_of_two() - 1).max(need + CACHE_SLACK),
         };
-        let pool = ffi::Mempool::new(&format!("starwire_p{port}"), mbufs, POOL_CACHE, info.socket)
-            .map_err(|(errno, reason)| DpdkError::Mempool {
-                port,
-                mbufs,
-                errno,
-                reason,
-            })?;
+        // The af_xdp PMD registers the pool as its UMEM: from the first
+        // object's page, `populated_size` frames of the object size. A pool
+        // that keeps each object within a page (what DPDK does without
+        // hugepages) spreads the objects wider than that, and the kernel
+        // takes every descriptor past the UMEM's end as invalid: neither
+        // sent nor completed, so its mbuf is lost too.
+        let packed = info.driver == "net_af_xdp";
+        let pool = ffi::Mempool::new(
+            &format!("starwire_p{port}"),
+            mbufs,
+            POOL_CACHE,
+            info.socket,
+            packed,
+        )
+        .map_err(|(errno, reason)| DpdkError::Mempool {
+            port,
+            mbufs,
+            errno,
+            reason,
+        })?;
         let setup = ffi::DeviceSetup {
             queues,
             rx_desc: cfg.rx_desc,

@@ -1,6 +1,8 @@
 //! A peer that is not ours: a Linux UDP socket in another network
 //! namespace exchanges datagrams with a `DpdkLink`, so the kernel checks
 //! our Ethernet, IPv4 and UDP headers and checksums, and we parse its.
+//! The kernel has no neighbour entry for us: it finds our MAC by ARP, and
+//! the link answers.
 //!
 //! Needs a veth pair between two namespaces and root, so it is ignored by
 //! default; `ci/dpdk-netns.sh` sets it up and runs it inside the DPDK
@@ -9,8 +11,8 @@
 //! * `STARWIRE_DPDK_TEST_EAL`: EAL arguments naming the DPDK port (an
 //!   `net_af_packet` or `net_af_xdp` device on our end of the veth pair);
 //! * `STARWIRE_DPDK_TEST_NETNS`: the peer namespace (`/var/run/netns/NAME`);
-//! * `STARWIRE_DPDK_TEST_LOCAL`: our IPv4 address (the peer has a static
-//!   neighbour entry for it: we answer no ARP);
+//! * `STARWIRE_DPDK_TEST_LOCAL`: our IPv4 address (the peer resolves it
+//!   by ARP);
 //! * `STARWIRE_DPDK_TEST_PEER` and `STARWIRE_DPDK_TEST_PEER_MAC`: the
 //!   kernel end's IPv4 address and MAC.
 
@@ -101,8 +103,16 @@ fn kernel_udp_socket_exchanges_datagrams_with_dpdk() {
             "the kernel peer's ready never came"
         );
         rx(&mut link, &mut received);
+        // The ARP reply the kernel waits for before its first datagram
+        // leaves with a burst, as the driver's flush would send it.
+        link.tx_burst_flush(Instant::now()).expect("flush");
     }
     assert_eq!(received.remove(0), b"ready");
+    assert!(
+        link.stats().arp_replies >= 1,
+        "the kernel found our MAC by ARP: {:?}",
+        link.stats()
+    );
     let mut sent = 0;
     while sent < COUNT {
         assert!(Instant::now() < deadline, "sending timed out");
@@ -139,8 +149,9 @@ fn kernel_udp_socket_exchanges_datagrams_with_dpdk() {
     }
     let s = port.stats().expect("stats");
     println!(
-        "{{\"check\":\"kernel-udp\",\"sent\":{COUNT},\"received\":{},\"port_opackets\":{},\"port_ipackets\":{}}}",
+        "{{\"check\":\"kernel-udp\",\"sent\":{COUNT},\"received\":{},\"arp_replies\":{},\"port_opackets\":{},\"port_ipackets\":{}}}",
         received.len(),
+        link.stats().arp_replies,
         s.opackets,
         s.ipackets
     );

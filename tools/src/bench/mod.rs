@@ -454,7 +454,7 @@ fn drive(
     Ok(out)
 }
 
-fn resolve_addr(s: &str) -> Result<SocketAddr, String> {
+pub(crate) fn resolve_addr(s: &str) -> Result<SocketAddr, String> {
     s.to_socket_addrs()
         .map_err(|e| format!("{s}: {e}"))?
         .next()

@@ -14,6 +14,7 @@
 //! whatever is still unanswered then is reported lost.
 
 mod drivers;
+mod remote;
 mod traffic;
 
 use std::collections::{HashMap, HashSet};
@@ -37,6 +38,7 @@ use crate::bench::sessions::conn_config;
 use crate::metrics::{SoakCells, SoakCounts};
 use crate::progress::{Progress, Unit};
 use drivers::*;
+use remote::Ends;
 use starwire_telemetry::Telemetry;
 use starwire_train::telemetry::DriverCells;
 use traffic::*;
@@ -86,6 +88,19 @@ pub struct SoakArgs {
     #[cfg(feature = "dpdk")]
     #[command(flatten)]
     pub dpdk: crate::dpdk::DpdkArgs,
+    /// Run only the server side, on ADDR:PORT, for a `soak --connect`
+    /// in another process; it ends once --connections connections have
+    /// closed, and reports what it checked.
+    #[arg(long, conflicts_with = "connect")]
+    pub listen: Option<String>,
+    /// Run only the client side, against a `soak --listen` server at
+    /// ADDR:PORT (give both the same --connections and --server-reactors).
+    #[arg(long)]
+    pub connect: Option<String>,
+    /// The cluster token of the connections (a non-loopback --listen needs
+    /// one, or --insecure).
+    #[command(flatten)]
+    pub token: crate::guard::TokenArgs,
 }
 
 fn parse_soak_backend(s: &str) -> Result<String, String> {
@@ -113,6 +128,10 @@ fn parse_soak_backend(s: &str) -> Result<String, String> {
 #[derive(Debug, Serialize)]
 struct Report {
     backend: String,
+    /// `client` or `server` when the sides run in two processes
+    /// (`--connect`, `--listen`); absent when both run here.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    side: Option<&'static str>,
     connections: usize,
     duration_s: f64,
     faults: Option<String>,
@@ -345,12 +364,43 @@ fn run_soak<D: SoakDriver, A: Attach<D>>(
     let client_drivers = (0..nc).map(|_| make()).collect::<Result<Vec<_>, _>>()?;
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
         .map_err(|e| format!("binding a loopback listener: {e}"))?;
+    let (servers, acceptor) = start_servers(args, lay, listener, server_drivers, &attacher, |s| s)?;
+    let addr = acceptor.local_addr().to_string();
+    let clients = run_clients(args, lay, client_drivers, &addr, &attacher);
+    let served = stop_servers(servers);
+    drop(acceptor);
+    let (mut counts, mut faults, mut driver) = clients?;
+    let (mut sc, sf, sd) = served?;
+    // Requests are counted by the client.
+    sc.messages = 0;
+    sc.answered = 0;
+    counts.add(&sc);
+    faults.add_counts(sf);
+    driver.extend(sd);
+    Ok(Outcome {
+        counts,
+        faults,
+        driver,
+    })
+}
+
+/// The server reactors (each service set up by `service`) behind an
+/// acceptor on `listener`.
+fn start_servers<D: SoakDriver, A: Attach<D>>(
+    args: &SoakArgs,
+    lay: &Layout,
+    listener: TcpListener,
+    server_drivers: Vec<D>,
+    attacher: &impl Fn(u64, u64) -> A,
+    service: impl Fn(SoakServer) -> SoakServer,
+) -> Result<(Vec<ServerReactor<D>>, Acceptor), String> {
+    let (nc, ns) = (lay.client_cpus.len(), server_drivers.len());
     let (tx, rxs) = inboxes(ns).map_err(|e| format!("acceptor: {e}"))?;
     let mut servers: Vec<ServerReactor<D>> = Vec::with_capacity(ns);
     for (k, (driver, rx)) in server_drivers.into_iter().zip(rxs).enumerate() {
         let attach = attacher(SERVER_LINKS + k as u64, ns as u64);
         let cfg = conn_config(TaskRole::Ps, 256);
-        let service = SoakServer::new(lay, &args.backend);
+        let service = service(SoakServer::new(lay, &args.backend));
         let r = Reactor::spawn(spec(nc + k, lay.server_cpus[k], lay.idle), move |_| {
             driver.on_reactor_thread();
             Endpoint::new(driver, service, cfg).with_inbox_attach(rx, attach)
@@ -364,27 +414,13 @@ fn run_soak<D: SoakDriver, A: Attach<D>>(
         }
     }
     let wakers = servers.iter().map(Reactor::waker).collect();
-    let acceptor = match Acceptor::spawn(listener, tx, wakers, AcceptConfig::default()) {
-        Ok(a) => a,
+    match Acceptor::spawn(listener, tx, wakers, AcceptConfig::default()) {
+        Ok(a) => Ok((servers, a)),
         Err(e) => {
             let _ = stop_servers(servers);
-            return Err(format!("acceptor: {e}"));
+            Err(format!("acceptor: {e}"))
         }
-    };
-    let addr = acceptor.local_addr().to_string();
-    let clients = run_clients(args, lay, client_drivers, &addr, &attacher);
-    let served = stop_servers(servers);
-    drop(acceptor);
-    let (mut counts, mut faults, mut driver) = clients?;
-    let (sc, sf, sd) = served?;
-    counts.add(&sc);
-    faults.add_counts(sf);
-    driver.extend(sd);
-    Ok(Outcome {
-        counts,
-        faults,
-        driver,
-    })
+    }
 }
 
 /// Dial every connection (connection `i` to server reactor `i % ns`, on
@@ -481,8 +517,7 @@ fn run_clients<D: SoakDriver, A: Attach<D>>(
     Ok((counts, faults, driver))
 }
 
-/// Stop every server reactor and add up what they detected on the request
-/// path (requests are counted by the client).
+/// Stop every server reactor and add up what they counted.
 fn stop_servers<D: SoakDriver>(
     servers: Vec<ServerReactor<D>>,
 ) -> Result<(Counts, FaultCounts, Vec<serde_json::Value>), String> {
@@ -494,10 +529,7 @@ fn stop_servers<D: SoakDriver>(
         match r.stop() {
             Ok((ep, _)) => {
                 let (server, sessions) = ep.into_parts();
-                let mut sc = server.counts;
-                sc.messages = 0;
-                sc.answered = 0;
-                counts.add(&sc);
+                counts.add(&server.counts);
                 faults.add_counts(server.faults);
                 faults.add_counts(fault_counts(&sessions));
                 driver.extend(side_counters(&sessions, "server", k));
@@ -529,12 +561,32 @@ pub(crate) fn validate(args: &SoakArgs) -> Result<(), String> {
     if !matches!(args.backend.as_str(), "tcp" | "dpdk") && args.faults.is_some() {
         return Err("--faults is supported with --backend tcp or dpdk only".into());
     }
+    // verbs opens both sides' devices in this process.
+    if Ends::of(args).remote() && args.backend == "verbs" {
+        return Err("--listen/--connect: the verbs soak runs both sides in one process".into());
+    }
     Ok(())
 }
 
 /// Run `starwire soak`. Returns whether the soak passed.
 pub fn main(args: SoakArgs) -> Result<bool, String> {
     validate(&args)?;
+    let ends = Ends::of(&args);
+    if ends.remote() {
+        // The connections prove the token in their handshake
+        // (conn_config), as the bench's do.
+        let token = args.token.token()?;
+        if let Ends::Listen(addr) = &ends {
+            let at = crate::bench::resolve_addr(addr)?;
+            if let Err(e) =
+                starwire_train::cluster::check_listen(at, token.is_some(), args.token.insecure)
+            {
+                eprintln!("starwire: error: {e}");
+                std::process::exit(crate::guard::EXIT_INSECURE.into());
+            }
+        }
+        let _ = crate::bench::sessions::BENCH_TOKEN.set(token);
+    }
     let rss_start_kb = rss_kb();
     let rss_quarter = crate::rss::RssAt::spawn(Duration::from_secs_f64(args.duration / 4.0));
     let rss_full = crate::rss::RssAt::spawn(Duration::from_secs_f64(args.duration));
@@ -546,16 +598,29 @@ pub fn main(args: SoakArgs) -> Result<bool, String> {
     if args.backend == "dpdk" {
         // Stops the port when the soak is done.
         let _dpdk = crate::dpdk::CloseOnDrop;
-        args.dpdk
-            .configure_for(lay.client_cpus.len() + lay.server_cpus.len());
+        // A queue pair per reactor of this process.
+        args.dpdk.configure_for(match ends {
+            Ends::Local => lay.client_cpus.len() + lay.server_cpus.len(),
+            Ends::Listen(_) => lay.server_cpus.len(),
+            Ends::Connect(_) => lay.client_cpus.len(),
+        });
         let ctx = crate::dpdk::DpdkContext::get().map_err(|e| e.to_string())?;
-        // Both ends are in this process, bootstrapping over loopback.
-        let ip = ctx.ip_or_loopback();
+        // Both ends in this process bootstrap over loopback; across two,
+        // each end's address on its port is --dpdk-ip.
+        let ip = match (ctx.ip(), ends.remote()) {
+            (Some(ip), _) => ip,
+            (None, false) => ctx.ip_or_loopback(),
+            (None, true) => {
+                return Err("--listen/--connect over dpdk: give --dpdk-ip, this end's \
+                            IPv4 address on the DPDK port"
+                    .into())
+            }
+        };
         let cfg = starwire_datagram::ReliableConfig::default();
         let out = match args.faults {
             None => {
                 let make = || ctx.driver(ip, cfg.clone()).map_err(|e| e.to_string());
-                run_soak(&args, &lay, make, dpdk_attacher)?
+                remote::run(&args, &lay, make, dpdk_attacher)?
             }
             // Faults under every link: the reliability core repairs them,
             // so this soak must pass.
@@ -571,7 +636,7 @@ pub fn main(args: SoakArgs) -> Result<bool, String> {
                     starwire_datagram::DatagramDriver::new(link, cfg.clone())
                         .map_err(|e| format!("dpdk driver: {e}"))
                 };
-                run_soak(&args, &lay, make, dpdk_attacher)?
+                remote::run(&args, &lay, make, dpdk_attacher)?
             }
         };
         return report(&args, &lay, (rss_start_kb, rss_quarter, rss_full), out);
@@ -582,7 +647,7 @@ pub fn main(args: SoakArgs) -> Result<bool, String> {
         // Each ring binds to its reactor thread at the first enter.
         let cfg = crate::bench::sessions::uring_config(lay.idle, 0);
         let make = || starwire_uring::UringDriver::new(&cfg).map_err(|e| e.to_string());
-        let out = run_soak(&args, &lay, make, stream_attacher)?;
+        let out = remote::run(&args, &lay, make, stream_attacher)?;
         return report(&args, &lay, (rss_start_kb, rss_quarter, rss_full), out);
     }
     #[cfg(all(feature = "verbs", target_os = "linux"))]
@@ -609,18 +674,18 @@ pub fn main(args: SoakArgs) -> Result<bool, String> {
             };
             crate::rdma::verbs::driver(dev, args.connections, ring_len)
         };
-        let out = run_soak(&args, &lay, make, stream_attacher)?;
+        let out = remote::run(&args, &lay, make, stream_attacher)?;
         return report(&args, &lay, (rss_start_kb, rss_quarter, rss_full), out);
     }
     let cfg = TcpConfig::default();
     let out = match args.faults {
         None => {
             let make = || TcpDriver::new(cfg).map_err(|e| format!("tcp driver: {e}"));
-            run_soak(&args, &lay, make, stream_attacher)?
+            remote::run(&args, &lay, make, stream_attacher)?
         }
         Some(spec) => {
             let make = || Ok(Links::new(cfg.max_frame_len));
-            run_soak(&args, &lay, make, faulty_attacher(spec, cfg))?
+            remote::run(&args, &lay, make, faulty_attacher(spec, cfg))?
         }
     };
     report(&args, &lay, (rss_start_kb, rss_quarter, rss_full), out)
@@ -645,8 +710,14 @@ fn report(
         && c.failed == 0
         && (!growth_checked
             || crate::rss::within_limit(rss_quarter_kb, rss_full_kb.or(rss_end_kb)));
+    let side = match Ends::of(args) {
+        Ends::Local => None,
+        Ends::Listen(_) => Some("server"),
+        Ends::Connect(_) => Some("client"),
+    };
     let report = Report {
         backend: args.backend.clone(),
+        side,
         connections: args.connections,
         duration_s: args.duration,
         faults: args.faults.map(|f| f.to_string()),

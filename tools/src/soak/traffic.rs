@@ -2,6 +2,7 @@
 //! client that sends them and checks every answer, and the echoing
 //! server.
 
+use super::remote;
 use super::*;
 
 pub(super) const SEQ_HDR: usize = 16;
@@ -313,6 +314,10 @@ pub(super) struct SoakServer {
     pub(super) faults: FaultCounts,
     /// The reactor's driver counters, published a few times a second.
     pub(super) driver: DriverCells,
+    /// Where a server in a process of its own counts the connections that
+    /// ended (it ends once all have); with it, a connection that ends
+    /// other than by the client's close is a failed one.
+    pub(super) closes: remote::Closes,
 }
 
 impl SoakServer {
@@ -322,6 +327,7 @@ impl SoakServer {
             counts: Counts::default(),
             faults: FaultCounts::default(),
             driver: DriverCells::new(&lay.telemetry, backend),
+            closes: remote::Closes::default(),
         }
     }
 }
@@ -338,6 +344,7 @@ pub(super) fn serve_request(
     else {
         return;
     };
+    counts.messages += 1;
     let (status, reply) = match check_body(body) {
         Some(seq) => {
             track.see(seq, counts);
@@ -349,7 +356,9 @@ pub(super) fn serve_request(
             (Status::BadRequest, Payload::empty())
         }
     };
-    let _ = conn.respond(id, opcode, status, reply);
+    if conn.respond(id, opcode, status, reply).is_ok() {
+        counts.answered += 1;
+    }
 }
 
 impl<D: SoakDriver> Service<D> for SoakServer {
@@ -381,13 +390,20 @@ impl<D: SoakDriver> Service<D> for SoakServer {
         &mut self,
         id: ConnId,
         _conn: &mut Connection,
-        _error: &ConnError,
+        error: &ConnError,
         driver: &D,
         _now: Instant,
     ) {
         self.faults.add(driver.fault_stats(id));
         if let Some(t) = self.tracks.get_mut(id.index()) {
             *t = None;
+        }
+        if self.closes.counting() {
+            if !matches!(error, ConnError::Closed) {
+                tracing::warn!(conn = id.index(), "soak connection failed: {error}");
+                self.counts.failed += 1;
+            }
+            self.closes.note();
         }
     }
 }

@@ -172,6 +172,14 @@ pub trait Driver {
     /// still queued are dropped.
     fn detach(&mut self, conn: ConnId);
 
+    /// True while the driver still owes the wire something for
+    /// connections already detached (a reliable-datagram core's
+    /// acknowledgement of its peer's last packets): a reactor that is done
+    /// turns until it is sent.
+    fn winding_down(&self) -> bool {
+        false
+    }
+
     /// The earliest instant the driver needs a call even if no traffic
     /// arrives (a retransmission timer), if any.
     fn poll_timeout(&self) -> Option<Instant> {

@@ -389,13 +389,15 @@ impl<D: Driver> Sessions<D> {
 
     /// True when no connection held has anything left to send: nothing
     /// queued in its message layer and nothing its driver has not handed
-    /// to the wire.
+    /// to the wire; nor has the driver for connections already detached
+    /// ([`Driver::winding_down`]).
     pub fn is_drained(&self) -> bool {
-        self.slots.iter().enumerate().all(|(i, s)| {
-            s.as_ref().map_or(true, |s| {
-                !s.conn.wants_transmit() && !self.driver.tx_pending(ConnId::new(i as u32))
+        !self.driver.winding_down()
+            && self.slots.iter().enumerate().all(|(i, s)| {
+                s.as_ref().map_or(true, |s| {
+                    !s.conn.wants_transmit() && !self.driver.tx_pending(ConnId::new(i as u32))
+                })
             })
-        })
     }
 
     /// Remove `id` (after an orderly close, say) and detach it from the

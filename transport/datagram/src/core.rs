@@ -247,6 +247,8 @@ pub struct ReliableCore {
     ready: VecDeque<Vec<u8>>,
 
     failed: Option<String>,
+    /// When the application let the connection go ([`ReliableCore::handle_close`]).
+    closed_at: Option<Instant>,
     pool: Vec<Vec<u8>>,
     stats: CoreStats,
 }
@@ -326,6 +328,7 @@ impl ReliableCore {
             assembly: Vec::new(),
             ready: VecDeque::new(),
             failed: None,
+            closed_at: None,
             pool: Vec::new(),
             stats: CoreStats::default(),
             cfg,
@@ -407,6 +410,56 @@ impl ReliableCore {
         self.snd_una != self.snd_nxt
     }
 
+    /// The application let the connection go at `now`: it commits and
+    /// reads nothing more, but the peer's last packets (its `Goodbye`, or
+    /// what it sent as we closed) are done only once acknowledged, and a
+    /// lost acknowledgement brings a retransmission. So the core lingers:
+    /// it goes on acknowledging what arrives (dropping the frames) and
+    /// retransmitting what it sent unacknowledged, until
+    /// [`is_wound_down`](Self::is_wound_down). A failure while lingering
+    /// (the peer gone first) is no news, and is logged at debug level.
+    pub fn handle_close(&mut self, now: Instant) {
+        if self.closed_at.is_none() {
+            self.closed_at = Some(now);
+            self.last_now = Some(now);
+            while let Some(f) = self.ready.pop_front() {
+                self.recycle(f);
+            }
+        }
+    }
+
+    /// Whether a core the application let go still has a part to play:
+    /// it has frames unacknowledged, or has received data (whose
+    /// acknowledgement the peer may still need). A core that has neither
+    /// can go at once.
+    pub fn needs_linger(&self) -> bool {
+        self.failed.is_none() && (self.tx_pending() || self.rcv_nxt != self.cfg.initial_seq)
+    }
+
+    /// True while the peer is owed something: an acknowledgement, or our
+    /// frames until it acknowledges them (and the core has not failed).
+    pub fn owes_peer(&self) -> bool {
+        self.failed.is_none() && (self.tx_pending() || self.ack_deadline.is_some())
+    }
+
+    /// How long a closed core lingers: two of the longest retransmission
+    /// timeouts, so that the peer's retransmission of a packet whose
+    /// acknowledgement was lost arrives within it.
+    pub fn linger(&self) -> Duration {
+        self.cfg.rto_max.saturating_mul(2)
+    }
+
+    /// True once a closed core may go: it failed, or its
+    /// [`linger`](Self::linger) has passed with everything it sent
+    /// acknowledged. False while the connection is open.
+    pub fn is_wound_down(&self, now: Instant) -> bool {
+        let Some(closed) = self.closed_at else {
+            return false;
+        };
+        self.failed.is_some()
+            || (!self.tx_pending() && now.saturating_duration_since(closed) >= self.linger())
+    }
+
     fn buf(&mut self) -> Vec<u8> {
         let mut v = self.pool.pop().unwrap_or_default();
         v.clear();
@@ -421,7 +474,15 @@ impl ReliableCore {
 
     fn fail(&mut self, why: String) {
         if self.failed.is_none() {
-            tracing::warn!(conn = self.ids.local, "datagram connection failed: {why}");
+            if self.closed_at.is_some() {
+                // Lingering after the close: the peer may well have gone.
+                tracing::debug!(
+                    conn = self.ids.local,
+                    "closed datagram connection ends: {why}"
+                );
+            } else {
+                tracing::warn!(conn = self.ids.local, "datagram connection failed: {why}");
+            }
             self.failed = Some(why);
             self.rto_deadline = None;
             self.ack_deadline = None;
@@ -932,6 +993,9 @@ impl ReliableCore {
             ));
         }
         if first && last {
+            if self.closed_at.is_some() {
+                return;
+            }
             if self.ready.is_empty() && *budget > 0 {
                 *budget -= 1;
                 self.stats.frames_delivered += 1;
@@ -952,7 +1016,9 @@ impl ReliableCore {
             self.assembling = false;
             let fresh = self.buf();
             let frame = std::mem::replace(&mut self.assembly, fresh);
-            if self.ready.is_empty() && *budget > 0 {
+            if self.closed_at.is_some() {
+                self.recycle(frame);
+            } else if self.ready.is_empty() && *budget > 0 {
                 *budget -= 1;
                 self.stats.frames_delivered += 1;
                 sink(&frame);

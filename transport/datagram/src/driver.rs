@@ -77,6 +77,9 @@ struct Slot {
     failure: Option<String>,
     /// Frames the current receive pass may still lend.
     budget: usize,
+    /// Detached, its core winding down ([`ReliableCore::handle_close`]):
+    /// the slot goes back to the free list once the core is done.
+    lingering: bool,
 }
 
 impl Slot {
@@ -158,6 +161,7 @@ impl<L: DatagramLink> DatagramDriver<L> {
                     core: None,
                     failure: None,
                     budget: 0,
+                    lingering: false,
                 });
                 self.slots.len() - 1
             }
@@ -166,6 +170,7 @@ impl<L: DatagramLink> DatagramDriver<L> {
         let slot = &mut self.slots[index];
         slot.held = true;
         slot.failure = None;
+        slot.lingering = false;
         Ok((ConnId::new(index as u32), slot.id(index)))
     }
 
@@ -229,9 +234,46 @@ impl<L: DatagramLink> DatagramDriver<L> {
         t
     }
 
-    /// Connections held, prepared or connected.
+    /// Connections held, prepared or connected (not those detached and
+    /// still lingering).
     pub fn len(&self) -> usize {
-        self.slots.len() - self.free.len()
+        self.slots.iter().filter(|s| s.held).count()
+    }
+
+    /// Detached connections whose cores still linger.
+    pub fn lingering(&self) -> usize {
+        self.slots.iter().filter(|s| s.lingering).count()
+    }
+
+    /// Close the cores of connections detached since the last flush, and
+    /// free the slots of those that are done.
+    fn wind_down(&mut self, now: Instant) {
+        for (i, slot) in self.slots.iter_mut().enumerate() {
+            if !slot.lingering {
+                continue;
+            }
+            let done = match slot.core.as_mut() {
+                Some(core) => {
+                    core.handle_close(now);
+                    core.is_wound_down(now)
+                }
+                None => true,
+            };
+            if done {
+                slot.lingering = false;
+                Self::free_slot(slot, i, &mut self.free, &mut self.retired);
+            }
+        }
+    }
+
+    /// Give slot `index` back: its core's counters retire, and its id
+    /// changes, so packets still in flight to it are dropped as unknown.
+    fn free_slot(slot: &mut Slot, index: usize, free: &mut Vec<u32>, retired: &mut CoreStats) {
+        if let Some(core) = slot.core.take() {
+            retired.accumulate(core.stats());
+        }
+        slot.generation = (slot.generation + 1) & (u32::MAX >> SLOT_BITS);
+        free.push(index as u32);
     }
 
     /// True when the driver holds no connection.
@@ -242,7 +284,8 @@ impl<L: DatagramLink> DatagramDriver<L> {
     /// Report connections whose core failed since the last call.
     fn take_failures(&mut self) {
         for (i, slot) in self.slots.iter_mut().enumerate() {
-            if slot.failure.is_some() {
+            // A lingering core belongs to no connection any more.
+            if slot.failure.is_some() || slot.lingering {
                 continue;
             }
             if let Some(Err(e)) = slot.core.as_ref().map(ReliableCore::check) {
@@ -328,6 +371,8 @@ impl<L: DatagramLink> Driver for DatagramDriver<L> {
     }
 
     fn rx_burst(&mut self, now: Instant, max: usize, sink: &mut dyn FnMut(ConnId, &[u8])) -> usize {
+        // A connection detached since gives no frame more.
+        self.wind_down(now);
         let Self {
             link,
             slots,
@@ -405,6 +450,7 @@ impl<L: DatagramLink> Driver for DatagramDriver<L> {
     /// burst.
     fn flush(&mut self, now: Instant) -> bool {
         self.stats.flushes += 1;
+        self.wind_down(now);
         for slot in &mut self.slots {
             if let Some(core) = slot.live() {
                 core.handle_timeout(now);
@@ -463,23 +509,45 @@ impl<L: DatagramLink> Driver for DatagramDriver<L> {
         self.failed.pop_front()
     }
 
-    /// Free the connection's slot; its id stops matching (a later
-    /// connection in the slot gets another generation), so packets still
-    /// in flight to it are dropped as unknown.
+    /// Let the connection go. A core with a part left to play
+    /// ([`ReliableCore::needs_linger`]: data received, whose
+    /// acknowledgement the peer may still need, or frames of ours
+    /// unacknowledged) lingers on in its slot, closed at the next flush:
+    /// it acknowledges the peer's last packets (a `Goodbye` is complete
+    /// for its sender only once acknowledged) and is freed once wound down,
+    /// without reporting a failure. Otherwise the slot is freed at once.
+    /// Either way its id then stops matching (a later connection in the
+    /// slot gets another generation), so packets still in flight to it
+    /// are dropped as unknown.
     fn detach(&mut self, conn: ConnId) {
-        let Some(slot) = self.slots.get_mut(conn.index()) else {
+        let index = conn.index();
+        let Some(slot) = self.slots.get_mut(index) else {
             return;
         };
         if !slot.held {
             return;
         }
         slot.held = false;
-        if let Some(core) = slot.core.take() {
-            self.retired.accumulate(core.stats());
-        }
-        slot.generation = (slot.generation + 1) & (u32::MAX >> SLOT_BITS);
-        self.free.push(conn.index() as u32);
         self.failed.retain(|(c, _)| *c != conn);
+        let linger =
+            slot.failure.is_none() && slot.core.as_ref().is_some_and(ReliableCore::needs_linger);
+        if linger {
+            slot.lingering = true;
+        } else {
+            Self::free_slot(slot, index, &mut self.free, &mut self.retired);
+        }
+    }
+
+    /// A detached connection's core still owes its peer an
+    /// acknowledgement or has frames unacknowledged (it lingers on after
+    /// that, but only to answer retransmissions, which a stopping reactor
+    /// need not wait for).
+    fn winding_down(&self) -> bool {
+        self.slots
+            .iter()
+            .filter(|s| s.lingering)
+            .filter_map(|s| s.core.as_ref())
+            .any(ReliableCore::owes_peer)
     }
 
     /// The earliest timer over the connections: a retransmission or

@@ -20,13 +20,15 @@
 //!   and corrupts packets deterministically per seed, for tests;
 //!   [`Impaired`] does the same to what is sent over any other link (a
 //!   real DPDK port).
-//! * [`udp`]: the Ethernet/IPv4/UDP encapsulation of the DPDK backend.
+//! * [`udp`]: the Ethernet/IPv4/UDP encapsulation of the DPDK backend;
+//!   [`arp`]: the ARP messages it answers.
 //!
 //! The packet format and protocol rules are in [`packet`] and in
 //! `docs/backends/datagram.md`.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod arp;
 pub mod core;
 pub mod driver;
 mod faults;

@@ -428,3 +428,105 @@ fn core_totals_keep_the_counters_of_detached_connections() {
     );
     assert_eq!(b.core_totals().frames_delivered, 2);
 }
+
+/// The end of a connection: `a` sends its last frame (a `Goodbye`, say)
+/// and `b`'s session layer lets the connection go as soon as it has read
+/// it, before `b` ever flushes. `b`'s core lingers, closed: its owed
+/// acknowledgement still goes out, a retransmission after that
+/// acknowledgement is lost is acknowledged again, and `a` completes
+/// without a timeout failure. Neither side reports a failure; `b`'s slot
+/// is free once the linger has passed.
+#[test]
+fn a_detached_connection_acknowledges_the_peers_last_frames() {
+    let (mut a, a_ids, mut b, b_ids) = pair(1, LossConfig::lossless(1500), 11);
+    let (ca, cb) = (a_ids[0], b_ids[0]);
+    let t0 = Instant::now();
+    let mut now = t0;
+    a.tx_reserve(ca, 8)
+        .unwrap()
+        .unwrap()
+        .copy_from_slice(b"goodbye!");
+    a.tx_commit(ca, 8);
+    a.flush(now);
+    let mut got = Vec::new();
+    b.rx_burst(now, 8, &mut |_, f| got.push(f.to_vec()));
+    assert_eq!(got, vec![b"goodbye!".to_vec()]);
+    let old = b.local_id(cb).unwrap();
+    b.detach(cb);
+    assert_eq!((b.len(), b.lingering()), (0, 1), "b lingers, detached");
+    assert!(b.winding_down(), "b owes an acknowledgement");
+
+    // b's acknowledgement goes out, and is lost.
+    now += Duration::from_millis(1);
+    b.flush(now);
+    assert!(
+        !b.winding_down(),
+        "a stopping reactor need not wait for retransmissions"
+    );
+    let lost = a
+        .link_mut()
+        .rx_burst(now, 64, &mut |_| {})
+        .expect("a's link");
+    assert_eq!(lost, 1, "b acknowledged the frame");
+    assert!(a.tx_pending(ca));
+
+    // a retransmits at its timeout; b, closed, acknowledges again.
+    for _ in 0..1000 {
+        now = a.poll_timeout().map_or(now, |t| t.max(now)) + Duration::from_micros(10);
+        a.flush(now);
+        b.rx_burst(now, 64, &mut |_, _| {
+            panic!("a closed connection delivers no frame")
+        });
+        b.flush(now);
+        a.rx_burst(now, 64, &mut |_, _| {});
+        if !a.tx_pending(ca) {
+            break;
+        }
+    }
+    assert!(!a.tx_pending(ca), "a's last frame is acknowledged");
+    let core = a.core(ca).unwrap().stats();
+    assert_eq!((core.retransmits, core.timeouts), (1, 1));
+
+    // Long after: nobody failed, and b's slot is free under a new id.
+    while now < t0 + Duration::from_secs(30) {
+        now += Duration::from_millis(50);
+        a.flush(now);
+        b.rx_burst(now, 64, &mut |_, _| {});
+        b.flush(now);
+        a.rx_burst(now, 64, &mut |_, _| {});
+    }
+    assert!(a.poll_failure().is_none() && b.poll_failure().is_none());
+    assert_eq!(b.lingering(), 0, "the linger ended");
+    let (c, id) = b.prepare().unwrap();
+    assert_eq!(c, cb, "the slot is free again");
+    assert_ne!(id, old);
+}
+
+/// A closed core whose own frame is never acknowledged (the peer went
+/// first) retransmits within its retry budget and then goes quietly: the
+/// driver reports no failure for a connection it no longer holds.
+#[test]
+fn a_lingering_core_whose_peer_is_gone_goes_quietly() {
+    let (mut a, a_ids, mut b, b_ids) = pair(1, LossConfig::lossless(1500), 12);
+    let mut now = Instant::now();
+    a.tx_reserve(a_ids[0], 4).unwrap().unwrap().fill(1);
+    a.tx_commit(a_ids[0], 4);
+    a.detach(a_ids[0]);
+    b.detach(b_ids[0]);
+    assert_eq!(a.lingering(), 1, "a has a frame unacknowledged");
+    assert!(a.winding_down());
+    assert_eq!(b.lingering(), 0, "b received nothing: freed at once");
+    for _ in 0..10_000 {
+        a.flush(now);
+        b.rx_burst(now, 64, &mut |_, _| panic!("no connection"));
+        if a.lingering() == 0 {
+            break;
+        }
+        now = a.poll_timeout().map_or(now, |t| t.max(now)) + Duration::from_micros(10);
+    }
+    assert_eq!(a.lingering(), 0, "the retry budget bounds the linger");
+    assert!(!a.winding_down());
+    assert!(a.poll_failure().is_none());
+    assert!(b.stats().dropped_unknown_conn > 0);
+    assert_eq!(a.core_totals().timeouts, 10);
+}

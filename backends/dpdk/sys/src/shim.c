@@ -1,5 +1,7 @@
 #include <errno.h>
 
+#include <rte_mbuf_pool_ops.h>
+
 #include "shim.h"
 
 int sw_rte_errno(void) { return rte_errno; }
@@ -12,6 +14,33 @@ uint16_t sw_eth_rx_burst(uint16_t port, uint16_t queue, struct rte_mbuf **pkts, 
 
 uint16_t sw_eth_tx_burst(uint16_t port, uint16_t queue, struct rte_mbuf **pkts, uint16_t n) {
     return rte_eth_tx_burst(port, queue, pkts, n);
+}
+
+struct rte_mempool *sw_pktmbuf_pool_create_packed(const char *name, unsigned n,
+                                                  unsigned cache, uint16_t data_room,
+                                                  int socket) {
+    struct rte_pktmbuf_pool_private priv = {.mbuf_data_room_size = data_room,
+                                            .mbuf_priv_size = 0};
+    struct rte_mempool *mp =
+        rte_mempool_create_empty(name, n, sizeof(struct rte_mbuf) + data_room, cache,
+                                 sizeof(priv), socket, RTE_MEMPOOL_F_NO_IOVA_CONTIG);
+    if (mp == NULL)
+        return NULL;
+    int ret = rte_mempool_set_ops_byname(mp, rte_mbuf_best_mempool_ops(), NULL);
+    if (ret != 0) {
+        rte_mempool_free(mp);
+        rte_errno = -ret;
+        return NULL;
+    }
+    rte_pktmbuf_pool_init(mp, &priv);
+    ret = rte_mempool_populate_default(mp);
+    if (ret < 0) {
+        rte_mempool_free(mp);
+        rte_errno = -ret;
+        return NULL;
+    }
+    rte_mempool_obj_iter(mp, rte_pktmbuf_init, NULL);
+    return mp;
 }
 
 struct rte_mbuf *sw_pktmbuf_alloc(struct rte_mempool *mp) { return rte_pktmbuf_alloc(mp); }

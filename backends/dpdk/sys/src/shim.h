@@ -24,6 +24,14 @@ unsigned sw_lcore_id(void);
 uint16_t sw_eth_rx_burst(uint16_t port, uint16_t queue, struct rte_mbuf **pkts, uint16_t n);
 uint16_t sw_eth_tx_burst(uint16_t port, uint16_t queue, struct rte_mbuf **pkts, uint16_t n);
 
+/* rte_pktmbuf_pool_create with RTE_MEMPOOL_F_NO_IOVA_CONTIG: the objects
+ * are laid end to end in one chunk, page boundaries or not (what
+ * rte_pktmbuf_pool_create_by_ops does, with that flag). NULL and rte_errno
+ * on failure. */
+struct rte_mempool *sw_pktmbuf_pool_create_packed(const char *name, unsigned n,
+                                                  unsigned cache, uint16_t data_room,
+                                                  int socket);
+
 /* rte_pktmbuf_alloc: NULL when the pool is empty. */
 struct rte_mbuf *sw_pktmbuf_alloc(struct rte_mempool *mp);
 /* rte_pktmbuf_free: the whole chain back to its pool. */

@@ -1,12 +1,14 @@
-//! [`Udp`]: the DPDK backend's Ethernet/IPv4/UDP parser
-//! ([`starwire_datagram::udp`]) as a driver target (`fuzz-udp`), with
-//! [`Packets`], mutations aimed at its header fields.
+//! [`Udp`]: the DPDK backend's Ethernet parsers, IPv4/UDP
+//! ([`starwire_datagram::udp`]) and ARP ([`starwire_datagram::arp`]), as
+//! a driver target (`fuzz-udp`), with [`Packets`], mutations aimed at
+//! their header fields.
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 
 use rand::rngs::SmallRng;
 use rand::Rng;
+use starwire_datagram::arp::{ArpOp, ArpRepr, ETHERTYPE_ARP};
 use starwire_datagram::udp::{
     checksum, classify, MacAddr, UdpEndpoint, UdpFrameError, UdpRepr, ETHERNET_HEADER_LEN,
     HEADERS_LEN,
@@ -97,7 +99,34 @@ pub fn corpus() -> Vec<Vec<u8>> {
     opt[16..18].copy_from_slice(&total.to_be_bytes());
     fix_ipv4_checksum(&mut opt);
     out.push(opt);
+    // An ARP request, which a port answers.
+    let arp = ArpRepr {
+        op: ArpOp::Request,
+        sender_mac: MacAddr([2, 0, 0, 0, 0, 2]),
+        sender_ip: Ipv4Addr::new(10, 9, 0, 2),
+        target_mac: MacAddr::default(),
+        target_ip: Ipv4Addr::new(10, 9, 0, 1),
+    };
+    let mut b = vec![0; arp.buffer_len()];
+    arp.emit(&mut b);
+    out.push(b);
     out
+}
+
+/// An ARP frame: the parser must not panic, and what it accepts must
+/// emit back to itself (padding aside).
+fn check_arp(input: &[u8]) -> Result<&'static str, String> {
+    match ArpRepr::parse(input) {
+        Ok(repr) => {
+            let mut again = vec![0; repr.buffer_len()];
+            repr.emit(&mut again);
+            match ArpRepr::parse(&again) {
+                Ok(r2) if r2 == repr => Ok("arp"),
+                other => Err(format!("re-emitted ARP frame parses as {other:?}")),
+            }
+        }
+        Err(_) => Ok("ArpRefused"),
+    }
 }
 
 /// A short name for a parse error's kind.
@@ -144,6 +173,7 @@ pub fn check(input: &[u8]) -> Result<&'static str, String> {
                 other => Err(format!("re-emitted packet parses as {other:?}")),
             }
         }
+        Err(UdpFrameError::NotIpv4(ETHERTYPE_ARP)) => check_arp(input),
         Err(e) => Ok(kind(&e)),
     }
 }
@@ -210,7 +240,8 @@ mod tests {
     #[test]
     fn seeds_parse_and_round_trip() {
         for (i, s) in corpus().iter().enumerate() {
-            assert_eq!(check(s), Ok("ok"), "seed {i}");
+            let want = if i + 1 == corpus().len() { "arp" } else { "ok" };
+            assert_eq!(check(s), Ok(want), "seed {i}");
         }
     }
 
@@ -235,6 +266,8 @@ mod tests {
             "Fragment",
             "NotUdp",
             "UdpLength",
+            "arp",
+            "ArpRefused",
         ] {
             assert!(seen.contains_key(k), "{k} never reached: {seen:?}");
         }
