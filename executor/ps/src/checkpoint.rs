@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
+use crate::applied::{AppliedSteps, Position};
 use crate::error::CheckpointError;
 use crate::optim::OptimizerKind;
 use crate::shard::{PsShard, Var};
@@ -23,7 +24,9 @@ use crate::table::{Pending, Rows, TableStats};
 /// File magic.
 pub const MAGIC: [u8; 8] = *b"SWPSCKPT";
 /// Current format version.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
+/// The first version, without each worker's applied steps; still read.
+pub const FORMAT_VERSION_1: u32 = 1;
 
 pub(crate) const VAR_DENSE: u8 = 1;
 pub(crate) const VAR_TABLE: u8 = 2;
@@ -228,6 +231,39 @@ pub(crate) fn put_pending(
     Ok(())
 }
 
+/// Each worker's applied position, by increasing task index (format
+/// version 2, after the variables).
+pub(crate) fn put_applied(w: &mut CrcWriter<'_>, applied: &AppliedSteps) -> io::Result<()> {
+    w.u32(applied.applied().count() as u32)?;
+    w.u32(0)?;
+    for (worker, p) in applied.applied() {
+        w.u32(worker)?;
+        w.u32(p.parts)?;
+        w.u64(p.steps)?;
+    }
+    Ok(())
+}
+
+/// The record [`put_applied`] writes.
+pub(crate) fn read_applied(c: &mut Cursor<'_>) -> Result<AppliedSteps, CheckpointError> {
+    let n = c.u32("worker count")?;
+    c.zeros(4, "worker header")?;
+    let n = c.fits(n.into(), 16, "workers")?;
+    let mut v = Vec::with_capacity(n);
+    for _ in 0..n {
+        let worker = c.u32("worker")?;
+        let parts = c.u32("worker parts")?;
+        let steps = c.u64("worker steps")?;
+        if v.last().is_some_and(|&(prev, _)| prev >= worker) {
+            return Err(CheckpointError::Corrupt(
+                "workers not strictly increasing".into(),
+            ));
+        }
+        v.push((worker, Position { steps, parts }));
+    }
+    Ok(AppliedSteps::restored(&v))
+}
+
 impl PsShard {
     /// Write the whole shard state: every variable, row, optimizer slot,
     /// pending filter counter, table counter, and the global step.
@@ -261,6 +297,7 @@ impl PsShard {
             }
             put_pending(&mut w, &t.pending)?;
         }
+        put_applied(&mut w, &self.applied)?;
         w.finish()?;
         Ok(())
     }
@@ -278,7 +315,7 @@ impl PsShard {
             return Err(CheckpointError::BadMagic);
         }
         let version = u32::from_le_bytes([data[8], data[9], data[10], data[11]]);
-        if version != FORMAT_VERSION {
+        if version != FORMAT_VERSION && version != FORMAT_VERSION_1 {
             return Err(CheckpointError::BadVersion(version));
         }
         let (body, tail) = data.split_at(data.len() - 4);
@@ -404,14 +441,20 @@ impl PsShard {
                 }
             }
         }
+        let applied = if version == FORMAT_VERSION_1 {
+            AppliedSteps::default()
+        } else {
+            read_applied(&mut c)?
+        };
         if c.left() != 0 {
             return Err(CheckpointError::Corrupt(format!(
-                "{} bytes after the last variable",
+                "{} bytes after the last record",
                 c.left()
             )));
         }
         self.vars = vars;
         self.global_step = global_step;
+        self.applied = applied;
         Ok(())
     }
 }
@@ -467,7 +510,7 @@ impl Manifest {
     /// Parse and check the format version.
     pub fn from_json(s: &str) -> Result<Self, CheckpointError> {
         let m: Manifest = serde_json::from_str(s)?;
-        if m.format_version != FORMAT_VERSION {
+        if m.format_version != FORMAT_VERSION && m.format_version != FORMAT_VERSION_1 {
             return Err(CheckpointError::BadVersion(m.format_version));
         }
         if m.shard_files.len() != m.shard_count {

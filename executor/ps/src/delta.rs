@@ -24,7 +24,8 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use starwire_wire::ps::{Limits, PullRequest, PushItem, PushRequest};
 
 use crate::checkpoint::{
-    mismatch, opt_code, put_pending, put_row, put_var_head, CrcWriter, Cursor, VAR_DENSE, VAR_TABLE,
+    mismatch, opt_code, put_applied, put_pending, put_row, put_var_head, read_applied, CrcWriter,
+    Cursor, VAR_DENSE, VAR_TABLE,
 };
 use crate::error::CheckpointError;
 use crate::shard::{PsShard, Var};
@@ -32,8 +33,10 @@ use crate::table::{Pending, Rows, TableStats};
 
 /// The first eight bytes of a delta file.
 pub const DELTA_MAGIC: [u8; 8] = *b"SWPSDELT";
-/// The delta format version this build writes and reads.
-pub const DELTA_VERSION: u32 = 1;
+/// The delta format version this build writes.
+pub const DELTA_VERSION: u32 = 2;
+/// The first version, without each worker's applied steps; still read.
+pub const DELTA_VERSION_1: u32 = 1;
 
 /// The keys of every table a shard's requests touched since the last full
 /// checkpoint. See the module documentation.
@@ -148,6 +151,7 @@ impl PsShard {
                 w.u64(k)?;
             }
         }
+        put_applied(&mut w, &self.applied)?;
         w.finish()?;
         Ok(())
     }
@@ -286,14 +290,20 @@ impl PsShard {
                 }
             }
         }
+        let applied = if d.version == DELTA_VERSION_1 {
+            self.applied.clone()
+        } else {
+            read_applied(&mut c)?
+        };
         if c.left() != 0 {
             return Err(CheckpointError::Corrupt(format!(
-                "{} bytes after the last variable",
+                "{} bytes after the last record",
                 c.left()
             )));
         }
         self.vars = vars;
         self.global_step = d.step;
+        self.applied = applied;
         Ok(())
     }
 }
@@ -302,6 +312,8 @@ impl PsShard {
 /// `starwire`'s readers show it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DeltaHeader {
+    /// The format version ([`DELTA_VERSION`] or [`DELTA_VERSION_1`]).
+    pub version: u32,
     /// The shard.
     pub shard_index: u64,
     /// The global step the delta brings its base to.
@@ -331,7 +343,7 @@ impl DeltaHeader {
         let (body, tail) = data.split_at(data.len() - 4);
         let mut c = Cursor::new(body, 8);
         let version = c.u32("version")?;
-        if version != DELTA_VERSION {
+        if version != DELTA_VERSION && version != DELTA_VERSION_1 {
             return Err(CheckpointError::BadVersion(version));
         }
         let stored = u32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]]);
@@ -341,6 +353,7 @@ impl DeltaHeader {
         }
         c.zeros(4, "header")?;
         let h = Self {
+            version,
             shard_index: c.u64("shard index")?,
             step: c.u64("global step")?,
             base: c.u64("base step")?,

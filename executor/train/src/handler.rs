@@ -109,20 +109,23 @@ impl ShardHandler {
     }
 }
 
-impl PsHandler for ShardHandler {
-    fn pull(&mut self, body: &[u8], out: &mut Vec<u8>) -> Result<(), HandlerError> {
-        let r = self.shard.handle_pull(body, out).map_err(err);
-        if let Some(d) = &mut self.deltas {
-            d.record_pull(body);
-        }
-        self.publish();
-        r
-    }
-
-    fn push(&mut self, body: &[u8], out: &mut Vec<u8>) -> Result<(), HandlerError> {
+impl ShardHandler {
+    /// A push, numbered as worker `worker`'s when given (asynchronous
+    /// runs), then the checkpoint or delta its step calls for.
+    fn push_as(
+        &mut self,
+        worker: Option<u32>,
+        body: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), HandlerError> {
         let before = self.shard.global_step();
-        let r = self.shard.handle_push(body, out).map_err(err);
-        if let Some(d) = &mut self.deltas {
+        let r = match worker {
+            Some(w) => self.shard.handle_worker_push(w, body, out),
+            None => self.shard.handle_push(body, out).map(|()| true),
+        }
+        .map_err(err);
+        // A push acknowledged without being applied touched nothing.
+        if let (Some(d), false) = (&mut self.deltas, matches!(r, Ok(false))) {
             d.record_push(body);
         }
         self.publish();
@@ -139,7 +142,37 @@ impl PsHandler for ShardHandler {
         } else if step != before {
             self.write_delta(step)?;
         }
+        r.map(|_| ())
+    }
+}
+
+impl PsHandler for ShardHandler {
+    fn pull(&mut self, body: &[u8], out: &mut Vec<u8>) -> Result<(), HandlerError> {
+        let r = self.shard.handle_pull(body, out).map_err(err);
+        if let Some(d) = &mut self.deltas {
+            d.record_pull(body);
+        }
+        self.publish();
         r
+    }
+
+    fn push(&mut self, body: &[u8], out: &mut Vec<u8>) -> Result<(), HandlerError> {
+        self.push_as(None, body, out)
+    }
+
+    fn push_from(
+        &mut self,
+        worker: u32,
+        body: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), HandlerError> {
+        self.push_as(Some(worker), body, out)
+    }
+
+    fn resume_at(&mut self, worker: u32, step: u64) -> Result<(), String> {
+        self.shard
+            .handle_resume(worker, step)
+            .map_err(|e| e.to_string())
     }
 
     fn global_step(&self) -> u64 {
@@ -200,6 +233,12 @@ impl PsHandler for ShardHandler {
             "incarnation": self.incarnation,
             "restored_step": self.restored_step,
             "global_step": self.shard.global_step(),
+            "worker_steps": self
+                .shard
+                .applied_steps()
+                .applied()
+                .map(|(w, p)| (w.to_string(), serde_json::Value::from(p.steps)))
+                .collect::<serde_json::Map<_, _>>(),
             "pulls": s.pulls,
             "pushes": s.pushes,
             "errors": s.errors,

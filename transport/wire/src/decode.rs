@@ -144,6 +144,7 @@ fn visit(s: &mut DecodeSummary, b: &Body<'_>) {
                 Control::Stats => 3,
                 Control::Done => 4,
                 Control::CheckpointAt(c) => c ^ 5,
+                Control::ResumeAt(s) => s ^ 6,
             },
         ),
         Body::PullRequest(r) => {

@@ -734,6 +734,17 @@ fn sync_epoch_steps(cfg: &TrainConfig) -> Result<Option<u64>, TrainError> {
     Ok(Some(min_share.div_ceil(cfg.batch_size as u64)))
 }
 
+/// Where a worker starts.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ResumeFrom<'a> {
+    /// Its position in a checkpoint (none: the start of its data).
+    pub position: Option<&'a WorkerProgress>,
+    /// Its steps the PS holds already (a worker restarted after the PS
+    /// applied its pushes past that position): read up to there, not
+    /// trained again.
+    pub held_steps: u64,
+}
+
 /// Run worker `w` of the cluster until its data (or step cap) is done,
 /// pinned to `cpu` if given (after its compute threads have started, so
 /// they keep the process's CPUs).
@@ -744,7 +755,7 @@ pub fn worker_loop(
     w: usize,
     net: &mut dyn Exchange,
     start: Option<&Barrier>,
-    resume: Option<&WorkerProgress>,
+    from: ResumeFrom<'_>,
     eval_batches: Option<&[Batch]>,
     cpu: Option<usize>,
 ) -> Result<WorkerOutcome, TrainError> {
@@ -777,7 +788,10 @@ pub fn worker_loop(
     let (mut epoch, mut offset, mut steps_done) = (0u64, 0u64, 0u64);
     let mut resumed_in_epoch = 0u64;
     out.examples_planned = examples_planned(cfg, w)?;
-    let resumed_examples = resume.map_or(0, |p| p.examples);
+    let resume = from.position;
+    // Examples in the model before this session's training: those of the
+    // resumed position, then those of the steps the PS holds already.
+    let mut resumed_examples = resume.map_or(0, |p| p.examples);
     if let Some(p) = resume {
         epoch = p.epoch;
         steps_done = p.steps;
@@ -824,6 +838,12 @@ pub fn worker_loop(
             let n = reader.next_batch(cfg.batch_size, &mut batch)?;
             if n == 0 {
                 break;
+            }
+            if steps_done < from.held_steps {
+                offset += n as u64;
+                steps_done += 1;
+                resumed_examples += n as u64;
+                continue;
             }
             // A checkpoint step's barrier may release the other workers as
             // soon as this step's push lands: this worker's progress after
