@@ -397,8 +397,6 @@ fn killed_run(dir: &Path, sync: bool, kill: Kill) -> (Vec<serde_json::Value>, Op
         dir.to_str().unwrap(),
         "--connect-timeout",
         "60",
-        "--log-every",
-        "1",
     ]
     .iter()
     .chain(mode)
@@ -413,7 +411,7 @@ fn killed_run(dir: &Path, sync: bool, kill: Kill) -> (Vec<serde_json::Value>, Op
             spawn(
                 "worker",
                 &flags,
-                &["--task-index", &i.to_string(), "--json"],
+                &["--task-index", &i.to_string(), "--json", "--log-every", "1"],
             )
         })
         .collect();
@@ -442,7 +440,11 @@ fn killed_run(dir: &Path, sync: bool, kill: Kill) -> (Vec<serde_json::Value>, Op
         );
         workers[1].kill().expect("kill -9 worker 1");
         let _ = workers[1].wait();
-        workers[1] = spawn("worker", &flags, &["--task-index", "1", "--json"]);
+        workers[1] = spawn(
+            "worker",
+            &flags,
+            &["--task-index", "1", "--json", "--log-every", "1"],
+        );
         worker_err[1] = lines(&mut workers[1]);
     }
     if let Kill::Ps { at } = kill {

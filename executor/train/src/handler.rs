@@ -34,6 +34,41 @@ fn err(e: PsError) -> HandlerError {
     }
 }
 
+/// Which global steps are checkpoint steps, as shard 0 decides them for
+/// every worker alike (`CHECKPOINT_VOTE`, asynchronous
+/// `--checkpoint-every-secs`): each worker votes at each of its candidate
+/// steps, and worker 0 wants a checkpoint once the time has passed. The
+/// first vote on a step decides it: yes when that vote, or one since the
+/// last yes, wanted one. A want that comes after its step was decided is
+/// kept for the next step decided.
+#[derive(Debug, Default, Clone)]
+pub struct CheckpointVotes {
+    decided: std::collections::BTreeMap<u64, bool>,
+    wanted: bool,
+}
+
+/// Decisions kept: a worker votes on a step at most this many candidate
+/// steps behind the one decided last (the barrier of a yes holds the
+/// fastest worker until every one has reached it).
+const VOTES_KEPT: usize = 1024;
+
+impl CheckpointVotes {
+    /// A vote on `step`; the decision.
+    pub fn handle_vote(&mut self, step: u64, want: bool) -> bool {
+        if let Some(&d) = self.decided.get(&step) {
+            self.wanted |= want && !d;
+            return d;
+        }
+        let d = want || self.wanted;
+        self.wanted = false;
+        self.decided.insert(step, d);
+        if self.decided.len() > VOTES_KEPT {
+            self.decided.pop_first();
+        }
+        d
+    }
+}
+
 /// A shard as served by a reactor.
 #[derive(Debug)]
 pub struct ShardHandler {
@@ -57,6 +92,9 @@ pub struct ShardHandler {
     pub restored_step: u64,
     /// A checkpoint step asked for by `CHECKPOINT_AT` and not reached yet.
     pub checkpoint_next: Option<u64>,
+    /// The decisions of `CHECKPOINT_VOTE` (asynchronous
+    /// `--checkpoint-every-secs`; asked of shard 0).
+    pub votes: CheckpointVotes,
     /// Incremental checkpoints (`--delta-every-steps`; none: not written).
     pub deltas: Option<DeltaExport>,
     /// Where the shard publishes its counters and logs its progress (none:
@@ -175,6 +213,10 @@ impl PsHandler for ShardHandler {
             .map_err(|e| e.to_string())
     }
 
+    fn checkpoint_vote(&mut self, step: u64, want: bool) -> bool {
+        self.votes.handle_vote(step, want)
+    }
+
     fn global_step(&self) -> u64 {
         self.shard.global_step()
     }
@@ -248,5 +290,24 @@ impl PsHandler for ShardHandler {
             "evicted": evicted,
             "filtered_pulls": filtered,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CheckpointVotes;
+
+    /// Every vote on a step gets the first one's answer; a want that comes
+    /// too late goes to the next step decided, and only to that one.
+    #[test]
+    fn the_first_vote_decides_and_a_late_want_moves_on() {
+        let mut v = CheckpointVotes::default();
+        assert!(!v.handle_vote(32, false));
+        assert!(!v.handle_vote(32, true), "decided already");
+        assert!(v.handle_vote(64, false), "the late want");
+        assert!(v.handle_vote(64, true));
+        assert!(!v.handle_vote(96, false), "one checkpoint per want");
+        assert!(v.handle_vote(128, true));
+        assert!(v.handle_vote(128, false));
     }
 }

@@ -53,6 +53,10 @@ pub trait PsHandler: Send + 'static {
     /// Worker `worker`'s next push is the first of its step `step`
     /// (`RESUME_AT`, a restarted worker).
     fn resume_at(&mut self, worker: u32, step: u64) -> Result<(), String>;
+    /// Whether global step `step` is a checkpoint step, as the first vote
+    /// on it decided (`CHECKPOINT_VOTE`, asynchronous
+    /// `--checkpoint-every-secs`).
+    fn checkpoint_vote(&mut self, step: u64, want: bool) -> bool;
     /// The shard's global step.
     fn global_step(&self) -> u64;
     /// Write the shard's checkpoint file into `dir`; the reply, written
@@ -196,6 +200,10 @@ impl<H: PsHandler> Service<H> {
                         message,
                     }),
                 ),
+                Ok(Control::CheckpointVote { step, want }) => {
+                    out.push(u8::from(handler.checkpoint_vote(step, want)));
+                    ("checkpoint", Ok(()))
+                }
                 Ok(Control::ResumeAt(step)) => (
                     "resume",
                     async_from

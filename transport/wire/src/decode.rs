@@ -145,6 +145,7 @@ fn visit(s: &mut DecodeSummary, b: &Body<'_>) {
                 Control::Done => 4,
                 Control::CheckpointAt(c) => c ^ 5,
                 Control::ResumeAt(s) => s ^ 6,
+                Control::CheckpointVote { step, want } => step ^ (7 + u64::from(*want)),
             },
         ),
         Body::PullRequest(r) => {

@@ -179,6 +179,7 @@ pub(crate) fn shard_handler(
         checkpoint_dir: cfg.checkpoint_dir.clone(),
         checkpoint_every: cfg.checkpoint_every_steps.unwrap_or(0),
         checkpoint_next: None,
+        votes: Default::default(),
         deltas,
         incarnation: 0,
         restored_step,
@@ -850,10 +851,25 @@ pub fn worker_loop(
             // the step is written before the push.
             let c = (steps_done + 1) * w_count;
             let every = cfg.checkpoint_every_steps.unwrap_or(0);
+            let at_step = periodic::is_checkpoint_step(c, every);
+            // Asynchronously, the checkpoints of --checkpoint-every-secs
+            // are at the steps shard 0 decides for every worker alike.
+            let voted = !cfg.sync
+                && !at_step
+                && steps_done < async_cut
+                && periodic::is_vote_step(steps_done + 1)
+                && cfg.checkpoint_dir.is_some()
+                && match cfg.checkpoint_every_secs {
+                    Some(s) => periodic::vote(net, c, w == 0 && last_checkpoint.elapsed() >= s)?,
+                    None => false,
+                };
+            if voted && w == 0 {
+                core.control(net, &Control::CheckpointAt(c))?;
+            }
             let ckpt_dir = cfg
                 .checkpoint_dir
                 .as_deref()
-                .filter(|_| steps_done < async_cut && periodic::is_checkpoint_step(c, every));
+                .filter(|_| steps_done < async_cut && (at_step || voted));
             if let Some(dir) = ckpt_dir {
                 let progress = WorkerProgress {
                     worker: w as u32,
@@ -905,6 +921,7 @@ pub fn worker_loop(
                 core.barrier(net, c)?;
                 if w == 0 {
                     periodic::complete(cfg, plan, dir, c)?;
+                    last_checkpoint = Instant::now();
                 }
             }
             cells.stepped(StepProgress {

@@ -9,6 +9,7 @@
 //! | `DONE` (4) | empty | empty; the worker will send nothing more |
 //! | `CHECKPOINT_AT` (5) | `u64` global step `c` | empty, at once; the shard writes its file into its checkpoint directory's `steps/c/` inside the push that makes its global step `c` |
 //! | `RESUME_AT` (6) | `u64` worker step `s` | empty; the sender's next push is the first of its step `s`, and the shard acknowledges without applying each of its pushes it applied before |
+//! | `CHECKPOINT_VOTE` (7) | `u64` global step `c`, `u8` want (0 or 1) | `u8` 1 when `c` is a checkpoint step, else 0: the first vote on `c` decides, yes when it or a vote since the last yes wants one |
 //!
 //! The data path (pull and push) uses its own opcodes, `SparsePull` and
 //! `SparsePush`, with the bodies of the [parent module](super).
@@ -27,6 +28,9 @@ pub const DONE: u8 = 4;
 pub const CHECKPOINT_AT: u8 = 5;
 /// The sending worker resumes at one of its steps (a restart).
 pub const RESUME_AT: u8 = 6;
+/// Whether a global step is a checkpoint step (asynchronous
+/// `--checkpoint-every-secs`).
+pub const CHECKPOINT_VOTE: u8 = 7;
 
 /// A control request, borrowing its path from the body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,6 +47,13 @@ pub enum Control<'a> {
     CheckpointAt(u64),
     /// See [`RESUME_AT`].
     ResumeAt(u64),
+    /// See [`CHECKPOINT_VOTE`].
+    CheckpointVote {
+        /// The global step voted on.
+        step: u64,
+        /// The sender wants a checkpoint.
+        want: bool,
+    },
 }
 
 /// A control body that does not decode.
@@ -77,6 +88,18 @@ impl<'a> Control<'a> {
                     .map_err(|_| ControlError::Malformed("CHECKPOINT_AT"))?;
                 Ok(Control::CheckpointAt(u64::from_le_bytes(b)))
             }
+            CHECKPOINT_VOTE => match rest {
+                [b @ .., want @ (0 | 1)] => {
+                    let b: [u8; 8] = b
+                        .try_into()
+                        .map_err(|_| ControlError::Malformed("CHECKPOINT_VOTE"))?;
+                    Ok(Control::CheckpointVote {
+                        step: u64::from_le_bytes(b),
+                        want: *want == 1,
+                    })
+                }
+                _ => Err(ControlError::Malformed("CHECKPOINT_VOTE")),
+            },
             RESUME_AT => {
                 let b: [u8; 8] = rest
                     .try_into()
@@ -119,6 +142,12 @@ impl<'a> Control<'a> {
                 v.extend_from_slice(&s.to_le_bytes());
                 v
             }
+            Control::CheckpointVote { step, want } => {
+                let mut v = vec![CHECKPOINT_VOTE];
+                v.extend_from_slice(&step.to_le_bytes());
+                v.push(u8::from(*want));
+                v
+            }
         }
     }
 }
@@ -136,6 +165,14 @@ mod tests {
             Control::Done,
             Control::CheckpointAt(96),
             Control::ResumeAt(7),
+            Control::CheckpointVote {
+                step: 64,
+                want: true,
+            },
+            Control::CheckpointVote {
+                step: 0,
+                want: false,
+            },
         ] {
             assert_eq!(Control::parse(&c.encode()), Ok(c));
         }
@@ -152,6 +189,20 @@ mod tests {
         assert_eq!(
             Control::parse(&[CHECKPOINT_AT, 1]),
             Err(ControlError::Malformed("CHECKPOINT_AT"))
+        );
+        let mut vote = Control::CheckpointVote {
+            step: 64,
+            want: true,
+        }
+        .encode();
+        *vote.last_mut().unwrap() = 2;
+        assert_eq!(
+            Control::parse(&vote),
+            Err(ControlError::Malformed("CHECKPOINT_VOTE"))
+        );
+        assert_eq!(
+            Control::parse(&[CHECKPOINT_VOTE, 1]),
+            Err(ControlError::Malformed("CHECKPOINT_VOTE"))
         );
         assert_eq!(
             Control::parse(&[RESUME_AT, 1, 2]),
