@@ -3,8 +3,8 @@
 //!
 //! Its parts: the configuration (`config.rs`), the plan of which PS holds
 //! each variable (`plan.rs`), where the reactors run (`reactors.rs`), the
-//! pieces of the PS and worker roles (`roles.rs`) and the report
-//! (`report.rs`).
+//! pieces of the PS and worker roles (`roles.rs`), how much of the data
+//! each worker trains (`shares.rs`) and the report (`report.rs`).
 
 mod config;
 mod failover;
@@ -14,6 +14,7 @@ mod plan;
 mod reactors;
 mod report;
 mod roles;
+mod shares;
 
 pub use config::{
     model_name, protocol_name, BackendKind, LrScaling, TrainConfig, DEFAULT_CONNECT_TIMEOUT,

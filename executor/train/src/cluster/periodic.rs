@@ -43,7 +43,8 @@ use std::path::{Path, PathBuf};
 
 use starwire_ps::WorkerProgress;
 
-use super::roles::{examples_after, read_manifest, write_manifest};
+use super::roles::{read_manifest, write_manifest};
+use super::shares::examples_after;
 use super::{Plan, TrainConfig};
 use crate::handler::shard_file;
 use crate::net::Exchange;
@@ -127,7 +128,7 @@ pub(super) fn check(cfg: &TrainConfig) -> Result<(), TrainError> {
         if cfg.checkpoint_dir.is_none() {
             return bad("needs --checkpoint-dir");
         }
-        if !cfg.sync && super::roles::last_common_step(cfg).is_none() {
+        if !cfg.sync && super::shares::last_common_step(cfg).is_none() {
             return bad(
                 "without --sync needs the generator's data (each worker's number of steps \
                  known before the run, so every worker stops at each checkpoint step)",
@@ -145,7 +146,7 @@ pub(super) fn check(cfg: &TrainConfig) -> Result<(), TrainError> {
     if cfg.checkpoint_dir.is_none() {
         return bad("needs --checkpoint-dir");
     }
-    if !cfg.sync && super::roles::last_common_step(cfg).is_none() {
+    if !cfg.sync && super::shares::last_common_step(cfg).is_none() {
         return bad(
             "without --sync needs the generator's data (each worker's number of steps known \
              before the run, so every worker stops at each checkpoint step)",
