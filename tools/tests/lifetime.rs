@@ -435,7 +435,7 @@ fn killed_run(dir: &Path, sync: bool, kill: Kill) -> (Vec<serde_json::Value>, Op
         wait_checkpoint(at);
         wait_for(
             &worker_err[1],
-            &format!("step={step} "),
+            &format!("worker=1 step={step} "),
             Duration::from_secs(120),
         );
         workers[1].kill().expect("kill -9 worker 1");
