@@ -109,7 +109,9 @@ pub struct TrainArgs {
     #[arg(long, value_name = "N")]
     pub checkpoint_every_steps: Option<u64>,
     /// Also checkpoint during the run once S seconds have passed since the
-    /// last checkpoint, at the next step (with --sync and --checkpoint-dir).
+    /// last checkpoint, at the next step (with --checkpoint-dir; without
+    /// --sync, at the next step shard 0 decides for every worker, on the
+    /// generator's data).
     #[arg(long, value_name = "S")]
     pub checkpoint_every_secs: Option<u64>,
     /// Each PS shard also writes an incremental checkpoint (the rows

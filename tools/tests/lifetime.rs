@@ -350,17 +350,25 @@ fn shard_files(dir: &Path) -> Vec<(String, Vec<u8>)> {
     v
 }
 
+/// What [`killed_run`] kills with SIGKILL and starts again with the same
+/// flags, once a checkpoint of global step `at` or later is in the
+/// manifest.
+#[derive(Debug, Clone, Copy)]
+enum Kill {
+    /// Nothing: an uninterrupted run.
+    Nothing,
+    /// The PS.
+    Ps { at: u64 },
+    /// Worker 1, once it has logged its step `step` too.
+    Worker1 { at: u64, step: u64 },
+}
+
 /// A run of one PS and two workers in `dir` (`--sync` and one epoch, or
-/// asynchronous and two), with a checkpoint every 32 global steps; with
-/// `kill_at`, the PS is killed with SIGKILL once a checkpoint of that
-/// global step or later is in the manifest, and started again with the
-/// same flags. The workers' JSON reports, and with `kill_at` the seconds
-/// from the PS's restart to the last worker rolling back (training again).
-fn killed_run(
-    dir: &Path,
-    sync: bool,
-    kill_at: Option<u64>,
-) -> (Vec<serde_json::Value>, Option<f64>) {
+/// asynchronous and two), with a checkpoint every 32 global steps, killing
+/// what `kill` says. The workers' JSON reports, and after a PS kill the
+/// seconds from its restart to the last worker rolling back (training
+/// again).
+fn killed_run(dir: &Path, sync: bool, kill: Kill) -> (Vec<serde_json::Value>, Option<f64>) {
     let hosts = |n: usize| {
         (0..n)
             .map(|_| format!("127.0.0.1:{}", free_port()))
@@ -403,13 +411,13 @@ fn killed_run(
             spawn(
                 "worker",
                 &flags,
-                &["--task-index", &i.to_string(), "--json"],
+                &["--task-index", &i.to_string(), "--json", "--log-every", "1"],
             )
         })
         .collect();
-    let worker_err: Vec<_> = workers.iter_mut().map(lines).collect();
+    let mut worker_err: Vec<_> = workers.iter_mut().map(lines).collect();
     let mut back_in = None;
-    if let Some(at) = kill_at {
+    let wait_checkpoint = |at: u64| {
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
             let step = std::fs::read_to_string(dir.join("manifest.json"))
@@ -422,6 +430,25 @@ fn killed_run(
             assert!(Instant::now() < deadline, "no checkpoint at {at}");
             std::thread::sleep(Duration::from_millis(2));
         }
+    };
+    if let Kill::Worker1 { at, step } = kill {
+        wait_checkpoint(at);
+        wait_for(
+            &worker_err[1],
+            &format!("worker=1 step={step} "),
+            Duration::from_secs(120),
+        );
+        workers[1].kill().expect("kill -9 worker 1");
+        let _ = workers[1].wait();
+        workers[1] = spawn(
+            "worker",
+            &flags,
+            &["--task-index", "1", "--json", "--log-every", "1"],
+        );
+        worker_err[1] = lines(&mut workers[1]);
+    }
+    if let Kill::Ps { at } = kill {
+        wait_checkpoint(at);
         ps.kill().expect("kill -9 the PS");
         let _ = ps.wait();
         ps = spawn("ps", &flags, &ps_args);
@@ -459,9 +486,9 @@ fn killed_run(
 #[test]
 fn a_sync_run_whose_ps_is_killed_and_restarted_ends_bit_identical() {
     let whole = tempfile::tempdir().unwrap();
-    killed_run(whole.path(), true, None);
+    killed_run(whole.path(), true, Kill::Nothing);
     let killed = tempfile::tempdir().unwrap();
-    let (reports, back_in) = killed_run(killed.path(), true, Some(64));
+    let (reports, back_in) = killed_run(killed.path(), true, Kill::Ps { at: 64 });
     eprintln!(
         "training again {:.3} s after the PS restart",
         back_in.unwrap()
@@ -502,7 +529,7 @@ fn a_sync_run_whose_ps_is_killed_and_restarted_ends_bit_identical() {
 #[test]
 fn an_async_run_whose_ps_is_killed_and_restarted_trains_each_example_once() {
     let dir = tempfile::tempdir().unwrap();
-    let (reports, back_in) = killed_run(dir.path(), false, Some(64));
+    let (reports, back_in) = killed_run(dir.path(), false, Kill::Ps { at: 64 });
     for r in &reports {
         let f = r["failovers"].as_array().expect("failovers");
         assert_eq!(f.len(), 1, "{r}");
@@ -521,5 +548,49 @@ fn an_async_run_whose_ps_is_killed_and_restarted_trains_each_example_once() {
     eprintln!(
         "training again {:.3} s after the PS restart",
         back_in.unwrap()
+    );
+}
+
+/// `kill -9` of a worker of an asynchronous run with checkpoints during
+/// the run, after the PS applied its pushes past the last checkpoint, and
+/// its restart: it passes over the steps the PS holds instead of training
+/// them again, so each example is trained into the final model exactly
+/// once, as the PS's count of each worker's steps shows.
+#[test]
+fn an_async_worker_killed_and_restarted_trains_each_example_once() {
+    let dir = tempfile::tempdir().unwrap();
+    // Checkpoints every 32 global steps (16 steps of each worker): killed
+    // at its step 40, worker 1 is past the checkpoint of 64 and short of
+    // the next one's barrier.
+    let (reports, _) = killed_run(dir.path(), false, Kill::Worker1 { at: 64, step: 40 });
+    // Two epochs of each worker's 12 288 examples in batches of 128.
+    for r in &reports {
+        assert_eq!(r["examples_planned"].as_u64(), Some(24_576), "{r}");
+        assert_eq!(r["examples_trained"].as_u64(), Some(24_576), "{r}");
+    }
+    let restarted = &reports[1];
+    eprintln!(
+        "worker 1 killed at its step 40 and restarted: examples_trained {} of {} planned ({} \
+         trained by the restarted process)",
+        restarted["examples_trained"], restarted["examples_planned"], restarted["samples"]
+    );
+    // The restarted worker trained only what the PS did not hold (its
+    // step 40 had sent the pushes of its first 39).
+    assert!(
+        restarted["samples"].as_u64().unwrap() <= 24_576 - 39 * 128,
+        "{restarted}"
+    );
+    // The worker that finished last saw every push: each worker's 192
+    // steps applied once, the global step their sum.
+    let last = reports
+        .iter()
+        .map(|r| &r["shard_stats"][0])
+        .max_by_key(|s| s["global_step"].as_u64())
+        .unwrap();
+    assert_eq!(last["global_step"].as_u64(), Some(384), "{last}");
+    assert_eq!(
+        last["worker_steps"],
+        serde_json::json!({"0": 192, "1": 192}),
+        "{last}"
     );
 }

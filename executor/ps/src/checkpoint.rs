@@ -15,15 +15,18 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
+use crate::applied::{AppliedSteps, Position};
 use crate::error::CheckpointError;
 use crate::optim::OptimizerKind;
-use crate::shard::{PsShard, Var};
+use crate::shard::{DenseVar, PsShard, Var};
 use crate::table::{Pending, Rows, TableStats};
 
 /// File magic.
 pub const MAGIC: [u8; 8] = *b"SWPSCKPT";
 /// Current format version.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
+/// The first version, without each worker's applied steps; still read.
+pub const FORMAT_VERSION_1: u32 = 1;
 
 pub(crate) const VAR_DENSE: u8 = 1;
 pub(crate) const VAR_TABLE: u8 = 2;
@@ -228,6 +231,138 @@ pub(crate) fn put_pending(
     Ok(())
 }
 
+/// A variable's record head as [`put_var_head`] starts it (id, kind,
+/// width, slot count), checked against `v` and the optimizer's `slots`.
+pub(crate) fn read_var_head(
+    c: &mut Cursor<'_>,
+    v: &Var,
+    slots: usize,
+) -> Result<(), CheckpointError> {
+    let id = c.u32("variable id")?;
+    let kind = c.u8("variable kind")?;
+    c.zeros(3, "variable header")?;
+    let width = c.u32("variable width")? as usize;
+    let nslots = c.u32("slot count")? as usize;
+    if id != v.id() {
+        return Err(mismatch(format!("variable {id}, expected {}", v.id())));
+    }
+    if nslots != slots {
+        return Err(mismatch(format!(
+            "variable {id}: {nslots} slots, expected {slots}"
+        )));
+    }
+    let fits = match v {
+        Var::Dense(d) => kind == VAR_DENSE && width == d.values.len(),
+        Var::Table(t) => kind == VAR_TABLE && width == t.dim,
+    };
+    if !fits {
+        return Err(mismatch(format!(
+            "variable {id}: kind {kind} width {width}"
+        )));
+    }
+    Ok(())
+}
+
+/// A dense variable's body: its update count, values and slots.
+pub(crate) fn read_dense(c: &mut Cursor<'_>, d: &mut DenseVar) -> Result<(), CheckpointError> {
+    d.updates = c.u64("dense updates")?;
+    c.f32s(&mut d.values, "dense values")?;
+    c.f32s(&mut d.slots, "dense slots")
+}
+
+/// A table's counters, as [`put_var_head`] writes them.
+pub(crate) fn read_table_stats(c: &mut Cursor<'_>) -> Result<TableStats, CheckpointError> {
+    let mut s = [0u64; 5];
+    for x in &mut s {
+        *x = c.u64("table counters")?;
+    }
+    Ok(TableStats {
+        admitted: s[0],
+        filtered_pulls: s[1],
+        filter_overflow: s[2],
+        evicted: s[3],
+        ignored_pushes: s[4],
+    })
+}
+
+/// One row as [`put_row`] writes it, its data into `data`: its key, last
+/// access step and update count. Keys must strictly increase over a
+/// table's rows (`prev`, the last key read).
+pub(crate) fn read_row(
+    c: &mut Cursor<'_>,
+    id: u32,
+    prev: &mut Option<u64>,
+    data: &mut [f32],
+) -> Result<(u64, u64, u64), CheckpointError> {
+    let key = c.u64("row key")?;
+    if prev.is_some_and(|p| p >= key) {
+        return Err(CheckpointError::Corrupt(format!(
+            "variable {id}: row keys not strictly increasing"
+        )));
+    }
+    *prev = Some(key);
+    let last_access = c.u64("row access step")?;
+    let updates = c.u64("row updates")?;
+    c.f32s(data, "row data")?;
+    Ok((key, last_access, updates))
+}
+
+/// `n` pending filter counters as [`put_pending`] writes them.
+pub(crate) fn read_pending(
+    c: &mut Cursor<'_>,
+    n: u64,
+    id: u32,
+) -> Result<FxHashMap<u64, Pending>, CheckpointError> {
+    let n = c.fits(n, 24, "pending counters")?;
+    let mut pending = FxHashMap::default();
+    pending.reserve(n);
+    for _ in 0..n {
+        let key = c.u64("pending key")?;
+        let count = c.u32("pending count")?;
+        c.zeros(4, "pending counter")?;
+        let last_seen = c.u64("pending step")?;
+        if pending.insert(key, Pending { count, last_seen }).is_some() {
+            return Err(CheckpointError::Corrupt(format!(
+                "variable {id}: duplicate pending key"
+            )));
+        }
+    }
+    Ok(pending)
+}
+
+/// Each worker's applied position, by increasing task index (format
+/// version 2, after the variables).
+pub(crate) fn put_applied(w: &mut CrcWriter<'_>, applied: &AppliedSteps) -> io::Result<()> {
+    w.u32(applied.applied().count() as u32)?;
+    w.u32(0)?;
+    for (worker, p) in applied.applied() {
+        w.u32(worker)?;
+        w.u32(p.parts)?;
+        w.u64(p.steps)?;
+    }
+    Ok(())
+}
+
+/// The record [`put_applied`] writes.
+pub(crate) fn read_applied(c: &mut Cursor<'_>) -> Result<AppliedSteps, CheckpointError> {
+    let n = c.u32("worker count")?;
+    c.zeros(4, "worker header")?;
+    let n = c.fits(n.into(), 16, "workers")?;
+    let mut v = Vec::with_capacity(n);
+    for _ in 0..n {
+        let worker = c.u32("worker")?;
+        let parts = c.u32("worker parts")?;
+        let steps = c.u64("worker steps")?;
+        if v.last().is_some_and(|&(prev, _)| prev >= worker) {
+            return Err(CheckpointError::Corrupt(
+                "workers not strictly increasing".into(),
+            ));
+        }
+        v.push((worker, Position { steps, parts }));
+    }
+    Ok(AppliedSteps::restored(&v))
+}
+
 impl PsShard {
     /// Write the whole shard state: every variable, row, optimizer slot,
     /// pending filter counter, table counter, and the global step.
@@ -261,6 +396,7 @@ impl PsShard {
             }
             put_pending(&mut w, &t.pending)?;
         }
+        put_applied(&mut w, &self.applied)?;
         w.finish()?;
         Ok(())
     }
@@ -278,7 +414,7 @@ impl PsShard {
             return Err(CheckpointError::BadMagic);
         }
         let version = u32::from_le_bytes([data[8], data[9], data[10], data[11]]);
-        if version != FORMAT_VERSION {
+        if version != FORMAT_VERSION && version != FORMAT_VERSION_1 {
             return Err(CheckpointError::BadVersion(version));
         }
         let (body, tail) = data.split_at(data.len() - 4);
@@ -319,65 +455,22 @@ impl PsShard {
         let slots = self.cfg.optimizer.slots();
         let mut vars = self.vars.clone();
         for v in &mut vars {
-            let id = c.u32("variable id")?;
-            let kind = c.u8("variable kind")?;
-            c.zeros(3, "variable header")?;
-            let width = c.u32("variable width")? as usize;
-            let nslots = c.u32("slot count")? as usize;
-            if id != v.id() {
-                return Err(mismatch(format!("variable {id}, expected {}", v.id())));
-            }
-            if nslots != slots {
-                return Err(mismatch(format!(
-                    "variable {id}: {nslots} slots, expected {slots}"
-                )));
-            }
+            read_var_head(&mut c, v, slots)?;
             match v {
-                Var::Dense(d) => {
-                    if kind != VAR_DENSE || width != d.values.len() {
-                        return Err(mismatch(format!(
-                            "variable {id}: kind {kind} width {width}"
-                        )));
-                    }
-                    d.updates = c.u64("dense updates")?;
-                    c.f32s(&mut d.values, "dense values")?;
-                    c.f32s(&mut d.slots, "dense slots")?;
-                }
+                Var::Dense(d) => read_dense(&mut c, d)?,
                 Var::Table(t) => {
-                    if kind != VAR_TABLE || width != t.dim {
-                        return Err(mismatch(format!(
-                            "variable {id}: kind {kind} width {width}"
-                        )));
-                    }
-                    let mut s = [0u64; 5];
-                    for x in &mut s {
-                        *x = c.u64("table counters")?;
-                    }
-                    t.stats = TableStats {
-                        admitted: s[0],
-                        filtered_pulls: s[1],
-                        filter_overflow: s[2],
-                        evicted: s[3],
-                        ignored_pushes: s[4],
-                    };
+                    let id = t.def.id;
+                    t.stats = read_table_stats(&mut c)?;
                     let n_rows = c.u64("row count")?;
                     let n_pending = c.u64("pending count")?;
-                    let row_floats = width * (1 + slots);
+                    let row_floats = t.dim * (1 + slots);
                     let n_rows = c.fits(n_rows, 24 + 4 * row_floats, "rows")?;
                     let mut rows = Rows::with_capacity(row_floats, n_rows);
                     let mut data = vec![0.0f32; row_floats];
                     let mut prev = None;
                     for _ in 0..n_rows {
-                        let key = c.u64("row key")?;
-                        if prev.is_some_and(|p| p >= key) {
-                            return Err(CheckpointError::Corrupt(format!(
-                                "variable {id}: row keys not strictly increasing"
-                            )));
-                        }
-                        prev = Some(key);
-                        let last_access = c.u64("row access step")?;
-                        let updates = c.u64("row updates")?;
-                        c.f32s(&mut data, "row data")?;
+                        let (key, last_access, updates) =
+                            read_row(&mut c, id, &mut prev, &mut data)?;
                         // Keys strictly increase, so the key is new.
                         rows.insert(key, last_access, updates, &data).map_err(|e| {
                             CheckpointError::Corrupt(format!(
@@ -385,33 +478,25 @@ impl PsShard {
                             ))
                         })?;
                     }
-                    let n_pending = c.fits(n_pending, 24, "pending counters")?;
-                    let mut pending = FxHashMap::default();
-                    pending.reserve(n_pending);
-                    for _ in 0..n_pending {
-                        let key = c.u64("pending key")?;
-                        let count = c.u32("pending count")?;
-                        c.zeros(4, "pending counter")?;
-                        let last_seen = c.u64("pending step")?;
-                        if pending.insert(key, Pending { count, last_seen }).is_some() {
-                            return Err(CheckpointError::Corrupt(format!(
-                                "variable {id}: duplicate pending key"
-                            )));
-                        }
-                    }
+                    t.pending = read_pending(&mut c, n_pending, id)?;
                     t.rows = rows;
-                    t.pending = pending;
                 }
             }
         }
+        let applied = if version == FORMAT_VERSION_1 {
+            AppliedSteps::default()
+        } else {
+            read_applied(&mut c)?
+        };
         if c.left() != 0 {
             return Err(CheckpointError::Corrupt(format!(
-                "{} bytes after the last variable",
+                "{} bytes after the last record",
                 c.left()
             )));
         }
         self.vars = vars;
         self.global_step = global_step;
+        self.applied = applied;
         Ok(())
     }
 }
@@ -467,7 +552,7 @@ impl Manifest {
     /// Parse and check the format version.
     pub fn from_json(s: &str) -> Result<Self, CheckpointError> {
         let m: Manifest = serde_json::from_str(s)?;
-        if m.format_version != FORMAT_VERSION {
+        if m.format_version != FORMAT_VERSION && m.format_version != FORMAT_VERSION_1 {
             return Err(CheckpointError::BadVersion(m.format_version));
         }
         if m.shard_files.len() != m.shard_count {

@@ -24,16 +24,19 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use starwire_wire::ps::{Limits, PullRequest, PushItem, PushRequest};
 
 use crate::checkpoint::{
-    mismatch, opt_code, put_pending, put_row, put_var_head, CrcWriter, Cursor, VAR_DENSE, VAR_TABLE,
+    mismatch, opt_code, put_applied, put_pending, put_row, put_var_head, read_applied, read_dense,
+    read_pending, read_row, read_table_stats, read_var_head, CrcWriter, Cursor,
 };
 use crate::error::CheckpointError;
 use crate::shard::{PsShard, Var};
-use crate::table::{Pending, Rows, TableStats};
+use crate::table::Rows;
 
 /// The first eight bytes of a delta file.
 pub const DELTA_MAGIC: [u8; 8] = *b"SWPSDELT";
-/// The delta format version this build writes and reads.
-pub const DELTA_VERSION: u32 = 1;
+/// The delta format version this build writes.
+pub const DELTA_VERSION: u32 = 2;
+/// The first version, without each worker's applied steps; still read.
+pub const DELTA_VERSION_1: u32 = 1;
 
 /// The keys of every table a shard's requests touched since the last full
 /// checkpoint. See the module documentation.
@@ -148,6 +151,7 @@ impl PsShard {
                 w.u64(k)?;
             }
         }
+        put_applied(&mut w, &self.applied)?;
         w.finish()?;
         Ok(())
     }
@@ -185,73 +189,26 @@ impl PsShard {
         let slots = self.cfg.optimizer.slots();
         let mut vars = self.vars.clone();
         for v in &mut vars {
-            let id = c.u32("variable id")?;
-            let kind = c.u8("variable kind")?;
-            c.zeros(3, "variable header")?;
-            let width = c.u32("variable width")? as usize;
-            let nslots = c.u32("slot count")? as usize;
-            if id != v.id() || nslots != slots {
-                return Err(mismatch(format!(
-                    "variable {id} with {nslots} slots, expected {} with {slots}",
-                    v.id()
-                )));
-            }
+            read_var_head(&mut c, v, slots)?;
             match v {
-                Var::Dense(dv) => {
-                    if kind != VAR_DENSE || width != dv.values.len() {
-                        return Err(mismatch(format!(
-                            "variable {id}: kind {kind} width {width}"
-                        )));
-                    }
-                    dv.updates = c.u64("dense updates")?;
-                    c.f32s(&mut dv.values, "dense values")?;
-                    c.f32s(&mut dv.slots, "dense slots")?;
-                }
+                Var::Dense(dv) => read_dense(&mut c, dv)?,
                 Var::Table(t) => {
-                    if kind != VAR_TABLE || width != t.dim {
-                        return Err(mismatch(format!(
-                            "variable {id}: kind {kind} width {width}"
-                        )));
-                    }
-                    let mut s = [0u64; 5];
-                    for x in &mut s {
-                        *x = c.u64("table counters")?;
-                    }
+                    let id = t.def.id;
+                    let stats = read_table_stats(&mut c)?;
                     let n_rows = c.u64("row count")?;
                     let n_pending = c.u64("pending count")?;
                     let n_removed = c.u64("removed count")?;
-                    let row_floats = width * (1 + slots);
+                    let row_floats = t.dim * (1 + slots);
                     let n_rows = c.fits(n_rows, 24 + 4 * row_floats, "rows")?;
                     let mut changed = Vec::with_capacity(n_rows);
                     let mut prev = None;
                     for _ in 0..n_rows {
-                        let key = c.u64("row key")?;
-                        if prev.is_some_and(|p| p >= key) {
-                            return Err(CheckpointError::Corrupt(format!(
-                                "variable {id}: row keys not strictly increasing"
-                            )));
-                        }
-                        prev = Some(key);
-                        let last_access = c.u64("row access step")?;
-                        let updates = c.u64("row updates")?;
                         let mut row = vec![0.0f32; row_floats];
-                        c.f32s(&mut row, "row data")?;
+                        let (key, last_access, updates) =
+                            read_row(&mut c, id, &mut prev, &mut row)?;
                         changed.push((key, last_access, updates, row));
                     }
-                    let n_pending = c.fits(n_pending, 24, "pending counters")?;
-                    let mut pending = FxHashMap::default();
-                    pending.reserve(n_pending);
-                    for _ in 0..n_pending {
-                        let key = c.u64("pending key")?;
-                        let count = c.u32("pending count")?;
-                        c.zeros(4, "pending counter")?;
-                        let last_seen = c.u64("pending step")?;
-                        if pending.insert(key, Pending { count, last_seen }).is_some() {
-                            return Err(CheckpointError::Corrupt(format!(
-                                "variable {id}: duplicate pending key"
-                            )));
-                        }
-                    }
+                    let pending = read_pending(&mut c, n_pending, id)?;
                     let n_removed = c.fits(n_removed, 8, "removed keys")?;
                     let mut gone = FxHashSet::default();
                     for _ in 0..n_removed {
@@ -274,26 +231,26 @@ impl PsShard {
                         rows.insert(*k, *last_access, *updates, data)
                             .map_err(room)?;
                     }
-                    t.stats = TableStats {
-                        admitted: s[0],
-                        filtered_pulls: s[1],
-                        filter_overflow: s[2],
-                        evicted: s[3],
-                        ignored_pushes: s[4],
-                    };
+                    t.stats = stats;
                     t.rows = rows;
                     t.pending = pending;
                 }
             }
         }
+        let applied = if d.version == DELTA_VERSION_1 {
+            self.applied.clone()
+        } else {
+            read_applied(&mut c)?
+        };
         if c.left() != 0 {
             return Err(CheckpointError::Corrupt(format!(
-                "{} bytes after the last variable",
+                "{} bytes after the last record",
                 c.left()
             )));
         }
         self.vars = vars;
         self.global_step = d.step;
+        self.applied = applied;
         Ok(())
     }
 }
@@ -302,6 +259,8 @@ impl PsShard {
 /// `starwire`'s readers show it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DeltaHeader {
+    /// The format version ([`DELTA_VERSION`] or [`DELTA_VERSION_1`]).
+    pub version: u32,
     /// The shard.
     pub shard_index: u64,
     /// The global step the delta brings its base to.
@@ -331,7 +290,7 @@ impl DeltaHeader {
         let (body, tail) = data.split_at(data.len() - 4);
         let mut c = Cursor::new(body, 8);
         let version = c.u32("version")?;
-        if version != DELTA_VERSION {
+        if version != DELTA_VERSION && version != DELTA_VERSION_1 {
             return Err(CheckpointError::BadVersion(version));
         }
         let stored = u32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]]);
@@ -341,6 +300,7 @@ impl DeltaHeader {
         }
         c.zeros(4, "header")?;
         let h = Self {
+            version,
             shard_index: c.u64("shard index")?,
             step: c.u64("global step")?,
             base: c.u64("base step")?,

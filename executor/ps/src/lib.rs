@@ -59,6 +59,7 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod applied;
 pub mod assign;
 pub mod checkpoint;
 pub mod delta;
@@ -69,6 +70,7 @@ mod shard;
 mod table;
 pub mod var;
 
+pub use applied::{AppliedSteps, Position, ResumeAhead};
 pub use assign::{shard_of, AssignmentReport, Strategy, VarStats, VariableAssignment};
 pub use checkpoint::{write_atomic, Manifest, WorkerProgress};
 pub use error::{CheckpointError, PsError};

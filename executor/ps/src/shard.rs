@@ -6,6 +6,7 @@ use starwire_wire::ps::{
     PushRequest,
 };
 
+use crate::applied::{AppliedSteps, ResumeAhead};
 use crate::error::PsError;
 use crate::optim::OptimizerConfig;
 use crate::table::{EmbeddingTable, NoRoom, TableFull, TablePolicy, TableStats};
@@ -166,6 +167,8 @@ pub struct PsShard {
     pub(crate) index: FxHashMap<u32, usize>,
     pub(crate) global_step: u64,
     pub(crate) stats: ShardStats,
+    /// Each worker's pushes applied (kept in the checkpoint).
+    pub(crate) applied: AppliedSteps,
     // Scratch reused across requests (not state).
     touched: Vec<usize>,
     /// By variable: the items of the push being handled.
@@ -234,6 +237,7 @@ impl PsShard {
             index,
             global_step: 0,
             stats: ShardStats::default(),
+            applied: AppliedSteps::default(),
             touched: Vec::new(),
             items_of: vec![0; vars.len()],
             pulled: Vec::new(),
@@ -546,6 +550,42 @@ impl PsShard {
             }
         }
         Ok(())
+    }
+
+    /// A push of worker `worker` (its task index): applied as
+    /// [`handle_push`](Self::handle_push) does, unless the shard applied
+    /// this push of the worker before (a restarted worker replaying a
+    /// step, see [`crate::applied`]); then it is only acknowledged, the
+    /// response carrying the global step. True when applied.
+    pub fn handle_worker_push(
+        &mut self,
+        worker: u32,
+        req: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<bool, PsError> {
+        // A header that does not decode is the push's error to report.
+        let Ok(completes) = PushRequest::peek_completes_step(req) else {
+            return self.handle_push(req, out).map(|()| true);
+        };
+        if !self.applied.handle_push(worker, completes) {
+            out.clear();
+            ps::write_push_response(out, self.global_step);
+            return Ok(false);
+        }
+        self.handle_push(req, out)?;
+        self.applied.handle_applied(worker);
+        Ok(true)
+    }
+
+    /// Worker `worker`'s next push is the first of its step `at` (it was
+    /// restarted; see [`crate::applied`]).
+    pub fn handle_resume(&mut self, worker: u32, at: u64) -> Result<(), ResumeAhead> {
+        self.applied.handle_resume(worker, at)
+    }
+
+    /// Each worker's pushes applied, by task index.
+    pub fn applied_steps(&self) -> &AppliedSteps {
+        &self.applied
     }
 
     /// Apply a push request and write the push response to `out` (cleared

@@ -1,8 +1,8 @@
 //! Checkpoint round trips, corruption and atomic writes.
 
 use starwire_ps::{
-    write_atomic, CheckpointError, Init, Manifest, OptimizerConfig, OptimizerKind, PsShard,
-    ShardConfig, VarDef, VarKind, WorkerProgress,
+    write_atomic, CheckpointError, Init, Manifest, OptimizerConfig, OptimizerKind, Position,
+    PsShard, ShardConfig, VarDef, VarKind, WorkerProgress,
 };
 use starwire_wire::ps::{Limits, PullRequestWriter, PullResponse, PushRequestWriter};
 
@@ -263,4 +263,40 @@ fn atomic_write_and_manifest() {
         Manifest::from_json(&bad.to_json().unwrap()),
         Err(CheckpointError::BadVersion(7))
     ));
+}
+
+/// Each worker's applied pushes go into the file (format 2), so a shard
+/// restored from it acknowledges a restarted worker's replayed push
+/// without applying it; a format 1 file, without them, still restores.
+#[test]
+fn worker_steps_round_trip_and_a_version_1_file_restores() {
+    let mut s = trained();
+    let (mut req, mut out) = (Vec::new(), Vec::new());
+    PushRequestWriter::new(&mut req, true).dense(2, &[0.1; 16]);
+    for _ in 0..3 {
+        assert!(s.handle_worker_push(4, &req, &mut out).unwrap());
+    }
+    let bytes = save(&s);
+    let mut r = PsShard::new(3, &vars(), cfg());
+    r.restore(&mut bytes.as_slice()).unwrap();
+    let applied: Vec<_> = r.applied_steps().applied().collect();
+    assert_eq!(applied, vec![(4, Position { steps: 3, parts: 0 })]);
+    assert_eq!(save(&r), bytes);
+    r.handle_resume(4, 2).unwrap();
+    let step = r.global_step();
+    assert!(!r.handle_worker_push(4, &req, &mut out).unwrap());
+    assert_eq!(r.global_step(), step, "acknowledged, not applied");
+    assert!(r.handle_worker_push(4, &req, &mut out).unwrap());
+    assert_eq!(r.global_step(), step + 1);
+
+    // The same state as format 1: no worker record before the CRC.
+    let mut v1 = bytes[..bytes.len() - 4 - (8 + 16)].to_vec();
+    v1[8..12].copy_from_slice(&1u32.to_le_bytes());
+    let crc = crc32c::crc32c(&v1);
+    v1.extend_from_slice(&crc.to_le_bytes());
+    let mut old = PsShard::new(3, &vars(), cfg());
+    old.restore(&mut v1.as_slice()).unwrap();
+    assert_eq!(old.global_step(), s.global_step());
+    assert_eq!(old.applied_steps().applied().count(), 0);
+    assert_eq!(pull_all(&mut old), pull_all(&mut s));
 }

@@ -34,6 +34,41 @@ fn err(e: PsError) -> HandlerError {
     }
 }
 
+/// Which global steps are checkpoint steps, as shard 0 decides them for
+/// every worker alike (`CHECKPOINT_VOTE`, asynchronous
+/// `--checkpoint-every-secs`): each worker votes at each of its candidate
+/// steps, and worker 0 wants a checkpoint once the time has passed. The
+/// first vote on a step decides it: yes when that vote, or one since the
+/// last yes, wanted one. A want that comes after its step was decided is
+/// kept for the next step decided.
+#[derive(Debug, Default, Clone)]
+pub struct CheckpointVotes {
+    decided: std::collections::BTreeMap<u64, bool>,
+    wanted: bool,
+}
+
+/// Decisions kept: a worker votes on a step at most this many candidate
+/// steps behind the one decided last (the barrier of a yes holds the
+/// fastest worker until every one has reached it).
+const VOTES_KEPT: usize = 1024;
+
+impl CheckpointVotes {
+    /// A vote on `step`; the decision.
+    pub fn handle_vote(&mut self, step: u64, want: bool) -> bool {
+        if let Some(&d) = self.decided.get(&step) {
+            self.wanted |= want && !d;
+            return d;
+        }
+        let d = want || self.wanted;
+        self.wanted = false;
+        self.decided.insert(step, d);
+        if self.decided.len() > VOTES_KEPT {
+            self.decided.pop_first();
+        }
+        d
+    }
+}
+
 /// A shard as served by a reactor.
 #[derive(Debug)]
 pub struct ShardHandler {
@@ -57,6 +92,9 @@ pub struct ShardHandler {
     pub restored_step: u64,
     /// A checkpoint step asked for by `CHECKPOINT_AT` and not reached yet.
     pub checkpoint_next: Option<u64>,
+    /// The decisions of `CHECKPOINT_VOTE` (asynchronous
+    /// `--checkpoint-every-secs`; asked of shard 0).
+    pub votes: CheckpointVotes,
     /// Incremental checkpoints (`--delta-every-steps`; none: not written).
     pub deltas: Option<DeltaExport>,
     /// Where the shard publishes its counters and logs its progress (none:
@@ -109,20 +147,23 @@ impl ShardHandler {
     }
 }
 
-impl PsHandler for ShardHandler {
-    fn pull(&mut self, body: &[u8], out: &mut Vec<u8>) -> Result<(), HandlerError> {
-        let r = self.shard.handle_pull(body, out).map_err(err);
-        if let Some(d) = &mut self.deltas {
-            d.record_pull(body);
-        }
-        self.publish();
-        r
-    }
-
-    fn push(&mut self, body: &[u8], out: &mut Vec<u8>) -> Result<(), HandlerError> {
+impl ShardHandler {
+    /// A push, numbered as worker `worker`'s when given (asynchronous
+    /// runs), then the checkpoint or delta its step calls for.
+    fn push_as(
+        &mut self,
+        worker: Option<u32>,
+        body: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), HandlerError> {
         let before = self.shard.global_step();
-        let r = self.shard.handle_push(body, out).map_err(err);
-        if let Some(d) = &mut self.deltas {
+        let r = match worker {
+            Some(w) => self.shard.handle_worker_push(w, body, out),
+            None => self.shard.handle_push(body, out).map(|()| true),
+        }
+        .map_err(err);
+        // A push acknowledged without being applied touched nothing.
+        if let (Some(d), false) = (&mut self.deltas, matches!(r, Ok(false))) {
             d.record_push(body);
         }
         self.publish();
@@ -139,7 +180,41 @@ impl PsHandler for ShardHandler {
         } else if step != before {
             self.write_delta(step)?;
         }
+        r.map(|_| ())
+    }
+}
+
+impl PsHandler for ShardHandler {
+    fn pull(&mut self, body: &[u8], out: &mut Vec<u8>) -> Result<(), HandlerError> {
+        let r = self.shard.handle_pull(body, out).map_err(err);
+        if let Some(d) = &mut self.deltas {
+            d.record_pull(body);
+        }
+        self.publish();
         r
+    }
+
+    fn push(&mut self, body: &[u8], out: &mut Vec<u8>) -> Result<(), HandlerError> {
+        self.push_as(None, body, out)
+    }
+
+    fn push_from(
+        &mut self,
+        worker: u32,
+        body: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), HandlerError> {
+        self.push_as(Some(worker), body, out)
+    }
+
+    fn resume_at(&mut self, worker: u32, step: u64) -> Result<(), String> {
+        self.shard
+            .handle_resume(worker, step)
+            .map_err(|e| e.to_string())
+    }
+
+    fn checkpoint_vote(&mut self, step: u64, want: bool) -> bool {
+        self.votes.handle_vote(step, want)
     }
 
     fn global_step(&self) -> u64 {
@@ -200,6 +275,12 @@ impl PsHandler for ShardHandler {
             "incarnation": self.incarnation,
             "restored_step": self.restored_step,
             "global_step": self.shard.global_step(),
+            "worker_steps": self
+                .shard
+                .applied_steps()
+                .applied()
+                .map(|(w, p)| (w.to_string(), serde_json::Value::from(p.steps)))
+                .collect::<serde_json::Map<_, _>>(),
             "pulls": s.pulls,
             "pushes": s.pushes,
             "errors": s.errors,
@@ -209,5 +290,24 @@ impl PsHandler for ShardHandler {
             "evicted": evicted,
             "filtered_pulls": filtered,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CheckpointVotes;
+
+    /// Every vote on a step gets the first one's answer; a want that comes
+    /// too late goes to the next step decided, and only to that one.
+    #[test]
+    fn the_first_vote_decides_and_a_late_want_moves_on() {
+        let mut v = CheckpointVotes::default();
+        assert!(!v.handle_vote(32, false));
+        assert!(!v.handle_vote(32, true), "decided already");
+        assert!(v.handle_vote(64, false), "the late want");
+        assert!(v.handle_vote(64, true));
+        assert!(!v.handle_vote(96, false), "one checkpoint per want");
+        assert!(v.handle_vote(128, true));
+        assert!(v.handle_vote(128, false));
     }
 }

@@ -321,6 +321,7 @@ mod tests {
                     checkpoint_dir: None,
                     checkpoint_every: 0,
                     checkpoint_next: None,
+                    votes: Default::default(),
                     deltas: None,
                     incarnation: 0,
                     restored_step: 0,

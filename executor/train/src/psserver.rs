@@ -40,6 +40,23 @@ pub trait PsHandler: Send + 'static {
     fn pull(&mut self, body: &[u8], out: &mut Vec<u8>) -> Result<(), HandlerError>;
     /// Apply a push and write its reply into `out`.
     fn push(&mut self, body: &[u8], out: &mut Vec<u8>) -> Result<(), HandlerError>;
+    /// A push of worker `worker` (its task index), asynchronously: as
+    /// [`push`](Self::push), unless the shard applied this push of the
+    /// worker before (a restarted worker replaying a step; see
+    /// `starwire_ps::applied`): then it is only acknowledged.
+    fn push_from(
+        &mut self,
+        worker: u32,
+        body: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), HandlerError>;
+    /// Worker `worker`'s next push is the first of its step `step`
+    /// (`RESUME_AT`, a restarted worker).
+    fn resume_at(&mut self, worker: u32, step: u64) -> Result<(), String>;
+    /// Whether global step `step` is a checkpoint step, as the first vote
+    /// on it decided (`CHECKPOINT_VOTE`, asynchronous
+    /// `--checkpoint-every-secs`).
+    fn checkpoint_vote(&mut self, step: u64, want: bool) -> bool;
     /// The shard's global step.
     fn global_step(&self) -> u64;
     /// Write the shard's checkpoint file into `dir`; the reply, written
@@ -146,12 +163,18 @@ impl<H: PsHandler> Service<H> {
             sync,
         } = self;
         out.clear();
+        // Asynchronously a worker's pushes are numbered per worker, so a
+        // restarted worker's replayed step is not applied twice.
+        let async_from = from.filter(|_| sync.is_none());
         let (kind, r) = match (opcode, sync.as_mut().zip(from)) {
             (Opcode::SparsePull, _) => ("pull", handler.pull(body, out)),
             (Opcode::SparsePush, Some((sync, w))) => {
                 ("push", push_sync(handler, sync, w, body, out))
             }
-            (Opcode::SparsePush, None) => ("push", handler.push(body, out)),
+            (Opcode::SparsePush, None) => match async_from {
+                Some(w) => ("push", handler.push_from(w, body, out)),
+                None => ("push", handler.push(body, out)),
+            },
             (Opcode::Rpc, s) => match Control::parse(body) {
                 Ok(Control::WaitStep(n)) => return Reply::Wait(n),
                 Ok(Control::Done) => {
@@ -176,6 +199,23 @@ impl<H: PsHandler> Service<H> {
                         status: Status::BadRequest,
                         message,
                     }),
+                ),
+                Ok(Control::CheckpointVote { step, want }) => {
+                    out.push(u8::from(handler.checkpoint_vote(step, want)));
+                    ("checkpoint", Ok(()))
+                }
+                Ok(Control::ResumeAt(step)) => (
+                    "resume",
+                    async_from
+                        .ok_or_else(|| {
+                            "RESUME_AT from a peer that is not a worker of an asynchronous run"
+                                .to_string()
+                        })
+                        .and_then(|w| handler.resume_at(w, step))
+                        .map_err(|message| HandlerError {
+                            status: Status::BadRequest,
+                            message,
+                        }),
                 ),
                 Ok(Control::Checkpoint(dir)) => (
                     "checkpoint",

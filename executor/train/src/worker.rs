@@ -697,6 +697,26 @@ impl WorkerCore {
     }
 }
 
+/// Send one control message to shard `shard`; the reply body.
+pub fn control_one(
+    net: &mut dyn Exchange,
+    shard: usize,
+    c: &Control<'_>,
+) -> Result<Vec<u8>, TrainError> {
+    let reqs = vec![Request {
+        shard,
+        opcode: Opcode::Rpc,
+        body: bytes_body(c.encode()),
+    }];
+    let mut replies = Vec::new();
+    net.exchange(reqs, &mut replies)?;
+    let r = replies
+        .pop()
+        .ok_or_else(|| TrainError::Internal("no reply to a control message".into()))?;
+    check(&r, "control")?;
+    Ok(r.body)
+}
+
 /// Send one control message to each of `shards` shards; the reply bodies.
 pub fn control_all(
     net: &mut dyn Exchange,

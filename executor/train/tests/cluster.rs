@@ -808,6 +808,63 @@ fn checkpoints_during_an_async_run_record_every_worker_and_resume() {
     );
 }
 
+/// `--checkpoint-every-secs` without `--sync`: shard 0 decides, at the
+/// workers' votes (every 16 steps of each), which global steps are
+/// checkpoint steps, and every worker stops at each: each step directory
+/// holds every shard's file and every worker's position at that step.
+#[test]
+fn timed_checkpoints_during_an_async_run_stop_every_worker_at_one_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // 16 384 examples, 2 workers, batches of 256: 32 steps each, votes at
+    // their steps 16 and 32 (global steps 32 and 64). With 0 s, worker 0
+    // wants a checkpoint at each of its votes.
+    let cfg = TrainConfig {
+        checkpoint_dir: Some(d.to_owned()),
+        checkpoint_every_secs: Some(std::time::Duration::ZERO),
+        eval_examples: 0,
+        ..small()
+    };
+    let r = run_local(&cfg).unwrap();
+    assert_eq!(r.steps, 64);
+    assert_eq!(
+        (r.examples_trained, r.examples_planned),
+        (16_384, Some(16_384))
+    );
+    let steps = d.join("steps");
+    let kept: Vec<u64> = std::fs::read_dir(&steps)
+        .unwrap()
+        .map(|e| {
+            e.unwrap()
+                .file_name()
+                .into_string()
+                .unwrap()
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    assert!(!kept.is_empty());
+    for c in kept {
+        assert!(c == 32 || c == 64, "{c}");
+        let at = steps.join(c.to_string());
+        for s in 0..r.shards {
+            assert!(at.join(format!("shard-{s:04}.ckpt")).exists(), "{c}");
+        }
+        for w in 0..2 {
+            let p: serde_json::Value = serde_json::from_slice(
+                &std::fs::read(at.join(format!("worker-{w:04}.json"))).unwrap(),
+            )
+            .unwrap();
+            let k = c / 2;
+            assert_eq!(
+                (&p["steps"], &p["offset"], &p["examples"]),
+                (&k.into(), &(k * 256).into(), &(k * 256).into()),
+                "{p}"
+            );
+        }
+    }
+}
+
 /// `--delta-every-steps`: each shard writes the rows touched since its
 /// last full checkpoint; the latest delta applied onto that checkpoint
 /// gives the shard as it was at the delta's step, byte for byte (here the

@@ -122,6 +122,7 @@ impl Cluster {
                     checkpoint_dir: Some(dir.to_owned()),
                     checkpoint_every: 0,
                     checkpoint_next: None,
+                    votes: Default::default(),
                     deltas: None,
                     incarnation: 0,
                     restored_step: 0,

@@ -72,6 +72,7 @@ fn start(expected: usize) -> Ps {
             checkpoint_dir: None,
             checkpoint_every: 0,
             checkpoint_next: None,
+            votes: Default::default(),
             deltas: None,
             incarnation: 0,
             restored_step: 0,

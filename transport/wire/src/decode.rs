@@ -144,6 +144,8 @@ fn visit(s: &mut DecodeSummary, b: &Body<'_>) {
                 Control::Stats => 3,
                 Control::Done => 4,
                 Control::CheckpointAt(c) => c ^ 5,
+                Control::ResumeAt(s) => s ^ 6,
+                Control::CheckpointVote { step, want } => step ^ (7 + u64::from(*want)),
             },
         ),
         Body::PullRequest(r) => {

@@ -107,6 +107,48 @@ pub(super) fn rollback(
     Ok((Some(restored), Some(p)))
 }
 
+/// Asynchronously, the step worker `index` resumes at, `from` being its
+/// position's (its checkpoint's, 0 without one): the lowest of its steps
+/// the shards have applied (`STATS` `worker_steps`; a shard that has no
+/// record of it does not count). Every shard is told (`RESUME_AT`), so one
+/// that applied more of its steps acknowledges their replayed pushes
+/// without applying them again: the worker, killed and restarted, trains
+/// each example once.
+pub(super) fn resume_at(
+    net: &mut dyn WorkerNet,
+    shards: usize,
+    index: usize,
+    from: u64,
+) -> Result<u64, TrainError> {
+    let key = index.to_string();
+    let mut at: Option<u64> = None;
+    for b in control_all(net, shards, &Control::Stats)? {
+        let v: serde_json::Value = serde_json::from_slice(&b)
+            .map_err(|e| TrainError::Remote(format!("STATS is not JSON: {e}")))?;
+        if let Some(n) = v["worker_steps"][key.as_str()].as_u64() {
+            at = Some(at.map_or(n, |a| a.min(n)));
+        }
+    }
+    let at = at.unwrap_or(from);
+    if at < from {
+        return Err(TrainError::Remote(format!(
+            "the PS has applied {at} of worker {index}'s steps, fewer than its position in the \
+             checkpoint ({from} steps): the checkpoint is not the PS's"
+        )));
+    }
+    control_all(net, shards, &Control::ResumeAt(at))?;
+    if at > from {
+        tracing::info!(
+            target: "status",
+            worker = index,
+            "the PS holds this worker's first {at} steps: passing over the {} after its \
+             checkpoint's position without training them again",
+            at - from
+        );
+    }
+    Ok(at)
+}
+
 /// A restart gone through, for the report.
 #[derive(Debug, Clone, Copy, serde::Serialize)]
 pub struct Failover {

@@ -3,8 +3,8 @@
 //!
 //! Its parts: the configuration (`config.rs`), the plan of which PS holds
 //! each variable (`plan.rs`), where the reactors run (`reactors.rs`), the
-//! pieces of the PS and worker roles (`roles.rs`) and the report
-//! (`report.rs`).
+//! pieces of the PS and worker roles (`roles.rs`), how much of the data
+//! each worker trains (`shares.rs`) and the report (`report.rs`).
 
 mod config;
 mod failover;
@@ -14,6 +14,7 @@ mod plan;
 mod reactors;
 mod report;
 mod roles;
+mod shares;
 
 pub use config::{
     model_name, protocol_name, BackendKind, LrScaling, TrainConfig, DEFAULT_CONNECT_TIMEOUT,
@@ -30,7 +31,7 @@ pub use reactors::{
 pub use report::{Interval, PsTaskReport, TrainReport};
 pub use roles::{
     connect, connect_handoff, evaluate, load_eval, make_shard, start_ps, worker_loop,
-    ClusterBackend, PsEnd, PsTask, RunningPs, Sessions, WorkerNet, WorkerOutcome,
+    ClusterBackend, PsEnd, PsTask, ResumeFrom, RunningPs, Sessions, WorkerNet, WorkerOutcome,
 };
 pub(crate) use roles::{shard_handler, write_shard};
 
@@ -137,7 +138,10 @@ fn run_local_on(k: &dyn ClusterBackend, cfg: &TrainConfig) -> Result<TrainReport
                                 w,
                                 &mut *net,
                                 Some(start),
-                                resume.as_ref(),
+                                ResumeFrom {
+                                    position: resume.as_ref(),
+                                    held_steps: 0,
+                                },
                                 Some(ev),
                                 cpu,
                             );
@@ -453,13 +457,27 @@ pub fn run_worker_task(
     };
     let mut failovers = Vec::new();
     let out = loop {
+        // With --sync a step waits for every worker, so none is ahead of
+        // the others' checkpoint position.
+        let forward_to = match cfg.sync {
+            true => 0,
+            false => failover::resume_at(
+                &mut *net,
+                plan.shards,
+                index,
+                resume.as_ref().map_or(0, |p| p.steps),
+            )?,
+        };
         let e = match worker_loop(
             cfg,
             &plan,
             index,
             &mut *net,
             None,
-            resume.as_ref(),
+            ResumeFrom {
+                position: resume.as_ref(),
+                held_steps: forward_to,
+            },
             None,
             layout.worker_cpu(index),
         ) {

@@ -13,7 +13,17 @@
 //! file and every worker's progress is in place, and it writes the
 //! manifest.
 //!
-//! `--checkpoint-every-secs S`: once `S` has passed since the last
+//! `--checkpoint-every-secs S` without `--sync`: the workers are not in
+//! lockstep, so worker 0 cannot pick a step the others have not passed.
+//! Shard 0 decides instead: every worker, at each of its steps that is a
+//! multiple of [`VOTE_EVERY_STEPS`], asks it whether the global step that
+//! step completes is a checkpoint step (`CHECKPOINT_VOTE`), worker 0
+//! wanting one once `S` has passed; the first vote on a step decides it
+//! for all. On a yes, worker 0 asks every shard to write its file at that
+//! step (`CHECKPOINT_AT`) before it pushes its step, and the barrier of
+//! `--checkpoint-every-steps` follows.
+//!
+//! `--checkpoint-every-secs S` with `--sync`: once `S` has passed since the last
 //! checkpoint, worker 0 picks the global step `C` its next step completes
 //! and, before pushing that step, asks every shard to write its file at
 //! `C` (`CHECKPOINT_AT`); its push cannot be applied before the shards
@@ -33,10 +43,14 @@ use std::path::{Path, PathBuf};
 
 use starwire_ps::WorkerProgress;
 
-use super::roles::{examples_after, read_manifest, write_manifest};
+use super::roles::{read_manifest, write_manifest};
+use super::shares::examples_after;
 use super::{Plan, TrainConfig};
 use crate::handler::shard_file;
+use crate::net::Exchange;
+use crate::worker::control_one;
 use crate::TrainError;
+use starwire_wire::ps::Control;
 
 /// The directory of the checkpoint at global step `c` inside `dir`.
 pub fn step_dir(dir: &Path, c: u64) -> PathBuf {
@@ -57,6 +71,27 @@ fn ck(path: &Path) -> impl Fn(String) -> TrainError + '_ {
     move |reason| TrainError::Checkpoint {
         path: path.to_owned(),
         reason,
+    }
+}
+
+/// Asynchronously, with `--checkpoint-every-secs`, every worker asks
+/// shard 0 at each of its steps that is a multiple of this whether the
+/// global step that step completes is a checkpoint step.
+pub const VOTE_EVERY_STEPS: u64 = 16;
+
+/// Whether a worker's step `s` (counted from 1) is one it votes at.
+pub(super) fn is_vote_step(s: u64) -> bool {
+    s % VOTE_EVERY_STEPS == 0
+}
+
+/// Ask shard 0 whether global step `c` is a checkpoint step, wanting one
+/// or not; every worker gets the answer of the first vote on `c`.
+pub(super) fn vote(net: &mut dyn Exchange, c: u64, want: bool) -> Result<bool, TrainError> {
+    match control_one(net, 0, &Control::CheckpointVote { step: c, want })?[..] {
+        [d @ (0 | 1)] => Ok(d == 1),
+        _ => Err(TrainError::Remote(
+            "CHECKPOINT_VOTE reply is not one byte 0 or 1".into(),
+        )),
     }
 }
 
@@ -93,10 +128,10 @@ pub(super) fn check(cfg: &TrainConfig) -> Result<(), TrainError> {
         if cfg.checkpoint_dir.is_none() {
             return bad("needs --checkpoint-dir");
         }
-        if !cfg.sync {
+        if !cfg.sync && super::shares::last_common_step(cfg).is_none() {
             return bad(
-                "needs --sync (its per-step barrier is what makes every shard's file hold the \
-                 same steps)",
+                "without --sync needs the generator's data (each worker's number of steps \
+                 known before the run, so every worker stops at each checkpoint step)",
             );
         }
     }
@@ -111,7 +146,7 @@ pub(super) fn check(cfg: &TrainConfig) -> Result<(), TrainError> {
     if cfg.checkpoint_dir.is_none() {
         return bad("needs --checkpoint-dir");
     }
-    if !cfg.sync && super::roles::last_common_step(cfg).is_none() {
+    if !cfg.sync && super::shares::last_common_step(cfg).is_none() {
         return bad(
             "without --sync needs the generator's data (each worker's number of steps known \
              before the run, so every worker stops at each checkpoint step)",
@@ -296,14 +331,20 @@ mod tests {
             ..ok.clone()
         };
         assert!(check(&secs).is_ok());
+        assert!(check(&TrainConfig {
+            sync: false,
+            ..secs.clone()
+        })
+        .is_ok());
         let e = check(&TrainConfig {
             sync: false,
+            train: crate::source::DataSource::Criteo("/tmp/x.tsv".into()),
             ..secs
         })
         .unwrap_err()
         .to_string();
         assert!(
-            e.contains("--checkpoint-every-secs 30: needs --sync"),
+            e.contains("--checkpoint-every-secs 30: without --sync needs the generator's data"),
             "{e}"
         );
     }

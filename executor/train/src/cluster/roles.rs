@@ -18,6 +18,7 @@ use starwire_transport::{ConnConfig, Driver, Endpoint, PeerInfo, TaskRole};
 use super::config::shard_config;
 use super::periodic;
 use super::reactors::{PinnedThread, ReactorLayout};
+use super::shares::{examples_planned, last_common_step, step_cap, sync_epoch_steps};
 use super::{model_name, protocol_name, BackendKind, Interval, Plan, TrainConfig};
 use crate::backend::{Backend, Tcp};
 use crate::deltas::DeltaExport;
@@ -25,7 +26,7 @@ use crate::handler::{shard_file, ShardHandler};
 use crate::handoff::{HandoffConfig, HandoffNet};
 use crate::net::{Exchange, SessionNet, Traffic, WorkerService};
 use crate::server::ShardService;
-use crate::source::{DataSource, Reader};
+use crate::source::Reader;
 use crate::telemetry::{Published, ShardTelemetry, StepProgress, WorkerTelemetry};
 use crate::worker::WorkerCore;
 use crate::TrainError;
@@ -179,6 +180,7 @@ pub(crate) fn shard_handler(
         checkpoint_dir: cfg.checkpoint_dir.clone(),
         checkpoint_every: cfg.checkpoint_every_steps.unwrap_or(0),
         checkpoint_next: None,
+        votes: Default::default(),
         deltas,
         incarnation: 0,
         restored_step,
@@ -614,124 +616,15 @@ pub fn evaluate(
     Ok((auc(&labels, &probs), logloss(&labels, &probs)))
 }
 
-/// Worker `w`'s total step cap from `--steps N`: N split as evenly as
-/// possible, so the workers together run exactly N.
-fn step_cap(cfg: &TrainConfig, w: usize) -> Option<u64> {
-    let n = cfg.workers as u64;
-    cfg.steps.map(|s| s / n + u64::from((w as u64) < s % n))
-}
-
-/// Examples in one epoch of the training data: known for the generator,
-/// counted (one line per example) for a file.
-fn epoch_examples(cfg: &TrainConfig) -> Result<u64, TrainError> {
-    match &cfg.train {
-        DataSource::Synthetic => Ok(cfg.train_examples),
-        DataSource::Criteo(p) => {
-            use std::io::Read;
-            let mut f = std::fs::File::open(p).map_err(|e| {
-                TrainError::Data(starwire_data::DataError::Open {
-                    path: p.clone(),
-                    source: e,
-                })
-            })?;
-            let mut buf = vec![0u8; 1 << 20];
-            let (mut lines, mut last) = (0u64, b'\n');
-            loop {
-                let n = f.read(&mut buf)?;
-                if n == 0 {
-                    break;
-                }
-                lines += buf[..n].iter().filter(|&&b| b == b'\n').count() as u64;
-                last = buf[n - 1];
-            }
-            Ok(lines + u64::from(last != b'\n'))
-        }
-    }
-}
-
-/// Examples in worker `w`'s share of one epoch, when known without
-/// reading the data (the generator deals example `i` to worker
-/// `i % workers`).
-pub(super) fn share_examples(cfg: &TrainConfig, w: usize) -> Option<u64> {
-    match cfg.train {
-        DataSource::Synthetic => Some(
-            cfg.train_examples
-                .saturating_sub(w as u64)
-                .div_ceil(cfg.workers.max(1) as u64),
-        ),
-        DataSource::Criteo(_) => None,
-    }
-}
-
-/// Examples worker `w` trains in one epoch and the steps it takes: its
-/// share, cut to `epoch_cap` batches under `--sync`.
-fn epoch_plan(cfg: &TrainConfig, share: u64, epoch_cap: Option<u64>) -> (u64, u64) {
-    let b = cfg.batch_size.max(1) as u64;
-    let steps = share.div_ceil(b);
-    match epoch_cap {
-        Some(c) if c < steps => (c * b, c),
-        _ => (share, steps),
-    }
-}
-
-/// Examples of worker `w` in the first `k` of its steps of an
-/// uninterrupted run (none: its share is not known).
-pub(super) fn examples_after(
-    cfg: &TrainConfig,
-    w: usize,
-    k: u64,
-    epoch_cap: Option<u64>,
-) -> Option<u64> {
-    let (per_epoch, steps) = epoch_plan(cfg, share_examples(cfg, w)?, epoch_cap);
-    if steps == 0 {
-        return Some(0);
-    }
-    let full = (k / steps).min(cfg.epochs);
-    let rest = if full < cfg.epochs {
-        ((k % steps) * cfg.batch_size as u64).min(per_epoch)
-    } else {
-        0
-    };
-    Some(full * per_epoch + rest)
-}
-
-/// Steps an uninterrupted run takes on worker `w`, asynchronously (none:
-/// its share is not known without reading the data).
-fn steps_planned(cfg: &TrainConfig, w: usize) -> Option<u64> {
-    let per_epoch = share_examples(cfg, w)?.div_ceil(cfg.batch_size.max(1) as u64);
-    let all = per_epoch.saturating_mul(cfg.epochs);
-    Some(step_cap(cfg, w).map_or(all, |c| c.min(all)))
-}
-
-/// Asynchronous checkpoints during the run stop every worker at the same
-/// step: the last step every worker reaches (none: a share's size is not
-/// known).
-pub(super) fn last_common_step(cfg: &TrainConfig) -> Option<u64> {
-    (0..cfg.workers).map(|w| steps_planned(cfg, w)).min()?
-}
-
-/// Examples an uninterrupted run trains on worker `w`: every epoch of its
-/// share, up to its `--steps` cap.
-pub fn examples_planned(cfg: &TrainConfig, w: usize) -> Result<Option<u64>, TrainError> {
-    let epoch_cap = sync_epoch_steps(cfg)?;
-    let k = step_cap(cfg, w).unwrap_or(u64::MAX);
-    Ok(examples_after(cfg, w, k, epoch_cap))
-}
-
-/// With `--sync`, every worker runs the same number of steps per epoch (a
-/// barrier waits for all of them): the batches of the smallest share.
-fn sync_epoch_steps(cfg: &TrainConfig) -> Result<Option<u64>, TrainError> {
-    if !cfg.sync {
-        return Ok(None);
-    }
-    let min_share = epoch_examples(cfg)? / cfg.workers as u64;
-    if min_share == 0 {
-        return Err(TrainError::Config(format!(
-            "--sync with {} workers needs at least one example per worker",
-            cfg.workers
-        )));
-    }
-    Ok(Some(min_share.div_ceil(cfg.batch_size as u64)))
+/// Where a worker starts.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ResumeFrom<'a> {
+    /// Its position in a checkpoint (none: the start of its data).
+    pub position: Option<&'a WorkerProgress>,
+    /// Its steps the PS holds already (a worker restarted after the PS
+    /// applied its pushes past that position): read up to there, not
+    /// trained again.
+    pub held_steps: u64,
 }
 
 /// Run worker `w` of the cluster until its data (or step cap) is done,
@@ -744,7 +637,7 @@ pub fn worker_loop(
     w: usize,
     net: &mut dyn Exchange,
     start: Option<&Barrier>,
-    resume: Option<&WorkerProgress>,
+    from: ResumeFrom<'_>,
     eval_batches: Option<&[Batch]>,
     cpu: Option<usize>,
 ) -> Result<WorkerOutcome, TrainError> {
@@ -777,7 +670,10 @@ pub fn worker_loop(
     let (mut epoch, mut offset, mut steps_done) = (0u64, 0u64, 0u64);
     let mut resumed_in_epoch = 0u64;
     out.examples_planned = examples_planned(cfg, w)?;
-    let resumed_examples = resume.map_or(0, |p| p.examples);
+    let resume = from.position;
+    // Examples in the model before this session's training: those of the
+    // resumed position, then those of the steps the PS holds already.
+    let mut resumed_examples = resume.map_or(0, |p| p.examples);
     if let Some(p) = resume {
         epoch = p.epoch;
         steps_done = p.steps;
@@ -825,15 +721,36 @@ pub fn worker_loop(
             if n == 0 {
                 break;
             }
+            if steps_done < from.held_steps {
+                offset += n as u64;
+                steps_done += 1;
+                resumed_examples += n as u64;
+                continue;
+            }
             // A checkpoint step's barrier may release the other workers as
             // soon as this step's push lands: this worker's progress after
             // the step is written before the push.
             let c = (steps_done + 1) * w_count;
             let every = cfg.checkpoint_every_steps.unwrap_or(0);
+            let at_step = periodic::is_checkpoint_step(c, every);
+            // Asynchronously, the checkpoints of --checkpoint-every-secs
+            // are at the steps shard 0 decides for every worker alike.
+            let voted = !cfg.sync
+                && !at_step
+                && steps_done < async_cut
+                && periodic::is_vote_step(steps_done + 1)
+                && cfg.checkpoint_dir.is_some()
+                && match cfg.checkpoint_every_secs {
+                    Some(s) => periodic::vote(net, c, w == 0 && last_checkpoint.elapsed() >= s)?,
+                    None => false,
+                };
+            if voted && w == 0 {
+                core.control(net, &Control::CheckpointAt(c))?;
+            }
             let ckpt_dir = cfg
                 .checkpoint_dir
                 .as_deref()
-                .filter(|_| steps_done < async_cut && periodic::is_checkpoint_step(c, every));
+                .filter(|_| steps_done < async_cut && (at_step || voted));
             if let Some(dir) = ckpt_dir {
                 let progress = WorkerProgress {
                     worker: w as u32,
@@ -885,6 +802,7 @@ pub fn worker_loop(
                 core.barrier(net, c)?;
                 if w == 0 {
                     periodic::complete(cfg, plan, dir, c)?;
+                    last_checkpoint = Instant::now();
                 }
             }
             cells.stepped(StepProgress {

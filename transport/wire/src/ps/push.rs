@@ -128,6 +128,16 @@ impl<'a> PushRequest<'a> {
             limits: *limits,
         })
     }
+    /// Whether `body` is flagged `completes_step`, from its header alone
+    /// (the items are checked by [`parse`](Self::parse) when it is applied).
+    pub fn peek_completes_step(body: &[u8]) -> Result<bool, DecodeError> {
+        let mut r = Reader::new(body);
+        let (flags, _) = header(&mut r, KIND_PUSH_REQUEST)?;
+        if flags & !FLAG_COMPLETES_STEP != 0 {
+            return Err(DecodeError::Reserved("push flags"));
+        }
+        Ok(flags & FLAG_COMPLETES_STEP != 0)
+    }
     /// Number of items.
     pub fn len(&self) -> usize {
         self.n_items as usize

@@ -51,6 +51,11 @@ fn push_request_round_trip_and_sizes() {
     );
     let req = PushRequest::parse(&buf, &Limits::default()).unwrap();
     assert!(req.completes_step);
+    assert_eq!(PushRequest::peek_completes_step(&buf), Ok(true));
+    let mut partial = Vec::new();
+    PushRequestWriter::new(&mut partial, false).dense(1, &[1.0]);
+    assert_eq!(PushRequest::peek_completes_step(&partial), Ok(false));
+    assert!(PushRequest::peek_completes_step(&buf[..3]).is_err());
     let items: Vec<_> = req.items().collect();
     assert_eq!(items.len(), 3);
     assert!(matches!(items[1], PushItem::Rows { dim: 2, .. }));

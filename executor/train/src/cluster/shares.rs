@@ -1,0 +1,128 @@
+//! How much of the data each worker trains, known before the run: its
+//! step cap, its share of an epoch, the examples after its first `k`
+//! steps, and the steps every worker reaches (the checkpoint steps of an
+//! asynchronous run).
+
+use super::TrainConfig;
+use crate::source::DataSource;
+use crate::TrainError;
+
+/// Worker `w`'s total step cap from `--steps N`: N split as evenly as
+/// possible, so the workers together run exactly N.
+pub(super) fn step_cap(cfg: &TrainConfig, w: usize) -> Option<u64> {
+    let n = cfg.workers as u64;
+    cfg.steps.map(|s| s / n + u64::from((w as u64) < s % n))
+}
+
+/// Examples in one epoch of the training data: known for the generator,
+/// counted (one line per example) for a file.
+fn epoch_examples(cfg: &TrainConfig) -> Result<u64, TrainError> {
+    match &cfg.train {
+        DataSource::Synthetic => Ok(cfg.train_examples),
+        DataSource::Criteo(p) => {
+            use std::io::Read;
+            let mut f = std::fs::File::open(p).map_err(|e| {
+                TrainError::Data(starwire_data::DataError::Open {
+                    path: p.clone(),
+                    source: e,
+                })
+            })?;
+            let mut buf = vec![0u8; 1 << 20];
+            let (mut lines, mut last) = (0u64, b'\n');
+            loop {
+                let n = f.read(&mut buf)?;
+                if n == 0 {
+                    break;
+                }
+                lines += buf[..n].iter().filter(|&&b| b == b'\n').count() as u64;
+                last = buf[n - 1];
+            }
+            Ok(lines + u64::from(last != b'\n'))
+        }
+    }
+}
+
+/// Examples in worker `w`'s share of one epoch, when known without
+/// reading the data (the generator deals example `i` to worker
+/// `i % workers`).
+pub(super) fn share_examples(cfg: &TrainConfig, w: usize) -> Option<u64> {
+    match cfg.train {
+        DataSource::Synthetic => Some(
+            cfg.train_examples
+                .saturating_sub(w as u64)
+                .div_ceil(cfg.workers.max(1) as u64),
+        ),
+        DataSource::Criteo(_) => None,
+    }
+}
+
+/// Examples worker `w` trains in one epoch and the steps it takes: its
+/// share, cut to `epoch_cap` batches under `--sync`.
+fn epoch_plan(cfg: &TrainConfig, share: u64, epoch_cap: Option<u64>) -> (u64, u64) {
+    let b = cfg.batch_size.max(1) as u64;
+    let steps = share.div_ceil(b);
+    match epoch_cap {
+        Some(c) if c < steps => (c * b, c),
+        _ => (share, steps),
+    }
+}
+
+/// Examples of worker `w` in the first `k` of its steps of an
+/// uninterrupted run (none: its share is not known).
+pub(super) fn examples_after(
+    cfg: &TrainConfig,
+    w: usize,
+    k: u64,
+    epoch_cap: Option<u64>,
+) -> Option<u64> {
+    let (per_epoch, steps) = epoch_plan(cfg, share_examples(cfg, w)?, epoch_cap);
+    if steps == 0 {
+        return Some(0);
+    }
+    let full = (k / steps).min(cfg.epochs);
+    let rest = if full < cfg.epochs {
+        ((k % steps) * cfg.batch_size as u64).min(per_epoch)
+    } else {
+        0
+    };
+    Some(full * per_epoch + rest)
+}
+
+/// Steps an uninterrupted run takes on worker `w`, asynchronously (none:
+/// its share is not known without reading the data).
+fn steps_planned(cfg: &TrainConfig, w: usize) -> Option<u64> {
+    let per_epoch = share_examples(cfg, w)?.div_ceil(cfg.batch_size.max(1) as u64);
+    let all = per_epoch.saturating_mul(cfg.epochs);
+    Some(step_cap(cfg, w).map_or(all, |c| c.min(all)))
+}
+
+/// Asynchronous checkpoints during the run stop every worker at the same
+/// step: the last step every worker reaches (none: a share's size is not
+/// known).
+pub(super) fn last_common_step(cfg: &TrainConfig) -> Option<u64> {
+    (0..cfg.workers).map(|w| steps_planned(cfg, w)).min()?
+}
+
+/// Examples an uninterrupted run trains on worker `w`: every epoch of its
+/// share, up to its `--steps` cap.
+pub fn examples_planned(cfg: &TrainConfig, w: usize) -> Result<Option<u64>, TrainError> {
+    let epoch_cap = sync_epoch_steps(cfg)?;
+    let k = step_cap(cfg, w).unwrap_or(u64::MAX);
+    Ok(examples_after(cfg, w, k, epoch_cap))
+}
+
+/// With `--sync`, every worker runs the same number of steps per epoch (a
+/// barrier waits for all of them): the batches of the smallest share.
+pub(super) fn sync_epoch_steps(cfg: &TrainConfig) -> Result<Option<u64>, TrainError> {
+    if !cfg.sync {
+        return Ok(None);
+    }
+    let min_share = epoch_examples(cfg)? / cfg.workers as u64;
+    if min_share == 0 {
+        return Err(TrainError::Config(format!(
+            "--sync with {} workers needs at least one example per worker",
+            cfg.workers
+        )));
+    }
+    Ok(Some(min_share.div_ceil(cfg.batch_size as u64)))
+}
