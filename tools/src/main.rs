@@ -5,6 +5,7 @@
 
 mod backend;
 mod bench;
+mod checkpoint;
 #[cfg(feature = "dpdk")]
 mod dpdk;
 mod failure;
@@ -71,6 +72,9 @@ enum Command {
     /// Train the single-process reference logistic regression on the same
     /// data (the check on `train`).
     Reference(train::ReferenceArgs),
+    /// Inspect a checkpoint directory, or bring a full shard file to an
+    /// incremental checkpoint's step (apply-delta).
+    Checkpoint(checkpoint::CheckpointArgs),
     /// The standard suite across every compiled-in backend: report.md,
     /// report.json and SVG plots in --out DIR.
     Report(report::ReportArgs),
@@ -117,6 +121,7 @@ fn main() -> ExitCode {
         Command::Reference(a) => train::reference_main(a)
             .map(|()| true)
             .map_err(Failure::Run),
+        Command::Checkpoint(a) => checkpoint::main(a).map(|()| true).map_err(Failure::Run),
         Command::Report(a) => report::main(a, Some(&train::ReportTrain))
             .map(|()| true)
             .map_err(Failure::Run),

@@ -104,14 +104,13 @@ pub struct TrainArgs {
     pub checkpoint_dir: Option<PathBuf>,
     /// Also checkpoint during the run, at every global step that is a
     /// multiple of N (with --checkpoint-dir; N a multiple of the workers;
-    /// without --sync, generator data only). Worker 0 writes the manifest
-    /// of each.
+    /// without --sync on Criteo files, each worker first counts every
+    /// worker's share). Worker 0 writes the manifest of each.
     #[arg(long, value_name = "N")]
     pub checkpoint_every_steps: Option<u64>,
     /// Also checkpoint during the run once S seconds have passed since the
     /// last checkpoint, at the next step (with --checkpoint-dir; without
-    /// --sync, at the next step shard 0 decides for every worker, on the
-    /// generator's data).
+    /// --sync, at the next step shard 0 decides for every worker).
     #[arg(long, value_name = "S")]
     pub checkpoint_every_secs: Option<u64>,
     /// Each PS shard also writes an incremental checkpoint (the rows

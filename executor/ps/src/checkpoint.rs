@@ -363,6 +363,28 @@ pub(crate) fn read_applied(c: &mut Cursor<'_>) -> Result<AppliedSteps, Checkpoin
     Ok(AppliedSteps::restored(&v))
 }
 
+/// A whole shard file checked (length, magic, version, CRC): its version
+/// and the bytes before the CRC.
+pub(crate) fn checked_body(data: &[u8]) -> Result<(u32, &[u8]), CheckpointError> {
+    if data.len() < 16 {
+        return Err(CheckpointError::Truncated("header"));
+    }
+    if data[..8] != MAGIC {
+        return Err(CheckpointError::BadMagic);
+    }
+    let version = u32::from_le_bytes([data[8], data[9], data[10], data[11]]);
+    if version != FORMAT_VERSION && version != FORMAT_VERSION_1 {
+        return Err(CheckpointError::BadVersion(version));
+    }
+    let (body, tail) = data.split_at(data.len() - 4);
+    let stored = u32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]]);
+    let computed = crc32c::crc32c(body);
+    if stored != computed {
+        return Err(CheckpointError::Checksum { stored, computed });
+    }
+    Ok((version, body))
+}
+
 impl PsShard {
     /// Write the whole shard state: every variable, row, optimizer slot,
     /// pending filter counter, table counter, and the global step.
@@ -407,22 +429,7 @@ impl PsShard {
     pub fn restore(&mut self, r: &mut dyn Read) -> Result<(), CheckpointError> {
         let mut data = Vec::new();
         r.read_to_end(&mut data)?;
-        if data.len() < 16 {
-            return Err(CheckpointError::Truncated("header"));
-        }
-        if data[..8] != MAGIC {
-            return Err(CheckpointError::BadMagic);
-        }
-        let version = u32::from_le_bytes([data[8], data[9], data[10], data[11]]);
-        if version != FORMAT_VERSION && version != FORMAT_VERSION_1 {
-            return Err(CheckpointError::BadVersion(version));
-        }
-        let (body, tail) = data.split_at(data.len() - 4);
-        let stored = u32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]]);
-        let computed = crc32c::crc32c(body);
-        if stored != computed {
-            return Err(CheckpointError::Checksum { stored, computed });
-        }
+        let (version, body) = checked_body(&data)?;
         let mut c = Cursor { buf: body, pos: 12 };
         c.zeros(4, "header")?;
         let shard_index = c.u64("shard index")?;

@@ -1,5 +1,6 @@
 //! Checkpoint round trips, corruption and atomic writes.
 
+use starwire_ps::layout::ShardLayout;
 use starwire_ps::{
     write_atomic, CheckpointError, Init, Manifest, OptimizerConfig, OptimizerKind, Position,
     PsShard, ShardConfig, VarDef, VarKind, WorkerProgress,
@@ -299,4 +300,30 @@ fn worker_steps_round_trip_and_a_version_1_file_restores() {
     assert_eq!(old.global_step(), s.global_step());
     assert_eq!(old.applied_steps().applied().count(), 0);
     assert_eq!(pull_all(&mut old), pull_all(&mut s));
+}
+
+/// A shard file read without its model: its layout, and an empty shard of
+/// that layout that restores the file to the same bytes; every cut of the
+/// file is an error, not a panic.
+#[test]
+fn a_layout_read_from_the_file_alone_restores_it() {
+    let s = trained();
+    let bytes = save(&s);
+    let l = ShardLayout::parse(&bytes).unwrap();
+    assert_eq!((l.version, l.shard_index), (2, 3));
+    assert_eq!(l.global_step, s.global_step());
+    assert_eq!(l.optimizer, OptimizerKind::Adam);
+    let ids: Vec<(u32, bool, usize)> = l
+        .vars
+        .iter()
+        .map(|v| (v.id, v.embedding, v.width))
+        .collect();
+    assert_eq!(ids, vec![(1, true, 8), (2, false, 16)]);
+    assert!(l.vars[0].rows > 0 && l.vars[0].pending > 0, "{l:?}");
+    let mut r = l.shard().unwrap();
+    r.restore(&mut bytes.as_slice()).unwrap();
+    assert_eq!(save(&r), bytes);
+    for cut in [0, 12, 40, bytes.len() / 2, bytes.len() - 1] {
+        assert!(ShardLayout::parse(&bytes[..cut]).is_err(), "cut at {cut}");
+    }
 }

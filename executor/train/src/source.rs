@@ -44,6 +44,9 @@ impl std::fmt::Display for DataSource {
 }
 
 /// An open stream of batches for one worker.
+/// Examples read at a time when a share is counted.
+const COUNT_BATCH: usize = 4096;
+
 #[derive(Debug)]
 pub enum Reader {
     /// A share of the synthetic stream.
@@ -105,6 +108,34 @@ impl Reader {
 
     /// Up to `max` examples into `batch`; 0 at the end of the epoch. A
     /// file's errors name the file.
+    /// Examples in worker `worker`'s share of one epoch of the Criteo
+    /// files at `path`, counted by reading the share.
+    pub fn count_share(
+        path: &std::path::Path,
+        worker: usize,
+        workers: usize,
+        skip_bad_lines: bool,
+    ) -> Result<u64, DataError> {
+        let mut r = CriteoFiles::open(
+            path,
+            ReaderOptions {
+                skip_bad_lines,
+                worker,
+                workers,
+                ..ReaderOptions::default()
+            },
+        )?;
+        let mut batch = Batch::with_capacity(COUNT_BATCH);
+        let mut n = 0u64;
+        loop {
+            let k = r.next_batch(COUNT_BATCH, &mut batch)?;
+            if k == 0 {
+                return Ok(n);
+            }
+            n += k as u64;
+        }
+    }
+
     pub fn next_batch(&mut self, max: usize, batch: &mut Batch) -> Result<usize, DataError> {
         match self {
             Reader::Synthetic(s) => Ok(s.next_batch(max, batch)),

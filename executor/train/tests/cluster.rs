@@ -258,20 +258,6 @@ fn checkpoints_during_a_sync_run_are_consistent_and_resume() {
     std::fs::write(&mpath, m.to_string()).unwrap();
     let e = run_local(&cfg).unwrap_err().to_string();
     assert!(e.contains("not inside the checkpoint directory"), "{e}");
-    // Without --sync a worker whose share ends first would never reach a
-    // checkpoint step's barrier: Criteo files, whose shares are not known
-    // before the run, are refused.
-    let e = run_local(&TrainConfig {
-        sync: false,
-        train: DataSource::Criteo(d.join("train.tsv")),
-        ..cfg
-    })
-    .unwrap_err();
-    assert!(
-        e.to_string()
-            .contains("without --sync needs the generator's data"),
-        "{e}"
-    );
 }
 
 #[test]
@@ -806,6 +792,70 @@ fn checkpoints_during_an_async_run_record_every_worker_and_resume() {
         (second.examples_trained, second.examples_planned),
         (16_384, Some(16_384))
     );
+}
+
+/// Asynchronous checkpoints during the run on a Criteo file: every worker
+/// counts each worker's share before it starts (so each stops at every
+/// checkpoint step it reaches), records its position in its share, and a
+/// run resumed from a checkpoint trains each line once.
+#[test]
+fn checkpoints_during_an_async_run_on_a_criteo_file_record_positions_and_resume() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let train = d.join("train.tsv");
+    let spec = starwire_data::SyntheticSpec {
+        seed: 1,
+        examples_per_epoch: 16_000,
+        ..Default::default()
+    };
+    // Two shares of 8 000 lines: 31 full batches of 256 and one of 64.
+    starwire_data::write_criteo(&train, 16_000, spec).unwrap();
+    let ckpt = d.join("ckpt");
+    let cfg = TrainConfig {
+        train: DataSource::Criteo(train),
+        checkpoint_dir: Some(ckpt.clone()),
+        checkpoint_every_steps: Some(16),
+        eval_examples: 0,
+        ..small()
+    };
+    let first = run_local(&cfg).unwrap();
+    assert_eq!((first.steps, first.examples_trained), (64, 16_000));
+    let steps = ckpt.join("steps");
+    let mut kept: Vec<String> = std::fs::read_dir(&steps)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    kept.sort();
+    assert_eq!(kept, ["48", "64"]);
+    let at48: Vec<serde_json::Value> = (0..2)
+        .map(|w| {
+            serde_json::from_slice(
+                &std::fs::read(steps.join("48").join(format!("worker-{w:04}.json"))).unwrap(),
+            )
+            .unwrap()
+        })
+        .collect();
+    for p in &at48 {
+        assert_eq!(
+            (&p["steps"], &p["offset"], &p["examples"]),
+            (&24.into(), &(24 * 256).into(), &(24 * 256).into()),
+            "{p}"
+        );
+    }
+    // Resume from the checkpoint at 48: each worker reads past its 6 144
+    // lines and trains its last 8 steps (1 856 lines).
+    let mpath = ckpt.join("manifest.json");
+    let mut m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&mpath).unwrap()).unwrap();
+    m["global_step"] = 48.into();
+    m["shard_steps"] = serde_json::json!([48, 48]);
+    m["shard_files"] = serde_json::json!(["steps/48/shard-0000.ckpt", "steps/48/shard-0001.ckpt"]);
+    m["workers"] = serde_json::json!(at48);
+    std::fs::write(&mpath, m.to_string()).unwrap();
+    let second = run_local(&cfg).unwrap();
+    assert_eq!(second.resumed_from_step, Some(48));
+    assert_eq!((second.steps, second.samples), (16, 2 * 1_856));
+    assert_eq!(second.examples_trained, 16_000);
 }
 
 /// `--checkpoint-every-secs` without `--sync`: shard 0 decides, at the

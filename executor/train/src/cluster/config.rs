@@ -107,12 +107,12 @@ pub struct TrainConfig {
     /// is there.
     pub checkpoint_dir: Option<PathBuf>,
     /// Also checkpoint during the run, at every global step that is a
-    /// multiple of this (`--checkpoint-every-steps`; without `sync`, the
-    /// generator's data only).
+    /// multiple of this (`--checkpoint-every-steps`).
     pub checkpoint_every_steps: Option<u64>,
     /// Also checkpoint during the run when this long has passed since the
-    /// last one, at the next global step worker 0 reaches
-    /// (`--checkpoint-every-secs`; needs `sync`).
+    /// last one (`--checkpoint-every-secs`): with `sync` at the next
+    /// global step worker 0 reaches, without at the next one shard 0
+    /// decides at the workers' votes.
     pub checkpoint_every_secs: Option<std::time::Duration>,
     /// Each shard also writes an incremental checkpoint (the rows touched
     /// since its last full one) at every global step that is a multiple of

@@ -97,8 +97,7 @@ pub(super) fn vote(net: &mut dyn Exchange, c: u64, want: bool) -> Result<bool, T
 
 /// `--checkpoint-every-steps` needs a `--checkpoint-dir` and a multiple
 /// of the workers (the global step moves by one per worker each step of
-/// all); asynchronously, data whose shares are known before the run (a
-/// worker that ran out of data would never reach the barrier).
+/// all).
 pub(super) fn check(cfg: &TrainConfig) -> Result<(), TrainError> {
     if let Some(n) = cfg.delta_every_steps {
         let bad = |why: &str| {
@@ -128,12 +127,6 @@ pub(super) fn check(cfg: &TrainConfig) -> Result<(), TrainError> {
         if cfg.checkpoint_dir.is_none() {
             return bad("needs --checkpoint-dir");
         }
-        if !cfg.sync && super::shares::last_common_step(cfg).is_none() {
-            return bad(
-                "without --sync needs the generator's data (each worker's number of steps \
-                 known before the run, so every worker stops at each checkpoint step)",
-            );
-        }
     }
     let Some(n) = cfg.checkpoint_every_steps else {
         return Ok(());
@@ -145,12 +138,6 @@ pub(super) fn check(cfg: &TrainConfig) -> Result<(), TrainError> {
     };
     if cfg.checkpoint_dir.is_none() {
         return bad("needs --checkpoint-dir");
-    }
-    if !cfg.sync && super::shares::last_common_step(cfg).is_none() {
-        return bad(
-            "without --sync needs the generator's data (each worker's number of steps known \
-             before the run, so every worker stops at each checkpoint step)",
-        );
     }
     if n == 0 || n % cfg.workers as u64 != 0 {
         return bad(&format!(
@@ -285,7 +272,7 @@ mod tests {
     }
 
     #[test]
-    fn the_flag_needs_a_directory_a_multiple_of_the_workers_and_known_shares() {
+    fn the_flag_needs_a_directory_and_a_multiple_of_the_workers() {
         let ok = TrainConfig {
             sync: true,
             workers: 2,
@@ -299,14 +286,13 @@ mod tests {
             ..ok.clone()
         };
         assert!(check(&not_sync).is_ok());
+        // Criteo files' shares are counted when the workers start.
+        assert!(check(&TrainConfig {
+            train: crate::source::DataSource::Criteo("/tmp/x.tsv".into()),
+            ..not_sync
+        })
+        .is_ok());
         for (cfg, says) in [
-            (
-                TrainConfig {
-                    train: crate::source::DataSource::Criteo("/tmp/x.tsv".into()),
-                    ..not_sync
-                },
-                "without --sync needs the generator's data",
-            ),
             (
                 TrainConfig {
                     checkpoint_dir: None,
@@ -337,14 +323,13 @@ mod tests {
         })
         .is_ok());
         let e = check(&TrainConfig {
-            sync: false,
-            train: crate::source::DataSource::Criteo("/tmp/x.tsv".into()),
+            checkpoint_dir: None,
             ..secs
         })
         .unwrap_err()
         .to_string();
         assert!(
-            e.contains("--checkpoint-every-secs 30: without --sync needs the generator's data"),
+            e.contains("--checkpoint-every-secs 30: needs --checkpoint-dir"),
             "{e}"
         );
     }

@@ -4,7 +4,7 @@
 //! asynchronous run).
 
 use super::TrainConfig;
-use crate::source::DataSource;
+use crate::source::{DataSource, Reader};
 use crate::TrainError;
 
 /// Worker `w`'s total step cap from `--steps N`: N split as evenly as
@@ -88,19 +88,32 @@ pub(super) fn examples_after(
     Some(full * per_epoch + rest)
 }
 
-/// Steps an uninterrupted run takes on worker `w`, asynchronously (none:
-/// its share is not known without reading the data).
-fn steps_planned(cfg: &TrainConfig, w: usize) -> Option<u64> {
-    let per_epoch = share_examples(cfg, w)?.div_ceil(cfg.batch_size.max(1) as u64);
+/// Steps an uninterrupted run takes, asynchronously, on worker `w` whose
+/// share of an epoch is `share` examples.
+fn steps_planned(cfg: &TrainConfig, w: usize, share: u64) -> u64 {
+    let per_epoch = share.div_ceil(cfg.batch_size.max(1) as u64);
     let all = per_epoch.saturating_mul(cfg.epochs);
-    Some(step_cap(cfg, w).map_or(all, |c| c.min(all)))
+    step_cap(cfg, w).map_or(all, |c| c.min(all))
 }
 
 /// Asynchronous checkpoints during the run stop every worker at the same
-/// step: the last step every worker reaches (none: a share's size is not
-/// known).
-pub(super) fn last_common_step(cfg: &TrainConfig) -> Option<u64> {
-    (0..cfg.workers).map(|w| steps_planned(cfg, w)).min()?
+/// step: the last step every worker reaches (none: no worker). The
+/// generator's shares are known; Criteo files' are counted by reading
+/// every worker's share (one pass over the data per worker).
+pub(super) fn last_common_step(cfg: &TrainConfig) -> Result<Option<u64>, TrainError> {
+    let mut min = None;
+    for w in 0..cfg.workers {
+        let share = match (&cfg.train, share_examples(cfg, w)) {
+            (_, Some(n)) => n,
+            (DataSource::Criteo(p), None) => {
+                Reader::count_share(p, w, cfg.workers, cfg.skip_bad_lines)?
+            }
+            (DataSource::Synthetic, None) => 0,
+        };
+        let steps = steps_planned(cfg, w, share);
+        min = Some(min.map_or(steps, |m: u64| m.min(steps)));
+    }
+    Ok(min)
 }
 
 /// Examples an uninterrupted run trains on worker `w`: every epoch of its
