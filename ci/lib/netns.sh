@@ -10,7 +10,8 @@
 # the addresses: CTL_A=NET.0.1 on cA, CTL_B=NET.0.2 on cB, and for the
 # DPDK sides DPDK_A=NET.1.1, DPDK_B=NET.1.3, KERNEL_B=NET.1.2 (an address
 # the kernel-UDP peer may put on vB). netns_down deletes both namespaces
-# (and with them the veth pairs); call it from the script's EXIT trap.
+# (and with them the veth pairs), and netns_one's; call it from the
+# script's EXIT trap.
 
 netns_up() { # TAG NET
     local tag=$1 net=$2 l
@@ -45,5 +46,20 @@ netns_up() { # TAG NET
 netns_down() {
     [ -n "${NS_A:-}" ] && ip netns del "$NS_A" 2>/dev/null
     [ -n "${NS_B:-}" ] && ip netns del "$NS_B" 2>/dev/null
+    [ -n "${NS_S:-}" ] && ip netns del "$NS_S" 2>/dev/null
     return 0
+}
+
+# netns_one TAG creates one namespace holding both ends of one veth pair,
+# named TAG plus s, sa, sb, and sets NS_S, SA, SB: a process in it can open
+# both ends (one testpmd with two ports). netns_down deletes it too.
+netns_one() { # TAG
+    NS_S="${1}s"
+    SA="${1}sa"
+    SB="${1}sb"
+    ip netns add "$NS_S"
+    ip -n "$NS_S" link add "$SA" type veth peer name "$SB"
+    ip -n "$NS_S" link set lo up
+    ip -n "$NS_S" link set "$SA" up
+    ip -n "$NS_S" link set "$SB" up
 }

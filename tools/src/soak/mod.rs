@@ -12,6 +12,9 @@
 //! so faults must show up as failures. A stalled connection (dropped
 //! frames leak credits) is bounded by `--duration` plus `--drain`:
 //! whatever is still unanswered then is reported lost.
+//!
+//! With `--listen` or `--connect` a process runs one side only, and the
+//! other side runs in another process ([`remote`]).
 
 mod drivers;
 mod remote;

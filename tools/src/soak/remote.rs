@@ -4,9 +4,9 @@
 //! `--connect` split a bench. There is no control connection: both ends
 //! take `--connections` and `--server-reactors` from their own flags
 //! (connection `i` goes to server reactor `i % --server-reactors`), and
-//! each end prints its own report. The server's counts what it checks on
-//! the request path; it ends once `--connections` connections have been
-//! served and closed, or when its time runs out.
+//! each end prints its own report. The server's report counts what it
+//! checks on the request path; it ends once `--connections` connections
+//! have been served and closed, or when its time runs out.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# starwire's packet rate against the ceiling of the same path, both
+# measured on one veth pair whose two ends are in one network namespace
+# (not run by CI): a testpmd process opens interfaces of its own namespace
+# only, so this is the set-up where one testpmd can forward between both
+# ends, as the issue's ceiling wants.
+#   * starwire: `bench --listen` on one end and `bench --connect --backends
+#     dpdk --mode rate --sizes 64 --inflight 32` on the other, two
+#     processes in the namespace (control over its loopback), client
+#     reactor on core 0, server reactor on core 1; pps: packets received
+#     per second by both ends' drivers, data and acknowledgements;
+#   * testpmd: `dpdk-testpmd -l 0,1 --vdev=<one end> --vdev=<the other>
+#     -- --total-num-mbufs=8192 --nb-cores=1 --forward-mode=io
+#     --tx-first`, both ports in one process; Rx-pps summed over both
+#     ports each second, the median of the reports after the first two.
+# For net_af_xdp and net_af_packet, the two alternated ROUNDS times; prints
+# one JSON line per measurement and the ratio of the medians. Needs root.
+# The namespace is $STARWIRE_NETNS_PREFIX (default swc) plus the pid.
+# Usage: [STARWIRE_NETNS_PREFIX=swc] [ROUNDS=2] [DURATION=3] [TESTPMD_SECS=8]
+#        [PROFILE=release] ci/dpdk-ceiling.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" != 0 ]; then
+    echo "ci/dpdk-ceiling.sh needs root (ip netns, veth, AF_XDP)" >&2
+    exit 1
+fi
+command -v dpdk-testpmd >/dev/null || {
+    echo "dpdk-testpmd is missing (apt-get install dpdk)" >&2
+    exit 1
+}
+
+tag="${STARWIRE_NETNS_PREFIX:-swc}$$"
+EAL="--no-huge --no-pci --no-shconf -m 512"
+ROUNDS="${ROUNDS:-2}"
+DURATION="${DURATION:-3}"
+TESTPMD_SECS="${TESTPMD_SECS:-8}"
+PROFILE="${PROFILE:-release}"
+LOG_DIR="$(mktemp -d)"
+
+# shellcheck source=ci/lib/netns.sh
+. ci/lib/netns.sh
+cleanup() {
+    netns_down
+    rm -rf "$LOG_DIR"
+}
+trap cleanup EXIT
+
+echo "--- building ($PROFILE) starwire with --features dpdk" >&2
+if [ "$PROFILE" = release ]; then
+    cargo build --locked -q --release -p starwire --features dpdk
+else
+    cargo build --locked -q -p starwire --features dpdk
+fi
+BIN="$PWD/target/$PROFILE/starwire"
+netns_one "$tag"
+
+median() { sort -n | awk '{v[NR]=$1} END {if (NR) print v[int((NR+1)/2)]; else print 0}'; }
+
+port=19100
+# starwire's pps over the pair: `starwire_pps VDEV_A VDEV_B`.
+starwire_pps() {
+    port=$((port + 1))
+    ip netns exec "$NS_S" timeout 120 "$BIN" bench --listen "127.0.0.1:$port" --one-off \
+        --eal "$EAL --vdev=$1" --dpdk-ip 10.97.2.1 >"$LOG_DIR/server.log" 2>&1 &
+    local server=$!
+    for _ in $(seq 100); do
+        grep -qs "waiting for a client" "$LOG_DIR/server.log" && break
+        sleep 0.1
+    done
+    ip netns exec "$NS_S" timeout 120 "$BIN" bench --connect "127.0.0.1:$port" \
+        --backends dpdk --mode rate --sizes 64 --inflight 32 --cores 0,1 --polling on \
+        --duration "$DURATION" --eal "$EAL --vdev=$2" --dpdk-ip 10.97.2.2 --json \
+        >"$LOG_DIR/client.json" 2>"$LOG_DIR/client.log" || true
+    wait "$server" || true
+    grep -o '"pps":[0-9.e+-]*' "$LOG_DIR/client.json" | head -1 | cut -d: -f2
+}
+
+# testpmd's Rx-pps over both ports of one process: `testpmd_pps VDEV_A VDEV_B`.
+testpmd_pps() {
+    (sleep "$TESTPMD_SECS" | ip netns exec "$NS_S" timeout $((TESTPMD_SECS + 30)) \
+        dpdk-testpmd -l 0,1 $EAL --file-prefix "${tag}tp" --vdev="$1" --vdev="$2" -- \
+        --total-num-mbufs=8192 --nb-cores=1 --forward-mode=io --tx-first \
+        --stats-period 1 >"$LOG_DIR/testpmd.log" 2>&1) || true
+    # Each report lists port 0 then port 1: sum them pairwise.
+    grep -o 'Rx-pps: *[0-9]*' "$LOG_DIR/testpmd.log" | awk '{print $2}' |
+        paste - - | awk '{print $1 + $2}' | tail -n +3 | median
+}
+
+for driver in af_xdp af_packet; do
+    case $driver in
+        af_packet)
+            vdev_a="net_af_packet0,iface=$SA"
+            vdev_b="net_af_packet1,iface=$SB"
+            ;;
+        af_xdp)
+            vdev_a="net_af_xdp0,iface=$SA,start_queue=0,queue_count=1"
+            vdev_b="net_af_xdp1,iface=$SB,start_queue=0,queue_count=1"
+            ;;
+    esac
+    sw=()
+    tp=()
+    for round in $(seq "$ROUNDS"); do
+        s=$(starwire_pps "$vdev_a" "$vdev_b")
+        t=$(testpmd_pps "$vdev_a" "$vdev_b")
+        echo "{\"figure\":\"ceiling\",\"driver\":\"$driver\",\"round\":$round,\"starwire_pps\":${s:-null},\"testpmd_rx_pps\":${t:-null}}"
+        sw+=("${s:-0}")
+        tp+=("${t:-0}")
+    done
+    s=$(printf '%s\n' "${sw[@]}" | median)
+    t=$(printf '%s\n' "${tp[@]}" | median)
+    echo "{\"figure\":\"ceiling-ratio\",\"driver\":\"$driver\",\"starwire_pps\":$s,\"testpmd_rx_pps\":$t,\"ratio\":$(awk -v s="$s" -v t="$t" 'BEGIN {if (t > 0) printf "%.3f", s / t; else print "null"}'),\"load\":\"$(cut -d' ' -f1-3 /proc/loadavg)\"}"
+done
