@@ -2,27 +2,14 @@
 //! `apply-delta` brings a full shard file to a delta's step, byte for byte
 //! the shard a full checkpoint of that step holds.
 
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 
-const BIN: &str = env!("CARGO_BIN_EXE_starwire");
+mod common;
+
+use common::text;
 
 fn starwire(args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .env_remove("TF_CONFIG")
-        .env_remove("TF_SEASTAR_ENDPOINT_MAP_PATH")
-        .env_remove("RUST_LOG")
-        .env("PS_ENABLE_POLLING", "false")
-        .env("WORKER_ENABLE_POLLING", "false")
-        .env("PS_DISABLE_PIN_CORES", "true")
-        .env("WORKER_DISABLE_PIN_CORES", "true")
-        .stdin(Stdio::null())
-        .output()
-        .expect("run starwire")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
+    common::starwire(args).output().expect("run starwire")
 }
 
 #[test]

@@ -2,37 +2,20 @@
 //! and exits 0; `--exit-when-done` ends it with its workers; a worker
 //! killed unfinished never lets it exit 0.
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_starwire");
+mod common;
 
-/// The binary with a clean environment: no cluster from the caller, no
-/// pinning or polling.
+use common::{free_port, stderr_lines as lines, wait, wait_for};
+
+/// [`common::starwire`] with its output piped.
 fn starwire(args: &[&str]) -> Command {
-    let mut c = Command::new(BIN);
-    c.args(args)
-        .env_remove("TF_CONFIG")
-        .env_remove("TF_SEASTAR_ENDPOINT_MAP_PATH")
-        .env_remove("RUST_LOG")
-        .env("PS_ENABLE_POLLING", "false")
-        .env("WORKER_ENABLE_POLLING", "false")
-        .env("PS_DISABLE_PIN_CORES", "true")
-        .env("WORKER_DISABLE_PIN_CORES", "true")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    let mut c = common::starwire(args);
+    c.stdout(Stdio::piped()).stderr(Stdio::piped());
     c
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("port")
-        .port()
 }
 
 /// A one-PS, one-worker cluster on loopback, and the training flags.
@@ -61,53 +44,6 @@ fn spawn(cmd: &str, flags: &[String], more: &[&str]) -> Child {
         .chain(more.iter().copied())
         .collect();
     starwire(&args).spawn().expect("spawn")
-}
-
-/// The child's stderr, line by line as it comes.
-fn lines(child: &mut Child) -> mpsc::Receiver<String> {
-    let err = child.stderr.take().expect("piped stderr");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(err).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    rx
-}
-
-/// Wait for a line containing `what`, at most `limit`; the lines seen.
-fn wait_for(rx: &mpsc::Receiver<String>, what: &str, limit: Duration) -> Vec<String> {
-    let deadline = Instant::now() + limit;
-    let mut seen = Vec::new();
-    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
-        match rx.recv_timeout(left) {
-            Ok(l) => {
-                let hit = l.contains(what);
-                seen.push(l);
-                if hit {
-                    return seen;
-                }
-            }
-            Err(_) => break,
-        }
-    }
-    panic!("no line with {what:?} within {limit:?}: {seen:#?}");
-}
-
-fn wait(child: &mut Child, limit: Duration) -> ExitStatus {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(st) = child.try_wait().expect("wait") {
-            return st;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            panic!("the task did not exit within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 /// Send `sig` (`TERM`, `INT`) to `child`, as an operator would.
