@@ -55,7 +55,11 @@ fi
 BIN="$PWD/target/$PROFILE/starwire"
 netns_one "$tag"
 
-median() { sort -n | awk '{v[NR]=$1} END {if (NR) print v[int((NR+1)/2)]; else print 0}'; }
+# The median (of an even count, the mean of the two middle values).
+median() {
+    sort -n | awk '{v[NR]=$1} END {
+        if (!NR) print 0; else if (NR % 2) print v[(NR+1)/2]; else print (v[NR/2]+v[NR/2+1])/2 }'
+}
 
 port=19100
 # starwire's pps over the pair: `starwire_pps VDEV_A VDEV_B`.
