@@ -7,12 +7,11 @@ use std::process::{Command, Stdio};
 
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_starwire");
+mod common;
 
 fn soak(extra: &[&str]) -> Command {
-    let mut c = Command::new(BIN);
+    let mut c = common::bare(&["soak"]);
     c.args([
-        "soak",
         "--backend",
         "tcp",
         "--connections",
@@ -24,7 +23,6 @@ fn soak(extra: &[&str]) -> Command {
         "--json",
     ])
     .args(extra)
-    .env_remove("TF_CONFIG")
     .env_remove("STARWIRE_CLUSTER_TOKEN");
     c
 }
