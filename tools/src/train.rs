@@ -57,7 +57,7 @@ pub struct TrainArgs {
     /// Embedding width.
     #[arg(long, default_value_t = 8, value_parser = at_least_one)]
     pub embedding_dim: usize,
-    /// sgd, adagrad, adam, ftrl or adagrad_decay.
+    /// sgd, adagrad, adam, ftrl, adagrad_decay or dc_asgd.
     #[arg(long, default_value = "adagrad", value_parser = parse_optimizer)]
     pub optimizer: OptimizerKind,
     /// Learning rate (FTRL's alpha).
@@ -85,6 +85,13 @@ pub struct TrainArgs {
     /// adagrad_decay: accumulator_decay_rate.
     #[arg(long, default_value_t = 0.9)]
     pub accumulator_decay_rate: f32,
+    /// dc_asgd: the delay compensation's lambda0 (Zheng et al. 2017).
+    #[arg(long, default_value_t = 2.0)]
+    pub dc_lambda: f32,
+    /// Divide the rate of each row's update by its staleness (the updates
+    /// the row received since the worker pulled it): none, sqrt or linear.
+    #[arg(long, default_value = "none", value_parser = parse_staleness_lr)]
+    pub staleness_lr: starwire_ps::StalenessLr,
     /// How whole variables are assigned to PS tasks: rr, greedy or anneal.
     #[arg(long, default_value = "greedy")]
     pub placement: String,
@@ -210,6 +217,14 @@ fn parse_lr_scaling(s: &str) -> Result<LrScaling, String> {
         .ok_or_else(|| format!("expected none, sqrt or linear, got {s:?}"))
 }
 
+fn parse_staleness_lr(s: &str) -> Result<starwire_ps::StalenessLr, String> {
+    starwire_ps::StalenessLr::ALL
+        .iter()
+        .find(|(n, _)| *n == s)
+        .map(|&(_, k)| k)
+        .ok_or_else(|| format!("expected none, sqrt or linear, got {s:?}"))
+}
+
 fn parse_strategy(s: &str, seed: u64) -> Result<Strategy, String> {
     match s {
         "rr" => Ok(Strategy::RoundRobin),
@@ -303,6 +318,8 @@ fn config(a: &TrainArgs, ps: usize, workers: usize) -> Result<TrainConfig, Strin
             l2: a.l2_regularization_strength,
             decay_step: a.accumulator_decay_step,
             decay_rate: a.accumulator_decay_rate,
+            dc_lambda: a.dc_lambda,
+            staleness_lr: a.staleness_lr,
             ..starwire_ps::OptimizerConfig::with_kind(a.optimizer, a.lr)
         },
         assignment: parse_strategy(&a.placement, a.seed)?,
@@ -339,6 +356,7 @@ fn check_optimizer_flags(a: &TrainArgs) -> Result<(), String> {
         return Err(format!("--lr must be a positive number, got {}", a.lr));
     }
     for (flag, v) in [
+        ("--dc-lambda", a.dc_lambda),
         ("--beta", a.beta),
         ("--l1-regularization-strength", a.l1_regularization_strength),
         ("--l2-regularization-strength", a.l2_regularization_strength),

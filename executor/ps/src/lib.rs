@@ -65,6 +65,7 @@ pub mod delta;
 mod error;
 pub mod optim;
 mod prefetch;
+mod pulls;
 mod shard;
 mod table;
 pub mod var;
@@ -72,7 +73,7 @@ pub mod var;
 pub use assign::{shard_of, AssignmentReport, Strategy, VarStats, VariableAssignment};
 pub use checkpoint::{write_atomic, Manifest, WorkerProgress};
 pub use error::{CheckpointError, PsError};
-pub use optim::{OptimizerConfig, OptimizerKind};
+pub use optim::{OptimizerConfig, OptimizerKind, Pulled, StalenessLr};
 pub use shard::{
     DenseVar, PsShard, ShardConfig, ShardReport, ShardStats, Var, DEFAULT_MAX_REPLY_BYTES,
 };

@@ -7,7 +7,8 @@ use starwire_wire::ps::{
 };
 
 use crate::error::PsError;
-use crate::optim::OptimizerConfig;
+use crate::optim::{OptimizerConfig, Pulled};
+use crate::pulls::Pulls;
 use crate::table::{EmbeddingTable, NoRoom, TableFull, TablePolicy, TableStats};
 use crate::var::{VarDef, VarKind};
 
@@ -166,6 +167,9 @@ pub struct PsShard {
     pub(crate) index: FxHashMap<u32, usize>,
     pub(crate) global_step: u64,
     pub(crate) stats: ShardStats,
+    /// Each worker's last pull, when the optimizer reads it
+    /// ([`OptimizerConfig::tracks_pulls`]); not state a checkpoint keeps.
+    pulls: Pulls,
     // Scratch reused across requests (not state).
     touched: Vec<usize>,
     /// By variable: the items of the push being handled.
@@ -234,6 +238,7 @@ impl PsShard {
             index,
             global_step: 0,
             stats: ShardStats::default(),
+            pulls: Pulls::default(),
             touched: Vec::new(),
             items_of: vec![0; vars.len()],
             pulled: Vec::new(),
@@ -361,11 +366,27 @@ impl PsShard {
     /// pulls. A reply of more than `limits.max_elems` floats is refused
     /// (`Oversized`). On error nothing is changed and `out` is left empty.
     pub fn handle_pull(&mut self, req: &[u8], out: &mut Vec<u8>) -> Result<(), PsError> {
+        self.handle_pull_from(None, req, out)
+    }
+
+    /// [`Self::handle_pull`] of worker `worker` (its task index), when the
+    /// sender is known: with an optimizer that reads what a push was
+    /// computed on ([`OptimizerConfig::tracks_pulls`]), the pulled rows'
+    /// update counts (and values, for DC-ASGD) are kept for its next push.
+    pub fn handle_pull_from(
+        &mut self,
+        worker: Option<u32>,
+        req: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), PsError> {
         out.clear();
         self.stats.request_bytes += req.len() as u64;
         let r = self.handle_pull_inner(req, out);
         match &r {
             Ok(()) => {
+                if let Some(w) = worker.filter(|_| self.cfg.optimizer.tracks_pulls()) {
+                    self.record_pull(w, req);
+                }
                 self.stats.pulls += 1;
                 self.stats.response_bytes += out.len() as u64;
             }
@@ -499,6 +520,33 @@ impl PsShard {
         }
     }
 
+    /// Keep what worker `w` pulled with `req` (a pull already answered).
+    fn record_pull(&mut self, w: u32, req: &[u8]) {
+        let Ok(view) = PullRequest::parse(req, &self.cfg.limits) else {
+            return;
+        };
+        let Some(rec) = self.pulls.worker_mut(w) else {
+            return;
+        };
+        rec.begin_pull();
+        let values = self.cfg.optimizer.kind.needs_pulled_values();
+        for item in view.items() {
+            let Some(&i) = self.index.get(&item.var()) else {
+                continue;
+            };
+            match (item, &self.vars[i]) {
+                (PullItem::Dense { .. }, Var::Dense(d)) => {
+                    rec.record(i as u32, 0, d.updates, values.then_some(&d.values[..]));
+                }
+                (PullItem::Rows { keys, .. }, Var::Table(t))
+                | (PullItem::Pooled { keys, .. }, Var::Table(t)) => {
+                    t.record_pulled(i as u32, keys.iter(), rec);
+                }
+                _ => {}
+            }
+        }
+    }
+
     /// The first variable of the push whose accumulated gradient is not
     /// finite.
     fn non_finite(&self) -> Option<u32> {
@@ -554,9 +602,28 @@ impl PsShard {
     /// request completes a step, the global step advances and, every
     /// `evict_interval` steps, TTL eviction runs. On error nothing is changed.
     pub fn handle_push(&mut self, req: &[u8], out: &mut Vec<u8>) -> Result<(), PsError> {
+        self.handle_push_from(None, req, out)
+    }
+
+    /// [`Self::handle_push`] of worker `worker` (its task index), when the
+    /// sender is known: an optimizer that reads what a push was computed
+    /// on ([`OptimizerConfig::tracks_pulls`]) gets each row's staleness
+    /// and pulled values from the worker's last pull
+    /// ([`Self::handle_pull_from`]).
+    pub fn handle_push_from(
+        &mut self,
+        worker: Option<u32>,
+        req: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), PsError> {
         out.clear();
         self.stats.request_bytes += req.len() as u64;
-        let r = self.handle_push_inner(req, out);
+        let worker =
+            worker.filter(|&w| self.cfg.optimizer.tracks_pulls() && self.pulls.worker(w).is_some());
+        let r = self.handle_push_inner(worker, req, out);
+        if let Some(rec) = worker.and_then(|w| self.pulls.worker_mut(w)) {
+            rec.end_push();
+        }
         match &r {
             Ok(()) => {
                 self.stats.pushes += 1;
@@ -586,7 +653,12 @@ impl PsShard {
         Ok(())
     }
 
-    fn handle_push_inner(&mut self, req: &[u8], out: &mut Vec<u8>) -> Result<(), PsError> {
+    fn handle_push_inner(
+        &mut self,
+        worker: Option<u32>,
+        req: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), PsError> {
         let view = PushRequest::parse(req, &self.cfg.limits)?;
         self.items_of.iter_mut().for_each(|n| *n = 0);
         for item in view.items() {
@@ -643,8 +715,9 @@ impl PsShard {
                     // A table's only item in the request, with unique keys,
                     // updates its rows without going through the
                     // accumulator (there is nothing to sum), once the
-                    // whole push is known to be finite.
-                    if self.items_of[i] == 1 && t.prepare_direct(keys, step) {
+                    // whole push is known to be finite. A push applied
+                    // with its worker's pull goes through the accumulator.
+                    if worker.is_none() && self.items_of[i] == 1 && t.prepare_direct(keys, step) {
                         if direct_non_finite.is_none() && !grads.all_finite() {
                             direct_non_finite = Some(var);
                         }
@@ -693,16 +766,25 @@ impl PsShard {
             return Err(PsError::NonFinite { var });
         }
         let opt = self.cfg.optimizer;
+        let rec = worker.and_then(|w| self.pulls.worker(w));
         for &i in &self.touched {
             match &mut self.vars[i] {
                 Var::Dense(d) if d.touched => {
                     d.touched = false;
+                    let pulled = rec.map_or(Pulled::default(), |r| {
+                        r.pulled(i as u32, 0, d.updates, d.values.len())
+                    });
                     d.updates += 1;
-                    opt.apply(&mut d.values, &mut d.slots, &d.acc, d.updates, step);
+                    opt.apply_stale(&mut d.values, &mut d.slots, &d.acc, d.updates, step, pulled);
                 }
-                Var::Table(t) if t.has_accumulated() => {
-                    t.apply_accumulated_at(step);
-                }
+                Var::Table(t) if t.has_accumulated() => match rec {
+                    Some(r) => {
+                        t.apply_accumulated_stale(step, i as u32, r);
+                    }
+                    None => {
+                        t.apply_accumulated_at(step);
+                    }
+                },
                 _ => {}
             }
         }

@@ -111,7 +111,20 @@ impl ShardHandler {
 
 impl PsHandler for ShardHandler {
     fn pull(&mut self, body: &[u8], out: &mut Vec<u8>) -> Result<(), HandlerError> {
-        let r = self.shard.handle_pull(body, out).map_err(err);
+        self.pull_from(None, body, out)
+    }
+
+    fn push(&mut self, body: &[u8], out: &mut Vec<u8>) -> Result<(), HandlerError> {
+        self.push_from(None, body, out)
+    }
+
+    fn pull_from(
+        &mut self,
+        worker: Option<u32>,
+        body: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), HandlerError> {
+        let r = self.shard.handle_pull_from(worker, body, out).map_err(err);
         if let Some(d) = &mut self.deltas {
             d.record_pull(body);
         }
@@ -119,9 +132,14 @@ impl PsHandler for ShardHandler {
         r
     }
 
-    fn push(&mut self, body: &[u8], out: &mut Vec<u8>) -> Result<(), HandlerError> {
+    fn push_from(
+        &mut self,
+        worker: Option<u32>,
+        body: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), HandlerError> {
         let before = self.shard.global_step();
-        let r = self.shard.handle_push(body, out).map_err(err);
+        let r = self.shard.handle_push_from(worker, body, out).map_err(err);
         if let Some(d) = &mut self.deltas {
             d.record_push(body);
         }

@@ -40,6 +40,27 @@ pub trait PsHandler: Send + 'static {
     fn pull(&mut self, body: &[u8], out: &mut Vec<u8>) -> Result<(), HandlerError>;
     /// Apply a push and write its reply into `out`.
     fn push(&mut self, body: &[u8], out: &mut Vec<u8>) -> Result<(), HandlerError>;
+    /// [`Self::pull`] of worker `worker` (its task index), when known: a
+    /// shard whose optimizer reads what a push was computed on keeps it.
+    fn pull_from(
+        &mut self,
+        worker: Option<u32>,
+        body: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), HandlerError> {
+        let _ = worker;
+        self.pull(body, out)
+    }
+    /// [`Self::push`] of worker `worker`, applied with what it pulled last.
+    fn push_from(
+        &mut self,
+        worker: Option<u32>,
+        body: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), HandlerError> {
+        let _ = worker;
+        self.push(body, out)
+    }
     /// The shard's global step.
     fn global_step(&self) -> u64;
     /// Write the shard's checkpoint file into `dir`; the reply, written
@@ -147,11 +168,11 @@ impl<H: PsHandler> Service<H> {
         } = self;
         out.clear();
         let (kind, r) = match (opcode, sync.as_mut().zip(from)) {
-            (Opcode::SparsePull, _) => ("pull", handler.pull(body, out)),
+            (Opcode::SparsePull, _) => ("pull", handler.pull_from(from, body, out)),
             (Opcode::SparsePush, Some((sync, w))) => {
                 ("push", push_sync(handler, sync, w, body, out))
             }
-            (Opcode::SparsePush, None) => ("push", handler.push(body, out)),
+            (Opcode::SparsePush, None) => ("push", handler.push_from(from, body, out)),
             (Opcode::Rpc, s) => match Control::parse(body) {
                 Ok(Control::WaitStep(n)) => return Reply::Wait(n),
                 Ok(Control::Done) => {

@@ -12,6 +12,7 @@ use crate::prefetch;
 use crate::var::VarDef;
 
 mod rows;
+mod stale;
 use rows::alloc;
 pub use rows::{NoRoom, TableFull};
 pub(crate) use rows::{Rows, Slot};
