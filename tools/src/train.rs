@@ -57,9 +57,10 @@ pub struct TrainArgs {
     /// Embedding width.
     #[arg(long, default_value_t = 8, value_parser = at_least_one)]
     pub embedding_dim: usize,
-    /// sgd, adagrad, adam, ftrl, adagrad_decay or dc_asgd.
-    #[arg(long, default_value = "adagrad", value_parser = parse_optimizer)]
-    pub optimizer: OptimizerKind,
+    /// sgd, adagrad, adam, ftrl, adagrad_decay or dc_asgd [default:
+    /// adagrad; dc_asgd for asynchronous training with 32 workers or more].
+    #[arg(long, value_parser = parse_optimizer)]
+    pub optimizer: Option<OptimizerKind>,
     /// Learning rate (FTRL's alpha).
     #[arg(long, default_value_t = 0.6)]
     pub lr: f32,
@@ -86,7 +87,7 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 0.9)]
     pub accumulator_decay_rate: f32,
     /// dc_asgd: the delay compensation's lambda0 (Zheng et al. 2017).
-    #[arg(long, default_value_t = 2.0)]
+    #[arg(long, default_value_t = 8.0)]
     pub dc_lambda: f32,
     /// Divide the rate of each row's update by its staleness (the updates
     /// the row received since the worker pulled it): none, sqrt or linear.
@@ -209,6 +210,21 @@ fn parse_optimizer(s: &str) -> Result<OptimizerKind, String> {
     })
 }
 
+/// Asynchronous workers from which `--optimizer` defaults to `dc_asgd`.
+const DC_ASGD_FROM_WORKERS: usize = 32;
+
+/// The optimizer when `--optimizer` is not given: Adagrad, whose steps
+/// overshoot when many asynchronous workers push gradients computed on
+/// values tens of steps old; there DC-ASGD compensates them (docs/TRAIN.md,
+/// "Many workers"). Synchronous steps are not stale.
+fn default_optimizer(workers: usize, sync: bool) -> OptimizerKind {
+    if !sync && workers >= DC_ASGD_FROM_WORKERS {
+        OptimizerKind::DcAsgd
+    } else {
+        OptimizerKind::Adagrad
+    }
+}
+
 fn parse_lr_scaling(s: &str) -> Result<LrScaling, String> {
     LrScaling::ALL
         .iter()
@@ -296,6 +312,9 @@ fn config(a: &TrainArgs, ps: usize, workers: usize) -> Result<TrainConfig, Strin
     )
     .map_err(|e| e.to_string())?;
     check_optimizer_flags(a)?;
+    let optimizer = a
+        .optimizer
+        .unwrap_or_else(|| default_optimizer(workers, a.sync));
     let mut cfg = TrainConfig {
         backend,
         ps,
@@ -308,7 +327,7 @@ fn config(a: &TrainArgs, ps: usize, workers: usize) -> Result<TrainConfig, Strin
         steps: a.steps,
         batch_size: a.batch_size,
         embedding_dim: a.embedding_dim,
-        optimizer: a.optimizer,
+        optimizer,
         lr: a.lr,
         lr_scaling: a.lr_scaling,
         lr_warmup_steps: a.lr_warmup_steps,
@@ -320,7 +339,7 @@ fn config(a: &TrainArgs, ps: usize, workers: usize) -> Result<TrainConfig, Strin
             decay_rate: a.accumulator_decay_rate,
             dc_lambda: a.dc_lambda,
             staleness_lr: a.staleness_lr,
-            ..starwire_ps::OptimizerConfig::with_kind(a.optimizer, a.lr)
+            ..starwire_ps::OptimizerConfig::with_kind(optimizer, a.lr)
         },
         assignment: parse_strategy(&a.placement, a.seed)?,
         tensor_fuse: a.tensor_fuse,

@@ -133,10 +133,11 @@ pub struct OptimizerConfig {
     /// Learning-rate warm-up: the rate grows linearly from `lr / N` at
     /// global step 0 to `lr` at global step `N - 1` (0: none).
     pub warmup_steps: u64,
-    /// DC-ASGD's λ0 (default 2, the paper's).
+    /// DC-ASGD's λ0 (default 8, chosen by measurement: docs/TRAIN.md,
+    /// "Many workers").
     #[serde(default = "default_dc_lambda")]
     pub dc_lambda: f32,
-    /// DC-ASGD's moving-average decay `m` (default 0.95, the paper's).
+    /// DC-ASGD's moving-average decay `m` (default 0.95).
     #[serde(default = "default_dc_momentum")]
     pub dc_momentum: f32,
     /// How a push's rate depends on its staleness (default none).
@@ -145,7 +146,7 @@ pub struct OptimizerConfig {
 }
 
 fn default_dc_lambda() -> f32 {
-    2.0
+    8.0
 }
 
 fn default_dc_momentum() -> f32 {

@@ -12,6 +12,10 @@
 //! of an unknown sender (the gRPC baseline, a merged synchronous step)
 //! find no record and are applied as they are.
 //!
+//! A worker pushes its rows' gradients in the order it pulled them, so a
+//! push is matched with its pull by position (one comparison of the key
+//! lists); a key map is built only for a push in another order.
+//!
 //! [`OptimizerConfig::tracks_pulls`]: crate::OptimizerConfig::tracks_pulls
 
 use rustc_hash::FxHashMap;
@@ -22,63 +26,98 @@ use crate::optim::Pulled;
 /// applied as they are): bounds the memory a peer's index can claim.
 pub(crate) const MAX_TRACKED_WORKERS: u32 = 1 << 12;
 
-/// No values kept for an entry.
-const NO_VALUES: u32 = u32::MAX;
+/// What one worker pulled of one variable (a dense variable is one row,
+/// key 0), in pull order.
+#[derive(Debug, Default)]
+pub(crate) struct VarPulls {
+    pub(crate) keys: Vec<u64>,
+    /// Each row's update count at the pull.
+    updates: Vec<u64>,
+    /// Each row's values at the pull (empty when not kept).
+    values: Vec<f32>,
+    /// Key -> first position, built on demand.
+    index: FxHashMap<u64, u32>,
+    indexed: bool,
+}
+
+impl VarPulls {
+    fn clear(&mut self) {
+        self.keys.clear();
+        self.updates.clear();
+        self.values.clear();
+        self.index.clear();
+        self.indexed = false;
+    }
+
+    /// What the row at position `j` was pulled as, for an update of a
+    /// row that has had `updates` updates (`width` floats).
+    pub(crate) fn at(&self, j: usize, updates: u64, width: usize) -> Pulled<'_> {
+        Pulled {
+            staleness: self.updates.get(j).map(|&u| updates.saturating_sub(u)),
+            values: self.values.get(j * width..(j + 1) * width),
+        }
+    }
+
+    /// The position of `key`'s first pull.
+    fn position(&mut self, key: u64) -> Option<usize> {
+        if !self.indexed {
+            for (j, &k) in self.keys.iter().enumerate() {
+                self.index.entry(k).or_insert(j as u32);
+            }
+            self.indexed = true;
+        }
+        self.index.get(&key).map(|&j| j as usize)
+    }
+}
 
 /// One worker's last pull.
 #[derive(Debug, Default)]
 pub(crate) struct WorkerPulls {
     /// A push came after the pull: the next pull starts a new record.
     pushed: bool,
-    /// (variable index, key; 0 for a dense variable) -> entry.
-    index: FxHashMap<(u32, u64), u32>,
-    /// Per entry: the update count at the pull and the offset of its
-    /// values in `values` (or [`NO_VALUES`]).
-    entries: Vec<(u64, u32)>,
-    values: Vec<f32>,
+    /// By variable index.
+    vars: Vec<VarPulls>,
 }
 
 impl WorkerPulls {
     /// A pull is about to be recorded.
     pub(crate) fn begin_pull(&mut self) {
         if std::mem::take(&mut self.pushed) {
-            self.index.clear();
-            self.entries.clear();
-            self.values.clear();
+            self.vars.iter_mut().for_each(VarPulls::clear);
         }
     }
 
     /// Variable `var`'s row `key` was pulled after `updates` updates,
-    /// holding `values`. A row pulled twice before a push keeps its first
-    /// record (the older values, which the gradient may have used).
+    /// holding `values`. A row pulled twice before a push is found at its
+    /// first pull (the older values, which the gradient may have used).
     pub(crate) fn record(&mut self, var: u32, key: u64, updates: u64, values: Option<&[f32]>) {
-        let next = self.entries.len() as u32;
-        if *self.index.entry((var, key)).or_insert(next) != next {
-            return;
+        let var = var as usize;
+        if self.vars.len() <= var {
+            self.vars.resize_with(var + 1, VarPulls::default);
         }
-        let offset = match values {
-            Some(v) => {
-                let o = self.values.len() as u32;
-                self.values.extend_from_slice(v);
-                o
-            }
-            None => NO_VALUES,
-        };
-        self.entries.push((updates, offset));
+        let v = &mut self.vars[var];
+        v.keys.push(key);
+        v.updates.push(updates);
+        if let Some(values) = values {
+            v.values.extend_from_slice(values);
+        }
+        v.indexed = false;
+    }
+
+    /// What variable `var` was pulled as, if it was.
+    pub(crate) fn var(&self, var: u32) -> Option<&VarPulls> {
+        self.vars.get(var as usize).filter(|v| !v.keys.is_empty())
     }
 
     /// What a push to `var`'s row `key`, which has had `updates` updates
     /// (`width` floats), was computed on.
-    pub(crate) fn pulled(&self, var: u32, key: u64, updates: u64, width: usize) -> Pulled<'_> {
-        let Some(&e) = self.index.get(&(var, key)) else {
+    pub(crate) fn pulled(&mut self, var: u32, key: u64, updates: u64, width: usize) -> Pulled<'_> {
+        let Some(v) = self.vars.get_mut(var as usize) else {
             return Pulled::default();
         };
-        let (then, offset) = self.entries[e as usize];
-        Pulled {
-            staleness: Some(updates.saturating_sub(then)),
-            values: (offset != NO_VALUES)
-                .then(|| self.values.get(offset as usize..offset as usize + width))
-                .flatten(),
+        match v.position(key) {
+            Some(j) => v.at(j, updates, width),
+            None => Pulled::default(),
         }
     }
 
@@ -107,9 +146,17 @@ impl Pulls {
         Some(&mut self.by_worker[w])
     }
 
-    /// Worker `w`'s record, if it has one.
-    pub(crate) fn worker(&self, w: u32) -> Option<&WorkerPulls> {
-        self.by_worker.get(w as usize)
+    /// Take worker `w`'s record out (to read it while the variables
+    /// change); [`Self::put_back`] returns it.
+    pub(crate) fn take(&mut self, w: u32) -> Option<WorkerPulls> {
+        self.by_worker.get_mut(w as usize).map(std::mem::take)
+    }
+
+    /// Return a record [`Self::take`] took.
+    pub(crate) fn put_back(&mut self, w: u32, rec: WorkerPulls) {
+        if let Some(r) = self.by_worker.get_mut(w as usize) {
+            *r = rec;
+        }
     }
 }
 
@@ -124,18 +171,28 @@ mod tests {
         let w = p.worker_mut(3).unwrap();
         w.begin_pull();
         w.record(1, 7, 2, Some(&[1.0, 2.0]));
+        w.record(1, 9, 0, Some(&[3.0, 4.0]));
         w.record(1, 7, 5, Some(&[9.0, 9.0]));
         w.record(0, 0, 4, None);
         let got = w.pulled(1, 7, 6, 2);
         assert_eq!(got.staleness, Some(4));
         assert_eq!(got.values, Some(&[1.0f32, 2.0][..]));
+        assert_eq!(w.var(1).unwrap().keys, [7, 9, 7]);
+        assert_eq!(
+            w.var(1).unwrap().at(1, 1, 2).values,
+            Some(&[3.0f32, 4.0][..])
+        );
         assert_eq!(w.pulled(0, 0, 4, 3).values, None);
         assert_eq!(w.pulled(1, 8, 6, 2), Pulled::default());
+        assert_eq!(w.pulled(5, 8, 6, 2), Pulled::default());
         w.end_push();
         // Pushes after the same pull (no fusion) still see it.
         assert_eq!(w.pulled(0, 0, 9, 3).staleness, Some(5));
         w.begin_pull();
         assert_eq!(w.pulled(1, 7, 6, 2), Pulled::default());
-        assert!(p.worker(3).is_some() && p.worker(4).is_none());
+        assert!(w.var(1).is_none());
+        let rec = p.take(3).unwrap();
+        assert!(p.take(4).is_none());
+        p.put_back(3, rec);
     }
 }

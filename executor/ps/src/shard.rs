@@ -8,7 +8,8 @@ use starwire_wire::ps::{
 
 use crate::error::PsError;
 use crate::optim::{OptimizerConfig, Pulled};
-use crate::pulls::Pulls;
+use crate::pulls::{Pulls, WorkerPulls};
+use crate::table::same_keys;
 use crate::table::{EmbeddingTable, NoRoom, TableFull, TablePolicy, TableStats};
 use crate::var::{VarDef, VarKind};
 
@@ -618,11 +619,12 @@ impl PsShard {
     ) -> Result<(), PsError> {
         out.clear();
         self.stats.request_bytes += req.len() as u64;
-        let worker =
-            worker.filter(|&w| self.cfg.optimizer.tracks_pulls() && self.pulls.worker(w).is_some());
-        let r = self.handle_push_inner(worker, req, out);
-        if let Some(rec) = worker.and_then(|w| self.pulls.worker_mut(w)) {
+        let tracked = worker.filter(|_| self.cfg.optimizer.tracks_pulls());
+        let mut rec = tracked.and_then(|w| self.pulls.take(w));
+        let r = self.handle_push_inner(rec.as_mut(), req, out);
+        if let (Some(w), Some(mut rec)) = (tracked, rec) {
             rec.end_push();
+            self.pulls.put_back(w, rec);
         }
         match &r {
             Ok(()) => {
@@ -655,7 +657,7 @@ impl PsShard {
 
     fn handle_push_inner(
         &mut self,
-        worker: Option<u32>,
+        mut rec: Option<&mut WorkerPulls>,
         req: &[u8],
         out: &mut Vec<u8>,
     ) -> Result<(), PsError> {
@@ -716,8 +718,12 @@ impl PsShard {
                     // updates its rows without going through the
                     // accumulator (there is nothing to sum), once the
                     // whole push is known to be finite. A push applied
-                    // with its worker's pull goes through the accumulator.
-                    if worker.is_none() && self.items_of[i] == 1 && t.prepare_direct(keys, step) {
+                    // with its worker's pull does so when it pushes the
+                    // rows pulled, in order.
+                    let in_order = rec
+                        .as_deref()
+                        .is_none_or(|r| same_keys(keys, r.var(i as u32)));
+                    if in_order && self.items_of[i] == 1 && t.prepare_direct(keys, step) {
                         if direct_non_finite.is_none() && !grads.all_finite() {
                             direct_non_finite = Some(var);
                         }
@@ -766,18 +772,18 @@ impl PsShard {
             return Err(PsError::NonFinite { var });
         }
         let opt = self.cfg.optimizer;
-        let rec = worker.and_then(|w| self.pulls.worker(w));
         for &i in &self.touched {
             match &mut self.vars[i] {
                 Var::Dense(d) if d.touched => {
                     d.touched = false;
-                    let pulled = rec.map_or(Pulled::default(), |r| {
-                        r.pulled(i as u32, 0, d.updates, d.values.len())
-                    });
+                    let pulled = match rec.as_deref_mut() {
+                        Some(r) => r.pulled(i as u32, 0, d.updates, d.values.len()),
+                        None => Pulled::default(),
+                    };
                     d.updates += 1;
                     opt.apply_stale(&mut d.values, &mut d.slots, &d.acc, d.updates, step, pulled);
                 }
-                Var::Table(t) if t.has_accumulated() => match rec {
+                Var::Table(t) if t.has_accumulated() => match rec.as_deref_mut() {
                     Some(r) => {
                         t.apply_accumulated_stale(step, i as u32, r);
                     }
@@ -794,7 +800,10 @@ impl PsShard {
             };
             match self.index.get(&var).map(|&i| (i, &mut self.vars[i])) {
                 Some((i, Var::Table(t))) if self.items_of[i] == 1 => {
-                    t.push_rows_direct(grads, step);
+                    match rec.as_deref().and_then(|r| r.var(i as u32)) {
+                        Some(pulled) => t.push_rows_direct_stale(grads, step, pulled),
+                        None => t.push_rows_direct(grads, step),
+                    }
                 }
                 _ => {}
             }

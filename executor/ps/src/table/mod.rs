@@ -16,6 +16,7 @@ mod stale;
 use rows::alloc;
 pub use rows::{NoRoom, TableFull};
 pub(crate) use rows::{Rows, Slot};
+pub(crate) use stale::same_keys;
 
 /// Keys are already well-mixed feature hashes, so the map uses FxHash (one
 /// multiply) rather than SipHash.
