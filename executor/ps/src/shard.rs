@@ -722,7 +722,7 @@ impl PsShard {
                     // rows pulled, in order.
                     let in_order = rec
                         .as_deref()
-                        .is_none_or(|r| same_keys(keys, r.var(i as u32)));
+                        .map_or(true, |r| same_keys(keys, r.var(i as u32)));
                     if in_order && self.items_of[i] == 1 && t.prepare_direct(keys, step) {
                         if direct_non_finite.is_none() && !grads.all_finite() {
                             direct_non_finite = Some(var);
