@@ -57,9 +57,10 @@ pub struct TrainArgs {
     /// Embedding width.
     #[arg(long, default_value_t = 8, value_parser = at_least_one)]
     pub embedding_dim: usize,
-    /// sgd, adagrad, adam, ftrl or adagrad_decay.
-    #[arg(long, default_value = "adagrad", value_parser = parse_optimizer)]
-    pub optimizer: OptimizerKind,
+    /// sgd, adagrad, adam, ftrl, adagrad_decay or dc_asgd [default:
+    /// adagrad; dc_asgd for asynchronous training with 32 workers or more].
+    #[arg(long, value_parser = parse_optimizer)]
+    pub optimizer: Option<OptimizerKind>,
     /// Learning rate (FTRL's alpha).
     #[arg(long, default_value_t = 0.6)]
     pub lr: f32,
@@ -85,6 +86,13 @@ pub struct TrainArgs {
     /// adagrad_decay: accumulator_decay_rate.
     #[arg(long, default_value_t = 0.9)]
     pub accumulator_decay_rate: f32,
+    /// dc_asgd: the delay compensation's lambda0 (Zheng et al. 2017).
+    #[arg(long, default_value_t = 8.0)]
+    pub dc_lambda: f32,
+    /// Divide the rate of each row's update by its staleness (the updates
+    /// the row received since the worker pulled it): none, sqrt or linear.
+    #[arg(long, default_value = "none", value_parser = parse_staleness_lr)]
+    pub staleness_lr: starwire_ps::StalenessLr,
     /// How whole variables are assigned to PS tasks: rr, greedy or anneal.
     #[arg(long, default_value = "greedy")]
     pub placement: String,
@@ -203,8 +211,31 @@ fn parse_optimizer(s: &str) -> Result<OptimizerKind, String> {
     })
 }
 
+/// Asynchronous workers from which `--optimizer` defaults to `dc_asgd`.
+const DC_ASGD_FROM_WORKERS: usize = 32;
+
+/// The optimizer when `--optimizer` is not given: Adagrad, whose steps
+/// overshoot when many asynchronous workers push gradients computed on
+/// values tens of steps old; there DC-ASGD compensates them (docs/TRAIN.md,
+/// "Many workers"). Synchronous steps are not stale.
+fn default_optimizer(workers: usize, sync: bool) -> OptimizerKind {
+    if !sync && workers >= DC_ASGD_FROM_WORKERS {
+        OptimizerKind::DcAsgd
+    } else {
+        OptimizerKind::Adagrad
+    }
+}
+
 fn parse_lr_scaling(s: &str) -> Result<LrScaling, String> {
     LrScaling::ALL
+        .iter()
+        .find(|(n, _)| *n == s)
+        .map(|&(_, k)| k)
+        .ok_or_else(|| format!("expected none, sqrt or linear, got {s:?}"))
+}
+
+fn parse_staleness_lr(s: &str) -> Result<starwire_ps::StalenessLr, String> {
+    starwire_ps::StalenessLr::ALL
         .iter()
         .find(|(n, _)| *n == s)
         .map(|&(_, k)| k)
@@ -282,6 +313,9 @@ fn config(a: &TrainArgs, ps: usize, workers: usize) -> Result<TrainConfig, Strin
     )
     .map_err(|e| e.to_string())?;
     check_optimizer_flags(a)?;
+    let optimizer = a
+        .optimizer
+        .unwrap_or_else(|| default_optimizer(workers, a.sync));
     let mut cfg = TrainConfig {
         backend,
         ps,
@@ -294,7 +328,7 @@ fn config(a: &TrainArgs, ps: usize, workers: usize) -> Result<TrainConfig, Strin
         steps: a.steps,
         batch_size: a.batch_size,
         embedding_dim: a.embedding_dim,
-        optimizer: a.optimizer,
+        optimizer,
         lr: a.lr,
         lr_scaling: a.lr_scaling,
         lr_warmup_steps: a.lr_warmup_steps,
@@ -304,7 +338,9 @@ fn config(a: &TrainArgs, ps: usize, workers: usize) -> Result<TrainConfig, Strin
             l2: a.l2_regularization_strength,
             decay_step: a.accumulator_decay_step,
             decay_rate: a.accumulator_decay_rate,
-            ..starwire_ps::OptimizerConfig::with_kind(a.optimizer, a.lr)
+            dc_lambda: a.dc_lambda,
+            staleness_lr: a.staleness_lr,
+            ..starwire_ps::OptimizerConfig::with_kind(optimizer, a.lr)
         },
         assignment: parse_strategy(&a.placement, a.seed)?,
         tensor_fuse: a.tensor_fuse,
@@ -340,6 +376,7 @@ fn check_optimizer_flags(a: &TrainArgs) -> Result<(), String> {
         return Err(format!("--lr must be a positive number, got {}", a.lr));
     }
     for (flag, v) in [
+        ("--dc-lambda", a.dc_lambda),
         ("--beta", a.beta),
         ("--l1-regularization-strength", a.l1_regularization_strength),
         ("--l2-regularization-strength", a.l2_regularization_strength),

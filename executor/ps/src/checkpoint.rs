@@ -38,6 +38,7 @@ pub(crate) fn opt_code(k: OptimizerKind) -> u8 {
         OptimizerKind::Adam => 3,
         OptimizerKind::Ftrl => 4,
         OptimizerKind::AdagradDecay => 5,
+        OptimizerKind::DcAsgd => 6,
     }
 }
 

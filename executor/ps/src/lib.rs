@@ -67,6 +67,7 @@ mod error;
 pub mod layout;
 pub mod optim;
 mod prefetch;
+mod pulls;
 mod shard;
 mod table;
 pub mod var;
@@ -75,7 +76,7 @@ pub use applied::{AppliedSteps, Position, ResumeAhead};
 pub use assign::{shard_of, AssignmentReport, Strategy, VarStats, VariableAssignment};
 pub use checkpoint::{write_atomic, Manifest, WorkerProgress};
 pub use error::{CheckpointError, PsError};
-pub use optim::{OptimizerConfig, OptimizerKind};
+pub use optim::{OptimizerConfig, OptimizerKind, Pulled, StalenessLr};
 pub use shard::{
     DenseVar, PsShard, ShardConfig, ShardReport, ShardStats, Var, DEFAULT_MAX_REPLY_BYTES,
 };

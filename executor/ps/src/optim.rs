@@ -1,6 +1,7 @@
-//! Optimizers: SGD, Adagrad, Adam, FTRL-Proximal ([`ftrl`]) and DeepRec's
-//! AdagradDecay ([`adagrad_decay`]), one update rule used by both the dense
-//! variables and the sparse (row-wise) embedding updates.
+//! Optimizers: SGD, Adagrad, Adam, FTRL-Proximal ([`ftrl`]), DeepRec's
+//! AdagradDecay ([`adagrad_decay`]) and delay-compensated ASGD
+//! ([`dc_asgd`]), one update rule used by both the dense variables and the
+//! sparse (row-wise) embedding updates.
 //!
 //! Sparse variants update only the rows a push touches; duplicate keys of a
 //! push are summed first (see [`crate::PsShard::handle_push`]).
@@ -14,6 +15,7 @@
 use serde::{Deserialize, Serialize};
 
 mod adagrad_decay;
+mod dc_asgd;
 mod ftrl;
 
 /// The update rule.
@@ -29,16 +31,19 @@ pub enum OptimizerKind {
     Ftrl,
     /// Adagrad with a decaying accumulator (see [`adagrad_decay`]).
     AdagradDecay,
+    /// Adagrad on delay-compensated gradients (see [`dc_asgd`]).
+    DcAsgd,
 }
 
 impl OptimizerKind {
     /// Every kind with its command-line name.
-    pub const ALL: [(&'static str, OptimizerKind); 5] = [
+    pub const ALL: [(&'static str, OptimizerKind); 6] = [
         ("sgd", OptimizerKind::Sgd),
         ("adagrad", OptimizerKind::Adagrad),
         ("adam", OptimizerKind::Adam),
         ("ftrl", OptimizerKind::Ftrl),
         ("adagrad_decay", OptimizerKind::AdagradDecay),
+        ("dc_asgd", OptimizerKind::DcAsgd),
     ];
 
     /// The kind named `name` on the command line.
@@ -51,7 +56,50 @@ impl OptimizerKind {
         match self {
             OptimizerKind::Sgd => 0,
             OptimizerKind::Adagrad => 1,
-            OptimizerKind::Adam | OptimizerKind::Ftrl | OptimizerKind::AdagradDecay => 2,
+            OptimizerKind::Adam
+            | OptimizerKind::Ftrl
+            | OptimizerKind::AdagradDecay
+            | OptimizerKind::DcAsgd => 2,
+        }
+    }
+
+    /// True when the rule reads the values a gradient was computed on
+    /// (the shard keeps each worker's last pull for it).
+    pub fn needs_pulled_values(self) -> bool {
+        self == OptimizerKind::DcAsgd
+    }
+}
+
+/// How a push's rate depends on its staleness: the updates the row (or
+/// dense variable) received between the worker's pull and this push.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum StalenessLr {
+    /// Every push at the full rate.
+    #[default]
+    None,
+    /// `lr / √max(1, τ)`.
+    Sqrt,
+    /// `lr / max(1, τ)` (Zhang et al., "Staleness-aware Async-SGD for
+    /// Distributed Deep Learning", IJCAI 2016, with τ counted per row).
+    Linear,
+}
+
+impl StalenessLr {
+    /// Every rule with its command-line name.
+    pub const ALL: [(&'static str, StalenessLr); 3] = [
+        ("none", StalenessLr::None),
+        ("sqrt", StalenessLr::Sqrt),
+        ("linear", StalenessLr::Linear),
+    ];
+
+    /// The factor applied to the rate of an update of staleness `tau`.
+    #[inline]
+    pub fn factor(self, tau: u64) -> f32 {
+        let t = tau.max(1) as f32;
+        match self {
+            StalenessLr::None => 1.0,
+            StalenessLr::Sqrt => 1.0 / t.sqrt(),
+            StalenessLr::Linear => 1.0 / t,
         }
     }
 }
@@ -85,6 +133,24 @@ pub struct OptimizerConfig {
     /// Learning-rate warm-up: the rate grows linearly from `lr / N` at
     /// global step 0 to `lr` at global step `N - 1` (0: none).
     pub warmup_steps: u64,
+    /// DC-ASGD's λ0 (default 8, chosen by measurement: docs/TRAIN.md,
+    /// "Many workers").
+    #[serde(default = "default_dc_lambda")]
+    pub dc_lambda: f32,
+    /// DC-ASGD's moving-average decay `m` (default 0.95).
+    #[serde(default = "default_dc_momentum")]
+    pub dc_momentum: f32,
+    /// How a push's rate depends on its staleness (default none).
+    #[serde(default)]
+    pub staleness_lr: StalenessLr,
+}
+
+fn default_dc_lambda() -> f32 {
+    8.0
+}
+
+fn default_dc_momentum() -> f32 {
+    0.95
 }
 
 impl OptimizerConfig {
@@ -115,7 +181,17 @@ impl OptimizerConfig {
             decay_step: 100_000,
             decay_rate: 0.9,
             warmup_steps: 0,
+            dc_lambda: default_dc_lambda(),
+            dc_momentum: default_dc_momentum(),
+            staleness_lr: StalenessLr::None,
         }
+    }
+
+    /// True when the shard keeps what each worker pulled for this rule:
+    /// the update counts (a staleness-aware rate) and the values
+    /// (DC-ASGD).
+    pub fn tracks_pulls(&self) -> bool {
+        self.kind.needs_pulled_values() || self.staleness_lr != StalenessLr::None
     }
 
     /// The learning rate at `global_step`, after the warm-up.
@@ -138,7 +214,7 @@ impl OptimizerConfig {
         match self.kind {
             OptimizerKind::Adagrad => slots.fill(self.initial_accumulator),
             OptimizerKind::Sgd | OptimizerKind::Adam => slots.fill(0.0),
-            OptimizerKind::Ftrl | OptimizerKind::AdagradDecay => {
+            OptimizerKind::Ftrl | OptimizerKind::AdagradDecay | OptimizerKind::DcAsgd => {
                 // [acc.., z.. or decay count..]
                 let (acc, second) = slots.split_at_mut(slots.len() / 2);
                 acc.fill(self.initial_accumulator);
@@ -149,10 +225,27 @@ impl OptimizerConfig {
 
     /// Apply gradient `g` to `w` with `slots` (`[m.. , v..]` for Adam,
     /// `[acc..]` for Adagrad, `[n.., z..]` for FTRL, `[acc.., decays..]` for
-    /// AdagradDecay); `t` is the step count including this update (>= 1),
-    /// used by Adam's bias correction, and `global_step` the shard's global
-    /// step, which schedules AdagradDecay's decay.
+    /// AdagradDecay, `[acc.., ms..]` for DC-ASGD); `t` is the step count
+    /// including this update (>= 1), used by Adam's bias correction, and
+    /// `global_step` the shard's global step, which schedules
+    /// AdagradDecay's decay. DC-ASGD without the pulled values (see
+    /// [`Self::apply_stale`]) compensates nothing.
+    #[inline]
     pub fn apply(&self, w: &mut [f32], slots: &mut [f32], g: &[f32], t: u64, global_step: u64) {
+        self.apply_stale(w, slots, g, t, global_step, Pulled::default());
+    }
+
+    /// [`Self::apply`] for a gradient computed on older values: `pulled`
+    /// says how stale it is and, for DC-ASGD, what it was computed on.
+    pub fn apply_stale(
+        &self,
+        w: &mut [f32],
+        slots: &mut [f32],
+        g: &[f32],
+        t: u64,
+        global_step: u64,
+        pulled: Pulled<'_>,
+    ) {
         // One branch per call (per row); the loops below run over slices
         // re-sliced to one length, so they have no bounds checks and no
         // branches and the compiler vectorises them.
@@ -160,7 +253,10 @@ impl OptimizerConfig {
         debug_assert_eq!(g.len(), n);
         debug_assert_eq!(slots.len(), self.slots() * n);
         let g = &g[..n];
-        let lr = self.lr_at(global_step);
+        let mut lr = self.lr_at(global_step);
+        if let Some(tau) = pulled.staleness {
+            lr *= self.staleness_lr.factor(tau);
+        }
         match self.kind {
             OptimizerKind::Sgd => {
                 for (w, g) in w.iter_mut().zip(g) {
@@ -202,8 +298,23 @@ impl OptimizerConfig {
                 baseline: self.initial_accumulator,
             }
             .apply(w, slots, g, global_step),
+            OptimizerKind::DcAsgd => dc_asgd::DcAsgd {
+                lr,
+                lambda: self.dc_lambda,
+                momentum: self.dc_momentum,
+            }
+            .apply(w, slots, g, pulled.values),
         }
     }
+}
+
+/// What the shard knows of the pull a gradient was computed on.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Pulled<'a> {
+    /// Updates the row or variable received since that pull, if known.
+    pub staleness: Option<u64>,
+    /// Its values then, if kept (as wide as the row or variable).
+    pub values: Option<&'a [f32]>,
 }
 
 #[cfg(test)]
@@ -244,7 +355,11 @@ mod tests {
 
     #[test]
     fn new_kinds_have_two_slots_initialised_per_half() {
-        for kind in [OptimizerKind::Ftrl, OptimizerKind::AdagradDecay] {
+        for kind in [
+            OptimizerKind::Ftrl,
+            OptimizerKind::AdagradDecay,
+            OptimizerKind::DcAsgd,
+        ] {
             let o = OptimizerConfig::with_kind(kind, 0.1);
             assert_eq!(o.slots(), 2);
             let mut s = [9.0f32; 6];
@@ -270,6 +385,46 @@ mod tests {
         o.apply(&mut w, &mut [], &[1.0], 1, 0);
         assert_eq!(w, [-0.25]);
         assert_eq!(OptimizerConfig::sgd(0.5).lr_at(0), 0.5);
+    }
+
+    #[test]
+    fn staleness_divides_the_rate_of_a_stale_update() {
+        let o = OptimizerConfig {
+            staleness_lr: StalenessLr::Linear,
+            ..OptimizerConfig::sgd(1.0)
+        };
+        let stale = |tau| Pulled {
+            staleness: Some(tau),
+            values: None,
+        };
+        let mut w = [0.0f32];
+        o.apply_stale(&mut w, &mut [], &[1.0], 1, 0, stale(4));
+        assert_eq!(w, [-0.25]);
+        // 0 and 1 take the full rate, as does an update of unknown staleness.
+        o.apply_stale(&mut w, &mut [], &[1.0], 1, 0, stale(0));
+        o.apply(&mut w, &mut [], &[1.0], 1, 0);
+        assert_eq!(w, [-2.25]);
+        assert_eq!(StalenessLr::Sqrt.factor(16), 0.25);
+        assert_eq!(StalenessLr::None.factor(16), 1.0);
+        assert!(o.tracks_pulls() && !OptimizerConfig::sgd(1.0).tracks_pulls());
+    }
+
+    #[test]
+    fn dc_asgd_compensates_with_the_pulled_values() {
+        let o = OptimizerConfig::with_kind(OptimizerKind::DcAsgd, 0.5);
+        assert!(o.tracks_pulls());
+        let (mut a, mut b) = ([1.0f32], [1.0f32]);
+        let (mut sa, mut sb) = ([0.0f32; 2], [0.0f32; 2]);
+        o.init_slots(&mut sa);
+        o.init_slots(&mut sb);
+        o.apply(&mut a, &mut sa, &[1.0], 1, 0);
+        let pulled = Pulled {
+            staleness: Some(3),
+            values: Some(&[0.0]),
+        };
+        o.apply_stale(&mut b, &mut sb, &[1.0], 1, 0, pulled);
+        assert!(b[0] < a[0], "{b:?} {a:?}");
+        assert_eq!(sa[1], sb[1], "the same moving average of g²");
     }
 
     #[test]

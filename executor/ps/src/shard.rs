@@ -8,7 +8,9 @@ use starwire_wire::ps::{
 
 use crate::applied::{AppliedSteps, ResumeAhead};
 use crate::error::PsError;
-use crate::optim::OptimizerConfig;
+use crate::optim::{OptimizerConfig, Pulled};
+use crate::pulls::{Pulls, WorkerPulls};
+use crate::table::same_keys;
 use crate::table::{EmbeddingTable, NoRoom, TableFull, TablePolicy, TableStats};
 use crate::var::{VarDef, VarKind};
 
@@ -169,6 +171,9 @@ pub struct PsShard {
     pub(crate) stats: ShardStats,
     /// Each worker's pushes applied (kept in the checkpoint).
     pub(crate) applied: AppliedSteps,
+    /// Each worker's last pull, when the optimizer reads it
+    /// ([`OptimizerConfig::tracks_pulls`]); not state a checkpoint keeps.
+    pulls: Pulls,
     // Scratch reused across requests (not state).
     touched: Vec<usize>,
     /// By variable: the items of the push being handled.
@@ -238,6 +243,7 @@ impl PsShard {
             global_step: 0,
             stats: ShardStats::default(),
             applied: AppliedSteps::default(),
+            pulls: Pulls::default(),
             touched: Vec::new(),
             items_of: vec![0; vars.len()],
             pulled: Vec::new(),
@@ -365,11 +371,27 @@ impl PsShard {
     /// pulls. A reply of more than `limits.max_elems` floats is refused
     /// (`Oversized`). On error nothing is changed and `out` is left empty.
     pub fn handle_pull(&mut self, req: &[u8], out: &mut Vec<u8>) -> Result<(), PsError> {
+        self.handle_pull_from(None, req, out)
+    }
+
+    /// [`Self::handle_pull`] of worker `worker` (its task index), when the
+    /// sender is known: with an optimizer that reads what a push was
+    /// computed on ([`OptimizerConfig::tracks_pulls`]), the pulled rows'
+    /// update counts (and values, for DC-ASGD) are kept for its next push.
+    pub fn handle_pull_from(
+        &mut self,
+        worker: Option<u32>,
+        req: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), PsError> {
         out.clear();
         self.stats.request_bytes += req.len() as u64;
         let r = self.handle_pull_inner(req, out);
         match &r {
             Ok(()) => {
+                if let Some(w) = worker.filter(|_| self.cfg.optimizer.tracks_pulls()) {
+                    self.record_pull(w, req);
+                }
                 self.stats.pulls += 1;
                 self.stats.response_bytes += out.len() as u64;
             }
@@ -503,6 +525,33 @@ impl PsShard {
         }
     }
 
+    /// Keep what worker `w` pulled with `req` (a pull already answered).
+    fn record_pull(&mut self, w: u32, req: &[u8]) {
+        let Ok(view) = PullRequest::parse(req, &self.cfg.limits) else {
+            return;
+        };
+        let Some(rec) = self.pulls.worker_mut(w) else {
+            return;
+        };
+        rec.begin_pull();
+        let values = self.cfg.optimizer.kind.needs_pulled_values();
+        for item in view.items() {
+            let Some(&i) = self.index.get(&item.var()) else {
+                continue;
+            };
+            match (item, &self.vars[i]) {
+                (PullItem::Dense { .. }, Var::Dense(d)) => {
+                    rec.record(i as u32, 0, d.updates, values.then_some(&d.values[..]));
+                }
+                (PullItem::Rows { keys, .. }, Var::Table(t))
+                | (PullItem::Pooled { keys, .. }, Var::Table(t)) => {
+                    t.record_pulled(i as u32, keys.iter(), rec);
+                }
+                _ => {}
+            }
+        }
+    }
+
     /// The first variable of the push whose accumulated gradient is not
     /// finite.
     fn non_finite(&self) -> Option<u32> {
@@ -565,14 +614,14 @@ impl PsShard {
     ) -> Result<bool, PsError> {
         // A header that does not decode is the push's error to report.
         let Ok(completes) = PushRequest::peek_completes_step(req) else {
-            return self.handle_push(req, out).map(|()| true);
+            return self.handle_push_from(Some(worker), req, out).map(|()| true);
         };
         if !self.applied.handle_push(worker, completes) {
             out.clear();
             ps::write_push_response(out, self.global_step);
             return Ok(false);
         }
-        self.handle_push(req, out)?;
+        self.handle_push_from(Some(worker), req, out)?;
         self.applied.handle_applied(worker);
         Ok(true)
     }
@@ -594,9 +643,29 @@ impl PsShard {
     /// request completes a step, the global step advances and, every
     /// `evict_interval` steps, TTL eviction runs. On error nothing is changed.
     pub fn handle_push(&mut self, req: &[u8], out: &mut Vec<u8>) -> Result<(), PsError> {
+        self.handle_push_from(None, req, out)
+    }
+
+    /// [`Self::handle_push`] of worker `worker` (its task index), when the
+    /// sender is known: an optimizer that reads what a push was computed
+    /// on ([`OptimizerConfig::tracks_pulls`]) gets each row's staleness
+    /// and pulled values from the worker's last pull
+    /// ([`Self::handle_pull_from`]).
+    pub fn handle_push_from(
+        &mut self,
+        worker: Option<u32>,
+        req: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), PsError> {
         out.clear();
         self.stats.request_bytes += req.len() as u64;
-        let r = self.handle_push_inner(req, out);
+        let tracked = worker.filter(|_| self.cfg.optimizer.tracks_pulls());
+        let mut rec = tracked.and_then(|w| self.pulls.take(w));
+        let r = self.handle_push_inner(rec.as_mut(), req, out);
+        if let (Some(w), Some(mut rec)) = (tracked, rec) {
+            rec.end_push();
+            self.pulls.put_back(w, rec);
+        }
         match &r {
             Ok(()) => {
                 self.stats.pushes += 1;
@@ -626,7 +695,12 @@ impl PsShard {
         Ok(())
     }
 
-    fn handle_push_inner(&mut self, req: &[u8], out: &mut Vec<u8>) -> Result<(), PsError> {
+    fn handle_push_inner(
+        &mut self,
+        mut rec: Option<&mut WorkerPulls>,
+        req: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), PsError> {
         let view = PushRequest::parse(req, &self.cfg.limits)?;
         self.items_of.iter_mut().for_each(|n| *n = 0);
         for item in view.items() {
@@ -683,8 +757,13 @@ impl PsShard {
                     // A table's only item in the request, with unique keys,
                     // updates its rows without going through the
                     // accumulator (there is nothing to sum), once the
-                    // whole push is known to be finite.
-                    if self.items_of[i] == 1 && t.prepare_direct(keys, step) {
+                    // whole push is known to be finite. A push applied
+                    // with its worker's pull does so when it pushes the
+                    // rows pulled, in order.
+                    let in_order = rec
+                        .as_deref()
+                        .map_or(true, |r| same_keys(keys, r.var(i as u32)));
+                    if in_order && self.items_of[i] == 1 && t.prepare_direct(keys, step) {
                         if direct_non_finite.is_none() && !grads.all_finite() {
                             direct_non_finite = Some(var);
                         }
@@ -737,12 +816,21 @@ impl PsShard {
             match &mut self.vars[i] {
                 Var::Dense(d) if d.touched => {
                     d.touched = false;
+                    let pulled = match rec.as_deref_mut() {
+                        Some(r) => r.pulled(i as u32, 0, d.updates, d.values.len()),
+                        None => Pulled::default(),
+                    };
                     d.updates += 1;
-                    opt.apply(&mut d.values, &mut d.slots, &d.acc, d.updates, step);
+                    opt.apply_stale(&mut d.values, &mut d.slots, &d.acc, d.updates, step, pulled);
                 }
-                Var::Table(t) if t.has_accumulated() => {
-                    t.apply_accumulated_at(step);
-                }
+                Var::Table(t) if t.has_accumulated() => match rec.as_deref_mut() {
+                    Some(r) => {
+                        t.apply_accumulated_stale(step, i as u32, r);
+                    }
+                    None => {
+                        t.apply_accumulated_at(step);
+                    }
+                },
                 _ => {}
             }
         }
@@ -752,7 +840,10 @@ impl PsShard {
             };
             match self.index.get(&var).map(|&i| (i, &mut self.vars[i])) {
                 Some((i, Var::Table(t))) if self.items_of[i] == 1 => {
-                    t.push_rows_direct(grads, step);
+                    match rec.as_deref().and_then(|r| r.var(i as u32)) {
+                        Some(pulled) => t.push_rows_direct_stale(grads, step, pulled),
+                        None => t.push_rows_direct(grads, step),
+                    }
                 }
                 _ => {}
             }

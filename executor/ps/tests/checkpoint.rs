@@ -108,7 +108,7 @@ fn save_restore_is_identical() {
 }
 
 #[test]
-fn ftrl_and_adagrad_decay_slots_round_trip() {
+fn ftrl_adagrad_decay_and_dc_asgd_slots_round_trip() {
     let decay = OptimizerConfig {
         decay_step: 5,
         decay_rate: 0.5,
@@ -120,7 +120,8 @@ fn ftrl_and_adagrad_decay_slots_round_trip() {
         ftrl_beta: 1.0,
         ..OptimizerConfig::with_kind(OptimizerKind::Ftrl, 0.1)
     };
-    for opt in [decay, ftrl] {
+    let dc = OptimizerConfig::with_kind(OptimizerKind::DcAsgd, 0.1);
+    for opt in [decay, ftrl, dc] {
         let s = trained_with(cfg_with(opt));
         let bytes = save(&s);
         let mut r = PsShard::new(3, &vars(), cfg_with(opt));
@@ -132,7 +133,8 @@ fn ftrl_and_adagrad_decay_slots_round_trip() {
             if let Some(sl) = a.slots(k) {
                 assert_eq!(sl.len(), 16, "two slots of width 8");
                 // The second slot moved: z for FTRL, the decay count for
-                // AdagradDecay (20 steps of 5).
+                // AdagradDecay (20 steps of 5), the moving average of g²
+                // for DC-ASGD.
                 seen += usize::from(sl[8..].iter().any(|&x| x != 0.0));
             }
         }

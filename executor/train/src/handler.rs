@@ -186,7 +186,16 @@ impl ShardHandler {
 
 impl PsHandler for ShardHandler {
     fn pull(&mut self, body: &[u8], out: &mut Vec<u8>) -> Result<(), HandlerError> {
-        let r = self.shard.handle_pull(body, out).map_err(err);
+        self.pull_from(None, body, out)
+    }
+
+    fn pull_from(
+        &mut self,
+        worker: Option<u32>,
+        body: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), HandlerError> {
+        let r = self.shard.handle_pull_from(worker, body, out).map_err(err);
         if let Some(d) = &mut self.deltas {
             d.record_pull(body);
         }

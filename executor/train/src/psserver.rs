@@ -40,10 +40,20 @@ pub trait PsHandler: Send + 'static {
     fn pull(&mut self, body: &[u8], out: &mut Vec<u8>) -> Result<(), HandlerError>;
     /// Apply a push and write its reply into `out`.
     fn push(&mut self, body: &[u8], out: &mut Vec<u8>) -> Result<(), HandlerError>;
+    /// [`Self::pull`] of worker `worker` (its task index), when known: a
+    /// shard whose optimizer reads what a push was computed on
+    /// (`dc_asgd`, `--staleness-lr`) keeps it.
+    fn pull_from(
+        &mut self,
+        worker: Option<u32>,
+        body: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), HandlerError>;
     /// A push of worker `worker` (its task index), asynchronously: as
-    /// [`push`](Self::push), unless the shard applied this push of the
-    /// worker before (a restarted worker replaying a step; see
-    /// `starwire_ps::applied`): then it is only acknowledged.
+    /// [`push`](Self::push), applied with what the worker pulled last,
+    /// unless the shard applied this push of the worker before (a
+    /// restarted worker replaying a step; see `starwire_ps::applied`):
+    /// then it is only acknowledged.
     fn push_from(
         &mut self,
         worker: u32,
@@ -167,7 +177,7 @@ impl<H: PsHandler> Service<H> {
         // restarted worker's replayed step is not applied twice.
         let async_from = from.filter(|_| sync.is_none());
         let (kind, r) = match (opcode, sync.as_mut().zip(from)) {
-            (Opcode::SparsePull, _) => ("pull", handler.pull(body, out)),
+            (Opcode::SparsePull, _) => ("pull", handler.pull_from(from, body, out)),
             (Opcode::SparsePush, Some((sync, w))) => {
                 ("push", push_sync(handler, sync, w, body, out))
             }

@@ -12,9 +12,11 @@ use crate::prefetch;
 use crate::var::VarDef;
 
 mod rows;
+mod stale;
 use rows::alloc;
 pub use rows::{NoRoom, TableFull};
 pub(crate) use rows::{Rows, Slot};
+pub(crate) use stale::same_keys;
 
 /// Keys are already well-mixed feature hashes, so the map uses FxHash (one
 /// multiply) rather than SipHash.

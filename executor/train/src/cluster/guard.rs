@@ -158,7 +158,14 @@ pub fn training_flags(cfg: &TrainConfig) -> String {
             put("accumulator-decay-step", &o.decay_step);
             put("accumulator-decay-rate", &o.decay_rate);
         }
+        OptimizerKind::DcAsgd => put("dc-lambda", &o.dc_lambda),
         OptimizerKind::Sgd | OptimizerKind::Adagrad | OptimizerKind::Adam => {}
+    }
+    if o.staleness_lr != starwire_ps::StalenessLr::None {
+        put(
+            "staleness-lr",
+            &format!("{:?}", o.staleness_lr).to_lowercase(),
+        );
     }
     put("placement", &format!("{:?}", cfg.assignment));
     put("tensor-fuse", &cfg.tensor_fuse);

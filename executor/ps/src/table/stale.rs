@@ -1,0 +1,95 @@
+//! Pushes applied with what their worker pulled ([`crate::pulls`]): the
+//! staleness-aware rate and DC-ASGD.
+
+use starwire_wire::ps::{F32s, U64s};
+
+use super::{prefetch, EmbeddingTable};
+use crate::pulls::{VarPulls, WorkerPulls};
+
+/// True when `keys` are `pulled`'s keys, in order: a push of the rows its
+/// worker pulled, matched by position.
+pub(crate) fn same_keys(keys: U64s<'_>, pulled: Option<&VarPulls>) -> bool {
+    pulled.is_some_and(|v| keys.len() == v.keys.len() && keys.iter().eq(v.keys.iter().copied()))
+}
+
+impl EmbeddingTable {
+    /// Record the rows of `keys` (those that have one) in `rec` as pulled,
+    /// with their values when the optimizer compensates with them.
+    pub(crate) fn record_pulled(
+        &self,
+        var: u32,
+        keys: impl Iterator<Item = u64>,
+        rec: &mut WorkerPulls,
+    ) {
+        let values = self.opt.kind.needs_pulled_values();
+        for k in keys {
+            if let Some((s, row)) = self.rows.get(k) {
+                rec.record(var, k, s.updates, values.then(|| &row[..self.dim]));
+            }
+        }
+    }
+
+    /// [`Self::apply_accumulated_at`] for a push whose worker's pull is
+    /// `rec` (variable index `var`): each row's update is given its
+    /// staleness and pulled values. Returns the rows updated.
+    pub(crate) fn apply_accumulated_stale(
+        &mut self,
+        step: u64,
+        var: u32,
+        rec: &mut WorkerPulls,
+    ) -> u64 {
+        let dim = self.dim;
+        let keys = std::mem::take(&mut self.scratch.acc_keys);
+        let positional = rec.var(var).is_some_and(|v| v.keys == keys);
+        let mut applied = 0;
+        for (i, key) in keys.iter().enumerate() {
+            let Some(s) = self.rows.map.get_mut(key) else {
+                self.stats.ignored_pushes += 1;
+                continue;
+            };
+            let before = s.updates;
+            s.updates += 1;
+            s.last_access = s.last_access.max(step);
+            let (index, t) = (s.index, s.updates);
+            let pulled = match rec.var(var).filter(|_| positional) {
+                Some(v) => v.at(i, before, dim),
+                None => rec.pulled(var, *key, before, dim),
+            };
+            let g = &self.scratch.acc_grads[i * dim..(i + 1) * dim];
+            let (w, slots) = self.rows.arena.row_mut(index).split_at_mut(dim);
+            self.opt.apply_stale(w, slots, g, t, step, pulled);
+            applied += 1;
+        }
+        self.scratch.acc_keys = keys;
+        self.scratch.acc_index.clear();
+        self.scratch.acc_keys.clear();
+        self.scratch.acc_grads.clear();
+        applied
+    }
+
+    /// [`Self::push_rows_direct`] for a push item whose keys are those of
+    /// `pulled`, in order ([`same_keys`]).
+    pub(crate) fn push_rows_direct_stale(&mut self, grads: F32s<'_>, step: u64, pulled: &VarPulls) {
+        if !std::mem::take(&mut self.scratch.direct_ready) {
+            return;
+        }
+        let dim = self.dim;
+        let targets = std::mem::take(&mut self.scratch.targets);
+        debug_assert_eq!(targets.len() * dim, grads.len());
+        let mut g = std::mem::take(&mut self.scratch.grad_row);
+        g.resize(dim, 0.0);
+        let stride = self.rows.arena.stride;
+        for (j, &(index, t)) in targets.iter().enumerate() {
+            let ahead = targets.get(j + prefetch::DISTANCE).map(|&(ahead, _)| ahead);
+            self.rows.arena.prefetch(ahead, stride);
+            grads.slice(j * dim, (j + 1) * dim).copy_to(&mut g);
+            let (w, slots) = self.rows.arena.row_mut(index).split_at_mut(dim);
+            // `prepare_direct` counted this update: `t - 1` before it.
+            let p = pulled.at(j, t - 1, dim);
+            self.opt.apply_stale(w, slots, &g, t, step, p);
+        }
+        self.scratch.grad_row = g;
+        self.scratch.targets = targets;
+        self.scratch.direct_undo.clear();
+    }
+}

@@ -1,0 +1,136 @@
+//! Pushes applied with what their worker pulled: the staleness-aware rate
+//! and DC-ASGD through `PsShard::handle_pull_from` / `handle_push_from`.
+
+use starwire_ps::{
+    Init, OptimizerConfig, OptimizerKind, PsShard, Pulled, ShardConfig, StalenessLr, VarDef,
+    VarKind,
+};
+use starwire_wire::ps::{Limits, PullReply, PullRequestWriter, PullResponse, PushRequestWriter};
+
+const EMB: u32 = 1;
+const DENSE: u32 = 2;
+
+fn shard(optimizer: OptimizerConfig) -> PsShard {
+    let vars = [
+        VarDef {
+            id: EMB,
+            name: "emb".into(),
+            kind: VarKind::Embedding { dim: 2 },
+            init: Init::Uniform { scale: 0.1 },
+        },
+        VarDef {
+            id: DENSE,
+            name: "w".into(),
+            kind: VarKind::Dense { shape: vec![2] },
+            init: Init::GlorotUniform,
+        },
+    ];
+    let cfg = ShardConfig {
+        seed: 3,
+        optimizer,
+        ..ShardConfig::default()
+    };
+    PsShard::new(0, &vars, cfg)
+}
+
+/// Worker `w` pulls key 7 and the dense variable; the values of both.
+fn pull(s: &mut PsShard, w: Option<u32>) -> Vec<Vec<f32>> {
+    let mut req = Vec::new();
+    PullRequestWriter::new(&mut req)
+        .rows(EMB, &[7])
+        .dense(DENSE);
+    let mut out = Vec::new();
+    s.handle_pull_from(w, &req, &mut out).unwrap();
+    let r = PullResponse::parse(&out, &Limits::default()).unwrap();
+    r.items()
+        .map(|i| match i {
+            PullReply::Dense { data, .. }
+            | PullReply::Rows { data, .. }
+            | PullReply::Pooled { data, .. } => data.to_vec(),
+        })
+        .collect()
+}
+
+/// Worker `w` pushes gradient `g` to key 7 and to the dense variable.
+fn push(s: &mut PsShard, w: Option<u32>, g: [f32; 2]) {
+    let mut req = Vec::new();
+    PushRequestWriter::new(&mut req, true)
+        .rows(EMB, 2, &[7], &g)
+        .dense(DENSE, &g);
+    s.handle_push_from(w, &req, &mut Vec::new()).unwrap();
+}
+
+fn now(s: &PsShard) -> Vec<Vec<f32>> {
+    vec![
+        s.table(EMB).unwrap().get(7).unwrap().to_vec(),
+        s.dense(DENSE).unwrap().values().to_vec(),
+    ]
+}
+
+fn close(a: &[Vec<f32>], b: &[Vec<f32>]) -> bool {
+    a.iter()
+        .flatten()
+        .zip(b.iter().flatten())
+        .all(|(x, y)| (x - y).abs() < 1e-6)
+}
+
+#[test]
+fn a_push_stale_by_two_updates_takes_half_the_rate() {
+    let opt = OptimizerConfig {
+        staleness_lr: StalenessLr::Linear,
+        ..OptimizerConfig::sgd(1.0)
+    };
+    let mut s = shard(opt);
+    let v0 = pull(&mut s, Some(0));
+    pull(&mut s, Some(1));
+    pull(&mut s, Some(2));
+    // Staleness 0 and 1: the full rate.
+    push(&mut s, Some(0), [1.0, -1.0]);
+    push(&mut s, Some(1), [1.0, -1.0]);
+    // Staleness 2: half.
+    push(&mut s, Some(2), [1.0, -1.0]);
+    let moved = |v: &[Vec<f32>], d: f32| -> Vec<Vec<f32>> {
+        v.iter().map(|r| vec![r[0] - d, r[1] + d]).collect()
+    };
+    assert!(close(&now(&s), &moved(&v0, 2.5)), "{:?} {v0:?}", now(&s));
+    // Worker 2 pulls again: its next push is fresh. A push of no known
+    // worker takes the full rate too.
+    pull(&mut s, Some(2));
+    push(&mut s, Some(2), [1.0, -1.0]);
+    push(&mut s, None, [1.0, -1.0]);
+    assert!(close(&now(&s), &moved(&v0, 4.5)), "{:?}", now(&s));
+}
+
+#[test]
+fn dc_asgd_compensates_a_push_with_its_workers_pulled_values() {
+    let opt = OptimizerConfig::with_kind(OptimizerKind::DcAsgd, 0.5);
+    let mut s = shard(opt);
+    let v0 = pull(&mut s, Some(0));
+    pull(&mut s, Some(1));
+    push(&mut s, Some(0), [1.0, -0.5]);
+    let v1 = now(&s);
+    let slots1: Vec<Vec<f32>> = vec![
+        s.table(EMB).unwrap().slots(7).unwrap().to_vec(),
+        s.dense(DENSE).unwrap().slots().to_vec(),
+    ];
+    // Worker 1's gradient was computed on v0; the shard holds v1.
+    push(&mut s, Some(1), [0.5, 0.25]);
+    let mut want = v1.clone();
+    for (j, (w, sl)) in want.iter_mut().zip(slots1).enumerate() {
+        let mut sl = sl;
+        let pulled = Pulled {
+            staleness: Some(1),
+            values: Some(&v0[j]),
+        };
+        opt.apply_stale(w, &mut sl, &[0.5, 0.25], 2, 1, pulled);
+    }
+    assert!(close(&now(&s), &want), "{:?} {want:?}", now(&s));
+    // Without the record (an unknown sender) the same push is Adagrad's:
+    // the compensation made a difference.
+    let mut t = shard(opt);
+    pull(&mut t, Some(0));
+    push(&mut t, Some(0), [1.0, -0.5]);
+    assert!(close(&now(&t), &v1));
+    push(&mut t, None, [0.5, 0.25]);
+    assert!(!close(&now(&s), &now(&t)), "{:?}", now(&t));
+}
