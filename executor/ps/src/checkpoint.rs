@@ -473,7 +473,10 @@ impl PsShard {
                     let row_floats = t.dim * (1 + slots);
                     let n_rows = c.fits(n_rows, 24 + 4 * row_floats, "rows")?;
                     let mut rows = Rows::with_capacity(row_floats, n_rows);
-                    let mut data = vec![0.0f32; row_floats];
+                    // The width comes from the file when the shard was built
+                    // from its layout: allocate a row only once a row's bytes
+                    // are known to be there.
+                    let mut data = vec![0.0f32; if n_rows > 0 { row_floats } else { 0 }];
                     let mut prev = None;
                     for _ in 0..n_rows {
                         let (key, last_access, updates) =

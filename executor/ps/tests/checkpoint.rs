@@ -327,3 +327,28 @@ fn a_layout_read_from_the_file_alone_restores_it() {
         assert!(ShardLayout::parse(&bytes[..cut]).is_err(), "cut at {cut}");
     }
 }
+
+/// A table's width is a count the file gives when the shard is built from
+/// the file's layout: restoring a table of the widest width and no rows
+/// allocates no row (a row buffer of that width would be 48 GiB).
+#[test]
+fn a_wide_table_without_rows_restores_without_a_row_buffer() {
+    let defs = [VarDef {
+        id: 7,
+        name: "wide".into(),
+        kind: VarKind::Embedding {
+            dim: u32::MAX as usize,
+        },
+        init: Init::Zeros,
+    }];
+    let cfg = ShardConfig {
+        default_value_dim: 0,
+        ..cfg()
+    };
+    let bytes = save(&PsShard::new(0, &defs, cfg));
+    let l = ShardLayout::parse(&bytes).unwrap();
+    assert_eq!((l.vars[0].width, l.vars[0].rows), (u32::MAX as usize, 0));
+    let mut r = l.shard().unwrap();
+    r.restore(&mut bytes.as_slice()).unwrap();
+    assert_eq!(save(&r), bytes);
+}
