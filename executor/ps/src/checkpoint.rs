@@ -343,6 +343,11 @@ pub(crate) fn put_applied(w: &mut CrcWriter<'_>, applied: &AppliedSteps) -> io::
     Ok(())
 }
 
+/// The highest worker task index a shard file or delta may record: a
+/// restored shard keeps the applied steps in a vector indexed by task
+/// index, so an index read from a file must not size it beyond reason.
+pub const MAX_WORKER_INDEX: u32 = (1 << 16) - 1;
+
 /// The record [`put_applied`] writes.
 pub(crate) fn read_applied(c: &mut Cursor<'_>) -> Result<AppliedSteps, CheckpointError> {
     let n = c.u32("worker count")?;
@@ -353,6 +358,11 @@ pub(crate) fn read_applied(c: &mut Cursor<'_>) -> Result<AppliedSteps, Checkpoin
         let worker = c.u32("worker")?;
         let parts = c.u32("worker parts")?;
         let steps = c.u64("worker steps")?;
+        if worker > MAX_WORKER_INDEX {
+            return Err(CheckpointError::Corrupt(format!(
+                "worker {worker}: task index above {MAX_WORKER_INDEX}"
+            )));
+        }
         if v.last().is_some_and(|&(prev, _)| prev >= worker) {
             return Err(CheckpointError::Corrupt(
                 "workers not strictly increasing".into(),

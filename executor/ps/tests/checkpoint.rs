@@ -352,3 +352,41 @@ fn a_wide_table_without_rows_restores_without_a_row_buffer() {
     r.restore(&mut bytes.as_slice()).unwrap();
     assert_eq!(save(&r), bytes);
 }
+
+/// A worker's task index indexes the restored applied steps: an index
+/// beyond `MAX_WORKER_INDEX` is refused, not a vector of 2^32 entries.
+#[test]
+fn a_worker_index_past_the_bound_is_refused() {
+    use starwire_ps::checkpoint::MAX_WORKER_INDEX;
+    let bytes = save(&PsShard::new(0, &[], cfg()));
+    // The file ends with the worker count, its reserved word and the CRC.
+    let mut b = bytes[..bytes.len() - 12].to_vec();
+    for w in [u32::MAX, MAX_WORKER_INDEX + 1] {
+        b.truncate(bytes.len() - 12);
+        b.extend_from_slice(&1u32.to_le_bytes());
+        b.extend_from_slice(&0u32.to_le_bytes());
+        b.extend_from_slice(&w.to_le_bytes());
+        b.extend_from_slice(&0u32.to_le_bytes());
+        b.extend_from_slice(&9u64.to_le_bytes());
+        let crc = crc32c::crc32c(&b);
+        b.extend_from_slice(&crc.to_le_bytes());
+        let e = ShardLayout::parse(&b).unwrap_err();
+        assert!(matches!(e, CheckpointError::Corrupt(_)), "{e}");
+        let mut s = PsShard::new(0, &[], cfg());
+        let e = s.restore(&mut b.as_slice()).unwrap_err();
+        assert!(matches!(e, CheckpointError::Corrupt(_)), "{e}");
+    }
+    // The bound itself restores.
+    b.truncate(bytes.len() - 12);
+    for v in [1, 0, MAX_WORKER_INDEX, 0] {
+        b.extend_from_slice(&v.to_le_bytes());
+    }
+    b.extend_from_slice(&9u64.to_le_bytes());
+    let crc = crc32c::crc32c(&b);
+    b.extend_from_slice(&crc.to_le_bytes());
+    let l = ShardLayout::parse(&b).unwrap();
+    assert_eq!(
+        l.workers,
+        vec![(MAX_WORKER_INDEX, Position { steps: 9, parts: 0 })]
+    );
+}
