@@ -344,6 +344,11 @@ pub(crate) fn put_applied(w: &mut CrcWriter<'_>, applied: &AppliedSteps) -> io::
     Ok(())
 }
 
+/// The highest worker task index a shard file or delta may record: a
+/// restored shard keeps the applied steps in a vector indexed by task
+/// index, so an index read from a file must not size it beyond reason.
+pub const MAX_WORKER_INDEX: u32 = (1 << 16) - 1;
+
 /// The record [`put_applied`] writes.
 pub(crate) fn read_applied(c: &mut Cursor<'_>) -> Result<AppliedSteps, CheckpointError> {
     let n = c.u32("worker count")?;
@@ -354,6 +359,11 @@ pub(crate) fn read_applied(c: &mut Cursor<'_>) -> Result<AppliedSteps, Checkpoin
         let worker = c.u32("worker")?;
         let parts = c.u32("worker parts")?;
         let steps = c.u64("worker steps")?;
+        if worker > MAX_WORKER_INDEX {
+            return Err(CheckpointError::Corrupt(format!(
+                "worker {worker}: task index above {MAX_WORKER_INDEX}"
+            )));
+        }
         if v.last().is_some_and(|&(prev, _)| prev >= worker) {
             return Err(CheckpointError::Corrupt(
                 "workers not strictly increasing".into(),
@@ -474,7 +484,10 @@ impl PsShard {
                     let row_floats = t.dim * (1 + slots);
                     let n_rows = c.fits(n_rows, 24 + 4 * row_floats, "rows")?;
                     let mut rows = Rows::with_capacity(row_floats, n_rows);
-                    let mut data = vec![0.0f32; row_floats];
+                    // The width comes from the file when the shard was built
+                    // from its layout: allocate a row only once a row's bytes
+                    // are known to be there.
+                    let mut data = vec![0.0f32; if n_rows > 0 { row_floats } else { 0 }];
                     let mut prev = None;
                     for _ in 0..n_rows {
                         let (key, last_access, updates) =

@@ -329,3 +329,66 @@ fn a_layout_read_from_the_file_alone_restores_it() {
         assert!(ShardLayout::parse(&bytes[..cut]).is_err(), "cut at {cut}");
     }
 }
+
+/// A table's width is a count the file gives when the shard is built from
+/// the file's layout: restoring a table of the widest width and no rows
+/// allocates no row (a row buffer of that width would be 48 GiB).
+#[test]
+fn a_wide_table_without_rows_restores_without_a_row_buffer() {
+    let defs = [VarDef {
+        id: 7,
+        name: "wide".into(),
+        kind: VarKind::Embedding {
+            dim: u32::MAX as usize,
+        },
+        init: Init::Zeros,
+    }];
+    let cfg = ShardConfig {
+        default_value_dim: 0,
+        ..cfg()
+    };
+    let bytes = save(&PsShard::new(0, &defs, cfg));
+    let l = ShardLayout::parse(&bytes).unwrap();
+    assert_eq!((l.vars[0].width, l.vars[0].rows), (u32::MAX as usize, 0));
+    let mut r = l.shard().unwrap();
+    r.restore(&mut bytes.as_slice()).unwrap();
+    assert_eq!(save(&r), bytes);
+}
+
+/// A worker's task index indexes the restored applied steps: an index
+/// beyond `MAX_WORKER_INDEX` is refused, not a vector of 2^32 entries.
+#[test]
+fn a_worker_index_past_the_bound_is_refused() {
+    use starwire_ps::checkpoint::MAX_WORKER_INDEX;
+    let bytes = save(&PsShard::new(0, &[], cfg()));
+    // The file ends with the worker count, its reserved word and the CRC.
+    let mut b = bytes[..bytes.len() - 12].to_vec();
+    for w in [u32::MAX, MAX_WORKER_INDEX + 1] {
+        b.truncate(bytes.len() - 12);
+        b.extend_from_slice(&1u32.to_le_bytes());
+        b.extend_from_slice(&0u32.to_le_bytes());
+        b.extend_from_slice(&w.to_le_bytes());
+        b.extend_from_slice(&0u32.to_le_bytes());
+        b.extend_from_slice(&9u64.to_le_bytes());
+        let crc = crc32c::crc32c(&b);
+        b.extend_from_slice(&crc.to_le_bytes());
+        let e = ShardLayout::parse(&b).unwrap_err();
+        assert!(matches!(e, CheckpointError::Corrupt(_)), "{e}");
+        let mut s = PsShard::new(0, &[], cfg());
+        let e = s.restore(&mut b.as_slice()).unwrap_err();
+        assert!(matches!(e, CheckpointError::Corrupt(_)), "{e}");
+    }
+    // The bound itself restores.
+    b.truncate(bytes.len() - 12);
+    for v in [1, 0, MAX_WORKER_INDEX, 0] {
+        b.extend_from_slice(&v.to_le_bytes());
+    }
+    b.extend_from_slice(&9u64.to_le_bytes());
+    let crc = crc32c::crc32c(&b);
+    b.extend_from_slice(&crc.to_le_bytes());
+    let l = ShardLayout::parse(&b).unwrap();
+    assert_eq!(
+        l.workers,
+        vec![(MAX_WORKER_INDEX, Position { steps: 9, parts: 0 })]
+    );
+}

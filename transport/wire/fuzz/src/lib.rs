@@ -5,7 +5,9 @@
 //! handlers ([`ps::Handlers`], driver `fuzz-ps-proto`), the DPDK
 //! backend's Ethernet/IPv4/UDP parser ([`Udp`], driver `fuzz-udp`), and
 //! the RDMA side-channel message `starwire_rdma::QpEndpoint`
-//! ([`endpoint::Endpoint`], driver `fuzz-qp-endpoint`).
+//! ([`endpoint::Endpoint`], driver `fuzz-qp-endpoint`), and the PS
+//! checkpoint readers, shard files and deltas
+//! ([`checkpoint::Checkpoint`], driver `fuzz-checkpoint`).
 //!
 //! * [`seeds`] builds a seed corpus of valid encoded frames of every opcode,
 //!   chunked messages and multi-frame streams.
@@ -50,9 +52,11 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod checkpoint;
 pub mod driver;
 pub mod endpoint;
 pub mod handshake;
+pub mod peak;
 pub mod ps;
 
 use std::path::{Path, PathBuf};

@@ -5,11 +5,17 @@
 
 use std::path::Path;
 
+use starwire_wire_fuzz::checkpoint::Checkpoint;
 use starwire_wire_fuzz::driver::Target;
 use starwire_wire_fuzz::endpoint::Endpoint;
 use starwire_wire_fuzz::handshake::Handshake;
+use starwire_wire_fuzz::peak::Counting;
 use starwire_wire_fuzz::ps::Handlers;
 use starwire_wire_fuzz::{Decode, Deframe, Udp};
+
+// The checkpoint target's allocation bound is measured with it.
+#[global_allocator]
+static ALLOC: Counting = Counting;
 
 /// Run every corpus file of `T` (at least one must exist); the count.
 fn replay<T: Target>(mut t: T) -> usize {
@@ -39,6 +45,18 @@ fn every_corpus_file_passes_its_target() {
         + replay(Handshake::default())
         + replay(Handlers::default())
         + replay(Udp::default())
-        + replay(Endpoint::default());
+        + replay(Endpoint::default())
+        + replay(Checkpoint::default());
     eprintln!("{n} corpus files replayed");
+}
+
+/// The checkpoint target's allocation oracle sees this binary's
+/// allocations: the counting allocator is the one installed.
+#[test]
+fn allocations_are_counted() {
+    starwire_wire_fuzz::peak::reset();
+    let v = std::hint::black_box(vec![1u8; 3 << 20]);
+    assert!(starwire_wire_fuzz::peak::largest() >= v.len());
+    starwire_wire_fuzz::peak::reset();
+    assert!(starwire_wire_fuzz::peak::largest() < v.len());
 }

@@ -10,6 +10,7 @@
 use std::path::Path;
 use std::process::ExitCode;
 
+use starwire_wire_fuzz::checkpoint::Checkpoint;
 use starwire_wire_fuzz::driver::Target;
 use starwire_wire_fuzz::endpoint::Endpoint;
 use starwire_wire_fuzz::handshake::Handshake;
@@ -40,6 +41,7 @@ fn main() -> ExitCode {
         write(&Handlers::default(), dir),
         write(&Udp::default(), dir),
         write(&Endpoint::default(), dir),
+        write(&Checkpoint::default(), dir),
     ];
     for r in written {
         if let Err(e) = r {
