@@ -68,6 +68,13 @@ pub enum PsError {
         /// Variable id.
         var: u32,
     },
+    /// The sender's worker task index is beyond what a shard tracks per
+    /// worker ([`MAX_WORKER_INDEX`](crate::checkpoint::MAX_WORKER_INDEX)).
+    #[error("worker task index {0} is above {max}", max = crate::checkpoint::MAX_WORKER_INDEX)]
+    WorkerIndex(u32),
+    /// A restarted worker resumes past the steps this shard applied.
+    #[error(transparent)]
+    ResumeAhead(#[from] crate::applied::ResumeAhead),
 }
 
 /// An error while saving or restoring a checkpoint.

@@ -6,7 +6,8 @@ use starwire_wire::ps::{
     PushRequest,
 };
 
-use crate::applied::{AppliedSteps, ResumeAhead};
+use crate::applied::AppliedSteps;
+use crate::checkpoint::MAX_WORKER_INDEX;
 use crate::error::PsError;
 use crate::optim::{OptimizerConfig, Pulled};
 use crate::pulls::{Pulls, WorkerPulls};
@@ -386,6 +387,7 @@ impl PsShard {
     ) -> Result<(), PsError> {
         out.clear();
         self.stats.request_bytes += req.len() as u64;
+        check_worker(worker)?;
         let r = self.handle_pull_inner(req, out);
         match &r {
             Ok(()) => {
@@ -612,6 +614,7 @@ impl PsShard {
         req: &[u8],
         out: &mut Vec<u8>,
     ) -> Result<bool, PsError> {
+        check_worker(Some(worker))?;
         // A header that does not decode is the push's error to report.
         let Ok(completes) = PushRequest::peek_completes_step(req) else {
             return self.handle_push_from(Some(worker), req, out).map(|()| true);
@@ -628,8 +631,9 @@ impl PsShard {
 
     /// Worker `worker`'s next push is the first of its step `at` (it was
     /// restarted; see [`crate::applied`]).
-    pub fn handle_resume(&mut self, worker: u32, at: u64) -> Result<(), ResumeAhead> {
-        self.applied.handle_resume(worker, at)
+    pub fn handle_resume(&mut self, worker: u32, at: u64) -> Result<(), PsError> {
+        check_worker(Some(worker))?;
+        Ok(self.applied.handle_resume(worker, at)?)
     }
 
     /// Each worker's pushes applied, by task index.
@@ -659,6 +663,7 @@ impl PsShard {
     ) -> Result<(), PsError> {
         out.clear();
         self.stats.request_bytes += req.len() as u64;
+        check_worker(worker)?;
         let tracked = worker.filter(|_| self.cfg.optimizer.tracks_pulls());
         let mut rec = tracked.and_then(|w| self.pulls.take(w));
         let r = self.handle_push_inner(rec.as_mut(), req, out);
@@ -864,4 +869,14 @@ impl PsShard {
 /// exit, so it vectorises.
 pub(crate) fn all_finite(v: &[f32]) -> bool {
     v.iter().fold(true, |ok, x| ok & x.is_finite())
+}
+
+/// What a shard keeps per worker (applied pushes, last pulls) is indexed
+/// by the worker's task index: one beyond the bound is refused rather
+/// than sizing those tables.
+fn check_worker(worker: Option<u32>) -> Result<(), PsError> {
+    match worker {
+        Some(w) if w > MAX_WORKER_INDEX => Err(PsError::WorkerIndex(w)),
+        _ => Ok(()),
+    }
 }

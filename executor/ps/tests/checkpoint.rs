@@ -392,3 +392,39 @@ fn a_worker_index_past_the_bound_is_refused() {
         vec![(MAX_WORKER_INDEX, Position { steps: 9, parts: 0 })]
     );
 }
+
+/// The live requests bound the worker index as the reader does: a pull,
+/// push or resume from a task index past `MAX_WORKER_INDEX` is refused
+/// and changes nothing, and the bound itself is served.
+#[test]
+fn requests_from_a_worker_index_past_the_bound_are_refused() {
+    use starwire_ps::checkpoint::MAX_WORKER_INDEX;
+    use starwire_ps::PsError;
+    let mut s = trained_with(cfg_with(OptimizerConfig::with_kind(
+        OptimizerKind::DcAsgd,
+        0.1,
+    )));
+    let before = save(&s);
+    let (mut req, mut out) = (Vec::new(), Vec::new());
+    let keys = [1u64, 2, 3];
+    for w in [MAX_WORKER_INDEX + 1, u32::MAX] {
+        PullRequestWriter::new(&mut req).rows(1, &keys);
+        let e = s.handle_pull_from(Some(w), &req, &mut out).unwrap_err();
+        assert!(matches!(e, PsError::WorkerIndex(x) if x == w), "{e}");
+        PushRequestWriter::new(&mut req, true).rows(1, 8, &keys, &[0.1; 24]);
+        let e = s.handle_worker_push(w, &req, &mut out).unwrap_err();
+        assert!(matches!(e, PsError::WorkerIndex(x) if x == w), "{e}");
+        let e = s.handle_push_from(Some(w), &req, &mut out).unwrap_err();
+        assert!(matches!(e, PsError::WorkerIndex(x) if x == w), "{e}");
+        let e = s.handle_resume(w, 0).unwrap_err();
+        assert!(matches!(e, PsError::WorkerIndex(x) if x == w), "{e}");
+    }
+    assert_eq!(save(&s), before);
+    PullRequestWriter::new(&mut req).rows(1, &keys);
+    s.handle_pull_from(Some(MAX_WORKER_INDEX), &req, &mut out)
+        .unwrap();
+    PushRequestWriter::new(&mut req, true).rows(1, 8, &keys, &[0.1; 24]);
+    assert!(s
+        .handle_worker_push(MAX_WORKER_INDEX, &req, &mut out)
+        .unwrap());
+}
