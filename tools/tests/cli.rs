@@ -873,7 +873,7 @@ fn place_compares_strategies_on_a_zipf_model() {
 }
 
 #[test]
-fn ftrl_and_adagrad_decay_train_and_bad_hyper_parameters_are_usage_errors() {
+fn ftrl_adagrad_decay_and_dc_asgd_train_and_bad_hyper_parameters_are_usage_errors() {
     for extra in [
         &[
             "--optimizer",
@@ -889,6 +889,15 @@ fn ftrl_and_adagrad_decay_train_and_bad_hyper_parameters_are_usage_errors() {
             "--accumulator-decay-step",
             "20",
         ][..],
+        &[
+            "--optimizer",
+            "dc_asgd",
+            "--dc-lambda",
+            "4",
+            "--workers",
+            "3",
+        ][..],
+        &["--staleness-lr", "sqrt", "--workers", "3"][..],
     ] {
         let mut args = vec![
             "train",
@@ -935,6 +944,8 @@ fn ftrl_and_adagrad_decay_train_and_bad_hyper_parameters_are_usage_errors() {
         ("--l2-regularization-strength", "nan"),
         ("--accumulator-decay-rate", "1.5"),
         ("--optimizer", "lamb"),
+        ("--dc-lambda", "-1"),
+        ("--staleness-lr", "cubic"),
     ] {
         let out = run(&["train", "--steps", "1", &format!("{flag}={value}")]);
         assert_eq!(out.status.code(), Some(2), "{flag}");
