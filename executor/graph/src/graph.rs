@@ -295,6 +295,12 @@ pub struct Graph {
     pub(crate) inputs: Vec<usize>,
     pub(crate) vars: Vec<(VarId, usize)>,
     pub(crate) lookups: Vec<usize>,
+    /// Per node: an `AddN` whose inputs are all `EmbeddingLookup`s that
+    /// feed nothing else (the `lr` model's fields), or one of those
+    /// lookups. Such an `AddN` pools its lookups' rows straight into its
+    /// sum, and the lookups have no forward value of their own: the `F`
+    /// pooled `[B,D]` tensors are never written and read back.
+    pub(crate) fused: Vec<bool>,
 }
 
 pub(crate) fn invalid(msg: impl Into<String>) -> GraphError {
@@ -404,6 +410,17 @@ impl Graph {
                 }
             }
         }
+        let mut fused = vec![false; n];
+        for (c, node) in nodes.iter().enumerate() {
+            let sole_lookup = |x: &NodeId| {
+                matches!(nodes[x.index()].op, Op::EmbeddingLookup { .. })
+                    && consumers[x.index()] == [c as u32]
+            };
+            if matches!(node.op, Op::AddN) && node.inputs.iter().all(sole_lookup) {
+                fused[c] = true;
+                node.inputs.iter().for_each(|x| fused[x.index()] = true);
+            }
+        }
         let mut bwd_task = vec![None; n];
         let mut bwd_node = Vec::new();
         for i in (0..n).filter(|&i| needs_grad[i]) {
@@ -436,6 +453,7 @@ impl Graph {
             inputs,
             vars,
             lookups,
+            fused,
         })
     }
 

@@ -363,6 +363,62 @@ pub(crate) fn combine_into(
     Ok(Tensor::from_parts(vec![b, d], out))
 }
 
+/// One lookup's feed, as [`sum_combined_into`] reads it.
+pub(crate) struct Bags<'a> {
+    pub(crate) rows: &'a Tensor,
+    pub(crate) index: &'a [u32],
+    pub(crate) offsets: &'a [u32],
+    pub(crate) combiner: Combiner,
+}
+
+/// The sum of the pooled lookups `parts` (`AddN` of [`combine`]s), with
+/// each part's bags added straight into the output instead of being
+/// pooled into a `[B,D]` tensor of their own first. The result is
+/// bit-identical to the two steps: the first part is [`combine_into`],
+/// and each later part adds, per example, exactly the row `combine` would
+/// have written (zeros for an empty bag, the one row of a bag of one,
+/// else the pooled row), in part order.
+pub(crate) fn sum_combined_into(parts: &[Bags<'_>], out: Vec<f32>) -> Result<Tensor, GraphError> {
+    let Some((first, rest)) = parts.split_first() else {
+        return Err(shape_err("AddN", "no input".into()));
+    };
+    let mut sum = combine_into(first.rows, first.index, first.offsets, first.combiner, out)?;
+    let shape = sum.shape().to_vec();
+    let (b, d) = (shape[0], shape[1]);
+    let out = sum.data_mut();
+    let mut bag = Vec::new();
+    for p in rest {
+        let (u, pd) = matrix("EmbeddingLookup", "rows", p.rows)?;
+        check_ragged(0, u, p.index, p.offsets)?;
+        if pd != d || p.offsets.len() != b + 1 {
+            return Err(shape_err(
+                "AddN",
+                format!("cannot add [{}, {pd}] to {shape:?}", p.offsets.len() - 1),
+            ));
+        }
+        let row = |r: u32| &p.rows.data()[r as usize * d..(r as usize + 1) * d];
+        for (orow, w) in out.chunks_exact_mut(d.max(1)).zip(p.offsets.windows(2)) {
+            let add = |o: &mut [f32], v: &[f32]| o.iter_mut().zip(v).for_each(|(o, &v)| *o += v);
+            match &p.index[w[0] as usize..w[1] as usize] {
+                [] => orow.iter_mut().for_each(|o| *o += 0.0),
+                // A mean of one row scales it by exactly 1.
+                &[r] => add(orow, row(r)),
+                &[r, ref more @ ..] => {
+                    bag.clear();
+                    bag.extend_from_slice(row(r));
+                    more.iter().for_each(|&r| add(&mut bag, row(r)));
+                    if p.combiner == Combiner::Mean {
+                        let inv = 1.0 / (more.len() + 1) as f32;
+                        bag.iter_mut().for_each(|x| *x *= inv);
+                    }
+                    add(orow, &bag);
+                }
+            }
+        }
+    }
+    Ok(sum)
+}
+
 /// Maps a gradient w.r.t. the pooled tensor `[B,D]` back to the unique rows
 /// `[num_rows, D]`: each occurrence adds its example's gradient (scaled by
 /// `1/count` for `Mean`), summed per unique row in occurrence order.
@@ -418,4 +474,84 @@ pub(crate) fn scatter_pooled_grad_into(
         }
     }
     Ok(Tensor::from_parts(vec![num_rows, d], out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Rows `[u, d]` of varied values, negative zeros among them.
+    fn rows(u: usize, d: usize, seed: u32) -> Tensor {
+        let data = (0..u * d)
+            .map(
+                |i| match (i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 7 {
+                    0 => -0.0,
+                    k => (k as f32 - 3.3) * 0.37 + (seed as f32) * 1e-3,
+                },
+            )
+            .collect();
+        Tensor::from_parts(vec![u, d], data)
+    }
+
+    #[test]
+    fn sum_combined_is_bit_identical_to_add_n_of_combines() {
+        let d = 5;
+        // Per part: occurrences per example (empty, one, several bags).
+        let layouts: [&[usize]; 4] = [&[1, 0, 2, 1], &[0, 1, 1, 3], &[1, 1, 0, 0], &[2, 0, 1, 1]];
+        for combiner in [Combiner::Sum, Combiner::Mean] {
+            let feeds: Vec<(Tensor, Vec<u32>, Vec<u32>)> = layouts
+                .iter()
+                .enumerate()
+                .map(|(p, bags)| {
+                    let n: usize = bags.iter().sum();
+                    let u = n.max(1);
+                    let index = (0..n as u32)
+                        .map(|j| (j * 3 + p as u32) % u as u32)
+                        .collect();
+                    let mut offsets = vec![0u32];
+                    for &c in *bags {
+                        offsets.push(offsets.last().unwrap() + c as u32);
+                    }
+                    (rows(u, d, p as u32), index, offsets)
+                })
+                .collect();
+            let combined: Vec<Tensor> = feeds
+                .iter()
+                .map(|(r, i, o)| combine(r, i, o, combiner).unwrap())
+                .collect();
+            let want = add_n(&combined.iter().collect::<Vec<_>>(), Vec::new()).unwrap();
+            let bags: Vec<Bags<'_>> = feeds
+                .iter()
+                .map(|(rows, index, offsets)| Bags {
+                    rows,
+                    index,
+                    offsets,
+                    combiner,
+                })
+                .collect();
+            let got = sum_combined_into(&bags, vec![9.0; 3]).unwrap();
+            assert_eq!(got.shape(), want.shape());
+            let bits = |t: &Tensor| t.data().iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "{combiner:?}");
+        }
+    }
+
+    #[test]
+    fn sum_combined_refuses_parts_of_other_shapes() {
+        let (a, b) = (rows(2, 3, 1), rows(2, 4, 2));
+        let part = |rows| Bags {
+            rows,
+            index: &[0, 1],
+            offsets: &[0, 1, 2],
+            combiner: Combiner::Sum,
+        };
+        assert!(sum_combined_into(&[part(&a), part(&b)], Vec::new()).is_err());
+        let fewer = Bags {
+            rows: &a,
+            index: &[0],
+            offsets: &[0, 1],
+            combiner: Combiner::Sum,
+        };
+        assert!(sum_combined_into(&[part(&a), fewer], Vec::new()).is_err());
+    }
 }

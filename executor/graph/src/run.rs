@@ -295,10 +295,27 @@ impl RunState {
         self.value(self.graph.nodes[node].inputs[k].index())
     }
 
+    /// The feed of lookup node `i`.
+    fn bags(&self, i: usize) -> Result<ops::Bags<'_>, GraphError> {
+        let (Op::EmbeddingLookup { combiner, .. }, Some(f)) =
+            (&self.graph.nodes[i].op, self.rows[i].as_ref())
+        else {
+            return Err(invalid("lookup rows missing"));
+        };
+        Ok(ops::Bags {
+            rows: &f.rows,
+            index: &f.index,
+            offsets: &f.offsets,
+            combiner: *combiner,
+        })
+    }
+
     fn forward(&self, i: usize) -> Result<(), GraphError> {
         let node = &self.graph.nodes[i];
         let out = match &node.op {
             Op::Input { .. } | Op::Variable { .. } | Op::Pooled { .. } => return Ok(()),
+            // Pooled by the `AddN` that sums it (see `Graph::fused`).
+            Op::EmbeddingLookup { .. } if self.graph.fused[i] => return Ok(()),
             Op::EmbeddingLookup { combiner, .. } => {
                 let f = self.rows[i]
                     .as_ref()
@@ -309,6 +326,14 @@ impl RunState {
             Op::MatMul => ops::matmul(self.input(i, 0)?, self.input(i, 1)?)?,
             Op::Add => ops::add(self.input(i, 0)?, self.input(i, 1)?)?,
             Op::Relu => ops::relu(self.input(i, 0)?),
+            Op::AddN if self.graph.fused[i] => {
+                let parts = node
+                    .inputs
+                    .iter()
+                    .map(|x| self.bags(x.index()))
+                    .collect::<Result<Vec<_>, _>>()?;
+                ops::sum_combined_into(&parts, take_spare(&self.spare_fwd, i))?
+            }
             Op::AddN => {
                 let parts = (0..node.inputs.len())
                     .map(|k| self.input(i, k))
@@ -449,6 +474,14 @@ impl RunState {
         Ok(())
     }
 
+    /// Pooling (or scattering the gradient of) lookup node `i`'s rows.
+    fn pooling_cost(&self, i: usize) -> u64 {
+        match (&self.graph.nodes[i].op, &self.rows[i]) {
+            (Op::EmbeddingLookup { dim, .. }, Some(f)) => (f.index.len() as u64) * (*dim as u64),
+            _ => 0,
+        }
+    }
+
     fn input_elems(&self, i: usize) -> u64 {
         let node = &self.graph.nodes[i];
         (0..node.inputs.len())
@@ -532,9 +565,13 @@ impl TaskSet for RunState {
                 }
                 _ => 0,
             },
-            Op::EmbeddingLookup { dim, .. } => self.rows[i]
-                .as_ref()
-                .map_or(0, |f| (f.index.len() as u64) * (*dim as u64)),
+            // A fused lookup's forward is done by its `AddN`.
+            Op::EmbeddingLookup { .. } if factor == 1 && self.graph.fused[i] => 0,
+            Op::EmbeddingLookup { .. } => self.pooling_cost(i),
+            Op::AddN if factor == 1 && self.graph.fused[i] => {
+                let inputs = &self.graph.nodes[i].inputs;
+                inputs.iter().map(|x| self.pooling_cost(x.index())).sum()
+            }
             _ => factor * self.input_elems(i),
         }
     }

@@ -58,6 +58,9 @@ pub(crate) struct Arena {
 pub(crate) const BLOCK_BYTES: usize = 2 << 20;
 /// Blocks of a table shard (16 MiB) kept on small pages; see [`Arena`].
 pub(crate) const SMALL_PAGE_BLOCKS: usize = 8;
+/// Pages of a small-page block are faulted in this many bytes at a time
+/// (see [`Arena::ensure`]).
+pub(crate) const POPULATE_BYTES: usize = 64 << 10;
 /// Fewest rows per block (for rows wider than `BLOCK_BYTES / 1024`).
 pub(crate) const MIN_BLOCK_SHIFT: u32 = 10;
 
@@ -139,11 +142,38 @@ impl Arena {
     }
 
     /// Make row `index` addressable (its floats are zero or stale).
+    ///
+    /// Rows are handed out in index order, so a small-page block's pages
+    /// are first touched in order too: when row `index` is the first to
+    /// reach into a [`POPULATE_BYTES`] chunk of its block, the chunk's
+    /// pages are faulted in by one `MADV_POPULATE_WRITE` rather than by one
+    /// page fault each as its rows are written. A kernel without it (before
+    /// 5.14) refuses the advice, and the pages fault in one by one as before.
     pub(crate) fn ensure(&mut self, index: u32) -> Result<(), NoRoom> {
         let block = (index >> self.shift) as usize;
         while self.blocks.len() <= block {
             let huge = self.blocks.len() >= SMALL_PAGE_BLOCKS;
             self.push_block(huge)?;
+        }
+        let b = &self.blocks[block];
+        if !b.huge {
+            let row_bytes = self.stride * std::mem::size_of::<f32>();
+            let at = (index as usize & (self.block_rows() - 1)) * row_bytes;
+            let end = at + row_bytes;
+            // The chunks this row reaches that the row before it did not.
+            let from = if at == 0 {
+                0
+            } else {
+                (at - 1) / POPULATE_BYTES + 1
+            };
+            let to = end.div_ceil(POPULATE_BYTES);
+            if from < to {
+                let lo = from * POPULATE_BYTES;
+                let hi = (to * POPULATE_BYTES).min(b.map.len());
+                let _ = b
+                    .map
+                    .advise_range(memmap2::Advice::PopulateWrite, lo, hi - lo);
+            }
         }
         Ok(())
     }
