@@ -25,38 +25,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if [ "$(id -u)" != 0 ]; then
-    echo "ci/dpdk-figures.sh needs root (ip netns, veth, AF_XDP)" >&2
-    exit 1
-fi
-command -v dpdk-testpmd >/dev/null || {
-    echo "dpdk-testpmd is missing (apt-get install dpdk)" >&2
-    exit 1
-}
-
+# shellcheck source=ci/lib/figures.sh
+. ci/lib/figures.sh
+figures_setup ci/dpdk-figures.sh
 tag="${STARWIRE_NETNS_PREFIX:-swf}$$"
-EAL="--no-huge --no-pci --no-shconf -m 512"
 REPEAT="${REPEAT:-3}"
-DURATION="${DURATION:-3}"
-TESTPMD_SECS="${TESTPMD_SECS:-8}"
-PROFILE="${PROFILE:-release}"
-LOG_DIR="$(mktemp -d)"
-
-# shellcheck source=ci/lib/netns.sh
-. ci/lib/netns.sh
-cleanup() {
-    netns_down
-    rm -rf "$LOG_DIR"
-}
-trap cleanup EXIT
-
-echo "--- building ($PROFILE) starwire with --features dpdk" >&2
-if [ "$PROFILE" = release ]; then
-    cargo build --locked -q --release -p starwire --features dpdk
-else
-    cargo build --locked -q -p starwire --features dpdk
-fi
-BIN="$PWD/target/$PROFILE/starwire"
 STARWIRE_CLUSTER_TOKEN="$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')"
 export STARWIRE_CLUSTER_TOKEN
 
