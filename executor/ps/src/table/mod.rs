@@ -469,6 +469,19 @@ impl EmbeddingTable {
     /// without the accumulator's hash map and copy.
     /// Does nothing unless a prepared update is pending.
     pub(crate) fn push_rows_direct(&mut self, grads: F32s<'_>, step: u64) {
+        self.push_rows_direct_by(grads, |opt, w, slots, g, _, t| {
+            opt.apply(w, slots, g, t, step);
+        });
+    }
+
+    /// The loop of [`Self::push_rows_direct`]: `apply(optimizer, weights,
+    /// slots, gradient, j, t)` for the `j`-th prepared row, whose update
+    /// count (this update included) is `t`.
+    pub(crate) fn push_rows_direct_by(
+        &mut self,
+        grads: F32s<'_>,
+        mut apply: impl FnMut(&OptimizerConfig, &mut [f32], &mut [f32], &[f32], usize, u64),
+    ) {
         if !std::mem::take(&mut self.scratch.direct_ready) {
             return;
         }
@@ -483,7 +496,7 @@ impl EmbeddingTable {
             self.rows.arena.prefetch(ahead, stride);
             grads.slice(j * dim, (j + 1) * dim).copy_to(&mut g);
             let (w, slots) = self.rows.arena.row_mut(index).split_at_mut(dim);
-            self.opt.apply(w, slots, &g, t, step);
+            apply(&self.opt, w, slots, &g, j, t);
         }
         self.scratch.grad_row = g;
         self.scratch.targets = targets;

@@ -3,7 +3,7 @@
 
 use starwire_wire::ps::{F32s, U64s};
 
-use super::{prefetch, EmbeddingTable};
+use super::EmbeddingTable;
 use crate::pulls::{VarPulls, WorkerPulls};
 
 /// True when `keys` are `pulled`'s keys, in order: a push of the rows its
@@ -70,26 +70,11 @@ impl EmbeddingTable {
     /// [`Self::push_rows_direct`] for a push item whose keys are those of
     /// `pulled`, in order ([`same_keys`]).
     pub(crate) fn push_rows_direct_stale(&mut self, grads: F32s<'_>, step: u64, pulled: &VarPulls) {
-        if !std::mem::take(&mut self.scratch.direct_ready) {
-            return;
-        }
         let dim = self.dim;
-        let targets = std::mem::take(&mut self.scratch.targets);
-        debug_assert_eq!(targets.len() * dim, grads.len());
-        let mut g = std::mem::take(&mut self.scratch.grad_row);
-        g.resize(dim, 0.0);
-        let stride = self.rows.arena.stride;
-        for (j, &(index, t)) in targets.iter().enumerate() {
-            let ahead = targets.get(j + prefetch::DISTANCE).map(|&(ahead, _)| ahead);
-            self.rows.arena.prefetch(ahead, stride);
-            grads.slice(j * dim, (j + 1) * dim).copy_to(&mut g);
-            let (w, slots) = self.rows.arena.row_mut(index).split_at_mut(dim);
+        self.push_rows_direct_by(grads, |opt, w, slots, g, j, t| {
             // `prepare_direct` counted this update: `t - 1` before it.
             let p = pulled.at(j, t - 1, dim);
-            self.opt.apply_stale(w, slots, &g, t, step, p);
-        }
-        self.scratch.grad_row = g;
-        self.scratch.targets = targets;
-        self.scratch.direct_undo.clear();
+            opt.apply_stale(w, slots, g, t, step, p);
+        });
     }
 }
