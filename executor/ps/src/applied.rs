@@ -14,6 +14,12 @@
 //! not applied again (the worker may have been killed mid-push, having
 //! reached some shards and not others).
 //!
+//! With `--sync` a shard keeps each worker's pushes of a step until every
+//! worker has pushed it, then applies their sum once; it numbers a push as
+//! it keeps it ([`PsShard::handle_numbered`](crate::PsShard::handle_numbered)),
+//! so a kept push counts as applied here: the worker is not asked for it
+//! again.
+//!
 //! The applied positions are part of the shard's checkpoint, so a PS
 //! restored from one knows where each worker's pushes stand in it.
 

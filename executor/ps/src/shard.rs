@@ -629,6 +629,23 @@ impl PsShard {
         Ok(true)
     }
 
+    /// With `--sync`, a push of worker `worker` that the caller keeps to
+    /// apply later, summed into its step (`completes`: the step's last):
+    /// numbered as [`handle_worker_push`](Self::handle_worker_push) numbers
+    /// it. False when this shard holds that push already, applied or kept
+    /// (a restarted worker replaying its step): it is only acknowledged.
+    /// Call [`handle_kept`](Self::handle_kept) once it was kept.
+    pub fn handle_numbered(&mut self, worker: u32, completes: bool) -> Result<bool, PsError> {
+        check_worker(Some(worker))?;
+        Ok(self.applied.handle_push(worker, completes))
+    }
+
+    /// The push [`handle_numbered`](Self::handle_numbered) let through was
+    /// kept: the shard holds it from now on.
+    pub fn handle_kept(&mut self, worker: u32) {
+        self.applied.handle_applied(worker);
+    }
+
     /// Worker `worker`'s next push is the first of its step `at` (it was
     /// restarted; see [`crate::applied`]).
     pub fn handle_resume(&mut self, worker: u32, at: u64) -> Result<(), PsError> {

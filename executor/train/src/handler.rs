@@ -216,6 +216,14 @@ impl PsHandler for ShardHandler {
         self.push_as(Some(worker), body, out)
     }
 
+    fn number_push(&mut self, worker: u32, completes: bool) -> Result<bool, HandlerError> {
+        self.shard.handle_numbered(worker, completes).map_err(err)
+    }
+
+    fn push_kept(&mut self, worker: u32) {
+        self.shard.handle_kept(worker);
+    }
+
     fn resume_at(&mut self, worker: u32, step: u64) -> Result<(), String> {
         self.shard
             .handle_resume(worker, step)

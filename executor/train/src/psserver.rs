@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use bytes::Bytes;
 use starwire_transport::wire::{Opcode, Status};
 use starwire_transport::{Connection, Incoming, Payload, SendError, TaskRole};
-use starwire_wire::ps::{write_push_response, Control, Limits};
+use starwire_wire::ps::{write_push_response, Control, Limits, PushRequest};
 use thiserror::Error;
 
 use crate::syncstep::{step_marker, SyncStep};
@@ -60,6 +60,13 @@ pub trait PsHandler: Send + 'static {
         body: &[u8],
         out: &mut Vec<u8>,
     ) -> Result<(), HandlerError>;
+    /// With `--sync`, a push of worker `worker` about to be kept for its
+    /// step (`completes`: the step's last): false when the shard holds that
+    /// push already (a restarted worker replaying its step), which is then
+    /// only acknowledged. See `starwire_ps::applied`.
+    fn number_push(&mut self, worker: u32, completes: bool) -> Result<bool, HandlerError>;
+    /// The push [`number_push`](Self::number_push) let through was kept.
+    fn push_kept(&mut self, worker: u32);
     /// Worker `worker`'s next push is the first of its step `step`
     /// (`RESUME_AT`, a restarted worker).
     fn resume_at(&mut self, worker: u32, step: u64) -> Result<(), String>;
@@ -173,8 +180,9 @@ impl<H: PsHandler> Service<H> {
             sync,
         } = self;
         out.clear();
-        // Asynchronously a worker's pushes are numbered per worker, so a
-        // restarted worker's replayed step is not applied twice.
+        // A worker's pushes are numbered per worker (with --sync as its step
+        // gathers them), so a restarted worker's replayed step is not
+        // applied twice.
         let async_from = from.filter(|_| sync.is_none());
         let (kind, r) = match (opcode, sync.as_mut().zip(from)) {
             (Opcode::SparsePull, _) => ("pull", handler.pull_from(from, body, out)),
@@ -216,11 +224,7 @@ impl<H: PsHandler> Service<H> {
                 }
                 Ok(Control::ResumeAt(step)) => (
                     "resume",
-                    async_from
-                        .ok_or_else(|| {
-                            "RESUME_AT from a peer that is not a worker of an asynchronous run"
-                                .to_string()
-                        })
+                    from.ok_or_else(|| "RESUME_AT from a peer that is not a worker".to_string())
                         .and_then(|w| handler.resume_at(w, step))
                         .map_err(|message| HandlerError {
                             status: Status::BadRequest,
@@ -269,8 +273,10 @@ impl<H: PsHandler> Service<H> {
 }
 
 /// A worker's push of a synchronous step: kept until every worker has
-/// pushed the step, then the step is applied. The reply carries the global
-/// step as it is after this push.
+/// pushed the step, then the step is applied. A push the shard holds
+/// already (a restarted worker replaying the step it died in) is only
+/// acknowledged. The reply carries the global step as it is after this
+/// push.
 fn push_sync<H: PsHandler>(
     handler: &mut H,
     sync: &mut SyncStep,
@@ -278,10 +284,18 @@ fn push_sync<H: PsHandler>(
     body: &[u8],
     out: &mut Vec<u8>,
 ) -> Result<(), HandlerError> {
+    // A header that does not decode is the gatherer's error to report.
+    if let Ok(completes) = PushRequest::peek_completes_step(body) {
+        if !handler.number_push(w, completes)? {
+            write_push_response(out, handler.global_step());
+            return Ok(());
+        }
+    }
     let complete = sync.handle_push(w, body).map_err(|e| HandlerError {
         status: Status::BadRequest,
         message: e.to_string(),
     })?;
+    handler.push_kept(w);
     if complete {
         apply_step(handler, sync, out)?;
     }
@@ -633,6 +647,71 @@ fn reuse_reply(lent: &mut Vec<Bytes>, cap: usize) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::handler::ShardHandler;
+    use starwire_ps::{Init, OptimizerConfig, PsShard, ShardConfig, VarDef, VarKind};
+    use starwire_wire::ps::PushRequestWriter;
+
+    fn sync_service() -> Service<ShardHandler> {
+        let var = VarDef {
+            id: 0,
+            name: "w".into(),
+            kind: VarKind::Dense { shape: vec![2] },
+            init: Init::Zeros,
+        };
+        let cfg = ShardConfig {
+            optimizer: OptimizerConfig::sgd(1.0),
+            ..ShardConfig::default()
+        };
+        Service::new(ShardHandler {
+            shard: PsShard::new(0, &[var], cfg),
+            index: 0,
+            checkpoint_dir: None,
+            checkpoint_every: 0,
+            checkpoint_next: None,
+            votes: Default::default(),
+            deltas: None,
+            incarnation: 0,
+            restored_step: 0,
+            telemetry: None,
+        })
+        .with_sync(2)
+    }
+
+    fn push(svc: &mut Service<ShardHandler>, w: u32, g: f32) {
+        let mut b = Vec::new();
+        PushRequestWriter::new(&mut b, true).dense(0, &[g, g]);
+        let r = svc.serve_from(Some(w), Opcode::SparsePush, &b, Vec::with_capacity);
+        assert!(matches!(r, Reply::Now(Status::Ok, _)), "{r:?}");
+    }
+
+    fn weights(svc: &Service<ShardHandler>) -> Vec<f32> {
+        svc.handler().shard.dense(0).unwrap().values().to_vec()
+    }
+
+    /// With `--sync`, worker 1 pushed its step and died; restarted, it
+    /// resumes at the step (`RESUME_AT`) and pushes it again. The replay is
+    /// acknowledged, not gathered a second time: the step is applied once,
+    /// with the push the shard kept, when worker 0's push completes it.
+    #[test]
+    fn a_replayed_sync_push_is_acknowledged_and_the_step_applied_once() {
+        let mut svc = sync_service();
+        push(&mut svc, 1, 1.0);
+        let resume = Control::ResumeAt(0).encode();
+        let r = svc.serve_from(Some(1), Opcode::Rpc, &resume, Vec::with_capacity);
+        assert!(matches!(r, Reply::Now(Status::Ok, _)), "{r:?}");
+        push(&mut svc, 1, 100.0);
+        assert_eq!(svc.handler().global_step(), 0);
+        push(&mut svc, 0, 2.0);
+        assert_eq!(svc.handler().global_step(), 2);
+        assert_eq!(weights(&svc), [-3.0, -3.0]);
+        let held = &svc.handler().stats()["worker_steps"];
+        assert_eq!(*held, serde_json::json!({"0": 1, "1": 1}));
+        // The next step is gathered from both, as before.
+        push(&mut svc, 1, 10.0);
+        push(&mut svc, 0, 20.0);
+        assert_eq!(svc.handler().global_step(), 4);
+        assert_eq!(weights(&svc), [-33.0, -33.0]);
+    }
 
     #[test]
     fn a_sent_reply_buffer_is_reused_once_the_transport_dropped_it() {

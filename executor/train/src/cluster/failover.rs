@@ -107,29 +107,35 @@ pub(super) fn rollback(
     Ok((Some(restored), Some(p)))
 }
 
-/// Asynchronously, the step worker `index` resumes at, `from` being its
-/// position's (its checkpoint's, 0 without one): the lowest of its steps
-/// the shards have applied (`STATS` `worker_steps`; a shard that has no
-/// record of it does not count). Every shard is told (`RESUME_AT`), so one
-/// that applied more of its steps acknowledges their replayed pushes
-/// without applying them again: the worker, killed and restarted, trains
-/// each example once.
+/// The step worker `index` resumes at, `from` being its position's (its
+/// checkpoint's, 0 without one): the lowest of its steps the shards hold
+/// (`STATS` `worker_steps`: applied, or with `--sync` kept for the step
+/// being gathered; a shard that has no record of it does not count).
+/// Every shard is told (`RESUME_AT`), so one that holds more of its steps
+/// acknowledges their replayed pushes without applying them again: the
+/// worker, killed and restarted, trains each example once. With `--sync`
+/// its first step then waits for the others' (the barrier of the steps it
+/// passed over), so the run goes on as if it had not died; only when the
+/// shards disagree (it died between its pushes of one step to two shards,
+/// and one of them applied that step) is its replayed step computed on
+/// that shard's newer values, which is said at warn.
 pub(super) fn resume_at(
     net: &mut dyn WorkerNet,
     shards: usize,
     index: usize,
     from: u64,
+    sync: bool,
 ) -> Result<u64, TrainError> {
     let key = index.to_string();
-    let mut at: Option<u64> = None;
+    let mut held: Vec<u64> = Vec::new();
     for b in control_all(net, shards, &Control::Stats)? {
         let v: serde_json::Value = serde_json::from_slice(&b)
             .map_err(|e| TrainError::Remote(format!("STATS is not JSON: {e}")))?;
         if let Some(n) = v["worker_steps"][key.as_str()].as_u64() {
-            at = Some(at.map_or(n, |a| a.min(n)));
+            held.push(n);
         }
     }
-    let at = at.unwrap_or(from);
+    let at = held.iter().copied().min().unwrap_or(from);
     if at < from {
         return Err(TrainError::Remote(format!(
             "the PS has applied {at} of worker {index}'s steps, fewer than its position in the \
@@ -144,6 +150,15 @@ pub(super) fn resume_at(
             "the PS holds this worker's first {at} steps: passing over the {} after its \
              checkpoint's position without training them again",
             at - from
+        );
+    }
+    if sync && held.iter().any(|&n| n != at) {
+        tracing::warn!(
+            worker = index,
+            "the shards hold different numbers of this worker's steps ({held:?}): its step {at} \
+             is trained again on the values of the shards that applied it already, so the run \
+             differs from an uninterrupted one in that step (each example is still trained \
+             once)"
         );
     }
     Ok(at)

@@ -457,17 +457,13 @@ pub fn run_worker_task(
     };
     let mut failovers = Vec::new();
     let out = loop {
-        // With --sync a step waits for every worker, so none is ahead of
-        // the others' checkpoint position.
-        let forward_to = match cfg.sync {
-            true => 0,
-            false => failover::resume_at(
-                &mut *net,
-                plan.shards,
-                index,
-                resume.as_ref().map_or(0, |p| p.steps),
-            )?,
-        };
+        let forward_to = failover::resume_at(
+            &mut *net,
+            plan.shards,
+            index,
+            resume.as_ref().map_or(0, |p| p.steps),
+            cfg.sync,
+        )?;
         let e = match worker_loop(
             cfg,
             &plan,

@@ -726,6 +726,11 @@ pub fn worker_loop(
                 offset += n as u64;
                 steps_done += 1;
                 resumed_examples += n as u64;
+                // With --sync the next step is computed on the values after
+                // every worker's pushes of the steps passed over.
+                if cfg.sync && steps_done == from.held_steps {
+                    core.barrier(net, steps_done * w_count)?;
+                }
                 continue;
             }
             // A checkpoint step's barrier may release the other workers as
