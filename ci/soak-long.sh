@@ -14,7 +14,7 @@ SECONDS_LONG="${SOAK_LONG_SECONDS:-600}"
 CONNECTIONS="${SOAK_LONG_CONNECTIONS:-256}"
 BACKENDS="${SOAK_LONG_BACKENDS:-tcp uring}"
 
-cargo build --release --locked -p starwire
+cargo build --release --locked -p starwire --features uring
 status=0
 for b in $BACKENDS; do
     if [ "$b" = uring ] && ! ./target/release/starwire info | grep -Eq "^ *uring .*usable"; then

@@ -110,6 +110,10 @@ pub struct ConnConfig {
     pub idle_timeout: Option<Duration>,
     /// The budget queued and reassembled messages are charged to.
     pub budget: Option<MemoryBudget>,
+    /// The cluster's worker count: a peer that says it is a worker with a
+    /// task index not below it fails the handshake (a PS keeps state per
+    /// worker index). None: any index.
+    pub workers: Option<u32>,
 }
 
 impl ConnConfig {
@@ -129,6 +133,7 @@ impl ConnConfig {
             handshake_timeout: None,
             idle_timeout: None,
             budget: None,
+            workers: None,
         }
     }
 }

@@ -374,3 +374,32 @@ fn queued_replies_and_reassembly_are_bounded_by_the_budget_and_released() {
     a.poll_events(&mut |_, _, e| events.push(e));
     assert!(events.iter().any(|e| matches!(e, Event::Connected(_))));
 }
+
+/// A PS that knows the cluster's worker count refuses, at the handshake,
+/// a peer claiming a worker task index past it, and serves one below it.
+#[test]
+fn a_worker_index_past_the_cluster_is_refused_at_the_handshake() {
+    for (index, refused) in [(2u32, true), (1, false)] {
+        let mut w = worker(Some(TOKEN));
+        w.local.task_index = index;
+        let mut p = ps(Some(TOKEN));
+        p.workers = Some(2);
+        let (mut a, mut b, ia, ib) = pair(w, p);
+        a.conn(ia)
+            .expect("held")
+            .request(Opcode::SparsePull, 0, Payload::from(vec![9; 64]), None)
+            .expect("queued");
+        let served = turns(&mut a, &mut b, 6, Instant::now());
+        if refused {
+            assert_eq!(served, 0, "a request of worker {index} was served");
+            let e = failure(&mut b).expect("the PS end closed");
+            assert!(
+                matches!(&e, ConnError::Handshake(m) if m.contains("worker 2") && m.contains("2 workers")),
+                "{e}"
+            );
+        } else {
+            assert_eq!(served, 1);
+            assert!(b.conn_ref(ib).expect("held").is_established());
+        }
+    }
+}

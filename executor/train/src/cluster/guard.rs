@@ -95,6 +95,7 @@ impl Guard {
         if let Some(b) = budget {
             cc.idle_timeout = self.idle_timeout;
             cc.budget = Some(b.clone());
+            cc.workers = u32::try_from(cfg.workers).ok();
         }
         cc
     }

@@ -31,6 +31,16 @@ impl Connection {
                 hello.max_frame_len
             ))));
         }
+        if let Some(n) = self.cfg.workers {
+            if hello.role == Role::Worker && hello.task_index >= n {
+                return Err(self.fatal(ConnError::Handshake(format!(
+                    "the peer says it is worker {}, but the cluster has {n} workers \
+                     (task indices 0 to {})",
+                    hello.task_index,
+                    n.saturating_sub(1)
+                ))));
+            }
+        }
         let peer_auth = hello.flags & HELLO_FLAG_AUTH != 0;
         match (self.cfg.token.is_some(), peer_auth) {
             (true, false) => {
