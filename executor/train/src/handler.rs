@@ -103,6 +103,23 @@ pub struct ShardHandler {
 }
 
 impl ShardHandler {
+    /// Shard `index` over `shard`, with no checkpoint directory, deltas or
+    /// telemetry (set the fields that a task needs).
+    pub fn new(shard: PsShard, index: usize) -> Self {
+        Self {
+            restored_step: shard.global_step(),
+            shard,
+            index,
+            checkpoint_dir: None,
+            checkpoint_every: 0,
+            checkpoint_next: None,
+            votes: CheckpointVotes::default(),
+            deltas: None,
+            incarnation: 0,
+            telemetry: None,
+        }
+    }
+
     fn publish(&mut self) {
         if let Some(t) = &mut self.telemetry {
             t.publish(&self.shard);

@@ -315,18 +315,7 @@ mod tests {
     fn state(shards: usize) -> Arc<LockedShards> {
         Arc::new(LockedShards::new(
             (0..shards)
-                .map(|i| ShardHandler {
-                    shard: PsShard::new(i, &[], ShardConfig::default()),
-                    index: i,
-                    checkpoint_dir: None,
-                    checkpoint_every: 0,
-                    checkpoint_next: None,
-                    votes: Default::default(),
-                    deltas: None,
-                    incarnation: 0,
-                    restored_step: 0,
-                    telemetry: None,
-                })
+                .map(|i| ShardHandler::new(PsShard::new(i, &[], ShardConfig::default()), i))
                 .collect(),
             None,
         ))

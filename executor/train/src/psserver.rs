@@ -662,19 +662,7 @@ mod tests {
             optimizer: OptimizerConfig::sgd(1.0),
             ..ShardConfig::default()
         };
-        Service::new(ShardHandler {
-            shard: PsShard::new(0, &[var], cfg),
-            index: 0,
-            checkpoint_dir: None,
-            checkpoint_every: 0,
-            checkpoint_next: None,
-            votes: Default::default(),
-            deltas: None,
-            incarnation: 0,
-            restored_step: 0,
-            telemetry: None,
-        })
-        .with_sync(2)
+        Service::new(ShardHandler::new(PsShard::new(0, &[var], cfg), 0)).with_sync(2)
     }
 
     fn push(svc: &mut Service<ShardHandler>, w: u32, g: f32) {

@@ -117,16 +117,8 @@ impl Cluster {
         let mut servers: Vec<Server> = (0..SHARDS)
             .map(|i| {
                 let handler = ShardHandler {
-                    shard: PsShard::new(i, &vars(i), shard_config()),
-                    index: i,
                     checkpoint_dir: Some(dir.to_owned()),
-                    checkpoint_every: 0,
-                    checkpoint_next: None,
-                    votes: Default::default(),
-                    deltas: None,
-                    incarnation: 0,
-                    restored_step: 0,
-                    telemetry: None,
+                    ..ShardHandler::new(PsShard::new(i, &vars(i), shard_config()), i)
                 };
                 Server {
                     ep: Endpoint::new(

@@ -66,18 +66,7 @@ fn start(expected: usize) -> Ps {
         max_park: Duration::from_millis(20),
     };
     let reactor = Reactor::spawn(spec, move |_| {
-        let handler = ShardHandler {
-            shard,
-            index: 0,
-            checkpoint_dir: None,
-            checkpoint_every: 0,
-            checkpoint_next: None,
-            votes: Default::default(),
-            deltas: None,
-            incarnation: 0,
-            restored_step: 0,
-            telemetry: None,
-        };
+        let handler = ShardHandler::new(shard, 0);
         Endpoint::new(
             TcpDriver::new(tcp_config()).unwrap(),
             ShardService::new(0, handler, expected),

@@ -95,7 +95,6 @@ impl Guard {
         if let Some(b) = budget {
             cc.idle_timeout = self.idle_timeout;
             cc.budget = Some(b.clone());
-            cc.workers = u32::try_from(cfg.workers).ok();
         }
         cc
     }

@@ -169,22 +169,16 @@ pub(crate) fn shard_handler(
     restore: Option<&Path>,
 ) -> Result<ShardHandler, TrainError> {
     let shard = make_shard(cfg, plan, s, restore)?;
-    let restored_step = shard.global_step();
     let telemetry = ShardTelemetry::new(&cfg.telemetry, cfg.backend.name(), &shard, cfg.log_every);
     let deltas = cfg
         .delta_every_steps
         .map(|n| DeltaExport::new(n, shard.global_step(), &shard));
     Ok(ShardHandler {
-        shard,
-        index: s,
         checkpoint_dir: cfg.checkpoint_dir.clone(),
         checkpoint_every: cfg.checkpoint_every_steps.unwrap_or(0),
-        checkpoint_next: None,
-        votes: Default::default(),
         deltas,
-        incarnation: 0,
-        restored_step,
         telemetry: Some(telemetry),
+        ..ShardHandler::new(shard, s)
     })
 }
 
@@ -433,7 +427,11 @@ pub fn start_ps<K: Backend>(
         let mut handler = shard_handler(cfg, plan, s, restore)?;
         let me = peer(TaskRole::Ps, ps_index as u32, r as u16);
         handler.incarnation = me.incarnation;
-        let conn_cfg = cfg.guard.apply(cfg, ConnConfig::new(me), Some(&budget));
+        let mut conn_cfg = cfg.guard.apply(cfg, ConnConfig::new(me), Some(&budget));
+        // The worker task indices this PS serves: the cluster's, and in the
+        // local cluster its evaluator's (one past them, counted in
+        // `expected`).
+        conn_cfg.workers = u32::try_from(cfg.workers.max(expected)).ok();
         let spec = layout.ps_spec(s)?;
         // The driver (an io_uring ring) is made on the reactor's own
         // thread, which reports a failure to make it.
