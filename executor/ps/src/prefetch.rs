@@ -13,6 +13,11 @@
 /// How many rows ahead the loops prefetch.
 pub(crate) const DISTANCE: usize = 8;
 
+/// How many keys ahead the key loops prefetch their probes: a probe's
+/// loop body is a few dozen instructions, far shorter than a row's copy
+/// or update, so it needs more iterations to cover a miss.
+pub(crate) const PROBE_DISTANCE: usize = 24;
+
 /// Hint that `row` will be read or written soon: one prefetch per cache
 /// line. A no-op on targets without the intrinsic.
 #[inline(always)]

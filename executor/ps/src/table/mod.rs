@@ -356,7 +356,7 @@ impl EmbeddingTable {
         resolved.clear();
         fresh.clear();
         let mut r = Ok(());
-        let ahead = keys.iter().skip(prefetch::DISTANCE);
+        let ahead = keys.iter().skip(prefetch::PROBE_DISTANCE);
         for (k, next) in keys
             .iter()
             .zip(ahead.map(Some).chain(std::iter::repeat(None)))
@@ -473,7 +473,7 @@ impl EmbeddingTable {
         marks.resize((self.rows.next as usize).div_ceil(64), 0);
         // As in `apply_at`: the probes first, their misses overlapping.
         let mut direct = true;
-        let ahead = keys.iter().skip(prefetch::DISTANCE);
+        let ahead = keys.iter().skip(prefetch::PROBE_DISTANCE);
         for (k, next) in keys
             .iter()
             .zip(ahead.map(Some).chain(std::iter::repeat(None)))
@@ -581,7 +581,7 @@ impl EmbeddingTable {
         targets.clear();
         let keys = &self.scratch.acc_keys;
         for (i, &key) in keys.iter().enumerate() {
-            if let Some(&next) = keys.get(i + prefetch::DISTANCE) {
+            if let Some(&next) = keys.get(i + prefetch::PROBE_DISTANCE) {
                 self.rows.map.prefetch(next);
             }
             targets.push(match self.rows.map.get_mut(key) {
