@@ -1,4 +1,4 @@
-//! Software prefetch of table rows.
+//! Software prefetch of table rows and key map entries.
 //!
 //! The PS's row loops (copying pulled rows into a reply, applying the
 //! optimizer to pushed rows) touch rows at random places in a table of
@@ -12,6 +12,11 @@
 
 /// How many rows ahead the loops prefetch.
 pub(crate) const DISTANCE: usize = 8;
+
+/// How many keys ahead the key loops prefetch their probes: a probe's
+/// loop body is a few dozen instructions, far shorter than a row's copy
+/// or update, so it needs more iterations to cover a miss.
+pub(crate) const PROBE_DISTANCE: usize = 24;
 
 /// Hint that `row` will be read or written soon: one prefetch per cache
 /// line. A no-op on targets without the intrinsic.
@@ -33,4 +38,20 @@ pub(crate) fn row(row: &[f32]) {
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = row;
+}
+
+/// Hint that `value` (a hash map entry) will be read or written soon: the
+/// cache line it starts in. A no-op on targets without the intrinsic.
+#[inline(always)]
+pub(crate) fn entry<T>(value: &T) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use core::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let p = (value as *const T).cast::<i8>();
+        // SAFETY: as in `row`: a prefetch has no architectural effect and
+        // never faults; this address is that of a live reference.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = value;
 }

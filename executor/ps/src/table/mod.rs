@@ -11,6 +11,7 @@ use crate::optim::OptimizerConfig;
 use crate::prefetch;
 use crate::var::VarDef;
 
+mod keymap;
 mod rows;
 mod stale;
 use rows::alloc;
@@ -149,6 +150,8 @@ struct Scratch {
     counted: FxHashSet<u64>,
     // Row indices of the keys of one pull.
     resolved: Vec<u32>,
+    // The new rows of one pull: position in `resolved` and key.
+    fresh: Vec<(usize, u64)>,
     // Row indices and update counts of the rows of one push.
     targets: Vec<(u32, u64)>,
     // One bit per row index: the rows of the push item being checked for
@@ -258,7 +261,10 @@ impl EmbeddingTable {
     }
 
     fn pull_row(&mut self, key: u64, step: u64, once: bool) -> Result<Option<&[f32]>, TableFull> {
-        let index = self.resolve(key, step, once)?;
+        let (index, new) = self.resolve(key, step, once)?;
+        if new {
+            self.init_row(index, key);
+        }
         Ok((index != NO_ROW).then(|| &self.rows.arena.row(index)[..self.dim]))
     }
 
@@ -269,56 +275,63 @@ impl EmbeddingTable {
         keys: impl Iterator<Item = u64>,
         seen: &mut FxHashSet<u64>,
     ) -> usize {
-        keys.filter(|k| !self.rows.map.contains_key(k) && seen.insert(*k))
+        keys.filter(|&k| !self.rows.map.contains_key(k) && seen.insert(k))
             .count()
     }
 
     /// The row index of `key` for a pull at `step` ([`NO_ROW`] while the
     /// filter holds it back), creating the row if the key is admitted now
-    /// and refreshing its access time.
-    fn resolve(&mut self, key: u64, step: u64, once: bool) -> Result<u32, TableFull> {
-        use std::collections::hash_map::Entry;
-        let dim = self.dim;
+    /// and refreshing its access time; true when the row is new: its
+    /// floats are stale or zero until [`Self::init_row`].
+    fn resolve(&mut self, key: u64, step: u64, once: bool) -> Result<(u32, bool), TableFull> {
         let rows = &mut self.rows;
         let max_rows = self.policy.max_rows;
         let len = rows.map.len();
-        // One hash lookup for an existing row; a new row goes into the slot
-        // that lookup found.
-        let slot = match rows.map.entry(key) {
-            Entry::Occupied(e) => e.into_mut(),
-            Entry::Vacant(v) => {
-                if once && self.policy.filter_freq > 1 && !self.scratch.counted.insert(key) {
-                    self.stats.filtered_pulls += 1;
-                    return Ok(NO_ROW);
-                }
-                if !admit(&mut self.pending, &mut self.stats, &self.policy, key, step) {
-                    return Ok(NO_ROW);
-                }
-                let full = |why| TableFull {
-                    var: self.def.id,
-                    rows: len,
-                    why,
-                };
-                if len >= max_rows {
-                    return Err(full(NoRoom::MaxRows));
-                }
-                let index = alloc(&mut rows.arena, &mut rows.next, &mut rows.free).map_err(full)?;
-                let (w, s) = rows.arena.row_mut(index).split_at_mut(dim);
-                match self.defaults.as_deref() {
-                    Some(d) => w.copy_from_slice(d.row(key)),
-                    None => self.def.init_values(self.seed, key, w),
-                }
-                self.opt.init_slots(s);
-                self.stats.admitted += 1;
-                v.insert(Slot {
-                    index,
-                    last_access: step,
-                    updates: 0,
-                })
-            }
+        // One probe for an existing row; a new row goes into the position
+        // that probe found.
+        let found = rows.map.find(key);
+        if let Some(keymap::Found::At(at)) = found {
+            let slot = rows.map.slot_mut(at);
+            slot.last_access = slot.last_access.max(step);
+            return Ok((slot.index, false));
+        }
+        if once && self.policy.filter_freq > 1 && !self.scratch.counted.insert(key) {
+            self.stats.filtered_pulls += 1;
+            return Ok((NO_ROW, false));
+        }
+        if !admit(&mut self.pending, &mut self.stats, &self.policy, key, step) {
+            return Ok((NO_ROW, false));
+        }
+        let full = |why| TableFull {
+            var: self.def.id,
+            rows: len,
+            why,
         };
-        slot.last_access = slot.last_access.max(step);
-        Ok(slot.index)
+        if len >= max_rows {
+            return Err(full(NoRoom::MaxRows));
+        }
+        let index = alloc(&mut rows.arena, &mut rows.next, &mut rows.free).map_err(full)?;
+        self.stats.admitted += 1;
+        rows.map.insert_at(
+            found,
+            key,
+            Slot {
+                index,
+                last_access: step,
+                updates: 0,
+            },
+        );
+        Ok((index, true))
+    }
+
+    /// Give the new row `index` of `key` its initial weights and slots.
+    fn init_row(&mut self, index: u32, key: u64) {
+        let (w, s) = self.rows.arena.row_mut(index).split_at_mut(self.dim);
+        match self.defaults.as_deref() {
+            Some(d) => w.copy_from_slice(d.row(key)),
+            None => self.def.init_values(self.seed, key, w),
+        }
+        self.opt.init_slots(s);
     }
 
     /// Answer a rows pull item: append the rows of `keys` (zeros for keys
@@ -326,9 +339,12 @@ impl EmbeddingTable {
     /// [`Self::pull_once`]'s semantics for every key.
     ///
     /// Two passes: the first resolves every key to its row (creating the
-    /// admitted new ones), the second copies the rows. The probes of the
-    /// first pass do not depend on one another, so their cache misses
-    /// overlap instead of alternating with the copies.
+    /// admitted new ones), the second initialises the new rows and copies
+    /// the rows. The probes of the first pass do not depend on one
+    /// another, so their cache misses overlap (each key's probe is
+    /// prefetched a few keys ahead) instead of alternating with the
+    /// copies; a new row's default values, at a random place in a matrix
+    /// of a megabyte per table, are prefetched in the second pass.
     pub(crate) fn pull_rows_into(
         &mut self,
         keys: U64s<'_>,
@@ -336,11 +352,25 @@ impl EmbeddingTable {
         out: &mut Vec<u8>,
     ) -> Result<(), TableFull> {
         let mut resolved = std::mem::take(&mut self.scratch.resolved);
+        let mut fresh = std::mem::take(&mut self.scratch.fresh);
         resolved.clear();
+        fresh.clear();
         let mut r = Ok(());
-        for k in keys.iter() {
+        let ahead = keys.iter().skip(prefetch::PROBE_DISTANCE);
+        for (k, next) in keys
+            .iter()
+            .zip(ahead.map(Some).chain(std::iter::repeat(None)))
+        {
+            if let Some(next) = next {
+                self.rows.map.prefetch(next);
+            }
             match self.resolve(k, step, true) {
-                Ok(i) => resolved.push(i),
+                Ok((i, new)) => {
+                    if new {
+                        fresh.push((resolved.len(), k));
+                    }
+                    resolved.push(i);
+                }
                 Err(e) => {
                     r = Err(e);
                     break;
@@ -350,17 +380,39 @@ impl EmbeddingTable {
         if r.is_ok() {
             let dim = self.dim;
             out.reserve(4 * dim * resolved.len());
+            // `fresh` is in position order: one cursor for the new row
+            // being prefetched, one for the next to initialise.
+            let (mut to_fetch, mut to_init) = (0, 0);
             for (i, &index) in resolved.iter().enumerate() {
-                let ahead = resolved.get(i + prefetch::DISTANCE).copied();
-                self.rows.arena.prefetch(ahead, dim);
+                let a = i + prefetch::DISTANCE;
+                self.rows.arena.prefetch(resolved.get(a).copied(), dim);
+                if let Some(d) = self.defaults.as_deref() {
+                    while fresh.get(to_fetch).is_some_and(|&(p, _)| p < a) {
+                        to_fetch += 1;
+                    }
+                    if let Some(&(_, key)) = fresh.get(to_fetch).filter(|&&(p, _)| p == a) {
+                        prefetch::row(d.row(key));
+                        to_fetch += 1;
+                    }
+                }
+                if let Some(&(_, key)) = fresh.get(to_init).filter(|&&(p, _)| p == i) {
+                    self.init_row(index, key);
+                    to_init += 1;
+                }
                 if index == NO_ROW {
                     out.resize(out.len() + 4 * dim, 0);
                 } else {
                     put_f32s(out, &self.rows.arena.row(index)[..dim]);
                 }
             }
+        } else {
+            // The rows made before the refusal stay: they get their values.
+            for &(p, key) in &fresh {
+                self.init_row(resolved[p], key);
+            }
         }
         self.scratch.resolved = resolved;
+        self.scratch.fresh = fresh;
         r
     }
 
@@ -421,8 +473,15 @@ impl EmbeddingTable {
         marks.resize((self.rows.next as usize).div_ceil(64), 0);
         // As in `apply_at`: the probes first, their misses overlapping.
         let mut direct = true;
-        for k in keys.iter() {
-            let Some(s) = self.rows.map.get_mut(&k) else {
+        let ahead = keys.iter().skip(prefetch::PROBE_DISTANCE);
+        for (k, next) in keys
+            .iter()
+            .zip(ahead.map(Some).chain(std::iter::repeat(None)))
+        {
+            if let Some(next) = next {
+                self.rows.map.prefetch(next);
+            }
+            let Some(s) = self.rows.map.get_mut(k) else {
                 direct = false;
                 break;
             };
@@ -453,7 +512,7 @@ impl EmbeddingTable {
     /// took (its keys are unique, so each row is restored once).
     fn undo_direct(&mut self) {
         for &(k, last_access) in &self.scratch.direct_undo {
-            if let Some(s) = self.rows.map.get_mut(&k) {
+            if let Some(s) = self.rows.map.get_mut(k) {
                 s.updates -= 1;
                 s.last_access = last_access;
             }
@@ -520,7 +579,11 @@ impl EmbeddingTable {
         // then the updates.
         let mut targets = std::mem::take(&mut self.scratch.targets);
         targets.clear();
-        for key in &self.scratch.acc_keys {
+        let keys = &self.scratch.acc_keys;
+        for (i, &key) in keys.iter().enumerate() {
+            if let Some(&next) = keys.get(i + prefetch::PROBE_DISTANCE) {
+                self.rows.map.prefetch(next);
+            }
             targets.push(match self.rows.map.get_mut(key) {
                 Some(s) => {
                     s.updates += 1;
@@ -858,6 +921,44 @@ mod tests {
             assert_eq!(a.stats(), b.stats());
         }
         assert_eq!(a.len(), 3);
+    }
+
+    #[test]
+    fn a_rows_pull_of_new_and_repeated_keys_matches_single_pulls() {
+        // Past the prefetch distance, with repeats: every new row is
+        // initialised before any occurrence of its key is copied.
+        let mut a = table_with_defaults(8);
+        let mut b = table_with_defaults(8);
+        let keys: Vec<u64> = (0..40u64).map(|i| (i * 7) % 23).collect();
+        let bytes: Vec<u8> = keys.iter().flat_map(|k| k.to_le_bytes()).collect();
+        let mut out = Vec::new();
+        a.pull_rows_into(U64s::new(&bytes).unwrap(), 0, &mut out)
+            .expect("room");
+        let mut want = Vec::new();
+        for &k in &keys {
+            put_f32s(&mut want, b.pull(k, 0).expect("room").unwrap());
+        }
+        assert_eq!(out, want);
+        assert_eq!(a.len(), 23);
+    }
+
+    #[test]
+    fn rows_a_refused_pull_made_hold_their_initial_values() {
+        let mut t = table_with(TablePolicy {
+            max_rows: 2,
+            default_value_dim: 8,
+            ..TablePolicy::default()
+        });
+        let bytes: Vec<u8> = [1u64, 2, 3].iter().flat_map(|k| k.to_le_bytes()).collect();
+        let mut out = Vec::new();
+        let e = t.pull_rows_into(U64s::new(&bytes).unwrap(), 0, &mut out);
+        assert_eq!(e.map_err(|e| e.why), Err(NoRoom::MaxRows));
+        let mut want = vec![0.0; 4];
+        for k in [1u64, 2] {
+            t.def().init_values(9, k, &mut want);
+            assert_eq!(t.get(k).unwrap(), &want[..], "key {k}");
+        }
+        assert!(t.get(3).is_none());
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! map and the arena of rows (weights and optimizer slots side by side),
 //! in blocks that grow without moving rows.
 
+use super::keymap::{Found, KeyMap};
 use super::*;
 
 /// Where a row lives, and its bookkeeping for eviction and Adam's per-row
@@ -23,7 +24,7 @@ pub(crate) struct Slot {
 /// so creating a row costs no `malloc` and removing one no `free`.
 #[derive(Debug, Clone)]
 pub(crate) struct Rows {
-    pub(crate) map: Map<Slot>,
+    pub(crate) map: KeyMap,
     pub(crate) arena: Arena,
     /// Indices below this have been handed out.
     pub(crate) next: u32,
@@ -200,7 +201,7 @@ impl Arena {
 impl Rows {
     /// An empty store of rows of `stride` floats, with room for `n` rows.
     pub(crate) fn with_capacity(stride: usize, n: usize) -> Self {
-        let mut map = Map::default();
+        let mut map = KeyMap::default();
         map.reserve(n);
         Self {
             map,
@@ -222,12 +223,12 @@ impl Rows {
 
     /// The keys, in no particular order.
     pub(crate) fn keys(&self) -> impl Iterator<Item = u64> + '_ {
-        self.map.keys().copied()
+        self.map.keys()
     }
 
     /// The bookkeeping and the `stride` floats of `key`'s row.
     pub(crate) fn get(&self, key: u64) -> Option<(Slot, &[f32])> {
-        let s = *self.map.get(&key)?;
+        let s = *self.map.get(key)?;
         Some((s, self.arena.row(s.index)))
     }
 
@@ -240,17 +241,21 @@ impl Rows {
         updates: u64,
         data: &[f32],
     ) -> Result<bool, NoRoom> {
-        use std::collections::hash_map::Entry;
-        let Entry::Vacant(v) = self.map.entry(key) else {
+        let found = self.map.find(key);
+        if let Some(Found::At(_)) = found {
             return Ok(false);
-        };
+        }
         let index = alloc(&mut self.arena, &mut self.next, &mut self.free)?;
         self.arena.row_mut(index).copy_from_slice(data);
-        v.insert(Slot {
-            index,
-            last_access,
-            updates,
-        });
+        self.map.insert_at(
+            found,
+            key,
+            Slot {
+                index,
+                last_access,
+                updates,
+            },
+        );
         Ok(true)
     }
 
@@ -258,7 +263,7 @@ impl Rows {
     pub(crate) fn retain(&mut self, mut keep: impl FnMut(&Slot) -> bool) -> usize {
         let before = self.map.len();
         let free = &mut self.free;
-        self.map.retain(|_, s| {
+        self.map.retain(|s| {
             let k = keep(s);
             if !k {
                 free.push(s.index);

@@ -43,7 +43,7 @@ impl EmbeddingTable {
         let positional = rec.var(var).is_some_and(|v| v.keys == keys);
         let mut applied = 0;
         for (i, key) in keys.iter().enumerate() {
-            let Some(s) = self.rows.map.get_mut(key) else {
+            let Some(s) = self.rows.map.get_mut(*key) else {
                 self.stats.ignored_pushes += 1;
                 continue;
             };
