@@ -24,6 +24,8 @@ cd "$(dirname "$0")/.."
 # shellcheck source=ci/lib/figures.sh
 . ci/lib/figures.sh
 figures_setup ci/dpdk-ceiling.sh
+# shellcheck source=ci/lib/bench.sh
+. ci/lib/bench.sh
 tag="${STARWIRE_NETNS_PREFIX:-swc}$$"
 ROUNDS="${ROUNDS:-2}"
 netns_one "$tag"
@@ -38,18 +40,13 @@ port=19100
 # starwire's pps over the pair: `starwire_pps VDEV_A VDEV_B`.
 starwire_pps() {
     port=$((port + 1))
-    ip netns exec "$NS_S" timeout 120 "$BIN" bench --listen "127.0.0.1:$port" --one-off \
-        --eal "$EAL --vdev=$1" --dpdk-ip 10.97.2.1 >"$LOG_DIR/server.log" 2>&1 &
-    local server=$!
-    for _ in $(seq 100); do
-        grep -qs "waiting for a client" "$LOG_DIR/server.log" && break
-        sleep 0.1
-    done
+    bench_serve "$NS_S" "127.0.0.1:$port" "$LOG_DIR/server.log" \
+        --eal "$EAL --vdev=$1" --dpdk-ip 10.97.2.1
     ip netns exec "$NS_S" timeout 120 "$BIN" bench --connect "127.0.0.1:$port" \
         --backends dpdk --mode rate --sizes 64 --inflight 32 --cores 0,1 --polling on \
         --duration "$DURATION" --eal "$EAL --vdev=$2" --dpdk-ip 10.97.2.2 --json \
         >"$LOG_DIR/client.json" 2>"$LOG_DIR/client.log" || true
-    wait "$server" || true
+    wait "$BENCH_SERVER" || true
     grep -o '"pps":[0-9.e+-]*' "$LOG_DIR/client.json" | head -1 | cut -d: -f2
 }
 
