@@ -7,11 +7,13 @@
 #   * starwire: `bench --listen` on one end and `bench --connect --backends
 #     dpdk --mode rate --sizes 64 --inflight 32` on the other, two
 #     processes in the namespace (control over its loopback), client
-#     reactor on core 0, server reactor on core 1, `--polling P` for each
-#     P of $POLLING (default "on": busy-polling reactors; "on off" also
-#     runs reactors that nap between polls when idle); pps: packets
-#     received per second by both ends' drivers, data and
-#     acknowledgements;
+#     reactor on core 0, server reactor on core 1, once for each setting
+#     of $POLLING (default "on"): `on` busy-polling reactors (`--polling
+#     on`), `off` reactors that nap between polls when idle (`--polling
+#     off`), a number N reactors that poll N us after their last work and
+#     then nap (`--polling on`, the script sets STARWIRE_IDLE_POLL_US=N
+#     for both processes); pps: packets received per second by both
+#     ends' drivers, data and acknowledgements;
 #   * testpmd: `dpdk-testpmd -l 0,1 --vdev=<one end> --vdev=<the other>
 #     -- --total-num-mbufs=8192 --nb-cores=1 --forward-mode=io
 #     --tx-first`, both ports in one process; Rx-pps summed over both
@@ -42,16 +44,22 @@ median() {
 }
 
 port=19100
-# starwire's pps over the pair: `starwire_pps VDEV_A VDEV_B POLLING`.
+# starwire's pps over the pair: `starwire_pps VDEV_A VDEV_B SETTING`, the
+# setting one of $POLLING's.
 starwire_pps() {
     port=$((port + 1))
+    # Both processes read STARWIRE_IDLE_POLL_US (each end's reactor).
+    local polling=$3
+    unset STARWIRE_IDLE_POLL_US
+    case $3 in on | off) ;; *) polling=on && export STARWIRE_IDLE_POLL_US=$3 ;; esac
     bench_serve "$NS_S" "127.0.0.1:$port" "$LOG_DIR/server.log" \
         --eal "$EAL --vdev=$1" --dpdk-ip 10.97.2.1
     ip netns exec "$NS_S" timeout 120 "$BIN" bench --connect "127.0.0.1:$port" \
-        --backends dpdk --mode rate --sizes 64 --inflight 32 --cores 0,1 --polling "$3" \
+        --backends dpdk --mode rate --sizes 64 --inflight 32 --cores 0,1 --polling "$polling" \
         --duration "$DURATION" --eal "$EAL --vdev=$2" --dpdk-ip 10.97.2.2 --json \
         >"$LOG_DIR/client.json" 2>"$LOG_DIR/client.log" || true
     wait "$BENCH_SERVER" || true
+    unset STARWIRE_IDLE_POLL_US
     grep -o '"pps":[0-9.e+-]*' "$LOG_DIR/client.json" | head -1 | cut -d: -f2
 }
 
