@@ -7,25 +7,34 @@
 #   * starwire: `bench --listen` on one end and `bench --connect --backends
 #     dpdk --mode rate --sizes 64 --inflight 32` on the other, two
 #     processes in the namespace (control over its loopback), client
-#     reactor on core 0, server reactor on core 1; pps: packets received
-#     per second by both ends' drivers, data and acknowledgements;
+#     reactor on core 0, server reactor on core 1, once for each setting
+#     of $POLLING (default "on"): `on` busy-polling reactors (`--polling
+#     on`), `off` reactors that nap between polls when idle (`--polling
+#     off`), a number N reactors that poll N us after their last work and
+#     then nap (`--polling on`, the script sets STARWIRE_IDLE_POLL_US=N
+#     for both processes); pps: packets received per second by both
+#     ends' drivers, data and acknowledgements;
 #   * testpmd: `dpdk-testpmd -l 0,1 --vdev=<one end> --vdev=<the other>
 #     -- --total-num-mbufs=8192 --nb-cores=1 --forward-mode=io
 #     --tx-first`, both ports in one process; Rx-pps summed over both
 #     ports each second, the median of the reports after the first two.
-# For net_af_xdp and net_af_packet, the two alternated ROUNDS times; prints
-# one JSON line per measurement and the ratio of the medians. Needs root.
+# For net_af_xdp and net_af_packet, starwire (each polling setting) and
+# testpmd alternated ROUNDS times; prints one JSON line per measurement and
+# the ratio of the medians per polling setting. Needs root.
 # The namespace is $STARWIRE_NETNS_PREFIX (default swc) plus the pid.
 # Usage: [STARWIRE_NETNS_PREFIX=swc] [ROUNDS=2] [DURATION=3] [TESTPMD_SECS=8]
-#        [PROFILE=release] ci/dpdk-ceiling.sh
+#        [POLLING=on] [PROFILE=release] ci/dpdk-ceiling.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # shellcheck source=ci/lib/figures.sh
 . ci/lib/figures.sh
 figures_setup ci/dpdk-ceiling.sh
+# shellcheck source=ci/lib/bench.sh
+. ci/lib/bench.sh
 tag="${STARWIRE_NETNS_PREFIX:-swc}$$"
 ROUNDS="${ROUNDS:-2}"
+POLLING="${POLLING:-on}"
 netns_one "$tag"
 
 # The median (of an even count, the mean of the two middle values).
@@ -35,21 +44,22 @@ median() {
 }
 
 port=19100
-# starwire's pps over the pair: `starwire_pps VDEV_A VDEV_B`.
+# starwire's pps over the pair: `starwire_pps VDEV_A VDEV_B SETTING`, the
+# setting one of $POLLING's.
 starwire_pps() {
     port=$((port + 1))
-    ip netns exec "$NS_S" timeout 120 "$BIN" bench --listen "127.0.0.1:$port" --one-off \
-        --eal "$EAL --vdev=$1" --dpdk-ip 10.97.2.1 >"$LOG_DIR/server.log" 2>&1 &
-    local server=$!
-    for _ in $(seq 100); do
-        grep -qs "waiting for a client" "$LOG_DIR/server.log" && break
-        sleep 0.1
-    done
+    # Both processes read STARWIRE_IDLE_POLL_US (each end's reactor).
+    local polling=$3
+    unset STARWIRE_IDLE_POLL_US
+    case $3 in on | off) ;; *) polling=on && export STARWIRE_IDLE_POLL_US=$3 ;; esac
+    bench_serve "$NS_S" "127.0.0.1:$port" "$LOG_DIR/server.log" \
+        --eal "$EAL --vdev=$1" --dpdk-ip 10.97.2.1
     ip netns exec "$NS_S" timeout 120 "$BIN" bench --connect "127.0.0.1:$port" \
-        --backends dpdk --mode rate --sizes 64 --inflight 32 --cores 0,1 --polling on \
+        --backends dpdk --mode rate --sizes 64 --inflight 32 --cores 0,1 --polling "$polling" \
         --duration "$DURATION" --eal "$EAL --vdev=$2" --dpdk-ip 10.97.2.2 --json \
         >"$LOG_DIR/client.json" 2>"$LOG_DIR/client.log" || true
-    wait "$server" || true
+    wait "$BENCH_SERVER" || true
+    unset STARWIRE_IDLE_POLL_US
     grep -o '"pps":[0-9.e+-]*' "$LOG_DIR/client.json" | head -1 | cut -d: -f2
 }
 
@@ -75,16 +85,24 @@ for driver in af_xdp af_packet; do
             vdev_b="net_af_xdp1,iface=$SB,start_queue=0,queue_count=1"
             ;;
     esac
-    sw=()
     tp=()
+    declare -A sw=()
     for round in $(seq "$ROUNDS"); do
-        s=$(starwire_pps "$vdev_a" "$vdev_b")
+        line="{\"figure\":\"ceiling\",\"driver\":\"$driver\",\"round\":$round"
+        for p in $POLLING; do
+            s=$(starwire_pps "$vdev_a" "$vdev_b" "$p")
+            line="$line,\"starwire_pps_polling_$p\":${s:-null}"
+            sw[$p]="${sw[$p]:-} ${s:-0}"
+        done
         t=$(testpmd_pps "$vdev_a" "$vdev_b")
-        echo "{\"figure\":\"ceiling\",\"driver\":\"$driver\",\"round\":$round,\"starwire_pps\":${s:-null},\"testpmd_rx_pps\":${t:-null}}"
-        sw+=("${s:-0}")
+        echo "$line,\"testpmd_rx_pps\":${t:-null}}"
         tp+=("${t:-0}")
     done
-    s=$(printf '%s\n' "${sw[@]}" | median)
     t=$(printf '%s\n' "${tp[@]}" | median)
-    echo "{\"figure\":\"ceiling-ratio\",\"driver\":\"$driver\",\"starwire_pps\":$s,\"testpmd_rx_pps\":$t,\"ratio\":$(awk -v s="$s" -v t="$t" 'BEGIN {if (t > 0) printf "%.3f", s / t; else print "null"}'),\"load\":\"$(cut -d' ' -f1-3 /proc/loadavg)\"}"
+    for p in $POLLING; do
+        # shellcheck disable=SC2086
+        s=$(printf '%s\n' ${sw[$p]} | median)
+        echo "{\"figure\":\"ceiling-ratio\",\"driver\":\"$driver\",\"polling\":\"$p\",\"starwire_pps\":$s,\"testpmd_rx_pps\":$t,\"ratio\":$(awk -v s="$s" -v t="$t" 'BEGIN {if (t > 0) printf "%.3f", s / t; else print "null"}'),\"load\":\"$(cut -d' ' -f1-3 /proc/loadavg)\"}"
+    done
+    unset sw
 done

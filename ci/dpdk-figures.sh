@@ -28,6 +28,8 @@ cd "$(dirname "$0")/.."
 # shellcheck source=ci/lib/figures.sh
 . ci/lib/figures.sh
 figures_setup ci/dpdk-figures.sh
+# shellcheck source=ci/lib/bench.sh
+. ci/lib/bench.sh
 tag="${STARWIRE_NETNS_PREFIX:-swf}$$"
 REPEAT="${REPEAT:-3}"
 STARWIRE_CLUSTER_TOKEN="$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')"
@@ -42,19 +44,14 @@ bench_pair() {
     local name=$1 vdev_a=$2 vdev_b=$3
     shift 3
     port=$((port + 1))
-    ip netns exec "$NS_A" timeout 180 "$BIN" bench --listen "$CTL_A:$port" --one-off \
-        --eal "$EAL --vdev=$vdev_a" --dpdk-ip "$DPDK_A" \
-        >"$LOG_DIR/$name-server.log" 2>&1 &
-    local server=$! rc=0
-    for _ in $(seq 100); do
-        grep -qs "waiting for a client" "$LOG_DIR/$name-server.log" && break
-        sleep 0.1
-    done
+    bench_serve "$NS_A" "$CTL_A:$port" "$LOG_DIR/$name-server.log" \
+        --eal "$EAL --vdev=$vdev_a" --dpdk-ip "$DPDK_A"
+    local rc=0
     ip netns exec "$NS_B" timeout 180 "$BIN" bench --connect "$CTL_A:$port" \
         --eal "$EAL --vdev=$vdev_b" --dpdk-ip "$DPDK_B" \
         --cores 0,1 --polling on --repeat "$REPEAT" --duration "$DURATION" --json "$@" \
         >"$LOG_DIR/$name.json" 2>"$LOG_DIR/$name.log" || rc=1
-    wait "$server" || rc=1
+    wait "$BENCH_SERVER" || rc=1
     if [ "$rc" != 0 ]; then
         tail -n 5 "$LOG_DIR/$name-server.log" "$LOG_DIR/$name.log" >&2 || true
     fi

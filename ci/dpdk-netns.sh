@@ -40,6 +40,8 @@ LOG_DIR="$(mktemp -d)"
 
 # shellcheck source=ci/lib/netns.sh
 . ci/lib/netns.sh
+# shellcheck source=ci/lib/bench.sh
+. ci/lib/bench.sh
 cleanup() {
     netns_down
     rm -rf "$LOG_DIR"
@@ -123,22 +125,16 @@ for driver in af_packet af_xdp; do
 
     # Two-process bench: the server in A, the client (with the plan) in B.
     port=$((port + 1))
-    ip netns exec "$NS_A" timeout 120 "$BIN" bench --listen "$CTL_A:$port" --one-off \
-        --eal "$EAL --vdev=$vdev_a" --dpdk-ip "$DPDK_A" \
-        >"$LOG_DIR/server-$driver.log" 2>&1 &
-    server=$!
+    bench_serve "$NS_A" "$CTL_A:$port" "$LOG_DIR/server-$driver.log" \
+        --eal "$EAL --vdev=$vdev_a" --dpdk-ip "$DPDK_A"
     ok=true
-    for _ in $(seq 50); do
-        grep -qs "waiting for a client" "$LOG_DIR/server-$driver.log" && break
-        sleep 0.1
-    done
     if ! ip netns exec "$NS_B" timeout 120 "$BIN" bench --connect "$CTL_A:$port" \
         --backends dpdk --eal "$EAL --vdev=$vdev_b" --dpdk-ip "$DPDK_B" \
         --mode lat,rate --iters 5000 --json \
         >"$LOG_DIR/client-$driver.json" 2>"$LOG_DIR/client-$driver.log"; then
         ok=false
     fi
-    wait "$server" || ok=false
+    wait "$BENCH_SERVER" || ok=false
     # Each process stopped its port on the way out: no XDP program is left
     # on the interfaces.
     for end in "$NS_A $VA" "$NS_B $VB"; do

@@ -71,9 +71,9 @@ pub(super) fn loss_config(f: FaultSpec) -> starwire_datagram::LossConfig {
     }
 }
 
-/// A DPDK reactor polls its queue and never parks: one reactor a side
-/// unless the flags ask for more (each gets a queue pair of its own where
-/// the port has enough).
+/// A DPDK reactor has no interrupt to sleep on (it polls its queue, or
+/// naps between polls): one reactor a side unless the flags ask for more
+/// (each gets a queue pair of its own where the port has enough).
 #[cfg(feature = "dpdk")]
 pub(super) fn dpdk_reactors(mut args: SoakArgs) -> SoakArgs {
     if args.backend == "dpdk" {

@@ -530,3 +530,32 @@ fn a_lingering_core_whose_peer_is_gone_goes_quietly() {
     assert!(b.stats().dropped_unknown_conn > 0);
     assert_eq!(a.core_totals().timeouts, 10);
 }
+
+/// A datagram queue has no receive interrupt: a parked driver naps for at
+/// most `IDLE_NAP` (a short timeout is kept), and says the park timed out.
+#[test]
+fn park_is_a_bounded_nap() {
+    use starwire_datagram::IDLE_NAP;
+    use starwire_transport::reactor::{ParkEnd, ParkWaker};
+    use starwire_transport::Sleep;
+    use std::os::fd::AsFd;
+
+    let (mut a, _, _b, _) = pair(1, LossConfig::lossless(1500), 1);
+    assert_eq!(a.sleep(), Sleep::Own);
+    let fd = std::net::TcpListener::bind("127.0.0.1:0").expect("a descriptor");
+    let waker = || ParkWaker {
+        fd: fd.as_fd(),
+        id: 1,
+    };
+    let t0 = Instant::now();
+    assert_eq!(
+        a.park(waker(), Duration::from_secs(30)),
+        Some(ParkEnd::Timeout)
+    );
+    assert_eq!(a.park(waker(), Duration::ZERO), Some(ParkEnd::Timeout));
+    // Far above the nap, far below the timeout asked for: holds on a
+    // loaded machine.
+    let took = t0.elapsed();
+    assert!(IDLE_NAP < Duration::from_millis(1));
+    assert!(took < Duration::from_secs(5), "two naps took {took:?}");
+}

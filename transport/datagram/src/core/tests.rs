@@ -3,6 +3,7 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 
 use super::*;
+use crate::packet::{PacketFlags, PacketHeader};
 
 const MTU: usize = PACKET_HEADER_LEN + 96; // 96 bytes of payload per packet
 

@@ -1,0 +1,286 @@
+//! The receive side of [`ReliableCore`]: acknowledgements that free the
+//! send buffer (and mark packets for fast retransmission), and data
+//! packets reordered and reassembled into frames, delivered in order
+//! exactly once.
+
+use std::time::Instant;
+
+use super::{seq_diff, seq_lt, ReliableCore, RxPacket, FAST_RETRANSMIT_THRESHOLD};
+use crate::packet::{PacketError, PacketFlags, PacketHeader, SACK_BITS};
+
+impl ReliableCore {
+    fn on_ack(&mut self, now: Instant, ack: u32, sack: u64) {
+        if seq_lt(self.next_new, ack) {
+            // Acknowledges data never sent: a confused or foreign peer.
+            self.stats.bad_acks += 1;
+            return;
+        }
+        let mut progress = false;
+        let mut sample: Option<Instant> = None;
+        let mut delivered = self.delivered_serial;
+        if seq_lt(self.snd_una, ack) {
+            let n = ack.wrapping_sub(self.snd_una);
+            for _ in 0..n {
+                let Some(p) = self.snd_buf.pop_front() else {
+                    break;
+                };
+                if !p.sacked {
+                    delivered = delivered.max(p.serial);
+                    if p.tx_count == 1 {
+                        sample = p.sent_at;
+                    }
+                }
+                self.recycle(p.data);
+            }
+            self.snd_una = ack;
+            progress = true;
+        }
+        if sack != 0 {
+            for i in 0..SACK_BITS {
+                if sack & (1 << i) == 0 {
+                    continue;
+                }
+                let s = ack.wrapping_add(1 + i);
+                if !seq_lt(s, self.next_new) {
+                    break;
+                }
+                if seq_lt(s, self.snd_una) {
+                    continue;
+                }
+                let p = &mut self.snd_buf[s.wrapping_sub(self.snd_una) as usize];
+                if !p.sacked {
+                    p.sacked = true;
+                    progress = true;
+                    delivered = delivered.max(p.serial);
+                    if p.tx_count == 1 {
+                        sample = sample.max(p.sent_at);
+                    }
+                }
+            }
+        }
+        if progress {
+            self.timeouts = 0;
+            self.backoff = 0;
+            if let Some(sent) = sample {
+                self.rtt_sample(now.saturating_duration_since(sent));
+            }
+            self.rto_deadline = if self.snd_una == self.next_new {
+                None
+            } else {
+                Some(now + self.current_rto())
+            };
+        }
+        if delivered > self.delivered_serial {
+            self.delivered_serial = delivered;
+            // A packet that this acknowledgement reports missing although
+            // one sent well after it arrived is lost (or its retransmission
+            // is): retransmit it now rather than at the timeout. Packets
+            // beyond the reported range are unknown, not missing.
+            let sent = self.next_new.wrapping_sub(self.snd_una);
+            let end = ack.wrapping_add(1 + SACK_BITS);
+            let reported = if seq_lt(self.snd_una, end) {
+                end.wrapping_sub(self.snd_una).min(sent)
+            } else {
+                0
+            };
+            for (i, p) in self.snd_buf.iter_mut().take(reported as usize).enumerate() {
+                if !p.sacked && !p.in_retx && p.serial + FAST_RETRANSMIT_THRESHOLD <= delivered {
+                    p.in_retx = true;
+                    self.retx.push_back(self.snd_una.wrapping_add(i as u32));
+                    self.stats.fast_retransmits += 1;
+                }
+            }
+        }
+    }
+
+    /// Process one received datagram at `now`: verify it, then
+    /// [`handle_parsed`](Self::handle_parsed). Corrupted and malformed
+    /// packets are dropped and counted.
+    pub fn handle_packet(
+        &mut self,
+        now: Instant,
+        pkt: &[u8],
+        sink: &mut dyn FnMut(&[u8]),
+        budget: &mut usize,
+    ) {
+        let (hdr, payload) = match PacketHeader::decode(pkt) {
+            Ok(x) => x,
+            Err(e) => {
+                self.last_now = Some(now);
+                if self.failed.is_none() {
+                    self.stats.packets_received += 1;
+                    if e == PacketError::BadChecksum {
+                        self.stats.dropped_corrupt += 1;
+                    } else {
+                        self.stats.dropped_malformed += 1;
+                    }
+                    tracing::trace!("dropped a packet: {e}");
+                }
+                return;
+            }
+        };
+        self.handle_parsed(now, &hdr, payload, sink, budget);
+    }
+
+    /// Process one verified datagram (`hdr` and `payload` as
+    /// [`PacketHeader::decode`] returned them) at `now`.
+    ///
+    /// Foreign, duplicate and out-of-window packets are dropped (and
+    /// counted). Acknowledgements update the send side. Data is buffered
+    /// and reassembled; a frame completed in order while no earlier frame
+    /// waits is lent to `sink` directly from the datagram if `*budget`
+    /// allows (which it then decrements), otherwise it waits for
+    /// [`deliver`](Self::deliver). Pass a zero budget to always buffer.
+    pub fn handle_parsed(
+        &mut self,
+        now: Instant,
+        hdr: &PacketHeader,
+        payload: &[u8],
+        sink: &mut dyn FnMut(&[u8]),
+        budget: &mut usize,
+    ) {
+        self.last_now = Some(now);
+        if self.failed.is_some() {
+            return;
+        }
+        self.stats.packets_received += 1;
+        if hdr.dst_conn != self.ids.local || hdr.src_conn != self.ids.peer {
+            self.stats.dropped_foreign += 1;
+            return;
+        }
+        self.on_ack(now, hdr.ack, hdr.sack);
+        if !hdr.flags.contains(PacketFlags::DATA) {
+            return;
+        }
+        let off = seq_diff(hdr.seq, self.rcv_nxt);
+        if off < 0 {
+            // Already delivered: our acknowledgement was probably lost.
+            self.stats.duplicates += 1;
+            self.ack_deadline = Some(now);
+            return;
+        }
+        let off = off as u32;
+        if off >= self.cfg.window {
+            self.stats.out_of_window += 1;
+            self.ack_deadline = Some(now);
+            return;
+        }
+        let frag = hdr.flags;
+        if off > 0 {
+            let off = off as usize;
+            if self.reorder.len() <= off {
+                self.reorder.resize_with(off + 1, || None);
+            }
+            if self.reorder[off].is_some() {
+                self.stats.duplicates += 1;
+            } else {
+                let mut data = self.buf();
+                data.extend_from_slice(payload);
+                self.reorder[off] = Some(RxPacket { flags: frag, data });
+                self.stats.out_of_order += 1;
+            }
+            // A gap: tell the sender at once (duplicate ack with SACK).
+            self.ack_deadline = Some(now);
+            return;
+        }
+        // In order.
+        self.reorder.pop_front();
+        self.rcv_nxt = self.rcv_nxt.wrapping_add(1);
+        self.accept(frag, payload, sink, budget);
+        let mut filled_gap = false;
+        while matches!(self.reorder.front(), Some(Some(_))) {
+            let Some(Some(p)) = self.reorder.pop_front() else {
+                unreachable!()
+            };
+            self.rcv_nxt = self.rcv_nxt.wrapping_add(1);
+            self.accept(p.flags, &p.data, sink, budget);
+            self.recycle(p.data);
+            filled_gap = true;
+        }
+        self.rx_unacked += 1;
+        if filled_gap || self.rx_unacked >= self.cfg.ack_every {
+            self.ack_deadline = Some(now);
+        } else if self.ack_deadline.is_none() {
+            self.ack_deadline = Some(now + self.cfg.ack_delay);
+        }
+    }
+
+    /// An in-order fragment.
+    fn accept(
+        &mut self,
+        flags: PacketFlags,
+        data: &[u8],
+        sink: &mut dyn FnMut(&[u8]),
+        budget: &mut usize,
+    ) {
+        if self.failed.is_some() {
+            return;
+        }
+        let first = flags.contains(PacketFlags::FIRST);
+        let last = flags.contains(PacketFlags::LAST);
+        if first && self.assembling {
+            return self.fail("protocol violation: a fragment opens a frame inside another".into());
+        }
+        if !first && !self.assembling {
+            return self.fail("protocol violation: a continuation fragment outside a frame".into());
+        }
+        let so_far = if first { 0 } else { self.assembly.len() };
+        if so_far + data.len() > self.cfg.max_frame_len {
+            return self.fail(format!(
+                "protocol violation: a frame longer than the maximum of {} bytes",
+                self.cfg.max_frame_len
+            ));
+        }
+        if first && last {
+            if self.closed_at.is_some() {
+                return;
+            }
+            if self.ready.is_empty() && *budget > 0 {
+                *budget -= 1;
+                self.stats.frames_delivered += 1;
+                sink(data);
+            } else {
+                let mut frame = self.buf();
+                frame.extend_from_slice(data);
+                self.ready.push_back(frame);
+            }
+            return;
+        }
+        if first {
+            self.assembling = true;
+            self.assembly.clear();
+        }
+        self.assembly.extend_from_slice(data);
+        if last {
+            self.assembling = false;
+            let fresh = self.buf();
+            let frame = std::mem::replace(&mut self.assembly, fresh);
+            if self.closed_at.is_some() {
+                self.recycle(frame);
+            } else if self.ready.is_empty() && *budget > 0 {
+                *budget -= 1;
+                self.stats.frames_delivered += 1;
+                sink(&frame);
+                self.recycle(frame);
+            } else {
+                self.ready.push_back(frame);
+            }
+        }
+    }
+
+    /// Lend up to `max` reassembled frames to `sink`, in order. Returns how
+    /// many were delivered.
+    pub fn deliver(&mut self, max: usize, sink: &mut dyn FnMut(&[u8])) -> usize {
+        let mut n = 0;
+        while n < max {
+            let Some(frame) = self.ready.pop_front() else {
+                break;
+            };
+            sink(&frame);
+            self.recycle(frame);
+            n += 1;
+        }
+        self.stats.frames_delivered += n as u64;
+        n
+    }
+}
