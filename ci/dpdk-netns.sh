@@ -16,6 +16,10 @@
 #     (backends/dpdk/tests/kernel_peer.rs);
 #   * `starwire info` on a net_af_packet port with two queue pairs: the
 #     steering it would get (software: no rte_flow);
+#   * a net_tap port with two queue pairs in A: kernel UDP sockets on the
+#     tap send to two links, each gets its own datagrams, steered by
+#     rte_flow where the kernel has TC flower, else handed over in
+#     software (backends/dpdk/tests/net_tap.rs);
 #   * a two-process training run (net_af_packet): `starwire ps` in A,
 #     `starwire worker` in B, `--backend dpdk --sync`, the DPDK addresses from an .endpoint_map,
 #     whose AUC must be within 0.005 of the same run over tcp (run once, on
@@ -46,9 +50,9 @@ cleanup() {
 }
 trap cleanup EXIT
 
-echo "--- building (debug) starwire with --features dpdk and the kernel-peer test" >&2
+echo "--- building (debug) starwire with --features dpdk and the kernel-peer and net_tap tests" >&2
 cargo build --locked -q -p starwire --features dpdk
-cargo test --locked -q -p starwire-dpdk --test kernel_peer --no-run
+cargo test --locked -q -p starwire-dpdk --test kernel_peer --test net_tap --no-run
 BIN="$PWD/target/debug/starwire"
 # The bench server listens on a non-loopback address, so both ends prove a
 # cluster token (docs/SECURITY.md): one made for this run.
@@ -240,6 +244,26 @@ steering=$(echo "$info" | grep -o '"steering":"[a-z_]*"' | head -1 | cut -d'"' -
 echo "$info" | grep -q '"max_queues":{"rx":2,"tx":2}' || ok=false
 [ "$steering" = software ] || ok=false
 result queues "$ok" af_packet "\"steering\":\"${steering:-none}\""
+
+# Two queue pairs on net_tap, whose kernel side picks each packet's queue
+# (tun's flow hash): 32 kernel UDP sockets send to two links, each must
+# get exactly its own datagrams (backends/dpdk/tests/net_tap.rs). net_tap
+# implements rte_flow with TC flower rules: where the kernel has no
+# flower classifier (or multiq qdisc) rte_flow_validate still passes but
+# the rule cannot be created, and the steering must say software.
+ok=true
+if ! ip netns exec "$NS_A" env \
+    STARWIRE_DPDK_TEST_TAP_EAL="$EAL --vdev=net_tap0,iface=${tag}t" \
+    STARWIRE_DPDK_TEST_TAP_IFACE="${tag}t" \
+    timeout 120 cargo test --locked -q -p starwire-dpdk --test net_tap -- \
+    --ignored --nocapture >"$LOG_DIR/net-tap.log" 2>&1; then
+    ok=false
+    tail -20 "$LOG_DIR/net-tap.log" >&2 || true
+fi
+detail=$(grep -o '"steering":"[a-z_]*"' "$LOG_DIR/net-tap.log" | head -1 || true)
+detail="$detail${detail:+,}$(grep -o '"datagrams":[0-9]*,"on_own_queue":\[[0-9,]*\],"handed_over":[0-9]*' \
+    "$LOG_DIR/net-tap.log" || true)"
+result net-tap-queues "$ok" net_tap "$detail"
 
 echo "{\"check\":\"summary\",\"passed\":$passed,\"failed\":$failed}"
 [ "$failed" = 0 ]
