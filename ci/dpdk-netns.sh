@@ -16,6 +16,12 @@
 #     (backends/dpdk/tests/kernel_peer.rs);
 #   * `starwire info` on a net_af_packet port with two queue pairs: the
 #     steering it would get (software: no rte_flow);
+#   * a net_tap port with two queue pairs in A: kernel UDP sockets on the
+#     tap send to two links, each gets its own datagrams, steered by
+#     rte_flow where the kernel has TC flower, else handed over in
+#     software (backends/dpdk/tests/net_tap.rs); then a two-process soak
+#     over two net_tap ports on a bridge in A, two queue pairs and two
+#     reactors a side;
 #   * a two-process training run (net_af_packet): `starwire ps` in A,
 #     `starwire worker` in B, `--backend dpdk --sync`, the DPDK addresses from an .endpoint_map,
 #     whose AUC must be within 0.005 of the same run over tcp (run once, on
@@ -48,9 +54,9 @@ cleanup() {
 }
 trap cleanup EXIT
 
-echo "--- building (debug) starwire with --features dpdk and the kernel-peer test" >&2
+echo "--- building (debug) starwire with --features dpdk and the kernel-peer and net_tap tests" >&2
 cargo build --locked -q -p starwire --features dpdk
-cargo test --locked -q -p starwire-dpdk --test kernel_peer --no-run
+cargo test --locked -q -p starwire-dpdk --test kernel_peer --test net_tap --no-run
 BIN="$PWD/target/debug/starwire"
 # The bench server listens on a non-loopback address, so both ends prove a
 # cluster token (docs/SECURITY.md): one made for this run.
@@ -236,6 +242,82 @@ steering=$(echo "$info" | grep -o '"steering":"[a-z_]*"' | head -1 | cut -d'"' -
 echo "$info" | grep -q '"max_queues":{"rx":2,"tx":2}' || ok=false
 [ "$steering" = software ] || ok=false
 result queues "$ok" af_packet "\"steering\":\"${steering:-none}\""
+
+# Two queue pairs on net_tap, whose kernel side picks each packet's queue
+# (tun's flow hash): 32 kernel UDP sockets send to two links, each must
+# get exactly its own datagrams (backends/dpdk/tests/net_tap.rs). net_tap
+# implements rte_flow with TC flower rules: where the kernel has no
+# flower classifier (or multiq qdisc) rte_flow_validate still passes but
+# the rule cannot be created, and the steering must say software.
+ok=true
+if ! ip netns exec "$NS_A" env \
+    STARWIRE_DPDK_TEST_TAP_EAL="$EAL --vdev=net_tap0,iface=${tag}t" \
+    STARWIRE_DPDK_TEST_TAP_IFACE="${tag}t" \
+    timeout 120 cargo test --locked -q -p starwire-dpdk --test net_tap -- \
+    --ignored --nocapture >"$LOG_DIR/net-tap.log" 2>&1; then
+    ok=false
+    tail -20 "$LOG_DIR/net-tap.log" >&2 || true
+fi
+detail=$(grep -o '"steering":"[a-z_]*"' "$LOG_DIR/net-tap.log" | head -1 || true)
+detail="$detail${detail:+,}$(grep -o '"datagrams":[0-9]*,"on_own_queue":\[[0-9,]*\],"handed_over":[0-9]*' \
+    "$LOG_DIR/net-tap.log" || true)"
+result net-tap-queues "$ok" net_tap "$detail"
+
+# A two-process soak over net_tap, two queue pairs and two reactors a
+# side: both tap interfaces are ports of one bridge in A (no address on
+# the taps; the bootstrap runs over loopback). net_tap gives its kernel
+# interface the port's MAC, which a bridge treats as its own (it delivers
+# frames for it locally instead of forwarding them), so each tap gets
+# another MAC once its port has started. The kernel's tun hash picks each
+# packet's queue; the links hand over what lands on the other's.
+port=$((port + 1))
+ok=true
+BR="${tag}br"
+ip -n "$NS_A" link add "$BR" type bridge
+ip -n "$NS_A" link set "$BR" up
+tap_to_bridge() { # IFACE MAC LOG: once the port in LOG has started
+    for _ in $(seq 300); do
+        if grep -qs "DPDK port started" "$3"; then
+            ip -n "$NS_A" link set "$1" address "$2" &&
+                ip -n "$NS_A" link set "$1" master "$BR" &&
+                ip -n "$NS_A" link set "$1" up
+            return
+        fi
+        sleep 0.1
+    done
+    return 1
+}
+TAP_SOAK="$SOAK_FLAGS --server-reactors 2 --client-reactors 2 --dpdk-queues 2"
+# shellcheck disable=SC2086
+ip netns exec "$NS_A" env RUST_LOG=info timeout 120 "$BIN" soak --listen "127.0.0.1:$port" \
+    $TAP_SOAK --eal "$EAL --vdev=net_tap0,iface=${tag}ta" --dpdk-ip 10.99.2.1 \
+    >"$LOG_DIR/soak-server-tap.json" 2>"$LOG_DIR/soak-server-tap.log" &
+server=$!
+tap_to_bridge "${tag}ta" 02:00:00:00:f4:0a "$LOG_DIR/soak-server-tap.log" || ok=false
+for _ in $(seq 100); do
+    grep -qs "serving" "$LOG_DIR/soak-server-tap.log" && break
+    sleep 0.1
+done
+tap_to_bridge "${tag}tb" 02:00:00:00:f4:0b "$LOG_DIR/soak-client-tap.log" &
+attach=$!
+# shellcheck disable=SC2086
+ip netns exec "$NS_A" env RUST_LOG=info timeout 120 "$BIN" soak --connect "127.0.0.1:$port" \
+    $TAP_SOAK --eal "$EAL --vdev=net_tap0,iface=${tag}tb" --dpdk-ip 10.99.2.2 \
+    >"$LOG_DIR/soak-client-tap.json" 2>"$LOG_DIR/soak-client-tap.log" || ok=false
+wait "$server" || ok=false
+wait "$attach" || ok=false
+for side in server client; do
+    report=$(cat "$LOG_DIR/soak-$side-tap.json")
+    echo "$report" | grep -q '"passed":true' || ok=false
+    [ -n "$report" ] && echo "{\"check\":\"soak-report\",\"driver\":\"net_tap\",\"report\":$report}"
+done
+steering=$(grep -ho 'steering="[a-z_]*"' "$LOG_DIR/soak-server-tap.log" "$LOG_DIR/soak-client-tap.log" |
+    sort -u | cut -d'"' -f2 | paste -sd, -)
+[ -n "$steering" ] || ok=false
+if [ "$ok" != true ]; then
+    tail -n 5 "$LOG_DIR/soak-server-tap.log" "$LOG_DIR/soak-client-tap.log" >&2 || true
+fi
+result soak-queues "$ok" net_tap "\"steering\":\"${steering:-none}\""
 
 echo "{\"check\":\"summary\",\"passed\":$passed,\"failed\":$failed}"
 [ "$failed" = 0 ]

@@ -100,22 +100,32 @@ impl DpdkContext {
                 ..PortConfig::default()
             };
             let mut port = Port::open(eal, &cfg)?;
-            let (steering, why) = probe_steering(c.port, port.queues());
+            let queues_open = port.queues();
+            let (probed, mut why) = probe_steering(c.port, queues_open);
+            let queues = match probed {
+                Steering::Single => Queues::Single(SharedQueue::new(
+                    port.take_queue()
+                        .ok_or(DpdkError::NoQueue { port: c.port })?,
+                )),
+                _ => Queues::Set(QueueSet::new(&mut port, probed)?),
+            };
+            let steering = match &queues {
+                Queues::Single(_) => Steering::Single,
+                Queues::Set(s) => {
+                    if let Some(refused) = s.rte_flow_refused() {
+                        why = format!("{why}, but rte_flow_create refused it: {refused}");
+                    }
+                    s.steering()
+                }
+            };
             tracing::info!(
                 port = c.port,
-                queues = port.queues(),
+                queues = queues_open,
                 asked = cfg.queues,
                 steering = steering.as_str(),
                 %why,
                 "DPDK steering"
             );
-            let queues = match steering {
-                Steering::Single => Queues::Single(SharedQueue::new(
-                    port.take_queue()
-                        .ok_or(DpdkError::NoQueue { port: c.port })?,
-                )),
-                _ => Queues::Set(QueueSet::new(&mut port, steering)?),
-            };
             Ok(DpdkContext {
                 open: Mutex::new(Some(Opened { queues, port })),
                 ip: c.ip,

@@ -62,8 +62,12 @@ impl std::fmt::Display for Steering {
     }
 }
 
-/// Which steering a started port with `queues` queue pairs supports, and
-/// why: `rte_flow` when the driver validates a rule to its second queue.
+/// Which steering a port with `queues` queue pairs supports, and why:
+/// `rte_flow` when the driver validates a rule to its second queue.
+/// Validation alone can pass where creation fails (`net_tap` checks the
+/// rule in user space, then the kernel lacks the TC classifier), so
+/// [`QueueSet::new`] also installs one on the started port before it
+/// trusts it.
 pub fn probe_steering(port: u16, queues: u16) -> (Steering, String) {
     if queues < 2 {
         return (
@@ -83,7 +87,8 @@ pub fn probe_steering(port: u16, queues: u16) -> (Steering, String) {
     }
 }
 
-/// The UDP port of the rule [`probe_steering`] validates.
+/// The UDP port of the rule [`probe_steering`] validates and
+/// [`QueueSet::new`] installs once.
 const PROBE_UDP_PORT: u16 = 20_000;
 
 /// The UDP port bound to each slot: `port + 1`, 0 when free. Read without
@@ -119,6 +124,8 @@ struct Shared {
     free: Mutex<Vec<Slot>>,
     routes: Routes,
     steering: Steering,
+    /// Why `rte_flow_create` refused the rule the driver had validated.
+    rte_flow_refused: Option<String>,
     /// Slots of the set, leased or not.
     slots: usize,
     /// The port index.
@@ -166,7 +173,10 @@ pub struct QueueSet {
 
 impl QueueSet {
     /// Take every queue pair left on `port` (at least two), with
-    /// `steering` (from [`probe_steering`]).
+    /// `steering` (from [`probe_steering`]). `rte_flow` is kept only if a
+    /// rule can be created (and is destroyed at once) on the started
+    /// port; else the set hands packets over in software, and
+    /// [`steering`](Self::steering) says so.
     pub fn new(port: &mut Port, steering: Steering) -> Result<Self, DpdkError> {
         let mut queues = Vec::new();
         while let Some(q) = port.take_queue() {
@@ -176,6 +186,17 @@ impl QueueSet {
         let port = port.info().port;
         if n < 2 {
             return Err(DpdkError::NoQueue { port });
+        }
+        let mut steering = steering;
+        let mut rte_flow_refused = None;
+        if steering == Steering::RteFlow {
+            if let Err((errno, reason)) = FlowRule::create(queues[1].device(), PROBE_UDP_PORT, 1) {
+                tracing::warn!(port, errno, %reason,
+                    "rte_flow_validate accepted a UDP rule but rte_flow_create refused it; \
+                     packets are handed over in software");
+                steering = Steering::Software;
+                rte_flow_refused = Some(format!("{reason} (errno {errno})"));
+            }
         }
         let pool = Arc::clone(queues[0].device().pool());
         let (producers, consumers) = grid_polling(n, n, HANDOVER_RING);
@@ -197,6 +218,7 @@ impl QueueSet {
                 free: Mutex::new(free),
                 routes: Routes((0..n).map(|_| AtomicU32::new(0)).collect()),
                 steering,
+                rte_flow_refused,
                 slots: n,
                 port,
                 pool,
@@ -207,6 +229,12 @@ impl QueueSet {
     /// How packets reach the links of the set.
     pub fn steering(&self) -> Steering {
         self.shared.steering
+    }
+
+    /// Why the set is `software` although the driver validated a rule:
+    /// `rte_flow_create`'s error on the started port.
+    pub fn rte_flow_refused(&self) -> Option<&str> {
+        self.shared.rte_flow_refused.as_deref()
     }
 
     /// Queue pairs in the set.
