@@ -104,6 +104,12 @@ pub struct TrainArgs {
     /// worker-index order and applied once, then a barrier.
     #[arg(long)]
     pub sync: bool,
+    /// Asynchronous steps taken in turn, each worker's pull waiting until
+    /// the shards have applied every step more than N before it in
+    /// round-robin order (at most N + 1 steps in flight), or off [default:
+    /// 4 for asynchronous training with 32 workers or more, else off].
+    #[arg(long, value_name = "N|off", value_parser = parse_bounded_delay)]
+    pub bounded_delay: Option<BoundedDelay>,
     /// Seed of the data, initial values and annealing.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -226,6 +232,40 @@ fn default_optimizer(workers: usize, sync: bool) -> OptimizerKind {
     }
 }
 
+/// `--bounded-delay`: a bound, or `off`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BoundedDelay(Option<u64>);
+
+fn parse_bounded_delay(s: &str) -> Result<BoundedDelay, String> {
+    if s == "off" {
+        return Ok(BoundedDelay(None));
+    }
+    s.parse()
+        .map(|n| BoundedDelay(Some(n)))
+        .map_err(|_| format!("expected a number of steps or off, got {s:?}"))
+}
+
+/// `--bounded-delay` as given, or its default (none on the gRPC baseline,
+/// which has no `WAIT_STEP`); a bound with `--sync` (whose steps wait for
+/// every worker already) or on the gRPC baseline is a usage error.
+fn bounded_delay(a: &TrainArgs, workers: usize) -> Result<Option<u64>, String> {
+    let grpc = a.backend == "grpc";
+    match a.bounded_delay {
+        Some(BoundedDelay(Some(n))) if a.sync => Err(format!(
+            "--bounded-delay {n} is for asynchronous training: --sync steps wait for every \
+             worker already"
+        )),
+        Some(BoundedDelay(Some(n))) if grpc => Err(format!(
+            "--bounded-delay {n}: the grpc baseline has no WAIT_STEP; use another backend"
+        )),
+        Some(BoundedDelay(n)) => Ok(n),
+        None if grpc => Ok(None),
+        None => Ok(starwire_train::cluster::default_bounded_delay(
+            workers, a.sync,
+        )),
+    }
+}
+
 fn parse_lr_scaling(s: &str) -> Result<LrScaling, String> {
     LrScaling::ALL
         .iter()
@@ -345,6 +385,7 @@ fn config(a: &TrainArgs, ps: usize, workers: usize) -> Result<TrainConfig, Strin
         assignment: parse_strategy(&a.placement, a.seed)?,
         tensor_fuse: a.tensor_fuse,
         sync: a.sync,
+        bounded_delay: bounded_delay(a, workers)?,
         seed: a.seed,
         checkpoint_dir: a.checkpoint_dir.clone(),
         checkpoint_every_steps: a.checkpoint_every_steps,
@@ -994,5 +1035,44 @@ impl crate::report::TrainSuite for ReportTrain {
             samples_per_s: r.samples_per_s,
             steps: r.steps,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        train: TrainArgs,
+    }
+
+    fn args(extra: &[&str]) -> TrainArgs {
+        Cli::try_parse_from(std::iter::once("train").chain(extra.iter().copied()))
+            .unwrap()
+            .train
+    }
+
+    #[test]
+    fn bounded_delay_defaults_for_many_asynchronous_workers_and_refuses_sync_and_grpc() {
+        let d = starwire_train::cluster::DEFAULT_BOUNDED_DELAY;
+        assert_eq!(bounded_delay(&args(&[]), 64), Ok(Some(d)));
+        assert_eq!(bounded_delay(&args(&[]), 2), Ok(None));
+        assert_eq!(bounded_delay(&args(&["--sync"]), 64), Ok(None));
+        let off = args(&["--bounded-delay", "off"]);
+        assert_eq!(bounded_delay(&off, 64), Ok(None));
+        assert_eq!(
+            bounded_delay(&args(&["--bounded-delay", "7"]), 2),
+            Ok(Some(7))
+        );
+        let sync = args(&["--bounded-delay", "7", "--sync"]);
+        assert!(bounded_delay(&sync, 64).unwrap_err().contains("--sync"));
+        let mut grpc = args(&[]);
+        grpc.backend = "grpc".into();
+        assert_eq!(bounded_delay(&grpc, 64), Ok(None));
+        grpc.bounded_delay = Some(BoundedDelay(Some(3)));
+        assert!(bounded_delay(&grpc, 64).unwrap_err().contains("grpc"));
     }
 }

@@ -958,6 +958,53 @@ fn ftrl_adagrad_decay_and_dc_asgd_train_and_bad_hyper_parameters_are_usage_error
 }
 
 #[test]
+fn bounded_delay_trains_is_reported_and_is_off_by_default_for_few_workers_and_sync() {
+    let train = |extra: &[&str]| {
+        let mut args = vec![
+            "train",
+            "--steps",
+            "60",
+            "--lr",
+            "0.1",
+            "--eval-examples",
+            "2000",
+            "--json",
+            "--quiet",
+        ];
+        args.extend_from_slice(extra);
+        let out = run(&args);
+        assert!(out.status.success(), "{extra:?}: {}", text(&out.stderr));
+        json_lines(&out).remove(0)
+    };
+    for delay in ["0", "2"] {
+        let v = train(&["--workers", "4", "--bounded-delay", delay]);
+        assert_eq!(v["bounded_delay"].to_string(), delay, "{v}");
+        assert!(num(&v, "auc") > 0.6, "{v}");
+        assert_eq!(num(&v, "steps"), 60.0, "{v}");
+    }
+    assert!(train(&["--workers", "4"])["bounded_delay"].is_null());
+    assert!(train(&["--workers", "4", "--sync"])["bounded_delay"].is_null());
+    let v = train(&["--workers", "32", "--optimizer", "adagrad"]);
+    assert_eq!(v["bounded_delay"], 4, "{v}");
+    assert!(train(&["--workers", "32", "--bounded-delay", "off"])["bounded_delay"].is_null());
+    for bad in [
+        &["--bounded-delay=-1"][..],
+        &["--bounded-delay=soon"][..],
+        &["--bounded-delay", "2", "--sync"][..],
+    ] {
+        let mut args = vec!["train", "--steps", "1"];
+        args.extend_from_slice(bad);
+        let out = run(&args);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}");
+        assert!(
+            text(&out.stderr).contains("--bounded-delay"),
+            "{bad:?}: {}",
+            text(&out.stderr)
+        );
+    }
+}
+
+#[test]
 fn data_writes_criteo_and_reference_trains_on_it() {
     let dir = tempfile::tempdir().unwrap();
     let f = dir.path().join("t.tsv");

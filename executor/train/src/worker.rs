@@ -626,6 +626,36 @@ impl WorkerCore {
         Ok(())
     }
 
+    /// Send the pending pushes, then wait until every shard's global step
+    /// reaches `step` (one exchange: each shard applies the push before it
+    /// holds the `WAIT_STEP`). The next [`step`](Self::step) then sends its
+    /// pulls alone. `--bounded-delay` calls it before a step when the
+    /// global step last seen is short of the step's turn.
+    pub fn flush_and_wait(&mut self, net: &mut dyn Exchange, step: u64) -> Result<(), TrainError> {
+        let mut reqs = std::mem::take(&mut self.pending_push);
+        let n = reqs.len();
+        self.shards.clear();
+        self.shards.extend(reqs.iter().map(|r| r.shard));
+        reqs.extend((0..self.layout.shards).map(|s| Request {
+            shard: s,
+            opcode: Opcode::Rpc,
+            body: bytes_body(Control::WaitStep(step).encode()),
+        }));
+        let mut replies = std::mem::take(&mut self.replies);
+        let r = net.exchange(reqs, &mut replies);
+        self.replies = replies;
+        r?;
+        self.check_pushes(n)?;
+        // `self.shards` names the pushes only, so no barrier reply is taken
+        // for a pull's.
+        self.track_staleness(n);
+        for r in &self.replies[n..n + self.layout.shards] {
+            check(r, "bounded-delay wait")?;
+        }
+        self.global_step = self.global_step.max(step);
+        Ok(())
+    }
+
     /// Count the staleness of the pushes among the first `n_push` replies
     /// of the exchange whose shards are in `self.shards`, and note the
     /// steps of its pulls.

@@ -961,3 +961,31 @@ fn a_delta_on_its_full_checkpoint_is_the_shard_at_its_step() {
     .unwrap_err();
     assert!(e.to_string().contains("--delta-every-steps 8"), "{e}");
 }
+
+/// `--bounded-delay 0` takes the asynchronous steps one at a time in
+/// round-robin order: no step lands between another's pull and push, so
+/// every push is measured at staleness 0, on every backend, whatever the
+/// threads' timing.
+#[test]
+fn a_zero_delay_bound_runs_the_steps_one_at_a_time() {
+    for backend in [
+        starwire_train::BackendKind::Tcp,
+        starwire_train::BackendKind::Inproc,
+    ] {
+        // 5 workers of 1024 examples: 4 steps each, all of them bounded.
+        let r = run_local(&TrainConfig {
+            backend,
+            workers: 5,
+            train_examples: 5 * 1024,
+            bounded_delay: Some(0),
+            ..small()
+        })
+        .unwrap();
+        assert_eq!((r.steps, r.bounded_delay), (20, Some(0)), "{backend:?}");
+        let st = r.staleness;
+        assert_eq!((st.max, st.pushes), (0, 20 * 2), "{backend:?}: {st:?}");
+        for s in &r.shard_stats {
+            assert_eq!(s["global_step"].as_u64().unwrap(), 20, "{s}");
+        }
+    }
+}

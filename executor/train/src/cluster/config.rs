@@ -101,6 +101,9 @@ pub struct TrainConfig {
     pub tensor_fuse: bool,
     /// A barrier per step.
     pub sync: bool,
+    /// Asynchronous steps taken in turn, at most this many plus one in
+    /// flight (`--bounded-delay`; none: no bound; see `delay.rs`).
+    pub bounded_delay: Option<u64>,
     /// Seed of the data, the initial values and annealing.
     pub seed: u64,
     /// Write a checkpoint here at the end; restore from it at start if one
@@ -190,6 +193,7 @@ impl Default for TrainConfig {
             assignment: Strategy::Greedy,
             tensor_fuse: true,
             sync: false,
+            bounded_delay: None,
             seed: 1,
             checkpoint_dir: None,
             checkpoint_every_steps: None,

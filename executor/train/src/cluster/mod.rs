@@ -4,9 +4,11 @@
 //! Its parts: the configuration (`config.rs`), the plan of which PS holds
 //! each variable (`plan.rs`), where the reactors run (`reactors.rs`), the
 //! pieces of the PS and worker roles (`roles.rs`), how much of the data
-//! each worker trains (`shares.rs`) and the report (`report.rs`).
+//! each worker trains (`shares.rs`), the turns of `--bounded-delay`
+//! (`delay.rs`) and the report (`report.rs`).
 
 mod config;
+mod delay;
 mod failover;
 mod guard;
 pub(crate) mod periodic;
@@ -19,6 +21,7 @@ mod shares;
 pub use config::{
     model_name, protocol_name, BackendKind, LrScaling, TrainConfig, DEFAULT_CONNECT_TIMEOUT,
 };
+pub use delay::{default_bounded_delay, BOUNDED_FROM_WORKERS, DEFAULT_BOUNDED_DELAY};
 pub use failover::Failover;
 pub use guard::{
     check_listen, training_flags, Guard, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_IDLE_TIMEOUT,
@@ -242,6 +245,7 @@ fn run_local_on(k: &dyn ClusterBackend, cfg: &TrainConfig) -> Result<TrainReport
         workers: cfg.workers,
         tensor_fuse: cfg.tensor_fuse,
         sync: cfg.sync,
+        bounded_delay: delay::applied_bounded_delay(cfg),
         worker_handoff: cfg.handoff(),
         steps,
         samples,
@@ -566,6 +570,7 @@ pub fn run_worker_task(
         workers: cfg.workers,
         tensor_fuse: cfg.tensor_fuse,
         sync: cfg.sync,
+        bounded_delay: delay::applied_bounded_delay(cfg),
         worker_handoff: cfg.handoff(),
         steps: out.steps,
         samples: out.samples,

@@ -43,6 +43,8 @@ pub struct TrainReport {
     pub tensor_fuse: bool,
     /// Synchronous training.
     pub sync: bool,
+    /// `--bounded-delay` of asynchronous training (none: no bound).
+    pub bounded_delay: Option<u64>,
     /// Workers hand their requests to network reactors
     /// (`--worker-handoff on` on a backend with reactors).
     pub worker_handoff: bool,

@@ -706,6 +706,7 @@ pub fn worker_loop(
     let mut loss_n = 0u64;
     let w_count = cfg.workers as u64;
     let mut last_checkpoint = Instant::now();
+    let turns = super::delay::Turns::new(cfg, w);
     'epochs: while epoch < cfg.epochs {
         let mut in_epoch = std::mem::take(&mut resumed_in_epoch);
         loop {
@@ -779,6 +780,14 @@ pub fn worker_loop(
                 core.control(net, &Control::CheckpointAt(c))?;
             }
             let t_step = Instant::now();
+            // The global step last seen may be behind the shards': waiting
+            // only when it is short of the turn costs a round trip only
+            // when the turn may not have come.
+            if let Some(turn) = turns.and_then(|t| t.turn(steps_done)) {
+                if core.global_step() < turn {
+                    core.flush_and_wait(net, turn)?;
+                }
+            }
             let info = core.step(net, &batch)?;
             offset += n as u64;
             steps_done += 1;

@@ -96,6 +96,15 @@ fn steps_planned(cfg: &TrainConfig, w: usize, share: u64) -> u64 {
     step_cap(cfg, w).map_or(all, |c| c.min(all))
 }
 
+/// Steps every worker of an uninterrupted run takes, when every share is
+/// known without reading the data (none for Criteo files).
+pub(super) fn known_common_steps(cfg: &TrainConfig) -> Option<u64> {
+    (0..cfg.workers)
+        .map(|w| share_examples(cfg, w).map(|n| steps_planned(cfg, w, n)))
+        .try_fold(u64::MAX, |m, s| s.map(|s| m.min(s)))
+        .filter(|&m| m != u64::MAX)
+}
+
 /// Asynchronous checkpoints during the run stop every worker at the same
 /// step: the last step every worker reaches (none: no worker). The
 /// generator's shares are known; Criteo files' are counted by reading

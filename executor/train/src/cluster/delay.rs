@@ -1,0 +1,145 @@
+//! `--bounded-delay N`: asynchronous steps taken in turn, at most `N + 1`
+//! in flight.
+//!
+//! After the bounded delay of Li et al.'s parameter server ("Scaling
+//! Distributed Machine Learning with the Parameter Server", OSDI 2014,
+//! section 4.2: a task waits until every task started more than `τ` before
+//! it has finished), counted in applied steps, since that is what a shard
+//! knows (its global step), not which steps they were. The tasks are the
+//! workers' steps in round-robin order: step `s` of worker `w` of `W` is
+//! the `s W + w`-th, and its pull waits until the shards have applied
+//! `s W + w - N` steps. So at most `N + 1` steps are between their pull and
+//! their push at any time, and a gradient is computed on values about `N`
+//! steps old instead of about `W`: the drift of the dense weights and of
+//! the other rows of an example, which DC-ASGD's per-coordinate term does
+//! not see, stays small.
+//!
+//! It cannot deadlock: the first step of the order that has not been pushed
+//! has every earlier one pushed, so the shards' global step has reached its
+//! turn. That needs every earlier step to exist, so the bound holds only
+//! for the steps every worker takes (with a share of the data known up
+//! front: not for Criteo files, whose shares are known only by reading
+//! them); the steps past them, of the workers with a larger share (one per
+//! epoch at most), run free.
+
+use super::shares;
+use super::TrainConfig;
+
+/// `--bounded-delay` when the flag is not given, for asynchronous training
+/// with [`BOUNDED_FROM_WORKERS`] workers or more.
+pub const DEFAULT_BOUNDED_DELAY: u64 = 4;
+
+/// Asynchronous workers from which a delay bound is on by default: where
+/// the workers outnumber the cores of a host many times over, and Adagrad
+/// diverges at about `W` steps of staleness.
+pub const BOUNDED_FROM_WORKERS: usize = 32;
+
+/// `--bounded-delay` when the flag is not given: [`DEFAULT_BOUNDED_DELAY`]
+/// for asynchronous training with at least [`BOUNDED_FROM_WORKERS`]
+/// workers, else none.
+pub fn default_bounded_delay(workers: usize, sync: bool) -> Option<u64> {
+    (!sync && workers >= BOUNDED_FROM_WORKERS).then_some(DEFAULT_BOUNDED_DELAY)
+}
+
+/// The bound a run applies: `cfg.bounded_delay` when its turns are known
+/// (asynchronous, shares known up front).
+pub fn applied_bounded_delay(cfg: &TrainConfig) -> Option<u64> {
+    Turns::new(cfg, 0).map(|t| t.delay)
+}
+
+/// The turns of one worker: the global step each of its steps waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Turns {
+    delay: u64,
+    workers: u64,
+    worker: u64,
+    /// Steps every worker takes; later steps do not wait.
+    common: u64,
+}
+
+impl Turns {
+    /// Worker `w`'s turns under `cfg`'s bound (none: no bound, or the
+    /// steps of the workers are not known up front).
+    pub fn new(cfg: &TrainConfig, w: usize) -> Option<Self> {
+        let delay = cfg.bounded_delay.filter(|_| !cfg.sync)?;
+        Some(Self {
+            delay,
+            workers: cfg.workers as u64,
+            worker: w as u64,
+            common: shares::known_common_steps(cfg)?,
+        })
+    }
+
+    /// The global step the shards must reach before this worker pulls for
+    /// its step `step` (counted from 0 over every epoch); none for a step
+    /// past those every worker takes.
+    pub fn turn(&self, step: u64) -> Option<u64> {
+        (step < self.common).then(|| (step * self.workers + self.worker).saturating_sub(self.delay))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::DataSource;
+
+    fn cfg(workers: usize, sync: bool, delay: Option<u64>) -> TrainConfig {
+        TrainConfig {
+            workers,
+            sync,
+            bounded_delay: delay,
+            train_examples: 10_000,
+            batch_size: 100,
+            epochs: 2,
+            ..TrainConfig::default()
+        }
+    }
+
+    #[test]
+    fn default_only_for_many_asynchronous_workers() {
+        assert_eq!(default_bounded_delay(2, false), None);
+        assert_eq!(default_bounded_delay(31, false), None);
+        assert_eq!(default_bounded_delay(64, true), None);
+        assert_eq!(
+            default_bounded_delay(32, false),
+            Some(DEFAULT_BOUNDED_DELAY)
+        );
+    }
+
+    #[test]
+    fn turns_follow_round_robin_order_minus_the_delay() {
+        // 10 000 examples over 8 workers: 1250 each, 13 steps an epoch.
+        let t = Turns::new(&cfg(8, false, Some(3)), 5).unwrap();
+        assert_eq!(t.turn(0), Some(2));
+        assert_eq!(t.turn(1), Some(10));
+        assert_eq!(t.turn(25), Some(25 * 8 + 2));
+        assert_eq!(t.turn(26), None);
+        let first = Turns::new(&cfg(8, false, Some(3)), 0).unwrap();
+        assert_eq!(first.turn(0), Some(0));
+    }
+
+    #[test]
+    fn no_turns_without_a_bound_under_sync_or_on_unknown_shares() {
+        assert_eq!(Turns::new(&cfg(64, false, None), 0), None);
+        assert_eq!(Turns::new(&cfg(64, true, Some(8)), 0), None);
+        let files = TrainConfig {
+            train: DataSource::Criteo("/nonexistent/train.txt".into()),
+            ..cfg(64, false, Some(8))
+        };
+        assert_eq!(Turns::new(&files, 0), None);
+    }
+
+    #[test]
+    fn uneven_shares_bound_only_the_steps_all_workers_take() {
+        // 1001 examples over 2 workers at 100 a step: 501 (6 steps) and
+        // 500 (5 steps) an epoch, one epoch.
+        let c = TrainConfig {
+            train_examples: 1001,
+            epochs: 1,
+            ..cfg(2, false, Some(0))
+        };
+        let t = Turns::new(&c, 0).unwrap();
+        assert_eq!(t.turn(4), Some(8));
+        assert_eq!(t.turn(5), None);
+    }
+}
