@@ -634,6 +634,8 @@ impl GenState {
             },
         );
         f.step_acks = sent;
+        // Requests of both phases: the per-message figures divide by them.
+        self.issued += sent as u64;
         if let Some(e) = err {
             self.fail(format!("fuse request: {e}"));
         }
