@@ -872,6 +872,26 @@ fn place_compares_strategies_on_a_zipf_model() {
     );
 }
 
+/// The JSON report of a 60-step `train --lr 0.1` with `extra` flags,
+/// evaluated on `eval` examples; the run must succeed.
+fn train_60_steps(extra: &[&str], eval: &str) -> Value {
+    let mut args = vec![
+        "train",
+        "--steps",
+        "60",
+        "--lr",
+        "0.1",
+        "--eval-examples",
+        eval,
+        "--json",
+        "--quiet",
+    ];
+    args.extend_from_slice(extra);
+    let out = run(&args);
+    assert!(out.status.success(), "{extra:?}: {}", text(&out.stderr));
+    json_lines(&out).remove(0)
+}
+
 #[test]
 fn ftrl_adagrad_decay_and_dc_asgd_train_and_bad_hyper_parameters_are_usage_errors() {
     for extra in [
@@ -899,22 +919,8 @@ fn ftrl_adagrad_decay_and_dc_asgd_train_and_bad_hyper_parameters_are_usage_error
         ][..],
         &["--staleness-lr", "sqrt", "--workers", "3"][..],
     ] {
-        let mut args = vec![
-            "train",
-            "--steps",
-            "60",
-            "--lr",
-            "0.1",
-            "--eval-examples",
-            "4000",
-            "--json",
-            "--quiet",
-        ];
-        args.extend_from_slice(extra);
-        let out = run(&args);
-        assert!(out.status.success(), "{extra:?}: {}", text(&out.stderr));
-        let v = &json_lines(&out)[0];
-        assert!(num(v, "auc") > 0.6, "{extra:?}: {v}");
+        let v = train_60_steps(extra, "4000");
+        assert!(num(&v, "auc") > 0.6, "{extra:?}: {v}");
     }
     // Staleness in the report; the rate scaled and warmed up.
     let out = run(&[
@@ -959,23 +965,7 @@ fn ftrl_adagrad_decay_and_dc_asgd_train_and_bad_hyper_parameters_are_usage_error
 
 #[test]
 fn bounded_delay_trains_is_reported_and_is_off_by_default_for_few_workers_and_sync() {
-    let train = |extra: &[&str]| {
-        let mut args = vec![
-            "train",
-            "--steps",
-            "60",
-            "--lr",
-            "0.1",
-            "--eval-examples",
-            "2000",
-            "--json",
-            "--quiet",
-        ];
-        args.extend_from_slice(extra);
-        let out = run(&args);
-        assert!(out.status.success(), "{extra:?}: {}", text(&out.stderr));
-        json_lines(&out).remove(0)
-    };
+    let train = |extra: &[&str]| train_60_steps(extra, "2000");
     for delay in ["0", "2"] {
         let v = train(&["--workers", "4", "--bounded-delay", delay]);
         assert_eq!(v["bounded_delay"].to_string(), delay, "{v}");

@@ -487,6 +487,22 @@ fn an_async_run_whose_ps_is_killed_and_restarted_trains_each_example_once() {
     );
 }
 
+/// Checks that every worker of a killed run planned and trained `each`
+/// examples, and returns worker 1's report (the one killed and restarted).
+fn every_example_trained(reports: &[serde_json::Value], each: u64) -> &serde_json::Value {
+    for r in reports {
+        assert_eq!(r["examples_planned"].as_u64(), Some(each), "{r}");
+        assert_eq!(r["examples_trained"].as_u64(), Some(each), "{r}");
+    }
+    let restarted = &reports[1];
+    eprintln!(
+        "worker 1 killed at its step 40 and restarted: examples_trained {} of {} planned ({} \
+         trained by the restarted process)",
+        restarted["examples_trained"], restarted["examples_planned"], restarted["samples"]
+    );
+    restarted
+}
+
 /// `kill -9` of a worker of an asynchronous run with checkpoints during
 /// the run, after the PS applied its pushes past the last checkpoint, and
 /// its restart: it passes over the steps the PS holds instead of training
@@ -500,16 +516,7 @@ fn an_async_worker_killed_and_restarted_trains_each_example_once() {
     // the next one's barrier.
     let (reports, _) = killed_run(dir.path(), false, Kill::Worker1 { at: 64, step: 40 });
     // Two epochs of each worker's 12 288 examples in batches of 128.
-    for r in &reports {
-        assert_eq!(r["examples_planned"].as_u64(), Some(24_576), "{r}");
-        assert_eq!(r["examples_trained"].as_u64(), Some(24_576), "{r}");
-    }
-    let restarted = &reports[1];
-    eprintln!(
-        "worker 1 killed at its step 40 and restarted: examples_trained {} of {} planned ({} \
-         trained by the restarted process)",
-        restarted["examples_trained"], restarted["examples_planned"], restarted["samples"]
-    );
+    let restarted = every_example_trained(&reports, 24_576);
     // The restarted worker trained only what the PS did not hold (its
     // step 40 had sent the pushes of its first 39).
     assert!(
@@ -546,16 +553,7 @@ fn a_sync_worker_killed_and_restarted_ends_bit_identical() {
     // at its step 40, worker 1 is past the checkpoint of 64.
     let (reports, _) = killed_run(killed.path(), true, Kill::Worker1 { at: 64, step: 40 });
     // One epoch of each worker's 12 288 examples in batches of 128.
-    for r in &reports {
-        assert_eq!(r["examples_planned"].as_u64(), Some(12_288), "{r}");
-        assert_eq!(r["examples_trained"].as_u64(), Some(12_288), "{r}");
-    }
-    let restarted = &reports[1];
-    eprintln!(
-        "worker 1 killed at its step 40 and restarted: examples_trained {} of {} planned ({} \
-         trained by the restarted process)",
-        restarted["examples_trained"], restarted["examples_planned"], restarted["samples"]
-    );
+    let restarted = every_example_trained(&reports, 12_288);
     // Its step 40 was logged after its push: the shard held at least 40.
     assert!(
         restarted["samples"].as_u64().unwrap() <= 12_288 - 40 * 128,
