@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use starwire_ps::{Init, OptimizerConfig, PsShard, ShardConfig, VarDef, VarKind};
 use starwire_train::handler::{shard_file, ShardHandler};
 use starwire_train::net::{Reply, Request, WorkerService};
+use starwire_train::psserver::MAX_HELD_REQUESTS;
 use starwire_train::server::ShardService;
 use starwire_train::TrainError;
 use starwire_transport::testing::MemTransport;
@@ -691,5 +692,36 @@ fn a_barrier_behind_a_barrier_holds_again_in_order() {
             .unwrap()
             .global_step,
         2
+    );
+}
+
+/// Past `MAX_HELD_REQUESTS` behind a held barrier, a request is answered
+/// `LimitExceeded` at once; those held are answered in order once the
+/// barrier is.
+#[test]
+fn requests_past_the_held_bound_are_refused_and_the_held_ones_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Cluster::connected(dir.path(), 2);
+    let mut pull_w = Vec::new();
+    PullRequestWriter::new(&mut pull_w).dense(W);
+    let mut reqs = vec![req(0, Opcode::Rpc, Control::WaitStep(1).encode())];
+    reqs.extend((0..=MAX_HELD_REQUESTS).map(|_| req(0, Opcode::SparsePull, pull_w.clone())));
+    c.start(0, reqs).unwrap();
+    c.settle().unwrap();
+    c.exchange_of(1, vec![req(0, Opcode::SparsePush, dense_push(1.0))])
+        .unwrap();
+    let replies = c.finish(0).unwrap();
+    assert_eq!(ok(&replies[0]), 1u64.to_le_bytes());
+    for r in &replies[1..=MAX_HELD_REQUESTS] {
+        assert_eq!(
+            PullResponse::parse(ok(r), &Limits::default())
+                .unwrap()
+                .global_step,
+            1
+        );
+    }
+    assert_eq!(
+        replies[MAX_HELD_REQUESTS + 1].status,
+        Some(Status::LimitExceeded)
     );
 }
