@@ -15,7 +15,8 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 
-use starwire_transport::wire::Status;
+use starwire_transport::wire::{Opcode, Status};
+use starwire_wire::ps::Control;
 
 use crate::cluster::{
     ClusterBackend, Plan, PsEnd, ReactorLayout, RunningPs, TrainConfig, WorkerNet,
@@ -123,7 +124,9 @@ impl Exchange for InprocNet {
     /// per shard gives. Across shards the order is free: a request to a
     /// shard another worker holds waits while the requests to free shards
     /// go first, so a worker blocks on a lock only when every shard it
-    /// still needs is held.
+    /// still needs is held. A `WAIT_STEP` blocks the thread until other
+    /// workers move the step, so it goes only once every request before
+    /// it has (see [`first_free`]).
     fn exchange(&mut self, reqs: Vec<Request>, replies: &mut Vec<Reply>) -> Result<(), TrainError> {
         let n = reqs.len();
         replies.truncate(n);
@@ -172,6 +175,13 @@ fn first_free<'a>(
         if held.contains(&r.shard) {
             continue;
         }
+        // A WAIT_STEP blocks this thread until other workers move the
+        // step, which may need this exchange's earlier pushes (to any
+        // shard) first: it is served only once nothing is before it.
+        if i > 0 && is_wait_step(r) {
+            held.push(r.shard);
+            continue;
+        }
         match slot(ps, reactors, r.shard)?.2.try_lock() {
             Ok(g) => return Ok(Some((i, g))),
             Err(TryLockError::Poisoned(e)) => return Ok(Some((i, e.into_inner()))),
@@ -179,6 +189,14 @@ fn first_free<'a>(
         }
     }
     Ok(None)
+}
+
+fn is_wait_step(r: &Request) -> bool {
+    r.opcode == Opcode::Rpc
+        && matches!(
+            r.body.segments().first().map(|b| Control::parse(b)),
+            Some(Ok(Control::WaitStep(_)))
+        )
 }
 
 /// Serve `r` on the shard `g` guards (`(task, local index, shard)`)
@@ -400,6 +418,29 @@ mod tests {
             .exchange(vec![req(3, &Control::Stats)], &mut replies)
             .unwrap_err();
         assert!(matches!(e, TrainError::Link(3, _)), "{e}");
+    }
+
+    /// A `WAIT_STEP` is not taken past an earlier request of its exchange
+    /// that waits for a held shard (a push another worker's step may need
+    /// before the wait can end); once nothing is before it, it is.
+    #[test]
+    fn a_barrier_waits_for_every_request_before_it() {
+        let st = state(2);
+        let ps = vec![st.clone()];
+        let mut todo: Vec<(usize, Request)> = vec![
+            (0, req(1, &Control::Stats)),
+            (1, req(0, &Control::WaitStep(5))),
+        ];
+        let mut held = Vec::new();
+        let shard1 = lock(st.get(1).unwrap());
+        assert!(first_free(&ps, 2, &todo, &mut held).unwrap().is_none());
+        drop(shard1);
+        let (i, g) = first_free(&ps, 2, &todo, &mut held).unwrap().unwrap();
+        assert_eq!((i, g.handler().index), (0, 1));
+        drop(g);
+        todo.remove(0);
+        let (i, g) = first_free(&ps, 2, &todo, &mut held).unwrap().unwrap();
+        assert_eq!((i, g.handler().index), (0, 0));
     }
 
     /// `WAIT_STEP` for a step already reached answers at once.

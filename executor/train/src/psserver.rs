@@ -8,13 +8,17 @@
 //! * [`PsServer`] is a shard's protocol state over its connections: it
 //!   queues each reply on the connection the request came from, holds
 //!   `WAIT_STEP` barriers until the global step reaches them
-//!   ([`PsServer::poll_release`]), and counts the workers that are done
-//!   and those whose connection ended before they said `DONE` (lost).
+//!   ([`PsServer::poll_release`]), with the requests that came in behind a
+//!   barrier on its connection, and counts the workers that are done and
+//!   those whose connection ended before they said `DONE` (lost).
+//!   Holding what follows a barrier lets a worker send a step's push, the
+//!   wait for its turn and the next pull in one exchange: the pull is
+//!   answered, in order, once the barrier is.
 //!   It never reads a clock or touches a socket: messages come in through
 //!   [`PsServer::handle_message`], replies go out as frames queued on the
 //!   [`Connection`], and the reactor (`server.rs`) moves them.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
 use bytes::Bytes;
 use starwire_transport::wire::{Opcode, Status};
@@ -347,10 +351,6 @@ pub enum ServeError {
     /// connection closed): the worker would wait for it for ever.
     #[error("{}", self.reason())]
     ReplyNotQueued,
-    /// A second `WAIT_STEP` while one is held: one barrier at a time per
-    /// connection.
-    #[error("{}", self.reason())]
-    SecondBarrier,
 }
 
 impl ServeError {
@@ -358,7 +358,6 @@ impl ServeError {
     pub fn reason(&self) -> &'static str {
         match self {
             Self::ReplyNotQueued => "a reply could not be queued",
-            Self::SecondBarrier => "a second barrier was asked while one is held",
         }
     }
 }
@@ -380,10 +379,47 @@ impl Release {
     pub fn body(&self) -> Payload {
         Payload::from_bytes(Bytes::copy_from_slice(&self.step.to_le_bytes()))
     }
+
+    fn respond(&self, conn: &mut Connection) -> Result<(), ServeError> {
+        conn.respond(self.id, Opcode::Rpc, Status::Ok, self.body())
+            .map_err(|_| ServeError::ReplyNotQueued)
+    }
 }
 
 /// At most this many sent replies are kept for their buffers.
 const MAX_LENT: usize = 8;
+
+/// At most this many requests are held behind a connection's barrier (a
+/// worker's exchange sends one pull per shard fused, one per tensor
+/// unfused); a request past it is answered with
+/// [`Status::LimitExceeded`].
+pub const MAX_HELD_REQUESTS: usize = 1024;
+
+/// At most this many body bytes are held behind a connection's barrier.
+pub const MAX_HELD_BYTES: usize = 64 << 20;
+
+/// A request that came in behind its connection's barrier, kept to be
+/// served in order once the barrier is answered.
+#[derive(Debug)]
+struct HeldRequest {
+    id: u64,
+    opcode: Opcode,
+    oneway: bool,
+    body: Vec<u8>,
+}
+
+/// What a shard keeps per connection.
+#[derive(Debug, Default)]
+struct ConnState {
+    /// The worker said `DONE` on it.
+    done: bool,
+    /// A `WAIT_STEP` of it is held: what comes in after waits behind it.
+    barrier: bool,
+    /// The requests behind the barrier, in arrival order.
+    held: VecDeque<HeldRequest>,
+    /// Their body bytes.
+    held_bytes: usize,
+}
 
 /// The default of [`PsServer::with_max_wait_steps`] (`--max-wait-steps`).
 pub const DEFAULT_MAX_WAIT_STEPS: u64 = 1 << 20;
@@ -397,8 +433,8 @@ pub struct PsServer<H> {
     /// Replies handed to the transport, kept to reuse their buffers once it
     /// has sent and dropped them (see [`reuse_reply`]).
     lent: Vec<Bytes>,
-    /// Per connection key: the worker said `DONE` on it.
-    done: Vec<bool>,
+    /// Per connection key: its state.
+    conns: Vec<ConnState>,
     /// Barriers waiting for the global step: (connection, id, step).
     waiting: Vec<(usize, u64, u64)>,
     /// Every worker task seen, by task index: whether it said `DONE`
@@ -424,7 +460,7 @@ impl<H: PsHandler> PsServer<H> {
         Self {
             service: Service::new(handler),
             lent: Vec::new(),
-            done: Vec::new(),
+            conns: Vec::new(),
             waiting: Vec::new(),
             workers: HashMap::new(),
             expected_workers,
@@ -461,12 +497,14 @@ impl<H: PsHandler> PsServer<H> {
     /// Connection `key` is new (a key may be reused once its connection
     /// was closed).
     pub fn handle_open(&mut self, key: usize) {
-        *self.done_flag(key) = false;
+        *self.conn_state(key) = ConnState::default();
     }
 
     /// One message from connection `key`: a request is served and its
-    /// reply queued on `conn` (or held, for a barrier); anything else is
-    /// ignored. An error ends the connection: the caller closes it and
+    /// reply queued on `conn` (or held, for a barrier); a request behind a
+    /// held barrier is held too, to be served once the barrier is
+    /// answered ([`handle_release`](Self::handle_release)); anything else
+    /// is ignored. An error ends the connection: the caller closes it and
     /// calls [`handle_close`](Self::handle_close).
     pub fn handle_message(
         &mut self,
@@ -484,6 +522,53 @@ impl<H: PsHandler> PsServer<H> {
         else {
             return Ok(());
         };
+        // A worker sends nothing behind its barrier but the rest of the
+        // exchange (its pulls). A push behind it comes from a worker that
+        // gave up on the barrier (its exchange failed): holding the push
+        // could hold the very step the barrier waits for.
+        while opcode == Opcode::SparsePush && self.conn_state(key).barrier {
+            self.abandon_barrier(key, conn)?;
+        }
+        let state = self.conn_state(key);
+        if !state.barrier {
+            return self.serve_request(key, conn, id, opcode, oneway, body);
+        }
+        if state.held.len() >= MAX_HELD_REQUESTS
+            || state.held_bytes.saturating_add(body.len()) > MAX_HELD_BYTES
+        {
+            if oneway {
+                return Ok(());
+            }
+            self.service.failed += 1;
+            let msg = format!(
+                "more than {MAX_HELD_REQUESTS} requests or {MAX_HELD_BYTES} bytes behind a held \
+                 WAIT_STEP"
+            );
+            return conn
+                .respond_error(id, opcode, Status::LimitExceeded, &msg)
+                .map_err(|_| ServeError::ReplyNotQueued);
+        }
+        state.held_bytes += body.len();
+        state.held.push_back(HeldRequest {
+            id,
+            opcode,
+            oneway,
+            body: body.to_vec(),
+        });
+        Ok(())
+    }
+
+    /// Serve request `id` of connection `key` now: answer it, or hold it
+    /// if it is a barrier the global step has not reached.
+    fn serve_request(
+        &mut self,
+        key: usize,
+        conn: &mut Connection,
+        id: u64,
+        opcode: Opcode,
+        oneway: bool,
+        body: &[u8],
+    ) -> Result<(), ServeError> {
         let from = worker_index(conn);
         let Self {
             service,
@@ -515,7 +600,6 @@ impl<H: PsHandler> PsServer<H> {
                     Err(_) => Err(ServeError::ReplyNotQueued),
                 }
             }
-            Reply::Wait(_) if waiting.iter().any(|w| w.0 == key) => Err(ServeError::SecondBarrier),
             Reply::Wait(n)
                 if n.saturating_sub(service.handler.global_step()) > self.max_wait_steps =>
             {
@@ -528,12 +612,24 @@ impl<H: PsHandler> PsServer<H> {
                 conn.respond_error(id, opcode, Status::LimitExceeded, &msg)
                     .map_err(|_| ServeError::ReplyNotQueued)
             }
+            // Reached already: answered now, so nothing behind it waits
+            // for a poll.
+            Reply::Wait(n) if service.handler.global_step() >= n => {
+                let step = service.handler.global_step();
+                Release {
+                    conn: key,
+                    id,
+                    step,
+                }
+                .respond(conn)
+            }
             Reply::Wait(n) => {
                 waiting.push((key, id, n));
+                self.conn_state(key).barrier = true;
                 Ok(())
             }
             Reply::Done => {
-                *self.done_flag(key) = true;
+                self.conn_state(key).done = true;
                 if let Some(w) = worker_index(conn) {
                     self.workers.insert(w, WorkerEnd::Done);
                 }
@@ -546,6 +642,46 @@ impl<H: PsHandler> PsServer<H> {
         }
     }
 
+    /// Answer the barrier `r` ([`poll_release`](Self::poll_release)) on
+    /// `conn`, its connection, then serve the requests held behind it in
+    /// order, until one of them is a barrier that holds the rest again. An
+    /// error ends the connection, as in
+    /// [`handle_message`](Self::handle_message).
+    pub fn handle_release(&mut self, r: &Release, conn: &mut Connection) -> Result<(), ServeError> {
+        self.conn_state(r.conn).barrier = false;
+        r.respond(conn)?;
+        self.serve_held(r.conn, conn)
+    }
+
+    /// Answer connection `key`'s held barrier with [`Status::Cancelled`]
+    /// (its worker gave up on it) and serve what is held behind it.
+    fn abandon_barrier(&mut self, key: usize, conn: &mut Connection) -> Result<(), ServeError> {
+        self.conn_state(key).barrier = false;
+        if let Some(i) = self.waiting.iter().position(|w| w.0 == key) {
+            let (_, id, n) = self.waiting.swap_remove(i);
+            let msg = format!("WAIT_STEP {n} given up: a push came in behind it");
+            conn.respond_error(id, Opcode::Rpc, Status::Cancelled, &msg)
+                .map_err(|_| ServeError::ReplyNotQueued)?;
+        }
+        self.serve_held(key, conn)
+    }
+
+    /// Serve the requests held on connection `key`, in order, until one of
+    /// them is a barrier that holds the rest again.
+    fn serve_held(&mut self, key: usize, conn: &mut Connection) -> Result<(), ServeError> {
+        loop {
+            let state = self.conn_state(key);
+            if state.barrier {
+                return Ok(());
+            }
+            let Some(h) = state.held.pop_front() else {
+                return Ok(());
+            };
+            state.held_bytes -= h.body.len();
+            self.serve_request(key, conn, h.id, h.opcode, h.oneway, &h.body)?;
+        }
+    }
+
     /// Connection `key` ended (`conn` as it was last). Its barrier is
     /// dropped. A worker whose connection ends before it said `DONE` died
     /// unfinished: it is lost (its index is returned) until it rejoins and
@@ -554,7 +690,7 @@ impl<H: PsHandler> PsServer<H> {
     /// the handshake, or is no worker, does not count.
     pub fn handle_close(&mut self, key: usize, conn: &Connection) -> Option<u32> {
         self.waiting.retain(|w| w.0 != key);
-        let said_done = std::mem::replace(self.done_flag(key), false);
+        let said_done = std::mem::take(self.conn_state(key)).done;
         let w = worker_index(conn)?;
         if said_done {
             return None;
@@ -585,10 +721,21 @@ impl<H: PsHandler> PsServer<H> {
         self.expected_workers > 0
     }
 
-    /// Every barrier held, as (connection, request id), to be answered
-    /// with an error: the step they wait for will not come.
-    pub fn take_barriers(&mut self) -> Vec<(usize, u64)> {
-        self.waiting.drain(..).map(|(c, id, _)| (c, id)).collect()
+    /// Every barrier held and every request held behind one, as
+    /// (connection, request id, opcode), to be answered with an error: the
+    /// step they wait for will not come.
+    pub fn take_barriers(&mut self) -> Vec<(usize, u64, Opcode)> {
+        let mut out = Vec::new();
+        for (c, id, _) in self.waiting.drain(..) {
+            out.push((c, id, Opcode::Rpc));
+            if let Some(state) = self.conns.get_mut(c) {
+                state.barrier = false;
+                state.held_bytes = 0;
+                let held = state.held.drain(..).filter(|h| !h.oneway);
+                out.extend(held.map(|h| (c, h.id, h.opcode)));
+            }
+        }
+        out
     }
 
     /// The next barrier the global step has reached, if any.
@@ -604,11 +751,16 @@ impl<H: PsHandler> PsServer<H> {
         self.expected_workers > 0 && self.workers.len() >= self.expected_workers
     }
 
-    fn done_flag(&mut self, key: usize) -> &mut bool {
-        if self.done.len() <= key {
-            self.done.resize(key + 1, false);
+    fn conn_state(&mut self, key: usize) -> &mut ConnState {
+        if self.conns.len() <= key {
+            self.conns.resize_with(key + 1, ConnState::default);
         }
-        &mut self.done[key]
+        &mut self.conns[key]
+    }
+
+    /// Requests held behind connection `key`'s barrier.
+    pub fn held(&self, key: usize) -> usize {
+        self.conns.get(key).map_or(0, |c| c.held.len())
     }
 }
 

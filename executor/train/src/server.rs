@@ -10,7 +10,7 @@
 use std::time::{Duration, Instant};
 
 use starwire_transport::endpoint::LINGER;
-use starwire_transport::wire::{Opcode, Status};
+use starwire_transport::wire::Status;
 use starwire_transport::{
     ConnError, ConnId, Connection, Driver, Incoming, Service, Sessions, TaskRole,
 };
@@ -126,12 +126,12 @@ impl<H: PsHandler> ShardService<H> {
             return false;
         };
         let held = self.server.take_barriers();
-        for &(c, id) in &held {
+        for &(c, id, opcode) in &held {
             if let Some(conn) = u32::try_from(c)
                 .ok()
                 .and_then(|i| sessions.conn(ConnId::new(i)))
             {
-                let _ = conn.respond_error(id, Opcode::Rpc, Status::Cancelled, why);
+                let _ = conn.respond_error(id, opcode, Status::Cancelled, why);
             }
         }
         !held.is_empty()
@@ -210,7 +210,8 @@ impl<H: PsHandler, D: Driver> Service<D> for ShardService<H> {
         self.open = self.open.saturating_sub(1);
     }
 
-    /// Answer the `WAIT_STEP` barriers the global step has reached.
+    /// Answer the `WAIT_STEP` barriers the global step has reached, and
+    /// serve what their connections sent behind them.
     fn poll(&mut self, sessions: &mut Sessions<D>, now: Instant) -> bool {
         if self.server.finished() {
             let since = *self.done_at.get_or_insert(now);
@@ -226,13 +227,15 @@ impl<H: PsHandler, D: Driver> Service<D> for ShardService<H> {
         }
         let mut any = self.fail_barriers(sessions, now);
         while let Some(r) = self.server.poll_release() {
-            if let Some(conn) = u32::try_from(r.conn)
-                .ok()
-                .and_then(|i| sessions.conn(ConnId::new(i)))
-            {
-                // A full queue or closed connection fails the worker's
-                // barrier through its own connection error.
-                let _ = conn.respond(r.id, Opcode::Rpc, Status::Ok, r.body());
+            let Some(id) = u32::try_from(r.conn).ok().map(ConnId::new) else {
+                continue;
+            };
+            if let Some(conn) = sessions.conn(id) {
+                // A reply that cannot be queued would leave the worker
+                // waiting: its connection ends, as in `on_message`.
+                if let Err(e) = self.server.handle_release(&r, conn) {
+                    sessions.end(id, ConnError::Protocol(e.reason()));
+                }
             }
             any = true;
         }

@@ -574,20 +574,24 @@ impl WorkerCore {
     /// this step's pulls, compute, and keep this step's pushes for the next
     /// call (or [`flush`](Self::flush)).
     pub fn step(&mut self, net: &mut dyn Exchange, batch: &Batch) -> Result<StepInfo, TrainError> {
+        self.step_in_turn(net, batch, None)
+    }
+
+    /// [`step`](Self::step), whose pulls wait until every shard's global
+    /// step reaches `turn` (`--bounded-delay`): the previous step's
+    /// pushes, a `WAIT_STEP` to every shard and this step's pulls go in
+    /// one exchange, since a shard applies the push before it holds the
+    /// wait, and answers the pull behind it only once the wait is answered.
+    pub fn step_in_turn(
+        &mut self,
+        net: &mut dyn Exchange,
+        batch: &Batch,
+        turn: Option<u64>,
+    ) -> Result<StepInfo, TrainError> {
         self.plan_lookups(batch);
         let (pulls, metas) = self.pull_requests();
-        let mut reqs = std::mem::take(&mut self.pending_push);
-        let n_push = reqs.len();
-        reqs.extend(pulls);
-        self.shards.clear();
-        self.shards.extend(reqs.iter().map(|r| r.shard));
-        let mut replies = std::mem::take(&mut self.replies);
-        let r = net.exchange(reqs, &mut replies);
-        self.replies = replies;
-        r?;
-        self.check_pushes(n_push)?;
-        self.track_staleness(n_push);
-        let feeds = self.feeds(batch, &metas, n_push)?;
+        let first = self.push_and_exchange(net, turn, pulls)?;
+        let feeds = self.feeds(batch, &metas, first)?;
         let out = self
             .part
             .forward_backward_with(&self.exec, feeds, &mut self.bufs)
@@ -601,71 +605,64 @@ impl WorkerCore {
         })
     }
 
-    fn check_pushes(&mut self, n: usize) -> Result<(), TrainError> {
-        for r in &self.replies[..n] {
+    /// One exchange: the pending pushes, then with `wait` a `WAIT_STEP` to
+    /// every shard, then `then`. The push and wait replies are checked and
+    /// the staleness counted; the index of `then`'s first reply in
+    /// `self.replies` is returned.
+    fn push_and_exchange(
+        &mut self,
+        net: &mut dyn Exchange,
+        wait: Option<u64>,
+        then: Vec<Request>,
+    ) -> Result<usize, TrainError> {
+        let mut reqs = std::mem::take(&mut self.pending_push);
+        let n_push = reqs.len();
+        if let Some(step) = wait {
+            reqs.extend((0..self.layout.shards).map(|s| Request {
+                shard: s,
+                opcode: Opcode::Rpc,
+                body: bytes_body(Control::WaitStep(step).encode()),
+            }));
+        }
+        let first = reqs.len();
+        reqs.extend(then);
+        self.shards.clear();
+        self.shards.extend(reqs.iter().map(|r| r.shard));
+        let mut replies = std::mem::take(&mut self.replies);
+        let r = net.exchange(reqs, &mut replies);
+        self.replies = replies;
+        r?;
+        for r in &self.replies[..n_push] {
             check(r, "push")?;
             let g = parse_push_response(&r.body)
                 .map_err(|e| TrainError::Remote(format!("push reply: {e}")))?;
             self.global_step = self.global_step.max(g);
         }
-        Ok(())
+        for r in &self.replies[n_push..first] {
+            check(r, "WAIT_STEP")?;
+        }
+        let replies = self.shards.iter().zip(&self.replies);
+        self.staleness.handle_exchange(
+            replies.clone().take(n_push).map(|(&s, r)| (s, &r.body[..])),
+            replies.skip(first).map(|(&s, r)| (s, &r.body[..])),
+        );
+        if let Some(step) = wait {
+            self.global_step = self.global_step.max(step);
+        }
+        Ok(first)
     }
 
     /// Send the pending pushes and wait for their acknowledgements.
     pub fn flush(&mut self, net: &mut dyn Exchange) -> Result<(), TrainError> {
-        let reqs = std::mem::take(&mut self.pending_push);
-        let n = reqs.len();
-        self.shards.clear();
-        self.shards.extend(reqs.iter().map(|r| r.shard));
-        let mut replies = std::mem::take(&mut self.replies);
-        let r = net.exchange(reqs, &mut replies);
-        self.replies = replies;
-        r?;
-        self.check_pushes(n)?;
-        self.track_staleness(n);
-        Ok(())
+        self.push_and_exchange(net, None, Vec::new()).map(drop)
     }
 
     /// Send the pending pushes, then wait until every shard's global step
-    /// reaches `step` (one exchange: each shard applies the push before it
-    /// holds the `WAIT_STEP`). The next [`step`](Self::step) then sends its
-    /// pulls alone. `--bounded-delay` calls it before a step when the
-    /// global step last seen is short of the step's turn.
+    /// reaches `step`, in one exchange (each shard applies the push before
+    /// it holds the `WAIT_STEP`).
     pub fn flush_and_wait(&mut self, net: &mut dyn Exchange, step: u64) -> Result<(), TrainError> {
-        let mut reqs = std::mem::take(&mut self.pending_push);
-        let n = reqs.len();
-        self.shards.clear();
-        self.shards.extend(reqs.iter().map(|r| r.shard));
-        reqs.extend((0..self.layout.shards).map(|s| Request {
-            shard: s,
-            opcode: Opcode::Rpc,
-            body: bytes_body(Control::WaitStep(step).encode()),
-        }));
-        let mut replies = std::mem::take(&mut self.replies);
-        let r = net.exchange(reqs, &mut replies);
-        self.replies = replies;
-        r?;
-        self.check_pushes(n)?;
-        // `self.shards` names the pushes only, so no barrier reply is taken
-        // for a pull's.
-        self.track_staleness(n);
-        for r in &self.replies[n..n + self.layout.shards] {
-            check(r, "bounded-delay wait")?;
-        }
-        self.global_step = self.global_step.max(step);
-        Ok(())
-    }
-
-    /// Count the staleness of the pushes among the first `n_push` replies
-    /// of the exchange whose shards are in `self.shards`, and note the
-    /// steps of its pulls.
-    fn track_staleness(&mut self, n_push: usize) {
-        let replies = self.shards.iter().zip(&self.replies);
-        let (pushes, pulls) = (replies.clone().take(n_push), replies.skip(n_push));
-        self.staleness.handle_exchange(
-            pushes.map(|(&s, r)| (s, &r.body[..])),
-            pulls.map(|(&s, r)| (s, &r.body[..])),
-        );
+        self.push_and_exchange(net, Some(step), Vec::new())
+            .map(drop)
     }
 
     /// The staleness of this worker's pushes so far.

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use starwire_ps::{Init, OptimizerConfig, PsShard, ShardConfig, VarDef, VarKind};
 use starwire_train::handler::{shard_file, ShardHandler};
 use starwire_train::net::{Reply, Request, WorkerService};
+use starwire_train::psserver::MAX_HELD_REQUESTS;
 use starwire_train::server::ShardService;
 use starwire_train::TrainError;
 use starwire_transport::testing::MemTransport;
@@ -581,4 +582,146 @@ fn a_silent_shard_times_the_handshake_out() {
         "{e}"
     );
     assert_eq!(c.now - start, TIMEOUT);
+}
+
+/// A dense push of `g` to every element of `W` (shard 0), completing the
+/// step.
+fn dense_push(g: f32) -> Vec<u8> {
+    let mut b = Vec::new();
+    PushRequestWriter::new(&mut b, true).dense(W, &[g; 3]);
+    b
+}
+
+fn pulled_w(r: &Reply) -> Vec<f32> {
+    let resp = PullResponse::parse(ok(r), &Limits::default()).unwrap();
+    match resp.items().next() {
+        Some(PullReply::Dense { var: W, data }) => data.to_vec(),
+        other => panic!("unexpected reply {other:?}"),
+    }
+}
+
+/// The bounded step's one exchange: worker 0's push, its `WAIT_STEP` and
+/// its pull go together. The shard applies the push, holds the wait, and
+/// holds the pull behind it (unanswered, though it could be served) until
+/// worker 1's push reaches the step; then it answers the wait and the
+/// pull in order, the pull with the values after both pushes.
+#[test]
+fn a_request_behind_a_held_barrier_waits_for_it_and_keeps_its_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Cluster::connected(dir.path(), 2);
+    let mut pull_w = Vec::new();
+    PullRequestWriter::new(&mut pull_w).dense(W);
+    let w0 = pulled_w(
+        &c.exchange(vec![req(0, Opcode::SparsePull, pull_w.clone())])
+            .unwrap()[0],
+    );
+    c.start(
+        0,
+        vec![
+            req(0, Opcode::SparsePush, dense_push(1.0)),
+            req(0, Opcode::Rpc, Control::WaitStep(2).encode()),
+            req(0, Opcode::SparsePull, pull_w.clone()),
+        ],
+    )
+    .unwrap();
+    c.settle().unwrap();
+    assert_eq!(c.global_steps()[0], 1, "worker 0's push is applied");
+    assert!(!c.clients[0].ep.service().client().is_done());
+    let held: usize = (0..4)
+        .map(|k| c.servers[0].ep.service().server().held(k))
+        .sum();
+    assert_eq!(held, 1, "the pull is held behind the barrier");
+    let r = c
+        .exchange_of(1, vec![req(0, Opcode::SparsePush, dense_push(2.0))])
+        .unwrap();
+    assert_eq!(parse_push_response(ok(&r[0])), Ok(2));
+    let replies = c.finish(0).unwrap();
+    assert_eq!(parse_push_response(ok(&replies[0])), Ok(1));
+    assert_eq!(ok(&replies[1]), 2u64.to_le_bytes());
+    let after: Vec<f32> = w0.iter().map(|v| v - LR * 3.0).collect();
+    assert_eq!(pulled_w(&replies[2]), after, "pulled after both pushes");
+
+    // A wait the shard has reached is answered at once, and what follows
+    // it is not held.
+    let replies = c
+        .exchange(vec![
+            req(0, Opcode::Rpc, Control::WaitStep(1).encode()),
+            req(0, Opcode::SparsePull, pull_w),
+        ])
+        .unwrap();
+    assert_eq!(ok(&replies[0]), 2u64.to_le_bytes());
+    assert_eq!(pulled_w(&replies[1]), after);
+}
+
+/// Two barriers in one exchange: the second (and the pull behind it) is
+/// held behind the first, and holds again once the first is answered.
+#[test]
+fn a_barrier_behind_a_barrier_holds_again_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Cluster::connected(dir.path(), 2);
+    let mut pull_w = Vec::new();
+    PullRequestWriter::new(&mut pull_w).dense(W);
+    c.start(
+        0,
+        vec![
+            req(0, Opcode::Rpc, Control::WaitStep(1).encode()),
+            req(0, Opcode::Rpc, Control::WaitStep(2).encode()),
+            req(0, Opcode::SparsePull, pull_w),
+        ],
+    )
+    .unwrap();
+    c.settle().unwrap();
+    let held = |c: &Cluster| -> usize {
+        (0..4)
+            .map(|k| c.servers[0].ep.service().server().held(k))
+            .sum()
+    };
+    assert_eq!(held(&c), 2);
+    c.exchange_of(1, vec![req(0, Opcode::SparsePush, dense_push(1.0))])
+        .unwrap();
+    c.settle().unwrap();
+    assert!(!c.clients[0].ep.service().client().is_done());
+    assert_eq!(held(&c), 1, "the second barrier holds the pull");
+    c.exchange_of(1, vec![req(0, Opcode::SparsePush, dense_push(1.0))])
+        .unwrap();
+    let replies = c.finish(0).unwrap();
+    assert_eq!(ok(&replies[0]), 1u64.to_le_bytes());
+    assert_eq!(ok(&replies[1]), 2u64.to_le_bytes());
+    assert_eq!(
+        PullResponse::parse(ok(&replies[2]), &Limits::default())
+            .unwrap()
+            .global_step,
+        2
+    );
+}
+
+/// Past `MAX_HELD_REQUESTS` behind a held barrier, a request is answered
+/// `LimitExceeded` at once; those held are answered in order once the
+/// barrier is.
+#[test]
+fn requests_past_the_held_bound_are_refused_and_the_held_ones_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Cluster::connected(dir.path(), 2);
+    let mut pull_w = Vec::new();
+    PullRequestWriter::new(&mut pull_w).dense(W);
+    let mut reqs = vec![req(0, Opcode::Rpc, Control::WaitStep(1).encode())];
+    reqs.extend((0..=MAX_HELD_REQUESTS).map(|_| req(0, Opcode::SparsePull, pull_w.clone())));
+    c.start(0, reqs).unwrap();
+    c.settle().unwrap();
+    c.exchange_of(1, vec![req(0, Opcode::SparsePush, dense_push(1.0))])
+        .unwrap();
+    let replies = c.finish(0).unwrap();
+    assert_eq!(ok(&replies[0]), 1u64.to_le_bytes());
+    for r in &replies[1..=MAX_HELD_REQUESTS] {
+        assert_eq!(
+            PullResponse::parse(ok(r), &Limits::default())
+                .unwrap()
+                .global_step,
+            1
+        );
+    }
+    assert_eq!(
+        replies[MAX_HELD_REQUESTS + 1].status,
+        Some(Status::LimitExceeded)
+    );
 }

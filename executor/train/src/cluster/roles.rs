@@ -707,6 +707,9 @@ pub fn worker_loop(
     let w_count = cfg.workers as u64;
     let mut last_checkpoint = Instant::now();
     let turns = super::delay::Turns::new(cfg, w);
+    // With --sync (and no checkpoints to take between steps): the step the
+    // next step's pulls wait for.
+    let mut sync_turn: Option<u64> = None;
     'epochs: while epoch < cfg.epochs {
         let mut in_epoch = std::mem::take(&mut resumed_in_epoch);
         loop {
@@ -781,23 +784,26 @@ pub fn worker_loop(
             }
             let t_step = Instant::now();
             // The global step last seen may be behind the shards': waiting
-            // only when it is short of the turn costs a round trip only
-            // when the turn may not have come.
-            if let Some(turn) = turns.and_then(|t| t.turn(steps_done)) {
-                if core.global_step() < turn {
-                    core.flush_and_wait(net, turn)?;
-                }
-            }
-            let info = core.step(net, &batch)?;
+            // only when it is short of the turn spares the shards a
+            // barrier when the turn has come.
+            let turn = sync_turn.take().or_else(|| {
+                turns
+                    .and_then(|t| t.turn(steps_done))
+                    .filter(|&t| core.global_step() < t)
+            });
+            let info = core.step_in_turn(net, &batch, turn)?;
             offset += n as u64;
             steps_done += 1;
             out.steps += 1;
             out.samples += n as u64;
             loss_sum += f64::from(info.loss);
             loss_n += 1;
-            if cfg.sync {
-                core.flush(net)?;
-                core.barrier(net, c)?;
+            if cfg.sync && cfg.checkpoint_dir.is_none() {
+                // The next step's pulls wait for this step behind its
+                // push, in its one exchange.
+                sync_turn = Some(c);
+            } else if cfg.sync {
+                core.flush_and_wait(net, c)?;
                 if let (0, Some(dir)) = (w, ckpt_dir) {
                     periodic::complete(cfg, plan, dir, c)?;
                     last_checkpoint = Instant::now();
@@ -811,8 +817,7 @@ pub fn worker_loop(
                 // Every worker stops after its step `c / workers`: the
                 // barrier lets none push the next step before every shard
                 // has applied exactly these (and written its file).
-                core.flush(net)?;
-                core.barrier(net, c)?;
+                core.flush_and_wait(net, c)?;
                 if w == 0 {
                     periodic::complete(cfg, plan, dir, c)?;
                     last_checkpoint = Instant::now();
@@ -827,6 +832,9 @@ pub fn worker_loop(
                 global_step: core.global_step(),
                 took: t_step.elapsed(),
             });
+        }
+        if let Some(c) = sync_turn.take() {
+            core.flush_and_wait(net, c)?;
         }
         epoch += 1;
         offset = 0;
@@ -859,7 +867,10 @@ pub fn worker_loop(
         }
         reader.rewind()?;
     }
-    core.flush(net)?;
+    match sync_turn {
+        Some(c) => core.flush_and_wait(net, c)?,
+        None => core.flush(net)?,
+    }
     out.end = Some(Instant::now());
     if loss_n > 0 {
         out.last_loss = loss_sum / loss_n as f64;
