@@ -134,6 +134,9 @@ pub struct DatagramDriver<L> {
     stats: DatagramStats,
     /// The reliability counters of connections already detached.
     retired: CoreStats,
+    /// Slots whose `lingering` is set: an idle turn skips the scan of
+    /// [`wind_down`](Self::wind_down) when there are none.
+    lingering: usize,
 }
 
 impl<L: DatagramLink> DatagramDriver<L> {
@@ -151,6 +154,7 @@ impl<L: DatagramLink> DatagramDriver<L> {
             next_tx: 0,
             stats: DatagramStats::default(),
             retired: CoreStats::default(),
+            lingering: 0,
         })
     }
 
@@ -247,12 +251,15 @@ impl<L: DatagramLink> DatagramDriver<L> {
 
     /// Detached connections whose cores still linger.
     pub fn lingering(&self) -> usize {
-        self.slots.iter().filter(|s| s.lingering).count()
+        self.lingering
     }
 
     /// Close the cores of connections detached since the last flush, and
     /// free the slots of those that are done.
     fn wind_down(&mut self, now: Instant) {
+        if self.lingering == 0 {
+            return;
+        }
         for (i, slot) in self.slots.iter_mut().enumerate() {
             if !slot.lingering {
                 continue;
@@ -266,6 +273,7 @@ impl<L: DatagramLink> DatagramDriver<L> {
             };
             if done {
                 slot.lingering = false;
+                self.lingering -= 1;
                 Self::free_slot(slot, i, &mut self.free, &mut self.retired);
             }
         }
@@ -386,6 +394,9 @@ impl<L: DatagramLink> Driver for DatagramDriver<L> {
             ..
         } = self;
         let mut delivered = 0;
+        // Only a packet handed to a core can fail it here (timers run in
+        // `flush`): a burst that handed none skips the failure scan.
+        let mut handled = false;
         // Frames reassembled earlier go first, keeping each connection's
         // order; the rest of the budget is for this burst.
         for (i, slot) in slots.iter_mut().enumerate() {
@@ -424,6 +435,7 @@ impl<L: DatagramLink> Driver for DatagramDriver<L> {
             };
             let id = ConnId::new(index as u32);
             let before = slot.budget;
+            handled = true;
             core.handle_parsed(
                 now,
                 &hdr,
@@ -444,7 +456,8 @@ impl<L: DatagramLink> Driver for DatagramDriver<L> {
             delivered += core.deliver(budget, &mut |f: &[u8]| sink(id, f));
         }
         match burst {
-            Ok(_) => self.take_failures(),
+            Ok(_) if handled => self.take_failures(),
+            Ok(_) => {}
             Err(e) => self.fail_all(&e),
         }
         delivered
@@ -538,6 +551,7 @@ impl<L: DatagramLink> Driver for DatagramDriver<L> {
             slot.failure.is_none() && slot.core.as_ref().is_some_and(ReliableCore::needs_linger);
         if linger {
             slot.lingering = true;
+            self.lingering += 1;
         } else {
             Self::free_slot(slot, index, &mut self.free, &mut self.retired);
         }
