@@ -21,9 +21,13 @@
 # For net_af_xdp and net_af_packet, starwire (each polling setting) and
 # testpmd alternated ROUNDS times; prints one JSON line per measurement and
 # the ratio of the medians per polling setting. Needs root.
+# DRIVERS (default "af_xdp af_packet") picks the drivers.
+# XDP_DEVARGS (default empty) is appended to both net_af_xdp devices, the
+# same for starwire and testpmd, e.g. XDP_DEVARGS=",busy_budget=0".
 # The namespace is $STARWIRE_NETNS_PREFIX (default swc) plus the pid.
 # Usage: [STARWIRE_NETNS_PREFIX=swc] [ROUNDS=2] [DURATION=3] [TESTPMD_SECS=8]
-#        [POLLING=on] [PROFILE=release] ci/dpdk-ceiling.sh
+#        [POLLING=on] [DRIVERS="af_xdp af_packet"] [XDP_DEVARGS=]
+#        [PROFILE=release] ci/dpdk-ceiling.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,6 +38,8 @@ figures_setup ci/dpdk-ceiling.sh
 . ci/lib/bench.sh
 tag="${STARWIRE_NETNS_PREFIX:-swc}$$"
 ROUNDS="${ROUNDS:-2}"
+XDP_DEVARGS="${XDP_DEVARGS:-}"
+DRIVERS="${DRIVERS:-af_xdp af_packet}"
 POLLING="${POLLING:-on}"
 netns_one "$tag"
 
@@ -74,15 +80,15 @@ testpmd_pps() {
         paste - - | awk '{print $1 + $2}' | tail -n +3 | median
 }
 
-for driver in af_xdp af_packet; do
+for driver in $DRIVERS; do
     case $driver in
         af_packet)
             vdev_a="net_af_packet0,iface=$SA"
             vdev_b="net_af_packet1,iface=$SB"
             ;;
         af_xdp)
-            vdev_a="net_af_xdp0,iface=$SA,start_queue=0,queue_count=1"
-            vdev_b="net_af_xdp1,iface=$SB,start_queue=0,queue_count=1"
+            vdev_a="net_af_xdp0,iface=$SA,start_queue=0,queue_count=1$XDP_DEVARGS"
+            vdev_b="net_af_xdp1,iface=$SB,start_queue=0,queue_count=1$XDP_DEVARGS"
             ;;
     esac
     tp=()
@@ -102,7 +108,7 @@ for driver in af_xdp af_packet; do
     for p in $POLLING; do
         # shellcheck disable=SC2086
         s=$(printf '%s\n' ${sw[$p]} | median)
-        echo "{\"figure\":\"ceiling-ratio\",\"driver\":\"$driver\",\"polling\":\"$p\",\"starwire_pps\":$s,\"testpmd_rx_pps\":$t,\"ratio\":$(awk -v s="$s" -v t="$t" 'BEGIN {if (t > 0) printf "%.3f", s / t; else print "null"}'),\"load\":\"$(cut -d' ' -f1-3 /proc/loadavg)\"}"
+        echo "{\"figure\":\"ceiling-ratio\",\"driver\":\"$driver\",\"polling\":\"$p\",\"xdp_devargs\":\"$XDP_DEVARGS\",\"starwire_pps\":$s,\"testpmd_rx_pps\":$t,\"ratio\":$(awk -v s="$s" -v t="$t" 'BEGIN {if (t > 0) printf "%.3f", s / t; else print "null"}'),\"load\":\"$(cut -d' ' -f1-3 /proc/loadavg)\"}"
     done
     unset sw
 done

@@ -142,10 +142,11 @@ for driver in af_packet af_xdp; do
     fi
     wait "$BENCH_SERVER" || ok=false
     # Each process stopped its port on the way out: no XDP program is left
-    # on the interfaces.
+    # on the interfaces (`ip link` lists an attached one as prog/xdp...;
+    # the interface names may contain "xdp" themselves).
     for end in "$NS_A $VA" "$NS_B $VB"; do
         set -- $end
-        if ip -n "$1" link show "$2" | grep -q "xdp"; then
+        if ip -n "$1" link show "$2" | grep -q "prog/xdp"; then
             echo "an XDP program is still attached to $2" >&2
             ok=false
         fi

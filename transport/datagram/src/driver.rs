@@ -14,6 +14,8 @@ use std::collections::VecDeque;
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
+use nix::poll::{ppoll, PollFd, PollFlags};
+use nix::sys::time::TimeSpec;
 use starwire_transport::reactor::{ParkEnd, ParkWaker};
 use starwire_transport::{ConnId, Driver, DriverCounters, Sleep, StreamDriver, TransportError};
 use thiserror::Error;
@@ -116,8 +118,8 @@ impl Slot {
 /// the rest waits for the next flush, which starts with the connection that
 /// did not fit. An [`rx_burst`](Driver::rx_burst) takes one burst of up to
 /// [`ReliableConfig::rx_batch`] packets from the link and routes each to
-/// its connection. A DPDK queue has no receive interrupt, so the driver
-/// never sleeps ([`Sleep::Never`]).
+/// its connection. A DPDK queue has no receive interrupt, so a parked
+/// driver naps and polls again ([`Driver::park`]).
 ///
 /// [`LossyLink`]: crate::LossyLink
 #[derive(Debug)]
@@ -132,6 +134,9 @@ pub struct DatagramDriver<L> {
     stats: DatagramStats,
     /// The reliability counters of connections already detached.
     retired: CoreStats,
+    /// Slots whose `lingering` is set: an idle turn skips the scan of
+    /// [`wind_down`](Self::wind_down) when there are none.
+    lingering: usize,
 }
 
 impl<L: DatagramLink> DatagramDriver<L> {
@@ -149,6 +154,7 @@ impl<L: DatagramLink> DatagramDriver<L> {
             next_tx: 0,
             stats: DatagramStats::default(),
             retired: CoreStats::default(),
+            lingering: 0,
         })
     }
 
@@ -245,12 +251,15 @@ impl<L: DatagramLink> DatagramDriver<L> {
 
     /// Detached connections whose cores still linger.
     pub fn lingering(&self) -> usize {
-        self.slots.iter().filter(|s| s.lingering).count()
+        self.lingering
     }
 
     /// Close the cores of connections detached since the last flush, and
     /// free the slots of those that are done.
     fn wind_down(&mut self, now: Instant) {
+        if self.lingering == 0 {
+            return;
+        }
         for (i, slot) in self.slots.iter_mut().enumerate() {
             if !slot.lingering {
                 continue;
@@ -264,6 +273,7 @@ impl<L: DatagramLink> DatagramDriver<L> {
             };
             if done {
                 slot.lingering = false;
+                self.lingering -= 1;
                 Self::free_slot(slot, i, &mut self.free, &mut self.retired);
             }
         }
@@ -384,6 +394,9 @@ impl<L: DatagramLink> Driver for DatagramDriver<L> {
             ..
         } = self;
         let mut delivered = 0;
+        // Only a packet handed to a core can fail it here (timers run in
+        // `flush`): a burst that handed none skips the failure scan.
+        let mut handled = false;
         // Frames reassembled earlier go first, keeping each connection's
         // order; the rest of the budget is for this burst.
         for (i, slot) in slots.iter_mut().enumerate() {
@@ -422,6 +435,7 @@ impl<L: DatagramLink> Driver for DatagramDriver<L> {
             };
             let id = ConnId::new(index as u32);
             let before = slot.budget;
+            handled = true;
             core.handle_parsed(
                 now,
                 &hdr,
@@ -442,7 +456,8 @@ impl<L: DatagramLink> Driver for DatagramDriver<L> {
             delivered += core.deliver(budget, &mut |f: &[u8]| sink(id, f));
         }
         match burst {
-            Ok(_) => self.take_failures(),
+            Ok(_) if handled => self.take_failures(),
+            Ok(_) => {}
             Err(e) => self.fail_all(&e),
         }
         delivered
@@ -536,6 +551,7 @@ impl<L: DatagramLink> Driver for DatagramDriver<L> {
             slot.failure.is_none() && slot.core.as_ref().is_some_and(ReliableCore::needs_linger);
         if linger {
             slot.lingering = true;
+            self.lingering += 1;
         } else {
             Self::free_slot(slot, index, &mut self.free, &mut self.retired);
         }
@@ -575,11 +591,24 @@ impl<L: DatagramLink> Driver for DatagramDriver<L> {
         Sleep::Own
     }
 
-    /// Sleep for `timeout`, at most [`IDLE_NAP`]. The nap does not watch
-    /// `waker`: a wake-up waits for the end of the nap, which is short.
-    fn park(&mut self, _waker: ParkWaker<'_>, timeout: Duration) -> Option<ParkEnd> {
-        std::thread::sleep(timeout.min(IDLE_NAP));
-        Some(ParkEnd::Timeout)
+    /// Sleep for `timeout`, at most [`IDLE_NAP`], in `ppoll(2)` on
+    /// `waker`: work handed to the reactor (a wake-up) ends the nap at
+    /// once instead of waiting for its end. `ppoll` takes the nap's
+    /// length in nanoseconds, where `poll`'s milliseconds would stretch it
+    /// fifty times. A failed wait (a signal) ends the nap early, as a
+    /// timeout: the reactor just polls again.
+    fn park(&mut self, waker: ParkWaker<'_>, timeout: Duration) -> Option<ParkEnd> {
+        let nap = TimeSpec::from_duration(timeout.min(IDLE_NAP));
+        let mut fds = [PollFd::new(waker.fd, PollFlags::POLLIN)];
+        let woke = matches!(ppoll(&mut fds, Some(nap), None), Ok(n) if n > 0)
+            && fds[0]
+                .revents()
+                .is_some_and(|r| r.intersects(PollFlags::POLLIN));
+        Some(if woke {
+            ParkEnd::Waker
+        } else {
+            ParkEnd::Timeout
+        })
     }
 }
 

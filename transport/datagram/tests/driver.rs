@@ -532,7 +532,8 @@ fn a_lingering_core_whose_peer_is_gone_goes_quietly() {
 }
 
 /// A datagram queue has no receive interrupt: a parked driver naps for at
-/// most `IDLE_NAP` (a short timeout is kept), and says the park timed out.
+/// most `IDLE_NAP` (a short timeout is kept), and says the park timed out
+/// when its waker stayed quiet.
 #[test]
 fn park_is_a_bounded_nap() {
     use starwire_datagram::IDLE_NAP;
@@ -558,4 +559,30 @@ fn park_is_a_bounded_nap() {
     let took = t0.elapsed();
     assert!(IDLE_NAP < Duration::from_millis(1));
     assert!(took < Duration::from_secs(5), "two naps took {took:?}");
+}
+
+/// A nap watches the reactor's waker: a wake-up written before or during
+/// the nap ends it as `Waker`, so the reactor drains it and turns.
+#[test]
+fn a_wake_up_ends_the_nap() {
+    use starwire_transport::reactor::{ParkEnd, ParkWaker};
+    use std::io::Write;
+    use std::os::fd::AsFd;
+    use std::os::unix::net::UnixStream;
+
+    let (mut a, _, _b, _) = pair(1, LossConfig::lossless(1500), 1);
+    let (mut tx, rx) = UnixStream::pair().expect("a socket pair");
+    let waker = || ParkWaker {
+        fd: rx.as_fd(),
+        id: 1,
+    };
+    assert_eq!(
+        a.park(waker(), Duration::from_secs(30)),
+        Some(ParkEnd::Timeout)
+    );
+    tx.write_all(&[1]).expect("a wake-up");
+    assert_eq!(
+        a.park(waker(), Duration::from_secs(30)),
+        Some(ParkEnd::Waker)
+    );
 }
