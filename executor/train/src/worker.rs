@@ -418,18 +418,13 @@ impl WorkerCore {
             let st = &mut self.lookups[l];
             let feed = match lp.form {
                 PullForm::Rows => {
-                    let mut rows = WireRows::new(lp.dim);
-                    while let Some((_, sh, m, at)) = parts.next_if(|p| p.0 == l) {
-                        if rows.rows() != st.shard_start[sh] {
-                            return Err(TrainError::Remote("rows reply repeated".into()));
-                        }
-                        let n = st.shard_start[sh + 1] - st.shard_start[sh];
-                        rows.push(Arc::clone(&self.shared[m].1), at, n)
-                            .map_err(|e| TrainError::Internal(e.to_string()))?;
-                    }
-                    if rows.rows() != st.unique.len() {
-                        return Err(TrainError::Remote("rows reply missing".into()));
-                    }
+                    let mine = std::iter::from_fn(|| parts.next_if(|p| p.0 == l));
+                    let shared = &self.shared;
+                    let rows = rows_feed(
+                        lp.dim,
+                        &st.shard_start,
+                        mine.map(|(_, sh, m, at)| (sh, Arc::clone(&shared[m].1), at)),
+                    )?;
                     LookupFeed::WireRows {
                         rows,
                         // Moved, not copied: the next step's plan rebuilds
@@ -458,6 +453,9 @@ impl WorkerCore {
                 }
             };
             lookups.push(feed);
+        }
+        if parts.next().is_some() {
+            return Err(TrainError::Remote("rows reply for a pooled lookup".into()));
         }
         let numeric = Tensor::new(vec![b, self.layout.num_dense], batch.numeric.clone())
             .map_err(|e| TrainError::Internal(e.to_string()))?;
@@ -771,6 +769,34 @@ impl WorkerCore {
     }
 }
 
+/// A lookup's rows feed from its rows replies, `(shard, body, byte offset
+/// of the rows)` in shard order: shard `s`'s rows are
+/// `shard_start[s]..shard_start[s + 1]`, and every shard with rows must
+/// answer exactly once.
+fn rows_feed(
+    dim: usize,
+    shard_start: &[usize],
+    replies: impl Iterator<Item = (usize, Arc<Vec<u8>>, usize)>,
+) -> Result<WireRows, TrainError> {
+    let mut rows = WireRows::new(dim);
+    for (sh, body, at) in replies {
+        let (Some(&lo), Some(&hi)) = (shard_start.get(sh), shard_start.get(sh + 1)) else {
+            return Err(TrainError::Remote(
+                "rows reply from an unknown shard".into(),
+            ));
+        };
+        if rows.rows() != lo {
+            return Err(TrainError::Remote("rows reply repeated".into()));
+        }
+        rows.push(body, at, hi - lo)
+            .map_err(|e| TrainError::Remote(format!("rows reply: {e}")))?;
+    }
+    if rows.rows() != shard_start.last().copied().unwrap_or(0) {
+        return Err(TrainError::Remote("rows reply missing".into()));
+    }
+    Ok(rows)
+}
+
 /// Send one control message to shard `shard`; the reply body.
 pub fn control_one(
     net: &mut dyn Exchange,
@@ -813,4 +839,44 @@ pub fn control_all(
             Ok(r.body)
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn le(v: &[f32]) -> Arc<Vec<u8>> {
+        Arc::new(v.iter().flat_map(|x| x.to_le_bytes()).collect())
+    }
+
+    /// One rows reply: its shard, its body and where its rows start.
+    type RowsReply = (usize, Arc<Vec<u8>>, usize);
+
+    /// Shards 0 and 2 hold rows (1 and 2 of them), shard 1 none.
+    const STARTS: [usize; 4] = [0, 1, 1, 3];
+
+    #[test]
+    fn a_rows_feed_is_its_shards_ranges_in_order() {
+        let (a, b) = (le(&[1.0, 2.0]), le(&[0.0, 3.0, 4.0, 5.0, 6.0]));
+        let rows = rows_feed(2, &STARTS, [(0, a, 0), (2, b, 4)].into_iter()).unwrap();
+        assert_eq!(rows.rows(), 3);
+        assert_eq!(rows.to_tensor().data(), &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    }
+
+    #[test]
+    fn a_repeated_missing_short_or_stray_rows_reply_is_an_error() {
+        let (a, b) = (le(&[1.0, 2.0]), le(&[3.0, 4.0, 5.0, 6.0]));
+        let cases: [(&str, Vec<RowsReply>); 4] = [
+            ("repeated", vec![(0, a.clone(), 0), (0, a.clone(), 0)]),
+            ("missing", vec![(0, a.clone(), 0)]),
+            ("rows reply: ", vec![(0, a.clone(), 0), (2, b.clone(), 4)]),
+            ("unknown shard", vec![(0, a, 0), (3, b, 0)]),
+        ];
+        for (want, replies) in cases {
+            match rows_feed(2, &STARTS, replies.into_iter()) {
+                Err(TrainError::Remote(e)) => assert!(e.contains(want), "{want}: {e}"),
+                other => panic!("{want}: {other:?}"),
+            }
+        }
+    }
 }
