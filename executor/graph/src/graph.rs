@@ -4,6 +4,7 @@
 use crate::error::GraphError;
 use crate::ops::Combiner;
 use crate::tensor::Tensor;
+use crate::wire_rows::WireRows;
 
 /// The id of a variable stored on the parameter servers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -216,6 +217,16 @@ pub enum LookupFeed {
     Rows {
         /// Unique rows `[U, D]`.
         rows: Tensor,
+        /// Per key occurrence, its row in `rows`.
+        index: Vec<u32>,
+        /// `B+1` offsets into `index`.
+        offsets: Vec<u32>,
+    },
+    /// [`LookupFeed::Rows`] with the rows read in place from pull replies
+    /// instead of a tensor.
+    WireRows {
+        /// Unique rows `[U, D]`.
+        rows: WireRows,
         /// Per key occurrence, its row in `rows`.
         index: Vec<u32>,
         /// `B+1` offsets into `index`.

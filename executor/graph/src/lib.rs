@@ -71,7 +71,8 @@
 //! [`partition`] cuts a model for a [`Protocol`]. Dense variables are always
 //! pulled whole and their gradients pushed. With [`Protocol::StarServer`]
 //! the worker runs the lookups: the runtime [`dedup`]s a lookup's keys, pulls
-//! the unique rows, feeds [`LookupFeed::Rows`], and pushes
+//! the unique rows, feeds [`LookupFeed::Rows`] (or [`LookupFeed::WireRows`],
+//! the same rows read in place from the pull replies), and pushes
 //! [`LookupGrad::Rows`]. With [`Protocol::StarServerLite`] each lookup node
 //! is replaced by a [`Op::Pooled`] leaf: the PS pools, the runtime feeds
 //! [`LookupFeed::Pooled`] and pushes [`LookupGrad::Pooled`]; [`combine`] and
@@ -88,6 +89,7 @@ mod ops;
 mod partition;
 mod run;
 mod tensor;
+mod wire_rows;
 
 pub use error::{GraphError, TensorError};
 pub use exec::{Executor, DEFAULT_HANDOFF_FLOPS};
@@ -102,5 +104,6 @@ pub use partition::{
     dedup, partition, Dedup, DensePull, LookupPull, Partitioned, Protocol, PullForm, Pulls,
     StepFeeds, StepOutput,
 };
-pub use run::RunBuffers;
+pub use run::{RowsFeedBuffers, RunBuffers};
 pub use tensor::Tensor;
+pub use wire_rows::WireRows;

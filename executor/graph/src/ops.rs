@@ -3,6 +3,7 @@
 
 use crate::error::GraphError;
 use crate::tensor::Tensor;
+use crate::wire_rows::RowSource;
 
 /// How the embedding rows of one example are pooled into one row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -322,23 +323,24 @@ pub fn combine(
     offsets: &[u32],
     combiner: Combiner,
 ) -> Result<Tensor, GraphError> {
-    combine_into(rows, index, offsets, combiner, Vec::new())
+    let (u, _) = matrix("EmbeddingLookup", "rows", rows)?;
+    check_ragged(0, u, index, offsets)?;
+    Ok(combine_into(rows, index, offsets, combiner, Vec::new()))
 }
 
 /// [`combine`] written into `out`'s allocation (its contents are ignored).
 /// An example's first row is copied and the others added to it, so the
-/// output is written once and never zeroed first.
+/// output is written once and never zeroed first. The layout must pass
+/// [`check_ragged`]: a run checks every feed once, when it places it.
 pub(crate) fn combine_into(
-    rows: &Tensor,
+    rows: &dyn RowSource,
     index: &[u32],
     offsets: &[u32],
     combiner: Combiner,
     mut out: Vec<f32>,
-) -> Result<Tensor, GraphError> {
-    let (u, d) = matrix("EmbeddingLookup", "rows", rows)?;
-    check_ragged(0, u, index, offsets)?;
-    let b = offsets.len() - 1;
-    let row = |r: u32| &rows.data()[r as usize * d..(r as usize + 1) * d];
+) -> Tensor {
+    let (_, d) = rows.shape2();
+    let b = offsets.len().saturating_sub(1);
     out.clear();
     out.reserve(b * d);
     for w in offsets.windows(2) {
@@ -348,24 +350,22 @@ pub(crate) fn combine_into(
             continue;
         };
         let start = out.len();
-        out.extend_from_slice(row(first));
+        rows.extend_row(first as usize, &mut out);
         let orow = &mut out[start..];
         for &r in rest {
-            for (o, &v) in orow.iter_mut().zip(row(r)) {
-                *o += v;
-            }
+            rows.add_row(r as usize, orow);
         }
         if combiner == Combiner::Mean {
             let inv = 1.0 / occ.len() as f32;
             orow.iter_mut().for_each(|o| *o *= inv);
         }
     }
-    Ok(Tensor::from_parts(vec![b, d], out))
+    Tensor::from_parts(vec![b, d], out)
 }
 
 /// One lookup's feed, as [`sum_combined_into`] reads it.
 pub(crate) struct Bags<'a> {
-    pub(crate) rows: &'a Tensor,
+    pub(crate) rows: &'a dyn RowSource,
     pub(crate) index: &'a [u32],
     pub(crate) offsets: &'a [u32],
     pub(crate) combiner: Combiner,
@@ -377,41 +377,40 @@ pub(crate) struct Bags<'a> {
 /// bit-identical to the two steps: the first part is [`combine_into`],
 /// and each later part adds, per example, exactly the row `combine` would
 /// have written (zeros for an empty bag, the one row of a bag of one,
-/// else the pooled row), in part order.
+/// else the pooled row), in part order. Every part's layout must pass
+/// [`check_ragged`], as for [`combine_into`].
 pub(crate) fn sum_combined_into(parts: &[Bags<'_>], out: Vec<f32>) -> Result<Tensor, GraphError> {
     let Some((first, rest)) = parts.split_first() else {
         return Err(shape_err("AddN", "no input".into()));
     };
-    let mut sum = combine_into(first.rows, first.index, first.offsets, first.combiner, out)?;
+    let mut sum = combine_into(first.rows, first.index, first.offsets, first.combiner, out);
     let shape = sum.shape().to_vec();
     let (b, d) = (shape[0], shape[1]);
     let out = sum.data_mut();
     let mut bag = Vec::new();
     for p in rest {
-        let (u, pd) = matrix("EmbeddingLookup", "rows", p.rows)?;
-        check_ragged(0, u, p.index, p.offsets)?;
+        let (_, pd) = p.rows.shape2();
         if pd != d || p.offsets.len() != b + 1 {
             return Err(shape_err(
                 "AddN",
                 format!("cannot add [{}, {pd}] to {shape:?}", p.offsets.len() - 1),
             ));
         }
-        let row = |r: u32| &p.rows.data()[r as usize * d..(r as usize + 1) * d];
         for (orow, w) in out.chunks_exact_mut(d.max(1)).zip(p.offsets.windows(2)) {
-            let add = |o: &mut [f32], v: &[f32]| o.iter_mut().zip(v).for_each(|(o, &v)| *o += v);
             match &p.index[w[0] as usize..w[1] as usize] {
                 [] => orow.iter_mut().for_each(|o| *o += 0.0),
                 // A mean of one row scales it by exactly 1.
-                &[r] => add(orow, row(r)),
+                &[r] => p.rows.add_row(r as usize, orow),
                 &[r, ref more @ ..] => {
                     bag.clear();
-                    bag.extend_from_slice(row(r));
-                    more.iter().for_each(|&r| add(&mut bag, row(r)));
+                    p.rows.extend_row(r as usize, &mut bag);
+                    more.iter()
+                        .for_each(|&r| p.rows.add_row(r as usize, &mut bag));
                     if p.combiner == Combiner::Mean {
                         let inv = 1.0 / (more.len() + 1) as f32;
                         bag.iter_mut().for_each(|x| *x *= inv);
                     }
-                    add(orow, &bag);
+                    orow.iter_mut().zip(&bag).for_each(|(o, &v)| *o += v);
                 }
             }
         }
@@ -429,11 +428,19 @@ pub fn scatter_pooled_grad(
     num_rows: usize,
     combiner: Combiner,
 ) -> Result<Tensor, GraphError> {
+    check_ragged(0, num_rows, index, offsets)?;
     scatter_pooled_grad_into(grad, index, offsets, num_rows, combiner, Vec::new())
 }
 
 /// [`scatter_pooled_grad`] written into `out`'s allocation (its contents
-/// are ignored).
+/// are ignored). The layout must pass [`check_ragged`], as for
+/// [`combine_into`].
+///
+/// A row's first occurrence writes `0.0 + g` and later ones add, which
+/// is what adding every occurrence to a zeroed row computes, bit for bit
+/// (`0.0 + g` turns a `-0.0` into `0.0` as the zeroed row did); only rows
+/// no occurrence names are zeroed. The output is written in one pass
+/// instead of being cleared first.
 pub(crate) fn scatter_pooled_grad_into(
     grad: &Tensor,
     index: &[u32],
@@ -443,7 +450,6 @@ pub(crate) fn scatter_pooled_grad_into(
     mut out: Vec<f32>,
 ) -> Result<Tensor, GraphError> {
     let (b, d) = matrix("EmbeddingLookup'", "grad", grad)?;
-    check_ragged(0, num_rows, index, offsets)?;
     if offsets.len() != b + 1 {
         return Err(shape_err(
             "EmbeddingLookup'",
@@ -456,8 +462,11 @@ pub(crate) fn scatter_pooled_grad_into(
     let len = num_rows
         .checked_mul(d)
         .ok_or_else(|| shape_err("EmbeddingLookup'", "row count overflows".into()))?;
-    out.clear();
+    // Only the room past the stale contents is zeroed here: a stale row is
+    // overwritten by its first occurrence, or zeroed below when it has none.
+    out.truncate(len);
     out.resize(len, 0.0);
+    let mut seen = vec![false; num_rows];
     for (e, w) in offsets.windows(2).enumerate() {
         let occ = &index[w[0] as usize..w[1] as usize];
         let scale = match combiner {
@@ -468,10 +477,24 @@ pub(crate) fn scatter_pooled_grad_into(
         let grow = &grad.data()[e * d..(e + 1) * d];
         for &r in occ {
             let r = r as usize;
-            for (o, &gv) in out[r * d..(r + 1) * d].iter_mut().zip(grow) {
-                *o += gv * scale;
+            let orow = &mut out[r * d..(r + 1) * d];
+            if std::mem::replace(&mut seen[r], true) {
+                orow.iter_mut()
+                    .zip(grow)
+                    .for_each(|(o, &gv)| *o += gv * scale);
+            } else {
+                orow.iter_mut()
+                    .zip(grow)
+                    .for_each(|(o, &gv)| *o = 0.0 + gv * scale);
             }
         }
+    }
+    for (orow, _) in out
+        .chunks_exact_mut(d.max(1))
+        .zip(&seen)
+        .filter(|(_, &s)| !s)
+    {
+        orow.fill(0.0);
     }
     Ok(Tensor::from_parts(vec![num_rows, d], out))
 }
@@ -533,6 +556,46 @@ mod tests {
             assert_eq!(got.shape(), want.shape());
             let bits = |t: &Tensor| t.data().iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&got), bits(&want), "{combiner:?}");
+        }
+    }
+
+    /// Scattering into a stale buffer gives the bits of adding every
+    /// occurrence to a zeroed row: `-0.0` gradients come out `0.0`, rows
+    /// no occurrence names come out zero, stale NaNs do not leak.
+    #[test]
+    fn scatter_into_a_stale_buffer_matches_zeroed_rows_bit_for_bit() {
+        let d = 3;
+        let grad = Tensor::from_parts(
+            vec![4, d],
+            vec![
+                -0.0, 1.5, -2.25, 0.5, -0.0, 3.0, 7.0, -1.0, 0.125, -0.0, -0.0, 2.0,
+            ],
+        );
+        // Row 4 is never named; example 2's bag is empty.
+        let index = [1u32, 0, 1, 3, 2, 1];
+        let offsets = [0u32, 2, 4, 4, 6];
+        for combiner in [Combiner::Sum, Combiner::Mean] {
+            let mut want = vec![0.0f32; 5 * d];
+            for (e, w) in offsets.windows(2).enumerate() {
+                let occ = &index[w[0] as usize..w[1] as usize];
+                let scale = match combiner {
+                    Combiner::Sum => 1.0,
+                    Combiner::Mean if occ.is_empty() => continue,
+                    Combiner::Mean => 1.0 / occ.len() as f32,
+                };
+                for &r in occ {
+                    for j in 0..d {
+                        want[r as usize * d + j] += grad.data()[e * d + j] * scale;
+                    }
+                }
+            }
+            for stale in [Vec::new(), vec![f32::NAN; 2 * d], vec![-0.0; 9 * d]] {
+                let got =
+                    scatter_pooled_grad_into(&grad, &index, &offsets, 5, combiner, stale).unwrap();
+                assert_eq!(got.shape(), &[5, d]);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(got.data()), bits(&want), "{combiner:?}");
+            }
         }
     }
 

@@ -1,9 +1,10 @@
 //! Partitioning a model into the worker subgraph of one protocol, and the
 //! per-step API the runtime calls.
 
+use std::hash::BuildHasher;
 use std::sync::Arc;
 
-use rustc_hash::FxHashMap;
+use rustc_hash::FxBuildHasher;
 
 use crate::error::GraphError;
 use crate::exec::Executor;
@@ -203,7 +204,7 @@ impl Partitioned {
 }
 
 /// Deduplicates keys: the unique keys in first-seen order, and per key its
-/// position among them. Uses a hash map with the Fx hasher (keys are already
+/// position among them. Keys are hashed with the Fx hasher (keys are already
 /// hashes; a DoS-resistant hasher buys nothing here). A batch has far fewer
 /// than `u32::MAX` keys; positions past that would not fit the `u32` index.
 pub fn dedup(keys: &[u64]) -> (Vec<u64>, Vec<u32>) {
@@ -212,27 +213,46 @@ pub fn dedup(keys: &[u64]) -> (Vec<u64>, Vec<u32>) {
     (unique, index)
 }
 
-/// [`dedup`] with its hash map kept between calls, for a caller that
+/// [`dedup`] with its table kept between calls, for a caller that
 /// deduplicates every step.
+///
+/// The table is open addressing with linear probing, at most half full,
+/// and holds positions only: a slot names a unique key by its position in
+/// the output, where the probe compares it. It is 4 bytes a slot, cleared
+/// by one fill, and a probe is a load and a compare, where a general map
+/// hashes into groups of tags and stores every key a second time.
 #[derive(Debug, Default, Clone)]
 pub struct Dedup {
-    seen: FxHashMap<u64, u32>,
+    /// By slot: 0 when free, else the position of its key plus one.
+    slots: Vec<u32>,
 }
 
 impl Dedup {
     /// Overwrite `unique` and `index` with [`dedup`]'s two results for `keys`.
     pub fn run(&mut self, keys: &[u64], unique: &mut Vec<u64>, index: &mut Vec<u32>) {
-        self.seen.clear();
-        self.seen.reserve(keys.len().min(1 << 20));
+        let cap = (2 * keys.len()).next_power_of_two().max(16);
+        self.slots.clear();
+        self.slots.resize(cap, 0);
+        let mask = cap - 1;
         unique.clear();
         index.clear();
         index.reserve(keys.len());
         for &k in keys {
-            let next = unique.len() as u32;
-            let p = *self.seen.entry(k).or_insert(next);
-            if p == next {
-                unique.push(k);
-            }
+            // The low bits pick the slot: the Fx hasher rotates its best
+            // mixed bits there, as hash tables take them.
+            let mut i = FxBuildHasher.hash_one(k) as usize & mask;
+            let p = loop {
+                match self.slots[i] {
+                    0 => {
+                        let next = unique.len() as u32;
+                        self.slots[i] = next + 1;
+                        unique.push(k);
+                        break next;
+                    }
+                    s if unique[(s - 1) as usize] == k => break s - 1,
+                    _ => i = (i + 1) & mask,
+                }
+            };
             index.push(p);
         }
     }

@@ -9,6 +9,7 @@ use crate::exec::{Executor, TaskSet};
 use crate::graph::{invalid, Graph, GraphFeeds, LookupFeed, LookupGrad, Op, Plan, RunOutput};
 use crate::ops;
 use crate::tensor::Tensor;
+use crate::wire_rows::{RowSource, WireRows};
 
 impl Graph {
     /// Runs the graph forward, and backward too if `backward`.
@@ -64,6 +65,22 @@ impl Graph {
                         }
                     }
                 }
+                bufs.feeds
+                    .resize_with(self.lookups.len(), RowsFeedBuffers::default);
+                for (&node, b) in self.lookups.iter().zip(&mut bufs.feeds) {
+                    if let Some(f) = state.rows[node].take() {
+                        *b = RowsFeedBuffers {
+                            rows: match f.rows {
+                                FeedRows::Tensor(t) => t.into_data(),
+                                // Dropped: the replies' owner takes their
+                                // buffers back.
+                                FeedRows::Wire(_) => Vec::new(),
+                            },
+                            index: f.index,
+                            offsets: f.offsets,
+                        };
+                    }
+                }
                 out
             }
             Err(state) => {
@@ -85,6 +102,21 @@ pub struct RunBuffers {
     /// By node: a buffer for its gradient (rows gradients of lookups,
     /// given back with [`RunBuffers::give_back`]).
     grads: Vec<Vec<f32>>,
+    /// By lookup slot: the buffers of its last rows feed.
+    feeds: Vec<RowsFeedBuffers>,
+}
+
+/// The buffers of a [`LookupFeed::Rows`](crate::LookupFeed::Rows), kept
+/// from a run for the next step's feed to be built in (contents are
+/// stale; only the allocations are meant to be reused).
+#[derive(Debug, Default)]
+pub struct RowsFeedBuffers {
+    /// The rows' elements.
+    pub rows: Vec<f32>,
+    /// Per occurrence, its row.
+    pub index: Vec<u32>,
+    /// Ragged per-example offsets.
+    pub offsets: Vec<u32>,
 }
 
 impl RunBuffers {
@@ -98,6 +130,15 @@ impl RunBuffers {
             }
         }
     }
+
+    /// Take the buffers of lookup slot `slot`'s rows feed of the last run
+    /// (empty ones when that run had none, or failed).
+    pub fn take_rows_feed(&mut self, slot: usize) -> RowsFeedBuffers {
+        self.feeds
+            .get_mut(slot)
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
 }
 
 impl Op {
@@ -108,9 +149,33 @@ impl Op {
 }
 
 struct RowsFeed {
-    rows: Tensor,
+    rows: FeedRows,
     index: Vec<u32>,
     offsets: Vec<u32>,
+}
+
+/// The unique rows of a rows feed.
+enum FeedRows {
+    Tensor(Tensor),
+    Wire(WireRows),
+}
+
+impl FeedRows {
+    fn source(&self) -> &dyn RowSource {
+        match self {
+            FeedRows::Tensor(t) => t,
+            FeedRows::Wire(w) => w,
+        }
+    }
+
+    fn count(&self) -> usize {
+        self.source().shape2().0
+    }
+
+    fn shape(&self) -> Vec<usize> {
+        let (u, d) = self.source().shape2();
+        vec![u, d]
+    }
 }
 
 /// The values of one run. Each slot is written once (by the task that owns
@@ -227,7 +292,32 @@ impl RunState {
                     }
                     ops::check_ragged(slot, r.shape()[0], &index, &offsets)?;
                     rows[node] = Some(RowsFeed {
+                        rows: FeedRows::Tensor(r),
+                        index,
+                        offsets,
+                    });
+                }
+                (
+                    Op::EmbeddingLookup { dim, .. },
+                    LookupFeed::WireRows {
                         rows: r,
+                        index,
+                        offsets,
+                    },
+                ) => {
+                    if r.dim() != *dim {
+                        return Err(shape(
+                            "EmbeddingLookup",
+                            format!(
+                                "lookup {slot}: rows must be [U,{dim}], got [{},{}]",
+                                r.rows(),
+                                r.dim()
+                            ),
+                        ));
+                    }
+                    ops::check_ragged(slot, r.rows(), &index, &offsets)?;
+                    rows[node] = Some(RowsFeed {
+                        rows: FeedRows::Wire(r),
                         index,
                         offsets,
                     });
@@ -303,7 +393,7 @@ impl RunState {
             return Err(invalid("lookup rows missing"));
         };
         Ok(ops::Bags {
-            rows: &f.rows,
+            rows: f.rows.source(),
             index: &f.index,
             offsets: &f.offsets,
             combiner: *combiner,
@@ -321,7 +411,7 @@ impl RunState {
                     .as_ref()
                     .ok_or_else(|| invalid("lookup rows missing"))?;
                 let out = take_spare(&self.spare_fwd, i);
-                ops::combine_into(&f.rows, &f.index, &f.offsets, *combiner, out)?
+                ops::combine_into(f.rows.source(), &f.index, &f.offsets, *combiner, out)
             }
             Op::MatMul => ops::matmul(self.input(i, 0)?, self.input(i, 1)?)?,
             Op::Add => ops::add(self.input(i, 0)?, self.input(i, 1)?)?,
@@ -414,7 +504,7 @@ impl RunState {
                     &g,
                     &f.index,
                     &f.offsets,
-                    f.rows.shape()[0],
+                    f.rows.count(),
                     *combiner,
                     take_spare(&self.spare_grads, i),
                 )?;
@@ -518,7 +608,7 @@ impl RunState {
                 lookup_grads.push(match (&graph.nodes[node].op, &self.rows[node]) {
                     (Op::EmbeddingLookup { .. }, Some(f)) => LookupGrad::Rows(match g {
                         Some(g) => g,
-                        None => Tensor::zeros(f.rows.shape().to_vec())?,
+                        None => Tensor::zeros(f.rows.shape())?,
                     }),
                     _ => LookupGrad::Pooled(match g {
                         Some(g) => g,

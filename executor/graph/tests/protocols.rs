@@ -255,3 +255,40 @@ fn steps_with_kept_buffers_match_fresh_ones() {
         }
     }
 }
+
+/// Many keys, many repeats, keys that differ only in high or low bits,
+/// and a table reused across lengths: the same result as a plain scan.
+#[test]
+fn dedup_matches_a_plain_scan_on_colliding_keys() {
+    let mut d = Dedup::default();
+    let (mut u, mut i) = (Vec::new(), Vec::new());
+    for (n, seed) in [(1000usize, 1u64), (3, 2), (0, 3), (4097, 4), (17, 5)] {
+        let mut x = seed;
+        let keys: Vec<u64> = (0..n)
+            .map(|j| {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                match j % 3 {
+                    0 => (x >> 60) << 48,
+                    1 => x >> 59,
+                    _ => x % 97,
+                }
+            })
+            .collect();
+        d.run(&keys, &mut u, &mut i);
+        let mut want_u: Vec<u64> = Vec::new();
+        let want_i: Vec<u32> = keys
+            .iter()
+            .map(|k| match want_u.iter().position(|w| w == k) {
+                Some(p) => p as u32,
+                None => {
+                    want_u.push(*k);
+                    want_u.len() as u32 - 1
+                }
+            })
+            .collect();
+        assert_eq!(u, want_u, "n {n}");
+        assert_eq!(i, want_i, "n {n}");
+    }
+}

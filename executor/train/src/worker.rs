@@ -7,11 +7,13 @@
 //! before it answers the pull, and no round trip is spent waiting for the
 //! push acknowledgement (PS-Plus's ordered writes).
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use starwire_data::Batch;
 use starwire_graph::{
     Combiner, Dedup, Executor, LookupFeed, LookupGrad, Partitioned, PullForm, RunBuffers,
-    StepFeeds, StepOutput, Tensor, VarId,
+    StepFeeds, StepOutput, Tensor, VarId, WireRows,
 };
 use starwire_ps::shard_of;
 use starwire_transport::wire::{Opcode, Status};
@@ -108,6 +110,9 @@ pub struct WorkerCore {
     staleness: StalenessTracker,
     /// Per-step scratch: the shard of each request of an exchange.
     shards: Vec<usize>,
+    /// The pull reply bodies the step's rows feeds read in place, with
+    /// their positions in `replies`.
+    shared: Vec<(usize, Arc<Vec<u8>>)>,
 }
 
 fn bytes_body(v: Vec<u8>) -> Payload {
@@ -143,6 +148,7 @@ impl WorkerCore {
             global_step: 0,
             staleness: StalenessTracker::default(),
             shards: Vec::new(),
+            shared: Vec::new(),
         }
     }
 
@@ -331,7 +337,10 @@ impl WorkerCore {
         (reqs, metas)
     }
 
-    /// Build the feeds from the pull replies `replies[first..]`.
+    /// Build the feeds from the pull replies `replies[first..]`. A rows
+    /// feed reads its rows in place in the replies
+    /// ([`LookupFeed::WireRows`]): their bodies move into `self.shared`
+    /// until [`reclaim_replies`](Self::reclaim_replies) takes them back.
     fn feeds(
         &mut self,
         batch: &Batch,
@@ -342,22 +351,23 @@ impl WorkerCore {
         let mut global_step = self.global_step;
         let b = batch.len;
         let mut dense: Vec<Option<Tensor>> = vec![None; pulls.dense.len()];
-        // Rows feeds are filled shard range by shard range as the replies
-        // come (in shard order), so they start empty; pooled ones sum the
-        // shards' partial sums, so they start at zero.
-        let mut rows: Vec<Vec<f32>> = pulls
+        // Pooled feeds sum the shards' partial sums, so they start at zero.
+        let mut pooled: Vec<Vec<f32>> = pulls
             .lookups
             .iter()
-            .enumerate()
-            .map(|(l, lp)| match lp.form {
-                PullForm::Rows => Vec::with_capacity(self.lookups[l].unique.len() * lp.dim),
+            .map(|lp| match lp.form {
+                PullForm::Rows => Vec::new(),
                 PullForm::Pooled => vec![0.0; b * lp.dim],
             })
             .collect();
+        self.shared.clear();
+        // Per rows item: (lookup, shard, message, byte offset of its rows).
+        let mut parts: Vec<(usize, usize, usize, usize)> = Vec::new();
         for (m, items) in metas.iter().enumerate() {
-            let r = &self.replies[first + m];
+            let r = &mut self.replies[first + m];
             check(r, "pull")?;
-            let resp = PullResponse::parse(&r.body, &self.limits)
+            let body = Arc::new(std::mem::take(&mut r.body));
+            let resp = PullResponse::parse(&body, &self.limits)
                 .map_err(|e| TrainError::Remote(format!("pull reply: {e}")))?;
             global_step = global_step.max(resp.global_step);
             if resp.len() != items.len() {
@@ -373,50 +383,56 @@ impl WorkerCore {
                     (Item::Lookup(l, sh), PullReply::Rows { dim, data, .. }) => {
                         let dim = dim as usize;
                         let start = &self.lookups[l].shard_start;
-                        let (lo, hi) = (start[sh] * dim, start[sh + 1] * dim);
-                        if dim != pulls.lookups[l].dim || data.len() != hi - lo {
+                        if dim != pulls.lookups[l].dim
+                            || data.len() != (start[sh + 1] - start[sh]) * dim
+                        {
                             return Err(TrainError::Remote("rows reply shape".into()));
                         }
-                        let dst = &mut rows[l];
-                        if dst.len() == lo {
-                            data.extend_into(dst);
-                        } else {
-                            // Not the next range (no worker sends that
-                            // way, but the feed does not depend on it).
-                            if dst.len() < hi {
-                                dst.resize(hi, 0.0);
-                            }
-                            data.copy_to(&mut dst[lo..hi]);
-                        }
+                        // The view borrows `body`: its offset there.
+                        let at = data.as_bytes().as_ptr() as usize - body.as_ptr() as usize;
+                        parts.push((l, sh, m, at));
                     }
                     (Item::Lookup(l, _), PullReply::Pooled { dim, data, .. }) => {
                         let dim = dim as usize;
                         if dim != pulls.lookups[l].dim || data.len() != b * dim {
                             return Err(TrainError::Remote("pooled reply shape".into()));
                         }
-                        data.add_to(&mut rows[l]);
+                        data.add_to(&mut pooled[l]);
                     }
                     _ => return Err(TrainError::Remote("pull reply item kind".into())),
                 }
             }
+            self.shared.push((first + m, body));
         }
         let mut dense_feeds = Vec::with_capacity(dense.len());
         for (d, t) in dense.into_iter().enumerate() {
             let t = t.ok_or_else(|| TrainError::Remote("dense variable not pulled".into()))?;
             dense_feeds.push((pulls.dense[d].var, t));
         }
-        let mut lookups = Vec::with_capacity(rows.len());
-        for (l, (lp, data)) in pulls.lookups.iter().zip(rows).enumerate() {
+        // A lookup's rows are laid out shard by shard (see `plan_lookups`),
+        // whatever order its replies came in.
+        parts.sort_unstable();
+        let mut parts = parts.into_iter().peekable();
+        let mut lookups = Vec::with_capacity(pooled.len());
+        for (l, (lp, data)) in pulls.lookups.iter().zip(pooled).enumerate() {
             let st = &mut self.lookups[l];
             let feed = match lp.form {
-                PullForm::Rows => LookupFeed::Rows {
-                    rows: Tensor::new(vec![st.unique.len(), lp.dim], data)
-                        .map_err(|e| TrainError::Internal(e.to_string()))?,
-                    // Moved, not copied: the next step's plan rebuilds
-                    // both, and pushing rows reads neither.
-                    index: std::mem::take(&mut st.index),
-                    offsets: std::mem::take(&mut st.offsets),
-                },
+                PullForm::Rows => {
+                    let mine = std::iter::from_fn(|| parts.next_if(|p| p.0 == l));
+                    let shared = &self.shared;
+                    let rows = rows_feed(
+                        lp.dim,
+                        &st.shard_start,
+                        mine.map(|(_, sh, m, at)| (sh, Arc::clone(&shared[m].1), at)),
+                    )?;
+                    LookupFeed::WireRows {
+                        rows,
+                        // Moved, not copied: the next step's plan rebuilds
+                        // both, and pushing rows reads neither.
+                        index: std::mem::take(&mut st.index),
+                        offsets: std::mem::take(&mut st.offsets),
+                    }
+                }
                 PullForm::Pooled => {
                     let mut data = data;
                     if lp.spec.combiner == Combiner::Mean {
@@ -438,6 +454,9 @@ impl WorkerCore {
             };
             lookups.push(feed);
         }
+        if parts.next().is_some() {
+            return Err(TrainError::Remote("rows reply for a pooled lookup".into()));
+        }
         let numeric = Tensor::new(vec![b, self.layout.num_dense], batch.numeric.clone())
             .map_err(|e| TrainError::Internal(e.to_string()))?;
         let labels = Tensor::new(vec![b, 1], batch.labels.clone())
@@ -449,6 +468,25 @@ impl WorkerCore {
             dense: dense_feeds,
             lookups,
         })
+    }
+
+    /// Take back the reply bodies the last feeds read in place, once the
+    /// run that read them let go of them, and the rows feeds' `index` and
+    /// `offsets` from `self.bufs`: the next exchange and plan reuse their
+    /// allocations.
+    fn reclaim_replies(&mut self) {
+        for (i, body) in self.shared.drain(..) {
+            if let (Ok(body), Some(r)) = (Arc::try_unwrap(body), self.replies.get_mut(i)) {
+                r.body = body;
+            }
+        }
+        for (l, st) in self.lookups.iter_mut().enumerate() {
+            let f = self.bufs.take_rows_feed(l);
+            if f.index.capacity() > 0 {
+                st.index = f.index;
+                st.offsets = f.offsets;
+            }
+        }
     }
 
     /// Build the pushes of a step's gradients. Every shard gets exactly one
@@ -598,6 +636,7 @@ impl WorkerCore {
             .map_err(|e| TrainError::Internal(format!("graph: {e}")))?;
         self.pending_push = self.push_requests(&out, batch)?;
         self.bufs.give_back(self.part.graph(), out.lookup_grads);
+        self.reclaim_replies();
         Ok(StepInfo {
             loss: out.loss,
             examples: batch.len,
@@ -704,9 +743,12 @@ impl WorkerCore {
         let feeds = self.feeds(batch, &metas, 0)?;
         // No push follows an evaluation's pulls.
         self.staleness.forget_pulls();
-        self.part
+        let probs = self
+            .part
             .forward(&self.exec, feeds)
-            .map_err(|e| TrainError::Internal(format!("graph: {e}")))
+            .map_err(|e| TrainError::Internal(format!("graph: {e}")));
+        self.reclaim_replies();
+        probs
     }
 
     /// Send one control message to every shard and return the replies.
@@ -722,6 +764,34 @@ impl WorkerCore {
     pub fn global_step(&self) -> u64 {
         self.global_step
     }
+}
+
+/// A lookup's rows feed from its rows replies, `(shard, body, byte offset
+/// of the rows)` in shard order: shard `s`'s rows are
+/// `shard_start[s]..shard_start[s + 1]`, and every shard with rows must
+/// answer exactly once.
+fn rows_feed(
+    dim: usize,
+    shard_start: &[usize],
+    replies: impl Iterator<Item = (usize, Arc<Vec<u8>>, usize)>,
+) -> Result<WireRows, TrainError> {
+    let mut rows = WireRows::new(dim);
+    for (sh, body, at) in replies {
+        let (Some(&lo), Some(&hi)) = (shard_start.get(sh), shard_start.get(sh + 1)) else {
+            return Err(TrainError::Remote(
+                "rows reply from an unknown shard".into(),
+            ));
+        };
+        if rows.rows() != lo {
+            return Err(TrainError::Remote("rows reply repeated".into()));
+        }
+        rows.push(body, at, hi - lo)
+            .map_err(|e| TrainError::Remote(format!("rows reply: {e}")))?;
+    }
+    if rows.rows() != shard_start.last().copied().unwrap_or(0) {
+        return Err(TrainError::Remote("rows reply missing".into()));
+    }
+    Ok(rows)
 }
 
 /// Send one control message to shard `shard`; the reply body.
@@ -766,4 +836,44 @@ pub fn control_all(
             Ok(r.body)
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn le(v: &[f32]) -> Arc<Vec<u8>> {
+        Arc::new(v.iter().flat_map(|x| x.to_le_bytes()).collect())
+    }
+
+    /// One rows reply: its shard, its body and where its rows start.
+    type RowsReply = (usize, Arc<Vec<u8>>, usize);
+
+    /// Shards 0 and 2 hold rows (1 and 2 of them), shard 1 none.
+    const STARTS: [usize; 4] = [0, 1, 1, 3];
+
+    #[test]
+    fn a_rows_feed_is_its_shards_ranges_in_order() {
+        let (a, b) = (le(&[1.0, 2.0]), le(&[0.0, 3.0, 4.0, 5.0, 6.0]));
+        let rows = rows_feed(2, &STARTS, [(0, a, 0), (2, b, 4)].into_iter()).unwrap();
+        assert_eq!(rows.rows(), 3);
+        assert_eq!(rows.to_tensor().data(), &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    }
+
+    #[test]
+    fn a_repeated_missing_short_or_stray_rows_reply_is_an_error() {
+        let (a, b) = (le(&[1.0, 2.0]), le(&[3.0, 4.0, 5.0, 6.0]));
+        let cases: [(&str, Vec<RowsReply>); 4] = [
+            ("repeated", vec![(0, a.clone(), 0), (0, a.clone(), 0)]),
+            ("missing", vec![(0, a.clone(), 0)]),
+            ("rows reply: ", vec![(0, a.clone(), 0), (2, b.clone(), 4)]),
+            ("unknown shard", vec![(0, a, 0), (3, b, 0)]),
+        ];
+        for (want, replies) in cases {
+            match rows_feed(2, &STARTS, replies.into_iter()) {
+                Err(TrainError::Remote(e)) => assert!(e.contains(want), "{want}: {e}"),
+                other => panic!("{want}: {other:?}"),
+            }
+        }
+    }
 }

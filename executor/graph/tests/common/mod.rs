@@ -49,6 +49,7 @@ fn tensor_mut(feeds: &mut GraphFeeds, s: Slot) -> &mut Tensor {
         Slot::Lookup(i) => match &mut feeds.lookups[i] {
             LookupFeed::Rows { rows, .. } => rows,
             LookupFeed::Pooled(t) => t,
+            LookupFeed::WireRows { .. } => panic!("finite differences perturb tensor feeds"),
         },
     }
 }
