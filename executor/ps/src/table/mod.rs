@@ -356,14 +356,8 @@ impl EmbeddingTable {
         resolved.clear();
         fresh.clear();
         let mut r = Ok(());
-        let ahead = keys.iter().skip(prefetch::PROBE_DISTANCE);
-        for (k, next) in keys
-            .iter()
-            .zip(ahead.map(Some).chain(std::iter::repeat(None)))
-        {
-            if let Some(next) = next {
-                self.rows.map.prefetch(next);
-            }
+        for (k, ahead) in prefetch::probe_ahead(|| keys.iter()) {
+            self.rows.map.prefetch(ahead);
             match self.resolve(k, step, true) {
                 Ok((i, new)) => {
                     if new {
@@ -473,14 +467,8 @@ impl EmbeddingTable {
         marks.resize((self.rows.next as usize).div_ceil(64), 0);
         // As in `apply_at`: the probes first, their misses overlapping.
         let mut direct = true;
-        let ahead = keys.iter().skip(prefetch::PROBE_DISTANCE);
-        for (k, next) in keys
-            .iter()
-            .zip(ahead.map(Some).chain(std::iter::repeat(None)))
-        {
-            if let Some(next) = next {
-                self.rows.map.prefetch(next);
-            }
+        for (k, ahead) in prefetch::probe_ahead(|| keys.iter()) {
+            self.rows.map.prefetch(ahead);
             let Some(s) = self.rows.map.get_mut(k) else {
                 direct = false;
                 break;
@@ -580,10 +568,8 @@ impl EmbeddingTable {
         let mut targets = std::mem::take(&mut self.scratch.targets);
         targets.clear();
         let keys = &self.scratch.acc_keys;
-        for (i, &key) in keys.iter().enumerate() {
-            if let Some(&next) = keys.get(i + prefetch::PROBE_DISTANCE) {
-                self.rows.map.prefetch(next);
-            }
+        for (key, ahead) in prefetch::probe_ahead(|| keys.iter().copied()) {
+            self.rows.map.prefetch(ahead);
             targets.push(match self.rows.map.get_mut(key) {
                 Some(s) => {
                     s.updates += 1;
