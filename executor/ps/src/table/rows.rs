@@ -179,6 +179,7 @@ impl Arena {
         Ok(())
     }
 
+    #[inline]
     pub(crate) fn row(&self, index: u32) -> &[f32] {
         let at = (index as usize & (self.block_rows() - 1)) * self.stride;
         &self.blocks[(index >> self.shift) as usize].floats()[at..at + self.stride]
@@ -186,12 +187,14 @@ impl Arena {
 
     /// Prefetch the first `floats` floats of row `index`, unless it is
     /// `None` or [`NO_ROW`] (see [`prefetch`]).
+    #[inline]
     pub(crate) fn prefetch(&self, index: Option<u32>, floats: usize) {
         if let Some(i) = index.filter(|&i| i != NO_ROW) {
             prefetch::row(&self.row(i)[..floats]);
         }
     }
 
+    #[inline]
     pub(crate) fn row_mut(&mut self, index: u32) -> &mut [f32] {
         let at = (index as usize & (self.block_rows() - 1)) * self.stride;
         &mut self.blocks[(index >> self.shift) as usize].floats_mut()[at..at + self.stride]
