@@ -18,6 +18,18 @@ pub(crate) const DISTANCE: usize = 8;
 /// or update, so it needs more iterations to cover a miss.
 pub(crate) const PROBE_DISTANCE: usize = 24;
 
+/// The items `keys()` yields, each with the one [`PROBE_DISTANCE`] places
+/// ahead of it (`None` for the last few): a key loop prefetches the probe
+/// of the key ahead, then handles the current one. (`keys` makes the
+/// iterator twice: the wire's iterators are not `Clone`.)
+#[inline]
+pub(crate) fn probe_ahead<I: Iterator>(
+    keys: impl Fn() -> I,
+) -> impl Iterator<Item = (I::Item, Option<I::Item>)> {
+    let mut ahead = keys().skip(PROBE_DISTANCE);
+    keys().map(move |k| (k, ahead.next()))
+}
+
 /// Hint that `row` will be read or written soon: one prefetch per cache
 /// line. A no-op on targets without the intrinsic.
 #[inline(always)]
@@ -54,4 +66,22 @@ pub(crate) fn entry<T>(value: &T) {
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = value;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn probe_ahead_pairs_each_key_with_the_one_probe_distance_later() {
+        let keys: Vec<u64> = (0..PROBE_DISTANCE as u64 + 5).collect();
+        let got: Vec<(u64, Option<u64>)> = probe_ahead(|| keys.iter().copied()).collect();
+        assert_eq!(got.len(), keys.len());
+        for (i, &(k, ahead)) in got.iter().enumerate() {
+            assert_eq!(k, i as u64);
+            assert_eq!(ahead, keys.get(i + PROBE_DISTANCE).copied(), "key {i}");
+        }
+        let short: Vec<_> = probe_ahead(|| [7u64, 8].into_iter()).collect();
+        assert_eq!(short, [(7, None), (8, None)]);
+    }
 }

@@ -72,10 +72,10 @@ impl KeyMap {
     }
 
     /// Hint that `key` will be looked up soon: the cache line its probe
-    /// starts at is asked for now.
+    /// starts at is asked for now. `None` (no key ahead) does nothing.
     #[inline]
-    pub(crate) fn prefetch(&self, key: u64) {
-        if !self.entries.is_empty() {
+    pub(crate) fn prefetch(&self, key: Option<u64>) {
+        if let Some(key) = key.filter(|_| !self.entries.is_empty()) {
             prefetch::entry(&self.entries[self.home(key)]);
         }
     }
@@ -239,7 +239,7 @@ mod tests {
     fn finds_what_it_holds_across_growth_and_retain() {
         let mut m = KeyMap::default();
         assert!(m.get(5).is_none());
-        m.prefetch(5);
+        m.prefetch(Some(5));
         // Keys that collide in the low bits, and 0 and u64::MAX.
         let keys: Vec<u64> = (0..5000u64)
             .map(|i| i << 20)

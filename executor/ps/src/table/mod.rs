@@ -190,10 +190,23 @@ impl EmbeddingTable {
         }
     }
 
-    /// Make room for `rows` rows without growing the key map (a capacity
-    /// hint: a table holds whatever rows its pulls create).
+    /// Make room for `rows` rows (a capacity hint: a table holds whatever
+    /// rows its pulls create): the key map takes them without growing,
+    /// and, unless the frequency filter may keep keys out, the arena's
+    /// pages for that many new rows are faulted in now rather than by
+    /// the pulls that create the rows. Give a number of rows the table
+    /// will reach (the training data's sample holds a lower bound): pages
+    /// faulted in for rows never made are memory held for nothing.
     pub fn reserve(&mut self, rows: usize) {
         self.rows.map.reserve(rows);
+        if self.policy.filter_freq <= 1 {
+            let want = (self.rows.next as usize)
+                .saturating_add(rows)
+                .min(self.policy.max_rows);
+            // Memory refused now is refused to the pull that needs it,
+            // as a typed error; a hint has nothing to report.
+            let _ = self.rows.arena.populate(want);
+        }
     }
 
     /// Row width.
@@ -356,14 +369,8 @@ impl EmbeddingTable {
         resolved.clear();
         fresh.clear();
         let mut r = Ok(());
-        let ahead = keys.iter().skip(prefetch::PROBE_DISTANCE);
-        for (k, next) in keys
-            .iter()
-            .zip(ahead.map(Some).chain(std::iter::repeat(None)))
-        {
-            if let Some(next) = next {
-                self.rows.map.prefetch(next);
-            }
+        for (k, ahead) in prefetch::probe_ahead(|| keys.iter()) {
+            self.rows.map.prefetch(ahead);
             match self.resolve(k, step, true) {
                 Ok((i, new)) => {
                     if new {
@@ -473,14 +480,8 @@ impl EmbeddingTable {
         marks.resize((self.rows.next as usize).div_ceil(64), 0);
         // As in `apply_at`: the probes first, their misses overlapping.
         let mut direct = true;
-        let ahead = keys.iter().skip(prefetch::PROBE_DISTANCE);
-        for (k, next) in keys
-            .iter()
-            .zip(ahead.map(Some).chain(std::iter::repeat(None)))
-        {
-            if let Some(next) = next {
-                self.rows.map.prefetch(next);
-            }
+        for (k, ahead) in prefetch::probe_ahead(|| keys.iter()) {
+            self.rows.map.prefetch(ahead);
             let Some(s) = self.rows.map.get_mut(k) else {
                 direct = false;
                 break;
@@ -580,10 +581,8 @@ impl EmbeddingTable {
         let mut targets = std::mem::take(&mut self.scratch.targets);
         targets.clear();
         let keys = &self.scratch.acc_keys;
-        for (i, &key) in keys.iter().enumerate() {
-            if let Some(&next) = keys.get(i + prefetch::PROBE_DISTANCE) {
-                self.rows.map.prefetch(next);
-            }
+        for (key, ahead) in prefetch::probe_ahead(|| keys.iter().copied()) {
+            self.rows.map.prefetch(ahead);
             targets.push(match self.rows.map.get_mut(key) {
                 Some(s) => {
                     s.updates += 1;
@@ -828,6 +827,42 @@ mod tests {
                 assert_eq!(*g, w - k as f32, "key {k}");
             }
         }
+    }
+
+    #[test]
+    fn reserved_rows_are_mapped_ahead_and_later_rows_still_grow_the_arena() {
+        let mut t = table(0, 0, 16);
+        // 16 rows per block.
+        t.rows.arena = Arena::with_shift(t.rows.arena.stride, 4, 0);
+        t.reserve(40);
+        assert_eq!(t.rows.arena.blocks.len(), 3);
+        assert_eq!(t.rows.arena.populated, 40);
+        assert!(t.rows.arena.row(39).iter().all(|&x| x == 0.0));
+        let n = 70u64;
+        for k in 1..=n {
+            t.pull(k, 0).expect("room");
+            t.accumulate(k, F32s::new(&grad(k as f32)).unwrap());
+            t.apply_accumulated();
+        }
+        assert_eq!(t.rows.arena.blocks.len(), 5);
+        let mut want = vec![0.0; 4];
+        for k in 1..=n {
+            t.def().init_values(9, k, &mut want);
+            let got = t.get(k).expect("row");
+            for (g, w) in got.iter().zip(&want) {
+                assert_eq!(*g, w - k as f32, "key {k}");
+            }
+        }
+        // No more rows reserved: nothing is mapped past the rows held.
+        t.reserve(0);
+        assert_eq!(t.rows.arena.populated, 70);
+        assert_eq!(t.rows.arena.blocks.len(), 5);
+        // With the frequency filter, reserved keys may never get rows:
+        // nothing is mapped ahead.
+        let mut f = table(2, 0, 16);
+        f.reserve(1000);
+        assert_eq!(f.rows.arena.populated, 0);
+        assert!(f.rows.arena.blocks.is_empty());
     }
 
     #[test]

@@ -53,6 +53,9 @@ pub(crate) struct Arena {
     /// log2 of the rows per block.
     pub(crate) shift: u32,
     pub(crate) blocks: Vec<Block>,
+    /// Rows below this have their block and pages already
+    /// ([`Self::populate`]).
+    pub(crate) populated: usize,
 }
 
 /// Target size of an arena block: one transparent huge page.
@@ -111,6 +114,7 @@ impl Clone for Arena {
             copy.floats_mut().copy_from_slice(b.floats());
             out.blocks.push(copy);
         }
+        out.populated = self.populated;
         out
     }
 }
@@ -127,6 +131,7 @@ impl Arena {
             stride,
             shift,
             blocks: Vec::with_capacity(blocks),
+            populated: 0,
         }
     }
 
@@ -151,6 +156,9 @@ impl Arena {
     /// page fault each as its rows are written. A kernel without it (before
     /// 5.14) refuses the advice, and the pages fault in one by one as before.
     pub(crate) fn ensure(&mut self, index: u32) -> Result<(), NoRoom> {
+        if (index as usize) < self.populated {
+            return Ok(());
+        }
         let block = (index >> self.shift) as usize;
         while self.blocks.len() <= block {
             let huge = self.blocks.len() >= SMALL_PAGE_BLOCKS;
@@ -179,6 +187,44 @@ impl Arena {
         Ok(())
     }
 
+    /// Make the first `rows` rows addressable with their pages faulted
+    /// in now, by one `MADV_POPULATE_WRITE` per block (to the end of the
+    /// [`POPULATE_BYTES`] chunk the last row reaches, as [`Self::ensure`]
+    /// would have left it): the pulls that create those rows then pay no
+    /// page fault. A refused advice leaves the pages to fault in on first
+    /// touch.
+    pub(crate) fn populate(&mut self, rows: usize) -> Result<(), NoRoom> {
+        let rows = rows.min(NO_ROW as usize);
+        if rows <= self.populated {
+            return Ok(());
+        }
+        let last = (rows - 1) >> self.shift;
+        while self.blocks.len() <= last {
+            let huge = self.blocks.len() >= SMALL_PAGE_BLOCKS;
+            self.push_block(huge)?;
+        }
+        let row_bytes = self.stride * std::mem::size_of::<f32>();
+        let per = self.block_rows();
+        for (i, b) in self.blocks[..=last].iter().enumerate() {
+            let first = i * per;
+            if first + per <= self.populated {
+                continue;
+            }
+            let lo = self.populated.saturating_sub(first) * row_bytes;
+            let hi = (rows.min(first + per) - first) * row_bytes;
+            let lo = lo / POPULATE_BYTES * POPULATE_BYTES;
+            let hi = hi.next_multiple_of(POPULATE_BYTES).min(b.map.len());
+            if lo < hi {
+                let _ = b
+                    .map
+                    .advise_range(memmap2::Advice::PopulateWrite, lo, hi - lo);
+            }
+        }
+        self.populated = rows;
+        Ok(())
+    }
+
+    #[inline]
     pub(crate) fn row(&self, index: u32) -> &[f32] {
         let at = (index as usize & (self.block_rows() - 1)) * self.stride;
         &self.blocks[(index >> self.shift) as usize].floats()[at..at + self.stride]
@@ -186,12 +232,14 @@ impl Arena {
 
     /// Prefetch the first `floats` floats of row `index`, unless it is
     /// `None` or [`NO_ROW`] (see [`prefetch`]).
+    #[inline]
     pub(crate) fn prefetch(&self, index: Option<u32>, floats: usize) {
         if let Some(i) = index.filter(|&i| i != NO_ROW) {
             prefetch::row(&self.row(i)[..floats]);
         }
     }
 
+    #[inline]
     pub(crate) fn row_mut(&mut self, index: u32) -> &mut [f32] {
         let at = (index as usize & (self.block_rows() - 1)) * self.stride;
         &mut self.blocks[(index >> self.shift) as usize].floats_mut()[at..at + self.stride]
