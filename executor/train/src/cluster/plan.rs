@@ -1,7 +1,7 @@
 //! The plan every task of a cluster computes alike from the configuration:
 //! the model, which PS holds each variable, and the shards' variables.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use starwire_data::{Batch, SyntheticSpec, TrueModel};
@@ -10,7 +10,7 @@ use starwire_ps::assign::{assign_with, estimate, AssignOptions, AssignmentReport
 use starwire_ps::{OptimizerKind, VarDef, VarStats};
 
 use super::TrainConfig;
-use crate::source::Reader;
+use crate::source::{DataSource, Reader};
 use crate::worker::Layout;
 use crate::TrainError;
 
@@ -36,6 +36,10 @@ pub struct Plan {
     /// By variable id: the distinct keys of a table in the assignment
     /// sample (0 for a dense variable), a lower bound of its rows.
     pub sample_keys: Vec<u64>,
+    /// By variable id: the distinct keys a table is expected to see over
+    /// an epoch ([`expected_keys`]; the sample's count for data read from
+    /// files), which its shards reserve rows for.
+    pub expected_keys: Vec<u64>,
 }
 
 fn to_def(v: &VarSpec) -> VarDef {
@@ -62,6 +66,10 @@ fn to_def(v: &VarSpec) -> VarDef {
 fn slots(k: OptimizerKind) -> usize {
     k.slots()
 }
+
+/// How far [`expected_keys`] extrapolates: to at most this many times
+/// the examples of the sample.
+pub const EXTRAPOLATION: f64 = 10.0;
 
 /// Examples read to estimate table sizes and traffic for variable
 /// assignment.
@@ -161,11 +169,38 @@ pub fn plan(cfg: &TrainConfig) -> Result<Plan, TrainError> {
             }
         }
     }
+    // The same count over the sample's first half, for the growth rate
+    // of `expected_keys`.
+    let mut half: HashMap<u32, HashSet<u64>> = HashMap::new();
+    for l in model.lookups() {
+        let c = half.entry(l.var.0).or_default();
+        for b in 0..n / 2 {
+            for &f in &l.fields {
+                let k = batch.keys[b * nf + f];
+                if k != starwire_data::MISSING_KEY {
+                    c.insert(k);
+                }
+            }
+        }
+    }
     let stats = var_stats(cfg, &model, &counts, n);
-    let sample_keys = model
+    let sample_keys: Vec<u64> = model
         .variables()
         .iter()
         .map(|v| counts.get(&v.id.0).map_or(0, |c| c.len() as u64))
+        .collect();
+    let expected_keys = model
+        .variables()
+        .iter()
+        .zip(&sample_keys)
+        .map(|(v, &all)| match cfg.train {
+            DataSource::Synthetic => {
+                let h = half.get(&v.id.0).map_or(0, |c| c.len() as u64);
+                expected_keys(all, h, n as u64, cfg.train_examples)
+            }
+            // The size of a data set of files is not known ahead.
+            _ => all,
+        })
         .collect();
     // "Large" tables are sharded over every PS by key: those that would by
     // themselves hold more than half a PS's fair share of the bytes.
@@ -218,5 +253,47 @@ pub fn plan(cfg: &TrainConfig) -> Result<Plan, TrainError> {
         assignment: report,
         stats,
         sample_keys,
+        expected_keys,
     })
+}
+
+/// The distinct keys of a table over `examples` examples, from `all`
+/// distinct keys in a sample of `n` examples and `half` in its first
+/// half: the count of distinct keys grows as a power of the examples
+/// read, `all * (examples / n)^a` with `a = log2(all / half)`, at most 1.
+/// With a heavy-tailed key distribution the exponent falls as more is
+/// read, so the estimate errs high the further it reaches: it reaches at
+/// most [`EXTRAPOLATION`] times the sample (a table reserves memory for
+/// these rows, and a low estimate only leaves rows to be made as they
+/// come). `all` when the sample is all there is.
+pub fn expected_keys(all: u64, half: u64, n: u64, examples: u64) -> u64 {
+    if n == 0 || half == 0 || all <= half || examples <= n {
+        return all;
+    }
+    let a = (all as f64 / half as f64).log2().min(1.0);
+    let reach = (examples as f64 / n as f64).min(EXTRAPOLATION);
+    let e = all as f64 * reach.powf(a);
+    (e as u64).max(all)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expected_keys_extrapolates_the_samples_growth_at_most_ten_times_over() {
+        // Nothing to extrapolate from, or to.
+        assert_eq!(expected_keys(500, 0, 1000, 10_000), 500);
+        assert_eq!(expected_keys(500, 500, 1000, 10_000), 500);
+        assert_eq!(expected_keys(500, 300, 1000, 1000), 500);
+        assert_eq!(expected_keys(0, 0, 0, 10_000), 0);
+        // Every key new (a = 1): linear, up to ten times the sample.
+        assert_eq!(expected_keys(200, 100, 1000, 4000), 800);
+        assert_eq!(expected_keys(200, 100, 1000, 1_000_000), 2000);
+        // Half as many new keys in the second half: a = log2(1.5).
+        let e = expected_keys(150, 100, 1000, 4000);
+        let want = 150.0 * 4f64.powf(1.5f64.log2());
+        assert!((e as f64 - want).abs() <= 1.0, "{e} against {want}");
+        assert!(e > 150 && e < 600);
+    }
 }

@@ -191,12 +191,12 @@ pub fn make_shard(
     restore: Option<&Path>,
 ) -> Result<PsShard, TrainError> {
     let mut shard = PsShard::new(s, &plan.shard_vars[s], shard_config(cfg));
-    // Tables start with room for the rows the assignment sample saw (a
-    // sharded table's share of them), so their maps skip the first
-    // doublings.
+    // Tables start with room for the rows they are expected to reach (a
+    // sharded table's share of them), so their maps do not grow and the
+    // pulls that make those rows pay no page faults.
     for def in &plan.shard_vars[s] {
         let id = def.id as usize;
-        let seen = plan.sample_keys.get(id).copied().unwrap_or(0);
+        let seen = plan.expected_keys.get(id).copied().unwrap_or(0);
         let ways = match plan.layout.home_shard.get(id) {
             Some(Some(_)) => 1,
             _ => plan.shards.max(1) as u64,
