@@ -193,20 +193,15 @@ impl EmbeddingTable {
     /// Make room for `rows` rows (a capacity hint: a table holds whatever
     /// rows its pulls create): the key map takes them without growing,
     /// and, unless the frequency filter may keep keys out, the arena's
-    /// pages for that many new rows are faulted in now rather than by
-    /// the pulls that create the rows. Give a number of rows the table
-    /// will reach (the training data's sample holds a lower bound): pages
-    /// faulted in for rows never made are memory held for nothing.
+    /// pages for that many new rows are faulted in rather than by the
+    /// pulls that create the rows. An empty table does it when its first
+    /// row comes, so a table never pulled holds nothing. Give a number of
+    /// rows the table will reach (the training data's sample holds a
+    /// lower bound): pages faulted in for rows never made are memory held
+    /// for nothing. At most `max_rows`, which the table never passes.
     pub fn reserve(&mut self, rows: usize) {
-        self.rows.map.reserve(rows);
-        if self.policy.filter_freq <= 1 {
-            let want = (self.rows.next as usize)
-                .saturating_add(rows)
-                .min(self.policy.max_rows);
-            // Memory refused now is refused to the pull that needs it,
-            // as a typed error; a hint has nothing to report.
-            let _ = self.rows.arena.populate(want);
-        }
+        let rows = rows.min(self.policy.max_rows.saturating_sub(self.rows.next as usize));
+        self.rows.defer_reserve(rows, self.policy.filter_freq <= 1);
     }
 
     /// Row width.
@@ -297,6 +292,7 @@ impl EmbeddingTable {
     /// and refreshing its access time; true when the row is new: its
     /// floats are stale or zero until [`Self::init_row`].
     fn resolve(&mut self, key: u64, step: u64, once: bool) -> Result<(u32, bool), TableFull> {
+        self.rows.reserve_before_insert();
         let rows = &mut self.rows;
         let max_rows = self.policy.max_rows;
         let len = rows.map.len();
@@ -835,6 +831,10 @@ mod tests {
         // 16 rows per block.
         t.rows.arena = Arena::with_shift(t.rows.arena.stride, 4, 0);
         t.reserve(40);
+        // An empty table waits for its first row.
+        assert!(t.rows.arena.blocks.is_empty());
+        assert_eq!(t.rows.arena.populated, 0);
+        t.pull(1, 0).expect("room");
         assert_eq!(t.rows.arena.blocks.len(), 3);
         assert_eq!(t.rows.arena.populated, 40);
         assert!(t.rows.arena.row(39).iter().all(|&x| x == 0.0));
@@ -861,8 +861,12 @@ mod tests {
         // nothing is mapped ahead.
         let mut f = table(2, 0, 16);
         f.reserve(1000);
-        assert_eq!(f.rows.arena.populated, 0);
-        assert!(f.rows.arena.blocks.is_empty());
+        for _ in 0..2 {
+            f.pull(1, 0).expect("room");
+            f.end_request();
+        }
+        assert!(f.get(1).is_some());
+        assert!(f.rows.arena.populated < 1000);
     }
 
     #[test]

@@ -30,6 +30,18 @@ pub(crate) struct Rows {
     pub(crate) next: u32,
     /// Indices of evicted rows, reused first.
     pub(crate) free: Vec<u32>,
+    /// A reservation still to be made when the first row comes
+    /// ([`Rows::defer_reserve`]); zero rows when none.
+    deferred: Deferred,
+}
+
+/// A reservation of [`Rows::defer_reserve`] waiting for the table's first
+/// row.
+#[derive(Debug, Clone, Copy, Default)]
+struct Deferred {
+    rows: usize,
+    /// Fault in the arena's pages for them too, not only size the map.
+    populate: bool,
 }
 
 /// Rows of a table in blocks of about [`BLOCK_BYTES`]. Growing adds a block
@@ -256,6 +268,41 @@ impl Rows {
             arena: Arena::new(stride, n),
             next: 0,
             free: Vec::new(),
+            deferred: Deferred::default(),
+        }
+    }
+
+    /// Room for `rows` more rows: the key map sized for them and, with
+    /// `populate`, their arena pages faulted in. For a table that holds
+    /// no row yet this waits for its first row, so a table nothing ever
+    /// pulls (a model's unused feature, a PS nobody trains on) holds no
+    /// memory for rows it never makes.
+    pub(crate) fn defer_reserve(&mut self, rows: usize, populate: bool) {
+        self.deferred = Deferred { rows, populate };
+        if self.next != 0 {
+            self.take_reserve();
+        }
+    }
+
+    /// Make the deferred reservation, if one waits. Called before a key
+    /// is looked up for a new row: growing the map moves its positions.
+    #[inline]
+    pub(crate) fn reserve_before_insert(&mut self) {
+        if self.deferred.rows != 0 {
+            self.take_reserve();
+        }
+    }
+
+    #[cold]
+    fn take_reserve(&mut self) {
+        let Deferred { rows, populate } = std::mem::take(&mut self.deferred);
+        self.map.reserve(rows);
+        if populate {
+            // Memory refused now is refused to the pull that needs it,
+            // as a typed error; a hint has nothing to report.
+            let _ = self
+                .arena
+                .populate((self.next as usize).saturating_add(rows));
         }
     }
 
@@ -289,6 +336,7 @@ impl Rows {
         updates: u64,
         data: &[f32],
     ) -> Result<bool, NoRoom> {
+        self.reserve_before_insert();
         let found = self.map.find(key);
         if let Some(Found::At(_)) = found {
             return Ok(false);
