@@ -353,6 +353,38 @@ impl<T: Link> Links<T> {
         self.len() == 0
     }
 
+    /// True while `conn` is attached and has not failed.
+    pub fn is_live(&self, conn: ConnId) -> bool {
+        matches!(self.links.get(conn.index()), Some(Some(_))) && !self.dead[conn.index()]
+    }
+
+    /// A receive pass over `conn` alone, as [`Driver::rx_burst`] makes
+    /// over each link: for a driver that knows which links have input
+    /// (from its own readiness list) and visits only those. Returns how
+    /// many frames were delivered; 0 for a link not attached or failed.
+    pub fn rx_burst_one(
+        &mut self,
+        conn: ConnId,
+        now: Instant,
+        max: usize,
+        sink: &mut dyn FnMut(ConnId, &[u8]),
+    ) -> usize {
+        let i = conn.index();
+        if !self.is_live(conn) {
+            return 0;
+        }
+        let Some(link) = self.links[i].as_mut() else {
+            return 0;
+        };
+        match link.rx_burst(now, max, &mut |f: &[u8]| sink(conn, f)) {
+            Ok(got) => got,
+            Err(e) => {
+                self.fail(i, e);
+                0
+            }
+        }
+    }
+
     fn fail(&mut self, i: usize, e: TransportError) {
         if !self.dead[i] {
             self.dead[i] = true;
