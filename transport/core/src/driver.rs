@@ -617,6 +617,32 @@ mod tests {
     }
 
     #[test]
+    fn a_pass_over_one_link_reads_only_it_and_reports_its_failure() {
+        let (mut d, mut peers, calls) = links(3);
+        send(&mut peers[2], 2);
+        let mut got = Vec::new();
+        let two = ConnId::new(2);
+        let n = d.rx_burst_one(two, Instant::now(), 8, &mut |id, f| got.push((id, f[0])));
+        assert_eq!((n, got), (1, vec![(two, 2)]));
+        assert_eq!(calls.iter().map(|c| c.get()).collect::<Vec<_>>(), [0, 0, 1]);
+        drop(peers.remove(2));
+        assert!(d.is_live(two));
+        assert_eq!(d.rx_burst_one(two, Instant::now(), 8, &mut |_, _| {}), 0);
+        assert!(!d.is_live(two));
+        assert!(matches!(d.poll_failure(), Some((id, TransportError::Closed)) if id == two));
+        // Failed, detached or never attached: nothing read.
+        assert_eq!(d.rx_burst_one(two, Instant::now(), 8, &mut |_, _| {}), 0);
+        assert_eq!(calls[2].get(), 2);
+        d.detach(two);
+        assert!(!d.is_live(two));
+        assert!(!d.is_live(ConnId::new(7)));
+        assert_eq!(
+            d.rx_burst_one(ConnId::new(7), Instant::now(), 8, &mut |_, _| {}),
+            0
+        );
+    }
+
+    #[test]
     fn a_failed_link_is_reported_once_and_then_skipped() {
         let (mut d, mut peers, calls) = links(3);
         send(&mut peers[1], 1);
