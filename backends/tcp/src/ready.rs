@@ -4,8 +4,8 @@
 //! A receive pass that reads every socket costs a `read` system call per
 //! connection whether or not it has input, and a park in `poll(2)` on
 //! every socket costs the kernel a look at each: a PS reactor serving 64
-//! workers paid 65 reads a turn for the one or two connections that had a
-//! request. With the sockets in an epoll set (level-triggered), a pass
+//! workers would make 65 reads a turn for the one or two connections that
+//! have a request. With the sockets in an epoll set (level-triggered), a pass
 //! asks the set once (`epoll_wait` with no timeout) and reads only the
 //! sockets it names, and a park polls the set's one descriptor.
 //!
@@ -14,10 +14,12 @@
 //! again in the next. What the list cannot show is what a pass left in
 //! the connection's own buffer: complete frames past the pass's `max`, or
 //! a framing error or end of stream found after frames it delivered. Those
-//! connections are read again in the next pass ([`Ready::again`]).
+//! connections are read again in the next pass.
 //!
-//! Below [`READY_LIST_FROM`] connections the driver reads every socket as
-//! before: the extra `epoll_wait` would cost more than the reads it saves.
+//! Below [`READY_LIST_FROM`] connections the driver reads every socket and
+//! parks on every socket: with so few, the `epoll_wait` a pass adds saves
+//! at most a few reads, and a reactor with one connection (the benches'
+//! latency runs) would pay a system call a turn for nothing.
 
 use std::os::fd::{AsFd, BorrowedFd};
 
