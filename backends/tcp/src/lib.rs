@@ -25,6 +25,7 @@
 #![deny(unsafe_code)]
 
 mod config;
+mod ready;
 mod rx;
 mod tx;
 
@@ -44,8 +45,10 @@ pub use config::{
     DEFAULT_MAX_FRAME_LEN, DEFAULT_MAX_MESSAGE_LEN, DEFAULT_RX_BUFFER_LEN,
     DEFAULT_TX_QUEUE_LIMIT_BYTES,
 };
+pub use ready::READY_LIST_FROM;
 pub use tx::MAX_IOVECS;
 
+use ready::Ready;
 use rx::RxBuffer;
 use tx::TxQueue;
 
@@ -247,11 +250,15 @@ impl Link for TcpTransport {
 /// [`TcpTransport`] made with the driver's [`TcpConfig`]. A receive pass
 /// reads each socket at most once, a submission writes each socket with
 /// bytes queued once (TCP has no per-core queue to batch into), and an
-/// idle reactor parks in `poll(2)` on the sockets.
+/// idle reactor parks in `poll(2)`. With [`READY_LIST_FROM`] connections
+/// or more, the sockets are in an epoll set: a pass reads only the ones
+/// it names (and those that left frames in their buffer), and a park
+/// polls the set's descriptor rather than every socket.
 #[derive(Debug)]
 pub struct TcpDriver {
     links: Links<TcpTransport>,
     config: TcpConfig,
+    ready: Ready,
 }
 
 impl TcpDriver {
@@ -264,13 +271,19 @@ impl TcpDriver {
         Ok(Self {
             links: Links::new(config.max_frame_len),
             config,
+            ready: Ready::new(),
         })
     }
 
     /// Attach an already made transport (its config may differ from the
     /// driver's, but must carry frames of the driver's maximum).
     pub fn attach(&mut self, t: TcpTransport) -> ConnId {
-        self.links.attach(t)
+        use std::os::fd::AsFd;
+        let id = self.links.attach(t);
+        if let Some(t) = self.links.link(id) {
+            self.ready.attached(id, t.stream.as_fd());
+        }
+        id
     }
 
     /// The connection behind `conn`, for its counters.
@@ -297,7 +310,7 @@ impl TcpDriver {
 impl StreamDriver for TcpDriver {
     fn attach_stream(&mut self, stream: TcpStream) -> Result<ConnId, TransportError> {
         let t = TcpTransport::new(stream, self.config)?;
-        Ok(self.links.attach(t))
+        Ok(self.attach(t))
     }
 }
 
@@ -341,7 +354,28 @@ impl Driver for TcpDriver {
         self.links.tx_pending(conn)
     }
     fn rx_burst(&mut self, now: Instant, max: usize, sink: &mut dyn FnMut(ConnId, &[u8])) -> usize {
-        self.links.rx_burst(now, max, sink)
+        use std::os::fd::AsFd;
+        if !self.ready.uses_set(self.links.len()) {
+            self.ready.scanning();
+            return self.links.rx_burst(now, max, sink);
+        }
+        let visit = self.ready.collect(self.links.iter().map(|(c, _)| c));
+        let mut delivered = 0;
+        for &c in &visit {
+            let got = self.links.rx_burst_one(c, now, max, sink);
+            delivered += got;
+            let live = self.links.is_live(c);
+            match self.links.link(c) {
+                Some(t) if live => {
+                    if got >= max || t.rx.has_final() {
+                        self.ready.read_again(c);
+                    }
+                }
+                t => self.ready.remove(c, t.map(|t| t.stream.as_fd())),
+            }
+        }
+        self.ready.done(visit);
+        delivered
     }
     fn flush(&mut self, now: Instant) -> bool {
         self.links.flush(now)
@@ -350,13 +384,20 @@ impl Driver for TcpDriver {
         self.links.poll_failure()
     }
     fn detach(&mut self, conn: ConnId) {
+        use std::os::fd::AsFd;
+        let fd = self.links.link(conn).map(|t| t.stream.as_fd());
+        self.ready.remove(conn, fd);
         self.links.detach(conn);
     }
     fn sleep(&self) -> Sleep {
         Sleep::Fds
     }
+    /// The epoll set's descriptor when passes use it, else every socket.
     fn wake_fds<'a>(&'a self, out: &mut Vec<std::os::fd::BorrowedFd<'a>>) {
-        self.links.wake_fds(out);
+        match self.ready.fd() {
+            Some(fd) if self.ready.uses_set(self.links.len()) => out.push(fd),
+            _ => self.links.wake_fds(out),
+        }
     }
     fn write_fds<'a>(&'a self, out: &mut Vec<std::os::fd::BorrowedFd<'a>>) {
         self.links.write_fds(out);

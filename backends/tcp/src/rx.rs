@@ -98,6 +98,13 @@ impl RxBuffer {
         self.buf.len()
     }
 
+    /// True when the next call has something to report without a read:
+    /// a framing error or the end of the stream, found while frames before
+    /// it were still delivered.
+    pub(crate) fn has_final(&self) -> bool {
+        self.error.is_some() || self.end_of_stream.is_some()
+    }
+
     /// Received bytes not yet delivered.
     pub(crate) fn buffered(&self) -> usize {
         self.end - self.start

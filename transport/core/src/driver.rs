@@ -353,6 +353,38 @@ impl<T: Link> Links<T> {
         self.len() == 0
     }
 
+    /// True while `conn` is attached and has not failed.
+    pub fn is_live(&self, conn: ConnId) -> bool {
+        matches!(self.links.get(conn.index()), Some(Some(_))) && !self.dead[conn.index()]
+    }
+
+    /// A receive pass over `conn` alone, as [`Driver::rx_burst`] makes
+    /// over each link: for a driver that knows which links have input
+    /// (from its own readiness list) and visits only those. Returns how
+    /// many frames were delivered; 0 for a link not attached or failed.
+    pub fn rx_burst_one(
+        &mut self,
+        conn: ConnId,
+        now: Instant,
+        max: usize,
+        sink: &mut dyn FnMut(ConnId, &[u8]),
+    ) -> usize {
+        let i = conn.index();
+        if !self.is_live(conn) {
+            return 0;
+        }
+        let Some(link) = self.links[i].as_mut() else {
+            return 0;
+        };
+        match link.rx_burst(now, max, &mut |f: &[u8]| sink(conn, f)) {
+            Ok(got) => got,
+            Err(e) => {
+                self.fail(i, e);
+                0
+            }
+        }
+    }
+
     fn fail(&mut self, i: usize, e: TransportError) {
         if !self.dead[i] {
             self.dead[i] = true;
@@ -582,6 +614,32 @@ mod tests {
         assert_eq!(pass(&mut d, 1), [2, 0, 1]);
         assert_eq!(pass(&mut d, 1), [0, 1, 2]);
         assert!(pass(&mut d, 1).is_empty());
+    }
+
+    #[test]
+    fn a_pass_over_one_link_reads_only_it_and_reports_its_failure() {
+        let (mut d, mut peers, calls) = links(3);
+        send(&mut peers[2], 2);
+        let mut got = Vec::new();
+        let two = ConnId::new(2);
+        let n = d.rx_burst_one(two, Instant::now(), 8, &mut |id, f| got.push((id, f[0])));
+        assert_eq!((n, got), (1, vec![(two, 2)]));
+        assert_eq!(calls.iter().map(|c| c.get()).collect::<Vec<_>>(), [0, 0, 1]);
+        drop(peers.remove(2));
+        assert!(d.is_live(two));
+        assert_eq!(d.rx_burst_one(two, Instant::now(), 8, &mut |_, _| {}), 0);
+        assert!(!d.is_live(two));
+        assert!(matches!(d.poll_failure(), Some((id, TransportError::Closed)) if id == two));
+        // Failed, detached or never attached: nothing read.
+        assert_eq!(d.rx_burst_one(two, Instant::now(), 8, &mut |_, _| {}), 0);
+        assert_eq!(calls[2].get(), 2);
+        d.detach(two);
+        assert!(!d.is_live(two));
+        assert!(!d.is_live(ConnId::new(7)));
+        assert_eq!(
+            d.rx_burst_one(ConnId::new(7), Instant::now(), 8, &mut |_, _| {}),
+            0
+        );
     }
 
     #[test]

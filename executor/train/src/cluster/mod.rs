@@ -11,6 +11,7 @@ mod config;
 mod delay;
 mod failover;
 mod guard;
+mod listen;
 pub(crate) mod periodic;
 mod plan;
 mod reactors;
@@ -38,7 +39,7 @@ pub use roles::{
 };
 pub(crate) use roles::{shard_handler, write_shard};
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
@@ -94,7 +95,7 @@ fn run_local_on(k: &dyn ClusterBackend, cfg: &TrainConfig) -> Result<TrainReport
     let expected = cfg.workers + 1;
     let mut tasks = Vec::with_capacity(cfg.ps);
     for p in 0..cfg.ps {
-        let l = TcpListener::bind("127.0.0.1:0")?;
+        let l = listen::bind(SocketAddr::from(([127, 0, 0, 1], 0)))?;
         tasks.push(k.start_ps(cfg, &plan, p, l, expected, restore, &layout)?);
     }
     let addrs: Vec<String> = tasks.iter().map(|t| t.addr().to_string()).collect();
@@ -324,7 +325,7 @@ pub fn run_ps_task(
     warn(&layout);
     let reactors = layout.report();
     cfg.guard.check_listen(bind)?;
-    let l = TcpListener::bind(bind).map_err(|source| TrainError::Listen { addr: bind, source })?;
+    let l = listen::bind(bind).map_err(|source| TrainError::Listen { addr: bind, source })?;
     let expected = if lifetime.exit_when_done {
         cfg.workers
     } else {
