@@ -51,9 +51,10 @@ pub struct TrainArgs {
     /// Stop after this many steps in total (split evenly over workers).
     #[arg(long)]
     pub steps: Option<u64>,
-    /// Examples per step per worker.
-    #[arg(long, default_value_t = 512, value_parser = at_least_one)]
-    pub batch_size: usize,
+    /// Examples per step per worker [default: 512; with --sync and more
+    /// than 32 workers, 512 x 32 / workers].
+    #[arg(long, value_parser = at_least_one)]
+    pub batch_size: Option<usize>,
     /// Embedding width.
     #[arg(long, default_value_t = 8, value_parser = at_least_one)]
     pub embedding_dim: usize,
@@ -232,6 +233,26 @@ fn default_optimizer(workers: usize, sync: bool) -> OptimizerKind {
     }
 }
 
+/// Examples per step per worker when `--batch-size` is not given.
+const DEFAULT_BATCH_SIZE: usize = 512;
+
+/// Synchronous workers past which the default batch shrinks.
+const SYNC_FULL_BATCH_UP_TO_WORKERS: usize = 32;
+
+/// The batch when `--batch-size` is not given: 512, except for a
+/// synchronous run of more than 32 workers, where it is `512 x 32 / W`
+/// (at least 1): a synchronous step trains every worker's batch at once,
+/// so an epoch at 64 x 512 is 64 times fewer steps than one worker's, too
+/// few to converge whatever the merge (docs/TRAIN.md, "Many workers, few
+/// steps", measured). Asynchronous workers each take their own steps.
+fn default_batch_size(workers: usize, sync: bool) -> usize {
+    if sync && workers > SYNC_FULL_BATCH_UP_TO_WORKERS {
+        (DEFAULT_BATCH_SIZE * SYNC_FULL_BATCH_UP_TO_WORKERS / workers).max(1)
+    } else {
+        DEFAULT_BATCH_SIZE
+    }
+}
+
 /// `--bounded-delay`: a bound, or `off`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BoundedDelay(Option<u64>);
@@ -366,7 +387,9 @@ fn config(a: &TrainArgs, ps: usize, workers: usize) -> Result<TrainConfig, Strin
         eval: a.eval.clone(),
         epochs: a.epochs,
         steps: a.steps,
-        batch_size: a.batch_size,
+        batch_size: a
+            .batch_size
+            .unwrap_or_else(|| default_batch_size(workers, a.sync)),
         embedding_dim: a.embedding_dim,
         optimizer,
         lr: a.lr,
@@ -441,12 +464,13 @@ fn print_report(r: &TrainReport, json: bool) -> Result<(), String> {
         return Ok(());
     }
     println!(
-        "trained {} ({}, backend {}, fusion {}, {}) on {} PS ({} shards) and {} workers",
+        "trained {} ({}, backend {}, fusion {}, {}, batch {}) on {} PS ({} shards) and {} workers",
         r.model,
         r.protocol,
         r.backend,
         if r.tensor_fuse { "on" } else { "off" },
         if r.sync { "sync" } else { "async" },
+        r.batch_size,
         r.ps,
         r.shards,
         r.workers
@@ -1053,6 +1077,19 @@ mod tests {
         Cli::try_parse_from(std::iter::once("train").chain(extra.iter().copied()))
             .unwrap()
             .train
+    }
+
+    #[test]
+    fn the_default_batch_shrinks_only_for_synchronous_runs_past_32_workers() {
+        let batch = |flags: &[&str], workers| config(&args(flags), 1, workers).unwrap().batch_size;
+        assert_eq!(batch(&[], 64), 512);
+        assert_eq!(batch(&["--sync"], 2), 512);
+        assert_eq!(batch(&["--sync"], 32), 512);
+        assert_eq!(batch(&["--sync"], 33), 496);
+        assert_eq!(batch(&["--sync"], 64), 256);
+        assert_eq!(batch(&["--sync"], 128), 128);
+        assert_eq!(batch(&["--sync"], 20_000), 1);
+        assert_eq!(batch(&["--sync", "--batch-size", "512"], 64), 512);
     }
 
     #[test]

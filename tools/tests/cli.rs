@@ -964,6 +964,18 @@ fn ftrl_adagrad_decay_and_dc_asgd_train_and_bad_hyper_parameters_are_usage_error
 }
 
 #[test]
+fn a_sync_run_of_more_than_32_workers_defaults_to_a_smaller_batch_and_reports_it() {
+    let batch = |extra: &[&str]| train_60_steps(extra, "2000")["batch_size"].clone();
+    assert_eq!(batch(&["--workers", "4", "--sync"]), 512);
+    assert_eq!(batch(&["--workers", "40"]), 512);
+    assert_eq!(batch(&["--workers", "40", "--sync"]), 512 * 32 / 40);
+    assert_eq!(
+        batch(&["--workers", "40", "--sync", "--batch-size", "64"]),
+        64
+    );
+}
+
+#[test]
 fn bounded_delay_trains_is_reported_and_is_off_by_default_for_few_workers_and_sync() {
     let train = |extra: &[&str]| train_60_steps(extra, "2000");
     for delay in ["0", "2"] {

@@ -43,6 +43,8 @@ pub struct TrainReport {
     pub tensor_fuse: bool,
     /// Synchronous training.
     pub sync: bool,
+    /// Examples per step per worker (`--batch-size`, or its default).
+    pub batch_size: usize,
     /// `--bounded-delay` of asynchronous training (none: no bound).
     pub bounded_delay: Option<u64>,
     /// Workers hand their requests to network reactors
