@@ -317,7 +317,7 @@ pub struct ReactorStats {
     /// from its start to the start of the next turn, so a park after a
     /// busy turn is not counted).
     pub busy_ns: u64,
-    /// Time from the first turn to the last, in nanoseconds.
+    /// Time from the reactor loop's start to its end, in nanoseconds.
     pub run_ns: u64,
 }
 
