@@ -288,6 +288,38 @@ fn unknown_and_foreign_packets_are_counted_and_dropped() {
 }
 
 #[test]
+fn a_protocol_violation_is_reported_when_the_receive_pass_returns() {
+    let (mut a, _, mut b, b_ids) = pair(3, LossConfig::lossless(1500), 4);
+    let now = Instant::now();
+    // A continuation fragment outside a frame, on connection 1.
+    let hdr = PacketHeader {
+        flags: PacketFlags::DATA,
+        dst_conn: b.local_id(b_ids[1]).unwrap(),
+        src_conn: b.core(b_ids[1]).unwrap().ids().peer,
+        seq: 0,
+        ack: 0,
+        sack: 0,
+        payload_len: 0,
+    };
+    let buf = a.link_mut().tx_alloc(PACKET_HEADER_LEN + 4).unwrap();
+    let len = hdr.encode(b"half", buf);
+    a.link_mut().tx_commit(len).unwrap();
+    a.link_mut().tx_burst_flush(now).unwrap();
+    assert_eq!(b.rx_burst(now, 8, &mut |_, _| panic!("no frame")), 0);
+    // No flush in between: the receive pass itself reported it.
+    let (c, e) = b.poll_failure().expect("connection 1 failed");
+    assert_eq!(c, b_ids[1]);
+    assert!(e.to_string().contains("protocol violation"), "{e}");
+    assert!(b.poll_failure().is_none(), "alone");
+    // Reported once: neither the next pass nor a flush reports it again.
+    b.rx_burst(now, 8, &mut |_, _| {});
+    b.flush(now);
+    assert!(b.poll_failure().is_none(), "once");
+    assert!(b.tx_reserve(b_ids[1], 1).is_err());
+    assert!(b.tx_reserve(b_ids[0], 1).is_ok());
+}
+
+#[test]
 fn a_reused_slot_ignores_packets_of_its_previous_connection() {
     let (mut a, a_ids, mut b, b_ids) = pair(1, LossConfig::lossless(1500), 4);
     let now = Instant::now();

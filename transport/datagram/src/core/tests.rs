@@ -533,3 +533,44 @@ fn config_validation() {
         })
     ));
 }
+
+#[test]
+fn frame_buffers_go_with_their_last_acknowledged_fragment_and_are_reused() {
+    let (mut a, mut b) = pair(cfg());
+    let now = Instant::now();
+    // A large frame, a one-packet frame and an empty one in flight at once.
+    let frames = [frame(1, 1000), frame(2, 40), Vec::new()];
+    for f in &frames {
+        send_frame(&mut a, f);
+    }
+    assert_eq!(a.tx_frames.len(), 3);
+    let pkts = drain_tx(&mut a, now);
+    assert_eq!(pkts.len(), 11 + 1 + 1);
+    // Acknowledging the first 10 fragments frees nothing: the large
+    // frame's last fragment is still out.
+    let mut got = Vec::new();
+    feed(&mut b, now, &pkts[..10], &mut got);
+    feed(&mut a, now, &drain_ack(&mut b, now), &mut Vec::new());
+    assert_eq!((a.tx_frames.len(), a.tx_frames_base), (3, 0));
+    feed(&mut b, now, &pkts[10..], &mut got);
+    assert_eq!(got, frames.to_vec());
+    feed(&mut a, now, &drain_ack(&mut b, now), &mut Vec::new());
+    assert_eq!((a.tx_frames.len(), a.tx_frames_base), (0, 3));
+    assert!(!a.tx_pending());
+    // The buffers are back in the pool; the next frames take them, and
+    // whatever an earlier frame left in a buffer is overwritten.
+    assert!(!a.frame_pool.is_empty());
+    let again = [frame(3, 500), frame(4, 7)];
+    for f in &again {
+        send_frame(&mut a, f);
+    }
+    let mut got = Vec::new();
+    feed(&mut b, now, &drain_tx(&mut a, now), &mut got);
+    assert_eq!(got, again.to_vec());
+}
+
+/// The standalone acknowledgement `c` owes, due at once.
+fn drain_ack(c: &mut ReliableCore, now: Instant) -> Vec<Vec<u8>> {
+    c.ack_deadline = Some(now);
+    drain_tx(c, now)
+}
