@@ -11,9 +11,11 @@ use crate::optim::OptimizerConfig;
 use crate::prefetch;
 use crate::var::VarDef;
 
+mod defaults;
 mod keymap;
 mod rows;
 mod stale;
+use defaults::Defaults;
 use rows::alloc;
 pub use rows::{NoRoom, TableFull};
 pub(crate) use rows::{Rows, Slot};
@@ -77,38 +79,6 @@ impl Default for TablePolicy {
     }
 }
 
-/// The default value matrix of a table (DeepRec's `default_value_dim`
-/// rows of initial values), computed whole when the table is made, so
-/// creating a row on a pull is one copy with no check or initialiser run.
-#[derive(Debug, Clone)]
-struct Defaults {
-    values: Box<[f32]>,
-    rows: u64,
-    dim: usize,
-}
-
-impl Defaults {
-    fn new(def: &VarDef, seed: u64, rows: usize, dim: usize) -> Option<Self> {
-        (rows > 0).then(|| {
-            let mut values = vec![0.0; rows * dim].into_boxed_slice();
-            for (i, row) in values.chunks_exact_mut(dim.max(1)).enumerate() {
-                def.init_values(seed, i as u64, row);
-            }
-            Self {
-                values,
-                rows: rows as u64,
-                dim,
-            }
-        })
-    }
-
-    /// The initial values of a new row for `key`.
-    fn row(&self, key: u64) -> &[f32] {
-        let i = (key % self.rows) as usize;
-        &self.values[i * self.dim..(i + 1) * self.dim]
-    }
-}
-
 /// Counters of a table (cumulative since creation or restore).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct TableStats {
@@ -135,7 +105,7 @@ pub struct EmbeddingTable {
     pub(crate) rows: Rows,
     pub(crate) pending: Map<Pending>,
     pub(crate) stats: TableStats,
-    defaults: Option<Box<Defaults>>,
+    defaults: Option<std::sync::Arc<Defaults>>,
     scratch: Box<Scratch>,
 }
 
@@ -175,7 +145,7 @@ impl EmbeddingTable {
         opt: OptimizerConfig,
         policy: TablePolicy,
     ) -> Self {
-        let defaults = Defaults::new(&def, seed, policy.default_value_dim, dim).map(Box::new);
+        let defaults = Defaults::shared(&def, seed, policy.default_value_dim, dim);
         Self {
             def,
             dim,
@@ -386,17 +356,20 @@ impl EmbeddingTable {
             // `fresh` is in position order: one cursor for the new row
             // being prefetched, one for the next to initialise.
             let (mut to_fetch, mut to_init) = (0, 0);
+            let stride = self.rows.arena.stride;
             for (i, &index) in resolved.iter().enumerate() {
                 let a = i + prefetch::DISTANCE;
-                self.rows.arena.prefetch(resolved.get(a).copied(), dim);
-                if let Some(d) = self.defaults.as_deref() {
-                    while fresh.get(to_fetch).is_some_and(|&(p, _)| p < a) {
-                        to_fetch += 1;
-                    }
-                    if let Some(&(_, key)) = fresh.get(to_fetch).filter(|&&(p, _)| p == a) {
-                        prefetch::row(d.row(key));
-                        to_fetch += 1;
-                    }
+                while fresh.get(to_fetch).is_some_and(|&(p, _)| p < a) {
+                    to_fetch += 1;
+                }
+                let new_ahead = fresh.get(to_fetch).filter(|&&(p, _)| p == a);
+                // A row already there is only read (its weights); a new
+                // one is written whole, slots too, and its stores would
+                // wait for lines nobody asked for.
+                let floats = if new_ahead.is_some() { stride } else { dim };
+                self.rows.arena.prefetch(resolved.get(a).copied(), floats);
+                if let (Some(&(_, key)), Some(d)) = (new_ahead, self.defaults.as_deref()) {
+                    prefetch::row(d.row(key));
                 }
                 if let Some(&(_, key)) = fresh.get(to_init).filter(|&&(p, _)| p == i) {
                     self.init_row(index, key);
