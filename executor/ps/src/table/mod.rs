@@ -356,20 +356,17 @@ impl EmbeddingTable {
             // `fresh` is in position order: one cursor for the new row
             // being prefetched, one for the next to initialise.
             let (mut to_fetch, mut to_init) = (0, 0);
-            let stride = self.rows.arena.stride;
             for (i, &index) in resolved.iter().enumerate() {
                 let a = i + prefetch::DISTANCE;
-                while fresh.get(to_fetch).is_some_and(|&(p, _)| p < a) {
-                    to_fetch += 1;
-                }
-                let new_ahead = fresh.get(to_fetch).filter(|&&(p, _)| p == a);
-                // A row already there is only read (its weights); a new
-                // one is written whole, slots too, and its stores would
-                // wait for lines nobody asked for.
-                let floats = if new_ahead.is_some() { stride } else { dim };
-                self.rows.arena.prefetch(resolved.get(a).copied(), floats);
-                if let (Some(&(_, key)), Some(d)) = (new_ahead, self.defaults.as_deref()) {
-                    prefetch::row(d.row(key));
+                self.rows.arena.prefetch(resolved.get(a).copied(), dim);
+                if let Some(d) = self.defaults.as_deref() {
+                    while fresh.get(to_fetch).is_some_and(|&(p, _)| p < a) {
+                        to_fetch += 1;
+                    }
+                    if let Some(&(_, key)) = fresh.get(to_fetch).filter(|&&(p, _)| p == a) {
+                        prefetch::row(d.row(key));
+                        to_fetch += 1;
+                    }
                 }
                 if let Some(&(_, key)) = fresh.get(to_init).filter(|&&(p, _)| p == i) {
                     self.init_row(index, key);
