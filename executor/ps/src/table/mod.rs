@@ -11,9 +11,11 @@ use crate::optim::OptimizerConfig;
 use crate::prefetch;
 use crate::var::VarDef;
 
+mod defaults;
 mod keymap;
 mod rows;
 mod stale;
+use defaults::Defaults;
 use rows::alloc;
 pub use rows::{NoRoom, TableFull};
 pub(crate) use rows::{Rows, Slot};
@@ -77,38 +79,6 @@ impl Default for TablePolicy {
     }
 }
 
-/// The default value matrix of a table (DeepRec's `default_value_dim`
-/// rows of initial values), computed whole when the table is made, so
-/// creating a row on a pull is one copy with no check or initialiser run.
-#[derive(Debug, Clone)]
-struct Defaults {
-    values: Box<[f32]>,
-    rows: u64,
-    dim: usize,
-}
-
-impl Defaults {
-    fn new(def: &VarDef, seed: u64, rows: usize, dim: usize) -> Option<Self> {
-        (rows > 0).then(|| {
-            let mut values = vec![0.0; rows * dim].into_boxed_slice();
-            for (i, row) in values.chunks_exact_mut(dim.max(1)).enumerate() {
-                def.init_values(seed, i as u64, row);
-            }
-            Self {
-                values,
-                rows: rows as u64,
-                dim,
-            }
-        })
-    }
-
-    /// The initial values of a new row for `key`.
-    fn row(&self, key: u64) -> &[f32] {
-        let i = (key % self.rows) as usize;
-        &self.values[i * self.dim..(i + 1) * self.dim]
-    }
-}
-
 /// Counters of a table (cumulative since creation or restore).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct TableStats {
@@ -135,7 +105,7 @@ pub struct EmbeddingTable {
     pub(crate) rows: Rows,
     pub(crate) pending: Map<Pending>,
     pub(crate) stats: TableStats,
-    defaults: Option<Box<Defaults>>,
+    defaults: Option<std::sync::Arc<Defaults>>,
     scratch: Box<Scratch>,
 }
 
@@ -175,7 +145,7 @@ impl EmbeddingTable {
         opt: OptimizerConfig,
         policy: TablePolicy,
     ) -> Self {
-        let defaults = Defaults::new(&def, seed, policy.default_value_dim, dim).map(Box::new);
+        let defaults = Defaults::shared(&def, seed, policy.default_value_dim, dim);
         Self {
             def,
             dim,

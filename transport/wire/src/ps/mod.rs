@@ -230,12 +230,14 @@ impl F32s<'_> {
                 .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
         );
     }
-    /// True when no element is NaN or infinite (its exponent bits not
-    /// all ones). The fold has no early exit, so it vectorises.
+    /// True when no element is NaN or infinite. The fold has no early
+    /// exit, so it vectorises; decoding each element as an `f32` and
+    /// asking `is_finite` compiles to a compare per vector, where
+    /// testing the exponent bits of a `u32` made the compiler shuffle
+    /// lanes.
     pub fn all_finite(&self) -> bool {
         self.0.chunks_exact(4).fold(true, |ok, c| {
-            let bits = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-            ok & (bits & 0x7f80_0000 != 0x7f80_0000)
+            ok & f32::from_le_bytes([c[0], c[1], c[2], c[3]]).is_finite()
         })
     }
     /// Add the first `out.len()` elements to `out`.

@@ -229,3 +229,44 @@ fn f32s_decode_into_a_slice_or_onto_a_vector() {
     v.add_to(&mut short);
     assert_eq!(short, [3.0, -4.0]);
 }
+
+#[test]
+fn f32s_all_finite_agrees_with_is_finite_on_every_edge() {
+    let edges = [
+        0.0,
+        -0.0,
+        f32::MIN_POSITIVE,
+        -f32::MIN_POSITIVE,
+        f32::from_bits(1),
+        f32::from_bits(0x8000_0001),
+        1.0,
+        f32::MAX,
+        f32::MIN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        -f32::NAN,
+        f32::from_bits(0x7f80_0001),
+        f32::from_bits(0xffff_ffff),
+        f32::from_bits(0x7fc0_0000),
+    ];
+    for &x in &edges {
+        // Alone, and among finite values at every position of a vector's
+        // lanes and of the loop's tail.
+        for len in 1..12 {
+            for at in 0..len {
+                let mut v = vec![0.5f32; len];
+                v[at] = x;
+                let mut bytes = Vec::new();
+                put_f32s(&mut bytes, &v);
+                assert_eq!(
+                    F32s::new(&bytes).unwrap().all_finite(),
+                    x.is_finite(),
+                    "{:#010x} at {at} of {len}",
+                    x.to_bits()
+                );
+            }
+        }
+    }
+    assert!(F32s::new(&[]).unwrap().all_finite());
+}
