@@ -16,22 +16,37 @@
 //! push is matched with its pull by position (one comparison of the key
 //! lists); a key map is built only for a push in another order.
 //!
+//! A rows item of a table without a frequency filter is recorded from the
+//! pull's request and reply (its keys, and its rows as the reply carries
+//! them), in two copies and no lookup of the table: every key then has a
+//! row, so the reply's rows are exactly the rows' values at the pull. The
+//! update counts are kept only when the rate reads them
+//! ([`keeps_updates`]).
+//!
 //! [`OptimizerConfig::tracks_pulls`]: crate::OptimizerConfig::tracks_pulls
 
 use rustc_hash::FxHashMap;
+use starwire_wire::ps::{F32s, U64s};
 
-use crate::optim::Pulled;
+use crate::optim::{OptimizerConfig, Pulled, StalenessLr};
 
 /// Workers with a larger task index are not tracked (their pushes are
 /// applied as they are): bounds the memory a peer's index can claim.
 pub(crate) const MAX_TRACKED_WORKERS: u32 = 1 << 12;
+
+/// True when the records keep each row's update count: only a
+/// staleness-aware rate reads it (a push's staleness scales nothing
+/// otherwise).
+pub(crate) fn keeps_updates(opt: &OptimizerConfig) -> bool {
+    opt.staleness_lr != StalenessLr::None
+}
 
 /// What one worker pulled of one variable (a dense variable is one row,
 /// key 0), in pull order.
 #[derive(Debug, Default)]
 pub(crate) struct VarPulls {
     pub(crate) keys: Vec<u64>,
-    /// Each row's update count at the pull.
+    /// Each row's update count at the pull (empty when not kept).
     updates: Vec<u64>,
     /// Each row's values at the pull (empty when not kept).
     values: Vec<f32>,
@@ -87,21 +102,44 @@ impl WorkerPulls {
         }
     }
 
-    /// Variable `var`'s row `key` was pulled after `updates` updates,
-    /// holding `values`. A row pulled twice before a push is found at its
-    /// first pull (the older values, which the gradient may have used).
-    pub(crate) fn record(&mut self, var: u32, key: u64, updates: u64, values: Option<&[f32]>) {
+    fn var_mut(&mut self, var: u32) -> &mut VarPulls {
         let var = var as usize;
         if self.vars.len() <= var {
             self.vars.resize_with(var + 1, VarPulls::default);
         }
         let v = &mut self.vars[var];
+        v.indexed = false;
+        v
+    }
+
+    /// Variable `var`'s row `key` was pulled after `updates` updates (if
+    /// kept), holding `values`. A row pulled twice before a push is found
+    /// at its first pull (the older values, which the gradient may have
+    /// used). A variable's rows are recorded all with or all without
+    /// update counts and values.
+    pub(crate) fn record(
+        &mut self,
+        var: u32,
+        key: u64,
+        updates: Option<u64>,
+        values: Option<&[f32]>,
+    ) {
+        let v = self.var_mut(var);
         v.keys.push(key);
-        v.updates.push(updates);
+        v.updates.extend(updates);
         if let Some(values) = values {
             v.values.extend_from_slice(values);
         }
-        v.indexed = false;
+    }
+
+    /// Variable `var`'s rows `keys` were pulled holding `values` (one row
+    /// after another, as a pull reply carries them), update counts not
+    /// kept.
+    pub(crate) fn record_rows(&mut self, var: u32, keys: U64s<'_>, values: F32s<'_>) {
+        let v = self.var_mut(var);
+        debug_assert!(v.updates.is_empty());
+        v.keys.extend(keys.iter());
+        values.extend_into(&mut v.values);
     }
 
     /// What variable `var` was pulled as, if it was.
@@ -170,10 +208,10 @@ mod tests {
         assert!(p.worker_mut(MAX_TRACKED_WORKERS).is_none());
         let w = p.worker_mut(3).unwrap();
         w.begin_pull();
-        w.record(1, 7, 2, Some(&[1.0, 2.0]));
-        w.record(1, 9, 0, Some(&[3.0, 4.0]));
-        w.record(1, 7, 5, Some(&[9.0, 9.0]));
-        w.record(0, 0, 4, None);
+        w.record(1, 7, Some(2), Some(&[1.0, 2.0]));
+        w.record(1, 9, Some(0), Some(&[3.0, 4.0]));
+        w.record(1, 7, Some(5), Some(&[9.0, 9.0]));
+        w.record(0, 0, Some(4), None);
         let got = w.pulled(1, 7, 6, 2);
         assert_eq!(got.staleness, Some(4));
         assert_eq!(got.values, Some(&[1.0f32, 2.0][..]));
@@ -194,5 +232,57 @@ mod tests {
         let rec = p.take(3).unwrap();
         assert!(p.take(4).is_none());
         p.put_back(3, rec);
+    }
+
+    fn le<T: Copy>(xs: &[T], to: impl Fn(T) -> Vec<u8>) -> Vec<u8> {
+        xs.iter().flat_map(|&x| to(x)).collect()
+    }
+
+    #[test]
+    fn rows_recorded_from_a_reply_match_rows_recorded_one_by_one() {
+        let keys = le(&[7u64, 9, 7, 4], |k| k.to_le_bytes().to_vec());
+        let vals = [1.0f32, 2.0, 3.0, 4.0, 9.0, 9.0, -0.0, f32::MIN_POSITIVE];
+        let bytes = le(&vals, |x| x.to_le_bytes().to_vec());
+        let mut bulk = WorkerPulls::default();
+        bulk.begin_pull();
+        bulk.record_rows(2, U64s::new(&keys).unwrap(), F32s::new(&bytes).unwrap());
+        let mut one = WorkerPulls::default();
+        one.begin_pull();
+        for (j, k) in [7u64, 9, 7, 4].into_iter().enumerate() {
+            one.record(2, k, None, Some(&vals[2 * j..2 * j + 2]));
+        }
+        assert_eq!(bulk.var(2).unwrap().keys, one.var(2).unwrap().keys);
+        for (key, first) in [(7u64, 0usize), (9, 1), (4, 3)] {
+            let got = bulk.pulled(2, key, 3, 2);
+            assert_eq!(got, one.pulled(2, key, 3, 2));
+            // No update counts: no staleness, the values of the first pull.
+            assert_eq!(got.staleness, None);
+            let want = &vals[2 * first..2 * first + 2];
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(got.values.unwrap()), bits(want));
+        }
+        assert_eq!(
+            bulk.var(2).unwrap().at(2, 0, 2).values,
+            Some(&[9.0f32, 9.0][..])
+        );
+        // A second pull before the push appends; a push then starts again.
+        bulk.record_rows(
+            2,
+            U64s::new(&keys[..8]).unwrap(),
+            F32s::new(&bytes[..8]).unwrap(),
+        );
+        assert_eq!(bulk.var(2).unwrap().keys, [7, 9, 7, 4, 7]);
+        assert_eq!(bulk.pulled(2, 7, 0, 2).values, Some(&[1.0f32, 2.0][..]));
+        bulk.end_push();
+        bulk.begin_pull();
+        assert!(bulk.var(2).is_none());
+    }
+
+    #[test]
+    fn only_a_staleness_aware_rate_keeps_update_counts() {
+        let mut opt = OptimizerConfig::with_kind(crate::OptimizerKind::DcAsgd, 0.5);
+        assert!(!keeps_updates(&opt));
+        opt.staleness_lr = StalenessLr::Sqrt;
+        assert!(keeps_updates(&opt));
     }
 }

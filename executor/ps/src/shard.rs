@@ -392,7 +392,7 @@ impl PsShard {
         match &r {
             Ok(()) => {
                 if let Some(w) = worker.filter(|_| self.cfg.optimizer.tracks_pulls()) {
-                    self.record_pull(w, req);
+                    self.record_pull(w, req, out);
                 }
                 self.stats.pulls += 1;
                 self.stats.response_bytes += out.len() as u64;
@@ -527,8 +527,9 @@ impl PsShard {
         }
     }
 
-    /// Keep what worker `w` pulled with `req` (a pull already answered).
-    fn record_pull(&mut self, w: u32, req: &[u8]) {
+    /// Keep what worker `w` pulled with `req` (a pull already answered
+    /// with `reply`, whose rows items are recorded from it).
+    fn record_pull(&mut self, w: u32, req: &[u8], reply: &[u8]) {
         let Ok(view) = PullRequest::parse(req, &self.cfg.limits) else {
             return;
         };
@@ -537,16 +538,27 @@ impl PsShard {
         };
         rec.begin_pull();
         let values = self.cfg.optimizer.kind.needs_pulled_values();
+        let updates = crate::pulls::keeps_updates(&self.cfg.optimizer);
+        // One reply per item, in the request's order.
+        let reply = ps::PullResponse::parse(reply, &self.cfg.limits).ok();
+        let mut replies = reply.iter().flat_map(|r| r.items());
         for item in view.items() {
+            let answer = replies.next();
             let Some(&i) = self.index.get(&item.var()) else {
                 continue;
             };
             match (item, &self.vars[i]) {
                 (PullItem::Dense { .. }, Var::Dense(d)) => {
-                    rec.record(i as u32, 0, d.updates, values.then_some(&d.values[..]));
+                    let u = updates.then_some(d.updates);
+                    rec.record(i as u32, 0, u, values.then_some(&d.values[..]));
                 }
-                (PullItem::Rows { keys, .. }, Var::Table(t))
-                | (PullItem::Pooled { keys, .. }, Var::Table(t)) => {
+                (PullItem::Rows { var, keys }, Var::Table(t)) => match answer {
+                    Some(ps::PullReply::Rows { var: v, data, .. }) if v == var => {
+                        t.record_pulled_rows(i as u32, keys, data, rec);
+                    }
+                    _ => t.record_pulled(i as u32, keys.iter(), rec),
+                },
+                (PullItem::Pooled { keys, .. }, Var::Table(t)) => {
                     t.record_pulled(i as u32, keys.iter(), rec);
                 }
                 _ => {}

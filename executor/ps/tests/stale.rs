@@ -134,3 +134,85 @@ fn dc_asgd_compensates_a_push_with_its_workers_pulled_values() {
     push(&mut t, None, [0.5, 0.25]);
     assert!(!close(&now(&s), &now(&t)), "{:?}", now(&t));
 }
+
+/// A DC-ASGD shard with frequency filter `filter_freq`, keys 1..=12
+/// pulled once by no known worker (with `filter_freq` 2 that admits them
+/// on their next pull).
+fn dc_shard(filter_freq: u32) -> PsShard {
+    let cfg = ShardConfig {
+        seed: 5,
+        optimizer: OptimizerConfig::with_kind(OptimizerKind::DcAsgd, 0.5),
+        filter_freq,
+        ..ShardConfig::default()
+    };
+    let vars = [VarDef {
+        id: EMB,
+        name: "emb".into(),
+        kind: VarKind::Embedding { dim: 3 },
+        init: Init::Uniform { scale: 0.1 },
+    }];
+    let mut s = PsShard::new(0, &vars, cfg);
+    pull_keys(&mut s, None, &(1..=12).collect::<Vec<_>>());
+    s
+}
+
+fn pull_keys(s: &mut PsShard, w: Option<u32>, keys: &[u64]) {
+    let mut req = Vec::new();
+    PullRequestWriter::new(&mut req).rows(EMB, keys);
+    s.handle_pull_from(w, &req, &mut Vec::new()).unwrap();
+}
+
+fn push_keys(s: &mut PsShard, w: Option<u32>, keys: &[u64]) {
+    let g: Vec<f32> = keys
+        .iter()
+        .flat_map(|&k| [k as f32 * 0.1, -0.3, 1.0 / k as f32])
+        .collect();
+    let mut req = Vec::new();
+    PushRequestWriter::new(&mut req, true).rows(EMB, 3, keys, &g);
+    s.handle_push_from(w, &req, &mut Vec::new()).unwrap();
+}
+
+/// Every row's weights and slots, as bits.
+fn bits(s: &PsShard) -> Vec<u32> {
+    let t = s.table(EMB).unwrap();
+    (1..=12)
+        .flat_map(|k| t.get(k).unwrap().iter().chain(t.slots(k).unwrap()))
+        .map(|x| x.to_bits())
+        .collect()
+}
+
+/// Three workers' pulls and pushes; `known` false sends the pushes as
+/// no known worker's.
+fn run(s: &mut PsShard, known: bool) {
+    let by = |w: u32| known.then_some(w);
+    let a: Vec<u64> = (1..=8).collect();
+    let b: Vec<u64> = (4..=12).collect();
+    pull_keys(s, Some(0), &a);
+    pull_keys(s, Some(1), &b);
+    pull_keys(s, Some(2), &[9, 2, 9]);
+    // In pull order (matched by position), out of order (by key), a key
+    // pulled twice (its first pull), a key not pulled.
+    push_keys(s, by(0), &a);
+    push_keys(s, by(1), &b.iter().rev().copied().collect::<Vec<_>>());
+    push_keys(s, by(2), &[9, 2, 11]);
+    // Two pulls before one push: both are kept.
+    pull_keys(s, Some(0), &[1, 2]);
+    push_keys(s, by(1), &[5, 6]);
+    pull_keys(s, Some(0), &[3, 2]);
+    push_keys(s, by(0), &[1, 2, 3]);
+}
+
+#[test]
+fn dc_asgd_rows_recorded_from_the_reply_update_as_rows_looked_up() {
+    // Without a filter a rows pull is recorded from its request and
+    // reply; with one, from the table. The updates must be the same.
+    let (mut copied, mut looked_up) = (dc_shard(0), dc_shard(2));
+    run(&mut copied, true);
+    run(&mut looked_up, true);
+    assert_eq!(bits(&copied), bits(&looked_up));
+    // The records made a difference: pushes of no known worker update
+    // otherwise.
+    let mut plain = dc_shard(0);
+    run(&mut plain, false);
+    assert_ne!(bits(&copied), bits(&plain));
+}

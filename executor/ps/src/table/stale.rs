@@ -4,7 +4,7 @@
 use starwire_wire::ps::{F32s, U64s};
 
 use super::EmbeddingTable;
-use crate::pulls::{VarPulls, WorkerPulls};
+use crate::pulls::{keeps_updates, VarPulls, WorkerPulls};
 
 /// True when `keys` are `pulled`'s keys, in order: a push of the rows its
 /// worker pulled, matched by position.
@@ -22,10 +22,36 @@ impl EmbeddingTable {
         rec: &mut WorkerPulls,
     ) {
         let values = self.opt.kind.needs_pulled_values();
+        let updates = keeps_updates(&self.opt);
         for k in keys {
             if let Some((s, row)) = self.rows.get(k) {
-                rec.record(var, k, s.updates, values.then(|| &row[..self.dim]));
+                let u = updates.then_some(s.updates);
+                rec.record(var, k, u, values.then(|| &row[..self.dim]));
             }
+        }
+    }
+
+    /// [`Self::record_pulled`] for a rows pull item of `keys` just
+    /// answered with `reply` (its rows, key after key). Without a
+    /// frequency filter every key of an answered pull has a row, so when
+    /// the record is the keys and values alone (DC-ASGD without a
+    /// staleness-aware rate) it is copied from the request and the reply
+    /// rather than looked up again.
+    pub(crate) fn record_pulled_rows(
+        &self,
+        var: u32,
+        keys: U64s<'_>,
+        reply: F32s<'_>,
+        rec: &mut WorkerPulls,
+    ) {
+        let copy = self.policy.filter_freq <= 1
+            && self.opt.kind.needs_pulled_values()
+            && !keeps_updates(&self.opt)
+            && reply.len() == keys.len() * self.dim;
+        if copy {
+            rec.record_rows(var, keys, reply);
+        } else {
+            self.record_pulled(var, keys.iter(), rec);
         }
     }
 
