@@ -37,7 +37,7 @@ fn err(e: PsError) -> HandlerError {
 /// Which global steps are checkpoint steps, as shard 0 decides them for
 /// every worker alike (`CHECKPOINT_VOTE`, asynchronous
 /// `--checkpoint-every-secs`): each worker votes at each of its candidate
-/// steps, and worker 0 wants a checkpoint once the time has passed. The
+/// steps, wanting a checkpoint once the time has passed by its clock. The
 /// first vote on a step decides it: yes when that vote, or one since the
 /// last yes, wanted one. A want that comes after its step was decided is
 /// kept for the next step decided.

@@ -17,8 +17,9 @@
 //! lockstep, so worker 0 cannot pick a step the others have not passed.
 //! Shard 0 decides instead: every worker, at each of its steps that is a
 //! multiple of [`VOTE_EVERY_STEPS`], asks it whether the global step that
-//! step completes is a checkpoint step (`CHECKPOINT_VOTE`), worker 0
-//! wanting one once `S` has passed; the first vote on a step decides it
+//! step completes is a checkpoint step (`CHECKPOINT_VOTE`), wanting one
+//! once `S` has passed since the last checkpoint it stopped at (each
+//! worker by its own clock); the first vote on a step decides it
 //! for all. On a yes, worker 0 asks every shard to write its file at that
 //! step (`CHECKPOINT_AT`) before it pushes its step, and the barrier of
 //! `--checkpoint-every-steps` follows.

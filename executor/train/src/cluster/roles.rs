@@ -749,7 +749,10 @@ pub fn worker_loop(
                 && periodic::is_vote_step(steps_done + 1)
                 && cfg.checkpoint_dir.is_some()
                 && match cfg.checkpoint_every_secs {
-                    Some(s) => periodic::vote(net, c, w == 0 && last_checkpoint.elapsed() >= s)?,
+                    // Every worker's own clock: the first vote decides, so a
+                    // want of worker 0's alone is lost whenever another
+                    // worker runs a whole vote ahead of it.
+                    Some(s) => periodic::vote(net, c, last_checkpoint.elapsed() >= s)?,
                     None => false,
                 };
             if voted && w == 0 {
@@ -820,8 +823,8 @@ pub fn worker_loop(
                 core.flush_and_wait(net, c)?;
                 if w == 0 {
                     periodic::complete(cfg, plan, dir, c)?;
-                    last_checkpoint = Instant::now();
                 }
+                last_checkpoint = Instant::now();
             }
             cells.stepped(StepProgress {
                 steps: out.steps,
