@@ -283,6 +283,10 @@ impl TcpDriver {
         if let Some(t) = self.links.link(id) {
             self.ready.attached(id, t.stream.as_fd());
         }
+        if !self.ready.is_active() && self.links.len() >= READY_LIST_FROM {
+            let links = self.links.iter().map(|(c, t)| (c, t.stream.as_fd()));
+            self.ready.activate(links);
+        }
         id
     }
 

@@ -19,7 +19,9 @@
 //! Below [`READY_LIST_FROM`] connections the driver reads every socket and
 //! parks on every socket: with so few, the `epoll_wait` a pass adds saves
 //! at most a few reads, and a reactor with one connection (the benches'
-//! latency runs) would pay a system call a turn for nothing.
+//! latency runs) would pay a system call a turn for nothing. The sockets
+//! join the set only once the driver first has that many connections: a
+//! socket in an epoll set calls into the set at each of its wake-ups.
 
 use std::os::fd::{AsFd, BorrowedFd};
 
@@ -39,6 +41,9 @@ enum Entry {
     In,
     /// Attached but not in the set (adding it failed): read every pass.
     Missing,
+    /// Attached while the driver has too few connections to use the set:
+    /// added when it gets enough ([`Ready::activate`]).
+    Idle,
 }
 
 /// The epoll set of one driver and what its passes must read again.
@@ -48,8 +53,13 @@ pub(crate) struct Ready {
     /// socket.
     epoll: Option<Epoll>,
     entries: Vec<Entry>,
-    /// Attached connections not in the set.
+    /// Attached connections whose adding to the set failed.
     missing: usize,
+    /// The sockets go into the set: the driver reached [`READY_LIST_FROM`]
+    /// connections once. Until then none is in it, since a socket in an
+    /// epoll set costs its every wake-up a callback into the set, a price
+    /// a one-connection latency run would pay for nothing.
+    active: bool,
     /// Connections to read in the next pass whatever the set says.
     again: Vec<ConnId>,
     /// The last pass read every socket (or none was made yet): the next
@@ -68,6 +78,7 @@ impl Ready {
             epoll: Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).ok(),
             entries: Vec::new(),
             missing: 0,
+            active: false,
             again: Vec::new(),
             scanned: true,
             events: Vec::new(),
@@ -79,7 +90,23 @@ impl Ready {
     /// Whether a pass over `attached` connections reads only the sockets
     /// the set names.
     pub(crate) fn uses_set(&self, attached: usize) -> bool {
-        self.epoll.is_some() && self.missing == 0 && attached >= READY_LIST_FROM
+        self.active && self.epoll.is_some() && self.missing == 0 && attached >= READY_LIST_FROM
+    }
+
+    /// Whether the sockets are in the set (see [`Self::activate`]).
+    pub(crate) fn is_active(&self) -> bool {
+        self.active
+    }
+
+    /// Put every attached socket (`links`: each connection and its
+    /// socket) in the set, and every one attached from now on.
+    pub(crate) fn activate<'a>(&mut self, links: impl Iterator<Item = (ConnId, BorrowedFd<'a>)>) {
+        self.active = true;
+        for (conn, fd) in links {
+            if *self.entry_mut(conn) == Entry::Idle {
+                self.add(conn, fd);
+            }
+        }
     }
 
     fn entry_mut(&mut self, conn: ConnId) -> &mut Entry {
@@ -93,6 +120,14 @@ impl Ready {
 
     /// `conn` was attached with socket `fd`.
     pub(crate) fn attached(&mut self, conn: ConnId, fd: BorrowedFd<'_>) {
+        if self.active {
+            self.add(conn, fd);
+        } else {
+            *self.entry_mut(conn) = Entry::Idle;
+        }
+    }
+
+    fn add(&mut self, conn: ConnId, fd: BorrowedFd<'_>) {
         let added = self.epoll.as_ref().map(|ep| {
             ep.add(
                 fd,
@@ -126,7 +161,7 @@ impl Ready {
                 }
             }
             Entry::Missing => self.missing -= 1,
-            Entry::Out => {}
+            Entry::Out | Entry::Idle => {}
         }
         *self.entry_mut(conn) = Entry::Out;
         self.again.retain(|c| *c != conn);

@@ -18,24 +18,31 @@ const PASSES: usize = 20_000;
 
 /// A driver over `n` accepted connections and their raw peers.
 fn driver(n: usize) -> (TcpDriver, Vec<(ConnId, TcpStream)>) {
+    let (mut d, acceptor) = empty_driver();
+    let conns = (0..n).map(|_| connect(&mut d, &acceptor)).collect();
+    (d, conns)
+}
+
+/// A driver without connections, and an acceptor to give it some.
+fn empty_driver() -> (TcpDriver, TcpAcceptor) {
     let cfg = TcpConfig::default();
     let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
     let acceptor = TcpAcceptor::bind(addr, cfg).unwrap();
-    let mut d = TcpDriver::new(cfg).unwrap();
-    let mut conns = Vec::new();
-    for _ in 0..n {
-        let raw = TcpStream::connect(acceptor.local_addr().unwrap()).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let t = loop {
-            if let Some(t) = acceptor.poll_accept().unwrap() {
-                break t;
-            }
-            assert!(Instant::now() < deadline, "connection never accepted");
-            std::thread::yield_now();
-        };
-        conns.push((d.attach(t), raw));
-    }
-    (d, conns)
+    (TcpDriver::new(cfg).unwrap(), acceptor)
+}
+
+/// One more connection of `d`, and its raw peer.
+fn connect(d: &mut TcpDriver, acceptor: &TcpAcceptor) -> (ConnId, TcpStream) {
+    let raw = TcpStream::connect(acceptor.local_addr().unwrap()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let t = loop {
+        if let Some(t) = acceptor.poll_accept().unwrap() {
+            break t;
+        }
+        assert!(Instant::now() < deadline, "connection never accepted");
+        std::thread::yield_now();
+    };
+    (d.attach(t), raw)
 }
 
 fn frame(id: u64, body_len: usize) -> Vec<u8> {
@@ -184,4 +191,34 @@ fn few_connections_are_each_read_and_polled() {
     let (conn, raw) = &mut conns[0];
     raw.write_all(&frame(1, 8)).unwrap();
     assert_eq!(receive(&mut d, 64, 1), [*conn]);
+}
+
+#[test]
+fn input_from_before_the_set_takes_over_is_delivered_and_then_only_ready_sockets_are_read() {
+    let (mut d, acceptor) = empty_driver();
+    let mut conns: Vec<_> = (0..READY_LIST_FROM - 1)
+        .map(|_| connect(&mut d, &acceptor))
+        .collect();
+    d.rx_burst(Instant::now(), 64, &mut |_, _| {});
+    // Bytes wait in the kernel while the driver still reads every socket,
+    // then the connection that puts the sockets in the set comes.
+    let (early, raw) = &mut conns[0];
+    let early = *early;
+    raw.write_all(&frame(1, 8)).unwrap();
+    conns.push(connect(&mut d, &acceptor));
+    assert_eq!(receive(&mut d, 64, 1), [early]);
+    let mut fds = Vec::new();
+    d.wake_fds(&mut fds);
+    assert_eq!(fds.len(), 1, "a park polls the set");
+    let before = read_calls(&d);
+    let (late, raw) = &mut conns[READY_LIST_FROM - 1];
+    let late = *late;
+    raw.write_all(&frame(2, 8)).unwrap();
+    assert_eq!(receive(&mut d, 64, 1), [late]);
+    let after = read_calls(&d);
+    for (i, (b, a)) in before.iter().zip(&after).enumerate() {
+        if i != late.index() {
+            assert_eq!(a, b, "idle socket {i} was read");
+        }
+    }
 }
