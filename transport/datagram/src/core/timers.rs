@@ -27,7 +27,7 @@ impl ReliableCore {
 
     /// Run the timers at `now`: on a retransmission timeout the oldest
     /// unacknowledged packet is queued again and the timeout backs off;
-    /// after [`dead_after_timeouts`](crate::ReliableConfig::dead_after_timeouts)
+    /// after [`dead_after_timeouts`](ReliableConfig::dead_after_timeouts)
     /// consecutive timeouts without progress the connection fails.
     ///
     /// One packet, not the window: a timeout is as often a peer that was
