@@ -466,13 +466,7 @@ impl DatagramLink for DpdkLink {
                 let waiting = &mut inboxes[mine].1;
                 let n = max.min(waiting.len());
                 self.rx.extend(waiting.drain(..n));
-                if self.rx.len() < max && inboxes.len() == 1 {
-                    // The queue's only link: every packet is its own (for
-                    // its filter to judge); nothing to file.
-                    let room = (max - self.rx.len()) as u16;
-                    queue.rx_burst(&mut self.rx, room);
-                    self.stats.rx_bursts += 1;
-                } else if self.rx.len() < max {
+                if self.rx.len() < max {
                     queue.rx_burst(scratch, (max - self.rx.len()) as u16);
                     self.stats.rx_bursts += 1;
                     for m in scratch.drain(..) {

@@ -294,23 +294,20 @@ impl<L: DatagramLink> DatagramDriver<L> {
         self.len() == 0
     }
 
-    /// Report slot `index`'s connection if its core has failed and it was
-    /// not reported yet.
-    fn note_failure(
-        slot: &mut Slot,
-        index: usize,
-        failed: &mut VecDeque<(ConnId, TransportError)>,
-    ) {
-        // A lingering core belongs to no connection any more.
-        if slot.failure.is_some() || slot.lingering {
-            return;
-        }
-        if let Some(Err(e)) = slot.core.as_ref().map(ReliableCore::check) {
-            slot.failure = Some(match &e {
-                TransportError::Link(why) => why.clone(),
-                other => other.to_string(),
-            });
-            failed.push_back((ConnId::new(index as u32), e));
+    /// Report connections whose core failed since the last call.
+    fn take_failures(&mut self) {
+        for (i, slot) in self.slots.iter_mut().enumerate() {
+            // A lingering core belongs to no connection any more.
+            if slot.failure.is_some() || slot.lingering {
+                continue;
+            }
+            if let Some(Err(e)) = slot.core.as_ref().map(ReliableCore::check) {
+                slot.failure = Some(match &e {
+                    TransportError::Link(why) => why.clone(),
+                    other => other.to_string(),
+                });
+                self.failed.push_back((ConnId::new(i as u32), e));
+            }
         }
     }
 
@@ -394,10 +391,12 @@ impl<L: DatagramLink> Driver for DatagramDriver<L> {
             slots,
             stats,
             cfg,
-            failed,
             ..
         } = self;
         let mut delivered = 0;
+        // Only a packet handed to a core can fail it here (timers run in
+        // `flush`): a burst that handed none skips the failure scan.
+        let mut handled = false;
         // Frames reassembled earlier go first, keeping each connection's
         // order; the rest of the budget is for this burst.
         for (i, slot) in slots.iter_mut().enumerate() {
@@ -436,6 +435,7 @@ impl<L: DatagramLink> Driver for DatagramDriver<L> {
             };
             let id = ConnId::new(index as u32);
             let before = slot.budget;
+            handled = true;
             core.handle_parsed(
                 now,
                 &hdr,
@@ -444,11 +444,6 @@ impl<L: DatagramLink> Driver for DatagramDriver<L> {
                 &mut slot.budget,
             );
             delivered += before - slot.budget;
-            // Only a packet handed to a core can fail it here (timers run
-            // in `flush`): the core is checked right after, so the failure
-            // is reported when the burst returns, without a scan of every
-            // connection.
-            Self::note_failure(slot, index, failed);
         });
         // Frames the burst completed behind others that were waiting.
         for (i, slot) in self.slots.iter_mut().enumerate() {
@@ -460,8 +455,10 @@ impl<L: DatagramLink> Driver for DatagramDriver<L> {
             let id = ConnId::new(i as u32);
             delivered += core.deliver(budget, &mut |f: &[u8]| sink(id, f));
         }
-        if let Err(e) = burst {
-            self.fail_all(&e);
+        match burst {
+            Ok(_) if handled => self.take_failures(),
+            Ok(_) => {}
+            Err(e) => self.fail_all(&e),
         }
         delivered
     }
@@ -472,13 +469,10 @@ impl<L: DatagramLink> Driver for DatagramDriver<L> {
     fn flush(&mut self, now: Instant) -> bool {
         self.stats.flushes += 1;
         self.wind_down(now);
-        // A core fails in its timers (the peer unreachable) or on a packet
-        // (reported by `rx_burst`): one pass runs the timers and reports.
-        for (i, slot) in self.slots.iter_mut().enumerate() {
+        for slot in &mut self.slots {
             if let Some(core) = slot.live() {
                 core.handle_timeout(now);
             }
-            Self::note_failure(slot, i, &mut self.failed);
         }
         let n = self.slots.len();
         let mtu = self.link.mtu();
@@ -525,6 +519,7 @@ impl<L: DatagramLink> Driver for DatagramDriver<L> {
             }
             Err(e) => self.fail_all(&e),
         }
+        self.take_failures();
         written > 0
     }
 
