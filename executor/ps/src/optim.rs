@@ -1,6 +1,6 @@
-//! Optimizers: SGD, Adagrad, Adam, FTRL-Proximal ([`ftrl`]), DeepRec's
-//! AdagradDecay ([`adagrad_decay`]) and delay-compensated ASGD
-//! ([`dc_asgd`]), one update rule used by both the dense variables and the
+//! Optimizers: SGD, Adagrad, Adam, FTRL-Proximal (`optim/ftrl.rs`), DeepRec's
+//! AdagradDecay (`optim/adagrad_decay.rs`) and delay-compensated ASGD
+//! (`optim/dc_asgd.rs`), one update rule used by both the dense variables and the
 //! sparse (row-wise) embedding updates.
 //!
 //! Sparse variants update only the rows a push touches; duplicate keys of a
@@ -27,11 +27,11 @@ pub enum OptimizerKind {
     Adagrad,
     /// Adam with bias correction.
     Adam,
-    /// FTRL-Proximal (see [`ftrl`]).
+    /// FTRL-Proximal (its rule and source: `optim/ftrl.rs`).
     Ftrl,
-    /// Adagrad with a decaying accumulator (see [`adagrad_decay`]).
+    /// Adagrad with a decaying accumulator (`optim/adagrad_decay.rs`).
     AdagradDecay,
-    /// Adagrad on delay-compensated gradients (see [`dc_asgd`]).
+    /// Adagrad on delay-compensated gradients (`optim/dc_asgd.rs`).
     DcAsgd,
 }
 
