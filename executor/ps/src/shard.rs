@@ -797,11 +797,13 @@ impl PsShard {
                     let in_order = rec
                         .as_deref()
                         .map_or(true, |r| same_keys(keys, r.var(i as u32)));
-                    if in_order && self.items_of[i] == 1 && t.prepare_direct(keys, step) {
-                        if direct_non_finite.is_none() && !grads.all_finite() {
-                            direct_non_finite = Some(var);
+                    if in_order && self.items_of[i] == 1 {
+                        if let Some(finite) = t.prepare_direct(keys, grads, step) {
+                            if !finite && direct_non_finite.is_none() {
+                                direct_non_finite = Some(var);
+                            }
+                            continue;
                         }
-                        continue;
                     }
                     let dim = dim as usize;
                     for (j, k) in keys.iter().enumerate() {

@@ -9,10 +9,10 @@
 //! probes of independent keys showed in the profile as loads waiting on
 //! memory one after the other.
 //!
-//! Linear probing over a power-of-two array of `(key, Slot)` entries, at
-//! most half full; an entry whose `Slot::index` is [`NO_ROW`] is empty
-//! (`NO_ROW` is never a row index). The hash is FxHash, as for the
-//! table's other maps: keys are already well-mixed feature hashes.
+//! Linear probing over a power-of-two array of [`Entry`]s, at most half
+//! full; an entry whose `Slot::index` is [`NO_ROW`] is empty (`NO_ROW` is
+//! never a row index). The hash is FxHash, as for the table's other maps:
+//! keys are already well-mixed feature hashes.
 
 use std::hash::BuildHasher;
 
@@ -21,15 +21,28 @@ use rustc_hash::FxBuildHasher;
 use super::{Slot, NO_ROW};
 use crate::prefetch;
 
+/// A key and its slot: 32 bytes, aligned to 32 so that no entry straddles
+/// two cache lines. A probe is one cache miss, on the line
+/// [`KeyMap::prefetch`] asked for; the array's allocation (glibc's
+/// `malloc` puts a large block 16 bytes past a page boundary) would
+/// otherwise split every other entry across two lines, the second not
+/// prefetched.
+#[derive(Debug, Clone, Copy)]
+#[repr(C, align(32))]
+struct Entry {
+    key: u64,
+    slot: Slot,
+}
+
 /// The entry of an empty position.
-const EMPTY: (u64, Slot) = (
-    0,
-    Slot {
+const EMPTY: Entry = Entry {
+    key: 0,
+    slot: Slot {
         index: NO_ROW,
         last_access: 0,
         updates: 0,
     },
-);
+};
 
 /// Fewest entries of a map that holds anything.
 const MIN_ENTRIES: usize = 16;
@@ -47,7 +60,7 @@ pub(crate) enum Found {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct KeyMap {
     /// A power of two long (or empty); at most half full.
-    entries: Vec<(u64, Slot)>,
+    entries: Vec<Entry>,
     len: usize,
 }
 
@@ -90,11 +103,11 @@ impl KeyMap {
         let mut i = self.home(key);
         // At most half full: the probe meets an empty entry.
         loop {
-            let (k, s) = &self.entries[i];
-            if s.index == NO_ROW {
+            let e = &self.entries[i];
+            if e.slot.index == NO_ROW {
                 return Some(Found::Vacant(i));
             }
-            if *k == key {
+            if e.key == key {
                 return Some(Found::At(i));
             }
             i = (i + 1) & mask;
@@ -103,13 +116,13 @@ impl KeyMap {
 
     /// The slot at position `at` (a [`Found::At`]).
     pub(crate) fn slot_mut(&mut self, at: usize) -> &mut Slot {
-        &mut self.entries[at].1
+        &mut self.entries[at].slot
     }
 
     /// The slot of `key`.
     pub(crate) fn get(&self, key: u64) -> Option<&Slot> {
         match self.find(key)? {
-            Found::At(i) => Some(&self.entries[i].1),
+            Found::At(i) => Some(&self.entries[i].slot),
             Found::Vacant(_) => None,
         }
     }
@@ -117,7 +130,7 @@ impl KeyMap {
     /// The slot of `key`, to change.
     pub(crate) fn get_mut(&mut self, key: u64) -> Option<&mut Slot> {
         match self.find(key)? {
-            Found::At(i) => Some(&mut self.entries[i].1),
+            Found::At(i) => Some(&mut self.entries[i].slot),
             Found::Vacant(_) => None,
         }
     }
@@ -139,7 +152,7 @@ impl KeyMap {
         }
         match found {
             Some(Found::Vacant(i)) => {
-                self.entries[i] = (key, slot);
+                self.entries[i] = Entry { key, slot };
                 self.len += 1;
             }
             _ => self.insert_new(key, slot),
@@ -150,10 +163,10 @@ impl KeyMap {
     fn insert_new(&mut self, key: u64, slot: Slot) {
         let mask = self.mask();
         let mut i = self.home(key);
-        while self.entries[i].1.index != NO_ROW {
+        while self.entries[i].slot.index != NO_ROW {
             i = (i + 1) & mask;
         }
-        self.entries[i] = (key, slot);
+        self.entries[i] = Entry { key, slot };
         self.len += 1;
     }
 
@@ -179,9 +192,9 @@ impl KeyMap {
     fn rebuild(&mut self, size: usize, mut keep: impl FnMut(&Slot) -> bool) {
         let old = std::mem::replace(&mut self.entries, vec![EMPTY; size]);
         self.len = 0;
-        for (k, s) in old {
-            if s.index != NO_ROW && keep(&s) {
-                self.insert_new(k, s);
+        for e in old {
+            if e.slot.index != NO_ROW && keep(&e.slot) {
+                self.insert_new(e.key, e.slot);
             }
         }
     }
@@ -190,16 +203,16 @@ impl KeyMap {
     pub(crate) fn keys(&self) -> impl Iterator<Item = u64> + '_ {
         self.entries
             .iter()
-            .filter(|(_, s)| s.index != NO_ROW)
-            .map(|&(k, _)| k)
+            .filter(|e| e.slot.index != NO_ROW)
+            .map(|e| e.key)
     }
 
     /// Keep the slots `keep` is true for (called once per slot).
     pub(crate) fn retain(&mut self, mut keep: impl FnMut(&Slot) -> bool) {
         let mut verdicts = Vec::with_capacity(self.len);
-        for (_, s) in &self.entries {
-            if s.index != NO_ROW {
-                verdicts.push(keep(s));
+        for e in &self.entries {
+            if e.slot.index != NO_ROW {
+                verdicts.push(keep(&e.slot));
             }
         }
         if verdicts.iter().all(|&k| k) {
@@ -269,6 +282,14 @@ mod tests {
         );
         m.get_mut(keys[1]).expect("kept").updates = 9;
         assert_eq!(m.get(keys[1]).map(|s| s.updates), Some(9));
+    }
+
+    #[test]
+    fn no_entry_straddles_two_cache_lines() {
+        assert_eq!(std::mem::size_of::<Entry>(), 32);
+        let mut m = KeyMap::default();
+        m.reserve(100_000);
+        assert_eq!(m.entries.as_ptr() as usize % 32, 0);
     }
 
     #[test]

@@ -435,9 +435,24 @@ impl EmbeddingTable {
     /// request's other items have pushed this one's out of the cache.
     /// The weights change only in [`Self::push_rows_direct`];
     /// [`Self::discard_accumulated`] gives the counts back. When it
-    /// cannot, nothing changes.
-    pub(crate) fn prepare_direct(&mut self, keys: U64s<'_>, step: u64) -> bool {
+    /// cannot, nothing changes: `None`.
+    ///
+    /// `grads` are the item's gradients (one row of `dim` floats per
+    /// key): when it can, the answer is whether they are all finite, each
+    /// row checked in the loop that probes its key. That loop mostly waits
+    /// on the probes' cache misses, so the check costs little there,
+    /// where a pass of its own read the whole item once more.
+    pub(crate) fn prepare_direct(
+        &mut self,
+        keys: U64s<'_>,
+        grads: F32s<'_>,
+        step: u64,
+    ) -> Option<bool> {
         debug_assert!(!self.has_accumulated());
+        debug_assert_eq!(keys.len() * self.dim, grads.len());
+        let dim = self.dim;
+        let in_place = in_place_f32s(grads);
+        let mut finite = true;
         let mut targets = std::mem::take(&mut self.scratch.targets);
         let mut undo = std::mem::take(&mut self.scratch.direct_undo);
         targets.clear();
@@ -461,7 +476,12 @@ impl EmbeddingTable {
             undo.push((k, s.last_access));
             s.updates += 1;
             s.last_access = s.last_access.max(step);
+            let j = targets.len();
             targets.push((s.index, s.updates));
+            finite &= match in_place.and_then(|all| all.get(j * dim..(j + 1) * dim)) {
+                Some(row) => crate::shard::all_finite(row),
+                None => grads.slice(j * dim, (j + 1) * dim).all_finite(),
+            };
         }
         for &(index, _) in &targets {
             marks[(index / 64) as usize] = 0;
@@ -472,7 +492,7 @@ impl EmbeddingTable {
             self.undo_direct();
         }
         self.scratch.direct_ready = direct;
-        direct
+        direct.then_some(finite)
     }
 
     /// Give back the update counts and access steps `prepare_direct`
@@ -516,13 +536,20 @@ impl EmbeddingTable {
         debug_assert_eq!(targets.len() * dim, grads.len());
         let mut g = std::mem::take(&mut self.scratch.grad_row);
         g.resize(dim, 0.0);
+        let in_place = in_place_f32s(grads);
         let stride = self.rows.arena.stride;
         for (j, &(index, t)) in targets.iter().enumerate() {
             let ahead = targets.get(j + prefetch::DISTANCE).map(|&(ahead, _)| ahead);
             self.rows.arena.prefetch(ahead, stride);
-            grads.slice(j * dim, (j + 1) * dim).copy_to(&mut g);
+            let grad = match in_place.and_then(|all| all.get(j * dim..(j + 1) * dim)) {
+                Some(row) => row,
+                None => {
+                    grads.slice(j * dim, (j + 1) * dim).copy_to(&mut g);
+                    &g[..]
+                }
+            };
             let (w, slots) = self.rows.arena.row_mut(index).split_at_mut(dim);
-            apply(&self.opt, w, slots, &g, j, t);
+            apply(&self.opt, w, slots, grad, j, t);
         }
         self.scratch.grad_row = g;
         self.scratch.targets = targets;
@@ -603,6 +630,17 @@ impl EmbeddingTable {
             .retain(|_, p| global_step.saturating_sub(p.last_seen) < ttl);
         self.stats.evicted += n as u64;
         n
+    }
+}
+
+/// The floats of `v` read where they are, without decoding a copy: on a
+/// little-endian target, bytes at a 4-aligned address are the `f32`s
+/// themselves. `None` elsewhere (the caller decodes).
+fn in_place_f32s<'a>(v: F32s<'a>) -> Option<&'a [f32]> {
+    if cfg!(target_endian = "little") {
+        bytemuck::try_cast_slice(v.as_bytes()).ok()
+    } else {
+        None
     }
 }
 
@@ -968,6 +1006,75 @@ mod tests {
             assert_eq!(t.get(k).unwrap(), &want[..], "key {k}");
         }
         assert!(t.get(3).is_none());
+    }
+
+    #[test]
+    fn a_direct_push_reads_gradients_in_place_or_decoded_alike() {
+        // The same push from a 4-aligned buffer (read in place) and from
+        // one a byte off (decoded row by row) changes the rows alike.
+        let keys: Vec<u64> = (1..=20).collect();
+        let key_bytes: Vec<u8> = keys.iter().flat_map(|k| k.to_le_bytes()).collect();
+        let floats: Vec<f32> = (0..keys.len() * 4)
+            .map(|i| (i % 7) as f32 * 0.25 - 0.5)
+            .collect();
+        let grads: Vec<u8> = floats.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let mut shifted = vec![0u8; grads.len() + 1];
+        shifted[1..].copy_from_slice(&grads);
+        // A 4-aligned view of the same bytes on a little-endian target.
+        let grads: &[u8] = if cfg!(target_endian = "little") {
+            bytemuck::cast_slice(&floats)
+        } else {
+            &grads
+        };
+        let mut tables = [table(0, 0, 16), table(0, 0, 16)];
+        for t in &mut tables {
+            t.opt = OptimizerConfig::adagrad(0.5);
+            t.rows = Rows::with_capacity(4 * 2, 0);
+            for &k in &keys {
+                t.pull(k, 0).expect("room");
+            }
+        }
+        let aligned = F32s::new(grads).unwrap();
+        let offset = F32s::new(&shifted[1..]).unwrap();
+        assert!(in_place_f32s(offset).is_none());
+        assert_eq!(
+            in_place_f32s(aligned).is_some(),
+            cfg!(target_endian = "little")
+        );
+        for (t, g) in tables.iter_mut().zip([aligned, offset]) {
+            for step in 0..2 {
+                let keys = U64s::new(&key_bytes).unwrap();
+                assert_eq!(t.prepare_direct(keys, g, step), Some(true));
+                t.push_rows_direct(g, step);
+            }
+        }
+        // A non-finite row is reported, read in place or decoded; the
+        // counts taken go back.
+        let mut bad = floats.clone();
+        bad[13 * 4 + 2] = f32::NAN;
+        let bad_bytes: Vec<u8> = bad.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let mut bad_shifted = vec![0u8; bad_bytes.len() + 1];
+        bad_shifted[1..].copy_from_slice(&bad_bytes);
+        let bad_aligned: &[u8] = if cfg!(target_endian = "little") {
+            bytemuck::cast_slice(&bad)
+        } else {
+            &bad_bytes
+        };
+        for (t, g) in tables.iter_mut().zip([bad_aligned, &bad_shifted[1..]]) {
+            let keys = U64s::new(&key_bytes).unwrap();
+            let g = F32s::new(g).unwrap();
+            assert_eq!(t.prepare_direct(keys, g, 2), Some(false));
+            t.discard_accumulated();
+            assert_eq!(t.rows.get(14).map(|(s, _)| s.updates), Some(2));
+        }
+        for &k in &keys {
+            let bits = |t: &EmbeddingTable| -> Vec<u32> {
+                let (_, row) = t.rows.get(k).expect("row");
+                row.iter().map(|x| x.to_bits()).collect()
+            };
+            assert_eq!(bits(&tables[0]), bits(&tables[1]), "key {k}");
+            assert_ne!(tables[0].get(k), Some(&[0.0; 4][..]));
+        }
     }
 
     #[test]
