@@ -555,7 +555,8 @@ fn dpdk_fast_endpoint(_a: &TrainArgs, _fast: &starwire_config::HostPort) -> Resu
 }
 
 pub fn main(a: TrainArgs) -> Result<(), Failure> {
-    let cfg = prepare(&a, a.ps, a.workers)?;
+    let mut cfg = prepare(&a, a.ps, a.workers)?;
+    starwire_train::cluster::fit_local_host(&mut cfg).map_err(train_failure)?;
     let _dpdk = dpdk_setup(&a);
     tracing::info!(
         target: "status",

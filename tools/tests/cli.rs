@@ -580,15 +580,38 @@ fn train_json_contract_and_flags() {
     assert_eq!(v["worker_handoff"], false);
     assert_eq!(v["samples"].as_u64(), Some(8192));
     assert!(num(&v, "auc") > 0.5);
-    // Defaults: min(8, 2 workers) PS reactors and one network thread per
-    // worker, none pinned, none polling.
-    let want: Vec<Value> = [("ps", 0), ("ps", 1), ("worker", 0), ("worker", 1)]
-        .iter()
-        .map(|&(role, index)| {
+    // Defaults: min(8, 2 workers, usable CPUs) PS reactors and one network
+    // thread per worker, none pinned, none polling.
+    let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let ps = (0..2.min(ncpu)).map(|i| ("ps", i));
+    let want: Vec<Value> = ps
+        .chain([("worker", 0), ("worker", 1)])
+        .map(|(role, index)| {
             serde_json::json!({"role": role, "index": index, "cpu": null, "polling": false})
         })
         .collect();
     assert_eq!(v["reactors"], Value::Array(want), "{v}");
+}
+
+/// The local cluster cuts NETWORK_PS_CORE_NUMBER's default, min(8,
+/// workers), down to the usable CPUs; a value given is kept.
+#[test]
+fn train_fits_the_default_ps_reactors_to_the_cpus() {
+    let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let shards = |env: &[(&str, &str)]| {
+        let args = [
+            &["train", "--json", "--quiet", "--workers", "4"],
+            TINY_TRAIN,
+        ]
+        .concat();
+        let out = run_with(&args, &net_env(env));
+        assert!(out.status.success(), "{env:?}: {}", text(&out.stderr));
+        let v: Value = serde_json::from_str(text(&out.stdout).lines().last().unwrap()).unwrap();
+        assert!(num(&v, "auc") > 0.5, "{v}");
+        v["shards"].as_u64().expect("shards")
+    };
+    assert_eq!(shards(&[]), 4.min(ncpu) as u64);
+    assert_eq!(shards(&[("NETWORK_PS_CORE_NUMBER", "4")]), 4);
 }
 
 /// Every network variable, so the runner's environment does not leak in.
@@ -624,6 +647,7 @@ fn train_worker_handoff_lists_the_network_reactors() {
     let env = net_env(&[
         ("WORKER_DISABLE_PIN_CORES", "false"),
         ("NETWORK_WORKER_CORE_NUMBER", "2"),
+        ("NETWORK_PS_CORE_NUMBER", "2"),
     ]);
     let args = [&["train", "--json", "--worker-handoff", "on"], TINY_TRAIN].concat();
     let out = run_with(&args, &env);

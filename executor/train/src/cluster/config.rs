@@ -140,6 +140,9 @@ pub struct TrainConfig {
     pub ps_polling: bool,
     /// Reactors (shards) per PS task (`NETWORK_PS_CORE_NUMBER`).
     pub ps_reactors: usize,
+    /// `ps_reactors` is the variable's default, which the local cluster
+    /// cuts down to the host's CPUs ([`fit_local_host`](super::fit_local_host)).
+    pub ps_reactors_fit_host: bool,
     /// Workers hand their requests to network reactors through the M:N
     /// queue (`--worker-handoff on`) instead of turning their connections
     /// on the worker thread.
@@ -208,6 +211,7 @@ impl Default for TrainConfig {
             worker_polling: false,
             ps_polling: false,
             ps_reactors: 1,
+            ps_reactors_fit_host: false,
             worker_handoff: false,
             worker_reactors: 1,
             pin_ps: false,

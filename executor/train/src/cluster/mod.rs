@@ -5,12 +5,14 @@
 //! each variable (`plan.rs`), where the reactors run (`reactors.rs`), the
 //! pieces of the PS and worker roles (`roles.rs`), how much of the data
 //! each worker trains (`shares.rs`), the turns of `--bounded-delay`
-//! (`delay.rs`) and the report (`report.rs`).
+//! (`delay.rs`), the local cluster's shape on its host (`host.rs`) and the
+//! report (`report.rs`).
 
 mod config;
 mod delay;
 mod failover;
 mod guard;
+mod host;
 mod listen;
 pub(crate) mod periodic;
 mod plan;
@@ -28,6 +30,7 @@ pub use guard::{
     check_listen, training_flags, Guard, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_IDLE_TIMEOUT,
     DEFAULT_MEMORY_BUDGET_MB,
 };
+pub use host::fit_local_host;
 pub use plan::{plan, shard_threshold, Plan, ASSIGNMENT_SAMPLE};
 pub use reactors::{
     summary, PinnedThread, ProcessReactors, ReactorLayout, ReactorReport, OVERSUBSCRIBED_IDLE_POLL,

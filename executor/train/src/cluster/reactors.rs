@@ -15,7 +15,7 @@ use std::ops::Range;
 use std::time::Duration;
 
 use serde::{Serialize, Serializer};
-use starwire_config::{Role, Settings};
+use starwire_config::{Role, Settings, Source};
 use starwire_placement::{
     current_thread_affinity, pin_current_thread, plan, set_current_thread_affinity, CpuId, CpuSet,
     Placement, PlanWarning, ReactorMode, Topology,
@@ -41,6 +41,7 @@ impl TrainConfig {
         self.ps_polling = s.ps.polling.value;
         self.worker_polling = s.worker.polling.value;
         self.ps_reactors = s.ps.cores.value;
+        self.ps_reactors_fit_host = s.ps.cores.source == Source::Default;
         self.worker_reactors = s.worker.cores.value;
         self.pin_ps = s.ps.pin_cores.value;
         self.pin_workers = s.worker.pin_cores.value;
@@ -517,12 +518,17 @@ mod tests {
             "WORKER_DISABLE_PIN_CORES defaults to true"
         );
         assert_eq!(cfg.ps_reactors, 3);
+        assert!(
+            !cfg.ps_reactors_fit_host,
+            "a given value is the cluster's shape"
+        );
         assert_eq!(cfg.idle_poll_us, 20);
         // min(2, 1 PS task) network reactors per worker.
         assert_eq!(cfg.worker_reactors, 1);
         // Defaults: min(8, 2 workers) PS reactors, nothing polls or pins.
         let cfg = local(&[]);
         assert_eq!(cfg.ps_reactors, 2);
+        assert!(cfg.ps_reactors_fit_host);
         assert!(!cfg.ps_polling && !cfg.worker_polling && !cfg.pin_ps && !cfg.pin_workers);
         // A flag wins over the environment.
         let mut o = Overrides::default();
