@@ -451,7 +451,7 @@ impl EmbeddingTable {
         debug_assert!(!self.has_accumulated());
         debug_assert_eq!(keys.len() * self.dim, grads.len());
         let dim = self.dim;
-        let in_place = in_place_f32s(grads);
+        let in_place = grads.try_as_slice();
         let mut finite = true;
         let mut targets = std::mem::take(&mut self.scratch.targets);
         let mut undo = std::mem::take(&mut self.scratch.direct_undo);
@@ -536,7 +536,7 @@ impl EmbeddingTable {
         debug_assert_eq!(targets.len() * dim, grads.len());
         let mut g = std::mem::take(&mut self.scratch.grad_row);
         g.resize(dim, 0.0);
-        let in_place = in_place_f32s(grads);
+        let in_place = grads.try_as_slice();
         let stride = self.rows.arena.stride;
         for (j, &(index, t)) in targets.iter().enumerate() {
             let ahead = targets.get(j + prefetch::DISTANCE).map(|&(ahead, _)| ahead);
@@ -630,17 +630,6 @@ impl EmbeddingTable {
             .retain(|_, p| global_step.saturating_sub(p.last_seen) < ttl);
         self.stats.evicted += n as u64;
         n
-    }
-}
-
-/// The floats of `v` read where they are, without decoding a copy: on a
-/// little-endian target, bytes at a 4-aligned address are the `f32`s
-/// themselves. `None` elsewhere (the caller decodes).
-fn in_place_f32s<'a>(v: F32s<'a>) -> Option<&'a [f32]> {
-    if cfg!(target_endian = "little") {
-        bytemuck::try_cast_slice(v.as_bytes()).ok()
-    } else {
-        None
     }
 }
 
@@ -1036,9 +1025,9 @@ mod tests {
         }
         let aligned = F32s::new(grads).unwrap();
         let offset = F32s::new(&shifted[1..]).unwrap();
-        assert!(in_place_f32s(offset).is_none());
+        assert!(offset.try_as_slice().is_none());
         assert_eq!(
-            in_place_f32s(aligned).is_some(),
+            aligned.try_as_slice().is_some(),
             cfg!(target_endian = "little")
         );
         for (t, g) in tables.iter_mut().zip([aligned, offset]) {

@@ -212,7 +212,17 @@ le_array!(
     F32s, f32, 4
 );
 
-impl F32s<'_> {
+impl<'a> F32s<'a> {
+    /// The elements as `&[f32]` where they are, without decoding a copy:
+    /// `None` when the bytes are not 4-aligned in memory, or on a
+    /// big-endian host, where the little-endian bytes are not native
+    /// `f32`s (decode with [`copy_to`](Self::copy_to) there).
+    pub fn try_as_slice(&self) -> Option<&'a [f32]> {
+        if cfg!(target_endian = "big") {
+            return None;
+        }
+        bytemuck::try_cast_slice(self.0).ok()
+    }
     /// Overwrite `out` with the first `out.len()` elements (whole-slice
     /// decode, no per-element bounds check). Elements missing from a short
     /// view leave the rest of `out` unchanged.
