@@ -737,8 +737,15 @@ impl PsShard {
     ) -> Result<(), PsError> {
         let view = PushRequest::parse(req, &self.cfg.limits)?;
         self.items_of.iter_mut().for_each(|n| *n = 0);
+        // Each variable once, however many items name it (a gathered
+        // `--sync` step has one per worker): the finiteness check and the
+        // update below run once per variable.
+        self.touched.clear();
         for item in view.items() {
             if let Some(&i) = self.index.get(&item.var()) {
+                if self.items_of[i] == 0 {
+                    self.touched.push(i);
+                }
                 self.items_of[i] += 1;
             }
             match item {
@@ -763,16 +770,16 @@ impl PsShard {
             }
         }
         let step = self.global_step;
-        self.touched.clear();
         // The first variable whose gradients, applied straight from the
         // request below, are not finite.
         let mut direct_non_finite = None;
+        // Some table's item is applied straight from the request.
+        let mut any_direct = false;
         for item in view.items() {
             let var = item.var();
             let Some(&i) = self.index.get(&var) else {
                 continue;
             };
-            self.touched.push(i);
             match (item, &mut self.vars[i]) {
                 (PushItem::Dense { grad, .. }, Var::Dense(d)) => {
                     if !d.touched {
@@ -799,6 +806,7 @@ impl PsShard {
                         .map_or(true, |r| same_keys(keys, r.var(i as u32)));
                     if in_order && self.items_of[i] == 1 {
                         if let Some(finite) = t.prepare_direct(keys, grads, step) {
+                            any_direct = true;
                             if !finite && direct_non_finite.is_none() {
                                 direct_non_finite = Some(var);
                             }
@@ -870,18 +878,22 @@ impl PsShard {
                 _ => {}
             }
         }
-        for item in view.items() {
-            let PushItem::Rows { var, grads, .. } = item else {
-                continue;
-            };
-            match self.index.get(&var).map(|&i| (i, &mut self.vars[i])) {
-                Some((i, Var::Table(t))) if self.items_of[i] == 1 => {
-                    match rec.as_deref().and_then(|r| r.var(i as u32)) {
-                        Some(pulled) => t.push_rows_direct_stale(grads, step, pulled),
-                        None => t.push_rows_direct(grads, step),
+        // Walked again only for those items: the request of a gathered
+        // step, whose tables have many items each, is not read a third time.
+        if any_direct {
+            for item in view.items() {
+                let PushItem::Rows { var, grads, .. } = item else {
+                    continue;
+                };
+                match self.index.get(&var).map(|&i| (i, &mut self.vars[i])) {
+                    Some((i, Var::Table(t))) if self.items_of[i] == 1 => {
+                        match rec.as_deref().and_then(|r| r.var(i as u32)) {
+                            Some(pulled) => t.push_rows_direct_stale(grads, step, pulled),
+                            None => t.push_rows_direct(grads, step),
+                        }
                     }
+                    _ => {}
                 }
-                _ => {}
             }
         }
         if view.completes_step {
@@ -909,5 +921,93 @@ fn check_worker(worker: Option<u32>) -> Result<(), PsError> {
     match worker {
         Some(w) if w > MAX_WORKER_INDEX => Err(PsError::WorkerIndex(w)),
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::var::Init;
+    use starwire_wire::ps::{PullRequestWriter, PushRequestWriter};
+
+    const EMB: u32 = 1;
+    const W: u32 = 2;
+
+    fn shard() -> PsShard {
+        let vars = [
+            VarDef {
+                id: W,
+                name: "w".into(),
+                kind: VarKind::Dense { shape: vec![2] },
+                init: Init::Zeros,
+            },
+            VarDef {
+                id: EMB,
+                name: "emb".into(),
+                kind: VarKind::Embedding { dim: 2 },
+                init: Init::Zeros,
+            },
+        ];
+        let cfg = ShardConfig {
+            optimizer: OptimizerConfig::sgd(1.0),
+            ..ShardConfig::default()
+        };
+        PsShard::new(0, &vars, cfg)
+    }
+
+    /// Pull `keys` of the table, which creates their rows.
+    fn pull_rows(s: &mut PsShard, keys: &[u64]) {
+        let mut req = Vec::new();
+        PullRequestWriter::new(&mut req).rows(EMB, keys);
+        s.handle_pull(&req, &mut Vec::new()).unwrap();
+    }
+
+    /// A push with several items per variable, as a gathered `--sync`
+    /// step has one per worker, touches each variable once, in the order
+    /// of its first item, and sums the items before the update.
+    #[test]
+    fn a_push_of_many_items_per_variable_touches_each_variable_once() {
+        let mut s = shard();
+        let mut out = Vec::new();
+        let mut req = Vec::new();
+        pull_rows(&mut s, &[7, 8]);
+        let mut w = PushRequestWriter::new(&mut req, true);
+        for worker in 0..6 {
+            let g = worker as f32;
+            w.rows(EMB, 2, &[7, 8], &[g, g, 1.0, 1.0])
+                .dense(W, &[g, 2.0]);
+        }
+        s.handle_push(&req, &mut out).unwrap();
+        let (emb, w) = (s.index[&EMB], s.index[&W]);
+        assert_eq!(s.touched, [emb, w]);
+        // SGD at lr 1 on the sums: 0 + 1 + ... + 5 = 15, and 6 × 1, 6 × 2.
+        assert_eq!(s.table(EMB).unwrap().get(7).unwrap(), &[-15.0, -15.0]);
+        assert_eq!(s.table(EMB).unwrap().get(8).unwrap(), &[-6.0, -6.0]);
+        assert_eq!(s.dense(W).unwrap().values(), &[-15.0, -12.0]);
+    }
+
+    /// A non-finite gradient in a later item of a variable refuses the
+    /// whole push, naming that variable, and changes nothing.
+    #[test]
+    fn a_non_finite_later_item_refuses_the_push() {
+        let mut s = shard();
+        let mut out = Vec::new();
+        let mut req = Vec::new();
+        pull_rows(&mut s, &[7]);
+        let mut w = PushRequestWriter::new(&mut req, true);
+        w.dense(W, &[1.0, 1.0]).rows(EMB, 2, &[7], &[1.0, 1.0]);
+        w.dense(W, &[1.0, 1.0]).rows(EMB, 2, &[7], &[f32::NAN, 1.0]);
+        assert!(matches!(
+            s.handle_push(&req, &mut out),
+            Err(PsError::NonFinite { var: EMB })
+        ));
+        assert_eq!(s.table(EMB).unwrap().get(7).unwrap(), &[0.0, 0.0]);
+        assert_eq!(s.dense(W).unwrap().values(), &[0.0, 0.0]);
+        assert_eq!(s.global_step(), 0);
+        // The next push is applied as usual.
+        req.clear();
+        PushRequestWriter::new(&mut req, true).rows(EMB, 2, &[7], &[1.0, 1.0]);
+        s.handle_push(&req, &mut out).unwrap();
+        assert_eq!(s.table(EMB).unwrap().get(7).unwrap(), &[-1.0, -1.0]);
     }
 }
