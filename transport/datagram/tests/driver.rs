@@ -247,26 +247,34 @@ fn a_full_transmit_ring_carries_the_rest_to_the_next_flush() {
     assert!(got.iter().all(|&g| g == 4));
 }
 
+/// Queue on `a`'s link a packet of sequence 0 from connection `src` to
+/// `dst`, whatever the connections' state.
+fn inject(a: &mut Dgram, flags: PacketFlags, dst: u32, src: u32, payload: &[u8]) {
+    let hdr = PacketHeader {
+        flags,
+        dst_conn: dst,
+        src_conn: src,
+        seq: 0,
+        ack: 0,
+        sack: 0,
+        payload_len: 0,
+    };
+    let buf = a
+        .link_mut()
+        .tx_alloc(PACKET_HEADER_LEN + payload.len())
+        .unwrap();
+    let len = hdr.encode(payload, buf);
+    a.link_mut().tx_commit(len).unwrap();
+}
+
 #[test]
 fn unknown_and_foreign_packets_are_counted_and_dropped() {
     let (mut a, _, mut b, b_ids) = pair(2, LossConfig::lossless(1500), 3);
     let now = Instant::now();
-    let mut send = |dst: u32, src: u32| {
-        let hdr = PacketHeader {
-            flags: PacketFlags::DATA
-                .with(PacketFlags::FIRST)
-                .with(PacketFlags::LAST),
-            dst_conn: dst,
-            src_conn: src,
-            seq: 0,
-            ack: 0,
-            sack: 0,
-            payload_len: 0,
-        };
-        let buf = a.link_mut().tx_alloc(PACKET_HEADER_LEN + 4).unwrap();
-        let len = hdr.encode(b"evil", buf);
-        a.link_mut().tx_commit(len).unwrap();
-    };
+    let whole = PacketFlags::DATA
+        .with(PacketFlags::FIRST)
+        .with(PacketFlags::LAST);
+    let mut send = |dst: u32, src: u32| inject(&mut a, whole, dst, src, b"evil");
     let b0 = b.local_id(b_ids[0]).unwrap();
     // An id no slot has, the right slot with another generation, and the
     // right id from the wrong peer connection.
@@ -285,6 +293,29 @@ fn unknown_and_foreign_packets_are_counted_and_dropped() {
     assert_eq!(st.dropped_malformed, 1);
     assert_eq!(b.core(b_ids[0]).unwrap().stats().dropped_foreign, 1);
     assert!(b.poll_failure().is_none());
+}
+
+#[test]
+fn a_protocol_violation_is_reported_when_the_receive_pass_returns() {
+    let (mut a, _, mut b, b_ids) = pair(3, LossConfig::lossless(1500), 4);
+    let now = Instant::now();
+    // A continuation fragment outside a frame, on connection 1.
+    let dst = b.local_id(b_ids[1]).unwrap();
+    let src = b.core(b_ids[1]).unwrap().ids().peer;
+    inject(&mut a, PacketFlags::DATA, dst, src, b"half");
+    a.link_mut().tx_burst_flush(now).unwrap();
+    assert_eq!(b.rx_burst(now, 8, &mut |_, _| panic!("no frame")), 0);
+    // No flush in between: the receive pass itself reported it.
+    let (c, e) = b.poll_failure().expect("connection 1 failed");
+    assert_eq!(c, b_ids[1]);
+    assert!(e.to_string().contains("protocol violation"), "{e}");
+    assert!(b.poll_failure().is_none(), "alone");
+    // Reported once: neither the next pass nor a flush reports it again.
+    b.rx_burst(now, 8, &mut |_, _| {});
+    b.flush(now);
+    assert!(b.poll_failure().is_none(), "once");
+    assert!(b.tx_reserve(b_ids[1], 1).is_err());
+    assert!(b.tx_reserve(b_ids[0], 1).is_ok());
 }
 
 #[test]

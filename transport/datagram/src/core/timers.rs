@@ -30,7 +30,7 @@ impl ReliableCore {
     /// unacknowledged packets the peer can report on (the oldest
     /// unacknowledged one and the selective-ack range after it) are queued
     /// again and the timeout backs off; after
-    /// [`dead_after_timeouts`](ReliableConfig::dead_after_timeouts)
+    /// [`dead_after_timeouts`](crate::ReliableConfig::dead_after_timeouts)
     /// consecutive timeouts without progress the connection fails.
     pub fn handle_timeout(&mut self, now: Instant) {
         self.last_now = Some(now);
