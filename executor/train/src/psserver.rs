@@ -419,6 +419,12 @@ struct ConnState {
     held: VecDeque<HeldRequest>,
     /// Their body bytes.
     held_bytes: usize,
+    /// It has sent a `WAIT_STEP`: its worker waits for its turns, so a
+    /// push of it is likely followed by the wait for the next turn.
+    waits: bool,
+    /// Replies to its pushes not queued yet, (request id, reply): a push's
+    /// reply waits for what follows it ([`PsServer::flush_deferred`]).
+    deferred: Vec<(u64, Bytes)>,
 }
 
 /// The default of [`PsServer::with_max_wait_steps`] (`--max-wait-steps`).
@@ -437,6 +443,9 @@ pub struct PsServer<H> {
     conns: Vec<ConnState>,
     /// Barriers waiting for the global step: (connection, id, step).
     waiting: Vec<(usize, u64, u64)>,
+    /// Connections that may have deferred replies (see
+    /// [`take_deferred`](Self::take_deferred)).
+    deferred_conns: Vec<usize>,
     /// Every worker task seen, by task index: whether it said `DONE`
     /// (else its connection ended first: it is lost until it rejoins and
     /// says `DONE`). Counted by task, not by connection, so a worker that
@@ -462,6 +471,7 @@ impl<H: PsHandler> PsServer<H> {
             lent: Vec::new(),
             conns: Vec::new(),
             waiting: Vec::new(),
+            deferred_conns: Vec::new(),
             workers: HashMap::new(),
             expected_workers,
             max_wait_steps: DEFAULT_MAX_WAIT_STEPS,
@@ -560,6 +570,15 @@ impl<H: PsHandler> PsServer<H> {
 
     /// Serve request `id` of connection `key` now: answer it, or hold it
     /// if it is a barrier the global step has not reached.
+    ///
+    /// The reply to an asynchronous push of a connection whose worker waits
+    /// for its turns is deferred: that worker sends the push, the wait for
+    /// its next turn and its next pulls in one exchange and needs every
+    /// reply before it goes on, so the push's reply leaves with the wait's
+    /// (when the barrier is answered) instead of waking the worker once
+    /// more on its own. Anything else the connection sends, and the next
+    /// turn of the reactor when nothing is held
+    /// ([`take_deferred`](Self::take_deferred)), sends it first.
     fn serve_request(
         &mut self,
         key: usize,
@@ -570,43 +589,54 @@ impl<H: PsHandler> PsServer<H> {
         body: &[u8],
     ) -> Result<(), ServeError> {
         let from = worker_index(conn);
+        let reply = {
+            let Self { service, lent, .. } = self;
+            service.serve_from(from, opcode, body, |cap| reuse_reply(lent, cap))
+        };
+        let step = self.service.handler.global_step();
+        let held_wait = matches!(reply, Reply::Wait(n) if n > step
+            && n - step <= self.max_wait_steps);
+        let state = self.conn_state(key);
+        state.waits |= matches!(reply, Reply::Wait(_));
+        let deferrable = state.waits
+            && matches!(reply, Reply::Now(Status::Ok, _))
+            && opcode == Opcode::SparsePush
+            && !oneway
+            && self.service.sync.is_none();
+        if !held_wait && !deferrable {
+            self.flush_deferred(key, conn)?;
+        }
         let Self {
             service,
             lent,
             waiting,
+            conns,
+            deferred_conns,
             ..
         } = self;
-        match service.serve_from(from, opcode, body, |cap| reuse_reply(lent, cap)) {
+        match reply {
             Reply::Now(..) if oneway => Ok(()),
             Reply::Now(status, bytes) => {
                 let bytes = Bytes::from(bytes);
-                if status == Status::Ok && lent.len() < MAX_LENT {
+                // A deferred reply is not lent: it would hold a slot for as
+                // long as its barrier holds.
+                if status == Status::Ok && !deferrable && lent.len() < MAX_LENT {
                     lent.push(bytes.clone());
                 }
-                match conn.respond(id, opcode, status, Payload::from_bytes(bytes)) {
-                    Ok(()) => Ok(()),
-                    // Other connections' replies hold the task's memory
-                    // budget: this request is answered, not dropped.
-                    Err(SendError::OverBudget(_)) => {
-                        service.failed += 1;
-                        conn.respond_error(
-                            id,
-                            opcode,
-                            Status::Overloaded,
-                            "the reply does not fit in the PS's --memory-budget-mb now; retry",
-                        )
-                        .map_err(|_| ServeError::ReplyNotQueued)
+                if deferrable {
+                    let state = &mut conns[key];
+                    if state.deferred.is_empty() {
+                        deferred_conns.push(key);
                     }
-                    Err(_) => Err(ServeError::ReplyNotQueued),
+                    state.deferred.push((id, bytes));
+                    return Ok(());
                 }
+                queue_reply(service, conn, id, opcode, status, bytes)
             }
-            Reply::Wait(n)
-                if n.saturating_sub(service.handler.global_step()) > self.max_wait_steps =>
-            {
+            Reply::Wait(n) if n.saturating_sub(step) > self.max_wait_steps => {
                 let msg = format!(
-                    "WAIT_STEP {n} is more than --max-wait-steps {} ahead of the global step {}",
+                    "WAIT_STEP {n} is more than --max-wait-steps {} ahead of the global step {step}",
                     self.max_wait_steps,
-                    service.handler.global_step()
                 );
                 service.failed += 1;
                 conn.respond_error(id, opcode, Status::LimitExceeded, &msg)
@@ -614,22 +644,19 @@ impl<H: PsHandler> PsServer<H> {
             }
             // Reached already: answered now, so nothing behind it waits
             // for a poll.
-            Reply::Wait(n) if service.handler.global_step() >= n => {
-                let step = service.handler.global_step();
-                Release {
-                    conn: key,
-                    id,
-                    step,
-                }
-                .respond(conn)
+            Reply::Wait(n) if step >= n => Release {
+                conn: key,
+                id,
+                step,
             }
+            .respond(conn),
             Reply::Wait(n) => {
                 waiting.push((key, id, n));
-                self.conn_state(key).barrier = true;
+                conns[key].barrier = true;
                 Ok(())
             }
             Reply::Done => {
-                self.conn_state(key).done = true;
+                conns[key].done = true;
                 if let Some(w) = worker_index(conn) {
                     self.workers.insert(w, WorkerEnd::Done);
                 }
@@ -642,6 +669,57 @@ impl<H: PsHandler> PsServer<H> {
         }
     }
 
+    /// Queue connection `key`'s deferred push replies on `conn`, its
+    /// connection, in the order of their pushes.
+    pub fn flush_deferred(&mut self, key: usize, conn: &mut Connection) -> Result<(), ServeError> {
+        let Some(state) = self.conns.get_mut(key) else {
+            return Ok(());
+        };
+        if state.deferred.is_empty() {
+            return Ok(());
+        }
+        let mut deferred = std::mem::take(&mut state.deferred);
+        let mut r = Ok(());
+        for (id, bytes) in deferred.drain(..) {
+            if r.is_ok() {
+                r = queue_reply(
+                    &mut self.service,
+                    conn,
+                    id,
+                    Opcode::SparsePush,
+                    Status::Ok,
+                    bytes,
+                );
+            }
+        }
+        // Keep the list's room for the connection's next step.
+        self.conns[key].deferred = deferred;
+        r
+    }
+
+    /// Move into `out` the connections whose deferred replies nothing
+    /// holds (no barrier of theirs is held), to be sent with
+    /// [`flush_deferred`](Self::flush_deferred); a connection whose barrier
+    /// is held sends them when the barrier is answered.
+    pub fn take_deferred(&mut self, out: &mut Vec<usize>) {
+        let conns = &self.conns;
+        out.extend(self.deferred_conns.drain(..).filter(|&k| {
+            conns
+                .get(k)
+                .is_some_and(|c| !c.barrier && !c.deferred.is_empty())
+        }));
+    }
+
+    /// True when a deferred reply waits for the next turn (on a connection
+    /// whose barrier is not held): the reactor must not park.
+    pub fn has_deferred(&self) -> bool {
+        self.deferred_conns.iter().any(|&k| {
+            self.conns
+                .get(k)
+                .is_some_and(|c| !c.barrier && !c.deferred.is_empty())
+        })
+    }
+
     /// Answer the barrier `r` ([`poll_release`](Self::poll_release)) on
     /// `conn`, its connection, then serve the requests held behind it in
     /// order, until one of them is a barrier that holds the rest again. An
@@ -649,6 +727,7 @@ impl<H: PsHandler> PsServer<H> {
     /// [`handle_message`](Self::handle_message).
     pub fn handle_release(&mut self, r: &Release, conn: &mut Connection) -> Result<(), ServeError> {
         self.conn_state(r.conn).barrier = false;
+        self.flush_deferred(r.conn, conn)?;
         r.respond(conn)?;
         self.serve_held(r.conn, conn)
     }
@@ -657,6 +736,7 @@ impl<H: PsHandler> PsServer<H> {
     /// (its worker gave up on it) and serve what is held behind it.
     fn abandon_barrier(&mut self, key: usize, conn: &mut Connection) -> Result<(), ServeError> {
         self.conn_state(key).barrier = false;
+        self.flush_deferred(key, conn)?;
         if let Some(i) = self.waiting.iter().position(|w| w.0 == key) {
             let (_, id, n) = self.waiting.swap_remove(i);
             let msg = format!("WAIT_STEP {n} given up: a push came in behind it");
@@ -761,6 +841,34 @@ impl<H: PsHandler> PsServer<H> {
     /// Requests held behind connection `key`'s barrier.
     pub fn held(&self, key: usize) -> usize {
         self.conns.get(key).map_or(0, |c| c.held.len())
+    }
+}
+
+/// Queue reply `bytes` to request `id` on `conn`. A reply over the task's
+/// memory budget is answered with [`Status::Overloaded`] instead: other
+/// connections' replies hold the budget, and the request is answered, not
+/// dropped.
+fn queue_reply<H>(
+    service: &mut Service<H>,
+    conn: &mut Connection,
+    id: u64,
+    opcode: Opcode,
+    status: Status,
+    bytes: Bytes,
+) -> Result<(), ServeError> {
+    match conn.respond(id, opcode, status, Payload::from_bytes(bytes)) {
+        Ok(()) => Ok(()),
+        Err(SendError::OverBudget(_)) => {
+            service.failed += 1;
+            conn.respond_error(
+                id,
+                opcode,
+                Status::Overloaded,
+                "the reply does not fit in the PS's --memory-budget-mb now; retry",
+            )
+            .map_err(|_| ServeError::ReplyNotQueued)
+        }
+        Err(_) => Err(ServeError::ReplyNotQueued),
     }
 }
 

@@ -41,6 +41,8 @@ pub struct ShardService<H> {
     dead: Vec<(u32, Instant)>,
     /// Why every barrier now fails (a dead worker did not rejoin in time).
     broken: Option<String>,
+    /// Room for the connections whose deferred replies a poll sends.
+    flush_keys: Vec<usize>,
 }
 
 impl<H: PsHandler> ShardService<H> {
@@ -57,6 +59,7 @@ impl<H: PsHandler> ShardService<H> {
             dead_worker_wait: None,
             dead: Vec::new(),
             broken: None,
+            flush_keys: Vec::new(),
         }
     }
 
@@ -211,7 +214,8 @@ impl<H: PsHandler, D: Driver> Service<D> for ShardService<H> {
     }
 
     /// Answer the `WAIT_STEP` barriers the global step has reached, and
-    /// serve what their connections sent behind them.
+    /// serve what their connections sent behind them; send the push
+    /// replies deferred with no barrier held behind them.
     fn poll(&mut self, sessions: &mut Sessions<D>, now: Instant) -> bool {
         if self.server.finished() {
             let since = *self.done_at.get_or_insert(now);
@@ -239,6 +243,24 @@ impl<H: PsHandler, D: Driver> Service<D> for ShardService<H> {
             }
             any = true;
         }
+        // Push replies deferred in the last turn with no barrier behind
+        // them (the worker sent no wait after its push, or it has not come
+        // in yet) go now.
+        let mut keys = std::mem::take(&mut self.flush_keys);
+        self.server.take_deferred(&mut keys);
+        for &k in &keys {
+            let Some(id) = u32::try_from(k).ok().map(ConnId::new) else {
+                continue;
+            };
+            if let Some(conn) = sessions.conn(id) {
+                if let Err(e) = self.server.flush_deferred(k, conn) {
+                    sessions.end(id, ConnError::Protocol(e.reason()));
+                }
+            }
+            any = true;
+        }
+        keys.clear();
+        self.flush_keys = keys;
         any
     }
 
@@ -250,7 +272,9 @@ impl<H: PsHandler, D: Driver> Service<D> for ShardService<H> {
         let dead = self
             .dead_worker_wait
             .and_then(|wait| self.dead.iter().filter_map(|d| d.1.checked_add(wait)).min());
-        linger.into_iter().chain(dead).min()
+        // A deferred reply is sent by the next turn's poll: no park.
+        let deferred = self.server.has_deferred().then(Instant::now);
+        linger.into_iter().chain(dead).chain(deferred).min()
     }
 
     /// Every expected worker is done and has hung up (or stayed connected

@@ -653,6 +653,71 @@ fn a_request_behind_a_held_barrier_waits_for_it_and_keeps_its_order() {
     assert_eq!(pulled_w(&replies[1]), after);
 }
 
+/// A worker that waits for its turns (it has sent a `WAIT_STEP`) gets its
+/// push's reply with the wait's, when the barrier behind the push is
+/// answered, rather than on its own before: one reply to wake for where
+/// there were two. A push with no barrier behind it is answered on the
+/// shard's next turn, and a worker that never waited is answered at once.
+#[test]
+fn a_push_reply_leaves_with_the_barrier_behind_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Cluster::connected(dir.path(), 2);
+    let mut pull_w = Vec::new();
+    PullRequestWriter::new(&mut pull_w).dense(W);
+    let wait = |n: u64| req(0, Opcode::Rpc, Control::WaitStep(n).encode());
+    c.exchange(vec![wait(0)]).unwrap();
+    let received = |c: &Cluster| c.clients[0].ep.service().client().traffic().received;
+    let before = received(&c);
+    c.start(
+        0,
+        vec![
+            req(0, Opcode::SparsePush, dense_push(1.0)),
+            wait(2),
+            req(0, Opcode::SparsePull, pull_w.clone()),
+        ],
+    )
+    .unwrap();
+    c.settle().unwrap();
+    assert_eq!(c.global_steps()[0], 1, "worker 0's push is applied");
+    assert_eq!(
+        received(&c),
+        before,
+        "nothing answered while the barrier holds"
+    );
+    // Worker 1 never waited: its push is answered without a barrier.
+    c.start(1, vec![req(0, Opcode::SparsePush, dense_push(2.0))])
+        .unwrap();
+    c.settle().unwrap();
+    assert!(c.clients[1].ep.service().client().is_done());
+    let r = c.clients[1].ep.service_mut().finish();
+    assert_eq!(parse_push_response(ok(&r[0])), Ok(2));
+    let replies = c.finish(0).unwrap();
+    assert_eq!(parse_push_response(ok(&replies[0])), Ok(1), "as applied");
+    assert_eq!(ok(&replies[1]), 2u64.to_le_bytes());
+    let w = pulled_w(&replies[2]);
+
+    // Its last push, with no wait behind it (as a worker's final flush):
+    // answered on the shard's next turn, with no timer.
+    let at = c.now;
+    c.start(0, vec![req(0, Opcode::SparsePush, dense_push(1.0))])
+        .unwrap();
+    c.settle().unwrap();
+    assert!(c.clients[0].ep.service().client().is_done());
+    assert!(c.now - at < TIMEOUT);
+    let r = c.clients[0].ep.service_mut().finish();
+    assert_eq!(parse_push_response(ok(&r[0])), Ok(3));
+    // And a pull right behind a push gets both replies, in order.
+    let replies = c
+        .exchange(vec![
+            req(0, Opcode::SparsePush, dense_push(1.0)),
+            req(0, Opcode::SparsePull, pull_w),
+        ])
+        .unwrap();
+    assert_eq!(parse_push_response(ok(&replies[0])), Ok(4));
+    let after: Vec<f32> = w.iter().map(|v| v - LR * 2.0).collect();
+    assert_eq!(pulled_w(&replies[1]), after);
+}
+
 /// Two barriers in one exchange: the second (and the pull behind it) is
 /// held behind the first, and holds again once the first is answered.
 #[test]
