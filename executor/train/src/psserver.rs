@@ -617,19 +617,23 @@ impl<H: PsHandler> PsServer<H> {
         match reply {
             Reply::Now(..) if oneway => Ok(()),
             Reply::Now(status, bytes) => {
-                let bytes = Bytes::from(bytes);
-                // A deferred reply is not lent: it would hold a slot for as
-                // long as its barrier holds.
-                if status == Status::Ok && !deferrable && lent.len() < MAX_LENT {
-                    lent.push(bytes.clone());
-                }
                 if deferrable {
+                    // A push's reply is a few bytes, written into a buffer
+                    // sized for the largest reply: the copy is kept while
+                    // the barrier holds, the buffer goes back for reuse.
                     let state = &mut conns[key];
                     if state.deferred.is_empty() {
                         deferred_conns.push(key);
                     }
-                    state.deferred.push((id, bytes));
+                    state.deferred.push((id, Bytes::copy_from_slice(&bytes)));
+                    if lent.len() < MAX_LENT {
+                        lent.push(Bytes::from(bytes));
+                    }
                     return Ok(());
+                }
+                let bytes = Bytes::from(bytes);
+                if status == Status::Ok && lent.len() < MAX_LENT {
+                    lent.push(bytes.clone());
                 }
                 queue_reply(service, conn, id, opcode, status, bytes)
             }
