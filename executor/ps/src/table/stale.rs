@@ -9,7 +9,17 @@ use crate::pulls::{keeps_updates, VarPulls, WorkerPulls};
 /// True when `keys` are `pulled`'s keys, in order: a push of the rows its
 /// worker pulled, matched by position.
 pub(crate) fn same_keys(keys: U64s<'_>, pulled: Option<&VarPulls>) -> bool {
-    pulled.is_some_and(|v| keys.len() == v.keys.len() && keys.iter().eq(v.keys.iter().copied()))
+    pulled.is_some_and(|v| {
+        if keys.len() != v.keys.len() {
+            return false;
+        }
+        // On a little-endian host the recorded keys' bytes are the wire's:
+        // one comparison of the two byte strings, not a decode per key.
+        if cfg!(target_endian = "little") {
+            return keys.as_bytes() == bytemuck::cast_slice::<u64, u8>(&v.keys);
+        }
+        keys.iter().eq(v.keys.iter().copied())
+    })
 }
 
 impl EmbeddingTable {
@@ -102,5 +112,38 @@ impl EmbeddingTable {
             let p = pulled.at(j, t - 1, dim);
             opt.apply_stale(w, slots, g, t, step, p);
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn le(keys: &[u64]) -> Vec<u8> {
+        keys.iter().flat_map(|k| k.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn same_keys_means_the_same_keys_in_the_same_order() {
+        let mut rec = WorkerPulls::default();
+        rec.begin_pull();
+        for k in [7u64, 1 << 40, 3] {
+            rec.record(0, k, None, None);
+        }
+        let pulled = rec.var(0);
+        let check = |keys: &[u64]| {
+            let b = le(keys);
+            same_keys(U64s::new(&b).unwrap(), pulled)
+        };
+        assert!(check(&[7, 1 << 40, 3]));
+        assert!(!check(&[7, 3, 1 << 40]), "another order");
+        assert!(!check(&[7, 1 << 40]), "fewer");
+        assert!(!check(&[7, 1 << 40, 3, 3]), "more");
+        assert!(!check(&[7, (1 << 40) + 1, 3]), "one key differs");
+        // Keys not 8-aligned in memory compare the same.
+        let mut odd = vec![0u8];
+        odd.extend_from_slice(&le(&[7, 1 << 40, 3]));
+        assert!(same_keys(U64s::new(&odd[1..]).unwrap(), pulled));
+        assert!(!same_keys(U64s::new(&le(&[7])).unwrap(), None));
     }
 }
