@@ -244,10 +244,29 @@ impl DpdkContext {
         }
     }
 
+    /// The context, if this process has opened it; unlike
+    /// [`get`](Self::get) this never initialises the EAL (a metrics
+    /// scrape asks it, and must not open a port the command never used).
+    pub fn opened() -> Option<&'static DpdkContext> {
+        CONTEXT.get().and_then(|r| r.as_ref().ok())
+    }
+
+    /// The port's index (`None` once closed).
+    pub fn port_index(&self) -> Option<u16> {
+        self.lock().as_ref().map(|o| o.port.info().port)
+    }
+
     /// The port's counters (`None` once closed, or when DPDK cannot read
     /// them).
     pub fn port_stats(&self) -> Option<PortStats> {
         self.lock().as_ref().and_then(|o| o.port.stats().ok())
+    }
+
+    /// The port's extended counters by name, as its driver reports them
+    /// (`rte_eth_xstats_get`; `None` once closed, or when DPDK cannot read
+    /// them).
+    pub fn port_xstats(&self) -> Option<Vec<(String, u64)>> {
+        self.lock().as_ref().and_then(|o| o.port.xstats().ok())
     }
 }
 

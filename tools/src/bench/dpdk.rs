@@ -12,7 +12,7 @@ use starwire_datagram::ReliableConfig;
 use starwire_transport::reactor::IdlePolicy;
 
 use super::cpu::CpuMeter;
-use super::packets::{DatagramCounters, PortCounters};
+use super::packets::{self, DatagramCounters, PortCounters};
 use super::sessions::{self, BenchDriver};
 use super::{Measured, Run, ACCEPT_TIMEOUT};
 use crate::dpdk::{bootstrap, DpdkContext, DpdkDriver};
@@ -118,6 +118,7 @@ pub fn client(
     let ctx = DpdkContext::get().map_err(|e| e.to_string())?;
     let cpu = CpuMeter::start()?;
     let port_before = port_counters(ctx);
+    let xstats_before = ctx.port_xstats();
     let stream = TcpStream::connect_timeout(&addr, ACCEPT_TIMEOUT)
         .map_err(|e| format!("DPDK bootstrap connection to {addr}: {e}"))?;
     stream.set_nodelay(true).ok();
@@ -136,6 +137,9 @@ pub fn client(
         p.port = port_before
             .zip(port_counters(ctx))
             .map(|(a, b)| port_delta(a, b));
+        p.xstats = xstats_before
+            .zip(ctx.port_xstats())
+            .map(|(a, b)| packets::xstats_delta(&a, &b));
         p.steering = ctx.steering().map(|s| s.as_str());
     }
     Ok(m)

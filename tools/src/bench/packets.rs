@@ -1,8 +1,10 @@
 //! The packet figures of a row over a datagram backend (dpdk): packets
 //! received per second over both ends, packets per frame, retransmits,
-//! CPU time per message and the port's `rte_eth_stats` over the run.
+//! CPU time per message and the port's `rte_eth_stats` and xstats over
+//! the run.
 //! Stream backends have no packets of their own; their rows carry nulls.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -60,8 +62,24 @@ impl PortCounters {
     }
 }
 
+/// The port's extended counters (`rte_eth_xstats_get`) that moved over a
+/// run, by the driver's names: the difference of two reads, counters that
+/// stayed put left out (a port has dozens, most of them per-queue zeros).
+pub type PortXstats = BTreeMap<String, u64>;
+
+/// The xstats that moved between reads `a` and `b` of one port.
+pub fn xstats_delta(a: &[(String, u64)], b: &[(String, u64)]) -> PortXstats {
+    let before: BTreeMap<&str, u64> = a.iter().map(|(n, v)| (n.as_str(), *v)).collect();
+    b.iter()
+        .filter_map(|(n, v)| {
+            let d = v.saturating_sub(before.get(n.as_str()).copied().unwrap_or(0));
+            (d > 0).then(|| (n.clone(), d))
+        })
+        .collect()
+}
+
 /// What the client end of a datagram run measured besides round trips.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct ClientPackets {
     /// The client driver's counters.
     pub counters: DatagramCounters,
@@ -73,6 +91,8 @@ pub struct ClientPackets {
     pub cpu: Option<Duration>,
     /// The client port's counters over the run.
     pub port: Option<PortCounters>,
+    /// The client port's xstats that moved over the run.
+    pub xstats: Option<PortXstats>,
     /// How the client port's packets reach its reactors.
     pub steering: Option<&'static str>,
 }
@@ -86,6 +106,7 @@ pub fn set_packets(line: &mut ResultLine, c: &ClientPackets, server: Option<Data
     let requests = c.msgs / 2;
     line.retransmits = Some(c.counters.retransmits + server.map_or(0, |s| s.retransmits));
     line.port_stats = c.port;
+    line.port_xstats = c.xstats.clone();
     line.steering = c.steering.map(str::to_owned);
     if c.msgs > 0 {
         line.cpu_us_per_msg = c.cpu.map(|t| t.as_secs_f64() * 1e6 / c.msgs as f64);
@@ -115,5 +136,49 @@ pub fn merge_packets(out: &mut ResultLine, lines: &[ResultLine]) {
         .iter()
         .filter_map(|l| l.port_stats)
         .reduce(PortCounters::add);
+    out.port_xstats = lines
+        .iter()
+        .filter_map(|l| l.port_xstats.clone())
+        .reduce(|mut a, b| {
+            for (n, v) in b {
+                *a.entry(n).or_default() += v;
+            }
+            a
+        });
     out.steering = lines.iter().find_map(|l| l.steering.clone());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn named(v: &[(&str, u64)]) -> Vec<(String, u64)> {
+        v.iter().map(|(n, c)| ((*n).to_owned(), *c)).collect()
+    }
+
+    #[test]
+    fn xstats_delta_lists_what_moved() {
+        let a = named(&[
+            ("rx_good_packets", 10),
+            ("rx_q0_errors", 0),
+            ("tx_good_packets", 7),
+        ]);
+        let b = named(&[
+            ("rx_good_packets", 25),
+            ("rx_q0_errors", 0),
+            ("tx_good_packets", 7),
+            ("rx_missed_errors", 3),
+        ]);
+        let d = xstats_delta(&a, &b);
+        // Unchanged counters are left out; one that appeared counts from 0.
+        assert_eq!(
+            d.into_iter().collect::<Vec<_>>(),
+            vec![
+                ("rx_good_packets".to_owned(), 15),
+                ("rx_missed_errors".to_owned(), 3)
+            ]
+        );
+        // A counter that went back (a port reset) is not a negative count.
+        assert!(xstats_delta(&b, &a).is_empty());
+    }
 }

@@ -333,6 +333,11 @@ pub struct ResultLine {
     /// otherwise).
     #[serde(default)]
     pub port_stats: Option<packets::PortCounters>,
+    /// The client port's extended counters (`rte_eth_xstats_get`) that
+    /// moved over the run, by the driver's names, e.g. `rx_good_packets`
+    /// or a per-queue `rx_q0_packets` (dpdk; null otherwise).
+    #[serde(default)]
+    pub port_xstats: Option<packets::PortXstats>,
     /// How the client port's packets reach its reactors: `rte_flow`,
     /// `software` or `single` (dpdk; null otherwise).
     #[serde(default)]
@@ -395,6 +400,7 @@ pub(super) fn result_line(plan: &Plan, run: &Run, m: &Measured) -> ResultLine {
         retransmits: None,
         cpu_us_per_msg: None,
         port_stats: None,
+        port_xstats: None,
         steering: None,
     };
     if matches!(run.mode, Mode::Lat | Mode::Rate) {

@@ -3,11 +3,15 @@
 //!
 //! `GET /metrics` answers with every family of the run's [`Telemetry`]
 //! (the cells the PS shards, workers and reactors update with relaxed
-//! atomics) and the `process_*` families read from `/proc`, encoded by
+//! atomics), the `process_*` families read from `/proc` and, with the
+//! `dpdk` feature, the open port's `starwire_dpdk_port_*` families read
+//! from DPDK, encoded by
 //! prometheus-client in the Prometheus text format. `GET /healthz` answers
 //! `ok`. tiny_http serves both on one thread of its own; a scrape reads the
 //! cells and never stops the threads that write them.
 
+#[cfg(feature = "dpdk")]
+mod dpdk;
 mod process;
 mod soak;
 
@@ -113,6 +117,8 @@ pub fn render(telemetry: &Telemetry) -> Result<String, String> {
     registry.register_collector(Box::new(TelemetryCollector(telemetry.clone())));
     registry.register_collector(Box::new(BuildInfo));
     registry.register_collector(Box::new(ProcessCollector));
+    #[cfg(feature = "dpdk")]
+    registry.register_collector(Box::new(dpdk::DpdkPortCollector));
     let mut out = String::new();
     prometheus_client::encoding::prometheus_text::encode(&mut out, &registry)
         .map_err(|e| format!("encoding metrics: {e}"))?;
