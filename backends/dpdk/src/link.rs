@@ -38,10 +38,12 @@ use starwire_datagram::{DatagramLink, LinkError};
 use crate::error::DpdkError;
 use crate::ffi::{self, Mbuf, Mempool};
 use crate::port::PortQueue;
-use crate::steer::{Lease, QueueSet};
+use crate::steer::{Lease, QueueSet, HANDOVER_HOLD};
 
-/// Packets a link's inbox in a [`SharedQueue`] holds; beyond it packets
-/// for that link are dropped (the reliability layer retransmits).
+/// Packets a link's inbox in a [`SharedQueue`] holds. A link polls the
+/// queue only while every other link's inbox has room for the burst, for
+/// at most [`HANDOVER_HOLD`]; past it what does not fit is dropped (the
+/// reliability layer retransmits).
 const INBOX_CAPACITY: usize = 512;
 
 /// How a link sends and receives.
@@ -101,6 +103,9 @@ pub struct DpdkLinkStats {
     /// Packets dropped because the inbox of the link they were for was
     /// full (shared queues, queue sets).
     pub rx_inbox_full: u64,
+    /// Receive passes that left the queue unpolled because another link's
+    /// inbox had no room for the burst (shared queues, queue sets).
+    pub rx_held_back: u64,
     /// Packets this link received on its queue and handed to the link of
     /// their UDP port (queue sets).
     pub rx_handed_over: u64,
@@ -183,6 +188,9 @@ pub struct DpdkLink {
     stats: DpdkLinkStats,
     pool: Arc<Mempool>,
     access: Access,
+    /// When a shared queue was first left unpolled for a full inbox,
+    /// while it still is.
+    held_since: Option<Instant>,
 }
 
 impl DpdkLink {
@@ -228,6 +236,7 @@ impl DpdkLink {
             stats: DpdkLinkStats::default(),
             pool,
             access,
+            held_since: None,
         }
     }
 
@@ -438,7 +447,7 @@ impl DatagramLink for DpdkLink {
 
     fn rx_burst(
         &mut self,
-        _now: Instant,
+        now: Instant,
         max: usize,
         sink: &mut dyn FnMut(&[u8]),
     ) -> Result<usize, LinkError> {
@@ -451,7 +460,7 @@ impl DatagramLink for DpdkLink {
                 q.rx_burst(&mut self.rx, max as u16);
                 self.stats.rx_bursts += 1;
             }
-            Access::Steered(l) => l.rx(&mut self.rx, max, &mut self.stats),
+            Access::Steered(l) => l.rx(now, &mut self.rx, max, &mut self.stats),
             Access::Shared(s) => {
                 let mut d = s.lock();
                 let Demux {
@@ -466,7 +475,25 @@ impl DatagramLink for DpdkLink {
                 let waiting = &mut inboxes[mine].1;
                 let n = max.min(waiting.len());
                 self.rx.extend(waiting.drain(..n));
-                if self.rx.len() < max {
+                let want = max.saturating_sub(self.rx.len());
+                let full = inboxes
+                    .iter()
+                    .enumerate()
+                    .any(|(i, (_, q))| i != mine && q.len() + want > INBOX_CAPACITY);
+                let poll = if want == 0 {
+                    false
+                } else if !full {
+                    self.held_since = None;
+                    true
+                } else if now.saturating_duration_since(*self.held_since.get_or_insert(now))
+                    < HANDOVER_HOLD
+                {
+                    self.stats.rx_held_back += 1;
+                    false
+                } else {
+                    true
+                };
+                if poll {
                     queue.rx_burst(scratch, (max - self.rx.len()) as u16);
                     self.stats.rx_bursts += 1;
                     for m in scratch.drain(..) {

@@ -19,6 +19,7 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use starwire_datagram::udp;
 use starwire_queue::{grid_polling, Consumer, Producer};
@@ -28,9 +29,21 @@ use crate::ffi::{self, FlowRule, Mbuf, Mempool};
 use crate::link::DpdkLinkStats;
 use crate::port::Port;
 
-/// Packets each ring of the grid holds; beyond it a handed-over packet
-/// is dropped (the reliability layer retransmits it).
+/// Packets each ring of the grid holds. A link polls its queue only
+/// while every ring it hands over to has room for the whole burst, so a
+/// packet is not dropped for a peer that is slow to drain its ring
+/// ([`HANDOVER_HOLD`]).
 pub const HANDOVER_RING: usize = 256;
+
+/// How long a link leaves its receive queue unpolled because another
+/// bound link's ring has no room for a burst. The packets wait in the
+/// device's ring instead of being dropped (a peer's reactor that the
+/// scheduler has not run for a while would otherwise lose every packet
+/// handed to it, acknowledgements and retransmissions included, and
+/// its connections time out one after another). Past it the link polls
+/// again and drops what does not fit, so a peer that never drains
+/// cannot stop the links it shares a port with.
+pub const HANDOVER_HOLD: Duration = Duration::from_millis(20);
 
 /// How the packets of a port's links reach them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -291,6 +304,7 @@ impl QueueSet {
             set: Arc::clone(&self.shared),
             udp_port,
             scratch: Vec::new(),
+            held_since: None,
         })
     }
 }
@@ -304,6 +318,9 @@ pub(crate) struct Lease {
     slot: Option<Slot>,
     set: Arc<Shared>,
     udp_port: u16,
+    /// When the queue was first left unpolled for a full ring, while it
+    /// still is.
+    held_since: Option<Instant>,
 }
 
 impl Lease {
@@ -324,17 +341,43 @@ impl Lease {
     /// the handed-over ones if room is left. The handed-over packets take
     /// at most half a burst before the queue is polled, so neither source
     /// starves the other (a link whose inbox stays full still polls the
-    /// queue its peers' packets arrive on). Packets for no link stay in
-    /// `out`, for the link's filter to count.
-    pub(crate) fn rx(&mut self, out: &mut Vec<Mbuf>, max: usize, stats: &mut DpdkLinkStats) {
+    /// queue its peers' packets arrive on). The queue is left unpolled
+    /// while a bound link's ring lacks room for the burst, for at most
+    /// [`HANDOVER_HOLD`] at `now`. Packets for no link stay in `out`, for
+    /// the link's filter to count.
+    pub(crate) fn rx(
+        &mut self,
+        now: Instant,
+        out: &mut Vec<Mbuf>,
+        max: usize,
+        stats: &mut DpdkLinkStats,
+    ) {
         let me = self.udp_port;
         let Self {
-            scratch, slot, set, ..
+            scratch,
+            slot,
+            set,
+            held_since,
+            ..
         } = self;
         let Some(slot) = slot.as_mut() else { return };
         let start = out.len();
         let handed_in = slot.inbox.pop_batch(out, max.div_ceil(2));
-        let room = max.saturating_sub(handed_in);
+        let mut room = max.saturating_sub(handed_in);
+        if room > 0 {
+            let full = (0..set.slots).any(|i| {
+                i != slot.index
+                    && set.routes.0[i].load(Ordering::Acquire) != 0
+                    && !slot.handover.has_room(i, room)
+            });
+            if !full {
+                *held_since = None;
+            } else if now.saturating_duration_since(*held_since.get_or_insert(now)) < HANDOVER_HOLD
+            {
+                stats.rx_held_back += 1;
+                room = 0;
+            }
+        }
         if room > 0 {
             slot.queue.rx_burst(scratch, room as u16);
             stats.rx_bursts += 1;

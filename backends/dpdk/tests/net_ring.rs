@@ -6,7 +6,7 @@
 //! the links of a queue set.
 
 use std::net::Ipv4Addr;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use starwire_datagram::udp::UdpEndpoint;
 use starwire_datagram::{
@@ -14,7 +14,7 @@ use starwire_datagram::{
 };
 use starwire_dpdk::{
     probe_steering, DeviceInfo, DpdkError, DpdkLink, Eal, LinkConfig, Port, PortConfig, QueueSet,
-    SharedQueue, Steering,
+    SharedQueue, Steering, HANDOVER_HOLD,
 };
 use starwire_transport::conformance::{self, DriverPair};
 
@@ -111,6 +111,8 @@ fn net_ring_port() {
     let q = SharedQueue::new(port.take_queue().expect("queue 0"));
 
     raw_datagrams(&port, &q);
+    let (a, b) = link_pair(&q, &port, 7500, 7501);
+    full_inbox_holds_the_queue(a, b, 800);
     conformance_over_net_ring(&port, &q);
     conformance_under_injected_loss(&port, &q);
 
@@ -194,6 +196,13 @@ fn queue_set(eal: &'static Eal) {
     assert_eq!((over, in_), (240, 240), "each packet handed over once");
     drop(links);
     assert_eq!(set.free(), 4);
+
+    let (ea, eb) = endpoints(&port, 7400, 7401);
+    full_inbox_holds_the_queue(
+        DpdkLink::steered(&set, mtu, LinkConfig::new(ea, eb)).expect("link a"),
+        DpdkLink::steered(&set, mtu, LinkConfig::new(eb, ea)).expect("link b"),
+        600,
+    );
 
     let mut udp = 7300u16;
     conformance::run_all_drivers("dpdk-queue-set", conformance::MIN_CONNECTIONS, |n| {
@@ -378,4 +387,58 @@ fn conformance_under_injected_loss(port: &Port, q: &SharedQueue) {
         DriverPair { a, a_ids, b, b_ids }
     });
     assert_eq!(udp, 9000 + 2 * 11, "a fresh driver pair per case");
+}
+
+/// `a` sends datagrams to `b`'s UDP port; they come back on the queue
+/// `a` polls, and `a` files them for `b` (its ring in a queue set, its
+/// inbox on a shared queue). While that has no room for a burst, `a`
+/// leaves the queue unpolled (the packets wait in the device), so
+/// nothing is dropped however long `b` takes to poll, up to
+/// [`HANDOVER_HOLD`]; past it `a` polls again and drops what does not
+/// fit. `n`, a multiple of 200, is more than `b` can hold.
+fn full_inbox_holds_the_queue(mut a: DpdkLink, mut b: DpdkLink, n: u32) {
+    assert_eq!(n % 200, 0);
+    let send_to_b = |a: &mut DpdkLink| {
+        for round in 0..n / 200 {
+            for i in 0..200u32 {
+                send(a, &(round * 200 + i).to_le_bytes());
+            }
+            assert_eq!(a.tx_burst_flush(Instant::now()).unwrap(), 200);
+        }
+    };
+    send_to_b(&mut a);
+    let t0 = Instant::now();
+    for _ in 0..40 {
+        assert_eq!(a.rx_burst(t0, 64, &mut |_| ()).unwrap(), 0, "none for a");
+    }
+    let s = a.stats();
+    assert_eq!(s.rx_inbox_full, 0, "held back, not dropped: {s:?}");
+    assert!(s.rx_held_back > 0, "{s:?}");
+    // `b` drains what it holds, `a` polls again: all arrive, in order.
+    let mut got = Vec::new();
+    for _ in 0..1000 {
+        a.rx_burst(t0, 64, &mut |_| ()).unwrap();
+        b.rx_burst(t0, 64, &mut |p| {
+            got.push(u32::from_le_bytes(p[..4].try_into().unwrap()))
+        })
+        .unwrap();
+        if got.len() == n as usize {
+            break;
+        }
+    }
+    assert_eq!(got, (0..n).collect::<Vec<u32>>());
+    assert_eq!(a.stats().rx_inbox_full, 0);
+
+    // `b` stops polling: past the hold, `a` polls anyway and drops.
+    send_to_b(&mut a);
+    let t1 = Instant::now();
+    for _ in 0..40 {
+        a.rx_burst(t1, 64, &mut |_| ()).unwrap();
+    }
+    assert_eq!(a.stats().rx_inbox_full, 0, "within the hold");
+    let later = t1 + HANDOVER_HOLD + Duration::from_millis(1);
+    for _ in 0..40 {
+        a.rx_burst(later, 64, &mut |_| ()).unwrap();
+    }
+    assert!(a.stats().rx_inbox_full > 0, "{:?}", a.stats());
 }

@@ -220,6 +220,17 @@ impl<T> Producer<T> {
         self.lanes[0].capacity()
     }
 
+    /// Whether `wanted` items would fit in the ring to `consumer` now (a
+    /// snapshot: the consumer only makes more room, so a `true` holds until
+    /// this producer pushes there).
+    ///
+    /// # Panics
+    /// If `consumer >= self.consumers()`.
+    #[inline]
+    pub fn has_room(&mut self, consumer: usize, wanted: usize) -> bool {
+        self.lanes[consumer].has_room(wanted)
+    }
+
     /// Pushes `item` to consumer `consumer`, waking it if it is parked. If the
     /// ring is full the item is handed back in `Err`.
     ///

@@ -192,6 +192,13 @@ impl<T> SpscProducer<T> {
         free
     }
 
+    /// Whether `wanted` items would fit now (a snapshot: the consumer only
+    /// makes more room, so a `true` holds until this producer pushes).
+    #[inline]
+    pub fn has_room(&mut self, wanted: usize) -> bool {
+        self.free_slots(wanted) >= wanted
+    }
+
     /// Pushes one item; if the ring is full the item is handed back in `Err`.
     #[inline]
     pub fn push(&mut self, item: T) -> Result<(), T> {

@@ -228,3 +228,24 @@ fn handles_are_send() {
     send::<starwire_queue::SpscProducer<String>>();
     send::<starwire_queue::SpscConsumer<String>>();
 }
+
+#[test]
+fn has_room_tracks_pushes_and_pops() {
+    let (mut p, mut c) = spsc::<u32>(4);
+    assert!(p.has_room(4) && !p.has_room(5));
+    for i in 0..3 {
+        p.push(i).unwrap();
+    }
+    assert!(p.has_room(1) && !p.has_room(2));
+    assert_eq!(c.pop(), Some(0));
+    // The pop is seen through the head, not the producer's cached copy.
+    assert!(p.has_room(2) && !p.has_room(3));
+
+    let (mut producers, mut consumers) = grid::<u32>(1, 2, 2);
+    producers[0].push_to(1, 7).unwrap();
+    producers[0].push_to(1, 8).unwrap();
+    assert!(!producers[0].has_room(1, 1));
+    assert!(producers[0].has_room(0, 2));
+    assert_eq!(consumers[1].pop(), Some(7));
+    assert!(producers[0].has_room(1, 1) && !producers[0].has_room(1, 2));
+}
