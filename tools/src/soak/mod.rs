@@ -58,7 +58,8 @@ pub struct SoakArgs {
     /// Seconds of traffic.
     #[arg(long, default_value_t = 10.0)]
     pub duration: f64,
-    /// Seconds to wait for outstanding answers after --duration.
+    /// Seconds to wait at most for outstanding answers after --duration
+    /// (the soak ends as soon as every answer is in).
     #[arg(long, default_value_t = 2.0)]
     pub drain: f64,
     /// Fault injection under the backend, e.g. drop=0.01,corrupt=0.001,delay=0.01,reorder=0.01,delay_ms=5,seed=7.
@@ -493,6 +494,11 @@ fn run_clients<D: SoakDriver, A: Attach<D>>(
     let mut draining = false;
     while Instant::now() < give_up {
         std::thread::sleep(Duration::from_millis(100));
+        // A client reactor ends once every answer is in after
+        // --duration: the drain lasts only as long as answers are out.
+        if client_reactors.iter().all(Reactor::is_finished) {
+            break;
+        }
         let t = start.elapsed().as_secs_f64();
         if t < args.duration {
             progress.set(t as u64, "");
