@@ -8,8 +8,8 @@
 //! size stay as they are, and a worker's pushes to a shard arrive on the
 //! connection its pulls came on, in order, so the last pull before a push
 //! is the one the push was computed on. The memory is one step's pull per
-//! worker: the record starts again at the first pull after a push. Pushes
-//! of an unknown sender (the gRPC baseline, a merged synchronous step)
+//! worker between its pull and its push (below): the record starts again
+//! at the first pull after a push. Pushes of an unknown sender (the gRPC baseline, a merged synchronous step)
 //! find no record and are applied as they are.
 //!
 //! A worker pushes its rows' gradients in the order it pulled them, so a

@@ -185,7 +185,7 @@ pub struct WorkerCore {
     pending_push: Vec<Request>,
     replies: Vec<Reply>,
     /// The graph's output buffers, kept from step to step, or taken from
-    /// and given back to `shared` around each step's run.
+    /// and given back to `pool` around each step's run.
     bufs: RunBuffers,
     /// The process's shared buffers, if the worker uses them.
     pool: Option<WorkerBuffers>,
