@@ -627,8 +627,9 @@ pub struct ResumeFrom<'a> {
 
 /// Run worker `w` of the cluster until its data (or step cap) is done,
 /// pinned to `cpu` if given (after its compute threads have started, so
-/// they keep the process's CPUs), its graph run in buffers from `pool`
-/// when given (the workers of one process share them).
+/// they keep the process's CPUs), its graph run and its requests written
+/// in buffers from `pool` when given (the workers of one process share
+/// them).
 #[allow(clippy::too_many_arguments)]
 pub fn worker_loop(
     cfg: &TrainConfig,
