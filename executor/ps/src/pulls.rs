@@ -8,8 +8,8 @@
 //! size stay as they are, and a worker's pushes to a shard arrive on the
 //! connection its pulls came on, in order, so the last pull before a push
 //! is the one the push was computed on. The memory is one step's pull per
-//! worker: the record starts again at the first pull after a push. Pushes
-//! of an unknown sender (the gRPC baseline, a merged synchronous step)
+//! worker between its pull and its push (below): the record starts again
+//! at the first pull after a push. Pushes of an unknown sender (the gRPC baseline, a merged synchronous step)
 //! find no record and are applied as they are.
 //!
 //! A worker pushes its rows' gradients in the order it pulled them, so a
@@ -22,6 +22,13 @@
 //! row, so the reply's rows are exactly the rows' values at the pull. The
 //! update counts are kept only when the rate reads them
 //! ([`keeps_updates`]).
+//!
+//! A variable's record is used up once a push of it is applied, and its
+//! buffers go back to a pool the shard's next pull, of any worker, records
+//! into ([`Pulls::release`], [`Pulls::begin_pull`]). Only the workers
+//! between a pull and its push (a few, with `--bounded-delay`) then hold a
+//! record, so many workers' records reuse a few warm buffers rather than
+//! each worker faulting in and keeping its own.
 //!
 //! [`OptimizerConfig::tracks_pulls`]: crate::OptimizerConfig::tracks_pulls
 
@@ -56,6 +63,15 @@ pub(crate) struct VarPulls {
 }
 
 impl VarPulls {
+    /// Holds no allocation: a variable not recorded since its buffers went
+    /// back to the pool.
+    fn unallocated(&self) -> bool {
+        self.keys.capacity() == 0
+            && self.updates.capacity() == 0
+            && self.values.capacity() == 0
+            && self.index.capacity() == 0
+    }
+
     fn clear(&mut self) {
         self.keys.clear();
         self.updates.clear();
@@ -95,10 +111,28 @@ pub(crate) struct WorkerPulls {
 }
 
 impl WorkerPulls {
-    /// A pull is about to be recorded.
-    pub(crate) fn begin_pull(&mut self) {
+    /// A pull of `vars` variables is about to be recorded: after a push
+    /// the record starts again, its buffers going to `spare`, and each
+    /// variable without buffers takes some from `spare`.
+    pub(crate) fn begin_pull(&mut self, vars: usize, spare: &mut Vec<VarPulls>) {
         if std::mem::take(&mut self.pushed) {
-            self.vars.iter_mut().for_each(VarPulls::clear);
+            for v in &mut self.vars {
+                v.clear();
+                if !v.unallocated() {
+                    spare.push(std::mem::take(v));
+                }
+            }
+        }
+        if self.vars.len() < vars {
+            self.vars.resize_with(vars, VarPulls::default);
+        }
+        for v in &mut self.vars {
+            if v.unallocated() {
+                match spare.pop() {
+                    Some(s) => *v = s,
+                    None => break,
+                }
+            }
         }
     }
 
@@ -173,11 +207,16 @@ impl WorkerPulls {
 #[derive(Debug, Default)]
 pub(crate) struct Pulls {
     by_worker: Vec<WorkerPulls>,
+    /// Cleared variable records whose push was applied, for the next pull
+    /// to record into.
+    spare: Vec<VarPulls>,
 }
 
 impl Pulls {
-    /// Worker `w`'s record (created empty), unless `w` is not tracked.
-    pub(crate) fn worker_mut(&mut self, w: u32) -> Option<&mut WorkerPulls> {
+    /// Worker `w`'s record, about to record a pull of a shard holding
+    /// `vars` variables ([`WorkerPulls::begin_pull`], with the shard's
+    /// pool). `None` when `w` is not tracked.
+    pub(crate) fn begin_pull(&mut self, w: u32, vars: usize) -> Option<&mut WorkerPulls> {
         if w >= MAX_TRACKED_WORKERS {
             return None;
         }
@@ -185,7 +224,28 @@ impl Pulls {
         if self.by_worker.len() <= w {
             self.by_worker.resize_with(w + 1, WorkerPulls::default);
         }
-        Some(&mut self.by_worker[w])
+        let rec = &mut self.by_worker[w];
+        rec.begin_pull(vars, &mut self.spare);
+        Some(rec)
+    }
+
+    /// Worker `w`'s pushes of variables `vars` were applied: their records
+    /// are used up, and their buffers go back to the pool. A later push of
+    /// one of them before the next pull finds no record (as a push of an
+    /// unknown sender); the worker's other variables keep theirs (pushes
+    /// without fusion come one variable at a time).
+    pub(crate) fn release(&mut self, w: u32, vars: &[usize]) {
+        let Some(rec) = self.by_worker.get_mut(w as usize) else {
+            return;
+        };
+        for &i in vars {
+            if let Some(v) = rec.vars.get_mut(i) {
+                v.clear();
+                if !v.unallocated() {
+                    self.spare.push(std::mem::take(v));
+                }
+            }
+        }
     }
 
     /// Take worker `w`'s record out (to read it while the variables
@@ -209,9 +269,8 @@ mod tests {
     #[test]
     fn a_push_uses_the_first_pull_and_the_next_pull_starts_again() {
         let mut p = Pulls::default();
-        assert!(p.worker_mut(MAX_TRACKED_WORKERS).is_none());
-        let w = p.worker_mut(3).unwrap();
-        w.begin_pull();
+        assert!(p.begin_pull(MAX_TRACKED_WORKERS, 2).is_none());
+        let w = p.begin_pull(3, 2).unwrap();
         w.record(1, 7, Some(2), Some(&[1.0, 2.0]));
         w.record(1, 9, Some(0), Some(&[3.0, 4.0]));
         w.record(1, 7, Some(5), Some(&[9.0, 9.0]));
@@ -230,12 +289,49 @@ mod tests {
         w.end_push();
         // Pushes after the same pull (no fusion) still see it.
         assert_eq!(w.pulled(0, 0, 9, 3).staleness, Some(5));
-        w.begin_pull();
+        w.begin_pull(0, &mut Vec::new());
         assert_eq!(w.pulled(1, 7, 6, 2), Pulled::default());
         assert!(w.var(1).is_none());
         let rec = p.take(3).unwrap();
         assert!(p.take(4).is_none());
         p.put_back(3, rec);
+    }
+
+    #[test]
+    fn a_pushed_variable_s_buffers_go_to_the_next_pull_of_any_worker() {
+        let mut p = Pulls::default();
+        let w = p.begin_pull(1, 3).unwrap();
+        w.record(0, 0, None, Some(&[1.0]));
+        w.record(2, 7, None, Some(&[2.0, 3.0]));
+        w.record(2, 8, None, Some(&[4.0, 5.0]));
+        let cap = w.vars[2].values.capacity();
+        let rec = p.take(1).unwrap();
+        p.put_back(1, rec);
+        // A push of variable 2 alone: its record is used up, variable 0's
+        // stays for a later push (no fusion).
+        p.release(1, &[2]);
+        // Worker 2's first pull records into them: no allocation.
+        let w2 = p.begin_pull(2, 3).unwrap();
+        assert_eq!(w2.vars.iter().filter(|v| !v.unallocated()).count(), 1);
+        let got = w2.vars.iter().find(|v| !v.unallocated()).unwrap();
+        assert!(got.keys.is_empty() && got.values.capacity() >= cap);
+        w2.record(1, 9, None, Some(&[6.0]));
+        assert_eq!(w2.pulled(1, 9, 0, 1).values, Some(&[6.0f32][..]));
+        let w = p.begin_pull(1, 3).unwrap();
+        assert!(w.var(2).is_none());
+        assert!(w.vars[2].unallocated(), "worker 1 gave its buffers away");
+        assert_eq!(w.pulled(0, 0, 1, 1).values, Some(&[1.0f32][..]));
+        // After a push, the next pull of worker 1 pools what it still held.
+        w.end_push();
+        let w = p.begin_pull(1, 3).unwrap();
+        assert!(w.var(0).is_none());
+        // Variable 0's buffers went to the pool and came back empty: one
+        // variable holds buffers, none are left over.
+        assert_eq!(w.vars.iter().filter(|v| !v.unallocated()).count(), 1);
+        assert!(p.spare.is_empty());
+        // An untracked worker releases nothing and panics not.
+        p.release(MAX_TRACKED_WORKERS + 1, &[0, 5]);
+        p.release(1, &[99]);
     }
 
     fn le<T: Copy>(xs: &[T], to: impl Fn(T) -> Vec<u8>) -> Vec<u8> {
@@ -248,10 +344,10 @@ mod tests {
         let vals = [1.0f32, 2.0, 3.0, 4.0, 9.0, 9.0, -0.0, f32::MIN_POSITIVE];
         let bytes = le(&vals, |x| x.to_le_bytes().to_vec());
         let mut bulk = WorkerPulls::default();
-        bulk.begin_pull();
+        bulk.begin_pull(0, &mut Vec::new());
         bulk.record_rows(2, U64s::new(&keys).unwrap(), F32s::new(&bytes).unwrap());
         let mut one = WorkerPulls::default();
-        one.begin_pull();
+        one.begin_pull(0, &mut Vec::new());
         for (j, k) in [7u64, 9, 7, 4].into_iter().enumerate() {
             one.record(2, k, None, Some(&vals[2 * j..2 * j + 2]));
         }
@@ -278,7 +374,7 @@ mod tests {
         assert_eq!(bulk.var(2).unwrap().keys, [7, 9, 7, 4, 7]);
         assert_eq!(bulk.pulled(2, 7, 0, 2).values, Some(&[1.0f32, 2.0][..]));
         bulk.end_push();
-        bulk.begin_pull();
+        bulk.begin_pull(0, &mut Vec::new());
         assert!(bulk.var(2).is_none());
         // Values not 4-aligned in memory are decoded, to the same record.
         let mut odd = vec![0u8];

@@ -533,10 +533,9 @@ impl PsShard {
         let Ok(view) = PullRequest::parse(req, &self.cfg.limits) else {
             return;
         };
-        let Some(rec) = self.pulls.worker_mut(w) else {
+        let Some(rec) = self.pulls.begin_pull(w, self.vars.len()) else {
             return;
         };
-        rec.begin_pull();
         let values = self.cfg.optimizer.kind.needs_pulled_values();
         let updates = crate::pulls::keeps_updates(&self.cfg.optimizer);
         // One reply per item, in the request's order.
@@ -699,6 +698,9 @@ impl PsShard {
         if let (Some(w), Some(mut rec)) = (tracked, rec) {
             rec.end_push();
             self.pulls.put_back(w, rec);
+            if r.is_ok() {
+                self.pulls.release(w, &self.touched);
+            }
         }
         match &r {
             Ok(()) => {

@@ -16,21 +16,14 @@ use serde::Serialize;
 const BUCKETS: usize = 1 << 14;
 
 /// Counts of staleness values, mergeable across workers.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StalenessHistogram {
+    /// By value, up to the largest bucket counted: every worker of a
+    /// process keeps one (and its outcome a copy), so it is as long as
+    /// the values seen, not [`BUCKETS`] long.
     counts: Vec<u64>,
     sum: u64,
     max: u64,
-}
-
-impl Default for StalenessHistogram {
-    fn default() -> Self {
-        Self {
-            counts: vec![0; BUCKETS],
-            sum: 0,
-            max: 0,
-        }
-    }
 }
 
 /// The summary in the JSON report (`"staleness"`).
@@ -50,6 +43,9 @@ impl StalenessHistogram {
     /// Count one push of staleness `v`.
     pub fn record(&mut self, v: u64) {
         let i = usize::try_from(v).map_or(BUCKETS - 1, |i| i.min(BUCKETS - 1));
+        if self.counts.len() <= i {
+            self.counts.resize(i + 1, 0);
+        }
         self.counts[i] += 1;
         self.sum += v;
         self.max = self.max.max(v);
@@ -57,6 +53,9 @@ impl StalenessHistogram {
 
     /// Add `other`'s counts.
     pub fn merge(&mut self, other: &StalenessHistogram) {
+        if self.counts.len() < other.counts.len() {
+            self.counts.resize(other.counts.len(), 0);
+        }
         for (a, b) in self.counts.iter_mut().zip(&other.counts) {
             *a += b;
         }
@@ -209,8 +208,32 @@ mod tests {
         assert_eq!(s.p99, 99);
         assert_eq!(s.max, 1 << 20);
         assert_eq!(
+            h.counts.len(),
+            BUCKETS,
+            "a huge value shares the last bucket"
+        );
+        assert_eq!(
             StalenessHistogram::default().summary(),
             Staleness::default()
         );
+    }
+
+    #[test]
+    fn histograms_grow_to_their_largest_value_and_merge_either_way() {
+        let (mut a, mut b) = (StalenessHistogram::default(), StalenessHistogram::default());
+        assert!(a.counts.is_empty());
+        a.record(2);
+        b.record(7);
+        b.record(2);
+        assert_eq!((a.counts.len(), b.counts.len()), (3, 8));
+        let mut ab = a.clone();
+        ab.merge(&b);
+        let mut ba = b.clone();
+        ba.merge(&a);
+        assert_eq!(ab, ba);
+        assert_eq!(ab.counts[2], 2);
+        let s = ab.summary();
+        assert_eq!((s.pushes, s.max, s.p99), (3, 7, 7));
+        assert!((s.mean - 11.0 / 3.0).abs() < 1e-12);
     }
 }

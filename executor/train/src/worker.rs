@@ -7,7 +7,7 @@
 //! before it answers the pull, and no round trip is spent waiting for the
 //! push acknowledgement (PS-Plus's ordered writes).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use bytes::Bytes;
 use starwire_data::Batch;
@@ -80,6 +80,86 @@ struct LookupStep {
     shard_offsets: Vec<Vec<u32>>,
 }
 
+/// Buffers shared by the workers of one process.
+///
+/// Graph run buffers ([`RunBuffers`]): a worker takes a set for its step's
+/// forward and backward pass and puts it back when the step's pushes are
+/// built. Request bodies: a push or pull request is written into a body
+/// from the pool, which returns to it when the transport lets go of the
+/// request. So the workers that compute at once (as many as there are
+/// CPUs, whatever the worker count) reuse a few sets and bodies, already
+/// faulted in and warm in the caches, rather than each worker faulting in
+/// its own for the few steps it runs. Contents are stale; only the
+/// allocations are reused (a buffer of another size is resized).
+#[derive(Debug, Clone, Default)]
+pub struct WorkerBuffers(Arc<SharedBuffers>);
+
+#[derive(Debug, Default)]
+struct SharedBuffers {
+    runs: Mutex<Vec<RunBuffers>>,
+    bodies: Mutex<Vec<Vec<u8>>>,
+}
+
+/// Bodies kept for reuse at most: bounds what a burst of requests leaves
+/// behind.
+const MAX_IDLE_BODIES: usize = 256;
+
+/// A request body from [`WorkerBuffers`]: back to the pool when dropped.
+struct PooledBody {
+    buf: Vec<u8>,
+    pool: WorkerBuffers,
+}
+
+impl AsRef<[u8]> for PooledBody {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf
+    }
+}
+
+impl Drop for PooledBody {
+    fn drop(&mut self) {
+        self.pool.put_body(std::mem::take(&mut self.buf));
+    }
+}
+
+impl WorkerBuffers {
+    // A worker that panicked while holding a lock left whole buffers in
+    // the list: still usable, so a poisoned lock is taken as it is.
+    fn take_run(&self) -> RunBuffers {
+        let mut runs = self.0.runs.lock().unwrap_or_else(PoisonError::into_inner);
+        runs.pop().unwrap_or_default()
+    }
+
+    fn put_run(&self, set: RunBuffers) {
+        let mut runs = self.0.runs.lock().unwrap_or_else(PoisonError::into_inner);
+        runs.push(set);
+    }
+
+    /// An empty body with room for `len` bytes.
+    fn take_body(&self, len: usize) -> Vec<u8> {
+        let mut bodies = self.0.bodies.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut buf = bodies.pop().unwrap_or_default();
+        drop(bodies);
+        buf.clear();
+        buf.reserve(len);
+        buf
+    }
+
+    fn put_body(&self, buf: Vec<u8>) {
+        let mut bodies = self.0.bodies.lock().unwrap_or_else(PoisonError::into_inner);
+        if bodies.len() < MAX_IDLE_BODIES && buf.capacity() > 0 {
+            bodies.push(buf);
+        }
+    }
+
+    /// Graph run buffer sets and request bodies waiting to be taken.
+    pub fn idle(&self) -> (usize, usize) {
+        let runs = self.0.runs.lock().unwrap_or_else(PoisonError::into_inner);
+        let bodies = self.0.bodies.lock().unwrap_or_else(PoisonError::into_inner);
+        (runs.len(), bodies.len())
+    }
+}
+
 /// Step statistics.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct StepInfo {
@@ -104,8 +184,11 @@ pub struct WorkerCore {
     /// Pushes of the last step, not sent yet.
     pending_push: Vec<Request>,
     replies: Vec<Reply>,
-    /// The graph's output buffers, kept from step to step.
+    /// The graph's output buffers, kept from step to step, or taken from
+    /// and given back to `pool` around each step's run.
     bufs: RunBuffers,
+    /// The process's shared buffers, if the worker uses them.
+    pool: Option<WorkerBuffers>,
     global_step: u64,
     staleness: StalenessTracker,
     /// Per-step scratch: the shard of each request of an exchange.
@@ -145,10 +228,37 @@ impl WorkerCore {
             pending_push: Vec::new(),
             replies: Vec::new(),
             bufs: RunBuffers::default(),
+            pool: None,
             global_step: 0,
             staleness: StalenessTracker::default(),
             shards: Vec::new(),
             shared: Vec::new(),
+        }
+    }
+
+    /// Run the graph in buffers, and write push and pull requests in
+    /// bodies, taken from `pool` (shared with the process's other workers)
+    /// rather than in buffers of its own.
+    pub fn share_buffers(&mut self, pool: WorkerBuffers) {
+        self.pool = Some(pool);
+    }
+
+    /// A body for a request of `len` bytes.
+    fn body(&self, len: usize) -> Vec<u8> {
+        match &self.pool {
+            Some(p) => p.take_body(len),
+            None => Vec::with_capacity(len),
+        }
+    }
+
+    /// The payload of a request body from [`Self::body`].
+    fn payload(&self, buf: Vec<u8>) -> Payload {
+        match &self.pool {
+            Some(p) => Payload::from_bytes(Bytes::from_owner(PooledBody {
+                buf,
+                pool: p.clone(),
+            })),
+            None => bytes_body(buf),
         }
     }
 
@@ -306,7 +416,7 @@ impl WorkerCore {
                     }
                 }
             });
-            let mut buf = Vec::with_capacity(len);
+            let mut buf = self.body(len);
             let mut w = PullRequestWriter::new(&mut buf);
             for it in &items {
                 match *it {
@@ -330,7 +440,7 @@ impl WorkerCore {
             reqs.push(Request {
                 shard: s,
                 opcode: Opcode::SparsePull,
-                body: bytes_body(buf),
+                body: self.payload(buf),
             });
             metas.push(items);
         }
@@ -548,7 +658,7 @@ impl WorkerCore {
                     }
                 }
             });
-            let mut buf = Vec::with_capacity(len);
+            let mut buf = self.body(len);
             let mut w = PushRequestWriter::new(&mut buf, last_for_shard[*s] == m);
             for it in items {
                 match *it {
@@ -591,7 +701,7 @@ impl WorkerCore {
             reqs.push(Request {
                 shard: *s,
                 opcode: Opcode::SparsePush,
-                body: bytes_body(buf),
+                body: self.payload(buf),
             });
         }
         for (s, &last) in last_for_shard.iter().enumerate() {
@@ -630,6 +740,9 @@ impl WorkerCore {
         let (pulls, metas) = self.pull_requests();
         let first = self.push_and_exchange(net, turn, pulls)?;
         let feeds = self.feeds(batch, &metas, first)?;
+        if let Some(pool) = &self.pool {
+            self.bufs = pool.take_run();
+        }
         let out = self
             .part
             .forward_backward_with(&self.exec, feeds, &mut self.bufs)
@@ -637,6 +750,9 @@ impl WorkerCore {
         self.pending_push = self.push_requests(&out, batch)?;
         self.bufs.give_back(self.part.graph(), out.lookup_grads);
         self.reclaim_replies();
+        if let Some(pool) = &self.pool {
+            pool.put_run(std::mem::take(&mut self.bufs));
+        }
         Ok(StepInfo {
             loss: out.loss,
             examples: batch.len,
@@ -844,6 +960,40 @@ mod tests {
 
     fn le(v: &[f32]) -> Arc<Vec<u8>> {
         Arc::new(v.iter().flat_map(|x| x.to_le_bytes()).collect())
+    }
+
+    #[test]
+    fn a_request_body_returns_to_the_pool_when_its_last_payload_drops() {
+        let pool = WorkerBuffers::default();
+        let mut buf = pool.take_body(100);
+        assert!(buf.is_empty() && buf.capacity() >= 100);
+        buf.extend_from_slice(b"push body");
+        let at = buf.as_ptr();
+        let body = Bytes::from_owner(PooledBody {
+            buf,
+            pool: pool.clone(),
+        });
+        let copy = body.slice(1..4);
+        assert_eq!(&copy[..], b"ush");
+        drop(body);
+        assert_eq!(pool.idle(), (0, 0), "a slice still holds it");
+        drop(copy);
+        assert_eq!(pool.idle(), (0, 1));
+        // The next body is the same allocation, emptied.
+        let again = pool.take_body(10);
+        assert!(again.is_empty() && again.as_ptr() == at);
+        assert_eq!(pool.idle(), (0, 0));
+        pool.put_body(Vec::new());
+        assert_eq!(pool.idle(), (0, 0), "an empty vector is not kept");
+        for _ in 0..MAX_IDLE_BODIES + 3 {
+            pool.put_body(vec![0]);
+        }
+        assert_eq!(pool.idle(), (0, MAX_IDLE_BODIES));
+        pool.put_run(RunBuffers::default());
+        assert_eq!(pool.idle().0, 1);
+        let _ = pool.take_run();
+        let _ = pool.take_run();
+        assert_eq!(pool.idle().0, 0);
     }
 
     /// One rows reply: its shard, its body and where its rows start.

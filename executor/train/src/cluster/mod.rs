@@ -57,7 +57,7 @@ use roles::{cluster_backend, read_manifest, write_checkpoint, write_manifest};
 use crate::net::Traffic;
 use crate::source::DataSource;
 use crate::staleness::StalenessHistogram;
-use crate::worker::{control_all, WorkerCore};
+use crate::worker::{control_all, WorkerBuffers, WorkerCore};
 use crate::TrainError;
 use starwire_wire::ps::Control;
 
@@ -117,12 +117,13 @@ fn run_local_on(k: &dyn ClusterBackend, cfg: &TrainConfig) -> Result<TrainReport
         v
     };
     let start = Barrier::new(cfg.workers + 1);
+    let pool = WorkerBuffers::default();
     let (t_start, outcomes): (Instant, Vec<Result<WorkerOutcome, TrainError>>) =
         std::thread::scope(|sc| {
             let mut hs = Vec::new();
             for w in 0..cfg.workers {
-                let (plan, addrs, start, ev, layout) =
-                    (&plan, &addrs, &start, &eval_interval, &layout);
+                let (plan, pool, addrs, start, ev, layout) =
+                    (&plan, &pool, &addrs, &start, &eval_interval, &layout);
                 let cpu = layout.worker_cpu(w);
                 let resume = manifest
                     .as_ref()
@@ -142,6 +143,7 @@ fn run_local_on(k: &dyn ClusterBackend, cfg: &TrainConfig) -> Result<TrainReport
                             let r = worker_loop(
                                 cfg,
                                 plan,
+                                Some(pool),
                                 w,
                                 &mut *net,
                                 Some(start),
@@ -476,6 +478,7 @@ pub fn run_worker_task(
         let e = match worker_loop(
             cfg,
             &plan,
+            None,
             index,
             &mut *net,
             None,

@@ -28,7 +28,7 @@ use crate::net::{Exchange, SessionNet, Traffic, WorkerService};
 use crate::server::ShardService;
 use crate::source::Reader;
 use crate::telemetry::{Published, ShardTelemetry, StepProgress, WorkerTelemetry};
-use crate::worker::WorkerCore;
+use crate::worker::{WorkerBuffers, WorkerCore};
 use crate::TrainError;
 use starwire_wire::ps::Control;
 
@@ -627,11 +627,14 @@ pub struct ResumeFrom<'a> {
 
 /// Run worker `w` of the cluster until its data (or step cap) is done,
 /// pinned to `cpu` if given (after its compute threads have started, so
-/// they keep the process's CPUs).
+/// they keep the process's CPUs), its graph run and its requests written
+/// in buffers from `pool` when given (the workers of one process share
+/// them).
 #[allow(clippy::too_many_arguments)]
 pub fn worker_loop(
     cfg: &TrainConfig,
     plan: &Plan,
+    pool: Option<&WorkerBuffers>,
     w: usize,
     net: &mut dyn Exchange,
     start: Option<&Barrier>,
@@ -646,6 +649,9 @@ pub fn worker_loop(
         cfg.tensor_fuse,
         Executor::new(cfg.compute_threads),
     );
+    if let Some(pool) = pool {
+        core.share_buffers(pool.clone());
+    }
     let mut reader = Reader::train(
         &cfg.train,
         &plan.truth,
