@@ -11,7 +11,10 @@
 //! over the whole table, so nearly every row access misses as in a
 //! production table: `pull_rows` (probe, copy into the reply),
 //! `push_rows` (accumulate, Adagrad on row and accumulator) and
-//! `pull_new` (every row created, a fresh shard every 64 requests).
+//! `pull_new` (every row created, a fresh shard every 64 requests);
+//! `push_after_pull` and `push_after_pull_probed`: a push after a pull of
+//! the same keys, from a known worker (whose push finds the entries where
+//! its pull did) and from an unknown one (which probes for them).
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use starwire_ps::{Init, OptimizerConfig, PsShard, ShardConfig, VarDef, VarKind};
@@ -167,6 +170,30 @@ fn bench_big_table(c: &mut Criterion) {
                 .expect("push");
         })
     });
+    // A worker's push after its pull of the same keys: from a known
+    // worker it finds each key's entry where the pull did, from an
+    // unknown one it probes for them (only the push is timed).
+    for (name, worker) in [
+        ("push_after_pull", Some(0)),
+        ("push_after_pull_probed", None),
+    ] {
+        g.bench_function(BenchmarkId::new(name, BIG_KEYS), |b| {
+            b.iter_custom(|iters| {
+                let mut total = std::time::Duration::ZERO;
+                for _ in 0..iters {
+                    i += 1;
+                    let r = i % pulls.len();
+                    s.handle_pull_from(worker, &pulls[r], &mut out)
+                        .expect("pull");
+                    let t = std::time::Instant::now();
+                    s.handle_push_from(worker, &pushes[r], &mut out)
+                        .expect("push");
+                    total += t.elapsed();
+                }
+                total
+            })
+        });
+    }
     drop(s);
     g.bench_function(BenchmarkId::new("pull_new", BIG_KEYS), |b| {
         b.iter_custom(|iters| {

@@ -173,11 +173,7 @@ impl WorkerPulls {
         let v = self.var_mut(var);
         debug_assert!(v.updates.is_empty());
         v.keys.extend(keys.iter());
-        // The reply's values are in place and aligned as a rule: one copy.
-        match values.try_as_slice() {
-            Some(s) => v.values.extend_from_slice(s),
-            None => values.extend_into(&mut v.values),
-        }
+        values.extend_into(&mut v.values);
     }
 
     /// What variable `var` was pulled as, if it was.

@@ -379,6 +379,8 @@ impl PsShard {
     /// sender is known: with an optimizer that reads what a push was
     /// computed on ([`OptimizerConfig::tracks_pulls`]), the pulled rows'
     /// update counts (and values, for DC-ASGD) are kept for its next push.
+    /// Whatever the optimizer, its rows items' keys' places in the key
+    /// maps are kept, where its push of the same keys looks first.
     pub fn handle_pull_from(
         &mut self,
         worker: Option<u32>,
@@ -388,7 +390,7 @@ impl PsShard {
         out.clear();
         self.stats.request_bytes += req.len() as u64;
         check_worker(worker)?;
-        let r = self.handle_pull_inner(req, out);
+        let r = self.handle_pull_inner(worker, req, out);
         match &r {
             Ok(()) => {
                 if let Some(w) = worker.filter(|_| self.cfg.optimizer.tracks_pulls()) {
@@ -405,7 +407,12 @@ impl PsShard {
         r
     }
 
-    fn handle_pull_inner(&mut self, req: &[u8], out: &mut Vec<u8>) -> Result<(), PsError> {
+    fn handle_pull_inner(
+        &mut self,
+        worker: Option<u32>,
+        req: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), PsError> {
         let view = PullRequest::parse(req, &self.cfg.limits)?;
         // Validate every item and size the response before changing
         // anything: each check is O(1) per item.
@@ -472,7 +479,7 @@ impl PsShard {
                     let dim = t.dim();
                     let out = w.rows(var, dim as u32, keys.len() as u32);
                     self.pulled.push(i);
-                    if let Err(e) = t.pull_rows_into(keys, step, out) {
+                    if let Err(e) = t.pull_rows_into(keys, step, out, worker) {
                         failed = Some(e);
                         break;
                     }
@@ -694,7 +701,7 @@ impl PsShard {
         check_worker(worker)?;
         let tracked = worker.filter(|_| self.cfg.optimizer.tracks_pulls());
         let mut rec = tracked.and_then(|w| self.pulls.take(w));
-        let r = self.handle_push_inner(rec.as_mut(), req, out);
+        let r = self.handle_push_inner(worker, rec.as_mut(), req, out);
         if let (Some(w), Some(mut rec)) = (tracked, rec) {
             rec.end_push();
             self.pulls.put_back(w, rec);
@@ -733,6 +740,7 @@ impl PsShard {
 
     fn handle_push_inner(
         &mut self,
+        worker: Option<u32>,
         mut rec: Option<&mut WorkerPulls>,
         req: &[u8],
         out: &mut Vec<u8>,
@@ -807,7 +815,7 @@ impl PsShard {
                         .as_deref()
                         .map_or(true, |r| same_keys(keys, r.var(i as u32)));
                     if in_order && self.items_of[i] == 1 {
-                        if let Some(finite) = t.prepare_direct(keys, grads, step) {
+                        if let Some(finite) = t.prepare_direct(keys, grads, step, worker) {
                             any_direct = true;
                             if !finite && direct_non_finite.is_none() {
                                 direct_non_finite = Some(var);

@@ -93,6 +93,28 @@ impl KeyMap {
         }
     }
 
+    /// Hint that the entry at `position` (a [`Self::position_of`] hint)
+    /// will be read soon; a position past the end does nothing.
+    #[inline]
+    pub(crate) fn prefetch_position(&self, position: Option<u32>) {
+        if let Some(e) = position.and_then(|p| self.entries.get(p as usize)) {
+            prefetch::entry(e);
+        }
+    }
+
+    /// Where `key` is: at `hint` (a position [`Self::find`] or
+    /// [`Self::insert_at`] gave for it earlier) when its entry is still
+    /// there, without hashing or probing; else found as by
+    /// [`Self::find`]. An entry holding `key` is `key`'s whatever
+    /// happened since (keys are unique in the map), so a hint that
+    /// growth or [`Self::retain`] made stale only costs the probe.
+    pub(crate) fn find_hinted(&self, hint: u32, key: u64) -> Option<Found> {
+        match self.entries.get(hint as usize) {
+            Some(e) if e.key == key && e.slot.index != NO_ROW => Some(Found::At(hint as usize)),
+            _ => self.find(key),
+        }
+    }
+
     /// Where `key` is, or the empty position it would take. An empty map
     /// has no position: `None`.
     pub(crate) fn find(&self, key: u64) -> Option<Found> {
@@ -142,25 +164,25 @@ impl KeyMap {
 
     /// Add `key` (which has no slot) with `slot` at `found`, what
     /// [`Self::find`] returned for it with no change to the map since;
-    /// `None` (an empty map) is fine too.
-    pub(crate) fn insert_at(&mut self, found: Option<Found>, key: u64, slot: Slot) {
+    /// `None` (an empty map) is fine too. Returns the key's position.
+    pub(crate) fn insert_at(&mut self, found: Option<Found>, key: u64, slot: Slot) -> usize {
         debug_assert_ne!(slot.index, NO_ROW);
         if (self.len + 1) * 2 > self.entries.len() {
             self.grow(self.len + 1);
-            self.insert_new(key, slot);
-            return;
+            return self.insert_new(key, slot);
         }
         match found {
             Some(Found::Vacant(i)) => {
                 self.entries[i] = Entry { key, slot };
                 self.len += 1;
+                i
             }
             _ => self.insert_new(key, slot),
         }
     }
 
-    /// Put a key known to be absent, with room for it.
-    fn insert_new(&mut self, key: u64, slot: Slot) {
+    /// Put a key known to be absent, with room for it; returns its position.
+    fn insert_new(&mut self, key: u64, slot: Slot) -> usize {
         let mask = self.mask();
         let mut i = self.home(key);
         while self.entries[i].slot.index != NO_ROW {
@@ -168,6 +190,7 @@ impl KeyMap {
         }
         self.entries[i] = Entry { key, slot };
         self.len += 1;
+        i
     }
 
     /// Make room for `n` keys in all without growing again.
@@ -290,6 +313,38 @@ mod tests {
         let mut m = KeyMap::default();
         m.reserve(100_000);
         assert_eq!(m.entries.as_ptr() as usize % 32, 0);
+    }
+
+    #[test]
+    fn a_hint_is_taken_only_where_it_still_holds_the_key() {
+        let mut m = KeyMap::default();
+        m.reserve(20);
+        let at: Vec<usize> = (0..20u64)
+            .map(|k| m.insert_at(m.find(k), k, slot(k as u32)))
+            .collect();
+        for (k, &p) in at.iter().enumerate() {
+            let k = k as u64;
+            assert_eq!(m.find(k), Some(Found::At(p)), "key {k}");
+            assert_eq!(m.find_hinted(p as u32, k), Some(Found::At(p)));
+        }
+        // Another key's position, one past the end and a vacant one: the
+        // key is probed for.
+        assert_eq!(m.find_hinted(at[3] as u32, 4), Some(Found::At(at[4])));
+        assert_eq!(m.find_hinted(u32::MAX, 4), Some(Found::At(at[4])));
+        let Some(Found::Vacant(v)) = m.find(99) else {
+            panic!("99 is absent");
+        };
+        assert_eq!(m.find_hinted(v as u32, 99), Some(Found::Vacant(v)));
+        assert_eq!(m.find_hinted(v as u32, 5), Some(Found::At(at[5])));
+        // After growth moves the entries, old positions still find each key.
+        m.reserve(10_000);
+        for (k, &p) in at.iter().enumerate() {
+            let k = k as u64;
+            assert_eq!(m.find_hinted(p as u32, k), m.find(k), "key {k}");
+            assert!(matches!(m.find(k), Some(Found::At(_))));
+        }
+        m.prefetch_position(Some(u32::MAX));
+        m.prefetch_position(None);
     }
 
     #[test]

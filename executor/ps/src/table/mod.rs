@@ -9,6 +9,7 @@ use starwire_wire::ps::{put_f32s, F32s, U64s};
 
 use crate::optim::OptimizerConfig;
 use crate::prefetch;
+use crate::pulls::MAX_TRACKED_WORKERS;
 use crate::var::VarDef;
 
 mod defaults;
@@ -27,6 +28,10 @@ type Map<V> = FxHashMap<u64, V>;
 
 /// Marks a key that has no row in [`EmbeddingTable::resolve`]'s output.
 const NO_ROW: u32 = u32::MAX;
+
+/// A key-map position hint that names no entry (a key without a row, or
+/// a position past `u32`).
+const NO_POSITION: u32 = u32::MAX;
 
 /// A key not admitted yet (`filter_freq > 1`): how often it was pulled and when last.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,6 +139,9 @@ struct Scratch {
     // The rows `prepare_direct` counted an update for: each key and its
     // access step before, to give the counts back if the push is refused.
     direct_undo: Vec<(u64, u64)>,
+    // By worker: the key-map position of each key of its last rows pull,
+    // where its push of the same keys finds their entries again.
+    pulled_at: Vec<Vec<u32>>,
 }
 
 impl EmbeddingTable {
@@ -239,7 +247,7 @@ impl EmbeddingTable {
     }
 
     fn pull_row(&mut self, key: u64, step: u64, once: bool) -> Result<Option<&[f32]>, TableFull> {
-        let (index, new) = self.resolve(key, step, once)?;
+        let (index, new, _) = self.resolve(key, step, once)?;
         if new {
             self.init_row(index, key);
         }
@@ -260,8 +268,9 @@ impl EmbeddingTable {
     /// The row index of `key` for a pull at `step` ([`NO_ROW`] while the
     /// filter holds it back), creating the row if the key is admitted now
     /// and refreshing its access time; true when the row is new: its
-    /// floats are stale or zero until [`Self::init_row`].
-    fn resolve(&mut self, key: u64, step: u64, once: bool) -> Result<(u32, bool), TableFull> {
+    /// floats are stale or zero until [`Self::init_row`]. Last, the key's
+    /// position in the key map ([`NO_POSITION`] without a row).
+    fn resolve(&mut self, key: u64, step: u64, once: bool) -> Result<(u32, bool, u32), TableFull> {
         self.rows.reserve_before_insert();
         let rows = &mut self.rows;
         let max_rows = self.policy.max_rows;
@@ -272,14 +281,14 @@ impl EmbeddingTable {
         if let Some(keymap::Found::At(at)) = found {
             let slot = rows.map.slot_mut(at);
             slot.last_access = slot.last_access.max(step);
-            return Ok((slot.index, false));
+            return Ok((slot.index, false, position(at)));
         }
         if once && self.policy.filter_freq > 1 && !self.scratch.counted.insert(key) {
             self.stats.filtered_pulls += 1;
-            return Ok((NO_ROW, false));
+            return Ok((NO_ROW, false, NO_POSITION));
         }
         if !admit(&mut self.pending, &mut self.stats, &self.policy, key, step) {
-            return Ok((NO_ROW, false));
+            return Ok((NO_ROW, false, NO_POSITION));
         }
         let full = |why| TableFull {
             var: self.def.id,
@@ -291,7 +300,7 @@ impl EmbeddingTable {
         }
         let index = alloc(&mut rows.arena, &mut rows.next, &mut rows.free).map_err(full)?;
         self.stats.admitted += 1;
-        rows.map.insert_at(
+        let at = rows.map.insert_at(
             found,
             key,
             Slot {
@@ -300,7 +309,7 @@ impl EmbeddingTable {
                 updates: 0,
             },
         );
-        Ok((index, true))
+        Ok((index, true, position(at)))
     }
 
     /// Give the new row `index` of `key` its initial weights and slots.
@@ -324,32 +333,42 @@ impl EmbeddingTable {
     /// prefetched a few keys ahead) instead of alternating with the
     /// copies; a new row's default values, at a random place in a matrix
     /// of a megabyte per table, are prefetched in the second pass.
+    ///
+    /// A pull of `worker` keeps its keys' key-map positions, so that its
+    /// push of the same keys ([`Self::prepare_direct`]) reads each entry
+    /// where it is rather than probing for it again.
     pub(crate) fn pull_rows_into(
         &mut self,
         keys: U64s<'_>,
         step: u64,
         out: &mut Vec<u8>,
+        worker: Option<u32>,
     ) -> Result<(), TableFull> {
         let mut resolved = std::mem::take(&mut self.scratch.resolved);
         let mut fresh = std::mem::take(&mut self.scratch.fresh);
+        let mut positions = self.take_pulled_at(worker);
         resolved.clear();
         fresh.clear();
+        positions.clear();
         let mut r = Ok(());
         for (k, ahead) in prefetch::probe_ahead(|| keys.iter()) {
             self.rows.map.prefetch(ahead);
             match self.resolve(k, step, true) {
-                Ok((i, new)) => {
+                Ok((i, new, at)) => {
                     if new {
                         fresh.push((resolved.len(), k));
                     }
                     resolved.push(i);
+                    positions.push(at);
                 }
                 Err(e) => {
                     r = Err(e);
+                    positions.clear();
                     break;
                 }
             }
         }
+        self.put_pulled_at(worker, positions);
         if r.is_ok() {
             let dim = self.dim;
             out.reserve(4 * dim * resolved.len());
@@ -387,6 +406,28 @@ impl EmbeddingTable {
         self.scratch.resolved = resolved;
         self.scratch.fresh = fresh;
         r
+    }
+
+    /// Worker `worker`'s key-map positions of its last rows pull, taken
+    /// out (empty for an untracked worker); [`Self::put_pulled_at`] puts
+    /// them back.
+    fn take_pulled_at(&mut self, worker: Option<u32>) -> Vec<u32> {
+        let Some(w) = worker.filter(|&w| w < MAX_TRACKED_WORKERS) else {
+            return Vec::new();
+        };
+        let w = w as usize;
+        let by_worker = &mut self.scratch.pulled_at;
+        if by_worker.len() <= w {
+            by_worker.resize_with(w + 1, Vec::new);
+        }
+        std::mem::take(&mut by_worker[w])
+    }
+
+    /// Return what [`Self::take_pulled_at`] took.
+    fn put_pulled_at(&mut self, worker: Option<u32>, positions: Vec<u32>) {
+        if let Some(slot) = worker.and_then(|w| self.scratch.pulled_at.get_mut(w as usize)) {
+            *slot = positions;
+        }
     }
 
     /// Add `grad` (one row, `dim` floats) to the gradient accumulated for
@@ -442,11 +483,18 @@ impl EmbeddingTable {
     /// row checked in the loop that probes its key. That loop mostly waits
     /// on the probes' cache misses, so the check costs little there,
     /// where a pass of its own read the whole item once more.
+    ///
+    /// When `worker`'s last rows pull of the table had as many keys (a
+    /// worker pushes the keys it pulled, in order), each key's entry is
+    /// first looked for at the position that pull found it
+    /// ([`KeyMap::find_hinted`](keymap::KeyMap::find_hinted)), and the
+    /// entries ahead are prefetched there: the exact line, with no hash.
     pub(crate) fn prepare_direct(
         &mut self,
         keys: U64s<'_>,
         grads: F32s<'_>,
         step: u64,
+        worker: Option<u32>,
     ) -> Option<bool> {
         debug_assert!(!self.has_accumulated());
         debug_assert_eq!(keys.len() * self.dim, grads.len());
@@ -457,16 +505,26 @@ impl EmbeddingTable {
         let mut undo = std::mem::take(&mut self.scratch.direct_undo);
         targets.clear();
         undo.clear();
+        let hints = self.take_pulled_at(worker);
+        let hinted = hints.len() == keys.len();
         let marks = &mut self.scratch.marks;
         marks.resize((self.rows.next as usize).div_ceil(64), 0);
         // As in `apply_at`: the probes first, their misses overlapping.
         let mut direct = true;
-        for (k, ahead) in prefetch::probe_ahead(|| keys.iter()) {
-            self.rows.map.prefetch(ahead);
-            let Some(s) = self.rows.map.get_mut(k) else {
+        for (j, (k, ahead)) in prefetch::probe_ahead(|| keys.iter()).enumerate() {
+            let map = &mut self.rows.map;
+            let found = if hinted {
+                map.prefetch_position(hints.get(j + prefetch::PROBE_DISTANCE).copied());
+                map.find_hinted(hints[j], k)
+            } else {
+                map.prefetch(ahead);
+                map.find(k)
+            };
+            let Some(keymap::Found::At(at)) = found else {
                 direct = false;
                 break;
             };
+            let s = map.slot_mut(at);
             let (word, bit) = ((s.index / 64) as usize, 1u64 << (s.index % 64));
             if marks[word] & bit != 0 {
                 direct = false;
@@ -486,6 +544,7 @@ impl EmbeddingTable {
         for &(index, _) in &targets {
             marks[(index / 64) as usize] = 0;
         }
+        self.put_pulled_at(worker, hints);
         self.scratch.targets = targets;
         self.scratch.direct_undo = undo;
         if !direct {
@@ -631,6 +690,11 @@ impl EmbeddingTable {
         self.stats.evicted += n as u64;
         n
     }
+}
+
+/// A key-map position as a hint ([`NO_POSITION`] past `u32`).
+fn position(at: usize) -> u32 {
+    u32::try_from(at).unwrap_or(NO_POSITION)
 }
 
 /// Count one pull of `key`, which has no row; true when it is admitted now.
@@ -942,7 +1006,7 @@ mod tests {
         let bytes: Vec<u8> = keys.iter().flat_map(|k| k.to_le_bytes()).collect();
         for step in 0..3 {
             let mut out = Vec::new();
-            a.pull_rows_into(U64s::new(&bytes).unwrap(), step, &mut out)
+            a.pull_rows_into(U64s::new(&bytes).unwrap(), step, &mut out, None)
                 .expect("room");
             a.end_request();
             let mut want = Vec::new();
@@ -968,7 +1032,7 @@ mod tests {
         let keys: Vec<u64> = (0..40u64).map(|i| (i * 7) % 23).collect();
         let bytes: Vec<u8> = keys.iter().flat_map(|k| k.to_le_bytes()).collect();
         let mut out = Vec::new();
-        a.pull_rows_into(U64s::new(&bytes).unwrap(), 0, &mut out)
+        a.pull_rows_into(U64s::new(&bytes).unwrap(), 0, &mut out, None)
             .expect("room");
         let mut want = Vec::new();
         for &k in &keys {
@@ -987,7 +1051,7 @@ mod tests {
         });
         let bytes: Vec<u8> = [1u64, 2, 3].iter().flat_map(|k| k.to_le_bytes()).collect();
         let mut out = Vec::new();
-        let e = t.pull_rows_into(U64s::new(&bytes).unwrap(), 0, &mut out);
+        let e = t.pull_rows_into(U64s::new(&bytes).unwrap(), 0, &mut out, None);
         assert_eq!(e.map_err(|e| e.why), Err(NoRoom::MaxRows));
         let mut want = vec![0.0; 4];
         for k in [1u64, 2] {
@@ -1033,7 +1097,7 @@ mod tests {
         for (t, g) in tables.iter_mut().zip([aligned, offset]) {
             for step in 0..2 {
                 let keys = U64s::new(&key_bytes).unwrap();
-                assert_eq!(t.prepare_direct(keys, g, step), Some(true));
+                assert_eq!(t.prepare_direct(keys, g, step, None), Some(true));
                 t.push_rows_direct(g, step);
             }
         }
@@ -1052,7 +1116,7 @@ mod tests {
         for (t, g) in tables.iter_mut().zip([bad_aligned, &bad_shifted[1..]]) {
             let keys = U64s::new(&key_bytes).unwrap();
             let g = F32s::new(g).unwrap();
-            assert_eq!(t.prepare_direct(keys, g, 2), Some(false));
+            assert_eq!(t.prepare_direct(keys, g, 2, None), Some(false));
             t.discard_accumulated();
             assert_eq!(t.rows.get(14).map(|(s, _)| s.updates), Some(2));
         }
@@ -1063,6 +1127,69 @@ mod tests {
             };
             assert_eq!(bits(&tables[0]), bits(&tables[1]), "key {k}");
             assert_ne!(tables[0].get(k), Some(&[0.0; 4][..]));
+        }
+    }
+
+    #[test]
+    fn a_push_after_its_workers_pull_updates_as_one_from_an_unknown_worker() {
+        // Worker 1 pushes what it pulled (its pull's positions used), also
+        // after another worker's pull grew the map and after eviction
+        // moved the entries; an unknown sender's push (probed) and a
+        // worker pushing keys it did not pull in that order (positions
+        // not used) change the rows alike.
+        let keys: Vec<u64> = (1..=40).collect();
+        let key_bytes: Vec<u8> = keys.iter().flat_map(|k| k.to_le_bytes()).collect();
+        let reversed: Vec<u8> = keys.iter().rev().flat_map(|k| k.to_le_bytes()).collect();
+        let floats: Vec<f32> = (0..keys.len() * 4).map(|i| (i % 5) as f32 * 0.5).collect();
+        let grads: Vec<u8> = floats.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let rev_grads: Vec<u8> = floats
+            .chunks(4)
+            .rev()
+            .flatten()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
+        let mut tables = [table(0, 3, 16), table(0, 3, 16), table(0, 3, 16)];
+        for (n, t) in tables.iter_mut().enumerate() {
+            t.opt = OptimizerConfig::adagrad(0.5);
+            t.rows = Rows::with_capacity(4 * 2, 0);
+            // Table 1's pushes come from an unknown sender; table 2's
+            // worker pushes its keys in another order.
+            let worker = (n != 1).then_some(1);
+            for step in 0..6u64 {
+                let mut out = Vec::new();
+                t.pull_rows_into(U64s::new(&key_bytes).unwrap(), step, &mut out, worker)
+                    .expect("room");
+                t.end_request();
+                if step == 2 {
+                    // Another worker's pull of many new keys grows the map.
+                    let more: Vec<u8> = (1000..3000u64).flat_map(|k| k.to_le_bytes()).collect();
+                    t.pull_rows_into(U64s::new(&more).unwrap(), step, &mut out, Some(2))
+                        .expect("room");
+                    t.end_request();
+                }
+                if step == 4 {
+                    // The other worker's rows are evicted: entries move.
+                    assert_eq!(t.evict(step + 2), 2000);
+                }
+                let (k, g) = if n == 2 {
+                    (&reversed, &rev_grads)
+                } else {
+                    (&key_bytes, &grads)
+                };
+                let g = F32s::new(g).unwrap();
+                let k = U64s::new(k).unwrap();
+                assert_eq!(t.prepare_direct(k, g, step, worker), Some(true));
+                t.push_rows_direct(g, step);
+            }
+        }
+        for &k in &keys {
+            let row = |t: &EmbeddingTable| -> Vec<u32> {
+                let (s, row) = t.rows.get(k).expect("row");
+                assert_eq!(s.updates, 6, "key {k}");
+                row.iter().map(|x| x.to_bits()).collect()
+            };
+            assert_eq!(row(&tables[0]), row(&tables[1]), "key {k}");
+            assert_eq!(row(&tables[0]), row(&tables[2]), "key {k}");
         }
     }
 

@@ -231,9 +231,15 @@ impl<'a> F32s<'a> {
             *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
         }
     }
-    /// Append every element to `out` (decoded once, straight into the
-    /// vector's spare room: nothing is zeroed first).
+    /// Append every element to `out`: one copy of the bytes where they
+    /// are native `f32`s ([`try_as_slice`](Self::try_as_slice)), else
+    /// decoded once, straight into the vector's spare room (nothing is
+    /// zeroed first).
     pub fn extend_into(&self, out: &mut Vec<f32>) {
+        if let Some(s) = self.try_as_slice() {
+            out.extend_from_slice(s);
+            return;
+        }
         out.extend(
             self.0
                 .chunks_exact(4)

@@ -223,6 +223,14 @@ fn f32s_decode_into_a_slice_or_onto_a_vector() {
     let mut out = vec![9.0];
     v.extend_into(&mut out);
     assert_eq!(out, [9.0, 1.5, -2.0, 3.25]);
+    // The same floats a byte off 4-alignment (decoded, not copied in
+    // place) append alike.
+    let mut shifted = vec![0u8; bytes.len() + 1];
+    shifted[1..].copy_from_slice(&bytes);
+    let off = F32s::new(&shifted[1..]).unwrap();
+    assert!(off.try_as_slice().is_none());
+    off.extend_into(&mut out);
+    assert_eq!(out, [9.0, 1.5, -2.0, 3.25, 1.5, -2.0, 3.25]);
     let mut short = [0.0; 2];
     v.copy_to(&mut short);
     assert_eq!(short, [1.5, -2.0]);
