@@ -196,6 +196,10 @@ struct TxPacket {
     sacked: bool,
     /// Queued in `retx`.
     in_retx: bool,
+    /// Queued again by a retransmission timeout (and by nothing since): an
+    /// acknowledgement of it may be one of the earlier transmission, which
+    /// the timeout wrongly took for lost (see `ReliableCore::on_ack`).
+    by_timeout: bool,
 }
 
 #[derive(Debug)]

@@ -18,6 +18,14 @@ impl ReliableCore {
         let mut progress = false;
         let mut sample: Option<Instant> = None;
         let mut delivered = self.delivered_serial;
+        // The latest serial of a packet a timeout sent again, when this
+        // acknowledgement covers others too: then its earlier transmission
+        // most likely arrived with them (the timeout fired while the peer
+        // was not running, not for a loss), and its latest serial would
+        // mark every packet sent between the two transmissions as lost.
+        // Alone, it is the retransmission that arrived, after a loss.
+        let mut by_timeout: Option<u64> = None;
+        let mut newly = 0u32;
         if seq_lt(self.snd_una, ack) {
             let n = ack.wrapping_sub(self.snd_una);
             for _ in 0..n {
@@ -25,7 +33,12 @@ impl ReliableCore {
                     break;
                 };
                 if !p.sacked {
-                    delivered = delivered.max(p.serial);
+                    newly += 1;
+                    if p.by_timeout {
+                        by_timeout = Some(p.serial);
+                    } else {
+                        delivered = delivered.max(p.serial);
+                    }
                     if p.tx_count == 1 {
                         sample = p.sent_at;
                     }
@@ -51,6 +64,11 @@ impl ReliableCore {
                 if !p.sacked {
                     p.sacked = true;
                     progress = true;
+                    newly += 1;
+                    if p.by_timeout {
+                        by_timeout = Some(p.serial);
+                        continue;
+                    }
                     delivered = delivered.max(p.serial);
                     if p.tx_count == 1 {
                         sample = sample.max(p.sent_at);
@@ -70,6 +88,9 @@ impl ReliableCore {
                 Some(now + self.current_rto())
             };
         }
+        if let (Some(serial), 1) = (by_timeout, newly) {
+            delivered = delivered.max(serial);
+        }
         if delivered > self.delivered_serial {
             self.delivered_serial = delivered;
             // A packet that this acknowledgement reports missing although
@@ -86,6 +107,7 @@ impl ReliableCore {
             for (i, p) in self.snd_buf.iter_mut().take(reported as usize).enumerate() {
                 if !p.sacked && !p.in_retx && p.serial + FAST_RETRANSMIT_THRESHOLD <= delivered {
                     p.in_retx = true;
+                    p.by_timeout = false;
                     self.retx.push_back(self.snd_una.wrapping_add(i as u32));
                     self.stats.fast_retransmits += 1;
                 }

@@ -533,3 +533,90 @@ fn config_validation() {
         })
     ));
 }
+
+/// The standalone acknowledgement `c` owes, due at once.
+fn drain_ack(c: &mut ReliableCore, now: Instant) -> Vec<Vec<u8>> {
+    c.ack_deadline = Some(now);
+    drain_tx(c, now)
+}
+
+/// Twenty one-packet frames sent by `a` at `now`.
+fn twenty_sent(a: &mut ReliableCore, now: Instant) -> Vec<Vec<u8>> {
+    for i in 0..20 {
+        send_frame(a, &frame(i, 20));
+    }
+    let pkts = drain_tx(a, now);
+    assert_eq!(pkts.len(), 20);
+    pkts
+}
+
+#[test]
+fn a_timeout_retransmits_the_oldest_packet_only() {
+    let (mut a, _) = pair(cfg());
+    let t0 = Instant::now();
+    let pkts = twenty_sent(&mut a, t0);
+    let t = a.poll_timeout().unwrap();
+    a.handle_timeout(t);
+    assert_eq!(drain_tx(&mut a, t), vec![pkts[0].clone()]);
+    let t = a.poll_timeout().unwrap();
+    a.handle_timeout(t);
+    assert_eq!(
+        drain_tx(&mut a, t),
+        vec![pkts[0].clone()],
+        "backed off, again"
+    );
+    assert_eq!((a.stats().timeouts, a.stats().retransmits), (2, 2));
+}
+
+#[test]
+fn a_spurious_timeout_costs_one_packet() {
+    // The peer did not run until after the timeout: the original packets
+    // were waiting in its receive ring, and arrive before the copy.
+    let (mut a, mut b) = pair(cfg());
+    let t0 = Instant::now();
+    let pkts = twenty_sent(&mut a, t0);
+    let t1 = a.poll_timeout().unwrap();
+    a.handle_timeout(t1);
+    let copy = drain_tx(&mut a, t1);
+    assert_eq!(copy, vec![pkts[0].clone()]);
+    let mut got = Vec::new();
+    feed(&mut b, t1, &pkts[..10], &mut got);
+    let ack = drain_ack(&mut b, t1);
+    feed(&mut a, t1, &ack, &mut Vec::new());
+    assert_eq!(a.stats().fast_retransmits, 0, "packets 10.. are in flight");
+    assert!(drain_tx(&mut a, t1).is_empty());
+    feed(&mut b, t1, &pkts[10..], &mut got);
+    feed(&mut b, t1, &copy, &mut got);
+    assert_eq!(got, (0..20).map(|i| frame(i, 20)).collect::<Vec<_>>());
+    assert_eq!(b.stats().duplicates, 1);
+    feed(&mut a, t1, &drain_ack(&mut b, t1), &mut Vec::new());
+    assert_eq!(a.stats().retransmits, 1);
+    assert_eq!(a.poll_timeout(), None, "all acknowledged");
+}
+
+#[test]
+fn a_lost_tail_is_recovered_after_one_timeout() {
+    // All twenty lost: the timeout sends the first again, and its
+    // acknowledgement, alone, reports the others missing.
+    let (mut a, mut b) = pair(cfg());
+    let t0 = Instant::now();
+    twenty_sent(&mut a, t0);
+    let mut now = a.poll_timeout().unwrap();
+    a.handle_timeout(now);
+    let mut got = Vec::new();
+    let mut to_b = drain_tx(&mut a, now);
+    assert_eq!(to_b.len(), 1);
+    for _ in 0..10 {
+        if to_b.is_empty() {
+            break;
+        }
+        now += Duration::from_micros(10);
+        feed(&mut b, now, &to_b, &mut got);
+        feed(&mut a, now, &drain_ack(&mut b, now), &mut Vec::new());
+        to_b = drain_tx(&mut a, now);
+    }
+    assert_eq!(got, (0..20).map(|i| frame(i, 20)).collect::<Vec<_>>());
+    assert_eq!(a.stats().timeouts, 1);
+    assert_eq!(a.stats().retransmits, 20, "each lost packet once");
+    assert_eq!(a.poll_timeout(), None);
+}

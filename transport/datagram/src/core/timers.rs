@@ -5,7 +5,6 @@
 use std::time::{Duration, Instant};
 
 use super::ReliableCore;
-use crate::packet::SACK_BITS;
 
 impl ReliableCore {
     /// The earliest instant the core needs [`handle_timeout`](Self::handle_timeout)
@@ -26,12 +25,16 @@ impl ReliableCore {
             .min()
     }
 
-    /// Run the timers at `now`: on a retransmission timeout the
-    /// unacknowledged packets the peer can report on (the oldest
-    /// unacknowledged one and the selective-ack range after it) are queued
-    /// again and the timeout backs off; after
-    /// [`dead_after_timeouts`](crate::ReliableConfig::dead_after_timeouts)
+    /// Run the timers at `now`: on a retransmission timeout the oldest
+    /// unacknowledged packet is queued again and the timeout backs off;
+    /// after [`dead_after_timeouts`](crate::ReliableConfig::dead_after_timeouts)
     /// consecutive timeouts without progress the connection fails.
+    ///
+    /// One packet, not the window: a timeout is as often a peer that was
+    /// not scheduled for a while (its packets wait in its receive ring) as
+    /// a loss, and the acknowledgement of that one packet, when it is the
+    /// only one that arrived, reports the rest of a lost tail as missing
+    /// for fast retransmission (see `on_ack`).
     pub fn handle_timeout(&mut self, now: Instant) {
         self.last_now = Some(now);
         if self.failed.is_some() {
@@ -68,12 +71,11 @@ impl ReliableCore {
             timeouts = self.timeouts,
             "retransmission timeout"
         );
-        let sent = self.next_new.wrapping_sub(self.snd_una) as usize;
-        let visible = sent.min(1 + SACK_BITS as usize);
-        for (i, p) in self.snd_buf.iter_mut().take(visible).enumerate() {
+        if let Some(p) = self.snd_buf.front_mut() {
             if !p.sacked && !p.in_retx {
                 p.in_retx = true;
-                self.retx.push_back(self.snd_una.wrapping_add(i as u32));
+                p.by_timeout = true;
+                self.retx.push_back(self.snd_una);
             }
         }
         self.rto_deadline = Some(now + self.current_rto());

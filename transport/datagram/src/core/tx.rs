@@ -87,6 +87,7 @@ impl ReliableCore {
             tx_count: 0,
             sacked: false,
             in_retx: false,
+            by_timeout: false,
         });
         self.snd_nxt = self.snd_nxt.wrapping_add(1);
     }
