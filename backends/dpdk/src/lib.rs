@@ -43,4 +43,4 @@ pub use crate::eal::{eal_args, split_args, Eal, EAL_ARGS_ENV};
 pub use crate::error::DpdkError;
 pub use crate::link::{DpdkLink, DpdkLinkStats, LinkConfig, SharedQueue};
 pub use crate::port::{DeviceInfo, LinkStatus, Port, PortConfig, PortQueue, PortStats};
-pub use crate::steer::{probe_steering, QueueSet, Steering, HANDOVER_RING, HOLD_LIMIT};
+pub use crate::steer::{probe_steering, QueueSet, Steering};

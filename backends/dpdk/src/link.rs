@@ -99,12 +99,8 @@ pub struct DpdkLinkStats {
     /// ARP requests for our IPv4 address answered.
     pub arp_replies: u64,
     /// Packets dropped because the inbox of the link they were for was
-    /// full (shared queues), or stayed full for `HOLD_LIMIT` (queue sets).
+    /// full (shared queues, queue sets).
     pub rx_inbox_full: u64,
-    /// Packets held back because the hand-over ring of the link they were
-    /// for was full (queue sets; handed over later, or dropped and
-    /// counted in `rx_inbox_full`).
-    pub rx_held: u64,
     /// Packets this link received on its queue and handed to the link of
     /// their UDP port (queue sets).
     pub rx_handed_over: u64,
@@ -354,7 +350,6 @@ impl DpdkLink {
 
 impl Drop for DpdkLink {
     fn drop(&mut self) {
-        tracing::debug!(udp_port = self.cfg.local.port, stats = ?self.stats, "DPDK link closed");
         if let Access::Shared(q) = &self.access {
             q.unbind(self.cfg.local.port);
         }
@@ -443,7 +438,7 @@ impl DatagramLink for DpdkLink {
 
     fn rx_burst(
         &mut self,
-        now: Instant,
+        _now: Instant,
         max: usize,
         sink: &mut dyn FnMut(&[u8]),
     ) -> Result<usize, LinkError> {
@@ -456,7 +451,7 @@ impl DatagramLink for DpdkLink {
                 q.rx_burst(&mut self.rx, max as u16);
                 self.stats.rx_bursts += 1;
             }
-            Access::Steered(l) => l.rx(&mut self.rx, max, now, &mut self.stats),
+            Access::Steered(l) => l.rx(&mut self.rx, max, &mut self.stats),
             Access::Shared(s) => {
                 let mut d = s.lock();
                 let Demux {

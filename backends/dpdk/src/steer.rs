@@ -13,19 +13,12 @@
 //! fanout); the link that polls that queue hands each packet for another
 //! link's UDP port over an M:N grid of single-producer rings
 //! (`starwire_queue::grid_polling`), one ring per (link, link) pair, as
-//! Machnet does on vNICs without flow steering. A packet whose ring is
-//! full is held, and the link polls its queue again only once the held
-//! packets are handed over (or after [`HOLD_LIMIT`]): a receiving link
-//! slower than its peers' sending then fills the queue and, on a device
-//! that loops back (`net_ring`), its senders' transmit rings, instead of
-//! losing a share of every burst. A port with fewer queues
+//! Machnet does on vNICs without flow steering. A port with fewer queues
 //! than links is [`Steering::Single`]: its links share queue 0 through
 //! [`SharedQueue`](crate::SharedQueue), under a lock.
 
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
 
 use starwire_datagram::udp;
 use starwire_queue::{grid_polling, Consumer, Producer};
@@ -35,15 +28,9 @@ use crate::ffi::{self, FlowRule, Mbuf, Mempool};
 use crate::link::DpdkLinkStats;
 use crate::port::Port;
 
-/// Packets each ring of the grid holds; beyond it a packet to hand over
-/// is held (see [`HOLD_LIMIT`]).
+/// Packets each ring of the grid holds; beyond it a handed-over packet
+/// is dropped (the reliability layer retransmits it).
 pub const HANDOVER_RING: usize = 256;
-
-/// How long a link holds packets for a link whose ring stays full before
-/// it drops them (the reliability layer retransmits them) and polls its
-/// queue again: a link that takes nothing for that long (its reactor
-/// stalled or ended) holds up the packets of the others only so long.
-pub const HOLD_LIMIT: Duration = Duration::from_millis(20);
 
 /// How the packets of a port's links reach them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -304,8 +291,6 @@ impl QueueSet {
             set: Arc::clone(&self.shared),
             udp_port,
             scratch: Vec::new(),
-            held: VecDeque::new(),
-            held_since: None,
         })
     }
 }
@@ -314,11 +299,6 @@ impl QueueSet {
 #[derive(Debug)]
 pub(crate) struct Lease {
     scratch: Vec<Mbuf>,
-    /// Packets from the leased queue for another link whose ring was full,
-    /// in arrival order; handed over before the queue is polled again.
-    held: VecDeque<Mbuf>,
-    /// When the oldest of `held` was refused.
-    held_since: Option<Instant>,
     /// Destroyed before the slot goes back.
     flow: Option<FlowRule>,
     slot: Option<Slot>,
@@ -338,84 +318,41 @@ impl Lease {
         self.slot.as_mut().map_or(0, |s| s.queue.tx_burst(pkts))
     }
 
-    /// Up to `max` packets for this link into `out` at `now`: some of those
-    /// other links handed over, then the packets held for a full ring
-    /// (handed over in order while their rings take them), then, if none
-    /// is left held, one `rte_eth_rx_burst` of the leased queue, whose
-    /// packets for other links' UDP ports go to their rings (from the
-    /// first one a full ring refuses, the rest of the burst is held), then
-    /// more of the handed-over ones if room is left. The handed-over
-    /// packets take at most half a burst before the queue is polled, so
-    /// neither source starves the other (a link whose inbox stays full
-    /// still polls the queue its peers' packets arrive on). Packets held
-    /// for [`HOLD_LIMIT`] are dropped. Packets for no link stay in `out`,
-    /// for the link's filter to count.
-    pub(crate) fn rx(
-        &mut self,
-        out: &mut Vec<Mbuf>,
-        max: usize,
-        now: Instant,
-        stats: &mut DpdkLinkStats,
-    ) {
+    /// Up to `max` packets for this link into `out`: some of those other
+    /// links handed over, one `rte_eth_rx_burst` of the leased queue, whose
+    /// packets for other links' UDP ports go to their rings, then more of
+    /// the handed-over ones if room is left. The handed-over packets take
+    /// at most half a burst before the queue is polled, so neither source
+    /// starves the other (a link whose inbox stays full still polls the
+    /// queue its peers' packets arrive on). Packets for no link stay in
+    /// `out`, for the link's filter to count.
+    pub(crate) fn rx(&mut self, out: &mut Vec<Mbuf>, max: usize, stats: &mut DpdkLinkStats) {
         let me = self.udp_port;
         let Self {
-            scratch,
-            held,
-            held_since,
-            slot,
-            set,
-            ..
+            scratch, slot, set, ..
         } = self;
         let Some(slot) = slot.as_mut() else { return };
         let start = out.len();
         let handed_in = slot.inbox.pop_batch(out, max.div_ceil(2));
-        let route = |m: &Mbuf| match udp::classify(m.data()) {
-            Some(p) if p != me => set.routes.find(p),
-            _ => None,
-        };
-        while let Some(m) = held.pop_front() {
-            // Routed again: the link it was for may have gone since.
-            match route(&m) {
+        let room = max.saturating_sub(handed_in);
+        if room > 0 {
+            slot.queue.rx_burst(scratch, room as u16);
+            stats.rx_bursts += 1;
+        }
+        for m in scratch.drain(..) {
+            let to = match udp::classify(m.data()) {
+                Some(p) if p != me => set.routes.find(p),
+                _ => None,
+            };
+            match to {
                 Some(i) => match slot.handover.push_to(i, m) {
                     Ok(()) => stats.rx_handed_over += 1,
                     Err(m) => {
-                        held.push_front(m);
-                        break;
+                        drop(m);
+                        stats.rx_inbox_full += 1;
                     }
                 },
                 None => out.push(m),
-            }
-        }
-        if held.is_empty() {
-            *held_since = None;
-        } else if held_since.is_some_and(|t| now.saturating_duration_since(t) >= HOLD_LIMIT) {
-            stats.rx_inbox_full += held.len() as u64;
-            held.clear();
-            *held_since = None;
-        }
-        let room = max.saturating_sub(out.len() - start);
-        if held.is_empty() && room > 0 {
-            slot.queue.rx_burst(scratch, room as u16);
-            stats.rx_bursts += 1;
-            for m in scratch.drain(..) {
-                match route(&m) {
-                    Some(i) if held.is_empty() => match slot.handover.push_to(i, m) {
-                        Ok(()) => stats.rx_handed_over += 1,
-                        Err(m) => {
-                            held.push_back(m);
-                            stats.rx_held += 1;
-                        }
-                    },
-                    // Behind a held one: in order.
-                    Some(_) => {
-                        held.push_back(m);
-                        stats.rx_held += 1;
-                    }
-                    None => out.push(m),
-                }
-            }
-            if !held.is_empty() {
-                *held_since = Some(now);
             }
         }
         let more = max.saturating_sub(out.len() - start);
