@@ -359,6 +359,7 @@ impl DpdkLink {
 
 impl Drop for DpdkLink {
     fn drop(&mut self) {
+        tracing::debug!(udp_port = self.cfg.local.port, stats = ?self.stats, "DPDK link closed");
         if let Access::Shared(q) = &self.access {
             q.unbind(self.cfg.local.port);
         }

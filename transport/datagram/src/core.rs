@@ -188,7 +188,12 @@ fn seq_lt(a: u32, b: u32) -> bool {
 struct TxPacket {
     /// FIRST/LAST bits.
     flags: PacketFlags,
-    data: Vec<u8>,
+    /// The frame the fragment belongs to: its number among the frames
+    /// committed on the connection (see `ReliableCore::tx_frames`).
+    frame: u64,
+    /// The fragment's bytes: `start..start + len` of its frame's buffer.
+    start: usize,
+    len: usize,
     sent_at: Option<Instant>,
     /// Transmission serial of the latest transmission (0: never sent).
     serial: u64,
@@ -209,6 +214,9 @@ struct RxPacket {
 }
 
 const POOL_MAX: usize = 512;
+/// Bytes of frame buffers kept for reuse at least (see
+/// `ReliableCore::recycle_frame`); twice `max_frame_len` if that is more.
+const FRAME_POOL_BYTES: usize = 4 << 20;
 
 /// The sans-IO reliability protocol: fragmentation, sequencing, cumulative
 /// and selective acknowledgements, retransmission, windows and in-order
@@ -220,6 +228,9 @@ pub struct ReliableCore {
     max_payload: usize,
 
     // Transmit side.
+    /// The buffer `tx_reserve` lends; it becomes the frame's buffer at
+    /// `tx_commit`. Its length is what it ever held (initialised bytes),
+    /// not the frame's.
     stage: Vec<u8>,
     reserved: Option<usize>,
     /// Oldest unacknowledged sequence number; `snd_buf[0]`.
@@ -229,6 +240,12 @@ pub struct ReliableCore {
     /// Next never-transmitted sequence number.
     next_new: u32,
     snd_buf: VecDeque<TxPacket>,
+    /// The buffers of the frames whose packets are in `snd_buf`, oldest
+    /// first: each fragment is a range of its frame's buffer, which goes
+    /// when the frame's last packet is acknowledged.
+    tx_frames: VecDeque<Vec<u8>>,
+    /// The number of `tx_frames[0]` (frames freed so far).
+    tx_frames_base: u64,
     retx: VecDeque<u32>,
     /// Serial of the latest data transmission.
     tx_serial: u64,
@@ -257,7 +274,12 @@ pub struct ReliableCore {
     failed: Option<String>,
     /// When the application let the connection go ([`ReliableCore::handle_close`]).
     closed_at: Option<Instant>,
+    /// Buffers for out-of-order fragments.
     pool: Vec<Vec<u8>>,
+    /// Buffers for whole frames (staging, reassembly, ready frames), and
+    /// the capacity they hold.
+    frame_pool: Vec<Vec<u8>>,
+    frame_pool_bytes: usize,
     stats: CoreStats,
 }
 
@@ -318,6 +340,8 @@ impl ReliableCore {
             snd_nxt: cfg.initial_seq,
             next_new: cfg.initial_seq,
             snd_buf: VecDeque::new(),
+            tx_frames: VecDeque::new(),
+            tx_frames_base: 0,
             retx: VecDeque::new(),
             tx_serial: 0,
             delivered_serial: 0,
@@ -338,6 +362,8 @@ impl ReliableCore {
             failed: None,
             closed_at: None,
             pool: Vec::new(),
+            frame_pool: Vec::new(),
+            frame_pool_bytes: 0,
             stats: CoreStats::default(),
             cfg,
         })
@@ -431,7 +457,7 @@ impl ReliableCore {
             self.closed_at = Some(now);
             self.last_now = Some(now);
             while let Some(f) = self.ready.pop_front() {
-                self.recycle(f);
+                self.recycle_frame(f);
             }
         }
     }
@@ -477,6 +503,27 @@ impl ReliableCore {
     fn recycle(&mut self, v: Vec<u8>) {
         if self.pool.len() < POOL_MAX {
             self.pool.push(v);
+        }
+    }
+
+    /// A buffer for a whole frame, as a recycled one was left: its length
+    /// is what it held (callers that append clear it first), so a staging
+    /// buffer as long as the frame needs no zeroing.
+    fn frame_buf(&mut self) -> Vec<u8> {
+        let v = self.frame_pool.pop().unwrap_or_default();
+        self.frame_pool_bytes -= v.capacity();
+        v
+    }
+
+    /// Keep a frame's buffer for the next frame, while the pool holds
+    /// fewer than [`POOL_MAX`] buffers and [`FRAME_POOL_BYTES`] (or two
+    /// of the largest frames).
+    fn recycle_frame(&mut self, v: Vec<u8>) {
+        let cap = v.capacity();
+        let limit = FRAME_POOL_BYTES.max(2 * self.cfg.max_frame_len);
+        if cap > 0 && self.frame_pool.len() < POOL_MAX && self.frame_pool_bytes + cap <= limit {
+            self.frame_pool_bytes += cap;
+            self.frame_pool.push(v);
         }
     }
 

@@ -43,7 +43,13 @@ impl ReliableCore {
                         sample = p.sent_at;
                     }
                 }
-                self.recycle(p.data);
+                // Its frame's last packet: the frame is done with.
+                if p.flags.contains(PacketFlags::LAST) {
+                    if let Some(frame) = self.tx_frames.pop_front() {
+                        self.tx_frames_base += 1;
+                        self.recycle_frame(frame);
+                    }
+                }
             }
             self.snd_una = ack;
             progress = true;
@@ -262,7 +268,8 @@ impl ReliableCore {
                 self.stats.frames_delivered += 1;
                 sink(data);
             } else {
-                let mut frame = self.buf();
+                let mut frame = self.frame_buf();
+                frame.clear();
                 frame.extend_from_slice(data);
                 self.ready.push_back(frame);
             }
@@ -272,19 +279,22 @@ impl ReliableCore {
             self.assembling = true;
             self.assembly.clear();
         }
+        // One frame buffer, kept from frame to frame with its capacity:
+        // each fragment is copied into it once.
         self.assembly.extend_from_slice(data);
         if last {
             self.assembling = false;
-            let fresh = self.buf();
-            let frame = std::mem::replace(&mut self.assembly, fresh);
             if self.closed_at.is_some() {
-                self.recycle(frame);
+                self.assembly.clear();
             } else if self.ready.is_empty() && *budget > 0 {
                 *budget -= 1;
                 self.stats.frames_delivered += 1;
-                sink(&frame);
-                self.recycle(frame);
+                sink(&self.assembly);
+                self.assembly.clear();
             } else {
+                let mut fresh = self.frame_buf();
+                fresh.clear();
+                let frame = std::mem::replace(&mut self.assembly, fresh);
                 self.ready.push_back(frame);
             }
         }
@@ -299,7 +309,7 @@ impl ReliableCore {
                 break;
             };
             sink(&frame);
-            self.recycle(frame);
+            self.recycle_frame(frame);
             n += 1;
         }
         self.stats.frames_delivered += n as u64;

@@ -534,6 +534,170 @@ fn config_validation() {
     ));
 }
 
+#[test]
+fn frame_buffers_go_with_their_last_acknowledged_fragment_and_are_reused() {
+    let (mut a, mut b) = pair(cfg());
+    let now = Instant::now();
+    // A large frame, a one-packet frame and an empty one in flight at once.
+    let frames = [frame(1, 1000), frame(2, 40), Vec::new()];
+    for f in &frames {
+        send_frame(&mut a, f);
+    }
+    assert_eq!(a.tx_frames.len(), 3);
+    let pkts = drain_tx(&mut a, now);
+    assert_eq!(pkts.len(), 11 + 1 + 1);
+    // Acknowledging the first 10 fragments frees nothing: the large
+    // frame's last fragment is still out.
+    let mut got = Vec::new();
+    feed(&mut b, now, &pkts[..10], &mut got);
+    feed(&mut a, now, &drain_ack(&mut b, now), &mut Vec::new());
+    assert_eq!((a.tx_frames.len(), a.tx_frames_base), (3, 0));
+    feed(&mut b, now, &pkts[10..], &mut got);
+    assert_eq!(got, frames.to_vec());
+    feed(&mut a, now, &drain_ack(&mut b, now), &mut Vec::new());
+    assert_eq!((a.tx_frames.len(), a.tx_frames_base), (0, 3));
+    assert!(!a.tx_pending());
+    // The buffers are back in the pool; the next frames take them, and
+    // whatever an earlier frame left in a buffer is overwritten.
+    assert!(!a.frame_pool.is_empty());
+    let again = [frame(3, 500), frame(4, 7)];
+    for f in &again {
+        send_frame(&mut a, f);
+    }
+    let mut got = Vec::new();
+    feed(&mut b, now, &drain_tx(&mut a, now), &mut got);
+    assert_eq!(got, again.to_vec());
+}
+
+#[test]
+fn a_lost_frame_goes_again_from_its_own_buffer_while_later_frames_reuse_earlier_ones() {
+    let (mut a, mut b) = pair(cfg());
+    let t0 = Instant::now();
+    // Frames 0 and 1 arrive; frame 2's three packets are lost.
+    let first = [frame(0, 500), frame(1, 40), frame(2, 250)];
+    for f in &first {
+        send_frame(&mut a, f);
+    }
+    let pkts = drain_tx(&mut a, t0);
+    assert_eq!(pkts.len(), 6 + 1 + 3);
+    let mut got = Vec::new();
+    feed(&mut b, t0, &pkts[..7], &mut got);
+    feed(&mut a, t0, &drain_ack(&mut b, t0), &mut Vec::new());
+    assert_eq!((a.tx_frames.len(), a.tx_frames_base), (1, 2));
+    assert_eq!(
+        a.frame_pool.len(),
+        2,
+        "frames 0 and 1 gave their buffers back"
+    );
+    // The next frames take those buffers, unzeroed, each shorter than
+    // what its buffer held before, while frame 2 is still unacknowledged.
+    let later = [frame(3, 300), frame(4, 20), frame(5, 450)];
+    for f in &later {
+        send_frame(&mut a, f);
+    }
+    assert!(a.frame_pool.is_empty(), "both buffers were taken again");
+    // Frame 2 times out: its first packet goes again from its own
+    // buffer, then the new frames' packets.
+    let t1 = t0 + a.current_rto();
+    a.handle_timeout(t1);
+    let pkts = drain_tx(&mut a, t1);
+    assert_eq!(pkts.len(), 1 + 4 + 1 + 5);
+    assert_eq!(a.stats().retransmits, 1);
+    feed(&mut b, t1, &pkts, &mut got);
+    // The acknowledgement reports frame 2's other two packets missing:
+    // they go again from the same buffer.
+    feed(&mut a, t1, &drain_ack(&mut b, t1), &mut Vec::new());
+    let pkts = drain_tx(&mut a, t1);
+    assert_eq!(pkts.len(), 2);
+    assert_eq!(a.stats().retransmits, 3);
+    feed(&mut b, t1, &pkts, &mut got);
+    let want: Vec<Vec<u8>> = first.iter().chain(&later).cloned().collect();
+    assert_eq!(got, want);
+    feed(&mut a, t1, &drain_ack(&mut b, t1), &mut Vec::new());
+    assert!(!a.tx_pending());
+    assert!(a.tx_frames.is_empty());
+}
+
+#[test]
+fn a_receiver_starved_for_most_of_the_timeout_budget_gets_every_frame_once() {
+    let c = cfg();
+    let (mut a, mut b) = pair(c.clone());
+    let t0 = Instant::now();
+    // A full window of frames of 0 to 5 packets.
+    let mut sent = Vec::new();
+    loop {
+        let f = frame(sent.len(), sent.len() * 137 % 480);
+        let Some(buf) = a.tx_reserve(f.len()).unwrap() else {
+            break;
+        };
+        buf.copy_from_slice(&f);
+        a.tx_commit(f.len());
+        sent.push(f);
+    }
+    let in_flight = a.in_flight() as usize;
+    assert!(in_flight + 5 > c.window as usize, "{in_flight}");
+    let mut wire = drain_tx(&mut a, t0);
+    // The receiver does not run: each timeout but the last sends the
+    // oldest packet again, and every copy waits unread.
+    let mut now = t0;
+    for _ in 1..c.dead_after_timeouts {
+        now = a.poll_timeout().expect("a retransmission deadline");
+        a.handle_timeout(now);
+        wire.extend(drain_tx(&mut a, now));
+    }
+    assert!(a.check().is_ok());
+    assert_eq!(wire.len(), in_flight + c.dead_after_timeouts as usize - 1);
+    // It runs at last and reads them all: each frame once, intact, and
+    // its acknowledgement is progress (the timeouts start again from 0).
+    let mut got = Vec::new();
+    feed(&mut b, now, &wire, &mut got);
+    assert_eq!(got, sent);
+    feed(&mut a, now, &drain_ack(&mut b, now), &mut Vec::new());
+    assert!(!a.tx_pending());
+    assert!(a.tx_frames.is_empty());
+    assert_eq!(a.poll_timeout(), None);
+    // The next frames reuse the freed buffers.
+    let again: Vec<Vec<u8>> = (0..6).map(|i| frame(100 + i, 400 - 70 * i)).collect();
+    for f in &again {
+        send_frame(&mut a, f);
+    }
+    let mut got = Vec::new();
+    feed(&mut b, now, &drain_tx(&mut a, now), &mut got);
+    assert_eq!(got, again);
+}
+
+#[test]
+fn frames_waiting_to_be_read_keep_their_bytes_while_the_assembly_buffer_is_reused() {
+    let (mut a, mut b) = pair(cfg());
+    let now = Instant::now();
+    let frames = [
+        frame(0, 700),
+        frame(1, 200),
+        frame(2, 30),
+        frame(3, 650),
+        frame(4, 100),
+    ];
+    for f in &frames {
+        send_frame(&mut a, f);
+    }
+    let pkts = drain_tx(&mut a, now);
+    assert_eq!(pkts.len(), 8 + 3 + 1 + 7 + 2);
+    // No budget for the first three: each is reassembled, then waits.
+    let mut got = Vec::new();
+    for p in &pkts[..12] {
+        let mut budget = 0;
+        b.handle_packet(now, p, &mut |f| got.push(f.to_vec()), &mut budget);
+    }
+    assert!(got.is_empty());
+    assert_eq!(b.ready_frames(), 3);
+    assert_eq!(b.deliver(usize::MAX, &mut |f| got.push(f.to_vec())), 3);
+    // The rest are lent straight from the assembly buffer, the shorter
+    // after the longer.
+    feed(&mut b, now, &pkts[12..], &mut got);
+    assert_eq!(got, frames.to_vec());
+    assert_eq!(b.stats().frames_delivered, 5);
+}
+
 /// The standalone acknowledgement `c` owes, due at once.
 fn drain_ack(c: &mut ReliableCore, now: Instant) -> Vec<Vec<u8>> {
     c.ack_deadline = Some(now);

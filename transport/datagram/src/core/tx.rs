@@ -11,7 +11,9 @@ use super::{fragments, seq_lt, ReliableCore, TxPacket};
 use crate::packet::{PacketFlags, PacketHeader, SACK_BITS};
 
 impl ReliableCore {
-    /// Lend `len` bytes of staging space for one frame.
+    /// Lend `len` bytes of staging space for one frame. The bytes hold
+    /// whatever an earlier frame of the connection left there (the buffer
+    /// is reused unzeroed): write every byte you commit.
     ///
     /// `Ok(None)` when the send window cannot take the frame's fragments
     /// now (back-pressure; retry after acknowledgements arrive).
@@ -31,10 +33,11 @@ impl ReliableCore {
             self.reserved = None;
             return Ok(None);
         }
-        self.stage.clear();
-        self.stage.resize(len, 0);
+        if self.stage.len() < len {
+            self.stage.resize(len, 0);
+        }
         self.reserved = Some(len);
-        Ok(Some(&mut self.stage[..]))
+        Ok(Some(&mut self.stage[..len]))
     }
 
     /// Commit the first `len` bytes of the last reservation as one frame:
@@ -52,36 +55,34 @@ impl ReliableCore {
             len <= reserved,
             "tx_commit({len}) beyond the reservation of {reserved}"
         );
+        // The staging buffer becomes the frame's buffer, and each
+        // fragment a range of it: no copy until the packet is written.
+        let fresh = self.frame_buf();
+        let frame = std::mem::replace(&mut self.stage, fresh);
+        let number = self.tx_frames_base + self.tx_frames.len() as u64;
+        self.tx_frames.push_back(frame);
         let n = fragments(len, self.max_payload);
-        if n == 1 {
-            // Zero-copy: the staging buffer becomes the packet's payload.
-            let fresh = self.buf();
-            let mut data = std::mem::replace(&mut self.stage, fresh);
-            data.truncate(len);
-            self.push_fragment(PacketFlags::FIRST.with(PacketFlags::LAST), data);
-        } else {
-            for i in 0..n {
-                let start = i * self.max_payload;
-                let end = (start + self.max_payload).min(len);
-                let mut data = self.buf();
-                data.extend_from_slice(&self.stage[start..end]);
-                let mut flags = PacketFlags::NONE;
-                if i == 0 {
-                    flags = flags.with(PacketFlags::FIRST);
-                }
-                if i == n - 1 {
-                    flags = flags.with(PacketFlags::LAST);
-                }
-                self.push_fragment(flags, data);
+        for i in 0..n {
+            let start = i * self.max_payload;
+            let end = (start + self.max_payload).min(len);
+            let mut flags = PacketFlags::NONE;
+            if i == 0 {
+                flags = flags.with(PacketFlags::FIRST);
             }
+            if i == n - 1 {
+                flags = flags.with(PacketFlags::LAST);
+            }
+            self.push_fragment(flags, number, start, end - start);
         }
         self.stats.frames_sent += 1;
     }
 
-    fn push_fragment(&mut self, flags: PacketFlags, data: Vec<u8>) {
+    fn push_fragment(&mut self, flags: PacketFlags, frame: u64, start: usize, len: usize) {
         self.snd_buf.push_back(TxPacket {
             flags,
-            data,
+            frame,
+            start,
+            len,
             sent_at: None,
             serial: 0,
             tx_count: 0,
@@ -169,7 +170,8 @@ impl ReliableCore {
             sack,
             payload_len: 0,
         };
-        let n = hdr.encode(&p.data, buf);
+        let frame = &self.tx_frames[(p.frame - self.tx_frames_base) as usize];
+        let n = hdr.encode(&frame[p.start..p.start + p.len], buf);
         if self.rto_deadline.is_none() {
             self.rto_deadline = Some(now + self.current_rto());
         }
