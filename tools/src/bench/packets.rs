@@ -68,6 +68,7 @@ impl PortCounters {
 pub type PortXstats = BTreeMap<String, u64>;
 
 /// The xstats that moved between reads `a` and `b` of one port.
+#[cfg(any(feature = "dpdk", test))]
 pub fn xstats_delta(a: &[(String, u64)], b: &[(String, u64)]) -> PortXstats {
     let before: BTreeMap<&str, u64> = a.iter().map(|(n, v)| (n.as_str(), *v)).collect();
     b.iter()
