@@ -405,6 +405,9 @@ fn dpdk_soak_publishes_packets_and_retransmissions() {
         "starwire_transport_packets_total{backend=\"dpdk\",direction=\"sent\"}",
         "starwire_transport_packets_total{backend=\"dpdk\",direction=\"received\"}",
         "starwire_transport_retransmits_total{backend=\"dpdk\"}",
+        // The port's own counters, read from DPDK at the scrape.
+        "starwire_dpdk_port_packets_total{port=\"0\",direction=\"received\"}",
+        "starwire_dpdk_port_xstats_total{port=\"0\",name=\"rx_good_packets\"}",
     ];
     let (scrape, _) = soak_scrape(
         &[
@@ -436,16 +439,6 @@ fn dpdk_soak_publishes_packets_and_retransmissions() {
         scrape.contains("starwire_transport_retransmit_timeouts_total{backend=\"dpdk\"}"),
         "{scrape}"
     );
-    // The port's own counters, read from DPDK at the scrape.
-    for n in [
-        "starwire_dpdk_port_packets_total{port=\"0\",direction=\"received\"}",
-        "starwire_dpdk_port_xstats_total{port=\"0\",name=\"rx_good_packets\"}",
-    ] {
-        assert!(
-            sample(&scrape, n).is_some_and(|v| v > 0.0),
-            "no {n} in the scrape:\n{scrape}"
-        );
-    }
     assert!(
         scrape.contains("starwire_dpdk_port_dropped_packets_total{port=\"0\",reason=\"imissed\"}"),
         "{scrape}"
