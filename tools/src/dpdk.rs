@@ -43,6 +43,7 @@ impl DpdkArgs {
             ip: self.dpdk_ip,
             first_udp_port: None,
             queues: self.dpdk_queues,
+            one_link: false,
         }
     }
 
@@ -54,12 +55,14 @@ impl DpdkArgs {
 
     /// Like [`configure`](Self::configure), with `reactors` queue pairs
     /// unless `--dpdk-queues` says otherwise: a command that knows how
-    /// many reactors it runs gives each a queue pair.
+    /// many reactors it runs gives each a queue pair (and a process of one
+    /// reactor, one link at a time, uses its pair without a lock).
     pub fn configure_for(&self, reactors: usize) {
         let mut c = self.context_config();
         c.queues = c
             .queues
             .or(Some(u16::try_from(reactors.max(1)).unwrap_or(u16::MAX)));
+        c.one_link = reactors <= 1;
         DpdkContext::configure(c);
     }
 }

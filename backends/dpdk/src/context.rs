@@ -41,6 +41,10 @@ pub struct ContextConfig {
     /// one, shared by every link); the port gets at most what its driver
     /// offers.
     pub queues: Option<u16>,
+    /// The process makes one link at a time (it runs one reactor): with
+    /// one queue pair, the link leases it and uses it without the shared
+    /// queue's lock, and a second link at once fails with `QueuesTaken`.
+    pub one_link: bool,
 }
 
 /// The DPDK port of this process (see the module). [`close`](Self::close)
@@ -65,7 +69,8 @@ struct Opened {
 enum Queues {
     /// One pair, shared under a lock.
     Single(SharedQueue),
-    /// A pair per link.
+    /// A pair per link (one pair for a process that makes one link at a
+    /// time).
     Set(QueueSet),
 }
 
@@ -103,6 +108,7 @@ impl DpdkContext {
             let queues_open = port.queues();
             let (probed, mut why) = probe_steering(c.port, queues_open);
             let queues = match probed {
+                Steering::Single if c.one_link => Queues::Set(QueueSet::new(&mut port, probed)?),
                 Steering::Single => Queues::Single(SharedQueue::new(
                     port.take_queue()
                         .ok_or(DpdkError::NoQueue { port: c.port })?,

@@ -15,7 +15,9 @@
 //! (`starwire_queue::grid_polling`), one ring per (link, link) pair, as
 //! Machnet does on vNICs without flow steering. A port with fewer queues
 //! than links is [`Steering::Single`]: its links share queue 0 through
-//! [`SharedQueue`](crate::SharedQueue), under a lock.
+//! [`SharedQueue`](crate::SharedQueue), under a lock; or, in a process
+//! that makes one link at a time, its one link leases the pair from a set
+//! of one and uses it without a lock.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -185,11 +187,12 @@ pub struct QueueSet {
 }
 
 impl QueueSet {
-    /// Take every queue pair left on `port` (at least two), with
-    /// `steering` (from [`probe_steering`]). `rte_flow` is kept only if a
-    /// rule can be created (and is destroyed at once) on the started
-    /// port; else the set hands packets over in software, and
-    /// [`steering`](Self::steering) says so.
+    /// Take every queue pair left on `port` (at least two, or one with
+    /// `steering` [`Steering::Single`]: a set for a process that makes one
+    /// link at a time), with `steering` (from [`probe_steering`]).
+    /// `rte_flow` is kept only if a rule can be created (and is destroyed
+    /// at once) on the started port; else the set hands packets over in
+    /// software, and [`steering`](Self::steering) says so.
     pub fn new(port: &mut Port, steering: Steering) -> Result<Self, DpdkError> {
         let mut queues = Vec::new();
         while let Some(q) = port.take_queue() {
@@ -197,7 +200,9 @@ impl QueueSet {
         }
         let n = queues.len();
         let port = port.info().port;
-        if n < 2 {
+        // One pair only for a process that makes one link at a time
+        // (`Single`): it leases the pair and uses it without a lock.
+        if n == 0 || (n < 2 && steering != Steering::Single) {
             return Err(DpdkError::NoQueue { port });
         }
         let mut steering = steering;
@@ -361,6 +366,12 @@ impl Lease {
             ..
         } = self;
         let Some(slot) = slot.as_mut() else { return };
+        if set.slots == 1 {
+            // The only pair of the set: nothing to hand over or in.
+            slot.queue.rx_burst(out, max as u16);
+            stats.rx_bursts += 1;
+            return;
+        }
         let start = out.len();
         let handed_in = slot.inbox.pop_batch(out, max.div_ceil(2));
         let mut room = max.saturating_sub(handed_in);

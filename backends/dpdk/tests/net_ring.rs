@@ -3,7 +3,8 @@
 //! queue, without hugepages or PCI devices. The EAL initialises once per
 //! process, so every test that needs it is a step of the one test below.
 //! A second ring port, `net_ring1`, is opened with four queue pairs for
-//! the links of a queue set.
+//! the links of a queue set, a third, `net_ring2`, with one pair for a
+//! set of one (a process that makes one link at a time).
 
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
@@ -18,7 +19,8 @@ use starwire_dpdk::{
 };
 use starwire_transport::conformance::{self, DriverPair};
 
-const EAL_ARGS: &str = "--no-huge --no-pci --no-shconf -m 512 --vdev=net_ring0 --vdev=net_ring1";
+const EAL_ARGS: &str =
+    "--no-huge --no-pci --no-shconf -m 512 --vdev=net_ring0 --vdev=net_ring1 --vdev=net_ring2";
 
 fn endpoints(port: &Port, a_port: u16, b_port: u16) -> (UdpEndpoint, UdpEndpoint) {
     let mac = port.info().mac;
@@ -80,7 +82,7 @@ fn net_ring_port() {
     .join()
     .unwrap();
 
-    assert_eq!(eal.ports(), 2);
+    assert_eq!(eal.ports(), 3);
     let info = DeviceInfo::probe(eal, 0).expect("port 0");
     assert_eq!(info.driver, "net_ring");
     assert_eq!(info.name, "net_ring0");
@@ -89,7 +91,7 @@ fn net_ring_port() {
         DeviceInfo::probe(eal, 3),
         Err(DpdkError::NoPort {
             port: 3,
-            available: 2
+            available: 3
         })
     ));
     let few = PortConfig {
@@ -117,6 +119,52 @@ fn net_ring_port() {
     conformance_under_injected_loss(&port, &q);
 
     queue_set(eal);
+    set_of_one(eal);
+}
+
+/// One queue pair leased to one link at a time, used without a lock: the
+/// link gets every packet of its queue (its own, which net_ring loops
+/// back, and one for a UDP port no link holds, which its filter drops),
+/// nothing is handed over, and a second link at once is refused.
+fn set_of_one(eal: &'static Eal) {
+    let cfg = PortConfig {
+        port: 2,
+        ..PortConfig::default()
+    };
+    let mut port = Port::open(eal, &cfg).expect("open net_ring2");
+    assert_eq!(port.queues(), 1);
+    let set = QueueSet::new(&mut port, Steering::Single).expect("a set of one");
+    assert_eq!(
+        (set.queues(), set.free(), set.steering()),
+        (1, 1, Steering::Single)
+    );
+    let mtu = port.info().mtu;
+    let (me, nobody) = endpoints(&port, 7400, 7401);
+    let mut link = DpdkLink::steered(&set, mtu, LinkConfig::new(me, me)).expect("link");
+    assert_eq!(link.queue(), Some(0));
+    assert!(matches!(
+        DpdkLink::steered(&set, mtu, LinkConfig::new(nobody, me)),
+        Err(DpdkError::QueuesTaken { queues: 1, .. })
+    ));
+    for i in 0..10u8 {
+        send(&mut link, &[i; 20]);
+    }
+    link.set_peer(nobody);
+    send(&mut link, b"for nobody");
+    assert_eq!(link.tx_burst_flush(Instant::now()).unwrap(), 11);
+    let got = recv_all(&mut link);
+    assert_eq!(got, (0..10u8).map(|i| vec![i; 20]).collect::<Vec<_>>());
+    let st = link.stats();
+    assert_eq!(
+        (st.rx_filtered, st.rx_handed_over, st.rx_handed_in),
+        (1, 0, 0)
+    );
+    drop(link);
+    assert_eq!(set.free(), 1, "the pair goes back");
+    let mut again = DpdkLink::steered(&set, mtu, LinkConfig::new(me, me)).expect("again");
+    send(&mut again, b"again");
+    again.tx_burst_flush(Instant::now()).unwrap();
+    assert_eq!(recv_all(&mut again), vec![b"again".to_vec()]);
 }
 
 /// A port with a queue pair per link and no `rte_flow` (net_ring has no
