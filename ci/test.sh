@@ -127,6 +127,6 @@ stage "soak (tcp, ${SOAK_CONNECTIONS} connections, ${SOAK_SECONDS}s)" soak
 stage "soak (uring, ${SOAK_CONNECTIONS} connections, ${SOAK_SECONDS}s)" soak_uring
 stage "soak (uring, messages up to 2 MB, each receive mode)" soak_uring_long_frames
 stage "soak with faults (must fail)" soak_faulted
-stage "verbs in an emulated guest (Soft-RoCE: conformance, counters, soak)" verbs_vm
+stage "an emulated guest (verbs over Soft-RoCE: conformance, counters, soak; dpdk rte_flow on net_tap)" verbs_vm
 stage "train (the README run command, checked)" train_check
 echo "=== all stages passed in $(( $(date +%s) - T0 )) s"

@@ -16,7 +16,11 @@
 //!
 //! * `STARWIRE_DPDK_TEST_TAP_EAL`: EAL arguments with a `net_tap` device
 //!   (`--vdev=net_tap0,iface=NAME`);
-//! * `STARWIRE_DPDK_TEST_TAP_IFACE`: that NAME.
+//! * `STARWIRE_DPDK_TEST_TAP_IFACE`: that NAME;
+//! * `STARWIRE_DPDK_TEST_TAP_STEERING` (optional): the steering the set
+//!   must get, `rte_flow` or `software`. `ci/verbs-vm.sh` runs the test in
+//!   a guest whose kernel has TC flower and asks for `rte_flow`, so that
+//!   path cannot pass by falling back.
 
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::process::Command;
@@ -63,6 +67,9 @@ fn kernel_flows_reach_their_links_on_net_tap_queues() {
     if let Some(refused) = set.rte_flow_refused() {
         assert_eq!((probed, steering), (Steering::RteFlow, Steering::Software));
         why = format!("{why}, but rte_flow_create refused it: {refused}");
+    }
+    if let Ok(want) = std::env::var("STARWIRE_DPDK_TEST_TAP_STEERING") {
+        assert_eq!(steering.to_string(), want, "steering: {why}");
     }
 
     // The kernel end: an address on the tap, and our MAC for DPDK_IP.
