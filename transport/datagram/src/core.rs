@@ -19,6 +19,7 @@ use thiserror::Error;
 
 use crate::packet::{PacketFlags, PACKET_HEADER_LEN};
 
+mod cc;
 mod rx;
 mod timers;
 mod tx;
@@ -27,6 +28,9 @@ mod tx;
 /// timer, once a packet transmitted this many transmissions after it has been
 /// acknowledged (cumulatively or selectively). Tolerates that much reordering.
 pub const FAST_RETRANSMIT_THRESHOLD: u64 = 3;
+/// Most acknowledgements owed at once for duplicate data packets (one
+/// each, see `handle_parsed`).
+const ACKS_OWED_MAX: u32 = 64;
 /// Largest allowed window: sequence numbers are compared modulo 2^32, so
 /// everything in flight must stay well within half the space.
 pub const MAX_WINDOW: u32 = 1 << 30;
@@ -60,6 +64,11 @@ pub struct ReliableConfig {
     /// Packets a [`DatagramDriver`](crate::DatagramDriver) takes from its
     /// link per receive pass, for all its connections.
     pub rx_batch: usize,
+    /// Smallest congestion window, in packets, that a loss leaves (the
+    /// window starts at, and never exceeds, `window`; see
+    /// `docs/backends/datagram.md`). Equal to `window`, congestion control
+    /// is off.
+    pub min_cwnd: u32,
 }
 
 impl Default for ReliableConfig {
@@ -75,6 +84,7 @@ impl Default for ReliableConfig {
             rto_max: Duration::from_millis(500),
             dead_after_timeouts: 10,
             rx_batch: 64,
+            min_cwnd: 4,
         }
     }
 }
@@ -133,6 +143,8 @@ pub struct CoreStats {
     pub timeouts: u64,
     /// `tx_reserve` calls refused for a full window.
     pub window_full: u64,
+    /// Loss episodes that reduced the congestion window.
+    pub cwnd_reductions: u64,
 }
 
 impl CoreStats {
@@ -155,6 +167,7 @@ impl CoreStats {
             out_of_order,
             timeouts,
             window_full,
+            cwnd_reductions,
         } = *other;
         self.frames_sent += frames_sent;
         self.frames_delivered += frames_delivered;
@@ -172,6 +185,7 @@ impl CoreStats {
         self.out_of_order += out_of_order;
         self.timeouts += timeouts;
         self.window_full += window_full;
+        self.cwnd_reductions += cwnd_reductions;
     }
 }
 
@@ -251,6 +265,10 @@ pub struct ReliableCore {
     tx_serial: u64,
     /// Highest serial known to have reached the peer.
     delivered_serial: u64,
+    /// How many packets may be in flight (see [`cc`]).
+    cc: cc::CongestionWindow,
+    /// Packets of `snd_buf` selectively acknowledged.
+    sacked: u32,
 
     // Timers.
     srtt: Option<Duration>,
@@ -261,6 +279,8 @@ pub struct ReliableCore {
     timeouts: u32,
     ack_deadline: Option<Instant>,
     rx_unacked: u32,
+    /// Acknowledgements owed for duplicate data packets, one each.
+    acks_owed: u32,
     last_now: Option<Instant>,
 
     // Receive side.
@@ -324,9 +344,13 @@ impl ReliableCore {
         if cfg.rto_min.is_zero() || cfg.rto_min > cfg.rto_max {
             return Err(ConfigError("need 0 < rto_min <= rto_max".into()));
         }
-        if cfg.dead_after_timeouts == 0 || cfg.ack_every == 0 || cfg.rx_batch == 0 {
+        if cfg.dead_after_timeouts == 0
+            || cfg.ack_every == 0
+            || cfg.rx_batch == 0
+            || cfg.min_cwnd == 0
+        {
             return Err(ConfigError(
-                "dead_after_timeouts, ack_every and rx_batch must be positive".into(),
+                "dead_after_timeouts, ack_every, rx_batch and min_cwnd must be positive".into(),
             ));
         }
         let rto = cfg.rto_initial.clamp(cfg.rto_min, cfg.rto_max);
@@ -345,6 +369,8 @@ impl ReliableCore {
             retx: VecDeque::new(),
             tx_serial: 0,
             delivered_serial: 0,
+            cc: cc::CongestionWindow::new(cfg.window, cfg.min_cwnd),
+            sacked: 0,
             srtt: None,
             rttvar: Duration::ZERO,
             rto,
@@ -353,6 +379,7 @@ impl ReliableCore {
             timeouts: 0,
             ack_deadline: None,
             rx_unacked: 0,
+            acks_owed: 0,
             last_now: None,
             rcv_nxt: cfg.initial_seq,
             reorder: VecDeque::new(),
@@ -417,6 +444,36 @@ impl ReliableCore {
     /// Packets in the send buffer (unacknowledged, sent or not).
     pub fn in_flight(&self) -> u32 {
         self.snd_nxt.wrapping_sub(self.snd_una)
+    }
+
+    /// The congestion window: how many packets may be sent and not yet
+    /// cumulatively acknowledged.
+    pub fn cwnd(&self) -> u32 {
+        self.cc.window()
+    }
+
+    /// Packets sent and not yet cumulatively acknowledged.
+    fn sent_in_flight(&self) -> u32 {
+        self.next_new.wrapping_sub(self.snd_una)
+    }
+
+    /// Whether a never-sent packet waits and the congestion window lets
+    /// it go: the packets still in the network (sent, neither
+    /// cumulatively nor selectively acknowledged: RFC 6675's pipe, lost
+    /// ones included until they are resent) must be fewer than the window.
+    /// Packets the peer reports go out of the pipe, so new packets keep
+    /// flowing past a loss, and their acknowledgements find a lost
+    /// retransmission again.
+    fn new_data_ready(&self) -> bool {
+        self.next_new != self.snd_nxt
+            && self.sent_in_flight().saturating_sub(self.sacked) < self.cc.window()
+    }
+
+    /// A loss was detected: the congestion window answers the episode.
+    fn congestion(&mut self) {
+        if self.cc.on_loss(self.sent_in_flight(), self.next_new) {
+            self.stats.cwnd_reductions += 1;
+        }
     }
 
     /// Frames reassembled and waiting for [`deliver`](Self::deliver).

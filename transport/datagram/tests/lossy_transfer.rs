@@ -399,7 +399,9 @@ fn lossless_sanity() {
 
 #[test]
 fn thirty_percent_loss_still_completes() {
-    for seed in [11, 12] {
+    // Seed 20 failed (ten timeouts in a row) when a timeout resent one
+    // packet and a burst of duplicates got one acknowledgement.
+    for seed in 11..21 {
         let r = transfer(
             impaired(0.30),
             ReliableConfig::default(),

@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use super::{seq_diff, seq_lt, ReliableCore, RxPacket, FAST_RETRANSMIT_THRESHOLD};
+use super::{seq_diff, seq_lt, ReliableCore, RxPacket, ACKS_OWED_MAX, FAST_RETRANSMIT_THRESHOLD};
 use crate::packet::{PacketError, PacketFlags, PacketHeader, SACK_BITS};
 
 impl ReliableCore {
@@ -32,7 +32,9 @@ impl ReliableCore {
                 let Some(p) = self.snd_buf.pop_front() else {
                     break;
                 };
-                if !p.sacked {
+                if p.sacked {
+                    self.sacked -= 1;
+                } else {
                     newly += 1;
                     if p.by_timeout {
                         by_timeout = Some(p.serial);
@@ -69,6 +71,7 @@ impl ReliableCore {
                 let p = &mut self.snd_buf[s.wrapping_sub(self.snd_una) as usize];
                 if !p.sacked {
                     p.sacked = true;
+                    self.sacked += 1;
                     progress = true;
                     newly += 1;
                     if p.by_timeout {
@@ -81,6 +84,9 @@ impl ReliableCore {
                     }
                 }
             }
+        }
+        if newly > 0 {
+            self.cc.on_acked(newly, self.snd_una);
         }
         if progress {
             self.timeouts = 0;
@@ -110,13 +116,18 @@ impl ReliableCore {
             } else {
                 0
             };
+            let mut lost = false;
             for (i, p) in self.snd_buf.iter_mut().take(reported as usize).enumerate() {
                 if !p.sacked && !p.in_retx && p.serial + FAST_RETRANSMIT_THRESHOLD <= delivered {
                     p.in_retx = true;
                     p.by_timeout = false;
                     self.retx.push_back(self.snd_una.wrapping_add(i as u32));
                     self.stats.fast_retransmits += 1;
+                    lost = true;
                 }
+            }
+            if lost {
+                self.congestion();
             }
         }
     }
@@ -183,7 +194,12 @@ impl ReliableCore {
         let off = seq_diff(hdr.seq, self.rcv_nxt);
         if off < 0 {
             // Already delivered: our acknowledgement was probably lost.
+            // Each such packet gets an acknowledgement of its own, as TCP
+            // answers each with one: the sender's resent packets then
+            // bring back as many chances for it to arrive (one per burst
+            // was lost ten times in a row on a link losing 30 %).
             self.stats.duplicates += 1;
+            self.acks_owed = (self.acks_owed + 1).min(ACKS_OWED_MAX);
             self.ack_deadline = Some(now);
             return;
         }

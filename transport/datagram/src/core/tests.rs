@@ -16,6 +16,7 @@ fn cfg() -> ReliableConfig {
     ReliableConfig {
         max_frame_len: 1024,
         window: 32,
+        min_cwnd: 4,
         ..ReliableConfig::default()
     }
 }
@@ -105,8 +106,10 @@ fn duplicate_packets_are_delivered_once_and_acked_at_once() {
     assert_eq!(got, frames);
     assert_eq!(b.stats().duplicates, 3);
     assert_eq!(b.stats().frames_delivered, 3);
+    // One acknowledgement for each duplicate: each may be what the
+    // sender's lost acknowledgement made it resend.
     let acks = drain_tx(&mut b, now);
-    assert_eq!(acks.len(), 1);
+    assert_eq!(acks.len(), 3);
     feed(&mut a, now, &acks, &mut Vec::new());
     assert!(!a.tx_pending());
     assert_eq!(a.poll_timeout(), None, "nothing outstanding, no timer");
@@ -597,25 +600,39 @@ fn a_lost_frame_goes_again_from_its_own_buffer_while_later_frames_reuse_earlier_
     }
     assert!(a.frame_pool.is_empty(), "both buffers were taken again");
     // Frame 2 times out: its first packet goes again from its own
-    // buffer, then the new frames' packets.
+    // buffer. The timeout is a loss episode: the congestion window falls
+    // to its minimum of 4 (half of 3 in flight), so one new packet goes
+    // with it.
     let t1 = t0 + a.current_rto();
     a.handle_timeout(t1);
+    assert_eq!((a.cwnd(), a.stats().cwnd_reductions), (4, 1));
     let pkts = drain_tx(&mut a, t1);
-    assert_eq!(pkts.len(), 1 + 4 + 1 + 5);
+    assert_eq!(pkts.len(), 1 + 1);
     assert_eq!(a.stats().retransmits, 1);
     feed(&mut b, t1, &pkts, &mut got);
     // The acknowledgement reports frame 2's other two packets missing:
-    // they go again from the same buffer.
-    feed(&mut a, t1, &drain_ack(&mut b, t1), &mut Vec::new());
-    let pkts = drain_tx(&mut a, t1);
-    assert_eq!(pkts.len(), 2);
+    // they go again from the same buffer, in the same episode (no second
+    // reduction), and the rest follows as acknowledgements come back.
+    exchange(&mut a, &mut b, t1, &mut got);
     assert_eq!(a.stats().retransmits, 3);
-    feed(&mut b, t1, &pkts, &mut got);
+    assert_eq!(a.stats().cwnd_reductions, 1);
     let want: Vec<Vec<u8>> = first.iter().chain(&later).cloned().collect();
     assert_eq!(got, want);
-    feed(&mut a, t1, &drain_ack(&mut b, t1), &mut Vec::new());
     assert!(!a.tx_pending());
     assert!(a.tx_frames.is_empty());
+}
+
+/// Acknowledgements from `b` to `a` and `a`'s packets to `b`, in turn,
+/// until neither has a packet to send.
+fn exchange(a: &mut ReliableCore, b: &mut ReliableCore, now: Instant, got: &mut Vec<Vec<u8>>) {
+    loop {
+        feed(a, now, &drain_ack(b, now), &mut Vec::new());
+        let pkts = drain_tx(a, now);
+        if pkts.is_empty() {
+            break;
+        }
+        feed(b, now, &pkts, got);
+    }
 }
 
 #[test]
@@ -638,7 +655,8 @@ fn a_receiver_starved_for_most_of_the_timeout_budget_gets_every_frame_once() {
     assert!(in_flight + 5 > c.window as usize, "{in_flight}");
     let mut wire = drain_tx(&mut a, t0);
     // The receiver does not run: each timeout but the last sends the
-    // oldest packet again, and every copy waits unread.
+    // oldest packets again (the n-th in a row 2^(n-1) of them, at most
+    // all), and every copy waits unread.
     let mut now = t0;
     for _ in 1..c.dead_after_timeouts {
         now = a.poll_timeout().expect("a retransmission deadline");
@@ -646,7 +664,10 @@ fn a_receiver_starved_for_most_of_the_timeout_budget_gets_every_frame_once() {
         wire.extend(drain_tx(&mut a, now));
     }
     assert!(a.check().is_ok());
-    assert_eq!(wire.len(), in_flight + c.dead_after_timeouts as usize - 1);
+    let resent: usize = (0..c.dead_after_timeouts - 1)
+        .map(|k| (1usize << k).min(in_flight))
+        .sum();
+    assert_eq!(wire.len(), in_flight + resent);
     // It runs at last and reads them all: each frame once, intact, and
     // its acknowledgement is progress (the timeouts start again from 0).
     let mut got = Vec::new();
@@ -656,13 +677,17 @@ fn a_receiver_starved_for_most_of_the_timeout_budget_gets_every_frame_once() {
     assert!(!a.tx_pending());
     assert!(a.tx_frames.is_empty());
     assert_eq!(a.poll_timeout(), None);
-    // The next frames reuse the freed buffers.
+    // The timeouts were one loss episode: the congestion window halved
+    // once, to half the packets then in flight.
+    assert_eq!(a.stats().cwnd_reductions, 1);
+    assert_eq!(a.cwnd(), in_flight as u32 / 2);
+    // The next frames reuse the freed buffers, within that window.
     let again: Vec<Vec<u8>> = (0..6).map(|i| frame(100 + i, 400 - 70 * i)).collect();
     for f in &again {
         send_frame(&mut a, f);
     }
     let mut got = Vec::new();
-    feed(&mut b, now, &drain_tx(&mut a, now), &mut got);
+    exchange(&mut a, &mut b, now, &mut got);
     assert_eq!(got, again);
 }
 
@@ -715,7 +740,7 @@ fn twenty_sent(a: &mut ReliableCore, now: Instant) -> Vec<Vec<u8>> {
 }
 
 #[test]
-fn a_timeout_retransmits_the_oldest_packet_only() {
+fn a_timeout_retransmits_the_oldest_packet_and_timeouts_in_a_row_double_it() {
     let (mut a, _) = pair(cfg());
     let t0 = Instant::now();
     let pkts = twenty_sent(&mut a, t0);
@@ -724,12 +749,11 @@ fn a_timeout_retransmits_the_oldest_packet_only() {
     assert_eq!(drain_tx(&mut a, t), vec![pkts[0].clone()]);
     let t = a.poll_timeout().unwrap();
     a.handle_timeout(t);
-    assert_eq!(
-        drain_tx(&mut a, t),
-        vec![pkts[0].clone()],
-        "backed off, again"
-    );
-    assert_eq!((a.stats().timeouts, a.stats().retransmits), (2, 2));
+    assert_eq!(drain_tx(&mut a, t), pkts[..2].to_vec(), "backed off, two");
+    let t = a.poll_timeout().unwrap();
+    a.handle_timeout(t);
+    assert_eq!(drain_tx(&mut a, t), pkts[..4].to_vec(), "then four");
+    assert_eq!((a.stats().timeouts, a.stats().retransmits), (3, 7));
 }
 
 #[test]
@@ -783,4 +807,81 @@ fn a_lost_tail_is_recovered_after_one_timeout() {
     assert_eq!(a.stats().timeouts, 1);
     assert_eq!(a.stats().retransmits, 20, "each lost packet once");
     assert_eq!(a.poll_timeout(), None);
+}
+
+/// The congestion window starts at the send window (a run without loss
+/// never meets it), halves the packets in flight on a loss, lets out new
+/// packets only while fewer than it are in the network (the peer's
+/// selective acknowledgements take packets out), and grows back by one
+/// packet per window acknowledged.
+#[test]
+fn a_loss_halves_the_congestion_window_and_acknowledgements_grow_it_back() {
+    let c = cfg();
+    let (mut a, mut b) = pair(c.clone());
+    let now = Instant::now();
+    assert_eq!(a.cwnd(), c.window);
+    // 20 one-packet frames; the 5th is lost.
+    for i in 0..20 {
+        send_frame(&mut a, &frame(i, 40));
+    }
+    let pkts = drain_tx(&mut a, now);
+    assert_eq!(pkts.len(), 20);
+    let mut got = Vec::new();
+    let arrived: Vec<Vec<u8>> = pkts
+        .iter()
+        .enumerate()
+        .filter(|&(i, _)| i != 4)
+        .map(|(_, p)| p.clone())
+        .collect();
+    feed(&mut b, now, &arrived, &mut got);
+    // 12 frames more wait while the acknowledgement reports the loss.
+    for i in 20..32 {
+        send_frame(&mut a, &frame(i, 40));
+    }
+    feed(&mut a, now, &drain_ack(&mut b, now), &mut Vec::new());
+    assert_eq!(a.stats().fast_retransmits, 1);
+    assert_eq!(a.stats().cwnd_reductions, 1);
+    // Frames 0 to 3 are acknowledged: 16 in flight, halved.
+    assert_eq!(a.cwnd(), 8, "half of the 16 in flight");
+    // The retransmission goes, and new packets while fewer than 8 are in
+    // the network: of the 16 sent, 15 were acknowledged selectively, and
+    // the lost one still counts.
+    let pkts = drain_tx(&mut a, now);
+    assert_eq!(pkts.len(), 1 + 7);
+    assert_eq!(a.stats().retransmits, 1);
+    feed(&mut b, now, &pkts, &mut got);
+    assert_eq!(got.len(), 27);
+    exchange(&mut a, &mut b, now, &mut got);
+    assert_eq!(a.cwnd(), 8, "the episode's end leaves the window");
+    // Acknowledgements grow it: 16 frames leave 8 at a time; once 8 are
+    // acknowledged, 9.
+    for i in 32..48 {
+        send_frame(&mut a, &frame(i, 40));
+    }
+    let pkts = drain_tx(&mut a, now);
+    assert_eq!(pkts.len(), 8);
+    feed(&mut b, now, &pkts, &mut got);
+    feed(&mut a, now, &drain_ack(&mut b, now), &mut Vec::new());
+    assert_eq!(a.cwnd(), 9, "8 acknowledged: one more packet");
+    exchange(&mut a, &mut b, now, &mut got);
+    let want: Vec<Vec<u8>> = (0..48).map(|i| frame(i, 40)).collect();
+    assert_eq!(got, want);
+    assert_eq!(a.stats().cwnd_reductions, 1);
+}
+
+/// `min_cwnd` equal to the window turns congestion control off.
+#[test]
+fn a_minimum_window_of_the_send_window_keeps_it() {
+    let c = ReliableConfig {
+        min_cwnd: 32,
+        ..cfg()
+    };
+    let (mut a, _b) = pair(c);
+    let now = Instant::now();
+    for i in 0..8 {
+        send_frame(&mut a, &frame(i, 40));
+    }
+    drain_tx(&mut a, now);
+    a.handle_timeout(now + a.current_rto());
+    assert_eq!((a.cwnd(), a.stats().cwnd_reductions), (32, 1));
 }

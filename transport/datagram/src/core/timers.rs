@@ -14,7 +14,7 @@ impl ReliableCore {
         if self.failed.is_some() {
             return None;
         }
-        let immediate = if !self.retx.is_empty() || self.next_new != self.snd_nxt {
+        let immediate = if !self.retx.is_empty() || self.new_data_ready() {
             self.last_now
         } else {
             None
@@ -26,7 +26,8 @@ impl ReliableCore {
     }
 
     /// Run the timers at `now`: on a retransmission timeout the oldest
-    /// unacknowledged packet is queued again and the timeout backs off;
+    /// unacknowledged packet is queued again (on the n-th timeout in a
+    /// row, the 2^(n-1) oldest) and the timeout backs off;
     /// after [`dead_after_timeouts`](crate::ReliableConfig::dead_after_timeouts)
     /// consecutive timeouts without progress the connection fails.
     ///
@@ -34,7 +35,10 @@ impl ReliableCore {
     /// not scheduled for a while (its packets wait in its receive ring) as
     /// a loss, and the acknowledgement of that one packet, when it is the
     /// only one that arrived, reports the rest of a lost tail as missing
-    /// for fast retransmission (see `on_ack`).
+    /// for fast retransmission (see `on_ack`). Timeouts in a row double
+    /// the packets resent, so that a lossy link (where one packet and its
+    /// acknowledgement are both lost ten times in a row often enough) does
+    /// not fail the connection.
     pub fn handle_timeout(&mut self, now: Instant) {
         self.last_now = Some(now);
         if self.failed.is_some() {
@@ -71,13 +75,24 @@ impl ReliableCore {
             timeouts = self.timeouts,
             "retransmission timeout"
         );
-        if let Some(p) = self.snd_buf.front_mut() {
+        // The n-th timeout in a row resends the 2^(n-1) oldest packets
+        // the peer has not reported (at most 256): one for a peer that was
+        // not scheduled, more for a link that lost the last tries too.
+        let probes = 1usize << (self.timeouts - 1).min(8);
+        let sent = self.sent_in_flight() as usize;
+        let mut queued = 0;
+        for (i, p) in self.snd_buf.iter_mut().take(sent).enumerate() {
+            if queued == probes {
+                break;
+            }
             if !p.sacked && !p.in_retx {
                 p.in_retx = true;
                 p.by_timeout = true;
-                self.retx.push_back(self.snd_una);
+                self.retx.push_back(self.snd_una.wrapping_add(i as u32));
+                queued += 1;
             }
         }
+        self.congestion();
         self.rto_deadline = Some(now + self.current_rto());
     }
 

@@ -94,14 +94,14 @@ impl ReliableCore {
     }
 
     fn ack_due(&self, now: Instant) -> bool {
-        self.ack_deadline.is_some_and(|d| d <= now)
+        self.acks_owed > 0 || self.ack_deadline.is_some_and(|d| d <= now)
     }
 
     /// True if [`poll_transmit`](Self::poll_transmit) may produce a packet
     /// at `now`.
     pub fn wants_transmit(&self, now: Instant) -> bool {
         self.failed.is_none()
-            && (!self.retx.is_empty() || self.next_new != self.snd_nxt || self.ack_due(now))
+            && (!self.retx.is_empty() || self.new_data_ready() || self.ack_due(now))
     }
 
     /// Write the next packet to send into `buf` (at least
@@ -129,7 +129,7 @@ impl ReliableCore {
             self.stats.retransmits += 1;
             return Some(self.emit_data(now, seq, buf));
         }
-        if self.next_new != self.snd_nxt {
+        if self.new_data_ready() {
             let seq = self.next_new;
             self.next_new = seq.wrapping_add(1);
             self.stats.data_packets_sent += 1;
@@ -183,6 +183,7 @@ impl ReliableCore {
     fn acked(&mut self) {
         self.ack_deadline = None;
         self.rx_unacked = 0;
+        self.acks_owed = self.acks_owed.saturating_sub(1);
     }
 
     fn sack_bits(&self) -> u64 {
