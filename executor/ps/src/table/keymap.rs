@@ -1,4 +1,4 @@
-//! [`KeyMap`]: a table's key -> [`Slot`] map.
+//! [`KeyMap`]: a table's key -> [`Held`] map.
 //!
 //! An open-addressing table of our own, not `std`'s (hashbrown's) map,
 //! because the PS's key loops need to ask where a key's entry lives before
@@ -10,7 +10,7 @@
 //! memory one after the other.
 //!
 //! Linear probing over a power-of-two array of [`Entry`]s, at most half
-//! full; an entry whose `Slot::index` is [`NO_ROW`] is empty (`NO_ROW` is
+//! full; an entry whose `Held::index` is [`NO_ROW`] is empty (`NO_ROW` is
 //! never a row index). The hash is FxHash, as for the table's other maps:
 //! keys are already well-mixed feature hashes.
 
@@ -18,30 +18,29 @@ use std::hash::BuildHasher;
 
 use rustc_hash::FxBuildHasher;
 
-use super::{Slot, NO_ROW};
+use super::rows::Held;
+use super::NO_ROW;
 use crate::prefetch;
 
-/// A key and its slot: 32 bytes, aligned to 32 so that no entry straddles
-/// two cache lines. A probe is one cache miss, on the line
-/// [`KeyMap::prefetch`] asked for; the array's allocation (glibc's
-/// `malloc` puts a large block 16 bytes past a page boundary) would
-/// otherwise split every other entry across two lines, the second not
-/// prefetched.
+/// A key and its row ([`Held`]): 16 bytes, aligned to 16, so that four
+/// entries share a cache line and none straddles two. A probe is one
+/// cache miss, on the line [`KeyMap::prefetch`] asked for; the array's
+/// allocation (glibc's `malloc` puts a large block 16 bytes past a page
+/// boundary) would otherwise split entries across two lines, the second
+/// not prefetched. The row's bookkeeping is not here but beside the rows
+/// ([`super::rows::Meta`]): an entry is written only when its key gets a
+/// row, and a map of half the size stays in the caches longer.
 #[derive(Debug, Clone, Copy)]
-#[repr(C, align(32))]
+#[repr(C, align(16))]
 struct Entry {
     key: u64,
-    slot: Slot,
+    slot: Held,
 }
 
 /// The entry of an empty position.
 const EMPTY: Entry = Entry {
     key: 0,
-    slot: Slot {
-        index: NO_ROW,
-        last_access: 0,
-        updates: 0,
-    },
+    slot: Held { index: NO_ROW },
 };
 
 /// Fewest entries of a map that holds anything.
@@ -56,7 +55,7 @@ pub(crate) enum Found {
     Vacant(usize),
 }
 
-/// Keys to [`Slot`]s (see the module documentation).
+/// Keys to [`Held`]s (see the module documentation).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct KeyMap {
     /// A power of two long (or empty); at most half full.
@@ -93,28 +92,6 @@ impl KeyMap {
         }
     }
 
-    /// Hint that the entry at `position` (a [`Self::position_of`] hint)
-    /// will be read soon; a position past the end does nothing.
-    #[inline]
-    pub(crate) fn prefetch_position(&self, position: Option<u32>) {
-        if let Some(e) = position.and_then(|p| self.entries.get(p as usize)) {
-            prefetch::entry(e);
-        }
-    }
-
-    /// Where `key` is: at `hint` (a position [`Self::find`] or
-    /// [`Self::insert_at`] gave for it earlier) when its entry is still
-    /// there, without hashing or probing; else found as by
-    /// [`Self::find`]. An entry holding `key` is `key`'s whatever
-    /// happened since (keys are unique in the map), so a hint that
-    /// growth or [`Self::retain`] made stale only costs the probe.
-    pub(crate) fn find_hinted(&self, hint: u32, key: u64) -> Option<Found> {
-        match self.entries.get(hint as usize) {
-            Some(e) if e.key == key && e.slot.index != NO_ROW => Some(Found::At(hint as usize)),
-            _ => self.find(key),
-        }
-    }
-
     /// Where `key` is, or the empty position it would take. An empty map
     /// has no position: `None`.
     pub(crate) fn find(&self, key: u64) -> Option<Found> {
@@ -137,22 +114,14 @@ impl KeyMap {
     }
 
     /// The slot at position `at` (a [`Found::At`]).
-    pub(crate) fn slot_mut(&mut self, at: usize) -> &mut Slot {
+    pub(crate) fn slot_mut(&mut self, at: usize) -> &mut Held {
         &mut self.entries[at].slot
     }
 
-    /// The slot of `key`.
-    pub(crate) fn get(&self, key: u64) -> Option<&Slot> {
+    /// What the map holds for `key`.
+    pub(crate) fn get(&self, key: u64) -> Option<&Held> {
         match self.find(key)? {
             Found::At(i) => Some(&self.entries[i].slot),
-            Found::Vacant(_) => None,
-        }
-    }
-
-    /// The slot of `key`, to change.
-    pub(crate) fn get_mut(&mut self, key: u64) -> Option<&mut Slot> {
-        match self.find(key)? {
-            Found::At(i) => Some(&mut self.entries[i].slot),
             Found::Vacant(_) => None,
         }
     }
@@ -165,7 +134,7 @@ impl KeyMap {
     /// Add `key` (which has no slot) with `slot` at `found`, what
     /// [`Self::find`] returned for it with no change to the map since;
     /// `None` (an empty map) is fine too. Returns the key's position.
-    pub(crate) fn insert_at(&mut self, found: Option<Found>, key: u64, slot: Slot) -> usize {
+    pub(crate) fn insert_at(&mut self, found: Option<Found>, key: u64, slot: Held) -> usize {
         debug_assert_ne!(slot.index, NO_ROW);
         if (self.len + 1) * 2 > self.entries.len() {
             self.grow(self.len + 1);
@@ -182,7 +151,7 @@ impl KeyMap {
     }
 
     /// Put a key known to be absent, with room for it; returns its position.
-    fn insert_new(&mut self, key: u64, slot: Slot) -> usize {
+    fn insert_new(&mut self, key: u64, slot: Held) -> usize {
         let mask = self.mask();
         let mut i = self.home(key);
         while self.entries[i].slot.index != NO_ROW {
@@ -212,7 +181,7 @@ impl KeyMap {
     }
 
     /// Re-place the entries `keep` is true for in an array of `size`.
-    fn rebuild(&mut self, size: usize, mut keep: impl FnMut(&Slot) -> bool) {
+    fn rebuild(&mut self, size: usize, mut keep: impl FnMut(&Held) -> bool) {
         let old = std::mem::replace(&mut self.entries, vec![EMPTY; size]);
         self.len = 0;
         for e in old {
@@ -231,7 +200,7 @@ impl KeyMap {
     }
 
     /// Keep the slots `keep` is true for (called once per slot).
-    pub(crate) fn retain(&mut self, mut keep: impl FnMut(&Slot) -> bool) {
+    pub(crate) fn retain(&mut self, mut keep: impl FnMut(&Held) -> bool) {
         let mut verdicts = Vec::with_capacity(self.len);
         for e in &self.entries {
             if e.slot.index != NO_ROW {
@@ -254,7 +223,7 @@ mod tests {
     use super::*;
 
     /// Add `key` with `slot`; false (and no change) when it has one.
-    fn insert(m: &mut KeyMap, key: u64, slot: Slot) -> bool {
+    fn insert(m: &mut KeyMap, key: u64, slot: Held) -> bool {
         let found = m.find(key);
         if matches!(found, Some(Found::At(_))) {
             return false;
@@ -263,12 +232,8 @@ mod tests {
         true
     }
 
-    fn slot(index: u32) -> Slot {
-        Slot {
-            index,
-            last_access: u64::from(index) * 3,
-            updates: 0,
-        }
+    fn slot(index: u32) -> Held {
+        Held { index }
     }
 
     #[test]
@@ -303,48 +268,19 @@ mod tests {
             m.len(),
             keys.iter().enumerate().filter(|(i, _)| i % 3 != 0).count()
         );
-        m.get_mut(keys[1]).expect("kept").updates = 9;
-        assert_eq!(m.get(keys[1]).map(|s| s.updates), Some(9));
+        let Some(Found::At(at)) = m.find(keys[1]) else {
+            panic!("key {} kept", keys[1]);
+        };
+        m.slot_mut(at).index = 9;
+        assert_eq!(m.get(keys[1]).map(|s| s.index), Some(9));
     }
 
     #[test]
     fn no_entry_straddles_two_cache_lines() {
-        assert_eq!(std::mem::size_of::<Entry>(), 32);
+        assert_eq!(std::mem::size_of::<Entry>(), 16);
         let mut m = KeyMap::default();
         m.reserve(100_000);
-        assert_eq!(m.entries.as_ptr() as usize % 32, 0);
-    }
-
-    #[test]
-    fn a_hint_is_taken_only_where_it_still_holds_the_key() {
-        let mut m = KeyMap::default();
-        m.reserve(20);
-        let at: Vec<usize> = (0..20u64)
-            .map(|k| m.insert_at(m.find(k), k, slot(k as u32)))
-            .collect();
-        for (k, &p) in at.iter().enumerate() {
-            let k = k as u64;
-            assert_eq!(m.find(k), Some(Found::At(p)), "key {k}");
-            assert_eq!(m.find_hinted(p as u32, k), Some(Found::At(p)));
-        }
-        // Another key's position, one past the end and a vacant one: the
-        // key is probed for.
-        assert_eq!(m.find_hinted(at[3] as u32, 4), Some(Found::At(at[4])));
-        assert_eq!(m.find_hinted(u32::MAX, 4), Some(Found::At(at[4])));
-        let Some(Found::Vacant(v)) = m.find(99) else {
-            panic!("99 is absent");
-        };
-        assert_eq!(m.find_hinted(v as u32, 99), Some(Found::Vacant(v)));
-        assert_eq!(m.find_hinted(v as u32, 5), Some(Found::At(at[5])));
-        // After growth moves the entries, old positions still find each key.
-        m.reserve(10_000);
-        for (k, &p) in at.iter().enumerate() {
-            let k = k as u64;
-            assert_eq!(m.find_hinted(p as u32, k), m.find(k), "key {k}");
-            assert!(matches!(m.find(k), Some(Found::At(_))));
-        }
-        m.prefetch_position(Some(u32::MAX));
-        m.prefetch_position(None);
+        assert_eq!(m.entries.as_ptr() as usize % 16, 0);
     }
 
     #[test]

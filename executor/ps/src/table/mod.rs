@@ -18,8 +18,9 @@ mod rows;
 mod stale;
 use defaults::Defaults;
 use rows::alloc;
+use rows::Held;
+pub(crate) use rows::Rows;
 pub use rows::{NoRoom, TableFull};
-pub(crate) use rows::{Rows, Slot};
 pub(crate) use stale::same_keys;
 
 /// Keys are already well-mixed feature hashes, so the map uses FxHash (one
@@ -28,10 +29,6 @@ type Map<V> = FxHashMap<u64, V>;
 
 /// Marks a key that has no row in [`EmbeddingTable::resolve`]'s output.
 const NO_ROW: u32 = u32::MAX;
-
-/// A key-map position hint that names no entry (a key without a row, or
-/// a position past `u32`).
-const NO_POSITION: u32 = u32::MAX;
 
 /// A key not admitted yet (`filter_freq > 1`): how often it was pulled and when last.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -136,12 +133,41 @@ struct Scratch {
     grad_row: Vec<f32>,
     // `prepare_direct` accepted a push item whose update is still to come.
     direct_ready: bool,
-    // The rows `prepare_direct` counted an update for: each key and its
-    // access step before, to give the counts back if the push is refused.
-    direct_undo: Vec<(u64, u64)>,
-    // By worker: the key-map position of each key of its last rows pull,
-    // where its push of the same keys finds their entries again.
-    pulled_at: Vec<Vec<u32>>,
+    // The rows `prepare_direct` counted an update for: each row index and
+    // its access step before, to give the counts back if the push is
+    // refused.
+    direct_undo: Vec<(u32, u64)>,
+    // By worker: its last rows pull of the table, whose rows its push of
+    // the same keys updates without looking them up again.
+    pulled: Vec<PulledRows>,
+}
+
+/// A worker's last rows pull of a table: its keys, in order, and the row
+/// each had ([`NO_ROW`] for none), under the key -> row assignment of
+/// [`Rows::epoch`] `epoch`.
+#[derive(Debug, Clone, Default)]
+struct PulledRows {
+    epoch: u64,
+    keys: Vec<u64>,
+    rows: Vec<u32>,
+}
+
+impl PulledRows {
+    /// The rows of `keys` when they are this pull's keys, in order, and
+    /// no key has lost its row since (`epoch` is still the table's).
+    fn rows_of(&self, keys: U64s<'_>, epoch: u64) -> Option<&[u32]> {
+        if self.epoch != epoch || self.keys.len() != keys.len() || self.rows.len() != keys.len() {
+            return None;
+        }
+        // On a little-endian host the kept keys' bytes are the wire's:
+        // one comparison of the two byte strings.
+        let same = if cfg!(target_endian = "little") {
+            keys.as_bytes() == bytemuck::cast_slice::<u64, u8>(&self.keys)
+        } else {
+            keys.iter().eq(self.keys.iter().copied())
+        };
+        same.then_some(&self.rows[..])
+    }
 }
 
 impl EmbeddingTable {
@@ -247,10 +273,11 @@ impl EmbeddingTable {
     }
 
     fn pull_row(&mut self, key: u64, step: u64, once: bool) -> Result<Option<&[f32]>, TableFull> {
-        let (index, new, _) = self.resolve(key, step, once)?;
+        let (index, new) = self.resolve(key, step, once)?;
         if new {
             self.init_row(index, key);
         }
+        self.rows.touch(index, step);
         Ok((index != NO_ROW).then(|| &self.rows.arena.row(index)[..self.dim]))
     }
 
@@ -267,10 +294,10 @@ impl EmbeddingTable {
 
     /// The row index of `key` for a pull at `step` ([`NO_ROW`] while the
     /// filter holds it back), creating the row if the key is admitted now
-    /// and refreshing its access time; true when the row is new: its
-    /// floats are stale or zero until [`Self::init_row`]. Last, the key's
-    /// position in the key map ([`NO_POSITION`] without a row).
-    fn resolve(&mut self, key: u64, step: u64, once: bool) -> Result<(u32, bool, u32), TableFull> {
+    /// (a new row's access time is `step`; the caller refreshes an
+    /// existing row's with [`Rows::touch`]); true when the row is new:
+    /// its floats are stale or zero until [`Self::init_row`].
+    fn resolve(&mut self, key: u64, step: u64, once: bool) -> Result<(u32, bool), TableFull> {
         self.rows.reserve_before_insert();
         let rows = &mut self.rows;
         let max_rows = self.policy.max_rows;
@@ -279,16 +306,14 @@ impl EmbeddingTable {
         // that probe found.
         let found = rows.map.find(key);
         if let Some(keymap::Found::At(at)) = found {
-            let slot = rows.map.slot_mut(at);
-            slot.last_access = slot.last_access.max(step);
-            return Ok((slot.index, false, position(at)));
+            return Ok((rows.map.slot_mut(at).index, false));
         }
         if once && self.policy.filter_freq > 1 && !self.scratch.counted.insert(key) {
             self.stats.filtered_pulls += 1;
-            return Ok((NO_ROW, false, NO_POSITION));
+            return Ok((NO_ROW, false));
         }
         if !admit(&mut self.pending, &mut self.stats, &self.policy, key, step) {
-            return Ok((NO_ROW, false, NO_POSITION));
+            return Ok((NO_ROW, false));
         }
         let full = |why| TableFull {
             var: self.def.id,
@@ -300,16 +325,9 @@ impl EmbeddingTable {
         }
         let index = alloc(&mut rows.arena, &mut rows.next, &mut rows.free).map_err(full)?;
         self.stats.admitted += 1;
-        let at = rows.map.insert_at(
-            found,
-            key,
-            Slot {
-                index,
-                last_access: step,
-                updates: 0,
-            },
-        );
-        Ok((index, true, position(at)))
+        rows.start_meta(index, 0, step);
+        rows.map.insert_at(found, key, Held { index });
+        Ok((index, true))
     }
 
     /// Give the new row `index` of `key` its initial weights and slots.
@@ -334,9 +352,9 @@ impl EmbeddingTable {
     /// copies; a new row's default values, at a random place in a matrix
     /// of a megabyte per table, are prefetched in the second pass.
     ///
-    /// A pull of `worker` keeps its keys' key-map positions, so that its
-    /// push of the same keys ([`Self::prepare_direct`]) reads each entry
-    /// where it is rather than probing for it again.
+    /// A pull of `worker` keeps its keys and their rows, so that its push
+    /// of the same keys ([`Self::prepare_direct`]) updates those rows
+    /// without reading the key map again.
     pub(crate) fn pull_rows_into(
         &mut self,
         keys: U64s<'_>,
@@ -346,29 +364,33 @@ impl EmbeddingTable {
     ) -> Result<(), TableFull> {
         let mut resolved = std::mem::take(&mut self.scratch.resolved);
         let mut fresh = std::mem::take(&mut self.scratch.fresh);
-        let mut positions = self.take_pulled_at(worker);
+        let mut pulled = self.take_pulled(worker);
         resolved.clear();
         fresh.clear();
-        positions.clear();
+        pulled.keys.clear();
+        pulled.rows.clear();
         let mut r = Ok(());
         for (k, ahead) in prefetch::probe_ahead(|| keys.iter()) {
             self.rows.map.prefetch(ahead);
             match self.resolve(k, step, true) {
-                Ok((i, new, at)) => {
+                Ok((i, new)) => {
                     if new {
                         fresh.push((resolved.len(), k));
                     }
                     resolved.push(i);
-                    positions.push(at);
                 }
                 Err(e) => {
                     r = Err(e);
-                    positions.clear();
                     break;
                 }
             }
         }
-        self.put_pulled_at(worker, positions);
+        if r.is_ok() && worker.is_some() {
+            pulled.epoch = self.rows.epoch;
+            pulled.keys.extend(keys.iter());
+            pulled.rows.extend_from_slice(&resolved);
+        }
+        self.put_pulled(worker, pulled);
         if r.is_ok() {
             let dim = self.dim;
             out.reserve(4 * dim * resolved.len());
@@ -377,7 +399,7 @@ impl EmbeddingTable {
             let (mut to_fetch, mut to_init) = (0, 0);
             for (i, &index) in resolved.iter().enumerate() {
                 let a = i + prefetch::DISTANCE;
-                self.rows.arena.prefetch(resolved.get(a).copied(), dim);
+                self.rows.prefetch(resolved.get(a).copied(), dim);
                 if let Some(d) = self.defaults.as_deref() {
                     while fresh.get(to_fetch).is_some_and(|&(p, _)| p < a) {
                         to_fetch += 1;
@@ -394,6 +416,7 @@ impl EmbeddingTable {
                 if index == NO_ROW {
                     out.resize(out.len() + 4 * dim, 0);
                 } else {
+                    self.rows.touch(index, step);
                     put_f32s(out, &self.rows.arena.row(index)[..dim]);
                 }
             }
@@ -402,31 +425,34 @@ impl EmbeddingTable {
             for &(p, key) in &fresh {
                 self.init_row(resolved[p], key);
             }
+            // And the rows found, their access.
+            for &index in &resolved {
+                self.rows.touch(index, step);
+            }
         }
         self.scratch.resolved = resolved;
         self.scratch.fresh = fresh;
         r
     }
 
-    /// Worker `worker`'s key-map positions of its last rows pull, taken
-    /// out (empty for an untracked worker); [`Self::put_pulled_at`] puts
-    /// them back.
-    fn take_pulled_at(&mut self, worker: Option<u32>) -> Vec<u32> {
+    /// Worker `worker`'s last rows pull, taken out (empty for an
+    /// untracked worker); [`Self::put_pulled`] puts it back.
+    fn take_pulled(&mut self, worker: Option<u32>) -> PulledRows {
         let Some(w) = worker.filter(|&w| w < MAX_TRACKED_WORKERS) else {
-            return Vec::new();
+            return PulledRows::default();
         };
         let w = w as usize;
-        let by_worker = &mut self.scratch.pulled_at;
+        let by_worker = &mut self.scratch.pulled;
         if by_worker.len() <= w {
-            by_worker.resize_with(w + 1, Vec::new);
+            by_worker.resize_with(w + 1, PulledRows::default);
         }
         std::mem::take(&mut by_worker[w])
     }
 
-    /// Return what [`Self::take_pulled_at`] took.
-    fn put_pulled_at(&mut self, worker: Option<u32>, positions: Vec<u32>) {
-        if let Some(slot) = worker.and_then(|w| self.scratch.pulled_at.get_mut(w as usize)) {
-            *slot = positions;
+    /// Return what [`Self::take_pulled`] took.
+    fn put_pulled(&mut self, worker: Option<u32>, pulled: PulledRows) {
+        if let Some(slot) = worker.and_then(|w| self.scratch.pulled.get_mut(w as usize)) {
+            *slot = pulled;
         }
     }
 
@@ -484,11 +510,12 @@ impl EmbeddingTable {
     /// on the probes' cache misses, so the check costs little there,
     /// where a pass of its own read the whole item once more.
     ///
-    /// When `worker`'s last rows pull of the table had as many keys (a
-    /// worker pushes the keys it pulled, in order), each key's entry is
-    /// first looked for at the position that pull found it
-    /// ([`KeyMap::find_hinted`](keymap::KeyMap::find_hinted)), and the
-    /// entries ahead are prefetched there: the exact line, with no hash.
+    /// When the keys are those of `worker`'s last rows pull of the table,
+    /// in order (a worker pushes the keys it pulled), and no key of the
+    /// table lost its row since ([`Rows::epoch`]), the rows that pull
+    /// found are taken as they are: the key map is not read at all, and
+    /// the update bookkeeping ahead ([`rows::Meta`], by row index) is
+    /// prefetched. Otherwise each key is looked up.
     pub(crate) fn prepare_direct(
         &mut self,
         keys: U64s<'_>,
@@ -505,37 +532,48 @@ impl EmbeddingTable {
         let mut undo = std::mem::take(&mut self.scratch.direct_undo);
         targets.clear();
         undo.clear();
-        let hints = self.take_pulled_at(worker);
-        let hinted = hints.len() == keys.len();
+        let pulled = self.take_pulled(worker);
+        let known = pulled.rows_of(keys, self.rows.epoch);
         let marks = &mut self.scratch.marks;
         marks.resize((self.rows.next as usize).div_ceil(64), 0);
-        // As in `apply_at`: the probes first, their misses overlapping.
+        let meta = &mut self.rows.meta;
+        let map = &self.rows.map;
+        // As in `apply_at`: the lookups first, their misses overlapping.
         let mut direct = true;
         for (j, (k, ahead)) in prefetch::probe_ahead(|| keys.iter()).enumerate() {
-            let map = &mut self.rows.map;
-            let found = if hinted {
-                map.prefetch_position(hints.get(j + prefetch::PROBE_DISTANCE).copied());
-                map.find_hinted(hints[j], k)
-            } else {
-                map.prefetch(ahead);
-                map.find(k)
+            let row = match known {
+                Some(rows) => {
+                    if let Some(m) = rows
+                        .get(j + prefetch::PROBE_DISTANCE)
+                        .and_then(|&a| meta.get(a as usize))
+                    {
+                        prefetch::entry(m);
+                    }
+                    // A key the filter held back at the pull may have a
+                    // row by now.
+                    Some(rows[j]).filter(|&i| i != NO_ROW)
+                }
+                None => {
+                    map.prefetch(ahead);
+                    None
+                }
             };
-            let Some(keymap::Found::At(at)) = found else {
+            let Some(index) = row.or_else(|| map.get(k).map(|h| h.index)) else {
                 direct = false;
                 break;
             };
-            let s = map.slot_mut(at);
-            let (word, bit) = ((s.index / 64) as usize, 1u64 << (s.index % 64));
+            let (word, bit) = ((index / 64) as usize, 1u64 << (index % 64));
             if marks[word] & bit != 0 {
                 direct = false;
                 break;
             }
             marks[word] |= bit;
-            undo.push((k, s.last_access));
-            s.updates += 1;
-            s.last_access = s.last_access.max(step);
+            let m = &mut meta[index as usize];
+            undo.push((index, m.last_access));
+            m.updates += 1;
+            m.last_access = m.last_access.max(step);
             let j = targets.len();
-            targets.push((s.index, s.updates));
+            targets.push((index, m.updates));
             finite &= match in_place.and_then(|all| all.get(j * dim..(j + 1) * dim)) {
                 Some(row) => crate::shard::all_finite(row),
                 None => grads.slice(j * dim, (j + 1) * dim).all_finite(),
@@ -544,7 +582,7 @@ impl EmbeddingTable {
         for &(index, _) in &targets {
             marks[(index / 64) as usize] = 0;
         }
-        self.put_pulled_at(worker, hints);
+        self.put_pulled(worker, pulled);
         self.scratch.targets = targets;
         self.scratch.direct_undo = undo;
         if !direct {
@@ -557,11 +595,10 @@ impl EmbeddingTable {
     /// Give back the update counts and access steps `prepare_direct`
     /// took (its keys are unique, so each row is restored once).
     fn undo_direct(&mut self) {
-        for &(k, last_access) in &self.scratch.direct_undo {
-            if let Some(s) = self.rows.map.get_mut(k) {
-                s.updates -= 1;
-                s.last_access = last_access;
-            }
+        for &(index, last_access) in &self.scratch.direct_undo {
+            let m = &mut self.rows.meta[index as usize];
+            m.updates -= 1;
+            m.last_access = last_access;
         }
         self.scratch.direct_undo.clear();
         self.scratch.targets.clear();
@@ -635,13 +672,14 @@ impl EmbeddingTable {
         let keys = &self.scratch.acc_keys;
         for (key, ahead) in prefetch::probe_ahead(|| keys.iter().copied()) {
             self.rows.map.prefetch(ahead);
-            targets.push(match self.rows.map.get_mut(key) {
-                Some(s) => {
-                    s.updates += 1;
+            targets.push(match self.rows.map.get(key) {
+                Some(h) => {
+                    let m = &mut self.rows.meta[h.index as usize];
+                    m.updates += 1;
                     if let Some(step) = step {
-                        s.last_access = s.last_access.max(step);
+                        m.last_access = m.last_access.max(step);
                     }
-                    (s.index, s.updates)
+                    (h.index, m.updates)
                 }
                 None => (NO_ROW, 0),
             });
@@ -690,11 +728,6 @@ impl EmbeddingTable {
         self.stats.evicted += n as u64;
         n
     }
-}
-
-/// A key-map position as a hint ([`NO_POSITION`] past `u32`).
-fn position(at: usize) -> u32 {
-    u32::try_from(at).unwrap_or(NO_POSITION)
 }
 
 /// Count one pull of `key`, which has no row; true when it is admitted now.
@@ -1132,11 +1165,11 @@ mod tests {
 
     #[test]
     fn a_push_after_its_workers_pull_updates_as_one_from_an_unknown_worker() {
-        // Worker 1 pushes what it pulled (its pull's positions used), also
+        // Worker 1 pushes what it pulled (its pull's rows used), also
         // after another worker's pull grew the map and after eviction
-        // moved the entries; an unknown sender's push (probed) and a
-        // worker pushing keys it did not pull in that order (positions
-        // not used) change the rows alike.
+        // moved the entries; an unknown sender's push (looked up) and a
+        // worker pushing keys it did not pull in that order (rows looked
+        // up) change the rows alike.
         let keys: Vec<u64> = (1..=40).collect();
         let key_bytes: Vec<u8> = keys.iter().flat_map(|k| k.to_le_bytes()).collect();
         let reversed: Vec<u8> = keys.iter().rev().flat_map(|k| k.to_le_bytes()).collect();
@@ -1191,6 +1224,53 @@ mod tests {
             assert_eq!(row(&tables[0]), row(&tables[1]), "key {k}");
             assert_eq!(row(&tables[0]), row(&tables[2]), "key {k}");
         }
+    }
+
+    #[test]
+    fn a_pulled_row_that_lost_its_key_is_not_updated_for_it() {
+        // Worker 1 pulls keys 1 and 2; key 2 is evicted and key 3 takes
+        // its row; worker 1's push of 1 and 2 must not update key 3's
+        // row for key 2.
+        let mut t = table(0, 10, 16);
+        let le = |keys: &[u64]| -> Vec<u8> { keys.iter().flat_map(|k| k.to_le_bytes()).collect() };
+        let mut out = Vec::new();
+        let pulled = le(&[1, 2]);
+        t.pull_rows_into(U64s::new(&pulled).unwrap(), 0, &mut out, Some(1))
+            .expect("room");
+        let row2 = t.rows.get(2).expect("row").0.index;
+        t.pull_rows_into(U64s::new(&le(&[1])).unwrap(), 20, &mut out, Some(2))
+            .expect("room");
+        assert_eq!(t.evict(20), 1);
+        t.pull_rows_into(U64s::new(&le(&[3])).unwrap(), 20, &mut out, Some(2))
+            .expect("room");
+        let (s3, before) = t.rows.get(3).map(|(s, r)| (s, r.to_vec())).expect("row");
+        assert_eq!(s3.index, row2, "key 3 reuses key 2's row");
+        let g = grad(1.0).repeat(2);
+        let g = F32s::new(&g).unwrap();
+        // Key 2 has no row: not a direct push, and nothing counted.
+        assert_eq!(
+            t.prepare_direct(U64s::new(&pulled).unwrap(), g, 21, Some(1)),
+            None
+        );
+        t.push_rows_direct(g, 21);
+        assert_eq!(
+            t.rows.get(3).map(|(s, r)| (s, r.to_vec())),
+            Some((s3, before))
+        );
+        assert_eq!(t.rows.get(1).map(|(s, _)| s.updates), Some(0));
+        // Once key 2 has a row again, the same push is direct and updates
+        // key 2's new row, not key 3's.
+        t.pull_rows_into(U64s::new(&pulled).unwrap(), 22, &mut out, Some(1))
+            .expect("room");
+        assert_eq!(
+            t.prepare_direct(U64s::new(&pulled).unwrap(), g, 23, Some(1)),
+            Some(true)
+        );
+        t.push_rows_direct(g, 23);
+        let after = |k: u64| t.rows.get(k).map(|(s, _)| (s.updates, s.last_access));
+        assert_eq!(after(1), Some((1, 23)));
+        assert_eq!(after(2), Some((1, 23)));
+        assert_eq!(after(3), Some((0, 20)));
     }
 
     #[test]

@@ -5,9 +5,9 @@
 use super::keymap::{Found, KeyMap};
 use super::*;
 
-/// Where a row lives, and its bookkeeping for eviction and Adam's per-row
-/// bias correction: the value of the key map, so the probe that finds a
-/// row also brings these in.
+/// A row's place and bookkeeping, for eviction, Adam's per-row bias
+/// correction and checkpoints: what [`Rows::get`] returns, gathered from
+/// the key map's [`Held`] and the row's [`Meta`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Slot {
     /// The row's index in the arena.
@@ -18,14 +18,56 @@ pub(crate) struct Slot {
     pub(crate) updates: u64,
 }
 
-/// The rows of a table: a key -> [`Slot`] map and an [`Arena`] of rows of
-/// `stride` floats each (`dim` weights, then each optimizer slot). Rows are
-/// not allocated one by one: a new row takes a freed index or the next one,
-/// so creating a row costs no `malloc` and removing one no `free`.
-#[derive(Debug, Clone)]
+impl Slot {
+    /// A row's bookkeeping from its key map entry and its [`Meta`].
+    fn of(h: Held, m: Meta) -> Self {
+        Self {
+            index: h.index,
+            last_access: m.last_access,
+            updates: m.updates,
+        }
+    }
+}
+
+/// The key map's value: the key's row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Held {
+    /// The row's index in the arena.
+    pub(crate) index: u32,
+}
+
+/// A row's bookkeeping, by row index beside the arena rather than in the
+/// key map: an update that knows its row (a worker's push of the keys its
+/// pull found) changes it without reading the key map's entry, a cache
+/// miss of its own in a map of megabytes, and a pull refreshes it while
+/// it copies the row, prefetched with the row. 16 bytes, four rows to a
+/// cache line, and rows are made in index order, so the rows made early
+/// (the frequent keys') share few lines.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Meta {
+    /// Number of optimizer updates applied to the row.
+    pub(crate) updates: u64,
+    /// Global step of the last pull or update.
+    pub(crate) last_access: u64,
+}
+
+/// A fresh [`Rows::epoch`]: unique in the process.
+fn next_epoch() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The rows of a table: a key -> [`Held`] map, an [`Arena`] of rows of
+/// `stride` floats each (`dim` weights, then each optimizer slot) and the
+/// rows' [`Meta`]. Rows are not allocated one by one: a new row takes a
+/// freed index or the next one, so creating a row costs no `malloc` and
+/// removing one no `free`.
+#[derive(Debug)]
 pub(crate) struct Rows {
     pub(crate) map: KeyMap,
     pub(crate) arena: Arena,
+    /// By row index: updates and last update step.
+    pub(crate) meta: Vec<Meta>,
     /// Indices below this have been handed out.
     pub(crate) next: u32,
     /// Indices of evicted rows, reused first.
@@ -33,6 +75,28 @@ pub(crate) struct Rows {
     /// A reservation still to be made when the first row comes
     /// ([`Rows::defer_reserve`]); zero rows when none.
     deferred: Deferred,
+    /// Which key -> row assignment this is: a value no other `Rows` of
+    /// the process has had, changed whenever a key loses its row. While
+    /// it stays the same, a key that had row `i` still has row `i` (new
+    /// keys only add rows), so a row index found earlier can be used
+    /// without looking the key up again.
+    pub(crate) epoch: u64,
+}
+
+impl Clone for Rows {
+    /// A copy with an epoch of its own: row indices found in the original
+    /// are not taken for the copy's.
+    fn clone(&self) -> Self {
+        Self {
+            map: self.map.clone(),
+            arena: self.arena.clone(),
+            meta: self.meta.clone(),
+            next: self.next,
+            free: self.free.clone(),
+            deferred: self.deferred,
+            epoch: next_epoch(),
+        }
+    }
 }
 
 /// A reservation of [`Rows::defer_reserve`] waiting for the table's first
@@ -266,9 +330,11 @@ impl Rows {
         Self {
             map,
             arena: Arena::new(stride, n),
+            meta: Vec::with_capacity(n),
             next: 0,
             free: Vec::new(),
             deferred: Deferred::default(),
+            epoch: next_epoch(),
         }
     }
 
@@ -297,6 +363,7 @@ impl Rows {
     fn take_reserve(&mut self) {
         let Deferred { rows, populate } = std::mem::take(&mut self.deferred);
         self.map.reserve(rows);
+        self.meta.reserve(rows);
         if populate {
             // Memory refused now is refused to the pull that needs it,
             // as a typed error; a hint has nothing to report.
@@ -323,8 +390,48 @@ impl Rows {
 
     /// The bookkeeping and the `stride` floats of `key`'s row.
     pub(crate) fn get(&self, key: u64) -> Option<(Slot, &[f32])> {
-        let s = *self.map.get(key)?;
-        Some((s, self.arena.row(s.index)))
+        let h = *self.map.get(key)?;
+        Some((self.slot(h), self.arena.row(h.index)))
+    }
+
+    /// The bookkeeping of the row the key map holds as `h`.
+    fn slot(&self, h: Held) -> Slot {
+        Slot::of(h, self.meta[h.index as usize])
+    }
+
+    /// Refresh row `index`'s access time to `step` (a pull of it);
+    /// [`NO_ROW`] does nothing.
+    #[inline]
+    pub(crate) fn touch(&mut self, index: u32, step: u64) {
+        if let Some(m) = self.meta.get_mut(index as usize) {
+            m.last_access = m.last_access.max(step);
+        }
+    }
+
+    /// Prefetch the first `floats` floats of row `index` and its
+    /// bookkeeping, unless it is `None` or [`NO_ROW`].
+    #[inline]
+    pub(crate) fn prefetch(&self, index: Option<u32>, floats: usize) {
+        if let Some(i) = index.filter(|&i| i != NO_ROW) {
+            self.arena.prefetch(Some(i), floats);
+            if let Some(m) = self.meta.get(i as usize) {
+                prefetch::entry(m);
+            }
+        }
+    }
+
+    /// Start the bookkeeping of the new row `index` ([`alloc`] gave it).
+    #[inline]
+    pub(crate) fn start_meta(&mut self, index: u32, updates: u64, last_access: u64) {
+        let m = Meta {
+            updates,
+            last_access,
+        };
+        match self.meta.get_mut(index as usize) {
+            Some(old) => *old = m,
+            // Indices are handed out in order: a new one is the next.
+            None => self.meta.push(m),
+        }
     }
 
     /// Add a row for `key` (which must not have one) holding `data`
@@ -343,15 +450,8 @@ impl Rows {
         }
         let index = alloc(&mut self.arena, &mut self.next, &mut self.free)?;
         self.arena.row_mut(index).copy_from_slice(data);
-        self.map.insert_at(
-            found,
-            key,
-            Slot {
-                index,
-                last_access,
-                updates,
-            },
-        );
+        self.start_meta(index, updates, last_access);
+        self.map.insert_at(found, key, Held { index });
         Ok(true)
     }
 
@@ -359,14 +459,19 @@ impl Rows {
     pub(crate) fn retain(&mut self, mut keep: impl FnMut(&Slot) -> bool) -> usize {
         let before = self.map.len();
         let free = &mut self.free;
-        self.map.retain(|s| {
-            let k = keep(s);
+        let meta = &self.meta;
+        self.map.retain(|h| {
+            let k = keep(&Slot::of(*h, meta[h.index as usize]));
             if !k {
-                free.push(s.index);
+                free.push(h.index);
             }
             k
         });
-        before - self.map.len()
+        let removed = before - self.map.len();
+        if removed > 0 {
+            self.epoch = next_epoch();
+        }
+        removed
     }
 }
 

@@ -79,14 +79,15 @@ impl EmbeddingTable {
         let positional = rec.var(var).is_some_and(|v| v.keys == keys);
         let mut applied = 0;
         for (i, key) in keys.iter().enumerate() {
-            let Some(s) = self.rows.map.get_mut(*key) else {
+            let Some(index) = self.rows.map.get(*key).map(|h| h.index) else {
                 self.stats.ignored_pushes += 1;
                 continue;
             };
-            let before = s.updates;
-            s.updates += 1;
-            s.last_access = s.last_access.max(step);
-            let (index, t) = (s.index, s.updates);
+            let m = &mut self.rows.meta[index as usize];
+            let before = m.updates;
+            m.updates += 1;
+            m.last_access = m.last_access.max(step);
+            let t = m.updates;
             let pulled = match rec.var(var).filter(|_| positional) {
                 Some(v) => v.at(i, before, dim),
                 None => rec.pulled(var, *key, before, dim),
