@@ -14,7 +14,7 @@ figures_setup() { # SCRIPT
         exit 1
     fi
     command -v dpdk-testpmd >/dev/null || {
-        echo "dpdk-testpmd is missing (apt-get install dpdk)" >&2
+        echo "dpdk-testpmd is missing (apt-get install dpdk-dev)" >&2
         exit 1
     }
     EAL="--no-huge --no-pci --no-shconf -m 512"
