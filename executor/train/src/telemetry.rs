@@ -372,7 +372,7 @@ type DriverFamily = (
 );
 
 /// The families of [`DriverCounters`], in [`counter_values`]'s order.
-const DRIVER_FAMILIES: [DriverFamily; 8] = [
+const DRIVER_FAMILIES: [DriverFamily; 9] = [
     (
         "starwire_transport_syscalls",
         "System calls the drivers made on the datapath (socket reads and writes, io_uring enters, completion-channel reads)",
@@ -399,6 +399,11 @@ const DRIVER_FAMILIES: [DriverFamily; 8] = [
         None,
     ),
     (
+        "starwire_transport_cwnd_reductions",
+        "Loss episodes that halved a reliable-datagram core's congestion window",
+        None,
+    ),
+    (
         "starwire_transport_doorbells",
         "Doorbells the RDMA drivers rang (at most one per flush)",
         None,
@@ -415,13 +420,14 @@ const DRIVER_FAMILIES: [DriverFamily; 8] = [
     ),
 ];
 
-fn counter_values(c: &DriverCounters) -> [Option<u64>; 8] {
+fn counter_values(c: &DriverCounters) -> [Option<u64>; 9] {
     [
         c.syscalls,
         c.packets_sent,
         c.packets_received,
         c.retransmits,
         c.retransmit_timeouts,
+        c.cwnd_reductions,
         c.doorbells,
         c.credit_stalls,
         c.receive_stalls,
@@ -436,7 +442,7 @@ fn counter_values(c: &DriverCounters) -> [Option<u64>; 8] {
 pub struct DriverCells {
     telemetry: Telemetry,
     backend: String,
-    cells: [Option<Arc<Counter>>; 8],
+    cells: [Option<Arc<Counter>>; 9],
     next: Option<Instant>,
 }
 

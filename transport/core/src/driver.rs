@@ -228,6 +228,9 @@ pub struct DriverCounters {
     pub retransmits: Option<u64>,
     /// Retransmission timeouts of a reliable-datagram core.
     pub retransmit_timeouts: Option<u64>,
+    /// Loss episodes that reduced a reliable-datagram core's congestion
+    /// window.
+    pub cwnd_reductions: Option<u64>,
     /// Doorbells rung (RDMA: at most one per flush).
     pub doorbells: Option<u64>,
     /// RDMA posting passes that left frames queued for lack of ring

@@ -343,7 +343,8 @@ impl<L: DatagramLink> Driver for DatagramDriver<L> {
     }
 
     /// Packets through the link, and the reliability cores'
-    /// retransmissions and timeouts (detached connections' included).
+    /// retransmissions, timeouts and congestion-window reductions
+    /// (detached connections' included).
     fn counters(&self) -> DriverCounters {
         let core = self.core_totals();
         DriverCounters {
@@ -351,6 +352,7 @@ impl<L: DatagramLink> Driver for DatagramDriver<L> {
             packets_received: Some(self.stats.packets_received),
             retransmits: Some(core.retransmits),
             retransmit_timeouts: Some(core.timeouts),
+            cwnd_reductions: Some(core.cwnd_reductions),
             ..DriverCounters::default()
         }
     }
