@@ -446,8 +446,9 @@ impl ReliableCore {
         self.snd_nxt.wrapping_sub(self.snd_una)
     }
 
-    /// The congestion window: how many packets may be sent and not yet
-    /// cumulatively acknowledged.
+    /// The congestion window: how many packets may be in the network
+    /// (sent, neither cumulatively nor selectively acknowledged) before
+    /// no new packet goes.
     pub fn cwnd(&self) -> u32 {
         self.cc.window()
     }

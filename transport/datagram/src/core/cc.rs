@@ -48,8 +48,8 @@ impl CongestionWindow {
         }
     }
 
-    /// Packets that may be in flight (sent and not cumulatively
-    /// acknowledged).
+    /// Packets that may be in the network (sent, neither cumulatively nor
+    /// selectively acknowledged) before no new packet goes.
     pub(super) fn window(&self) -> u32 {
         self.cwnd
     }
