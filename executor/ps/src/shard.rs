@@ -316,19 +316,36 @@ impl PsShard {
         }
     }
 
-    /// Make room in table `id` for `rows` rows (a capacity hint); false
-    /// when `id` is not a table of this shard.
-    pub fn reserve_rows(&mut self, id: u32, rows: usize) -> bool {
-        let Some(&i) = self.index.get(&id) else {
-            return false;
-        };
-        match &mut self.vars[i] {
-            Var::Table(t) => {
-                t.reserve(rows);
-                true
+    /// Make room in each table `id` of `rows` for its number of rows (a
+    /// capacity hint; ids that are not tables of this shard are skipped):
+    /// its key map sized and its reserved blocks mapped and faulted in by
+    /// the process's prefault thread ([`EmbeddingTable::reserve`]). Each
+    /// table does it when its first row comes, so a PS no worker trains
+    /// holds no memory for them; with `now`, the blocks of every table
+    /// are started at once instead, block 0 of each first (for a PS whose
+    /// workers are sure to come, as the local cluster's are: the faulting
+    /// then overlaps the cluster's start). Returns the tables found.
+    pub fn reserve_rows(
+        &mut self,
+        rows: impl IntoIterator<Item = (u32, usize)>,
+        now: bool,
+    ) -> usize {
+        let mut found = 0;
+        let mut orders = Vec::new();
+        for (id, n) in rows {
+            let Some(&i) = self.index.get(&id) else {
+                continue;
+            };
+            if let Var::Table(t) = &mut self.vars[i] {
+                found += 1;
+                t.reserve(n);
+                if now {
+                    orders.extend(t.take_prefault());
+                }
             }
-            Var::Dense(_) => false,
         }
+        crate::table::prefault::spawn(orders);
+        found
     }
 
     /// Run TTL eviction on every table at the current global step; returns rows removed.

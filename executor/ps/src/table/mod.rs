@@ -14,6 +14,7 @@ use crate::var::VarDef;
 
 mod defaults;
 mod keymap;
+pub(crate) mod prefault;
 mod rows;
 mod stale;
 use defaults::Defaults;
@@ -196,16 +197,23 @@ impl EmbeddingTable {
 
     /// Make room for `rows` rows (a capacity hint: a table holds whatever
     /// rows its pulls create): the key map takes them without growing,
-    /// and, unless the frequency filter may keep keys out, the arena's
-    /// pages for that many new rows are faulted in rather than by the
-    /// pulls that create the rows. An empty table does it when its first
-    /// row comes, so a table never pulled holds nothing. Give a number of
+    /// and, unless the frequency filter may keep keys out, a thread of
+    /// [`prefault`] maps and faults in the arena's blocks for that many
+    /// rows rather than the pulls that create the rows. Both are done
+    /// when the first row comes, so a table never pulled holds nothing;
+    /// [`Self::take_prefault`] starts the blocks sooner. Give a number of
     /// rows the table will reach (the training data's sample holds a
     /// lower bound): pages faulted in for rows never made are memory held
     /// for nothing. At most `max_rows`, which the table never passes.
-    pub fn reserve(&mut self, rows: usize) {
+    pub(crate) fn reserve(&mut self, rows: usize) {
         let rows = rows.min(self.policy.max_rows.saturating_sub(self.rows.next as usize));
-        self.rows.defer_reserve(rows, self.policy.filter_freq <= 1);
+        self.rows.reserve(rows, self.policy.filter_freq <= 1);
+    }
+
+    /// The reserved rows' blocks ([`Self::reserve`]), for
+    /// [`prefault::spawn`] to start before the table's first row.
+    pub(crate) fn take_prefault(&mut self) -> Option<prefault::Order> {
+        self.rows.take_order()
     }
 
     /// Row width.
@@ -925,20 +933,26 @@ mod tests {
         // 16 rows per block.
         t.rows.arena = Arena::with_shift(t.rows.arena.stride, 4, 0);
         t.reserve(40);
-        // An empty table waits for its first row.
+        // The blocks are ordered, and wait for the first row.
         assert!(t.rows.arena.blocks.is_empty());
-        assert_eq!(t.rows.arena.populated, 0);
+        assert_eq!(t.rows.arena.supply.as_ref().map(|s| s.left), Some(3));
+        assert!(t.rows.order.is_some());
         t.pull(1, 0).expect("room");
-        assert_eq!(t.rows.arena.blocks.len(), 3);
-        assert_eq!(t.rows.arena.populated, 40);
-        assert!(t.rows.arena.row(39).iter().all(|&x| x == 0.0));
+        assert!(t.rows.order.is_none(), "started by the first row");
+        // The first row took the supply's first block, faulted in.
+        assert_eq!(t.rows.arena.blocks.len(), 1);
+        assert_eq!(t.rows.arena.populated, 16);
         let n = 70u64;
         for k in 1..=n {
             t.pull(k, 0).expect("room");
             t.accumulate(k, F32s::new(&grad(k as f32)).unwrap());
             t.apply_accumulated();
         }
+        // Three blocks came from the thread (40 rows faulted in), two
+        // more were mapped here.
+        assert!(t.rows.arena.supply.is_none());
         assert_eq!(t.rows.arena.blocks.len(), 5);
+        assert!(t.rows.arena.populated >= 40);
         let mut want = vec![0.0; 4];
         for k in 1..=n {
             t.def().init_values(9, k, &mut want);
@@ -947,20 +961,43 @@ mod tests {
                 assert_eq!(*g, w - k as f32, "key {k}");
             }
         }
-        // No more rows reserved: nothing is mapped past the rows held.
+        // Rows held already: nothing more to order.
         t.reserve(0);
-        assert_eq!(t.rows.arena.populated, 70);
+        t.reserve(10);
+        assert!(t.take_prefault().is_none(), "the fifth block holds row 79");
         assert_eq!(t.rows.arena.blocks.len(), 5);
+        // Taken before the first row, the order is started by its taker.
+        let mut e = table(0, 0, 16);
+        e.rows.arena = Arena::with_shift(e.rows.arena.stride, 4, 0);
+        e.reserve(20);
+        prefault::spawn(e.take_prefault().into_iter().collect());
+        e.pull(1, 0).expect("room");
+        assert_eq!(e.rows.arena.populated, 16);
         // With the frequency filter, reserved keys may never get rows:
         // nothing is mapped ahead.
         let mut f = table(2, 0, 16);
         f.reserve(1000);
+        assert!(f.take_prefault().is_none());
         for _ in 0..2 {
             f.pull(1, 0).expect("room");
             f.end_request();
         }
         assert!(f.get(1).is_some());
         assert!(f.rows.arena.populated < 1000);
+    }
+
+    #[test]
+    fn a_supply_whose_thread_never_ran_leaves_the_arena_to_map_its_own() {
+        let mut t = table(0, 0, 16);
+        t.rows.arena = Arena::with_shift(t.rows.arena.stride, 4, 0);
+        t.reserve(40);
+        drop(t.take_prefault().expect("an order"));
+        for k in 1..=20u64 {
+            t.pull(k, 0).expect("room");
+        }
+        assert!(t.rows.arena.supply.is_none());
+        assert_eq!(t.rows.arena.blocks.len(), 2);
+        assert_eq!(t.len(), 20);
     }
 
     #[test]

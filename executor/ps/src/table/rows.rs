@@ -3,6 +3,7 @@
 //! in blocks that grow without moving rows.
 
 use super::keymap::{Found, KeyMap};
+use super::prefault::{self, Order, Supply};
 use super::*;
 
 /// A row's place and bookkeeping, for eviction, Adam's per-row bias
@@ -72,9 +73,12 @@ pub(crate) struct Rows {
     pub(crate) next: u32,
     /// Indices of evicted rows, reused first.
     pub(crate) free: Vec<u32>,
-    /// A reservation still to be made when the first row comes
-    /// ([`Rows::defer_reserve`]); zero rows when none.
-    deferred: Deferred,
+    /// Rows the key map and the bookkeeping are to be sized for when the
+    /// first row comes ([`Rows::reserve`]); zero when none.
+    deferred: usize,
+    /// The reserved rows' blocks for a thread of [`prefault`], given to it
+    /// when the first row comes unless taken before ([`Rows::take_order`]).
+    pub(crate) order: Option<Order>,
     /// Which key -> row assignment this is: a value no other `Rows` of
     /// the process has had, changed whenever a key loses its row. While
     /// it stays the same, a key that had row `i` still has row `i` (new
@@ -94,18 +98,11 @@ impl Clone for Rows {
             next: self.next,
             free: self.free.clone(),
             deferred: self.deferred,
+            // Blocks still to come go to the original's arena.
+            order: None,
             epoch: next_epoch(),
         }
     }
-}
-
-/// A reservation of [`Rows::defer_reserve`] waiting for the table's first
-/// row.
-#[derive(Debug, Clone, Copy, Default)]
-struct Deferred {
-    rows: usize,
-    /// Fault in the arena's pages for them too, not only size the map.
-    populate: bool,
 }
 
 /// Rows of a table in blocks of about [`BLOCK_BYTES`]. Growing adds a block
@@ -129,9 +126,12 @@ pub(crate) struct Arena {
     /// log2 of the rows per block.
     pub(crate) shift: u32,
     pub(crate) blocks: Vec<Block>,
-    /// Rows below this have their block and pages already
-    /// ([`Self::populate`]).
+    /// Rows below this have their block and pages already (a
+    /// [`Supply`]'s).
     pub(crate) populated: usize,
+    /// The blocks of reserved rows a thread of [`prefault`] makes
+    /// ([`Self::order`]), while some are still to come.
+    pub(crate) supply: Option<Supply>,
 }
 
 /// Target size of an arena block: one transparent huge page.
@@ -190,6 +190,8 @@ impl Clone for Arena {
             copy.floats_mut().copy_from_slice(b.floats());
             out.blocks.push(copy);
         }
+        // Blocks still to come stay with the original: the copy maps
+        // its own.
         out.populated = self.populated;
         out
     }
@@ -208,6 +210,7 @@ impl Arena {
             shift,
             blocks: Vec::with_capacity(blocks),
             populated: 0,
+            supply: None,
         }
     }
 
@@ -216,9 +219,26 @@ impl Arena {
         1 << self.shift
     }
 
-    pub(crate) fn push_block(&mut self, huge: bool) -> Result<(), NoRoom> {
-        let floats = self.block_rows() * self.stride;
+    /// Add the next block: the [`Supply`]'s while it has blocks to come
+    /// (waiting for the thread to make it), else a fresh mapping.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn push_block(&mut self) -> Result<(), NoRoom> {
         self.blocks.try_reserve(1).map_err(|_| NoRoom::Memory)?;
+        if let Some(s) = &mut self.supply {
+            if let Some(b) = s.next() {
+                self.blocks.push(b);
+                let held = self.blocks.len() << self.shift;
+                self.populated = self.populated.max(held.min(s.rows));
+                if s.left == 0 {
+                    self.supply = None;
+                }
+                return Ok(());
+            }
+            self.supply = None;
+        }
+        let floats = self.block_rows() * self.stride;
+        let huge = self.blocks.len() >= SMALL_PAGE_BLOCKS;
         self.blocks.push(Block::new(floats, huge)?);
         Ok(())
     }
@@ -237,8 +257,11 @@ impl Arena {
         }
         let block = (index >> self.shift) as usize;
         while self.blocks.len() <= block {
-            let huge = self.blocks.len() >= SMALL_PAGE_BLOCKS;
-            self.push_block(huge)?;
+            self.push_block()?;
+        }
+        if (index as usize) < self.populated {
+            // The supply's block came faulted in.
+            return Ok(());
         }
         let b = &self.blocks[block];
         if !b.huge {
@@ -263,44 +286,34 @@ impl Arena {
         Ok(())
     }
 
-    /// Make the first `rows` rows addressable with their pages faulted
-    /// in now, by one `MADV_POPULATE_WRITE` per block (to the end of the
-    /// [`POPULATE_BYTES`] chunk the last row reaches, as [`Self::ensure`]
-    /// would have left it): the pulls that create those rows then pay no
-    /// page fault. A refused advice leaves the pages to fault in on first
-    /// touch.
-    pub(crate) fn populate(&mut self, rows: usize) -> Result<(), NoRoom> {
+    /// Order the blocks that make the first `rows` rows addressable from
+    /// a thread of [`prefault`], their pages faulted in (to the end of
+    /// the [`POPULATE_BYTES`] chunk the last row reaches, as
+    /// [`Self::ensure`] would have left it): the pulls that create those
+    /// rows then map no block and pay no page fault. `None` when the
+    /// blocks held already reach that far. Rows of the last block held
+    /// before the order still fault in as [`Self::ensure`] makes them.
+    pub(crate) fn order(&mut self, rows: usize) -> Option<Order> {
         let rows = rows.min(NO_ROW as usize);
-        if rows <= self.populated {
-            return Ok(());
-        }
-        let last = (rows - 1) >> self.shift;
-        while self.blocks.len() <= last {
-            let huge = self.blocks.len() >= SMALL_PAGE_BLOCKS;
-            self.push_block(huge)?;
+        let first = self.blocks.len();
+        let count = rows.div_ceil(self.block_rows()).saturating_sub(first);
+        if count == 0 || self.supply.is_some() {
+            return None;
         }
         let row_bytes = self.stride * std::mem::size_of::<f32>();
-        let per = self.block_rows();
-        for (i, b) in self.blocks[..=last].iter().enumerate() {
-            let first = i * per;
-            if first + per <= self.populated {
-                continue;
-            }
-            let lo = self.populated.saturating_sub(first) * row_bytes;
-            let hi = (rows.min(first + per) - first) * row_bytes;
-            let lo = lo / POPULATE_BYTES * POPULATE_BYTES;
-            let hi = hi.next_multiple_of(POPULATE_BYTES).min(b.map.len());
-            if lo < hi {
-                let _ = b
-                    .map
-                    .advise_range(memmap2::Advice::PopulateWrite, lo, hi - lo);
-            }
-        }
-        self.populated = rows;
-        Ok(())
+        let last_rows = rows - ((first + count - 1) << self.shift);
+        let (order, supply) = prefault::order(
+            self.block_rows() * self.stride,
+            first,
+            count,
+            last_rows * row_bytes,
+            rows,
+        );
+        self.supply = Some(supply);
+        Some(order)
     }
 
-    #[inline]
+    #[inline(always)]
     pub(crate) fn row(&self, index: u32) -> &[f32] {
         let at = (index as usize & (self.block_rows() - 1)) * self.stride;
         &self.blocks[(index >> self.shift) as usize].floats()[at..at + self.stride]
@@ -308,14 +321,14 @@ impl Arena {
 
     /// Prefetch the first `floats` floats of row `index`, unless it is
     /// `None` or [`NO_ROW`] (see [`prefetch`]).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn prefetch(&self, index: Option<u32>, floats: usize) {
         if let Some(i) = index.filter(|&i| i != NO_ROW) {
             prefetch::row(&self.row(i)[..floats]);
         }
     }
 
-    #[inline]
+    #[inline(always)]
     pub(crate) fn row_mut(&mut self, index: u32) -> &mut [f32] {
         let at = (index as usize & (self.block_rows() - 1)) * self.stride;
         &mut self.blocks[(index >> self.shift) as usize].floats_mut()[at..at + self.stride]
@@ -333,44 +346,50 @@ impl Rows {
             meta: Vec::with_capacity(n),
             next: 0,
             free: Vec::new(),
-            deferred: Deferred::default(),
+            deferred: 0,
+            order: None,
             epoch: next_epoch(),
         }
     }
 
-    /// Room for `rows` more rows: the key map sized for them and, with
-    /// `populate`, their arena pages faulted in. For a table that holds
-    /// no row yet this waits for its first row, so a table nothing ever
-    /// pulls (a model's unused feature, a PS nobody trains on) holds no
-    /// memory for rows it never makes.
-    pub(crate) fn defer_reserve(&mut self, rows: usize, populate: bool) {
-        self.deferred = Deferred { rows, populate };
+    /// Room for `rows` more rows, made when the first row comes (at once
+    /// when the table holds rows), so a table nothing ever pulls (a
+    /// model's unused feature, a PS no worker trains on) holds no memory
+    /// for rows it never makes: the key map and the bookkeeping sized for
+    /// them and, with `ahead`, their arena blocks ordered from a thread of
+    /// [`prefault`] ([`Arena::order`]), which [`Self::take_order`] can
+    /// start sooner.
+    pub(crate) fn reserve(&mut self, rows: usize, ahead: bool) {
+        self.deferred = rows;
+        if ahead {
+            self.order = self.arena.order((self.next as usize).saturating_add(rows));
+        }
         if self.next != 0 {
             self.take_reserve();
         }
+    }
+
+    /// The reserved rows' order of blocks, to start before the first row
+    /// comes.
+    pub(crate) fn take_order(&mut self) -> Option<Order> {
+        self.order.take()
     }
 
     /// Make the deferred reservation, if one waits. Called before a key
     /// is looked up for a new row: growing the map moves its positions.
     #[inline]
     pub(crate) fn reserve_before_insert(&mut self) {
-        if self.deferred.rows != 0 {
+        if self.deferred != 0 || self.order.is_some() {
             self.take_reserve();
         }
     }
 
     #[cold]
     fn take_reserve(&mut self) {
-        let Deferred { rows, populate } = std::mem::take(&mut self.deferred);
+        let rows = std::mem::take(&mut self.deferred);
         self.map.reserve(rows);
         self.meta.reserve(rows);
-        if populate {
-            // Memory refused now is refused to the pull that needs it,
-            // as a typed error; a hint has nothing to report.
-            let _ = self
-                .arena
-                .populate((self.next as usize).saturating_add(rows));
-        }
+        prefault::spawn(self.order.take().into_iter().collect());
     }
 
     /// Number of rows.

@@ -172,6 +172,12 @@ pub struct TrainConfig {
     pub telemetry: Telemetry,
     /// The cluster token and a PS task's bounds.
     pub guard: super::guard::Guard,
+    /// Each PS shard faults its tables' reserved rows in from its start
+    /// rather than from their first rows ([`starwire_ps::PsShard::reserve_rows`]):
+    /// set by the local cluster of `starwire train`, whose workers are
+    /// sure to come. A PS task of its own (`starwire ps`) leaves it off,
+    /// so a PS no worker trains holds no memory for rows.
+    pub reserve_at_start: bool,
 }
 
 impl Default for TrainConfig {
@@ -223,6 +229,7 @@ impl Default for TrainConfig {
             log_every: 0,
             telemetry: Telemetry::default(),
             guard: super::guard::Guard::default(),
+            reserve_at_start: false,
         }
     }
 }

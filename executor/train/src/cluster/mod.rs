@@ -67,6 +67,9 @@ pub fn run_local(cfg: &TrainConfig) -> Result<TrainReport, TrainError> {
     // The local cluster's tasks authenticate each other with a token of
     // their own unless one was given: nothing else on the host can join.
     let mut cfg = cfg.clone();
+    // Its workers are threads of this process: the PS shards fault their
+    // reserved rows in while the cluster starts.
+    cfg.reserve_at_start = true;
     cfg.guard
         .token
         .get_or_insert_with(starwire_transport::ClusterToken::random);

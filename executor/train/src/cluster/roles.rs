@@ -192,17 +192,20 @@ pub fn make_shard(
 ) -> Result<PsShard, TrainError> {
     let mut shard = PsShard::new(s, &plan.shard_vars[s], shard_config(cfg));
     // Tables start with room for the rows they are expected to reach (a
-    // sharded table's share of them), so their maps do not grow and the
-    // pulls that make those rows pay no page faults.
-    for def in &plan.shard_vars[s] {
+    // sharded table's share of them), so their maps do not grow, and a
+    // thread faults those rows' pages in, so the pulls that make the rows
+    // pay no page faults: from the first row, or in the local cluster
+    // from now, while the rest of the cluster starts.
+    let rows = plan.shard_vars[s].iter().map(|def| {
         let id = def.id as usize;
         let seen = plan.expected_keys.get(id).copied().unwrap_or(0);
         let ways = match plan.layout.home_shard.get(id) {
             Some(Some(_)) => 1,
             _ => plan.shards.max(1) as u64,
         };
-        shard.reserve_rows(def.id, usize::try_from(seen / ways).unwrap_or(0));
-    }
+        (def.id, usize::try_from(seen / ways).unwrap_or(0))
+    });
+    shard.reserve_rows(rows, cfg.reserve_at_start);
     if let Some(dir) = restore {
         let manifest = read_manifest(dir)?.ok_or_else(|| TrainError::Checkpoint {
             path: dir.join("manifest.json"),
