@@ -34,9 +34,17 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor, GraphError> {
         ));
     }
     let (ad, bd) = (a.data(), b.data());
-    if n == 1 {
-        return Ok(Tensor::from_parts(vec![m, 1], matvec(ad, bd, m, k)));
-    }
+    let out = if n == 1 {
+        matvec(ad, bd, m, k)
+    } else {
+        matmul_rows(ad, bd, m, k, n)
+    };
+    Ok(Tensor::from_parts(vec![m, n], out))
+}
+
+/// `a [M,K] x b [K,N]`, each output row the sum of `b`'s rows scaled by
+/// its row of `a`, in order (an axpy over `N` that vectorises).
+fn matmul_rows(ad: &[f32], bd: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
     let mut out = vec![0.0f32; m * n];
     for i in 0..m {
         let orow = &mut out[i * n..(i + 1) * n];
@@ -48,14 +56,14 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor, GraphError> {
             }
         }
     }
-    Ok(Tensor::from_parts(vec![m, n], out))
+    out
 }
 
 /// Rows of [`matvec`] summed together, each in its own accumulator.
 const MATVEC_ROWS: usize = 8;
 
 /// `a [M,K] x b [K]`: each output is its row's products summed in order
-/// from 0, as the general loop of [`matmul`] sums them (the same bits).
+/// from 0, as [`matmul_rows`] sums them (the same bits).
 /// With one output column that loop is a chain of dependent additions per
 /// row, one product at a time (a logistic regression's last layer spent
 /// 4% of the issue-6 train step there); here [`MATVEC_ROWS`] rows' chains
@@ -126,18 +134,27 @@ pub(crate) fn matmul_grad_rhs(a: &Tensor, g: &Tensor) -> Result<Tensor, GraphErr
         return Err(shape_err("MatMul'", "lhs/grad mismatch".into()));
     }
     let (ad, gd) = (a.data(), g.data());
-    let mut out = vec![0.0f32; k * n];
-    if n == 1 && k > 0 {
+    let out = if n == 1 && k > 0 {
         // One output column: each row of `a` scaled by its gradient and
-        // added to the output, rows in order (the sums of the general
-        // loop, which with `n = 1` went one product at a time).
+        // added to the output, rows in order (the sums of
+        // `matmul_rhs_rows`, which with `n = 1` went one product at a time).
+        let mut out = vec![0.0f32; k];
         for (row, &gv) in ad.chunks_exact(k).zip(&gd[..m]) {
             for (o, &av) in out.iter_mut().zip(row) {
                 *o += av * gv;
             }
         }
-        return Ok(Tensor::from_parts(vec![k, 1], out));
-    }
+        out
+    } else {
+        matmul_rhs_rows(ad, gd, m, k, n)
+    };
+    Ok(Tensor::from_parts(vec![k, n], out))
+}
+
+/// `a^T [K,M] x g [M,N]`: `g`'s rows scaled by `a`'s entries, added into
+/// the output rows, `a`'s rows in order.
+fn matmul_rhs_rows(ad: &[f32], gd: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
+    let mut out = vec![0.0f32; k * n];
     for i in 0..m {
         let grow = &gd[i * n..(i + 1) * n];
         for p in 0..k {
@@ -148,7 +165,7 @@ pub(crate) fn matmul_grad_rhs(a: &Tensor, g: &Tensor) -> Result<Tensor, GraphErr
             }
         }
     }
-    Ok(Tensor::from_parts(vec![k, n], out))
+    out
 }
 
 /// How the right operand of `Add` is broadcast.
@@ -554,32 +571,6 @@ pub(crate) fn scatter_pooled_grad_into(
 mod tests {
     use super::*;
 
-    /// The general loop of `matmul`, for any `n`.
-    fn general_fwd(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
-        let mut out = vec![0.0f32; m * n];
-        for i in 0..m {
-            for p in 0..k {
-                for j in 0..n {
-                    out[i * n + j] += a[i * k + p] * b[p * n + j];
-                }
-            }
-        }
-        out
-    }
-
-    /// The general loop of `matmul_grad_rhs`, for any `n`.
-    fn general_rhs(a: &[f32], g: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
-        let mut out = vec![0.0f32; k * n];
-        for i in 0..m {
-            for p in 0..k {
-                for j in 0..n {
-                    out[p * n + j] += a[i * k + p] * g[i * n + j];
-                }
-            }
-        }
-        out
-    }
-
     #[test]
     fn one_column_matmuls_give_the_general_loops_bits() {
         let mut x = 0x2545_f491_4f6c_dd1du64;
@@ -596,12 +587,12 @@ mod tests {
             let g: Vec<f32> = (0..m).map(|_| draw()).collect();
             let ta = Tensor::from_parts(vec![m, k], a.clone());
             let out = matmul(&ta, &Tensor::from_parts(vec![k, 1], b.clone())).unwrap();
-            let want = general_fwd(&a, &b, m, k, 1);
+            let want = matmul_rows(&a, &b, m, k, 1);
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(out.shape(), [m, 1]);
             assert_eq!(bits(out.data()), bits(&want), "matmul {m}x{k}");
             let grad = matmul_grad_rhs(&ta, &Tensor::from_parts(vec![m, 1], g.clone())).unwrap();
-            let want = general_rhs(&a, &g, m, k, 1);
+            let want = matmul_rhs_rows(&a, &g, m, k, 1);
             assert_eq!(grad.shape(), [k, 1]);
             assert_eq!(bits(grad.data()), bits(&want), "matmul_grad_rhs {m}x{k}");
         }

@@ -201,7 +201,8 @@ impl EmbeddingTable {
     /// [`prefault`] maps and faults in the arena's blocks for that many
     /// rows rather than the pulls that create the rows. Both are done
     /// when the first row comes, so a table never pulled holds nothing;
-    /// [`Self::take_prefault`] starts the blocks sooner. Give a number of
+    /// [`Self::take_prefault`] starts the blocks sooner, and then they are
+    /// faulted in whether or not a row comes. Give a number of
     /// rows the table will reach (the training data's sample holds a
     /// lower bound): pages faulted in for rows never made are memory held
     /// for nothing. At most `max_rows`, which the table never passes.

@@ -14,7 +14,10 @@
 //! the local cluster's PS starts every table's as the shard is made
 //! ([`crate::PsShard::reserve_rows`]), so the faulting overlaps the rest
 //! of the cluster's start. An arena that needs a block the thread has not
-//! passed yet waits for it, which costs no more than faulting it itself.
+//! passed yet waits for it: the thread makes blocks in turns over every
+//! open order, so the wait can include other tables' blocks of the same
+//! turn (in the first steps; after them the thread runs ahead of the
+//! rows made).
 //!
 //! Nothing here is unsafe: a block is an owned mapping, made by the
 //! thread and moved to its arena whole; the thread never holds a block
@@ -150,6 +153,20 @@ pub(crate) fn spawn(orders: Vec<Order>) {
 /// The thread's loop: one block of every open order per turn, the
 /// queue's new orders joining at the next turn.
 fn run() {
+    // Should the loop ever unwind, the next `spawn` starts a thread again,
+    // and the orders queued meanwhile are dropped, so their arenas map
+    // their own blocks rather than wait for a thread that is gone.
+    struct Stopped;
+    impl Drop for Stopped {
+        fn drop(&mut self) {
+            if std::thread::panicking() {
+                let mut q = queue();
+                q.running = false;
+                q.orders.clear();
+            }
+        }
+    }
+    let _stopped = Stopped;
     // Each open order with the index of its next block.
     let mut open: Vec<(Order, usize)> = Vec::new();
     loop {
@@ -211,31 +228,41 @@ mod tests {
     #[test]
     fn blocks_come_in_order_and_the_last_is_faulted_to_its_chunk() {
         let floats = 2 * POPULATE_BYTES / 4;
-        let (a, mut sa) = order(floats, 0, 3, 10, 40);
-        let (b, mut sb) = order(floats, 2, 1, POPULATE_BYTES + 1, 9);
+        // Blocks 7 and 8 of one arena: the first on small pages, the
+        // second past SMALL_PAGE_BLOCKS, so the order shows.
+        let (a, mut sa) = order(floats, SMALL_PAGE_BLOCKS - 1, 2, 10, 40);
+        let (b, mut sb) = order(floats, 0, 1, POPULATE_BYTES + 1, 9);
         assert_eq!(a.last_bytes, POPULATE_BYTES);
         assert_eq!(b.last_bytes, 2 * POPULATE_BYTES);
         spawn(vec![a, b]);
-        for _ in 0..3 {
+        for huge in [false, true] {
             let blk = sa.next().expect("a block");
+            assert_eq!(blk.huge, huge);
             assert_eq!(blk.floats().len(), floats);
             assert!(blk.floats().iter().all(|&x| x == 0.0));
         }
-        assert!(sa.next().is_none(), "three ordered");
+        assert!(sa.next().is_none(), "two ordered");
         assert_eq!(sa.left, 0);
-        assert!(sb.next().is_some());
+        assert!(!sb.next().expect("b's block").huge);
         assert!(sb.next().is_none());
     }
 
     #[test]
     fn a_dropped_supply_stops_its_blocks_and_a_dropped_order_ends_the_supply() {
-        let (a, sa) = order(1024, 0, 1000, 4096, 1);
+        // Blocks of 4 MiB: a thread that made all 1000 would fault in 4 GB.
+        let (a, sa) = order(1 << 20, 0, 1000, 4096, 1);
         let (b, mut sb) = order(1024, 0, 2, 4096, 1);
         drop(sa);
         spawn(vec![a, b]);
         assert!(sb.next().is_some());
         assert!(sb.next().is_some());
-        // The thread ends: nothing waits on the dropped supply's 1000.
+        // The thread ends soon: the dropped supply's order stopped at its
+        // first refused block (other tests' orders may keep it a moment).
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while queue().running {
+            assert!(std::time::Instant::now() < until, "the thread still runs");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
         let (c, mut sc) = order(1024, 0, 5, 4096, 1);
         drop(c);
         assert!(sc.next().is_none(), "no thread will send");

@@ -291,8 +291,10 @@ impl Arena {
     /// the [`POPULATE_BYTES`] chunk the last row reaches, as
     /// [`Self::ensure`] would have left it): the pulls that create those
     /// rows then map no block and pay no page fault. `None` when the
-    /// blocks held already reach that far. Rows of the last block held
-    /// before the order still fault in as [`Self::ensure`] makes them.
+    /// blocks held already reach that far, or while an earlier order still
+    /// has blocks to come (its supply is the arena's only one). Rows of
+    /// the last block held before the order still fault in as
+    /// [`Self::ensure`] makes them.
     pub(crate) fn order(&mut self, rows: usize) -> Option<Order> {
         let rows = rows.min(NO_ROW as usize);
         let first = self.blocks.len();
@@ -357,12 +359,16 @@ impl Rows {
     /// model's unused feature, a PS no worker trains on) holds no memory
     /// for rows it never makes: the key map and the bookkeeping sized for
     /// them and, with `ahead`, their arena blocks ordered from a thread of
-    /// [`prefault`] ([`Arena::order`]), which [`Self::take_order`] can
-    /// start sooner.
+    /// [`prefault`] ([`Arena::order`]). [`Self::take_order`] can start the
+    /// blocks sooner, which gives that up: they are faulted in whether or
+    /// not a row comes.
     pub(crate) fn reserve(&mut self, rows: usize, ahead: bool) {
         self.deferred = rows;
         if ahead {
-            self.order = self.arena.order((self.next as usize).saturating_add(rows));
+            // An order not started yet stays if this one has nothing to add.
+            if let Some(o) = self.arena.order((self.next as usize).saturating_add(rows)) {
+                self.order = Some(o);
+            }
         }
         if self.next != 0 {
             self.take_reserve();

@@ -195,7 +195,9 @@ pub fn make_shard(
     // sharded table's share of them), so their maps do not grow, and a
     // thread faults those rows' pages in, so the pulls that make the rows
     // pay no page faults: from the first row, or in the local cluster
-    // from now, while the rest of the cluster starts.
+    // from now, while the rest of the cluster starts. A restore replaces
+    // the tables whole, reservation and all, so it starts nothing early:
+    // those pages would be faulted in for tables that are dropped.
     let rows = plan.shard_vars[s].iter().map(|def| {
         let id = def.id as usize;
         let seen = plan.expected_keys.get(id).copied().unwrap_or(0);
@@ -205,7 +207,7 @@ pub fn make_shard(
         };
         (def.id, usize::try_from(seen / ways).unwrap_or(0))
     });
-    shard.reserve_rows(rows, cfg.reserve_at_start);
+    shard.reserve_rows(rows, cfg.reserve_at_start && restore.is_none());
     if let Some(dir) = restore {
         let manifest = read_manifest(dir)?.ok_or_else(|| TrainError::Checkpoint {
             path: dir.join("manifest.json"),
