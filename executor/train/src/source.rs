@@ -165,3 +165,295 @@ impl Reader {
         }
     }
 }
+
+/// A [`Reader`] on a thread of its own that reads up to `depth` batches
+/// ahead of the worker (`--prefetch N`, TensorFlow's `Dataset.prefetch`):
+/// the batches of the next steps are generated or parsed while the worker
+/// waits for the PS, instead of between its steps. Batches come back
+/// through a channel for reuse, so reading ahead allocates nothing after
+/// the first few.
+///
+/// Epochs keep their order: the thread stops at an epoch's end until
+/// [`Prefetch::rewind`]; a rewind in the middle of an epoch (a step cap)
+/// drops the batches read ahead of it, which are told apart by the epoch
+/// they were read in.
+#[derive(Debug)]
+pub struct Prefetch {
+    /// Epochs rewound so far: batches of an earlier one are dropped.
+    generation: u64,
+    rx: std::sync::mpsc::Receiver<Ahead>,
+    tx: std::sync::mpsc::Sender<Command>,
+    /// Lines skipped as bad up to the last batch taken.
+    skipped: u64,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// A batch read ahead (`None`: the epoch's end), with the epoch it was
+/// read in and the reader's skipped lines after it.
+#[derive(Debug)]
+struct Ahead {
+    generation: u64,
+    batch: Result<Option<Batch>, DataError>,
+    skipped: u64,
+}
+
+#[derive(Debug)]
+enum Command {
+    /// A batch taken, back for reuse.
+    Reuse(Batch),
+    /// Start the next epoch.
+    Rewind,
+}
+
+impl Prefetch {
+    /// Read `reader` ahead by up to `depth` batches of `batch_size` on a
+    /// thread named `name` (pinned to `cpu` when given, the worker's own
+    /// core: the reader then runs in the time the worker waits).
+    pub fn start(
+        mut reader: Reader,
+        batch_size: usize,
+        depth: usize,
+        name: String,
+        cpu: Option<usize>,
+    ) -> std::io::Result<Self> {
+        let (tx_ahead, rx) = std::sync::mpsc::sync_channel::<Ahead>(depth.max(1));
+        let (tx, rx_cmd) = std::sync::mpsc::channel::<Command>();
+        let thread = std::thread::Builder::new().name(name).spawn(move || {
+            // Pinning is a placement hint here: a reader that cannot be
+            // pinned still reads.
+            let _pinned = crate::cluster::PinnedThread::pin(cpu);
+            let mut spare: Vec<Batch> = Vec::new();
+            let mut generation = 0u64;
+            loop {
+                // Take what the worker sent back; a rewind starts the
+                // next epoch.
+                while let Ok(c) = rx_cmd.try_recv() {
+                    match c {
+                        Command::Reuse(b) => spare.push(b),
+                        Command::Rewind => {
+                            generation += 1;
+                            if let Err(e) = reader.rewind() {
+                                let _ = tx_ahead.send(Ahead {
+                                    generation,
+                                    batch: Err(e),
+                                    skipped: reader.skipped(),
+                                });
+                            }
+                        }
+                    }
+                }
+                let mut b = spare
+                    .pop()
+                    .unwrap_or_else(|| Batch::with_capacity(batch_size));
+                let batch = match reader.next_batch(batch_size, &mut b) {
+                    Ok(0) => Ok(None),
+                    Ok(_) => Ok(Some(b)),
+                    Err(e) => Err(e),
+                };
+                let end = !matches!(batch, Ok(Some(_)));
+                let a = Ahead {
+                    generation,
+                    batch,
+                    skipped: reader.skipped(),
+                };
+                if tx_ahead.send(a).is_err() {
+                    return;
+                }
+                if end {
+                    // Nothing more this epoch: wait for the rewind (or the
+                    // worker's end, when the channel closes).
+                    loop {
+                        match rx_cmd.recv() {
+                            Ok(Command::Reuse(b)) => spare.push(b),
+                            Ok(Command::Rewind) => {
+                                generation += 1;
+                                if let Err(e) = reader.rewind() {
+                                    let _ = tx_ahead.send(Ahead {
+                                        generation,
+                                        batch: Err(e),
+                                        skipped: reader.skipped(),
+                                    });
+                                }
+                                break;
+                            }
+                            Err(_) => return,
+                        }
+                    }
+                }
+            }
+        })?;
+        Ok(Self {
+            generation: 0,
+            rx,
+            tx,
+            skipped: 0,
+            thread: Some(thread),
+        })
+    }
+
+    /// The next batch into `batch` (its old contents go back for reuse);
+    /// 0 at the end of the epoch.
+    pub fn next_batch(&mut self, batch: &mut Batch) -> Result<usize, crate::TrainError> {
+        loop {
+            let Ok(a) = self.rx.recv() else {
+                return Err(crate::TrainError::Internal(
+                    "the prefetching reader's thread stopped".into(),
+                ));
+            };
+            if a.generation != self.generation {
+                // Read ahead of a rewind: not this epoch's.
+                if let Ok(Some(b)) = a.batch {
+                    let _ = self.tx.send(Command::Reuse(b));
+                }
+                continue;
+            }
+            self.skipped = a.skipped;
+            return match a.batch? {
+                None => Ok(0),
+                Some(b) => {
+                    let old = std::mem::replace(batch, b);
+                    if old.labels.capacity() > 0 {
+                        let _ = self.tx.send(Command::Reuse(old));
+                    }
+                    Ok(batch.len)
+                }
+            };
+        }
+    }
+
+    /// Start the next epoch.
+    pub fn rewind(&mut self) {
+        self.generation += 1;
+        let _ = self.tx.send(Command::Rewind);
+    }
+
+    /// Lines skipped as bad (Criteo with `--skip-bad-lines`) up to the
+    /// last batch taken.
+    pub fn skipped(&self) -> u64 {
+        self.skipped
+    }
+}
+
+impl Drop for Prefetch {
+    fn drop(&mut self) {
+        // Closing the channels ends the thread: its next send or receive
+        // fails. Replace them so the thread sees both closed, then wait.
+        let (_, rx) = std::sync::mpsc::sync_channel(0);
+        drop(std::mem::replace(&mut self.rx, rx));
+        let (tx, _) = std::sync::mpsc::channel();
+        drop(std::mem::replace(&mut self.tx, tx));
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A worker's batches: read between its steps, or ahead on a thread of
+/// their own ([`Prefetch`]).
+#[derive(Debug)]
+pub enum Batches {
+    /// Read by the worker itself, `batch_size` at a time.
+    Inline(Reader, usize),
+    /// Read ahead.
+    Ahead(Prefetch),
+}
+
+impl Batches {
+    /// The next batch; 0 at the end of the epoch.
+    pub fn next_batch(&mut self, batch: &mut Batch) -> Result<usize, crate::TrainError> {
+        match self {
+            Batches::Inline(r, n) => Ok(r.next_batch(*n, batch)?),
+            Batches::Ahead(p) => p.next_batch(batch),
+        }
+    }
+
+    /// Start the next epoch.
+    pub fn rewind(&mut self) -> Result<(), crate::TrainError> {
+        match self {
+            Batches::Inline(r, _) => Ok(r.rewind()?),
+            Batches::Ahead(p) => {
+                p.rewind();
+                Ok(())
+            }
+        }
+    }
+
+    /// Lines skipped as bad (Criteo with `--skip-bad-lines`).
+    pub fn skipped(&self) -> u64 {
+        match self {
+            Batches::Inline(r, _) => r.skipped(),
+            Batches::Ahead(p) => p.skipped(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use starwire_data::SyntheticSpec;
+
+    fn reader(examples: u64) -> Reader {
+        let model = Arc::new(TrueModel::new(SyntheticSpec::default()).unwrap());
+        Reader::train(&DataSource::Synthetic, &model, examples, 0, 1, false).unwrap()
+    }
+
+    /// Every batch `b` yields until the epoch's end, with `cut` batches
+    /// at most (then a rewind in the middle of the epoch).
+    fn epoch(b: &mut Batches, cut: usize) -> Vec<Vec<u64>> {
+        let mut out = Vec::new();
+        let mut batch = Batch::with_capacity(0);
+        while out.len() < cut && b.next_batch(&mut batch).unwrap() > 0 {
+            out.push(batch.keys[..batch.len * starwire_data::NUM_CATEGORICAL].to_vec());
+        }
+        b.rewind().unwrap();
+        out
+    }
+
+    #[test]
+    fn read_ahead_yields_the_inline_batches_in_order_across_rewinds() {
+        // 10 batches of 64 and one of 40 per epoch; full epochs and epochs
+        // cut short, where the batches read ahead are dropped.
+        for depth in [1, 3] {
+            let mut inline = Batches::Inline(reader(680), 64);
+            let p = Prefetch::start(reader(680), 64, depth, "test-input".into(), None).unwrap();
+            let mut ahead = Batches::Ahead(p);
+            for cut in [usize::MAX, 2, 0, usize::MAX, 5, usize::MAX] {
+                let want = epoch(&mut inline, cut);
+                let got = epoch(&mut ahead, cut);
+                assert_eq!(got.len(), want.len(), "depth {depth} cut {cut}");
+                assert!(got == want, "depth {depth} cut {cut}");
+                if cut == usize::MAX {
+                    assert_eq!(got.len(), 11);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn dropping_a_reader_that_is_ahead_ends_its_thread() {
+        let p = Prefetch::start(reader(100_000), 64, 2, "test-input".into(), None).unwrap();
+        // Its channel is full by now; the drop must not wait for a reader
+        // blocked on it.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        drop(p);
+    }
+
+    #[test]
+    fn a_read_error_reaches_the_worker() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bad.tsv");
+        std::fs::write(&path, "1\tnot-a-row\n").unwrap();
+        let r = Reader::train(
+            &DataSource::Criteo(path),
+            &Arc::new(TrueModel::new(SyntheticSpec::default()).unwrap()),
+            0,
+            0,
+            1,
+            false,
+        )
+        .unwrap();
+        let mut b = Batches::Ahead(Prefetch::start(r, 8, 1, "test-input".into(), None).unwrap());
+        let e = b.next_batch(&mut Batch::with_capacity(8)).unwrap_err();
+        assert!(matches!(e, crate::TrainError::Data(_)), "{e}");
+    }
+}

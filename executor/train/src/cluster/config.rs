@@ -16,6 +16,18 @@ use crate::TrainError;
 /// launcher to schedule and start every pod of a cluster.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(300);
 
+/// `--prefetch` when it is not given, for `local_workers` workers on this
+/// host: one batch ahead where a worker waits on a network for its PS and
+/// the host has a CPU for each worker, so the reading fills the worker's
+/// waits; none with `inproc` (the PS runs on the worker's thread: it
+/// never waits) or with more workers than CPUs (no core is idle to read
+/// in; a thread more per worker only adds switches). Measured in
+/// docs/TRAIN.md ("Reading ahead").
+pub fn default_prefetch(backend: BackendKind, local_workers: usize) -> usize {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    usize::from(backend != BackendKind::Inproc && local_workers <= cpus)
+}
+
 /// How the learning rate of each push scales with the number of workers
 /// `W` (`--lr-scaling`). Asynchronous pushes are applied one by one, each
 /// on values up to `W - 1` other workers' steps old, so many workers need a
@@ -162,6 +174,10 @@ pub struct TrainConfig {
     pub device: Option<String>,
     /// Compute threads of each worker's graph executor (0: inline).
     pub compute_threads: usize,
+    /// Batches each worker reads ahead on a thread of its own while it
+    /// waits for the PS (`--prefetch`; 0: read between steps; `None`:
+    /// [`default_prefetch`] for the workers of this process).
+    pub prefetch: Option<usize>,
     /// How long a worker keeps trying to reach each PS (name lookup and
     /// connect, with backoff) before it gives up (`--connect-timeout`).
     pub connect_timeout: Duration,
@@ -225,6 +241,7 @@ impl Default for TrainConfig {
             idle_poll_us: 0,
             device: None,
             compute_threads: 0,
+            prefetch: None,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             log_every: 0,
             telemetry: Telemetry::default(),
@@ -337,6 +354,15 @@ pub(super) fn across_processes(b: BackendKind) -> Result<(), TrainError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn workers_read_ahead_over_a_network_with_a_cpu_each() {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert_eq!(default_prefetch(BackendKind::Tcp, 1), 1);
+        assert_eq!(default_prefetch(BackendKind::Tcp, cpus), 1);
+        assert_eq!(default_prefetch(BackendKind::Tcp, cpus + 1), 0);
+        assert_eq!(default_prefetch(BackendKind::Inproc, 1), 0);
+    }
 
     #[test]
     fn scaling_and_warmup_reach_the_shards() {

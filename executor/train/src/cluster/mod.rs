@@ -22,7 +22,8 @@ mod roles;
 mod shares;
 
 pub use config::{
-    model_name, protocol_name, BackendKind, LrScaling, TrainConfig, DEFAULT_CONNECT_TIMEOUT,
+    default_prefetch, model_name, protocol_name, BackendKind, LrScaling, TrainConfig,
+    DEFAULT_CONNECT_TIMEOUT,
 };
 pub use delay::{default_bounded_delay, BOUNDED_FROM_WORKERS, DEFAULT_BOUNDED_DELAY};
 pub use failover::Failover;
@@ -68,8 +69,13 @@ pub fn run_local(cfg: &TrainConfig) -> Result<TrainReport, TrainError> {
     // their own unless one was given: nothing else on the host can join.
     let mut cfg = cfg.clone();
     // Its workers are threads of this process: the PS shards fault their
-    // reserved rows in while the cluster starts.
+    // reserved rows in while the cluster starts, and the workers read
+    // ahead when the host has a CPU for each.
     cfg.reserve_at_start = true;
+    cfg.prefetch = Some(
+        cfg.prefetch
+            .unwrap_or_else(|| default_prefetch(cfg.backend, cfg.workers)),
+    );
     cfg.guard
         .token
         .get_or_insert_with(starwire_transport::ClusterToken::random);
@@ -257,6 +263,7 @@ fn run_local_on(k: &dyn ClusterBackend, cfg: &TrainConfig) -> Result<TrainReport
         batch_size: cfg.batch_size,
         bounded_delay: delay::applied_bounded_delay(cfg),
         worker_handoff: cfg.handoff(),
+        prefetch: cfg.prefetch.unwrap_or(0),
         steps,
         samples,
         examples_trained: outs.iter().map(|o| o.examples_trained).sum(),
@@ -443,6 +450,13 @@ pub fn run_worker_task(
     across_processes(cfg.backend)?;
     cfg.check_handoff()?;
     periodic::check(cfg)?;
+    // The one worker of this process.
+    let mut cfg = cfg.clone();
+    cfg.prefetch = Some(
+        cfg.prefetch
+            .unwrap_or_else(|| default_prefetch(cfg.backend, 1)),
+    );
+    let cfg = &cfg;
     let k = cluster_backend(cfg.backend);
     let plan = plan(cfg)?;
     let manifest = match &cfg.checkpoint_dir {
@@ -584,6 +598,7 @@ pub fn run_worker_task(
         batch_size: cfg.batch_size,
         bounded_delay: delay::applied_bounded_delay(cfg),
         worker_handoff: cfg.handoff(),
+        prefetch: cfg.prefetch.unwrap_or(0),
         steps: out.steps,
         samples: out.samples,
         examples_trained: out.examples_trained,

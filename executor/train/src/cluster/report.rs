@@ -50,6 +50,8 @@ pub struct TrainReport {
     /// Workers hand their requests to network reactors
     /// (`--worker-handoff on` on a backend with reactors).
     pub worker_handoff: bool,
+    /// Batches each worker read ahead (`--prefetch` or its default).
+    pub prefetch: usize,
     /// Steps run, all workers together.
     pub steps: u64,
     /// Examples trained on in this session (a roll-back's retrained

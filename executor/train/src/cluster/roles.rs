@@ -26,7 +26,7 @@ use crate::handler::{shard_file, ShardHandler};
 use crate::handoff::{HandoffConfig, HandoffNet};
 use crate::net::{Exchange, SessionNet, Traffic, WorkerService};
 use crate::server::ShardService;
-use crate::source::Reader;
+use crate::source::{Batches, Prefetch, Reader};
 use crate::telemetry::{Published, ShardTelemetry, StepProgress, WorkerTelemetry};
 use crate::worker::{WorkerBuffers, WorkerCore};
 use crate::TrainError;
@@ -700,9 +700,20 @@ pub fn worker_loop(
         offset = skipped;
         resumed_in_epoch = skipped.div_ceil(cfg.batch_size as u64);
     }
+    // Past the resumed position, the batches are read ahead (on the
+    // worker's core when pinned) unless `--prefetch 0`.
+    let batches = match cfg.prefetch.unwrap_or(0) {
+        0 => Ok(Batches::Inline(reader, cfg.batch_size)),
+        depth => {
+            let name = format!("starwire-input-{w}");
+            Prefetch::start(reader, cfg.batch_size, depth, name, cpu).map(Batches::Ahead)
+        }
+    };
+    // The other workers wait at the barrier for this one, failed or not.
     if let Some(b) = start {
         b.wait();
     }
+    let mut reader = batches.map_err(TrainError::Io)?;
     let _pinned = PinnedThread::pin(cpu)?;
     let cells = WorkerTelemetry::new(
         &cfg.telemetry,
@@ -731,7 +742,7 @@ pub fn worker_loop(
                 break;
             }
             in_epoch += 1;
-            let n = reader.next_batch(cfg.batch_size, &mut batch)?;
+            let n = reader.next_batch(&mut batch)?;
             if n == 0 {
                 break;
             }
