@@ -205,12 +205,67 @@ enum Command {
     Rewind,
 }
 
+/// The reading thread's state.
+struct Producer {
+    reader: Reader,
+    /// Batches back from the worker, to read into.
+    spare: Vec<Batch>,
+    /// Epochs rewound so far.
+    generation: u64,
+    tx: std::sync::mpsc::SyncSender<Ahead>,
+}
+
+impl Producer {
+    /// Act on `c`; true for a rewind.
+    fn take(&mut self, c: Command) -> bool {
+        match c {
+            Command::Reuse(b) => {
+                self.spare.push(b);
+                false
+            }
+            Command::Rewind => {
+                self.generation += 1;
+                if let Err(e) = self.reader.rewind() {
+                    self.send(Err(e));
+                }
+                true
+            }
+        }
+    }
+
+    /// Read the next batch and send it: `Some(true)` at the epoch's end
+    /// or an error, `None` when the worker is gone.
+    fn read(&mut self, batch_size: usize) -> Option<bool> {
+        let mut b = self
+            .spare
+            .pop()
+            .unwrap_or_else(|| Batch::with_capacity(batch_size));
+        let batch = match self.reader.next_batch(batch_size, &mut b) {
+            Ok(0) => Ok(None),
+            Ok(_) => Ok(Some(b)),
+            Err(e) => Err(e),
+        };
+        let end = !matches!(batch, Ok(Some(_)));
+        self.send(batch).then_some(end)
+    }
+
+    /// Send `batch` as this epoch's; false when the worker is gone.
+    fn send(&self, batch: Result<Option<Batch>, DataError>) -> bool {
+        let a = Ahead {
+            generation: self.generation,
+            batch,
+            skipped: self.reader.skipped(),
+        };
+        self.tx.send(a).is_ok()
+    }
+}
+
 impl Prefetch {
     /// Read `reader` ahead by up to `depth` batches of `batch_size` on a
     /// thread named `name` (pinned to `cpu` when given, the worker's own
     /// core: the reader then runs in the time the worker waits).
     pub fn start(
-        mut reader: Reader,
+        reader: Reader,
         batch_size: usize,
         depth: usize,
         name: String,
@@ -222,59 +277,30 @@ impl Prefetch {
             // Pinning is a placement hint here: a reader that cannot be
             // pinned still reads.
             let _pinned = crate::cluster::PinnedThread::pin(cpu);
-            let mut spare: Vec<Batch> = Vec::new();
-            let mut generation = 0u64;
+            let mut p = Producer {
+                reader,
+                spare: Vec::new(),
+                generation: 0,
+                tx: tx_ahead,
+            };
             loop {
                 // Take what the worker sent back; a rewind starts the
                 // next epoch.
                 while let Ok(c) = rx_cmd.try_recv() {
-                    match c {
-                        Command::Reuse(b) => spare.push(b),
-                        Command::Rewind => {
-                            generation += 1;
-                            if let Err(e) = reader.rewind() {
-                                let _ = tx_ahead.send(Ahead {
-                                    generation,
-                                    batch: Err(e),
-                                    skipped: reader.skipped(),
-                                });
-                            }
-                        }
-                    }
+                    p.take(c);
                 }
-                let mut b = spare
-                    .pop()
-                    .unwrap_or_else(|| Batch::with_capacity(batch_size));
-                let batch = match reader.next_batch(batch_size, &mut b) {
-                    Ok(0) => Ok(None),
-                    Ok(_) => Ok(Some(b)),
-                    Err(e) => Err(e),
-                };
-                let end = !matches!(batch, Ok(Some(_)));
-                let a = Ahead {
-                    generation,
-                    batch,
-                    skipped: reader.skipped(),
-                };
-                if tx_ahead.send(a).is_err() {
+                let Some(end) = p.read(batch_size) else {
                     return;
-                }
+                };
                 if end {
                     // Nothing more this epoch: wait for the rewind (or the
                     // worker's end, when the channel closes).
                     loop {
                         match rx_cmd.recv() {
-                            Ok(Command::Reuse(b)) => spare.push(b),
-                            Ok(Command::Rewind) => {
-                                generation += 1;
-                                if let Err(e) = reader.rewind() {
-                                    let _ = tx_ahead.send(Ahead {
-                                        generation,
-                                        batch: Err(e),
-                                        skipped: reader.skipped(),
-                                    });
+                            Ok(c) => {
+                                if p.take(c) {
+                                    break;
                                 }
-                                break;
                             }
                             Err(_) => return,
                         }
