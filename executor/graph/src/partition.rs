@@ -237,6 +237,7 @@ impl Dedup {
         unique.clear();
         index.clear();
         index.reserve(keys.len());
+        unique.reserve(keys.len());
         for &k in keys {
             // The low bits pick the slot: the Fx hasher rotates its best
             // mixed bits there, as hash tables take them.

@@ -289,6 +289,11 @@ impl WorkerCore {
             let st = &mut self.lookups[l];
             st.offsets.clear();
             st.keys.clear();
+            // Sized once for a whole batch: a worker's first step does not
+            // grow its plan by doublings (with many workers, each taking
+            // few steps, those copies showed in the profile).
+            st.offsets.reserve(batch.len + 1);
+            st.keys.reserve(batch.len * lp.spec.fields.len());
             st.offsets.push(0);
             for b in 0..batch.len {
                 let row = &batch.keys[b * nf..(b + 1) * nf];
@@ -310,6 +315,13 @@ impl WorkerCore {
                     // of it, and its gradient rows are one range of the
                     // rows gradient, with no scatter or gather per row.
                     st.row_of.clear();
+                    st.row_of.reserve(st.unique.len());
+                    // Keys hash evenly over the shards: twice a fair share
+                    // holds a shard's keys but for a rare skew.
+                    let share = 2 * st.unique.len().div_ceil(s_count);
+                    for keys in &mut st.shard_keys {
+                        keys.reserve(share);
+                    }
                     for &k in &st.unique {
                         let s = route(k);
                         st.row_of.push(s as u32);
