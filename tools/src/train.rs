@@ -111,6 +111,12 @@ pub struct TrainArgs {
     /// 4 for asynchronous training with 32 workers or more, else off].
     #[arg(long, value_name = "N|off", value_parser = parse_bounded_delay)]
     pub bounded_delay: Option<BoundedDelay>,
+    /// Steps each worker takes in a row in the bounded-delay order (the
+    /// same bound on each); give every worker of a cluster the same
+    /// [default: when the local cluster has more workers than CPUs,
+    /// ceil((N + 1) / CPUs), about one worker in flight per CPU; else 1].
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u64).range(1..))]
+    pub turn_steps: Option<u64>,
     /// Seed of the data, initial values and annealing.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -294,6 +300,18 @@ fn bounded_delay(a: &TrainArgs, workers: usize) -> Result<Option<u64>, String> {
     }
 }
 
+/// `--turn-steps` as given; with no delay bound it orders nothing, a
+/// usage error.
+fn turn_steps(a: &TrainArgs, bound: Option<u64>) -> Result<Option<u64>, String> {
+    match (a.turn_steps, bound) {
+        (Some(k), None) => Err(format!(
+            "--turn-steps {k} orders the steps of a delay bound, and this run has none \
+             (asynchronous training with --bounded-delay N)"
+        )),
+        (k, _) => Ok(k),
+    }
+}
+
 fn parse_lr_scaling(s: &str) -> Result<LrScaling, String> {
     LrScaling::ALL
         .iter()
@@ -384,6 +402,7 @@ fn config(a: &TrainArgs, ps: usize, workers: usize) -> Result<TrainConfig, Strin
     let optimizer = a
         .optimizer
         .unwrap_or_else(|| default_optimizer(workers, a.sync));
+    let bound = bounded_delay(a, workers)?;
     let mut cfg = TrainConfig {
         backend,
         ps,
@@ -415,7 +434,8 @@ fn config(a: &TrainArgs, ps: usize, workers: usize) -> Result<TrainConfig, Strin
         assignment: parse_strategy(&a.placement, a.seed)?,
         tensor_fuse: a.tensor_fuse,
         sync: a.sync,
-        bounded_delay: bounded_delay(a, workers)?,
+        bounded_delay: bound,
+        turn_steps: turn_steps(a, bound)?,
         seed: a.seed,
         checkpoint_dir: a.checkpoint_dir.clone(),
         checkpoint_every_steps: a.checkpoint_every_steps,
@@ -1099,6 +1119,18 @@ mod tests {
         assert_eq!(batch(&["--sync"], 128), 128);
         assert_eq!(batch(&["--sync"], 20_000), 1);
         assert_eq!(batch(&["--sync", "--batch-size", "512"], 64), 512);
+    }
+
+    #[test]
+    fn turn_steps_need_a_bound() {
+        assert_eq!(turn_steps(&args(&[]), Some(4)), Ok(None));
+        assert_eq!(
+            turn_steps(&args(&["--turn-steps", "3"]), Some(4)),
+            Ok(Some(3))
+        );
+        let e = turn_steps(&args(&["--turn-steps", "3"]), None).unwrap_err();
+        assert!(e.contains("--bounded-delay"), "{e}");
+        assert!(Cli::try_parse_from(["train", "--turn-steps", "0"]).is_err());
     }
 
     #[test]

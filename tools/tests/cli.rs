@@ -1012,18 +1012,44 @@ fn bounded_delay_trains_is_reported_and_is_off_by_default_for_few_workers_and_sy
     assert!(train(&["--workers", "4", "--sync"])["bounded_delay"].is_null());
     let v = train(&["--workers", "32", "--optimizer", "adagrad"]);
     assert_eq!(v["bounded_delay"], 4, "{v}");
+    // Steps in a row: ceil(5 / CPUs) by default when 32 workers outnumber
+    // the CPUs, as given otherwise; none without a bound.
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    let k = if cpus >= 32 { 1 } else { 5u64.div_ceil(cpus) };
+    assert_eq!(v["turn_steps"], k, "{v}");
+    let v = train(&[
+        "--workers",
+        "4",
+        "--bounded-delay",
+        "2",
+        "--turn-steps",
+        "2",
+    ]);
+    assert_eq!(
+        (num(&v, "turn_steps"), num(&v, "steps")),
+        (2.0, 60.0),
+        "{v}"
+    );
+    assert!(train(&["--workers", "4"])["turn_steps"].is_null());
     assert!(train(&["--workers", "32", "--bounded-delay", "off"])["bounded_delay"].is_null());
     for bad in [
         &["--bounded-delay=-1"][..],
         &["--bounded-delay=soon"][..],
         &["--bounded-delay", "2", "--sync"][..],
+        &["--turn-steps", "2"][..],
+        &["--turn-steps", "0", "--bounded-delay", "2"][..],
     ] {
         let mut args = vec!["train", "--steps", "1"];
         args.extend_from_slice(bad);
         let out = run(&args);
         assert_eq!(out.status.code(), Some(2), "{bad:?}");
+        let flag = if bad[0] == "--turn-steps" {
+            "--turn-steps"
+        } else {
+            "--bounded-delay"
+        };
         assert!(
-            text(&out.stderr).contains("--bounded-delay"),
+            text(&out.stderr).contains(flag),
             "{bad:?}: {}",
             text(&out.stderr)
         );

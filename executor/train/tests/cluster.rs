@@ -983,10 +983,34 @@ fn a_zero_delay_bound_runs_the_steps_one_at_a_time() {
         })
         .unwrap();
         assert_eq!((r.steps, r.bounded_delay), (20, Some(0)), "{backend:?}");
+        // One step in flight is one worker whatever the CPUs: a step at a
+        // time.
+        assert_eq!(r.turn_steps, Some(1), "{backend:?}");
         let st = r.staleness;
         assert_eq!((st.max, st.pushes), (0, 20 * 2), "{backend:?}: {st:?}");
         for s in &r.shard_stats {
             assert_eq!(s["global_step"].as_u64().unwrap(), 20, "{s}");
         }
+    }
+}
+
+/// `--turn-steps 3` under a zero bound: each worker takes three steps in a
+/// row, then one (4 steps each), still one step at a time, and every step
+/// is taken.
+#[test]
+fn steps_in_a_row_keep_the_bound() {
+    let r = run_local(&TrainConfig {
+        workers: 5,
+        train_examples: 5 * 1024,
+        bounded_delay: Some(0),
+        turn_steps: Some(3),
+        ..small()
+    })
+    .unwrap();
+    assert_eq!((r.steps, r.turn_steps), (20, Some(3)));
+    let st = r.staleness;
+    assert_eq!((st.max, st.pushes), (0, 20 * 2), "{st:?}");
+    for s in &r.shard_stats {
+        assert_eq!(s["global_step"].as_u64().unwrap(), 20, "{s}");
     }
 }

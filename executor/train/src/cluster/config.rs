@@ -116,6 +116,11 @@ pub struct TrainConfig {
     /// Asynchronous steps taken in turn, at most this many plus one in
     /// flight (`--bounded-delay`; none: no bound; see `delay.rs`).
     pub bounded_delay: Option<u64>,
+    /// Steps each worker takes in a row in the bounded order
+    /// (`--turn-steps`; `None`: 1, which the local cluster replaces with
+    /// [`default_turn_steps`](super::default_turn_steps)). Every worker of
+    /// a cluster must have the same.
+    pub turn_steps: Option<u64>,
     /// Seed of the data, the initial values and annealing.
     pub seed: u64,
     /// Write a checkpoint here at the end; restore from it at start if one
@@ -219,6 +224,7 @@ impl Default for TrainConfig {
             tensor_fuse: true,
             sync: false,
             bounded_delay: None,
+            turn_steps: None,
             seed: 1,
             checkpoint_dir: None,
             checkpoint_every_steps: None,

@@ -14,6 +14,15 @@
 //! the other rows of an example, which DC-ASGD's per-coordinate term does
 //! not see, stays small.
 //!
+//! A worker may take its turns `K` at a time (`--turn-steps K`): the order
+//! is then round-robin over blocks of `K` consecutive steps of a worker,
+//! the same bound applying to each step. Where the workers of one host
+//! outnumber its CPUs, a worker's state (its batch, its plan of the pulls,
+//! its reply buffers) is evicted from the caches by every other worker's
+//! step between two of its own; with `K` steps in a row the next step
+//! finds it warm, and about `(N + 1) / K` workers are in flight, the CPUs'
+//! count when `K` is [`default_turn_steps`].
+//!
 //! It cannot deadlock: the first step of the order that has not been pushed
 //! has every earlier one pushed, so the shards' global step has reached its
 //! turn. That needs every earlier step to exist, so the bound holds only
@@ -47,6 +56,30 @@ pub fn applied_bounded_delay(cfg: &TrainConfig) -> Option<u64> {
     Turns::new(cfg, 0).map(|t| t.delay)
 }
 
+/// The steps in a row a run's workers take in the bounded order, when a
+/// bound applies.
+pub fn applied_turn_steps(cfg: &TrainConfig) -> Option<u64> {
+    Turns::new(cfg, 0).map(|t| t.block)
+}
+
+/// `--turn-steps` when it is not given, for `local_workers` workers on
+/// this host under a bound of `delay`: 1 when the host has a CPU for each
+/// worker, else enough steps in a row that the `delay + 1` steps in flight
+/// are about one worker per CPU, `ceil((delay + 1) / CPUs)`. Measured in
+/// docs/TRAIN.md ("Many workers").
+pub fn default_turn_steps(local_workers: usize, delay: u64) -> u64 {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    turn_steps_for(local_workers, cpus, delay)
+}
+
+fn turn_steps_for(local_workers: usize, cpus: usize, delay: u64) -> u64 {
+    if local_workers <= cpus {
+        1
+    } else {
+        (delay + 1).div_ceil(cpus.max(1) as u64)
+    }
+}
+
 /// The turns of one worker: the global step each of its steps waits for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Turns {
@@ -55,6 +88,8 @@ pub struct Turns {
     worker: u64,
     /// Steps every worker takes; later steps do not wait.
     common: u64,
+    /// Steps a worker takes in a row (`--turn-steps`).
+    block: u64,
 }
 
 impl Turns {
@@ -67,6 +102,7 @@ impl Turns {
             workers: cfg.workers as u64,
             worker: w as u64,
             common: shares::known_common_steps(cfg)?,
+            block: cfg.turn_steps.unwrap_or(1).max(1),
         })
     }
 
@@ -74,7 +110,17 @@ impl Turns {
     /// its step `step` (counted from 0 over every epoch); none for a step
     /// past those every worker takes.
     pub fn turn(&self, step: u64) -> Option<u64> {
-        (step < self.common).then(|| (step * self.workers + self.worker).saturating_sub(self.delay))
+        (step < self.common).then(|| self.place(step).saturating_sub(self.delay))
+    }
+
+    /// The place of this worker's step `step` (below `common`) in the
+    /// order: block `b` of every worker's steps `b K..(b + 1) K` follows
+    /// the blocks before it, worker after worker; the last block is
+    /// shorter when `K` does not divide `common`.
+    fn place(&self, step: u64) -> u64 {
+        let b = step / self.block;
+        let len = self.block.min(self.common - b * self.block);
+        b * self.block * self.workers + self.worker * len + (step - b * self.block)
     }
 }
 
@@ -116,6 +162,56 @@ mod tests {
         assert_eq!(t.turn(26), None);
         let first = Turns::new(&cfg(8, false, Some(3)), 0).unwrap();
         assert_eq!(first.turn(0), Some(0));
+    }
+
+    #[test]
+    fn steps_in_a_row_keep_the_order_a_permutation() {
+        // 10 000 examples over 8 workers, 2 epochs: 26 steps each. Every K,
+        // a divisor of 26 or not, places the 208 steps at 0..208 once
+        // each, each worker's in its own order; so the first step not
+        // pushed has every earlier place pushed and cannot wait forever.
+        for k in [1, 2, 3, 5, 13, 26, 40] {
+            let mut c = cfg(8, false, Some(3));
+            c.turn_steps = Some(k);
+            let mut seen = vec![false; 208];
+            for w in 0..8 {
+                let t = Turns::new(&c, w).unwrap();
+                let places: Vec<u64> = (0..26).map(|s| t.place(s)).collect();
+                assert!(places.windows(2).all(|p| p[0] < p[1]), "K {k}: {places:?}");
+                for p in places {
+                    assert!(
+                        !std::mem::replace(&mut seen[p as usize], true),
+                        "K {k}: {p} twice"
+                    );
+                }
+                assert_eq!(t.turn(26), None);
+            }
+            assert!(seen.iter().all(|&s| s), "K {k}");
+        }
+        // K 3: worker 5's steps 0-2 are places 15-17, its step 3 is 24 + 15.
+        let mut c = cfg(8, false, Some(3));
+        c.turn_steps = Some(3);
+        let t = Turns::new(&c, 5).unwrap();
+        assert_eq!(
+            (t.turn(0), t.turn(2), t.turn(3)),
+            (Some(12), Some(14), Some(36))
+        );
+        // The last block, of 26 - 24 = 2 steps: worker 5's are places
+        // 192 + 10 and 192 + 11.
+        assert_eq!((t.turn(24), t.turn(25)), (Some(199), Some(200)));
+        assert_eq!(applied_turn_steps(&c), Some(3));
+        assert_eq!(applied_turn_steps(&cfg(8, false, None)), None);
+    }
+
+    #[test]
+    fn steps_in_a_row_by_default_only_where_workers_outnumber_cpus() {
+        assert_eq!(turn_steps_for(2, 2, 4), 1);
+        assert_eq!(turn_steps_for(1, 1, 4), 1);
+        assert_eq!(turn_steps_for(64, 2, 4), 3);
+        assert_eq!(turn_steps_for(64, 5, 4), 1);
+        assert_eq!(turn_steps_for(64, 4, 4), 2);
+        assert_eq!(turn_steps_for(64, 1, 0), 1);
+        assert_eq!(turn_steps_for(64, 0, 4), 5);
     }
 
     #[test]

@@ -25,7 +25,9 @@ pub use config::{
     default_prefetch, model_name, protocol_name, BackendKind, LrScaling, TrainConfig,
     DEFAULT_CONNECT_TIMEOUT,
 };
-pub use delay::{default_bounded_delay, BOUNDED_FROM_WORKERS, DEFAULT_BOUNDED_DELAY};
+pub use delay::{
+    default_bounded_delay, default_turn_steps, BOUNDED_FROM_WORKERS, DEFAULT_BOUNDED_DELAY,
+};
 pub use failover::Failover;
 pub use guard::{
     check_listen, training_flags, Guard, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_IDLE_TIMEOUT,
@@ -76,6 +78,9 @@ pub fn run_local(cfg: &TrainConfig) -> Result<TrainReport, TrainError> {
         cfg.prefetch
             .unwrap_or_else(|| default_prefetch(cfg.backend, cfg.workers)),
     );
+    if let (None, Some(d)) = (cfg.turn_steps, cfg.bounded_delay) {
+        cfg.turn_steps = Some(default_turn_steps(cfg.workers, d));
+    }
     cfg.guard
         .token
         .get_or_insert_with(starwire_transport::ClusterToken::random);
@@ -262,6 +267,7 @@ fn run_local_on(k: &dyn ClusterBackend, cfg: &TrainConfig) -> Result<TrainReport
         sync: cfg.sync,
         batch_size: cfg.batch_size,
         bounded_delay: delay::applied_bounded_delay(cfg),
+        turn_steps: delay::applied_turn_steps(cfg),
         worker_handoff: cfg.handoff(),
         prefetch: cfg.prefetch.unwrap_or(0),
         steps,
@@ -597,6 +603,7 @@ pub fn run_worker_task(
         sync: cfg.sync,
         batch_size: cfg.batch_size,
         bounded_delay: delay::applied_bounded_delay(cfg),
+        turn_steps: delay::applied_turn_steps(cfg),
         worker_handoff: cfg.handoff(),
         prefetch: cfg.prefetch.unwrap_or(0),
         steps: out.steps,

@@ -47,6 +47,9 @@ pub struct TrainReport {
     pub batch_size: usize,
     /// `--bounded-delay` of asynchronous training (none: no bound).
     pub bounded_delay: Option<u64>,
+    /// Steps each worker took in a row in the bounded order
+    /// (`--turn-steps` or its default; none without a bound).
+    pub turn_steps: Option<u64>,
     /// Workers hand their requests to network reactors
     /// (`--worker-handoff on` on a backend with reactors).
     pub worker_handoff: bool,
