@@ -106,15 +106,18 @@ pub struct TrainArgs {
     #[arg(long)]
     pub sync: bool,
     /// Asynchronous steps taken in turn, each worker's pull waiting until
-    /// the shards have applied every step more than N before it in
-    /// round-robin order (at most N + 1 steps in flight), or off [default:
-    /// 4 for asynchronous training with 32 workers or more, else off].
+    /// the shards have applied every step more than N before it in the
+    /// order (round-robin over the workers, --turn-steps at a time; at
+    /// most N + 1 steps in flight), or off [default: 4 for asynchronous
+    /// training with 32 workers or more, else off].
     #[arg(long, value_name = "N|off", value_parser = parse_bounded_delay)]
     pub bounded_delay: Option<BoundedDelay>,
     /// Steps each worker takes in a row in the bounded-delay order (the
-    /// same bound on each); give every worker of a cluster the same
-    /// [default: when the local cluster has more workers than CPUs,
-    /// ceil((N + 1) / CPUs), about one worker in flight per CPU; else 1].
+    /// same bound on each); give every worker of a cluster the same; above
+    /// 1 not with checkpoints during an asynchronous run [default: when
+    /// the local cluster has more workers than CPUs and takes no such
+    /// checkpoints, ceil((N + 1) / CPUs), about one worker in flight per
+    /// CPU; else 1].
     #[arg(long, value_name = "K", value_parser = clap::value_parser!(u64).range(1..))]
     pub turn_steps: Option<u64>,
     /// Seed of the data, initial values and annealing.

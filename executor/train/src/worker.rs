@@ -316,11 +316,17 @@ impl WorkerCore {
                     // rows gradient, with no scatter or gather per row.
                     st.row_of.clear();
                     st.row_of.reserve(st.unique.len());
-                    // Keys hash evenly over the shards: twice a fair share
-                    // holds a shard's keys but for a rare skew.
-                    let share = 2 * st.unique.len().div_ceil(s_count);
-                    for keys in &mut st.shard_keys {
-                        keys.reserve(share);
+                    match home {
+                        Some(h) => st.shard_keys[h].reserve(st.unique.len()),
+                        None => {
+                            // Keys hash evenly over the shards: twice a
+                            // fair share holds a shard's keys but for a
+                            // rare skew.
+                            let share = 2 * st.unique.len().div_ceil(s_count);
+                            for keys in &mut st.shard_keys {
+                                keys.reserve(share);
+                            }
+                        }
                     }
                     for &k in &st.unique {
                         let s = route(k);

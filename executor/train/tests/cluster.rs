@@ -994,6 +994,33 @@ fn a_zero_delay_bound_runs_the_steps_one_at_a_time() {
     }
 }
 
+/// A bounded run that checkpoints every 10 global steps takes one step a
+/// turn whatever the CPUs (a block would not reach the checkpoint step
+/// together with the other workers' and the run would wait forever), and
+/// refuses more.
+#[test]
+fn checkpoints_during_a_bounded_run_take_one_step_a_turn() {
+    let dir = tempfile::tempdir().unwrap();
+    // 5 workers of 1024 examples: 4 steps each, 20 in all.
+    let cfg = TrainConfig {
+        workers: 5,
+        train_examples: 5 * 1024,
+        bounded_delay: Some(4),
+        checkpoint_dir: Some(dir.path().to_owned()),
+        checkpoint_every_steps: Some(10),
+        eval_examples: 0,
+        ..small()
+    };
+    let r = run_local(&cfg).unwrap();
+    assert_eq!((r.steps, r.turn_steps), (20, Some(1)));
+    let e = run_local(&TrainConfig {
+        turn_steps: Some(2),
+        ..cfg
+    })
+    .unwrap_err();
+    assert!(e.to_string().contains("--turn-steps 2"), "{e}");
+}
+
 /// `--turn-steps 3` under a zero bound: each worker takes three steps in a
 /// row, then one (4 steps each), still one step at a time, and every step
 /// is taken.

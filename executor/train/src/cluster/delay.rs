@@ -6,9 +6,9 @@
 //! section 4.2: a task waits until every task started more than `τ` before
 //! it has finished), counted in applied steps, since that is what a shard
 //! knows (its global step), not which steps they were. The tasks are the
-//! workers' steps in round-robin order: step `s` of worker `w` of `W` is
-//! the `s W + w`-th, and its pull waits until the shards have applied
-//! `s W + w - N` steps. So at most `N + 1` steps are between their pull and
+//! workers' steps in round-robin order: with one step a turn, step `s` of
+//! worker `w` of `W` is the `s W + w`-th, and its pull waits until the
+//! shards have applied `s W + w - N` steps. So at most `N + 1` steps are between their pull and
 //! their push at any time, and a gradient is computed on values about `N`
 //! steps old instead of about `W`: the drift of the dense weights and of
 //! the other rows of an example, which DC-ASGD's per-coordinate term does
@@ -21,7 +21,9 @@
 //! its reply buffers) is evicted from the caches by every other worker's
 //! step between two of its own; with `K` steps in a row the next step
 //! finds it warm, and about `(N + 1) / K` workers are in flight, the CPUs'
-//! count when `K` is [`default_turn_steps`].
+//! count when `K` is [`default_turn_steps`]. An asynchronous checkpoint
+//! during the run stops every worker after the same step, which blocks
+//! would not reach together: `periodic::check` refuses `K > 1` with one.
 //!
 //! It cannot deadlock: the first step of the order that has not been pushed
 //! has every earlier one pushed, so the shards' global step has reached its

@@ -167,6 +167,11 @@ pub fn training_flags(cfg: &TrainConfig) -> String {
             &format!("{:?}", o.staleness_lr).to_lowercase(),
         );
     }
+    // Every worker places every step of the bounded order: a worker with
+    // other steps in a row would wait for steps that never come.
+    if let Some(k) = super::delay::applied_turn_steps(cfg) {
+        put("turn-steps", &k);
+    }
     put("placement", &format!("{:?}", cfg.assignment));
     put("tensor-fuse", &cfg.tensor_fuse);
     put("sync", &cfg.sync);
@@ -215,5 +220,16 @@ mod tests {
         let d = starwire_transport::auth::flags_differ(&training_flags(&a), &training_flags(&b));
         assert_eq!(d, ["--embedding-dim (8 here, 64 at the peer)"]);
         assert!(training_flags(&a).len() < starwire_wire::message::MAX_CONFIG_LEN);
+        // Under a bound, the steps in a row (1 unless given).
+        let bounded = |turn_steps| TrainConfig {
+            bounded_delay: Some(4),
+            turn_steps,
+            ..TrainConfig::default()
+        };
+        let d = starwire_transport::auth::flags_differ(
+            &training_flags(&bounded(None)),
+            &training_flags(&bounded(Some(3))),
+        );
+        assert_eq!(d, ["--turn-steps (1 here, 3 at the peer)"]);
     }
 }

@@ -78,7 +78,10 @@ pub fn run_local(cfg: &TrainConfig) -> Result<TrainReport, TrainError> {
         cfg.prefetch
             .unwrap_or_else(|| default_prefetch(cfg.backend, cfg.workers)),
     );
-    if let (None, Some(d)) = (cfg.turn_steps, cfg.bounded_delay) {
+    // Steps in a row where the workers outnumber the CPUs, unless
+    // checkpoints during the run need one step a turn.
+    let during_run = cfg.checkpoint_every_steps.is_some() || cfg.checkpoint_every_secs.is_some();
+    if let (None, Some(d), false) = (cfg.turn_steps, cfg.bounded_delay, during_run) {
         cfg.turn_steps = Some(default_turn_steps(cfg.workers, d));
     }
     cfg.guard

@@ -100,6 +100,16 @@ pub(super) fn vote(net: &mut dyn Exchange, c: u64, want: bool) -> Result<bool, T
 /// of the workers (the global step moves by one per worker each step of
 /// all).
 pub(super) fn check(cfg: &TrainConfig) -> Result<(), TrainError> {
+    // An asynchronous checkpoint stops every worker after its step `C / W`
+    // and waits for global step `C`: the steps before `C` in the bounded
+    // order must be those steps, which holds for one step a turn only.
+    let during_run = cfg.checkpoint_every_steps.is_some() || cfg.checkpoint_every_secs.is_some();
+    if let Some(k) = cfg.turn_steps.filter(|&k| k > 1 && during_run && !cfg.sync) {
+        return Err(TrainError::Config(format!(
+            "--turn-steps {k}: checkpoints during an asynchronous run stop every worker at the \
+             same step, which needs one step a turn (--turn-steps 1)"
+        )));
+    }
     if let Some(n) = cfg.delta_every_steps {
         let bad = |why: &str| {
             Err(TrainError::Config(format!(
@@ -270,6 +280,24 @@ mod tests {
         assert!(!is_checkpoint_step(6, 4));
         assert!(is_checkpoint_step(8, 4));
         assert!(!is_checkpoint_step(8, 0), "0: never");
+    }
+
+    #[test]
+    fn steps_in_a_row_refuse_asynchronous_checkpoints_during_the_run() {
+        let run = |turn_steps, sync| TrainConfig {
+            sync,
+            workers: 2,
+            bounded_delay: (!sync).then_some(4),
+            turn_steps,
+            checkpoint_dir: Some("/tmp/x".into()),
+            checkpoint_every_secs: Some(std::time::Duration::from_secs(1)),
+            ..TrainConfig::default()
+        };
+        let e = check(&run(Some(3), false)).unwrap_err();
+        assert!(e.to_string().contains("--turn-steps 3"), "{e}");
+        assert!(check(&run(Some(1), false)).is_ok());
+        assert!(check(&run(None, false)).is_ok());
+        assert!(check(&run(Some(3), true)).is_ok(), "--sync takes no turns");
     }
 
     #[test]
