@@ -128,6 +128,11 @@ fn interval_must_be_positive() {
 
 #[test]
 fn cpu_util_reports_a_share_of_a_core() {
+    // The kernel brings a running thread's CPU time up to date at its
+    // ticks (4 ms at 250 Hz) and switches: a run of a few milliseconds (300
+    // messages of bw took under 1 ms) can count up to a tick per thread
+    // more than it used, 423% of a core once on a 2-vCPU host. Runs of
+    // 20 000 messages take tens of milliseconds or more.
     let out = run(&[
         "bench",
         "--backends",
@@ -135,7 +140,7 @@ fn cpu_util_reports_a_share_of_a_core() {
         "--mode",
         "lat,bw",
         "--iters",
-        "300",
+        "20000",
         "--cpu-util",
         "--json",
     ]);
