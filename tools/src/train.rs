@@ -113,7 +113,7 @@ pub struct TrainArgs {
     #[arg(long, value_name = "N|off", value_parser = parse_bounded_delay)]
     pub bounded_delay: Option<BoundedDelay>,
     /// Steps each worker takes in a row in the bounded-delay order (the
-    /// same bound on each); give every worker of a cluster the same; above
+    /// same bound on each); give every task of a cluster the same; above
     /// 1 not with checkpoints during an asynchronous run [default: when
     /// the local cluster has more workers than CPUs and takes no such
     /// checkpoints, ceil((N + 1) / CPUs), about one worker in flight per

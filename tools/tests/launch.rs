@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{free_port, starwire, stderr_lines, text, wait};
+use common::{free_port, rest_of, starwire, stderr_lines, text, wait};
 
 const TINY: &[&str] = &[
     "--train-examples",
@@ -76,7 +76,7 @@ fn a_worker_started_before_its_ps_connects_once_the_ps_appears() {
         .spawn()
         .expect("spawn ps");
     let st = wait(&mut worker, Duration::from_secs(120));
-    let rest: Vec<String> = lines.try_iter().collect();
+    let rest: Vec<String> = rest_of(&lines, Duration::from_secs(10));
     let mut out = String::new();
     std::io::Read::read_to_string(&mut worker.stdout.take().unwrap(), &mut out).unwrap();
     assert!(st.success(), "worker: {st}\n{}", rest.join("\n"));

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{free_port, stderr_lines as lines, wait, wait_for};
+use common::{free_port, rest_of, stderr_lines as lines, wait, wait_for};
 
 /// [`common::starwire`] with its output piped.
 fn starwire(args: &[&str]) -> Command {
@@ -77,7 +77,7 @@ fn sigterm_stops_a_serving_ps_with_a_checkpoint_and_exit_0() {
     assert!(!dir.path().join("manifest.json").exists());
     signal(&ps, "TERM");
     let st = wait(&mut ps, Duration::from_secs(60));
-    let rest: Vec<String> = ps_err.try_iter().collect();
+    let rest: Vec<String> = rest_of(&ps_err, Duration::from_secs(10));
     assert!(st.success(), "ps: {st}\n{}", rest.join("\n"));
     let m = manifest(dir.path());
     let steps = m["shard_steps"].as_array().expect("shard steps");
@@ -147,7 +147,7 @@ fn kill_a_worker_mid_run(ps_flags: &[&str]) -> (Child, mpsc::Receiver<String>) {
 fn a_worker_killed_mid_run_makes_an_exit_when_done_ps_fail_naming_it() {
     let (mut ps, ps_err) = kill_a_worker_mid_run(&["--exit-when-done"]);
     let st = wait(&mut ps, Duration::from_secs(60));
-    let err: Vec<String> = ps_err.try_iter().collect();
+    let err: Vec<String> = rest_of(&ps_err, Duration::from_secs(10));
     let err = err.join("\n");
     assert_eq!(st.code(), Some(1), "{err}");
     assert!(
@@ -165,7 +165,7 @@ fn a_worker_killed_mid_run_keeps_a_serving_ps_from_exiting_0() {
     assert!(ps.try_wait().unwrap().is_none(), "the PS serves on");
     signal(&ps, "TERM");
     let st = wait(&mut ps, Duration::from_secs(60));
-    let err: Vec<String> = ps_err.try_iter().collect();
+    let err: Vec<String> = rest_of(&ps_err, Duration::from_secs(10));
     assert_eq!(st.code(), Some(1), "{}", err.join("\n"));
     assert!(
         err.iter()
@@ -258,7 +258,7 @@ fn a_sync_survivor_fails_naming_a_killed_worker() {
     let w0_err = lines(&mut w0);
     let st = wait(&mut w0, Duration::from_secs(30));
     let took = killed.elapsed();
-    let err: Vec<String> = w0_err.try_iter().collect();
+    let err: Vec<String> = rest_of(&w0_err, Duration::from_secs(10));
     let err = err.join("\n");
     assert_eq!(st.code(), Some(1), "{err}");
     assert!(err.contains("worker 1 died unfinished"), "{err}");
@@ -400,7 +400,7 @@ fn killed_run(dir: &Path, sync: bool, kill: Kill) -> (Vec<serde_json::Value>, Op
         .collect();
     let all_err: Vec<Vec<String>> = worker_err
         .iter()
-        .map(|rx| rx.try_iter().collect())
+        .map(|rx| rest_of(rx, Duration::from_secs(10)))
         .collect();
     let reports = outs
         .iter()

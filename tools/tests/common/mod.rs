@@ -95,6 +95,23 @@ pub fn stderr_lines(child: &mut Child) -> mpsc::Receiver<String> {
     rx
 }
 
+/// The lines still to come from the stderr of a child that has exited:
+/// read to the pipe's end, at most `limit`. (The reading thread may not
+/// have passed on the last lines when the child's exit is seen, so a
+/// `try_iter` then can miss them.)
+pub fn rest_of(rx: &mpsc::Receiver<String>, limit: Duration) -> Vec<String> {
+    let deadline = Instant::now() + limit;
+    let mut out = Vec::new();
+    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+        match rx.recv_timeout(left) {
+            Ok(l) => out.push(l),
+            // The pipe's end, or the limit.
+            Err(_) => break,
+        }
+    }
+    out
+}
+
 /// Waits for a line containing `what`, at most `limit`; the lines seen.
 pub fn wait_for(rx: &mpsc::Receiver<String>, what: &str, limit: Duration) -> Vec<String> {
     let deadline = Instant::now() + limit;

@@ -8,11 +8,11 @@
 //! knows (its global step), not which steps they were. The tasks are the
 //! workers' steps in round-robin order: with one step a turn, step `s` of
 //! worker `w` of `W` is the `s W + w`-th, and its pull waits until the
-//! shards have applied `s W + w - N` steps. So at most `N + 1` steps are between their pull and
-//! their push at any time, and a gradient is computed on values about `N`
-//! steps old instead of about `W`: the drift of the dense weights and of
-//! the other rows of an example, which DC-ASGD's per-coordinate term does
-//! not see, stays small.
+//! shards have applied `s W + w - N` steps. So at most `N + 1` steps are
+//! between their pull and their push at any time, and a gradient is
+//! computed on values about `N` steps old instead of about `W`: the drift
+//! of the dense weights and of the other rows of an example, which
+//! DC-ASGD's per-coordinate term does not see, stays small.
 //!
 //! A worker may take its turns `K` at a time (`--turn-steps K`): the order
 //! is then round-robin over blocks of `K` consecutive steps of a worker,

@@ -168,8 +168,12 @@ pub fn training_flags(cfg: &TrainConfig) -> String {
         );
     }
     // Every worker places every step of the bounded order: a worker with
-    // other steps in a row would wait for steps that never come.
-    if let Some(k) = super::delay::applied_turn_steps(cfg) {
+    // other steps in a row would wait for steps that never come. Given to
+    // some tasks and not others, it differs from the PS's for some worker.
+    if let Some(k) = cfg
+        .turn_steps
+        .filter(|_| super::delay::applied_turn_steps(cfg).is_some())
+    {
         put("turn-steps", &k);
     }
     put("placement", &format!("{:?}", cfg.assignment));
@@ -228,6 +232,11 @@ mod tests {
         };
         let d = starwire_transport::auth::flags_differ(
             &training_flags(&bounded(None)),
+            &training_flags(&bounded(Some(3))),
+        );
+        assert_eq!(d, ["--turn-steps (unset here, 3 at the peer)"]);
+        let d = starwire_transport::auth::flags_differ(
+            &training_flags(&bounded(Some(1))),
             &training_flags(&bounded(Some(3))),
         );
         assert_eq!(d, ["--turn-steps (1 here, 3 at the peer)"]);

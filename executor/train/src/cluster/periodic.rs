@@ -104,7 +104,8 @@ pub(super) fn check(cfg: &TrainConfig) -> Result<(), TrainError> {
     // and waits for global step `C`: the steps before `C` in the bounded
     // order must be those steps, which holds for one step a turn only.
     let during_run = cfg.checkpoint_every_steps.is_some() || cfg.checkpoint_every_secs.is_some();
-    if let Some(k) = cfg.turn_steps.filter(|&k| k > 1 && during_run && !cfg.sync) {
+    let applied = super::delay::applied_turn_steps(cfg);
+    if let Some(k) = applied.filter(|&k| k > 1 && during_run) {
         return Err(TrainError::Config(format!(
             "--turn-steps {k}: checkpoints during an asynchronous run stop every worker at the \
              same step, which needs one step a turn (--turn-steps 1)"
@@ -287,6 +288,7 @@ mod tests {
         let run = |turn_steps, sync| TrainConfig {
             sync,
             workers: 2,
+            train_examples: 10_000,
             bounded_delay: (!sync).then_some(4),
             turn_steps,
             checkpoint_dir: Some("/tmp/x".into()),
