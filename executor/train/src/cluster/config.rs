@@ -118,8 +118,8 @@ pub struct TrainConfig {
     pub bounded_delay: Option<u64>,
     /// Steps each worker takes in a row in the bounded order
     /// (`--turn-steps`; `None`: 1, which the local cluster replaces with
-    /// [`default_turn_steps`](super::default_turn_steps)). Every worker of
-    /// a cluster must have the same.
+    /// [`default_turn_steps`](super::default_turn_steps)). Every task of a
+    /// cluster must have the same (the handshake compares it when given).
     pub turn_steps: Option<u64>,
     /// Seed of the data, the initial values and annealing.
     pub seed: u64,

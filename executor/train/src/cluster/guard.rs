@@ -224,7 +224,7 @@ mod tests {
         let d = starwire_transport::auth::flags_differ(&training_flags(&a), &training_flags(&b));
         assert_eq!(d, ["--embedding-dim (8 here, 64 at the peer)"]);
         assert!(training_flags(&a).len() < starwire_wire::message::MAX_CONFIG_LEN);
-        // Under a bound, the steps in a row (1 unless given).
+        // Under a bound, the steps in a row when given.
         let bounded = |turn_steps| TrainConfig {
             bounded_delay: Some(4),
             turn_steps,
