@@ -201,6 +201,14 @@ pub struct TrainConfig {
     pub reserve_at_start: bool,
 }
 
+impl TrainConfig {
+    /// Checkpoints are taken during the run (`--checkpoint-every-steps` or
+    /// `--checkpoint-every-secs`), not only at its end.
+    pub fn checkpoints_during_run(&self) -> bool {
+        self.checkpoint_every_steps.is_some() || self.checkpoint_every_secs.is_some()
+    }
+}
+
 impl Default for TrainConfig {
     fn default() -> Self {
         Self {

@@ -80,8 +80,11 @@ pub fn run_local(cfg: &TrainConfig) -> Result<TrainReport, TrainError> {
     );
     // Steps in a row where the workers outnumber the CPUs, unless
     // checkpoints during the run need one step a turn.
-    let during_run = cfg.checkpoint_every_steps.is_some() || cfg.checkpoint_every_secs.is_some();
-    if let (None, Some(d), false) = (cfg.turn_steps, cfg.bounded_delay, during_run) {
+    if let (None, Some(d), false) = (
+        cfg.turn_steps,
+        cfg.bounded_delay,
+        cfg.checkpoints_during_run(),
+    ) {
         cfg.turn_steps = Some(default_turn_steps(cfg.workers, d));
     }
     cfg.guard
@@ -404,7 +407,7 @@ fn ps_manifest(
     dir: &std::path::Path,
     end: &PsEnd,
 ) -> Result<(), TrainError> {
-    if cfg.checkpoint_every_steps.is_some() || cfg.checkpoint_every_secs.is_some() {
+    if cfg.checkpoints_during_run() {
         // The manifest names the latest checkpoint taken during the run,
         // whose worker positions match its files; this one has none.
         tracing::info!(

@@ -103,9 +103,8 @@ pub(super) fn check(cfg: &TrainConfig) -> Result<(), TrainError> {
     // An asynchronous checkpoint stops every worker after its step `C / W`
     // and waits for global step `C`: the steps before `C` in the bounded
     // order must be those steps, which holds for one step a turn only.
-    let during_run = cfg.checkpoint_every_steps.is_some() || cfg.checkpoint_every_secs.is_some();
     let applied = super::delay::applied_turn_steps(cfg);
-    if let Some(k) = applied.filter(|&k| k > 1 && during_run) {
+    if let Some(k) = applied.filter(|&k| k > 1 && cfg.checkpoints_during_run()) {
         return Err(TrainError::Config(format!(
             "--turn-steps {k}: checkpoints during an asynchronous run stop every worker at the \
              same step, which needs one step a turn (--turn-steps 1)"

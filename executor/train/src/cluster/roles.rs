@@ -669,7 +669,7 @@ pub fn worker_loop(
     let epoch_cap = sync_epoch_steps(cfg)?;
     // Asynchronously a checkpoint step stops every worker at a barrier, so
     // only the steps every worker reaches are checkpoint steps.
-    let during_run = cfg.checkpoint_every_steps.is_some() || cfg.checkpoint_every_secs.is_some();
+    let during_run = cfg.checkpoints_during_run();
     let async_cut = match (cfg.sync, during_run) {
         (true, _) => u64::MAX,
         (false, true) => last_common_step(cfg)?.unwrap_or(0),
