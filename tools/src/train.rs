@@ -944,8 +944,14 @@ pub fn reference_main(a: ReferenceArgs) -> Result<(), String> {
         ..SyntheticSpec::default()
     };
     let truth = std::sync::Arc::new(TrueModel::new(spec).map_err(|e| e.to_string())?);
-    let mut r = Reader::train(&a.train, &truth, a.train_examples, 0, 1, false)
-        .map_err(|e| e.to_string())?;
+    let mut r = Reader::train(
+        &a.train,
+        &truth,
+        a.train_examples,
+        Default::default(),
+        false,
+    )
+    .map_err(|e| e.to_string())?;
     let mut b = Batch::with_capacity(a.batch_size);
     let t0 = std::time::Instant::now();
     let mut samples = 0u64;

@@ -12,12 +12,13 @@
 //!   (`-ln(1 - x)` when negative, [`transform_count`]), categorical strings
 //!   hashed by [`feature_hash`] with their field index (`C1` = 0). Bad lines
 //!   are typed errors or skipped and counted; `W` workers split a file by
-//!   line index modulo `W`. See [`criteo`].
+//!   line index, a block of lines at a time ([`Deal`]). See [`criteo`].
 //! * [`Synthetic`]: the default training data set: Zipf-distributed ids
 //!   (exponent 1.1 over 10^5 ids per field) rendered as 8-hex-digit strings,
 //!   log-normal counts, labels from a logistic model whose weights are known
 //!   ([`TrueModel`]), bias calibrated to a 25% click rate. Deterministic per
-//!   seed and per example index, splittable across workers, writable as a
+//!   seed and per example index, dealt to workers a block of indices at a
+//!   time ([`Deal`]), writable as a
 //!   Criteo file that reads back to the same batches. See [`synthetic`].
 //! * [`auc`], [`logloss`]: exact, tie-aware AUC and clipped log loss.
 //! * [`BatchSource`]: the reader and the generator behind one trait.
@@ -31,6 +32,7 @@
 pub mod batch;
 pub mod converged;
 pub mod criteo;
+pub mod deal;
 pub mod files;
 pub mod hash;
 pub mod metrics;
@@ -43,6 +45,7 @@ pub use converged::{ConvergedError, ConvergedLr, ConvergedOptions, ConvergedRepo
 pub use criteo::{
     BadLineReason, CriteoReader, DataError, ReaderCounters, ReaderOptions, CRITEO_COLUMNS,
 };
+pub use deal::Deal;
 pub use files::CriteoFiles;
 pub use hash::{feature_hash, MISSING_KEY};
 pub use metrics::{auc, logloss};

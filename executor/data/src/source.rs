@@ -59,7 +59,9 @@ mod tests {
             examples_per_epoch: 300,
             ..Default::default()
         };
-        let generator = Synthetic::train(spec).unwrap().split(1, 2).unwrap();
+        let generator = Synthetic::train(spec)
+            .unwrap()
+            .split(crate::Deal::new(1, 2, 10).unwrap());
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("share.tsv");
         assert_eq!(generator.write_criteo(&path).unwrap(), 150);

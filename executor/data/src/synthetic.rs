@@ -44,8 +44,9 @@
 //! # Streams and splitting
 //! Example `i` of a stream (train, eval) is drawn from its own generator
 //! seeded with `xxh3(stream, i; seed)`, so it is the same whoever draws it:
-//! worker `w` of `W` takes the indices `i % W == w` of each epoch, and every
-//! epoch repeats the same examples (like re-reading a file). Train and eval
+//! worker `w` of `W` takes its [`Deal`] of each epoch's indices (blocks of
+//! consecutive indices, block `j` to worker `j % W`), and every epoch
+//! repeats the same examples (like re-reading a file). Train and eval
 //! share the true weights but use different streams.
 
 use std::fs::File;
@@ -61,6 +62,7 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use crate::batch::{transform_count, Batch, NUM_CATEGORICAL, NUM_NUMERIC};
 use crate::criteo::DataError;
+use crate::deal::Deal;
 use crate::hash::{feature_hash, MISSING_KEY};
 use crate::metrics::auc;
 
@@ -564,8 +566,7 @@ pub struct Synthetic {
     model: Arc<TrueModel>,
     stream: Stream,
     examples: u64,
-    worker: u64,
-    workers: u64,
+    deal: Deal,
     next: u64,
 }
 
@@ -588,8 +589,7 @@ impl Synthetic {
             model,
             stream,
             examples,
-            worker: 0,
-            workers: 1,
+            deal: Deal::default(),
             next: 0,
         }
     }
@@ -600,16 +600,12 @@ impl Synthetic {
         Self::new(self.model.clone(), Stream::Eval, n)
     }
 
-    /// Keep only worker `worker`'s share of `workers`: the example indices
-    /// `i` with `i % workers == worker`. Rewinds.
-    pub fn split(mut self, worker: usize, workers: usize) -> Result<Self, DataError> {
-        if workers == 0 || worker >= workers {
-            return Err(DataError::Options("worker must be below workers"));
-        }
-        self.worker = worker as u64;
-        self.workers = workers as u64;
-        self.next = self.worker;
-        Ok(self)
+    /// Keep only one worker's share: the example indices `deal` gives it.
+    /// Rewinds.
+    pub fn split(mut self, deal: Deal) -> Self {
+        self.deal = deal;
+        self.next = deal.first();
+        self
     }
 
     /// The true model.
@@ -624,16 +620,12 @@ impl Synthetic {
 
     /// Number of examples per epoch of this worker's share.
     pub fn share_len(&self) -> u64 {
-        if self.examples <= self.worker {
-            0
-        } else {
-            (self.examples - self.worker).div_ceil(self.workers)
-        }
+        self.deal.share(self.examples)
     }
 
     /// Start the epoch again (the same examples come back).
     pub fn rewind(&mut self) {
-        self.next = self.worker;
+        self.next = self.deal.first();
     }
 
     /// Clear `batch` and fill it with up to `max` examples of this share.
@@ -646,7 +638,7 @@ impl Synthetic {
             self.model
                 .draw_transformed(self.stream, self.next, &mut raw, &mut numeric);
             self.model.push_transformed(&raw, &numeric, batch);
-            self.next += self.workers;
+            self.next = self.deal.next(self.next);
         }
         batch.len
     }
@@ -670,13 +662,13 @@ impl Synthetic {
         let mut raw = RawExample::default();
         let mut line = Vec::with_capacity(512);
         let mut written = 0;
-        let mut i = self.worker;
+        let mut i = self.deal.first();
         while i < self.examples {
             self.model.draw(self.stream, i, &mut raw);
             format_line(&raw, &mut line);
             out.write_all(&line)?;
             written += 1;
-            i += self.workers;
+            i = self.deal.next(i);
         }
         out.flush()?;
         Ok(written)
@@ -859,24 +851,32 @@ mod tests {
         let whole = Synthetic::train(small_spec(1001)).unwrap();
         let all = whole.clone().collect_epoch();
         let mut total = 0;
+        // Dealt 7 at a time: 143 blocks, the last one whole; worker 0
+        // takes blocks 0, 3, .., 141.
         for w in 0..3 {
-            let mut g = whole.clone().split(w, 3).unwrap();
-            assert_eq!(g.share_len(), if w < 2 { 334 } else { 333 });
+            let deal = Deal::new(w, 3, 7).unwrap();
+            let mut g = whole.clone().split(deal);
+            assert_eq!(g.share_len(), if w < 2 { 336 } else { 329 });
             let mut b = Batch::default();
-            let mut i = w;
-            while g.next_batch(100, &mut b) > 0 {
+            let mut i = deal.first() as usize;
+            let mut taken = 0;
+            // Batches of 7 read whole blocks.
+            while g.next_batch(7, &mut b) > 0 {
+                assert_eq!(b.len, 7);
                 for r in 0..b.len {
                     assert_eq!(b.key_row(r), all.key_row(i));
                     assert_eq!(b.numeric_row(r), all.numeric_row(i));
                     assert_eq!(b.labels[r], all.labels[i]);
-                    i += 3;
-                    total += 1;
+                    i = deal.next(i as u64) as usize;
+                    taken += 1;
                 }
             }
+            assert_eq!(taken, g.share_len());
+            total += taken;
+            g.rewind();
+            assert_eq!(g.collect_epoch().key_row(0), all.key_row(7 * w));
         }
         assert_eq!(total, 1001);
-        assert!(whole.clone().split(3, 3).is_err());
-        assert!(whole.split(0, 0).is_err());
     }
 
     #[test]

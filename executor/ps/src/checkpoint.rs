@@ -537,6 +537,15 @@ pub struct WorkerProgress {
     /// over every epoch (0 in manifests written before it was recorded).
     #[serde(default)]
     pub examples: u64,
+    /// Examples (or lines) dealt to a worker at a time when `offset` was
+    /// taken: the share `offset` counts into (1 in manifests written
+    /// before shares were dealt in blocks).
+    #[serde(default = "one")]
+    pub deal_block: u64,
+}
+
+fn one() -> u64 {
+    1
 }
 
 /// Description of a whole checkpoint (all shards), written last as

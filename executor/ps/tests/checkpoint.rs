@@ -237,6 +237,7 @@ fn atomic_write_and_manifest() {
             offset: 4096,
             steps: 20,
             examples: 86_016,
+            deal_block: 4096,
         }],
         shard_steps: vec![s.global_step()],
     };
@@ -254,6 +255,14 @@ fn atomic_write_and_manifest() {
     old.as_object_mut().unwrap().remove("shard_steps");
     let back = Manifest::from_json(&old.to_string()).unwrap();
     assert!(back.shard_steps.is_empty());
+    // A position without its dealing block was dealt one at a time.
+    let mut old = serde_json::to_value(&m).unwrap();
+    old["workers"][0]
+        .as_object_mut()
+        .unwrap()
+        .remove("deal_block");
+    let back = Manifest::from_json(&old.to_string()).unwrap();
+    assert_eq!(back.workers[0].deal_block, 1);
     let mut bad = m.clone();
     bad.shard_steps = vec![1, 2];
     assert!(matches!(

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use starwire_data::criteo::ReaderOptions;
-use starwire_data::{Batch, CriteoFiles, DataError, Synthetic, TrueModel};
+use starwire_data::{Batch, CriteoFiles, DataError, Deal, Synthetic, TrueModel};
 
 /// Where examples come from (`--train` / `--eval`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,26 +56,25 @@ pub enum Reader {
 }
 
 impl Reader {
-    /// Worker `worker` of `workers`'s share of the training data.
+    /// One worker's share of the training data, as `deal` deals it.
     pub fn train(
         src: &DataSource,
         model: &Arc<TrueModel>,
         examples: u64,
-        worker: usize,
-        workers: usize,
+        deal: Deal,
         skip_bad_lines: bool,
     ) -> Result<Self, DataError> {
         Ok(match src {
             DataSource::Synthetic => Reader::Synthetic(
-                Synthetic::new(model.clone(), starwire_data::Stream::Train, examples)
-                    .split(worker, workers)?,
+                Synthetic::new(model.clone(), starwire_data::Stream::Train, examples).split(deal),
             ),
             DataSource::Criteo(p) => Reader::Criteo(CriteoFiles::open(
                 p,
                 ReaderOptions {
                     skip_bad_lines,
-                    worker,
-                    workers,
+                    worker: deal.worker(),
+                    workers: deal.workers(),
+                    block: deal.block(),
                     ..ReaderOptions::default()
                 },
             )?),
@@ -108,20 +107,20 @@ impl Reader {
 
     /// Up to `max` examples into `batch`; 0 at the end of the epoch. A
     /// file's errors name the file.
-    /// Examples in worker `worker`'s share of one epoch of the Criteo
+    /// Examples in one worker's share (`deal`) of one epoch of the Criteo
     /// files at `path`, counted by reading the share.
     pub fn count_share(
         path: &std::path::Path,
-        worker: usize,
-        workers: usize,
+        deal: Deal,
         skip_bad_lines: bool,
     ) -> Result<u64, DataError> {
         let mut r = CriteoFiles::open(
             path,
             ReaderOptions {
                 skip_bad_lines,
-                worker,
-                workers,
+                worker: deal.worker(),
+                workers: deal.workers(),
+                block: deal.block(),
                 ..ReaderOptions::default()
             },
         )?;
@@ -420,7 +419,14 @@ mod tests {
 
     fn reader(examples: u64) -> Reader {
         let model = Arc::new(TrueModel::new(SyntheticSpec::default()).unwrap());
-        Reader::train(&DataSource::Synthetic, &model, examples, 0, 1, false).unwrap()
+        Reader::train(
+            &DataSource::Synthetic,
+            &model,
+            examples,
+            Deal::default(),
+            false,
+        )
+        .unwrap()
     }
 
     /// Every batch `b` yields until the epoch's end, with `cut` batches
@@ -473,8 +479,7 @@ mod tests {
             &DataSource::Criteo(path),
             &Arc::new(TrueModel::new(SyntheticSpec::default()).unwrap()),
             0,
-            0,
-            1,
+            Deal::default(),
             false,
         )
         .unwrap();

@@ -793,6 +793,20 @@ fn checkpoints_during_an_async_run_record_every_worker_and_resume() {
         (second.examples_trained, second.examples_planned),
         (16_384, Some(16_384))
     );
+    // Positions count into shares dealt a batch at a time: another batch
+    // size deals other shares, and resuming with it is refused.
+    let m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&mpath).unwrap()).unwrap();
+    assert_eq!(m["workers"][0]["deal_block"], 256);
+    let other = TrainConfig {
+        batch_size: 128,
+        ..cfg.clone()
+    };
+    let e = run_local(&other).unwrap_err().to_string();
+    assert!(
+        e.contains("dealt 256 example(s) at a time, and this run deals 128"),
+        "{e}"
+    );
 }
 
 /// Asynchronous checkpoints during the run on a Criteo file: every worker
@@ -809,7 +823,9 @@ fn checkpoints_during_an_async_run_on_a_criteo_file_record_positions_and_resume(
         examples_per_epoch: 16_000,
         ..Default::default()
     };
-    // Two shares of 8 000 lines: 31 full batches of 256 and one of 64.
+    // Dealt 256 lines at a time: 62 blocks and 128 lines. Worker 0 takes
+    // 31 blocks and the last 128 lines (32 steps, the last partial),
+    // worker 1 31 blocks (31 steps).
     starwire_data::write_criteo(&train, 16_000, spec).unwrap();
     let ckpt = d.join("ckpt");
     let cfg = TrainConfig {
@@ -820,14 +836,15 @@ fn checkpoints_during_an_async_run_on_a_criteo_file_record_positions_and_resume(
         ..small()
     };
     let first = run_local(&cfg).unwrap();
-    assert_eq!((first.steps, first.examples_trained), (64, 16_000));
+    assert_eq!((first.steps, first.examples_trained), (63, 16_000));
     let steps = ckpt.join("steps");
     let mut kept: Vec<String> = std::fs::read_dir(&steps)
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
         .collect();
     kept.sort();
-    assert_eq!(kept, ["48", "64"]);
+    // Every 16 steps of each worker, up to the 31 both take.
+    assert_eq!(kept, ["32", "48"]);
     let at48: Vec<serde_json::Value> = (0..2)
         .map(|w| {
             serde_json::from_slice(
@@ -844,7 +861,7 @@ fn checkpoints_during_an_async_run_on_a_criteo_file_record_positions_and_resume(
         );
     }
     // Resume from the checkpoint at 48: each worker reads past its 6 144
-    // lines and trains its last 8 steps (1 856 lines).
+    // lines and trains its steps left, 8 (1 920 lines) and 7 (1 792).
     let mpath = ckpt.join("manifest.json");
     let mut m: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&mpath).unwrap()).unwrap();
@@ -855,7 +872,7 @@ fn checkpoints_during_an_async_run_on_a_criteo_file_record_positions_and_resume(
     std::fs::write(&mpath, m.to_string()).unwrap();
     let second = run_local(&cfg).unwrap();
     assert_eq!(second.resumed_from_step, Some(48));
-    assert_eq!((second.steps, second.samples), (16, 2 * 1_856));
+    assert_eq!((second.steps, second.samples), (15, 1_920 + 1_792));
     assert_eq!(second.examples_trained, 16_000);
 }
 

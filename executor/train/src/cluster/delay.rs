@@ -25,13 +25,15 @@
 //! during the run stops every worker after the same step, which blocks
 //! would not reach together: `periodic::check` refuses `K > 1` with one.
 //!
+//! A worker with a larger share (a block more of the data an epoch) has
+//! steps in rounds where others have none: the order skips the workers
+//! with no steps left.
+//!
 //! It cannot deadlock: the first step of the order that has not been pushed
 //! has every earlier one pushed, so the shards' global step has reached its
-//! turn. That needs every earlier step to exist, so the bound holds only
-//! for the steps every worker takes (with a share of the data known up
-//! front: not for Criteo files, whose shares are known only by reading
-//! them); the steps past them, of the workers with a larger share (one per
-//! epoch at most), run free.
+//! turn. That needs every earlier step to exist, so the bound applies only
+//! where every worker's steps are known up front: not to Criteo files,
+//! whose shares are known only by reading them.
 
 use super::shares;
 use super::TrainConfig;
@@ -83,13 +85,12 @@ fn turn_steps_for(local_workers: usize, cpus: usize, delay: u64) -> u64 {
 }
 
 /// The turns of one worker: the global step each of its steps waits for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Turns {
     delay: u64,
-    workers: u64,
-    worker: u64,
-    /// Steps every worker takes; later steps do not wait.
-    common: u64,
+    worker: usize,
+    /// Every worker's steps, by worker.
+    steps: Vec<u64>,
     /// Steps a worker takes in a row (`--turn-steps`).
     block: u64,
 }
@@ -101,28 +102,32 @@ impl Turns {
         let delay = cfg.bounded_delay.filter(|_| !cfg.sync)?;
         Some(Self {
             delay,
-            workers: cfg.workers as u64,
-            worker: w as u64,
-            common: shares::known_common_steps(cfg)?,
+            worker: w,
+            steps: shares::known_steps(cfg)?,
             block: cfg.turn_steps.unwrap_or(1).max(1),
         })
     }
 
     /// The global step the shards must reach before this worker pulls for
     /// its step `step` (counted from 0 over every epoch); none for a step
-    /// past those every worker takes.
+    /// past the worker's planned ones.
     pub fn turn(&self, step: u64) -> Option<u64> {
-        (step < self.common).then(|| self.place(step).saturating_sub(self.delay))
+        let planned = self.steps.get(self.worker).copied().unwrap_or(0);
+        (step < planned).then(|| self.place(step).saturating_sub(self.delay))
     }
 
-    /// The place of this worker's step `step` (below `common`) in the
-    /// order: block `b` of every worker's steps `b K..(b + 1) K` follows
-    /// the blocks before it, worker after worker; the last block is
-    /// shorter when `K` does not divide `common`.
+    /// The place of this worker's step `step` in the order: round `r`
+    /// holds every worker's steps `r K..(r + 1) K` that it has, worker
+    /// after worker, after the rounds before it.
     fn place(&self, step: u64) -> u64 {
-        let b = step / self.block;
-        let len = self.block.min(self.common - b * self.block);
-        b * self.block * self.workers + self.worker * len + (step - b * self.block)
+        let k = self.block;
+        let (start, end) = ((step / k) * k, (step / k + 1) * k);
+        let before: u64 = self.steps.iter().map(|&s| s.min(start)).sum();
+        let this_round: u64 = self.steps[..self.worker]
+            .iter()
+            .map(|&s| s.min(end) - s.min(start))
+            .sum();
+        before + this_round + (step - start)
     }
 }
 
@@ -136,7 +141,7 @@ mod tests {
             workers,
             sync,
             bounded_delay: delay,
-            train_examples: 10_000,
+            train_examples: 10_400,
             batch_size: 100,
             epochs: 2,
             ..TrainConfig::default()
@@ -156,7 +161,7 @@ mod tests {
 
     #[test]
     fn turns_follow_round_robin_order_minus_the_delay() {
-        // 10 000 examples over 8 workers: 1250 each, 13 steps an epoch.
+        // 10 400 examples over 8 workers: 1300 each, 13 steps an epoch.
         let t = Turns::new(&cfg(8, false, Some(3)), 5).unwrap();
         assert_eq!(t.turn(0), Some(2));
         assert_eq!(t.turn(1), Some(10));
@@ -168,7 +173,7 @@ mod tests {
 
     #[test]
     fn steps_in_a_row_keep_the_order_a_permutation() {
-        // 10 000 examples over 8 workers, 2 epochs: 26 steps each. Every K,
+        // 10 400 examples over 8 workers, 2 epochs: 26 steps each. Every K,
         // a divisor of 26 or not, places the 208 steps at 0..208 once
         // each, each worker's in its own order; so the first step not
         // pushed has every earlier place pushed and cannot wait forever.
@@ -228,16 +233,51 @@ mod tests {
     }
 
     #[test]
-    fn uneven_shares_bound_only_the_steps_all_workers_take() {
-        // 1001 examples over 2 workers at 100 a step: 501 (6 steps) and
-        // 500 (5 steps) an epoch, one epoch.
+    fn uneven_shares_are_all_in_the_order() {
+        // 1001 examples over 2 workers, dealt 100 at a time: blocks 0-9
+        // alternate, worker 0 also takes the last example. Worker 0 has 6
+        // steps an epoch (the last of one example), worker 1 has 5; over
+        // two epochs, 12 and 10, so worker 0's steps 5 and 11 (its
+        // epochs' last) are the rounds worker 1 has no step in.
         let c = TrainConfig {
             train_examples: 1001,
-            epochs: 1,
             ..cfg(2, false, Some(0))
         };
-        let t = Turns::new(&c, 0).unwrap();
-        assert_eq!(t.turn(4), Some(8));
-        assert_eq!(t.turn(5), None);
+        let t0 = Turns::new(&c, 0).unwrap();
+        let t1 = Turns::new(&c, 1).unwrap();
+        assert_eq!(t0.steps, vec![12, 10]);
+        let order: Vec<(usize, u64)> = {
+            let mut v: Vec<(u64, usize, u64)> = (0..12)
+                .map(|s| (t0.turn(s).unwrap(), 0, s))
+                .chain((0..10).map(|s| (t1.turn(s).unwrap(), 1, s)))
+                .collect();
+            v.sort();
+            assert!(v.iter().enumerate().all(|(i, &(p, ..))| p == i as u64));
+            v.into_iter().map(|(_, w, s)| (w, s)).collect()
+        };
+        assert_eq!(
+            &order[8..14],
+            &[(0, 4), (1, 4), (0, 5), (1, 5), (0, 6), (1, 6)]
+        );
+        assert_eq!(order[20..], [(0, 10), (0, 11)]);
+        assert_eq!((t0.turn(12), t1.turn(10)), (None, None));
+        // In blocks of K the 22 steps are still a permutation, each
+        // worker's in its own order.
+        for k in [2, 3, 5, 11, 30] {
+            let c = TrainConfig {
+                turn_steps: Some(k),
+                ..c.clone()
+            };
+            let mut seen = [false; 22];
+            for (w, n) in [(0, 12), (1, 10)] {
+                let t = Turns::new(&c, w).unwrap();
+                let places: Vec<u64> = (0..n).map(|s| t.place(s)).collect();
+                assert!(places.windows(2).all(|p| p[0] < p[1]), "K {k}: {places:?}");
+                for p in places {
+                    assert!(!std::mem::replace(&mut seen[p as usize], true), "K {k}");
+                }
+            }
+            assert!(seen.iter().all(|&s| s), "K {k}");
+        }
     }
 }

@@ -190,6 +190,7 @@ mod tests {
             offset: steps * 10,
             steps,
             examples: steps * 10,
+            deal_block: 10,
         }
     }
 

@@ -45,7 +45,7 @@ use std::path::{Path, PathBuf};
 use starwire_ps::WorkerProgress;
 
 use super::roles::{read_manifest, write_manifest};
-use super::shares::examples_after;
+use super::shares::{deal_block, examples_after};
 use super::{Plan, TrainConfig};
 use crate::handler::shard_file;
 use crate::net::Exchange;
@@ -222,6 +222,7 @@ pub(super) fn sync_progress(
             // A share not known without reading it (Criteo) counts every
             // batch as full.
             examples: examples_after(cfg, worker as usize, k, epoch_steps).unwrap_or(k * b),
+            deal_block: deal_block(cfg) as u64,
         })
         .collect()
 }

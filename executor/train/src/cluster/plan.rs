@@ -153,7 +153,13 @@ pub fn plan(cfg: &TrainConfig) -> Result<Plan, TrainError> {
     let truth = Arc::new(TrueModel::new(synthetic_spec(cfg))?);
 
     // Key counts per variable from a sample of the training data.
-    let mut reader = Reader::train(&cfg.train, &truth, cfg.train_examples, 0, 1, true)?;
+    let mut reader = Reader::train(
+        &cfg.train,
+        &truth,
+        cfg.train_examples,
+        Default::default(),
+        true,
+    )?;
     let mut batch = Batch::with_capacity(ASSIGNMENT_SAMPLE);
     let n = reader.next_batch(ASSIGNMENT_SAMPLE, &mut batch)?;
     let nf = model.spec().num_fields;

@@ -18,7 +18,7 @@ use starwire_transport::{ConnConfig, Driver, Endpoint, PeerInfo, TaskRole};
 use super::config::shard_config;
 use super::periodic;
 use super::reactors::{PinnedThread, ReactorLayout};
-use super::shares::{examples_planned, last_common_step, step_cap, sync_epoch_steps};
+use super::shares::{self, examples_planned, last_common_step, step_cap, sync_epoch_steps};
 use super::{model_name, protocol_name, BackendKind, Interval, Plan, TrainConfig};
 use crate::backend::{Backend, Tcp};
 use crate::deltas::DeltaExport;
@@ -635,6 +635,24 @@ pub struct ResumeFrom<'a> {
 /// they keep the process's CPUs), its graph run and its requests written
 /// in buffers from `pool` when given (the workers of one process share
 /// them).
+/// The run's start barrier, passed once: by [`StartBarrier::pass`], or
+/// when dropped on an early return.
+struct StartBarrier<'a>(Option<&'a Barrier>);
+
+impl StartBarrier<'_> {
+    fn pass(&mut self) {
+        if let Some(b) = self.0.take() {
+            b.wait();
+        }
+    }
+}
+
+impl Drop for StartBarrier<'_> {
+    fn drop(&mut self) {
+        self.pass();
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 pub fn worker_loop(
     cfg: &TrainConfig,
@@ -647,6 +665,9 @@ pub fn worker_loop(
     eval_batches: Option<&[Batch]>,
     cpu: Option<usize>,
 ) -> Result<WorkerOutcome, TrainError> {
+    // The other workers wait at the barrier for this one, failed or not:
+    // an error before the start passes it too, as the guard drops.
+    let mut start = StartBarrier(start);
     let part = partition(&plan.model, cfg.protocol);
     let mut core = WorkerCore::new(
         part,
@@ -657,12 +678,12 @@ pub fn worker_loop(
     if let Some(pool) = pool {
         core.share_buffers(pool.clone());
     }
+    let deal = shares::deal(cfg, w)?;
     let mut reader = Reader::train(
         &cfg.train,
         &plan.truth,
         cfg.train_examples,
-        w,
-        cfg.workers,
+        deal,
         cfg.skip_bad_lines,
     )?;
     let cap = step_cap(cfg, w);
@@ -685,6 +706,16 @@ pub fn worker_loop(
     // resumed position, then those of the steps the PS holds already.
     let mut resumed_examples = resume.map_or(0, |p| p.examples);
     if let Some(p) = resume {
+        // A position counts into the share it was taken in.
+        if p.deal_block != deal.block() as u64 {
+            return Err(TrainError::Config(format!(
+                "worker {w}'s checkpointed position counts into a share dealt {} example(s) at \
+                 a time, and this run deals {} (a batch, or an even share if smaller): resume \
+                 with the checkpoint's --batch-size and data, or start from an empty directory",
+                p.deal_block,
+                deal.block()
+            )));
+        }
         epoch = p.epoch;
         steps_done = p.steps;
         // Skip what this worker had consumed of the resumed epoch.
@@ -709,10 +740,7 @@ pub fn worker_loop(
             Prefetch::start(reader, cfg.batch_size, depth, name, cpu).map(Batches::Ahead)
         }
     };
-    // The other workers wait at the barrier for this one, failed or not.
-    if let Some(b) = start {
-        b.wait();
-    }
+    start.pass();
     let mut reader = batches.map_err(TrainError::Io)?;
     let _pinned = PinnedThread::pin(cpu)?;
     let cells = WorkerTelemetry::new(
@@ -791,6 +819,7 @@ pub fn worker_loop(
                     offset: offset + n as u64,
                     steps: steps_done + 1,
                     examples: resumed_examples + out.samples + n as u64,
+                    deal_block: deal.block() as u64,
                 };
                 periodic::write_progress(dir, c, &progress)?;
             }
@@ -813,6 +842,7 @@ pub fn worker_loop(
             // barrier when the turn has come.
             let turn = sync_turn.take().or_else(|| {
                 turns
+                    .as_ref()
                     .and_then(|t| t.turn(steps_done))
                     .filter(|&t| core.global_step() < t)
             });
@@ -910,6 +940,7 @@ pub fn worker_loop(
         offset,
         steps: steps_done,
         examples: out.examples_trained,
+        deal_block: deal.block() as u64,
     });
     Ok(out)
 }

@@ -4,6 +4,8 @@
 //! asynchronous run).
 
 use super::TrainConfig;
+use starwire_data::Deal;
+
 use crate::source::{DataSource, Reader};
 use crate::TrainError;
 
@@ -42,16 +44,41 @@ fn epoch_examples(cfg: &TrainConfig) -> Result<u64, TrainError> {
     }
 }
 
+/// Examples (or a file's lines) dealt to a worker at a time.
+///
+/// Asynchronously, a batch: every worker's share is then whole batches but
+/// for the block that ends the epoch, and the workers together take as
+/// many steps as one worker would ([`Deal`]). For the generator, whose
+/// epoch is known, at most an even share, so that every worker has
+/// examples when there are as many examples as workers.
+///
+/// With `--sync`, one: every worker takes the steps of the smallest share
+/// an epoch, which dealt one at a time is at most one example short of the
+/// largest, where a block more would be left out of the epoch.
+pub fn deal_block(cfg: &TrainConfig) -> usize {
+    let batch = cfg.batch_size.max(1);
+    if cfg.sync {
+        return 1;
+    }
+    match cfg.train {
+        DataSource::Synthetic => {
+            let even = cfg.train_examples / cfg.workers.max(1) as u64;
+            batch.min(usize::try_from(even).unwrap_or(usize::MAX).max(1))
+        }
+        DataSource::Criteo(_) => batch,
+    }
+}
+
+/// Worker `w`'s deal of the training data.
+pub fn deal(cfg: &TrainConfig, w: usize) -> Result<Deal, TrainError> {
+    Deal::new(w, cfg.workers, deal_block(cfg)).map_err(|e| TrainError::Config(e.to_string()))
+}
+
 /// Examples in worker `w`'s share of one epoch, when known without
-/// reading the data (the generator deals example `i` to worker
-/// `i % workers`).
+/// reading the data (the generator's, by its [`deal`]).
 pub(super) fn share_examples(cfg: &TrainConfig, w: usize) -> Option<u64> {
     match cfg.train {
-        DataSource::Synthetic => Some(
-            cfg.train_examples
-                .saturating_sub(w as u64)
-                .div_ceil(cfg.workers.max(1) as u64),
-        ),
+        DataSource::Synthetic => deal(cfg, w).ok().map(|d| d.share(cfg.train_examples)),
         DataSource::Criteo(_) => None,
     }
 }
@@ -96,13 +123,12 @@ fn steps_planned(cfg: &TrainConfig, w: usize, share: u64) -> u64 {
     step_cap(cfg, w).map_or(all, |c| c.min(all))
 }
 
-/// Steps every worker of an uninterrupted run takes, when every share is
-/// known without reading the data (none for Criteo files).
-pub(super) fn known_common_steps(cfg: &TrainConfig) -> Option<u64> {
+/// The steps each worker of an uninterrupted run takes, by worker, when
+/// every share is known without reading the data (none for Criteo files).
+pub(super) fn known_steps(cfg: &TrainConfig) -> Option<Vec<u64>> {
     (0..cfg.workers)
         .map(|w| share_examples(cfg, w).map(|n| steps_planned(cfg, w, n)))
-        .try_fold(u64::MAX, |m, s| s.map(|s| m.min(s)))
-        .filter(|&m| m != u64::MAX)
+        .collect()
 }
 
 /// Asynchronous checkpoints during the run stop every worker at the same
@@ -115,7 +141,7 @@ pub(super) fn last_common_step(cfg: &TrainConfig) -> Result<Option<u64>, TrainEr
         let share = match (&cfg.train, share_examples(cfg, w)) {
             (_, Some(n)) => n,
             (DataSource::Criteo(p), None) => {
-                Reader::count_share(p, w, cfg.workers, cfg.skip_bad_lines)?
+                Reader::count_share(p, deal(cfg, w)?, cfg.skip_bad_lines)?
             }
             (DataSource::Synthetic, None) => 0,
         };
@@ -139,7 +165,11 @@ pub(super) fn sync_epoch_steps(cfg: &TrainConfig) -> Result<Option<u64>, TrainEr
     if !cfg.sync {
         return Ok(None);
     }
-    let min_share = epoch_examples(cfg)? / cfg.workers as u64;
+    let n = epoch_examples(cfg)?;
+    let mut min_share = u64::MAX;
+    for w in 0..cfg.workers {
+        min_share = min_share.min(deal(cfg, w)?.share(n));
+    }
     if min_share == 0 {
         return Err(TrainError::Config(format!(
             "--sync with {} workers needs at least one example per worker",
