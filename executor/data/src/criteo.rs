@@ -16,7 +16,6 @@ use std::io::{self, BufRead, BufReader, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 use crate::batch::{transform_count, Batch, NUM_CATEGORICAL, NUM_NUMERIC};
-use crate::deal::Deal;
 use crate::hash::{feature_hash, MISSING_KEY};
 
 /// Number of tab-separated columns of a Criteo line.
@@ -108,21 +107,12 @@ pub struct ReaderOptions {
     /// Skip (and count) malformed lines instead of failing.
     pub skip_bad_lines: bool,
     /// This reader's share: it takes the lines whose 0-based index `i`
-    /// satisfies `(i / block) % workers == worker` (see [`Deal`]).
+    /// satisfies `i % workers == worker`.
     pub worker: usize,
     /// Number of readers splitting the file (at least 1).
     pub workers: usize,
-    /// Lines dealt to a reader at a time (at least 1).
-    pub block: usize,
     /// Longest accepted line in bytes, newline excluded.
     pub max_line_len: usize,
-}
-
-impl ReaderOptions {
-    /// The share these options take, checked.
-    pub fn deal(&self) -> Result<Deal, DataError> {
-        Deal::new(self.worker, self.workers, self.block)
-    }
 }
 
 impl Default for ReaderOptions {
@@ -131,7 +121,6 @@ impl Default for ReaderOptions {
             skip_bad_lines: false,
             worker: 0,
             workers: 1,
-            block: 1,
             max_line_len: 64 * 1024,
         }
     }
@@ -153,7 +142,6 @@ pub struct ReaderCounters {
 pub struct CriteoReader<R = BufReader<File>> {
     input: R,
     opts: ReaderOptions,
-    deal: Deal,
     line: Vec<u8>,
     counters: ReaderCounters,
 }
@@ -182,11 +170,15 @@ impl<R: BufRead + Seek> CriteoReader<R> {
 impl<R: BufRead> CriteoReader<R> {
     /// Read from any buffered input.
     pub fn new(input: R, opts: ReaderOptions) -> Result<Self, DataError> {
-        let deal = opts.deal()?;
+        if opts.workers == 0 {
+            return Err(DataError::Options("workers must be at least 1"));
+        }
+        if opts.worker >= opts.workers {
+            return Err(DataError::Options("worker must be below workers"));
+        }
         Ok(Self {
             input,
             opts,
-            deal,
             line: Vec::with_capacity(1024),
             counters: ReaderCounters::default(),
         })
@@ -204,7 +196,6 @@ impl<R: BufRead> CriteoReader<R> {
         let Self {
             input,
             opts,
-            deal,
             line,
             counters,
         } = self;
@@ -214,7 +205,7 @@ impl<R: BufRead> CriteoReader<R> {
                 break;
             }
             let index = counters.lines;
-            let mine = deal.owns(index);
+            let mine = index % opts.workers as u64 == opts.worker as u64;
             // Fast path: the whole line is in the reader's buffer and is
             // parsed in place. Otherwise it is gathered into `line`.
             let parsed = if let Some(p) = memchr::memchr(b'\n', buf) {
@@ -529,42 +520,6 @@ mod tests {
         );
         assert_eq!(r.next_batch(10, &mut b).unwrap(), 1);
         assert_eq!(r.counters().skipped, 1);
-    }
-
-    #[test]
-    fn workers_take_blocks_of_lines() {
-        // Line `i` has the numeric count `i`: its transformed value names it.
-        let text: String = (0..10)
-            .map(|i| {
-                let n = i.to_string();
-                let mut ints = [""; 13];
-                ints[0] = &n;
-                line("0", &ints, &[""; 26]) + "\n"
-            })
-            .collect();
-        // 5 blocks of 2 lines over 3 workers.
-        let want: [&[u64]; 3] = [&[0, 1, 6, 7], &[2, 3, 8, 9], &[4, 5]];
-        for (w, want) in want.iter().enumerate() {
-            let mut r = reader(
-                &text,
-                ReaderOptions {
-                    worker: w,
-                    workers: 3,
-                    block: 2,
-                    ..Default::default()
-                },
-            );
-            let mut b = Batch::default();
-            assert_eq!(r.next_batch(100, &mut b).unwrap(), want.len());
-            let got: Vec<f32> = (0..b.len).map(|e| b.numeric_row(e)[0]).collect();
-            let want: Vec<f32> = want.iter().map(|&i| transform_count(i as i64)).collect();
-            assert_eq!(got, want);
-        }
-        let zero_block = ReaderOptions {
-            block: 0,
-            ..Default::default()
-        };
-        assert!(CriteoReader::new(Cursor::new(Vec::new()), zero_block).is_err());
     }
 
     #[test]

@@ -1,9 +1,10 @@
-//! How an epoch's examples (the generator's indices, or a file's lines) are
-//! dealt to workers: in blocks of `block` consecutive indices, block `j`
-//! to worker `j % workers`, like `tf.data`'s `batch().shard()`.
+//! How an epoch of the generator's examples is dealt to workers: in blocks
+//! of `block` consecutive indices, block `j` to worker `j % workers`, like
+//! `tf.data`'s `batch().shard()`.
 //!
-//! The trainer deals a batch at a time: every worker's share is then whole
-//! batches but for the one block that ends the epoch, so `W` workers take
+//! Asynchronous training deals a batch at a time (when every worker's
+//! even share holds a batch): every worker's share is then whole batches
+//! but for the one block that ends the epoch, so `W` workers take
 //! `ceil(n / batch)` steps an epoch together, as one worker does. Dealt
 //! one example at a time, each of the `W` shares would end on a partial
 //! batch: with 64 workers and 400 000 examples in batches of 512, 832

@@ -11,9 +11,8 @@
 //! The share of worker `w` of `W`, as DeepRec's `WorkQueue` deals files
 //! out: with at least `W` files, file `i` goes to worker `i % W` and is read
 //! whole; with fewer files than workers, every worker reads every file and
-//! takes its [`crate::Deal`] of the lines (by index within the file, a block
-//! of `opts.block` lines at a time, block `j` to worker `j % W`), so one big
-//! file is still split evenly. Bad lines are reported with the file
+//! takes the lines whose index within the file is `w` modulo `W` (so one
+//! big file is still split evenly). Bad lines are reported with the file
 //! and the 1-based line number within it.
 
 use std::fs::File;
@@ -112,7 +111,9 @@ impl CriteoFiles {
     /// The share of worker `opts.worker` of `opts.workers` of the files
     /// `path` names (see the module docs).
     pub fn open(path: &Path, opts: ReaderOptions) -> Result<Self, DataError> {
-        opts.deal()?;
+        if opts.workers == 0 || opts.worker >= opts.workers {
+            return Err(DataError::Options("worker must be below workers"));
+        }
         let all = expand(path)?;
         let (files, opts) = if all.len() >= opts.workers {
             let mine = all
@@ -124,7 +125,6 @@ impl CriteoFiles {
             let whole = ReaderOptions {
                 worker: 0,
                 workers: 1,
-                block: 1,
                 ..opts
             };
             (mine, whole)

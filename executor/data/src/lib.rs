@@ -12,7 +12,7 @@
 //!   (`-ln(1 - x)` when negative, [`transform_count`]), categorical strings
 //!   hashed by [`feature_hash`] with their field index (`C1` = 0). Bad lines
 //!   are typed errors or skipped and counted; `W` workers split a file by
-//!   line index, a block of lines at a time ([`Deal`]). See [`criteo`].
+//!   line index modulo `W`. See [`criteo`].
 //! * [`Synthetic`]: the default training data set: Zipf-distributed ids
 //!   (exponent 1.1 over 10^5 ids per field) rendered as 8-hex-digit strings,
 //!   log-normal counts, labels from a logistic model whose weights are known

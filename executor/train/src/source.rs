@@ -56,7 +56,9 @@ pub enum Reader {
 }
 
 impl Reader {
-    /// One worker's share of the training data, as `deal` deals it.
+    /// One worker's share of the training data, as `deal` deals it (Criteo
+    /// files deal lines one at a time, whatever its block: see
+    /// [`starwire_data::files`]).
     pub fn train(
         src: &DataSource,
         model: &Arc<TrueModel>,
@@ -74,7 +76,6 @@ impl Reader {
                     skip_bad_lines,
                     worker: deal.worker(),
                     workers: deal.workers(),
-                    block: deal.block(),
                     ..ReaderOptions::default()
                 },
             )?),
@@ -120,7 +121,6 @@ impl Reader {
                 skip_bad_lines,
                 worker: deal.worker(),
                 workers: deal.workers(),
-                block: deal.block(),
                 ..ReaderOptions::default()
             },
         )?;

@@ -823,9 +823,7 @@ fn checkpoints_during_an_async_run_on_a_criteo_file_record_positions_and_resume(
         examples_per_epoch: 16_000,
         ..Default::default()
     };
-    // Dealt 256 lines at a time: 62 blocks and 128 lines. Worker 0 takes
-    // 31 blocks and the last 128 lines (32 steps, the last partial),
-    // worker 1 31 blocks (31 steps).
+    // Two shares of 8 000 lines: 31 full batches of 256 and one of 64.
     starwire_data::write_criteo(&train, 16_000, spec).unwrap();
     let ckpt = d.join("ckpt");
     let cfg = TrainConfig {
@@ -836,15 +834,14 @@ fn checkpoints_during_an_async_run_on_a_criteo_file_record_positions_and_resume(
         ..small()
     };
     let first = run_local(&cfg).unwrap();
-    assert_eq!((first.steps, first.examples_trained), (63, 16_000));
+    assert_eq!((first.steps, first.examples_trained), (64, 16_000));
     let steps = ckpt.join("steps");
     let mut kept: Vec<String> = std::fs::read_dir(&steps)
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
         .collect();
     kept.sort();
-    // Every 16 steps of each worker, up to the 31 both take.
-    assert_eq!(kept, ["32", "48"]);
+    assert_eq!(kept, ["48", "64"]);
     let at48: Vec<serde_json::Value> = (0..2)
         .map(|w| {
             serde_json::from_slice(
@@ -861,7 +858,7 @@ fn checkpoints_during_an_async_run_on_a_criteo_file_record_positions_and_resume(
         );
     }
     // Resume from the checkpoint at 48: each worker reads past its 6 144
-    // lines and trains its steps left, 8 (1 920 lines) and 7 (1 792).
+    // lines and trains its last 8 steps (1 856 lines).
     let mpath = ckpt.join("manifest.json");
     let mut m: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&mpath).unwrap()).unwrap();
@@ -872,7 +869,7 @@ fn checkpoints_during_an_async_run_on_a_criteo_file_record_positions_and_resume(
     std::fs::write(&mpath, m.to_string()).unwrap();
     let second = run_local(&cfg).unwrap();
     assert_eq!(second.resumed_from_step, Some(48));
-    assert_eq!((second.steps, second.samples), (15, 1_920 + 1_792));
+    assert_eq!((second.steps, second.samples), (16, 2 * 1_856));
     assert_eq!(second.examples_trained, 16_000);
 }
 

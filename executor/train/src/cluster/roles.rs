@@ -630,11 +630,6 @@ pub struct ResumeFrom<'a> {
     pub held_steps: u64,
 }
 
-/// Run worker `w` of the cluster until its data (or step cap) is done,
-/// pinned to `cpu` if given (after its compute threads have started, so
-/// they keep the process's CPUs), its graph run and its requests written
-/// in buffers from `pool` when given (the workers of one process share
-/// them).
 /// The run's start barrier, passed once: by [`StartBarrier::pass`], or
 /// when dropped on an early return.
 struct StartBarrier<'a>(Option<&'a Barrier>);
@@ -653,6 +648,11 @@ impl Drop for StartBarrier<'_> {
     }
 }
 
+/// Run worker `w` of the cluster until its data (or step cap) is done,
+/// pinned to `cpu` if given (after its compute threads have started, so
+/// they keep the process's CPUs), its graph run and its requests written
+/// in buffers from `pool` when given (the workers of one process share
+/// them).
 #[allow(clippy::too_many_arguments)]
 pub fn worker_loop(
     cfg: &TrainConfig,

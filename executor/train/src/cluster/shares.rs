@@ -44,28 +44,29 @@ fn epoch_examples(cfg: &TrainConfig) -> Result<u64, TrainError> {
     }
 }
 
-/// Examples (or a file's lines) dealt to a worker at a time.
+/// The generator's examples dealt to a worker at a time.
 ///
-/// Asynchronously, a batch: every worker's share is then whole batches but
-/// for the block that ends the epoch, and the workers together take as
-/// many steps as one worker would ([`Deal`]). For the generator, whose
-/// epoch is known, at most an even share, so that every worker has
-/// examples when there are as many examples as workers.
+/// Asynchronously, a batch, at most an even share (so that every worker
+/// has examples when there are as many examples as workers): every
+/// worker's share is then whole batches but for the block that ends the
+/// epoch, and, when the batch is the block, the workers together take as
+/// many steps an epoch as one worker would ([`Deal`]).
 ///
 /// With `--sync`, one: every worker takes the steps of the smallest share
 /// an epoch, which dealt one at a time is at most one example short of the
 /// largest, where a block more would be left out of the epoch.
+///
+/// Criteo files, one line at a time: a worker reads several files, each
+/// from its first line, so blocks would deal every file's first block to
+/// the same workers, and many short files would leave the others idle.
 pub fn deal_block(cfg: &TrainConfig) -> usize {
-    let batch = cfg.batch_size.max(1);
-    if cfg.sync {
-        return 1;
-    }
     match cfg.train {
-        DataSource::Synthetic => {
+        DataSource::Synthetic if !cfg.sync => {
             let even = cfg.train_examples / cfg.workers.max(1) as u64;
-            batch.min(usize::try_from(even).unwrap_or(usize::MAX).max(1))
+            let even = usize::try_from(even).unwrap_or(usize::MAX).max(1);
+            cfg.batch_size.max(1).min(even)
         }
-        DataSource::Criteo(_) => batch,
+        _ => 1,
     }
 }
 
