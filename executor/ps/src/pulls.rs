@@ -18,10 +18,13 @@
 //!
 //! A rows item of a table without a frequency filter is recorded from the
 //! pull's request and reply (its keys, and its rows as the reply carries
-//! them), in two copies and no lookup of the table: every key then has a
-//! row, so the reply's rows are exactly the rows' values at the pull. The
-//! update counts are kept only when the rate reads them
-//! ([`keeps_updates`]).
+//! them), with no lookup of the table: every key then has a row, so the
+//! reply's rows are exactly the rows' values at the pull. Where the reply
+//! leaves as shared bytes (a network server's,
+//! [`crate::PsShard::handle_pull_shared`]), the record keeps a reference
+//! to them rather than a copy of the rows
+//! ([`WorkerPulls::attach_reply`]); else the rows are copied. The update
+//! counts are kept only when the rate reads them ([`keeps_updates`]).
 //!
 //! A variable's record is used up once a push of it is applied, and its
 //! buffers go back to a pool the shard's next pull, of any worker, records
@@ -32,6 +35,7 @@
 //!
 //! [`OptimizerConfig::tracks_pulls`]: crate::OptimizerConfig::tracks_pulls
 
+use bytes::Bytes;
 use rustc_hash::FxHashMap;
 use starwire_wire::ps::{F32s, U64s};
 
@@ -55,8 +59,15 @@ pub(crate) struct VarPulls {
     pub(crate) keys: Vec<u64>,
     /// Each row's update count at the pull (empty when not kept).
     updates: Vec<u64>,
-    /// Each row's values at the pull (empty when not kept).
+    /// Each row's values at the pull (empty when not kept, or when they
+    /// are in `reply`).
     values: Vec<f32>,
+    /// The values as the pull's reply carries them: its bytes from
+    /// `in_reply`'s byte offset, `in_reply`'s count of floats (the reply
+    /// is attached after the pull is answered, and only when those bytes
+    /// are native, aligned `f32`s).
+    reply: Option<Bytes>,
+    in_reply: Option<(usize, usize)>,
     /// Key -> first position, built on demand.
     index: FxHashMap<u64, u32>,
     indexed: bool,
@@ -76,6 +87,8 @@ impl VarPulls {
         self.keys.clear();
         self.updates.clear();
         self.values.clear();
+        self.reply = None;
+        self.in_reply = None;
         self.index.clear();
         self.indexed = false;
     }
@@ -85,7 +98,31 @@ impl VarPulls {
     pub(crate) fn at(&self, j: usize, updates: u64, width: usize) -> Pulled<'_> {
         Pulled {
             staleness: self.updates.get(j).map(|&u| updates.saturating_sub(u)),
-            values: self.values.get(j * width..(j + 1) * width),
+            values: self.values().get(j * width..(j + 1) * width),
+        }
+    }
+
+    /// Values read from an attached reply copied into `values`, so that
+    /// more can follow them (a later reply does not hold these).
+    fn own_values(&mut self) {
+        if self.reply.is_some() {
+            let kept = self.values().to_vec();
+            self.values = kept;
+            self.reply = None;
+            self.in_reply = None;
+        }
+    }
+
+    /// Every row's values at the pull, in pull order (empty when not kept,
+    /// or kept in a reply not attached).
+    pub(crate) fn values(&self) -> &[f32] {
+        match (&self.reply, self.in_reply) {
+            (Some(r), Some((at, n))) => r
+                .get(at..at.saturating_add(n.saturating_mul(4)))
+                .and_then(F32s::new)
+                .and_then(|f| f.try_as_slice())
+                .unwrap_or(&[]),
+            _ => &self.values,
         }
     }
 
@@ -176,6 +213,54 @@ impl WorkerPulls {
         values.extend_into(&mut v.values);
     }
 
+    /// As [`Self::record_rows`], `values` being at byte offset `at` of the
+    /// reply [`Self::attach_reply`] will give. A variable recorded already
+    /// in this pull has these values copied after the ones kept.
+    pub(crate) fn record_rows_in_reply(
+        &mut self,
+        var: u32,
+        keys: U64s<'_>,
+        values: F32s<'_>,
+        at: usize,
+    ) {
+        let v = self.var_mut(var);
+        if !v.keys.is_empty() {
+            // Pulled before (in this request, or in one whose reply is
+            // attached and whose push has not come): copied after it.
+            v.own_values();
+            return self.record_rows(var, keys, values);
+        }
+        v.keys.extend(keys.iter());
+        v.in_reply = Some((at, values.len()));
+    }
+
+    /// The reply of the pull just recorded, as it leaves: the values
+    /// recorded in it are read from it from now on, without a copy, where
+    /// they are native aligned `f32`s; else (or if `reply` is not the
+    /// pull's) they are copied out of it now.
+    pub(crate) fn attach_reply(&mut self, reply: &Bytes) {
+        for v in &mut self.vars {
+            let Some((at, n)) = v.in_reply else {
+                continue;
+            };
+            let bytes = reply.get(at..at.saturating_add(n.saturating_mul(4)));
+            let view = bytes.and_then(F32s::new);
+            // Values copied after these (a variable pulled in two items)
+            // have the reply's copied in front of them.
+            let alone = v.values.is_empty();
+            if alone && view.is_some_and(|f| f.try_as_slice().is_some()) {
+                v.reply = Some(reply.clone());
+            } else {
+                v.in_reply = None;
+                let later = std::mem::take(&mut v.values);
+                if let Some(f) = view {
+                    f.extend_into(&mut v.values);
+                }
+                v.values.extend_from_slice(&later);
+            }
+        }
+    }
+
     /// What variable `var` was pulled as, if it was.
     pub(crate) fn var(&self, var: u32) -> Option<&VarPulls> {
         self.vars.get(var as usize).filter(|v| !v.keys.is_empty())
@@ -242,6 +327,11 @@ impl Pulls {
                 }
             }
         }
+    }
+
+    /// Worker `w`'s record, if it has one.
+    pub(crate) fn get_mut(&mut self, w: u32) -> Option<&mut WorkerPulls> {
+        self.by_worker.get_mut(w as usize)
     }
 
     /// Take worker `w`'s record out (to read it while the variables

@@ -1,5 +1,6 @@
 //! [`PsShard`]: the state of one PS reactor and its request handlers.
 
+use bytes::Bytes;
 use rustc_hash::{FxHashMap, FxHashSet};
 use starwire_wire::ps::{
     self, put_f32s, DecodeError, Limits, PullItem, PullRequest, PullResponseWriter, PushItem,
@@ -404,6 +405,40 @@ impl PsShard {
         req: &[u8],
         out: &mut Vec<u8>,
     ) -> Result<(), PsError> {
+        self.pull_recorded(worker, req, out, false)
+    }
+
+    /// [`Self::handle_pull_from`] of worker `worker` whose reply `out` is
+    /// about to leave as shared bytes: a record of pulled values (DC-ASGD)
+    /// reads them from the reply instead of copying them, once it is
+    /// given with [`Self::attach_pull_reply`], which the caller must do
+    /// before the worker's next request to this shard (until then the
+    /// record has no values).
+    pub fn handle_pull_shared(
+        &mut self,
+        worker: u32,
+        req: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), PsError> {
+        self.pull_recorded(Some(worker), req, out, true)
+    }
+
+    /// The reply `out` of worker `worker`'s last [`Self::handle_pull_shared`],
+    /// as it left: the shard keeps a reference to it while the record of
+    /// the pull lasts (until the worker's push of it is applied).
+    pub fn attach_pull_reply(&mut self, worker: u32, reply: &Bytes) {
+        if let Some(rec) = self.pulls.get_mut(worker) {
+            rec.attach_reply(reply);
+        }
+    }
+
+    fn pull_recorded(
+        &mut self,
+        worker: Option<u32>,
+        req: &[u8],
+        out: &mut Vec<u8>,
+        shared: bool,
+    ) -> Result<(), PsError> {
         out.clear();
         self.stats.request_bytes += req.len() as u64;
         check_worker(worker)?;
@@ -411,7 +446,7 @@ impl PsShard {
         match &r {
             Ok(()) => {
                 if let Some(w) = worker.filter(|_| self.cfg.optimizer.tracks_pulls()) {
-                    self.record_pull(w, req, out);
+                    self.record_pull(w, req, out, shared);
                 }
                 self.stats.pulls += 1;
                 self.stats.response_bytes += out.len() as u64;
@@ -552,8 +587,10 @@ impl PsShard {
     }
 
     /// Keep what worker `w` pulled with `req` (a pull already answered
-    /// with `reply`, whose rows items are recorded from it).
-    fn record_pull(&mut self, w: u32, req: &[u8], reply: &[u8]) {
+    /// with `reply`, whose rows items are recorded from it; `shared`: by
+    /// their place in it, the reply to be attached).
+    fn record_pull(&mut self, w: u32, req: &[u8], reply: &[u8], shared: bool) {
+        let base = reply.as_ptr() as usize;
         let Ok(view) = PullRequest::parse(req, &self.cfg.limits) else {
             return;
         };
@@ -577,7 +614,9 @@ impl PsShard {
                 }
                 (PullItem::Rows { var, keys }, Var::Table(t)) => match answer {
                     Some(ps::PullReply::Rows { var: v, data, .. }) if v == var => {
-                        t.record_pulled_rows(i as u32, keys, data, rec);
+                        // The rows' byte offset in the reply they are in.
+                        let at = shared.then(|| data.as_bytes().as_ptr() as usize - base);
+                        t.record_pulled_rows(i as u32, keys, data, at, rec);
                     }
                     _ => t.record_pulled(i as u32, keys.iter(), rec),
                 },

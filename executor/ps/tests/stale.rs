@@ -156,10 +156,43 @@ fn dc_shard(filter_freq: u32) -> PsShard {
     s
 }
 
+/// How a worker's pull is recorded.
+#[derive(Clone, Copy)]
+enum Reply {
+    /// `handle_pull_from`: values copied from the reply.
+    Copied,
+    /// `handle_pull_shared`, the reply attached as it is (aligned): values
+    /// read from it.
+    Shared,
+    /// `handle_pull_shared`, the reply attached one byte off alignment:
+    /// values copied out of it.
+    Misaligned,
+}
+
 fn pull_keys(s: &mut PsShard, w: Option<u32>, keys: &[u64]) {
+    pull_keys_as(s, w, keys, Reply::Copied);
+}
+
+fn pull_keys_as(s: &mut PsShard, w: Option<u32>, keys: &[u64], how: Reply) {
     let mut req = Vec::new();
     PullRequestWriter::new(&mut req).rows(EMB, keys);
-    s.handle_pull_from(w, &req, &mut Vec::new()).unwrap();
+    let mut out = Vec::new();
+    match (how, w) {
+        (Reply::Copied, _) | (_, None) => s.handle_pull_from(w, &req, &mut out).unwrap(),
+        (Reply::Shared, Some(w)) => {
+            s.handle_pull_shared(w, &req, &mut out).unwrap();
+            s.attach_pull_reply(w, &bytes::Bytes::from(out));
+        }
+        (Reply::Misaligned, Some(w)) => {
+            s.handle_pull_shared(w, &req, &mut out).unwrap();
+            let mut off = vec![0u8];
+            off.extend_from_slice(&out);
+            let reply = bytes::Bytes::from(off).slice(1..);
+            s.attach_pull_reply(w, &reply);
+            // The values were copied out of it.
+            assert!(reply.is_unique());
+        }
+    }
 }
 
 fn push_keys(s: &mut PsShard, w: Option<u32>, keys: &[u64]) {
@@ -184,6 +217,11 @@ fn bits(s: &PsShard) -> Vec<u32> {
 /// Three workers' pulls and pushes; `known` false sends the pushes as
 /// no known worker's.
 fn run(s: &mut PsShard, known: bool) {
+    run_as(s, known, Reply::Copied);
+}
+
+fn run_as(s: &mut PsShard, known: bool, how: Reply) {
+    let pull_keys = |s: &mut PsShard, w, keys: &[u64]| pull_keys_as(s, w, keys, how);
     let by = |w: u32| known.then_some(w);
     let a: Vec<u64> = (1..=8).collect();
     let b: Vec<u64> = (4..=12).collect();
@@ -203,6 +241,23 @@ fn run(s: &mut PsShard, known: bool) {
 }
 
 #[test]
+fn a_shared_reply_is_held_until_the_push_is_applied() {
+    let mut s = dc_shard(0);
+    let mut req = Vec::new();
+    PullRequestWriter::new(&mut req).rows(EMB, &[1, 2, 3]);
+    let mut out = Vec::new();
+    s.handle_pull_shared(0, &req, &mut out).unwrap();
+    let reply = bytes::Bytes::from(out);
+    s.attach_pull_reply(0, &reply);
+    assert!(
+        !reply.is_unique(),
+        "the record reads the values from the reply"
+    );
+    push_keys(&mut s, Some(0), &[1, 2, 3]);
+    assert!(reply.is_unique(), "the applied push used the record up");
+}
+
+#[test]
 fn dc_asgd_rows_recorded_from_the_reply_update_as_rows_looked_up() {
     // Without a filter a rows pull is recorded from its request and
     // reply; with one, from the table. The updates must be the same.
@@ -215,4 +270,11 @@ fn dc_asgd_rows_recorded_from_the_reply_update_as_rows_looked_up() {
     let mut plain = dc_shard(0);
     run(&mut plain, false);
     assert_ne!(bits(&copied), bits(&plain));
+    // Recorded by their place in a reply attached as it leaves (a network
+    // server's), read from it or, misaligned, copied out of it: the same.
+    for how in [Reply::Shared, Reply::Misaligned] {
+        let mut shared = dc_shard(0);
+        run_as(&mut shared, true, how);
+        assert_eq!(bits(&copied), bits(&shared));
+    }
 }

@@ -52,7 +52,7 @@ impl Handler for LockedShards {
         // a fresh buffer of the same capacity.
         let reply = lock(shard).serve(op, body, Vec::with_capacity);
         match reply {
-            psserver::Reply::Now(Status::Ok, b) => Ok(b),
+            psserver::Reply::Now(Status::Ok, b) => Ok(Vec::from(b)),
             psserver::Reply::Now(status, msg) => {
                 let m = String::from_utf8_lossy(&msg).into_owned();
                 Err(match status {

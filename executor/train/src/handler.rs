@@ -3,6 +3,7 @@
 
 use std::path::Path;
 
+use bytes::Bytes;
 use starwire_ps::{write_atomic, PsError, PsShard};
 use starwire_transport::wire::Status;
 
@@ -218,6 +219,27 @@ impl PsHandler for ShardHandler {
         }
         self.publish();
         r
+    }
+
+    fn pull_shared(
+        &mut self,
+        worker: u32,
+        body: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), HandlerError> {
+        let r = self
+            .shard
+            .handle_pull_shared(worker, body, out)
+            .map_err(err);
+        if let Some(d) = &mut self.deltas {
+            d.record_pull(body);
+        }
+        self.publish();
+        r
+    }
+
+    fn pull_sent(&mut self, worker: u32, reply: &Bytes) {
+        self.shard.attach_pull_reply(worker, reply);
     }
 
     fn push(&mut self, body: &[u8], out: &mut Vec<u8>) -> Result<(), HandlerError> {

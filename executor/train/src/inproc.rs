@@ -240,7 +240,9 @@ fn serve_one(
                 traffic.received += bytes.len() as u64;
             }
             rep.status = Some(status);
-            rep.body = bytes;
+            // The only handle on the buffer (no pull reply is shared
+            // here): taken back without a copy.
+            rep.body = Vec::from(bytes);
         }
         psserver::Reply::Wait(step) => {
             wait_step(m, step, r.shard)?;

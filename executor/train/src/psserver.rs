@@ -53,6 +53,22 @@ pub trait PsHandler: Send + 'static {
         body: &[u8],
         out: &mut Vec<u8>,
     ) -> Result<(), HandlerError>;
+    /// [`Self::pull_from`] of worker `worker` whose reply leaves as shared
+    /// bytes, given to [`Self::pull_sent`] as it leaves: what the shard
+    /// keeps of the pull may refer to them rather than copy them.
+    fn pull_shared(
+        &mut self,
+        worker: u32,
+        body: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), HandlerError> {
+        self.pull_from(Some(worker), body, out)
+    }
+    /// The reply of worker `worker`'s last [`Self::pull_shared`], as it
+    /// leaves.
+    fn pull_sent(&mut self, worker: u32, reply: &Bytes) {
+        let _ = (worker, reply);
+    }
     /// A push of worker `worker` (its task index), asynchronously: as
     /// [`push`](Self::push), applied with what the worker pulled last,
     /// unless the shard applied this push of the worker before (a
@@ -96,7 +112,7 @@ pub trait PsHandler: Send + 'static {
 #[derive(Debug)]
 pub enum Reply {
     /// Answer now with this status and body.
-    Now(Status, Vec<u8>),
+    Now(Status, Bytes),
     /// Answer once the global step reaches this value (`WAIT_STEP`).
     Wait(u64),
     /// The worker is done (`DONE`); answer with an empty body.
@@ -113,6 +129,9 @@ pub struct Service<H> {
     served: HashMap<&'static str, u64>,
     failed: u64,
     sync: Option<SyncStep>,
+    /// Workers' pull replies are kept by the shard as they leave
+    /// ([`PsHandler::pull_shared`]).
+    share_pulls: bool,
 }
 
 impl<H: PsHandler> Service<H> {
@@ -124,7 +143,18 @@ impl<H: PsHandler> Service<H> {
             served: HashMap::new(),
             failed: 0,
             sync: None,
+            share_pulls: false,
         }
+    }
+
+    /// A worker's pull is served with [`PsHandler::pull_shared`] and its
+    /// reply given to [`PsHandler::pull_sent`]: for a server whose replies
+    /// leave as they are ([`PsServer`]), not for one whose caller takes
+    /// the reply's buffer back (`inproc`).
+    #[must_use]
+    pub fn sharing_pull_replies(mut self) -> Self {
+        self.share_pulls = true;
+        self
     }
 
     /// Synchronous SGD over `workers` workers (`--sync`): the pushes of a
@@ -182,14 +212,19 @@ impl<H: PsHandler> Service<H> {
             served,
             failed,
             sync,
+            share_pulls,
         } = self;
+        let shared = from.filter(|_| *share_pulls && opcode == Opcode::SparsePull);
         out.clear();
         // A worker's pushes are numbered per worker (with --sync as its step
         // gathers them), so a restarted worker's replayed step is not
         // applied twice.
         let async_from = from.filter(|_| sync.is_none());
         let (kind, r) = match (opcode, sync.as_mut().zip(from)) {
-            (Opcode::SparsePull, _) => ("pull", handler.pull_from(from, body, out)),
+            (Opcode::SparsePull, _) => match shared {
+                Some(w) => ("pull", handler.pull_shared(w, body, out)),
+                None => ("pull", handler.pull_from(from, body, out)),
+            },
             (Opcode::SparsePush, Some((sync, w))) => {
                 ("push", push_sync(handler, sync, w, body, out))
             }
@@ -266,11 +301,15 @@ impl<H: PsHandler> Service<H> {
                 // The reply leaves as an owned buffer; the next one starts
                 // with (at least) the same capacity so it grows at most once.
                 let cap = out.len();
-                Reply::Now(Status::Ok, std::mem::replace(out, next(cap)))
+                let bytes = Bytes::from(std::mem::replace(out, next(cap)));
+                if let Some(w) = shared {
+                    handler.pull_sent(w, &bytes);
+                }
+                Reply::Now(Status::Ok, bytes)
             }
             Err(e) => {
                 *failed += 1;
-                Reply::Now(e.status, e.message.into_bytes())
+                Reply::Now(e.status, Bytes::from(e.message.into_bytes()))
             }
         }
     }
@@ -467,7 +506,7 @@ impl<H: PsHandler> PsServer<H> {
     /// (0: never).
     pub fn new(handler: H, expected_workers: usize) -> Self {
         Self {
-            service: Service::new(handler),
+            service: Service::new(handler).sharing_pull_replies(),
             lent: Vec::new(),
             conns: Vec::new(),
             waiting: Vec::new(),
@@ -627,11 +666,10 @@ impl<H: PsHandler> PsServer<H> {
                     }
                     state.deferred.push((id, Bytes::copy_from_slice(&bytes)));
                     if lent.len() < MAX_LENT {
-                        lent.push(Bytes::from(bytes));
+                        lent.push(bytes);
                     }
                     return Ok(());
                 }
-                let bytes = Bytes::from(bytes);
                 if status == Status::Ok && lent.len() < MAX_LENT {
                     lent.push(bytes.clone());
                 }
@@ -963,6 +1001,49 @@ mod tests {
         push(&mut svc, 0, 20.0);
         assert_eq!(svc.handler().global_step(), 4);
         assert_eq!(weights(&svc), [-33.0, -33.0]);
+    }
+
+    /// A worker's pull reply, served by a service that shares them (a
+    /// network server's), is held by DC-ASGD's record of the pull until
+    /// the worker's push is applied; without sharing (`inproc`) it is not.
+    #[test]
+    fn a_shared_pull_reply_is_held_by_the_record_until_the_push() {
+        use starwire_ps::OptimizerKind;
+        use starwire_wire::ps::PullRequestWriter;
+        let service = |share: bool| {
+            let var = VarDef {
+                id: 0,
+                name: "emb".into(),
+                kind: VarKind::Embedding { dim: 4 },
+                init: Init::Uniform { scale: 0.1 },
+            };
+            let cfg = ShardConfig {
+                optimizer: OptimizerConfig::with_kind(OptimizerKind::DcAsgd, 0.5),
+                ..ShardConfig::default()
+            };
+            let s = Service::new(ShardHandler::new(PsShard::new(0, &[var], cfg), 0));
+            if share {
+                s.sharing_pull_replies()
+            } else {
+                s
+            }
+        };
+        let mut pull = Vec::new();
+        PullRequestWriter::new(&mut pull).rows(0, &[3, 5]);
+        let mut push = Vec::new();
+        PushRequestWriter::new(&mut push, true).rows(0, 4, &[3, 5], &[0.5; 8]);
+        for share in [true, false] {
+            let mut svc = service(share);
+            let Reply::Now(Status::Ok, reply) =
+                svc.serve_from(Some(1), Opcode::SparsePull, &pull, Vec::with_capacity)
+            else {
+                panic!("the pull failed");
+            };
+            assert_eq!(reply.is_unique(), !share, "share {share}");
+            let r = svc.serve_from(Some(1), Opcode::SparsePush, &push, Vec::with_capacity);
+            assert!(matches!(r, Reply::Now(Status::Ok, _)), "{r:?}");
+            assert!(reply.is_unique(), "share {share}: released by the push");
+        }
     }
 
     #[test]

@@ -46,12 +46,15 @@ impl EmbeddingTable {
     /// frequency filter every key of an answered pull has a row, so when
     /// the record is the keys and values alone (DC-ASGD without a
     /// staleness-aware rate) it is copied from the request and the reply
-    /// rather than looked up again.
+    /// rather than looked up again: with `in_reply`, the byte offset of
+    /// `reply` in the reply body to be attached, the values are read from
+    /// that body ([`WorkerPulls::attach_reply`]), else copied.
     pub(crate) fn record_pulled_rows(
         &self,
         var: u32,
         keys: U64s<'_>,
         reply: F32s<'_>,
+        in_reply: Option<usize>,
         rec: &mut WorkerPulls,
     ) {
         let copy = self.policy.filter_freq <= 1
@@ -59,7 +62,10 @@ impl EmbeddingTable {
             && !keeps_updates(&self.opt)
             && reply.len() == keys.len() * self.dim;
         if copy {
-            rec.record_rows(var, keys, reply);
+            match in_reply {
+                Some(at) => rec.record_rows_in_reply(var, keys, reply, at),
+                None => rec.record_rows(var, keys, reply),
+            }
         } else {
             self.record_pulled(var, keys.iter(), rec);
         }
