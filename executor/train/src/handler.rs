@@ -204,38 +204,25 @@ impl ShardHandler {
 
 impl PsHandler for ShardHandler {
     fn pull(&mut self, body: &[u8], out: &mut Vec<u8>) -> Result<(), HandlerError> {
-        self.pull_from(None, body, out)
+        self.pull_from(None, false, body, out)
     }
 
     fn pull_from(
         &mut self,
         worker: Option<u32>,
+        shared: bool,
         body: &[u8],
         out: &mut Vec<u8>,
     ) -> Result<(), HandlerError> {
-        let r = self.shard.handle_pull_from(worker, body, out).map_err(err);
+        let r = match worker.filter(|_| shared) {
+            Some(w) => self.shard.handle_pull_shared(w, body, out),
+            None => self.shard.handle_pull_from(worker, body, out),
+        };
         if let Some(d) = &mut self.deltas {
             d.record_pull(body);
         }
         self.publish();
-        r
-    }
-
-    fn pull_shared(
-        &mut self,
-        worker: u32,
-        body: &[u8],
-        out: &mut Vec<u8>,
-    ) -> Result<(), HandlerError> {
-        let r = self
-            .shard
-            .handle_pull_shared(worker, body, out)
-            .map_err(err);
-        if let Some(d) = &mut self.deltas {
-            d.record_pull(body);
-        }
-        self.publish();
-        r
+        r.map_err(err)
     }
 
     fn pull_sent(&mut self, worker: u32, reply: &Bytes) {

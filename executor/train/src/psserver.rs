@@ -46,29 +46,20 @@ pub trait PsHandler: Send + 'static {
     fn push(&mut self, body: &[u8], out: &mut Vec<u8>) -> Result<(), HandlerError>;
     /// [`Self::pull`] of worker `worker` (its task index), when known: a
     /// shard whose optimizer reads what a push was computed on
-    /// (`dc_asgd`, `--staleness-lr`) keeps it.
+    /// (`dc_asgd`, `--staleness-lr`) keeps it. With `shared`, the reply
+    /// leaves as shared bytes, given to [`Self::pull_sent`] as it leaves,
+    /// and what the shard keeps of the pull may refer to them rather than
+    /// copy them.
     fn pull_from(
         &mut self,
         worker: Option<u32>,
+        shared: bool,
         body: &[u8],
         out: &mut Vec<u8>,
     ) -> Result<(), HandlerError>;
-    /// [`Self::pull_from`] of worker `worker` whose reply leaves as shared
-    /// bytes, given to [`Self::pull_sent`] as it leaves: what the shard
-    /// keeps of the pull may refer to them rather than copy them.
-    fn pull_shared(
-        &mut self,
-        worker: u32,
-        body: &[u8],
-        out: &mut Vec<u8>,
-    ) -> Result<(), HandlerError> {
-        self.pull_from(Some(worker), body, out)
-    }
-    /// The reply of worker `worker`'s last [`Self::pull_shared`], as it
-    /// leaves.
-    fn pull_sent(&mut self, worker: u32, reply: &Bytes) {
-        let _ = (worker, reply);
-    }
+    /// The reply of worker `worker`'s last [`Self::pull_from`] with
+    /// `shared`, as it leaves.
+    fn pull_sent(&mut self, worker: u32, reply: &Bytes);
     /// A push of worker `worker` (its task index), asynchronously: as
     /// [`push`](Self::push), applied with what the worker pulled last,
     /// unless the shard applied this push of the worker before (a
@@ -130,7 +121,7 @@ pub struct Service<H> {
     failed: u64,
     sync: Option<SyncStep>,
     /// Workers' pull replies are kept by the shard as they leave
-    /// ([`PsHandler::pull_shared`]).
+    /// ([`PsHandler::pull_sent`]).
     share_pulls: bool,
 }
 
@@ -147,7 +138,7 @@ impl<H: PsHandler> Service<H> {
         }
     }
 
-    /// A worker's pull is served with [`PsHandler::pull_shared`] and its
+    /// A worker's pull is served shared ([`PsHandler::pull_from`]) and its
     /// reply given to [`PsHandler::pull_sent`]: for a server whose replies
     /// leave as they are ([`PsServer`]), not for one whose caller takes
     /// the reply's buffer back (`inproc`).
@@ -221,10 +212,9 @@ impl<H: PsHandler> Service<H> {
         // applied twice.
         let async_from = from.filter(|_| sync.is_none());
         let (kind, r) = match (opcode, sync.as_mut().zip(from)) {
-            (Opcode::SparsePull, _) => match shared {
-                Some(w) => ("pull", handler.pull_shared(w, body, out)),
-                None => ("pull", handler.pull_from(from, body, out)),
-            },
+            (Opcode::SparsePull, _) => {
+                ("pull", handler.pull_from(from, shared.is_some(), body, out))
+            }
             (Opcode::SparsePush, Some((sync, w))) => {
                 ("push", push_sync(handler, sync, w, body, out))
             }
