@@ -62,11 +62,11 @@ pub(crate) struct VarPulls {
     /// Each row's values at the pull (empty when not kept, or when they
     /// are in `reply`).
     values: Vec<f32>,
-    /// The values as the pull's reply carries them: its bytes from
-    /// `in_reply`'s byte offset, `in_reply`'s count of floats (the reply
-    /// is attached after the pull is answered, and only when those bytes
-    /// are native, aligned `f32`s).
+    /// The values as the pull's reply carries them: the reply's bytes of
+    /// them, native aligned `f32`s (attached after the pull is answered).
     reply: Option<Bytes>,
+    /// Until the reply is attached: the values' byte offset in it and
+    /// their count of floats.
     in_reply: Option<(usize, usize)>,
     /// Key -> first position, built on demand.
     index: FxHashMap<u64, u32>,
@@ -109,20 +109,15 @@ impl VarPulls {
             let kept = self.values().to_vec();
             self.values = kept;
             self.reply = None;
-            self.in_reply = None;
         }
     }
 
     /// Every row's values at the pull, in pull order (empty when not kept,
     /// or kept in a reply not attached).
     pub(crate) fn values(&self) -> &[f32] {
-        match (&self.reply, self.in_reply) {
-            (Some(r), Some((at, n))) => r
-                .get(at..at.saturating_add(n.saturating_mul(4)))
-                .and_then(F32s::new)
-                .and_then(|f| f.try_as_slice())
-                .unwrap_or(&[]),
-            _ => &self.values,
+        match &self.reply {
+            Some(r) => F32s::new(r).and_then(|f| f.try_as_slice()).unwrap_or(&[]),
+            None => &self.values,
         }
     }
 
@@ -240,18 +235,17 @@ impl WorkerPulls {
     /// pull's) they are copied out of it now.
     pub(crate) fn attach_reply(&mut self, reply: &Bytes) {
         for v in &mut self.vars {
-            let Some((at, n)) = v.in_reply else {
+            let Some((at, n)) = v.in_reply.take() else {
                 continue;
             };
-            let bytes = reply.get(at..at.saturating_add(n.saturating_mul(4)));
-            let view = bytes.and_then(F32s::new);
+            let range = at..at.saturating_add(n.saturating_mul(4));
+            let view = reply.get(range.clone()).and_then(F32s::new);
             // Values copied after these (a variable pulled in two items)
             // have the reply's copied in front of them.
             let alone = v.values.is_empty();
             if alone && view.is_some_and(|f| f.try_as_slice().is_some()) {
-                v.reply = Some(reply.clone());
+                v.reply = Some(reply.slice(range));
             } else {
-                v.in_reply = None;
                 let later = std::mem::take(&mut v.values);
                 if let Some(f) = view {
                     f.extend_into(&mut v.values);
