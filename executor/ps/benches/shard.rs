@@ -15,9 +15,16 @@
 //! `push_after_pull` and `push_after_pull_probed`: a push after a pull of
 //! the same keys, from a known worker (whose push finds the entries where
 //! its pull did) and from an unknown one (which probes for them).
+//!
+//! `ps_dc_asgd_1m`: the shape of `starwire train --workers 64` (DC-ASGD,
+//! dim 8, 6,656 keys a request) on 1M rows: a push one update stale, so
+//! that every row is compensated with the values its worker pulled, read
+//! from the pull's reply as a network server keeps it
+//! (`handle_pull_shared`, `attach_pull_reply`).
 
+use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use starwire_ps::{Init, OptimizerConfig, PsShard, ShardConfig, VarDef, VarKind};
+use starwire_ps::{Init, OptimizerConfig, OptimizerKind, PsShard, ShardConfig, VarDef, VarKind};
 use starwire_wire::ps::{PullRequestWriter, PushRequestWriter};
 
 const DIM: usize = 16;
@@ -31,6 +38,11 @@ fn keys(round: u64) -> Vec<u64> {
 
 /// A shard of one `dim`-wide embedding table (id 1) with Adagrad.
 fn adagrad_shard(dim: usize) -> PsShard {
+    shard_with(dim, OptimizerConfig::adagrad(0.05))
+}
+
+/// A shard of one `dim`-wide embedding table (id 1) with `optimizer`.
+fn shard_with(dim: usize, optimizer: OptimizerConfig) -> PsShard {
     let vars = [VarDef {
         id: 1,
         name: "emb".into(),
@@ -38,7 +50,7 @@ fn adagrad_shard(dim: usize) -> PsShard {
         init: Init::Uniform { scale: 0.01 },
     }];
     let cfg = ShardConfig {
-        optimizer: OptimizerConfig::adagrad(0.05),
+        optimizer,
         ..ShardConfig::default()
     };
     PsShard::new(0, &vars, cfg)
@@ -216,5 +228,55 @@ fn bench_big_table(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench, bench_init, bench_big_table);
+fn bench_dc_asgd(c: &mut Criterion) {
+    const DIM: usize = 8;
+    let mut g = c.benchmark_group("ps_dc_asgd_1m");
+    g.throughput(Throughput::Elements(BIG_KEYS as u64));
+    let (mut req, mut out) = (Vec::new(), Vec::new());
+    let mut s = shard_with(DIM, OptimizerConfig::with_kind(OptimizerKind::DcAsgd, 0.05));
+    let all: Vec<u64> = (0..BIG_ROWS).collect();
+    for chunk in all.chunks(1 << 16) {
+        PullRequestWriter::new(&mut req).rows(1, chunk);
+        s.handle_pull(&req, &mut out).expect("fill");
+    }
+    let rounds = 64;
+    let grads: Vec<f32> = (0..BIG_KEYS * DIM)
+        .map(|i| ((i % 7) as f32 - 3.0) * 1e-3)
+        .collect();
+    let (pulls, pushes): (Vec<Vec<u8>>, Vec<Vec<u8>>) = (0..rounds)
+        .map(|r| {
+            PullRequestWriter::new(&mut req).rows(1, &big_keys(r));
+            let pull = req.clone();
+            PushRequestWriter::new(&mut req, true).rows(1, DIM as u32, &big_keys(r), &grads);
+            (pull, req.clone())
+        })
+        .unzip();
+    let mut i = 0;
+    // Worker 0 pulls, worker 1 pulls and pushes the same rows, then worker
+    // 0's push (timed) finds every row one update past its pull.
+    g.bench_function(BenchmarkId::new("push_stale", BIG_KEYS), |b| {
+        b.iter_custom(|iters| {
+            let mut total = std::time::Duration::ZERO;
+            for _ in 0..iters {
+                i += 1;
+                let r = i % pulls.len();
+                s.handle_pull_shared(0, &pulls[r], &mut out).expect("pull");
+                let reply = Bytes::from(std::mem::take(&mut out));
+                s.attach_pull_reply(0, &reply);
+                s.handle_pull_from(Some(1), &pulls[r], &mut out)
+                    .expect("pull");
+                s.handle_push_from(Some(1), &pushes[r], &mut out)
+                    .expect("push");
+                let t = std::time::Instant::now();
+                s.handle_push_from(Some(0), &pushes[r], &mut out)
+                    .expect("push");
+                total += t.elapsed();
+            }
+            total
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench, bench_init, bench_big_table, bench_dc_asgd);
 criterion_main!(benches);

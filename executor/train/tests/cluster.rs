@@ -243,7 +243,8 @@ fn checkpoints_during_a_sync_run_are_consistent_and_resume() {
         {"worker": 0, "epoch": 0, "offset": 4096, "steps": 16, "examples": 4096},
         {"worker": 1, "epoch": 0, "offset": 4096, "steps": 16, "examples": 4096},
     ]);
-    std::fs::write(&mpath, m.to_string()).unwrap();
+    let at_48 = m.to_string();
+    std::fs::write(&mpath, &at_48).unwrap();
     let second = run_local(&cfg).unwrap();
     assert_eq!(second.resumed_from_step, Some(32));
     assert_eq!(second.steps, 32, "each worker runs its 16 steps left");
@@ -785,7 +786,8 @@ fn checkpoints_during_an_async_run_record_every_worker_and_resume() {
         )
         .unwrap(),
     ]);
-    std::fs::write(&mpath, m.to_string()).unwrap();
+    let at_48 = m.to_string();
+    std::fs::write(&mpath, &at_48).unwrap();
     let second = run_local(&cfg).unwrap();
     assert_eq!(second.resumed_from_step, Some(48));
     assert_eq!(second.steps, 16);
@@ -805,6 +807,22 @@ fn checkpoints_during_an_async_run_record_every_worker_and_resume() {
     let e = run_local(&other).unwrap_err().to_string();
     assert!(
         e.contains("dealt 256 example(s) at a time, and this run deals 128"),
+        "{e}"
+    );
+    // Worker 1 alone refuses its position, under a delay bound: worker 0
+    // starts and waits for worker 1's turns. The first failure stops the
+    // PS tasks, so the run ends with worker 1's error, not with worker 0's
+    // after its request timeout.
+    let mut m: serde_json::Value = serde_json::from_str(&at_48).unwrap();
+    m["workers"][1]["deal_block"] = 512.into();
+    std::fs::write(&mpath, m.to_string()).unwrap();
+    let bounded = TrainConfig {
+        bounded_delay: Some(1),
+        ..cfg.clone()
+    };
+    let e = run_local(&bounded).unwrap_err().to_string();
+    assert!(
+        e.contains("worker 1's checkpointed position counts into a share dealt 512"),
         "{e}"
     );
 }
@@ -866,7 +884,8 @@ fn checkpoints_during_an_async_run_on_a_criteo_file_record_positions_and_resume(
     m["shard_steps"] = serde_json::json!([48, 48]);
     m["shard_files"] = serde_json::json!(["steps/48/shard-0000.ckpt", "steps/48/shard-0001.ckpt"]);
     m["workers"] = serde_json::json!(at48);
-    std::fs::write(&mpath, m.to_string()).unwrap();
+    let at_48 = m.to_string();
+    std::fs::write(&mpath, &at_48).unwrap();
     let second = run_local(&cfg).unwrap();
     assert_eq!(second.resumed_from_step, Some(48));
     assert_eq!((second.steps, second.samples), (16, 2 * 1_856));

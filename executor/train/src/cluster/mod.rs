@@ -138,10 +138,21 @@ fn run_local_on(k: &dyn ClusterBackend, cfg: &TrainConfig) -> Result<TrainReport
     };
     let start = Barrier::new(cfg.workers + 1);
     let pool = WorkerBuffers::default();
+    // Each worker says when it ends and whether it failed, so that the
+    // first failure stops the PS tasks at once: the other workers may be
+    // waiting for it (its turns under `--bounded-delay`, its share of a
+    // synchronous step), and the closed connections end their waits.
+    let (ended_tx, ended_rx) = std::sync::mpsc::channel::<Ended>();
+    let mut failed_first = None;
     let (t_start, outcomes): (Instant, Vec<Result<WorkerOutcome, TrainError>>) =
         std::thread::scope(|sc| {
             let mut hs = Vec::new();
             for w in 0..cfg.workers {
+                let ended = EndedGuard {
+                    tx: ended_tx.clone(),
+                    worker: w,
+                    failed: true,
+                };
                 let (plan, pool, addrs, start, ev, layout) =
                     (&plan, &pool, &addrs, &start, &eval_interval, &layout);
                 let cpu = layout.worker_cpu(w);
@@ -152,6 +163,7 @@ fn run_local_on(k: &dyn ClusterBackend, cfg: &TrainConfig) -> Result<TrainReport
                     std::thread::Builder::new()
                         .name(format!("starwire-worker-{w}"))
                         .spawn_scoped(sc, move || {
+                            let mut ended = ended;
                             let net = k.connect(cfg, addrs, w as u32, plan.shards, Some(layout));
                             let mut net = match net {
                                 Ok(n) => n,
@@ -176,12 +188,24 @@ fn run_local_on(k: &dyn ClusterBackend, cfg: &TrainConfig) -> Result<TrainReport
                             );
                             let _ = control_all(&mut *net, plan.shards, &Control::Done);
                             net.close();
+                            ended.failed = r.is_err();
                             r
                         }),
                 );
             }
+            drop(ended_tx);
             start.wait();
             let t0 = Instant::now();
+            // Until every worker has ended (a worker that panicked says so
+            // through its guard's drop).
+            while let Ok(e) = ended_rx.recv() {
+                if e.failed && failed_first.is_none() {
+                    failed_first = Some(e.worker);
+                    for t in tasks.drain(..) {
+                        t.stop();
+                    }
+                }
+            }
             let outs = hs
                 .into_iter()
                 .map(|h| match h {
@@ -195,17 +219,20 @@ fn run_local_on(k: &dyn ClusterBackend, cfg: &TrainConfig) -> Result<TrainReport
         });
     let mut outs = Vec::new();
     let mut first_err = None;
-    for o in outcomes {
+    for (w, o) in outcomes.into_iter().enumerate() {
         match o {
             Ok(o) => outs.push(o),
+            // The error of the worker that failed first, not those of the
+            // workers that lost their PS connections because of it.
+            Err(e) if failed_first == Some(w) => first_err = Some(e),
             Err(e) => {
                 first_err.get_or_insert(e);
             }
         }
     }
     if let Some(e) = first_err {
-        // A worker failed: stop the PS tasks instead of waiting for a DONE
-        // that will not come.
+        // A worker failed: the PS tasks were stopped when it did, rather
+        // than waiting for a DONE that will not come.
         for t in tasks {
             t.stop();
         }
@@ -635,4 +662,29 @@ pub fn run_worker_task(
         reactors: layout.report(),
         failovers,
     })
+}
+
+/// A local worker's end, as its thread reports it to `starwire train`'s
+/// driver.
+struct Ended {
+    worker: usize,
+    failed: bool,
+}
+
+/// Sends a worker's [`Ended`] when its thread ends, however it does:
+/// `failed` stays set unless the worker returned `Ok` (a panic unwinds
+/// through the drop).
+struct EndedGuard {
+    tx: std::sync::mpsc::Sender<Ended>,
+    worker: usize,
+    failed: bool,
+}
+
+impl Drop for EndedGuard {
+    fn drop(&mut self) {
+        let _ = self.tx.send(Ended {
+            worker: self.worker,
+            failed: self.failed,
+        });
+    }
 }
