@@ -61,7 +61,11 @@ impl RunningPs for InprocPs {
         Ok(self.state.join(self.expected))
     }
 
-    fn stop(self: Box<Self>) {}
+    /// Workers waiting on a `WAIT_STEP` of this task, and their later
+    /// requests, fail: as a network PS's closed connections end theirs.
+    fn stop(self: Box<Self>) {
+        self.state.stop();
+    }
 
     fn shutdown(self: Box<Self>, checkpoint: bool) -> Result<PsEnd, TrainError> {
         self.state.shutdown(checkpoint)
@@ -97,11 +101,18 @@ fn slot(
 }
 
 /// `WAIT_STEP`: until the shard's global step reaches `n`. The
-/// other workers move it from their own threads.
-fn wait_step(m: &Mutex<ShardService>, n: u64, shard: usize) -> Result<(), TrainError> {
+/// other workers move it from their own threads; it fails once the task
+/// (`st`) is stopped.
+fn wait_step(
+    st: &LockedShards,
+    m: &Mutex<ShardService>,
+    n: u64,
+    shard: usize,
+) -> Result<(), TrainError> {
     let deadline = Instant::now() + BARRIER_TIMEOUT;
     let mut spins = 0u32;
     while lock(m).handler().global_step() < n {
+        st.check_serving(shard)?;
         if Instant::now() > deadline {
             return Err(TrainError::Link(
                 shard,
@@ -210,6 +221,7 @@ fn serve_one(
     r: &Request,
     rep: &mut Reply,
 ) -> Result<(), TrainError> {
+    st.check_serving(r.shard)?;
     let body: &[u8] = match r.body.segments() {
         [] => &[],
         [one] => one,
@@ -245,7 +257,7 @@ fn serve_one(
             rep.body = Vec::from(bytes);
         }
         psserver::Reply::Wait(step) => {
-            wait_step(m, step, r.shard)?;
+            wait_step(st, m, step, r.shard)?;
             rep.status = Some(Status::Ok);
         }
         psserver::Reply::Done => {

@@ -4,6 +4,7 @@
 //! session backends need none of this: each shard is its reactor's alone.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 
 use crate::cluster::{shard_handler, write_shard, Plan, PsEnd, TrainConfig};
@@ -27,6 +28,10 @@ pub(crate) struct LockedShards {
     shards: Vec<Mutex<ShardService>>,
     done: Mutex<Vec<usize>>,
     all_done: Condvar,
+    /// The task was stopped ([`Self::stop`]): for the workers that call
+    /// the shards directly (`inproc`), what a closed connection is to a
+    /// network worker.
+    stopped: AtomicBool,
 }
 
 impl LockedShards {
@@ -61,7 +66,22 @@ impl LockedShards {
                 .collect(),
             done: Mutex::new(vec![0; n]),
             all_done: Condvar::new(),
+            stopped: AtomicBool::new(false),
         }
+    }
+
+    /// Stop serving: every later request, and every `WAIT_STEP` being
+    /// waited for, fails ([`Self::check_serving`]).
+    pub(crate) fn stop(&self) {
+        self.stopped.store(true, Ordering::Release);
+    }
+
+    /// An error for shard `shard` once the task is stopped.
+    pub(crate) fn check_serving(&self, shard: usize) -> Result<(), TrainError> {
+        if self.stopped.load(Ordering::Acquire) {
+            return Err(TrainError::Link(shard, "the PS task stopped".into()));
+        }
+        Ok(())
     }
 
     /// Local shard `i`, if the task has it.

@@ -812,19 +812,32 @@ fn checkpoints_during_an_async_run_record_every_worker_and_resume() {
     // Worker 1 alone refuses its position, under a delay bound: worker 0
     // starts and waits for worker 1's turns. The first failure stops the
     // PS tasks, so the run ends with worker 1's error, not with worker 0's
-    // after its request timeout.
+    // after its request timeout, over the network and in process.
     let mut m: serde_json::Value = serde_json::from_str(&at_48).unwrap();
     m["workers"][1]["deal_block"] = 512.into();
     std::fs::write(&mpath, m.to_string()).unwrap();
-    let bounded = TrainConfig {
-        bounded_delay: Some(1),
-        ..cfg.clone()
-    };
-    let e = run_local(&bounded).unwrap_err().to_string();
-    assert!(
-        e.contains("worker 1's checkpointed position counts into a share dealt 512"),
-        "{e}"
-    );
+    for backend in [
+        starwire_train::BackendKind::Tcp,
+        starwire_train::BackendKind::Inproc,
+    ] {
+        let bounded = TrainConfig {
+            bounded_delay: Some(1),
+            backend,
+            ..cfg.clone()
+        };
+        let t = std::time::Instant::now();
+        let e = run_local(&bounded).unwrap_err().to_string();
+        assert!(
+            e.contains("worker 1's checkpointed position counts into a share dealt 512"),
+            "{backend:?}: {e}"
+        );
+        // Not a hang until the 120 s timeout.
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(60),
+            "{backend:?}: worker 0 waited {:?}",
+            t.elapsed()
+        );
+    }
 }
 
 /// Asynchronous checkpoints during the run on a Criteo file: every worker

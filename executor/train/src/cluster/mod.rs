@@ -151,7 +151,7 @@ fn run_local_on(k: &dyn ClusterBackend, cfg: &TrainConfig) -> Result<TrainReport
                 let ended = EndedGuard {
                     tx: ended_tx.clone(),
                     worker: w,
-                    failed: true,
+                    sent: false,
                 };
                 let (plan, pool, addrs, start, ev, layout) =
                     (&plan, &pool, &addrs, &start, &eval_interval, &layout);
@@ -186,9 +186,12 @@ fn run_local_on(k: &dyn ClusterBackend, cfg: &TrainConfig) -> Result<TrainReport
                                 Some(ev),
                                 cpu,
                             );
+                            // A failure is told before the DONEs, which
+                            // may queue behind a WAIT_STEP of the failed
+                            // exchange.
+                            ended.send(r.is_err());
                             let _ = control_all(&mut *net, plan.shards, &Control::Done);
                             net.close();
-                            ended.failed = r.is_err();
                             r
                         }),
                 );
@@ -671,20 +674,28 @@ struct Ended {
     failed: bool,
 }
 
-/// Sends a worker's [`Ended`] when its thread ends, however it does:
-/// `failed` stays set unless the worker returned `Ok` (a panic unwinds
-/// through the drop).
+/// Sends a worker's [`Ended`] once: by [`EndedGuard::send`] when its
+/// training ends, else as a failure when its thread ends (an early
+/// return, or a panic unwinding through the drop).
 struct EndedGuard {
     tx: std::sync::mpsc::Sender<Ended>,
     worker: usize,
-    failed: bool,
+    sent: bool,
+}
+
+impl EndedGuard {
+    fn send(&mut self, failed: bool) {
+        if !std::mem::replace(&mut self.sent, true) {
+            let _ = self.tx.send(Ended {
+                worker: self.worker,
+                failed,
+            });
+        }
+    }
 }
 
 impl Drop for EndedGuard {
     fn drop(&mut self) {
-        let _ = self.tx.send(Ended {
-            worker: self.worker,
-            failed: self.failed,
-        });
+        self.send(true);
     }
 }
