@@ -243,8 +243,7 @@ fn checkpoints_during_a_sync_run_are_consistent_and_resume() {
         {"worker": 0, "epoch": 0, "offset": 4096, "steps": 16, "examples": 4096},
         {"worker": 1, "epoch": 0, "offset": 4096, "steps": 16, "examples": 4096},
     ]);
-    let at_48 = m.to_string();
-    std::fs::write(&mpath, &at_48).unwrap();
+    std::fs::write(&mpath, m.to_string()).unwrap();
     let second = run_local(&cfg).unwrap();
     assert_eq!(second.resumed_from_step, Some(32));
     assert_eq!(second.steps, 32, "each worker runs its 16 steps left");
@@ -897,8 +896,7 @@ fn checkpoints_during_an_async_run_on_a_criteo_file_record_positions_and_resume(
     m["shard_steps"] = serde_json::json!([48, 48]);
     m["shard_files"] = serde_json::json!(["steps/48/shard-0000.ckpt", "steps/48/shard-0001.ckpt"]);
     m["workers"] = serde_json::json!(at48);
-    let at_48 = m.to_string();
-    std::fs::write(&mpath, &at_48).unwrap();
+    std::fs::write(&mpath, m.to_string()).unwrap();
     let second = run_local(&cfg).unwrap();
     assert_eq!(second.resumed_from_step, Some(48));
     assert_eq!((second.steps, second.samples), (16, 2 * 1_856));

@@ -140,8 +140,8 @@ fn run_local_on(k: &dyn ClusterBackend, cfg: &TrainConfig) -> Result<TrainReport
     let pool = WorkerBuffers::default();
     // Each worker says when it ends and whether it failed, so that the
     // first failure stops the PS tasks at once: the other workers may be
-    // waiting for it (its turns under `--bounded-delay`, its share of a
-    // synchronous step), and the closed connections end their waits.
+    // waiting for it (its turns under `--bounded-delay`, a checkpoint
+    // step's barrier), and the closed connections end their waits.
     let (ended_tx, ended_rx) = std::sync::mpsc::channel::<Ended>();
     let mut failed_first = None;
     let (t_start, outcomes): (Instant, Vec<Result<WorkerOutcome, TrainError>>) =
@@ -234,11 +234,10 @@ fn run_local_on(k: &dyn ClusterBackend, cfg: &TrainConfig) -> Result<TrainReport
         }
     }
     if let Some(e) = first_err {
-        // A worker failed: the PS tasks were stopped when it did, rather
-        // than waiting for a DONE that will not come.
-        for t in tasks {
-            t.stop();
-        }
+        // A worker failed: the PS tasks were stopped when it did (every
+        // failure is told through its guard), rather than waiting for a
+        // DONE that will not come.
+        debug_assert!(tasks.is_empty());
         return Err(e);
     }
     // The evaluator: its own connections, after every worker has pushed.
