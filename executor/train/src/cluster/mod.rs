@@ -47,9 +47,9 @@ pub(crate) use roles::{shard_handler, write_shard};
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
+use crossbeam_utils::sync::WaitGroup;
 use starwire_data::{auc, Batch};
 use starwire_graph::{partition, Executor};
 use starwire_transport::retry::{Backoff, Retry};
@@ -136,7 +136,10 @@ fn run_local_on(k: &dyn ClusterBackend, cfg: &TrainConfig) -> Result<TrainReport
         }
         v
     };
-    let start = Barrier::new(cfg.workers + 1);
+    // The start: every worker and the driver wait for one another there. A
+    // worker that fails or panics before it, or whose thread could not be
+    // spawned, drops its handle, which counts as its arrival.
+    let start = WaitGroup::new();
     let pool = WorkerBuffers::default();
     // Each worker says when it ends and whether it failed, so that the
     // first failure stops the PS tasks at once: the other workers may be
@@ -153,8 +156,9 @@ fn run_local_on(k: &dyn ClusterBackend, cfg: &TrainConfig) -> Result<TrainReport
                     worker: w,
                     sent: false,
                 };
-                let (plan, pool, addrs, start, ev, layout) =
-                    (&plan, &pool, &addrs, &start, &eval_interval, &layout);
+                let start = start.clone();
+                let (plan, pool, addrs, ev, layout) =
+                    (&plan, &pool, &addrs, &eval_interval, &layout);
                 let cpu = layout.worker_cpu(w);
                 let resume = manifest
                     .as_ref()
@@ -165,13 +169,7 @@ fn run_local_on(k: &dyn ClusterBackend, cfg: &TrainConfig) -> Result<TrainReport
                         .spawn_scoped(sc, move || {
                             let mut ended = ended;
                             let net = k.connect(cfg, addrs, w as u32, plan.shards, Some(layout));
-                            let mut net = match net {
-                                Ok(n) => n,
-                                Err(e) => {
-                                    start.wait();
-                                    return Err(e);
-                                }
-                            };
+                            let mut net = net?;
                             let r = worker_loop(
                                 cfg,
                                 plan,

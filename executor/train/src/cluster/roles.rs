@@ -5,7 +5,9 @@
 use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
 use std::sync::mpsc;
-use std::sync::{Arc, Barrier};
+use std::sync::Arc;
+
+use crossbeam_utils::sync::WaitGroup;
 use std::time::{Duration, Instant};
 
 use starwire_data::{auc, logloss, Batch, TrueModel};
@@ -630,29 +632,12 @@ pub struct ResumeFrom<'a> {
     pub held_steps: u64,
 }
 
-/// The run's start barrier, passed once: by [`StartBarrier::pass`], or
-/// when dropped on an early return.
-struct StartBarrier<'a>(Option<&'a Barrier>);
-
-impl StartBarrier<'_> {
-    fn pass(&mut self) {
-        if let Some(b) = self.0.take() {
-            b.wait();
-        }
-    }
-}
-
-impl Drop for StartBarrier<'_> {
-    fn drop(&mut self) {
-        self.pass();
-    }
-}
-
 /// Run worker `w` of the cluster until its data (or step cap) is done,
 /// pinned to `cpu` if given (after its compute threads have started, so
 /// they keep the process's CPUs), its graph run and its requests written
 /// in buffers from `pool` when given (the workers of one process share
-/// them).
+/// them). With `start` (the local cluster's), it waits there before its
+/// first step until every worker has reached it or dropped its handle.
 #[allow(clippy::too_many_arguments)]
 pub fn worker_loop(
     cfg: &TrainConfig,
@@ -660,14 +645,13 @@ pub fn worker_loop(
     pool: Option<&WorkerBuffers>,
     w: usize,
     net: &mut dyn Exchange,
-    start: Option<&Barrier>,
+    start: Option<WaitGroup>,
     from: ResumeFrom<'_>,
     eval_batches: Option<&[Batch]>,
     cpu: Option<usize>,
 ) -> Result<WorkerOutcome, TrainError> {
-    // The other workers wait at the barrier for this one, failed or not:
-    // an error before the start passes it too, as the guard drops.
-    let mut start = StartBarrier(start);
+    // The other workers wait at the start for this one, failed or not: an
+    // error before the start drops `start`, which counts as its arrival.
     let part = partition(&plan.model, cfg.protocol);
     let mut core = WorkerCore::new(
         part,
@@ -740,7 +724,9 @@ pub fn worker_loop(
             Prefetch::start(reader, cfg.batch_size, depth, name, cpu).map(Batches::Ahead)
         }
     };
-    start.pass();
+    if let Some(start) = start {
+        start.wait();
+    }
     let mut reader = batches.map_err(TrainError::Io)?;
     let _pinned = PinnedThread::pin(cpu)?;
     let cells = WorkerTelemetry::new(
