@@ -6,10 +6,9 @@ use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
 use std::sync::mpsc;
 use std::sync::Arc;
-
-use crossbeam_utils::sync::WaitGroup;
 use std::time::{Duration, Instant};
 
+use crossbeam_utils::sync::WaitGroup;
 use starwire_data::{auc, logloss, Batch, TrueModel};
 use starwire_graph::{partition, Executor};
 use starwire_ps::{Manifest, PsShard, WorkerProgress};
