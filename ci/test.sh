@@ -12,6 +12,12 @@ SOAK_SECONDS="${SOAK_SECONDS:-120}"
 SOAK_CONNECTIONS="${SOAK_CONNECTIONS:-64}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 export RUST_BACKTRACE=1
+# A run builds the workspace under seven feature sets. Full debug info and
+# incremental caches made target/ outgrow a CI host's disk (a run failed
+# with ENOSPC); a one-shot build gains nothing from incremental caches, and
+# line tables keep backtraces' files and lines. Set either to override.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+export CARGO_PROFILE_DEV_DEBUG="${CARGO_PROFILE_DEV_DEBUG:-line-tables-only}"
 
 T0=$(date +%s)
 stage() {
@@ -20,6 +26,14 @@ stage() {
     echo "=== stage: $name"
     "$@"
     echo "=== stage: $name: $(( $(date +%s) - t )) s (total $(( $(date +%s) - T0 )) s)"
+    disk
+}
+# What target/ holds and what the disk has left, after each stage.
+disk() {
+    local used free
+    used=$(du -sh target 2>/dev/null | cut -f1)
+    free=$(df -h --output=avail . 2>/dev/null | tail -1 | tr -d ' ')
+    echo "=== disk: target ${used:-0}, ${free:-?} free"
 }
 
 apt_deps() {
