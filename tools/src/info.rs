@@ -10,6 +10,8 @@ use starwire_config::{
 };
 use starwire_placement::{CpuSet, Topology};
 
+use crate::failure::Failure;
+
 /// Options of `starwire info`.
 #[derive(Debug, clap::Args)]
 pub struct InfoArgs {
@@ -269,19 +271,23 @@ fn cluster(a: &InfoArgs) -> Result<Option<(ClusterSpec, Option<String>)>, String
     Ok(Some((c.spec, Some(format!("{:?}", c.task)))))
 }
 
-/// Run `starwire info`.
-pub fn main(a: InfoArgs) -> Result<(), String> {
+/// Run `starwire info`. An invalid cluster, setting or endpoint map is a
+/// usage error, as it is for `ps` and `worker`.
+pub fn main(a: InfoArgs) -> Result<(), Failure> {
     let o = overrides(&a);
-    let cluster = cluster(&a)?;
+    let cluster = cluster(&a).map_err(Failure::Usage)?;
     let settings = match &cluster {
         Some((spec, _)) => Settings::from_process_env(spec, &o),
         None => Settings::resolve(1, 1, &starwire_config::process_env, &o),
     }
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| Failure::Usage(e.to_string()))?;
     // A malformed map is an error naming the file and line.
-    let map = EndpointMap::from_process_env().map_err(|e| format!("endpoint map: {e}"))?;
+    let map = EndpointMap::from_process_env()
+        .map_err(|e| Failure::Usage(format!("endpoint map: {e}")))?;
     let mapped = match (&map, &cluster) {
-        (Some(m), Some((spec, _))) => Some(m.apply(spec).map_err(|e| e.to_string())?),
+        (Some(m), Some((spec, _))) => {
+            Some(m.apply(spec).map_err(|e| Failure::Usage(e.to_string()))?)
+        }
         _ => None,
     };
     let settings_rows: Vec<Value> = settings

@@ -112,7 +112,7 @@ fn main() -> ExitCode {
         Command::Soak(a) => soak::validate(&a)
             .map_err(Failure::Usage)
             .and_then(|()| Ok(soak::main(a)?)),
-        Command::Info(a) => info::main(a).map(|()| true).map_err(Failure::Run),
+        Command::Info(a) => info::main(a).map(|()| true),
         Command::Train(a) => train::main(a).map(|()| true),
         Command::Ps(a) => train::ps_main(a).map(|()| true),
         Command::Worker(a) => train::worker_main(a).map(|()| true),

@@ -894,7 +894,7 @@ pub struct ReferenceArgs {
     #[arg(long, default_value = "lbfgs", value_parser = ["lbfgs", "adagrad"])]
     pub solver: String,
     /// lbfgs: fit with this L2 strength instead of choosing one of
-    /// 1e-4, 3e-5, 1e-5, 3e-6, 1e-6 on every 10th example.
+    /// 1e-2, 3e-3, ... 1e-6 (largest first) on every 10th example.
     #[arg(long)]
     pub l2: Option<f64>,
     /// lbfgs: most passes over the data per fit.

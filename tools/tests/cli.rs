@@ -361,7 +361,8 @@ fn info_fails_on_a_malformed_endpoint_map() {
         .env_remove("TF_CONFIG")
         .output()
         .expect("run");
-    assert!(!out.status.success());
+    // A configuration error: a usage error, as for ps and worker.
+    assert_eq!(out.status.code(), Some(2));
     let e = text(&out.stderr);
     assert!(
         e.contains(&format!("{}:2", path.display())),

@@ -205,6 +205,7 @@ fn usage_errors_exit_2_and_name_the_flag() {
         (&["train", "--backend", "foo"], "--backend"),
         (&["bench", "--backends", "foo"], "--backends"),
         (&["soak", "--backend", "foo"], "--backend"),
+        (&["soak", "--backend", "grpc"], "--backend tcp"),
         (&["train", "--ps", "0"], "--ps"),
         (&["train", "--workers", "0"], "--workers"),
         (&["train", "--batch-size", "0"], "--batch-size"),
@@ -213,6 +214,23 @@ fn usage_errors_exit_2_and_name_the_flag() {
         (&["bench", "--metrics-addr", "127.0.0.1:0"], "--listen"),
         (
             &["worker", "--ps-hosts", "a:1", "--worker-hosts", "b:1"],
+            "task",
+        ),
+        // info resolves the cluster as ps and worker do.
+        (&["info", "--ps-hosts", "a:1,,b:1"], "--ps-hosts"),
+        (&["info", "--task-index", "1"], "--ps-hosts"),
+        (
+            &[
+                "info",
+                "--ps-hosts",
+                "a:1",
+                "--worker-hosts",
+                "b:1",
+                "--job-name",
+                "ps",
+                "--task-index",
+                "3",
+            ],
             "task",
         ),
     ];

@@ -49,7 +49,7 @@ use traffic::*;
 /// Options of `starwire soak`.
 #[derive(Debug, clap::Args)]
 pub struct SoakArgs {
-    /// Backend under test: tcp, uring or dpdk (when built in).
+    /// Backend under test: tcp, uring, dpdk or verbs (each when built in).
     #[arg(long, default_value = "tcp", value_parser = parse_soak_backend)]
     pub backend: String,
     /// Connections over loopback.
@@ -117,11 +117,17 @@ fn parse_soak_backend(s: &str) -> Result<String, String> {
         #[cfg(all(feature = "verbs", target_os = "linux"))]
         "verbs" | "rdma" | "ibverbs" => Ok("verbs".to_owned()),
         "raw" => Err("the raw baseline has no message layer to soak; use --backend tcp".into()),
+        "grpc" => Err("the gRPC baseline has no message layer to soak; use --backend tcp".into()),
         other => Err(
             crate::backend::missing_backend_hint_singular(other).unwrap_or_else(|| {
+                let soaked: Vec<&str> = crate::backend::Backend::compiled()
+                    .into_iter()
+                    .map(|b| b.name())
+                    .filter(|n| !matches!(*n, "raw" | "grpc"))
+                    .collect();
                 format!(
                     "unknown backend {other:?}; soak supports: {}",
-                    crate::backend::compiled_in()
+                    soaked.join(", ")
                 )
             }),
         ),
