@@ -55,8 +55,12 @@ impl TouchedRows {
         }
     }
 
-    /// A pull request the shard served. One that does not decode changed
-    /// nothing (the shard refuses it too).
+    /// A pull request the shard was given, served or refused: a refused
+    /// pull keeps the rows it made before the refusal (a full table), so
+    /// its keys are recorded too. A recorded key with no row when the delta
+    /// is written is listed as removed, which changes nothing on a base
+    /// without it. One that does not decode changed nothing (the shard
+    /// refuses it too).
     pub fn record_pull(&mut self, body: &[u8]) {
         let Ok(req) = PullRequest::parse(body, &self.limits) else {
             return;
@@ -68,7 +72,11 @@ impl TouchedRows {
         }
     }
 
-    /// A push request the shard served.
+    /// A push request the shard was given and did not acknowledge as
+    /// unapplied: its keys are recorded even when it failed, since a
+    /// failure may come after some of its rows were made or updated (a
+    /// full table); recording a row that did not change costs only its
+    /// place in the delta.
     pub fn record_push(&mut self, body: &[u8]) {
         let Ok(req) = PushRequest::parse(body, &self.limits) else {
             return;

@@ -78,11 +78,6 @@ impl ConnPermit {
         open.fetch_add(1, Ordering::Relaxed);
         Self(open.clone())
     }
-
-    /// A permit counted in no task's total (a stream routed by hand).
-    pub fn uncounted() -> Self {
-        Self::new(&Arc::new(AtomicUsize::new(0)))
-    }
 }
 
 impl Drop for ConnPermit {

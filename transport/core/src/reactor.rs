@@ -394,19 +394,8 @@ impl<S: ReactorState + 'static> Reactor<S> {
     }
 }
 
-/// Run `state` on the calling thread with the given policy until it
-/// finishes or is stopped through a waker made by [`local_waker`]. Useful
-/// when the caller's thread is itself the reactor (a benchmark client).
-pub fn run_here<S: ReactorState>(
-    spec: &ReactorSpec,
-    waker: &ReactorWaker,
-    state: &mut S,
-) -> ReactorStats {
-    run(spec, &waker.state, state)
-}
-
-/// A waker for [`run_here`], or for a thread that parks its driver
-/// itself ([`ReactorWaker::park_waker`]).
+/// A waker for a thread that parks its driver itself
+/// ([`ReactorWaker::park_waker`]).
 pub fn local_waker() -> Result<ReactorWaker, ReactorError> {
     let efd = EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
         .map_err(ReactorError::EventFd)?;
