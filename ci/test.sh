@@ -28,11 +28,12 @@ stage() {
     echo "=== stage: $name: $(( $(date +%s) - t )) s (total $(( $(date +%s) - T0 )) s)"
     disk
 }
-# What target/ holds and what the disk has left, after each stage.
+# What target/ holds and what the disk has left, after each stage
+# (informative only: before the first build there is no target/).
 disk() {
     local used free
-    used=$(du -sh target 2>/dev/null | cut -f1)
-    free=$(df -h --output=avail . 2>/dev/null | tail -1 | tr -d ' ')
+    used=$(du -sh target 2>/dev/null | cut -f1) || used=""
+    free=$(df -Ph . 2>/dev/null | awk 'NR == 2 { print $4 }') || free=""
     echo "=== disk: target ${used:-0}, ${free:-?} free"
 }
 

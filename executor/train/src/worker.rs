@@ -509,9 +509,15 @@ impl WorkerCore {
                         dense[d] = Some(t);
                     }
                     (Item::Lookup(l, sh), PullReply::Rows { dim, data, .. }) => {
+                        let dim = dim as usize;
                         let lp = &pulls.lookups[l];
+                        // Row starts are kept for the rows form only: a
+                        // rows reply to a pooled pull is the peer's error.
                         let start = &self.lookups[l].shard_start;
-                        if !rows_reply_fits(lp.form, lp.dim, start, sh, dim as usize, data.len()) {
+                        if lp.form != PullForm::Rows
+                            || dim != lp.dim
+                            || data.len() != (start[sh + 1] - start[sh]) * dim
+                        {
                             return Err(TrainError::Remote("rows reply shape".into()));
                         }
                         // The view borrows `body`: its offset there.
@@ -971,53 +977,9 @@ pub fn control_all(
         .collect()
 }
 
-/// Whether a rows reply of width `dim` holding `floats` floats answers
-/// shard `sh` of a lookup pulled in `form` at width `want`, whose shards'
-/// rows start at `start` (filled for the rows form only). A peer's reply
-/// of the wrong form or size is an error, never an index out of bounds.
-fn rows_reply_fits(
-    form: PullForm,
-    want: usize,
-    start: &[usize],
-    sh: usize,
-    dim: usize,
-    floats: usize,
-) -> bool {
-    let rows = match (start.get(sh), start.get(sh + 1)) {
-        (Some(&a), Some(&b)) => b.checked_sub(a),
-        _ => None,
-    };
-    form == PullForm::Rows && dim == want && rows.and_then(|n| n.checked_mul(dim)) == Some(floats)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_rows_reply_must_be_of_the_lookups_form_width_and_shard_size() {
-        // Shards 0 and 2 hold 1 and 2 rows of width 2.
-        let start = [0, 1, 1, 3];
-        assert!(rows_reply_fits(PullForm::Rows, 2, &start, 0, 2, 2));
-        assert!(rows_reply_fits(PullForm::Rows, 2, &start, 1, 2, 0));
-        assert!(rows_reply_fits(PullForm::Rows, 2, &start, 2, 2, 4));
-        assert!(
-            !rows_reply_fits(PullForm::Rows, 2, &start, 2, 2, 2),
-            "short"
-        );
-        assert!(
-            !rows_reply_fits(PullForm::Rows, 2, &start, 0, 3, 3),
-            "width"
-        );
-        assert!(
-            !rows_reply_fits(PullForm::Rows, 2, &start, 3, 2, 0),
-            "shard"
-        );
-        // A pooled lookup keeps no row starts: a rows reply to it was a
-        // panic (an index out of bounds), now it does not fit.
-        assert!(!rows_reply_fits(PullForm::Pooled, 2, &[], 0, 2, 0));
-        assert!(!rows_reply_fits(PullForm::Pooled, 2, &start, 0, 2, 2));
-    }
 
     fn le(v: &[f32]) -> Arc<Vec<u8>> {
         Arc::new(v.iter().flat_map(|x| x.to_le_bytes()).collect())

@@ -10,7 +10,7 @@
 //! float bytes that still parse, a step), never a panic; and a good step
 //! must follow on the same connection.
 
-use starwire_data::Batch;
+use starwire_data::{Batch, MISSING_KEY, NUM_CATEGORICAL, NUM_NUMERIC};
 use starwire_graph::{partition, Executor, Protocol};
 use starwire_tcp::TcpDriver;
 use starwire_train::backend::Tcp;
@@ -77,7 +77,7 @@ fn damage(d: Damage, r: &mut Reply) {
             r.body.truncate(keep);
         }
         Damage::Flip(seed, n) => {
-            let mut x = seed | 1;
+            let mut x = 2 * seed + 1;
             for _ in 0..n {
                 x ^= x << 13;
                 x ^= x >> 7;
@@ -137,16 +137,17 @@ fn rewrite(body: &[u8], d: Damage) -> Vec<u8> {
 /// A batch of `BATCH` examples with keys drawn from `seed`.
 fn batch(seed: u64) -> Batch {
     let mut b = Batch::with_capacity(BATCH);
-    let mut x = seed | 1;
+    let mut x = 2 * seed + 1;
     for i in 0..BATCH {
         b.labels.push((i % 2) as f32);
-        b.numeric.extend((0..13).map(|j| (i + j) as f32 / 16.0));
-        b.keys.extend((0..26).map(|_| {
+        b.numeric
+            .extend((0..NUM_NUMERIC).map(|j| (i + j) as f32 / 16.0));
+        b.keys.extend((0..NUM_CATEGORICAL).map(|_| {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
-            // Not 0, the missing key; a small range, so rows repeat.
-            1 + x % 500
+            // A small range, so rows repeat; never the missing key.
+            MISSING_KEY + 1 + x % 500
         }));
         b.len += 1;
     }

@@ -33,8 +33,8 @@ pub use soak::{SoakCells, SoakCounts};
 #[derive(Debug, Clone, Default, Args)]
 pub struct MetricsArgs {
     /// Serve Prometheus metrics at http://HOST:PORT/metrics (and
-    /// /healthz) while the command runs (bench: only with --listen, the
-    /// server's); port 0 takes a free port (the address is logged).
+    /// /healthz) while the command runs; port 0 takes a free port (the
+    /// address is logged).
     #[arg(long, value_name = "HOST:PORT")]
     pub metrics_addr: Option<String>,
 }

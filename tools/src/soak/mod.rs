@@ -120,10 +120,12 @@ fn parse_soak_backend(s: &str) -> Result<String, String> {
         "grpc" => Err("the gRPC baseline has no message layer to soak; use --backend tcp".into()),
         other => Err(
             crate::backend::missing_backend_hint_singular(other).unwrap_or_else(|| {
+                // The starwire backends: the baselines have no message
+                // layer.
                 let soaked: Vec<&str> = crate::backend::Backend::compiled()
                     .into_iter()
+                    .filter(|b| b.multi_connection())
                     .map(|b| b.name())
-                    .filter(|n| !matches!(*n, "raw" | "grpc"))
                     .collect();
                 format!(
                     "unknown backend {other:?}; soak supports: {}",
