@@ -5,9 +5,10 @@
 // Each test file is its own crate and uses only some of these.
 #![allow(dead_code)]
 
+use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
-use std::sync::mpsc;
+use std::sync::{mpsc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -73,12 +74,22 @@ pub fn num(v: &Value, k: &str) -> f64 {
         .unwrap_or_else(|| panic!("{k} is not a number in {v}"))
 }
 
-/// A loopback port nobody listens on (just released).
+/// A loopback port nobody listens on (just released), never one this test
+/// process was given before: the kernel may hand a port just released to
+/// the next bind, and two calls returning the same one named one endpoint
+/// twice in a cluster (a test failed so, "endpoint ... is listed twice").
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("port")
-        .port()
+    static GIVEN: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    let mut given = GIVEN.lock().unwrap_or_else(PoisonError::into_inner);
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("port")
+            .port();
+        if given.insert(port) {
+            return port;
+        }
+    }
 }
 
 /// The child's stderr, line by line as it comes.
