@@ -7,8 +7,8 @@
 //! them once the message has left (or was delivered, or the connection
 //! ended). A charge that would pass the limit is refused: the message is
 //! handed back ([`SendError::OverBudget`](crate::SendError::OverBudget))
-//! or the connection that would need it ends. One atomic add per message,
-//! whatever the message's size; connections of every reactor share it.
+//! or the connection that would need it ends. One atomic compare-and-swap per
+//! message, whatever the message's size; connections of every reactor share it.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -44,13 +44,19 @@ impl MemoryBudget {
 
     /// Charge `n` bytes if they fit under the limit; false (nothing
     /// charged) if not.
+    ///
+    /// A compare-and-swap, not an add undone on refusal: a refused charge
+    /// must never be seen by another connection's charge, which would be
+    /// refused too although it fits (and a refused receive ends its
+    /// connection).
     pub fn try_charge(&self, n: usize) -> bool {
-        let before = self.0.used.fetch_add(n, Ordering::Relaxed);
-        if before.saturating_add(n) <= self.0.limit {
-            return true;
-        }
-        self.0.used.fetch_sub(n, Ordering::Relaxed);
-        false
+        let limit = self.0.limit;
+        self.0
+            .used
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
+                used.checked_add(n).filter(|&after| after <= limit)
+            })
+            .is_ok()
     }
 
     /// Charge `n` bytes even past the limit: for the small error replies
@@ -88,5 +94,49 @@ mod tests {
         c.release(140);
         assert_eq!(b.used(), 0);
         assert!(b.try_charge(100));
+    }
+
+    /// Connections on other threads trying charges that can never fit
+    /// never make a charge that fits fail (an add undone on refusal let
+    /// them, for as long as their bytes were counted).
+    #[test]
+    fn refused_charges_on_other_threads_never_refuse_one_that_fits() {
+        const SMALL: usize = 500;
+        const ROUNDS: usize = 200_000;
+        let b = MemoryBudget::new(2 * SMALL);
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let big = {
+            let (b, stop) = (b.clone(), Arc::clone(&stop));
+            std::thread::spawn(move || {
+                let mut tries = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    assert!(!b.try_charge(2 * SMALL + 1));
+                    assert!(!b.try_charge(usize::MAX), "no overflow either");
+                    tries += 1;
+                }
+                tries
+            })
+        };
+        let small: Vec<_> = (0..2)
+            .map(|_| {
+                let b = b.clone();
+                std::thread::spawn(move || {
+                    (0..ROUNDS)
+                        .filter(|_| {
+                            let fit = b.try_charge(SMALL);
+                            if fit {
+                                b.release(SMALL);
+                            }
+                            !fit
+                        })
+                        .count()
+                })
+            })
+            .collect();
+        let refused: Vec<usize> = small.into_iter().map(|t| t.join().unwrap()).collect();
+        stop.store(true, Ordering::Relaxed);
+        assert!(big.join().unwrap() > 0);
+        assert_eq!(refused, [0, 0], "charges that fit were refused");
+        assert_eq!(b.used(), 0);
     }
 }
