@@ -11,6 +11,7 @@ use crate::cluster::{shard_handler, write_shard, Plan, PsEnd, TrainConfig};
 use crate::handler::ShardHandler;
 use crate::psserver::{PsHandler, Service};
 use crate::TrainError;
+use starwire_transport::MemoryBudget;
 
 /// Lock `m`; a thread that panicked while holding it left the shard as
 /// every request leaves it (each is served whole or not at all), so the
@@ -46,20 +47,22 @@ impl LockedShards {
         let handlers = (0..r)
             .map(|local| shard_handler(cfg, plan, p * r + local, restore))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Self::new(handlers, cfg.sync.then_some(cfg.workers)))
+        let sync = cfg.sync.then(|| (cfg.workers, cfg.guard.budget()));
+        Ok(Self::new(handlers, sync))
     }
 
     /// These handlers as shards 0, 1, … of a task, gathering each step's
-    /// pushes of `sync` workers when given (`--sync`).
-    pub(crate) fn new(handlers: Vec<ShardHandler>, sync: Option<usize>) -> Self {
+    /// pushes of `sync` workers when given (`--sync`), charged to its
+    /// budget.
+    pub(crate) fn new(handlers: Vec<ShardHandler>, sync: Option<(usize, MemoryBudget)>) -> Self {
         let n = handlers.len();
         Self {
             shards: handlers
                 .into_iter()
                 .map(|handler| {
                     let s = Service::new(handler);
-                    Mutex::new(match sync {
-                        Some(w) => s.with_sync(w),
+                    Mutex::new(match &sync {
+                        Some((w, budget)) => s.with_sync(*w, budget.clone()),
                         None => s,
                     })
                 })

@@ -22,7 +22,7 @@ use std::collections::{HashMap, VecDeque};
 
 use bytes::Bytes;
 use starwire_transport::wire::{Opcode, Status};
-use starwire_transport::{Connection, Incoming, Payload, SendError, TaskRole};
+use starwire_transport::{Connection, Incoming, MemoryBudget, Payload, SendError, TaskRole};
 use starwire_wire::ps::{write_push_response, Control, Limits, PushRequest};
 use thiserror::Error;
 
@@ -151,12 +151,13 @@ impl<H: PsHandler> Service<H> {
     /// Synchronous SGD over `workers` workers (`--sync`): the pushes of a
     /// step that name their worker ([`serve_from`](Self::serve_from)) are
     /// gathered and applied once, in worker-index order, when every worker
-    /// has pushed the step ([`crate::syncstep`]).
+    /// has pushed the step ([`crate::syncstep`]), the pushes kept charged
+    /// to `budget` (the task's `--memory-budget-mb`).
     #[must_use]
-    pub fn with_sync(mut self, workers: usize) -> Self {
+    pub fn with_sync(mut self, workers: usize, budget: MemoryBudget) -> Self {
         // The shard checks the merged push against its own limits; each
         // worker's push is checked against the codec's defaults on arrival.
-        self.sync = Some(SyncStep::new(workers, Limits::default()));
+        self.sync = Some(SyncStep::new(workers, Limits::default(), budget));
         self
     }
 
@@ -518,8 +519,8 @@ impl<H: PsHandler> PsServer<H> {
 
     /// Synchronous SGD over `workers` workers ([`Service::with_sync`]).
     #[must_use]
-    pub fn with_sync(mut self, workers: usize) -> Self {
-        self.service = self.service.with_sync(workers);
+    pub fn with_sync(mut self, workers: usize, budget: MemoryBudget) -> Self {
+        self.service = self.service.with_sync(workers, budget);
         self
     }
 
@@ -954,7 +955,8 @@ mod tests {
             optimizer: OptimizerConfig::sgd(1.0),
             ..ShardConfig::default()
         };
-        Service::new(ShardHandler::new(PsShard::new(0, &[var], cfg), 0)).with_sync(2)
+        Service::new(ShardHandler::new(PsShard::new(0, &[var], cfg), 0))
+            .with_sync(2, MemoryBudget::new(1 << 20))
     }
 
     fn push(svc: &mut Service<ShardHandler>, w: u32, g: f32) {

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use starwire_transport::endpoint::LINGER;
 use starwire_transport::wire::Status;
 use starwire_transport::{
-    ConnError, ConnId, Connection, Driver, Incoming, Service, Sessions, TaskRole,
+    ConnError, ConnId, Connection, Driver, Incoming, MemoryBudget, Service, Sessions, TaskRole,
 };
 
 use crate::psserver::{PsHandler, PsServer};
@@ -77,8 +77,13 @@ impl<H: PsHandler> ShardService<H> {
     /// `dead_worker_wait`, every barrier is answered with an error naming
     /// it, so the other workers fail instead of waiting for ever.
     #[must_use]
-    pub fn with_sync(mut self, workers: usize, dead_worker_wait: Duration) -> Self {
-        self.server = self.server.with_sync(workers);
+    pub fn with_sync(
+        mut self,
+        workers: usize,
+        dead_worker_wait: Duration,
+        budget: MemoryBudget,
+    ) -> Self {
+        self.server = self.server.with_sync(workers, budget);
         self.dead_worker_wait = Some(dead_worker_wait);
         self
     }

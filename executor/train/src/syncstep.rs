@@ -17,7 +17,13 @@
 //! moves by the worker count, as it does when every worker's push is
 //! applied on its own, so barriers and checkpoint steps keep their meaning.
 //! A worker that said `DONE` is not waited for.
+//!
+//! What it keeps is bounded: the step's items by the codec's item limit
+//! (the merged push must parse), and its bytes are charged to the PS
+//! task's memory budget (`--memory-budget-mb`) until the step is taken.
+//! A push past either is refused, and only its sender's connection fails.
 
+use starwire_transport::MemoryBudget;
 use starwire_wire::ps::{
     push_request_header_len, DecodeError, Limits, PushRequest, PushRequestWriter,
 };
@@ -48,6 +54,32 @@ pub enum SyncError {
     /// A push from a worker that said `DONE`.
     #[error("worker {0} pushed after it said DONE")]
     AfterDone(u32),
+    /// The push would take the step past the items one push may hold.
+    #[error(
+        "worker {worker}'s push would make the synchronous step {items} items, past the {max} \
+         one push may hold"
+    )]
+    TooManyItems {
+        /// The sender.
+        worker: u32,
+        /// The step's items with this push.
+        items: u64,
+        /// The limit.
+        max: u32,
+    },
+    /// The push's bytes do not fit in the task's memory budget.
+    #[error(
+        "worker {worker}'s push ({bytes} bytes) does not fit in the PS's --memory-budget-mb \
+         beside the synchronous step's {kept} bytes and the connections' messages"
+    )]
+    OverBudget {
+        /// The sender.
+        worker: u32,
+        /// Its push's items, in bytes.
+        bytes: usize,
+        /// Bytes kept for the step already.
+        kept: usize,
+    },
 }
 
 /// One worker's share of the step being gathered.
@@ -71,16 +103,26 @@ pub struct SyncStep {
     limits: Limits,
     /// The merged push of the last completed step (kept for its capacity).
     merged: Vec<u8>,
+    /// Where the kept items' bytes are charged.
+    budget: MemoryBudget,
+    /// Items kept for the step, over every share.
+    items: u64,
+    /// Bytes kept for the step (charged to `budget`).
+    kept: usize,
 }
 
 impl SyncStep {
     /// Gather the pushes of `workers` workers, each checked against
-    /// `limits` as the shard checks a push.
-    pub fn new(workers: usize, limits: Limits) -> Self {
+    /// `limits` as the shard checks a push, charging what it keeps to
+    /// `budget`.
+    pub fn new(workers: usize, limits: Limits, budget: MemoryBudget) -> Self {
         Self {
             shares: vec![Share::default(); workers],
             limits,
             merged: Vec::new(),
+            budget,
+            items: 0,
+            kept: 0,
         }
     }
 
@@ -107,9 +149,27 @@ impl SyncStep {
         if s.complete {
             return Err(SyncError::AheadOfStep(w));
         }
-        s.items
-            .extend_from_slice(&body[push_request_header_len()..]);
-        s.n_items = s.n_items.saturating_add(req.len() as u32);
+        let items = self.items + req.len() as u64;
+        if items > u64::from(self.limits.max_items) {
+            return Err(SyncError::TooManyItems {
+                worker: w,
+                items,
+                max: self.limits.max_items,
+            });
+        }
+        let body = &body[push_request_header_len()..];
+        if !self.budget.try_charge(body.len()) {
+            return Err(SyncError::OverBudget {
+                worker: w,
+                bytes: body.len(),
+                kept: self.kept,
+            });
+        }
+        self.items = items;
+        self.kept += body.len();
+        let s = &mut self.shares[w as usize];
+        s.items.extend_from_slice(body);
+        s.n_items += req.len() as u32;
         s.complete = req.completes_step;
         Ok(self.step_complete())
     }
@@ -142,14 +202,23 @@ impl SyncStep {
         PushRequestWriter::new(&mut self.merged, true);
         for s in &mut self.shares {
             self.merged.extend_from_slice(&s.items);
-            n = n.saturating_add(s.n_items);
+            // At most `max_items` in all: `handle_push` kept no more.
+            n += s.n_items;
             s.items.clear();
             s.n_items = 0;
             s.complete = false;
         }
         // The item count of the header (wire format: docs/WIRE.md).
         self.merged[4..8].copy_from_slice(&n.to_le_bytes());
+        self.budget.release(std::mem::take(&mut self.kept));
+        self.items = 0;
         Some(&self.merged)
+    }
+}
+
+impl Drop for SyncStep {
+    fn drop(&mut self) {
+        self.budget.release(self.kept);
     }
 }
 
@@ -171,6 +240,10 @@ mod tests {
         b
     }
 
+    fn budget() -> MemoryBudget {
+        MemoryBudget::new(1 << 20)
+    }
+
     fn items(body: &[u8]) -> Vec<(u32, f32)> {
         let r = PushRequest::parse(body, &Limits::default()).unwrap();
         assert!(r.completes_step);
@@ -186,7 +259,7 @@ mod tests {
     /// then worker 1's, then worker 2's.
     #[test]
     fn a_step_is_merged_in_worker_order_whatever_the_arrival_order() {
-        let mut s = SyncStep::new(3, Limits::default());
+        let mut s = SyncStep::new(3, Limits::default(), budget());
         assert!(!s.handle_push(2, &push(1, 2.0, true)).unwrap());
         assert!(!s.handle_push(1, &push(1, 1.0, false)).unwrap());
         assert!(s.take_step().is_none());
@@ -203,7 +276,7 @@ mod tests {
     /// its step, after `DONE`, or is no worker of the cluster is refused.
     #[test]
     fn done_workers_are_not_waited_for_and_bad_pushes_are_refused() {
-        let mut s = SyncStep::new(2, Limits::default());
+        let mut s = SyncStep::new(2, Limits::default(), budget());
         assert!(!s.handle_push(0, &push(1, 1.0, true)).unwrap());
         assert_eq!(
             s.handle_push(0, &push(1, 1.0, true)),
@@ -229,5 +302,62 @@ mod tests {
         let mut b = Vec::new();
         let r = PushRequest::parse(step_marker(&mut b), &Limits::default()).unwrap();
         assert!(r.completes_step && r.is_empty());
+    }
+
+    /// A worker that pushes without completing its step is refused once
+    /// the step would hold more items than one push may, or more bytes than
+    /// the budget has left; the step it refused still merges, and what was
+    /// kept is given back to the budget.
+    #[test]
+    fn what_a_step_keeps_is_bounded_in_items_and_bytes() {
+        let limits = Limits {
+            max_items: 4,
+            ..Limits::default()
+        };
+        let budget = budget();
+        let mut s = SyncStep::new(2, limits, budget.clone());
+        for _ in 0..4 {
+            assert!(!s.handle_push(1, &push(1, 1.0, false)).unwrap());
+        }
+        let kept = budget.used();
+        assert!(kept > 0);
+        assert!(matches!(
+            s.handle_push(1, &push(1, 1.0, false)),
+            Err(SyncError::TooManyItems {
+                worker: 1,
+                items: 5,
+                max: 4
+            })
+        ));
+        assert!(matches!(
+            s.handle_push(0, &push(1, 1.0, true)),
+            Err(SyncError::TooManyItems { worker: 0, .. })
+        ));
+        assert_eq!(budget.used(), kept, "a refused push keeps nothing");
+        assert!(!s.handle_done(0));
+        assert!(s.handle_push(1, step_marker(&mut Vec::new())).unwrap());
+        assert_eq!(items(s.take_step().unwrap()).len(), 4);
+        assert_eq!(budget.used(), 0, "taken, the step gives its bytes back");
+        let mut s = SyncStep::new(2, limits, budget.clone());
+        assert!(!s.handle_push(1, &push(1, 1.0, false)).unwrap());
+        assert!(budget.used() > 0);
+        drop(s);
+        assert_eq!(budget.used(), 0, "dropped, the step gives its bytes back");
+
+        // Bytes: a budget with room for two pushes' items.
+        let one = push(1, 1.0, false).len() - push_request_header_len();
+        let budget = MemoryBudget::new(2 * one);
+        let mut s = SyncStep::new(2, Limits::default(), budget.clone());
+        assert!(!s.handle_push(1, &push(1, 1.0, false)).unwrap());
+        assert!(!s.handle_push(1, &push(1, 2.0, false)).unwrap());
+        assert!(matches!(
+            s.handle_push(1, &push(1, 3.0, false)),
+            Err(SyncError::OverBudget { worker: 1, .. })
+        ));
+        assert_eq!(budget.used(), 2 * one);
+        assert!(!s.handle_push(1, step_marker(&mut Vec::new())).unwrap());
+        assert!(s.handle_done(0));
+        assert_eq!(items(s.take_step().unwrap()), [(1, 1.0), (1, 2.0)]);
+        assert_eq!(budget.used(), 0, "taken, the step gives its bytes back");
     }
 }

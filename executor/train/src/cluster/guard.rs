@@ -100,7 +100,7 @@ impl Guard {
     }
 
     /// The memory budget of a PS task.
-    pub(super) fn budget(&self) -> MemoryBudget {
+    pub(crate) fn budget(&self) -> MemoryBudget {
         MemoryBudget::new(self.memory_budget_mb.saturating_mul(1 << 20))
     }
 }

@@ -447,6 +447,7 @@ pub fn start_ps<K: Backend>(
         // before the idle timeout closes the connections waiting on them.
         let dead_wait = cfg.guard.idle_timeout.map_or(Duration::MAX, |t| t / 2);
         let sync_workers = cfg.sync.then_some(cfg.workers);
+        let sync_budget = budget.clone();
         let telemetry = cfg.telemetry.clone();
         let reactor = Reactor::spawn(spec, move |_| {
             let driver = K::driver(polling);
@@ -455,7 +456,7 @@ pub fn start_ps<K: Backend>(
             let mut service =
                 ShardService::new(s, handler, expected).with_max_wait_steps(max_wait_steps);
             if let Some(w) = sync_workers {
-                service = service.with_sync(w, dead_wait);
+                service = service.with_sync(w, dead_wait, sync_budget);
             }
             let endpoint = driver
                 .ok()
