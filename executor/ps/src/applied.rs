@@ -35,17 +35,16 @@ pub struct Position {
 
 impl Position {
     /// The position after a push (`completes`: it was the step's last).
+    /// It never goes back, so a push past the position applied is always
+    /// fresh: a peer's `RESUME_AT` or a checkpoint may set the steps as
+    /// high as `u64::MAX`, and a step past that one counts as a part.
     fn after(self, completes: bool) -> Self {
-        if completes {
-            Self {
-                steps: self.steps + 1,
-                parts: 0,
-            }
-        } else {
-            Self {
+        match self.steps.checked_add(1).filter(|_| completes) {
+            Some(steps) => Self { steps, parts: 0 },
+            None => Self {
                 steps: self.steps,
                 parts: self.parts.saturating_add(1),
-            }
+            },
         }
     }
 }
@@ -192,6 +191,29 @@ mod tests {
         assert_eq!(
             a.applied().collect::<Vec<_>>(),
             vec![(3, Position { steps: 3, parts: 0 })]
+        );
+    }
+
+    /// A worker new to the shard that resumes at the last step there is
+    /// does not wrap the count (a debug build panicked, a release one
+    /// acknowledged every later push without applying it): each push is
+    /// applied.
+    #[test]
+    fn a_resume_at_the_last_step_never_wraps() {
+        let mut a = AppliedSteps::default();
+        a.handle_resume(1, u64::MAX).unwrap();
+        for completes in [true, false, true] {
+            assert!(push(&mut a, 1, completes));
+        }
+        assert_eq!(
+            a.applied().collect::<Vec<_>>(),
+            vec![(
+                1,
+                Position {
+                    steps: u64::MAX,
+                    parts: 3
+                }
+            )]
         );
     }
 

@@ -548,6 +548,48 @@ fn one() -> u64 {
     1
 }
 
+impl WorkerProgress {
+    /// Most steps a position may hold: more than any run takes (a million
+    /// steps a second for 12 days), and small enough that a step count
+    /// times the workers, as the checkpoint steps are numbered, cannot
+    /// overflow.
+    pub const MAX_STEPS: u64 = 1 << 40;
+    /// Most examples (or bytes, for `offset`) a position may count.
+    pub const MAX_EXAMPLES: u64 = 1 << 56;
+
+    /// Parse a progress file and [`check`](Self::check) it.
+    pub fn from_json(b: &[u8]) -> Result<Self, CheckpointError> {
+        let p: Self = serde_json::from_slice(b)?;
+        p.check()?;
+        Ok(p)
+    }
+
+    /// Refuse counts no run reaches: the manifest and progress files are
+    /// plain JSON with no checksum, and a worker resumes from them.
+    pub fn check(&self) -> Result<(), CheckpointError> {
+        let bad = |what: &str, v: u64, max: u64| {
+            Err(CheckpointError::Corrupt(format!(
+                "worker {}'s position: {what} {v} is past {max}",
+                self.worker
+            )))
+        };
+        if self.steps > Self::MAX_STEPS {
+            return bad("steps", self.steps, Self::MAX_STEPS);
+        }
+        for (what, v) in [
+            ("epoch", self.epoch),
+            ("offset", self.offset),
+            ("examples", self.examples),
+            ("deal_block", self.deal_block),
+        ] {
+            if v > Self::MAX_EXAMPLES {
+                return bad(what, v, Self::MAX_EXAMPLES);
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Description of a whole checkpoint (all shards), written last as
 /// `manifest.json`: a checkpoint directory without a manifest is incomplete.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -598,6 +640,9 @@ impl Manifest {
                 m.shard_steps.len(),
                 m.shard_count
             )));
+        }
+        for p in &m.workers {
+            p.check()?;
         }
         Ok(m)
     }

@@ -269,6 +269,28 @@ fn atomic_write_and_manifest() {
         Manifest::from_json(&bad.to_json().unwrap()),
         Err(CheckpointError::Corrupt(_))
     ));
+    // A position with counts no run reaches (the manifest is plain JSON,
+    // edited or damaged) is corrupt: the worker would resume from it.
+    for (field, v) in [
+        ("steps", WorkerProgress::MAX_STEPS + 1),
+        ("steps", u64::MAX),
+        ("examples", u64::MAX),
+        ("epoch", u64::MAX),
+    ] {
+        let mut bad = serde_json::to_value(&m).unwrap();
+        bad["workers"][0][field] = v.into();
+        let e = Manifest::from_json(&bad.to_string()).unwrap_err();
+        assert!(
+            matches!(&e, CheckpointError::Corrupt(w) if w.contains(field)),
+            "{field} {v}: {e}"
+        );
+        let p = serde_json::to_vec(&bad["workers"][0]).unwrap();
+        assert!(WorkerProgress::from_json(&p).is_err(), "{field} {v}");
+    }
+    assert_eq!(
+        WorkerProgress::from_json(&serde_json::to_vec(&m.workers[0]).unwrap()).unwrap(),
+        m.workers[0]
+    );
     let mut bad = m.clone();
     bad.format_version = 7;
     assert!(matches!(

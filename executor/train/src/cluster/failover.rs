@@ -103,7 +103,7 @@ pub(super) fn rollback(
         ),
     };
     let text = std::fs::read(&path).map_err(|e| fail(e.to_string()))?;
-    let p: WorkerProgress = serde_json::from_slice(&text).map_err(|e| fail(e.to_string()))?;
+    let p = WorkerProgress::from_json(&text).map_err(|e| fail(e.to_string()))?;
     Ok((Some(restored), Some(p)))
 }
 

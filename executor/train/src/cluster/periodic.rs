@@ -193,7 +193,7 @@ pub(super) fn complete(
         let path = progress_file(dir, c, w);
         let ck = ck(&path);
         let text = std::fs::read(&path).map_err(|e| ck(e.to_string()))?;
-        let p: WorkerProgress = serde_json::from_slice(&text).map_err(|e| ck(e.to_string()))?;
+        let p = WorkerProgress::from_json(&text).map_err(|e| ck(e.to_string()))?;
         if p.worker != w {
             return Err(ck(format!("holds worker {}'s progress", p.worker)));
         }
