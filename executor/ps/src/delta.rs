@@ -21,7 +21,7 @@
 use std::io::{Read, Write};
 
 use rustc_hash::{FxHashMap, FxHashSet};
-use starwire_wire::ps::{Limits, PullRequest, PushItem, PushRequest};
+use starwire_wire::ps::{Limits, PullRequest, PushItem, PushRequest, U64s};
 
 use crate::checkpoint::{
     mismatch, opt_code, put_applied, put_pending, put_row, put_var_head, read_applied, read_dense,
@@ -55,29 +55,45 @@ impl TouchedRows {
         }
     }
 
-    /// A pull request the shard was given, served or refused: a refused
+    /// A pull request `shard` was given, `served` or refused: a refused
     /// pull keeps the rows it made before the refusal (a full table), so
-    /// its keys are recorded too. A recorded key with no row when the delta
-    /// is written is listed as removed, which changes nothing on a base
-    /// without it. One that does not decode changed nothing (the shard
-    /// refuses it too).
-    pub fn record_pull(&mut self, body: &[u8]) {
+    /// of its keys those with a row now are recorded. A recorded key with
+    /// no row when the delta is written is listed as removed, which
+    /// changes nothing on a base without it. One that does not decode
+    /// changed nothing (the shard refuses it too), nor does an item of a
+    /// variable that is no table of the shard: neither is recorded, so what
+    /// is kept grows only with the keys the tables hold or admit.
+    pub fn record_pull(&mut self, shard: &PsShard, body: &[u8], served: bool) {
         let Ok(req) = PullRequest::parse(body, &self.limits) else {
             return;
         };
         for item in req.items() {
             if let Some(keys) = item.keys() {
-                self.keys.entry(item.var()).or_default().extend(keys.iter());
+                self.record(shard, item.var(), keys, served);
             }
         }
     }
 
-    /// A push request the shard was given and did not acknowledge as
-    /// unapplied: its keys are recorded even when it failed, since a
-    /// failure may come after some of its rows were made or updated (a
-    /// full table); recording a row that did not change costs only its
+    /// Record `keys` of table `var` of `shard`: all of them when the
+    /// request was `served`, else those with a row.
+    fn record(&mut self, shard: &PsShard, var: u32, keys: U64s<'_>, served: bool) {
+        let Some(table) = shard.table(var) else {
+            return;
+        };
+        let set = self.keys.entry(var).or_default();
+        if served {
+            set.extend(keys.iter());
+        } else {
+            set.extend(keys.iter().filter(|&k| table.get(k).is_some()));
+        }
+    }
+
+    /// A push request `shard` was given and did not acknowledge as
+    /// unapplied (`served`, or refused): as [`record_pull`](Self::record_pull),
+    /// since a refusal may come after some of its rows were made or updated
+    /// (a full table); recording a row that did not change costs only its
     /// place in the delta.
-    pub fn record_push(&mut self, body: &[u8]) {
+    pub fn record_push(&mut self, shard: &PsShard, body: &[u8], served: bool) {
         let Ok(req) = PushRequest::parse(body, &self.limits) else {
             return;
         };
@@ -88,7 +104,7 @@ impl TouchedRows {
                     (var, keys)
                 }
             };
-            self.keys.entry(var).or_default().extend(keys.iter());
+            self.record(shard, var, keys, served);
         }
     }
 
