@@ -11,9 +11,9 @@
 //! datagram's `src_conn` (our connection's id) to pick the destination
 //! (`DpdkLink::add_peer`).
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{Read, Write};
 use std::net::{IpAddr, TcpStream};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use starwire_datagram::udp::UdpEndpoint;
 use starwire_datagram::{DatagramDriver, DatagramLink, Impaired, StreamBootstrap};
@@ -74,6 +74,15 @@ pub struct Hello {
 }
 
 impl Hello {
+    /// The longest line a hello of `n` connection ids can be: the fixed
+    /// fields at their widest, and `n` ids of ten digits and a comma.
+    pub fn max_line(n: usize) -> usize {
+        const FIXED: usize = HELLO.len()
+            + " 4294967295 ".len()
+            + "ff:ff:ff:ff:ff:ff 255.255.255.255 65535 - \n".len();
+        FIXED.saturating_add(n.saturating_mul(11))
+    }
+
     /// The line that carries this hello, with its end.
     pub fn line(&self) -> String {
         let ids: Vec<String> = self.ids.iter().map(u32::to_string).collect();
@@ -118,6 +127,70 @@ impl Hello {
             },
             ids,
         })
+    }
+}
+
+/// The peer's hello line (up to and without its newline), read within
+/// `deadline` and at most `max` bytes long: the stream comes from a peer
+/// not yet authenticated, and the read runs on a shard's reactor, so
+/// neither a line without end nor one trickled in may hold it longer.
+/// The peer writes nothing after its line; bytes past it are dropped
+/// with the stream.
+fn read_line_within(
+    mut stream: &TcpStream,
+    max: usize,
+    deadline: Instant,
+) -> Result<String, BootstrapError> {
+    let mut line = Vec::with_capacity(max.min(4096));
+    let mut chunk = [0u8; 512];
+    loop {
+        let left = deadline
+            .checked_duration_since(Instant::now())
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| {
+                BootstrapError::Io(format!(
+                    "no hello line within {} s",
+                    BOOTSTRAP_TIMEOUT.as_secs()
+                ))
+            })?;
+        stream
+            .set_read_timeout(Some(left))
+            .map_err(|e| BootstrapError::Io(e.to_string()))?;
+        let got = match stream.read(&mut chunk) {
+            Ok(0) => {
+                return Err(BootstrapError::Io(
+                    "the peer closed before its hello".into(),
+                ))
+            }
+            Ok(got) => got,
+            // A read timed out (the deadline passed) or was interrupted:
+            // the deadline check above decides.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::Interrupted
+                        | std::io::ErrorKind::WouldBlock
+                        | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                continue
+            }
+            Err(e) => return Err(BootstrapError::Io(e.to_string())),
+        };
+        let end = chunk[..got].iter().position(|&b| b == b'\n');
+        line.extend_from_slice(&chunk[..end.unwrap_or(got)]);
+        if line.len() > max {
+            return Err(BootstrapError::BadHello {
+                line: String::from_utf8_lossy(&line[..64.min(line.len())]).into_owned(),
+                why: format!("longer than the {max} bytes a hello can be"),
+            });
+        }
+        if end.is_some() {
+            return String::from_utf8(line).map_err(|e| BootstrapError::BadHello {
+                line: String::from_utf8_lossy(e.as_bytes()).into_owned(),
+                why: "not UTF-8".into(),
+            });
+        }
     }
 }
 
@@ -171,13 +244,13 @@ pub fn bootstrap<L: OnDpdk>(
         endpoint: driver.link().dpdk().config().local,
         ids,
     };
+    let deadline = Instant::now() + BOOTSTRAP_TIMEOUT;
     stream
-        .set_read_timeout(Some(BOOTSTRAP_TIMEOUT))
+        .set_write_timeout(Some(BOOTSTRAP_TIMEOUT))
         .map_err(io)?;
     let mut w = stream;
     w.write_all(mine.line().as_bytes()).map_err(io)?;
-    let mut line = String::new();
-    BufReader::new(stream).read_line(&mut line).map_err(io)?;
+    let line = read_line_within(stream, Hello::max_line(n), deadline)?;
     let peer = Hello::parse(&line)?;
     if peer.ids.len() != n {
         return Err(BootstrapError::Count {
@@ -264,5 +337,57 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    /// A connected pair of loopback streams.
+    fn pair() -> (TcpStream, TcpStream) {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        (a, l.accept().unwrap().0)
+    }
+
+    #[test]
+    fn a_hello_line_is_read_whole_and_bounded_in_length_and_time() {
+        let widest = Hello {
+            endpoint: UdpEndpoint {
+                mac: "ff:ff:ff:ff:ff:ff".parse().unwrap(),
+                ip: Ipv4Addr::new(255, 255, 255, 255),
+                port: u16::MAX,
+            },
+            ids: vec![u32::MAX; 3],
+        };
+        let soon = || Instant::now() + Duration::from_millis(300);
+        // The widest hello of its count fits, sent in pieces.
+        let (mut a, b) = pair();
+        let line = widest.line();
+        assert!(line.len() <= Hello::max_line(3), "{}", line.len());
+        let tail = line[10..].to_owned();
+        a.write_all(&line.as_bytes()[..10]).unwrap();
+        let writer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            a.write_all(tail.as_bytes()).unwrap();
+            a
+        });
+        let got = read_line_within(&b, Hello::max_line(3), soon()).unwrap();
+        assert_eq!(Hello::parse(&got), Ok(widest.clone()));
+        drop(writer.join().unwrap());
+        // A line with no end is refused once past the bound, not read on.
+        let (mut a, b) = pair();
+        a.write_all(&[b'A'; 4096]).unwrap();
+        let e = read_line_within(&b, Hello::max_line(1), soon()).unwrap_err();
+        assert!(matches!(e, BootstrapError::BadHello { .. }), "{e}");
+        // A peer that sends part of a line and waits is cut at the
+        // deadline, however it trickles.
+        let (mut a, b) = pair();
+        a.write_all(b"starwire-dpdk-hello 1").unwrap();
+        let t = Instant::now();
+        let e = read_line_within(&b, Hello::max_line(1), soon()).unwrap_err();
+        assert!(e.to_string().contains("no hello line within"), "{e}");
+        assert!(t.elapsed() < Duration::from_secs(5));
+        // One that closes first.
+        let (a, b) = pair();
+        drop(a);
+        let e = read_line_within(&b, Hello::max_line(1), soon()).unwrap_err();
+        assert!(e.to_string().contains("closed"), "{e}");
     }
 }

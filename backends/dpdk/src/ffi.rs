@@ -628,13 +628,17 @@ impl Queue {
 
 /// The text of a flow call's failure: the driver's message, else DPDK's
 /// text for the error number.
-fn flow_error(ret: i32, msg: *const c_char) -> (i32, String) {
+///
+/// # Safety
+/// `msg` is null or the `message` a failed flow call left in its
+/// `rte_flow_error`: a NUL-terminated string that outlives this call.
+unsafe fn flow_error(ret: i32, msg: *const c_char) -> (i32, String) {
     let (errno, text) = negative(ret);
     if msg.is_null() {
         return (errno, text);
     }
-    // SAFETY: a non-null message of rte_flow_error is a NUL-terminated
-    // string the driver keeps (a literal), copied out at once.
+    // SAFETY: the caller passes a NUL-terminated string that lives
+    // through this call; it is copied out at once.
     let msg = unsafe { CStr::from_ptr(msg) }.to_string_lossy();
     if msg == text {
         return (errno, text);
@@ -653,7 +657,9 @@ pub(crate) fn flow_validate(port: u16, udp_dst: u16, queue: u16) -> Result<(), (
     // DPDK checks.
     let ret = unsafe { sys::sw_flow_udp_to_queue(port, udp_dst, queue, 0, &mut flow, &mut msg) };
     if ret != 0 {
-        return Err(flow_error(ret, msg));
+        // SAFETY: msg is null or the failed call's rte_flow_error message,
+        // which drivers set to a string literal.
+        return Err(unsafe { flow_error(ret, msg) });
     }
     Ok(())
 }
@@ -687,7 +693,8 @@ impl FlowRule {
         let ret =
             unsafe { sys::sw_flow_udp_to_queue(dev.port, udp_dst, queue, 1, &mut flow, &mut msg) };
         if ret != 0 {
-            return Err(flow_error(ret, msg));
+            // SAFETY: as in flow_validate.
+            return Err(unsafe { flow_error(ret, msg) });
         }
         match NonNull::new(flow) {
             Some(flow) => Ok(Self {
