@@ -16,8 +16,10 @@
 //!   before it unmaps anything, and leaks what the kernel may still hold
 //!   (`Ring`'s `Drop`).
 //! * **Provided buffers.** The receive pool and the buffer ring outlive the
-//!   `IoUring` (field order of `Ring`), and a buffer is given back to
-//!   the kernel only after its bytes were consumed.
+//!   `IoUring` (field order of `Ring`), are leaked rather than freed when
+//!   the ring goes with requests the kernel did not complete (`Ring`'s
+//!   `Drop`: the ring's file may outlive the value), and a buffer is given
+//!   back to the kernel only after its bytes were consumed.
 //! * **Lent transmit slots.** A slot taken from the pool for a connection's
 //!   stage (`TxStage::set_fill`) is written by that stage alone, and only
 //!   past the bytes it handed over, until the stage lets go of it; the

@@ -188,14 +188,58 @@ impl Conn {
     }
 }
 
+/// Memory the kernel writes into without pinning it (the provided
+/// receive buffers and their ring): dropped with its owner unless
+/// [`leak`](Self::leak)ed, when the ring goes with receives still armed.
+struct KernelMem<T> {
+    mem: std::mem::ManuallyDrop<T>,
+    leaked: bool,
+}
+
+impl<T> KernelMem<T> {
+    fn new(mem: T) -> Self {
+        Self {
+            mem: std::mem::ManuallyDrop::new(mem),
+            leaked: false,
+        }
+    }
+
+    /// Never free it: the kernel may still write to it.
+    fn leak(&mut self) {
+        self.leaked = true;
+    }
+}
+
+impl<T> std::ops::Deref for KernelMem<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.mem
+    }
+}
+
+impl<T> std::ops::DerefMut for KernelMem<T> {
+    fn deref_mut(&mut self) -> &mut T {
+        &mut self.mem
+    }
+}
+
+impl<T> Drop for KernelMem<T> {
+    fn drop(&mut self) {
+        if !self.leaked {
+            // SAFETY: dropped here once, and `mem` is not used again.
+            unsafe { std::mem::ManuallyDrop::drop(&mut self.mem) };
+        }
+    }
+}
+
 /// One io_uring ring, the memory it uses and the connections it serves.
 pub(crate) struct Ring {
     // Field order is drop order: the ring goes before the memory it
     // references.
     ring: IoUring,
     conns: Vec<Option<Conn>>,
-    buf_ring: BufRing,
-    rx_pool: BufPool,
+    buf_ring: KernelMem<BufRing>,
+    rx_pool: KernelMem<BufPool>,
     tx_pool: BufPool,
     pub(crate) cfg: UringConfig,
     pub(crate) features: Features,
@@ -398,8 +442,8 @@ impl Ring {
         let ring = Self {
             ring,
             conns: Vec::new(),
-            buf_ring,
-            rx_pool,
+            buf_ring: KernelMem::new(buf_ring),
+            rx_pool: KernelMem::new(rx_pool),
             tx_pool,
             cfg: cfg.clone(),
             features,
@@ -785,6 +829,12 @@ impl Drop for Ring {
             // Likewise the memory of sends whose notification did not
             // come (the kernel may still transmit from those pages; slots
             // are in the pool's mapping, which the pinned pages outlive).
+            // A multishot receive writes into the provided buffers at the
+            // addresses their ring names, which nothing pins, and the ring
+            // may outlive this value (its descriptor is duplicated for the
+            // park, and registered on its issuer thread): leak both.
+            self.buf_ring.leak();
+            self.rx_pool.leak();
             if self.eventfd_read_inflight {
                 // The kernel may still write the count.
                 std::mem::forget(std::mem::take(&mut self.eventfd_buf));
