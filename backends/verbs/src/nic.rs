@@ -7,8 +7,8 @@ use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 
 use starwire_rdma::{
-    Completion, Errno, LocalSlice, MemoryRegion, QpCaps, QpEndpoint, QpState, RegisteredMem,
-    RemoteRing, RemoteSlice, Verbs, VerbsError, WcOpcode, WcStatus, MAX_QPN,
+    Access, Completion, Errno, LocalSlice, MemoryRegion, QpCaps, QpEndpoint, QpState,
+    RegisteredMem, RemoteRing, RemoteSlice, Verbs, VerbsError, WcOpcode, WcStatus, MAX_QPN,
 };
 
 use crate::device::{LinkLayer, VerbsDevice};
@@ -394,17 +394,19 @@ impl Verbs for VerbsNic {
         self.qps.get(&qpn).map(|e| e.state)
     }
 
-    fn reg_mr(&mut self, len: usize) -> Result<MemoryRegion, VerbsError> {
+    fn reg_mr(&mut self, len: usize, access: Access) -> Result<MemoryRegion, VerbsError> {
         if len == 0 {
             return Err(VerbsError::RegMr {
                 len,
                 errno: Errno::EINVAL,
             });
         }
-        let mr = Mr::register(self.device.pd(), len).map_err(|e| VerbsError::RegMr {
-            len,
-            errno: errno(e),
-        })?;
+        let remote_write = access == Access::RemoteWrite;
+        let mr =
+            Mr::register(self.device.pd(), len, remote_write).map_err(|e| VerbsError::RegMr {
+                len,
+                errno: errno(e),
+            })?;
         let region = MemoryRegion {
             id: self.registered,
             addr: mr.addr(),

@@ -49,6 +49,6 @@ pub use ring::{
 };
 pub use sim::{SimConfig, SimFabric, SimNic};
 pub use verbs::{
-    Completion, Errno, LocalSlice, MemoryRegion, QpCaps, QpState, RemoteSlice, Verbs, VerbsError,
-    WcOpcode, WcStatus,
+    Access, Completion, Errno, LocalSlice, MemoryRegion, QpCaps, QpState, RemoteSlice, Verbs,
+    VerbsError, WcOpcode, WcStatus,
 };

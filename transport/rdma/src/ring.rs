@@ -562,11 +562,11 @@ impl RingConn {
         // SAFETY: `r.off .. r.off + r.len` is free staging: `reserve` took
         // it from `place_in_staging`, which hands out only bytes no queued
         // or in-flight frame covers (a frame's bytes are released when its
-        // send completion is polled), so no posted write reads them; the
-        // staging rkey is never given to the peer (trusted, as any holder of
-        // an rkey must be, not to forge one), so no remote write targets
-        // them; and the borrows above rule out any other access while the
-        // slice lives.
+        // send completion is polled), so no posted write reads them;
+        // staging is registered without remote write (`Access::Local`), so
+        // the NIC refuses any peer's write to it, whatever key it forges;
+        // and the borrows above rule out any other access while the slice
+        // lives.
         unsafe { mem.slice_mut(r.off, r.len) }.ok()
     }
 

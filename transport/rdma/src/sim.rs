@@ -54,8 +54,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::mem::{OwnedMem, RegisteredMem};
 use crate::verbs::{
-    Completion, Errno, LocalSlice, MemoryRegion, QpCaps, QpState, RemoteSlice, Verbs, VerbsError,
-    WcOpcode, WcStatus,
+    Access, Completion, Errno, LocalSlice, MemoryRegion, QpCaps, QpState, RemoteSlice, Verbs,
+    VerbsError, WcOpcode, WcStatus,
 };
 
 /// Capacities and behaviour of the simulated NICs of one fabric.
@@ -493,7 +493,7 @@ impl Verbs for SimNic {
         lock(&self.fabric).qps.get(&qpn).map(|q| q.state)
     }
 
-    fn reg_mr(&mut self, len: usize) -> Result<MemoryRegion, VerbsError> {
+    fn reg_mr(&mut self, len: usize, access: Access) -> Result<MemoryRegion, VerbsError> {
         if len == 0 {
             return Err(VerbsError::RegMr {
                 len,
@@ -511,14 +511,17 @@ impl Verbs for SimNic {
             lkey: key,
             rkey: key + 1,
         };
-        fabric.nics[self.nic].rkeys.insert(
-            mr.rkey,
-            RemoteKey {
-                base: mr.addr,
-                len,
-                lkey: mr.lkey,
-            },
-        );
+        // Without remote write no key admits a peer's write.
+        if access == Access::RemoteWrite {
+            fabric.nics[self.nic].rkeys.insert(
+                mr.rkey,
+                RemoteKey {
+                    base: mr.addr,
+                    len,
+                    lkey: mr.lkey,
+                },
+            );
+        }
         drop(fabric);
         self.registered += 1;
         self.regions.insert(

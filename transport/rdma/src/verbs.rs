@@ -23,12 +23,24 @@ use thiserror::Error;
 
 use crate::mem::RegisteredMem;
 
+/// What a region's rkey admits: the NIC refuses a peer's RDMA write to a
+/// region registered without remote write (`IBV_WC_REM_ACCESS_ERR` at the
+/// writer), whatever key it guesses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Access {
+    /// Local reads and writes only (a staging buffer, whose rkey is never
+    /// given to the peer).
+    Local,
+    /// Remote writes too (`IBV_ACCESS_REMOTE_WRITE`: a receive ring).
+    RemoteWrite,
+}
+
 /// A registered memory region: what `ibv_reg_mr` returns.
 ///
 /// `lkey` names the region in local work requests; `rkey` and `addr` are
 /// what the peer puts in its RDMA writes (`wr.rdma.rkey`,
-/// `wr.rdma.remote_addr`) to target this region. Regions are registered
-/// with local write and remote write access.
+/// `wr.rdma.remote_addr`) to target this region, if it was registered
+/// with [`Access::RemoteWrite`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct MemoryRegion {
     /// Identifier local to the verbs that registered it (registration
@@ -350,10 +362,11 @@ pub trait Verbs {
     /// Current state of queue pair `qpn`; `None` if there is no such QP.
     fn qp_state(&self, qpn: u32) -> Option<QpState>;
 
-    /// Register `len` zeroed bytes in the protection domain for local and
-    /// remote write access (`ibv_reg_mr` over a buffer the implementation
-    /// owns).
-    fn reg_mr(&mut self, len: usize) -> Result<MemoryRegion, VerbsError>;
+    /// Register `len` zeroed bytes in the protection domain for local
+    /// write access, and remote write access with
+    /// [`Access::RemoteWrite`] (`ibv_reg_mr` over a buffer the
+    /// implementation owns).
+    fn reg_mr(&mut self, len: usize, access: Access) -> Result<MemoryRegion, VerbsError>;
 
     /// Deregister the region `lkey` and free its bytes (`ibv_dereg_mr`).
     /// Work requests still posted against it complete with an error.

@@ -9,8 +9,8 @@ use std::time::Instant;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use starwire_rdma::{
-    LocalSlice, MemoryRegion, RdmaDriver, RemoteSlice, RingConfig, SimConfig, SimNic, Verbs,
-    WcStatus, MIN_RECV_DEPTH,
+    Access, LocalSlice, MemoryRegion, RdmaDriver, RemoteSlice, RingConfig, SimConfig, SimNic,
+    Verbs, WcStatus, MIN_RECV_DEPTH,
 };
 use starwire_transport::conformance::{DriverPair, Pair};
 use starwire_transport::{ConnId, Connection, Driver, Incoming, Payload, TaskRole, TransportError};
@@ -376,7 +376,7 @@ fn completions_of_a_queue_pair_the_driver_does_not_own_are_ignored() {
     // A receive WR on a queue pair of a's NIC that no connection owns,
     // with a wr_id that names connection slot 0; b's NIC writes to it.
     a.verbs_mut().post_recv(stray_a, 1 << 63).unwrap();
-    let src = b.verbs_mut().reg_mr(8).unwrap();
+    let src = b.verbs_mut().reg_mr(8, Access::RemoteWrite).unwrap();
     let dst = a.ring(ca).unwrap().ring_region();
     b.verbs_mut()
         .post_write_with_imm(
@@ -414,8 +414,14 @@ fn an_overrun_completion_queue_fails_every_connection_once() {
     });
     let qps: Vec<(u32, u32)> = (0..2).map(|_| na.connect_qp(&mut nb).unwrap()).collect();
     let floods: Vec<(u32, u32)> = (0..3).map(|_| na.connect_qp(&mut nb).unwrap()).collect();
-    let (src_a, dst_a) = (na.reg_mr(8).unwrap(), na.reg_mr(8).unwrap());
-    let (src_b, dst_b) = (nb.reg_mr(8).unwrap(), nb.reg_mr(8).unwrap());
+    let (src_a, dst_a) = (
+        na.reg_mr(8, Access::RemoteWrite).unwrap(),
+        na.reg_mr(8, Access::RemoteWrite).unwrap(),
+    );
+    let (src_b, dst_b) = (
+        nb.reg_mr(8, Access::RemoteWrite).unwrap(),
+        nb.reg_mr(8, Access::RemoteWrite).unwrap(),
+    );
     let write = |nic: &mut SimNic, qpn, wr_id, src: &MemoryRegion, dst: &MemoryRegion| {
         let local = LocalSlice {
             lkey: src.lkey,

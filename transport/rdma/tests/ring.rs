@@ -7,8 +7,8 @@ use std::time::Instant;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use starwire_rdma::{
-    QpState, RangeError, RdmaDriver, RegisteredMem, RemoteRing, RingConfig, RingConn, RingError,
-    RingFault, SimConfig, SimNic, Verbs, WcStatus, WorkRequest,
+    Access, QpState, RangeError, RdmaDriver, RegisteredMem, RemoteRing, RingConfig, RingConn,
+    RingError, RingFault, SimConfig, SimNic, Verbs, WcStatus, WorkRequest,
 };
 use starwire_transport::{ConnId, Driver, TransportError};
 
@@ -444,7 +444,7 @@ fn rnr_when_the_receiver_never_reposts_is_a_typed_error() {
     let (ca, _) = da.prepare(qa).unwrap();
     // A hand-driven peer that registers a ring and posts only two receive
     // WRs while promising sixteen.
-    let ring = nb.reg_mr(4096).unwrap();
+    let ring = nb.reg_mr(4096, Access::RemoteWrite).unwrap();
     nb.post_recv(qb, 1).unwrap();
     nb.post_recv(qb, 2).unwrap();
     da.connect(

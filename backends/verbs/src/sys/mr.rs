@@ -34,13 +34,16 @@ unsafe impl Send for Mr {}
 pub(crate) type RegError = i32;
 
 impl Mr {
-    /// Map `len` zeroed bytes and register them in `pd`.
-    pub(crate) fn register(pd: &Arc<Pd>, len: usize) -> Result<Self, RegError> {
+    /// Map `len` zeroed bytes and register them in `pd` for local write,
+    /// and for remote write when `remote_write`.
+    pub(crate) fn register(pd: &Arc<Pd>, len: usize, remote_write: bool) -> Result<Self, RegError> {
         let pool = BufPool::new(len, 1, HugePolicy::Try).map_err(|_| libc::ENOMEM)?;
         let base = NonNull::new(pool.base_ptr() as *mut u8).ok_or(libc::ENOMEM)?;
-        let access = (ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
-            | ffi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE)
-            .0 as i32;
+        let mut access = ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE;
+        if remote_write {
+            access |= ffi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE;
+        }
+        let access = access.0 as i32;
         // SAFETY: `pool` maps at least `len` bytes, owned by this region
         // and unmapped only after `ibv_dereg_mr` (`Drop`); nothing holds a
         // Rust reference to them (the pool lends none, `mem` gives a raw

@@ -9,7 +9,7 @@ use starwire_transport::TransportError;
 
 use super::{wr_id, RingConn, RingError, RingFault, RingStats, MIN_RECV_DEPTH, WR_RECV};
 use crate::imm::{MAX_CREDIT_BYTES, MAX_CREDIT_RECVS, MAX_DATA_LEN, SLOT};
-use crate::verbs::{Completion, MemoryRegion, QpCaps, Verbs};
+use crate::verbs::{Access, Completion, MemoryRegion, QpCaps, Verbs};
 
 /// Sizes of the rings of every connection of one driver (its side of
 /// each connection).
@@ -191,8 +191,11 @@ impl PreparedRing {
                 caps.max_msg_size
             )));
         }
-        let staging = verbs.reg_mr(cfg.staging_len)?;
-        let ring = match verbs.reg_mr(cfg.ring_len) {
+        // The peer writes into the ring only: staging is registered
+        // without remote write, so no key of it admits the peer's writes
+        // (the ring lends staging as `&mut [u8]`).
+        let staging = verbs.reg_mr(cfg.staging_len, Access::Local)?;
+        let ring = match verbs.reg_mr(cfg.ring_len, Access::RemoteWrite) {
             Ok(ring) => ring,
             Err(e) => {
                 let _ = verbs.dereg_mr(staging.lkey);

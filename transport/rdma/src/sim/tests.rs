@@ -42,7 +42,7 @@ fn a_nic_can_move_to_another_thread() {
     }
     let (a, b) = SimNic::pair(SimConfig::default());
     let mut a = std::thread::spawn(move || send(a)).join().unwrap();
-    let mr = a.reg_mr(8).unwrap();
+    let mr = a.reg_mr(8, Access::RemoteWrite).unwrap();
     let a = std::thread::spawn(move || send(a)).join().unwrap();
     a.mr_mem(mr.lkey).unwrap().write(0, b"moved").unwrap();
     let mut back = [0; 5];
@@ -54,8 +54,8 @@ fn a_nic_can_move_to_another_thread() {
 #[test]
 fn write_with_imm_lands_and_completes_both_sides() {
     let (mut a, qa, mut b, qb) = connected(SimConfig::default());
-    let src = a.reg_mr(64).unwrap();
-    let dst = b.reg_mr(64).unwrap();
+    let src = a.reg_mr(64, Access::RemoteWrite).unwrap();
+    let dst = b.reg_mr(64, Access::RemoteWrite).unwrap();
     a.mr_mem(src.lkey).unwrap().write(0, b"ping").unwrap();
     b.post_recv(qb, 77).unwrap();
     a.post_write_with_imm(qa, 5, local(&src, 0, 4), remote(&dst, 10), 0xabc)
@@ -84,8 +84,8 @@ fn write_with_imm_lands_and_completes_both_sides() {
 #[test]
 fn many_queue_pairs_share_one_cq_and_one_doorbell() {
     let (mut a, mut b) = SimNic::pair(SimConfig::default());
-    let src = a.reg_mr(64).unwrap();
-    let dst = b.reg_mr(64 * 8).unwrap();
+    let src = a.reg_mr(64, Access::RemoteWrite).unwrap();
+    let dst = b.reg_mr(64 * 8, Access::RemoteWrite).unwrap();
     let qps: Vec<(u32, u32)> = (0..8).map(|_| a.connect_qp(&mut b).unwrap()).collect();
     for (i, &(qa, qb)) in qps.iter().enumerate() {
         b.post_recv(qb, 100 + i as u64).unwrap();
@@ -124,8 +124,8 @@ fn many_queue_pairs_share_one_cq_and_one_doorbell() {
 #[test]
 fn an_error_on_one_queue_pair_leaves_the_others_running() {
     let (mut a, mut b) = SimNic::pair(SimConfig::default());
-    let src = a.reg_mr(64).unwrap();
-    let dst = b.reg_mr(64).unwrap();
+    let src = a.reg_mr(64, Access::RemoteWrite).unwrap();
+    let dst = b.reg_mr(64, Access::RemoteWrite).unwrap();
     let (q1, p1) = a.connect_qp(&mut b).unwrap();
     let (q2, p2) = a.connect_qp(&mut b).unwrap();
     b.post_recv(p1, 1).unwrap();
@@ -157,8 +157,8 @@ fn an_error_on_one_queue_pair_leaves_the_others_running() {
 #[test]
 fn destroying_a_queue_pair_cleans_its_completions() {
     let (mut a, qa, mut b, qb) = connected(SimConfig::default());
-    let src = a.reg_mr(8).unwrap();
-    let dst = b.reg_mr(8).unwrap();
+    let src = a.reg_mr(8, Access::RemoteWrite).unwrap();
+    let dst = b.reg_mr(8, Access::RemoteWrite).unwrap();
     let (qa2, _qb2) = a.connect_qp(&mut b).unwrap();
     b.post_recv(qb, 0).unwrap();
     a.post_write_with_imm(qa, 1, local(&src, 0, 8), remote(&dst, 0), 0)
@@ -176,7 +176,7 @@ fn destroying_a_queue_pair_cleans_its_completions() {
         })
     );
     // The peer's queue pair finds nobody answering.
-    let bsrc = b.reg_mr(8).unwrap();
+    let bsrc = b.reg_mr(8, Access::RemoteWrite).unwrap();
     b.post_write_with_imm(qb, 7, local(&bsrc, 0, 8), remote(&src, 0), 0)
         .unwrap();
     b.ring_doorbell().unwrap();
@@ -193,11 +193,30 @@ fn destroying_a_queue_pair_cleans_its_completions() {
     assert_eq!(a.posted_recvs(qa2), 1);
 }
 
+/// A region registered without remote write takes no peer's write, even
+/// with its rkey and in bounds; the local side still reads and writes it.
+#[test]
+fn a_local_region_refuses_remote_writes() {
+    let (mut a, qa, mut b, qb) = connected(SimConfig::default());
+    let src = a.reg_mr(8, Access::RemoteWrite).unwrap();
+    let dst = b.reg_mr(8, Access::Local).unwrap();
+    b.mr_mem(dst.lkey).unwrap().write(0, b"mine").unwrap();
+    b.post_recv(qb, 0).unwrap();
+    a.post_write_with_imm(qa, 1, local(&src, 0, 8), remote(&dst, 0), 0)
+        .unwrap();
+    a.ring_doorbell().unwrap();
+    assert_eq!(poll_all(&mut a)[0].status, WcStatus::RemoteAccess);
+    let mut kept = [0; 4];
+    b.mr_mem(dst.lkey).unwrap().read(0, &mut kept).unwrap();
+    assert_eq!(&kept, b"mine");
+    b.dereg_mr(dst.lkey).unwrap();
+}
+
 #[test]
 fn a_deregistered_region_is_gone_for_the_peer() {
     let (mut a, qa, mut b, qb) = connected(SimConfig::default());
-    let src = a.reg_mr(8).unwrap();
-    let dst = b.reg_mr(8).unwrap();
+    let src = a.reg_mr(8, Access::RemoteWrite).unwrap();
+    let dst = b.reg_mr(8, Access::RemoteWrite).unwrap();
     b.dereg_mr(dst.lkey).unwrap();
     assert!(b.mr_mem(dst.lkey).is_none());
     assert_eq!(b.region_count(), 0);
@@ -232,8 +251,8 @@ fn queue_pairs_on_two_fabrics_cannot_connect() {
 #[test]
 fn zero_length_write_delivers_only_the_immediate() {
     let (mut a, qa, mut b, qb) = connected(SimConfig::default());
-    let src = a.reg_mr(8).unwrap();
-    let dst = b.reg_mr(8).unwrap();
+    let src = a.reg_mr(8, Access::RemoteWrite).unwrap();
+    let dst = b.reg_mr(8, Access::RemoteWrite).unwrap();
     b.post_recv(qb, 1).unwrap();
     a.post_write_with_imm(qa, 1, local(&src, 0, 0), remote(&dst, 8), 42)
         .unwrap();
@@ -245,8 +264,8 @@ fn zero_length_write_delivers_only_the_immediate() {
 #[test]
 fn remote_access_out_of_bounds_errors_and_flushes() {
     let (mut a, qa, mut b, qb) = connected(SimConfig::default());
-    let src = a.reg_mr(64).unwrap();
-    let dst = b.reg_mr(64).unwrap();
+    let src = a.reg_mr(64, Access::RemoteWrite).unwrap();
+    let dst = b.reg_mr(64, Access::RemoteWrite).unwrap();
     a.post_recv(qa, 900).unwrap();
     for i in 0..3 {
         b.post_recv(qb, i).unwrap();
@@ -284,7 +303,7 @@ fn remote_access_out_of_bounds_errors_and_flushes() {
     assert!(poll_all(&mut b).is_empty());
     assert_eq!(b.posted_recvs(qb), 3);
     // The peer's next write finds nobody answering.
-    let bsrc = b.reg_mr(8).unwrap();
+    let bsrc = b.reg_mr(8, Access::RemoteWrite).unwrap();
     b.post_write_with_imm(qb, 9, local(&bsrc, 0, 8), remote(&src, 0), 0)
         .unwrap();
     b.ring_doorbell().unwrap();
@@ -294,8 +313,8 @@ fn remote_access_out_of_bounds_errors_and_flushes() {
 #[test]
 fn wrong_key_is_a_remote_access_error() {
     let (mut a, qa, mut b, qb) = connected(SimConfig::default());
-    let src = a.reg_mr(64).unwrap();
-    let dst = b.reg_mr(64).unwrap();
+    let src = a.reg_mr(64, Access::RemoteWrite).unwrap();
+    let dst = b.reg_mr(64, Access::RemoteWrite).unwrap();
     b.post_recv(qb, 0).unwrap();
     let lkey_as_rkey = RemoteSlice {
         rkey: dst.lkey,
@@ -310,8 +329,8 @@ fn wrong_key_is_a_remote_access_error() {
 #[test]
 fn local_slice_outside_region_is_a_protection_error() {
     let (mut a, qa, mut b, qb) = connected(SimConfig::default());
-    let src = a.reg_mr(16).unwrap();
-    let dst = b.reg_mr(64).unwrap();
+    let src = a.reg_mr(16, Access::RemoteWrite).unwrap();
+    let dst = b.reg_mr(64, Access::RemoteWrite).unwrap();
     b.post_recv(qb, 0).unwrap();
     a.post_write_with_imm(qa, 1, local(&src, 8, 16), remote(&dst, 0), 0)
         .unwrap();
@@ -323,8 +342,8 @@ fn local_slice_outside_region_is_a_protection_error() {
 #[test]
 fn rnr_blocks_then_recovers_when_a_recv_is_posted() {
     let (mut a, qa, mut b, qb) = connected(SimConfig::default());
-    let src = a.reg_mr(8).unwrap();
-    let dst = b.reg_mr(8).unwrap();
+    let src = a.reg_mr(8, Access::RemoteWrite).unwrap();
+    let dst = b.reg_mr(8, Access::RemoteWrite).unwrap();
     a.post_write_with_imm(qa, 1, local(&src, 0, 8), remote(&dst, 0), 1)
         .unwrap();
     a.ring_doorbell().unwrap();
@@ -341,8 +360,8 @@ fn rnr_retry_exhaustion_is_an_error_completion() {
         ..SimConfig::default()
     };
     let (mut a, qa, mut b, _qb) = connected(cfg);
-    let src = a.reg_mr(8).unwrap();
-    let dst = b.reg_mr(8).unwrap();
+    let src = a.reg_mr(8, Access::RemoteWrite).unwrap();
+    let dst = b.reg_mr(8, Access::RemoteWrite).unwrap();
     a.post_write_with_imm(qa, 1, local(&src, 0, 8), remote(&dst, 0), 1)
         .unwrap();
     a.post_write_with_imm(qa, 2, local(&src, 0, 8), remote(&dst, 0), 2)
@@ -372,8 +391,8 @@ fn posting_beyond_queue_capacity_fails_until_completions_are_polled() {
         ..SimConfig::default()
     };
     let (mut a, qa, mut b, qb) = connected(cfg);
-    let src = a.reg_mr(8).unwrap();
-    let dst = b.reg_mr(8).unwrap();
+    let src = a.reg_mr(8, Access::RemoteWrite).unwrap();
+    let dst = b.reg_mr(8, Access::RemoteWrite).unwrap();
     b.post_recv(qb, 0).unwrap();
     assert_eq!(
         b.post_recv(qb, 1),
@@ -413,8 +432,8 @@ fn cq_overrun_fails_poll_and_errors_every_queue_pair() {
     });
     let (qc, qd) = c.connect_qp(&mut d).unwrap();
     let (qc2, _) = c.connect_qp(&mut d).unwrap();
-    let cs = c.reg_mr(8).unwrap();
-    let dr = d.reg_mr(8).unwrap();
+    let cs = c.reg_mr(8, Access::RemoteWrite).unwrap();
+    let dr = d.reg_mr(8, Access::RemoteWrite).unwrap();
     for i in 0..3 {
         d.post_recv(qd, i).unwrap();
         c.post_write_with_imm(qc, i, local(&cs, 0, 0), remote(&dr, 0), 0)
