@@ -104,7 +104,7 @@ impl Backend {
                     Err(e) => Some(e.to_string()),
                 };
                 match why {
-                    Some(why) => Err(format!("io_uring unavailable: {why}; use --backends tcp")),
+                    Some(why) => Err(format!("io_uring unavailable: {why}; use the tcp backend")),
                     None => Ok(()),
                 }
             }
@@ -144,14 +144,14 @@ pub fn missing_backend_hint(name: &str) -> Option<String> {
         "uring" | "io_uring" | "io-uring" => {
             "the uring backend is not compiled in; rebuild with \
              `cargo build --release --features uring` (needs Linux >= 5.19 with \
-             io_uring enabled), or use --backends tcp"
+             io_uring enabled), or use the tcp backend"
         }
         #[cfg(not(all(feature = "verbs", target_os = "linux")))]
         "verbs" | "rdma" | "ibverbs" => {
             "the verbs backend is not compiled in; rebuild with \
              `cargo build --release --features verbs` (needs libibverbs-dev, \
              librdmacm-dev and libclang-dev, and an RDMA device: \
-             docs/backends/rdma.md), or use --backends tcp"
+             docs/backends/rdma.md), or use the tcp backend"
         }
         #[cfg(all(feature = "verbs", target_os = "linux"))]
         "rdma" | "ibverbs" => "the verbs backend is called verbs",
@@ -159,23 +159,17 @@ pub fn missing_backend_hint(name: &str) -> Option<String> {
         "dpdk" => {
             "the dpdk backend is not compiled in; rebuild with \
              `cargo build --release --features dpdk` (needs DPDK 22.11: \
-             libdpdk-dev, pkg-config, libclang-dev); use --backends tcp"
+             libdpdk-dev, pkg-config, libclang-dev), or use the tcp backend"
         }
         #[cfg(not(feature = "grpc"))]
         "grpc" => {
             "the grpc backend is not compiled in; rebuild with \
              `cargo build --release --features grpc` (needs protobuf-compiler), \
-             or use --backends tcp"
+             or use the tcp backend"
         }
         _ => return None,
     };
     Some(hint.to_owned())
-}
-
-/// [`missing_backend_hint`] for the commands whose flag is `--backend`
-/// (train, ps, worker, soak): the hints name bench's `--backends`.
-pub fn missing_backend_hint_singular(name: &str) -> Option<String> {
-    missing_backend_hint(name).map(|h| h.replace("--backends ", "--backend "))
 }
 
 /// The starwire backends of this binary, for messages.
@@ -246,11 +240,11 @@ mod tests {
             .contains("--features grpc"));
         #[cfg(not(feature = "dpdk"))]
         {
-            let e = missing_backend_hint_singular("dpdk").unwrap();
-            assert!(e.contains("use --backend tcp"), "{e}");
+            let e = missing_backend_hint("dpdk").unwrap();
+            assert!(e.ends_with("or use the tcp backend"), "{e}");
         }
         #[cfg(feature = "dpdk")]
-        assert_eq!(missing_backend_hint_singular("dpdk"), None);
+        assert_eq!(missing_backend_hint("dpdk"), None);
         let e = "carrier-pigeon".parse::<Backend>().unwrap_err();
         assert!(e.contains("unknown backend"), "{e}");
     }

@@ -386,7 +386,7 @@ fn print_text(i: &Value, settings: &Settings) {
                 "usable".to_owned()
             } else {
                 format!(
-                    "UNUSABLE: {}; use --backends tcp",
+                    "UNUSABLE: {}; use the tcp backend",
                     s(&ub["unusable_reason"]).replace("null", &s(&ub["error"]))
                 )
             };

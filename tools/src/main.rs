@@ -59,7 +59,7 @@ enum Command {
     Info(info::InfoArgs),
     /// Train a sparse model on a local loopback cluster (PS and workers as
     /// threads of this process); the main job.
-    Train(train::TrainArgs),
+    Train(train::LocalArgs),
     /// Run one PS task of a multi-host cluster.
     Ps(launch::PsArgs),
     /// Run one worker task of a multi-host cluster.

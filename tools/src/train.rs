@@ -17,16 +17,25 @@ use starwire_train::{BackendKind, TrainConfig, TrainReport};
 
 use crate::failure::{at_least_one, Failure};
 
-/// Training flags shared by `train`, `ps` and `worker` (every task of a
-/// cluster must be given the same ones).
+/// `starwire train`: the local cluster's size, and the training flags.
 #[derive(Debug, Clone, Args)]
-pub struct TrainArgs {
-    /// PS tasks (local cluster).
+pub struct LocalArgs {
+    /// PS tasks.
     #[arg(long, default_value_t = 1, value_parser = at_least_one)]
     pub ps: usize,
-    /// Worker tasks (local cluster).
+    /// Worker tasks.
     #[arg(long, default_value_t = 2, value_parser = at_least_one)]
     pub workers: usize,
+    #[command(flatten)]
+    pub train: TrainArgs,
+}
+
+/// Training flags shared by `train`, `ps` and `worker` (every task of a
+/// cluster must be given the same ones). `ps` and `worker` take the
+/// cluster's size from its spec (`--ps_hosts`, `--worker_hosts` or
+/// TF_CONFIG), `train` from [`LocalArgs`].
+#[derive(Debug, Clone, Args)]
+pub struct TrainArgs {
     /// Transport backend: tcp, uring, grpc, dpdk, verbs (when built in),
     /// or inproc (no network: workers call the shards directly; the compute
     /// bound, local cluster only).
@@ -348,7 +357,7 @@ fn parse_strategy(s: &str, seed: u64) -> Result<Strategy, String> {
 fn check_backend(name: &str) -> Result<BackendKind, String> {
     BackendKind::from_name(name).ok_or_else(|| {
         let have: Vec<&str> = BackendKind::ALL.iter().map(|(n, _)| *n).collect();
-        crate::backend::missing_backend_hint_singular(name).unwrap_or_else(|| {
+        crate::backend::missing_backend_hint(name).unwrap_or_else(|| {
             format!(
                 "unknown backend {name:?}; training runs on: {}",
                 have.join(", ")
@@ -585,10 +594,11 @@ fn dpdk_fast_endpoint(_a: &TrainArgs, _fast: &starwire_config::HostPort) -> Resu
     Ok(())
 }
 
-pub fn main(a: TrainArgs) -> Result<(), Failure> {
-    let mut cfg = prepare(&a, a.ps, a.workers)?;
+pub fn main(l: LocalArgs) -> Result<(), Failure> {
+    let a = &l.train;
+    let mut cfg = prepare(a, l.ps, l.workers)?;
     starwire_train::cluster::fit_local_host(&mut cfg).map_err(train_failure)?;
-    let _dpdk = dpdk_setup(&a);
+    let _dpdk = dpdk_setup(a);
     tracing::info!(
         target: "status",
         "starwire train: {} on {} PS x {} reactor(s) and {} workers over loopback {}; \

@@ -790,6 +790,29 @@ fn train_rejects_bad_flags_with_clear_errors() {
     );
 }
 
+/// `ps` and `worker` take the cluster's size from its spec: the local
+/// cluster's `--ps` and `--workers` are not theirs, so they are refused
+/// rather than ignored.
+#[test]
+fn ps_and_worker_refuse_the_local_cluster_size_flags() {
+    for cmd in ["ps", "worker"] {
+        for flag in ["--ps", "--workers"] {
+            let out = run(&[cmd, flag, "4"]);
+            assert_eq!(out.status.code(), Some(2), "{cmd} {flag}");
+            assert!(
+                text(&out.stderr).contains(&format!("unexpected argument '{flag}'")),
+                "{cmd} {flag}: {}",
+                text(&out.stderr)
+            );
+        }
+        let help = text(&run(&[cmd, "--help"]).stdout);
+        assert!(
+            !help.contains("--workers <") && !help.contains("--ps <"),
+            "{help}"
+        );
+    }
+}
+
 #[test]
 fn ps_and_worker_processes_train_across_processes() {
     across_processes(false);

@@ -96,7 +96,8 @@ pub struct BenchArgs {
     /// Measure each run for this many seconds instead of --iters.
     #[arg(long)]
     pub duration: Option<f64>,
-    /// Warm-up iterations per run (default iters/10, at most 1000).
+    /// Warm-up iterations per run [default: iters/10, at most 1000, but
+    /// at least 2 x connections x inflight in lat, rate and bw].
     #[arg(long)]
     pub warmup: Option<u64>,
     /// Alternate the backends this many times; report the median.

@@ -119,7 +119,7 @@ fn parse_soak_backend(s: &str) -> Result<String, String> {
         "raw" => Err("the raw baseline has no message layer to soak; use --backend tcp".into()),
         "grpc" => Err("the gRPC baseline has no message layer to soak; use --backend tcp".into()),
         other => Err(
-            crate::backend::missing_backend_hint_singular(other).unwrap_or_else(|| {
+            crate::backend::missing_backend_hint(other).unwrap_or_else(|| {
                 // The starwire backends: the baselines have no message
                 // layer.
                 let soaked: Vec<&str> = crate::backend::Backend::compiled()
