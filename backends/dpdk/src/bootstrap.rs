@@ -10,14 +10,21 @@
 //! A link may carry connections to several peers: it reads each
 //! datagram's `src_conn` (our connection's id) to pick the destination
 //! (`DpdkLink::add_peer`).
+//!
+//! A reactor's connection ([`attach_one`], `attach_stream`) exchanges its
+//! line without blocking: the driver's flushes step a [`HelloExchange`]
+//! until it connects the connection, so a peer that is slow or silent
+//! holds up nothing else. The bench's [`bootstrap`] of many connections at
+//! once blocks its own thread. Either reads at most the bytes a hello can
+//! be, within [`BOOTSTRAP_TIMEOUT`].
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use starwire_datagram::udp::UdpEndpoint;
-use starwire_datagram::{DatagramDriver, DatagramLink, Impaired, StreamBootstrap};
-use starwire_transport::{ConnId, TransportError};
+use starwire_datagram::{DatagramDriver, DatagramLink, Exchange, Impaired, StreamBootstrap};
+use starwire_transport::{ConnId, Driver, TransportError};
 use thiserror::Error;
 
 use crate::link::DpdkLink;
@@ -130,68 +137,97 @@ impl Hello {
     }
 }
 
-/// The peer's hello line (up to and without its newline), read within
-/// `deadline` and at most `max` bytes long: the stream comes from a peer
-/// not yet authenticated, and the read runs on a shard's reactor, so
-/// neither a line without end nor one trickled in may hold it longer.
-/// The peer writes nothing after its line; bytes past it are dropped
-/// with the stream.
+/// The peer's hello line as it arrives, at most `max` bytes long (the
+/// stream comes from a peer not yet authenticated). The peer writes
+/// nothing after its line; bytes past it are dropped with the stream.
+#[derive(Debug)]
+struct LineReader {
+    line: Vec<u8>,
+    max: usize,
+}
+
+impl LineReader {
+    fn new(max: usize) -> Self {
+        Self {
+            line: Vec::new(),
+            max,
+        }
+    }
+
+    /// Take `bytes` read from the stream: the line (without its newline)
+    /// once it is whole.
+    fn feed(&mut self, bytes: &[u8]) -> Result<Option<String>, BootstrapError> {
+        let end = bytes.iter().position(|&b| b == b'\n');
+        self.line
+            .extend_from_slice(&bytes[..end.unwrap_or(bytes.len())]);
+        if self.line.len() > self.max {
+            return Err(BootstrapError::BadHello {
+                line: String::from_utf8_lossy(&self.line[..64.min(self.line.len())]).into_owned(),
+                why: format!("longer than the {} bytes a hello can be", self.max),
+            });
+        }
+        if end.is_none() {
+            return Ok(None);
+        }
+        String::from_utf8(std::mem::take(&mut self.line))
+            .map(Some)
+            .map_err(|e| BootstrapError::BadHello {
+                line: String::from_utf8_lossy(e.as_bytes()).into_owned(),
+                why: "not UTF-8".into(),
+            })
+    }
+}
+
+fn timed_out() -> BootstrapError {
+    BootstrapError::Io(format!(
+        "no hello line within {} s",
+        BOOTSTRAP_TIMEOUT.as_secs()
+    ))
+}
+
+/// A read or write that did not fail: it would block, or was interrupted.
+fn retry(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::Interrupted
+            | std::io::ErrorKind::WouldBlock
+            | std::io::ErrorKind::TimedOut
+    )
+}
+
+/// The peer's hello line, read within `deadline` and at most `max` bytes
+/// long, blocking (the bench's bootstrap, on a thread of its own).
 fn read_line_within(
     mut stream: &TcpStream,
     max: usize,
     deadline: Instant,
 ) -> Result<String, BootstrapError> {
-    let mut line = Vec::with_capacity(max.min(4096));
+    let mut line = LineReader::new(max);
     let mut chunk = [0u8; 512];
     loop {
         let left = deadline
             .checked_duration_since(Instant::now())
             .filter(|d| !d.is_zero())
-            .ok_or_else(|| {
-                BootstrapError::Io(format!(
-                    "no hello line within {} s",
-                    BOOTSTRAP_TIMEOUT.as_secs()
-                ))
-            })?;
+            .ok_or_else(timed_out)?;
         stream
             .set_read_timeout(Some(left))
             .map_err(|e| BootstrapError::Io(e.to_string()))?;
-        let got = match stream.read(&mut chunk) {
-            Ok(0) => {
-                return Err(BootstrapError::Io(
-                    "the peer closed before its hello".into(),
-                ))
+        match stream.read(&mut chunk) {
+            Ok(0) => return Err(closed()),
+            Ok(got) => {
+                if let Some(l) = line.feed(&chunk[..got])? {
+                    return Ok(l);
+                }
             }
-            Ok(got) => got,
-            // A read timed out (the deadline passed) or was interrupted:
-            // the deadline check above decides.
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::Interrupted
-                        | std::io::ErrorKind::WouldBlock
-                        | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                continue
-            }
+            // Timed out (the deadline check decides) or interrupted.
+            Err(e) if retry(&e) => {}
             Err(e) => return Err(BootstrapError::Io(e.to_string())),
-        };
-        let end = chunk[..got].iter().position(|&b| b == b'\n');
-        line.extend_from_slice(&chunk[..end.unwrap_or(got)]);
-        if line.len() > max {
-            return Err(BootstrapError::BadHello {
-                line: String::from_utf8_lossy(&line[..64.min(line.len())]).into_owned(),
-                why: format!("longer than the {max} bytes a hello can be"),
-            });
-        }
-        if end.is_some() {
-            return String::from_utf8(line).map_err(|e| BootstrapError::BadHello {
-                line: String::from_utf8_lossy(e.as_bytes()).into_owned(),
-                why: "not UTF-8".into(),
-            });
         }
     }
+}
+
+fn closed() -> BootstrapError {
+    BootstrapError::Io("the peer closed before its hello".into())
 }
 
 /// A link whose connections the bootstrap can point at their peers: a
@@ -289,20 +325,130 @@ impl StreamBootstrap for DpdkLink {
             };
             driver.link_mut().set_local_ip(ip);
         }
-        attach_one(driver, &stream)
+        attach_one(driver, stream)
     }
 }
 
 /// Bootstrap one connection on `driver` over `stream` (what
-/// `attach_stream` does; for links under a fault injector too).
+/// `attach_stream` does; for links under a fault injector too) without
+/// blocking: the connection is prepared and its hello written at once,
+/// and the driver's flushes read the peer's ([`HelloExchange`]) and
+/// connect it. Frames sent before queue until then.
 pub fn attach_one<L: OnDpdk>(
     driver: &mut DatagramDriver<L>,
-    stream: &TcpStream,
+    stream: TcpStream,
 ) -> Result<ConnId, TransportError> {
-    let ids = bootstrap(driver, stream, 1)?;
-    ids.first()
-        .copied()
-        .ok_or_else(|| TransportError::Link("DPDK bootstrap gave no connection".into()))
+    let io = |e: std::io::Error| BootstrapError::Io(e.to_string());
+    stream.set_nonblocking(true).map_err(io)?;
+    let (conn, id) = driver
+        .prepare()
+        .map_err(|e| BootstrapError::Driver(e.to_string()))?;
+    let mine = Hello {
+        endpoint: driver.link().dpdk().config().local,
+        ids: vec![id],
+    };
+    let mut x = HelloExchange {
+        stream,
+        id,
+        out: mine.line().into_bytes(),
+        sent: 0,
+        line: LineReader::new(Hello::max_line(1)),
+        deadline: Instant::now() + BOOTSTRAP_TIMEOUT,
+    };
+    // Our hello leaves now: the peer may be waiting for it.
+    if let Err(e) = x.write() {
+        driver.detach(conn);
+        return Err(e.into());
+    }
+    driver.begin_exchange(conn, Box::new(x));
+    Ok(conn)
+}
+
+/// One connection's hello exchange, stepped by its driver's flushes
+/// ([`Exchange`]): our line written, the peer's read as it comes, within
+/// [`BOOTSTRAP_TIMEOUT`] and [`Hello::max_line`] bytes; then the
+/// connection is pointed at the peer and connected, and the stream goes.
+/// Nothing blocks: a peer without the token that never answers holds only
+/// its own connection (which the session layer's handshake timeout ends).
+#[derive(Debug)]
+pub struct HelloExchange {
+    stream: TcpStream,
+    /// Our connection's id, as our hello gave it.
+    id: u32,
+    /// Our hello line, and how much of it was written.
+    out: Vec<u8>,
+    sent: usize,
+    line: LineReader,
+    deadline: Instant,
+}
+
+impl HelloExchange {
+    /// Write what the socket takes of our line.
+    fn write(&mut self) -> Result<(), BootstrapError> {
+        while self.sent < self.out.len() {
+            match (&self.stream).write(&self.out[self.sent..]) {
+                Ok(0) => return Err(closed()),
+                Ok(n) => self.sent += n,
+                Err(e) if retry(&e) => return Ok(()),
+                Err(e) => return Err(BootstrapError::Io(e.to_string())),
+            }
+        }
+        Ok(())
+    }
+
+    /// The peer's line, once it is whole and ours was written.
+    fn read_if_sent(&mut self) -> Result<Option<String>, BootstrapError> {
+        if self.sent < self.out.len() {
+            return Ok(None);
+        }
+        let mut chunk = [0u8; 512];
+        loop {
+            match (&self.stream).read(&mut chunk) {
+                Ok(0) => return Err(closed()),
+                Ok(got) => {
+                    if let Some(l) = self.line.feed(&chunk[..got])? {
+                        return Ok(Some(l));
+                    }
+                }
+                Err(e) if retry(&e) => return Ok(None),
+                Err(e) => return Err(BootstrapError::Io(e.to_string())),
+            }
+        }
+    }
+}
+
+impl<L: OnDpdk> Exchange<L> for HelloExchange {
+    fn step(
+        &mut self,
+        driver: &mut DatagramDriver<L>,
+        conn: ConnId,
+        now: Instant,
+    ) -> Result<bool, TransportError> {
+        // The peer's line is read once ours has left whole.
+        self.write()?;
+        let line = match self.read_if_sent()? {
+            Some(line) => line,
+            None if now >= self.deadline => return Err(timed_out().into()),
+            None => return Ok(false),
+        };
+        let peer = Hello::parse(&line)?;
+        let [peer_id] = peer.ids[..] else {
+            return Err(BootstrapError::Count {
+                peer: peer.ids.len(),
+                local: 1,
+            }
+            .into());
+        };
+        driver
+            .link_mut()
+            .dpdk_mut()
+            .add_peer(self.id, peer.endpoint);
+        driver
+            .connect(conn, peer_id)
+            .map_err(|e| BootstrapError::Driver(e.to_string()))?;
+        tracing::debug!(local = self.id, peer = %peer.endpoint, "DPDK bootstrap done");
+        Ok(true)
+    }
 }
 
 #[cfg(test)]

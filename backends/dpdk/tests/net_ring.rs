@@ -117,6 +117,7 @@ fn net_ring_port() {
     full_inbox_holds_the_queue(a, b, 800);
     conformance_over_net_ring(&port, &q);
     conformance_under_injected_loss(&port, &q);
+    hello_exchanges_over_streams(&port, &q);
 
     queue_set(eal);
     set_of_one(eal);
@@ -371,6 +372,88 @@ fn raw_datagrams(port: &Port, q: &SharedQueue) {
         "{:?}",
         a.stats()
     );
+}
+
+/// A connected pair of loopback TCP streams.
+fn streams() -> (std::net::TcpStream, std::net::TcpStream) {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
+    let a = std::net::TcpStream::connect(l.local_addr().unwrap()).expect("connect");
+    (a, l.accept().expect("accept").0)
+}
+
+/// `attach_stream`'s bootstrap never blocks its reactor: two drivers
+/// attach the two ends of a stream and their flushes exchange the hellos
+/// and connect them (a frame then crosses); a silent peer leaves its
+/// connection waiting and the flush returns, a garbled hello or one past
+/// the deadline fails its connection alone, and a detached one is dropped.
+fn hello_exchanges_over_streams(port: &Port, q: &SharedQueue) {
+    use starwire_dpdk::bootstrap::{attach_one, BOOTSTRAP_TIMEOUT};
+    use starwire_transport::Driver;
+    use std::io::Write;
+    let (la, lb) = link_pair(q, port, 9500, 9501);
+    let cfg = ReliableConfig::default();
+    let mut a = DatagramDriver::new(la, cfg.clone()).expect("driver a");
+    let mut b = DatagramDriver::new(lb, cfg).expect("driver b");
+    let (sa, sb) = streams();
+    let ca = attach_one(&mut a, sa).expect("attach a");
+    let cb = attach_one(&mut b, sb).expect("attach b");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while a.exchanging() + b.exchanging() > 0 {
+        assert!(Instant::now() < deadline, "the hellos never crossed");
+        a.flush(Instant::now());
+        b.flush(Instant::now());
+    }
+    assert!(a.core(ca).is_some() && b.core(cb).is_some());
+    a.tx_reserve(ca, 5)
+        .unwrap()
+        .unwrap()
+        .copy_from_slice(b"hello");
+    a.tx_commit(ca, 5);
+    let mut got = Vec::new();
+    while got.is_empty() {
+        assert!(Instant::now() < deadline, "the frame never crossed");
+        a.flush(Instant::now());
+        b.rx_burst(Instant::now(), 8, &mut |c, f| got.push((c, f.to_vec())));
+    }
+    assert_eq!(got, vec![(cb, b"hello".to_vec())]);
+
+    // A peer that says nothing: the flush returns, the connection waits.
+    let (silent, _quiet) = streams();
+    let cs = attach_one(&mut a, silent).expect("attach silent");
+    let t = Instant::now();
+    a.flush(Instant::now());
+    assert!(t.elapsed() < Duration::from_secs(1));
+    assert_eq!(a.exchanging(), 1);
+    assert!(a.core(cs).is_none() && a.poll_failure().is_none());
+    // Past the deadline it fails, alone.
+    a.flush(Instant::now() + BOOTSTRAP_TIMEOUT);
+    let (failed, e) = a.poll_failure().expect("timed out");
+    assert_eq!(failed, cs);
+    assert!(e.to_string().contains("no hello line"), "{e}");
+    a.detach(cs);
+    // A garbled hello fails its connection.
+    let (garbled, mut peer) = streams();
+    peer.write_all(b"starwire-dpdk-hello 1 nonsense\n").unwrap();
+    let cg = attach_one(&mut a, garbled).expect("attach garbled");
+    let mut failure = None;
+    while failure.is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "the garbled hello was never read"
+        );
+        a.flush(Instant::now());
+        failure = a.poll_failure();
+    }
+    let (failed, e) = failure.unwrap();
+    assert_eq!(failed, cg);
+    assert!(e.to_string().contains("bad DPDK bootstrap line"), "{e}");
+    a.detach(cg);
+    // Detached while waiting: the exchange goes with it.
+    let (silent, _quiet) = streams();
+    let cd = attach_one(&mut a, silent).expect("attach");
+    a.detach(cd);
+    assert_eq!(a.exchanging(), 0);
+    assert!(a.core(ca).is_some(), "the first connection is untouched");
 }
 
 /// The shared conformance suite: 64 connections between two

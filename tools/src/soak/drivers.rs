@@ -99,7 +99,7 @@ pub(super) fn dpdk_attach<L: crate::dpdk::OnDpdk>(
     d: &mut starwire_datagram::DatagramDriver<L>,
     s: TcpStream,
 ) -> Result<ConnId, TransportError> {
-    starwire_dpdk::bootstrap::attach_one(d, &s)
+    starwire_dpdk::bootstrap::attach_one(d, s)
 }
 
 #[cfg(all(feature = "uring", target_os = "linux"))]

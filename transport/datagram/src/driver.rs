@@ -137,6 +137,27 @@ pub struct DatagramDriver<L> {
     /// Slots whose `lingering` is set: an idle turn skips the scan of
     /// [`wind_down`](Self::wind_down) when there are none.
     lingering: usize,
+    /// Prepared connections whose out-of-band exchange is under way,
+    /// stepped by every flush.
+    exchanges: Vec<(ConnId, Box<dyn Exchange<L>>)>,
+}
+
+/// A prepared connection's out-of-band exchange that is under way (the
+/// DPDK bootstrap, over the TCP stream the connection came on): the
+/// driver steps it on every [`flush`](Driver::flush) until it is done, so
+/// a peer that is slow to answer, or never does, holds up nothing but its
+/// own connection.
+pub trait Exchange<L>: std::fmt::Debug + Send {
+    /// Advance without blocking. `Ok(true)`: done (the exchange connected
+    /// `conn`, [`DatagramDriver::connect`]); `Ok(false)`: waiting for the
+    /// peer; an error fails the connection (it is reported by
+    /// [`poll_failure`](Driver::poll_failure)).
+    fn step(
+        &mut self,
+        driver: &mut DatagramDriver<L>,
+        conn: ConnId,
+        now: Instant,
+    ) -> Result<bool, TransportError>;
 }
 
 impl<L: DatagramLink> DatagramDriver<L> {
@@ -155,7 +176,42 @@ impl<L: DatagramLink> DatagramDriver<L> {
             stats: DatagramStats::default(),
             retired: CoreStats::default(),
             lingering: 0,
+            exchanges: Vec::new(),
         })
+    }
+
+    /// Run `exchange` for the prepared connection `conn` until it connects
+    /// it or fails; it is dropped, unfinished, if `conn` is detached first.
+    pub fn begin_exchange(&mut self, conn: ConnId, exchange: Box<dyn Exchange<L>>) {
+        self.exchanges.push((conn, exchange));
+    }
+
+    /// Connections whose exchange is under way.
+    pub fn exchanging(&self) -> usize {
+        self.exchanges.len()
+    }
+
+    /// Step every exchange under way; one that fails fails its connection.
+    fn step_exchanges(&mut self, now: Instant) {
+        if self.exchanges.is_empty() {
+            return;
+        }
+        let mut going = std::mem::take(&mut self.exchanges);
+        going.retain_mut(|(conn, x)| match x.step(self, *conn, now) {
+            Ok(done) => !done,
+            Err(e) => {
+                if let Some(slot) = self.slots.get_mut(conn.index()).filter(|s| s.held) {
+                    if slot.failure.is_none() {
+                        slot.failure = Some(e.to_string());
+                        self.failed.push_back((*conn, e));
+                    }
+                }
+                false
+            }
+        });
+        // Exchanges begun while these stepped go after them.
+        going.append(&mut self.exchanges);
+        self.exchanges = going;
     }
 
     /// Take a slot for a new connection. Returns its handle and the id the
@@ -470,6 +526,7 @@ impl<L: DatagramLink> Driver for DatagramDriver<L> {
     /// burst.
     fn flush(&mut self, now: Instant) -> bool {
         self.stats.flushes += 1;
+        self.step_exchanges(now);
         self.wind_down(now);
         for slot in &mut self.slots {
             if let Some(core) = slot.live() {
@@ -549,6 +606,7 @@ impl<L: DatagramLink> Driver for DatagramDriver<L> {
         }
         slot.held = false;
         self.failed.retain(|(c, _)| *c != conn);
+        self.exchanges.retain(|(c, _)| *c != conn);
         let linger =
             slot.failure.is_none() && slot.core.as_ref().is_some_and(ReliableCore::needs_linger);
         if linger {
@@ -620,8 +678,10 @@ impl<L: DatagramLink> Driver for DatagramDriver<L> {
 /// [`StreamDriver`], so the roles that dial and accept streams (PS
 /// reactors, workers) run over it unchanged.
 pub trait StreamBootstrap: DatagramLink + Sized {
-    /// Prepare one connection on `driver`, exchange addresses and ids with
-    /// the peer over `stream`, and connect it toward the peer's.
+    /// Prepare one connection on `driver` and exchange addresses and ids
+    /// with the peer over `stream`, connecting it toward the peer's: at
+    /// once, or without blocking the reactor through
+    /// [`DatagramDriver::begin_exchange`].
     fn bootstrap(
         driver: &mut DatagramDriver<Self>,
         stream: TcpStream,

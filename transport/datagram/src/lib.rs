@@ -40,7 +40,8 @@ pub mod udp;
 
 pub use crate::core::{ConfigError, ConnIds, CoreStats, ReliableConfig, ReliableCore};
 pub use crate::driver::{
-    DatagramDriver, DatagramError, DatagramStats, StreamBootstrap, IDLE_NAP, MAX_CONNECTIONS,
+    DatagramDriver, DatagramError, DatagramStats, Exchange, StreamBootstrap, IDLE_NAP,
+    MAX_CONNECTIONS,
 };
 pub use crate::impair::{ImpairStats, Impaired};
 pub use crate::link::{DatagramLink, LinkError};

@@ -406,6 +406,114 @@ fn a_dead_peer_connection_fails_alone() {
     assert_eq!(a.len(), n - 1);
 }
 
+/// An out-of-band exchange that connects its connection to `peer` on its
+/// `after`-th step, or fails then when `peer` is `None`.
+#[derive(Debug)]
+struct Scripted {
+    peer: Option<u32>,
+    after: usize,
+    steps: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl starwire_datagram::Exchange<LossyLink> for Scripted {
+    fn step(&mut self, d: &mut Dgram, conn: ConnId, _now: Instant) -> Result<bool, TransportError> {
+        let n = self
+            .steps
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1;
+        if n < self.after {
+            return Ok(false);
+        }
+        match self.peer {
+            Some(peer) => {
+                d.connect(conn, peer)
+                    .map_err(|e| TransportError::Link(e.to_string()))?;
+                Ok(true)
+            }
+            None => Err(TransportError::Link("scripted failure".into())),
+        }
+    }
+}
+
+/// Exchanges run on the flushes, one step each, without holding up the
+/// driver's other connections: one connects its connection (frames queued
+/// before it then leave), one fails its connection alone, and one whose
+/// connection is detached first is dropped unfinished.
+#[test]
+fn out_of_band_exchanges_connect_or_fail_their_connection_alone() {
+    let (mut a, a_ids, mut b, b_ids) = pair(1, LossConfig::lossless(1500), 9);
+    let steps = || std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (ca, ia) = a.prepare().unwrap();
+    let (cb, ib) = b.prepare().unwrap();
+    b.connect(cb, ia).unwrap();
+    let ok_steps = steps();
+    a.begin_exchange(
+        ca,
+        Box::new(Scripted {
+            peer: Some(ib),
+            after: 3,
+            steps: ok_steps.clone(),
+        }),
+    );
+    let (cf, _) = a.prepare().unwrap();
+    a.begin_exchange(
+        cf,
+        Box::new(Scripted {
+            peer: None,
+            after: 2,
+            steps: steps(),
+        }),
+    );
+    let (cd, _) = a.prepare().unwrap();
+    let dropped = steps();
+    a.begin_exchange(
+        cd,
+        Box::new(Scripted {
+            peer: Some(ib),
+            after: 1_000,
+            steps: dropped.clone(),
+        }),
+    );
+    assert_eq!(a.exchanging(), 3);
+    assert!(matches!(a.tx_reserve(ca, 4), Ok(None)), "not connected yet");
+    // The established connection is served while the others exchange.
+    a.tx_reserve(a_ids[0], 4)
+        .unwrap()
+        .unwrap()
+        .copy_from_slice(b"live");
+    a.tx_commit(a_ids[0], 4);
+    let now = Instant::now();
+    a.flush(now);
+    let mut got = Vec::new();
+    b.rx_burst(now, 8, &mut |c, f| got.push((c, f.to_vec())));
+    assert_eq!(got, vec![(b_ids[0], b"live".to_vec())]);
+    a.detach(cd);
+    assert_eq!(a.exchanging(), 2);
+    a.flush(now);
+    let (failed, e) = a.poll_failure().expect("the scripted failure");
+    assert_eq!(failed, cf);
+    assert!(e.to_string().contains("scripted failure"), "{e}");
+    assert!(a.poll_failure().is_none());
+    assert_eq!(a.exchanging(), 1);
+    a.flush(now);
+    assert_eq!(a.exchanging(), 0);
+    assert_eq!(ok_steps.load(std::sync::atomic::Ordering::Relaxed), 3);
+    assert_eq!(
+        dropped.load(std::sync::atomic::Ordering::Relaxed),
+        1,
+        "the first flush's step, none after the detach"
+    );
+    a.tx_reserve(ca, 5)
+        .unwrap()
+        .unwrap()
+        .copy_from_slice(b"later");
+    a.tx_commit(ca, 5);
+    a.flush(now);
+    got.clear();
+    b.rx_burst(now, 8, &mut |c, f| got.push((c, f.to_vec())));
+    assert_eq!(got, vec![(cb, b"later".to_vec())]);
+}
+
 #[test]
 fn frames_queued_before_connect_wait_for_it() {
     let (la, lb) = LossyLink::pair(LossConfig::lossless(1500), 7);
