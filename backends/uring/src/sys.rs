@@ -631,10 +631,19 @@ impl BufRing {
     /// ring this buffer ring is registered with.
     pub(crate) unsafe fn add(&mut self, addr: *const u8, len: u32, bid: u16) {
         let slot = usize::from(self.tail & (self.entries - 1)) * BUF_ENTRY_LEN;
-        let rec = &mut self.map[slot..slot + BUF_ENTRY_LEN];
-        rec[0..8].copy_from_slice(&(addr as u64).to_ne_bytes());
-        rec[8..12].copy_from_slice(&len.to_ne_bytes());
-        rec[12..14].copy_from_slice(&bid.to_ne_bytes());
+        // Raw writes, no slice of the mapping: the kernel writes the other
+        // records (with incremental consumption, the head's address and
+        // length) while this one is filled.
+        let rec = self.map.as_mut_ptr().wrapping_add(slot);
+        // SAFETY: `slot + 14 <= entries * 16`, the mapping's length, and
+        // the record at the local tail is ours until `publish`: the kernel
+        // consumed it before (or never had it). Unaligned writes, so no
+        // alignment is assumed.
+        unsafe {
+            rec.cast::<u64>().write_unaligned(addr as u64);
+            rec.wrapping_add(8).cast::<u32>().write_unaligned(len);
+            rec.wrapping_add(12).cast::<u16>().write_unaligned(bid);
+        }
         // Bytes 14..16 of record 0 are the shared tail: never written here.
         self.tail = self.tail.wrapping_add(1);
     }
