@@ -4,8 +4,9 @@
 # end of a connection's handshake (hello, auth, the cluster-token check),
 # the PS pull/push codec through the shard's request handlers, the PS
 # checkpoint readers (shard files and deltas), then the DPDK backend's
-# Ethernet/IPv4/UDP parser. SECONDS is split between them; then 5 s of
-# the RDMA side-channel message parser.
+# Ethernet/IPv4/UDP parser. SECONDS is split between them; then 5 s each
+# of the RDMA side-channel message parser and the reliable-datagram
+# protocol (its packet decoder and a ReliableCore's packet handling).
 # Usage: ci/fuzz.sh [SECONDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,3 +24,4 @@ cargo run --release --locked -p starwire-wire-fuzz --bin fuzz-checkpoint -- --se
 cargo run --release --locked -p starwire-wire-fuzz --bin fuzz-udp -- --seconds "$udp" --seed "$seed"
 # The RDMA side-channel message is 64 bytes: a few seconds cover it.
 cargo run --release --locked -p starwire-wire-fuzz --bin fuzz-qp-endpoint -- --seconds 5 --seed "$seed"
+cargo run --release --locked -p starwire-wire-fuzz --bin fuzz-datagram -- --seconds 5 --seed "$seed"

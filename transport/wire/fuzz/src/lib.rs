@@ -5,9 +5,12 @@
 //! handlers ([`ps::Handlers`], driver `fuzz-ps-proto`), the DPDK
 //! backend's Ethernet/IPv4/UDP parser ([`Udp`], driver `fuzz-udp`), and
 //! the RDMA side-channel message `starwire_rdma::QpEndpoint`
-//! ([`endpoint::Endpoint`], driver `fuzz-qp-endpoint`), and the PS
+//! ([`endpoint::Endpoint`], driver `fuzz-qp-endpoint`), the PS
 //! checkpoint readers, shard files and deltas
-//! ([`checkpoint::Checkpoint`], driver `fuzz-checkpoint`).
+//! ([`checkpoint::Checkpoint`], driver `fuzz-checkpoint`), and the
+//! reliable-datagram protocol under the DPDK backend, its packet decoder
+//! and `ReliableCore::handle_packet` ([`datagram`], driver
+//! `fuzz-datagram`).
 //!
 //! * [`seeds`] builds a seed corpus of valid encoded frames of every opcode,
 //!   chunked messages and multi-frame streams.
@@ -53,6 +56,7 @@
 #![warn(missing_docs)]
 
 pub mod checkpoint;
+pub mod datagram;
 pub mod driver;
 pub mod endpoint;
 pub mod handshake;
