@@ -5,8 +5,11 @@
 # the PS pull/push codec through the shard's request handlers, the PS
 # checkpoint readers (shard files and deltas), then the DPDK backend's
 # Ethernet/IPv4/UDP parser. SECONDS is split between them; then 5 s each
-# of the RDMA side-channel message parser and the reliable-datagram
-# protocol (its packet decoder and a ReliableCore's packet handling).
+# of the RDMA side-channel message parser, the reliable-datagram
+# protocol (its packet decoder and a ReliableCore's packet handling) and
+# the text parsers of user and peer input (host:port, .endpoint_map,
+# TF_CONFIG, the DeepRec settings variables, the Criteo reader, plain and
+# gzip).
 # Usage: ci/fuzz.sh [SECONDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,3 +28,4 @@ cargo run --release --locked -p starwire-wire-fuzz --bin fuzz-udp -- --seconds "
 # The RDMA side-channel message is 64 bytes: a few seconds cover it.
 cargo run --release --locked -p starwire-wire-fuzz --bin fuzz-qp-endpoint -- --seconds 5 --seed "$seed"
 cargo run --release --locked -p starwire-wire-fuzz --bin fuzz-datagram -- --seconds 5 --seed "$seed"
+cargo run --release --locked -p starwire-wire-fuzz --bin fuzz-text -- --seconds 5 --seed "$seed"

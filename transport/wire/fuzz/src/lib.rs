@@ -10,7 +10,10 @@
 //! ([`checkpoint::Checkpoint`], driver `fuzz-checkpoint`), and the
 //! reliable-datagram protocol under the DPDK backend, its packet decoder
 //! and `ReliableCore::handle_packet` ([`datagram`], driver
-//! `fuzz-datagram`).
+//! `fuzz-datagram`), and the text parsers of user and peer input, the
+//! `starwire_config` endpoint, endpoint map, `TF_CONFIG` and settings
+//! parsers and the `starwire_data` Criteo reader, plain and gzip
+//! ([`text::Text`], driver `fuzz-text`).
 //!
 //! * [`seeds`] builds a seed corpus of valid encoded frames of every opcode,
 //!   chunked messages and multi-frame streams.
@@ -62,6 +65,7 @@ pub mod endpoint;
 pub mod handshake;
 pub mod peak;
 pub mod ps;
+pub mod text;
 
 use std::path::{Path, PathBuf};
 
