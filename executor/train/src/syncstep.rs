@@ -19,9 +19,13 @@
 //! A worker that said `DONE` is not waited for.
 //!
 //! What it keeps is bounded: the step's items by the codec's item limit
-//! (the merged push must parse), and its bytes are charged to the PS
-//! task's memory budget (`--memory-budget-mb`) until the step is taken.
-//! A push past either is refused, and only its sender's connection fails.
+//! (the merged push must parse), and its bytes by the PS task's memory
+//! budget (`--memory-budget-mb`): a step may keep at most the budget's
+//! limit, whatever else the task's connections hold at the moment, so
+//! whether a push fits does not depend on the traffic. A push past either
+//! is refused, and only its sender fails. The bytes kept are counted in
+//! the budget until the step is taken, so the connections' messages and
+//! replies see the room they take.
 
 use starwire_transport::MemoryBudget;
 use starwire_wire::ps::{
@@ -67,10 +71,10 @@ pub enum SyncError {
         /// The limit.
         max: u32,
     },
-    /// The push's bytes do not fit in the task's memory budget.
+    /// The push's bytes would take the step past the task's memory budget.
     #[error(
-        "worker {worker}'s push ({bytes} bytes) does not fit in the PS's --memory-budget-mb \
-         beside the synchronous step's {kept} bytes and the connections' messages"
+        "worker {worker}'s push ({bytes} bytes) would make the synchronous step's pushes more \
+         than the PS's --memory-budget-mb ({kept} bytes kept already)"
     )]
     OverBudget {
         /// The sender.
@@ -158,13 +162,16 @@ impl SyncStep {
             });
         }
         let body = &body[push_request_header_len()..];
-        if !self.budget.try_charge(body.len()) {
+        if self.kept + body.len() > self.budget.limit() {
             return Err(SyncError::OverBudget {
                 worker: w,
                 bytes: body.len(),
                 kept: self.kept,
             });
         }
+        // Counted even past the limit (the step's bound is the check
+        // above): other messages then find less room, and may retry.
+        self.budget.charge(body.len());
         self.items = items;
         self.kept += body.len();
         let s = &mut self.shares[w as usize];
@@ -344,9 +351,12 @@ mod tests {
         drop(s);
         assert_eq!(budget.used(), 0, "dropped, the step gives its bytes back");
 
-        // Bytes: a budget with room for two pushes' items.
+        // Bytes: a budget with room for two pushes' items, which other
+        // connections fill meanwhile: whether a push fits depends on the
+        // step alone, and what it keeps is counted beside theirs.
         let one = push(1, 1.0, false).len() - push_request_header_len();
         let budget = MemoryBudget::new(2 * one);
+        budget.charge(2 * one);
         let mut s = SyncStep::new(2, Limits::default(), budget.clone());
         assert!(!s.handle_push(1, &push(1, 1.0, false)).unwrap());
         assert!(!s.handle_push(1, &push(1, 2.0, false)).unwrap());
@@ -354,10 +364,15 @@ mod tests {
             s.handle_push(1, &push(1, 3.0, false)),
             Err(SyncError::OverBudget { worker: 1, .. })
         ));
-        assert_eq!(budget.used(), 2 * one);
+        assert_eq!(budget.used(), 4 * one);
+        // An empty push that completes the step always fits.
         assert!(!s.handle_push(1, step_marker(&mut Vec::new())).unwrap());
         assert!(s.handle_done(0));
         assert_eq!(items(s.take_step().unwrap()), [(1, 1.0), (1, 2.0)]);
-        assert_eq!(budget.used(), 0, "taken, the step gives its bytes back");
+        assert_eq!(
+            budget.used(),
+            2 * one,
+            "taken, the step gives its bytes back"
+        );
     }
 }

@@ -455,8 +455,8 @@ fn run_clients<D: SoakDriver, A: Attach<D>>(
         let k = i % nc;
         let s = dial(addr, shard, deadline).map_err(|e| e.to_string())?;
         // Attached before the next dial: a backend whose ends exchange
-        // addresses over the stream (dpdk) finishes each exchange while
-        // the server reactors have no other stream to wait on.
+        // addresses over the stream (dpdk) has written its half, and its
+        // driver's flushes, on the client reactor, finish the exchange.
         let id =
             attachers[k](&mut drivers[k], s).map_err(|e| format!("attaching a connection: {e}"))?;
         groups[k].push((id, shard));

@@ -105,22 +105,28 @@ mod tests {
         const ROUNDS: usize = 200_000;
         let b = MemoryBudget::new(2 * SMALL);
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let started = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let big = {
-            let (b, stop) = (b.clone(), Arc::clone(&stop));
+            let (b, stop, started) = (b.clone(), Arc::clone(&stop), Arc::clone(&started));
             std::thread::spawn(move || {
                 let mut tries = 0u64;
                 while !stop.load(Ordering::Relaxed) {
                     assert!(!b.try_charge(2 * SMALL + 1));
                     assert!(!b.try_charge(usize::MAX), "no overflow either");
                     tries += 1;
+                    started.store(true, Ordering::Relaxed);
                 }
                 tries
             })
         };
         let small: Vec<_> = (0..2)
             .map(|_| {
-                let b = b.clone();
+                let (b, started) = (b.clone(), Arc::clone(&started));
                 std::thread::spawn(move || {
+                    // The refused charges run alongside from the first.
+                    while !started.load(Ordering::Relaxed) {
+                        std::thread::yield_now();
+                    }
                     (0..ROUNDS)
                         .filter(|_| {
                             let fit = b.try_charge(SMALL);
