@@ -32,12 +32,12 @@
 //!   when received chunks wait, and none arrive while no other receive is
 //!   armed; a connection's state is freed only once no receive is armed.
 //! * **Own receive buffers.** A receive into a connection's own buffer
-//!   (`own`, a boxed slice that is never resized) writes past the chunks
-//!   received before it; the receive path reads only those chunks while it
-//!   is in flight (`recv_armed`, not a direct receive), moving the box
-//!   out and back does not move its memory, and the buffer is dropped only
-//!   once no receive is armed (or leaked, when the ring goes with one
-//!   outstanding).
+//!   (`own`, an `OwnBuf`: a raw allocation that is never resized, so no
+//!   reference to its whole covers bytes the kernel writes) writes past
+//!   the chunks received before it; the receive path makes references
+//!   only to those chunks while it is in flight (`recv_armed`, not a
+//!   direct receive), and the buffer is dropped only once no receive is
+//!   armed (or leaked, when the ring goes with one outstanding).
 //! * **Eventfd drains.** A read of the park eventfd writes into the ring's
 //!   boxed `eventfd_buf`, which is neither read nor replaced while the read
 //!   is in flight (`eventfd_read_inflight`) and is leaked if the ring goes

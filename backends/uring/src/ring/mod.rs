@@ -15,6 +15,7 @@
 #![allow(unsafe_code)]
 
 mod op;
+mod own;
 mod park;
 mod receive;
 mod send;
@@ -38,6 +39,7 @@ use crate::sys::{self, BufRing, SendMsg, Sock};
 use crate::{RecvMode, UringConfig, UringError, UringStats};
 
 use op::{armed_recv_op, user_data, BGID, OP_CANCEL, OP_EVENTFD, OP_POLL, OP_RECV_OWN};
+use own::OwnBuf;
 use receive::OWN_BID;
 use send::unref_slot;
 use submit::CQE_BATCH;
@@ -123,7 +125,7 @@ pub(crate) struct Conn {
     /// receive goes to its front once everything before was consumed, so
     /// the kernel's copy lands on the same cache-hot, aligned lines turn
     /// after turn (see [`OWN_ALIGN`]).
-    own: Box<[u8]>,
+    own: OwnBuf,
     /// Where the next receive into `own` goes (rounded up to `OWN_ALIGN`),
     /// or, while one is in flight, where it started.
     own_end: u32,
@@ -685,7 +687,7 @@ impl Ring {
             rx_end: None,
             frame_error: None,
             recv_armed: false,
-            own: Box::default(),
+            own: OwnBuf::default(),
             own_end: 0,
             own_refs: 0,
             poll_armed: false,
@@ -845,7 +847,7 @@ impl Drop for Ring {
                     std::mem::forget(std::mem::take(&mut c.partial));
                 }
                 if c.recv_armed && armed_recv_op(c, own) == OP_RECV_OWN {
-                    std::mem::forget(std::mem::take(&mut c.own));
+                    c.own.leak();
                 }
                 std::mem::forget(std::mem::take(&mut c.zc_held));
                 if let Some(inf) = c.inflight.take() {

@@ -10,7 +10,7 @@ use starwire_transport::TransportError;
 use starwire_wire::{Deframer, FrameError, Limits, NextFrame, HEADER_LEN};
 
 use super::op::{armed_recv_op, user_data, BGID, OP_CANCEL, OP_RECV, OP_RECV_DIRECT, OP_RECV_OWN};
-use super::{slot_id, Conn, Ring, RxEnd};
+use super::{slot_id, Conn, OwnBuf, Ring, RxEnd};
 use crate::sys::{self, RecvWait};
 
 /// The "buffer id" of chunks in a connection's own receive buffer (never a
@@ -94,7 +94,7 @@ unsafe fn queue_own_recv(
 ) -> OwnRecv {
     debug_assert!(!c.recv_armed);
     if c.own.is_empty() {
-        c.own = vec![0u8; own_len].into_boxed_slice();
+        c.own = OwnBuf::zeroed(own_len);
     }
     if c.own_refs == 0 {
         c.own_end = 0;
@@ -106,7 +106,7 @@ unsafe fn queue_own_recv(
     }
     // `own` is at most 1 GiB (validated), so `at` and the length fit.
     let len = room.min(max) as u32;
-    let ptr = c.own[at..].as_mut_ptr();
+    let ptr = c.own.recv_ptr(at);
     // SAFETY: `ptr..ptr + len` is inside `own` (`len` is at most the room
     // past `at`), past every unconsumed chunk, and the caller keeps it for
     // the kernel until the completion (this function's contract).
@@ -555,13 +555,6 @@ impl Ring {
         let mut released = 0;
         let mut freed = std::mem::take(&mut self.rx_freed);
         let mut err = None;
-        // Out of the connection while frames are read from it (the heap
-        // memory stays where it is; a receive in flight writes only past
-        // the chunks read here), back right after the loop. A sink that
-        // panics leaks it rather than free memory a receive may still
-        // write into (the receive's completion then finds the buffer
-        // empty and ends the connection).
-        let own = std::mem::ManuallyDrop::new(std::mem::take(&mut c.own));
         if c.direct_ready {
             // A direct receive completed the frame in `partial`.
             c.direct_ready = false;
@@ -583,7 +576,18 @@ impl Ring {
             };
             debug_assert!(!c.direct_inflight, "chunks while a direct receive runs");
             let data = if bid == OWN_BID {
-                &own[off as usize..end as usize]
+                // SAFETY: `off..end` holds bytes of a receive whose
+                // completion was reaped (`complete_own` made the chunk); a
+                // receive armed meanwhile writes only past every unconsumed
+                // chunk, and `own` is neither dropped nor replaced while
+                // `data` lives (this loop changes other fields of `c`).
+                match unsafe { c.own.bytes(off as usize, end as usize) } {
+                    Some(chunk) => chunk,
+                    None => {
+                        err = Some(FrameError::BadLength("receive chunk outside its buffer"));
+                        break;
+                    }
+                }
             } else {
                 let id = slot_id(usize::from(bid));
                 let (from, to) = (off as usize, buf_len.min(end as usize));
@@ -662,7 +666,6 @@ impl Ring {
                 f.1 = off;
             }
         }
-        c.own = std::mem::ManuallyDrop::into_inner(own);
         self.stats.frames_received += n as u64;
         self.stats.rx_buffers_released += released as u64;
         let c = self.conns[idx].as_mut().expect("live connection");
