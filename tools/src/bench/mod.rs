@@ -219,7 +219,7 @@ fn idle_policy(role: Role, polling: bool) -> Result<IdlePolicy, String> {
 }
 
 /// Data connections of `run`: `--connections` for the starwire backends,
-/// one for the baselines (`validate` refuses more).
+/// one for the baselines (`Plan::check` refuses more).
 fn data_connections(run: &Run) -> usize {
     if run.backend.multi_connection() {
         run.connections.max(1)
@@ -321,12 +321,16 @@ fn drive(
     opts: DriveOpts,
     progress: &mut Progress,
 ) -> Result<Vec<Outcome>, String> {
+    // The server refuses the same; a local error says it sooner.
+    plan.check()?;
     let ctl = TcpStream::connect(ctl_addr)
         .map_err(|e| format!("connecting to the bench server {ctl_addr}: {e}"))?;
     auth::dial(&ctl, auth::Purpose::Control)?;
     ctl.set_nodelay(true).ok();
     let mut w = ctl.try_clone().map_err(|e| e.to_string())?;
-    let mut r = BufReader::new(ctl);
+    w.set_write_timeout(Some(PROMPT_TIMEOUT))
+        .map_err(|e| format!("control connection: {e}"))?;
+    let mut r = control_reader(ctl);
     send_line(&mut w, &ClientHello { plan: plan.clone() })?;
     let client_idle = idle_policy(Role::Worker, plan.polling)?;
     let runs = plan.runs();
@@ -356,8 +360,11 @@ fn drive(
             continue;
         }
         progress.begin(&run.progress_msg());
-        let port = match recv_line::<ServerMsg>(&mut r)? {
+        let port = match recv_within::<ServerMsg>(&mut r, PROMPT_TIMEOUT)
+            .map_err(|e| format!("bench server: {e}"))?
+        {
             ServerMsg::Ready { port } => port,
+            ServerMsg::Error(e) => return Err(format!("bench server: {e}")),
             other => return Err(format!("bench server: unexpected {other:?}")),
         };
         let run_start = started.elapsed();
@@ -402,7 +409,9 @@ fn drive(
                 .and_then(|d| sessions::client(d, streams, run, plan.client_core, client_idle)),
         };
         let cpu_pct = cpu.map(|c| c.percent()).transpose()?;
-        let (server_cpu_pct, server_datagram) = match recv_line::<ServerMsg>(&mut r)? {
+        let (server_cpu_pct, server_datagram) = match recv_within::<ServerMsg>(&mut r, DONE_TIMEOUT)
+            .map_err(|e| format!("bench server: {e}"))?
+        {
             ServerMsg::Done {
                 ok: true,
                 cpu_pct,
@@ -418,6 +427,7 @@ fn drive(
                     error.unwrap_or_default()
                 ))
             }
+            ServerMsg::Error(e) => return Err(format!("bench server: {e}")),
             other => return Err(format!("bench server: unexpected {other:?}")),
         };
         let m = measured?;
@@ -469,54 +479,14 @@ pub(crate) fn validate(args: &BenchArgs) -> Result<(), String> {
             "--metrics-addr serves the bench server's metrics: use it with --listen".into(),
         );
     }
-    if args.backends.is_empty() || args.mode.is_empty() || args.sizes.is_empty() {
-        return Err("--backends, --mode and --sizes must not be empty".into());
-    }
-    if let Some(d) = args.duration {
-        if !(d > 0.0 && d.is_finite()) {
-            return Err(format!(
-                "--duration {d}: expected a positive number of seconds"
-            ));
-        }
-    }
-    if let Some(i) = args.interval {
-        if !(i > 0.0 && i.is_finite()) {
-            return Err(format!(
-                "--interval {i}: expected a positive number of seconds"
-            ));
-        }
-    }
-    if args.bidirectional && args.mode.contains(&Mode::Fuse) {
-        return Err(
-            "--bidirectional applies to rate and bw (lat is always both ways); \
-             fuse mode sends one way"
-                .into(),
-        );
-    }
-    if args.inflight == Some(0) || args.tensors == 0 || args.repeat == 0 {
-        return Err("--inflight, --tensors and --repeat must be at least 1".into());
-    }
-    if args.iters == Some(0) {
-        return Err("--iters must be at least 1".into());
-    }
-    if args.connections == 0 || args.connections > MAX_CONNECTIONS {
-        return Err(format!(
-            "--connections {}: expected 1 to {MAX_CONNECTIONS}",
-            args.connections
-        ));
-    }
+    // The flags' bounds are the plan's, which a --listen server checks in
+    // a client's plan too (`Plan::check`). Cores chosen later, without
+    // --cores, are usable CPUs: only --cores is checked here.
+    let cores = args
+        .cores
+        .map_or((None, None), |c| (Some(c.client), Some(c.server)));
+    plan_of(args, cores).check()?;
     if args.connections > 1 {
-        if let Some(b) = args.backends.iter().find(|b| !b.multi_connection()) {
-            return Err(format!(
-                "--connections {} applies to the tcp, uring and verbs backends; the {} \
-                 baseline uses one connection (pick --backends tcp,uring)",
-                args.connections,
-                b.name()
-            ));
-        }
-        if args.mode.contains(&Mode::Fuse) {
-            return Err("--connections applies to lat, rate and bw; fuse mode uses one".into());
-        }
         // Both ends in this process over loopback; one end with --connect
         // or --listen. Plus the control connection, listeners, rings.
         let ends = if args.connect.is_some() || args.listen.is_some() {
@@ -537,15 +507,34 @@ pub(crate) fn validate(args: &BenchArgs) -> Result<(), String> {
             }
         }
     }
-    if let Some(&s) = args.sizes.iter().find(|&&s| s > (256 << 20) - 4096) {
-        return Err(format!("--sizes {s}: at most 256 MiB - 4 KiB per message"));
-    }
     Ok(())
 }
 
-/// Most data connections per run: each is a socket at both ends of a
-/// loopback run, and an io_uring ring registers at most 1024 files.
-const MAX_CONNECTIONS: usize = 512;
+/// The plan of `args`, with the client and server cores chosen.
+fn plan_of(args: &BenchArgs, (client_core, server_core): (Option<usize>, Option<usize>)) -> Plan {
+    Plan {
+        backends: args.backends.clone(),
+        modes: args.mode.clone(),
+        sizes: if args.all_sizes {
+            all_sizes()
+        } else {
+            args.sizes.clone()
+        },
+        inflight: args.inflight,
+        iters: args.iters,
+        duration_s: args.duration,
+        warmup: args.warmup,
+        tensors: args.tensors,
+        repeat: args.repeat,
+        polling: args.polling.unwrap_or(true),
+        client_core,
+        server_core,
+        connections: args.connections,
+        interval_s: args.interval,
+        bidirectional: args.bidirectional,
+        cpu_util: args.cpu_util,
+    }
+}
 
 /// Run `plan` against a bench server on a thread of this process, over
 /// loopback (what `bench` does without `--listen`/`--connect`), each run
@@ -569,6 +558,8 @@ fn loopback_outcomes(
     opts: DriveOpts,
     progress: &mut Progress,
 ) -> Result<Vec<Outcome>, String> {
+    // Refused before the server thread exists: it would wait for good.
+    plan.check()?;
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
         .map_err(|e| format!("binding the loopback control listener: {e}"))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
@@ -631,29 +622,7 @@ pub fn main(args: BenchArgs) -> Result<(), String> {
         }
         return listen(&args, listen_at);
     }
-    let (client_core, server_core) = choose_cores(args.cores, args.device.as_deref())?;
-    let plan = Plan {
-        backends: args.backends.clone(),
-        modes: args.mode.clone(),
-        sizes: if args.all_sizes {
-            all_sizes()
-        } else {
-            args.sizes.clone()
-        },
-        inflight: args.inflight,
-        iters: args.iters,
-        duration_s: args.duration,
-        warmup: args.warmup,
-        tensors: args.tensors,
-        repeat: args.repeat,
-        polling: args.polling.unwrap_or(true),
-        client_core,
-        server_core,
-        connections: args.connections,
-        interval_s: args.interval,
-        bidirectional: args.bidirectional,
-        cpu_util: args.cpu_util,
-    };
+    let plan = plan_of(&args, choose_cores(args.cores, args.device.as_deref())?);
     // Made before the runs, so that a path that cannot be written fails
     // before minutes of measuring.
     if let Some(p) = &args.histogram {

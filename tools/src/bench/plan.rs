@@ -219,6 +219,154 @@ impl Plan {
     }
 }
 
+/// Largest payload of a message: a frame of the starwire backends holds
+/// it whole, header and padding included, within 256 MiB.
+pub(super) const MAX_SIZE: usize = (256 << 20) - 4096;
+/// Most data connections per run: each is a socket at both ends of a
+/// loopback run, and an io_uring ring registers at most 1024 files.
+pub(super) const MAX_CONNECTIONS: usize = 512;
+/// Most outstanding messages per connection (`--inflight`) and tensors per
+/// fuse step (`--tensors`): either becomes a connection's credit window, a
+/// `u32` of frames, and the client keeps one slot or tensor for each; 64 Ki
+/// is far past perftest's deepest queues and the 100 tensors of a DeepRec
+/// step.
+pub(super) const MAX_INFLIGHT: usize = 1 << 16;
+/// See [`MAX_INFLIGHT`].
+pub(super) const MAX_TENSORS: usize = 1 << 16;
+/// Most runs in a plan (modes x sizes x repeat x backends): the server
+/// lists them before the first one (a `Run` is about 150 B).
+pub(super) const MAX_RUNS: usize = 100_000;
+/// Most iterations (`--iters`, `--warmup`) of a run: over a day at
+/// 10 M messages/s, and their sum cannot overflow a `u64`.
+pub(super) const MAX_ITERS: u64 = 1 << 40;
+/// Longest `--duration` and `--interval`, in seconds: one day (a longer
+/// test is `starwire soak`'s).
+pub(super) const MAX_SECONDS: f64 = 86_400.0;
+/// CPUs a core number may name: `CPU_SETSIZE`, what `sched_setaffinity(2)`
+/// takes through nix.
+pub(super) const MAX_CPUS: usize = 1024;
+/// Largest fuse step, `--tensors` x the largest size: the client builds it
+/// whole, and the gRPC baseline's server accepts a message that large.
+pub(super) const MAX_FUSE_STEP_BYTES: u64 = 4 << 30;
+/// Largest sum of the receive buffers of a run's connections at one end
+/// (`--connections` x two frames of the largest size, see
+/// [`sessions::tcp_config`]): each connection's is mapped when it comes,
+/// and the peer's traffic can fill it.
+pub(super) const MAX_RX_MEMORY: u64 = 16 << 30;
+
+impl Plan {
+    /// The bounds of a plan: every field that sizes memory, threads or
+    /// connections, and the flag combinations that make no run. The one
+    /// check of both the command line (`validate`) and a `--listen`
+    /// server, before it sizes or spawns anything from a client's plan.
+    /// The error names the flag.
+    pub fn check(&self) -> Result<(), String> {
+        if self.backends.is_empty() || self.modes.is_empty() || self.sizes.is_empty() {
+            return Err("--backends, --mode and --sizes must not be empty".into());
+        }
+        for (flag, secs) in [
+            ("--duration", self.duration_s),
+            ("--interval", self.interval_s),
+        ] {
+            if let Some(s) = secs {
+                if !(s > 0.0 && s <= MAX_SECONDS) {
+                    return Err(format!(
+                        "{flag} {s}: expected a positive number of seconds, at most {MAX_SECONDS}"
+                    ));
+                }
+            }
+        }
+        if self.bidirectional && self.modes.contains(&Mode::Fuse) {
+            return Err(
+                "--bidirectional applies to rate and bw (lat is always both ways); \
+                 fuse mode sends one way"
+                    .into(),
+            );
+        }
+        if self.inflight == Some(0) || self.tensors == 0 || self.repeat == 0 {
+            return Err("--inflight, --tensors and --repeat must be at least 1".into());
+        }
+        if let Some(k) = self.inflight.filter(|&k| k > MAX_INFLIGHT) {
+            return Err(format!("--inflight {k}: at most {MAX_INFLIGHT}"));
+        }
+        if self.tensors > MAX_TENSORS {
+            return Err(format!("--tensors {}: at most {MAX_TENSORS}", self.tensors));
+        }
+        if self.iters == Some(0) {
+            return Err("--iters must be at least 1".into());
+        }
+        for (flag, n) in [("--iters", self.iters), ("--warmup", self.warmup)] {
+            if let Some(n) = n.filter(|&n| n > MAX_ITERS) {
+                return Err(format!("{flag} {n}: at most {MAX_ITERS}"));
+            }
+        }
+        if self.connections == 0 || self.connections > MAX_CONNECTIONS {
+            return Err(format!(
+                "--connections {}: expected 1 to {MAX_CONNECTIONS}",
+                self.connections
+            ));
+        }
+        if self.connections > 1 {
+            if let Some(b) = self.backends.iter().find(|b| !b.multi_connection()) {
+                return Err(format!(
+                    "--connections {} applies to the tcp, uring and verbs backends; the {} \
+                     baseline uses one connection (pick --backends tcp,uring)",
+                    self.connections,
+                    b.name()
+                ));
+            }
+            if self.modes.contains(&Mode::Fuse) {
+                return Err("--connections applies to lat, rate and bw; fuse mode uses one".into());
+            }
+        }
+        if let Some(&s) = self.sizes.iter().find(|&&s| s > MAX_SIZE) {
+            return Err(format!("--sizes {s}: at most 256 MiB - 4 KiB per message"));
+        }
+        let runs = [self.backends.len(), self.sizes.len(), self.repeat]
+            .iter()
+            .try_fold(self.modes.len(), |n, &k| n.checked_mul(k))
+            .filter(|&n| n <= MAX_RUNS);
+        if runs.is_none() {
+            return Err(format!(
+                "{} modes x {} sizes x --repeat {} x {} backends: at most {MAX_RUNS} runs",
+                self.modes.len(),
+                self.sizes.len(),
+                self.repeat,
+                self.backends.len()
+            ));
+        }
+        // Below MAX_SIZE: neither product overflows a u64.
+        let max_size = self.sizes.iter().copied().max().unwrap_or(0);
+        let step = self.tensors as u64 * max_size as u64;
+        if self.modes.contains(&Mode::Fuse) && step > MAX_FUSE_STEP_BYTES {
+            return Err(format!(
+                "--tensors {} x {max_size} B: a fuse step of at most {} GiB",
+                self.tensors,
+                MAX_FUSE_STEP_BYTES >> 30
+            ));
+        }
+        let rx = self.connections as u64 * sessions::tcp_config(max_size).rx_buffer_len as u64;
+        if rx > MAX_RX_MEMORY {
+            return Err(format!(
+                "--connections {} with {max_size} B messages needs {} MiB of receive buffers \
+                 at each end; at most {} GiB (fewer connections or smaller sizes)",
+                self.connections,
+                rx >> 20,
+                MAX_RX_MEMORY >> 30
+            ));
+        }
+        for (end, core) in [("client", self.client_core), ("server", self.server_core)] {
+            if let Some(c) = core.filter(|&c| c >= MAX_CPUS) {
+                return Err(format!(
+                    "--cores: {end} core {c} is past the {MAX_CPUS} CPUs a thread can be \
+                     pinned to"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 impl Run {
     /// A run the client skips (fuse over the raw baseline).
     pub(super) fn skipped(&self) -> bool {
@@ -437,4 +585,126 @@ pub(super) fn median_line(lines: &[ResultLine], rtts: Option<&Rtts>) -> ResultLi
     out.zc_copied = lines.iter().filter_map(|l| l.zc_copied).max();
     out.repeat = lines.len();
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The plan of `bench` with `args` (its cores as given).
+    fn cli(args: &[&str]) -> Plan {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            bench: BenchArgs,
+        }
+        let a = <Cli as clap::Parser>::try_parse_from(
+            std::iter::once("bench").chain(args.iter().copied()),
+        )
+        .unwrap()
+        .bench;
+        let cores = a
+            .cores
+            .map_or((None, None), |c| (Some(c.client), Some(c.server)));
+        plan_of(&a, cores)
+    }
+
+    #[test]
+    fn plans_of_the_command_line_pass() {
+        for args in [
+            &[][..],
+            &["--mode", "lat,rate,bw,fuse", "--all-sizes", "--repeat", "5"],
+            &["--backends", "tcp", "--mode", "bw", "--connections", "512"],
+            &[
+                "--sizes",
+                "268431360",
+                "--inflight",
+                "65536",
+                "--cores",
+                "0,1023",
+            ],
+            &["--mode", "fuse", "--tensors", "65536", "--sizes", "65536"],
+            &[
+                "--duration",
+                "86400",
+                "--interval",
+                "0.001",
+                "--warmup",
+                "0",
+            ],
+        ] {
+            let p = cli(args);
+            assert_eq!(p.check(), Ok(()), "{args:?}");
+            assert!(p.runs().len() <= MAX_RUNS);
+        }
+    }
+
+    #[test]
+    fn each_bound_is_refused_naming_its_flag() {
+        for (args, want) in [
+            (&["--sizes", "268431361"][..], "--sizes 268431361"),
+            (&["--inflight", "65537"], "--inflight 65537"),
+            (&["--inflight", "0"], "at least 1"),
+            (&["--tensors", "65537"], "--tensors 65537"),
+            (&["--repeat", "0"], "at least 1"),
+            (&["--iters", "1099511627777"], "--iters 1099511627777"),
+            (&["--warmup", "18446744073709551615"], "--warmup"),
+            (&["--duration", "86401"], "--duration"),
+            (&["--duration", "NaN"], "--duration"),
+            (&["--duration=-1"], "--duration"),
+            (&["--interval", "inf"], "--interval"),
+            (&["--connections", "513"], "expected 1 to 512"),
+            (&["--connections", "2"], "raw baseline"),
+            (&["--cores", "0,1024"], "server core 1024"),
+            (&["--bidirectional", "--mode", "fuse"], "--bidirectional"),
+            // 23 sizes x 4 modes x 2 backends x 544 > 100 000 runs.
+            (
+                &[
+                    "--all-sizes",
+                    "--mode",
+                    "lat,rate,bw,fuse",
+                    "--repeat",
+                    "544",
+                ],
+                "at most 100000 runs",
+            ),
+            (
+                &["--mode", "fuse", "--tensors", "65536", "--sizes", "65537"],
+                "a fuse step",
+            ),
+            (
+                &[
+                    "--backends",
+                    "tcp",
+                    "--connections",
+                    "512",
+                    "--sizes",
+                    "16777216",
+                ],
+                "receive buffers",
+            ),
+        ] {
+            let e = cli(args).check().unwrap_err();
+            assert!(e.contains(want), "{args:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_plan_from_the_network_is_refused_at_any_extreme() {
+        let mut p = cli(&[]);
+        p.repeat = usize::MAX;
+        assert!(p.check().is_err());
+        let mut p = cli(&[]);
+        p.sizes = vec![usize::MAX];
+        assert!(p.check().is_err());
+        let mut p = cli(&["--backends", "tcp"]);
+        p.connections = usize::MAX;
+        assert!(p.check().is_err());
+        let mut p = cli(&[]);
+        p.client_core = Some(usize::MAX);
+        assert!(p.check().is_err());
+        let mut p = cli(&[]);
+        p.sizes.clear();
+        assert!(p.check().unwrap_err().contains("must not be empty"));
+    }
 }
