@@ -3,13 +3,15 @@
 # frame and body decoder, the stream deframer against a reference, the PS
 # end of a connection's handshake (hello, auth, the cluster-token check),
 # the PS pull/push codec through the shard's request handlers, the PS
-# checkpoint readers (shard files and deltas), then the DPDK backend's
-# Ethernet/IPv4/UDP parser. SECONDS is split between them; then 5 s each
-# of the RDMA side-channel message parser, the reliable-datagram
-# protocol (its packet decoder and a ReliableCore's packet handling) and
-# the text parsers of user and peer input (host:port, .endpoint_map,
-# TF_CONFIG, the DeepRec settings variables, the Criteo reader, plain and
-# gzip).
+# checkpoint readers (shard files, deltas, manifests and worker
+# positions), then the DPDK backend's Ethernet/IPv4/UDP parser. SECONDS is
+# split between them; then 5 s each of the RDMA side-channel message
+# parser, the reliable-datagram protocol (its packet decoder and a
+# ReliableCore's packet handling), the text parsers of user and peer input
+# (host:port, .endpoint_map, TF_CONFIG, the DeepRec settings variables,
+# the Criteo reader, plain and gzip) and the RDMA ring protocol's receive
+# path (RingConn under an RdmaDriver over simulated NICs, against a
+# scripted peer's frames, immediates and credits).
 # Usage: ci/fuzz.sh [SECONDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,3 +31,4 @@ cargo run --release --locked -p starwire-wire-fuzz --bin fuzz-udp -- --seconds "
 cargo run --release --locked -p starwire-wire-fuzz --bin fuzz-qp-endpoint -- --seconds 5 --seed "$seed"
 cargo run --release --locked -p starwire-wire-fuzz --bin fuzz-datagram -- --seconds 5 --seed "$seed"
 cargo run --release --locked -p starwire-wire-fuzz --bin fuzz-text -- --seconds 5 --seed "$seed"
+cargo run --release --locked -p starwire-wire-fuzz --bin fuzz-rdma-ring -- --seconds 5 --seed "$seed"

@@ -137,7 +137,7 @@ stage "test (each feature)" test_each_feature
 stage "test (all features)" test_all_features
 stage "dpdk between two network namespaces (af_packet, af_xdp, kernel UDP peer)" dpdk_netns
 stage "loom" loom
-stage "fuzz (frame decoder, deframer, handshake, PS codec, PS checkpoint readers, UDP parser; RDMA side-channel message)" fuzz
+stage "fuzz (every target of ci/fuzz.sh: wire, handshake, PS codec and checkpoints, UDP, datagram, text, RDMA side channel and ring)" fuzz
 stage "soak (tcp, ${SOAK_CONNECTIONS} connections, ${SOAK_SECONDS}s)" soak
 stage "soak (uring, ${SOAK_CONNECTIONS} connections, ${SOAK_SECONDS}s)" soak_uring
 stage "soak (uring, messages up to 2 MB, each receive mode)" soak_uring_long_frames

@@ -22,6 +22,20 @@
 //!   global allocator): the readers check every count against the bytes
 //!   left before they allocate for it.
 //!
+//! An input whose first byte past white space is `{` is a JSON file
+//! instead, and goes to both JSON readers: [`Manifest::from_json`] (the
+//! checkpoint's `manifest.json`) and [`WorkerProgress::from_json`] (a
+//! worker's position). [`CheckpointFiles`] mutates JSON as text (numbers
+//! set to the readers' limits and past them, keys renamed, values of
+//! another type), and its CRC is left alone. An accepted manifest or
+//! position must hold what the readers promise (shard files and steps for
+//! every shard, a known format version, every position within
+//! [`WorkerProgress::check`]) and come back equal through `to_json` (or
+//! `serde_json`) and the reader; a refused one must be refused with a
+//! typed error that says why: [`CheckpointError::Manifest`] exactly when
+//! `serde_json` refuses the text, else [`CheckpointError::BadVersion`] or
+//! [`CheckpointError::Corrupt`] for the check that fails.
+//!
 //! ```text
 //! cargo run --release -p starwire-wire-fuzz --bin fuzz-checkpoint -- --seconds 30 --seed 1
 //! ```
@@ -30,6 +44,7 @@ use std::collections::BTreeMap;
 
 use rand::rngs::SmallRng;
 use rand::Rng;
+use starwire_ps::checkpoint::{Manifest, WorkerProgress, FORMAT_VERSION, FORMAT_VERSION_1};
 use starwire_ps::delta::{DeltaHeader, TouchedRows, DELTA_MAGIC};
 use starwire_ps::layout::ShardLayout;
 use starwire_ps::{CheckpointError, PsShard};
@@ -105,6 +120,61 @@ pub struct Files {
     pub fresh: Vec<u8>,
     /// An empty delta against `base` (nothing touched).
     pub empty_delta: Vec<u8>,
+    /// JSON files: manifests (current, and one of the first format
+    /// without the fields added since) and worker positions.
+    pub json: Vec<Vec<u8>>,
+}
+
+/// Manifests and worker positions as the PS writes them, and as older
+/// versions did (without `shard_steps`, `examples` and `deal_block`).
+fn json_seeds() -> Vec<Vec<u8>> {
+    let workers = vec![
+        WorkerProgress {
+            worker: 0,
+            epoch: 2,
+            offset: 4096,
+            steps: 900,
+            examples: 123_456,
+            deal_block: 4096,
+        },
+        WorkerProgress {
+            worker: 1,
+            epoch: 1,
+            offset: 0,
+            steps: WorkerProgress::MAX_STEPS,
+            examples: WorkerProgress::MAX_EXAMPLES,
+            deal_block: 1,
+        },
+    ];
+    let m = Manifest {
+        format_version: FORMAT_VERSION,
+        global_step: 1800,
+        shard_count: 2,
+        seed: 0x5eed,
+        model: serde_json::json!({
+            "name": "wdl", "embedding_dim": 8, "lr": 0.025, "tables": [1, 2],
+            "nested": {"x": null, "y": [true, -1.5e-7]}
+        }),
+        shard_files: vec!["shard-00000.bin".into(), "shard-00001.bin".into()],
+        workers: workers.clone(),
+        shard_steps: vec![1800, 1799],
+    };
+    let mut out = Vec::new();
+    if let Ok(j) = m.to_json() {
+        out.push(j.into_bytes());
+    }
+    out.push(
+        br#"{"format_version":1,"global_step":7,"shard_count":1,"seed":3,"model":null,
+"shard_files":["s0"],"workers":[{"worker":3,"epoch":0,"offset":10,"steps":7}]}"#
+            .to_vec(),
+    );
+    for w in &workers {
+        if let Ok(j) = serde_json::to_vec(w) {
+            out.push(j);
+        }
+    }
+    out.push(br#"{"worker":4,"epoch":1,"offset":99,"steps":12}"#.to_vec());
+    out
 }
 
 impl Files {
@@ -136,18 +206,21 @@ impl Files {
             after: save(&s),
             fresh,
             empty_delta,
+            json: json_seeds(),
         }
     }
 
     /// The seed corpus.
     pub fn corpus(&self) -> Vec<Vec<u8>> {
-        vec![
+        let mut v = vec![
             self.base.clone(),
             self.delta.clone(),
             self.after.clone(),
             self.fresh.clone(),
             self.empty_delta.clone(),
-        ]
+        ];
+        v.extend(self.json.iter().cloned());
+        v
     }
 }
 
@@ -173,6 +246,15 @@ pub enum Outcome {
     Shard(&'static str, &'static str, &'static str),
     /// A delta file: the header's and the apply's result.
     Delta(&'static str, &'static str),
+    /// A JSON file: the manifest reader's and the position reader's
+    /// result.
+    Json(&'static str, &'static str),
+}
+
+/// Whether `input` is a JSON file: its first byte past white space is
+/// `{`.
+pub fn is_json(input: &[u8]) -> bool {
+    input.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{')
 }
 
 fn kind<T>(r: &Result<T, CheckpointError>) -> &'static str {
@@ -204,6 +286,8 @@ pub fn run(files: &Files, input: &[u8]) -> Result<Outcome, String> {
     peak::reset();
     let o = if input.starts_with(&DELTA_MAGIC) {
         run_delta(files, input)?
+    } else if is_json(input) {
+        run_json(input)?
     } else {
         run_shard(input)?
     };
@@ -306,6 +390,130 @@ fn run_delta(files: &Files, input: &[u8]) -> Result<Outcome, String> {
     Ok(Outcome::Delta(kind(&header), kind(&r)))
 }
 
+/// `a` and `b` equal, floats allowed to differ in their last bit
+/// (`serde_json` parses floats fast, not always correctly rounded).
+fn same_json(a: &serde_json::Value, b: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) if x.is_f64() && y.is_f64() => {
+            let (x, y) = (x.as_f64().unwrap_or(0.0), y.as_f64().unwrap_or(0.0));
+            x == y || x.to_bits().abs_diff(y.to_bits()) <= 1
+        }
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(x, y)| same_json(x, y))
+        }
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len()
+                && x.iter()
+                    .all(|(k, v)| y.get(k).is_some_and(|w| same_json(v, w)))
+        }
+        _ => a == b,
+    }
+}
+
+/// `back`, read from what `m` wrote, equals `m` (its free-form model as
+/// [`same_json`] says).
+fn same_manifest(m: &Manifest, back: &Manifest) -> bool {
+    let mut b = back.clone();
+    b.model = m.model.clone();
+    b == *m && same_json(&m.model, &back.model)
+}
+
+/// What [`Manifest::from_json`] promises of a manifest it accepts.
+fn check_manifest(m: &Manifest) -> Result<(), String> {
+    if m.format_version != FORMAT_VERSION && m.format_version != FORMAT_VERSION_1 {
+        return Err(format!("accepted format version {}", m.format_version));
+    }
+    if m.shard_files.len() != m.shard_count
+        || !(m.shard_steps.is_empty() || m.shard_steps.len() == m.shard_count)
+    {
+        return Err(format!(
+            "accepted {} shard files and {} shard steps for {} shards",
+            m.shard_files.len(),
+            m.shard_steps.len(),
+            m.shard_count
+        ));
+    }
+    for w in &m.workers {
+        w.check()
+            .map_err(|e| format!("accepted a position that fails its check: {e}"))?;
+    }
+    Ok(())
+}
+
+fn run_json(input: &[u8]) -> Result<Outcome, String> {
+    let manifest = match std::str::from_utf8(input) {
+        Err(_) => "NotUtf8",
+        Ok(text) => {
+            let r = Manifest::from_json(text);
+            let plain = serde_json::from_str::<Manifest>(text);
+            match (&r, plain) {
+                (Ok(m), _) => {
+                    check_manifest(m)?;
+                    let j = m
+                        .to_json()
+                        .map_err(|e| format!("an accepted manifest does not write: {e}"))?;
+                    let back = Manifest::from_json(&j)
+                        .map_err(|e| format!("a written manifest is refused: {e}\n{j}"))?;
+                    if !same_manifest(m, &back) {
+                        return Err(format!("manifest {m:?} reads back as {back:?}"));
+                    }
+                    let v = serde_json::to_value(m)
+                        .map_err(|e| format!("an accepted manifest is no JSON value: {e}"))?;
+                    let back: Manifest = serde_json::from_value(v)
+                        .map_err(|e| format!("a manifest's JSON value is refused: {e}"))?;
+                    if !same_manifest(m, &back) {
+                        return Err(format!("manifest {m:?} comes back as {back:?}"));
+                    }
+                }
+                (Err(CheckpointError::Manifest(_)), Err(_)) => {}
+                (Err(e @ CheckpointError::Manifest(_)), Ok(_)) => {
+                    return Err(format!(
+                        "refused as no manifest ({e}) what serde_json reads"
+                    ));
+                }
+                (Err(e), Err(p)) => {
+                    return Err(format!("refused with {e} what serde_json refuses ({p})"));
+                }
+                (Err(CheckpointError::BadVersion(v)), Ok(p)) => {
+                    if *v != p.format_version || check_manifest(&p).is_ok() {
+                        return Err(format!("refused {p:?} as of version {v}"));
+                    }
+                }
+                (Err(e @ CheckpointError::Corrupt(_)), Ok(p)) => {
+                    if check_manifest(&p).is_ok() {
+                        return Err(format!("refused {p:?} as corrupt: {e}"));
+                    }
+                }
+                (Err(e), Ok(_)) => return Err(format!("a manifest refused with {e}")),
+            }
+            kind(&r)
+        }
+    };
+    let r = WorkerProgress::from_json(input);
+    let plain = serde_json::from_slice::<WorkerProgress>(input);
+    match (&r, plain) {
+        (Ok(p), _) => {
+            p.check()
+                .map_err(|e| format!("accepted a position that fails its check: {e}"))?;
+            for j in [serde_json::to_vec(p), serde_json::to_vec_pretty(p)] {
+                let j = j.map_err(|e| format!("an accepted position does not write: {e}"))?;
+                let back = WorkerProgress::from_json(&j)
+                    .map_err(|e| format!("a written position is refused: {e}"))?;
+                if back != *p {
+                    return Err(format!("position {p:?} reads back as {back:?}"));
+                }
+            }
+        }
+        (Err(CheckpointError::Manifest(_)), Err(_)) => {}
+        (Err(e @ CheckpointError::Corrupt(_)), Ok(p)) if p.check().is_err() => {
+            let _ = e;
+        }
+        (Err(e), p) => return Err(format!("a position refused with {e} (serde_json: {p:?})")),
+    }
+    Ok(Outcome::Json(manifest, kind(&r)))
+}
+
 const INTERESTING: [u64; 14] = [
     0,
     1,
@@ -329,8 +537,141 @@ const INTERESTING: [u64; 14] = [
 #[derive(Debug)]
 pub struct CheckpointFiles;
 
+/// Numbers at and past the limits of the JSON readers, and values of
+/// other types.
+const JSON_VALUES: [&str; 24] = [
+    "0",
+    "1",
+    "2",
+    "-1",
+    "4294967295",
+    "4294967296",
+    "1099511627776",
+    "1099511627777",
+    "72057594037927936",
+    "72057594037927937",
+    "9223372036854775808",
+    "18446744073709551615",
+    "18446744073709551616",
+    "1e400",
+    "-0",
+    "0.5",
+    "1e2",
+    "null",
+    "true",
+    "\"x\"",
+    "[]",
+    "{}",
+    "[\"a\",\"b\"]",
+    "[1,2,3]",
+];
+
+/// The keys of the two formats.
+const JSON_KEYS: [&str; 14] = [
+    "format_version",
+    "global_step",
+    "shard_count",
+    "seed",
+    "model",
+    "shard_files",
+    "workers",
+    "shard_steps",
+    "worker",
+    "epoch",
+    "offset",
+    "steps",
+    "examples",
+    "deal_block",
+];
+
+/// The spans of `data`'s scalar tokens (numbers, `true`, `false`,
+/// `null`) when `strings` is false, of its quoted strings (quotes
+/// included) when it is true.
+fn json_tokens(data: &[u8], strings: bool) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < data.len() {
+        let c = data[i];
+        if c == b'"' {
+            let start = i;
+            i += 1;
+            while i < data.len() && data[i] != b'"' {
+                i += if data[i] == b'\\' { 2 } else { 1 };
+            }
+            i = (i + 1).min(data.len());
+            if strings {
+                out.push((start, i));
+            }
+        } else if c == b'-' || c.is_ascii_alphanumeric() {
+            let start = i;
+            while i < data.len() && (data[i].is_ascii_alphanumeric() || b"+-.".contains(&data[i])) {
+                i += 1;
+            }
+            if !strings {
+                out.push((start, i));
+            }
+        } else {
+            i += 1;
+        }
+    }
+    out
+}
+
+/// One mutation of a JSON file as text: a value set to one of
+/// [`JSON_VALUES`], a key or string renamed to one of [`JSON_KEYS`], an
+/// object or array closed early, or a structural byte inserted.
+fn mutate_json(r: &mut SmallRng, max_len: usize, data: &mut Vec<u8>) {
+    let pick = |r: &mut SmallRng, spans: &[(usize, usize)]| {
+        (!spans.is_empty()).then(|| spans[r.gen_range(0..spans.len())])
+    };
+    let (spans, text) = match r.gen_range(0..5) {
+        0 | 1 => (
+            json_tokens(data, false),
+            JSON_VALUES[r.gen_range(0..JSON_VALUES.len())].to_string(),
+        ),
+        2 => (
+            json_tokens(data, true),
+            format!("\"{}\"", JSON_KEYS[r.gen_range(0..JSON_KEYS.len())]),
+        ),
+        3 => {
+            let at = r.gen_range(0..=data.len());
+            let b = [b'}', b']', b',', b'{', b'[', b':', b'"'][r.gen_range(0..7)];
+            if data.len() < max_len {
+                data.insert(at, b);
+            }
+            return;
+        }
+        _ => {
+            // A value replaced by a whole object or array of the file.
+            let starts: Vec<usize> = (0..data.len())
+                .filter(|&i| data[i] == b'{' || data[i] == b'[')
+                .collect();
+            let (Some(&a), Some((s, e))) = (
+                starts.get(r.gen_range(0..starts.len().max(1))),
+                pick(r, &json_tokens(data, false)),
+            ) else {
+                return;
+            };
+            let close = if data[a] == b'{' { b'}' } else { b']' };
+            let Some(end) = data[a..].iter().position(|&b| b == close) else {
+                return;
+            };
+            let piece = data[a..=a + end].to_vec();
+            (vec![(s, e)], String::from_utf8_lossy(&piece).into_owned())
+        }
+    };
+    if let Some((s, e)) = pick(r, &spans) {
+        if data.len() - (e - s) + text.len() <= max_len {
+            data.splice(s..e, text.into_bytes());
+        }
+    }
+}
+
 impl Mutation for CheckpointFiles {
     fn apply(r: &mut SmallRng, max_len: usize, data: &mut Vec<u8>, corpus: &[Vec<u8>]) {
+        if is_json(data) && r.gen_bool(0.75) {
+            return mutate_json(r, max_len, data);
+        }
         let len = data.len();
         match r.gen_range(0..12) {
             0 | 1 if len > 0 => flip_bit(r, data),
@@ -398,7 +739,7 @@ impl driver::Target for Checkpoint {
         corpus: &[Vec<u8>],
     ) {
         m.mutate(input, corpus);
-        if !m.rng().gen_ratio(1, 8) {
+        if !is_json(input) && !m.rng().gen_ratio(1, 8) {
             fix_crc(input);
         }
     }
@@ -406,7 +747,13 @@ impl driver::Target for Checkpoint {
     fn run(&mut self, _: &(), input: &[u8]) -> Result<Outcome, String> {
         self.runs += 1;
         let o = run(&self.files, input)?;
-        if matches!(o, Outcome::Shard(_, "ok", _) | Outcome::Delta(_, "ok")) {
+        if matches!(
+            o,
+            Outcome::Shard(_, "ok", _)
+                | Outcome::Delta(_, "ok")
+                | Outcome::Json("ok", _)
+                | Outcome::Json(_, "ok")
+        ) {
             self.accepted += 1;
         }
         *self.outcomes.entry(format!("{o:?}")).or_default() += 1;
@@ -480,6 +827,60 @@ mod tests {
         assert_eq!(run(&f, &b), Ok(Outcome::Shard("Checksum", "Checksum", "-")));
         fix_crc(&mut b);
         assert_eq!(run(&f, &b), Ok(Outcome::Shard("ok", "ok", "ok")));
+    }
+
+    #[test]
+    fn json_seeds_are_accepted_and_broken_ones_refused_by_kind() {
+        let f = Files::new();
+        let kinds: Vec<Outcome> = f.json.iter().map(|j| run(&f, j).unwrap()).collect();
+        assert_eq!(
+            kinds,
+            [
+                Outcome::Json("ok", "Manifest"),
+                Outcome::Json("ok", "Manifest"),
+                Outcome::Json("Manifest", "ok"),
+                Outcome::Json("Manifest", "ok"),
+                Outcome::Json("Manifest", "ok"),
+            ]
+        );
+        let too_many = br#"{"worker":4,"epoch":1,"offset":99,"steps":1099511627777}"#;
+        assert_eq!(run(&f, too_many), Ok(Outcome::Json("Manifest", "Corrupt")));
+        let text = String::from_utf8(f.json[0].clone()).unwrap();
+        let v7 = text.replacen("\"format_version\": 2", "\"format_version\": 7", 1);
+        assert_eq!(
+            run(&f, v7.as_bytes()),
+            Ok(Outcome::Json("BadVersion", "Manifest"))
+        );
+        let files = text.replacen("\"shard_count\": 2", "\"shard_count\": 3", 1);
+        assert_eq!(
+            run(&f, files.as_bytes()),
+            Ok(Outcome::Json("Corrupt", "Manifest"))
+        );
+    }
+
+    #[test]
+    fn json_mutations_hold_the_oracles() {
+        let f = Files::new();
+        let mut m = Mutator::<CheckpointFiles>::new(9, 1 << 15);
+        let mut seen = std::collections::HashSet::new();
+        for i in 0..3_000 {
+            let mut d = f.json[i % f.json.len()].clone();
+            m.mutate(&mut d, &f.json);
+            match run(&f, &d) {
+                Ok(o) => {
+                    seen.insert(o);
+                }
+                Err(e) => panic!("input {i}: {e}\n{}", String::from_utf8_lossy(&d)),
+            }
+        }
+        for o in [
+            Outcome::Json("Corrupt", "Manifest"),
+            Outcome::Json("Manifest", "Corrupt"),
+            Outcome::Json("ok", "Manifest"),
+            Outcome::Json("Manifest", "ok"),
+        ] {
+            assert!(seen.contains(&o), "{o:?} never reached: {seen:?}");
+        }
     }
 
     #[test]

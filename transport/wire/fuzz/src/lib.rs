@@ -13,7 +13,11 @@
 //! `fuzz-datagram`), and the text parsers of user and peer input, the
 //! `starwire_config` endpoint, endpoint map, `TF_CONFIG` and settings
 //! parsers and the `starwire_data` Criteo reader, plain and gzip
-//! ([`text::Text`], driver `fuzz-text`).
+//! ([`text::Text`], driver `fuzz-text`), and the receive path of the RDMA
+//! backend's ring protocol, `starwire_rdma::RingConn` under an
+//! `RdmaDriver` over the crate's simulated NICs, against a scripted peer
+//! that writes honest and forged frames and credits
+//! ([`rdma_ring::RdmaRing`], driver `fuzz-rdma-ring`).
 //!
 //! * [`seeds`] builds a seed corpus of valid encoded frames of every opcode,
 //!   chunked messages and multi-frame streams.
@@ -65,6 +69,7 @@ pub mod endpoint;
 pub mod handshake;
 pub mod peak;
 pub mod ps;
+pub mod rdma_ring;
 pub mod text;
 
 use std::path::{Path, PathBuf};

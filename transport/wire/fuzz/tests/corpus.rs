@@ -11,6 +11,7 @@ use starwire_wire_fuzz::endpoint::Endpoint;
 use starwire_wire_fuzz::handshake::Handshake;
 use starwire_wire_fuzz::peak::Counting;
 use starwire_wire_fuzz::ps::Handlers;
+use starwire_wire_fuzz::rdma_ring::RdmaRing;
 use starwire_wire_fuzz::{Decode, Deframe, Udp};
 
 // The checkpoint target's allocation bound is measured with it.
@@ -46,7 +47,8 @@ fn every_corpus_file_passes_its_target() {
         + replay(Handlers::default())
         + replay(Udp::default())
         + replay(Endpoint::default())
-        + replay(Checkpoint::default());
+        + replay(Checkpoint::default())
+        + replay(RdmaRing::default());
     eprintln!("{n} corpus files replayed");
 }
 

@@ -15,6 +15,7 @@ use starwire_wire_fuzz::driver::Target;
 use starwire_wire_fuzz::endpoint::Endpoint;
 use starwire_wire_fuzz::handshake::Handshake;
 use starwire_wire_fuzz::ps::Handlers;
+use starwire_wire_fuzz::rdma_ring::RdmaRing;
 use starwire_wire_fuzz::{Decode, Deframe, Udp};
 
 fn write<T: Target>(t: &T, dir: &Path) -> std::io::Result<usize> {
@@ -42,6 +43,7 @@ fn main() -> ExitCode {
         write(&Udp::default(), dir),
         write(&Endpoint::default(), dir),
         write(&Checkpoint::default(), dir),
+        write(&RdmaRing::default(), dir),
     ];
     for r in written {
         if let Err(e) = r {
