@@ -1314,6 +1314,24 @@ fn bench_grpc_without_the_feature_says_how_to_get_it() {
     );
 }
 
+/// A `--repeat` past the bench's bound of runs is a usage error before
+/// any run is listed (it sized the list first, and ran out of memory).
+#[test]
+fn report_refuses_a_repeat_past_the_run_bound() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out_dir = dir.path().join("rep");
+    let out = run(&[
+        "report",
+        "--out",
+        out_dir.to_str().unwrap(),
+        "--repeat",
+        "10000000000",
+    ]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("runs"), "{err}");
+}
+
 #[test]
 fn report_quick_writes_markdown_json_and_svg_plots() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -346,6 +346,11 @@ pub fn main(args: ReportArgs, train: Option<&dyn TrainSuite>) -> Result<(), Stri
     let m = machine(&args, cores, polling);
     let t0 = Instant::now();
     let plans = plans(&args, &backends, &m);
+    // Checked before anything is sized by them (`--repeat` sizes the list
+    // of runs).
+    for p in &plans {
+        p.check()?;
+    }
     let runs = if args.quick {
         1
     } else {

@@ -28,6 +28,7 @@
 //! between the preamble and the handshake; see docs/SECURITY.md.
 
 use std::fmt;
+use std::io::Read;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -44,6 +45,11 @@ pub const TOKEN_ENV: &str = "STARWIRE_CLUSTER_TOKEN";
 
 /// Fewest bytes a token may have.
 pub const MIN_TOKEN_LEN: usize = 16;
+
+/// Most bytes a token file may hold (white space included): a secret is
+/// tens of bytes, and a path given by mistake (`/dev/zero`, a log) is
+/// refused rather than read whole.
+pub const MAX_TOKEN_FILE_LEN: u64 = 4096;
 
 /// Which end of a connection: the one that dialed (a worker) or the one
 /// that accepted (a PS shard).
@@ -88,6 +94,9 @@ pub enum TokenError {
     /// Too short to be a secret.
     #[error("the cluster token has {0} bytes; it needs at least {MIN_TOKEN_LEN}")]
     TooShort(usize),
+    /// The token file is longer than [`MAX_TOKEN_FILE_LEN`].
+    #[error("the token file {0} holds more than {MAX_TOKEN_FILE_LEN} bytes: not a token")]
+    TooLong(String),
 }
 
 /// The shared secret of a cluster. Its `Debug` does not show it.
@@ -113,10 +122,18 @@ impl ClusterToken {
 
     /// The token in the file at `path`.
     pub fn from_file(path: &Path) -> Result<Self, TokenError> {
-        let bytes = std::fs::read(path).map_err(|source| TokenError::Read {
+        let read = |source| TokenError::Read {
             path: path.display().to_string(),
             source,
-        })?;
+        };
+        // One byte past the limit tells a file that is too long.
+        let mut bytes = Vec::new();
+        std::fs::File::open(path)
+            .and_then(|f| f.take(MAX_TOKEN_FILE_LEN + 1).read_to_end(&mut bytes))
+            .map_err(read)?;
+        if bytes.len() as u64 > MAX_TOKEN_FILE_LEN {
+            return Err(TokenError::TooLong(path.display().to_string()));
+        }
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt;
@@ -250,6 +267,31 @@ mod tests {
 
     fn token(s: &str) -> ClusterToken {
         ClusterToken::new(s.as_bytes()).expect("token")
+    }
+
+    #[test]
+    fn a_token_file_past_the_limit_is_refused_without_reading_it_whole() {
+        let dir = std::env::temp_dir().join(format!("starwire-token-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ok = dir.join("ok");
+        let pad = " ".repeat(MAX_TOKEN_FILE_LEN as usize - 24);
+        std::fs::write(&ok, format!("0123456789abcdef-secret\n{pad}")).unwrap();
+        assert_eq!(
+            ClusterToken::from_file(&ok).unwrap(),
+            token("0123456789abcdef-secret")
+        );
+        let long = dir.join("long");
+        std::fs::write(&long, "x".repeat(MAX_TOKEN_FILE_LEN as usize + 1)).unwrap();
+        assert!(matches!(
+            ClusterToken::from_file(&long),
+            Err(TokenError::TooLong(_))
+        ));
+        // A device without end is refused at the limit, not read forever.
+        assert!(matches!(
+            ClusterToken::from_file(Path::new("/dev/zero")),
+            Err(TokenError::TooLong(_))
+        ));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
