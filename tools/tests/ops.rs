@@ -464,3 +464,99 @@ fn dpdk_soak_publishes_packets_and_retransmissions() {
         "{scrape}"
     );
 }
+
+/// The metrics address a child logs (`metrics on http://ADDR/metrics`).
+fn metrics_addr(lines: &std::sync::mpsc::Receiver<String>) -> String {
+    let seen = common::wait_for(lines, "metrics on http://", Duration::from_secs(60));
+    let line = seen.last().expect("the line");
+    let url = line.split("metrics on http://").nth(1).expect("an address");
+    url.trim_end_matches("/metrics").to_owned()
+}
+
+fn threads(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .expect("the child's threads")
+        .count()
+}
+
+/// More scrapers than the endpoint serves at once, all silent: the
+/// process gains no thread for them (the endpoint polls its connections
+/// from its one thread) and closes those past its cap at once.
+#[test]
+fn silent_metrics_clients_take_no_threads() {
+    let listen = format!("127.0.0.1:{}", common::free_port());
+    let mut child = starwire(&[
+        "bench",
+        "--listen",
+        &listen,
+        "--metrics-addr",
+        "127.0.0.1:0",
+    ])
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("run starwire");
+    let lines = stderr_lines(&mut child);
+    let addr = metrics_addr(&lines);
+    assert_eq!(get(&addr, "/healthz").expect("GET /healthz").0, 200);
+    let before = threads(child.id());
+    let silent: Vec<TcpStream> = (0..32)
+        .map(|_| TcpStream::connect(&addr).expect("connect"))
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let during = threads(child.id());
+    // Past the cap of 4: closed at accept (an EOF, perhaps after a 503).
+    let mut last = silent.last().expect("a client");
+    last.set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    let mut resp = Vec::new();
+    let closed = last.read_to_end(&mut resp);
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        during <= before,
+        "{before} threads before 32 silent clients, {during} with them"
+    );
+    assert!(closed.is_ok(), "{closed:?}");
+    let resp = String::from_utf8_lossy(&resp);
+    assert!(
+        resp.is_empty() || resp.starts_with("HTTP/1.1 503 "),
+        "{resp}"
+    );
+}
+
+/// A scraper that pipelines requests and never reads the answers does
+/// not keep `soak` from ending (the endpoint's stop waits for no client).
+#[test]
+fn a_stuck_scraper_does_not_hold_the_process_at_exit() {
+    let mut child = starwire(&[
+        "soak",
+        "--backend",
+        "tcp",
+        "--connections",
+        "1",
+        "--duration",
+        "3",
+        "--drain",
+        "1",
+        "--metrics-addr",
+        "127.0.0.1:0",
+    ])
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("run starwire");
+    let lines = stderr_lines(&mut child);
+    let addr = metrics_addr(&lines);
+    let mut stuck = TcpStream::connect(&addr).expect("connect");
+    stuck
+        .set_write_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    // Far more answer than the socket buffers hold; a server that answers
+    // pipelined requests blocks writing them.
+    let reqs = "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n".repeat(20_000);
+    let _ = stuck.write_all(reqs.as_bytes());
+    let status = common::wait(&mut child, Duration::from_secs(120));
+    assert!(status.success(), "{status:?}");
+    drop(stuck);
+}

@@ -7,17 +7,18 @@
 //! `dpdk` feature, the open port's `starwire_dpdk_port_*` families read
 //! from DPDK, encoded by
 //! prometheus-client in the Prometheus text format. `GET /healthz` answers
-//! `ok`. tiny_http serves both on one thread of its own; a scrape reads the
-//! cells and never stops the threads that write them.
+//! `ok`. A small bounded HTTP/1.1 server ([`http`]) serves both from one
+//! thread of its own: at most 4 connections at once, a request head of at
+//! most 8 KiB due within 5 s, one request per connection. A scrape reads
+//! the cells and never stops the threads that write them.
 
 #[cfg(feature = "dpdk")]
 mod dpdk;
+mod http;
 mod process;
 mod soak;
 
-use std::net::{SocketAddr, ToSocketAddrs};
-use std::sync::Arc;
-use std::thread::JoinHandle;
+use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 
 use clap::Args;
 use prometheus_client::collector::Collector;
@@ -125,88 +126,63 @@ pub fn render(telemetry: &Telemetry) -> Result<String, String> {
     Ok(out)
 }
 
-/// The running endpoint; dropping it stops it.
+/// What the endpoint answers to `method` on `target` (the path, with
+/// any query).
+fn route(telemetry: &Telemetry, method: &str, target: &str) -> http::Reply {
+    let path = target.split('?').next().unwrap_or("");
+    match (method, path) {
+        ("GET", "/metrics") => match render(telemetry) {
+            Ok(body) => http::Reply {
+                status: 200,
+                content_type: prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
+                body,
+            },
+            Err(e) => http::Reply::text(500, e),
+        },
+        ("GET", "/healthz") => http::Reply::text(200, "ok\n"),
+        ("GET", _) => http::Reply::text(404, "not found: try /metrics or /healthz\n"),
+        _ => http::Reply::text(405, "GET only\n"),
+    }
+}
+
+/// The running endpoint; dropping it stops it (within about 100 ms,
+/// whatever its clients do).
 pub struct MetricsServer {
-    server: Arc<tiny_http::Server>,
-    addr: SocketAddr,
-    thread: Option<JoinHandle<()>>,
+    server: http::Server,
 }
 
 impl MetricsServer {
     /// Listen on `addr` and serve `telemetry` from a thread of its own.
     pub fn start(addr: &str, telemetry: Telemetry) -> Result<Self, String> {
+        Self::start_with(addr, telemetry, http::Limits::DEFAULT)
+    }
+
+    fn start_with(addr: &str, telemetry: Telemetry, limits: http::Limits) -> Result<Self, String> {
         let bind = addr
             .to_socket_addrs()
             .map_err(|e| format!("--metrics-addr {addr}: {e}"))?
             .next()
             .ok_or_else(|| format!("--metrics-addr {addr}: no address"))?;
-        let server = tiny_http::Server::http(bind)
+        let listener = TcpListener::bind(bind)
             .map_err(|e| format!("--metrics-addr {addr}: listening on {bind}: {e}"))?;
-        let addr = server
-            .server_addr()
-            .to_ip()
-            .ok_or_else(|| format!("--metrics-addr {addr}: not an IP listener"))?;
-        let server = Arc::new(server);
-        let s = server.clone();
-        let thread = std::thread::Builder::new()
-            .name("starwire-metrics".into())
-            .spawn(move || serve(&s, &telemetry))
-            .map_err(|e| format!("starting the metrics thread: {e}"))?;
-        tracing::info!(target: "status", "metrics on http://{addr}/metrics");
-        Ok(Self {
-            server,
-            addr,
-            thread: Some(thread),
-        })
+        let route = Box::new(move |method: &str, target: &str| route(&telemetry, method, target));
+        let server = http::Server::start(listener, "starwire-metrics", limits, route)
+            .map_err(|e| format!("starting the metrics server on {bind}: {e}"))?;
+        tracing::info!(target: "status", "metrics on http://{}/metrics", server.addr());
+        Ok(Self { server })
+    }
+
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.server.addr()
     }
 }
 
 impl std::fmt::Debug for MetricsServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MetricsServer")
-            .field("addr", &self.addr)
+            .field("addr", &self.addr())
             .finish_non_exhaustive()
-    }
-}
-
-impl Drop for MetricsServer {
-    fn drop(&mut self) {
-        self.server.unblock();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-fn serve(server: &tiny_http::Server, telemetry: &Telemetry) {
-    use tiny_http::{Header, Method, Response};
-    let header = |v: &str| Header::from_bytes(&b"Content-Type"[..], v.as_bytes()).ok();
-    for req in server.incoming_requests() {
-        let path = req.url().split('?').next().unwrap_or("");
-        let (status, body, ctype) = match (req.method(), path) {
-            (Method::Get, "/metrics") => match render(telemetry) {
-                Ok(s) => (
-                    200,
-                    s,
-                    prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
-                ),
-                Err(e) => (500, e, "text/plain; charset=utf-8"),
-            },
-            (Method::Get, "/healthz") => (200, "ok\n".into(), "text/plain; charset=utf-8"),
-            (Method::Get, _) => (
-                404,
-                "not found: try /metrics or /healthz\n".into(),
-                "text/plain; charset=utf-8",
-            ),
-            _ => (405, "GET only\n".into(), "text/plain; charset=utf-8"),
-        };
-        let mut resp = Response::from_string(body).with_status_code(status);
-        if let Some(h) = header(ctype) {
-            resp = resp.with_header(h);
-        }
-        if let Err(e) = req.respond(resp) {
-            tracing::debug!("metrics: answering a scrape: {e}");
-        }
     }
 }
 
@@ -259,5 +235,70 @@ mod tests {
         assert!(s.contains("process_resident_memory_bytes "), "{s}");
         assert!(s.contains("process_open_fds "), "{s}");
         assert!(s.contains("process_cpu_seconds_total "), "{s}");
+    }
+
+    /// `GET path` (raw request `req`) on `addr`: the head and the body.
+    fn ask(addr: SocketAddr, req: &str) -> (String, String) {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        s.write_all(req.as_bytes()).unwrap();
+        let mut resp = String::new();
+        s.read_to_string(&mut resp).unwrap();
+        let (head, body) = resp.split_once("\r\n\r\n").expect("a whole answer");
+        (head.to_owned(), body.to_owned())
+    }
+
+    /// The lines that do not change between two renders (the `process_*`
+    /// families do).
+    fn steady(s: &str) -> Vec<&str> {
+        s.lines().filter(|l| !l.contains("process_")).collect()
+    }
+
+    #[test]
+    fn the_endpoint_serves_what_it_served() {
+        let t = Telemetry::new();
+        t.counter("starwire_ps_requests", "PS requests", &[("kind", "pull")])
+            .set(7);
+        let srv = MetricsServer::start("127.0.0.1:0", t.clone()).unwrap();
+        let addr = srv.addr();
+        let get = |path: &str| ask(addr, &format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n"));
+        for path in ["/metrics", "/metrics?name=x"] {
+            let (head, body) = get(path);
+            assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
+            let ctype = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
+            assert!(
+                head.contains(&format!("\r\nContent-Type: {ctype}")),
+                "{head}"
+            );
+            assert!(
+                head.contains(&format!("\r\nContent-Length: {}", body.len())),
+                "{head}"
+            );
+            assert_eq!(steady(&body), steady(&render(&t).unwrap()));
+            assert!(
+                body.contains("starwire_ps_requests_total{kind=\"pull\"} 7"),
+                "{body}"
+            );
+        }
+        let (head, body) = get("/healthz");
+        assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
+        assert!(
+            head.contains("\r\nContent-Type: text/plain; charset=utf-8"),
+            "{head}"
+        );
+        assert_eq!(body, "ok\n");
+        let (head, body) = get("/nope");
+        assert!(head.starts_with("HTTP/1.1 404 "), "{head}");
+        assert_eq!(body, "not found: try /metrics or /healthz\n");
+        for method in ["POST", "HEAD", "PUT"] {
+            let (head, body) = ask(addr, &format!("{method} /metrics HTTP/1.1\r\n\r\n"));
+            assert!(head.starts_with("HTTP/1.1 405 "), "{head}");
+            assert_eq!(body, "GET only\n");
+        }
+        // HTTP/1.0 too.
+        let (head, body) = ask(addr, "GET /healthz HTTP/1.0\r\n\r\n");
+        assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
+        assert_eq!(body, "ok\n");
     }
 }
