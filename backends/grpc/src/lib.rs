@@ -19,6 +19,12 @@
 //!   tonic's own default of 4 MiB would refuse a 4 MiB tensor with its
 //!   protobuf framing).
 //!
+//! A server bounds what its peers may hold: at most
+//! [`GrpcConfig::max_connections`] connections, counted from accept
+//! (authenticated or not), at most [`GrpcConfig::max_concurrent_streams`]
+//! calls at once on each, and, with [`GrpcConfig::idle_timeout`], a
+//! connection that moves no byte, or cannot write, for that long is closed.
+//!
 //! With a cluster token ([`GrpcConfig::token`]) every connection proves
 //! it both ways before HTTP/2 starts (see `auth.rs` and docs/SECURITY.md);
 //! without one, connections are open to anyone who can reach them.
@@ -52,6 +58,15 @@ pub mod proto {
 /// Tokio worker threads of every gRPC runtime (client and server).
 pub const WORKER_THREADS: usize = 2;
 
+/// Default of [`GrpcConfig::max_concurrent_streams`]: the session
+/// backends' per-connection window (256 frames in flight, `ConnConfig`'s
+/// `recv_window`).
+pub const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = 256;
+
+/// Default of [`GrpcConfig::max_connections`] (the PS's
+/// `--max-connections` default).
+pub const DEFAULT_MAX_CONNECTIONS: usize = starwire_transport::accept::DEFAULT_MAX_CONNECTIONS;
+
 /// The gRPC method path of the generic call (for tests that speak to the
 /// server below the typed client).
 pub const CALL_PATH: &str = "/starwire.grpc.v1.MessageLayer/Call";
@@ -67,8 +82,24 @@ pub struct GrpcConfig {
     /// The cluster token: with one, each connection proves it both ways
     /// before any call; a server closes a peer that does not.
     pub token: Option<ClusterToken>,
-    /// How long a connection may take to prove the token.
+    /// How long a connection may take to prove the token, in all (not per
+    /// read).
     pub handshake_timeout: Duration,
+    /// Most calls (HTTP/2 streams) open at once on one connection of a
+    /// server (`SETTINGS_MAX_CONCURRENT_STREAMS`): each may hold a request
+    /// of up to [`Self::max_message_len`] being read and its reply being
+    /// sent. A client queues calls beyond it; a peer that opens more has
+    /// them refused.
+    pub max_concurrent_streams: u32,
+    /// Most connections a [`GrpcServer`] holds at once, from accept
+    /// (before the token's handshake) until they close; one past it is
+    /// closed at accept, with a warning.
+    pub max_connections: usize,
+    /// A server's connection that receives and sends nothing for this
+    /// long, or whose writes cannot leave for this long (a peer that reads
+    /// nothing), is closed. `None`: never. No HTTP/2 keep-alive pings are
+    /// sent, so a dead peer is closed by this too.
+    pub idle_timeout: Option<Duration>,
 }
 
 impl Default for GrpcConfig {
@@ -77,9 +108,18 @@ impl Default for GrpcConfig {
             max_message_len: 64 << 20,
             token: None,
             handshake_timeout: Duration::from_secs(10),
+            max_concurrent_streams: DEFAULT_MAX_CONCURRENT_STREAMS,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            idle_timeout: None,
         }
     }
 }
+
+/// The connection a call came in on, unique among a server's connections
+/// for the server's life (the numbers are not reused): tells the calls of
+/// one client from those of another ([`Handler::handle_on`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ConnectionId(pub u64);
 
 /// What a [`Handler`] returns when it refuses or fails a request; becomes a
 /// gRPC status on the wire and a [`GrpcError::Status`] at the client.
@@ -98,6 +138,10 @@ pub enum HandlerError {
     /// The handler does not serve this method.
     #[error("{0} is not served here")]
     Unsupported(&'static str),
+    /// The request is beyond one of the server's bounds (a reply larger
+    /// than it allows, ...); retrying it fails the same way.
+    #[error("limit exceeded: {0}")]
+    LimitExceeded(String),
     /// The handler failed.
     #[error("internal error: {0}")]
     Internal(String),
@@ -112,6 +156,7 @@ impl HandlerError {
             }
             HandlerError::BadRequest(_) => tonic::Status::invalid_argument(msg),
             HandlerError::NotFound(_) => tonic::Status::not_found(msg),
+            HandlerError::LimitExceeded(_) => tonic::Status::resource_exhausted(msg),
             HandlerError::Internal(_) => tonic::Status::internal(msg),
         }
     }
@@ -123,6 +168,20 @@ pub trait Handler: Send + Sync + 'static {
     /// A generic request (`Rpc`, `Tensors`, ...): `opcode` is a known
     /// starwire wire opcode (the server answers unknown ones itself).
     fn handle(&self, opcode: u8, payload: &[u8]) -> Result<Vec<u8>, HandlerError>;
+
+    /// [`Self::handle`] for a request that came in on connection `conn`:
+    /// what the server calls. Override it to tell clients apart (each
+    /// client has its own connection); by default the connection is
+    /// ignored.
+    fn handle_on(
+        &self,
+        conn: ConnectionId,
+        opcode: u8,
+        payload: &[u8],
+    ) -> Result<Vec<u8>, HandlerError> {
+        let _ = conn;
+        self.handle(opcode, payload)
+    }
 
     /// Rows of `var` for `keys`: `keys.len()` rows of equal width, row-major.
     fn sparse_pull(&self, var: u64, keys: &[u64]) -> Result<Vec<f32>, HandlerError> {

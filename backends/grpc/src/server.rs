@@ -1,5 +1,6 @@
 //! The server: a tonic service calling a [`Handler`] on a 2-worker runtime.
 
+use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -7,13 +8,13 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use starwire_transport::ClusterToken;
 use starwire_wire::Opcode;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::runtime::Runtime;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio::time::{Instant, Sleep};
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::server::{Connected, TcpConnectInfo, TcpIncoming};
+use tonic::transport::server::Connected;
 use tonic::{Request, Response, Status};
 
 use crate::proto::message_layer_server::{MessageLayer, MessageLayerServer};
@@ -21,7 +22,7 @@ use crate::proto::{
     CallReply, CallRequest, DensePullReply, DensePullRequest, DensePushRequest, PushReply,
     SparsePullReply, SparsePullRequest, SparsePushRequest,
 };
-use crate::{auth, runtime, GrpcConfig, GrpcError, Handler, HandlerError};
+use crate::{auth, runtime, ConnectionId, GrpcConfig, GrpcError, Handler, HandlerError};
 
 /// How long [`GrpcServer::shutdown`] waits for connections to drain before
 /// dropping them.
@@ -52,6 +53,12 @@ fn checked_dim(values: usize, rows: usize) -> Result<u32, Status> {
 #[tonic::async_trait]
 impl MessageLayer for Service {
     async fn call(&self, req: Request<CallRequest>) -> Result<Response<CallReply>, Status> {
+        // Every connection is a `Conn`, whose info tonic puts in each
+        // request; without it (none is known) the calls share one id.
+        let conn = req
+            .extensions()
+            .get::<ConnInfo>()
+            .map_or(ConnectionId(u64::MAX), |c| c.id);
         let r = req.into_inner();
         let op = u8::try_from(r.opcode)
             .map_err(|_| Status::invalid_argument(format!("opcode {} is over 255", r.opcode)))?;
@@ -62,7 +69,7 @@ impl MessageLayer for Service {
         }
         let out = self
             .h
-            .handle(op, &r.payload)
+            .handle_on(conn, op, &r.payload)
             .map_err(HandlerError::into_status)?;
         Ok(Response::new(CallReply {
             payload: out.into(),
@@ -131,9 +138,12 @@ fn service(h: Arc<dyn Handler>, cfg: &GrpcConfig) -> MessageLayerServer<Service>
         .max_encoding_message_size(cfg.max_message_len)
 }
 
-fn builder() -> tonic::transport::Server {
-    // Defaults otherwise: HTTP/2 windows, concurrency, keep-alive.
-    tonic::transport::Server::builder().tcp_nodelay(true)
+fn builder(cfg: &GrpcConfig) -> tonic::transport::Server {
+    // Defaults otherwise: HTTP/2 windows, frame size, no keep-alive pings
+    // (the idle timeout is kept by `Conn`).
+    tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .max_concurrent_streams(Some(cfg.max_concurrent_streams))
 }
 
 /// A gRPC server listening on an address, serving any number of clients.
@@ -158,52 +168,48 @@ impl GrpcServer {
         h: Arc<dyn Handler>,
         cfg: &GrpcConfig,
     ) -> Result<Self, GrpcError> {
+        let listener =
+            std::net::TcpListener::bind(addr).map_err(|source| GrpcError::Bind { addr, source })?;
+        Self::start_on(listener, h, cfg)
+    }
+
+    /// Serve `h` with `cfg` on `listener`, already bound (and listening
+    /// with the backlog its owner chose): the port is never let go.
+    pub fn start_on(
+        listener: std::net::TcpListener,
+        h: Arc<dyn Handler>,
+        cfg: &GrpcConfig,
+    ) -> Result<Self, GrpcError> {
+        let unknown = SocketAddr::from(([0, 0, 0, 0], 0));
+        let local = listener.local_addr().map_err(|source| GrpcError::Bind {
+            addr: unknown,
+            source,
+        })?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|source| GrpcError::Bind {
+                addr: local,
+                source,
+            })?;
         let rt = runtime("grpc-server")?;
+        let listener = {
+            let _g = rt.enter();
+            tokio::net::TcpListener::from_std(listener).map_err(|source| GrpcError::Bind {
+                addr: local,
+                source,
+            })?
+        };
         let (stop, stopped) = oneshot::channel::<()>();
         // A dropped sender stops the server too.
         let stopped = async {
             let _ = stopped.await;
         };
-        let svc = service(h, cfg);
-        let (local, task) = match &cfg.token {
-            None => {
-                let incoming = {
-                    let _g = rt.enter();
-                    TcpIncoming::bind(addr)
-                        .map_err(|source| GrpcError::Bind { addr, source })?
-                        .with_nodelay(Some(true))
-                };
-                let local = incoming
-                    .local_addr()
-                    .map_err(|source| GrpcError::Bind { addr, source })?;
-                let task = rt.spawn(
-                    builder()
-                        .add_service(svc)
-                        .serve_with_incoming_shutdown(incoming, stopped),
-                );
-                (local, task)
-            }
-            Some(token) => {
-                let listener = std::net::TcpListener::bind(addr)
-                    .and_then(|l| l.set_nonblocking(true).map(|()| l))
-                    .map_err(|source| GrpcError::Bind { addr, source })?;
-                let local = listener
-                    .local_addr()
-                    .map_err(|source| GrpcError::Bind { addr, source })?;
-                let listener = {
-                    let _g = rt.enter();
-                    tokio::net::TcpListener::from_std(listener)
-                        .map_err(|source| GrpcError::Bind { addr, source })?
-                };
-                let incoming = authenticated(&rt, listener, token.clone(), cfg.clone());
-                let task = rt.spawn(
-                    builder()
-                        .add_service(svc)
-                        .serve_with_incoming_shutdown(incoming, stopped),
-                );
-                (local, task)
-            }
-        };
+        let incoming = accepted(&rt, listener, cfg.clone());
+        let task = rt.spawn(
+            builder(cfg)
+                .add_service(service(h, cfg))
+                .serve_with_incoming_shutdown(incoming, stopped),
+        );
         Ok(Self {
             rt,
             local,
@@ -231,19 +237,23 @@ impl GrpcServer {
     }
 }
 
-/// The connections of `listener` that prove `token`, each in a task of
-/// its own so that a slow peer holds up no other; the others are closed.
-/// The accept loop ends with the runtime.
-fn authenticated(
+/// The connections of `listener`, each holding one of
+/// `cfg.max_connections` slots from accept until it closes (one accepted
+/// with none left is closed at once, warned about). With a token, each
+/// proves it in a task of its own first, so that a slow peer holds up no
+/// other, and one that does not is closed. The accept loop ends with the
+/// server.
+fn accepted(
     rt: &Runtime,
     listener: tokio::net::TcpListener,
-    token: ClusterToken,
     cfg: GrpcConfig,
-) -> ReceiverStream<io::Result<tokio::net::TcpStream>> {
+) -> ReceiverStream<io::Result<Conn>> {
     let (tx, rx) = mpsc::channel(64);
+    let slots = Arc::new(Semaphore::new(cfg.max_connections));
     rt.spawn(async move {
+        let mut next = 0u64;
         loop {
-            let (mut s, peer) = match listener.accept().await {
+            let (s, peer) = match listener.accept().await {
                 Ok(c) => c,
                 Err(e) => {
                     // Out of file descriptors: do not spin.
@@ -252,15 +262,41 @@ fn authenticated(
                     continue;
                 }
             };
-            let (tx, token, cfg) = (tx.clone(), token.clone(), cfg.clone());
-            tokio::spawn(async move {
+            if tx.is_closed() {
+                // The server has stopped.
+                break;
+            }
+            let Ok(slot) = slots.clone().try_acquire_owned() else {
+                tracing::warn!(
+                    %peer,
+                    "closed a gRPC connection at accept: {} connections are open \
+                     (--max-connections)",
+                    cfg.max_connections
+                );
+                continue;
+            };
+            let id = ConnectionId(next);
+            next += 1;
+            let authenticate = cfg.token.is_some();
+            let (tx, cfg) = (tx.clone(), cfg.clone());
+            let serve = async move {
+                let mut s = s;
                 if s.set_nodelay(true).is_err() {
                     return;
                 }
-                if auth::accept(&mut s, peer, &token, &cfg).await.is_ok() {
-                    let _ = tx.send(Ok(s)).await;
+                if let Some(token) = &cfg.token {
+                    if auth::accept(&mut s, peer, token, &cfg).await.is_err() {
+                        return;
+                    }
                 }
-            });
+                let conn = Conn::new(s, id, cfg.idle_timeout).holding(slot);
+                let _ = tx.send(Ok(conn)).await;
+            };
+            if authenticate {
+                tokio::spawn(serve);
+            } else {
+                serve.await;
+            }
         }
     });
     ReceiverStream::new(rx)
@@ -291,17 +327,18 @@ impl ConnectionServer {
         let (closed_tx, closed) = oneshot::channel();
         let io = {
             let _g = rt.enter();
-            Tracked {
-                inner: tokio::net::TcpStream::from_std(stream).map_err(GrpcError::Socket)?,
-                _closed: closed_tx,
-            }
+            let s = tokio::net::TcpStream::from_std(stream).map_err(GrpcError::Socket)?;
+            let mut c = Conn::new(s, ConnectionId(0), cfg.idle_timeout);
+            c._closed = Some(closed_tx);
+            c
         };
         let svc = service(h, cfg);
+        let mut server = builder(cfg);
         // The accept loop ends after the one connection; the connection's
-        // task goes on until the peer closes it and drops `Tracked`.
+        // task goes on until the peer closes it and drops the `Conn`.
         rt.spawn(async move {
             let one = tokio_stream::once(Ok::<_, io::Error>(io));
-            if let Err(e) = builder().add_service(svc).serve_with_incoming(one).await {
+            if let Err(e) = server.add_service(svc).serve_with_incoming(one).await {
                 tracing::debug!("grpc connection server: {e}");
             }
         });
@@ -317,38 +354,158 @@ impl ConnectionServer {
     }
 }
 
-/// The accepted stream, with a sender whose drop tells
-/// [`ConnectionServer::wait`] that the connection is gone.
-struct Tracked {
-    inner: tokio::net::TcpStream,
-    _closed: oneshot::Sender<()>,
+/// What tonic puts in each request of a [`Conn`].
+#[derive(Debug, Clone, Copy)]
+struct ConnInfo {
+    id: ConnectionId,
 }
 
-impl Connected for Tracked {
-    type ConnectInfo = TcpConnectInfo;
+/// An accepted connection as the server serves it: its id, the slot of
+/// `max_connections` it holds until dropped, its idle timeout, and (the
+/// bench's one connection) a sender whose drop tells
+/// [`ConnectionServer::wait`] that it is gone.
+struct Conn {
+    inner: tokio::net::TcpStream,
+    id: ConnectionId,
+    idle: Option<Idle>,
+    _slot: Option<OwnedSemaphorePermit>,
+    _closed: Option<oneshot::Sender<()>>,
+}
 
-    fn connect_info(&self) -> Self::ConnectInfo {
-        self.inner.connect_info()
+impl Conn {
+    fn new(inner: tokio::net::TcpStream, id: ConnectionId, idle: Option<Duration>) -> Self {
+        Self {
+            inner,
+            id,
+            idle: idle.map(Idle::new),
+            _slot: None,
+            _closed: None,
+        }
+    }
+
+    fn holding(mut self, slot: OwnedSemaphorePermit) -> Self {
+        self._slot = Some(slot);
+        self
+    }
+
+    /// After an I/O call: its progress resets the idle clock; a call that
+    /// waits is an error once the connection has been idle (or its writes
+    /// stalled) too long.
+    fn idle_check<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        r: Poll<io::Result<T>>,
+        moved: impl FnOnce(&T) -> bool,
+        write: bool,
+    ) -> Poll<io::Result<T>> {
+        let Some(idle) = self.idle.as_mut() else {
+            return r;
+        };
+        match &r {
+            Poll::Ready(Ok(v)) => {
+                if moved(v) {
+                    idle.moved(write);
+                }
+                r
+            }
+            Poll::Ready(Err(_)) => r,
+            Poll::Pending => {
+                if write {
+                    idle.stalled.get_or_insert_with(Instant::now);
+                }
+                match idle.poll_expired(cx) {
+                    Poll::Ready(e) => {
+                        tracing::debug!(conn = self.id.0, "closed a gRPC connection: {e}");
+                        Poll::Ready(Err(e))
+                    }
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+        }
     }
 }
 
-impl AsyncRead for Tracked {
+/// A connection's idle timeout and what it is measured from.
+struct Idle {
+    timeout: Duration,
+    /// When a byte last moved either way.
+    last: Instant,
+    /// Since when a write has been waiting for the peer to read.
+    stalled: Option<Instant>,
+    timer: Pin<Box<Sleep>>,
+}
+
+impl Idle {
+    fn new(timeout: Duration) -> Self {
+        let now = Instant::now();
+        Self {
+            timeout,
+            last: now,
+            stalled: None,
+            timer: Box::pin(tokio::time::sleep_until(now + timeout)),
+        }
+    }
+
+    fn moved(&mut self, write: bool) {
+        self.last = Instant::now();
+        if write {
+            self.stalled = None;
+        }
+    }
+
+    /// The timer, armed for the earlier of the idle and the stall
+    /// deadlines: the error once it has passed.
+    fn poll_expired(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
+        let idle = self.last + self.timeout;
+        let (deadline, what) = match self.stalled {
+            Some(s) if s + self.timeout < idle => (
+                s + self.timeout,
+                "the peer read nothing within the idle timeout",
+            ),
+            _ => (idle, "nothing received or sent within the idle timeout"),
+        };
+        if self.timer.deadline() != deadline {
+            self.timer.as_mut().reset(deadline);
+        }
+        match self.timer.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("{what} ({} s)", self.timeout.as_secs_f64()),
+            )),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl Connected for Conn {
+    type ConnectInfo = ConnInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        ConnInfo { id: self.id }
+    }
+}
+
+impl AsyncRead for Conn {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_read(cx, buf)
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        let after = buf.filled().len();
+        self.idle_check(cx, r, |()| after > before, false)
     }
 }
 
-impl AsyncWrite for Tracked {
+impl AsyncWrite for Conn {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
+        let r = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.idle_check(cx, r, |&n| n > 0, true)
     }
 
     fn poll_write_vectored(
@@ -356,7 +513,8 @@ impl AsyncWrite for Tracked {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+        let r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.idle_check(cx, r, |&n| n > 0, true)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -364,7 +522,8 @@ impl AsyncWrite for Tracked {
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
+        let r = Pin::new(&mut self.inner).poll_flush(cx);
+        self.idle_check(cx, r, |()| false, true)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {

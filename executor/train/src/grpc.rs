@@ -12,7 +12,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use starwire_grpc::{GrpcClient, GrpcConfig, GrpcError, GrpcServer, Handler, HandlerError};
+use starwire_grpc::{
+    ConnectionId, GrpcClient, GrpcConfig, GrpcError, GrpcServer, Handler, HandlerError,
+    DEFAULT_MAX_CONCURRENT_STREAMS,
+};
 use starwire_transport::wire::{Opcode, Status};
 
 use crate::cluster::{
@@ -24,13 +27,34 @@ use crate::psserver;
 use crate::TrainError;
 
 /// The baseline's settings: the cluster token, if any, proved on every
-/// connection within the handshake timeout.
+/// connection within the handshake timeout; and for a PS task's server
+/// the task's bounds: `--max-connections` (counted from accept, before
+/// the token), `--idle-timeout-secs`, and at most
+/// [`DEFAULT_MAX_CONCURRENT_STREAMS`] calls at once per connection. The
+/// message limit stays the baseline's (64 MiB): a shard's replies are
+/// kept under it by [`reply_limit`].
 fn grpc_config(cfg: &TrainConfig) -> GrpcConfig {
     GrpcConfig {
         token: cfg.guard.token.clone(),
         handshake_timeout: cfg.guard.handshake_timeout,
+        max_concurrent_streams: DEFAULT_MAX_CONCURRENT_STREAMS,
+        max_connections: cfg.guard.max_connections,
+        idle_timeout: cfg.guard.idle_timeout,
         ..GrpcConfig::default()
     }
+}
+
+/// Bytes a `CallReply` adds around its payload: the field's tag and
+/// length (at most 6), rounded up.
+const REPLY_FRAMING: usize = 16;
+
+/// The largest pull reply a shard may build behind gRPC: its
+/// `--max-reply-bytes`, lowered so that the reply fits in the message
+/// limit with its framing. A pull beyond it is refused with
+/// `LimitExceeded` before anything is built, where tonic would refuse the
+/// built reply (`OutOfRange`, seen by the worker as `Internal`).
+fn reply_limit(max_reply_bytes: usize, g: &GrpcConfig) -> usize {
+    max_reply_bytes.min(g.max_message_len.saturating_sub(REPLY_FRAMING))
 }
 
 /// The gRPC [`ClusterBackend`].
@@ -39,7 +63,21 @@ pub struct Grpc;
 
 /// A PS task's shards behind one gRPC server.
 impl Handler for LockedShards {
+    /// Not called by the server ([`Self::handle_on`] is): the calls of an
+    /// unknown connection share one id.
     fn handle(&self, opcode: u8, payload: &[u8]) -> Result<Vec<u8>, HandlerError> {
+        self.handle_on(ConnectionId(u64::MAX), opcode, payload)
+    }
+
+    /// A `DONE` counts once per connection: each worker (and the
+    /// evaluator) holds one channel, one connection, to the task, so a
+    /// client repeating it does not stand for the workers still training.
+    fn handle_on(
+        &self,
+        conn: ConnectionId,
+        opcode: u8,
+        payload: &[u8],
+    ) -> Result<Vec<u8>, HandlerError> {
         let op = Opcode::from_u8(opcode).map_err(|_| HandlerError::UnknownOpcode(opcode))?;
         let Some((idx, body)) = payload.split_first_chunk::<2>() else {
             return Err(HandlerError::BadRequest("no shard index".into()));
@@ -59,6 +97,7 @@ impl Handler for LockedShards {
                     Status::UnknownVariable => HandlerError::NotFound(m),
                     Status::WrongShape | Status::BadRequest => HandlerError::BadRequest(m),
                     Status::UnknownMethod => HandlerError::Unsupported("this control method"),
+                    Status::LimitExceeded => HandlerError::LimitExceeded(m),
                     _ => HandlerError::Internal(m),
                 })
             }
@@ -66,7 +105,7 @@ impl Handler for LockedShards {
                 "WAIT_STEP (--sync) on the grpc baseline",
             )),
             psserver::Reply::Done => {
-                self.done(i);
+                self.done(i, conn.0);
                 Ok(Vec::new())
             }
         }
@@ -115,6 +154,7 @@ fn status_of(e: &GrpcError) -> Option<Status> {
         Code::NotFound => Some(Status::UnknownVariable),
         Code::InvalidArgument => Some(Status::BadRequest),
         Code::Unimplemented => Some(Status::UnknownMethod),
+        Code::ResourceExhausted => Some(Status::LimitExceeded),
         Code::Unavailable | Code::Cancelled | Code::Unknown => None,
         _ => Some(Status::Internal),
     }
@@ -239,11 +279,12 @@ impl ClusterBackend for Grpc {
                 "--sync is not supported on the grpc baseline".into(),
             ));
         }
-        let svc = Arc::new(LockedShards::start(cfg, plan, p, restore)?);
-        // tonic binds its own listener: hand it the address of ours.
-        let addr = listener.local_addr()?;
-        drop(listener);
-        let server = GrpcServer::start_with(addr, svc.clone(), &grpc_config(cfg))
+        let g = grpc_config(cfg);
+        let mut shard_cfg = cfg.clone();
+        shard_cfg.guard.max_reply_bytes = reply_limit(cfg.guard.max_reply_bytes, &g);
+        let svc = Arc::new(LockedShards::start(&shard_cfg, plan, p, restore)?);
+        // Served on the listener as bound (its backlog, its port held).
+        let server = GrpcServer::start_on(listener, svc.clone(), &g)
             .map_err(|e| TrainError::Backend("grpc", e.to_string()))?;
         Ok(Box::new(GrpcPs {
             server,
@@ -276,5 +317,146 @@ impl ClusterBackend for Grpc {
             reactors: cfg.ps_reactors.max(1),
             traffic: Traffic::default(),
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::handler::ShardHandler;
+    use starwire_ps::{Init, PsShard, ShardConfig, VarDef, VarKind};
+    use starwire_wire::ps::{Control, PullRequestWriter};
+
+    const DENSE: u32 = 7;
+
+    /// One shard holding a dense variable of `floats` values, pulls up to
+    /// `max_reply_bytes`, served on loopback with `g`.
+    fn serve(
+        floats: usize,
+        max_reply_bytes: usize,
+        g: &GrpcConfig,
+    ) -> (GrpcServer, Arc<LockedShards>) {
+        let vars = [VarDef {
+            id: DENSE,
+            name: "w".into(),
+            kind: VarKind::Dense {
+                shape: vec![floats],
+            },
+            init: Init::Zeros,
+        }];
+        let shard = PsShard::new(
+            0,
+            &vars,
+            ShardConfig {
+                max_reply_bytes,
+                ..ShardConfig::default()
+            },
+        );
+        let svc = Arc::new(LockedShards::new(vec![ShardHandler::new(shard, 0)], None));
+        let server =
+            GrpcServer::start_with(SocketAddr::from(([127, 0, 0, 1], 0)), svc.clone(), g).unwrap();
+        (server, svc)
+    }
+
+    /// `body` for local shard 0, as a worker sends it.
+    fn to_shard0(body: &[u8]) -> Bytes {
+        let mut b = vec![0u8, 0];
+        b.extend_from_slice(body);
+        Bytes::from(b)
+    }
+
+    fn say_done(c: &GrpcClient) {
+        c.call(Opcode::Rpc as u8, to_shard0(&Control::Done.encode()))
+            .unwrap();
+    }
+
+    /// `DONE` counts once per client (connection): one client repeating it
+    /// does not end a task waiting for two; a second client does.
+    #[test]
+    fn a_repeated_done_counts_once() {
+        let (server, svc) = serve(4, 1 << 20, &GrpcConfig::default());
+        let a = GrpcClient::connect(server.local_addr()).unwrap();
+        for _ in 0..3 {
+            say_done(&a);
+        }
+        assert_eq!(svc.dones(), vec![1]);
+        let (tx, rx) = mpsc::channel();
+        let joined = {
+            let svc = svc.clone();
+            std::thread::spawn(move || {
+                svc.join(2);
+                let _ = tx.send(());
+            })
+        };
+        assert!(
+            rx.recv_timeout(Duration::from_millis(300)).is_err(),
+            "one client's repeated DONE ended the task"
+        );
+        let b = GrpcClient::connect(server.local_addr()).unwrap();
+        say_done(&b);
+        rx.recv_timeout(Duration::from_secs(10))
+            .expect("two clients' DONE did not end the task");
+        joined.join().unwrap();
+        assert_eq!(svc.dones(), vec![2]);
+        server.shutdown();
+    }
+
+    fn pull_dense(c: &GrpcClient) -> Result<Bytes, GrpcError> {
+        let mut req = Vec::new();
+        PullRequestWriter::new(&mut req).dense(DENSE);
+        c.call(Opcode::SparsePull as u8, to_shard0(&req))
+    }
+
+    /// A pull whose reply would be over the message limit is refused
+    /// before it is built, as `LimitExceeded` (the `--max-reply-bytes`
+    /// bound), once the shard's limit is [`reply_limit`]; without that,
+    /// tonic refuses the built reply and the worker sees `Internal`. A
+    /// reply just under the limit is answered.
+    #[test]
+    fn a_reply_over_the_message_limit_is_limit_exceeded() {
+        let g = GrpcConfig {
+            max_message_len: 1 << 20,
+            ..GrpcConfig::default()
+        };
+        let limit = reply_limit(256 << 20, &g);
+        assert!(limit < g.max_message_len);
+        // 300,000 floats: a reply of 1.2 MB.
+        let (server, _) = serve(300_000, limit, &g);
+        let c = GrpcClient::connect_with(server.local_addr(), &g).unwrap();
+        let e = pull_dense(&c).unwrap_err();
+        assert_eq!(status_of(&e), Some(Status::LimitExceeded), "{e}");
+        server.shutdown();
+        // What the shard's own limit (256 MiB) let through.
+        let (server, _) = serve(300_000, 256 << 20, &g);
+        let c = GrpcClient::connect_with(server.local_addr(), &g).unwrap();
+        let e = pull_dense(&c).unwrap_err();
+        assert_eq!(status_of(&e), Some(Status::Internal), "{e}");
+        server.shutdown();
+        // The largest dense reply under the limit: 16 bytes of header and
+        // 16 of the item's, then the floats.
+        let floats = (limit - 32) / 4;
+        let (server, _) = serve(floats, limit, &g);
+        let c = GrpcClient::connect_with(server.local_addr(), &g).unwrap();
+        let reply = pull_dense(&c).unwrap();
+        assert!(reply.len() <= limit, "{} bytes", reply.len());
+        assert!(reply.len() >= floats * 4);
+        server.shutdown();
+    }
+
+    /// The PS task's bounds reach the gRPC server.
+    #[test]
+    fn the_ps_bounds_reach_the_grpc_config() {
+        let mut cfg = TrainConfig::default();
+        cfg.guard.max_connections = 17;
+        cfg.guard.idle_timeout = Some(Duration::from_secs(33));
+        let g = grpc_config(&cfg);
+        assert_eq!(g.max_connections, 17);
+        assert_eq!(g.idle_timeout, Some(Duration::from_secs(33)));
+        assert_eq!(g.max_concurrent_streams, DEFAULT_MAX_CONCURRENT_STREAMS);
+        assert!(reply_limit(cfg.guard.max_reply_bytes, &g) + REPLY_FRAMING <= g.max_message_len);
+        assert_eq!(reply_limit(1000, &g), 1000);
     }
 }

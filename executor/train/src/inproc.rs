@@ -261,7 +261,7 @@ fn serve_one(
             rep.status = Some(Status::Ok);
         }
         psserver::Reply::Done => {
-            st.done(local);
+            st.done(local, u64::from(worker));
             rep.status = Some(Status::Ok);
         }
     }

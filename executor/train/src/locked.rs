@@ -3,6 +3,7 @@
 //! (tonic's runtime threads) and `inproc` (the workers' own threads). The
 //! session backends need none of this: each shard is its reactor's alone.
 
+use std::collections::HashSet;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
@@ -23,11 +24,14 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// One shard and what serving it keeps between requests.
 pub(crate) type ShardService = Service<ShardHandler>;
 
-/// The shards of one PS task, and the `DONE`s each has received.
+/// The shards of one PS task, and the senders of the `DONE`s each has
+/// received.
 #[derive(Debug)]
 pub(crate) struct LockedShards {
     shards: Vec<Mutex<ShardService>>,
-    done: Mutex<Vec<usize>>,
+    /// Per shard, who said `DONE` (a worker index, a connection): a
+    /// sender counts once however often it says it.
+    done: Mutex<Vec<HashSet<u64>>>,
     all_done: Condvar,
     /// The task was stopped ([`Self::stop`]): for the workers that call
     /// the shards directly (`inproc`), what a closed connection is to a
@@ -67,7 +71,7 @@ impl LockedShards {
                     })
                 })
                 .collect(),
-            done: Mutex::new(vec![0; n]),
+            done: Mutex::new(vec![HashSet::new(); n]),
             all_done: Condvar::new(),
             stopped: AtomicBool::new(false),
         }
@@ -92,16 +96,18 @@ impl LockedShards {
         self.shards.get(i)
     }
 
-    /// Local shard `i` received a `DONE`.
-    pub(crate) fn done(&self, i: usize) {
-        lock(&self.done)[i] += 1;
-        self.all_done.notify_all();
+    /// Local shard `i` received a `DONE` from `sender`; again from the same
+    /// sender, it changes nothing.
+    pub(crate) fn done(&self, i: usize, sender: u64) {
+        if lock(&self.done)[i].insert(sender) {
+            self.all_done.notify_all();
+        }
     }
 
-    /// `DONE`s received so far, per local shard.
+    /// Distinct senders of `DONE` so far, per local shard.
     #[cfg(test)]
     pub(crate) fn dones(&self) -> Vec<usize> {
-        lock(&self.done).clone()
+        lock(&self.done).iter().map(HashSet::len).collect()
     }
 
     /// The shards as they are (each between two requests): counters and
@@ -121,11 +127,11 @@ impl LockedShards {
         Ok(end)
     }
 
-    /// Wait until every shard has received `expected` `DONE`s; then the
-    /// shards' counters.
+    /// Wait until every shard has received `DONE` from `expected`
+    /// senders; then the shards' counters.
     pub(crate) fn join(&self, expected: usize) -> Vec<serde_json::Value> {
         let mut d = lock(&self.done);
-        while d.iter().any(|&c| c < expected) {
+        while d.iter().any(|s| s.len() < expected) {
             d = self.all_done.wait(d).unwrap_or_else(|e| e.into_inner());
         }
         drop(d);
