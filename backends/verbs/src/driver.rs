@@ -4,16 +4,28 @@
 //!
 //! The side channel is the connection the session layer already makes to
 //! the cluster address (`dial`, and the acceptor whose preamble picks the
-//! shard): [`attach_stream`](StreamDriver::attach_stream) takes it like
-//! the TCP drivers do, creates the queue pair in Init, posts its receives
-//! and writes our [`QpEndpoint`]; the reactor's turns then read the
-//! peer's, take the queue pair to RTR and RTS, write one ready byte and
-//! wait for the peer's, and only then start the ring, so neither side
-//! writes before the other's queue pair can receive. Until then the
-//! connection is prepared: frames queue behind back-pressure. Both sides
-//! run the same steps; nothing depends on the order in which a side
-//! attaches its streams. `rdma_cm` would take this module's place where
-//! the fabric runs it (`docs/backends/rdma.md`).
+//! shard). When the caller knows the cluster token
+//! ([`attach_stream_as`](StreamDriver::attach_stream_as), as every
+//! `Endpoint` attaches its streams), the connection first takes only a
+//! handle (`RdmaDriver::reserve`: no queue pair, no registered memory, no
+//! share of the completion queue) and the two ends run the token's stream
+//! proof on the side channel ([`SideChannelAuth`], purpose
+//! [`PURPOSE`](crate::auth::PURPOSE)); a peer that fails it, speaks
+//! another protocol or stays silent until [`SETUP_TIMEOUT`] fails the
+//! connection ([`SetupError::Auth`]) with nothing allocated. Once the
+//! peer proved the token (at once without a token:
+//! [`attach_stream`](StreamDriver::attach_stream), or
+//! `attach_stream_as` with none) the driver creates the queue pair in
+//! Init, posts its receives and writes our [`QpEndpoint`]; the reactor's
+//! turns then read the peer's, take the queue pair to RTR and RTS, write
+//! one ready byte and wait for the peer's, and only then start the ring,
+//! so neither side writes before the other's queue pair can receive.
+//! Until then the connection is reserved or prepared: frames queue behind
+//! back-pressure. The whole exchange, proof included, must end within
+//! [`SETUP_TIMEOUT`] of the first turn that sees it. Apart from the
+//! proof's roles both sides run the same steps; nothing depends on the
+//! order in which a side attaches its streams. `rdma_cm` would take this
+//! module's place where the fabric runs it (`docs/backends/rdma.md`).
 
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
@@ -22,10 +34,13 @@ use std::time::{Duration, Instant};
 
 use starwire_rdma::{QpEndpoint, RdmaStats};
 use starwire_transport::reactor::{ParkEnd, ParkWaker};
-use starwire_transport::{ConnId, Driver, DriverCounters, Sleep, StreamDriver, TransportError};
+use starwire_transport::{
+    ClusterToken, ConnId, Driver, DriverCounters, Side, Sleep, StreamDriver, TransportError,
+};
 
+use crate::auth::SideChannelAuth;
 use crate::nic::VerbsNic;
-use crate::setup::{connect_qp, prepare, Pending, SetupError, VerbsRdma};
+use crate::setup::{connect_qp, prepare, prepare_reserved, Pending, SetupError, VerbsRdma};
 
 /// How long a connection's side-channel exchange may take.
 pub const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
@@ -36,8 +51,27 @@ const READY: u8 = 1;
 /// A connection whose side-channel exchange is under way.
 #[derive(Debug)]
 struct Setup {
-    pending: Pending,
+    conn: ConnId,
     stream: TcpStream,
+    phase: Phase,
+    /// Set at the first turn that sees the setup.
+    deadline: Option<Instant>,
+}
+
+/// Where a setup is.
+#[derive(Debug)]
+enum Phase {
+    /// The peer is proving the cluster token; the connection is only
+    /// reserved.
+    Auth(SideChannelAuth),
+    /// The queue pair exists; endpoints and ready bytes are exchanged.
+    Qp(Exchange),
+}
+
+/// The endpoint and ready-byte exchange of a prepared connection.
+#[derive(Debug)]
+struct Exchange {
+    pending: Pending,
     /// Bytes still to write (our endpoint, then the ready byte).
     out: Vec<u8>,
     /// The peer's endpoint and ready byte as read so far.
@@ -45,8 +79,6 @@ struct Setup {
     len: usize,
     /// The peer's endpoint, once read and our queue pair connected.
     peer: Option<QpEndpoint>,
-    /// Set at the first turn that sees the setup.
-    deadline: Option<Instant>,
 }
 
 /// What one step of a setup came to.
@@ -57,20 +89,52 @@ enum Step {
 }
 
 impl Setup {
-    /// Write what is owed, read what has come; connect the queue pair once
-    /// the peer's endpoint is in.
-    fn step(&mut self, rdma: &mut VerbsRdma) -> Step {
-        match self.try_step(rdma) {
+    /// Prove the token if that is under way (against the setup's
+    /// deadline, once it has one), then prepare the connection and
+    /// exchange endpoints.
+    fn step(&mut self, rdma: &mut VerbsRdma, now: Instant) -> Step {
+        if let Phase::Auth(auth) = &mut self.phase {
+            match auth.step(&mut self.stream, now, self.deadline) {
+                Ok(false) => return Step::Waiting,
+                Ok(true) => match prepare_reserved(rdma, self.conn) {
+                    Ok(pending) => self.phase = Phase::Qp(Exchange::new(pending)),
+                    Err(e) => return Step::Failed(e),
+                },
+                Err(e) => return Step::Failed(e.into()),
+            }
+        }
+        let Phase::Qp(x) = &mut self.phase else {
+            return Step::Waiting;
+        };
+        match x.try_step(&mut self.stream, rdma) {
             Ok(Some(peer)) => Step::Done(peer),
             Ok(None) => Step::Waiting,
             Err(e) => Step::Failed(e),
         }
     }
+}
 
-    fn try_step(&mut self, rdma: &mut VerbsRdma) -> Result<Option<QpEndpoint>, SetupError> {
+impl Exchange {
+    fn new(pending: Pending) -> Self {
+        Self {
+            pending,
+            out: pending.local.to_bytes().to_vec(),
+            got: [0; QpEndpoint::ENCODED_LEN + 1],
+            len: 0,
+            peer: None,
+        }
+    }
+
+    /// Write what is owed, read what has come; connect the queue pair once
+    /// the peer's endpoint is in.
+    fn try_step(
+        &mut self,
+        stream: &mut TcpStream,
+        rdma: &mut VerbsRdma,
+    ) -> Result<Option<QpEndpoint>, SetupError> {
         loop {
             while !self.out.is_empty() {
-                match self.stream.write(&self.out) {
+                match stream.write(&self.out) {
                     Ok(0) => return Err(io::Error::from(io::ErrorKind::WriteZero).into()),
                     Ok(n) => drop(self.out.drain(..n)),
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
@@ -84,7 +148,7 @@ impl Setup {
                 QpEndpoint::ENCODED_LEN + 1
             };
             if self.len < want {
-                match self.stream.read(&mut self.got[self.len..want]) {
+                match stream.read(&mut self.got[self.len..want]) {
                     Ok(0) => {
                         return Err(io::Error::new(
                             io::ErrorKind::UnexpectedEof,
@@ -278,6 +342,15 @@ impl VerbsDriver {
         self.setups.len()
     }
 
+    /// Of those, the ones whose peer is still proving the cluster token
+    /// (nothing allocated for them but their handle).
+    pub fn authenticating(&self) -> usize {
+        self.setups
+            .iter()
+            .filter(|s| matches!(s.phase, Phase::Auth(_)))
+            .count()
+    }
+
     /// Step every setup; true if any finished or failed.
     fn progress(&mut self, now: Instant) -> bool {
         let mut changed = false;
@@ -285,7 +358,7 @@ impl VerbsDriver {
         while i < self.setups.len() {
             let s = &mut self.setups[i];
             let deadline = *s.deadline.get_or_insert(now + SETUP_TIMEOUT);
-            let step = match s.step(&mut self.rdma) {
+            let step = match s.step(&mut self.rdma, now) {
                 Step::Waiting if now >= deadline => {
                     Step::Failed(SetupError::SideChannel(io::Error::new(
                         io::ErrorKind::TimedOut,
@@ -294,7 +367,7 @@ impl VerbsDriver {
                 }
                 step => step,
             };
-            let conn = s.pending.conn;
+            let conn = s.conn;
             match step {
                 Step::Waiting => {
                     i += 1;
@@ -307,7 +380,8 @@ impl VerbsDriver {
                     }
                 }
                 Step::Failed(e) => {
-                    tracing::warn!(%e, %conn, "rdma connection setup failed");
+                    let peer = s.stream.peer_addr().ok();
+                    tracing::warn!(%e, %conn, ?peer, "rdma connection setup failed");
                     self.failed
                         .push((conn, TransportError::Link(e.to_string())));
                 }
@@ -317,32 +391,61 @@ impl VerbsDriver {
         }
         changed
     }
+
+    /// Start a connection's setup on `stream`: with `auth`, the peer
+    /// proves the token before anything but the handle is allocated.
+    fn attach(
+        &mut self,
+        stream: TcpStream,
+        auth: Option<SideChannelAuth>,
+    ) -> Result<ConnId, TransportError> {
+        let link = |e: &dyn std::fmt::Display| TransportError::Link(e.to_string());
+        stream.set_nonblocking(true).map_err(|e| link(&e))?;
+        let _ = stream.set_nodelay(true);
+        let (conn, phase) = match auth {
+            Some(a) => (self.rdma.reserve().map_err(|e| link(&e))?, Phase::Auth(a)),
+            None => {
+                let pending = prepare(&mut self.rdma).map_err(|e| link(&e))?;
+                (pending.conn, Phase::Qp(Exchange::new(pending)))
+            }
+        };
+        let mut setup = Setup {
+            conn,
+            stream,
+            phase,
+            deadline: None,
+        };
+        if let Step::Failed(e) = setup.step(&mut self.rdma, Instant::now()) {
+            self.rdma.detach(conn);
+            return Err(link(&e));
+        }
+        self.setups.push(setup);
+        Ok(conn)
+    }
 }
 
 impl StreamDriver for VerbsDriver {
     /// Prepare a connection (queue pair in Init, receives posted) and
     /// start the exchange on `stream`, which the driver keeps until the
-    /// connection is set up.
+    /// connection is set up. No proof of the cluster token is exchanged:
+    /// [`attach_stream_as`](StreamDriver::attach_stream_as) with the token
+    /// asks for one.
     fn attach_stream(&mut self, stream: TcpStream) -> Result<ConnId, TransportError> {
-        let link = |e: &dyn std::fmt::Display| TransportError::Link(e.to_string());
-        stream.set_nonblocking(true).map_err(|e| link(&e))?;
-        let _ = stream.set_nodelay(true);
-        let pending = prepare(&mut self.rdma).map_err(|e| link(&e))?;
-        let mut setup = Setup {
-            pending,
-            stream,
-            out: pending.local.to_bytes().to_vec(),
-            got: [0; QpEndpoint::ENCODED_LEN + 1],
-            len: 0,
-            peer: None,
-            deadline: None,
-        };
-        if let Step::Failed(e) = setup.step(&mut self.rdma) {
-            self.rdma.detach(pending.conn);
-            return Err(link(&e));
-        }
-        self.setups.push(setup);
-        Ok(pending.conn)
+        self.attach(stream, None)
+    }
+
+    /// With a token, reserve the connection's handle and start the token's
+    /// proof on `stream` as the `side` end; the queue pair and memory come
+    /// once the peer has proved it. Without one, as
+    /// [`attach_stream`](StreamDriver::attach_stream).
+    fn attach_stream_as(
+        &mut self,
+        stream: TcpStream,
+        side: Side,
+        token: Option<&ClusterToken>,
+    ) -> Result<ConnId, TransportError> {
+        let auth = token.map(|t| SideChannelAuth::new(side, t));
+        self.attach(stream, auth)
     }
 }
 
@@ -398,7 +501,7 @@ impl Driver for VerbsDriver {
     }
 
     fn detach(&mut self, conn: ConnId) {
-        self.setups.retain(|s| s.pending.conn != conn);
+        self.setups.retain(|s| s.conn != conn);
         self.failed.retain(|(c, _)| *c != conn);
         self.rdma.detach(conn);
     }

@@ -15,15 +15,21 @@
 //!   completion channel.
 //! * [`prepare`], [`connect_qp`]/[`finish`] and [`connect_local`] set a
 //!   connection up: queue pair in Init, receives posted, endpoints
-//!   exchanged, RTR, RTS.
+//!   exchanged, RTR, RTS ([`prepare_reserved`] for a connection whose
+//!   handle was reserved first).
+//! * [`SideChannelAuth`] proves the cluster token on a side channel
+//!   (`starwire_transport::auth::stream`, purpose [`AUTH_PURPOSE`])
+//!   without blocking, before anything is allocated for the connection.
 //! * [`VerbsDriver`] is the reactor's driver: [`VerbsRdma`] plus the TCP
 //!   side channels of connections being set up, stepped by the reactor's
-//!   turns (`StreamDriver::attach_stream` starts one).
+//!   turns (`StreamDriver::attach_stream_as` starts one, proving the
+//!   token first when there is one).
 //!
 //! Every `unsafe` line of the crate is in the `sys` module. User
 //! documentation: `docs/backends/rdma.md`.
 #![deny(unsafe_code)]
 
+mod auth;
 mod device;
 mod driver;
 mod error;
@@ -31,6 +37,7 @@ mod nic;
 mod setup;
 mod sys;
 
+pub use auth::{SideChannelAuth, PURPOSE as AUTH_PURPOSE};
 pub use device::{
     devices, mtu_bytes, DeviceInfo, DeviceResult, DeviceSpec, Gid, LinkLayer, PortInfo,
     VerbsDevice, DEFAULT_GID_INDEX, DEFAULT_PORT,
@@ -38,4 +45,6 @@ pub use device::{
 pub use driver::{VerbsCounters, VerbsDriver, SETUP_TIMEOUT};
 pub use error::{DeviceError, NoDeviceReason};
 pub use nic::{NicConfig, NicStats, VerbsNic};
-pub use setup::{connect_local, connect_qp, finish, prepare, Pending, SetupError, VerbsRdma};
+pub use setup::{
+    connect_local, connect_qp, finish, prepare, prepare_reserved, Pending, SetupError, VerbsRdma,
+};

@@ -4,6 +4,7 @@
 //! process; [`VerbsRdma`](crate::VerbsRdma) over a TCP side channel.
 
 use starwire_rdma::{EndpointError, QpEndpoint, RdmaDriver, RingError};
+use starwire_transport::auth::stream::StreamAuthError;
 use starwire_transport::{ConnId, Driver};
 use thiserror::Error;
 
@@ -29,6 +30,11 @@ pub enum SetupError {
     /// The peer's endpoint message is invalid.
     #[error("RDMA side channel: {0}")]
     Endpoint(#[from] EndpointError),
+    /// The peer did not prove the cluster token on the side channel (a
+    /// wrong proof, another protocol, silence until the setup's deadline,
+    /// or a closed stream); nothing was allocated for the connection.
+    #[error("RDMA side channel: {0}")]
+    Auth(#[from] StreamAuthError),
 }
 
 /// A connection being set up: its queue pair is in Init with its receives
@@ -59,6 +65,32 @@ pub fn prepare(driver: &mut VerbsRdma) -> Result<Pending, SetupError> {
         Some(local) => Ok(Pending { conn, qpn, local }),
         None => {
             driver.detach(conn);
+            Err(DeviceError::NotInit(qpn).into())
+        }
+    }
+}
+
+/// [`prepare`] for the connection `conn` reserved earlier
+/// (`RdmaDriver::reserve`): its handle stays, the queue pair and memory
+/// come now. On error `conn` stays reserved and nothing else is held.
+pub fn prepare_reserved(driver: &mut VerbsRdma, conn: ConnId) -> Result<Pending, SetupError> {
+    let qpn = driver.verbs_mut().create_qp()?;
+    let ring = match driver.prepare_reserved(conn, qpn) {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = starwire_rdma::Verbs::destroy_qp(driver.verbs_mut(), qpn);
+            return Err(e.into());
+        }
+    };
+    match driver.verbs().local_endpoint(qpn, ring) {
+        Some(local) => Ok(Pending { conn, qpn, local }),
+        None => {
+            // Back to a reservation: the queue pair and memory go, the
+            // handle stays its owner's until it detaches it (the slot
+            // just freed is the next one a reservation takes).
+            driver.detach(conn);
+            let again = driver.reserve();
+            debug_assert_eq!(again.ok(), Some(conn));
             Err(DeviceError::NotInit(qpn).into())
         }
     }

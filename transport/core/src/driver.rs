@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
+use crate::auth::{ClusterToken, Side};
 use crate::reactor::{ParkEnd, ParkWaker};
 use crate::transport::{copy_gather, gather_len, Transport, TransportError};
 
@@ -247,6 +248,27 @@ pub trait StreamDriver: Driver {
     /// Take `stream` (connected; blocking or not) as a new connection,
     /// served from the next turn on.
     fn attach_stream(&mut self, stream: TcpStream) -> Result<ConnId, TransportError>;
+
+    /// [`attach_stream`](Self::attach_stream) for a caller that knows which
+    /// end of `stream` it holds and the cluster token its connections
+    /// prove ([`ConnConfig::token`](crate::ConnConfig::token)): the
+    /// [`Endpoint`](crate::Endpoint) attaches every stream this way, as
+    /// [`Side::Dialer`] what its owner dialed and as [`Side::Acceptor`]
+    /// what its inbox routes to it. A driver that sets its connections up
+    /// over the stream before the session layer's handshake runs (the
+    /// verbs backend's side channel) proves the token on it first, so that
+    /// nothing is allocated for a peer without it. By default the side and
+    /// the token are not used: the session layer's handshake proves the
+    /// token.
+    fn attach_stream_as(
+        &mut self,
+        stream: TcpStream,
+        side: Side,
+        token: Option<&ClusterToken>,
+    ) -> Result<ConnId, TransportError> {
+        let _ = (side, token);
+        self.attach_stream(stream)
+    }
 }
 
 /// The transmit side of one connection of a driver.

@@ -155,12 +155,16 @@ impl<D: Driver, S: Service<D>> Endpoint<D, S> {
     /// Take the streams an [`Acceptor`](crate::accept::Acceptor) routes
     /// here from `rx` (this endpoint's ring of
     /// [`inboxes`](crate::accept::inboxes)), attaching them at the start
-    /// of each turn.
+    /// of each turn. Each is attached as the accepting end, with the
+    /// endpoint's cluster token ([`StreamDriver::attach_stream_as`]).
     pub fn with_inbox(self, rx: Consumer<Routed>) -> Self
     where
         D: StreamDriver + 'static,
     {
-        self.with_inbox_attach(rx, D::attach_stream)
+        let token = self.cfg.token.clone();
+        self.with_inbox_attach(rx, move |d: &mut D, s| {
+            d.attach_stream_as(s, Side::Acceptor, token.as_ref())
+        })
     }
 
     /// Like [`with_inbox`](Self::with_inbox), for a driver that is not a
@@ -179,7 +183,9 @@ impl<D: Driver, S: Service<D>> Endpoint<D, S> {
         self
     }
 
-    /// Attach `stream` (dialed by the caller) as a connection for `shard`.
+    /// Attach `stream` (dialed by the caller) as a connection for `shard`:
+    /// the dialing end, with the endpoint's cluster token
+    /// ([`StreamDriver::attach_stream_as`]).
     pub fn attach_stream(
         &mut self,
         stream: TcpStream,
@@ -189,7 +195,11 @@ impl<D: Driver, S: Service<D>> Endpoint<D, S> {
     where
         D: StreamDriver,
     {
-        let id = self.sessions.driver_mut().attach_stream(stream)?;
+        let token = self.cfg.token.as_ref();
+        let id = self
+            .sessions
+            .driver_mut()
+            .attach_stream_as(stream, Side::Dialer, token)?;
         self.open(id, shard, now);
         Ok(id)
     }
@@ -716,5 +726,82 @@ mod tests {
         // The links went with them, so the closing end lets go too.
         turns(&mut a, &mut b, 1);
         assert!(a.sessions().is_empty());
+    }
+
+    /// A stream driver that records how each stream was attached.
+    #[derive(Debug, Default)]
+    struct Sides {
+        attached: Vec<(Side, Option<String>)>,
+    }
+
+    impl Driver for Sides {
+        fn max_frame_len(&self) -> usize {
+            1024
+        }
+        fn tx_reserve(
+            &mut self,
+            _conn: ConnId,
+            _len: usize,
+        ) -> Result<Option<&mut [u8]>, TransportError> {
+            Ok(None)
+        }
+        fn tx_commit(&mut self, _conn: ConnId, _len: usize) {}
+        fn tx_pending(&self, _conn: ConnId) -> bool {
+            false
+        }
+        fn rx_burst(
+            &mut self,
+            _now: Instant,
+            _max: usize,
+            _sink: &mut dyn FnMut(ConnId, &[u8]),
+        ) -> usize {
+            0
+        }
+        fn flush(&mut self, _now: Instant) -> bool {
+            false
+        }
+        fn poll_failure(&mut self) -> Option<(ConnId, TransportError)> {
+            None
+        }
+        fn detach(&mut self, _conn: ConnId) {}
+        fn sleep(&self) -> crate::driver::Sleep {
+            crate::driver::Sleep::Never
+        }
+    }
+
+    impl StreamDriver for Sides {
+        fn attach_stream(&mut self, _stream: TcpStream) -> Result<ConnId, TransportError> {
+            unreachable!("the endpoint says which end it attaches")
+        }
+        fn attach_stream_as(
+            &mut self,
+            _stream: TcpStream,
+            side: Side,
+            token: Option<&crate::ClusterToken>,
+        ) -> Result<ConnId, TransportError> {
+            self.attached.push((side, token.map(|t| format!("{t:?}"))));
+            Ok(ConnId::new(self.attached.len() as u32 - 1))
+        }
+    }
+
+    #[test]
+    fn a_dialed_stream_is_attached_as_the_dialer_with_the_endpoints_token() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let now = Instant::now();
+        let token = crate::ClusterToken::new(b"0123456789abcdef-secret").unwrap();
+        let mut cfg = config(TaskRole::Worker);
+        cfg.token = Some(token.clone());
+        let mut ep = Endpoint::new(Sides::default(), Asker::default(), cfg);
+        ep.attach_stream(TcpStream::connect(addr).unwrap(), 0, now)
+            .unwrap();
+        let mut ep2 = Endpoint::new(Sides::default(), Asker::default(), config(TaskRole::Worker));
+        ep2.attach_stream(TcpStream::connect(addr).unwrap(), 0, now)
+            .unwrap();
+        assert_eq!(
+            ep.sessions().driver().attached,
+            [(Side::Dialer, Some(format!("{token:?}")))]
+        );
+        assert_eq!(ep2.sessions().driver().attached, [(Side::Dialer, None)]);
     }
 }

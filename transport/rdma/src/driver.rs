@@ -63,6 +63,10 @@ fn add_ring_stats(t: &mut RingStats, s: &RingStats) {
 #[derive(Debug)]
 enum Slot {
     Free,
+    /// A connection handle with nothing behind it yet: no queue pair, no
+    /// registered memory, no share of the completion queue
+    /// ([`RdmaDriver::reserve`]).
+    Reserved,
     Prepared(PreparedRing),
     Connected(RingConn),
 }
@@ -79,6 +83,14 @@ enum Slot {
 /// [`RemoteRing`] to send to the peer; [`connect`](Self::connect) starts
 /// the protocol once the peer's arrives. Frames may be queued in between;
 /// they leave once connected.
+///
+/// A connection whose peer must first prove something out of band (the
+/// cluster token, over the side channel) can take its handle before any
+/// resource: [`reserve`](Self::reserve) holds a slot and nothing else,
+/// and [`prepare_reserved`](Self::prepare_reserved) later prepares it as
+/// `prepare` would. A reserved connection behaves like a prepared one that
+/// is not connected: its frames wait behind back-pressure, `detach` frees
+/// it, and it counts in [`len`](Self::len).
 ///
 /// Verbs with a completion channel ([`Verbs::can_sleep`]) park the reactor
 /// in the driver's own wait ([`Sleep::Own`]): arm the completion queue,
@@ -131,6 +143,60 @@ impl<V: Verbs> RdmaDriver<V> {
     /// On error the queue pair stays the caller's and nothing stays
     /// registered.
     pub fn prepare(&mut self, qpn: u32) -> Result<(ConnId, RemoteRing), RingError> {
+        let index = self.next_index()?;
+        let prepared = self.prepare_ring(qpn, index)?;
+        let local = prepared.local_ring();
+        self.take_index(index, Slot::Prepared(prepared));
+        Ok((ConnId::new(index), local))
+    }
+
+    /// A new connection's handle with nothing behind it: no queue pair,
+    /// no registered memory, no share of the completion queue. Until
+    /// [`prepare_reserved`](Self::prepare_reserved) it is like a prepared
+    /// connection that is not connected: frames wait behind back-pressure
+    /// and [`detach`](Driver::detach) frees the slot.
+    pub fn reserve(&mut self) -> Result<ConnId, RingError> {
+        let index = self.next_index()?;
+        self.take_index(index, Slot::Reserved);
+        Ok(ConnId::new(index))
+    }
+
+    /// Prepare the reserved connection `conn` on the connected queue pair
+    /// `qpn`, as [`prepare`](Self::prepare) prepares a new one. Returns
+    /// what to send the peer. On error `conn` stays reserved, the queue
+    /// pair stays the caller's and nothing stays registered.
+    pub fn prepare_reserved(&mut self, conn: ConnId, qpn: u32) -> Result<RemoteRing, RingError> {
+        if !matches!(self.slots.get(conn.index()), Some(Slot::Reserved)) {
+            return Err(RingError::NotReserved(conn));
+        }
+        let prepared = self.prepare_ring(qpn, conn.index() as u32)?;
+        let local = prepared.local_ring();
+        self.slots[conn.index()] = Slot::Prepared(prepared);
+        Ok(local)
+    }
+
+    /// The slot a new connection would take.
+    fn next_index(&self) -> Result<u32, RingError> {
+        match self.free.last() {
+            Some(&i) => Ok(i),
+            None if self.slots.len() < MAX_SLOTS => Ok(self.slots.len() as u32),
+            None => Err(RingError::TooManyConnections),
+        }
+    }
+
+    /// Put `slot` at `index`, the one [`next_index`](Self::next_index)
+    /// returned.
+    fn take_index(&mut self, index: u32, slot: Slot) {
+        if self.free.pop().is_none() {
+            self.slots.push(Slot::Free);
+        }
+        self.slots[index as usize] = slot;
+    }
+
+    /// Register the ring and staging of a connection in slot `index` on
+    /// `qpn` and post its receives, its share of the completion queue
+    /// taken.
+    fn prepare_ring(&mut self, qpn: u32, index: u32) -> Result<PreparedRing, RingError> {
         let caps = self.verbs.qp_caps(qpn).ok_or(RingError::UnknownQp(qpn))?;
         let share = u64::from(caps.max_send_wr) + u64::from(self.cfg.recv_depth);
         let depth = u64::from(self.verbs.cq_depth());
@@ -141,19 +207,9 @@ impl<V: Verbs> RdmaDriver<V> {
                 caps.max_send_wr, self.cfg.recv_depth, self.cq_reserved
             )));
         }
-        let index = match self.free.last() {
-            Some(&i) => i,
-            None if self.slots.len() < MAX_SLOTS => self.slots.len() as u32,
-            None => return Err(RingError::TooManyConnections),
-        };
         let prepared = PreparedRing::new(&mut self.verbs, qpn, index, &self.cfg, self.max_frame)?;
-        let local = prepared.local_ring();
         self.cq_reserved += prepared.cq_share();
-        if self.free.pop().is_none() {
-            self.slots.push(Slot::Free);
-        }
-        self.slots[index as usize] = Slot::Prepared(prepared);
-        Ok((ConnId::new(index), local))
+        Ok(prepared)
     }
 
     /// Start the ring protocol of the prepared connection `conn` against
@@ -220,7 +276,7 @@ impl<V: Verbs> RdmaDriver<V> {
         t
     }
 
-    /// Connections held, prepared or connected.
+    /// Connections held: reserved, prepared or connected.
     pub fn len(&self) -> usize {
         self.slots.len() - self.free.len()
     }
@@ -352,7 +408,7 @@ impl<V: Verbs> RdmaDriver<V> {
     fn fail_all(&mut self, fault: &RingFault) {
         for (i, slot) in self.slots.iter_mut().enumerate() {
             let first = match slot {
-                Slot::Free => None,
+                Slot::Free | Slot::Reserved => None,
                 Slot::Prepared(p) => p.fail(fault.clone()),
                 Slot::Connected(ring) => ring.fail(fault.clone()),
             };
@@ -405,6 +461,7 @@ impl<V: Verbs> Driver for RdmaDriver<V> {
             Some(Slot::Connected(ring)) => ring,
             // Not connected yet: frames wait in the message layer.
             Some(Slot::Prepared(p)) => return p.check().map(|()| None),
+            Some(Slot::Reserved) => return Ok(None),
             _ => return Err(TransportError::Closed),
         };
         let healthy = ring.fault().is_none();
@@ -483,16 +540,18 @@ impl<V: Verbs> Driver for RdmaDriver<V> {
         let old = std::mem::replace(slot, Slot::Free);
         let qpn = match &old {
             Slot::Free => return,
-            Slot::Prepared(p) => p.qpn(),
-            Slot::Connected(ring) => ring.qpn(),
+            // Nothing was allocated for it.
+            Slot::Reserved => None,
+            Slot::Prepared(p) => Some(p.qpn()),
+            Slot::Connected(ring) => Some(ring.qpn()),
         };
         // The queue pair goes first, so no work request can still reach
         // the regions when they are deregistered.
-        if let Err(e) = self.verbs.destroy_qp(qpn) {
+        if let Some(Err(e)) = qpn.map(|q| self.verbs.destroy_qp(q)) {
             tracing::warn!(%e, "rdma: destroying a connection's queue pair failed");
         }
         let share = match old {
-            Slot::Free => 0,
+            Slot::Free | Slot::Reserved => 0,
             Slot::Prepared(p) => {
                 p.release(&mut self.verbs);
                 p.cq_share()

@@ -76,6 +76,10 @@ pub enum RingError {
     /// The connection is not one prepared and not yet connected.
     #[error("{0} is not a prepared connection of this driver")]
     NotPrepared(starwire_transport::ConnId),
+    /// The connection is not one reserved and not yet prepared
+    /// ([`RdmaDriver::reserve`](crate::RdmaDriver::reserve)).
+    #[error("{0} is not a reserved connection of this driver")]
+    NotReserved(starwire_transport::ConnId),
     /// The driver holds as many connections as `wr_id`s can name.
     #[error("the driver already holds the most connections it can name")]
     TooManyConnections,

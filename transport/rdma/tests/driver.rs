@@ -9,8 +9,8 @@ use std::time::Instant;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use starwire_rdma::{
-    Access, LocalSlice, MemoryRegion, RdmaDriver, RemoteSlice, RingConfig, SimConfig, SimNic,
-    Verbs, WcStatus, MIN_RECV_DEPTH,
+    Access, LocalSlice, MemoryRegion, RdmaDriver, RemoteSlice, RingConfig, RingError, SimConfig,
+    SimNic, Verbs, WcStatus, MIN_RECV_DEPTH,
 };
 use starwire_transport::conformance::{DriverPair, Pair};
 use starwire_transport::{ConnId, Connection, Driver, Incoming, Payload, TaskRole, TransportError};
@@ -458,4 +458,119 @@ fn an_overrun_completion_queue_fails_every_connection_once() {
     assert!(
         matches!(a.tx_reserve(ids[0], 8), Err(TransportError::Link(m)) if m.contains("EOVERFLOW"))
     );
+}
+
+#[test]
+fn a_reserved_connection_holds_a_slot_and_nothing_else() {
+    // Room in the completion queue for one connection (16 send + 16
+    // receive entries) and no more.
+    let (mut na, mut nb) = SimNic::pair(SimConfig {
+        max_send_wr: 16,
+        max_recv_wr: 64,
+        cq_depth: 32,
+        ..SimConfig::default()
+    });
+    let (qa, qb) = na.connect_qp(&mut nb).unwrap();
+    let mut a = RdmaDriver::new(na, cfg()).unwrap();
+    let mut b = RdmaDriver::new(nb, cfg()).unwrap();
+    let regions = a.verbs().region_count();
+    // Many reservations take no registered memory and no CQ room.
+    let reserved: Vec<ConnId> = (0..100).map(|_| a.reserve().expect("reserve")).collect();
+    assert_eq!(a.len(), 100);
+    assert_eq!(a.verbs().region_count(), regions, "nothing registered");
+    assert_eq!(a.verbs().qp_count(), 1, "no queue pair made");
+    let now = Instant::now();
+    let (cb, rb) = b.prepare(qb).unwrap();
+    // Like a prepared connection that is not connected: frames wait, the
+    // ring is not there, it cannot be connected yet, no failure.
+    assert!(matches!(a.tx_reserve(reserved[0], 8), Ok(None)));
+    assert!(!a.tx_pending(reserved[0]));
+    assert!(a.ring(reserved[0]).is_none());
+    assert!(matches!(
+        a.connect(reserved[0], rb),
+        Err(RingError::NotPrepared(_))
+    ));
+    a.flush(now);
+    assert_eq!(a.rx_burst(now, 16, &mut |_, _| panic!("nothing")), 0);
+    assert!(a.poll_failure().is_none());
+    assert_eq!(a.counters().doorbells, Some(0));
+    // Detaching frees them; a reservation is no prepared connection.
+    for &c in &reserved[1..] {
+        a.detach(c);
+    }
+    assert_eq!(a.len(), 1);
+    assert!(matches!(
+        a.prepare_reserved(reserved[1], qa),
+        Err(RingError::NotReserved(_))
+    ));
+    // The one left is prepared on a queue pair, in its own slot, and
+    // takes the completion queue's room: a second prepare finds none.
+    let ra = a
+        .prepare_reserved(reserved[0], qa)
+        .expect("prepare reserved");
+    assert_eq!(a.len(), 1);
+    assert!(a.verbs().region_count() > regions);
+    assert!(matches!(
+        a.prepare_reserved(reserved[0], qa),
+        Err(RingError::NotReserved(_))
+    ));
+    a.connect(reserved[0], rb).unwrap();
+    b.connect(cb, ra).unwrap();
+    let f = frame(0, 0, 100);
+    a.tx_reserve(reserved[0], f.len())
+        .unwrap()
+        .unwrap()
+        .copy_from_slice(&f);
+    a.tx_commit(reserved[0], f.len());
+    a.flush(now);
+    let mut got = 0;
+    b.rx_burst(now, 16, &mut |c, g| {
+        assert_eq!((c, g), (cb, f.as_slice()));
+        got += 1;
+    });
+    assert_eq!(got, 1);
+    // Detached, it gives everything back.
+    a.detach(reserved[0]);
+    assert!(a.is_empty());
+    assert_eq!(a.verbs().region_count(), regions);
+    assert_eq!(a.verbs().qp_count(), 0);
+}
+
+#[test]
+fn a_reservation_that_cannot_be_prepared_stays_reserved() {
+    let (mut na, mut nb) = SimNic::pair(SimConfig {
+        max_send_wr: 16,
+        max_recv_wr: 64,
+        cq_depth: 32,
+        ..SimConfig::default()
+    });
+    let (q1, _) = na.connect_qp(&mut nb).unwrap();
+    let (q2, _) = na.connect_qp(&mut nb).unwrap();
+    let mut a = RdmaDriver::new(na, cfg()).unwrap();
+    let regions = a.verbs().region_count();
+    let first = a.reserve().unwrap();
+    let second = a.reserve().unwrap();
+    assert_ne!(first, second);
+    a.prepare_reserved(first, q1).unwrap();
+    // The completion queue holds one connection only.
+    let err = a.prepare_reserved(second, q2).unwrap_err();
+    assert!(
+        matches!(&err, RingError::Config(m) if m.contains("CQ depth 32")),
+        "{err}"
+    );
+    assert!(
+        matches!(a.tx_reserve(second, 8), Ok(None)),
+        "still reserved"
+    );
+    assert!(matches!(
+        a.prepare_reserved(second, 0x7777),
+        Err(RingError::UnknownQp(0x7777))
+    ));
+    // Freeing the prepared one makes room for it.
+    a.detach(first);
+    assert_eq!(a.verbs().region_count(), regions);
+    a.prepare_reserved(second, q2).expect("room again");
+    a.detach(second);
+    assert!(a.is_empty());
+    assert_eq!(a.verbs().region_count(), regions);
 }
