@@ -7,7 +7,7 @@
 # Usage: ci/fuzz-afl.sh [SECONDS] [TARGET...]
 #   SECONDS  per target (default 180); TARGET among decode deframe
 #            handshake ps-proto udp qp-endpoint checkpoint rdma-ring
-#            (default: all).
+#            datagram text (default: all).
 # Environment: FUZZ_EXECS=N stops a target after N executions if that
 # comes before SECONDS (the "20 minutes or 10 million executions":
 # FUZZ_EXECS=10000000 ci/fuzz-afl.sh 1200); FUZZ_OUT (default
@@ -29,7 +29,7 @@ secs="${1:-180}"
 shift || true
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-    targets=(decode deframe handshake ps-proto udp qp-endpoint checkpoint rdma-ring)
+    targets=(decode deframe handshake ps-proto udp qp-endpoint checkpoint rdma-ring datagram text)
 fi
 out="${FUZZ_OUT:-$root/target/afl}"
 

@@ -11,11 +11,13 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use starwire_wire_fuzz::checkpoint::Checkpoint;
+use starwire_wire_fuzz::datagram::Datagram;
 use starwire_wire_fuzz::driver::Target;
 use starwire_wire_fuzz::endpoint::Endpoint;
 use starwire_wire_fuzz::handshake::Handshake;
 use starwire_wire_fuzz::ps::Handlers;
 use starwire_wire_fuzz::rdma_ring::RdmaRing;
+use starwire_wire_fuzz::text::Text;
 use starwire_wire_fuzz::{Decode, Deframe, Udp};
 
 fn write<T: Target>(t: &T, dir: &Path) -> std::io::Result<usize> {
@@ -44,6 +46,8 @@ fn main() -> ExitCode {
         write(&Endpoint::default(), dir),
         write(&Checkpoint::default(), dir),
         write(&RdmaRing::default(), dir),
+        write(&Datagram::default(), dir),
+        write(&Text::default(), dir),
     ];
     for r in written {
         if let Err(e) = r {
