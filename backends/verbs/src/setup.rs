@@ -49,30 +49,19 @@ pub struct Pending {
     pub local: QpEndpoint,
 }
 
-/// Create a queue pair in Init and prepare the connection on it:
+/// Create a queue pair in Init and prepare a new connection on it:
 /// registered staging and ring, receive WRs posted before the peer can
-/// learn the ring's rkey.
+/// learn the ring's rkey. A reservation ([`prepare_reserved`]), given
+/// back on error.
 pub fn prepare(driver: &mut VerbsRdma) -> Result<Pending, SetupError> {
-    let qpn = driver.verbs_mut().create_qp()?;
-    let (conn, ring) = match driver.prepare(qpn) {
-        Ok(r) => r,
-        Err(e) => {
-            let _ = starwire_rdma::Verbs::destroy_qp(driver.verbs_mut(), qpn);
-            return Err(e.into());
-        }
-    };
-    match driver.verbs().local_endpoint(qpn, ring) {
-        Some(local) => Ok(Pending { conn, qpn, local }),
-        None => {
-            driver.detach(conn);
-            Err(DeviceError::NotInit(qpn).into())
-        }
-    }
+    let conn = driver.reserve()?;
+    prepare_reserved(driver, conn).inspect_err(|_| driver.detach(conn))
 }
 
-/// [`prepare`] for the connection `conn` reserved earlier
-/// (`RdmaDriver::reserve`): its handle stays, the queue pair and memory
-/// come now. On error `conn` stays reserved and nothing else is held.
+/// Create a queue pair in Init and prepare the connection `conn`
+/// reserved earlier (`RdmaDriver::reserve`) on it: its handle stays, the
+/// queue pair and memory come now. On error `conn` stays reserved and
+/// nothing else is held.
 pub fn prepare_reserved(driver: &mut VerbsRdma, conn: ConnId) -> Result<Pending, SetupError> {
     let qpn = driver.verbs_mut().create_qp()?;
     let ring = match driver.prepare_reserved(conn, qpn) {
