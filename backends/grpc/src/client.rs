@@ -132,7 +132,7 @@ impl GrpcClient {
         opcode: u8,
         payload: Bytes,
     ) -> impl Future<Output = Result<Bytes, GrpcError>> + Send + 'static {
-        let mut c = self.client.clone();
+        let c = self.client.clone();
         let req = CallRequest {
             opcode: u32::from(opcode),
             payload,
@@ -143,7 +143,12 @@ impl GrpcClient {
             if len > max {
                 return Err(GrpcError::TooLarge { len, max });
             }
-            Ok(c.call(req).await?.into_inner().payload)
+            let r = retry_refused(req, |r| {
+                let mut c = c.clone();
+                async move { c.call(r).await }
+            })
+            .await?;
+            Ok(r.into_inner().payload)
         }
     }
 
@@ -196,10 +201,14 @@ impl GrpcClient {
     /// Rows of `var` for `keys` (a protobuf `SparsePullRequest`).
     pub fn sparse_pull(&self, var: u64, keys: Vec<u64>) -> Result<SparseRows, GrpcError> {
         let n = keys.len();
-        let mut c = self.client.clone();
+        let c = self.client.clone();
+        let req = SparsePullRequest { var, keys };
         let r = self
             .rt
-            .block_on(c.sparse_pull(SparsePullRequest { var, keys }))?
+            .block_on(retry_refused(req, |r| {
+                let mut c = c.clone();
+                async move { c.sparse_pull(r).await }
+            }))?
             .into_inner();
         let dim = r.dim as usize;
         if n.checked_mul(dim) != Some(r.values.len()) {
@@ -226,31 +235,84 @@ impl GrpcClient {
             code: tonic::Code::InvalidArgument,
             message: format!("row width {dim} is over u32"),
         })?;
-        let mut c = self.client.clone();
-        self.rt.block_on(c.sparse_push(SparsePushRequest {
+        let c = self.client.clone();
+        let req = SparsePushRequest {
             var,
             keys,
             dim,
             grads,
+        };
+        self.rt.block_on(retry_refused(req, |r| {
+            let mut c = c.clone();
+            async move { c.sparse_push(r).await }
         }))?;
         Ok(())
     }
 
     /// The whole dense variable `var`.
     pub fn dense_pull(&self, var: u64) -> Result<Vec<f32>, GrpcError> {
-        let mut c = self.client.clone();
+        let c = self.client.clone();
         Ok(self
             .rt
-            .block_on(c.dense_pull(DensePullRequest { var }))?
+            .block_on(retry_refused(DensePullRequest { var }, |r| {
+                let mut c = c.clone();
+                async move { c.dense_pull(r).await }
+            }))?
             .into_inner()
             .values)
     }
 
     /// A gradient for the whole dense variable `var`.
     pub fn dense_push(&self, var: u64, grads: Vec<f32>) -> Result<(), GrpcError> {
-        let mut c = self.client.clone();
-        self.rt
-            .block_on(c.dense_push(DensePushRequest { var, grads }))?;
+        let c = self.client.clone();
+        let req = DensePushRequest { var, grads };
+        self.rt.block_on(retry_refused(req, |r| {
+            let mut c = c.clone();
+            async move { c.dense_push(r).await }
+        }))?;
         Ok(())
     }
+}
+
+/// How many times one call is sent again after the server refused its
+/// stream. One suffices in practice (see [`retry_refused`]); the bound only
+/// keeps a server that refuses everything from holding a call forever.
+const REFUSED_RETRIES: u32 = 8;
+
+/// Make a unary call, sending it again when the server refused its stream
+/// (`REFUSED_STREAM`), as gRPC's transparent retry does.
+///
+/// A server refuses the streams past its `max_concurrent_streams`. The
+/// client learns that limit from the server's first SETTINGS frame; until
+/// then hyper lets it open up to 100 streams at once, so calls made right
+/// after connecting (or reconnecting) can be refused. HTTP/2 (RFC 9113
+/// section 8.7) guarantees a refused stream was not processed, so sending
+/// it again is safe, and by then the limit is known: the SETTINGS frame
+/// came before the refusal on the same connection, and the client queues
+/// what the limit does not let through.
+async fn retry_refused<Req, Rep, F, Fut>(req: Req, mut call: F) -> Result<Rep, tonic::Status>
+where
+    Req: Clone,
+    F: FnMut(Req) -> Fut,
+    Fut: Future<Output = Result<Rep, tonic::Status>>,
+{
+    let mut left = REFUSED_RETRIES;
+    loop {
+        match call(req.clone()).await {
+            Err(s) if left > 0 && refused(&s) => left -= 1,
+            r => return r,
+        }
+    }
+}
+
+/// Whether `s` is the server's `REFUSED_STREAM` for the call's stream.
+fn refused(s: &tonic::Status) -> bool {
+    let mut e = std::error::Error::source(s);
+    while let Some(x) = e {
+        if let Some(h) = x.downcast_ref::<h2::Error>() {
+            return h.is_remote() && h.reason() == Some(h2::Reason::REFUSED_STREAM);
+        }
+        e = x.source();
+    }
+    false
 }

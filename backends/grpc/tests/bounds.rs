@@ -184,28 +184,57 @@ fn max_concurrent_streams_bounds_the_calls_of_a_connection() {
     }
 }
 
+/// Answers each call with the id of the connection it came on.
+#[derive(Debug, Default)]
+struct Ids;
+
+impl Handler for Ids {
+    fn handle(&self, _: u8, _: &[u8]) -> Result<Vec<u8>, HandlerError> {
+        Err(HandlerError::Internal("handle_on is called".into()))
+    }
+    fn handle_on(&self, c: ConnectionId, _: u8, _: &[u8]) -> Result<Vec<u8>, HandlerError> {
+        Ok(c.0.to_le_bytes().to_vec())
+    }
+}
+
 /// A socket that sends nothing is closed at the idle timeout; a client
-/// that keeps calling is not.
+/// that keeps calling is not: all its calls, from before the idle socket
+/// connects to three timeouts later, come on one connection.
 #[test]
 fn an_idle_connection_is_closed_at_the_idle_timeout() {
+    let timeout = Duration::from_millis(1000);
     let cfg = GrpcConfig {
-        idle_timeout: Some(Duration::from_millis(500)),
+        idle_timeout: Some(timeout),
         ..GrpcConfig::default()
     };
-    let s = start(&cfg);
+    let s = GrpcServer::start_with(loopback(), Arc::new(Ids), &cfg).unwrap();
     let addr = s.local_addr();
     let busy = GrpcClient::connect_with(addr, &cfg).unwrap();
-    let idle = TcpStream::connect(addr).unwrap();
+    let first = busy.call(RPC, Bytes::new()).unwrap();
     let t = Instant::now();
+    // Calls 100 ms apart from now on, until three idle timeouts passed.
+    let calls = std::thread::spawn(move || {
+        let mut ids = Vec::new();
+        while t.elapsed() < 3 * timeout {
+            ids.push(busy.call(RPC, Bytes::new()));
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        ids
+    });
+    let idle = TcpStream::connect(addr).unwrap();
     assert!(
-        closed_within(&idle, Duration::from_secs(5)),
+        closed_within(&idle, Duration::from_secs(10)),
         "an idle socket was kept"
     );
-    assert!(t.elapsed() >= Duration::from_millis(400));
-    // Calls 200 ms apart for 1.5 s, three idle timeouts.
-    while t.elapsed() < Duration::from_millis(1500) {
-        assert!(echoes(&busy), "a busy client lost its connection");
-        std::thread::sleep(Duration::from_millis(200));
+    assert!(t.elapsed() >= timeout * 8 / 10);
+    let ids = calls.join().unwrap();
+    assert!(ids.len() >= 10, "{} calls", ids.len());
+    for id in ids {
+        assert_eq!(
+            id.expect("a busy client's call failed"),
+            first,
+            "a busy client lost its connection"
+        );
     }
     s.shutdown();
 }
@@ -214,16 +243,6 @@ fn an_idle_connection_is_closed_at_the_idle_timeout() {
 /// of one client the same one.
 #[test]
 fn calls_carry_their_connection() {
-    #[derive(Debug, Default)]
-    struct Ids;
-    impl Handler for Ids {
-        fn handle(&self, _: u8, _: &[u8]) -> Result<Vec<u8>, HandlerError> {
-            Err(HandlerError::Internal("handle_on is called".into()))
-        }
-        fn handle_on(&self, c: ConnectionId, _: u8, _: &[u8]) -> Result<Vec<u8>, HandlerError> {
-            Ok(c.0.to_le_bytes().to_vec())
-        }
-    }
     let s = GrpcServer::start(loopback(), Arc::new(Ids)).unwrap();
     let id = |c: &GrpcClient| c.call(RPC, Bytes::new()).unwrap();
     let (a, b) = (
