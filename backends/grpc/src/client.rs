@@ -234,6 +234,7 @@ impl GrpcClient {
         let dim = u32::try_from(dim).map_err(|_| GrpcError::Status {
             code: tonic::Code::InvalidArgument,
             message: format!("row width {dim} is over u32"),
+            wire: None,
         })?;
         let c = self.client.clone();
         let req = SparsePushRequest {

@@ -145,7 +145,23 @@ pub enum HandlerError {
     /// The handler failed.
     #[error("internal error: {0}")]
     Internal(String),
+    /// A message-layer status no gRPC code stands for (`Overloaded`,
+    /// `NonFinite`, ...). The client gets it back in
+    /// [`GrpcError::Status`]'s `wire`, from the call's
+    /// [`WIRE_STATUS_METADATA`] entry, as the other backends carry it in
+    /// their reply header.
+    #[error("{}: {message}", status.describe())]
+    Wire {
+        /// The status.
+        status: starwire_wire::Status,
+        /// What the handler said.
+        message: String,
+    },
 }
+
+/// The metadata key of a [`HandlerError::Wire`] status: its wire code in
+/// decimal.
+pub const WIRE_STATUS_METADATA: &str = "starwire-status";
 
 impl HandlerError {
     fn into_status(self) -> tonic::Status {
@@ -158,6 +174,22 @@ impl HandlerError {
             HandlerError::NotFound(_) => tonic::Status::not_found(msg),
             HandlerError::LimitExceeded(_) => tonic::Status::resource_exhausted(msg),
             HandlerError::Internal(_) => tonic::Status::internal(msg),
+            HandlerError::Wire { status, .. } => {
+                use starwire_wire::Status as W;
+                let code = match status {
+                    W::Overloaded | W::LimitExceeded => tonic::Code::ResourceExhausted,
+                    W::NonFinite | W::BadRequest | W::WrongShape => tonic::Code::InvalidArgument,
+                    W::UnknownVariable => tonic::Code::NotFound,
+                    W::UnknownMethod => tonic::Code::Unimplemented,
+                    _ => tonic::Code::Internal,
+                };
+                let mut s = tonic::Status::new(code, msg);
+                s.metadata_mut().insert(
+                    WIRE_STATUS_METADATA,
+                    tonic::metadata::MetadataValue::from(status.to_u16()),
+                );
+                s
+            }
         }
     }
 }
@@ -252,6 +284,9 @@ pub enum GrpcError {
         code: tonic::Code,
         /// The status message.
         message: String,
+        /// The message-layer status the handler answered, when it gave
+        /// one ([`HandlerError::Wire`]).
+        wire: Option<starwire_wire::Status>,
     },
     /// The request is larger than [`GrpcConfig::max_message_len`]; it was
     /// not sent.
@@ -282,6 +317,15 @@ impl GrpcError {
             _ => None,
         }
     }
+
+    /// The handler's message-layer status, for a [`GrpcError::Status`]
+    /// from a [`HandlerError::Wire`].
+    pub fn wire_status(&self) -> Option<starwire_wire::Status> {
+        match self {
+            GrpcError::Status { wire, .. } => *wire,
+            _ => None,
+        }
+    }
 }
 
 impl From<tonic::Status> for GrpcError {
@@ -295,9 +339,15 @@ impl From<tonic::Status> for GrpcError {
             tonic::Code::Cancelled => tonic::Code::Unavailable,
             c => c,
         };
+        let wire = s
+            .metadata()
+            .get(WIRE_STATUS_METADATA)
+            .and_then(|v| v.to_str().ok()?.parse::<u16>().ok())
+            .map(starwire_wire::Status::from_u16);
         GrpcError::Status {
             code,
             message: s.message().to_owned(),
+            wire,
         }
     }
 }

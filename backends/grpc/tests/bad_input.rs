@@ -195,7 +195,47 @@ fn handler_refusals_become_statuses() {
     assert_eq!(e.code(), Some(Code::InvalidArgument), "{e}");
     let e = c.dense_pull(5).unwrap_err();
     assert_eq!(e.code(), Some(Code::NotFound), "{e}");
+    assert_eq!(e.wire_status(), None);
     still_serves(&c);
+    s.shutdown();
+}
+
+/// A handler's own message-layer status reaches the client as itself, with
+/// the nearest gRPC code.
+#[test]
+fn a_wire_status_reaches_the_client() {
+    use starwire_grpc::{Handler, HandlerError};
+    use starwire_wire::Status as W;
+    #[derive(Debug)]
+    struct Refuses;
+    impl Handler for Refuses {
+        fn handle(&self, _: u8, payload: &[u8]) -> Result<Vec<u8>, HandlerError> {
+            let status = match payload {
+                b"overloaded" => W::Overloaded,
+                b"nonfinite" => W::NonFinite,
+                _ => W::Other(77),
+            };
+            Err(HandlerError::Wire {
+                status,
+                message: "refused".into(),
+            })
+        }
+    }
+    let s = GrpcServer::start(
+        SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+        Arc::new(Refuses),
+    )
+    .unwrap();
+    let c = GrpcClient::connect(s.local_addr()).unwrap();
+    for (p, wire, code) in [
+        (&b"overloaded"[..], W::Overloaded, Code::ResourceExhausted),
+        (b"nonfinite", W::NonFinite, Code::InvalidArgument),
+        (b"other", W::Other(77), Code::Internal),
+    ] {
+        let e = c.call(RPC, Bytes::from_static(p)).unwrap_err();
+        assert_eq!(e.wire_status(), Some(wire), "{e}");
+        assert_eq!(e.code(), Some(code), "{e}");
+    }
     s.shutdown();
 }
 

@@ -98,7 +98,7 @@ impl Handler for LockedShards {
                     Status::WrongShape | Status::BadRequest => HandlerError::BadRequest(m),
                     Status::UnknownMethod => HandlerError::Unsupported("this control method"),
                     Status::LimitExceeded => HandlerError::LimitExceeded(m),
-                    _ => HandlerError::Internal(m),
+                    status => HandlerError::Wire { status, message: m },
                 })
             }
             psserver::Reply::Wait(_) => Err(HandlerError::Unsupported(
@@ -148,8 +148,14 @@ struct GrpcNet {
     traffic: Traffic,
 }
 
+/// The message-layer status of a failed call: the handler's own when it
+/// sent one, else the nearest to the gRPC code; `None` for the connection
+/// gone.
 fn status_of(e: &GrpcError) -> Option<Status> {
     use tonic::Code;
+    if let Some(s) = e.wire_status() {
+        return Some(s);
+    }
     match e.code()? {
         Code::NotFound => Some(Status::UnknownVariable),
         Code::InvalidArgument => Some(Status::BadRequest),
@@ -328,7 +334,7 @@ mod tests {
     use super::*;
     use crate::handler::ShardHandler;
     use starwire_ps::{Init, PsShard, ShardConfig, VarDef, VarKind};
-    use starwire_wire::ps::{Control, PullRequestWriter};
+    use starwire_wire::ps::{Control, PullRequestWriter, PushRequestWriter};
 
     const DENSE: u32 = 7;
 
@@ -443,6 +449,24 @@ mod tests {
         let reply = pull_dense(&c).unwrap();
         assert!(reply.len() <= limit, "{} bytes", reply.len());
         assert!(reply.len() >= floats * 4);
+        server.shutdown();
+    }
+
+    /// A NaN push is answered `NonFinite` over gRPC too, not `Internal`,
+    /// and leaves the variable as it was.
+    #[test]
+    fn a_nan_push_is_non_finite() {
+        let (server, _) = serve(4, 1 << 20, &GrpcConfig::default());
+        let c = GrpcClient::connect(server.local_addr()).unwrap();
+        let mut req = Vec::new();
+        PushRequestWriter::new(&mut req, true).dense(DENSE, &[1.0, f32::NAN, 0.0, 0.0]);
+        let e = c
+            .call(Opcode::SparsePush as u8, to_shard0(&req))
+            .unwrap_err();
+        assert_eq!(status_of(&e), Some(Status::NonFinite), "{e}");
+        assert_eq!(e.code(), Some(tonic::Code::InvalidArgument), "{e}");
+        let reply = pull_dense(&c).unwrap();
+        assert!(reply.ends_with(&[0u8; 16]), "the variable moved");
         server.shutdown();
     }
 
