@@ -37,6 +37,7 @@
 #![deny(unsafe_code)]
 
 mod auth;
+mod budget;
 mod client;
 mod server;
 
@@ -100,6 +101,12 @@ pub struct GrpcConfig {
     /// nothing), is closed. `None`: never. No HTTP/2 keep-alive pings are
     /// sent, so a dead peer is closed by this too.
     pub idle_timeout: Option<Duration>,
+    /// Most bytes a [`GrpcServer`]'s calls hold at once, over all its
+    /// connections: requests being received or served, replies not yet
+    /// written to their sockets. A request or reply past it is answered
+    /// `Overloaded` (see [`HandlerError::Wire`]). `None`: no bound but
+    /// the others (as stock gRPC).
+    pub memory_budget: Option<usize>,
 }
 
 impl Default for GrpcConfig {
@@ -111,6 +118,7 @@ impl Default for GrpcConfig {
             max_concurrent_streams: DEFAULT_MAX_CONCURRENT_STREAMS,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             idle_timeout: None,
+            memory_budget: None,
         }
     }
 }

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use starwire_transport::MemoryBudget;
 use starwire_wire::Opcode;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::runtime::Runtime;
@@ -17,6 +18,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::Connected;
 use tonic::{Request, Response, Status};
 
+use crate::budget::Budgeted;
 use crate::proto::message_layer_server::{MessageLayer, MessageLayerServer};
 use crate::proto::{
     CallReply, CallRequest, DensePullReply, DensePullRequest, DensePushRequest, PushReply,
@@ -132,10 +134,11 @@ impl MessageLayer for Service {
     }
 }
 
-fn service(h: Arc<dyn Handler>, cfg: &GrpcConfig) -> MessageLayerServer<Service> {
-    MessageLayerServer::new(Service { h })
+fn service(h: Arc<dyn Handler>, cfg: &GrpcConfig) -> Budgeted<MessageLayerServer<Service>> {
+    let svc = MessageLayerServer::new(Service { h })
         .max_decoding_message_size(cfg.max_message_len)
-        .max_encoding_message_size(cfg.max_message_len)
+        .max_encoding_message_size(cfg.max_message_len);
+    Budgeted::new(svc, cfg.memory_budget.map(MemoryBudget::new))
 }
 
 fn builder(cfg: &GrpcConfig) -> tonic::transport::Server {

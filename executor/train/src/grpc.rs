@@ -29,7 +29,8 @@ use crate::TrainError;
 /// The baseline's settings: the cluster token, if any, proved on every
 /// connection within the handshake timeout; and for a PS task's server
 /// the task's bounds: `--max-connections` (counted from accept, before
-/// the token), `--idle-timeout-secs`, and at most
+/// the token), `--idle-timeout-secs`, `--memory-budget-mb` (the bytes of
+/// requests and unsent replies of all its calls), and at most
 /// [`DEFAULT_MAX_CONCURRENT_STREAMS`] calls at once per connection. The
 /// message limit stays the baseline's (64 MiB): a shard's replies are
 /// kept under it by [`reply_limit`].
@@ -40,6 +41,7 @@ fn grpc_config(cfg: &TrainConfig) -> GrpcConfig {
         max_concurrent_streams: DEFAULT_MAX_CONCURRENT_STREAMS,
         max_connections: cfg.guard.max_connections,
         idle_timeout: cfg.guard.idle_timeout,
+        memory_budget: Some(cfg.guard.memory_budget_mb.saturating_mul(1 << 20)),
         ..GrpcConfig::default()
     }
 }
@@ -476,7 +478,9 @@ mod tests {
         let mut cfg = TrainConfig::default();
         cfg.guard.max_connections = 17;
         cfg.guard.idle_timeout = Some(Duration::from_secs(33));
+        cfg.guard.memory_budget_mb = 5;
         let g = grpc_config(&cfg);
+        assert_eq!(g.memory_budget, Some(5 << 20));
         assert_eq!(g.max_connections, 17);
         assert_eq!(g.idle_timeout, Some(Duration::from_secs(33)));
         assert_eq!(g.max_concurrent_streams, DEFAULT_MAX_CONCURRENT_STREAMS);
