@@ -8,13 +8,18 @@
 //!   the call dropped.
 //! - A reply's bytes are charged as its data frames leave the service, and
 //!   given back when HTTP/2 drops each frame, once it is written to the
-//!   socket. A peer that reads nothing holds its replies' bytes until the
-//!   idle timeout closes it.
+//!   socket. A peer that reads nothing, or never opens its flow-control
+//!   window, holds its replies' bytes until the idle timeout closes it:
+//!   each connection counts its replies' unsent bytes ([`Unsent`]), and
+//!   unsent bytes none of which left for the idle timeout are a stall.
 //! - A request that would pass the budget fails before its handler is
 //!   called; a reply that would is dropped and its call ends. Both end
 //!   with `Overloaded` (`ResourceExhausted`, with the wire status in the
 //!   `starwire-status` metadata), as the other backends answer, and the
-//!   connection keeps serving.
+//!   connection keeps serving. A reply of at most [`ALWAYS_SENT`] bytes
+//!   (a push's acknowledgement) is charged past the budget rather than
+//!   refused: its handler has run, and a push refused after it was
+//!   applied would be applied twice by a worker that retried it.
 //!
 //! tonic reserves a request's declared length before the bytes arrive, but
 //! that is address space: pages are only used as the bytes are written,
@@ -25,9 +30,10 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
@@ -40,7 +46,60 @@ use crate::HandlerError;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// A service whose calls are charged to a budget (none: passed through).
+/// Replies of at most this many bytes (a gRPC data frame's 5-byte prefix
+/// and a few bytes of message) are never refused.
+pub(crate) const ALWAYS_SENT: usize = 64;
+
+/// The reply bytes of one connection not yet written to its socket, and
+/// since when none has been: what [`crate::server`]'s idle timeout reads
+/// to close a peer that takes no reply.
+#[derive(Debug)]
+pub(crate) struct Unsent {
+    epoch: Instant,
+    bytes: AtomicUsize,
+    /// Milliseconds from `epoch` to when the bytes last left, or to when
+    /// the first of them was queued.
+    moved_ms: AtomicU64,
+}
+
+impl Unsent {
+    pub(crate) fn new() -> Self {
+        Self {
+            epoch: Instant::now(),
+            bytes: AtomicUsize::new(0),
+            moved_ms: AtomicU64::new(0),
+        }
+    }
+
+    fn stamp(&self) {
+        let ms = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.moved_ms.store(ms, Ordering::Relaxed);
+    }
+
+    fn queued(&self, n: usize) {
+        if self.bytes.fetch_add(n, Ordering::Relaxed) == 0 {
+            self.stamp();
+        }
+    }
+
+    fn sent(&self, n: usize) {
+        self.bytes.fetch_sub(n, Ordering::Relaxed);
+        self.stamp();
+    }
+
+    /// Since when reply bytes have been waiting with none leaving, if any
+    /// wait.
+    pub(crate) fn waiting_since(&self) -> Option<Instant> {
+        if self.bytes.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        let ms = self.moved_ms.load(Ordering::Relaxed);
+        Some(self.epoch + Duration::from_millis(ms))
+    }
+}
+
+/// A service whose calls are charged to a budget, and whose replies are
+/// counted by their connection's [`Unsent`] (neither: passed through).
 #[derive(Debug, Clone)]
 pub(crate) struct Budgeted<S> {
     inner: S,
@@ -112,6 +171,10 @@ where
     }
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let unsent = req
+            .extensions()
+            .get::<crate::server::ConnInfo>()
+            .and_then(|c| c.unsent.clone());
         let held = self.budget.clone().map(|budget| {
             Arc::new(Held {
                 budget,
@@ -126,6 +189,7 @@ where
         Call {
             fut: self.inner.call(req),
             held,
+            unsent,
         }
     }
 }
@@ -184,6 +248,7 @@ where
 pub(crate) struct Call<F> {
     fut: F,
     held: Option<Arc<Held>>,
+    unsent: Option<Arc<Unsent>>,
 }
 
 impl<F> Future for Call<F>
@@ -194,32 +259,36 @@ where
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let rsp = ready!(Pin::new(&mut self.fut).poll(cx))?;
-        Poll::Ready(Ok(match self.held.take() {
-            None => rsp,
-            Some(held) => rsp.map(|body| {
-                tonic::body::Body::new(Reply {
-                    body,
-                    held,
-                    refused: false,
-                })
-            }),
-        }))
+        let (held, unsent) = (self.held.take(), self.unsent.take());
+        if held.is_none() && unsent.is_none() {
+            return Poll::Ready(Ok(rsp));
+        }
+        Poll::Ready(Ok(rsp.map(|body| {
+            tonic::body::Body::new(Reply {
+                body,
+                held,
+                unsent,
+                refused: false,
+            })
+        })))
     }
 }
 
-/// A reply body whose data frames are charged as they leave and given
-/// back when HTTP/2 drops them; it holds its call's request bytes until
-/// it is dropped.
+/// A reply body whose data frames are charged (and counted as unsent) as
+/// they leave and given back when HTTP/2 drops them; it holds its call's
+/// request bytes until it is dropped.
 struct Reply {
     body: tonic::body::Body,
-    held: Arc<Held>,
+    held: Option<Arc<Held>>,
+    unsent: Option<Arc<Unsent>>,
     refused: bool,
 }
 
-/// A data frame's bytes, charged until dropped.
+/// A data frame's bytes, charged and counted until dropped.
 struct Sent {
     data: Bytes,
-    budget: MemoryBudget,
+    budget: Option<MemoryBudget>,
+    unsent: Option<Arc<Unsent>>,
 }
 
 impl AsRef<[u8]> for Sent {
@@ -230,7 +299,13 @@ impl AsRef<[u8]> for Sent {
 
 impl Drop for Sent {
     fn drop(&mut self) {
-        self.budget.release(self.data.len());
+        let n = self.data.len();
+        if let Some(b) = &self.budget {
+            b.release(n);
+        }
+        if let Some(u) = &self.unsent {
+            u.sent(n);
+        }
     }
 }
 
@@ -253,23 +328,33 @@ impl Body for Reply {
             Ok(d) => d,
             Err(trailers) => return Poll::Ready(Some(Ok(trailers))),
         };
-        let budget = &self.held.budget;
-        if budget.try_charge(data.len()) {
-            let sent = Sent {
-                data,
-                budget: budget.clone(),
-            };
-            return Poll::Ready(Some(Ok(Frame::data(Bytes::from_owner(sent)))));
+        let n = data.len();
+        let budget = self.held.as_ref().map(|h| h.budget.clone());
+        if let Some(b) = &budget {
+            if n <= ALWAYS_SENT {
+                b.charge(n);
+            } else if !b.try_charge(n) {
+                // The reply is dropped; the call ends with the status
+                // instead (a unary reply is one data frame, so nothing of
+                // it has left).
+                let status = overloaded("a reply", n, b);
+                self.refused = true;
+                let mut trailers = http::HeaderMap::new();
+                return Poll::Ready(Some(match status.add_header(&mut trailers) {
+                    Ok(()) => Ok(Frame::trailers(trailers)),
+                    Err(e) => Err(e),
+                }));
+            }
         }
-        // The reply is dropped; the call ends with the status instead (a
-        // unary reply is one data frame, so nothing of it has left).
-        let status = overloaded("a reply", data.len(), budget);
-        self.refused = true;
-        let mut trailers = http::HeaderMap::new();
-        Poll::Ready(Some(match status.add_header(&mut trailers) {
-            Ok(()) => Ok(Frame::trailers(trailers)),
-            Err(e) => Err(e),
-        }))
+        if let Some(u) = &self.unsent {
+            u.queued(n);
+        }
+        let sent = Sent {
+            data,
+            budget,
+            unsent: self.unsent.clone(),
+        };
+        Poll::Ready(Some(Ok(Frame::data(Bytes::from_owner(sent)))))
     }
 
     fn is_end_stream(&self) -> bool {
@@ -282,5 +367,52 @@ impl Body for Reply {
         } else {
             self.body.size_hint()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures_util::FutureExt;
+    use http_body_util::{BodyExt, Full};
+
+    use super::*;
+
+    /// The first frame of a reply of `n` bytes, under `budget`.
+    fn first_frame(n: usize, budget: &MemoryBudget) -> Frame<Bytes> {
+        let held = Arc::new(Held {
+            budget: budget.clone(),
+            bytes: AtomicUsize::new(0),
+        });
+        let mut reply = Reply {
+            body: tonic::body::Body::new(Full::new(Bytes::from(vec![1u8; n]))),
+            held: Some(held),
+            unsent: None,
+            refused: false,
+        };
+        reply
+            .frame()
+            .now_or_never()
+            .expect("a full body is ready")
+            .expect("a frame")
+            .expect("no error")
+    }
+
+    /// With the budget spent, a small reply (a push's acknowledgement) is
+    /// still sent, charged past the limit until written; a larger one is
+    /// replaced by `Overloaded`.
+    #[test]
+    fn a_small_reply_is_sent_past_a_spent_budget() {
+        let b = MemoryBudget::new(100);
+        b.charge(100);
+        let f = first_frame(ALWAYS_SENT, &b);
+        assert_eq!(f.data_ref().map(Bytes::len), Some(ALWAYS_SENT));
+        assert_eq!(b.used(), 100 + ALWAYS_SENT);
+        drop(f);
+        assert_eq!(b.used(), 100);
+        let f = first_frame(ALWAYS_SENT + 1, &b);
+        let t = f.trailers_ref().expect("trailers instead of the reply");
+        assert_eq!(t["grpc-status"], "8", "ResourceExhausted");
+        assert_eq!(t[crate::WIRE_STATUS_METADATA], "8", "Overloaded");
+        assert_eq!(b.used(), 100);
     }
 }

@@ -84,7 +84,8 @@ pub struct GrpcConfig {
     /// before any call; a server closes a peer that does not.
     pub token: Option<ClusterToken>,
     /// How long a connection may take to prove the token, in all (not per
-    /// read).
+    /// read); then, on a server, how long it may take to send its HTTP/2
+    /// preface.
     pub handshake_timeout: Duration,
     /// Most calls (HTTP/2 streams) open at once on one connection of a
     /// server (`SETTINGS_MAX_CONCURRENT_STREAMS`): each may hold a request
@@ -98,7 +99,8 @@ pub struct GrpcConfig {
     pub max_connections: usize,
     /// A server's connection that receives and sends nothing for this
     /// long, or whose writes cannot leave for this long (a peer that reads
-    /// nothing), is closed. `None`: never. No HTTP/2 keep-alive pings are
+    /// nothing), or whose replies wait this long with none leaving (a peer
+    /// that keeps its flow-control window shut), is closed. `None`: never. No HTTP/2 keep-alive pings are
     /// sent, so a dead peer is closed by this too.
     pub idle_timeout: Option<Duration>,
     /// Most bytes a [`GrpcServer`]'s calls hold at once, over all its

@@ -18,7 +18,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::Connected;
 use tonic::{Request, Response, Status};
 
-use crate::budget::Budgeted;
+use crate::budget::{Budgeted, Unsent};
 use crate::proto::message_layer_server::{MessageLayer, MessageLayerServer};
 use crate::proto::{
     CallReply, CallRequest, DensePullReply, DensePullRequest, DensePushRequest, PushReply,
@@ -292,7 +292,7 @@ fn accepted(
                         return;
                     }
                 }
-                let conn = Conn::new(s, id, cfg.idle_timeout).holding(slot);
+                let conn = Conn::new(s, id, &cfg).holding(slot);
                 let _ = tx.send(Ok(conn)).await;
             };
             if authenticate {
@@ -331,7 +331,7 @@ impl ConnectionServer {
         let io = {
             let _g = rt.enter();
             let s = tokio::net::TcpStream::from_std(stream).map_err(GrpcError::Socket)?;
-            let mut c = Conn::new(s, ConnectionId(0), cfg.idle_timeout);
+            let mut c = Conn::new(s, ConnectionId(0), cfg);
             c._closed = Some(closed_tx);
             c
         };
@@ -358,9 +358,12 @@ impl ConnectionServer {
 }
 
 /// What tonic puts in each request of a [`Conn`].
-#[derive(Debug, Clone, Copy)]
-struct ConnInfo {
+#[derive(Debug, Clone)]
+pub(crate) struct ConnInfo {
     id: ConnectionId,
+    /// The connection's unsent reply bytes, counted when it has an idle
+    /// timeout.
+    pub(crate) unsent: Option<Arc<Unsent>>,
 }
 
 /// An accepted connection as the server serves it: its id, the slot of
@@ -371,19 +374,69 @@ struct Conn {
     inner: tokio::net::TcpStream,
     id: ConnectionId,
     idle: Option<Idle>,
+    preface: Option<Preface>,
     _slot: Option<OwnedSemaphorePermit>,
     _closed: Option<oneshot::Sender<()>>,
 }
 
+/// Bytes of the HTTP/2 client preface (`PRI * HTTP/2.0...`, RFC 9113
+/// section 3.4), which a client sends first.
+const PREFACE_LEN: usize = 24;
+
+/// The deadline for a connection's HTTP/2 preface: `cfg.handshake_timeout`
+/// from when it is served (after the token's handshake, if any), so that a
+/// socket that sends nothing gives its `max_connections` slot back then,
+/// not at the idle timeout.
+struct Preface {
+    got: usize,
+    timeout: Duration,
+    timer: Pin<Box<Sleep>>,
+}
+
 impl Conn {
-    fn new(inner: tokio::net::TcpStream, id: ConnectionId, idle: Option<Duration>) -> Self {
+    fn new(inner: tokio::net::TcpStream, id: ConnectionId, cfg: &GrpcConfig) -> Self {
+        let preface = Preface {
+            got: 0,
+            timeout: cfg.handshake_timeout,
+            timer: Box::pin(tokio::time::sleep(cfg.handshake_timeout)),
+        };
         Self {
             inner,
             id,
-            idle: idle.map(Idle::new),
+            idle: cfg.idle_timeout.map(Idle::new),
+            preface: Some(preface),
             _slot: None,
             _closed: None,
         }
+    }
+
+    /// After a read: counts the preface's bytes while it is awaited, and
+    /// once the read waits past its deadline, the error that closes the
+    /// connection.
+    fn preface_check(
+        &mut self,
+        cx: &mut Context<'_>,
+        r: &Poll<io::Result<()>>,
+        n: usize,
+    ) -> Option<io::Error> {
+        let p = self.preface.as_mut()?;
+        p.got += n;
+        if p.got >= PREFACE_LEN {
+            self.preface = None;
+            return None;
+        }
+        if r.is_pending() && p.timer.as_mut().poll(cx).is_ready() {
+            let e = io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "no HTTP/2 preface within the handshake timeout ({} s)",
+                    p.timeout.as_secs_f64()
+                ),
+            );
+            tracing::debug!(conn = self.id.0, "closed a gRPC connection: {e}");
+            return Some(e);
+        }
+        None
     }
 
     fn holding(mut self, slot: OwnedSemaphorePermit) -> Self {
@@ -435,6 +488,10 @@ struct Idle {
     last: Instant,
     /// Since when a write has been waiting for the peer to read.
     stalled: Option<Instant>,
+    /// The replies the connection's calls have queued and HTTP/2 has not
+    /// written: a peer that keeps its flow-control window shut stalls them
+    /// with no write waiting on the socket.
+    unsent: Arc<Unsent>,
     timer: Pin<Box<Sleep>>,
 }
 
@@ -445,6 +502,7 @@ impl Idle {
             timeout,
             last: now,
             stalled: None,
+            unsent: Arc::new(Unsent::new()),
             timer: Box::pin(tokio::time::sleep_until(now + timeout)),
         }
     }
@@ -460,7 +518,12 @@ impl Idle {
     /// deadlines: the error once it has passed.
     fn poll_expired(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
         let idle = self.last + self.timeout;
-        let (deadline, what) = match self.stalled {
+        // The earlier of a waiting write and replies none of which left.
+        let stalled = match (self.stalled, self.unsent.waiting_since()) {
+            (Some(a), Some(b)) => Some(a.min(b.into())),
+            (a, b) => a.or(b.map(Instant::from)),
+        };
+        let (deadline, what) = match stalled {
             Some(s) if s + self.timeout < idle => (
                 s + self.timeout,
                 "the peer read nothing within the idle timeout",
@@ -484,7 +547,10 @@ impl Connected for Conn {
     type ConnectInfo = ConnInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
-        ConnInfo { id: self.id }
+        ConnInfo {
+            id: self.id,
+            unsent: self.idle.as_ref().map(|i| i.unsent.clone()),
+        }
     }
 }
 
@@ -497,6 +563,9 @@ impl AsyncRead for Conn {
         let before = buf.filled().len();
         let r = Pin::new(&mut self.inner).poll_read(cx, buf);
         let after = buf.filled().len();
+        if let Some(e) = self.preface_check(cx, &r, after - before) {
+            return Poll::Ready(Err(e));
+        }
         self.idle_check(cx, r, |()| after > before, false)
     }
 }

@@ -184,6 +184,36 @@ fn max_concurrent_streams_bounds_the_calls_of_a_connection() {
     }
 }
 
+/// Without a token, a socket that sends nothing is closed at the handshake
+/// timeout (its HTTP/2 preface never came), not at the idle timeout.
+#[test]
+fn a_silent_socket_is_closed_at_the_handshake_timeout() {
+    let cfg = GrpcConfig {
+        handshake_timeout: Duration::from_millis(500),
+        idle_timeout: Some(Duration::from_secs(600)),
+        ..GrpcConfig::default()
+    };
+    let s = start(&cfg);
+    let addr = s.local_addr();
+    let silent = TcpStream::connect(addr).unwrap();
+    let t = Instant::now();
+    assert!(
+        closed_within(&silent, Duration::from_secs(10)),
+        "a silent socket was kept"
+    );
+    assert!(
+        t.elapsed() >= Duration::from_millis(400),
+        "{:?}",
+        t.elapsed()
+    );
+    // A client's connection outlives the handshake timeout.
+    let c = GrpcClient::connect_with(addr, &cfg).unwrap();
+    assert!(echoes(&c));
+    std::thread::sleep(Duration::from_millis(800));
+    assert!(echoes(&c));
+    s.shutdown();
+}
+
 /// Answers each call with the id of the connection it came on.
 #[derive(Debug, Default)]
 struct Ids;

@@ -142,3 +142,60 @@ fn a_peer_that_reads_nothing_holds_its_replies_until_it_closes() {
     }
     s.shutdown();
 }
+
+/// A peer that keeps its flow-control window shut, so that its reply waits
+/// in the server with no write on the socket, and pings to look alive, is
+/// still closed at the idle timeout: replies none of which left are a
+/// stall.
+#[test]
+fn a_peer_that_never_opens_its_window_is_closed_at_the_idle_timeout() {
+    let cfg = GrpcConfig {
+        idle_timeout: Some(Duration::from_millis(800)),
+        ..GrpcConfig::default()
+    };
+    let s = GrpcServer::start_with(
+        SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+        Arc::new(Sized),
+        &cfg,
+    )
+    .unwrap();
+    let addr = s.local_addr();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let t = Instant::now();
+    let closed = rt.block_on(async {
+        let io = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (mut send, mut conn) = h2::client::Builder::new()
+            .initial_window_size(0)
+            .handshake::<_, Bytes>(io)
+            .await
+            .unwrap();
+        let mut pings = conn.ping_pong().unwrap();
+        let conn = tokio::spawn(conn);
+        let rsp = unread_call(&mut send, MIB);
+        let _head = rsp.await.unwrap();
+        // A ping every 100 ms keeps bytes moving both ways.
+        while t.elapsed() < Duration::from_secs(10) && !conn.is_finished() {
+            let _ =
+                tokio::time::timeout(Duration::from_millis(100), pings.ping(h2::Ping::opaque()))
+                    .await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        conn.is_finished()
+    });
+    assert!(
+        closed,
+        "a peer holding its reply behind a shut window was kept"
+    );
+    assert!(
+        t.elapsed() >= Duration::from_millis(600),
+        "{:?}",
+        t.elapsed()
+    );
+    // Others are served.
+    let c = GrpcClient::connect_with(addr, &cfg).unwrap();
+    assert_eq!(c.call(RPC, reply_of(10)).unwrap().len(), 10);
+    s.shutdown();
+}
