@@ -52,6 +52,26 @@ pub fn at_least_one(s: &str) -> Result<usize, String> {
     }
 }
 
+/// A finite number above 0 (`reference --lr`, `place --zipf`, ...), for
+/// clap's `value_parser`: NaN, infinities, 0 and negatives are refused.
+pub fn positive_f64(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        Ok(v) => Err(format!("expected a finite number above 0, got {v}")),
+        Err(e) => Err(format!("expected a number: {e}")),
+    }
+}
+
+/// [`positive_f64`] for an `f32` flag (the value must be finite as an
+/// `f32` too).
+pub fn positive_f32(s: &str) -> Result<f32, String> {
+    match s.trim().parse::<f32>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        Ok(v) => Err(format!("expected a finite number above 0, got {v}")),
+        Err(e) => Err(format!("expected a number: {e}")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -63,6 +83,18 @@ mod tests {
         assert!(at_least_one("0").unwrap_err().contains("at least 1"));
         assert!(at_least_one("-1").is_err());
         assert!(at_least_one("two").is_err());
+    }
+
+    #[test]
+    fn positive_numbers_are_finite_and_above_zero() {
+        assert_eq!(positive_f64("1e-5"), Ok(1e-5));
+        assert_eq!(positive_f32(" 0.5 "), Ok(0.5));
+        for bad in ["nan", "NaN", "inf", "-inf", "0", "-1", "1e39x", ""] {
+            assert!(positive_f64(bad).is_err(), "{bad}");
+            assert!(positive_f32(bad).is_err(), "{bad}");
+        }
+        // Finite as an f64, infinite as an f32.
+        assert!(positive_f32("1e39").is_err());
     }
 
     #[test]

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
+use clap::builder::RangedU64ValueParser;
 use clap::Args;
 use starwire_config::{ClusterConfig, ClusterFlags, EndpointMap, Overrides, Role, Settings};
 use starwire_data::SyntheticSpec;
@@ -15,7 +16,7 @@ use starwire_train::cluster::PsLifetime;
 use starwire_train::source::DataSource;
 use starwire_train::{BackendKind, TrainConfig, TrainReport};
 
-use crate::failure::{at_least_one, Failure};
+use crate::failure::{at_least_one, positive_f32, positive_f64, Failure};
 
 /// `starwire train`: the local cluster's size, and the training flags.
 #[derive(Debug, Clone, Args)]
@@ -118,7 +119,9 @@ pub struct TrainArgs {
     /// the shards have applied every step more than N before it in the
     /// order (round-robin over the workers, --turn-steps at a time; at
     /// most N + 1 steps in flight), or off [default: 4 for asynchronous
-    /// training with 32 workers or more, else off].
+    /// training with 32 workers or more, else off; with --backend grpc
+    /// always off, and a number is refused (the gRPC baseline has no
+    /// WAIT_STEP)].
     #[arg(long, value_name = "N|off", value_parser = parse_bounded_delay)]
     pub bounded_delay: Option<BoundedDelay>,
     /// Steps each worker takes in a row in the bounded-delay order (the
@@ -162,8 +165,12 @@ pub struct TrainArgs {
     pub steps_to_live: u64,
     /// DeepRec EmbeddingVariable default_value_dim: a new row starts as row
     /// key % N of each table's default value matrix (0: each key
-    /// initialised by itself).
-    #[arg(long, default_value_t = 4096)]
+    /// initialised by itself; at most 65536, the largest --embedding-dim).
+    #[arg(
+        long,
+        default_value_t = 4096,
+        value_parser = RangedU64ValueParser::<usize>::new().range(..=MAX_DEFAULT_VALUE_DIM as u64)
+    )]
     pub default_value_dim: usize,
     /// Synthetic training examples per epoch.
     #[arg(long, default_value_t = 200_000)]
@@ -179,15 +186,22 @@ pub struct TrainArgs {
     /// the worker thread (off). tcp, uring and dpdk only.
     #[arg(long, default_value = "off", value_parser = crate::parse_on_off, action = clap::ArgAction::Set)]
     pub worker_handoff: bool,
-    /// Compute threads per worker for large ops (0: inline).
-    #[arg(long, default_value_t = 0)]
+    /// Compute threads per worker for large ops (0: inline; at most 1024).
+    #[arg(
+        long,
+        default_value_t = 0,
+        value_parser = RangedU64ValueParser::<usize>::new().range(..=MAX_COMPUTE_THREADS as u64)
+    )]
     pub compute_threads: usize,
     /// Batches each worker reads ahead on a thread of its own (on the
     /// worker's core when pinned) while it waits for the PS, as
-    /// TensorFlow's Dataset.prefetch; 0 reads each batch between steps.
-    /// Default: 1 with a network backend when the host has a CPU for each
-    /// of its workers, else 0.
-    #[arg(long)]
+    /// TensorFlow's Dataset.prefetch; 0 reads each batch between steps;
+    /// at most 1024. Default: 1 with a network backend when the host has a
+    /// CPU for each of its workers, else 0.
+    #[arg(
+        long,
+        value_parser = RangedU64ValueParser::<usize>::new().range(..=MAX_PREFETCH as u64)
+    )]
     pub prefetch: Option<usize>,
     /// A progress line every this many steps of each worker, and global
     /// steps of each PS shard, on stderr (0: none).
@@ -213,6 +227,18 @@ pub struct TrainArgs {
     #[command(flatten)]
     pub rdma: crate::rdma::RdmaDeviceArgs,
 }
+
+/// Most `--default-value-dim` rows: the widest table a model takes
+/// (`--embedding-dim`'s bound), so the matrix is at most 65536 x 65536
+/// floats per table, not whatever a typo asks for.
+const MAX_DEFAULT_VALUE_DIM: usize = starwire_graph::MAX_WIDTH;
+
+/// Most `--compute-threads` per worker: each is an OS thread per worker
+/// (and the evaluator), so a larger count only fails to start.
+const MAX_COMPUTE_THREADS: usize = 1024;
+
+/// Most batches `--prefetch` reads ahead per worker (each held in memory).
+const MAX_PREFETCH: usize = 1024;
 
 fn parse_protocol(s: &str) -> Result<Protocol, String> {
     match s {
@@ -761,8 +787,8 @@ pub struct PlaceArgs {
     /// Variables of the zipf model.
     #[arg(long, default_value_t = 32)]
     pub vars: usize,
-    /// Zipf exponent of the sizes.
-    #[arg(long, default_value_t = 1.1)]
+    /// Zipf exponent of the sizes (a finite number above 0).
+    #[arg(long, default_value_t = 1.1, value_parser = positive_f64)]
     pub zipf: f64,
     /// Embedding width (lr, wdl).
     #[arg(long, default_value_t = 8)]
@@ -910,8 +936,9 @@ pub struct ReferenceArgs {
     /// lbfgs: most passes over the data per fit.
     #[arg(long, default_value_t = 400, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_passes: u32,
-    /// lbfgs: converged when the gradient's norm is at most this.
-    #[arg(long, default_value_t = 1e-5)]
+    /// lbfgs: converged when the gradient's norm is at most this (a finite
+    /// number above 0).
+    #[arg(long, default_value_t = 1e-5, value_parser = positive_f64)]
     pub tolerance: f64,
     /// adagrad: passes over the training data.
     #[arg(long, default_value_t = 2)]
@@ -919,8 +946,8 @@ pub struct ReferenceArgs {
     /// adagrad: examples per step (and the reading unit of both).
     #[arg(long, default_value_t = 512, value_parser = at_least_one)]
     pub batch_size: usize,
-    /// adagrad: learning rate.
-    #[arg(long, default_value_t = 0.5)]
+    /// adagrad: learning rate (a finite number above 0).
+    #[arg(long, default_value_t = 0.5, value_parser = positive_f32)]
     pub lr: f32,
     /// Seed of the synthetic data.
     #[arg(long, default_value_t = 1)]
@@ -1138,6 +1165,27 @@ mod tests {
         assert_eq!(batch(&["--sync"], 128), 128);
         assert_eq!(batch(&["--sync"], 20_000), 1);
         assert_eq!(batch(&["--sync", "--batch-size", "512"], 64), 512);
+    }
+
+    #[test]
+    fn counts_that_size_threads_and_memory_are_bounded() {
+        for (flag, max) in [
+            ("--compute-threads", MAX_COMPUTE_THREADS),
+            ("--prefetch", MAX_PREFETCH),
+            ("--default-value-dim", MAX_DEFAULT_VALUE_DIM),
+        ] {
+            let at = max.to_string();
+            assert!(Cli::try_parse_from(["train", flag, &at]).is_ok(), "{flag}");
+            let past = (max + 1).to_string();
+            let e = Cli::try_parse_from(["train", flag, &past]).err().unwrap();
+            assert!(e.to_string().contains(flag), "{e}");
+        }
+        assert_eq!(
+            args(&["--default-value-dim", "65536"]).default_value_dim,
+            65536
+        );
+        assert_eq!(args(&["--default-value-dim", "0"]).default_value_dim, 0);
+        assert_eq!(args(&["--prefetch", "0"]).prefetch, Some(0));
     }
 
     #[test]

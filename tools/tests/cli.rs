@@ -905,6 +905,123 @@ fn across_processes(handoff: bool) {
     }
 }
 
+/// Runs `starwire ARGS`, which must fail with a usage error (exit 2)
+/// naming `flag`.
+fn usage_error_naming(args: &[&str], flag: &str) {
+    let out = run(args);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+    assert!(err.contains(flag), "{args:?}: {err}");
+    assert!(!err.contains("panicked"), "{args:?}: {err}");
+}
+
+#[test]
+fn place_refuses_a_zipf_exponent_that_is_not_a_finite_positive_number() {
+    for v in ["nan", "inf", "0", "-1.1"] {
+        usage_error_naming(&["place", &format!("--zipf={v}")], "--zipf");
+    }
+}
+
+#[test]
+fn reference_refuses_rates_and_tolerances_that_are_not_finite_positive_numbers() {
+    for v in ["nan", "inf", "0", "-0.5"] {
+        usage_error_naming(
+            &["reference", "--solver", "adagrad", &format!("--lr={v}")],
+            "--lr",
+        );
+        usage_error_naming(&["reference", &format!("--tolerance={v}")], "--tolerance");
+    }
+}
+
+#[test]
+fn train_refuses_thread_prefetch_and_default_value_counts_past_their_bounds() {
+    for (flag, value) in [
+        ("--compute-threads", "100000"),
+        ("--compute-threads", "1025"),
+        ("--default-value-dim", "999999999999"),
+        ("--default-value-dim", "65537"),
+        ("--prefetch", "1000000000"),
+        ("--prefetch", "1025"),
+    ] {
+        usage_error_naming(&["train", "--steps", "1", flag, value], flag);
+    }
+}
+
+#[test]
+fn train_help_says_bounded_delay_is_off_on_grpc() {
+    let out = run(&["train", "--help"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let help = text(&out.stdout);
+    let words: Vec<&str> = help.split_whitespace().collect();
+    let flat = words.join(" ");
+    let at = flat
+        .find("--bounded-delay <N|off>")
+        .expect("--bounded-delay");
+    let end = flat[at..].find("--turn-steps <K>").expect("--turn-steps");
+    let entry = &flat[at..at + end];
+    assert!(entry.contains("with --backend grpc always off"), "{entry}");
+}
+
+#[test]
+fn soak_refuses_unbounded_durations_and_zero_counts() {
+    for (flag, value) in [
+        ("--duration", "1e300"),
+        ("--duration", "86401"),
+        ("--duration", "inf"),
+        ("--duration", "nan"),
+        ("--duration", "0"),
+        ("--drain", "1e300"),
+        ("--drain", "inf"),
+        ("--drain", "nan"),
+        ("--drain", "-1"),
+        ("--inflight", "0"),
+        ("--client-reactors", "0"),
+        ("--server-reactors", "0"),
+    ] {
+        usage_error_naming(
+            &["soak", "--connections", "1", &format!("{flag}={value}")],
+            flag,
+        );
+    }
+}
+
+/// An `.endpoint_map` that never ends (a device), or is larger than any
+/// cluster's, is refused unread, naming the file.
+#[cfg(unix)]
+#[test]
+fn info_refuses_an_endless_or_huge_endpoint_map() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join(".endpoint_map");
+    std::os::unix::fs::symlink("/dev/zero", &path).expect("symlink");
+    let info = || {
+        let mut child = Command::new(BIN)
+            .arg("info")
+            .env("TF_SEASTAR_ENDPOINT_MAP_PATH", dir.path())
+            .env_remove("TF_CONFIG")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run");
+        let status = common::wait(&mut child, Duration::from_secs(60));
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut err)
+            .expect("stderr");
+        (status, err)
+    };
+    let (status, err) = info();
+    assert_eq!(status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(&path.display().to_string()) && err.contains("not a regular file"),
+        "{err}"
+    );
+    std::fs::remove_file(&path).expect("rm");
+    let line = "10.0.0.1:2222=10.1.0.1:3333\n";
+    std::fs::write(&path, line.repeat((2 << 20) / line.len())).expect("write");
+    let (status, err) = info();
+    assert_eq!(status.code(), Some(2), "{err}");
+    assert!(err.contains("larger than 1048576 bytes"), "{err}");
+}
+
 #[test]
 fn place_compares_strategies_on_a_zipf_model() {
     let out = run(&["place", "--ps", "4", "--vars", "24", "--json"]);

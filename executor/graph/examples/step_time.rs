@@ -74,7 +74,7 @@ fn main() {
         let p = partition(&model, protocol);
         let f = feeds(&p, b);
         for threads in [0, 1, 2] {
-            let exec = Executor::new(threads);
+            let exec = Executor::new(threads).unwrap();
             p.forward_backward(&exec, f.clone()).unwrap();
             let t = Instant::now();
             for _ in 0..iters {

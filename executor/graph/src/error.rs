@@ -74,6 +74,16 @@ pub enum GraphError {
     /// A model spec or a graph under construction is invalid.
     #[error("invalid graph: {0}")]
     InvalidGraph(String),
+    /// The operating system refused to start a compute thread.
+    #[error("starting compute thread {} of {threads}: {reason}", index + 1)]
+    ThreadSpawn {
+        /// The thread that did not start, from 0.
+        index: usize,
+        /// The threads asked for.
+        threads: usize,
+        /// Why (the I/O error).
+        reason: String,
+    },
     /// A kernel panicked (a bug); the run was abandoned.
     #[error("kernel of node {0} panicked")]
     KernelPanicked(usize),

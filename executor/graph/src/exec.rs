@@ -24,6 +24,8 @@ use std::thread::{self, JoinHandle, Thread};
 
 use crossbeam_queue::SegQueue;
 
+use crate::error::GraphError;
+
 /// Tasks at or above this many FLOPs are handed to compute threads by
 /// [`Executor::new`]: a few hundred microseconds of single-threaded work,
 /// far more than the few microseconds a handoff costs.
@@ -92,51 +94,71 @@ impl Executor {
     /// threshold [`DEFAULT_HANDOFF_FLOPS`]. `threads == 0` runs everything
     /// inline on the calling thread.
     ///
-    /// # Panics
+    /// # Errors
     ///
-    /// If the operating system refuses to start a thread.
-    pub fn new(threads: usize) -> Self {
+    /// [`GraphError::ThreadSpawn`] if the operating system refuses to start
+    /// a thread (the threads already started are stopped).
+    pub fn new(threads: usize) -> Result<Self, GraphError> {
         Self::with_threshold(threads, DEFAULT_HANDOFF_FLOPS)
     }
 
     /// Like [`Executor::new`] with an explicit handoff threshold in FLOPs
     /// (`0` hands every op to the compute threads).
     ///
-    /// # Panics
+    /// # Errors
     ///
-    /// If the operating system refuses to start a thread.
-    pub fn with_threshold(threads: usize, handoff_flops: u64) -> Self {
+    /// As [`Executor::new`].
+    pub fn with_threshold(threads: usize, handoff_flops: u64) -> Result<Self, GraphError> {
+        Self::spawning(threads, handoff_flops, |name, work| {
+            thread::Builder::new().name(name).spawn(work)
+        })
+    }
+
+    /// [`Executor::with_threshold`], each compute thread started by `spawn`
+    /// (given its name and its work).
+    fn spawning(
+        threads: usize,
+        handoff_flops: u64,
+        mut spawn: impl FnMut(String, Job) -> std::io::Result<JoinHandle<()>>,
+    ) -> Result<Self, GraphError> {
         if threads == 0 {
-            return Self {
+            return Ok(Self {
                 pool: None,
                 handles: Vec::new(),
                 threshold: handoff_flops,
                 handoffs: Arc::default(),
-            };
+            });
         }
         let pool = Arc::new(Pool {
             jobs: SegQueue::new(),
             stop: AtomicBool::new(false),
             workers: OnceLock::new(),
         });
-        let handles: Vec<_> = (0..threads)
-            .map(|i| {
-                let p = Arc::clone(&pool);
-                thread::Builder::new()
-                    .name(format!("starwire-compute-{i}"))
-                    .spawn(move || p.work())
-                    .expect("spawning a compute thread")
-            })
-            .collect();
-        let _ = pool
-            .workers
-            .set(handles.iter().map(|h| h.thread().clone()).collect());
-        Self {
-            pool: Some(pool),
-            handles,
+        // Built first: if a spawn fails, dropping it stops and joins the
+        // threads already started.
+        let mut exec = Self {
+            pool: Some(Arc::clone(&pool)),
+            handles: Vec::new(),
             threshold: handoff_flops,
             handoffs: Arc::default(),
+        };
+        for index in 0..threads {
+            let p = Arc::clone(&pool);
+            let h = spawn(
+                format!("starwire-compute-{index}"),
+                Box::new(move || p.work()),
+            )
+            .map_err(|e| GraphError::ThreadSpawn {
+                index,
+                threads,
+                reason: e.to_string(),
+            })?;
+            exec.handles.push(h);
         }
+        let _ = pool
+            .workers
+            .set(exec.handles.iter().map(|h| h.thread().clone()).collect());
+        Ok(exec)
     }
 
     /// The number of compute threads.
@@ -244,5 +266,43 @@ impl<T: TaskSet> Run<T> {
         if this.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
             this.caller.unpark();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    #[test]
+    fn a_thread_that_cannot_start_is_an_error_and_stops_the_others() {
+        let ended = Arc::new(AtomicUsize::new(0));
+        let mut started = 0;
+        let e = Executor::spawning(5, 0, |name, work| {
+            if started == 2 {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::WouldBlock,
+                    "Resource temporarily unavailable",
+                ));
+            }
+            started += 1;
+            let ended = Arc::clone(&ended);
+            thread::Builder::new().name(name).spawn(move || {
+                work();
+                ended.fetch_add(1, Ordering::SeqCst);
+            })
+        })
+        .unwrap_err();
+        assert_eq!(
+            e,
+            GraphError::ThreadSpawn {
+                index: 2,
+                threads: 5,
+                reason: "Resource temporarily unavailable".into()
+            }
+        );
+        assert!(e.to_string().contains("compute thread 3 of 5"), "{e}");
+        // The two threads started were stopped and joined.
+        assert_eq!(ended.load(Ordering::SeqCst), 2);
     }
 }

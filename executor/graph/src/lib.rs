@@ -97,7 +97,8 @@ pub use graph::{
     Graph, GraphBuilder, GraphFeeds, LookupFeed, LookupGrad, Node, NodeId, Op, RunOutput, VarId,
 };
 pub use model::{
-    Init, LookupSpec, Model, ModelKind, ModelSpec, VarKind, VarSpec, LABELS_SLOT, NUMERIC_SLOT,
+    Init, LookupSpec, Model, ModelKind, ModelSpec, VarKind, VarSpec, LABELS_SLOT, MAX_WIDTH,
+    NUMERIC_SLOT,
 };
 pub use ops::{check_ragged, combine, scatter_pooled_grad, Combiner};
 pub use partition::{

@@ -189,9 +189,9 @@ impl Decl {
     }
 }
 
-/// The largest accepted width or field count; specs are configuration, but a
-/// typo should not allocate terabytes.
-const MAX_WIDTH: usize = 1 << 16;
+/// The largest accepted width or field count (`embedding_dim`, ...): specs
+/// are configuration, but a typo should not allocate terabytes.
+pub const MAX_WIDTH: usize = 1 << 16;
 
 impl Model {
     /// Builds the model described by `spec`.

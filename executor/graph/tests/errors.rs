@@ -15,7 +15,7 @@ fn setup(protocol: Protocol) -> (Partitioned, StepFeeds) {
 }
 
 fn run(p: &Partitioned, f: StepFeeds) -> Result<StepOutput, GraphError> {
-    p.forward_backward(&Executor::new(0), f)
+    p.forward_backward(&Executor::new(0).unwrap(), f)
 }
 
 #[test]
@@ -226,7 +226,9 @@ fn empty_batch_runs() {
         let mut store = Store::new(&model, 43);
         let b = batch(&mut rng(44), &spec, 0);
         let (feeds, _) = step_feeds(&p, &mut store, &b);
-        let out = p.forward_backward(&Executor::new(0), feeds).unwrap();
+        let out = p
+            .forward_backward(&Executor::new(0).unwrap(), feeds)
+            .unwrap();
         assert_eq!(out.loss, 0.0);
         assert!(out.probs.is_empty());
         assert!(out

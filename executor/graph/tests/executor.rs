@@ -27,7 +27,7 @@ struct Case {
 }
 
 fn cases() -> Vec<Case> {
-    let inline = Executor::new(0);
+    let inline = Executor::new(0).unwrap();
     let mut out = Vec::new();
     for (i, spec) in [small_lr(), small_wdl(), ModelSpec::wdl(4)]
         .into_iter()
@@ -51,10 +51,10 @@ fn threads_give_bit_identical_results() {
     let cases = cases();
     // Threshold 0 hands every op off; the default hands off only big ones.
     for exec in [
-        Executor::with_threshold(2, 0),
-        Executor::with_threshold(1, 0),
-        Executor::with_threshold(3, 2000),
-        Executor::new(2),
+        Executor::with_threshold(2, 0).unwrap(),
+        Executor::with_threshold(1, 0).unwrap(),
+        Executor::with_threshold(3, 2000).unwrap(),
+        Executor::new(2).unwrap(),
     ] {
         let before = exec.handoffs();
         for c in &cases {
@@ -73,14 +73,14 @@ fn threads_give_bit_identical_results() {
 
 #[test]
 fn inline_executor_never_hands_off() {
-    let exec = Executor::new(0);
+    let exec = Executor::new(0).unwrap();
     for c in &cases() {
         let got = bits(&c.p.forward_backward(&exec, c.feeds.clone()).unwrap());
         assert!(got == c.expected);
     }
     assert_eq!(exec.handoffs(), 0);
     // A threshold above every op keeps everything inline too.
-    let exec = Executor::with_threshold(2, u64::MAX);
+    let exec = Executor::with_threshold(2, u64::MAX).unwrap();
     let c = &cases()[0];
     c.p.forward_backward(&exec, c.feeds.clone()).unwrap();
     assert_eq!(exec.handoffs(), 0);
@@ -89,7 +89,7 @@ fn inline_executor_never_hands_off() {
 #[test]
 fn concurrent_runs_stress() {
     let cases = cases();
-    let exec = Executor::with_threshold(2, 500);
+    let exec = Executor::with_threshold(2, 500).unwrap();
     std::thread::scope(|s| {
         for t in 0..4 {
             let (cases, exec) = (&cases, &exec);
@@ -110,7 +110,7 @@ fn concurrent_runs_stress() {
 #[test]
 fn errors_come_back_from_compute_threads() {
     // Labels with the wrong row count only fail inside the loss kernel.
-    let exec = Executor::with_threshold(2, 0);
+    let exec = Executor::with_threshold(2, 0).unwrap();
     let c = &cases()[1];
     let mut feeds = c.feeds.clone();
     feeds.labels = Tensor::zeros(vec![3, 1]).unwrap();
@@ -130,8 +130,8 @@ fn errors_come_back_from_compute_threads() {
 
 #[test]
 fn executor_reports_its_configuration() {
-    let e = Executor::new(0);
+    let e = Executor::new(0).unwrap();
     assert_eq!(e.threads(), 0);
     assert_eq!(e.handoff_flops(), DEFAULT_HANDOFF_FLOPS);
-    assert_eq!(Executor::with_threshold(2, 7).threads(), 2);
+    assert_eq!(Executor::with_threshold(2, 7).unwrap().threads(), 2);
 }

@@ -61,7 +61,7 @@ fn check_op(
     feeds
         .dense
         .push((VarId(99), rand_tensor(&mut r, vec![k, 1])));
-    let exec = Executor::new(0);
+    let exec = Executor::new(0).unwrap();
     let n = fd_check(|f| run_graph(&graph, &exec, f), &feeds);
     assert!(n > 0);
 }
@@ -181,7 +181,7 @@ fn check_model(spec: ModelSpec, protocol: Protocol) {
     let b = batch(&mut rng(12), &spec, 5);
     let (feeds, _) = step_feeds(&p, &mut store, &b);
     let feeds = graph_feeds(feeds);
-    let exec = Executor::new(0);
+    let exec = Executor::new(0).unwrap();
     let n = fd_check(|f| run_graph(p.graph(), &exec, f), &feeds);
     assert!(n >= 16, "checked {n}");
 }
@@ -244,7 +244,7 @@ fn wire_rows_feeds_run_bit_identical_to_tensor_rows() {
                 };
             }
         }
-        let exec = Executor::new(0);
+        let exec = Executor::new(0).unwrap();
         let want = run_graph(p.graph(), &exec, &feeds);
         let mut bufs = RunBuffers::default();
         for _ in 0..2 {

@@ -35,7 +35,7 @@ fn protocols_agree(spec: ModelSpec, b: usize) {
     let batch = batch(&mut rng(22), &spec, b);
     let (rf, layouts) = step_feeds(&robust, &mut store, &batch);
     let (lf, _) = step_feeds(&lite, &mut store, &batch);
-    let exec = Executor::new(0);
+    let exec = Executor::new(0).unwrap();
     let ro = robust.forward_backward(&exec, rf.clone()).unwrap();
     let lo = lite.forward_backward(&exec, lf.clone()).unwrap();
 
@@ -173,7 +173,7 @@ fn lr_learns_a_separable_toy_problem() {
             b
         })
         .collect();
-    let exec = Executor::new(0);
+    let exec = Executor::new(0).unwrap();
     let lr = 0.5f32;
     let mut losses = Vec::new();
     for step in 0..60 {
@@ -242,7 +242,7 @@ fn steps_with_kept_buffers_match_fresh_ones() {
         let model = Model::build(spec.clone()).unwrap();
         let p = partition(&model, Protocol::StarServer);
         let mut store = Store::new(&model, 5);
-        let exec = Executor::new(0);
+        let exec = Executor::new(0).unwrap();
         let mut bufs = RunBuffers::default();
         // Batches of changing sizes: kept buffers are reused across shapes.
         for (i, b) in [16, 16, 5, 32].into_iter().enumerate() {

@@ -185,7 +185,7 @@ fn damaged_pull_replies_are_errors_of_the_worker_not_panics() {
                 partition(&plan.model, protocol),
                 plan.layout.clone(),
                 cfg.tensor_fuse,
-                Executor::new(0),
+                Executor::new(0).unwrap(),
             )
         };
         let flips = (0..40u64).map(|s| Damage::Flip(s, 1 + (s as usize % 4)));

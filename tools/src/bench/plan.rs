@@ -239,9 +239,9 @@ pub(super) const MAX_RUNS: usize = 100_000;
 /// Most iterations (`--iters`, `--warmup`) of a run: over a day at
 /// 10 M messages/s, and their sum cannot overflow a `u64`.
 pub(super) const MAX_ITERS: u64 = 1 << 40;
-/// Longest `--duration` and `--interval`, in seconds: one day (a longer
-/// test is `starwire soak`'s).
-pub(super) const MAX_SECONDS: f64 = 86_400.0;
+/// Longest `--duration` and `--interval`, in seconds: one day. Also the
+/// bound of `starwire soak`'s `--duration` and `--drain`.
+pub(crate) const MAX_SECONDS: f64 = 86_400.0;
 /// CPUs a core number may name: `CPU_SETSIZE`, what `sched_setaffinity(2)`
 /// takes through nix.
 pub(super) const MAX_CPUS: usize = 1024;

@@ -38,6 +38,8 @@ use starwire_transport::{
 };
 
 use crate::bench::sessions::conn_config;
+use crate::bench::MAX_SECONDS;
+use crate::failure::at_least_one;
 use crate::metrics::{SoakCells, SoakCounts};
 use crate::progress::{Progress, Unit};
 use drivers::*;
@@ -55,27 +57,28 @@ pub struct SoakArgs {
     /// Connections over loopback.
     #[arg(long, default_value_t = 8)]
     pub connections: usize,
-    /// Seconds of traffic.
+    /// Seconds of traffic (above 0, at most 86400).
     #[arg(long, default_value_t = 10.0)]
     pub duration: f64,
     /// Seconds to wait at most for outstanding answers after --duration
-    /// (the soak ends as soon as every answer is in).
+    /// (the soak ends as soon as every answer is in; at most 86400).
     #[arg(long, default_value_t = 2.0)]
     pub drain: f64,
     /// Fault injection under the backend, e.g. drop=0.01,corrupt=0.001,delay=0.01,reorder=0.01,delay_ms=5,seed=7.
     #[arg(long)]
     pub faults: Option<FaultSpec>,
-    /// Requests outstanding per connection.
-    #[arg(long, default_value_t = 8)]
+    /// Requests outstanding per connection (at least 1).
+    #[arg(long, default_value_t = 8, value_parser = at_least_one)]
     pub inflight: usize,
     /// Largest request payload in bytes (sizes vary from 0 to this).
     #[arg(long, default_value_t = 64 << 10)]
     pub max_size: usize,
-    /// Client reactors (default: NETWORK_WORKER_CORE_NUMBER rules).
-    #[arg(long)]
+    /// Client reactors, at least 1 (default: NETWORK_WORKER_CORE_NUMBER
+    /// rules).
+    #[arg(long, value_parser = at_least_one)]
     pub client_reactors: Option<usize>,
-    /// Server reactors (default: NETWORK_PS_CORE_NUMBER rules).
-    #[arg(long)]
+    /// Server reactors, at least 1 (default: NETWORK_PS_CORE_NUMBER rules).
+    #[arg(long, value_parser = at_least_one)]
     pub server_reactors: Option<usize>,
     /// Busy polling on (default) or off (reactors park).
     #[arg(long, value_parser = crate::parse_on_off)]
@@ -244,10 +247,10 @@ fn layout(args: &SoakArgs) -> Result<Layout, String> {
         o.role_mut(role).enable_polling = Some(FlagOverride::new("--polling", polling));
     }
     if let Some(n) = args.client_reactors {
-        o.worker.core_number = Some(FlagOverride::new("--client-reactors", n.max(1)));
+        o.worker.core_number = Some(FlagOverride::new("--client-reactors", n));
     }
     if let Some(n) = args.server_reactors {
-        o.ps.core_number = Some(FlagOverride::new("--server-reactors", n.max(1)));
+        o.ps.core_number = Some(FlagOverride::new("--server-reactors", n));
     }
     let n = args.connections;
     let worker =
@@ -471,7 +474,7 @@ fn run_clients<D: SoakDriver, A: Attach<D>>(
             step: nc as u64,
             attached: 0,
             conns: Vec::new(),
-            inflight: args.inflight.max(1),
+            inflight: args.inflight,
             max_size: args.max_size,
             stop_sending,
             give_up,
@@ -567,8 +570,19 @@ pub(crate) fn validate(args: &SoakArgs) -> Result<(), String> {
     if args.connections == 0 {
         return Err("--connections must be at least 1".into());
     }
-    if !(args.duration > 0.0 && args.duration.is_finite() && args.drain >= 0.0) {
-        return Err("--duration must be positive and --drain non-negative".into());
+    // Bounded as bench's --duration: the seconds become `Duration`s,
+    // which a huge or non-finite number cannot be.
+    if !(args.duration > 0.0 && args.duration <= MAX_SECONDS) {
+        return Err(format!(
+            "--duration {:?}: expected a positive number of seconds, at most {MAX_SECONDS}",
+            args.duration
+        ));
+    }
+    if !(args.drain >= 0.0 && args.drain <= MAX_SECONDS) {
+        return Err(format!(
+            "--drain {:?}: expected a number of seconds from 0 to {MAX_SECONDS}",
+            args.drain
+        ));
     }
     if args.max_size > (16 << 20) {
         return Err("--max-size: at most 16 MiB".into());

@@ -10,6 +10,11 @@ use crate::hostport::HostPort;
 /// The endpoint map's file name.
 pub const ENDPOINT_MAP_FILE: &str = ".endpoint_map";
 
+/// The largest endpoint map read, in bytes: a line per task is some 50
+/// bytes, so this is tens of thousands of tasks. A larger file (or a
+/// device such as `/dev/zero`) is refused rather than read whole.
+pub const MAX_ENDPOINT_MAP_BYTES: u64 = 1 << 20;
+
 /// Environment variable naming the directory holding [`ENDPOINT_MAP_FILE`].
 pub const TF_SEASTAR_ENDPOINT_MAP_PATH: &str = "TF_SEASTAR_ENDPOINT_MAP_PATH";
 
@@ -140,7 +145,10 @@ impl EndpointMap {
     }
 
     /// Loads `.endpoint_map` from `dir`, or from the working directory if
-    /// `dir` is `None`. A missing file gives `Ok(None)`.
+    /// `dir` is `None`. A missing file gives `Ok(None)`; anything there
+    /// that is not a regular file (a directory, a FIFO, a device) is
+    /// [`ConfigError::EndpointMapNotAFile`], and a file of more than
+    /// [`MAX_ENDPOINT_MAP_BYTES`] is [`ConfigError::EndpointMapTooLarge`].
     pub fn load(dir: Option<&Path>) -> Result<Option<Self>, ConfigError> {
         let path = match dir {
             Some(d) => d.join(ENDPOINT_MAP_FILE),
@@ -148,13 +156,18 @@ impl EndpointMap {
                 .unwrap_or_else(|_| PathBuf::from("."))
                 .join(ENDPOINT_MAP_FILE),
         };
-        match std::fs::read(&path) {
+        match read_bounded(&path) {
             Ok(bytes) => Self::parse_bytes(path, &bytes).map(Some),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Err(Unread::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {
                 tracing::debug!(path = %path.display(), "no endpoint map");
                 Ok(None)
             }
-            Err(source) => Err(ConfigError::EndpointMapIo { path, source }),
+            Err(Unread::Io(source)) => Err(ConfigError::EndpointMapIo { path, source }),
+            Err(Unread::NotAFile) => Err(ConfigError::EndpointMapNotAFile { path }),
+            Err(Unread::TooLarge) => Err(ConfigError::EndpointMapTooLarge {
+                path,
+                limit: MAX_ENDPOINT_MAP_BYTES,
+            }),
         }
     }
 
@@ -247,6 +260,42 @@ impl<'a> IntoIterator for &'a EndpointMap {
 
 /// Removes a full-line comment or a trailing `#` comment that follows a
 /// space or tab.
+/// Why [`read_bounded`] read nothing.
+enum Unread {
+    Io(std::io::Error),
+    NotAFile,
+    TooLarge,
+}
+
+/// The contents of the regular file at `path`, if at most
+/// [`MAX_ENDPOINT_MAP_BYTES`]. What is not a regular file is refused
+/// before it is opened (opening a FIFO would wait for a writer), and again
+/// once open (it may have been replaced in between); at most one byte past
+/// the limit is read (a file may grow, a device never ends).
+fn read_bounded(path: &Path) -> Result<Vec<u8>, Unread> {
+    use std::io::Read;
+    let regular = |m: std::fs::Metadata| {
+        if !m.is_file() {
+            Err(Unread::NotAFile)
+        } else if m.len() > MAX_ENDPOINT_MAP_BYTES {
+            Err(Unread::TooLarge)
+        } else {
+            Ok(())
+        }
+    };
+    regular(std::fs::metadata(path).map_err(Unread::Io)?)?;
+    let file = std::fs::File::open(path).map_err(Unread::Io)?;
+    regular(file.metadata().map_err(Unread::Io)?)?;
+    let mut bytes = Vec::new();
+    file.take(MAX_ENDPOINT_MAP_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(Unread::Io)?;
+    if bytes.len() as u64 > MAX_ENDPOINT_MAP_BYTES {
+        return Err(Unread::TooLarge);
+    }
+    Ok(bytes)
+}
+
 fn strip_comment(line: &str) -> &str {
     if line.trim_start().starts_with('#') {
         return "";
@@ -436,13 +485,64 @@ mod tests {
             )
         );
 
-        // A directory where the file should be is an I/O error, not "absent".
+        // A directory where the file should be is an error, not "absent".
         std::fs::remove_file(&file).unwrap();
         std::fs::create_dir(&file).unwrap();
         assert!(matches!(
             EndpointMap::load_from_env(&env),
-            Err(ConfigError::EndpointMapIo { .. })
+            Err(ConfigError::EndpointMapNotAFile { .. })
         ));
+    }
+
+    #[test]
+    fn a_map_past_the_limit_is_refused_unread() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join(ENDPOINT_MAP_FILE);
+        // At the limit: read (a comment, then one entry).
+        let entry = "w:1=w:2\n";
+        let mut text = "#".repeat(MAX_ENDPOINT_MAP_BYTES as usize - entry.len() - 1);
+        text.push('\n');
+        text.push_str(entry);
+        std::fs::write(&file, &text).unwrap();
+        let m = EndpointMap::load(Some(dir.path())).unwrap().unwrap();
+        assert_eq!(m.len(), 1);
+        // One byte more: refused, naming the file and the limit.
+        text.push('\n');
+        std::fs::write(&file, &text).unwrap();
+        let e = EndpointMap::load(Some(dir.path())).unwrap_err();
+        assert!(
+            matches!(&e, ConfigError::EndpointMapTooLarge { path, limit }
+                if *path == file && *limit == MAX_ENDPOINT_MAP_BYTES),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("1048576 bytes"), "{e}");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_device_or_fifo_is_refused_without_reading_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join(ENDPOINT_MAP_FILE);
+        // An endless device: before the fix, read until memory ran out.
+        std::os::unix::fs::symlink("/dev/zero", &file).unwrap();
+        let e = EndpointMap::load(Some(dir.path())).unwrap_err();
+        assert!(
+            matches!(&e, ConfigError::EndpointMapNotAFile { path } if *path == file),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+        // A FIFO with no writer: opening it would wait forever.
+        std::fs::remove_file(&file).unwrap();
+        let made = std::process::Command::new("mkfifo")
+            .arg(&file)
+            .status()
+            .is_ok_and(|s| s.success());
+        if made {
+            assert!(matches!(
+                EndpointMap::load(Some(dir.path())),
+                Err(ConfigError::EndpointMapNotAFile { .. })
+            ));
+        }
     }
 
     #[test]

@@ -111,6 +111,24 @@ pub enum ConfigError {
         source: std::io::Error,
     },
 
+    /// What is at the endpoint map's path is not a regular file (a
+    /// directory, a FIFO, a device): it is not read.
+    #[error("endpoint map {} is not a regular file", path.display())]
+    EndpointMapNotAFile {
+        /// The path.
+        path: PathBuf,
+    },
+
+    /// An endpoint map file is larger than any cluster's could be: it is
+    /// not read.
+    #[error("endpoint map {} is larger than {limit} bytes", path.display())]
+    EndpointMapTooLarge {
+        /// The file.
+        path: PathBuf,
+        /// The most read, [`crate::MAX_ENDPOINT_MAP_BYTES`].
+        limit: u64,
+    },
+
     /// An endpoint map is present but has no entry for a task's endpoint.
     #[error("endpoint map {} has no entry for {endpoint} ({task})", path.display())]
     EndpointNotMapped {

@@ -26,7 +26,8 @@ pub use cluster::{
     TF_CONFIG,
 };
 pub use endpoint_map::{
-    EndpointMap, EndpointMapEntry, ENDPOINT_MAP_FILE, TF_SEASTAR_ENDPOINT_MAP_PATH,
+    EndpointMap, EndpointMapEntry, ENDPOINT_MAP_FILE, MAX_ENDPOINT_MAP_BYTES,
+    TF_SEASTAR_ENDPOINT_MAP_PATH,
 };
 pub use error::{ConfigError, EndpointMapLineError};
 pub use hostport::{HostPort, HostPortError};

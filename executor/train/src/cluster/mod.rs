@@ -244,7 +244,7 @@ fn run_local_on(k: &dyn ClusterBackend, cfg: &TrainConfig) -> Result<TrainReport
         partition(&plan.model, cfg.protocol),
         plan.layout.clone(),
         cfg.tensor_fuse,
-        Executor::new(cfg.compute_threads),
+        executor(cfg)?,
     );
     let eval_result = evaluate(&mut core, &mut *net, &eval_all);
     let ckpt = match (&cfg.checkpoint_dir, &eval_result) {
@@ -335,6 +335,13 @@ fn run_local_on(k: &dyn ClusterBackend, cfg: &TrainConfig) -> Result<TrainReport
 }
 
 /// The layout's warnings, logged.
+/// The graph executor of a worker (or of the evaluator), with
+/// `cfg.compute_threads` compute threads: one the operating system
+/// refuses to start is an error, not an abort.
+pub(super) fn executor(cfg: &TrainConfig) -> Result<Executor, TrainError> {
+    Executor::new(cfg.compute_threads).map_err(|e| TrainError::Io(std::io::Error::other(e)))
+}
+
 fn warn(layout: &ReactorLayout) {
     for w in &layout.warnings {
         tracing::warn!("{w}");
@@ -605,7 +612,7 @@ pub fn run_worker_task(
         partition(&plan.model, cfg.protocol),
         plan.layout.clone(),
         cfg.tensor_fuse,
-        Executor::new(cfg.compute_threads),
+        executor(cfg)?,
     );
     let (auc_v, logloss_v) = if index == 0 {
         evaluate(&mut core, &mut *net, &eval_all)?

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_utils::sync::WaitGroup;
 use starwire_data::{auc, logloss, Batch, TrueModel};
-use starwire_graph::{partition, Executor};
+use starwire_graph::partition;
 use starwire_ps::{Manifest, PsShard, WorkerProgress};
 use starwire_transport::accept::{dial, inboxes, Acceptor};
 use starwire_transport::reactor::Reactor;
@@ -657,7 +657,7 @@ pub fn worker_loop(
         part,
         plan.layout.clone(),
         cfg.tensor_fuse,
-        Executor::new(cfg.compute_threads),
+        super::executor(cfg)?,
     );
     if let Some(pool) = pool {
         core.share_buffers(pool.clone());
