@@ -583,8 +583,16 @@ const BUF_ENTRY_LEN: usize = 16;
 const TAIL_OFFSET: usize = 14;
 
 impl BufRing {
-    /// A ring of `entries` (a power of two, at most 32768) records.
+    /// A ring of `entries` (a power of two, at most 32768) records; any
+    /// other count is refused (`InvalidInput`): [`Self::publish`] and
+    /// [`Self::add`] rely on it to stay inside the mapping.
     pub(crate) fn new(entries: u16) -> std::io::Result<Self> {
+        if !entries.is_power_of_two() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("a buffer ring of {entries} entries (not a power of two)"),
+            ));
+        }
         let map = MmapMut::map_anon(usize::from(entries) * BUF_ENTRY_LEN)?;
         Ok(Self {
             map,
@@ -706,4 +714,23 @@ pub(crate) unsafe fn lend_slot<'a>(ptr: *const u8, len: usize) -> &'a mut [u8] {
     // SAFETY: the caller vouches for the range and its exclusive use for
     // `'a` (this function's contract).
     unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A count that is not a power of two (0 included) is refused before
+    /// anything is mapped: `publish` would write past an empty mapping and
+    /// `add` would index with `entries - 1` wrapped.
+    #[test]
+    fn a_buffer_ring_needs_a_power_of_two_entries() {
+        for bad in [0u16, 3, 100, 32767] {
+            let e = BufRing::new(bad).expect_err("refused");
+            assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput, "{bad}");
+        }
+        for good in [1u16, 8, 32768] {
+            assert_eq!(BufRing::new(good).unwrap().entries, good);
+        }
+    }
 }

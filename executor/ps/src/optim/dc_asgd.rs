@@ -40,8 +40,8 @@ impl DcAsgd {
     /// `bak` the values the gradient was computed on, if known.
     pub(crate) fn apply(&self, w: &mut [f32], slots: &mut [f32], g: &[f32], bak: Option<&[f32]>) {
         #[cfg(target_arch = "x86_64")]
-        if wide::available() {
-            return wide::apply(self, w, slots, g, bak);
+        if wide::apply(self, w, slots, g, bak) {
+            return;
         }
         self.step(w, slots, g, bak);
     }
@@ -103,17 +103,21 @@ mod wide {
         std::is_x86_feature_detected!("avx")
     }
 
-    /// [`DcAsgd::apply`] with AVX; only when [`available`].
+    /// [`DcAsgd::apply`] with AVX, when this CPU has it ([`available`]);
+    /// false (nothing done) when it has not.
     pub(super) fn apply(
         d: &DcAsgd,
         w: &mut [f32],
         slots: &mut [f32],
         g: &[f32],
         bak: Option<&[f32]>,
-    ) {
-        debug_assert!(available());
-        // SAFETY: the one caller checked `available()`: the CPU has AVX.
-        unsafe { step_avx(d, w, slots, g, bak) }
+    ) -> bool {
+        if !available() {
+            return false;
+        }
+        // SAFETY: `available()` said the CPU has AVX.
+        unsafe { step_avx(d, w, slots, g, bak) };
+        true
     }
 
     /// # Safety
@@ -160,7 +164,7 @@ mod tests {
                 let (mut w1, mut s1) = (w0.clone(), s0.clone());
                 let (mut w2, mut s2) = (w0.clone(), s0.clone());
                 D.step(&mut w1, &mut s1, &g, bak);
-                wide::apply(&D, &mut w2, &mut s2, &g, bak);
+                assert!(wide::apply(&D, &mut w2, &mut s2, &g, bak));
                 let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&w1), bits(&w2), "n {n}, bak {with_bak}");
                 assert_eq!(bits(&s1), bits(&s2), "n {n}, bak {with_bak}");
