@@ -52,6 +52,23 @@ pub fn at_least_one(s: &str) -> Result<usize, String> {
     }
 }
 
+/// Most PS tasks or workers `starwire train` starts in its one process:
+/// each is a thread with its own sockets and reactors, and past this many
+/// the process runs out of descriptors far from the flag's cause.
+pub const MAX_LOCAL_TASKS: usize = 1024;
+
+/// A count of local tasks (`train --ps`, `--workers`) for clap's
+/// `value_parser`: from 1 to [`MAX_LOCAL_TASKS`].
+pub fn local_tasks(s: &str) -> Result<usize, String> {
+    match at_least_one(s)? {
+        n if n > MAX_LOCAL_TASKS => Err(format!(
+            "{n} is over {MAX_LOCAL_TASKS}, the most one process runs (start ps and worker \
+             processes for a larger cluster)"
+        )),
+        n => Ok(n),
+    }
+}
+
 /// A finite number above 0 (`reference --lr`, `place --zipf`, ...), for
 /// clap's `value_parser`: NaN, infinities, 0 and negatives are refused.
 pub fn positive_f64(s: &str) -> Result<f64, String> {

@@ -16,16 +16,16 @@ use starwire_train::cluster::PsLifetime;
 use starwire_train::source::DataSource;
 use starwire_train::{BackendKind, TrainConfig, TrainReport};
 
-use crate::failure::{at_least_one, positive_f32, positive_f64, Failure};
+use crate::failure::{at_least_one, local_tasks, positive_f32, positive_f64, Failure};
 
 /// `starwire train`: the local cluster's size, and the training flags.
 #[derive(Debug, Clone, Args)]
 pub struct LocalArgs {
-    /// PS tasks.
-    #[arg(long, default_value_t = 1, value_parser = at_least_one)]
+    /// PS tasks (1 to 1024).
+    #[arg(long, default_value_t = 1, value_parser = local_tasks)]
     pub ps: usize,
-    /// Worker tasks.
-    #[arg(long, default_value_t = 2, value_parser = at_least_one)]
+    /// Worker tasks (1 to 1024).
+    #[arg(long, default_value_t = 2, value_parser = local_tasks)]
     pub workers: usize,
     #[command(flatten)]
     pub train: TrainArgs,

@@ -1708,3 +1708,20 @@ fn train_over_dpdk_on_net_ring_matches_tcp() {
     assert!(b > 0.6, "{dpdk}");
     assert!((a - b).abs() < 0.005, "auc tcp {a} dpdk {b}");
 }
+
+/// The local cluster's task counts and reactor cores are bounded where
+/// they are given: a typo's thousands of threads fail at the flag or the
+/// variable, not as descriptors running out mid-start.
+#[test]
+fn train_refuses_task_and_core_counts_past_their_bounds() {
+    for (flag, value) in [("--ps", "100000"), ("--workers", "1025"), ("--ps", "0")] {
+        usage_error_naming(&["train", flag, value], flag);
+    }
+    for var in ["NETWORK_PS_CORE_NUMBER", "NETWORK_WORKER_CORE_NUMBER"] {
+        let out = run_with(&["train", "--quiet"], &net_env(&[(var, "5000")]));
+        let err = text(&out.stderr);
+        assert!(!out.status.success(), "{var}: {err}");
+        assert!(err.contains(var) && err.contains("1024"), "{var}: {err}");
+        assert!(!err.contains("panicked"), "{var}: {err}");
+    }
+}

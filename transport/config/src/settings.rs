@@ -171,7 +171,12 @@ impl IdlePolicy {
 }
 
 const BOOL_EXPECTED: &str = "true, false, 1 or 0 (any case)";
-const CORES_EXPECTED: &str = "an integer >= 1";
+const CORES_EXPECTED: &str = "an integer from 1 to 1024";
+
+/// Most reactor cores a role may ask for: each is a thread with its own
+/// descriptors, and past this many a typo (`5000`) would start thousands
+/// of them and fail far from its cause.
+pub const MAX_CORES: usize = 1024;
 const MICROS_EXPECTED: &str = "an integer number of microseconds >= 0";
 
 /// Parses a boolean the DeepRec/TensorFlow way: `true`/`false`/`1`/`0`, any
@@ -287,10 +292,10 @@ impl NetworkSettings {
             false,
         )?;
         if let Some(f) = &o.core_number {
-            if f.value == 0 {
+            if f.value == 0 || f.value > MAX_CORES {
                 return Err(ConfigError::InvalidFlag {
                     flag: f.flag.clone(),
-                    value: "0".to_owned(),
+                    value: f.value.to_string(),
                     reason: format!("expected {CORES_EXPECTED}"),
                 });
             }
@@ -299,7 +304,7 @@ impl NetworkSettings {
             v.cores,
             o.core_number.as_ref(),
             env,
-            |s| parse_digits::<usize>(s).filter(|&n| n >= 1),
+            |s| parse_digits::<usize>(s).filter(|n| (1..=MAX_CORES).contains(n)),
             CORES_EXPECTED,
             v.max_default_cores.min(connections),
         )?;
@@ -601,6 +606,8 @@ mod tests {
             (Role::Worker, vars::WORKER_DISABLE_PIN_CORES, "off"),
             (Role::Ps, vars::NETWORK_PS_CORE_NUMBER, "0"),
             (Role::Ps, vars::NETWORK_PS_CORE_NUMBER, "-3"),
+            (Role::Ps, vars::NETWORK_PS_CORE_NUMBER, "1025"),
+            (Role::Worker, vars::NETWORK_WORKER_CORE_NUMBER, "5000"),
             (Role::Worker, vars::NETWORK_WORKER_CORE_NUMBER, "2.5"),
             (Role::Worker, vars::NETWORK_WORKER_CORE_NUMBER, "+2"),
             (
