@@ -69,6 +69,23 @@ pub fn local_tasks(s: &str) -> Result<usize, String> {
     }
 }
 
+/// A `HOST:PORT` (`--metrics-addr`), for clap's `value_parser`: a host
+/// (a name, an IPv4 address or a bracketed IPv6 one) and a port number.
+/// The host is resolved when the endpoint starts.
+pub fn host_port(s: &str) -> Result<String, String> {
+    let Some((host, port)) = s.rsplit_once(':') else {
+        return Err(format!("expected HOST:PORT, got {s:?}"));
+    };
+    if host.is_empty() {
+        return Err(format!(
+            "no host in {s:?} (HOST:PORT; 0.0.0.0 for every address)"
+        ));
+    }
+    port.parse::<u16>()
+        .map_err(|e| format!("port {port:?} in {s:?}: {e}"))?;
+    Ok(s.to_owned())
+}
+
 /// A finite number above 0 (`reference --lr`, `place --zipf`, ...), for
 /// clap's `value_parser`: NaN, infinities, 0 and negatives are refused.
 pub fn positive_f64(s: &str) -> Result<f64, String> {

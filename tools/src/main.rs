@@ -117,7 +117,7 @@ fn main() -> ExitCode {
         Command::Ps(a) => train::ps_main(a).map(|()| true),
         Command::Worker(a) => train::worker_main(a).map(|()| true),
         Command::Place(a) => train::place_main(a).map(|()| true).map_err(Failure::Usage),
-        Command::Data(a) => train::data_main(a).map(|()| true).map_err(Failure::Run),
+        Command::Data(a) => train::data_main(a).map(|()| true),
         Command::Reference(a) => train::reference_main(a)
             .map(|()| true)
             .map_err(Failure::Run),

@@ -870,7 +870,7 @@ pub struct DataArgs {
     #[arg(long, default_value_t = 200_000)]
     pub examples: u64,
     /// `train` or `eval` (held-out examples of the same true model).
-    #[arg(long, default_value = "train")]
+    #[arg(long, default_value = "train", value_parser = ["train", "eval"])]
     pub stream: String,
     /// Seed (the same as `train --seed` gives the same data).
     #[arg(long, default_value_t = 1)]
@@ -890,8 +890,9 @@ pub struct DataArgs {
     pub weighted_ids: u32,
 }
 
-/// `starwire data`.
-pub fn data_main(a: DataArgs) -> Result<(), String> {
+/// `starwire data`. A spec the true model cannot be built from (a
+/// `--vocab` of 0, a `--ctr` outside (0, 1), ...) is a usage error.
+pub fn data_main(a: DataArgs) -> Result<(), Failure> {
     use starwire_data::{Stream, Synthetic, TrueModel};
     let spec = SyntheticSpec {
         seed: a.seed,
@@ -904,9 +905,18 @@ pub fn data_main(a: DataArgs) -> Result<(), String> {
     let stream = match a.stream.as_str() {
         "train" => Stream::Train,
         "eval" => Stream::Eval,
-        s => return Err(format!("--stream: expected train or eval, got {s:?}")),
+        s => {
+            return Err(Failure::Usage(format!(
+                "--stream: expected train or eval, got {s:?}"
+            )))
+        }
     };
-    let model = std::sync::Arc::new(TrueModel::new(spec).map_err(|e| e.to_string())?);
+    let model = TrueModel::new(spec).map_err(|e| {
+        Failure::Usage(format!(
+            "{e} (from --vocab, --zipf-exponent, --ctr, --weighted-ids)"
+        ))
+    })?;
+    let model = std::sync::Arc::new(model);
     let n = Synthetic::new(model, stream, a.examples)
         .write_criteo(&a.out)
         .map_err(|e| e.to_string())?;

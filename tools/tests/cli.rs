@@ -1725,3 +1725,22 @@ fn train_refuses_task_and_core_counts_past_their_bounds() {
         assert!(!err.contains("panicked"), "{var}: {err}");
     }
 }
+
+/// Values checkable alone are usage errors (exit 2) naming their flag:
+/// a metrics address that is not HOST:PORT, a data stream that is not
+/// train or eval, a data spec the true model cannot be built from.
+#[test]
+fn metrics_addresses_and_data_specs_are_usage_errors() {
+    for cmd in ["train", "soak", "bench"] {
+        for bad in ["bogus", ":9100", "localhost:http", "localhost:70000"] {
+            usage_error_naming(&[cmd, "--metrics-addr", bad], "--metrics-addr");
+        }
+    }
+    let out = std::env::temp_dir().join(format!("sw-data-{}.tsv", std::process::id()));
+    let out = out.to_str().unwrap();
+    usage_error_naming(&["data", "--out", out, "--stream", "foo"], "--stream");
+    for (flag, value) in [("--vocab", "0"), ("--ctr", "2")] {
+        usage_error_naming(&["data", "--out", out, flag, value], flag);
+    }
+    assert!(!std::path::Path::new(out).exists(), "nothing written");
+}

@@ -36,7 +36,7 @@ pub struct MetricsArgs {
     /// Serve Prometheus metrics at http://HOST:PORT/metrics (and
     /// /healthz) while the command runs; port 0 takes a free port (the
     /// address is logged).
-    #[arg(long, value_name = "HOST:PORT")]
+    #[arg(long, value_name = "HOST:PORT", value_parser = crate::failure::host_port)]
     pub metrics_addr: Option<String>,
 }
 
