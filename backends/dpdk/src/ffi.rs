@@ -8,11 +8,13 @@
 //!   unless it was handed to a transmit queue.
 //! * [`Device`] is a started port (stopped and closed on drop); a
 //!   [`Queue`] is one of its rx/tx queue pairs, owned by one holder at a
-//!   time, so a burst never races another on the same queue.
+//!   time, so a burst never races another on the same queue: the device
+//!   hands its queues out once ([`Device::take_queues`]).
 
 use std::ffi::{c_char, CStr, CString};
 use std::mem::MaybeUninit;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use starwire_dpdk_sys as sys;
@@ -460,6 +462,9 @@ pub(crate) enum SetupError {
 pub(crate) struct Device {
     port: u16,
     queues: u16,
+    /// Set by the one [`take_queues`](Self::take_queues) that hands the
+    /// queue pairs out.
+    queues_taken: AtomicBool,
     rx_desc: u16,
     tx_desc: u16,
     /// The receive queues fill from it; it outlives them.
@@ -528,6 +533,7 @@ impl Device {
         Ok(Self {
             port,
             queues: setup.queues,
+            queues_taken: AtomicBool::new(false),
             rx_desc,
             tx_desc,
             pool,
@@ -547,15 +553,22 @@ impl Device {
         &self.pool
     }
 
-    /// The queue pairs, each once: a burst on a queue must never race
-    /// another on the same queue, so each has one owner.
-    pub(crate) fn queues(self: &Arc<Self>) -> Vec<Queue> {
-        (0..self.queues)
+    /// The queue pairs, handed out once: a burst on a queue must never
+    /// race another on the same queue, so each has one owner. `None` once
+    /// they were taken (by any thread, even if dropped since): the bursts
+    /// of [`Queue`] rely on this for their soundness.
+    pub(crate) fn take_queues(self: &Arc<Self>) -> Option<Vec<Queue>> {
+        // Only the swap's atomicity matters: exactly one call sees false.
+        if self.queues_taken.swap(true, Ordering::Relaxed) {
+            return None;
+        }
+        let queues = (0..self.queues)
             .map(|queue| Queue {
                 dev: Arc::clone(self),
                 queue,
             })
-            .collect()
+            .collect();
+        Some(queues)
     }
 }
 
@@ -570,7 +583,9 @@ impl Drop for Device {
     }
 }
 
-/// One rx/tx queue pair of a started port, with one owner.
+/// One rx/tx queue pair of a started port, with one owner: only
+/// [`Device::take_queues`] makes them, once per device, so no two `Queue`s
+/// name the same queue.
 #[derive(Debug)]
 pub(crate) struct Queue {
     dev: Arc<Device>,
@@ -592,7 +607,8 @@ impl Queue {
         out.reserve(usize::from(max));
         let spare = out.spare_capacity_mut();
         // SAFETY: the port is started and the queue set up (self's Device
-        // is alive); &mut self makes this the only burst on the queue;
+        // is alive); no other Queue names this queue (`take_queues` hands
+        // each out once) and &mut self makes this the only burst on it;
         // spare has room for max pointers, of which DPDK writes the first
         // n it returns.
         let n = unsafe {
@@ -612,8 +628,9 @@ impl Queue {
             return 0;
         }
         let n = u16::try_from(pkts.len()).unwrap_or(u16::MAX);
-        // SAFETY: the port is started and the queue set up; &mut self
-        // makes this the only burst on the queue; pkts holds n owned mbufs
+        // SAFETY: the port is started and the queue set up; no other Queue
+        // names this queue (`take_queues` hands each out once) and &mut
+        // self makes this the only burst on it; pkts holds n owned mbufs
         // laid out as DPDK's pointer array. The device owns the first
         // `sent` afterwards.
         let sent =
@@ -714,5 +731,47 @@ impl Drop for FlowRule {
         if ret != 0 {
             tracing::debug!(port = self.dev.port, ret, "rte_flow_destroy failed");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Eal;
+
+    /// The EAL of this test binary (it initialises once per process, and
+    /// this is its only test that needs it): a ring-backed port, without
+    /// hugepages or PCI devices.
+    const EAL_ARGS: &str = "--no-huge --no-pci --no-shconf -m 256 --vdev=net_ring0";
+
+    #[test]
+    fn a_devices_queues_are_handed_out_once() {
+        let eal = Eal::init(EAL_ARGS).expect("EAL");
+        eal.register_thread().expect("lcore");
+        let pool =
+            Mempool::new("starwire_unit_p0", 1023, 32, sys::SOCKET_ID_ANY, false).expect("mempool");
+        let setup = DeviceSetup {
+            queues: 2,
+            rx_desc: 128,
+            tx_desc: 128,
+        };
+        let dev = Device::start(0, setup, Arc::new(pool), sys::SOCKET_ID_ANY).expect("start");
+        let dev = Arc::new(dev);
+        let queues = dev
+            .take_queues()
+            .expect("the first call hands the queues out");
+        let indices: Vec<u16> = queues.iter().map(Queue::index).collect();
+        assert_eq!(indices, [0, 1]);
+        assert!(dev.take_queues().is_none(), "a second call is refused");
+        let other = Arc::clone(&dev);
+        let refused = std::thread::spawn(move || other.take_queues().is_none())
+            .join()
+            .unwrap();
+        assert!(refused, "from another thread too");
+        drop(queues);
+        assert!(
+            dev.take_queues().is_none(),
+            "even once the first holders are gone"
+        );
     }
 }

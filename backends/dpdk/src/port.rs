@@ -277,7 +277,9 @@ impl Port {
             }
         })?;
         let dev = Arc::new(dev);
-        let mut free = dev.queues();
+        let mut free = dev
+            .take_queues()
+            .expect("a device just started hands its queues out");
         free.reverse();
         let (rx_desc, tx_desc) = dev.descriptors();
         let mut port = Self {

@@ -25,7 +25,9 @@
 //!   turns (`StreamDriver::attach_stream_as` starts one, proving the
 //!   token first when there is one).
 //!
-//! Every `unsafe` line of the crate is in the `sys` module. User
+//! Every `unsafe` block of the crate is in the `sys` module; the one other
+//! `unsafe` is `nic`'s `unsafe impl Verbs for VerbsNic`, the promise of
+//! the `Verbs` contract that the ring's lent slices rely on. User
 //! documentation: `docs/backends/rdma.md`.
 #![deny(unsafe_code)]
 

@@ -376,7 +376,26 @@ impl VerbsNic {
     }
 }
 
-impl Verbs for VerbsNic {
+// SAFETY: the `Verbs` contract holds. (1) `mr_mem` returns `Mr::mem` of
+// a region in `regions`, which holds only regions `reg_mr` registered and
+// `dereg_mr` has not removed: exactly that region's own mapping, of the
+// `len` `reg_mr` reported, so no two regions overlap; it is unmapped only
+// when its `Mr` drops (`dereg_mr`, `&mut self`, or the NIC's drop).
+// (2) `Mr::register` asks `IBV_ACCESS_REMOTE_WRITE` only for
+// `Access::RemoteWrite`, and the HCA checks every incoming write's rkey,
+// access and bounds against the region it names, failing it with a remote
+// access error otherwise. (3) Receive WRs carry no scatter entry
+// (`Qp::post_recv`), sends are RDMA writes that only read their local
+// slice, and nothing here writes region bytes. (4) The NIC reads a send's
+// slice until the WR completes (an inline WR is copied inside
+// `ibv_post_send`); a completion is given for an unsignalled WR only once
+// a later CQE of its queue pair has been polled, and RC completes a queue
+// pair's WRs in order, so that one is done too; after `ibv_destroy_qp`
+// none of its WRs is processed. (5) `ibv_poll_cq` returns a receive
+// completion only once the write's data is in memory (the provider orders
+// the CQE read before later reads of the data).
+#[allow(unsafe_code)]
+unsafe impl Verbs for VerbsNic {
     fn cq_depth(&self) -> u32 {
         self.cq.depth()
     }

@@ -9,7 +9,9 @@
 //!   may access them at any time, so they are reached through a raw pointer:
 //!   checked copies are safe, lending a range as a slice is `unsafe`. The
 //!   crate's `unsafe` code lives there and in the two ring methods that
-//!   lend ranges the protocol keeps from the NIC.
+//!   lend ranges the protocol keeps from the NIC, which rely on the
+//!   contract of the `unsafe trait` [`Verbs`] (implemented by
+//!   `unsafe impl` for [`SimNic`]).
 //! * [`SimNic`] on a [`SimFabric`]: in-memory NICs whose RC queue pairs
 //!   report into one completion queue per NIC, with faithful error
 //!   semantics (remote access errors, receiver-not-ready retry exhaustion,

@@ -563,14 +563,18 @@ impl RingConn {
     pub(crate) fn reserved<'a, V: Verbs>(&'a mut self, verbs: &'a V) -> Option<&'a mut [u8]> {
         let r = self.reservation?;
         let mem = verbs.mr_mem(self.staging.lkey)?;
-        // SAFETY: `r.off .. r.off + r.len` is free staging: `reserve` took
-        // it from `place_in_staging`, which hands out only bytes no queued
-        // or in-flight frame covers (a frame's bytes are released when its
-        // send completion is polled), so no posted write reads them;
-        // staging is registered without remote write (`Access::Local`), so
-        // the NIC refuses any peer's write to it, whatever key it forges;
-        // and the borrows above rule out any other access while the slice
-        // lives.
+        // SAFETY: by the `Verbs` contract (its `# Safety` items 1-4), which
+        // `V` promised with its `unsafe impl`: `mem` is exactly the staging
+        // region's bytes, overlapping no other region (1). `r.off .. r.off
+        // + r.len` is free staging: `reserve` took it from
+        // `place_in_staging`, which hands out only bytes no queued or
+        // in-flight frame covers (a frame's bytes are released when its
+        // send completion is polled, after which the device reads them no
+        // more (4)), so no posted write reads them; staging is registered
+        // `Access::Local`, so no peer's write lands in it, whatever key it
+        // forges (2), and nothing else writes it (3); and the borrows above
+        // rule out any other access through the ring or the verbs while
+        // the slice lives.
         unsafe { mem.slice_mut(r.off, r.len) }.ok()
     }
 
@@ -645,10 +649,14 @@ impl RingConn {
                 ));
                 break;
             }
-            // SAFETY: the peer wrote these bytes with the write whose
-            // receive completion the driver polled (verbs makes the data
-            // visible before the completion), and it has no credit for them
-            // until `owed_bytes` goes back in a credit message, which takes a
+            // SAFETY: by the `Verbs` contract (its `# Safety` items 1, 3
+            // and 5), which `V` promised with its `unsafe impl`: `ring` is
+            // exactly the receive ring's bytes, overlapping no other region
+            // (1), and only the peer's writes change them (3). The peer
+            // wrote these bytes with the write whose receive completion the
+            // driver polled, so they are in place and that write is done
+            // with them (5); and it has no credit for them until
+            // `owed_bytes` goes back in a credit message, which takes a
             // later flush: a peer that keeps to the credits it was given
             // (the trust an rkey grants) does not write them while the sink
             // holds them. Locally the ring is only ever read, and the verbs

@@ -473,7 +473,23 @@ impl SimNic {
     }
 }
 
-impl Verbs for SimNic {
+// SAFETY: the `Verbs` contract holds. (1) `mr_mem` looks `lkey` up in
+// `regions`, which holds only regions `reg_mr` registered and `dereg_mr`
+// has not removed, and returns a view of exactly that region's `OwnedMem`:
+// an allocation of its own of `mr.len` bytes, so no two regions overlap;
+// it is freed only when its region leaves `regions` (`dereg_mr`, `&mut
+// self`) or the NIC drops. (2) Only `Access::RemoteWrite` regions get an
+// entry in the fabric's `rkeys`, and a peer's write is landed
+// (`apply_inbound`) only into the region its rkey names (keys are never
+// reused), within the bounds `check_write` checked against that entry. (3) Receive WRs carry no
+// buffer; a send copies its local slice out (`progress`) and writes
+// nothing local; region bytes are written only by `apply_inbound`, landing
+// peer writes. (4) A send's local bytes are copied once, when it executes
+// in `progress`, before its completion is queued; `destroy_qp` drops
+// unexecuted WRs. (5) `apply_inbound` copies a landing's bytes in before it
+// queues its receive completion, and a landing is applied once.
+#[allow(unsafe_code)]
+unsafe impl Verbs for SimNic {
     fn cq_depth(&self) -> u32 {
         self.cfg.cq_depth
     }

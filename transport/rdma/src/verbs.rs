@@ -14,7 +14,9 @@
 //!
 //! Two implementations exist: [`SimNic`](crate::SimNic), an in-memory NIC
 //! on a simulated fabric used by the tests, and `VerbsNic` in
-//! `starwire-verbs`, over libibverbs (see `docs/backends/rdma.md`).
+//! `starwire-verbs`, over libibverbs (see `docs/backends/rdma.md`). The
+//! trait is `unsafe` to implement: the ring lends registered memory as
+//! slices on the strength of its contract (see [`Verbs`]'s `# Safety`).
 
 use std::fmt;
 use std::os::fd::BorrowedFd;
@@ -351,7 +353,76 @@ fn reg_mr_hint(errno: Errno) -> &'static str {
 /// Every send WR is signaled: each produces exactly one completion, in
 /// posting order per queue pair (RC). A WR occupies its queue slot until its
 /// completion has been returned by [`poll_cq`](Self::poll_cq).
-pub trait Verbs {
+///
+/// # Safety
+///
+/// The ring lends registered bytes as Rust slices
+/// ([`RegisteredMem::slice`], [`RegisteredMem::slice_mut`]): staging to
+/// encode a frame in place, the receive ring to hand a frame to its sink.
+/// That is sound only if the implementation, with the device behind it,
+/// guarantees:
+///
+/// 1. **A view is its region.** [`mr_mem`](Self::mr_mem)`(lkey)` returns
+///    `Some` only for a region registered by this value's
+///    [`reg_mr`](Self::reg_mr) and not yet deregistered, and the view is
+///    exactly that region's bytes: `len` bytes as `reg_mr` reported them,
+///    overlapping no other region's. They stay valid, at the same
+///    address, while `self` is borrowed: only [`dereg_mr`](Self::dereg_mr)
+///    and dropping `self` free them.
+/// 2. **A peer writes only regions registered for it.** No peer's RDMA
+///    write lands in a region registered with [`Access::Local`], whatever
+///    rkey and address it names. A write lands only in the
+///    [`Access::RemoteWrite`] region whose rkey it names, inside that
+///    region's [`MemoryRegion::addr`]` .. addr + len`.
+/// 3. **Nothing else writes registered bytes.** After `reg_mr` returns,
+///    a region's bytes change only through the caller's
+///    [`RegisteredMem`] accesses and the peer writes of (2): receive WRs
+///    have no scatter entries, a send WR only reads its local slice, and
+///    the implementation writes no region itself except to land a peer's
+///    write.
+/// 4. **A send stops reading at its completion.** The device reads the
+///    `local` slice of a WR staged by
+///    [`post_write_with_imm`](Self::post_write_with_imm) only until
+///    [`poll_cq`](Self::poll_cq) has returned that WR's completion, or
+///    [`destroy_qp`](Self::destroy_qp) of its queue pair has returned.
+/// 5. **Data before its completion.** When `poll_cq` returns the receive
+///    completion of a write-with-immediate, all of that write's bytes are
+///    in the region and visible to the CPU: that write changes them no
+///    more.
+///
+/// A peer that writes its own receive ring's credited bytes out of turn is
+/// outside this contract: the ring trusts the peer it gave an rkey to
+/// (see `RingConn::deliver`).
+///
+/// An implementation must say `unsafe impl` to promise this:
+///
+/// ```compile_fail,E0200
+/// # use starwire_rdma::{
+/// #     Access, Completion, LocalSlice, MemoryRegion, QpCaps, QpState, RegisteredMem,
+/// #     RemoteSlice, Verbs, VerbsError,
+/// # };
+/// struct Nic;
+/// impl Verbs for Nic {
+/// #     fn cq_depth(&self) -> u32 { 0 }
+/// #     fn qp_caps(&self, _: u32) -> Option<QpCaps> { None }
+/// #     fn qp_state(&self, _: u32) -> Option<QpState> { None }
+/// #     fn reg_mr(&mut self, _: usize, _: Access) -> Result<MemoryRegion, VerbsError> {
+/// #         unimplemented!()
+/// #     }
+/// #     fn dereg_mr(&mut self, _: u32) -> Result<(), VerbsError> { Ok(()) }
+/// #     fn mr_mem(&self, _: u32) -> Option<RegisteredMem<'_>> { None }
+/// #     fn post_write_with_imm(
+/// #         &mut self, _: u32, _: u64, _: LocalSlice, _: RemoteSlice, _: u32,
+/// #     ) -> Result<(), VerbsError> { Ok(()) }
+/// #     fn post_recv(&mut self, _: u32, _: u64) -> Result<(), VerbsError> { Ok(()) }
+/// #     fn ring_doorbell(&mut self) -> Result<(), VerbsError> { Ok(()) }
+/// #     fn poll_cq(&mut self, _: &mut [Completion]) -> Result<usize, VerbsError> { Ok(0) }
+/// #     fn destroy_qp(&mut self, _: u32) -> Result<(), VerbsError> { Ok(()) }
+///     // ...
+/// }
+/// ```
+#[allow(unsafe_code)]
+pub unsafe trait Verbs {
     /// Entries of the completion queue. It must hold every WR that may be
     /// outstanding on all queue pairs at once, or it overruns.
     fn cq_depth(&self) -> u32;
@@ -411,9 +482,9 @@ pub trait Verbs {
     /// [`WcStatus::RetryExceeded`].
     fn destroy_qp(&mut self, qpn: u32) -> Result<(), VerbsError>;
 
-    /// Whether the verbs can wake a parked reactor ([`event_fds`]
-    /// (Self::event_fds)). False (the default, the simulator): the driver's
-    /// reactor polls.
+    /// Whether the verbs can wake a parked reactor
+    /// ([`event_fds`](Self::event_fds)). False (the default, the
+    /// simulator): the driver's reactor polls.
     fn can_sleep(&self) -> bool {
         false
     }
