@@ -848,9 +848,17 @@ impl Connection {
                 let Some(r) = self.reassembly.take() else {
                     unreachable!("matched Some above");
                 };
+                self.release(r.charged);
+                if first.flags.contains(Flags::RESPONSE)
+                    && !self.pending.contains_key(&first.request_id)
+                {
+                    // A reply no request waits for (cancelled, timed out,
+                    // or made up): dropped here with its buffer, which the
+                    // caller would keep uncharged until its next message.
+                    return Ok(None);
+                }
                 // The buffer goes to the caller, which drops it once the
                 // message is handled.
-                self.release(r.charged);
                 let header = r.header;
                 *reassembled = r.buf;
                 let body: &'a Vec<u8> = reassembled;

@@ -310,3 +310,35 @@ fn semantic_error_fails_one_request_only() {
     assert!(pair.a(0).is_established());
     assert!(pair.b(0).is_established());
 }
+
+/// A chunked reply to no pending request is dropped whole when its last
+/// chunk lands: nothing is delivered and no buffer is handed to the
+/// caller (who would hold it uncharged), and the budget is back to 0.
+#[test]
+fn a_chunked_reply_no_request_waits_for_is_dropped_with_its_buffer() {
+    let budget = starwire_transport::MemoryBudget::new(1 << 20);
+    let mut cfg = local(TaskRole::Ps);
+    cfg.side = starwire_transport::Side::Acceptor;
+    cfg.budget = Some(budget.clone());
+    let mut conn = Connection::new(cfg, MAX_FRAME);
+    let mut scratch = Vec::new();
+    for f in [hello_frame(64), auth_frame()] {
+        conn.handle_frame(&f, &mut scratch).expect("handshake");
+    }
+    let mut first = Header::new(Opcode::Rpc, 0xdead, 1000);
+    first.flags = Flags::RESPONSE.with(Flags::MORE);
+    first.message_len = 3000;
+    let mut last = first;
+    last.flags = Flags::RESPONSE.with(Flags::CONTINUATION);
+    let mut mid = last;
+    mid.flags = last.flags.with(Flags::MORE);
+    for (h, byte) in [(first, 1u8), (mid, 2), (last, 3)] {
+        let f = frame(h, &[byte; 1000]);
+        let got = conn
+            .handle_frame(&f, &mut scratch)
+            .expect("the connection lives");
+        assert!(got.is_none(), "a reply nobody asked for was delivered");
+    }
+    assert_eq!(scratch.capacity(), 0, "the caller was handed the buffer");
+    assert_eq!(budget.used(), 0);
+}
