@@ -585,6 +585,7 @@ impl Connection {
             return;
         }
         self.drop_queue();
+        self.drop_reassembly();
         self.push_control(Header::new(Opcode::Goodbye, 0, 0), Payload::empty());
         self.fail_all("closed locally".into());
         self.closed = true;
@@ -596,6 +597,7 @@ impl Connection {
             self.fail_all(err.to_string());
             self.closed = true;
             self.drop_queue();
+            self.drop_reassembly();
             self.control.clear();
         }
     }
@@ -768,6 +770,10 @@ impl Connection {
                 self.events.push_back(Event::PeerClosed);
                 self.fail_all("peer closed the connection".into());
                 self.closed = true;
+                // Nothing more is read or sent: what was queued, or half
+                // reassembled, gives its bytes back to the budget now.
+                self.drop_queue();
+                self.drop_reassembly();
                 return Ok(None);
             }
             Opcode::Cancel => {
@@ -795,8 +801,16 @@ impl Connection {
             }
             return Ok(settle(&mut self.pending, &mut self.deadlines, h, body));
         }
+        if body.is_empty() {
+            return Err(self.fatal(ConnError::Protocol("empty chunk")));
+        }
         match (&mut self.reassembly, cont) {
             (None, false) => {
+                if body.len() >= h.message_len as usize {
+                    return Err(
+                        self.fatal(ConnError::Protocol("first chunk holds the whole message"))
+                    );
+                }
                 // First chunk. The untrusted message_len is bounded but not
                 // allocated up front: room for at most 16 chunks like this
                 // one, so a frame can make the receiver reserve at most 16
@@ -819,9 +833,13 @@ impl Connection {
             }
             (Some(r), true) => {
                 let first = r.header;
+                let same_flag = |f: Flags| first.flags.contains(f) == h.flags.contains(f);
                 if first.request_id != h.request_id
                     || first.opcode != h.opcode
-                    || first.flags.contains(Flags::RESPONSE) != h.flags.contains(Flags::RESPONSE)
+                    || !same_flag(Flags::RESPONSE)
+                    || !same_flag(Flags::ONEWAY)
+                    || first.status != h.status
+                    || first.shard_id != h.shard_id
                     || first.message_len != h.message_len
                     || r.buf.len() + body.len() > first.message_len as usize
                 {
@@ -958,10 +976,15 @@ impl Connection {
         self.closed = true;
         self.drop_queue();
         self.control.clear();
+        self.drop_reassembly();
+        e
+    }
+
+    /// Abandon a message being reassembled, giving its bytes back.
+    fn drop_reassembly(&mut self) {
         if let Some(r) = self.reassembly.take() {
             self.release(r.charged);
         }
-        e
     }
 
     fn fail_all(&mut self, why: String) {

@@ -342,3 +342,96 @@ fn a_chunked_reply_no_request_waits_for_is_dropped_with_its_buffer() {
     assert_eq!(scratch.capacity(), 0, "the caller was handed the buffer");
     assert_eq!(budget.used(), 0);
 }
+
+/// A budgeted acceptor past its handshake.
+fn budgeted(budget: &starwire_transport::MemoryBudget) -> Connection {
+    let mut cfg = local(TaskRole::Ps);
+    cfg.side = starwire_transport::Side::Acceptor;
+    cfg.budget = Some(budget.clone());
+    let mut conn = Connection::new(cfg, MAX_FRAME);
+    let mut scratch = Vec::new();
+    for f in [hello_frame(64), auth_frame()] {
+        conn.handle_frame(&f, &mut scratch).expect("handshake");
+    }
+    conn
+}
+
+/// Chunks that break WIRE.md's rules close the connection: an empty
+/// chunk, a first chunk holding the whole message, a continuation whose
+/// status, shard or one-way flag differs from its first chunk's.
+#[test]
+fn chunks_that_break_the_rules_close() {
+    let budget = starwire_transport::MemoryBudget::new(1 << 20);
+    let mut first = Header::new(Opcode::Rpc, 5, 100);
+    first.flags = Flags::MORE;
+    first.message_len = 200;
+    let mut next = first;
+    next.flags = Flags::CONTINUATION;
+    let mut whole = first;
+    whole.message_len = 100;
+    let mut empty = next;
+    empty.body_len = 0;
+    let mut other_status = next;
+    other_status.status = Status::Internal;
+    let mut other_shard = next;
+    other_shard.shard_id = 3;
+    let mut oneway = next;
+    oneway.flags = next.flags.with(Flags::ONEWAY);
+    let cases: [(&str, Vec<Vec<u8>>); 5] = [
+        ("empty", vec![frame(first, &[1; 100]), frame(empty, &[])]),
+        ("whole", vec![frame(whole, &[1; 100])]),
+        (
+            "status",
+            vec![frame(first, &[1; 100]), frame(other_status, &[2; 100])],
+        ),
+        (
+            "shard",
+            vec![frame(first, &[1; 100]), frame(other_shard, &[2; 100])],
+        ),
+        (
+            "oneway",
+            vec![frame(first, &[1; 100]), frame(oneway, &[2; 100])],
+        ),
+    ];
+    for (what, frames) in cases {
+        let mut conn = budgeted(&budget);
+        let mut scratch = Vec::new();
+        let mut err = None;
+        for f in &frames {
+            if let Err(e) = conn.handle_frame(f, &mut scratch) {
+                err = Some(e);
+                break;
+            }
+        }
+        assert!(
+            matches!(err, Some(ConnError::Protocol(_))),
+            "{what}: {err:?}"
+        );
+        assert_eq!(budget.used(), 0, "{what}");
+    }
+}
+
+/// A message half reassembled gives its bytes back when the connection is
+/// closed, locally or by the peer's Goodbye, not only when it is dropped.
+#[test]
+fn a_half_reassembled_message_is_released_at_close() {
+    let budget = starwire_transport::MemoryBudget::new(1 << 20);
+    let mut first = Header::new(Opcode::Rpc, 5, 100);
+    first.flags = Flags::MORE;
+    first.message_len = 200;
+    for by_peer in [false, true] {
+        let mut conn = budgeted(&budget);
+        let mut scratch = Vec::new();
+        conn.handle_frame(&frame(first, &[1; 100]), &mut scratch)
+            .expect("first chunk");
+        assert!(budget.used() > 0);
+        if by_peer {
+            let bye = frame(Header::new(Opcode::Goodbye, 0, 0), &[]);
+            conn.handle_frame(&bye, &mut scratch).expect("goodbye");
+        } else {
+            conn.close();
+        }
+        assert_eq!(budget.used(), 0, "by peer: {by_peer}");
+        drop(conn);
+    }
+}

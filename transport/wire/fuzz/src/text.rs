@@ -706,7 +706,7 @@ fn reference_role(
         one(polling, &b, 0)?,
         one(
             cores,
-            &|s| ref_digits(s, usize::MAX as u128).filter(|&n| n >= 1),
+            &|s| ref_digits(s, usize::MAX as u128).filter(|&n| (1..=1024).contains(&n)),
             max_cores.min(connections.max(1)) as u128,
         )?,
         // Pinning is the negation of *_DISABLE_PIN_CORES (default true).
