@@ -560,14 +560,22 @@ impl Connection {
             self.deadlines.remove(&(d, id));
         }
         // Not yet sent: drop it from the queue instead of telling the peer.
-        if let Some(pos) = self.queue.iter().position(|o| {
-            o.header.request_id == id && !o.started && !o.header.flags.contains(Flags::RESPONSE)
-        }) {
-            if let Some(o) = self.queue.remove(pos) {
-                self.release(o.charged);
-            }
-        } else if !self.closed {
+        if !self.unqueue(id) && !self.closed {
             self.push_control(Header::new(Opcode::Cancel, id, 0), Payload::empty());
+        }
+        true
+    }
+
+    /// Drop request `id` from the send queue if none of it has left,
+    /// giving its bytes back; whether it was there.
+    fn unqueue(&mut self, id: u64) -> bool {
+        let Some(pos) = self.queue.iter().position(|o| {
+            o.header.request_id == id && !o.started && !o.header.flags.contains(Flags::RESPONSE)
+        }) else {
+            return false;
+        };
+        if let Some(o) = self.queue.remove(pos) {
+            self.release(o.charged);
         }
         true
     }
@@ -632,6 +640,10 @@ impl Connection {
             }
             self.deadlines.pop_first();
             if self.pending.remove(&id).is_some() {
+                // A request still queued when it expired is not sent: its
+                // caller has given up on it, and the peer would work for
+                // nothing.
+                self.unqueue(id);
                 self.events.push_back(Event::RequestFailed {
                     id,
                     error: RequestError::DeadlineExceeded,

@@ -25,6 +25,10 @@ fn local(role: TaskRole) -> ConnConfig {
 }
 
 fn hello_frame(credits: u32) -> Vec<u8> {
+    hello_frame_of(credits, MAX_FRAME as u32)
+}
+
+fn hello_frame_of(credits: u32, max_frame_len: u32) -> Vec<u8> {
     let h = Hello {
         protocol_version: starwire_transport::PROTOCOL_VERSION,
         flags: 0,
@@ -33,7 +37,7 @@ fn hello_frame(credits: u32) -> Vec<u8> {
         task_index: 0,
         incarnation: 9,
         initial_credits: credits,
-        max_frame_len: MAX_FRAME as u32,
+        max_frame_len,
         shard_count: 1,
         nonce: [7; 16],
     };
@@ -434,4 +438,57 @@ fn a_half_reassembled_message_is_released_at_close() {
         assert_eq!(budget.used(), 0, "by peer: {by_peer}");
         drop(conn);
     }
+}
+
+/// A peer whose largest frame cannot carry this end's handshake proof and
+/// flags (control frames are never chunked) fails the handshake naming
+/// the sizes, instead of being sent a chunked control frame.
+#[test]
+fn a_peer_frame_too_small_for_the_handshake_fails_it() {
+    let mut cfg = local(TaskRole::Ps);
+    cfg.side = starwire_transport::Side::Acceptor;
+    cfg.flags = format!("model=wdl\nembedding-dim=8\nnote={}\n", "x".repeat(300)).into();
+    let mut conn = Connection::new(cfg, MAX_FRAME);
+    let mut scratch = Vec::new();
+    let small = (HEADER_LEN + 128) as u32;
+    let e = conn
+        .handle_frame(&hello_frame_of(8, small), &mut scratch)
+        .expect_err("refused");
+    assert!(
+        matches!(&e, ConnError::Handshake(m) if m.contains("cannot carry")),
+        "{e}"
+    );
+}
+
+/// A request that expires while still queued (here: before the handshake
+/// let anything leave) is taken out of the queue, its bytes given back,
+/// rather than sent later to a peer that would work for nobody.
+#[test]
+fn a_request_that_expires_queued_is_not_sent() {
+    let budget = starwire_transport::MemoryBudget::new(1 << 20);
+    let mut cfg = local(TaskRole::Worker);
+    cfg.budget = Some(budget.clone());
+    let mut conn = Connection::new(cfg, MAX_FRAME);
+    let t0 = Instant::now();
+    let deadline = t0 + std::time::Duration::from_millis(100);
+    let id = conn
+        .request(
+            Opcode::Rpc,
+            0,
+            Payload::from(vec![1u8; 1000]),
+            Some(deadline),
+        )
+        .expect("queued");
+    let queued = budget.used();
+    assert!(queued >= 1000, "{queued}");
+    conn.handle_timeout(deadline + std::time::Duration::from_millis(1));
+    let mut failed = false;
+    while let Some(ev) = conn.poll_event() {
+        failed |= matches!(
+            ev,
+            starwire_transport::Event::RequestFailed { id: i, .. } if i == id
+        );
+    }
+    assert!(failed, "the request did not fail at its deadline");
+    assert_eq!(budget.used(), 0, "the expired request is still queued");
 }

@@ -55,6 +55,22 @@ impl Connection {
             }
             _ => {}
         }
+        // Control frames are never chunked: this end's `Auth` (its flags
+        // included) must fit the peer's frame, or the peer would refuse it
+        // as a chunked control frame.
+        let auth_len = AuthMsg {
+            proof: [0; PROOF_LEN],
+            config: &self.cfg.flags,
+        }
+        .encoded_len();
+        if HEADER_LEN + auth_len > hello.max_frame_len as usize {
+            return Err(self.fatal(ConnError::Handshake(format!(
+                "peer's maximum frame of {} bytes cannot carry this end's handshake \
+                 ({} bytes with its training flags)",
+                hello.max_frame_len,
+                HEADER_LEN + auth_len
+            ))));
+        }
         self.max_frame_len = self.max_frame_len.min(hello.max_frame_len as usize);
         self.send_credit = self.send_credit.saturating_add(hello.initial_credits);
         self.peer_hello = Some(PeerHello {
