@@ -67,6 +67,17 @@ impl Backend {
         }
     }
 
+    /// Whether a bench server pins its end of a run to the server core:
+    /// all but the grpc baseline, whose tokio runtimes float (as in stock
+    /// gRPC).
+    pub fn server_pinned(self) -> bool {
+        match self {
+            #[cfg(feature = "grpc")]
+            Backend::Grpc => false,
+            _ => true,
+        }
+    }
+
     /// Whether a bench run may use several data connections
     /// (`--connections`): the starwire backends; the baselines use one.
     pub fn multi_connection(self) -> bool {

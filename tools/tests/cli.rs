@@ -8,7 +8,9 @@ use serde_json::Value;
 
 mod common;
 
-use common::{json_lines, num, run, run_with, text, BIN};
+use common::{
+    bare, free_port, json_lines, num, run, run_with, stderr_lines, text, wait, wait_for, BIN,
+};
 
 const CONTRACT: &[&str] = &[
     "backend",
@@ -537,6 +539,76 @@ fn two_processes_over_loopback() {
     assert!(term.success());
     let status = server.wait().expect("server ends on SIGTERM");
     assert!(!status.success());
+}
+
+#[test]
+fn a_listen_hosts_own_cores_are_the_server_core_reported() {
+    // The client's plan puts the server on core 0; the server host pins to
+    // its own core 1 (`--cores 0,1`), and the results must say so.
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut server = bare(&["bench", "--listen", &addr, "--one-off", "--cores", "0,1"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn server");
+    let err = stderr_lines(&mut server);
+    wait_for(&err, "waiting for a client", Duration::from_secs(20));
+    let out = run(&[
+        "bench",
+        "--connect",
+        &addr,
+        "--cores",
+        "0,0",
+        "--polling",
+        "off",
+        "--backends",
+        "raw,tcp",
+        "--mode",
+        "lat,rate",
+        "--sizes",
+        "64",
+        "--iters",
+        "30",
+        "--json",
+    ]);
+    let lines = json_lines(&out);
+    assert_eq!(lines.len(), 4);
+    for v in &lines {
+        check_line(v);
+        assert_eq!(v["client_core"], 0, "{v}");
+        assert_eq!(v["server_core"], 1, "{v}");
+    }
+    assert!(wait(&mut server, Duration::from_secs(30)).success());
+}
+
+#[test]
+fn bench_without_warmup_measures_every_iteration_after_the_handshake() {
+    // The starwire backends start the clock of a run without warm-up once
+    // its connections are established; every requested iteration is
+    // measured, and the run completes on every mode.
+    let out = run(&[
+        "bench",
+        "--backends",
+        "raw,tcp",
+        "--mode",
+        "lat,rate,bw,fuse",
+        "--sizes",
+        "64",
+        "--iters",
+        "25",
+        "--warmup",
+        "0",
+        "--polling",
+        "off",
+        "--json",
+    ]);
+    let lines = json_lines(&out);
+    // raw has no fuse mode.
+    assert_eq!(lines.len(), 7);
+    for v in &lines {
+        check_line(v);
+        assert_eq!(v["iters"], 25, "{v}");
+    }
 }
 
 #[test]

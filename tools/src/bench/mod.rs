@@ -2,9 +2,10 @@
 //!
 //! Every run goes through the same control protocol, also over loopback:
 //! the client sends the [`Plan`] as one JSON line, and for every [`Run`] the
-//! server opens a data listener, answers `{"ready":{"port":P}}`, serves the
-//! run's data connections until the client closes them, and answers
-//! `{"done":...}`. Data connections are made by the session layer: the
+//! server opens a data listener, answers
+//! `{"ready":{"port":P,"server_core":C}}` (C: the core its end is pinned
+//! to), serves the run's data connections until the client closes them,
+//! and answers `{"done":...}`. Data connections are made by the session layer: the
 //! client dials each ([`dial`], the preamble for shard 0, the server's one
 //! reactor), and an [`Acceptor`] on the data listener reads the preamble
 //! and hands the stream on. Without `--listen`/`--connect` the server side
@@ -66,7 +67,7 @@ pub struct BenchArgs {
     pub all_sizes: bool,
     /// Rate and bw: the server echoes each request, so the payload flows
     /// both ways at once and Gb/s counts both (perftest's -b); lat is
-    /// always both ways.
+    /// always an echo (its Gb/s counts the payload one way).
     #[arg(long)]
     pub bidirectional: bool,
     /// Report rate and round trips every SECS seconds of each run, on
@@ -360,10 +361,14 @@ fn drive(
             continue;
         }
         progress.begin(&run.progress_msg());
-        let port = match recv_within::<ServerMsg>(&mut r, PROMPT_TIMEOUT)
+        // The server says which core its end is pinned to (a --listen
+        // host's own --cores wins over the plan's); an older one does not.
+        let (port, server_core) = match recv_within::<ServerMsg>(&mut r, PROMPT_TIMEOUT)
             .map_err(|e| format!("bench server: {e}"))?
         {
-            ServerMsg::Ready { port } => port,
+            ServerMsg::Ready { port, server_core } => {
+                (port, server_core.unwrap_or(plan.server_core))
+            }
             ServerMsg::Error(e) => return Err(format!("bench server: {e}")),
             other => return Err(format!("bench server: unexpected {other:?}")),
         };
@@ -432,6 +437,7 @@ fn drive(
         };
         let m = measured?;
         let mut line = result_line(plan, run, &m);
+        line.server_core = server_core;
         line.cpu_pct = cpu_pct;
         line.server_cpu_pct = server_cpu_pct.filter(|_| !opts.loopback);
         if let Some(p) = &m.packets {

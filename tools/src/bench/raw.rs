@@ -18,7 +18,8 @@ use super::{Measured, Mode, Run};
 const HDR: usize = 8;
 const OP_ECHO: u32 = 1;
 const OP_ACK: u32 = 2;
-const RX_BUF: usize = 256 << 10;
+/// The smallest receive buffer of an end (see [`rx_buf_len`]).
+const MIN_RX_BUF: usize = 256 << 10;
 const MAX_IOV: usize = 64;
 
 fn pin(core: Option<usize>) -> Result<(), String> {
@@ -36,6 +37,17 @@ fn setup(stream: &TcpStream, polling: bool) -> Result<(), String> {
         .map_err(|e| format!("raw socket setup: {e}"))
 }
 
+/// The receive buffer of either end of `run`: two of the plan's largest
+/// frames (header included), as the starwire tcp ends get two of theirs
+/// (`sessions::tcp_config`'s `rx_buffer_len`), so that one `recv` can take
+/// a whole message at any size; at least [`MIN_RX_BUF`].
+pub(super) fn rx_buf_len(run: &Run) -> usize {
+    run.max_size
+        .saturating_add(HDR)
+        .saturating_mul(2)
+        .max(MIN_RX_BUF)
+}
+
 fn header(len: usize, op: u32) -> [u8; HDR] {
     let mut h = [0u8; HDR];
     h[..4].copy_from_slice(&(len as u32).to_le_bytes());
@@ -43,22 +55,33 @@ fn header(len: usize, op: u32) -> [u8; HDR] {
     h
 }
 
-/// The echo/ack server of one data connection, on its own thread pinned to
-/// `core`; returns when the client closes.
-pub fn serve(stream: TcpStream, core: Option<usize>, polling: bool) -> Result<(), String> {
+/// The echo/ack server of one data connection of `run`, on its own thread
+/// pinned to `core`; returns when the client closes.
+pub fn serve(
+    stream: TcpStream,
+    run: &Run,
+    core: Option<usize>,
+    polling: bool,
+) -> Result<(), String> {
+    let rx_len = rx_buf_len(run);
     std::thread::Builder::new()
         .name("raw-server".into())
-        .spawn(move || serve_here(stream, core, polling))
+        .spawn(move || serve_here(stream, rx_len, core, polling))
         .map_err(|e| e.to_string())?
         .join()
         .map_err(|_| "raw server thread panicked".to_owned())?
 }
 
-fn serve_here(mut s: TcpStream, core: Option<usize>, polling: bool) -> Result<(), String> {
+fn serve_here(
+    mut s: TcpStream,
+    rx_len: usize,
+    core: Option<usize>,
+    polling: bool,
+) -> Result<(), String> {
     pin(core)?;
     setup(&s, polling)?;
-    let mut rx = vec![0u8; RX_BUF];
-    let mut out: Vec<u8> = Vec::with_capacity(RX_BUF);
+    let mut rx = vec![0u8; rx_len];
+    let mut out: Vec<u8> = Vec::with_capacity(rx_len);
     let mut out_at = 0usize;
     let mut hdr = [0u8; HDR];
     let mut hdr_have = 0usize;
@@ -162,7 +185,7 @@ fn client_here(
     let mut req = Vec::with_capacity(HDR + run.size);
     req.extend_from_slice(&header(run.size, op));
     req.extend((0..run.size).map(|i| i as u8));
-    let mut rx = vec![0u8; RX_BUF];
+    let mut rx = vec![0u8; rx_buf_len(run)];
     let duration = run.duration();
     let total = run.warmup + run.iters;
     let mut rtts = Rtts::new();
@@ -284,4 +307,45 @@ fn client_here(
         rtts,
         ..Measured::default()
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::Plan;
+    use super::*;
+    use crate::backend::Backend;
+
+    fn run_of(sizes: Vec<usize>) -> Run {
+        let p = Plan {
+            backends: vec![Backend::Raw],
+            modes: vec![Mode::Lat],
+            sizes,
+            inflight: None,
+            iters: Some(10),
+            duration_s: None,
+            warmup: None,
+            tensors: 1,
+            repeat: 1,
+            polling: true,
+            client_core: None,
+            server_core: None,
+            connections: 1,
+            interval_s: None,
+            bidirectional: false,
+            cpu_util: false,
+        };
+        p.runs().remove(0)
+    }
+
+    #[test]
+    fn the_receive_buffer_holds_two_of_the_plans_largest_messages() {
+        // Small plans keep the floor.
+        assert_eq!(rx_buf_len(&run_of(vec![64, 4096])), MIN_RX_BUF);
+        // Every run of a plan is sized by its largest message, whole.
+        let big = run_of(vec![64, 1 << 20]);
+        assert_eq!(big.size, 64);
+        assert_eq!(rx_buf_len(&big), 2 * ((1 << 20) + HDR));
+        let max = run_of(vec![super::super::MAX_SIZE]);
+        assert!(rx_buf_len(&max) >= 2 * (max.size + HDR));
+    }
 }

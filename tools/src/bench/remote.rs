@@ -11,6 +11,16 @@ use super::*;
 pub(super) enum ServerMsg {
     Ready {
         port: u16,
+        /// The core the server's end of the run is pinned to: its own
+        /// `--cores` (a `--listen` host's) before the plan's, `null` when
+        /// it is not pinned (the grpc baseline's server). Absent from an
+        /// older server: the client then reports the plan's.
+        #[serde(
+            default,
+            skip_serializing_if = "Option::is_none",
+            deserialize_with = "present"
+        )]
+        server_core: Option<Option<usize>>,
     },
     Done {
         ok: bool,
@@ -23,6 +33,15 @@ pub(super) enum ServerMsg {
         datagram: Option<packets::DatagramCounters>,
     },
     Error(String),
+}
+
+/// A field that may be absent (`None`), `null` (`Some(None)`) or set.
+fn present<'de, D, T>(d: D) -> Result<Option<Option<T>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Option::<T>::deserialize(d).map(Some)
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -292,7 +311,8 @@ pub(super) fn serve(
         let data = TcpListener::bind(SocketAddr::new(ip, 0))
             .map_err(|e| format!("binding a data listener on {ip}: {e}"))?;
         let port = data.local_addr().map_err(|e| e.to_string())?.port();
-        send_line(&mut w, &ServerMsg::Ready { port })?;
+        let server_core = Some(core.filter(|_| run.backend.server_pinned()));
+        send_line(&mut w, &ServerMsg::Ready { port, server_core })?;
         // getrusage(2) of this process does not fail; were it to, the run
         // goes on without the figure rather than break the protocol.
         let cpu = plan.cpu_util.then(CpuMeter::start).and_then(Result::ok);
@@ -307,7 +327,7 @@ pub(super) fn serve(
         let res: Result<Option<packets::DatagramCounters>, String> = match run.backend {
             Backend::Raw => accept_one(data)
                 .and_then(|s| auth::accept(&s, auth::Purpose::Raw).map(|()| s))
-                .and_then(|s| raw::serve(s, core, plan.polling))
+                .and_then(|s| raw::serve(s, &run, core, plan.polling))
                 .map(|()| None),
             Backend::Tcp => tcp_driver(&run)
                 .and_then(|d| sessions::serve(d, data, want, &run, core, idle))
@@ -507,12 +527,22 @@ mod tests {
     #[test]
     fn lines_come_one_at_a_time_and_a_cut_one_is_a_close() {
         let mut text = Vec::new();
-        send_line(&mut text, &ServerMsg::Ready { port: 7 }).unwrap();
+        send_line(
+            &mut text,
+            &ServerMsg::Ready {
+                port: 7,
+                server_core: Some(Some(2)),
+            },
+        )
+        .unwrap();
         send_line(&mut text, &ClientHello { plan: plan() }).unwrap();
         text.extend_from_slice(b"{\"ready\":");
         let mut r = BufReader::new(ByteByByte(&text));
         match recv_line::<ServerMsg, _>(&mut r) {
-            Ok(ServerMsg::Ready { port: 7 }) => {}
+            Ok(ServerMsg::Ready {
+                port: 7,
+                server_core: Some(Some(2)),
+            }) => {}
             other => panic!("{other:?}"),
         }
         let hello: ClientHello = recv_line(&mut r).unwrap();
@@ -526,6 +556,33 @@ mod tests {
             matches!(bad, Err(ControlError::Malformed { .. })),
             "{bad:?}"
         );
+    }
+
+    #[test]
+    fn a_ready_tells_a_pinned_core_an_unpinned_end_and_an_older_server_apart() {
+        let ready = |line: &[u8]| match recv_line::<ServerMsg, _>(&mut Cursor::new(line)) {
+            Ok(ServerMsg::Ready {
+                port: 9,
+                server_core,
+            }) => server_core,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            ready(b"{\"ready\":{\"port\":9,\"server_core\":3}}\n"),
+            Some(Some(3))
+        );
+        assert_eq!(
+            ready(b"{\"ready\":{\"port\":9,\"server_core\":null}}\n"),
+            Some(None)
+        );
+        assert_eq!(ready(b"{\"ready\":{\"port\":9}}\n"), None);
+        let mut out = Vec::new();
+        let unpinned = ServerMsg::Ready {
+            port: 9,
+            server_core: Some(None),
+        };
+        send_line(&mut out, &unpinned).unwrap();
+        assert_eq!(out, b"{\"ready\":{\"port\":9,\"server_core\":null}}\n");
     }
 
     #[test]
@@ -709,7 +766,10 @@ mod tests {
             send_line(&mut valid, &ClientHello { plan: p.clone() }).unwrap();
         }
         for m in [
-            ServerMsg::Ready { port: 40000 },
+            ServerMsg::Ready {
+                port: 40000,
+                server_core: Some(None),
+            },
             ServerMsg::Done {
                 ok: false,
                 error: Some("server connection: reset".into()),

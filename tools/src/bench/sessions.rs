@@ -698,14 +698,25 @@ impl<D: Driver> Service<D> for LoadGen {
         }
     }
 
-    /// The first turn starts the run on every connection (attached before
-    /// the reactor started); the turn after the run completed closes them.
+    /// The first turn that finds every connection (attached before the
+    /// reactor started) established starts the run on all of them, and
+    /// with `--warmup 0` the measured window: the handshakes are set-up,
+    /// as the raw and grpc baselines connect before their clocks start.
+    /// The turn after the run completed closes them.
     fn poll(&mut self, sessions: &mut Sessions<D>, now: Instant) -> bool {
         let Self { ids, st } = self;
         if st.closed {
             return false;
         }
-        if !st.kicked {
+        if !st.kicked && !st.complete {
+            // A connection that fails before its handshake completes ends
+            // the run (`on_closed`), so this wait ends too.
+            let established = ids
+                .iter()
+                .all(|&id| sessions.conn(id).is_some_and(|c| c.is_established()));
+            if !established {
+                return false;
+            }
             st.kicked = true;
             if st.run.warmup == 0 {
                 st.start_measuring(now);
