@@ -784,8 +784,8 @@ pub struct PlaceArgs {
     /// a sample of the training data, as `train` does).
     #[arg(long, default_value = "zipf")]
     pub model: String,
-    /// Variables of the zipf model.
-    #[arg(long, default_value_t = 32)]
+    /// Variables of the zipf model (1 to 1,000,000).
+    #[arg(long, default_value_t = 32, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
     pub vars: usize,
     /// Zipf exponent of the sizes (a finite number above 0).
     #[arg(long, default_value_t = 1.1, value_parser = positive_f64)]

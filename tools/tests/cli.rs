@@ -992,6 +992,9 @@ fn place_refuses_a_zipf_exponent_that_is_not_a_finite_positive_number() {
     for v in ["nan", "inf", "0", "-1.1"] {
         usage_error_naming(&["place", &format!("--zipf={v}")], "--zipf");
     }
+    for v in ["0", "1000001", "18446744073709551615"] {
+        usage_error_naming(&["place", "--vars", v], "--vars");
+    }
 }
 
 #[test]
@@ -1047,6 +1050,7 @@ fn soak_refuses_unbounded_durations_and_zero_counts() {
         ("--drain", "nan"),
         ("--drain", "-1"),
         ("--inflight", "0"),
+        ("--inflight", "65537"),
         ("--client-reactors", "0"),
         ("--server-reactors", "0"),
     ] {
@@ -1054,6 +1058,9 @@ fn soak_refuses_unbounded_durations_and_zero_counts() {
             &["soak", "--connections", "1", &format!("{flag}={value}")],
             flag,
         );
+    }
+    for value in ["0", "513", "100000000"] {
+        usage_error_naming(&["soak", "--connections", value], "--connections");
     }
 }
 

@@ -224,13 +224,13 @@ impl Plan {
 pub(super) const MAX_SIZE: usize = (256 << 20) - 4096;
 /// Most data connections per run: each is a socket at both ends of a
 /// loopback run, and an io_uring ring registers at most 1024 files.
-pub(super) const MAX_CONNECTIONS: usize = 512;
+pub(crate) const MAX_CONNECTIONS: usize = 512;
 /// Most outstanding messages per connection (`--inflight`) and tensors per
 /// fuse step (`--tensors`): either becomes a connection's credit window, a
 /// `u32` of frames, and the client keeps one slot or tensor for each; 64 Ki
 /// is far past perftest's deepest queues and the 100 tensors of a DeepRec
 /// step.
-pub(super) const MAX_INFLIGHT: usize = 1 << 16;
+pub(crate) const MAX_INFLIGHT: usize = 1 << 16;
 /// See [`MAX_INFLIGHT`].
 pub(super) const MAX_TENSORS: usize = 1 << 16;
 /// Most runs in a plan (modes x sizes x repeat x backends): the server

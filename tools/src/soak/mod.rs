@@ -38,7 +38,7 @@ use starwire_transport::{
 };
 
 use crate::bench::sessions::conn_config;
-use crate::bench::MAX_SECONDS;
+use crate::bench::{MAX_CONNECTIONS, MAX_INFLIGHT, MAX_SECONDS};
 use crate::failure::at_least_one;
 use crate::metrics::{SoakCells, SoakCounts};
 use crate::progress::{Progress, Unit};
@@ -567,8 +567,19 @@ fn stop_servers<D: SoakDriver>(
 
 /// The checks across `soak`'s flags (usage errors).
 pub(crate) fn validate(args: &SoakArgs) -> Result<(), String> {
-    if args.connections == 0 {
-        return Err("--connections must be at least 1".into());
+    // Bounded as bench's: each connection is a socket at both ends, and
+    // each in-flight request a slot and a credit of its window.
+    if args.connections == 0 || args.connections > MAX_CONNECTIONS {
+        return Err(format!(
+            "--connections {}: expected 1 to {MAX_CONNECTIONS}",
+            args.connections
+        ));
+    }
+    if args.inflight > MAX_INFLIGHT {
+        return Err(format!(
+            "--inflight {}: at most {MAX_INFLIGHT}",
+            args.inflight
+        ));
     }
     // Bounded as bench's --duration: the seconds become `Duration`s,
     // which a huge or non-finite number cannot be.
