@@ -9,8 +9,10 @@
 //! Adam's bias correction is per row for embeddings: each row carries its own
 //! step count `t`, incremented when the row is updated, so a row updated for
 //! the first time at global step 10 000 gets the same first update as a row
-//! updated at step 1 (this is the "lazy Adam" of TensorFlow/DeepRec). Dense
-//! variables have one step count per variable. `t` is saved in checkpoints.
+//! updated at step 1. TensorFlow's LazyAdam and DeepRec's sparse Adam differ:
+//! they update only the touched rows too, but bias-correct with the
+//! variable's global count of applies. Dense variables have one step count
+//! per variable. `t` is saved in checkpoints.
 
 use serde::{Deserialize, Serialize};
 
@@ -284,11 +286,17 @@ impl OptimizerConfig {
                     *w -= lr_t * *m / (v.sqrt() + eps);
                 }
             }
+            // FTRL's weight is a function of its slots, not a step from
+            // the last weight: a smaller alpha for one push would shrink the
+            // row's whole weight for that push. The warm-up and staleness
+            // factors scale the push's gradient instead, with alpha the
+            // base rate.
             OptimizerKind::Ftrl => ftrl::Ftrl {
-                alpha: lr,
+                alpha: self.lr,
                 beta: self.ftrl_beta,
                 l1: self.l1,
                 l2: self.l2,
+                scale: if self.lr > 0.0 { lr / self.lr } else { 1.0 },
             }
             .apply(w, slots, g),
             OptimizerKind::AdagradDecay => adagrad_decay::AdagradDecay {
@@ -320,6 +328,36 @@ pub struct Pulled<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A stale push on FTRL moves a row by its (scaled) gradient, not by
+    /// rescaling the row's weight: after 20 fresh pushes, a tiny stale one
+    /// barely moves the weight (scaling alpha made it 0.187 from 0.749).
+    #[test]
+    fn a_stale_ftrl_push_scales_its_gradient_not_the_weight() {
+        let mut o = OptimizerConfig::with_kind(OptimizerKind::Ftrl, 0.1);
+        o.staleness_lr = StalenessLr::Linear;
+        o.l1 = 0.0;
+        o.l2 = 0.0;
+        o.ftrl_beta = 0.0;
+        let mut w = [0.0f32];
+        let mut slots = [0.0f32; 2];
+        o.init_slots(&mut slots);
+        for t in 1..=20 {
+            o.apply(&mut w, &mut slots, &[-1.0], t, t);
+        }
+        let before = w[0];
+        assert!(before > 0.5, "{before}");
+        let pulled = Pulled {
+            staleness: Some(4),
+            values: None,
+        };
+        o.apply_stale(&mut w, &mut slots, &[1e-3], 21, 21, pulled);
+        assert!(
+            (w[0] - before).abs() < 0.01 * before,
+            "{before} -> {}",
+            w[0]
+        );
+    }
 
     #[test]
     fn sgd_step() {

@@ -18,13 +18,18 @@
 //! function of the slots, so a row's initial value only enters through the
 //! first `sigma * w`.
 
-/// FTRL's hyper-parameters.
+/// FTRL's hyper-parameters, and `scale`, the factor of this push's
+/// gradient (the warm-up's and the staleness rule's, 1 for a fresh push
+/// after the warm-up): they scale the gradient, not `alpha`, because the
+/// weight is a function of the slots and a smaller `alpha` would shrink
+/// the weight itself.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Ftrl {
     pub alpha: f32,
     pub beta: f32,
     pub l1: f32,
     pub l2: f32,
+    pub scale: f32,
 }
 
 impl Ftrl {
@@ -37,6 +42,7 @@ impl Ftrl {
         let inv_alpha = 1.0 / self.alpha;
         let l2x2 = 2.0 * self.l2;
         for (((w, a), z), &g) in w.iter_mut().zip(acc.iter_mut()).zip(z.iter_mut()).zip(g) {
+            let g = g * self.scale;
             let a_new = *a + g * g;
             let sqrt_new = a_new.sqrt();
             let sigma = (sqrt_new - a.sqrt()) * inv_alpha;
@@ -60,6 +66,7 @@ mod tests {
         beta: 1.0,
         l1: 0.1,
         l2: 0.05,
+        scale: 1.0,
     };
 
     #[test]
@@ -96,6 +103,7 @@ mod tests {
             beta: 1.0,
             l1: 0.0,
             l2: 0.0,
+            scale: 1.0,
         };
         let mut w = [0.0f32];
         let mut s = [0.1f32, 0.0];
