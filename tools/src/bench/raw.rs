@@ -30,10 +30,20 @@ fn pin(core: Option<usize>) -> Result<(), String> {
     Ok(())
 }
 
+/// The socket settings of a raw end: those the starwire stream backends
+/// give theirs (no Nagle; over loopback, the send buffer capped at
+/// `DEFAULT_LOOPBACK_SEND_BUFFER`), so the baseline differs from them only
+/// in what runs above the socket.
 fn setup(stream: &TcpStream, polling: bool) -> Result<(), String> {
     stream
         .set_nodelay(true)
         .and_then(|()| stream.set_nonblocking(polling))
+        .and_then(|()| {
+            starwire_transport::socket::cap_loopback_send_buffer(
+                stream,
+                starwire_transport::socket::DEFAULT_LOOPBACK_SEND_BUFFER,
+            )
+        })
         .map_err(|e| format!("raw socket setup: {e}"))
 }
 
