@@ -128,7 +128,57 @@ macro_rules! on_sock {
     };
 }
 
-/// Queue an SQE. Returns false when the submission queue is full.
+/// The io-uring crate's ring, with the count of its requests in flight.
+///
+/// Every SQE is queued by [`push`], which counts it as it is queued: the
+/// crate makes each pushed SQE visible to the kernel when `push` returns,
+/// and under SQPOLL the kernel thread takes it from then on, without an
+/// enter of ours, so counting what an enter submitted missed the SQEs the
+/// thread had already taken. A request leaves the count with its last
+/// completion ([`completed`](Self::completed)), so the count is exact
+/// whatever the kernel thread does. SQEs queued and not yet submitted are
+/// counted too: for a ring without SQPOLL, those still in the SQ
+/// (`SubmissionQueue::len`) are the ones the kernel does not hold.
+///
+/// It dereferences to the `IoUring` for entering, registering and reaping;
+/// nothing outside [`push`] pushes to its submission queue.
+pub(crate) struct Uring {
+    ring: IoUring,
+    in_flight: u64,
+}
+
+impl Uring {
+    pub(crate) fn new(ring: IoUring) -> Self {
+        Self { ring, in_flight: 0 }
+    }
+
+    /// Requests queued whose last completion has not been reaped.
+    pub(crate) fn in_flight(&self) -> u64 {
+        self.in_flight
+    }
+
+    /// A request's last completion (one without `IORING_CQE_F_MORE`) was
+    /// reaped.
+    pub(crate) fn completed(&mut self) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+    }
+}
+
+impl std::ops::Deref for Uring {
+    type Target = IoUring;
+    fn deref(&self) -> &IoUring {
+        &self.ring
+    }
+}
+
+impl std::ops::DerefMut for Uring {
+    fn deref_mut(&mut self) -> &mut IoUring {
+        &mut self.ring
+    }
+}
+
+/// Queue an SQE and count it in flight. Returns false when the submission
+/// queue is full.
 ///
 /// # Safety
 /// Every buffer `e` names stays valid for the access the kernel makes
@@ -136,22 +186,21 @@ macro_rules! on_sock {
 /// completion is reaped, and nothing else writes memory the kernel reads
 /// or touches memory the kernel writes meanwhile; where the ring may go
 /// first, the memory is leaked rather than freed (`Ring`'s `Drop`).
-unsafe fn push(ring: &mut IoUring, e: &squeue::Entry) -> bool {
+unsafe fn push(ring: &mut Uring, e: &squeue::Entry) -> bool {
     // SAFETY: the caller keeps what `e` names alive and unshared until its
     // completion (this function's contract, which is the io-uring crate's).
-    unsafe { ring.submission().push(e).is_ok() }
+    let queued = unsafe { ring.ring.submission().push(e).is_ok() };
+    // Counted now: the submission queue dropped above published the SQE,
+    // and a kernel thread (SQPOLL) may already have taken it.
+    ring.in_flight += u64::from(queued);
+    queued
 }
 
 /// Arm a multishot receive with buffer selection from group `bgid`.
 ///
 /// Safe: the receive writes only into provided buffers, which were lent to
 /// the kernel by [`BufRing::add`] under that function's contract.
-pub(crate) fn push_recv_multishot(
-    ring: &mut IoUring,
-    sock: Sock,
-    bgid: u16,
-    user_data: u64,
-) -> bool {
+pub(crate) fn push_recv_multishot(ring: &mut Uring, sock: Sock, bgid: u16, user_data: u64) -> bool {
     let e = on_sock!(sock, |t| opcode::RecvMulti::new(t, bgid).build());
     // SAFETY: the entry names no memory of the caller's: the kernel picks
     // a buffer of group `bgid`, each of which `BufRing::add`'s caller
@@ -183,7 +232,7 @@ pub(crate) enum RecvWait {
 /// is leaked (module documentation, "Direct receives" and "Own receive
 /// buffers").
 pub(crate) unsafe fn push_recv_into(
-    ring: &mut IoUring,
+    ring: &mut Uring,
     sock: Sock,
     ptr: *mut u8,
     len: u32,
@@ -229,7 +278,7 @@ pub(crate) unsafe fn commit_received(v: &mut Vec<u8>, n: usize) -> bool {
 /// until the read's completion is reaped, or is leaked if the ring may go
 /// with the read outstanding (module documentation, "Eventfd drains").
 pub(crate) unsafe fn push_read_u64(
-    ring: &mut IoUring,
+    ring: &mut Uring,
     fd: RawFd,
     buf: *mut u64,
     user_data: u64,
@@ -247,7 +296,7 @@ pub(crate) unsafe fn push_read_u64(
 }
 
 /// Queue a one-shot poll for readability (or hang-up) of `fd`.
-pub(crate) fn push_poll_in(ring: &mut IoUring, sock: Sock, user_data: u64) -> bool {
+pub(crate) fn push_poll_in(ring: &mut Uring, sock: Sock, user_data: u64) -> bool {
     let mask = (libc::POLLIN | libc::POLLRDHUP) as u32;
     let e = on_sock!(sock, |t| opcode::PollAdd::new(t, mask).build());
     // SAFETY: a poll names no memory.
@@ -278,7 +327,7 @@ pub(crate) enum SendKind {
 /// outstanding, all of it is leaked (module documentation, "Send
 /// buffers").
 pub(crate) unsafe fn push_send(
-    ring: &mut IoUring,
+    ring: &mut Uring,
     sock: Sock,
     msg: &SendMsg,
     kind: SendKind,
@@ -340,7 +389,7 @@ pub(crate) fn set_file_slot(ring: &IoUring, slot: u32, fd: RawFd) -> std::io::Re
 }
 
 /// Queue a cancellation of every request with `target` user data.
-pub(crate) fn push_cancel(ring: &mut IoUring, target: u64, user_data: u64) -> bool {
+pub(crate) fn push_cancel(ring: &mut Uring, target: u64, user_data: u64) -> bool {
     let e = opcode::AsyncCancel::new(target)
         .build()
         .user_data(user_data);
@@ -349,7 +398,7 @@ pub(crate) fn push_cancel(ring: &mut IoUring, target: u64, user_data: u64) -> bo
 }
 
 /// Queue a cancellation of every request on the ring.
-pub(crate) fn push_cancel_all(ring: &mut IoUring, user_data: u64) -> bool {
+pub(crate) fn push_cancel_all(ring: &mut Uring, user_data: u64) -> bool {
     let e = opcode::AsyncCancel2::new(types::CancelBuilder::any())
         .build()
         .user_data(user_data);

@@ -238,7 +238,8 @@ impl<T> Drop for KernelMem<T> {
 pub(crate) struct Ring {
     // Field order is drop order: the ring goes before the memory it
     // references.
-    ring: IoUring,
+    /// With the count of requests in flight (`sys::Uring`).
+    ring: sys::Uring,
     conns: Vec<Option<Conn>>,
     buf_ring: KernelMem<BufRing>,
     rx_pool: KernelMem<BufPool>,
@@ -299,8 +300,6 @@ pub(crate) struct Ring {
     waker_gen: u64,
     /// That poll completed since the last park: the reactor was woken.
     waker_fired: bool,
-    /// SQEs whose completion has not been reaped.
-    outstanding: u64,
     /// Scratch of `reap`: (user data, result, flags) of completions.
     cqe_batch: Vec<(u64, i32, u32)>,
     /// Scratch of `rx_burst`: receive buffers whose last chunk it consumed.
@@ -442,7 +441,7 @@ impl Ring {
         };
         let park_eventfd = defer.then(|| fd.as_raw_fd());
         let ring = Self {
-            ring,
+            ring: sys::Uring::new(ring),
             conns: Vec::new(),
             buf_ring: KernelMem::new(buf_ring),
             rx_pool: KernelMem::new(rx_pool),
@@ -471,7 +470,6 @@ impl Ring {
             waker_poll: None,
             waker_gen: 0,
             waker_fired: false,
-            outstanding: 0,
             cqe_batch: Vec::with_capacity(CQE_BATCH),
             rx_freed: Vec::new(),
             conn_cursor: 0,
@@ -498,7 +496,7 @@ impl Ring {
     pub(crate) fn prepare_poll_park(&mut self, park_fd: BorrowedFd<'_>) {
         if self.spin {
             // Submitted below, with nothing else: a poll takes no data.
-            self.push_park_polls();
+            self.arm_park_polls();
         } else if !self.rearm.is_empty() || !self.direct.is_empty() {
             // Receives completed by the last enter wait to be queued again
             // (a caller may park without another turn): queue them now,
@@ -613,6 +611,9 @@ impl Ring {
                 tracing::debug!(error = %e, slot, "uring: clearing a file-table slot failed");
             }
         }
+        // Nothing of the connection is in flight or queued any more: no
+        // SQE names its descriptor, which may close now (`remove_conn`).
+        drop(c.stream.take());
         for seg in std::mem::take(&mut c.queue) {
             if let TxSeg::Slot { id, .. } = seg {
                 unref_slot(&mut self.tx_pool, &mut self.slot_refs, &mut c, id);
@@ -733,6 +734,12 @@ impl Ring {
         self.conns[idx].as_ref().expect("live connection")
     }
 
+    /// Requests whose last completion has not been reaped.
+    #[cfg(test)]
+    pub(crate) fn in_flight(&self) -> u64 {
+        self.ring.in_flight()
+    }
+
     /// Report connection `idx` failed with `e`, once; the receive pass
     /// and the flush skip it from now on.
     pub(crate) fn fail(&mut self, idx: usize, e: TransportError) {
@@ -767,9 +774,12 @@ impl Ring {
         let id = ConnId::new(idx as u32);
         self.failures.retain(|(f, _)| *f != id);
         // Shut the socket down so the peer sees the end now and the armed
-        // receive completes; the file itself closes when the
-        // kernel drops its last reference.
-        if let Some(s) = c.stream.take() {
+        // receive completes. The descriptor stays open until the slot is
+        // freed (`drop_conn_memory`): an SQE queued and not yet submitted
+        // (the receive `add_conn` queued, say) may name it by number
+        // (`Sock::Fd`), and a number closed now could be another socket's
+        // by the next enter, whose bytes the receive would then take.
+        if let Some(s) = c.stream.as_ref() {
             let _ = s.shutdown(std::net::Shutdown::Both);
         }
         if c.recv_armed {
@@ -787,6 +797,21 @@ impl Ring {
     }
 }
 
+impl Ring {
+    /// Requests the kernel may hold: all those in flight under SQPOLL
+    /// (its thread takes queued SQEs at any time), else those in flight
+    /// less the SQEs still queued (only an enter submits them; a ring
+    /// never enabled holds none).
+    fn kernel_held(&mut self) -> u64 {
+        let in_flight = self.ring.in_flight();
+        if self.sqpoll {
+            in_flight
+        } else {
+            in_flight.saturating_sub(self.queued() as u64)
+        }
+    }
+}
+
 impl Drop for Ring {
     fn drop(&mut self) {
         // The registration holds a reference to the ring file: undo it on
@@ -799,7 +824,7 @@ impl Drop for Ring {
         }
         // Cancel what the kernel still holds and wait (bounded) for the
         // completions, so no request outlives the memory it points into.
-        if self.outstanding == 0 {
+        if self.kernel_held() == 0 {
             return;
         }
         let _ = sys::push_cancel_all(&mut self.ring, u64::MAX);
@@ -812,19 +837,24 @@ impl Drop for Ring {
                 // kernel cancels what is left when the ring closes.
                 break;
             }
-            while let Some(cqe) = self.ring.completion().next() {
-                if !cqueue::more(cqe.flags()) && cqe.user_data() != u64::MAX {
-                    self.outstanding = self.outstanding.saturating_sub(1);
+            loop {
+                let Some(cqe) = self.ring.completion().next() else {
+                    break;
+                };
+                // The cancellation's own completion too: it was counted
+                // when it was queued.
+                if !cqueue::more(cqe.flags()) {
+                    self.ring.completed();
                 }
                 if cqe.user_data() & 0xff == OP_EVENTFD {
                     self.eventfd_read_inflight = false;
                 }
             }
-            if self.outstanding == 0 {
+            if self.ring.in_flight() == 0 {
                 break;
             }
         }
-        if self.outstanding > 0 {
+        if self.kernel_held() > 0 {
             // Requests the kernel may still hold: a direct receive writes
             // into its connection's frame buffer, so leak those buffers
             // rather than free memory the kernel could write to.
@@ -876,5 +906,92 @@ mod testing {
         let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let (s, _) = l.accept().unwrap();
         (c, s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::{loopback_pair, rpc_frame};
+    use super::*;
+    use crate::UringDriver;
+    use std::io::{Read, Write};
+
+    /// The identity of the open file behind `fd`, or `None` when `fd` is
+    /// closed.
+    fn file_id(fd: RawFd) -> Option<(u64, u64)> {
+        let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+        // SAFETY: `st` is valid for the write of one `stat`; a closed
+        // `fd` is reported (EBADF), not used.
+        if unsafe { libc::fstat(fd, st.as_mut_ptr()) } != 0 {
+            let e = std::io::Error::last_os_error();
+            assert_eq!(e.raw_os_error(), Some(libc::EBADF), "fstat: {e}");
+            return None;
+        }
+        // SAFETY: `fstat` succeeded, so it filled `st`.
+        let st = unsafe { st.assume_init() };
+        Some((st.st_dev, st.st_ino))
+    }
+
+    /// A connection named by its descriptor (no file-table slot) detached
+    /// before its receive was submitted: the receive SQE names the
+    /// descriptor by number, so the socket stays open until the slot is
+    /// freed (after the enter that submits and ends that receive), and a
+    /// socket opened meanwhile can neither take that number nor lose its
+    /// bytes to the receive.
+    #[test]
+    fn a_detached_connection_keeps_its_descriptor_until_its_slot_is_freed() {
+        for recv in [RecvMode::Single, RecvMode::Multishot] {
+            let cfg = UringConfig {
+                recv,
+                ..UringConfig::default()
+            };
+            let mut d = UringDriver::new(&cfg).unwrap();
+            let r = d.ring_mut();
+            // No file table: the SQEs name the socket by descriptor.
+            r.file_slots = 0;
+            let (a, _peer) = loopback_pair();
+            let fd = a.as_raw_fd();
+            let id = file_id(fd).expect("open");
+            let idx = r.add_conn(a).unwrap();
+            assert_eq!(r.conn(idx).sock, Sock::Fd(fd), "{recv:?}");
+            assert!(r.queued() > 0, "{recv:?}: the receive is not submitted yet");
+            r.remove_conn(idx);
+            assert!(
+                r.conns[idx].is_some(),
+                "{recv:?}: freed with a receive queued"
+            );
+            assert_eq!(
+                file_id(fd),
+                Some(id),
+                "{recv:?}: the descriptor a queued SQE names was closed"
+            );
+            // Another connection's socket, opened while the SQE waits.
+            let (mut x, mut y) = loopback_pair();
+            assert!(
+                x.as_raw_fd() != fd && y.as_raw_fd() != fd,
+                "{recv:?}: the number was reused"
+            );
+            let frame = rpc_frame(7, 64);
+            y.write_all(&frame).unwrap();
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            while r.conns[idx].is_some() {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "{recv:?}: never freed"
+                );
+                r.end_turn().unwrap();
+            }
+            // Freed: the socket went with the slot (the number may have
+            // been taken by another thread's file since).
+            assert_ne!(
+                file_id(fd),
+                Some(id),
+                "{recv:?}: the socket outlived its slot"
+            );
+            // The other socket's bytes are all still there.
+            let mut got = vec![0u8; frame.len()];
+            x.read_exact(&mut got).unwrap();
+            assert_eq!(got, frame, "{recv:?}");
+        }
     }
 }

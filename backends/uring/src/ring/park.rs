@@ -30,12 +30,9 @@ impl Ring {
             self.enabled = true;
         }
         if self.spin {
-            // Readability polls, submitted by the park's own enter (a
+            // Readability polls, submitted by the park's own enter (each
             // full SQ is submitted first, then the rest are queued).
-            if self.push_park_polls() {
-                self.submit_queued();
-                self.push_park_polls();
-            }
+            self.arm_park_polls();
         } else {
             // Receives completed by the last enter go back in with this
             // one, or no data would end the park.
@@ -96,10 +93,7 @@ impl Ring {
         match r {
             // The count submitted: a wait that timed out after submitting
             // returns it too, so only the reap below tells the ends apart.
-            Ok(n) => {
-                self.stats.sqes += n as u64;
-                self.outstanding += n as u64;
-            }
+            Ok(n) => self.stats.sqes += n as u64,
             Err(e) if e.raw_os_error() == Some(libc::ETIME) => {}
             Err(e)
                 if e.raw_os_error() == Some(libc::EINTR)
@@ -158,6 +152,28 @@ impl Ring {
         let _ = nix::unistd::read(efd, &mut b);
         self.stats.eventfd_read_syscalls += 1;
         0
+    }
+
+    /// `RecvMode::Spin`, before a park: a readability poll for every
+    /// connection that has none ([`push_park_polls`](Self::push_park_polls)),
+    /// submitting the SQ each time it fills up, as often as that takes
+    /// (with more connections than SQ entries, once was not enough: the
+    /// connections past the second SQ's worth slept through their data).
+    /// The last SQEs stay queued for the caller to submit.
+    pub(super) fn arm_park_polls(&mut self) {
+        // Each pass after a submit resumes where the full SQ stopped the
+        // last one (`conn_cursor`) and arms at least one connection, as
+        // the submit made room: one pass per connection, and the one that
+        // finds them all armed, is the most it takes.
+        for _ in 0..=self.conns.len() {
+            if !self.push_park_polls() {
+                return;
+            }
+            if !self.submit_queued() {
+                break;
+            }
+        }
+        tracing::debug!("uring: no room in the SQ for every park poll");
     }
 
     /// `RecvMode::Spin`, before a park: queue a one-shot readability poll
@@ -265,6 +281,59 @@ mod tests {
             let mut pfds = [PollFd::new(fds[0], PollFlags::POLLIN)];
             let n = nix::poll::poll(&mut pfds, PollTimeout::from(5000u16)).unwrap();
             assert_eq!(n, 1, "{recv:?}: the poll slept through the data");
+        }
+    }
+
+    /// Spin mode with more connections than SQ entries: a park (in the
+    /// ring, or on the park descriptor) arms a readability poll for every
+    /// connection, submitting a full SQ as often as it takes; one
+    /// without would sleep through its data.
+    #[test]
+    fn a_park_polls_every_connection_of_a_small_sq() {
+        use nix::sys::eventfd::{EfdFlags, EventFd};
+        use std::os::fd::AsFd;
+        let n = 19;
+        for (in_ring, sqpoll) in [(false, false), (true, false), (false, true)] {
+            let cfg = UringConfig {
+                recv: RecvMode::Spin,
+                sq_entries: 4,
+                sqpoll_idle_ms: sqpoll.then_some(1000),
+                ..UringConfig::default()
+            };
+            let mut d = match UringDriver::new(&cfg) {
+                Ok(d) => d,
+                Err(e) if sqpoll => {
+                    println!("SQPOLL case skipped: no SQPOLL ring here ({e})");
+                    continue;
+                }
+                Err(e) => panic!("{e}"),
+            };
+            let mut peers = Vec::new();
+            for _ in 0..n {
+                let (a, b) = loopback_pair();
+                d.ring_mut().add_conn(a).unwrap();
+                peers.push(b);
+            }
+            // A turn first, as a reactor's: it enables the ring.
+            d.ring_mut().end_turn().unwrap();
+            let efd = EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK).unwrap();
+            if in_ring {
+                let waker = ParkWaker {
+                    fd: efd.as_fd(),
+                    id: 1,
+                };
+                d.ring_mut().prepare_park(waker).unwrap();
+            } else {
+                let mut fds = Vec::new();
+                d.wake_fds(&mut fds);
+            }
+            let r = d.ring_mut();
+            let armed = (0..r.conns_len()).filter(|&i| r.conn(i).poll_armed).count();
+            assert_eq!(
+                armed, n,
+                "in ring {in_ring}, SQPOLL {sqpoll}: connections left without a poll"
+            );
+            assert_eq!(r.stats.park_polls, n as u64, "{in_ring} {sqpoll}");
         }
     }
 }

@@ -5,7 +5,7 @@
 // buffers) and takes what it wrote (`sys::commit_received`).
 #![allow(unsafe_code)]
 
-use io_uring::{cqueue, IoUring};
+use io_uring::cqueue;
 use starwire_transport::TransportError;
 use starwire_wire::{Deframer, FrameError, Limits, NextFrame, HEADER_LEN};
 
@@ -85,7 +85,7 @@ enum OwnRecv {
 /// past the chunks received before it, and it is leaked if the ring goes
 /// with the receive outstanding.
 unsafe fn queue_own_recv(
-    ring: &mut IoUring,
+    ring: &mut sys::Uring,
     c: &mut Conn,
     idx: usize,
     own_len: usize,

@@ -2,7 +2,7 @@
 //! the plain submits a full SQ or a park needs, and the dispatch of
 //! completions to the connections.
 
-use io_uring::{cqueue, IoUring};
+use io_uring::cqueue;
 
 use super::op::{
     CONN_MASK, OP_EVENTFD, OP_POLL, OP_RECV, OP_RECV_DIRECT, OP_RECV_OWN, OP_SEND, OP_WAKER,
@@ -47,9 +47,9 @@ impl Ring {
         }
         if self.sqpoll && !wakeup && !taskrun && !overflow {
             // The kernel thread picks the SQEs up without a system call.
+            // (They were counted in flight when queued: `sys::push`.)
             self.ring.submission().sync();
             self.stats.sqes += pending as u64;
-            self.outstanding += pending as u64;
             return Ok(pending > spun);
         }
         let registered = self.registered_index();
@@ -77,7 +77,6 @@ impl Ring {
             match r {
                 Ok(n) => {
                     self.stats.sqes += n as u64;
-                    self.outstanding += n as u64;
                     // Spin receives alone are no work: a reactor whose
                     // turns only asked for data it did not get is idle and
                     // may park.
@@ -128,7 +127,7 @@ impl Ring {
 
     /// Queue an SQE with `push`; when the SQ is full, submit what is
     /// queued and try once more. Returns whether it was queued.
-    pub(super) fn push_or_submit(&mut self, push: impl Fn(&mut IoUring) -> bool) -> bool {
+    pub(super) fn push_or_submit(&mut self, push: impl Fn(&mut sys::Uring) -> bool) -> bool {
         if push(&mut self.ring) {
             return true;
         }
@@ -138,11 +137,15 @@ impl Ring {
     }
 
     /// Submit what is queued with a plain enter (no wait, no receives
-    /// added): room in a full SQ, or polls before a park.
-    pub(super) fn submit_queued(&mut self) {
+    /// added): room in a full SQ, or polls before a park. Returns false
+    /// when the enter failed (nothing was submitted).
+    pub(super) fn submit_queued(&mut self) -> bool {
         let pending = self.queued();
         if pending == 0 {
-            return;
+            return true;
+        }
+        if self.sqpoll {
+            return self.submit_queued_sqpoll(pending);
         }
         let registered = self.registered_index();
         self.stats.enters += 1;
@@ -150,9 +153,39 @@ impl Ring {
         match sys::enter(&self.ring, registered, pending as u32, 0) {
             Ok(n) => {
                 self.stats.sqes += n as u64;
-                self.outstanding += n as u64;
+                true
             }
-            Err(e) => tracing::debug!(error = %e, "uring: submitting a full SQ"),
+            Err(e) => {
+                tracing::debug!(error = %e, "uring: submitting a full SQ");
+                false
+            }
+        }
+    }
+
+    /// [`submit_queued`](Self::submit_queued) under SQPOLL: the kernel
+    /// thread takes what is queued, and an enter only wakes it when it
+    /// went to sleep (the crate adds `IORING_ENTER_SQ_WAKEUP` then; a
+    /// plain enter did nothing, and a full SQ stayed full). A full SQ is
+    /// waited on until the thread made room (`IORING_ENTER_SQ_WAIT`), as
+    /// the callers submit it for room.
+    fn submit_queued_sqpoll(&mut self, pending: usize) -> bool {
+        let full = self.ring.submission().is_full();
+        let r = self.ring.submit().and_then(|_| {
+            if full {
+                self.ring.submitter().squeue_wait()
+            } else {
+                Ok(0)
+            }
+        });
+        match r {
+            Ok(_) => {
+                self.stats.sqes += pending as u64;
+                true
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "uring: waking the SQPOLL thread failed");
+                false
+            }
         }
     }
 
@@ -194,7 +227,7 @@ impl Ring {
         let op = ud & 0xff;
         let more = cqueue::more(flags);
         if !more {
-            self.outstanding = self.outstanding.saturating_sub(1);
+            self.ring.completed();
         }
         match op {
             OP_RECV => self.complete_recv(idx, res, flags),
@@ -222,5 +255,59 @@ impl Ring {
             _ => {}
         }
         self.maybe_free(idx);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::loopback_pair;
+    use super::*;
+    use crate::{RecvMode, UringConfig, UringDriver};
+
+    /// `IORING_ENTER_SQ_WAKEUP`.
+    const SQ_WAKEUP: u32 = 1 << 1;
+
+    /// Under SQPOLL the kernel thread takes SQEs as they are pushed,
+    /// without an enter of the ring's: the in-flight count still holds
+    /// every armed receive, so the ring's `Drop` cancels and waits for
+    /// them (a count that reached 0 would free the provided buffers the
+    /// receives write into).
+    #[test]
+    fn sqpoll_counts_the_receives_the_kernel_thread_took() {
+        let cfg = UringConfig {
+            sqpoll_idle_ms: Some(1000),
+            recv: RecvMode::Multishot,
+            ..UringConfig::default()
+        };
+        let mut d = match UringDriver::new(&cfg) {
+            Ok(d) => d,
+            Err(e) => {
+                println!("skipped: no SQPOLL ring here ({e})");
+                return;
+            }
+        };
+        let r = d.ring_mut();
+        let mut peers = Vec::new();
+        let n = 4;
+        for _ in 0..n {
+            let (a, b) = loopback_pair();
+            let idx = r.add_conn(a).unwrap();
+            assert!(r.conn(idx).recv_armed);
+            peers.push(b);
+        }
+        // Let the kernel thread take the receives by itself (woken if it
+        // went to sleep), with no enter of the ring's own.
+        let fd = sys::EnterFd::new(&r.ring, None);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while r.queued() > 0 {
+            assert!(std::time::Instant::now() < deadline, "never taken");
+            if r.ring.submission().need_wakeup() {
+                sys::enter_raw(fd, 0, SQ_WAKEUP).unwrap();
+            }
+            std::thread::yield_now();
+        }
+        // A turn with nothing queued: nothing to add there.
+        r.end_turn().unwrap();
+        assert_eq!(r.in_flight(), n, "armed receives not counted");
     }
 }
