@@ -6,9 +6,9 @@
 //! Calls carry nothing more, so an authenticated connection costs what an
 //! open one does.
 
-use std::io::{self, Read, Write};
+use std::io;
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use starwire_transport::auth::stream::HELLO_LEN;
 use starwire_transport::auth::stream::{self, StreamAcceptor, StreamAuthError, StreamDialer};
@@ -85,7 +85,7 @@ pub(crate) async fn dial(s: &mut TcpStream, cfg: &GrpcConfig) -> Result<(), Stre
 
 /// Either end on a blocking socket that is already connected (the bench's
 /// data connection), within the handshake timeout (for the whole exchange,
-/// not per read); nothing without a token.
+/// not per read: [`stream::Deadline`]); nothing without a token.
 pub(crate) fn on_std(
     s: &std::net::TcpStream,
     server: bool,
@@ -95,15 +95,10 @@ pub(crate) fn on_std(
         return Ok(());
     };
     let t = cfg.handshake_timeout;
-    let mut d = Deadline {
-        s,
-        until: Instant::now() + t,
-        timeout: t,
-    };
     let r = if server {
-        stream::accept(&mut d, token, PURPOSE)
+        stream::accept(s, token, PURPOSE, t)
     } else {
-        stream::dial(&mut d, token, PURPOSE)
+        stream::dial(s, token, PURPOSE, t)
     };
     if server {
         if let Err(e) = &r {
@@ -111,55 +106,5 @@ pub(crate) fn on_std(
             tracing::warn!(%peer, "closed a gRPC connection before serving it: {e}");
         }
     }
-    r?;
-    s.set_read_timeout(None)?;
-    s.set_write_timeout(None)?;
-    Ok(())
-}
-
-/// A blocking socket whose reads and writes must all end by `until`: each
-/// waits at most the time left, so a peer trickling a byte at a time gets
-/// no more than `timeout` for the whole handshake.
-struct Deadline<'a> {
-    s: &'a std::net::TcpStream,
-    until: Instant,
-    timeout: Duration,
-}
-
-impl Deadline<'_> {
-    /// The time left, or the handshake's timeout error.
-    fn left(&self) -> io::Result<Duration> {
-        match self.until.checked_duration_since(Instant::now()) {
-            Some(d) if !d.is_zero() => Ok(d),
-            _ => Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                format!(
-                    "no proof of the cluster token within {} s",
-                    self.timeout.as_secs_f64()
-                ),
-            )),
-        }
-    }
-}
-
-impl Read for Deadline<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        self.s.set_read_timeout(Some(self.left()?))?;
-        match (&mut &*self.s).read(buf) {
-            // A read timeout is WouldBlock or TimedOut, by platform.
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Err(self.left().err().unwrap_or(e)),
-            r => r,
-        }
-    }
-}
-
-impl Write for Deadline<'_> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.s.set_write_timeout(Some(self.left()?))?;
-        (&mut &*self.s).write(buf)
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        (&mut &*self.s).flush()
-    }
+    r
 }

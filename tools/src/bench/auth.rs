@@ -30,7 +30,8 @@ impl Purpose {
     }
 }
 
-/// How long a peer may take to prove the token.
+/// How long a peer may take to prove the token: for the whole exchange,
+/// however it trickles it, not per read.
 const TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The server end: check the dialer's proof on `s`, if this process has a
@@ -40,16 +41,12 @@ pub(super) fn accept(s: &TcpStream, purpose: Purpose) -> Result<(), String> {
     let Some(token) = super::sessions::BENCH_TOKEN.get().cloned().flatten() else {
         return Ok(());
     };
-    let r = s
-        .set_read_timeout(Some(TIMEOUT))
-        .map_err(stream::StreamAuthError::Io)
-        .and_then(|()| stream::accept(&mut &*s, &token, purpose.label()));
-    if let Err(e) = r {
+    if let Err(e) = stream::accept(s, &token, purpose.label(), TIMEOUT) {
         let peer = s.peer_addr().map_or_else(|_| "?".into(), |a| a.to_string());
         tracing::warn!(%peer, "closed a {} connection before serving it: {e}", purpose.label());
         return Err(format!("{} connection from {peer}: {e}", purpose.label()));
     }
-    s.set_read_timeout(None).map_err(|e| e.to_string())
+    Ok(())
 }
 
 /// The client end: prove the token on `s` and check the server's, if this
@@ -58,15 +55,11 @@ pub(super) fn dial(s: &TcpStream, purpose: Purpose) -> Result<(), String> {
     let Some(token) = super::sessions::BENCH_TOKEN.get().cloned().flatten() else {
         return Ok(());
     };
-    s.set_read_timeout(Some(TIMEOUT))
-        .map_err(stream::StreamAuthError::Io)
-        .and_then(|()| stream::dial(&mut &*s, &token, purpose.label()))
-        .map_err(|e| {
-            format!(
-                "the bench server did not prove the cluster token on the {} connection \
-                 (does it have the same one?): {e}",
-                purpose.label()
-            )
-        })?;
-    s.set_read_timeout(None).map_err(|e| e.to_string())
+    stream::dial(s, &token, purpose.label(), TIMEOUT).map_err(|e| {
+        format!(
+            "the bench server did not prove the cluster token on the {} connection \
+             (does it have the same one?): {e}",
+            purpose.label()
+        )
+    })
 }

@@ -1,6 +1,6 @@
 //! The message layer: a sans-IO connection core.
 //!
-//! A [`Connection`] turns a [`Transport`] (reliable ordered frames) into
+//! A [`Connection`] turns a [`Transport`](crate::Transport) (reliable ordered frames) into
 //! reliable ordered *messages*: a handshake, request/response matching by
 //! request id, one-way sends, deadlines and cancellation, credit-based flow
 //! control, and chunking of messages longer than the backend's largest frame.

@@ -20,10 +20,16 @@
 //! proof for another.
 //!
 //! [`StreamDialer`] and [`StreamAcceptor`] hold no I/O: [`dial`] and
-//! [`accept`] drive them over a blocking stream; an async caller reads and
-//! writes the same fixed lengths itself.
+//! [`accept`] drive them over a blocking socket within one timeout for the
+//! whole exchange ([`Deadline`]), however the peer trickles it; an async
+//! caller reads and writes the same fixed lengths itself, under a timeout
+//! of its own for the whole exchange.
 
-use std::io::{Read, Write};
+use std::io::{self, Read, Write};
+use std::net::TcpStream;
+#[cfg(unix)]
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
 
 use starwire_wire::message::{NONCE_LEN, PROOF_LEN};
 use thiserror::Error;
@@ -151,9 +157,188 @@ impl StreamAcceptor {
     }
 }
 
+/// A blocking socket whose read and write timeouts can be set: what
+/// [`Deadline`] bounds each read and write of the exchange with.
+pub trait SocketTimeouts {
+    /// The socket's read timeout (`SO_RCVTIMEO`).
+    fn read_timeout(&self) -> io::Result<Option<Duration>>;
+    /// The socket's write timeout (`SO_SNDTIMEO`).
+    fn write_timeout(&self) -> io::Result<Option<Duration>>;
+    /// Set the read timeout: `None` waits for ever, zero is refused.
+    fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()>;
+    /// Set the write timeout: `None` waits for ever, zero is refused.
+    fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()>;
+}
+
+macro_rules! socket_timeouts {
+    ($t:ty) => {
+        impl SocketTimeouts for $t {
+            fn read_timeout(&self) -> io::Result<Option<Duration>> {
+                <$t>::read_timeout(self)
+            }
+            fn write_timeout(&self) -> io::Result<Option<Duration>> {
+                <$t>::write_timeout(self)
+            }
+            fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+                <$t>::set_read_timeout(self, t)
+            }
+            fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+                <$t>::set_write_timeout(self, t)
+            }
+        }
+    };
+}
+
+socket_timeouts!(TcpStream);
+#[cfg(unix)]
+socket_timeouts!(UnixStream);
+
+/// A blocking socket whose reads and writes must all end by one instant:
+/// before each, the socket's timeout is set to the time left, and once
+/// none is left they fail with [`io::ErrorKind::TimedOut`]. A peer that
+/// trickles a byte at a time so gets no more than `timeout` for all of
+/// them, where a socket timeout alone bounds each read only.
+///
+/// It changes the socket's timeouts: [`dial`] and [`accept`] put back
+/// what they were.
+#[derive(Debug)]
+pub struct Deadline<'a, S> {
+    s: &'a S,
+    until: Instant,
+    timeout: Duration,
+}
+
+impl<'a, S> Deadline<'a, S>
+where
+    S: SocketTimeouts,
+    &'a S: Read + Write,
+{
+    /// `s`, its reads and writes to end within `timeout` from now.
+    pub fn new(s: &'a S, timeout: Duration) -> Self {
+        Self {
+            s,
+            until: Instant::now() + timeout,
+            timeout,
+        }
+    }
+
+    /// The time left, or the exchange's timeout error.
+    fn left(&self) -> io::Result<Duration> {
+        match self.until.checked_duration_since(Instant::now()) {
+            Some(d) if !d.is_zero() => Ok(d),
+            _ => Err(timed_out(self.timeout)),
+        }
+    }
+}
+
+/// The error of an exchange not over within `t`.
+fn timed_out(t: Duration) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::TimedOut,
+        format!("no proof of the cluster token within {} s", t.as_secs_f64()),
+    )
+}
+
+/// Whether `e` is a socket timeout's: `WouldBlock` or `TimedOut`, by
+/// platform.
+fn is_timeout(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
+}
+
+impl<'a, S> Read for Deadline<'a, S>
+where
+    S: SocketTimeouts,
+    &'a S: Read + Write,
+{
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            self.s.set_read_timeout(Some(self.left()?))?;
+            match { self.s }.read(buf) {
+                // Timed out at (or, by the clock's grain, just before) the
+                // time left: try again with what is left, if any.
+                Err(e) if is_timeout(&e) => {}
+                r => return r,
+            }
+        }
+    }
+}
+
+impl<'a, S> Write for Deadline<'a, S>
+where
+    S: SocketTimeouts,
+    &'a S: Read + Write,
+{
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        loop {
+            self.s.set_write_timeout(Some(self.left()?))?;
+            match { self.s }.write(buf) {
+                Err(e) if is_timeout(&e) => {}
+                r => return r,
+            }
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        { self.s }.flush()
+    }
+}
+
+/// Run `exchange` on `s` within `timeout` for all of it, then put back the
+/// socket's timeouts as they were.
+fn within<'a, S>(
+    s: &'a S,
+    timeout: Duration,
+    exchange: impl FnOnce(&mut Deadline<'a, S>) -> Result<(), StreamAuthError>,
+) -> Result<(), StreamAuthError>
+where
+    S: SocketTimeouts,
+    &'a S: Read + Write,
+{
+    let (read, write) = (s.read_timeout()?, s.write_timeout()?);
+    let r = exchange(&mut Deadline::new(s, timeout));
+    let restored = s
+        .set_read_timeout(read)
+        .and_then(|()| s.set_write_timeout(write));
+    r?;
+    Ok(restored?)
+}
+
 /// Prove the token to the acceptor at the other end of `s`, and check its
-/// proof. A read that blocks for ever blocks this: give `s` a read timeout.
-pub fn dial<S: Read + Write>(
+/// proof, all within `timeout` however the peer trickles it (a
+/// [`Deadline`]). The socket's timeouts are as they were after.
+pub fn dial<'a, S>(
+    s: &'a S,
+    token: &ClusterToken,
+    purpose: &'static str,
+    timeout: Duration,
+) -> Result<(), StreamAuthError>
+where
+    S: SocketTimeouts,
+    &'a S: Read + Write,
+{
+    within(s, timeout, |s| dial_steps(s, token, purpose))
+}
+
+/// Check the dialer's proof of the token on `s`, and prove it back, all
+/// within `timeout` however the peer trickles it (a [`Deadline`]). The
+/// socket's timeouts are as they were after.
+pub fn accept<'a, S>(
+    s: &'a S,
+    token: &ClusterToken,
+    purpose: &'static str,
+    timeout: Duration,
+) -> Result<(), StreamAuthError>
+where
+    S: SocketTimeouts,
+    &'a S: Read + Write,
+{
+    within(s, timeout, |s| accept_steps(s, token, purpose))
+}
+
+fn dial_steps<S: Read + Write>(
     s: &mut S,
     token: &ClusterToken,
     purpose: &'static str,
@@ -168,9 +353,7 @@ pub fn dial<S: Read + Write>(
     d.handle_proof(&p)
 }
 
-/// Check the dialer's proof of the token on `s`, and prove it back. A read
-/// that blocks for ever blocks this: give `s` a read timeout.
-pub fn accept<S: Read + Write>(
+fn accept_steps<S: Read + Write>(
     s: &mut S,
     token: &ClusterToken,
     purpose: &'static str,
@@ -187,8 +370,8 @@ pub fn accept<S: Read + Write>(
 
 #[cfg(test)]
 mod tests {
-    use std::os::unix::net::UnixStream;
-    use std::time::Duration;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
 
     use super::*;
 
@@ -203,18 +386,14 @@ mod tests {
         acceptor: ClusterToken,
         dial_purpose: &'static str,
     ) -> (Result<(), StreamAuthError>, Result<(), StreamAuthError>) {
-        let (mut a, mut b) = UnixStream::pair().expect("pair");
-        for s in [&a, &b] {
-            s.set_read_timeout(Some(Duration::from_secs(5)))
-                .expect("timeout");
-        }
+        let (a, b) = UnixStream::pair().expect("pair");
         let t = std::thread::spawn(move || {
-            let r = accept(&mut b, &acceptor, "test");
+            let r = accept(&b, &acceptor, "test", Duration::from_secs(5));
             // The dialer's read ends at this end's close.
             drop(b);
             r
         });
-        let d = dial(&mut a, &dialer, dial_purpose);
+        let d = dial(&a, &dialer, dial_purpose, Duration::from_secs(5));
         (t.join().expect("acceptor"), d)
     }
 
@@ -269,5 +448,88 @@ mod tests {
             acc.handle_proof(&reflected),
             Err(StreamAuthError::BadProof)
         ));
+    }
+
+    #[test]
+    fn a_trickling_dialer_fails_the_acceptor_at_the_timeout_for_the_whole_exchange() {
+        // A byte every 200 ms keeps each read well within the 1 s timeout:
+        // only a bound on the whole exchange stops it.
+        let timeout = Duration::from_secs(1);
+        let (ours, mut peer) = UnixStream::pair().expect("pair");
+        let sent = Arc::new(AtomicUsize::new(0));
+        let trickler = {
+            let sent = Arc::clone(&sent);
+            std::thread::spawn(move || {
+                let mut hello = [0x5a; HELLO_LEN];
+                hello[..MAGIC.len()].copy_from_slice(&MAGIC);
+                let msgs = hello.iter().chain(&[0xa5; PROOF_LEN]);
+                for b in msgs {
+                    if peer.write_all(&[*b]).is_err() {
+                        return;
+                    }
+                    sent.fetch_add(1, Ordering::SeqCst);
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            })
+        };
+        let t0 = Instant::now();
+        let r = accept(&ours, &token("0123456789abcdef-secret"), "test", timeout);
+        let took = t0.elapsed();
+        let got = sent.load(Ordering::SeqCst);
+        drop(ours);
+        trickler.join().expect("trickler");
+        assert!(
+            matches!(&r, Err(StreamAuthError::Io(e)) if e.kind() == io::ErrorKind::TimedOut),
+            "{r:?}"
+        );
+        assert!(r.unwrap_err().to_string().contains("within 1 s"));
+        // Timed out part way through the hello, not after it all
+        // (HELLO_LEN + PROOF_LEN bytes, a read timeout's worth each).
+        assert!(got < HELLO_LEN, "{got} bytes were taken before the timeout");
+        assert!(
+            took < 5 * timeout,
+            "took {took:?}, the timeout is {timeout:?}"
+        );
+    }
+
+    #[test]
+    fn a_silent_acceptor_fails_the_dialer_at_the_timeout() {
+        let (ours, _peer) = UnixStream::pair().expect("pair");
+        let t0 = Instant::now();
+        let r = dial(
+            &ours,
+            &token("0123456789abcdef-secret"),
+            "test",
+            Duration::from_millis(300),
+        );
+        assert!(
+            matches!(&r, Err(StreamAuthError::Io(e)) if e.kind() == io::ErrorKind::TimedOut),
+            "{r:?}"
+        );
+        assert!(t0.elapsed() < Duration::from_millis(1500));
+    }
+
+    #[test]
+    fn the_socket_timeouts_are_put_back_after_the_exchange() {
+        let (a, b) = UnixStream::pair().expect("pair");
+        let (read, write) = (Duration::from_secs(7), Duration::from_secs(9));
+        a.set_read_timeout(Some(read)).unwrap();
+        a.set_write_timeout(Some(write)).unwrap();
+        let t = token("0123456789abcdef-secret");
+        let acceptor = {
+            let t = t.clone();
+            std::thread::spawn(move || accept(&b, &t, "test", Duration::from_secs(5)).map(|()| b))
+        };
+        dial(&a, &t, "test", Duration::from_secs(5)).expect("dialer");
+        let b = acceptor.join().unwrap().expect("acceptor");
+        assert_eq!(a.read_timeout().unwrap(), Some(read));
+        assert_eq!(a.write_timeout().unwrap(), Some(write));
+        assert_eq!(b.read_timeout().unwrap(), None);
+        assert_eq!(b.write_timeout().unwrap(), None);
+        // And after a failure.
+        let (a, _b) = UnixStream::pair().expect("pair");
+        assert!(dial(&a, &t, "test", Duration::from_millis(50)).is_err());
+        assert_eq!(a.read_timeout().unwrap(), None);
+        assert_eq!(a.write_timeout().unwrap(), None);
     }
 }
