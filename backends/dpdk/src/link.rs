@@ -31,7 +31,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use starwire_datagram::arp::{ArpRepr, ETHERTYPE_ARP};
-use starwire_datagram::packet::peek_src_conn;
+use starwire_datagram::packet::{peek_dst_conn, peek_src_conn};
 use starwire_datagram::udp::{self, UdpEndpoint, UdpRepr, HEADERS_LEN, IP_UDP_OVERHEAD};
 use starwire_datagram::{DatagramLink, LinkError};
 
@@ -98,6 +98,10 @@ pub struct DpdkLinkStats {
     /// Packets to our port with bad headers (lengths, IPv4 checksum,
     /// several segments).
     pub rx_malformed: u64,
+    /// Packets to our port from an address and port that is not the peer
+    /// of the connection they name (`dst_conn`): dropped before the
+    /// reliability layer sees them.
+    pub rx_foreign: u64,
     /// ARP requests for our IPv4 address answered.
     pub arp_replies: u64,
     /// Packets dropped because the inbox of the link they were for was
@@ -323,6 +327,24 @@ impl DpdkLink {
         true
     }
 
+    /// Whether a datagram to our port came from the peer of the
+    /// connection it names (its `dst_conn`, our id; the link's one peer if
+    /// that connection has none of its own). Only the bootstrap's peer may
+    /// reach a connection: anyone else who can send to the port would
+    /// otherwise only have to guess a connection id and a sequence number
+    /// to inject a frame into a session whose handshake proved the token.
+    /// The Ethernet address is not compared: across a router it is the
+    /// router's.
+    /// A payload too short to name a connection is let through: it
+    /// cannot reach one, and the driver's decoder drops it.
+    fn from_peer(&self, repr: &UdpRepr, payload: &[u8]) -> bool {
+        let Some(conn) = peek_dst_conn(payload) else {
+            return true;
+        };
+        let peer = self.peers.get(&conn).unwrap_or(&self.cfg.peer);
+        repr.src.ip == peer.ip && repr.src.port == peer.port
+    }
+
     /// Lend each received packet in `self.rx` to `sink` if it passes the
     /// filter, answer ARP requests for our address, and free them all.
     fn lend(&mut self, sink: &mut dyn FnMut(&[u8])) -> usize {
@@ -344,10 +366,11 @@ impl DpdkLink {
                 continue;
             }
             match UdpRepr::parse(data) {
-                Ok((_, payload)) => {
+                Ok((repr, payload)) if self.from_peer(&repr, payload) => {
                     sink(payload);
                     lent += 1;
                 }
+                Ok(_) => self.stats.rx_foreign += 1,
                 Err(_) => self.stats.rx_malformed += 1,
             }
         }

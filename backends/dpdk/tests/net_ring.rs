@@ -173,6 +173,9 @@ fn links_on_their_own_threads(
                         };
                         buf[..16].fill(0);
                         buf[0] = i as u8;
+                        // dst_conn: the receiver's connection with this
+                        // link as peer; src_conn: ours with it as peer.
+                        buf[4..8].copy_from_slice(&(i as u32).to_le_bytes());
                         buf[8..12].copy_from_slice(&u32::from(j).to_le_bytes());
                         buf[12..16].copy_from_slice(&next[k].to_le_bytes());
                         l.tx_commit(16).expect("tx_commit");
@@ -263,11 +266,13 @@ fn set_of_one(eal: &'static Eal) {
     for i in 0..10u8 {
         send(&mut link, &[i; 20]);
     }
-    link.set_peer(nobody);
-    send(&mut link, b"for nobody");
-    assert_eq!(link.tx_burst_flush(Instant::now()).unwrap(), 11);
+    assert_eq!(link.tx_burst_flush(Instant::now()).unwrap(), 10);
     let got = recv_all(&mut link);
     assert_eq!(got, (0..10u8).map(|i| vec![i; 20]).collect::<Vec<_>>());
+    link.set_peer(nobody);
+    send(&mut link, b"for nobody");
+    assert_eq!(link.tx_burst_flush(Instant::now()).unwrap(), 1);
+    assert!(recv_all(&mut link).is_empty());
     let st = link.stats();
     assert_eq!(
         (st.rx_filtered, st.rx_handed_over, st.rx_handed_in),
@@ -321,7 +326,10 @@ fn queue_set(eal: &'static Eal) {
     links.push(DpdkLink::steered(&set, mtu, LinkConfig::new(ep(7103), ep(7100))).expect("again"));
 
     // Every link sends 20 datagrams to each other link: byte 0 says the
-    // sender, byte 12 the sequence. Links poll in turn until all arrived.
+    // sender, bytes 4..8 (dst_conn) the receiver's connection whose peer
+    // it is (the sender's index), bytes 8..12 (src_conn) the sender's
+    // connection whose peer is the receiver, byte 12 the sequence. Links
+    // poll in turn until all arrived.
     for (i, l) in links.iter_mut().enumerate() {
         for j in 0..4u32 {
             l.add_peer(j, ep(7100 + j as u16));
@@ -330,6 +338,7 @@ fn queue_set(eal: &'static Eal) {
             for j in (0..4u32).filter(|&j| j as usize != i) {
                 let mut p = [0u8; 13];
                 p[0] = i as u8;
+                p[4..8].copy_from_slice(&(i as u32).to_le_bytes());
                 p[8..12].copy_from_slice(&j.to_le_bytes());
                 p[12] = seq;
                 send(l, &p);
@@ -442,7 +451,8 @@ fn raw_datagrams(port: &Port, q: &SharedQueue) {
     // reads src_conn (bytes 8..12) of each datagram.
     let (mut e, mut f) = link_pair(q, port, 7004, 7005);
     let (_, g_end) = endpoints(port, 0, 7006);
-    let mut g = DpdkLink::shared(q, port.info().mtu, LinkConfig::new(g_end, g_end)).expect("g");
+    let mut g =
+        DpdkLink::shared(q, port.info().mtu, LinkConfig::new(g_end, e.config().local)).expect("g");
     e.add_peer(77, g.config().local);
     let to = |conn: u32| {
         let mut p = vec![0u8; 13];
@@ -459,6 +469,17 @@ fn raw_datagrams(port: &Port, q: &SharedQueue) {
         vec![to(5)],
         "others go to the link's peer"
     );
+    // Only a connection's peer reaches it: f's datagram names g's
+    // connection 0, whose peer is e, so g drops it unlent.
+    f.add_peer(9, g.config().local);
+    send(&mut f, &to(9));
+    f.tx_burst_flush(Instant::now()).unwrap();
+    let foreign = g.stats().rx_foreign;
+    assert!(
+        recv_all(&mut g).is_empty(),
+        "a stranger's datagram was lent"
+    );
+    assert_eq!(g.stats().rx_foreign, foreign + 1, "{:?}", g.stats());
     drop((e, f, g));
 
     // More packets than the ring takes stay pending, in order, and leave
