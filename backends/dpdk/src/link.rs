@@ -337,7 +337,7 @@ impl DpdkLink {
     /// router's.
     /// A payload too short to name a connection is let through: it
     /// cannot reach one, and the driver's decoder drops it.
-    fn from_peer(&self, repr: &UdpRepr, payload: &[u8]) -> bool {
+    fn sent_by_peer(&self, repr: &UdpRepr, payload: &[u8]) -> bool {
         let Some(conn) = peek_dst_conn(payload) else {
             return true;
         };
@@ -366,7 +366,7 @@ impl DpdkLink {
                 continue;
             }
             match UdpRepr::parse(data) {
-                Ok((repr, payload)) if self.from_peer(&repr, payload) => {
+                Ok((repr, payload)) if self.sent_by_peer(&repr, payload) => {
                     sink(payload);
                     lent += 1;
                 }
