@@ -374,6 +374,41 @@ pub(crate) fn read_applied(c: &mut Cursor<'_>) -> Result<AppliedSteps, Checkpoin
     Ok(AppliedSteps::restored(&v))
 }
 
+/// What a shard file's header names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShardHeader {
+    /// Its format version.
+    pub version: u32,
+    /// The shard.
+    pub shard_index: u64,
+    /// Its global step.
+    pub global_step: u64,
+}
+
+/// Read a shard file's header from its first bytes alone (magic, version,
+/// shard index, global step), without reading the rest or checking the
+/// CRC: enough to see which shard and step a file holds.
+pub fn read_header(r: &mut dyn Read) -> Result<ShardHeader, CheckpointError> {
+    let mut b = [0u8; 32];
+    r.read_exact(&mut b).map_err(|e| match e.kind() {
+        io::ErrorKind::UnexpectedEof => CheckpointError::Truncated("header"),
+        _ => CheckpointError::Io(e),
+    })?;
+    if b[..8] != MAGIC {
+        return Err(CheckpointError::BadMagic);
+    }
+    let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+    let version = u32::from_le_bytes([b[8], b[9], b[10], b[11]]);
+    if version != FORMAT_VERSION && version != FORMAT_VERSION_1 {
+        return Err(CheckpointError::BadVersion(version));
+    }
+    Ok(ShardHeader {
+        version,
+        shard_index: u64_at(16),
+        global_step: u64_at(24),
+    })
+}
+
 /// A whole shard file checked (length, magic, version, CRC): its version
 /// and the bytes before the CRC.
 pub(crate) fn checked_body(data: &[u8]) -> Result<(u32, &[u8]), CheckpointError> {

@@ -459,3 +459,25 @@ fn requests_from_a_worker_index_past_the_bound_are_refused() {
         .handle_worker_push(MAX_WORKER_INDEX, &req, &mut out)
         .unwrap());
 }
+
+/// The header alone names the shard and its step, as the whole file does.
+#[test]
+fn a_header_read_alone_names_the_shard_and_step() {
+    let s = trained();
+    let b = save(&s);
+    let h = starwire_ps::checkpoint::read_header(&mut &b[..]).unwrap();
+    assert_eq!(h.version, starwire_ps::checkpoint::FORMAT_VERSION);
+    assert_eq!(h.shard_index, 3);
+    assert_eq!(h.global_step, s.global_step());
+    assert_eq!(h.global_step, ShardLayout::parse(&b).unwrap().global_step);
+    assert!(matches!(
+        starwire_ps::checkpoint::read_header(&mut &b[..20]),
+        Err(CheckpointError::Truncated(_))
+    ));
+    let mut bad = b.clone();
+    bad[0] ^= 1;
+    assert!(matches!(
+        starwire_ps::checkpoint::read_header(&mut &bad[..]),
+        Err(CheckpointError::BadMagic)
+    ));
+}

@@ -7,7 +7,7 @@ use bytes::Bytes;
 use starwire_ps::{write_atomic, PsError, PsShard};
 use starwire_transport::wire::Status;
 
-use crate::cluster::periodic::{is_checkpoint_step, step_dir};
+use crate::cluster::periodic::{create_step_dir, is_checkpoint_step, step_dir};
 use crate::deltas::DeltaExport;
 use crate::psserver::{HandlerError, PsHandler};
 use crate::telemetry::ShardTelemetry;
@@ -46,6 +46,9 @@ fn err(e: PsError) -> HandlerError {
 pub struct CheckpointVotes {
     decided: std::collections::BTreeMap<u64, bool>,
     wanted: bool,
+    /// Decisions were dropped (past [`VOTES_KEPT`]): a step older than the
+    /// oldest kept may have been decided, and worker 0 may be past it.
+    pruned: bool,
 }
 
 /// Decisions kept: a worker votes on a step at most this many candidate
@@ -54,17 +57,30 @@ pub struct CheckpointVotes {
 const VOTES_KEPT: usize = 1024;
 
 impl CheckpointVotes {
-    /// A vote on `step`; the decision.
+    /// A vote on `step`; the decision. A step older than the oldest
+    /// decision kept, once some were dropped, is answered no (its decision
+    /// is gone, and a yes now could ask for a checkpoint at a global step
+    /// already passed); its want goes to the next step decided.
     pub fn handle_vote(&mut self, step: u64, want: bool) -> bool {
         if let Some(&d) = self.decided.get(&step) {
             self.wanted |= want && !d;
             return d;
+        }
+        if self.pruned
+            && self
+                .decided
+                .first_key_value()
+                .is_some_and(|(&k, _)| step < k)
+        {
+            self.wanted |= want;
+            return false;
         }
         let d = want || self.wanted;
         self.wanted = false;
         self.decided.insert(step, d);
         if self.decided.len() > VOTES_KEPT {
             self.decided.pop_first();
+            self.pruned = true;
         }
         d
     }
@@ -138,7 +154,8 @@ impl ShardHandler {
         };
         let dir = step_dir(own, step);
         let path = dir.join(shard_file(self.index));
-        std::fs::create_dir_all(&dir)
+        create_step_dir(own, step)
+            .map(drop)
             .map_err(|e| e.to_string())
             .and_then(|()| write_atomic(&path, |w| self.shard.save(w)).map_err(|e| e.to_string()))
             .map_err(|e| HandlerError {
@@ -338,7 +355,7 @@ impl PsHandler for ShardHandler {
 
 #[cfg(test)]
 mod tests {
-    use super::CheckpointVotes;
+    use super::{CheckpointVotes, VOTES_KEPT};
 
     /// Every vote on a step gets the first one's answer; a want that comes
     /// too late goes to the next step decided, and only to that one.
@@ -352,5 +369,25 @@ mod tests {
         assert!(!v.handle_vote(96, false), "one checkpoint per want");
         assert!(v.handle_vote(128, true));
         assert!(v.handle_vote(128, false));
+    }
+
+    /// A worker far behind votes on a step whose decision was dropped: the
+    /// answer is no (a yes could make worker 0 ask for a checkpoint at a
+    /// global step already passed), and its want goes to the next step.
+    #[test]
+    fn a_step_older_than_the_decisions_kept_is_a_no() {
+        let mut v = CheckpointVotes::default();
+        let last = (VOTES_KEPT as u64 + 1) * 16;
+        for c in (16..=last).step_by(16) {
+            assert!(!v.handle_vote(c, false));
+        }
+        // Step 16's decision (no) was dropped; a want on it is too late.
+        assert!(!v.handle_vote(16, true), "an evicted step");
+        assert!(!v.handle_vote(16, true), "still no, and not recorded");
+        assert!(v.handle_vote(last + 16, false), "the want moved on");
+        // A kept decision still stands, and a new step is decided.
+        assert!(!v.handle_vote(last, true));
+        assert!(v.handle_vote(last + 32, false), "that late want too");
+        assert!(!v.handle_vote(last + 48, false));
     }
 }

@@ -182,6 +182,49 @@ fn checkpoint_restores_the_saved_state() {
     assert!(e.to_string().contains("shards"), "{e}");
 }
 
+/// `starwire ps` refuses a checkpoint of another shard count, as the local
+/// cluster does: restoring 2 of 4 shards would lose the rows of the others.
+#[test]
+fn a_ps_task_refuses_a_checkpoint_of_another_shard_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = starwire_ps::Manifest {
+        format_version: starwire_ps::checkpoint::FORMAT_VERSION,
+        global_step: 64,
+        shard_count: 4,
+        seed: 1,
+        model: serde_json::json!({}),
+        shard_files: (0..4)
+            .map(|s| format!("steps/64/shard-{s:04}.ckpt"))
+            .collect(),
+        workers: Vec::new(),
+        shard_steps: vec![64; 4],
+    };
+    std::fs::write(dir.path().join("manifest.json"), m.to_json().unwrap()).unwrap();
+    let cfg = TrainConfig {
+        checkpoint_dir: Some(dir.path().to_owned()),
+        ps: 1,
+        ps_reactors: 2,
+        ..small()
+    };
+    // Stopped already: a task that went on would restore, checkpoint and end.
+    let stop = std::sync::atomic::AtomicBool::new(true);
+    let e = starwire_train::run_ps_task(
+        &cfg,
+        0,
+        "127.0.0.1:0".parse().unwrap(),
+        starwire_train::cluster::PsLifetime {
+            exit_when_done: false,
+            stop: &stop,
+        },
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("the checkpoint has 4 shards, this cluster 2"),
+        "{e}"
+    );
+}
+
 /// `--checkpoint-every-steps` with `--sync`: each checkpoint's shard files
 /// hold exactly the steps it names, every worker's progress is recorded,
 /// old ones are removed, and a run resumes from one.

@@ -107,10 +107,24 @@ pub(super) fn rollback(
     Ok((Some(restored), Some(p)))
 }
 
+/// The step a worker resumes at, from each shard's record of its steps
+/// (none: the shard has no record of it) and `from`, its position in the
+/// checkpoint: the lowest of the steps the shards hold, and no higher than
+/// `from` when a shard has no record of the worker (a PS task restarted
+/// without a checkpoint, or from one older than the worker's first push):
+/// that shard needs every step after `from` replayed, which the shards
+/// that hold them acknowledge without applying them again.
+fn resume_step(records: &[Option<u64>], from: u64) -> u64 {
+    let held = records.iter().flatten().copied().min();
+    let missing = records.iter().any(Option::is_none).then_some(from);
+    held.into_iter().chain(missing).min().unwrap_or(from)
+}
+
 /// The step worker `index` resumes at, `from` being its position's (its
 /// checkpoint's, 0 without one): the lowest of its steps the shards hold
 /// (`STATS` `worker_steps`: applied, or with `--sync` kept for the step
-/// being gathered; a shard that has no record of it does not count).
+/// being gathered), or `from` when lower and a shard has no record of it
+/// (see [`resume_step`]).
 /// Every shard is told (`RESUME_AT`), so one that holds more of its steps
 /// acknowledges their replayed pushes without applying them again: the
 /// worker, killed and restarted, trains each example once. With `--sync`
@@ -127,15 +141,14 @@ pub(super) fn resume_at(
     sync: bool,
 ) -> Result<u64, TrainError> {
     let key = index.to_string();
-    let mut held: Vec<u64> = Vec::new();
+    let mut records: Vec<Option<u64>> = Vec::new();
     for b in control_all(net, shards, &Control::Stats)? {
         let v: serde_json::Value = serde_json::from_slice(&b)
             .map_err(|e| TrainError::Remote(format!("STATS is not JSON: {e}")))?;
-        if let Some(n) = v["worker_steps"][key.as_str()].as_u64() {
-            held.push(n);
-        }
+        records.push(v["worker_steps"][key.as_str()].as_u64());
     }
-    let at = held.iter().copied().min().unwrap_or(from);
+    let held: Vec<u64> = records.iter().flatten().copied().collect();
+    let at = resume_step(&records, from);
     if at < from {
         return Err(TrainError::Remote(format!(
             "the PS has applied {at} of worker {index}'s steps, fewer than its position in the \
@@ -192,6 +205,26 @@ mod tests {
             examples: steps * 10,
             deal_block: 10,
         }
+    }
+
+    /// A shard with no record of the worker (its PS task restarted
+    /// without a checkpoint) needs every step after the checkpoint's
+    /// position: the worker resumes there, not at the lowest step another
+    /// shard holds.
+    #[test]
+    fn a_shard_without_a_record_resumes_at_the_checkpoint_position() {
+        // Two PS tasks: PS 1 restarted fresh, PS 0 holds 15 steps.
+        assert_eq!(resume_step(&[Some(15), None], 0), 0);
+        assert_eq!(resume_step(&[None, Some(15)], 0), 0);
+        assert_eq!(resume_step(&[Some(40), None], 32), 32);
+        // Every shard holds a record: the lowest.
+        assert_eq!(resume_step(&[Some(15), Some(12)], 0), 12);
+        assert_eq!(resume_step(&[Some(40), Some(36)], 32), 36);
+        // No shard does: the checkpoint's position.
+        assert_eq!(resume_step(&[None, None], 32), 32);
+        assert_eq!(resume_step(&[], 32), 32);
+        // A shard behind the checkpoint is still reported (below `from`).
+        assert_eq!(resume_step(&[Some(10), None], 32), 10);
     }
 
     /// The manifest names the restored step, or a newer one (written as

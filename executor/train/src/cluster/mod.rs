@@ -93,6 +93,19 @@ pub fn run_local(cfg: &TrainConfig) -> Result<TrainReport, TrainError> {
     run_local_on(&*cluster_backend(cfg.backend), &cfg)
 }
 
+/// A checkpoint restores only into a cluster of as many shards: rows hash
+/// to shards by their count, so a restore into fewer would lose the rows of
+/// the shards not restored, and into more would misplace them.
+fn check_shard_count(m: &starwire_ps::Manifest, plan: &Plan) -> Result<(), TrainError> {
+    if m.shard_count != plan.shards {
+        return Err(TrainError::Config(format!(
+            "the checkpoint has {} shards, this cluster {}; use the same --ps and NETWORK_PS_CORE_NUMBER",
+            m.shard_count, plan.shards
+        )));
+    }
+    Ok(())
+}
+
 fn run_local_on(k: &dyn ClusterBackend, cfg: &TrainConfig) -> Result<TrainReport, TrainError> {
     cfg.check_handoff()?;
     periodic::check(cfg)?;
@@ -102,12 +115,7 @@ fn run_local_on(k: &dyn ClusterBackend, cfg: &TrainConfig) -> Result<TrainReport
         None => None,
     };
     if let Some(m) = &manifest {
-        if m.shard_count != plan.shards {
-            return Err(TrainError::Config(format!(
-                "the checkpoint has {} shards, this cluster {}; use the same --ps and NETWORK_PS_CORE_NUMBER",
-                m.shard_count, plan.shards
-            )));
-        }
+        check_shard_count(m, &plan)?;
     }
     let restore = manifest.as_ref().and(cfg.checkpoint_dir.as_deref());
     // PS tasks and workers are planned together: pinned, they take
@@ -380,7 +388,13 @@ pub fn run_ps_task(
     let k = cluster_backend(cfg.backend);
     let plan = plan(cfg)?;
     let restore = match &cfg.checkpoint_dir {
-        Some(d) => read_manifest(d)?.map(|_| d.as_path()),
+        Some(d) => match read_manifest(d)? {
+            Some(m) => {
+                check_shard_count(&m, &plan)?;
+                Some(d.as_path())
+            }
+            None => None,
+        },
         None => None,
     };
     let layout = ReactorLayout::detect(cfg, &ProcessReactors::ps_task(cfg, index))?;

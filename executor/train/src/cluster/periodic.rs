@@ -64,6 +64,19 @@ pub fn is_checkpoint_step(c: u64, every: u64) -> bool {
     every > 0 && c > 0 && c % every == 0
 }
 
+/// Create the directory of the checkpoint at global step `c` inside `dir`
+/// and make its entries durable: `steps/` and `dir` are synced, so a crash
+/// after the files in it were written (each synced with its directory by
+/// `write_atomic`) cannot lose the directory that names them.
+pub fn create_step_dir(dir: &Path, c: u64) -> std::io::Result<PathBuf> {
+    let d = step_dir(dir, c);
+    std::fs::create_dir_all(&d)?;
+    let steps = dir.join("steps");
+    std::fs::File::open(&steps)?.sync_all()?;
+    std::fs::File::open(dir)?.sync_all()?;
+    Ok(d)
+}
+
 pub(super) fn progress_file(dir: &Path, c: u64, worker: u32) -> PathBuf {
     step_dir(dir, c).join(format!("worker-{worker:04}.json"))
 }
@@ -169,7 +182,7 @@ pub(super) fn write_progress(
 ) -> Result<(), TrainError> {
     let path = progress_file(dir, c, progress.worker);
     let ck = ck(&path);
-    std::fs::create_dir_all(step_dir(dir, c)).map_err(|e| ck(e.to_string()))?;
+    create_step_dir(dir, c).map_err(|e| ck(e.to_string()))?;
     let json = serde_json::to_vec(progress).map_err(|e| ck(e.to_string()))?;
     starwire_ps::write_atomic(&path, |w| {
         w.write_all(&json)
@@ -239,6 +252,7 @@ pub(super) fn publish(
     workers: Vec<WorkerProgress>,
 ) -> Result<(), TrainError> {
     let previous = read_manifest(dir)?.map(|m| m.global_step);
+    check_shard_files(dir, plan.shards, c)?;
     let rel = Path::new("steps").join(c.to_string());
     let files = (0..plan.shards)
         .map(|s| rel.join(shard_file(s)).to_string_lossy().into_owned())
@@ -246,6 +260,34 @@ pub(super) fn publish(
     write_manifest(cfg, plan, dir, files, vec![c; plan.shards], workers)?;
     tracing::info!(target: "status", global_step = c, "checkpoint written into {}", dir.display());
     prune(dir, [Some(c), previous]);
+    Ok(())
+}
+
+/// Every shard file of checkpoint step `c` is in `DIR/steps/c/` and its
+/// header names the shard and step `c`: a shard whose write failed (out of
+/// space) reported it to the pushing worker only, and the barrier released
+/// the others all the same, so worker 0 looks before it names the files.
+/// On an error the manifest is not written: it still names the previous
+/// checkpoint, which is whole.
+fn check_shard_files(dir: &Path, shards: usize, c: u64) -> Result<(), TrainError> {
+    for s in 0..shards {
+        let path = step_dir(dir, c).join(shard_file(s));
+        let ck = ck(&path);
+        let fail = |reason: String| {
+            ck(format!(
+                "checkpoint at global step {c} not written (the manifest still names the \
+                 previous one): {reason}"
+            ))
+        };
+        let mut f = std::fs::File::open(&path).map_err(|e| fail(e.to_string()))?;
+        let h = starwire_ps::checkpoint::read_header(&mut f).map_err(|e| fail(e.to_string()))?;
+        if h.shard_index != s as u64 || h.global_step != c {
+            return Err(fail(format!(
+                "the file holds shard {} at global step {}",
+                h.shard_index, h.global_step
+            )));
+        }
+    }
     Ok(())
 }
 
@@ -274,6 +316,54 @@ fn prune(dir: &Path, keep: [Option<u64>; 2]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A shard file of step `c`'s header alone (all the check reads).
+    fn header(dir: &Path, c: u64, shard: usize, step: u64) {
+        let mut b = starwire_ps::checkpoint::MAGIC.to_vec();
+        b.extend_from_slice(&starwire_ps::checkpoint::FORMAT_VERSION.to_le_bytes());
+        b.extend_from_slice(&[0; 4]);
+        b.extend_from_slice(&(shard as u64).to_le_bytes());
+        b.extend_from_slice(&step.to_le_bytes());
+        std::fs::create_dir_all(step_dir(dir, c)).unwrap();
+        std::fs::write(step_dir(dir, c).join(shard_file(shard)), b).unwrap();
+    }
+
+    /// A shard file missing (its write failed) or of another step: the
+    /// manifest is not written and still names the previous checkpoint.
+    #[test]
+    fn a_checkpoint_with_a_shard_file_missing_is_not_published() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = TrainConfig {
+            ps_reactors: 2,
+            checkpoint_dir: Some(dir.path().to_owned()),
+            ..TrainConfig::default()
+        };
+        let plan = super::super::plan(&cfg).unwrap();
+        assert_eq!(plan.shards, 2);
+        let named = || read_manifest(dir.path()).unwrap().map(|m| m.global_step);
+        for s in 0..2 {
+            header(dir.path(), 32, s, 32);
+        }
+        publish(&cfg, &plan, dir.path(), 32, Vec::new()).unwrap();
+        assert_eq!(named(), Some(32));
+        // Step 64: shard 1's file was never written.
+        header(dir.path(), 64, 0, 64);
+        let e = publish(&cfg, &plan, dir.path(), 64, Vec::new()).unwrap_err();
+        assert!(e.to_string().contains("shard-0001.ckpt"), "{e}");
+        assert_eq!(named(), Some(32));
+        assert!(
+            step_dir(dir.path(), 32).exists(),
+            "the previous one is kept"
+        );
+        // A file left of another step is not this checkpoint's.
+        header(dir.path(), 64, 1, 32);
+        let e = publish(&cfg, &plan, dir.path(), 64, Vec::new()).unwrap_err();
+        assert!(e.to_string().contains("at global step 32"), "{e}");
+        assert_eq!(named(), Some(32));
+        header(dir.path(), 64, 1, 64);
+        publish(&cfg, &plan, dir.path(), 64, Vec::new()).unwrap();
+        assert_eq!(named(), Some(64));
+    }
 
     #[test]
     fn checkpoint_steps_are_the_positive_multiples() {
