@@ -398,7 +398,7 @@ fn reg_mr_hint(errno: Errno) -> &'static str {
 ///
 /// ```compile_fail,E0200
 /// # use starwire_rdma::{
-/// #     Access, Completion, LocalSlice, MemoryRegion, QpCaps, QpState, RegisteredMem,
+/// #     Access, Completion, Errno, LocalSlice, MemoryRegion, QpCaps, QpState, RegisteredMem,
 /// #     RemoteSlice, Verbs, VerbsError,
 /// # };
 /// struct Nic;
@@ -406,8 +406,8 @@ fn reg_mr_hint(errno: Errno) -> &'static str {
 /// #     fn cq_depth(&self) -> u32 { 0 }
 /// #     fn qp_caps(&self, _: u32) -> Option<QpCaps> { None }
 /// #     fn qp_state(&self, _: u32) -> Option<QpState> { None }
-/// #     fn reg_mr(&mut self, _: usize, _: Access) -> Result<MemoryRegion, VerbsError> {
-/// #         unimplemented!()
+/// #     fn reg_mr(&mut self, len: usize, _: Access) -> Result<MemoryRegion, VerbsError> {
+/// #         Err(VerbsError::RegMr { len, errno: Errno(12) })
 /// #     }
 /// #     fn dereg_mr(&mut self, _: u32) -> Result<(), VerbsError> { Ok(()) }
 /// #     fn mr_mem(&self, _: u32) -> Option<RegisteredMem<'_>> { None }
