@@ -136,6 +136,26 @@ impl AppliedSteps {
         Ok(())
     }
 
+    /// The position of `worker`'s pushes applied, if heard from.
+    pub fn position(&self, worker: u32) -> Option<Position> {
+        self.workers
+            .get(worker as usize)
+            .copied()
+            .flatten()
+            .map(|w| w.applied)
+    }
+
+    /// Take `worker`'s position back to `to` (never forward): pushes
+    /// counted as applied after it were not (with `--sync`, pushes kept
+    /// for a step that was never applied), so a checkpoint taken now must
+    /// not count them, and the worker pushes them again.
+    pub fn rewind(&mut self, worker: u32, to: Position) {
+        if let Some(Some(w)) = self.workers.get_mut(worker as usize) {
+            w.applied = w.applied.min(to);
+            w.cursor = w.applied;
+        }
+    }
+
     /// Each worker heard from, with the position of its pushes applied,
     /// by increasing task index.
     pub fn applied(&self) -> impl Iterator<Item = (u32, Position)> + '_ {

@@ -720,6 +720,19 @@ impl PsShard {
         self.applied.handle_applied(worker);
     }
 
+    /// The position of `worker`'s pushes this shard counts as applied
+    /// (kept ones included), if it heard from the worker.
+    pub fn applied_position(&self, worker: u32) -> Option<crate::applied::Position> {
+        self.applied.position(worker)
+    }
+
+    /// Take `worker`'s applied position back to `to`: the pushes counted
+    /// after it were kept for a step never applied (see
+    /// [`crate::applied::AppliedSteps::rewind`]).
+    pub fn rewind_applied(&mut self, worker: u32, to: crate::applied::Position) {
+        self.applied.rewind(worker, to);
+    }
+
     /// Worker `worker`'s next push is the first of its step `at` (it was
     /// restarted; see [`crate::applied`]).
     pub fn handle_resume(&mut self, worker: u32, at: u64) -> Result<(), PsError> {

@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use bytes::Bytes;
-use starwire_ps::{write_atomic, PsError, PsShard};
+use starwire_ps::{write_atomic, Position, PsError, PsShard};
 use starwire_transport::wire::Status;
 
 use crate::cluster::periodic::{create_step_dir, is_checkpoint_step, step_dir};
@@ -265,6 +265,14 @@ impl PsHandler for ShardHandler {
 
     fn push_kept(&mut self, worker: u32) {
         self.shard.handle_kept(worker);
+    }
+
+    fn applied_position(&self, worker: u32) -> Position {
+        self.shard.applied_position(worker).unwrap_or_default()
+    }
+
+    fn rewind_applied(&mut self, worker: u32, to: Position) {
+        self.shard.rewind_applied(worker, to);
     }
 
     fn resume_at(&mut self, worker: u32, step: u64) -> Result<(), String> {

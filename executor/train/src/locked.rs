@@ -116,7 +116,10 @@ impl LockedShards {
     pub(crate) fn shutdown(&self, checkpoint: bool) -> Result<PsEnd, TrainError> {
         let mut end = PsEnd::default();
         for s in &self.shards {
-            let g = lock(s);
+            let mut g = lock(s);
+            if checkpoint {
+                g.rewind_kept();
+            }
             let h = g.handler();
             end.stats.push(h.stats());
             end.steps.push((h.index, h.shard.global_step()));

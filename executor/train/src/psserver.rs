@@ -21,6 +21,7 @@
 use std::collections::{HashMap, VecDeque};
 
 use bytes::Bytes;
+use starwire_ps::Position;
 use starwire_transport::wire::{Opcode, Status};
 use starwire_transport::{Connection, Incoming, MemoryBudget, Payload, SendError, TaskRole};
 use starwire_wire::ps::{write_push_response, Control, Limits, PushRequest};
@@ -78,6 +79,12 @@ pub trait PsHandler: Send + 'static {
     fn number_push(&mut self, worker: u32, completes: bool) -> Result<bool, HandlerError>;
     /// The push [`number_push`](Self::number_push) let through was kept.
     fn push_kept(&mut self, worker: u32);
+    /// The position of worker `worker`'s pushes the shard counts as
+    /// applied (the default if it never heard from the worker).
+    fn applied_position(&self, worker: u32) -> Position;
+    /// Take worker `worker`'s applied position back to `to`: the pushes
+    /// after it were kept for a step never applied.
+    fn rewind_applied(&mut self, worker: u32, to: Position);
     /// Worker `worker`'s next push is the first of its step `step`
     /// (`RESUME_AT`, a restarted worker).
     fn resume_at(&mut self, worker: u32, step: u64) -> Result<(), String>;
@@ -164,6 +171,19 @@ impl<H: PsHandler> Service<H> {
     /// The shard state.
     pub fn handler(&self) -> &H {
         &self.handler
+    }
+
+    /// Before a checkpoint of a shard stopped mid-step (`--sync`, SIGTERM):
+    /// the pushes kept for the step being gathered are not in the shard's
+    /// values, so the positions they moved go back to where they were. The
+    /// checkpoint then counts only the steps it holds, and a worker
+    /// restored from it pushes the step again.
+    pub fn rewind_kept(&mut self) {
+        if let Some(sync) = &self.sync {
+            for (w, at) in sync.kept_from() {
+                self.handler.rewind_applied(w, at);
+            }
+        }
     }
 
     /// Requests served, by kind (`pull`, `push`, `stats`, ...).
@@ -325,10 +345,12 @@ fn push_sync<H: PsHandler>(
             return Ok(());
         }
     }
+    let before = handler.applied_position(w);
     let complete = sync.handle_push(w, body).map_err(|e| HandlerError {
         status: Status::BadRequest,
         message: e.to_string(),
     })?;
+    sync.keeping(w, before);
     handler.push_kept(w);
     if complete {
         apply_step(handler, sync, out)?;
@@ -532,6 +554,12 @@ impl<H: PsHandler> PsServer<H> {
     /// The request service and its counters.
     pub fn service(&self) -> &Service<H> {
         &self.service
+    }
+
+    /// Before a checkpoint of the stopped shard: see
+    /// [`Service::rewind_kept`].
+    pub fn rewind_kept(&mut self) {
+        self.service.rewind_kept();
     }
 
     /// Connection `key` is new (a key may be reused once its connection
@@ -993,6 +1021,30 @@ mod tests {
         push(&mut svc, 0, 20.0);
         assert_eq!(svc.handler().global_step(), 4);
         assert_eq!(weights(&svc), [-33.0, -33.0]);
+    }
+
+    /// Stopped mid-step under `--sync` (SIGTERM), the shard's positions go
+    /// back to the last step it applied before its checkpoint: worker 1's
+    /// kept push of step 1 is not in the values, so the checkpoint must not
+    /// count it, or worker 1, restored, would skip that step.
+    #[test]
+    fn a_checkpoint_mid_sync_step_does_not_count_the_kept_pushes() {
+        let mut svc = sync_service();
+        push(&mut svc, 1, 1.0);
+        push(&mut svc, 0, 2.0);
+        assert_eq!(svc.handler().global_step(), 2);
+        push(&mut svc, 1, 10.0);
+        let steps = |svc: &Service<ShardHandler>| svc.handler().stats()["worker_steps"].clone();
+        assert_eq!(steps(&svc), serde_json::json!({"0": 1, "1": 2}));
+        svc.rewind_kept();
+        assert_eq!(steps(&svc), serde_json::json!({"0": 1, "1": 1}));
+        assert_eq!(weights(&svc), [-3.0, -3.0], "values as of the step applied");
+        // Without a step being gathered, nothing moves.
+        let mut idle = sync_service();
+        push(&mut idle, 0, 1.0);
+        push(&mut idle, 1, 1.0);
+        idle.rewind_kept();
+        assert_eq!(steps(&idle), serde_json::json!({"0": 1, "1": 1}));
     }
 
     /// A worker's pull reply, served by a service that shares them (a

@@ -98,6 +98,12 @@ impl<H: PsHandler> ShardService<H> {
         &self.server
     }
 
+    /// Before a checkpoint of the stopped shard: see
+    /// [`Service::rewind_kept`](crate::psserver::Service::rewind_kept).
+    pub fn rewind_kept(&mut self) {
+        self.server.rewind_kept();
+    }
+
     /// The shard index.
     pub fn index(&self) -> usize {
         self.index

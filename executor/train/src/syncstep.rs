@@ -27,6 +27,7 @@
 //! the budget until the step is taken, so the connections' messages and
 //! replies see the room they take.
 
+use starwire_ps::Position;
 use starwire_transport::MemoryBudget;
 use starwire_wire::ps::{
     push_request_header_len, DecodeError, Limits, PushRequest, PushRequestWriter,
@@ -113,6 +114,10 @@ pub struct SyncStep {
     items: u64,
     /// Bytes kept for the step (charged to `budget`).
     kept: usize,
+    /// Per worker with pushes kept for the step: the shard's applied
+    /// position of its pushes before the first of them, which a checkpoint
+    /// taken before the step is applied must go back to.
+    before: Vec<Option<Position>>,
 }
 
 impl SyncStep {
@@ -127,7 +132,25 @@ impl SyncStep {
             budget,
             items: 0,
             kept: 0,
+            before: vec![None; workers],
         }
+    }
+
+    /// Worker `w`'s push is about to be kept, the shard's applied position
+    /// of its pushes being `at` (recorded for its first push of the step).
+    pub fn keeping(&mut self, w: u32, at: Position) {
+        if let Some(b) = self.before.get_mut(w as usize) {
+            b.get_or_insert(at);
+        }
+    }
+
+    /// The workers with pushes kept for the step being gathered, and the
+    /// applied position of each before them ([`Self::keeping`]).
+    pub fn kept_from(&self) -> impl Iterator<Item = (u32, Position)> + '_ {
+        self.before
+            .iter()
+            .enumerate()
+            .filter_map(|(w, b)| b.map(|p| (w as u32, p)))
     }
 
     /// Workers gathered from.
@@ -219,6 +242,7 @@ impl SyncStep {
         self.merged[4..8].copy_from_slice(&n.to_le_bytes());
         self.budget.release(std::mem::take(&mut self.kept));
         self.items = 0;
+        self.before.fill(None);
         Some(&self.merged)
     }
 }

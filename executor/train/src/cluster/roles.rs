@@ -132,9 +132,12 @@ fn collect<K: Backend>(
     let mut end = PsEnd::default();
     for r in ended {
         let (shard, _) = r.map_err(|e| TrainError::Internal(format!("PS reactor: {e}")))?;
-        let endpoint = shard
+        let mut endpoint = shard
             .into_inner()
             .ok_or_else(|| TrainError::Internal("PS reactor had no driver".into()))?;
+        if checkpoint {
+            endpoint.service_mut().rewind_kept();
+        }
         let service = endpoint.service();
         let h = service.handler();
         end.stats.push(crate::psserver::PsHandler::stats(h));
