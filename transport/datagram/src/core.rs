@@ -292,7 +292,9 @@ pub struct ReliableCore {
     ready: VecDeque<Vec<u8>>,
 
     failed: Option<String>,
-    /// When the application let the connection go ([`ReliableCore::handle_close`]).
+    /// When the application let the connection go
+    /// ([`ReliableCore::handle_close`]), moved to the last packet of the
+    /// peer's received since: the linger runs from it.
     closed_at: Option<Instant>,
     /// Buffers for out-of-order fragments.
     pool: Vec<Vec<u8>>,
@@ -534,9 +536,11 @@ impl ReliableCore {
         self.failed.is_none() && (self.tx_pending() || self.ack_deadline.is_some())
     }
 
-    /// How long a closed core lingers: two of the longest retransmission
-    /// timeouts, so that the peer's retransmission of a packet whose
-    /// acknowledgement was lost arrives within it.
+    /// How long a closed core lingers after the close, or after the
+    /// peer's last packet since: two of the longest retransmission
+    /// timeouts, so that the peer's next retransmission of a packet whose
+    /// acknowledgement was lost arrives within it, however far its
+    /// timeouts have backed off.
     pub fn linger(&self) -> Duration {
         self.cfg.rto_max.saturating_mul(2)
     }

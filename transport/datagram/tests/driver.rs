@@ -725,3 +725,47 @@ fn a_wake_up_ends_the_nap() {
         Some(ParkEnd::Waker)
     );
 }
+
+/// The linger runs from the peer's last packet, not only from the close:
+/// `a`'s acknowledgements are lost until well past one linger after `b`
+/// closed, so `a`'s backed-off retransmissions reach `b` later than that;
+/// `b`, still lingering, acknowledges each, and once one acknowledgement
+/// gets through `a` completes without failing.
+#[test]
+fn a_lingering_core_outlives_the_peers_late_retransmissions() {
+    let (mut a, a_ids, mut b, b_ids) = pair(1, LossConfig::lossless(1500), 12);
+    let (ca, cb) = (a_ids[0], b_ids[0]);
+    let t0 = Instant::now();
+    let mut now = t0;
+    a.tx_reserve(ca, 8)
+        .unwrap()
+        .unwrap()
+        .copy_from_slice(b"goodbye!");
+    a.tx_commit(ca, 8);
+    a.flush(now);
+    b.rx_burst(now, 8, &mut |_, _| {});
+    b.detach(cb);
+    let linger = ReliableConfig::default().rto_max * 2;
+    let mut late = 0;
+    for _ in 0..10_000 {
+        now = a.poll_timeout().map_or(now, |t| t.max(now)) + Duration::from_micros(10);
+        a.flush(now);
+        b.rx_burst(now, 64, &mut |_, _| {});
+        b.flush(now);
+        if now < t0 + linger + Duration::from_millis(200) {
+            // Lost: what b sent never reaches a.
+            a.link_mut()
+                .rx_burst(now, 64, &mut |_| {})
+                .expect("a's link");
+        } else {
+            late += 1;
+            a.rx_burst(now, 64, &mut |_, _| {});
+        }
+        if !a.tx_pending(ca) || a.poll_failure().is_some() {
+            break;
+        }
+    }
+    assert!(late > 0, "no retransmission came after the first linger");
+    assert!(a.poll_failure().is_none(), "a failed: b's slot was gone");
+    assert!(!a.tx_pending(ca), "a's last frame is acknowledged");
+}

@@ -187,6 +187,12 @@ impl ReliableCore {
             self.stats.dropped_foreign += 1;
             return;
         }
+        if let Some(closed) = self.closed_at.as_mut() {
+            // The linger runs from the peer's last packet: its
+            // retransmissions, backed off, may come later than one linger
+            // after the close.
+            *closed = (*closed).max(now);
+        }
         self.on_ack(now, hdr.ack, hdr.sack);
         if !hdr.flags.contains(PacketFlags::DATA) {
             return;

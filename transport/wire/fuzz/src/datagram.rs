@@ -1004,7 +1004,9 @@ fn check_complete(w: &World, victim: usize, class: Class) -> Result<(), String> 
             return Err(format!("{name}'s counters after a benign packet: {st:?}"));
         }
         if let Some((at, _)) = e.closed {
-            let later = w.now.max(at + e.core.linger());
+            // The linger runs from the close or the peer's last packet
+            // since, both at or before `now`.
+            let later = w.now.max(at) + e.core.linger();
             if !e.core.is_wound_down(later) {
                 return Err(format!("{name}, closed, never winds down"));
             }
