@@ -685,6 +685,31 @@ impl Manifest {
 
 static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 
+/// Create directory `dir` and the missing ones above it, durably: each
+/// directory created is fsynced into its parent, so that after a power
+/// loss a file written into `dir` (and fsynced, as [`write_atomic`] does)
+/// is found by its path. Directories that existed are left alone.
+pub fn create_dir_durable(dir: &Path) -> io::Result<()> {
+    let mut missing = Vec::new();
+    let mut d = dir;
+    while !d.as_os_str().is_empty() && !d.exists() {
+        missing.push(d);
+        match d.parent() {
+            Some(p) => d = p,
+            None => break,
+        }
+    }
+    fs::create_dir_all(dir)?;
+    for m in missing {
+        let parent = match m.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        File::open(parent)?.sync_all()?;
+    }
+    Ok(())
+}
+
 /// Write `path` atomically: `f` writes into a temporary file in the same
 /// directory, which is flushed and fsynced, renamed over `path`, and the
 /// directory is fsynced. Readers see the old file or the new one, never a

@@ -74,7 +74,7 @@ pub mod var;
 
 pub use applied::{AppliedSteps, Position, ResumeAhead};
 pub use assign::{shard_of, AssignmentReport, Strategy, VarStats, VariableAssignment};
-pub use checkpoint::{write_atomic, Manifest, WorkerProgress};
+pub use checkpoint::{create_dir_durable, write_atomic, Manifest, WorkerProgress};
 pub use error::{CheckpointError, PsError};
 pub use optim::{OptimizerConfig, OptimizerKind, Pulled, StalenessLr};
 pub use shard::{

@@ -481,3 +481,19 @@ fn a_header_read_alone_names_the_shard_and_step() {
         Err(CheckpointError::BadMagic)
     ));
 }
+
+/// `create_dir_durable` creates every missing directory down to the one
+/// asked for, and leaves one that exists as it is.
+#[test]
+fn durable_directories_are_created_down_to_the_one_asked_for() {
+    let root = tempfile::tempdir().unwrap();
+    let deep = root.path().join("a").join("b").join("c");
+    starwire_ps::create_dir_durable(&deep).unwrap();
+    assert!(deep.is_dir());
+    std::fs::write(deep.join("f"), b"x").unwrap();
+    starwire_ps::create_dir_durable(&deep).unwrap();
+    assert_eq!(std::fs::read(deep.join("f")).unwrap(), b"x");
+    let file = root.path().join("plain");
+    std::fs::write(&file, b"").unwrap();
+    assert!(starwire_ps::create_dir_durable(&file.join("under")).is_err());
+}

@@ -67,7 +67,8 @@ impl DeltaExport {
     pub fn write(&mut self, shard: &PsShard, index: usize, dir: &Path) -> Result<(), String> {
         let path = delta_file(dir, shard.global_step(), index);
         if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
+            starwire_ps::create_dir_durable(parent)
+                .map_err(|e| format!("{}: {e}", parent.display()))?;
         }
         write_atomic(&path, |w| shard.save_delta(self.base, &self.touched, w))
             .map_err(|e| format!("{}: {e}", path.display()))?;

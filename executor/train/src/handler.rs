@@ -300,7 +300,7 @@ impl PsHandler for ShardHandler {
             ));
         }
         let path = own.join(shard_file(self.index));
-        std::fs::create_dir_all(own).map_err(|e| format!("{dir}: {e}"))?;
+        starwire_ps::create_dir_durable(own).map_err(|e| format!("{dir}: {e}"))?;
         write_atomic(&path, |w| self.shard.save(w))
             .map_err(|e| format!("{}: {e}", path.display()))?;
         let step = self.shard.global_step();

@@ -70,9 +70,9 @@ pub fn is_checkpoint_step(c: u64, every: u64) -> bool {
 /// `write_atomic`) cannot lose the directory that names them.
 pub fn create_step_dir(dir: &Path, c: u64) -> std::io::Result<PathBuf> {
     let d = step_dir(dir, c);
-    std::fs::create_dir_all(&d)?;
-    let steps = dir.join("steps");
-    std::fs::File::open(&steps)?.sync_all()?;
+    starwire_ps::create_dir_durable(&d)?;
+    // Synced even if they existed: another task may have created them.
+    std::fs::File::open(dir.join("steps"))?.sync_all()?;
     std::fs::File::open(dir)?.sync_all()?;
     Ok(d)
 }

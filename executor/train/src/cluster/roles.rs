@@ -159,7 +159,7 @@ pub(crate) fn write_shard(h: &ShardHandler, dir: &Path) -> Result<std::path::Pat
         path: path.clone(),
         reason,
     };
-    std::fs::create_dir_all(dir).map_err(|e| ck(e.to_string()))?;
+    starwire_ps::create_dir_durable(dir).map_err(|e| ck(e.to_string()))?;
     starwire_ps::write_atomic(&path, |w| h.shard.save(w)).map_err(|e| ck(e.to_string()))?;
     Ok(path)
 }
@@ -971,7 +971,7 @@ pub(super) fn write_checkpoint(
     dir: &Path,
     workers: Vec<WorkerProgress>,
 ) -> Result<(), TrainError> {
-    std::fs::create_dir_all(dir)?;
+    starwire_ps::create_dir_durable(dir)?;
     let d = dir.to_str().ok_or_else(|| TrainError::Checkpoint {
         path: dir.to_owned(),
         reason: "path is not UTF-8".into(),
