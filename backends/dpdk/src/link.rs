@@ -394,6 +394,11 @@ impl DatagramLink for DpdkLink {
         self.mtu
     }
 
+    /// The connection's peer ([`add_peer`](Self::add_peer)) goes with it.
+    fn forget(&mut self, local_conn: u32) {
+        self.remove_peer(local_conn);
+    }
+
     /// Lends at most the mbuf's room after the headers (at least the MTU).
     fn tx_alloc(&mut self, len: usize) -> Option<&mut [u8]> {
         if self.pending.len() >= self.cfg.max_pending {

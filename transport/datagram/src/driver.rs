@@ -330,17 +330,25 @@ impl<L: DatagramLink> DatagramDriver<L> {
             if done {
                 slot.lingering = false;
                 self.lingering -= 1;
-                Self::free_slot(slot, i, &mut self.free, &mut self.retired);
+                Self::free_slot(slot, i, &mut self.free, &mut self.retired, &mut self.link);
             }
         }
     }
 
     /// Give slot `index` back: its core's counters retire, and its id
-    /// changes, so packets still in flight to it are dropped as unknown.
-    fn free_slot(slot: &mut Slot, index: usize, free: &mut Vec<u32>, retired: &mut CoreStats) {
+    /// changes, so packets still in flight to it are dropped as unknown;
+    /// the link forgets the old id ([`DatagramLink::forget`]).
+    fn free_slot(
+        slot: &mut Slot,
+        index: usize,
+        free: &mut Vec<u32>,
+        retired: &mut CoreStats,
+        link: &mut L,
+    ) {
         if let Some(core) = slot.core.take() {
             retired.accumulate(core.stats());
         }
+        link.forget(slot.id(index));
         slot.generation = (slot.generation + 1) & (u32::MAX >> SLOT_BITS);
         free.push(index as u32);
     }
@@ -613,7 +621,13 @@ impl<L: DatagramLink> Driver for DatagramDriver<L> {
             slot.lingering = true;
             self.lingering += 1;
         } else {
-            Self::free_slot(slot, index, &mut self.free, &mut self.retired);
+            Self::free_slot(
+                slot,
+                index,
+                &mut self.free,
+                &mut self.retired,
+                &mut self.link,
+            );
         }
     }
 

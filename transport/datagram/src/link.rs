@@ -70,4 +70,11 @@ pub trait DatagramLink {
         max: usize,
         sink: &mut dyn FnMut(&[u8]),
     ) -> Result<usize, LinkError>;
+
+    /// The driver freed our connection `local_conn` (its id until then):
+    /// a link that keeps something per connection (a peer address) lets
+    /// it go. Nothing by default.
+    fn forget(&mut self, local_conn: u32) {
+        let _ = local_conn;
+    }
 }

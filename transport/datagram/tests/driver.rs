@@ -769,3 +769,71 @@ fn a_lingering_core_outlives_the_peers_late_retransmissions() {
     assert!(a.poll_failure().is_none(), "a failed: b's slot was gone");
     assert!(!a.tx_pending(ca), "a's last frame is acknowledged");
 }
+
+/// A link that records the connections the driver told it to forget.
+struct Forgetful {
+    inner: LossyLink,
+    forgotten: Vec<u32>,
+}
+
+impl DatagramLink for Forgetful {
+    fn mtu(&self) -> usize {
+        self.inner.mtu()
+    }
+    fn tx_alloc(&mut self, len: usize) -> Option<&mut [u8]> {
+        self.inner.tx_alloc(len)
+    }
+    fn tx_commit(&mut self, len: usize) -> Result<(), starwire_datagram::LinkError> {
+        self.inner.tx_commit(len)
+    }
+    fn tx_burst_flush(&mut self, now: Instant) -> Result<usize, starwire_datagram::LinkError> {
+        self.inner.tx_burst_flush(now)
+    }
+    fn rx_burst(
+        &mut self,
+        now: Instant,
+        max: usize,
+        sink: &mut dyn FnMut(&[u8]),
+    ) -> Result<usize, starwire_datagram::LinkError> {
+        self.inner.rx_burst(now, max, sink)
+    }
+    fn forget(&mut self, local_conn: u32) {
+        self.forgotten.push(local_conn);
+    }
+}
+
+/// A freed slot's id is forgotten by the link (a DPDK link drops the
+/// connection's peer address): at once for a connection with nothing to
+/// linger for, after the linger for one that has.
+#[test]
+fn a_freed_connection_is_forgotten_by_the_link() {
+    let (la, _lb) = LossyLink::pair(LossConfig::lossless(1500), 13);
+    let link = Forgetful {
+        inner: la,
+        forgotten: Vec::new(),
+    };
+    let mut a = DatagramDriver::new(link, ReliableConfig::default()).expect("driver");
+    let (c, id) = a.prepare().unwrap();
+    a.connect(c, 7).unwrap();
+    a.detach(c);
+    assert_eq!(a.link_mut().forgotten, vec![id], "freed at once");
+    let (c2, id2) = a.prepare().unwrap();
+    assert_ne!(id2, id);
+    a.connect(c2, 8).unwrap();
+    a.tx_reserve(c2, 4)
+        .unwrap()
+        .unwrap()
+        .copy_from_slice(b"last");
+    a.tx_commit(c2, 4);
+    let t0 = Instant::now();
+    a.flush(t0);
+    a.detach(c2);
+    assert_eq!(a.link_mut().forgotten, vec![id], "lingering, not yet");
+    let mut now = t0;
+    while now < t0 + Duration::from_secs(60) && a.link_mut().forgotten.len() < 2 {
+        now += Duration::from_millis(50);
+        a.flush(now);
+        a.rx_burst(now, 64, &mut |_, _| {});
+    }
+    assert_eq!(a.link_mut().forgotten, vec![id, id2], "after the linger");
+}
