@@ -304,7 +304,12 @@ enum Kill {
 /// what `kill` says. The workers' JSON reports, and after a PS kill the
 /// seconds from its restart to the last worker rolling back (training
 /// again).
-fn killed_run(dir: &Path, sync: bool, kill: Kill) -> (Vec<serde_json::Value>, Option<f64>) {
+/// The reports of a killed run, the seconds from a PS's restart to the
+/// workers training again, and each worker's log lines (worker 1's of its
+/// last process).
+type KilledRun = (Vec<serde_json::Value>, Option<f64>, Vec<Vec<String>>);
+
+fn killed_run(dir: &Path, sync: bool, kill: Kill) -> KilledRun {
     let hosts = |n: usize| {
         (0..n)
             .map(|_| format!("127.0.0.1:{}", free_port()))
@@ -412,7 +417,7 @@ fn killed_run(dir: &Path, sync: bool, kill: Kill) -> (Vec<serde_json::Value>, Op
         .collect();
     let st = wait(&mut ps, Duration::from_secs(60));
     assert!(st.success(), "ps: {st}");
-    (reports, back_in)
+    (reports, back_in, all_err)
 }
 
 /// `kill -9` of the PS of a synchronous run, and its restart with the
@@ -424,7 +429,7 @@ fn a_sync_run_whose_ps_is_killed_and_restarted_ends_bit_identical() {
     let whole = tempfile::tempdir().unwrap();
     killed_run(whole.path(), true, Kill::Nothing);
     let killed = tempfile::tempdir().unwrap();
-    let (reports, back_in) = killed_run(killed.path(), true, Kill::Ps { at: 64 });
+    let (reports, back_in, _) = killed_run(killed.path(), true, Kill::Ps { at: 64 });
     eprintln!(
         "training again {:.3} s after the PS restart",
         back_in.unwrap()
@@ -465,7 +470,7 @@ fn a_sync_run_whose_ps_is_killed_and_restarted_ends_bit_identical() {
 #[test]
 fn an_async_run_whose_ps_is_killed_and_restarted_trains_each_example_once() {
     let dir = tempfile::tempdir().unwrap();
-    let (reports, back_in) = killed_run(dir.path(), false, Kill::Ps { at: 64 });
+    let (reports, back_in, _) = killed_run(dir.path(), false, Kill::Ps { at: 64 });
     for r in &reports {
         let f = r["failovers"].as_array().expect("failovers");
         assert_eq!(f.len(), 1, "{r}");
@@ -514,7 +519,7 @@ fn an_async_worker_killed_and_restarted_trains_each_example_once() {
     // Checkpoints every 32 global steps (16 steps of each worker): killed
     // at its step 40, worker 1 is past the checkpoint of 64 and short of
     // the next one's barrier.
-    let (reports, _) = killed_run(dir.path(), false, Kill::Worker1 { at: 64, step: 40 });
+    let (reports, _, _) = killed_run(dir.path(), false, Kill::Worker1 { at: 64, step: 40 });
     // Two epochs of each worker's 12 288 examples in batches of 128.
     let restarted = every_example_trained(&reports, 24_576);
     // The restarted worker trained only what the PS did not hold (its
@@ -551,7 +556,7 @@ fn a_sync_worker_killed_and_restarted_ends_bit_identical() {
     let killed = tempfile::tempdir().unwrap();
     // Checkpoints every 32 global steps (16 steps of each worker): killed
     // at its step 40, worker 1 is past the checkpoint of 64.
-    let (reports, _) = killed_run(killed.path(), true, Kill::Worker1 { at: 64, step: 40 });
+    let (reports, _, logs) = killed_run(killed.path(), true, Kill::Worker1 { at: 64, step: 40 });
     // One epoch of each worker's 12 288 examples in batches of 128.
     let restarted = every_example_trained(&reports, 12_288);
     // Its step 40 was logged after its push: the shard held at least 40.
@@ -561,8 +566,21 @@ fn a_sync_worker_killed_and_restarted_ends_bit_identical() {
     );
     let (a, b) = (shard_files(whole.path()), shard_files(killed.path()));
     assert!(!a.is_empty());
-    assert!(
-        a == b,
-        "the model after the worker's restart differs from an uninterrupted run's"
-    );
+    // Killed between its pushes of one step to the two shards, the worker
+    // resumes at the lower count, and its step is trained again on the
+    // values of the shard that applied it already: the documented case
+    // (TRAIN.md, "Failover") in which the run differs from an
+    // uninterrupted one in that step, which the worker warns of. The kill
+    // lands there only when the machine is loaded.
+    let split = logs[1]
+        .iter()
+        .any(|l| l.contains("the shards hold different numbers of this worker's steps"));
+    if split {
+        eprintln!("the kill split a step between the shards (warned): the models may differ");
+    } else {
+        assert!(
+            a == b,
+            "the model after the worker's restart differs from an uninterrupted run's"
+        );
+    }
 }
