@@ -5,7 +5,12 @@
 //!   process); [`register_thread`] makes the calling thread an lcore.
 //! * [`Mempool`] owns a packet-buffer pool and frees it on drop.
 //! * [`Mbuf`] owns one packet buffer and gives it back to its pool on drop
-//!   unless it was handed to a transmit queue.
+//!   unless it was handed to a transmit queue. An `Mbuf` holds no handle
+//!   to its pool (an `Arc` clone per packet would cost the data path an
+//!   atomic read-modify-write each way); whatever holds mbufs holds a
+//!   handle to their pool instead (an `Arc<Mempool>`, or a [`Queue`],
+//!   whose device holds one) and gives its mbufs back in an explicit
+//!   `Drop` before that handle goes, so no field order is relied upon.
 //! * [`Device`] is a started port (stopped and closed on drop); a
 //!   [`Queue`] is one of its rx/tx queue pairs, owned by one holder at a
 //!   time, so a burst never races another on the same queue: the device
@@ -304,6 +309,8 @@ pub(crate) fn xstats(port: u16) -> Result<Vec<(String, u64)>, (i32, String)> {
 pub(crate) struct Mempool {
     pool: NonNull<sys::rte_mempool>,
     size: u32,
+    /// The name given to DPDK (for logs, and the tests' record of frees).
+    name: Box<str>,
 }
 
 // SAFETY: a mempool with the default (multi-producer, multi-consumer ring)
@@ -340,7 +347,11 @@ impl Mempool {
             unsafe { sys::rte_pktmbuf_pool_create(cname.as_ptr(), size, cache, 0, room, socket) }
         };
         match NonNull::new(pool) {
-            Some(pool) => Ok(Self { pool, size }),
+            Some(pool) => Ok(Self {
+                pool,
+                size,
+                name: name.into(),
+            }),
             None => Err(last_error()),
         }
     }
@@ -366,12 +377,53 @@ impl Mempool {
 
 impl Drop for Mempool {
     fn drop(&mut self) {
+        let available = self.available();
+        if available < self.size {
+            // Mbufs left in a device's software rings (net_ring keeps what
+            // was sent and never received) are lost with the pool; mbufs
+            // this crate owns never are (see below).
+            tracing::debug!(
+                pool = &*self.name,
+                available,
+                size = self.size,
+                "mempool freed with mbufs outstanding"
+            );
+        }
+        #[cfg(test)]
+        freed::record(&self.name, available, self.size);
         // SAFETY: this runs when the last Arc of the pool goes. Each
         // Device holds one until it has stopped and closed its port (which
-        // releases the mbufs in its rings), and every Mbuf of this crate
-        // lives in a link or demultiplexer that holds the pool or the
-        // queue and drops its mbufs first; so nothing uses the pool after.
+        // releases the mbufs in its rings). Every holder of Mbufs holds a
+        // handle to their pool (an Arc<Mempool>, or a Queue whose Device
+        // holds one) and gives its mbufs back in its own Drop, which runs
+        // before any of its fields, that handle included, is dropped:
+        // DpdkLink, Demux (link.rs), Slot and Lease (steer.rs). So no
+        // Mbuf of this crate outlives the pool.
         unsafe { sys::rte_mempool_free(self.pool.as_ptr()) }
+    }
+}
+
+/// What each pool had back when it was freed, for the tests that check
+/// that mbufs go back before their pool does (a pool freed first would
+/// show them missing here, then take them back into freed memory).
+#[cfg(test)]
+pub(crate) mod freed {
+    use std::sync::Mutex;
+
+    /// (pool name, mbufs available, pool size) of each pool freed.
+    static FREED: Mutex<Vec<(String, u32, u32)>> = Mutex::new(Vec::new());
+
+    pub(super) fn record(name: &str, available: u32, size: u32) {
+        let mut f = FREED.lock().unwrap_or_else(|e| e.into_inner());
+        f.push((name.to_owned(), available, size));
+    }
+
+    /// (available, size) when the pool named `name` was freed, if it was.
+    pub(crate) fn take(name: &str) -> Option<(u32, u32)> {
+        let mut f = FREED.lock().unwrap_or_else(|e| e.into_inner());
+        let i = f.iter().position(|(n, _, _)| n == name)?;
+        let (_, available, size) = f.remove(i);
+        Some((available, size))
     }
 }
 
@@ -737,17 +789,10 @@ impl Drop for FlowRule {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Eal;
-
-    /// The EAL of this test binary (it initialises once per process, and
-    /// this is its only test that needs it): a ring-backed port, without
-    /// hugepages or PCI devices.
-    const EAL_ARGS: &str = "--no-huge --no-pci --no-shconf -m 256 --vdev=net_ring0";
 
     #[test]
     fn a_devices_queues_are_handed_out_once() {
-        let eal = Eal::init(EAL_ARGS).expect("EAL");
-        eal.register_thread().expect("lcore");
+        crate::testing::eal();
         let pool =
             Mempool::new("starwire_unit_p0", 1023, 32, sys::SOCKET_ID_ANY, false).expect("mempool");
         let setup = DeviceSetup {

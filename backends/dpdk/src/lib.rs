@@ -44,3 +44,24 @@ pub use crate::error::DpdkError;
 pub use crate::link::{DpdkLink, DpdkLinkStats, LinkConfig, SharedQueue};
 pub use crate::port::{DeviceInfo, LinkStatus, Port, PortConfig, PortQueue, PortStats};
 pub use crate::steer::{probe_steering, QueueSet, Steering, HANDOVER_HOLD};
+
+/// What the unit tests share: the EAL initialises once per process, so
+/// every unit test that needs it passes these same arguments (a second
+/// initialisation with them returns the running EAL), and each opens a
+/// ring-backed port of its own, as a port closes for good when it stops.
+#[cfg(test)]
+pub(crate) mod testing {
+    use crate::Eal;
+
+    /// Ring-backed ports without hugepages or PCI devices: port 0 for
+    /// `ffi`'s test, 1 and 2 for `link`'s, 3 and 4 for `steer`'s.
+    const EAL_ARGS: &str = "--no-huge --no-pci --no-shconf -m 512 --vdev=net_ring0 \
+        --vdev=net_ring1 --vdev=net_ring2 --vdev=net_ring3 --vdev=net_ring4";
+
+    /// The EAL, with the calling thread registered as an lcore.
+    pub(crate) fn eal() -> &'static Eal {
+        let eal = Eal::init(EAL_ARGS).expect("EAL");
+        eal.register_thread().expect("lcore");
+        eal
+    }
+}

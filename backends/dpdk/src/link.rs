@@ -125,12 +125,22 @@ pub struct SharedQueue {
 
 #[derive(Debug)]
 struct Demux {
-    /// Packets received for each bound UDP port, not yet taken. Declared
-    /// before the queue: mbufs go back to the pool before the port can
-    /// stop.
+    /// Packets received for each bound UDP port, not yet taken.
     inboxes: Vec<(u16, VecDeque<Mbuf>)>,
     scratch: Vec<Mbuf>,
+    /// Its device holds the pool of the mbufs above: `Drop` gives them
+    /// back first.
     queue: ffi::Queue,
+}
+
+impl Drop for Demux {
+    fn drop(&mut self) {
+        // The mbufs go back to their pool while `queue` (whose device holds
+        // the pool) is still alive: Drop runs before any field is dropped,
+        // whatever the fields' order.
+        self.inboxes.clear();
+        self.scratch.clear();
+    }
 }
 
 impl SharedQueue {
@@ -177,8 +187,8 @@ enum Access {
 /// module docs.
 #[derive(Debug)]
 pub struct DpdkLink {
-    // Mbuf holders first: they drop before the queue, so every mbuf is
-    // back in the pool before the port can stop and free it.
+    // Mbuf holders: `Drop` empties them while `pool` is alive, so every
+    // mbuf is back in the pool before the link's handle to it goes.
     /// Committed packets the device has not taken yet, in order.
     pending: Vec<Mbuf>,
     /// The mbuf lent by the last `tx_alloc`, with the length lent.
@@ -190,6 +200,8 @@ pub struct DpdkLink {
     peers: HashMap<u32, UdpEndpoint>,
     mtu: usize,
     stats: DpdkLinkStats,
+    /// The pool of every mbuf above: allocation, and the handle that
+    /// keeps it alive until they are back.
     pool: Arc<Mempool>,
     access: Access,
     /// When a shared queue was first left unpolled for a full inbox,
@@ -382,6 +394,13 @@ impl DpdkLink {
 
 impl Drop for DpdkLink {
     fn drop(&mut self) {
+        // Give the link's mbufs back while `pool` (and `access`, which
+        // holds the pool too) is alive: Drop runs before any field is
+        // dropped, so this does not depend on the fields' order. Packets
+        // committed and not sent are dropped with the link.
+        self.pending.clear();
+        self.cur = None;
+        self.rx.clear();
         tracing::debug!(udp_port = self.cfg.local.port, stats = ?self.stats, "DPDK link closed");
         if let Access::Shared(q) = &self.access {
             q.unbind(self.cfg.local.port);
@@ -542,5 +561,86 @@ impl DatagramLink for DpdkLink {
             }
         }
         Ok(self.lend(sink))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ffi::freed;
+    use crate::port::{Port, PortConfig};
+    use std::net::Ipv4Addr;
+
+    fn open(port: u16) -> Port {
+        let cfg = PortConfig {
+            port,
+            rx_desc: 128,
+            tx_desc: 128,
+            ..PortConfig::default()
+        };
+        Port::open(crate::testing::eal(), &cfg).expect("open a net_ring port")
+    }
+
+    /// A link that is the last holder of its pool gives back the packets
+    /// it committed but did not send, and the one it lent, before the
+    /// pool is freed: a pool freed first shows them missing.
+    #[test]
+    fn a_link_gives_its_mbufs_back_before_its_pool_goes() {
+        let mut port = open(1);
+        let size = port.mbufs();
+        let ep = UdpEndpoint {
+            mac: port.info().mac,
+            ip: Ipv4Addr::new(198, 18, 0, 1),
+            port: 7000,
+        };
+        let mtu = port.info().mtu;
+        let queue = port.take_queue().expect("a queue pair");
+        let mut link = DpdkLink::new(queue, mtu, LinkConfig::new(ep, ep));
+        for i in 0..16u8 {
+            link.tx_alloc(64).expect("tx_alloc")[..4].copy_from_slice(&[i; 4]);
+            link.tx_commit(4).expect("tx_commit");
+        }
+        link.tx_alloc(64).expect("one more lent");
+        assert_eq!(link.pending(), 16);
+        assert_eq!(port.mbufs_available(), size - 17);
+        drop(port);
+        assert_eq!(freed::take("starwire_p1"), None, "the link holds the pool");
+        drop(link);
+        assert_eq!(
+            freed::take("starwire_p1"),
+            Some((size, size)),
+            "every mbuf back before the pool was freed"
+        );
+    }
+
+    /// A shared queue's demultiplexer that is the last holder of its
+    /// queue (whose device holds the pool) gives back the packets in its
+    /// inboxes and scratch before the pool is freed.
+    #[test]
+    fn a_demultiplexer_gives_its_mbufs_back_before_its_pool_goes() {
+        let mut port = open(2);
+        let size = port.mbufs();
+        let queue = port.take_queue().expect("a queue pair").0;
+        let pool = Arc::clone(queue.device().pool());
+        let take = |n| {
+            (0..n)
+                .map(|_| pool.alloc().expect("an mbuf"))
+                .collect::<Vec<_>>()
+        };
+        let demux = Demux {
+            inboxes: vec![(7000, take(8).into()), (7001, take(4).into())],
+            scratch: take(3),
+            queue,
+        };
+        drop(pool);
+        assert_eq!(port.mbufs_available(), size - 15);
+        drop(port);
+        assert_eq!(freed::take("starwire_p2"), None, "the queue holds the pool");
+        drop(demux);
+        assert_eq!(
+            freed::take("starwire_p2"),
+            Some((size, size)),
+            "every mbuf back before the pool was freed"
+        );
     }
 }

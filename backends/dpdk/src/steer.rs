@@ -112,7 +112,33 @@ const PROBE_UDP_PORT: u16 = 20_000;
 struct Routes(Box<[AtomicU32]>);
 
 impl Routes {
-    /// The slot bound to `udp_port`, if any.
+    /// `slots` slots, none bound.
+    fn new(slots: usize) -> Self {
+        Self((0..slots).map(|_| AtomicU32::new(0)).collect())
+    }
+
+    /// Bind `slot` to `udp_port` (under the set's lock; the slot's inbox
+    /// is empty first, so a reader that finds it hands over to the new
+    /// link only what arrives from now on).
+    fn bind(&self, slot: usize, udp_port: u16) {
+        self.0[slot].store(u32::from(udp_port) + 1, Ordering::Release);
+    }
+
+    /// Free `slot` (under the set's lock).
+    fn unbind(&self, slot: usize) {
+        self.0[slot].store(0, Ordering::Release);
+    }
+
+    /// Whether a link holds `slot`.
+    fn is_bound(&self, slot: usize) -> bool {
+        self.0[slot].load(Ordering::Acquire) != 0
+    }
+
+    /// The slot bound to `udp_port` when its entry was read, if any. An
+    /// entry is one atomic word, so a reader never sees half a binding;
+    /// it may act on the slot after its link has gone and another has
+    /// taken it: a packet handed over then reaches the link of another UDP
+    /// port, whose filter drops it (`rx_filtered`).
     fn find(&self, udp_port: u16) -> Option<usize> {
         let want = u32::from(udp_port) + 1;
         self.0
@@ -127,11 +153,24 @@ impl Routes {
 struct Slot {
     /// Its place in the grid and in the routes.
     index: usize,
-    // Ring handles before the queue: packets still in a ring go back to
-    // the pool while the device (and its pool) lives.
     handover: Producer<Mbuf>,
     inbox: Consumer<Mbuf>,
+    /// Its device holds the pool of the mbufs in the rings: `Drop`
+    /// empties the inbox first.
     queue: ffi::Queue,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        // Packets handed to this slot go back to the pool while `queue`
+        // (whose device holds the pool) is alive: Drop runs before any
+        // field is dropped, whatever the fields' order. A ring's packets
+        // are reachable only from its consumer, and slots drop only with
+        // their set (a lease gives its slot back), when no link pushes any
+        // more; so once every slot has drained its inbox, no ring of the
+        // grid holds an mbuf.
+        self.inbox.drain(usize::MAX, drop);
+    }
 }
 
 #[derive(Debug)]
@@ -145,6 +184,8 @@ struct Shared {
     slots: usize,
     /// The port index.
     port: u16,
+    /// The pool of the port's mbufs, alive as long as the set: a lease's
+    /// mbufs go back to it before the lease lets go of the set.
     pool: Arc<Mempool>,
 }
 
@@ -234,7 +275,7 @@ impl QueueSet {
         Ok(Self {
             shared: Arc::new(Shared {
                 free: Mutex::new(free),
-                routes: Routes((0..n).map(|_| AtomicU32::new(0)).collect()),
+                routes: Routes::new(n),
                 steering,
                 rte_flow_refused,
                 slots: n,
@@ -302,7 +343,7 @@ impl QueueSet {
             },
             _ => None,
         };
-        self.shared.routes.0[slot.index].store(u32::from(udp_port) + 1, Ordering::Release);
+        self.shared.routes.bind(slot.index, udp_port);
         Ok(Lease {
             slot: Some(slot),
             flow,
@@ -377,9 +418,7 @@ impl Lease {
         let mut room = max.saturating_sub(handed_in);
         if room > 0 {
             let full = (0..set.slots).any(|i| {
-                i != slot.index
-                    && set.routes.0[i].load(Ordering::Acquire) != 0
-                    && !slot.handover.has_room(i, room)
+                i != slot.index && set.routes.is_bound(i) && !slot.handover.has_room(i, room)
             });
             if !full {
                 *held_since = None;
@@ -417,11 +456,293 @@ impl Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
+        // Back to the pool while `set` (which holds it) is alive, whatever
+        // the fields' order.
+        self.scratch.clear();
         drop(self.flow.take());
         if let Some(slot) = self.slot.take() {
             let mut free = self.set.free.lock().unwrap_or_else(|e| e.into_inner());
-            self.set.routes.0[slot.index].store(0, Ordering::Release);
+            self.set.routes.unbind(slot.index);
             free.push(slot);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ffi::freed;
+    use crate::link::{DpdkLink, LinkConfig};
+    use crate::port::PortConfig;
+    use starwire_datagram::udp::UdpEndpoint;
+    use starwire_datagram::DatagramLink;
+    use std::collections::VecDeque;
+    use std::net::Ipv4Addr;
+    use std::sync::atomic::{AtomicBool, AtomicUsize};
+    use std::thread;
+
+    /// Slots of the routes stress test: the first and the last stay
+    /// bound, the others are bound and freed over and over.
+    const SLOTS: usize = 8;
+    /// Ports bound for good, at slot 0 and at the last slot.
+    const STABLE: [(u16, usize); 2] = [(1000, 0), (2000, SLOTS - 1)];
+    /// Ports never bound.
+    const NEVER: [u16; 2] = [500, 65_534];
+
+    /// The only slot a churning port is ever bound to (1..=6); port 0
+    /// among them, whose entry (1) must never read as a free slot (0).
+    fn home(udp_port: u16) -> usize {
+        usize::from(udp_port % 6) + 1
+    }
+
+    fn churning() -> Vec<u16> {
+        (0..12).chain([65_535]).collect()
+    }
+
+    /// One thread binds and frees slots, as leases and their drops do,
+    /// while others look ports up, as receiving links do: a stable port
+    /// is always found at its slot, a port never bound never is, and a
+    /// churning port is found nowhere but at the one slot it is bound to.
+    #[test]
+    fn routes_stay_whole_while_slots_are_bound_and_freed() {
+        let routes = Routes::new(SLOTS);
+        for (p, slot) in STABLE {
+            routes.bind(slot, p);
+        }
+        let done = AtomicBool::new(false);
+        thread::scope(|s| {
+            let readers: Vec<_> = (0..2)
+                .map(|_| {
+                    s.spawn(|| {
+                        let (mut found, mut missed) = (0u64, 0u64);
+                        while !done.load(Ordering::Relaxed) {
+                            for (p, slot) in STABLE {
+                                assert_eq!(routes.find(p), Some(slot), "stable port {p}");
+                            }
+                            for p in NEVER {
+                                assert_eq!(routes.find(p), None, "port {p} was never bound");
+                            }
+                            for p in churning() {
+                                match routes.find(p) {
+                                    Some(i) => {
+                                        assert_eq!(i, home(p), "port {p} found at slot {i}");
+                                        found += 1;
+                                    }
+                                    None => missed += 1,
+                                }
+                            }
+                        }
+                        (found, missed)
+                    })
+                })
+                .collect();
+            // A fixed xorshift sequence picks the slot and port of each step.
+            let mut x = 0x9e37_79b9_u32;
+            let mut bound: [Option<u16>; SLOTS] = [None; SLOTS];
+            for _ in 0..300_000 {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                let slot = 1 + (x as usize % (SLOTS - 2));
+                if bound[slot].take().is_some() {
+                    routes.unbind(slot);
+                } else {
+                    let ports: Vec<u16> = churning()
+                        .into_iter()
+                        .filter(|&p| home(p) == slot)
+                        .collect();
+                    let p = ports[(x >> 8) as usize % ports.len()];
+                    routes.bind(slot, p);
+                    bound[slot] = Some(p);
+                }
+            }
+            done.store(true, Ordering::Relaxed);
+            for r in readers {
+                let (found, missed) = r.join().expect("a reader panicked");
+                assert!(found > 0 && missed > 0, "found {found}, missed {missed}");
+            }
+        });
+    }
+
+    fn open(port: u16, queues: u16) -> Port {
+        let cfg = PortConfig {
+            port,
+            queues,
+            rx_desc: 128,
+            tx_desc: 128,
+            ..PortConfig::default()
+        };
+        let port = Port::open(crate::testing::eal(), &cfg).expect("open a net_ring port");
+        assert_eq!(port.queues(), queues);
+        port
+    }
+
+    fn endpoint(port: &Port, udp: u16) -> UdpEndpoint {
+        UdpEndpoint {
+            mac: port.info().mac,
+            ip: Ipv4Addr::new(198, 18, 0, 1),
+            port: udp,
+        }
+    }
+
+    /// Packets handed over to a link that is gone stay in its slot's
+    /// ring until the set drops; they go back to the pool before the pool
+    /// is freed.
+    #[test]
+    fn a_set_gives_handed_over_mbufs_back_before_its_pool_goes() {
+        let mut port = open(3, 2);
+        let size = port.mbufs();
+        let set = QueueSet::new(&mut port, Steering::Software).expect("queue set");
+        let mtu = port.info().mtu;
+        let (ea, eb) = (endpoint(&port, 7500), endpoint(&port, 7501));
+        let mut a = DpdkLink::steered(&set, mtu, LinkConfig::new(ea, eb)).expect("link a");
+        let b = DpdkLink::steered(&set, mtu, LinkConfig::new(eb, ea)).expect("link b");
+        let now = Instant::now();
+        for i in 0..8u8 {
+            a.tx_alloc(16).expect("tx_alloc")[..16].copy_from_slice(&[i; 16]);
+            a.tx_commit(16).expect("tx_commit");
+        }
+        assert_eq!(a.tx_burst_flush(now).expect("flush"), 8);
+        // net_ring brings them back on a's queue: a hands them to b.
+        let mut lent = 0;
+        for _ in 0..10 {
+            a.rx_burst(now, 32, &mut |_| lent += 1).expect("rx_burst");
+        }
+        assert_eq!((lent, a.stats().rx_handed_over), (0, 8));
+        drop(b);
+        drop(a);
+        assert_eq!(port.mbufs_available(), size - 8, "8 in b's ring");
+        drop(port);
+        assert_eq!(freed::take("starwire_p3"), None, "the set holds the pool");
+        drop(set);
+        assert_eq!(
+            freed::take("starwire_p3"),
+            Some((size, size)),
+            "every mbuf back before the pool was freed"
+        );
+    }
+
+    /// The payload of the churn test: a sequence number, a `dst_conn` the
+    /// receiver has no peer of its own for, the `src_conn` the sender
+    /// picks the destination by, and the destination's UDP port.
+    fn payload(seq: u32, to_conn: u32, to_port: u16) -> [u8; 14] {
+        let mut p = [0; 14];
+        p[..4].copy_from_slice(&seq.to_le_bytes());
+        p[8..12].copy_from_slice(&to_conn.to_le_bytes());
+        p[12..].copy_from_slice(&to_port.to_le_bytes());
+        p
+    }
+
+    /// Links lease and give back queue pairs of a set (binding and
+    /// freeing routes) on one thread while another link receives on its
+    /// own thread what a third hands over to it by those routes: the
+    /// receiver gets its packets in order, none twice, none another's,
+    /// and none lost but those the hand-over counted as dropped.
+    #[test]
+    fn links_come_and_go_while_another_receives() {
+        const R: u16 = 7300;
+        const S: u16 = 7301;
+        const CHURN: u16 = 7400;
+        const ROUNDS: u32 = 1500;
+        const PER_ROUND: u32 = 16;
+        let mut port = open(4, 4);
+        let set = QueueSet::new(&mut port, Steering::Software).expect("queue set");
+        let mtu = port.info().mtu;
+        let ep = |udp| endpoint(&port, udp);
+        let mut r = DpdkLink::steered(&set, mtu, LinkConfig::new(ep(R), ep(S))).expect("r");
+        let mut s = DpdkLink::steered(&set, mtu, LinkConfig::new(ep(S), ep(R))).expect("s");
+        // Conn 0 is r; conn 1 + k is the churning link of UDP port CHURN + k.
+        for k in 0..8 {
+            s.add_peer(1 + u32::from(k), ep(CHURN + k));
+        }
+        let sending = &AtomicBool::new(true);
+        let churned = &AtomicUsize::new(0);
+        let eal = crate::testing::eal();
+        let (received, r) = thread::scope(|sc| {
+            let receiver = sc.spawn(move || {
+                eal.register_thread().expect("lcore");
+                let mut next = 0u32;
+                let mut idle = 0;
+                while sending.load(Ordering::Relaxed) || idle < 1000 {
+                    let n = r
+                        .rx_burst(Instant::now(), 32, &mut |p| {
+                            assert_eq!(p.len(), 14);
+                            assert_eq!(u16::from_le_bytes([p[12], p[13]]), R, "another's");
+                            let seq = u32::from_le_bytes([p[0], p[1], p[2], p[3]]);
+                            assert!(seq >= next, "{seq} after {next}: twice or reordered");
+                            next = seq + 1;
+                        })
+                        .expect("rx_burst");
+                    idle = if n == 0 { idle + 1 } else { 0 };
+                }
+                (r.stats().rx_packets, r)
+            });
+            sc.spawn(|| {
+                eal.register_thread().expect("lcore");
+                let mut held: VecDeque<DpdkLink> = VecDeque::new();
+                let mut i = 0u16;
+                while sending.load(Ordering::Relaxed) {
+                    let udp = CHURN + i % 8;
+                    i = i.wrapping_add(1);
+                    let cfg = LinkConfig::new(ep(udp), ep(S));
+                    match DpdkLink::steered(&set, mtu, cfg) {
+                        Ok(mut l) => {
+                            l.rx_burst(Instant::now(), 32, &mut |p| {
+                                assert_eq!(u16::from_le_bytes([p[12], p[13]]), udp);
+                            })
+                            .expect("rx_burst");
+                            held.push_back(l);
+                            churned.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(DpdkError::QueuesTaken { .. }) => {}
+                        Err(e) => panic!("lease of {udp}: {e}"),
+                    }
+                    if held.len() == 2 {
+                        drop(held.pop_front());
+                    }
+                }
+            });
+            let mut seq = 0;
+            let mut other = 0u32;
+            for _ in 0..ROUNDS {
+                for _ in 0..PER_ROUND {
+                    let p = payload(seq, 0, R);
+                    seq += 1;
+                    s.tx_alloc(p.len()).expect("tx_alloc")[..p.len()].copy_from_slice(&p);
+                    s.tx_commit(p.len()).expect("tx_commit");
+                }
+                for _ in 0..4 {
+                    let k = other % 8;
+                    other += 1;
+                    let p = payload(other, 1 + k, CHURN + k as u16);
+                    s.tx_alloc(p.len()).expect("tx_alloc")[..p.len()].copy_from_slice(&p);
+                    s.tx_commit(p.len()).expect("tx_commit");
+                }
+                while s.pending() > 0 {
+                    s.tx_burst_flush(Instant::now()).expect("flush");
+                    s.rx_burst(Instant::now(), 32, &mut |_| panic!("nothing is for s"))
+                        .expect("rx_burst");
+                }
+                for _ in 0..2 {
+                    s.rx_burst(Instant::now(), 32, &mut |_| panic!("nothing is for s"))
+                        .expect("rx_burst");
+                }
+            }
+            for _ in 0..1000 {
+                s.rx_burst(Instant::now(), 32, &mut |_| panic!("nothing is for s"))
+                    .expect("rx_burst");
+            }
+            sending.store(false, Ordering::Relaxed);
+            receiver.join().expect("the receiver panicked")
+        });
+        let sent = u64::from(ROUNDS * PER_ROUND);
+        let st = r.stats();
+        assert_eq!((st.rx_filtered, st.rx_foreign, st.rx_malformed), (0, 0, 0));
+        let dropped = s.stats().rx_inbox_full;
+        assert!(
+            received <= sent && received + dropped >= sent,
+            "sent {sent}, received {received}, dropped in hand-over {dropped}"
+        );
+        assert!(churned.load(Ordering::Relaxed) > 10, "links came and went");
     }
 }
