@@ -143,7 +143,7 @@ impl GrpcClient {
             if len > max {
                 return Err(GrpcError::TooLarge { len, max });
             }
-            let r = retry_refused(req, |r| {
+            let r = retry_unprocessed(req, |r| {
                 let mut c = c.clone();
                 async move { c.call(r).await }
             })
@@ -205,7 +205,7 @@ impl GrpcClient {
         let req = SparsePullRequest { var, keys };
         let r = self
             .rt
-            .block_on(retry_refused(req, |r| {
+            .block_on(retry_unprocessed(req, |r| {
                 let mut c = c.clone();
                 async move { c.sparse_pull(r).await }
             }))?
@@ -243,7 +243,7 @@ impl GrpcClient {
             dim,
             grads,
         };
-        self.rt.block_on(retry_refused(req, |r| {
+        self.rt.block_on(retry_unprocessed(req, |r| {
             let mut c = c.clone();
             async move { c.sparse_push(r).await }
         }))?;
@@ -255,7 +255,7 @@ impl GrpcClient {
         let c = self.client.clone();
         Ok(self
             .rt
-            .block_on(retry_refused(DensePullRequest { var }, |r| {
+            .block_on(retry_unprocessed(DensePullRequest { var }, |r| {
                 let mut c = c.clone();
                 async move { c.dense_pull(r).await }
             }))?
@@ -267,7 +267,7 @@ impl GrpcClient {
     pub fn dense_push(&self, var: u64, grads: Vec<f32>) -> Result<(), GrpcError> {
         let c = self.client.clone();
         let req = DensePushRequest { var, grads };
-        self.rt.block_on(retry_refused(req, |r| {
+        self.rt.block_on(retry_unprocessed(req, |r| {
             let mut c = c.clone();
             async move { c.dense_push(r).await }
         }))?;
@@ -275,43 +275,74 @@ impl GrpcClient {
     }
 }
 
-/// How many times one call is sent again after the server refused its
-/// stream. One suffices in practice (see [`retry_refused`]); the bound only
+/// How many times one call is sent again after the server did not process
+/// it (see [`retry_unprocessed`]). One suffices in practice; the bound only
 /// keeps a server that refuses everything from holding a call forever.
-const REFUSED_RETRIES: u32 = 8;
+const UNPROCESSED_RETRIES: u32 = 8;
 
-/// Make a unary call, sending it again when the server refused its stream
-/// (`REFUSED_STREAM`), as gRPC's transparent retry does.
+/// Make a unary call, sending it again when the server did not process it,
+/// as gRPC's transparent retry does; a call left unprocessed when the
+/// retries are spent fails `Unavailable` (the connection gone).
 ///
-/// A server refuses the streams past its `max_concurrent_streams`. The
-/// client learns that limit from the server's first SETTINGS frame; until
-/// then hyper lets it open up to 100 streams at once, so calls made right
-/// after connecting (or reconnecting) can be refused. HTTP/2 (RFC 9113
-/// section 8.7) guarantees a refused stream was not processed, so sending
-/// it again is safe, and by then the limit is known: the SETTINGS frame
-/// came before the refusal on the same connection, and the client queues
-/// what the limit does not let through.
-async fn retry_refused<Req, Rep, F, Fut>(req: Req, mut call: F) -> Result<Rep, tonic::Status>
+/// A call is known not to have been processed when:
+///
+/// - the server refused its stream (`REFUSED_STREAM`, RFC 9113 section
+///   8.7). A server refuses the streams past its `max_concurrent_streams`.
+///   The client learns that limit from the server's first SETTINGS frame;
+///   until then hyper lets it open up to 100 streams at once, so calls
+///   made right after connecting (or reconnecting) can be refused. By the
+///   time of the retry the limit is known: the SETTINGS frame came before
+///   the refusal on the same connection, and the client queues what the
+///   limit does not let through;
+/// - its stream is above the last-stream-id of the server's GOAWAY
+///   (section 6.8), as when a server shuts down while a call is on its
+///   way. The connection is closing, so the retry goes on a new one (a
+///   client on one given socket has none, and its call fails
+///   `Unavailable`);
+/// - the connection never sent it (hyper's `Canceled`: the connection
+///   closed, after a GOAWAY or otherwise, with the call still queued for
+///   it), as the retry after a GOAWAY may be when it reaches the closing
+///   connection before the channel sees it gone.
+async fn retry_unprocessed<Req, Rep, F, Fut>(req: Req, mut call: F) -> Result<Rep, tonic::Status>
 where
     Req: Clone,
     F: FnMut(Req) -> Fut,
     Fut: Future<Output = Result<Rep, tonic::Status>>,
 {
-    let mut left = REFUSED_RETRIES;
+    let mut left = UNPROCESSED_RETRIES;
     loop {
         match call(req.clone()).await {
-            Err(s) if left > 0 && refused(&s) => left -= 1,
+            Err(s) if left > 0 && unprocessed(&s) => left -= 1,
+            Err(s) if unprocessed(&s) => {
+                return Err(tonic::Status::unavailable(s.message().to_owned()))
+            }
             r => return r,
         }
     }
 }
 
-/// Whether `s` is the server's `REFUSED_STREAM` for the call's stream.
-fn refused(s: &tonic::Status) -> bool {
+/// Whether `s` is a call the server did not process (see
+/// [`retry_unprocessed`]): its stream refused (`REFUSED_STREAM`; tonic
+/// already calls that `Unavailable`), left out by the server's GOAWAY
+/// (which tonic calls `Internal`, after the frame's error code, usually
+/// `NO_ERROR`), or never sent (tonic's `Cancelled`).
+///
+/// h2 gives a call a GOAWAY from the peer only when its stream is above
+/// the frame's last-stream-id, or when it is opened after the frame came:
+/// a stream the server may have processed that then loses its connection
+/// gets an I/O error, whatever the frame's code. hyper's HTTP/2 client is
+/// `Canceled` only for a request it did not hand to h2.
+fn unprocessed(s: &tonic::Status) -> bool {
     let mut e = std::error::Error::source(s);
     while let Some(x) = e {
         if let Some(h) = x.downcast_ref::<h2::Error>() {
-            return h.is_remote() && h.reason() == Some(h2::Reason::REFUSED_STREAM);
+            return h.is_remote()
+                && (h.is_go_away() || h.reason() == Some(h2::Reason::REFUSED_STREAM));
+        }
+        if let Some(h) = x.downcast_ref::<hyper::Error>() {
+            if h.is_canceled() {
+                return true;
+            }
         }
         e = x.source();
     }
