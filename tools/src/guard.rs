@@ -55,7 +55,9 @@ pub struct GuardArgs {
     #[arg(long, default_value_t = 600)]
     pub idle_timeout_secs: u64,
     /// One budget, in MiB, for the reassembly buffers and reply queues of
-    /// all connections of a PS task, and the pushes kept for a --sync step.
+    /// all connections of a PS task, and the pushes kept for a --sync step
+    /// (on --backend grpc: the requests being served and the replies not
+    /// yet written).
     #[arg(long, default_value_t = 1024)]
     pub memory_budget_mb: usize,
     /// Largest pull reply a PS shard writes; a larger pull is refused.

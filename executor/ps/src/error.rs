@@ -2,7 +2,21 @@
 
 use starwire_wire::ps::DecodeError;
 
+use crate::optim::OptimizerConfigError;
 use crate::table::TableFull;
+
+/// Why [`crate::PsShard::try_new`] refused to build a shard.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ShardConfigError {
+    /// A hyper-parameter of [`crate::ShardConfig::optimizer`] is out of
+    /// range.
+    #[error(transparent)]
+    Optimizer(#[from] OptimizerConfigError),
+    /// Two variables share this id.
+    #[error("duplicate variable id {0}")]
+    DuplicateVariable(u32),
+}
 
 /// An error from [`crate::PsShard::handle_pull`] or [`crate::PsShard::handle_push`].
 ///

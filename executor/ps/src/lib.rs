@@ -75,8 +75,8 @@ pub mod var;
 pub use applied::{AppliedSteps, Position, ResumeAhead};
 pub use assign::{shard_of, AssignmentReport, Strategy, VarStats, VariableAssignment};
 pub use checkpoint::{create_dir_durable, write_atomic, Manifest, WorkerProgress};
-pub use error::{CheckpointError, PsError};
-pub use optim::{OptimizerConfig, OptimizerKind, Pulled, StalenessLr};
+pub use error::{CheckpointError, PsError, ShardConfigError};
+pub use optim::{OptimizerConfig, OptimizerConfigError, OptimizerKind, Pulled, StalenessLr};
 pub use shard::{
     DenseVar, PsShard, ShardConfig, ShardReport, ShardStats, Var, DEFAULT_MAX_REPLY_BYTES,
 };

@@ -189,6 +189,72 @@ impl OptimizerConfig {
         }
     }
 
+    /// Checks every hyper-parameter, whichever kind reads it, so that no
+    /// update can produce NaN or an infinity from the configuration alone
+    /// (an `initial_accumulator` of 0, for one, makes Adagrad's first zero
+    /// gradient compute 0 / 0). The first field out of range is the error:
+    ///
+    /// | field | range |
+    /// |---|---|
+    /// | `lr` | finite, above 0 |
+    /// | `initial_accumulator` | finite, above 0 |
+    /// | `beta1`, `beta2` | in [0, 1) |
+    /// | `epsilon` | finite, above 0 |
+    /// | `ftrl_beta`, `l1`, `l2`, `dc_lambda` | finite, 0 or more |
+    /// | `decay_step` | 1 or more |
+    /// | `decay_rate` | in (0, 1] |
+    /// | `dc_momentum` | in [0, 1) |
+    ///
+    /// [`crate::PsShard::try_new`] calls it; [`crate::PsShard::new`] does
+    /// not.
+    pub fn validate(&self) -> Result<(), OptimizerConfigError> {
+        let bad = |field: &'static str, value: f32, expected: &'static str| {
+            Err(OptimizerConfigError {
+                field,
+                value,
+                expected,
+            })
+        };
+        let positive = |v: f32| v.is_finite() && v > 0.0;
+        let non_negative = |v: f32| v.is_finite() && v >= 0.0;
+        // `contains` is false for NaN, and the ranges are bounded.
+        let below_one = |v: f32| (0.0..1.0).contains(&v);
+        for (field, v) in [
+            ("lr", self.lr),
+            ("initial_accumulator", self.initial_accumulator),
+            ("epsilon", self.epsilon),
+        ] {
+            if !positive(v) {
+                return bad(field, v, "a finite number above 0");
+            }
+        }
+        for (field, v) in [("beta1", self.beta1), ("beta2", self.beta2)] {
+            if !below_one(v) {
+                return bad(field, v, "in [0, 1)");
+            }
+        }
+        for (field, v) in [
+            ("ftrl_beta", self.ftrl_beta),
+            ("l1", self.l1),
+            ("l2", self.l2),
+            ("dc_lambda", self.dc_lambda),
+        ] {
+            if !non_negative(v) {
+                return bad(field, v, "a finite number, 0 or more");
+            }
+        }
+        if self.decay_step == 0 {
+            return bad("decay_step", 0.0, "1 or more");
+        }
+        if !(positive(self.decay_rate) && self.decay_rate <= 1.0) {
+            return bad("decay_rate", self.decay_rate, "in (0, 1]");
+        }
+        if !below_one(self.dc_momentum) {
+            return bad("dc_momentum", self.dc_momentum, "in [0, 1)");
+        }
+        Ok(())
+    }
+
     /// True when the shard keeps what each worker pulled for this rule:
     /// the update counts (a staleness-aware rate) and the values
     /// (DC-ASGD).
@@ -314,6 +380,19 @@ impl OptimizerConfig {
             .apply(w, slots, g, pulled.values),
         }
     }
+}
+
+/// A hyper-parameter of an [`OptimizerConfig`] out of its range
+/// ([`OptimizerConfig::validate`]).
+#[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
+#[error("optimizer {field} must be {expected}, got {value}")]
+pub struct OptimizerConfigError {
+    /// The field of [`OptimizerConfig`] (`"lr"`, `"beta1"`, ...).
+    pub field: &'static str,
+    /// Its value (`decay_step`, an integer, is refused only at 0).
+    pub value: f32,
+    /// The range it must be in.
+    pub expected: &'static str,
 }
 
 /// What the shard knows of the pull a gradient was computed on.
@@ -463,6 +542,101 @@ mod tests {
         o.apply_stale(&mut b, &mut sb, &[1.0], 1, 0, pulled);
         assert!(b[0] < a[0], "{b:?} {a:?}");
         assert_eq!(sa[1], sb[1], "the same moving average of g²");
+    }
+
+    /// The configuration `validate` exists for: Adagrad from an
+    /// accumulator of 0 turns a zero gradient into a NaN weight.
+    #[test]
+    fn a_zero_initial_accumulator_is_refused_before_it_makes_nan() {
+        let o = OptimizerConfig {
+            initial_accumulator: 0.0,
+            ..OptimizerConfig::adagrad(0.1)
+        };
+        let mut w = [1.0f32];
+        let mut s = [0.0f32];
+        o.init_slots(&mut s);
+        o.apply(&mut w, &mut s, &[0.0], 1, 1);
+        assert!(w[0].is_nan(), "{w:?}");
+        let e = o.validate().unwrap_err();
+        assert_eq!((e.field, e.value), ("initial_accumulator", 0.0));
+        assert_eq!(
+            e.to_string(),
+            "optimizer initial_accumulator must be a finite number above 0, got 0"
+        );
+    }
+
+    /// The field `validate` names for `o` changed by `set`.
+    fn refused(set: impl FnOnce(&mut OptimizerConfig)) -> &'static str {
+        let mut o = OptimizerConfig::adagrad(0.1);
+        set(&mut o);
+        match o.validate() {
+            Err(e) => e.field,
+            Ok(()) => panic!("accepted {o:?}"),
+        }
+    }
+
+    #[test]
+    fn every_kind_validates_with_its_defaults_and_the_edges_of_the_ranges() {
+        for (_, kind) in OptimizerKind::ALL {
+            assert_eq!(OptimizerConfig::with_kind(kind, 0.05).validate(), Ok(()));
+        }
+        let edges = OptimizerConfig {
+            beta1: 0.0,
+            beta2: 0.0,
+            ftrl_beta: 0.0,
+            l1: 0.0,
+            l2: 0.0,
+            dc_lambda: 0.0,
+            dc_momentum: 0.0,
+            decay_step: 1,
+            decay_rate: 1.0,
+            ..OptimizerConfig::with_kind(OptimizerKind::Ftrl, f32::MIN_POSITIVE)
+        };
+        assert_eq!(edges.validate(), Ok(()));
+    }
+
+    #[test]
+    fn a_rate_that_is_not_a_positive_number_is_refused() {
+        for lr in [0.0, -0.1, f32::NAN, f32::INFINITY] {
+            assert_eq!(refused(|o| o.lr = lr), "lr", "{lr}");
+        }
+        let e = OptimizerConfig::sgd(-0.5).validate().unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "optimizer lr must be a finite number above 0, got -0.5"
+        );
+    }
+
+    #[test]
+    fn adam_betas_outside_zero_to_one_and_a_non_positive_epsilon_are_refused() {
+        for b in [1.0, 1.5, -0.1, f32::NAN] {
+            assert_eq!(refused(|o| o.beta1 = b), "beta1", "{b}");
+            assert_eq!(refused(|o| o.beta2 = b), "beta2", "{b}");
+        }
+        for eps in [0.0, -1e-8, f32::NAN] {
+            assert_eq!(refused(|o| o.epsilon = eps), "epsilon", "{eps}");
+        }
+    }
+
+    #[test]
+    fn a_negative_or_non_finite_ftrl_or_dc_asgd_strength_is_refused() {
+        for v in [-0.1, f32::NAN, f32::NEG_INFINITY, f32::INFINITY] {
+            assert_eq!(refused(|o| o.ftrl_beta = v), "ftrl_beta", "{v}");
+            assert_eq!(refused(|o| o.l1 = v), "l1", "{v}");
+            assert_eq!(refused(|o| o.l2 = v), "l2", "{v}");
+            assert_eq!(refused(|o| o.dc_lambda = v), "dc_lambda", "{v}");
+        }
+    }
+
+    #[test]
+    fn adagrad_decay_and_dc_asgd_decays_out_of_range_are_refused() {
+        assert_eq!(refused(|o| o.decay_step = 0), "decay_step");
+        for r in [0.0, -0.5, 1.01, f32::NAN] {
+            assert_eq!(refused(|o| o.decay_rate = r), "decay_rate", "{r}");
+        }
+        for m in [1.0, -0.01, f32::NAN] {
+            assert_eq!(refused(|o| o.dc_momentum = m), "dc_momentum", "{m}");
+        }
     }
 
     #[test]

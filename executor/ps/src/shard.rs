@@ -9,7 +9,7 @@ use starwire_wire::ps::{
 
 use crate::applied::AppliedSteps;
 use crate::checkpoint::MAX_WORKER_INDEX;
-use crate::error::PsError;
+use crate::error::{PsError, ShardConfigError};
 use crate::optim::{OptimizerConfig, Pulled};
 use crate::pulls::{Pulls, WorkerPulls};
 use crate::table::same_keys;
@@ -188,8 +188,27 @@ pub struct PsShard {
 }
 
 impl PsShard {
+    /// [`Self::new`], after checking its arguments: the optimizer's
+    /// hyper-parameters ([`OptimizerConfig::validate`]) and that no two
+    /// variables share an id. A shard built from a configuration that is
+    /// not the program's own should be built with this.
+    pub fn try_new(
+        shard_index: usize,
+        vars: &[VarDef],
+        cfg: ShardConfig,
+    ) -> Result<Self, ShardConfigError> {
+        cfg.optimizer.validate()?;
+        let mut ids = FxHashSet::default();
+        if let Some(v) = vars.iter().find(|v| !ids.insert(v.id)) {
+            return Err(ShardConfigError::DuplicateVariable(v.id));
+        }
+        Ok(Self::new(shard_index, vars, cfg))
+    }
+
     /// A shard holding `vars`: the dense variables assigned to it and every
-    /// embedding table (of which it holds the keys that hash to it).
+    /// embedding table (of which it holds the keys that hash to it). The
+    /// optimizer's hyper-parameters are not checked ([`Self::try_new`]
+    /// checks them).
     ///
     /// # Panics
     ///
@@ -1032,6 +1051,31 @@ mod tests {
             ..ShardConfig::default()
         };
         PsShard::new(0, &vars, cfg)
+    }
+
+    #[test]
+    fn try_new_refuses_a_bad_optimizer_and_duplicate_ids() {
+        let var = |id| VarDef {
+            id,
+            name: format!("v{id}"),
+            kind: VarKind::Dense { shape: vec![1] },
+            init: Init::Zeros,
+        };
+        let bad = ShardConfig {
+            optimizer: OptimizerConfig {
+                epsilon: 0.0,
+                ..OptimizerConfig::adam(0.1)
+            },
+            ..ShardConfig::default()
+        };
+        match PsShard::try_new(0, &[var(1)], bad) {
+            Err(ShardConfigError::Optimizer(e)) => assert_eq!(e.field, "epsilon"),
+            other => panic!("{other:?}"),
+        }
+        let dup = PsShard::try_new(0, &[var(1), var(2), var(1)], ShardConfig::default());
+        assert_eq!(dup.unwrap_err(), ShardConfigError::DuplicateVariable(1));
+        let s = PsShard::try_new(3, &[var(2), var(1)], ShardConfig::default()).unwrap();
+        assert_eq!((s.shard_index(), s.vars().len()), (3, 2));
     }
 
     /// Pull `keys` of the table, which creates their rows.

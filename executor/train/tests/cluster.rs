@@ -207,9 +207,19 @@ fn a_ps_task_refuses_a_checkpoint_of_another_shard_count() {
         ..small()
     };
     // Stopped already: a task that went on would restore, checkpoint and end.
+    let e = stopped_ps_task_error(&cfg);
+    assert!(
+        e.contains("the checkpoint has 4 shards, this cluster 2"),
+        "{e}"
+    );
+}
+
+/// The error of PS task 0 of `cfg`, started already stopped (a task that
+/// went past its checks would bind, restore, checkpoint and end).
+fn stopped_ps_task_error(cfg: &TrainConfig) -> String {
     let stop = std::sync::atomic::AtomicBool::new(true);
-    let e = starwire_train::run_ps_task(
-        &cfg,
+    starwire_train::run_ps_task(
+        cfg,
         0,
         "127.0.0.1:0".parse().unwrap(),
         starwire_train::cluster::PsLifetime {
@@ -218,9 +228,48 @@ fn a_ps_task_refuses_a_checkpoint_of_another_shard_count() {
         },
     )
     .unwrap_err()
-    .to_string();
+    .to_string()
+}
+
+/// An optimizer hyper-parameter out of range, set through the library
+/// (the command line checks its own flags), is refused before a PS binds
+/// or a shard is built: the local cluster, a PS task and `make_shard` each
+/// answer a configuration error naming the field.
+#[test]
+fn an_optimizer_out_of_range_is_refused_by_every_entry() {
+    let zero_acc = TrainConfig {
+        optimizer_params: starwire_ps::OptimizerConfig {
+            initial_accumulator: 0.0,
+            ..starwire_ps::OptimizerConfig::adagrad(0.05)
+        },
+        ..small()
+    };
+    let e = run_local(&zero_acc).unwrap_err();
+    assert!(matches!(e, starwire_train::TrainError::Config(_)), "{e}");
     assert!(
-        e.contains("the checkpoint has 4 shards, this cluster 2"),
+        e.to_string()
+            .contains("optimizer initial_accumulator must be a finite number above 0, got 0"),
+        "{e}"
+    );
+    let negative_lr = TrainConfig {
+        lr: -0.1,
+        ..small()
+    };
+    let e = stopped_ps_task_error(&negative_lr);
+    assert!(e.contains("optimizer lr must be"), "{e}");
+    let adam = TrainConfig {
+        optimizer: OptimizerKind::Adam,
+        optimizer_params: starwire_ps::OptimizerConfig {
+            beta1: 1.0,
+            ..starwire_ps::OptimizerConfig::adam(0.05)
+        },
+        ..small()
+    };
+    let plan = starwire_train::cluster::plan(&adam).unwrap();
+    let e = starwire_train::cluster::make_shard(&adam, &plan, 0, None).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("optimizer beta1 must be in [0, 1), got 1"),
         "{e}"
     );
 }

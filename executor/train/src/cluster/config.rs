@@ -353,6 +353,17 @@ pub(super) fn shard_config(cfg: &TrainConfig) -> ShardConfig {
     }
 }
 
+/// The optimizer the shards are built with ([`shard_config`]) is in
+/// range. `starwire train`, `ps` and `worker` have checked their flags
+/// already, each error naming its flag; this catches a configuration
+/// built through the library before a PS binds or a thread starts.
+pub(super) fn check_optimizer(cfg: &TrainConfig) -> Result<(), TrainError> {
+    shard_config(cfg)
+        .optimizer
+        .validate()
+        .map_err(|e| TrainError::Config(e.to_string()))
+}
+
 /// A task of a cluster across processes needs a network backend.
 pub(super) fn across_processes(b: BackendKind) -> Result<(), TrainError> {
     if b == BackendKind::Inproc {

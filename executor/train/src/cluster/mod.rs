@@ -54,7 +54,7 @@ use starwire_data::{auc, Batch};
 use starwire_graph::{partition, Executor};
 use starwire_transport::retry::{Backoff, Retry};
 
-use config::across_processes;
+use config::{across_processes, check_optimizer};
 use roles::{cluster_backend, read_manifest, write_checkpoint, write_manifest};
 
 use crate::net::Traffic;
@@ -109,6 +109,7 @@ fn check_shard_count(m: &starwire_ps::Manifest, plan: &Plan) -> Result<(), Train
 fn run_local_on(k: &dyn ClusterBackend, cfg: &TrainConfig) -> Result<TrainReport, TrainError> {
     cfg.check_handoff()?;
     periodic::check(cfg)?;
+    check_optimizer(cfg)?;
     let plan = plan(cfg)?;
     let manifest = match &cfg.checkpoint_dir {
         Some(d) => read_manifest(d)?,
@@ -385,6 +386,7 @@ pub fn run_ps_task(
 ) -> Result<PsTaskReport, TrainError> {
     across_processes(cfg.backend)?;
     periodic::check(cfg)?;
+    check_optimizer(cfg)?;
     let k = cluster_backend(cfg.backend);
     let plan = plan(cfg)?;
     let restore = match &cfg.checkpoint_dir {

@@ -187,14 +187,17 @@ pub(crate) fn shard_handler(
 }
 
 /// Shard `s` of the plan, restored from the checkpoint in `restore` if
-/// given.
+/// given. An optimizer hyper-parameter out of range
+/// ([`starwire_ps::OptimizerConfig::validate`]) is a
+/// [`TrainError::Config`].
 pub fn make_shard(
     cfg: &TrainConfig,
     plan: &Plan,
     s: usize,
     restore: Option<&Path>,
 ) -> Result<PsShard, TrainError> {
-    let mut shard = PsShard::new(s, &plan.shard_vars[s], shard_config(cfg));
+    let mut shard = PsShard::try_new(s, &plan.shard_vars[s], shard_config(cfg))
+        .map_err(|e| TrainError::Config(e.to_string()))?;
     // Tables start with room for the rows they are expected to reach (a
     // sharded table's share of them), so their maps do not grow, and a
     // thread faults those rows' pages in, so the pulls that make the rows
