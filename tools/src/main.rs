@@ -24,7 +24,7 @@ mod train;
 
 use std::process::ExitCode;
 
-use clap::{CommandFactory, Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use failure::Failure;
 
@@ -101,8 +101,14 @@ pub(crate) fn parse_on_off(s: &str) -> Result<bool, String> {
     }
 }
 
+/// The command line: [`Cli`], with `ps` and `worker` flags grouped by
+/// role in `--help` ([`train::role_headings`]).
+fn command() -> clap::Command {
+    train::role_headings(Cli::command())
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::from_arg_matches(&command().get_matches()).unwrap_or_else(|e| e.exit());
     logging::init(&cli.log);
     let r: Result<bool, Failure> = match cli.cmd {
         Command::Bench(a) => bench::validate(&a)
@@ -126,12 +132,7 @@ fn main() -> ExitCode {
             .map(|()| true)
             .map_err(Failure::Run),
         Command::Completions(a) => {
-            clap_complete::generate(
-                a.shell,
-                &mut Cli::command(),
-                "starwire",
-                &mut std::io::stdout(),
-            );
+            clap_complete::generate(a.shell, &mut command(), "starwire", &mut std::io::stdout());
             Ok(true)
         }
     };
@@ -142,5 +143,31 @@ fn main() -> ExitCode {
             eprintln!("starwire: error: {}", e.message());
             e.exit_code()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The command line is well formed, and every flag
+    /// [`train::role_headings`] names is one of `ps` and `worker` (it
+    /// would panic building the command otherwise).
+    #[test]
+    fn the_command_line_with_role_headings_is_well_formed() {
+        let cmd = command();
+        cmd.clone().debug_assert();
+        let heading = |sub: &str, id: &str| {
+            cmd.find_subcommand(sub)
+                .and_then(|c| c.get_arguments().find(|a| a.get_id() == id))
+                .and_then(|a| a.get_help_heading())
+                .map(str::to_owned)
+        };
+        assert_eq!(heading("ps", "max_rows").as_deref(), Some("PS options"));
+        assert_eq!(
+            heading("worker", "prefetch").as_deref(),
+            Some("Worker options")
+        );
+        assert_eq!(heading("train", "prefetch"), None);
     }
 }

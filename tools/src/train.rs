@@ -667,6 +667,70 @@ pub struct RoleArgs {
     pub train: TrainArgs,
 }
 
+/// Flags of [`TrainArgs`] only a worker task reads: a PS task's run
+/// (`starwire_train::run_ps_task`) never looks at `eval`, `eval_examples`,
+/// `skip_bad_lines` (they feed the workers' readers and the evaluation),
+/// `compute_threads`, `prefetch` (a worker's executor and reader) or
+/// `worker_handoff` (a worker's connections). `ps` and `worker` share one
+/// flag struct, so that a launch script can give every task the same
+/// flags; their `--help` groups these under [`WORKER_HEADING`].
+const WORKER_ONLY: &[&str] = &[
+    "eval",
+    "eval_examples",
+    "skip_bad_lines",
+    "worker_handoff",
+    "compute_threads",
+    "prefetch",
+];
+
+/// Flags of [`TrainArgs`] only a PS task reads: a worker never listens
+/// (`insecure`), and the bounds are those of a PS task's acceptor,
+/// connections and shards (a worker's connections take the token and the
+/// handshake timeout only).
+const PS_ONLY: &[&str] = &[
+    "insecure",
+    "max_connections",
+    "idle_timeout_secs",
+    "memory_budget_mb",
+    "max_reply_bytes",
+    "max_rows",
+    "max_wait_steps",
+];
+
+/// The flags of [`crate::launch::PsArgs`] besides the shared ones.
+const PS_TASK_ONLY: &[&str] = &["bind", "exit_when_done"];
+
+/// `starwire ps --help`'s and `starwire worker --help`'s heading of the
+/// flags only a worker uses.
+const WORKER_HEADING: &str = "Worker options";
+/// The heading of the flags only a PS task uses.
+const PS_HEADING: &str = "PS options";
+/// `starwire ps --help`'s heading of [`WORKER_ONLY`].
+const WORKER_HEADING_ON_PS: &str = "Worker options (a ps task accepts and ignores them)";
+/// `starwire worker --help`'s heading of [`PS_ONLY`].
+const PS_HEADING_ON_WORKER: &str = "PS options (a worker accepts and ignores them)";
+
+/// `cli` with the flags of its `ps` and `worker` subcommands grouped in
+/// `--help` by the role that uses them. `starwire train` runs both roles:
+/// its help is left as it is.
+pub fn role_headings(cli: clap::Command) -> clap::Command {
+    let heading = |mut c: clap::Command, ids: &[&str], h: &'static str| {
+        for id in ids {
+            c = c.mut_arg(*id, |a| a.help_heading(h));
+        }
+        c
+    };
+    cli.mut_subcommand("ps", |c| {
+        let c = heading(c, PS_TASK_ONLY, PS_HEADING);
+        let c = heading(c, PS_ONLY, PS_HEADING);
+        heading(c, WORKER_ONLY, WORKER_HEADING_ON_PS)
+    })
+    .mut_subcommand("worker", |c| {
+        let c = heading(c, WORKER_ONLY, WORKER_HEADING);
+        heading(c, PS_ONLY, PS_HEADING_ON_WORKER)
+    })
+}
+
 /// This task's cluster configuration and the PS addresses to dial. The
 /// `.endpoint_map`'s fast endpoints replace the spec's; over dpdk, the
 /// spec's addresses carry the bootstrap streams instead, and this task's

@@ -885,6 +885,85 @@ fn ps_and_worker_refuse_the_local_cluster_size_flags() {
     }
 }
 
+/// The section of `help` under `heading`, up to the next heading.
+fn help_section<'h>(help: &'h str, heading: &str) -> &'h str {
+    let at = help
+        .find(&format!("\n{heading}:\n"))
+        .unwrap_or_else(|| panic!("no {heading:?} in {help}"));
+    let rest = &help[at + heading.len() + 3..];
+    // Headings start a line; flags are indented.
+    let end = rest
+        .match_indices('\n')
+        .map(|(i, _)| i + 1)
+        .find(|&i| rest[i..].starts_with(|c: char| c.is_ascii_alphabetic()))
+        .unwrap_or(rest.len());
+    &rest[..end]
+}
+
+/// `ps` and `worker` share their flags (a launch script gives every task
+/// the same); each one's `--help` groups the flags only the other role
+/// uses under a heading saying it ignores them, and `train`, which runs
+/// both roles, has no such heading.
+#[test]
+fn ps_and_worker_help_group_the_other_roles_flags() {
+    let worker_only = [
+        "--eval <",
+        "--eval-examples <",
+        "--skip-bad-lines",
+        "--worker-handoff <",
+        "--compute-threads <",
+        "--prefetch <",
+    ];
+    let ps_only = [
+        "--insecure",
+        "--max-connections <",
+        "--idle-timeout-secs <",
+        "--memory-budget-mb <",
+        "--max-reply-bytes <",
+        "--max-rows <",
+        "--max-wait-steps <",
+    ];
+    let help = |cmd: &str| {
+        let out = run(&[cmd, "--help"]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        text(&out.stdout)
+    };
+    let flags = |section: &str| -> Vec<String> {
+        section
+            .lines()
+            .filter_map(|l| l.strip_prefix("      --"))
+            .map(|l| format!("--{}", l.split(' ').next().unwrap_or("")))
+            .collect()
+    };
+    let names = |want: &[&str]| -> Vec<String> {
+        want.iter()
+            .map(|f| f.trim_end_matches(" <").to_string())
+            .collect()
+    };
+    let ps = help("ps");
+    let ignored = help_section(&ps, "Worker options (a ps task accepts and ignores them)");
+    assert_eq!(flags(ignored), names(&worker_only), "{ignored}");
+    let own = help_section(&ps, "PS options");
+    let mut want = vec!["--bind".to_string(), "--exit-when-done".to_string()];
+    want.extend(names(&ps_only));
+    assert_eq!(flags(own), want, "{own}");
+    let worker = help("worker");
+    let ignored = help_section(&worker, "PS options (a worker accepts and ignores them)");
+    assert_eq!(flags(ignored), names(&ps_only), "{ignored}");
+    assert_eq!(
+        flags(help_section(&worker, "Worker options")),
+        names(&worker_only)
+    );
+    let train = help("train");
+    assert!(
+        !train.contains("Worker options") && !train.contains("PS options"),
+        "{train}"
+    );
+    for f in worker_only.iter().chain(&ps_only) {
+        assert!(train.contains(&format!("      {f}")), "train: {f}");
+    }
+}
+
 #[test]
 fn ps_and_worker_processes_train_across_processes() {
     across_processes(false);

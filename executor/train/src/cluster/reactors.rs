@@ -304,7 +304,7 @@ impl ReactorLayout {
                 OVERSUBSCRIBED_IDLE_POLL.as_micros()
             ));
         }
-        if handoff && cfg.worker_reactors > per_worker {
+        if handoff && !workers.is_empty() && cfg.worker_reactors > per_worker {
             warnings.push(format!(
                 "NETWORK_WORKER_CORE_NUMBER is {} but a worker has {per_worker} connections: \
                  {per_worker} network reactors each",
@@ -787,6 +787,15 @@ mod tests {
             "{:?}",
             l.warnings
         );
+        // A PS task runs no worker: it says nothing of the workers' reactors.
+        let l = ReactorLayout::new(
+            &cfg,
+            &ProcessReactors::ps_task(&cfg, 0),
+            &set("0-7"),
+            &Topology::default(),
+        )
+        .unwrap();
+        assert!(l.warnings.is_empty(), "{:?}", l.warnings);
         // `starwire worker 3`: its own reactors only.
         let l = ReactorLayout::new(
             &cfg,
