@@ -417,6 +417,14 @@ impl<T: Link> Links<T> {
         }
     }
 
+    /// The links not failed.
+    fn running(&self) -> impl Iterator<Item = &T> {
+        self.links
+            .iter()
+            .zip(&self.dead)
+            .filter_map(|(l, dead)| l.as_ref().filter(|_| !dead))
+    }
+
     fn live(&mut self, conn: ConnId) -> Result<&mut T, TransportError> {
         match self.links.get_mut(conn.index()) {
             Some(Some(l)) if !self.dead[conn.index()] => Ok(l),
@@ -516,11 +524,7 @@ impl<T: Link> Driver for Links<T> {
     }
 
     fn poll_timeout(&self) -> Option<Instant> {
-        self.links
-            .iter()
-            .zip(&self.dead)
-            .filter_map(|(l, dead)| l.as_ref().filter(|_| !dead))
-            .filter_map(Transport::poll_timeout)
+        self.running().filter_map(Transport::poll_timeout)
             .min()
     }
 
@@ -532,12 +536,14 @@ impl<T: Link> Driver for Links<T> {
         }
     }
 
+    /// A failed link's socket is left out: at EOF or reset it stays
+    /// readable, and would end every park until the link is detached.
     fn wake_fds<'a>(&'a self, out: &mut Vec<BorrowedFd<'a>>) {
-        out.extend(self.links.iter().flatten().filter_map(Link::read_fd));
+        out.extend(self.running().filter_map(Link::read_fd));
     }
 
     fn write_fds<'a>(&'a self, out: &mut Vec<BorrowedFd<'a>>) {
-        out.extend(self.links.iter().flatten().filter_map(Link::write_fd));
+        out.extend(self.running().filter_map(Link::write_fd));
     }
 }
 
