@@ -189,6 +189,12 @@ fn describe(list: &DeviceList, i: usize) -> DeviceResult {
     })
 }
 
+/// `index` as the `sgid_index` of a queue pair's address vector (a `u8`):
+/// an index above 255 is refused rather than silently replaced.
+pub(crate) fn sgid_index(index: u32) -> Result<u8, DeviceError> {
+    u8::try_from(index).map_err(|_| DeviceError::GidIndexTooLarge { index })
+}
+
 /// Which device, port and GID to use.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceSpec {
@@ -225,6 +231,8 @@ struct Inner {
     port: u8,
     port_attr: PortAttr,
     gid_index: u32,
+    /// `gid_index` as the `u8` a queue pair's address vector holds.
+    sgid_index: u8,
     gid: Gid,
 }
 
@@ -243,6 +251,7 @@ impl VerbsDevice {
     /// Open the device, check its port is active and its GID entry
     /// exists, and allocate the protection domain.
     pub fn open(spec: &DeviceSpec) -> Result<Self, DeviceError> {
+        let sgid_index = sgid_index(spec.gid_index)?;
         let list = device_list()?;
         let names: Vec<String> = (0..list.len()).filter_map(|i| list.name(i)).collect();
         let index =
@@ -290,6 +299,7 @@ impl VerbsDevice {
                 port: spec.port,
                 port_attr,
                 gid_index: spec.gid_index,
+                sgid_index,
                 gid,
             }),
         })
@@ -345,6 +355,12 @@ impl VerbsDevice {
         self.inner.attr.max_cqe
     }
 
+    /// The local GID index as a queue pair's `sgid_index`
+    /// ([`open`](Self::open) refused one that does not fit).
+    pub(crate) fn sgid_index(&self) -> u8 {
+        self.inner.sgid_index
+    }
+
     /// The device's protection domain.
     pub(crate) fn pd(&self) -> &Arc<Pd> {
         &self.inner.pd
@@ -367,6 +383,22 @@ mod tests {
         raw[15] = 1;
         assert_eq!(Gid(raw).to_string(), "fe80::1");
         assert!(Gid::default().is_zero());
+    }
+
+    #[test]
+    fn gid_indexes_above_255_are_refused_before_any_device_is_opened() {
+        assert_eq!(sgid_index(0), Ok(0));
+        assert_eq!(sgid_index(255), Ok(255));
+        for index in [256, 1000, u32::MAX] {
+            let e = sgid_index(index).unwrap_err();
+            assert_eq!(e, DeviceError::GidIndexTooLarge { index });
+            assert!(e.to_string().contains("--gid-index"), "{e}");
+            let spec = DeviceSpec {
+                gid_index: index,
+                ..DeviceSpec::default()
+            };
+            assert_eq!(VerbsDevice::open(&spec).unwrap_err(), e);
+        }
     }
 
     /// The path every host without RDMA takes (this project's CI hosts:

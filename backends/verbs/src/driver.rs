@@ -165,7 +165,10 @@ impl Exchange {
             }
             match self.peer {
                 None => {
-                    let peer = QpEndpoint::parse(&self.got[..QpEndpoint::ENCODED_LEN])?;
+                    // The peer's ring is checked before our queue pair
+                    // goes to RTR / RTS and our ready byte is written.
+                    let peer =
+                        parse_peer(&self.got[..QpEndpoint::ENCODED_LEN], rdma.max_frame_len())?;
                     connect_qp(rdma, &self.pending, &peer)?;
                     self.peer = Some(peer);
                     self.out.push(READY);
@@ -184,6 +187,15 @@ impl Exchange {
             }
         }
     }
+}
+
+/// The peer's endpoint message, its ring checked against the driver's
+/// frame limit `max_frame` (`RdmaDriver::check_remote`), so a ring the
+/// driver would refuse fails the setup before the queue pair is connected.
+fn parse_peer(bytes: &[u8], max_frame: usize) -> Result<QpEndpoint, SetupError> {
+    let peer = QpEndpoint::parse(bytes)?;
+    peer.ring.check(max_frame)?;
+    Ok(peer)
 }
 
 /// Counters of a [`VerbsDriver`] (or several, added up with
@@ -523,5 +535,67 @@ impl Driver for VerbsDriver {
         }
         let fds: Vec<BorrowedFd<'_>> = self.setups.iter().map(|s| s.stream.as_fd()).collect();
         self.rdma.park_with(waker, &fds, timeout)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use starwire_rdma::{RemoteRing, RingError};
+
+    use super::*;
+
+    fn endpoint(ring: RemoteRing) -> [u8; QpEndpoint::ENCODED_LEN] {
+        QpEndpoint {
+            qpn: 0x1234,
+            psn: 7,
+            lid: 0,
+            gid: [0; 16],
+            gid_index: 0,
+            mtu: 3,
+            port: 1,
+            ring,
+        }
+        .to_bytes()
+    }
+
+    /// `Exchange::try_step` parses the peer's endpoint with `parse_peer`
+    /// before `connect_qp`: a ring the driver's `connect` would refuse
+    /// fails the setup before the queue pair reaches RTR / RTS.
+    #[test]
+    fn a_peer_ring_the_driver_would_refuse_fails_the_endpoint_exchange() {
+        let good = RemoteRing {
+            rkey: 9,
+            addr: 0x7f00_0000_0000,
+            len: 1 << 20,
+            recv_depth: 128,
+        };
+        let max_frame = 1 << 19;
+        assert_eq!(parse_peer(&endpoint(good), max_frame).unwrap().ring, good);
+        let bad = [
+            RemoteRing {
+                addr: u64::MAX - 63,
+                ..good
+            },
+            RemoteRing { len: 1000, ..good },
+            RemoteRing {
+                recv_depth: 1,
+                ..good
+            },
+            RemoteRing {
+                len: 1 << 19,
+                ..good
+            },
+        ];
+        for ring in bad {
+            let e = parse_peer(&endpoint(ring), max_frame).unwrap_err();
+            assert!(
+                matches!(e, SetupError::Ring(RingError::Remote(_))),
+                "{ring:?}: {e}"
+            );
+        }
+        assert!(matches!(
+            parse_peer(&[0; QpEndpoint::ENCODED_LEN], max_frame),
+            Err(SetupError::Endpoint(_))
+        ));
     }
 }

@@ -101,6 +101,13 @@ pub enum DeviceError {
         /// The errno of `ibv_query_gid`, if it failed.
         errno: Option<i32>,
     },
+    /// The GID index does not fit the `u8` `sgid_index` of a queue pair's
+    /// address vector, so no queue pair could use it.
+    #[error("--gid-index {index} is above 255, the largest GID index a queue pair can use")]
+    GidIndexTooLarge {
+        /// The GID index asked for.
+        index: u32,
+    },
     /// `ibv_create_comp_channel` failed.
     #[error("ibv_create_comp_channel({device}): {}", strerror(*errno))]
     CreateChannel {

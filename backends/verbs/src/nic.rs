@@ -7,8 +7,9 @@ use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 
 use starwire_rdma::{
-    Access, Completion, Errno, LocalSlice, MemoryRegion, QpCaps, QpEndpoint, QpState,
-    RegisteredMem, RemoteRing, RemoteSlice, Verbs, VerbsError, WcOpcode, WcStatus, MAX_QPN,
+    Access, Completion, DoorbellError, Errno, LocalSlice, MemoryRegion, QpCaps, QpEndpoint,
+    QpState, RegisteredMem, RemoteRing, RemoteSlice, Verbs, VerbsError, WcOpcode, WcStatus,
+    MAX_QPN,
 };
 
 use crate::device::{LinkLayer, VerbsDevice};
@@ -279,7 +280,7 @@ impl VerbsNic {
             dlid: peer.lid,
             global,
             dgid: peer.gid,
-            sgid_index: u8::try_from(self.device.gid_index()).unwrap_or(0),
+            sgid_index: self.device.sgid_index(),
             min_rnr_timer: self.cfg.min_rnr_timer,
         };
         let fail = |state, errno| DeviceError::ModifyQp { qpn, state, errno };
@@ -509,8 +510,11 @@ unsafe impl Verbs for VerbsNic {
         Ok(())
     }
 
-    fn ring_doorbell(&mut self) -> Result<(), VerbsError> {
-        let mut first_err = None;
+    fn ring_doorbell(&mut self) -> Result<(), DoorbellError> {
+        // One error per queue pair whose chain was refused: the WRs from
+        // the refused one on never complete, so each such connection must
+        // fail, not only the first.
+        let mut refused: Option<DoorbellError> = None;
         let every = self.cfg.signal_every;
         for qpn in std::mem::take(&mut self.dirty) {
             let Some(e) = self.qps.get_mut(&qpn) else {
@@ -529,10 +533,14 @@ unsafe impl Verbs for VerbsNic {
             let posted = match r {
                 Ok(()) => e.staged.len(),
                 Err((at, err)) => {
-                    first_err.get_or_insert(VerbsError::PostSend {
+                    let refusal = VerbsError::PostSend {
                         wr_id: e.staged[at].wr_id,
                         errno: errno(err),
-                    });
+                    };
+                    match &mut refused {
+                        Some(r) => r.push(refusal),
+                        None => refused = Some(DoorbellError::new(refusal)),
+                    }
                     at
                 }
             };
@@ -545,7 +553,7 @@ unsafe impl Verbs for VerbsNic {
             }
             e.staged.clear();
         }
-        first_err.map_or(Ok(()), Err)
+        refused.map_or(Ok(()), Err)
     }
 
     fn poll_cq(&mut self, out: &mut [Completion]) -> Result<usize, VerbsError> {

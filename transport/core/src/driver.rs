@@ -524,8 +524,7 @@ impl<T: Link> Driver for Links<T> {
     }
 
     fn poll_timeout(&self) -> Option<Instant> {
-        self.running().filter_map(Transport::poll_timeout)
-            .min()
+        self.running().filter_map(Transport::poll_timeout).min()
     }
 
     fn sleep(&self) -> Sleep {

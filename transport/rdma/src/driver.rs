@@ -20,7 +20,7 @@ use crate::ring::{
     check_config, check_remote, wr_slot, PreparedRing, RemoteRing, RingConfig, RingConn, RingError,
     RingFault, RingStats, MAX_SLOTS,
 };
-use crate::verbs::{Completion, Verbs, VerbsError};
+use crate::verbs::{Completion, DoorbellError, Verbs, VerbsError};
 
 /// Completions polled per `ibv_poll_cq` call.
 const POLL_BATCH: usize = 32;
@@ -234,6 +234,14 @@ impl<V: Verbs> RdmaDriver<V> {
         Ok(())
     }
 
+    /// The check [`connect`](Self::connect) runs on the peer's ring
+    /// ([`RemoteRing::check`] with the driver's frame limit), to run it
+    /// earlier: before taking the queue pair to RTR and RTS and telling
+    /// the peer we are ready.
+    pub fn check_remote(&self, remote: &RemoteRing) -> Result<(), RingError> {
+        check_remote(remote, self.max_frame)
+    }
+
     /// The verbs.
     pub fn verbs(&self) -> &V {
         &self.verbs
@@ -418,16 +426,19 @@ impl<V: Verbs> RdmaDriver<V> {
         }
     }
 
-    /// The doorbell failed: the connection whose WR was refused fails, or
-    /// every connection when the error names none.
-    fn fail_doorbell(&mut self, e: VerbsError) {
-        let i = match e {
-            VerbsError::PostSend { wr_id, .. } => wr_slot(wr_id),
-            _ => return self.fail_all(&RingFault::Verbs(e)),
-        };
-        if let Some(Slot::Connected(ring)) = self.slots.get_mut(i) {
-            if let Some(err) = ring.fail(RingFault::Verbs(e)) {
-                self.failed.push_back((ConnId::new(i as u32), err));
+    /// The doorbell failed: every connection whose chain was refused
+    /// fails (its unposted WRs will never complete), or every connection
+    /// when an error names none.
+    fn fail_doorbell(&mut self, e: DoorbellError) {
+        for &e in e.errors() {
+            let i = match e {
+                VerbsError::PostSend { wr_id, .. } => wr_slot(wr_id),
+                _ => return self.fail_all(&RingFault::Verbs(e)),
+            };
+            if let Some(Slot::Connected(ring)) = self.slots.get_mut(i) {
+                if let Some(err) = ring.fail(RingFault::Verbs(e)) {
+                    self.failed.push_back((ConnId::new(i as u32), err));
+                }
             }
         }
     }

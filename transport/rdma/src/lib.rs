@@ -51,6 +51,6 @@ pub use ring::{
 };
 pub use sim::{SimConfig, SimFabric, SimNic};
 pub use verbs::{
-    Access, Completion, Errno, LocalSlice, MemoryRegion, QpCaps, QpState, RemoteSlice, Verbs,
-    VerbsError, WcOpcode, WcStatus,
+    Access, Completion, DoorbellError, Errno, LocalSlice, MemoryRegion, QpCaps, QpState,
+    RemoteSlice, Verbs, VerbsError, WcOpcode, WcStatus,
 };

@@ -446,6 +446,17 @@ impl RingConn {
                 break;
             }
             let dst = if wrap { 0 } else { self.r_tail };
+            // `check_remote` refused rings past the end of the address
+            // space; a second guard, so a peer's address never overflows.
+            let addr = u64::try_from(dst)
+                .ok()
+                .and_then(|d| self.remote.addr.checked_add(d))
+                .ok_or_else(|| {
+                    RingFault::Protocol(format!(
+                        "peer ring at {:#x} + offset {dst} overflows the address space",
+                        self.remote.addr
+                    ))
+                })?;
             let wr_id = wr_id(0, self.slot, self.next_data_wr);
             verbs.post_write_with_imm(
                 self.qpn,
@@ -457,7 +468,7 @@ impl RingConn {
                 },
                 RemoteSlice {
                     rkey: self.remote.rkey,
-                    addr: self.remote.addr + dst as u64,
+                    addr,
                 },
                 Imm::Data {
                     wrap,
@@ -680,5 +691,44 @@ impl RingConn {
         }
         self.stats.frames_received += delivered as u64;
         (delivered, violation.map(RingFault::Protocol))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{SimConfig, SimNic};
+
+    /// `check_remote` refuses such a ring; should one get through, posting
+    /// fails the connection with a protocol fault instead of overflowing.
+    #[test]
+    fn a_remote_address_that_overflows_is_a_protocol_fault() {
+        let (mut na, mut nb) = SimNic::pair(SimConfig::default());
+        let (qa, _qb) = na.connect_qp(&mut nb).unwrap();
+        let cfg = RingConfig {
+            ring_len: 4096,
+            staging_len: 2048,
+            recv_depth: 8,
+            max_frame_len: None,
+        };
+        let max_frame = check_config(&cfg).unwrap();
+        let prepared = PreparedRing::new(&mut na, qa, 0, &cfg, max_frame).unwrap();
+        let mut remote = prepared.local_ring();
+        remote.addr = u64::MAX - 63;
+        assert!(matches!(
+            check_remote(&remote, max_frame),
+            Err(RingError::Remote(_))
+        ));
+        let (mut conn, failed) = prepared.connect(&mut na, remote, max_frame);
+        assert!(failed.is_none());
+        for _ in 0..2 {
+            assert!(conn.reserve(&na, 64).unwrap());
+            conn.tx_commit(64);
+        }
+        let fault = conn.post(&mut na).unwrap_err();
+        assert!(
+            matches!(&fault, RingFault::Protocol(m) if m.contains("overflows")),
+            "{fault}"
+        );
     }
 }

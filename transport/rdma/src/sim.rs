@@ -54,8 +54,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::mem::{OwnedMem, RegisteredMem};
 use crate::verbs::{
-    Access, Completion, Errno, LocalSlice, MemoryRegion, QpCaps, QpState, RemoteSlice, Verbs,
-    VerbsError, WcOpcode, WcStatus,
+    Access, Completion, DoorbellError, Errno, LocalSlice, MemoryRegion, QpCaps, QpState,
+    RemoteSlice, Verbs, VerbsError, WcOpcode, WcStatus,
 };
 
 /// Capacities and behaviour of the simulated NICs of one fabric.
@@ -629,7 +629,7 @@ unsafe impl Verbs for SimNic {
         Ok(())
     }
 
-    fn ring_doorbell(&mut self) -> Result<(), VerbsError> {
+    fn ring_doorbell(&mut self) -> Result<(), DoorbellError> {
         self.doorbells += 1;
         for qp in self.qps.values_mut() {
             let staged = std::mem::take(&mut qp.staged);

@@ -323,6 +323,53 @@ pub enum VerbsError {
     },
 }
 
+/// [`Verbs::ring_doorbell`] could not hand some queue pairs' chains of
+/// work requests to the NIC: one error per refused queue pair (never
+/// none), each naming the first WR of its chain not handed over
+/// ([`VerbsError::PostSend`]). That WR and those after it on its queue
+/// pair are dropped and never complete; the other queue pairs' WRs were
+/// handed over.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DoorbellError(Vec<VerbsError>);
+
+impl fmt::Display for DoorbellError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut errors = self.0.iter();
+        if let Some(first) = errors.next() {
+            write!(f, "{first}")?;
+        }
+        for e in errors {
+            write!(f, "; {e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for DoorbellError {}
+
+impl DoorbellError {
+    /// The doorbell failed with `first`.
+    pub fn new(first: VerbsError) -> Self {
+        Self(vec![first])
+    }
+
+    /// Another queue pair's chain was refused.
+    pub fn push(&mut self, e: VerbsError) {
+        self.0.push(e);
+    }
+
+    /// The errors, one per refused queue pair, in the order met.
+    pub fn errors(&self) -> &[VerbsError] {
+        &self.0
+    }
+}
+
+impl From<VerbsError> for DoorbellError {
+    fn from(e: VerbsError) -> Self {
+        Self::new(e)
+    }
+}
+
 /// What to tell a user whose registration failed with `errno`: `ENOMEM`
 /// is almost always the locked-memory limit, since registered memory is
 /// pinned.
@@ -398,8 +445,8 @@ fn reg_mr_hint(errno: Errno) -> &'static str {
 ///
 /// ```compile_fail,E0200
 /// # use starwire_rdma::{
-/// #     Access, Completion, Errno, LocalSlice, MemoryRegion, QpCaps, QpState, RegisteredMem,
-/// #     RemoteSlice, Verbs, VerbsError,
+/// #     Access, Completion, DoorbellError, Errno, LocalSlice, MemoryRegion, QpCaps, QpState,
+/// #     RegisteredMem, RemoteSlice, Verbs, VerbsError,
 /// # };
 /// struct Nic;
 /// impl Verbs for Nic {
@@ -415,7 +462,7 @@ fn reg_mr_hint(errno: Errno) -> &'static str {
 /// #         &mut self, _: u32, _: u64, _: LocalSlice, _: RemoteSlice, _: u32,
 /// #     ) -> Result<(), VerbsError> { Ok(()) }
 /// #     fn post_recv(&mut self, _: u32, _: u64) -> Result<(), VerbsError> { Ok(()) }
-/// #     fn ring_doorbell(&mut self) -> Result<(), VerbsError> { Ok(()) }
+/// #     fn ring_doorbell(&mut self) -> Result<(), DoorbellError> { Ok(()) }
 /// #     fn poll_cq(&mut self, _: &mut [Completion]) -> Result<usize, VerbsError> { Ok(0) }
 /// #     fn destroy_qp(&mut self, _: u32) -> Result<(), VerbsError> { Ok(()) }
 ///     // ...
@@ -467,10 +514,13 @@ pub unsafe trait Verbs {
     fn post_recv(&mut self, qpn: u32, wr_id: u64) -> Result<(), VerbsError>;
 
     /// Hand every send WR staged on any queue pair to the NIC: one
-    /// submission per pass. A failure names a WR not handed over
-    /// ([`VerbsError::PostSend`]); the WRs of other queue pairs are handed
-    /// over regardless.
-    fn ring_doorbell(&mut self) -> Result<(), VerbsError>;
+    /// submission per pass. The WRs of a queue pair whose chain is refused
+    /// from some WR on are dropped (they never complete); the error names,
+    /// for every such queue pair, the first WR not handed over
+    /// ([`VerbsError::PostSend`]), so the driver fails each of those
+    /// connections. The WRs of other queue pairs are handed over
+    /// regardless.
+    fn ring_doorbell(&mut self) -> Result<(), DoorbellError>;
 
     /// Move up to `out.len()` completions (send and receive, of every queue
     /// pair) into `out`; returns how many.

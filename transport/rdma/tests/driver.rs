@@ -9,8 +9,9 @@ use std::time::Instant;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use starwire_rdma::{
-    Access, LocalSlice, MemoryRegion, RdmaDriver, RemoteSlice, RingConfig, RingError, SimConfig,
-    SimNic, Verbs, WcStatus, MIN_RECV_DEPTH,
+    Access, Completion, DoorbellError, Errno, LocalSlice, MemoryRegion, QpCaps, QpState,
+    RdmaDriver, RegisteredMem, RemoteSlice, RingConfig, RingError, SimConfig, SimNic, Verbs,
+    VerbsError, WcStatus, MIN_RECV_DEPTH,
 };
 use starwire_transport::conformance::{DriverPair, Pair};
 use starwire_transport::{ConnId, Connection, Driver, Incoming, Payload, TaskRole, TransportError};
@@ -573,4 +574,143 @@ fn a_reservation_that_cannot_be_prepared_stays_reserved() {
     a.detach(second);
     assert!(a.is_empty());
     assert_eq!(a.verbs().region_count(), regions);
+}
+
+/// `SimNic`, except that the doorbell refuses the chains of the queue
+/// pairs in `refuse`, as `ibv_post_send` does (`ENOMEM`): their WRs are
+/// dropped, never to complete, and each refused chain is reported.
+struct Refusing {
+    nic: SimNic,
+    refuse: Vec<u32>,
+    /// The first WR staged on each refused queue pair since the last
+    /// doorbell.
+    dropped: Vec<(u32, u64)>,
+}
+
+// SAFETY: every method delegates to `SimNic`, whose `unsafe impl Verbs`
+// keeps the contract; WRs of refused queue pairs are never handed to it,
+// so no device reads their local slices (item 4 holds trivially), and
+// nothing else touches registered memory.
+#[allow(unsafe_code)]
+unsafe impl Verbs for Refusing {
+    fn cq_depth(&self) -> u32 {
+        self.nic.cq_depth()
+    }
+    fn qp_caps(&self, qpn: u32) -> Option<QpCaps> {
+        self.nic.qp_caps(qpn)
+    }
+    fn qp_state(&self, qpn: u32) -> Option<QpState> {
+        self.nic.qp_state(qpn)
+    }
+    fn reg_mr(&mut self, len: usize, access: Access) -> Result<MemoryRegion, VerbsError> {
+        self.nic.reg_mr(len, access)
+    }
+    fn dereg_mr(&mut self, lkey: u32) -> Result<(), VerbsError> {
+        self.nic.dereg_mr(lkey)
+    }
+    fn mr_mem(&self, lkey: u32) -> Option<RegisteredMem<'_>> {
+        self.nic.mr_mem(lkey)
+    }
+    fn post_write_with_imm(
+        &mut self,
+        qpn: u32,
+        wr_id: u64,
+        local: LocalSlice,
+        remote: RemoteSlice,
+        imm: u32,
+    ) -> Result<(), VerbsError> {
+        if !self.refuse.contains(&qpn) {
+            return self.nic.post_write_with_imm(qpn, wr_id, local, remote, imm);
+        }
+        if !self.dropped.iter().any(|&(q, _)| q == qpn) {
+            self.dropped.push((qpn, wr_id));
+        }
+        Ok(())
+    }
+    fn post_recv(&mut self, qpn: u32, wr_id: u64) -> Result<(), VerbsError> {
+        self.nic.post_recv(qpn, wr_id)
+    }
+    fn ring_doorbell(&mut self) -> Result<(), DoorbellError> {
+        self.nic.ring_doorbell()?;
+        let mut refused = self
+            .dropped
+            .drain(..)
+            .map(|(_, wr_id)| VerbsError::PostSend {
+                wr_id,
+                errno: Errno::ENOMEM,
+            });
+        match refused.next() {
+            None => Ok(()),
+            Some(first) => {
+                let mut e = DoorbellError::new(first);
+                refused.for_each(|r| e.push(r));
+                Err(e)
+            }
+        }
+    }
+    fn poll_cq(&mut self, out: &mut [Completion]) -> Result<usize, VerbsError> {
+        self.nic.poll_cq(out)
+    }
+    fn destroy_qp(&mut self, qpn: u32) -> Result<(), VerbsError> {
+        self.nic.destroy_qp(qpn)
+    }
+}
+
+/// A doorbell that refuses the chains of two queue pairs fails both
+/// connections (their WRs will never complete), each once, and leaves
+/// the third running.
+#[test]
+fn a_doorbell_refusing_several_chains_fails_each_of_their_connections() {
+    let (mut na, mut nb) = SimNic::pair(SimConfig::default());
+    let qps: Vec<(u32, u32)> = (0..3).map(|_| na.connect_qp(&mut nb).unwrap()).collect();
+    let wrapped = Refusing {
+        nic: na,
+        refuse: Vec::new(),
+        dropped: Vec::new(),
+    };
+    let mut a = RdmaDriver::new(wrapped, cfg()).unwrap();
+    let mut b = RdmaDriver::new(nb, cfg()).unwrap();
+    let (mut a_ids, mut b_ids) = (Vec::new(), Vec::new());
+    for &(qa, qb) in &qps {
+        let (ca, ra) = a.prepare(qa).unwrap();
+        let (cb, rb) = b.prepare(qb).unwrap();
+        a.connect(ca, rb).unwrap();
+        b.connect(cb, ra).unwrap();
+        a_ids.push(ca);
+        b_ids.push(cb);
+    }
+    a.verbs_mut().refuse = vec![qps[0].0, qps[2].0];
+    let now = Instant::now();
+    for (i, &c) in a_ids.iter().enumerate() {
+        let f = frame(i, 0, 64);
+        let buf = a.tx_reserve(c, f.len()).unwrap().expect("staging");
+        buf.copy_from_slice(&f);
+        a.tx_commit(c, f.len());
+    }
+    a.flush(now);
+    let mut failed: Vec<(ConnId, TransportError)> =
+        std::iter::from_fn(|| a.poll_failure()).collect();
+    failed.sort_unstable_by_key(|(c, _)| *c);
+    let ids: Vec<ConnId> = failed.iter().map(|(c, _)| *c).collect();
+    assert_eq!(ids, vec![a_ids[0], a_ids[2]], "{failed:?}");
+    for (_, e) in &failed {
+        assert!(
+            matches!(e, TransportError::Link(m) if m.contains("ibv_post_send") && m.contains("ENOMEM")),
+            "{e}"
+        );
+    }
+    for c in [a_ids[0], a_ids[2]] {
+        assert!(matches!(a.tx_reserve(c, 8), Err(TransportError::Link(_))));
+    }
+    // The third connection's frame arrives; nothing is reported twice.
+    let mut got = Vec::new();
+    for _ in 0..4 {
+        b.rx_burst(now, 8, &mut |c, f| got.push((c, f.to_vec())));
+        a.rx_burst(now, 8, &mut |_, _| {});
+        a.flush(now);
+        b.flush(now);
+    }
+    assert_eq!(got, vec![(b_ids[1], frame(1, 0, 64))]);
+    assert!(a.poll_failure().is_none(), "once each");
+    assert!(a.ring(a_ids[1]).unwrap().fault().is_none());
 }

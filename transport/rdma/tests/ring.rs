@@ -732,6 +732,45 @@ fn setup_rejects_unusable_shapes() {
 }
 
 #[test]
+fn a_remote_ring_past_the_end_of_the_address_space_is_refused() {
+    let (mut na, mut nb) = SimNic::pair(SimConfig::default());
+    let (qa, qb) = na.connect_qp(&mut nb).unwrap();
+    let mut da = RdmaDriver::new(na, small_cfg()).unwrap();
+    let mut db = RdmaDriver::new(nb, small_cfg()).unwrap();
+    let (ca, ra) = da.prepare(qa).unwrap();
+    let (cb, rb) = db.prepare(qb).unwrap();
+    for addr in [u64::MAX - 63, u64::MAX - 4095, u64::MAX] {
+        let hostile = RemoteRing { addr, ..rb };
+        let err = da.connect(ca, hostile).unwrap_err();
+        assert!(
+            matches!(&err, RingError::Remote(m) if m.contains("address space")),
+            "{err}"
+        );
+        assert!(a_ring_is_absent(&da, ca), "the connection stays prepared");
+    }
+    // The connection is still usable with the real ring.
+    da.connect(ca, rb).unwrap();
+    db.connect(cb, ra).unwrap();
+    let (mut a, mut b) = (End { d: da, c: ca }, End { d: db, c: cb });
+    let now = Instant::now();
+    assert!(send(&mut a, 0, 64));
+    assert!(send(&mut a, 1, 64));
+    a.flush(now).unwrap();
+    let mut seq = 0;
+    b.rx_burst(now, 16, &mut |f| {
+        assert!(matches(seq, f));
+        seq += 1;
+    })
+    .unwrap();
+    assert_eq!(seq, 2);
+    assert!(a.d.poll_failure().is_none());
+}
+
+fn a_ring_is_absent(d: &RdmaDriver<SimNic>, c: ConnId) -> bool {
+    d.ring(c).is_none() && d.len() == 1
+}
+
+#[test]
 fn the_shared_cq_bounds_the_connections_of_a_driver() {
     // Each connection may have 128 send + 8 receive WRs outstanding: a
     // 300-entry CQ holds two of them, not three.

@@ -74,7 +74,19 @@ impl RemoteRing {
         out
     }
 
+    /// Whether this ring, announced by a peer, can carry frames of
+    /// `max_frame` bytes: its length and receive depth are in range, half
+    /// of it holds a frame, and it does not run past the end of the
+    /// address space. [`RdmaDriver::connect`](crate::RdmaDriver::connect)
+    /// runs this check; a setup can run it
+    /// ([`RdmaDriver::check_remote`](crate::RdmaDriver::check_remote))
+    /// before connecting its queue pair.
+    pub fn check(&self, max_frame: usize) -> Result<(), RingError> {
+        check_remote(self, max_frame)
+    }
+
     /// Inverse of [`to_bytes`](Self::to_bytes). Values are checked by
+    /// [`check`](Self::check) and
     /// [`RdmaDriver::connect`](crate::RdmaDriver::connect).
     pub fn from_bytes(b: &[u8; Self::ENCODED_LEN]) -> Self {
         let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
@@ -137,6 +149,18 @@ pub(crate) fn check_config(cfg: &RingConfig) -> Result<usize, RingError> {
 /// Whether a peer's ring can carry frames of `max_frame` bytes.
 pub(crate) fn check_remote(remote: &RemoteRing, max_frame: usize) -> Result<(), RingError> {
     check_ring_shape(remote.len, remote.recv_depth).map_err(RingError::Remote)?;
+    // Every write lands at `addr + offset` for an offset below `len`: a
+    // ring reaching past the end of the address space is refused here
+    // rather than overflowing when frames are posted.
+    let end = u64::try_from(remote.len)
+        .ok()
+        .and_then(|len| remote.addr.checked_add(len));
+    if end.is_none() {
+        return Err(RingError::Remote(format!(
+            "a {}-byte ring at address {:#x} extends past the end of the address space",
+            remote.len, remote.addr
+        )));
+    }
     if max_frame > remote.len / 2 {
         return Err(RingError::Remote(format!(
             "a {}-byte ring cannot carry the driver's {max_frame}-byte frames (at most ring / 2)",

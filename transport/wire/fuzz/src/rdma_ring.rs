@@ -4,9 +4,12 @@
 //! [`RingOps`], mutations of its op scripts.
 //!
 //! An input is a script. Its first byte says after how many ops the
-//! victim connects (the peer may write before it does: the driver holds
-//! those completions and replays them on `connect`); every op after it is
-//! an opcode byte and its arguments:
+//! victim connects (bits 0-2; the peer may write before it does: the
+//! driver holds those completions and replays them on `connect`) and
+//! whether the peer first announces a hostile ring address, one whose
+//! ring runs past the end of the address space (bit 3; bits 4-7 pick it),
+//! which the victim must refuse with `RingError::Remote`, staying
+//! prepared; every op after it is an opcode byte and its arguments:
 //!
 //! * the *peer*, a hand-driven [`SimNic`] on the victim's fabric, writes an
 //!   honest frame into the victim's ring (placed at its tail, wrapping as
@@ -56,7 +59,7 @@ use rand::Rng;
 use starwire_rdma::imm::{slot_len, MAX_CREDIT_BYTES, MAX_CREDIT_RECVS};
 use starwire_rdma::{
     Access, Completion, Imm, LocalSlice, MemoryRegion, RdmaDriver, RemoteRing, RemoteSlice,
-    RingConfig, RingConn, RingFault, SimConfig, SimNic, Verbs, WcOpcode,
+    RingConfig, RingConn, RingError, RingFault, SimConfig, SimNic, Verbs, WcOpcode,
 };
 use starwire_transport::{ConnId, Driver};
 
@@ -170,6 +173,14 @@ fn parse(input: &[u8]) -> (usize, Vec<Op>) {
         rest = &tail[n..];
     }
     (usize::from(first & 7), ops)
+}
+
+/// The hostile ring address bits 3-7 of the first byte of `input` ask
+/// for: at most 1023 bytes below the top of the address space, so every
+/// shape's peer ring (at least 1024 bytes) runs past it.
+fn hostile_addr(input: &[u8]) -> Option<u64> {
+    let first = *input.first()?;
+    (first & 8 != 0).then(|| u64::MAX - 63 - 64 * u64::from(first >> 4))
 }
 
 /// The bytes of `op` in a script.
@@ -532,6 +543,9 @@ struct Run {
     peer: Peer,
     m: Model,
     now: Instant,
+    /// A ring address past the end of the address space the peer
+    /// announces first, to be refused.
+    hostile: Option<u64>,
     /// Offset of the victim ring's first byte in memory.
     base: usize,
     /// The peer broke its queue pair or forged credits: a completion
@@ -625,6 +639,7 @@ impl Run {
             peer,
             m,
             now: Instant::now(),
+            hostile: None,
             base: 0,
             misbehaved: false,
             forged: false,
@@ -645,6 +660,20 @@ impl Run {
 
     /// Connect the victim: the completions it held are replayed.
     fn connect(&mut self) -> Result<(), String> {
+        if let Some(addr) = self.hostile.take() {
+            let lie = RemoteRing {
+                addr,
+                ..self.remote
+            };
+            match self.d.connect(self.c, lie) {
+                Err(RingError::Remote(_)) => {}
+                Err(e) => return err(format!("ring at {addr:#x} refused with {e}")),
+                Ok(()) => return err(format!("a ring at {addr:#x} was accepted")),
+            }
+            if self.d.ring(self.c).is_some() {
+                return err("connected after a refused connect".into());
+            }
+        }
         self.d
             .connect(self.c, self.remote)
             .map_err(|e| format!("connect refused: {e}"))?;
@@ -1228,6 +1257,10 @@ pub fn seeds() -> Vec<Vec<u8>> {
     // A wrap marker on the first frame, written before the connect.
     let first = [Lie { len: 10, how: 0 }, Frame(10), Rx(4)];
     out.push(script(1, &first));
+    // The peer first announces rings running past the end of the address
+    // space (bit 3 of the first byte; bits 4-7 pick the address).
+    out.push(script(0x08, &honest));
+    out.push(script(0xf8 | 3, &honest));
     out
 }
 
@@ -1239,6 +1272,7 @@ impl RdmaRing {
     fn run_case(&mut self, shape: usize, input: &[u8]) -> Result<Outcome, String> {
         let (connect_after, ops) = parse(input);
         let mut run = Run::new(&SHAPES[shape])?;
+        run.hostile = hostile_addr(input);
         let held_before = connect_after > 0 && !ops.is_empty();
         run.script(connect_after, &ops)?;
         let mut o = run.outcome();
@@ -1354,7 +1388,8 @@ mod tests {
     fn scripts_parse_back() {
         for s in seeds() {
             let (k, ops) = parse(&s);
-            assert_eq!(script(k as u8, &ops), s);
+            let hostile = s[0] & !7;
+            assert_eq!(script(hostile | k as u8, &ops), s);
         }
     }
 
@@ -1376,6 +1411,24 @@ mod tests {
                 "{k} never reached: {:?}",
                 t.faults
             );
+        }
+    }
+
+    #[test]
+    fn a_ring_past_the_end_of_the_address_space_is_refused() {
+        assert_eq!(hostile_addr(&[0x07]), None);
+        assert_eq!(hostile_addr(&[0x08]), Some(u64::MAX - 63));
+        assert_eq!(hostile_addr(&[0xfb]), Some(u64::MAX - 1023));
+        let mut t = RdmaRing::default();
+        let hostile: Vec<_> = seeds().into_iter().filter(|s| s[0] & 8 != 0).collect();
+        assert_eq!(hostile.len(), 2);
+        for s in hostile {
+            for case in 0..SHAPES.len() {
+                let o = t
+                    .run_case(case, &s)
+                    .unwrap_or_else(|e| panic!("{e}: {:?}", parse(&s)));
+                assert!(o.fault.is_none(), "{:?}", o.fault);
+            }
         }
     }
 
