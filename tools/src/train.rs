@@ -1032,6 +1032,9 @@ pub struct ReferenceArgs {
     /// Evaluation examples (synthetic), or the most read from the file.
     #[arg(long, default_value_t = 50_000)]
     pub eval_examples: u64,
+    /// Skip malformed Criteo lines (counted) instead of failing.
+    #[arg(long)]
+    pub skip_bad_lines: bool,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -1060,12 +1063,15 @@ pub fn reference_main(a: ReferenceArgs) -> Result<(), String> {
         &truth,
         a.train_examples,
         Default::default(),
-        false,
+        a.skip_bad_lines,
     )
     .map_err(|e| e.to_string())?;
     let mut b = Batch::with_capacity(a.batch_size);
     let t0 = std::time::Instant::now();
     let mut samples = 0u64;
+    // Bad lines skipped, over every pass over the training data and the
+    // evaluation.
+    let mut skipped = 0u64;
     let fitted = if a.solver == "adagrad" {
         let mut lr = ReferenceLr::new(Optimizer::Adagrad {
             lr: a.lr,
@@ -1080,6 +1086,7 @@ pub fn reference_main(a: ReferenceArgs) -> Result<(), String> {
                 samples += b.len as u64;
                 lr.fit_batch(&b);
             }
+            skipped += r.skipped();
             r.rewind().map_err(|e| e.to_string())?;
         }
         Fitted::Adagrad(lr)
@@ -1092,6 +1099,7 @@ pub fn reference_main(a: ReferenceArgs) -> Result<(), String> {
         {
             all.extend_from(&b);
         }
+        skipped += r.skipped();
         let opts = ConvergedOptions {
             l2_grid: a
                 .l2
@@ -1105,7 +1113,8 @@ pub fn reference_main(a: ReferenceArgs) -> Result<(), String> {
         Fitted::Lbfgs(m, rep)
     };
     let secs = t0.elapsed().as_secs_f64();
-    let mut e = Reader::eval(&a.eval, &truth, a.eval_examples, false).map_err(|e| e.to_string())?;
+    let mut e = Reader::eval(&a.eval, &truth, a.eval_examples, a.skip_bad_lines)
+        .map_err(|e| e.to_string())?;
     let (mut labels, mut probs, mut oracle) = (Vec::new(), Vec::new(), Vec::new());
     let mut p = Vec::new();
     let synthetic_eval = a.eval == DataSource::Synthetic;
@@ -1125,6 +1134,7 @@ pub fn reference_main(a: ReferenceArgs) -> Result<(), String> {
             oracle.extend((0..b.len).map(|i| truth.oracle_prob(&b, i)));
         }
     }
+    skipped += e.skipped();
     let (a_auc, a_ll) = (auc(&labels, &probs), logloss(&labels, &probs));
     let o_auc = synthetic_eval.then(|| auc(&labels, &oracle));
     if a.json {
@@ -1132,6 +1142,7 @@ pub fn reference_main(a: ReferenceArgs) -> Result<(), String> {
             "trainer": "reference_lr", "solver": a.solver, "samples": samples,
             "seconds": secs,
             "auc": a_auc, "logloss": a_ll, "oracle_auc": o_auc, "eval_examples": labels.len(),
+            "skipped_lines": skipped,
         });
         if let Fitted::Adagrad(_) = &fitted {
             j["samples_per_s"] = (samples as f64 / secs.max(1e-9)).into();
@@ -1181,6 +1192,9 @@ pub fn reference_main(a: ReferenceArgs) -> Result<(), String> {
         "  eval auc {a_auc:.4}  logloss {a_ll:.4}  on {} examples{oracle}",
         labels.len()
     );
+    if skipped > 0 {
+        println!("  skipped {skipped} bad lines");
+    }
     Ok(())
 }
 

@@ -1424,6 +1424,50 @@ fn data_writes_criteo_and_reference_trains_on_it() {
     assert_eq!(num(v, "l2"), 1e-3, "{v}");
 }
 
+#[test]
+fn reference_skips_bad_lines_as_train_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("t.tsv");
+    let fs = f.to_str().unwrap();
+    let out = run(&["data", "--out", fs, "--examples", "1000"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let mut lines: Vec<String> = std::fs::read_to_string(&f)
+        .unwrap()
+        .lines()
+        .map(String::from)
+        .collect();
+    // Line 501: an empty label, then the right number of columns.
+    lines.insert(500, "\t".repeat(39));
+    std::fs::write(&f, lines.join("\n") + "\n").unwrap();
+    let src = format!("criteo:{fs}");
+    let args = [
+        "reference",
+        "--train",
+        &src,
+        "--eval",
+        &src,
+        "--l2",
+        "1e-3",
+        "--json",
+    ];
+    let out = run(&args);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("t.tsv") && err.contains("bad line 501"),
+        "{err}"
+    );
+    let mut skip = args.to_vec();
+    skip.push("--skip-bad-lines");
+    let out = run(&skip);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v = &json_lines(&out)[0];
+    assert_eq!(v["samples"].as_u64(), Some(1000), "{v}");
+    assert_eq!(v["eval_examples"].as_u64(), Some(1000), "{v}");
+    // Once in the training data, once in the evaluation.
+    assert_eq!(v["skipped_lines"].as_u64(), Some(2), "{v}");
+}
+
 #[cfg(feature = "uring")]
 #[test]
 fn bench_uring_all_modes_with_syscalls_per_msg() {

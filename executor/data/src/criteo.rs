@@ -59,7 +59,9 @@ pub enum DataError {
         #[source]
         source: io::Error,
     },
-    /// Reading, seeking or writing failed.
+    /// Reading, seeking or writing failed. An error of
+    /// [`CriteoReader::next_batch`] says how many lines of the input it had
+    /// read (its kind is the underlying error's, which is its source).
     #[error("i/o error: {0}")]
     Io(#[from] io::Error),
     /// A malformed line (1-based line number) and `skip_bad_lines` was off.
@@ -73,6 +75,17 @@ pub enum DataError {
     /// Invalid reader or generator options (e.g. `worker >= workers`).
     #[error("invalid options: {0}")]
     Options(&'static str),
+    /// A data path that is not an existing file and not a valid glob
+    /// pattern either.
+    #[error("invalid glob pattern {pattern}: {msg} at character {pos}")]
+    Pattern {
+        /// The path, as given.
+        pattern: String,
+        /// The 0-based index of the character where the pattern is invalid.
+        pos: usize,
+        /// What is wrong with it.
+        msg: &'static str,
+    },
     /// An invalid [`crate::SyntheticSpec`].
     #[error("invalid synthetic spec: {0}")]
     Spec(&'static str),
@@ -85,6 +98,20 @@ pub enum DataError {
         #[source]
         source: Box<DataError>,
     },
+}
+
+/// A read error of [`CriteoReader::next_batch`], after `lines` complete
+/// lines of the input (a truncated or corrupt `.gz` file: how far it got).
+#[derive(Debug, thiserror::Error)]
+#[error("{source} after {lines} lines")]
+struct ReadFailed {
+    lines: u64,
+    source: io::Error,
+}
+
+/// `e`, saying that `lines` lines had been read; of the same kind.
+fn read_failed(e: io::Error, lines: u64) -> DataError {
+    DataError::Io(io::Error::new(e.kind(), ReadFailed { lines, source: e }))
 }
 
 impl DataError {
@@ -200,7 +227,9 @@ impl<R: BufRead> CriteoReader<R> {
             counters,
         } = self;
         while batch.len < max {
-            let buf = input.fill_buf()?;
+            let buf = input
+                .fill_buf()
+                .map_err(|e| read_failed(e, counters.lines))?;
             if buf.is_empty() {
                 break;
             }
@@ -219,7 +248,8 @@ impl<R: BufRead> CriteoReader<R> {
                 input.consume(p + 1);
                 parsed
             } else {
-                let too_long = read_long_line(input, line, opts.max_line_len)?;
+                let too_long = read_long_line(input, line, opts.max_line_len)
+                    .map_err(|e| read_failed(e, counters.lines))?;
                 if !mine {
                     None
                 } else if too_long {
@@ -253,11 +283,7 @@ fn trim_cr(line: &[u8]) -> &[u8] {
 /// (without its newline), keeping at most `limit` bytes; returns whether
 /// the line was longer than `limit` (its remainder is consumed and dropped).
 /// The caller has checked that the input is not at its end.
-fn read_long_line<R: BufRead>(
-    input: &mut R,
-    line: &mut Vec<u8>,
-    limit: usize,
-) -> Result<bool, DataError> {
+fn read_long_line<R: BufRead>(input: &mut R, line: &mut Vec<u8>, limit: usize) -> io::Result<bool> {
     line.clear();
     let mut too_long = false;
     loop {

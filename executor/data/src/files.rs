@@ -3,7 +3,9 @@
 //!
 //! [`expand`] turns a path into a sorted list of files: a directory gives
 //! the regular files directly inside it (hidden files skipped), a path
-//! with `*`, `?` or `[` is a glob pattern, anything else is one file. A
+//! that exists is that one file (even if its name has `*`, `?` or `[`),
+//! and any other path with `*`, `?` or `[` is a glob pattern (in which
+//! `[[]`, `[*]` and `[?]` match those characters literally). A
 //! file whose name ends in `.gz` is read through a gzip decoder (several
 //! concatenated members, as `cat a.gz b.gz` makes, are read as one
 //! stream).
@@ -27,9 +29,10 @@ use crate::criteo::{CriteoReader, DataError, ReaderOptions};
 /// Read buffer of each open file.
 const BUFFER: usize = 1 << 20;
 
-/// The files `path` names, sorted: a directory's regular files, a glob
-/// pattern's matches, or the file itself. None found is an error naming
-/// the path.
+/// The files `path` names, sorted: a directory's regular files, the file
+/// itself if it exists, or else a glob pattern's matches. None found is an
+/// error naming the path; so is an invalid pattern, and a directory the
+/// pattern cannot read is an error naming that directory.
 pub fn expand(path: &Path) -> Result<Vec<PathBuf>, DataError> {
     let text = path.to_string_lossy();
     let mut files = if path.is_dir() {
@@ -46,12 +49,23 @@ pub fn expand(path: &Path) -> Result<Vec<PathBuf>, DataError> {
             }
         }
         v
-    } else if text.contains(['*', '?', '[']) {
-        glob::glob(&text)
-            .map_err(|_| DataError::Options("invalid glob pattern"))?
-            .filter_map(Result::ok)
-            .filter(|p| p.is_file())
-            .collect()
+    } else if text.contains(['*', '?', '[']) && std::fs::symlink_metadata(path).is_err() {
+        let matches = glob::glob(&text).map_err(|e| DataError::Pattern {
+            pattern: text.clone().into_owned(),
+            pos: e.pos,
+            msg: e.msg,
+        })?;
+        let mut v = Vec::new();
+        for m in matches {
+            let p = m.map_err(|e| DataError::Open {
+                path: e.path().to_owned(),
+                source: e.into(),
+            })?;
+            if p.is_file() {
+                v.push(p);
+            }
+        }
+        v
     } else {
         std::fs::metadata(path).map_err(|source| DataError::Open {
             path: path.to_owned(),
@@ -67,6 +81,35 @@ pub fn expand(path: &Path) -> Result<Vec<PathBuf>, DataError> {
         });
     }
     Ok(files)
+}
+
+/// The lines of each file `path` names ([`expand`], in its order), read
+/// once: a line ends at a newline, and a last one without is a line too.
+/// Every line is an example or a bad line, so without `skip_bad_lines`
+/// these give every worker's share of an epoch without reading it once
+/// per worker (see the module documentation for how files and lines are
+/// dealt).
+pub fn line_counts(path: &Path) -> Result<Vec<u64>, DataError> {
+    expand(path)?
+        .iter()
+        .map(|f| {
+            let mut input = open(f)?;
+            let (mut lines, mut last) = (0u64, b'\n');
+            loop {
+                let buf = input
+                    .fill_buf()
+                    .map_err(|e| DataError::from(e).in_file(f))?;
+                let Some(&end) = buf.last() else {
+                    break;
+                };
+                lines += memchr::memchr_iter(b'\n', buf).count() as u64;
+                last = end;
+                let n = buf.len();
+                input.consume(n);
+            }
+            Ok(lines + u64::from(last != b'\n'))
+        })
+        .collect()
 }
 
 /// Open one file for [`CriteoReader`], decompressing `.gz`.
@@ -245,6 +288,53 @@ mod tests {
         assert_eq!(read_all(&mut r).len, 150);
     }
 
+    /// Each file's lines, read once, are what every reader of it counts:
+    /// a last line without its newline is one, a `.gz` file's are its
+    /// text's, and each worker's share follows from them.
+    #[test]
+    fn line_counts_are_each_files_lines_as_the_readers_count_them() {
+        let (text, _) = lines(250);
+        let v: Vec<&str> = text.lines().collect();
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a.tsv"), v[..100].join("\n") + "\n").unwrap();
+        gz(
+            &dir.path().join("b.tsv.gz"),
+            &(v[100..170].join("\n") + "\n"),
+        );
+        // No newline after the last line.
+        std::fs::write(dir.path().join("c.tsv"), v[170..].join("\n")).unwrap();
+        std::fs::write(dir.path().join("d.tsv"), "").unwrap();
+        assert_eq!(line_counts(dir.path()).unwrap(), [100, 70, 80, 0]);
+        for workers in [1, 3, 4, 7] {
+            for worker in 0..workers {
+                let opts = ReaderOptions {
+                    worker,
+                    workers,
+                    ..ReaderOptions::default()
+                };
+                let mut r = CriteoFiles::open(dir.path(), opts).unwrap();
+                let per_file: Vec<u64> = line_counts(dir.path())
+                    .unwrap()
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &n)| match 4 >= workers {
+                        true if i % workers == worker => n,
+                        true => 0,
+                        false => {
+                            n / workers as u64 + u64::from((worker as u64) < n % workers as u64)
+                        }
+                    })
+                    .collect();
+                let want: u64 = per_file.iter().sum();
+                assert_eq!(read_all(&mut r).len as u64, want, "{worker} of {workers}");
+            }
+        }
+        assert!(matches!(
+            line_counts(&dir.path().join("none")),
+            Err(DataError::Open { .. })
+        ));
+    }
+
     #[test]
     fn workers_take_whole_files_or_split_lines() {
         let (text, want) = lines(120);
@@ -326,5 +416,98 @@ mod tests {
             CriteoFiles::open(&dir.path().join("corrupt.gz"), ReaderOptions::default()).unwrap();
         let e = r.next_batch(10, &mut Batch::default()).unwrap_err();
         assert!(e.to_string().contains("corrupt.gz"), "{e}");
+    }
+
+    #[test]
+    fn a_truncated_gz_file_says_how_far_it_got() {
+        let (text, _) = lines(400);
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("cut.tsv.gz");
+        gz(&f, &text);
+        let bytes = std::fs::read(&f).unwrap();
+        std::fs::write(&f, &bytes[..bytes.len() / 2]).unwrap();
+        let mut r = CriteoFiles::open(&f, ReaderOptions::default()).unwrap();
+        let (mut b, mut read) = (Batch::default(), 0u64);
+        let e = loop {
+            match r.next_batch(1, &mut b) {
+                Ok(0) => panic!("no error after {read} lines"),
+                Ok(_) => read += 1,
+                Err(e) => break e,
+            }
+        };
+        assert!(read > 0 && read < 400, "{read}");
+        let msg = e.to_string();
+        assert!(
+            msg.contains("cut.tsv.gz") && msg.contains(&format!("after {read} lines")),
+            "{msg}"
+        );
+        // Still an i/o error of the decoder's kind, in the file.
+        let DataError::InFile { source, .. } = e else {
+            panic!("{e:?}")
+        };
+        assert!(
+            matches!(&*source, DataError::Io(io) if io.kind() == std::io::ErrorKind::UnexpectedEof),
+            "{source:?}"
+        );
+    }
+
+    #[test]
+    fn an_existing_path_is_read_as_is_though_it_looks_like_a_pattern() {
+        let (text, _) = lines(8);
+        let v: Vec<&str> = text.lines().collect();
+        let dir = tempfile::tempdir().unwrap();
+        let literal = dir.path().join("data[1].tsv");
+        std::fs::write(&literal, v[..5].join("\n") + "\n").unwrap();
+        // What `data[1].tsv` matches as a pattern.
+        std::fs::write(dir.path().join("data1.tsv"), v[5..].join("\n") + "\n").unwrap();
+        let mut r = CriteoFiles::open(&literal, ReaderOptions::default()).unwrap();
+        assert_eq!(r.files(), std::slice::from_ref(&literal));
+        assert_eq!(read_all(&mut r).len, 5);
+        // A path that does not exist is a pattern; `[[]` matches `[`.
+        let escaped = dir.path().join("data[[]1].tsv");
+        let r = CriteoFiles::open(&escaped, ReaderOptions::default()).unwrap();
+        assert_eq!(r.files(), [literal]);
+        let r = CriteoFiles::open(&dir.path().join("data?.tsv"), ReaderOptions::default());
+        assert_eq!(r.unwrap().files(), [dir.path().join("data1.tsv")]);
+    }
+
+    #[test]
+    fn an_invalid_pattern_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let pat = dir.path().join("day_[1.tsv");
+        let e = CriteoFiles::open(&pat, ReaderOptions::default()).unwrap_err();
+        let bracket = pat.to_str().unwrap().chars().position(|c| c == '[');
+        assert!(
+            matches!(e, DataError::Pattern { pos, .. } if Some(pos) == bracket),
+            "{e:?}"
+        );
+        let msg = e.to_string();
+        assert!(
+            msg.contains(&pat.display().to_string()) && msg.contains("invalid glob pattern"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn a_directory_a_pattern_cannot_read_is_an_error_naming_it() {
+        use std::os::unix::fs::PermissionsExt;
+        let (text, _) = lines(3);
+        let dir = tempfile::tempdir().unwrap();
+        for sub in ["a", "b"] {
+            std::fs::create_dir(dir.path().join(sub)).unwrap();
+            std::fs::write(dir.path().join(sub).join("x.tsv"), &text).unwrap();
+        }
+        let locked = dir.path().join("b");
+        std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o000)).unwrap();
+        let readable = std::fs::read_dir(&locked).is_ok();
+        let got = CriteoFiles::open(&dir.path().join("*/*.tsv"), ReaderOptions::default());
+        std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o755)).unwrap();
+        if readable {
+            eprintln!("skipped: permissions are not enforced for this user (root?)");
+            return;
+        }
+        let e = got.unwrap_err();
+        assert!(matches!(e, DataError::Open { .. }), "{e:?}");
+        assert!(e.to_string().contains(&locked.display().to_string()), "{e}");
     }
 }

@@ -43,10 +43,10 @@ impl std::fmt::Display for DataSource {
     }
 }
 
-/// An open stream of batches for one worker.
-/// Examples read at a time when a share is counted.
+/// Examples a share is counted in at most (its batch's capacity).
 const COUNT_BATCH: usize = 4096;
 
+/// An open stream of batches for one worker.
 #[derive(Debug)]
 pub enum Reader {
     /// A share of the synthetic stream.
@@ -106,15 +106,18 @@ impl Reader {
         })
     }
 
-    /// Up to `max` examples into `batch`; 0 at the end of the epoch. A
-    /// file's errors name the file.
-    /// Examples in one worker's share (`deal`) of one epoch of the Criteo
-    /// files at `path`, counted by reading the share.
+    /// One worker's share (`deal`) of one epoch of the Criteo files at
+    /// `path`, counted by reading it in batches of `batch_size` as the
+    /// worker does: the examples of each run of batches that are full but
+    /// for the run's last (a batch does not span files, so a file's last
+    /// batch may be short). Bad lines skipped with `skip_bad_lines` are
+    /// not examples.
     pub fn count_share(
         path: &std::path::Path,
         deal: Deal,
         skip_bad_lines: bool,
-    ) -> Result<u64, DataError> {
+        batch_size: usize,
+    ) -> Result<Vec<u64>, DataError> {
         let mut r = CriteoFiles::open(
             path,
             ReaderOptions {
@@ -124,17 +127,26 @@ impl Reader {
                 ..ReaderOptions::default()
             },
         )?;
-        let mut batch = Batch::with_capacity(COUNT_BATCH);
-        let mut n = 0u64;
+        let b = batch_size.max(1);
+        let mut batch = Batch::with_capacity(b.min(COUNT_BATCH));
+        let (mut runs, mut run) = (Vec::new(), 0u64);
         loop {
-            let k = r.next_batch(COUNT_BATCH, &mut batch)?;
+            let k = r.next_batch(b, &mut batch)?;
             if k == 0 {
-                return Ok(n);
+                if run > 0 {
+                    runs.push(run);
+                }
+                return Ok(runs);
             }
-            n += k as u64;
+            run += k as u64;
+            if k < b {
+                runs.push(std::mem::take(&mut run));
+            }
         }
     }
 
+    /// Up to `max` examples into `batch`; 0 at the end of the epoch. A
+    /// file's errors name the file.
     pub fn next_batch(&mut self, max: usize, batch: &mut Batch) -> Result<usize, DataError> {
         match self {
             Reader::Synthetic(s) => Ok(s.next_batch(max, batch)),

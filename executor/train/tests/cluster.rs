@@ -393,6 +393,50 @@ fn criteo_file_trains_like_the_generator() {
     assert_eq!(r.skipped_lines, 1);
 }
 
+/// `skipped_lines` counts the bad lines of every epoch, read between steps
+/// or ahead of them, up to where a step cap stops the run.
+#[test]
+fn skipped_lines_are_counted_over_every_epoch() {
+    let dir = tempfile::tempdir().unwrap();
+    let train = dir.path().join("train.tsv");
+    // Two bad lines, one in each worker's share of the lines.
+    let mut lines = criteo_lines(4_096);
+    lines.insert(0, "1\tnot-a-number".into());
+    lines.insert(1, "0\talso-bad".into());
+    write_lines(&train, &lines);
+    for prefetch in [0, 2] {
+        let cfg = TrainConfig {
+            workers: 2,
+            epochs: 2,
+            eval_examples: 0,
+            skip_bad_lines: true,
+            prefetch: Some(prefetch),
+            train: DataSource::Criteo(train.clone()),
+            ..small()
+        };
+        let r = run_local(&cfg).unwrap();
+        assert_eq!(
+            (r.samples, r.skipped_lines),
+            (8_192, 4),
+            "prefetch {prefetch}"
+        );
+        // Stopped by --steps at the end of epoch 1 (8 steps of 256 per
+        // worker), and in the middle of epoch 2.
+        for (steps, skipped) in [(16, 2), (20, 4)] {
+            let r = run_local(&TrainConfig {
+                steps: Some(steps),
+                ..cfg.clone()
+            })
+            .unwrap();
+            assert_eq!(
+                (r.steps, r.skipped_lines),
+                (steps, skipped),
+                "prefetch {prefetch}"
+            );
+        }
+    }
+}
+
 /// A directory of gzip files: two workers each read two of the four files
 /// whole (DeepRec's WorkQueue split), and together see every example once
 /// per epoch.
@@ -433,6 +477,160 @@ fn a_directory_of_gz_files_is_dealt_out_to_workers() {
     })
     .unwrap();
     assert_eq!(glob.samples, 8_192);
+}
+
+/// `n` Criteo lines of the generator (seed 1).
+fn criteo_lines(n: u64) -> Vec<String> {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("all.tsv");
+    let spec = starwire_data::SyntheticSpec {
+        seed: 1,
+        examples_per_epoch: n,
+        ..Default::default()
+    };
+    starwire_data::write_criteo(&f, n, spec).unwrap();
+    let text = std::fs::read_to_string(&f).unwrap();
+    text.lines().map(str::to_owned).collect()
+}
+
+/// Write `lines` to `path`, gzip-compressed if its name ends in `.gz`.
+fn write_lines(path: &std::path::Path, lines: &[String]) {
+    use std::io::Write;
+    let text = lines.join("\n") + "\n";
+    if path.extension().is_some_and(|e| e == "gz") {
+        let f = std::fs::File::create(path).unwrap();
+        let mut e = flate2::write::GzEncoder::new(f, flate2::Compression::fast());
+        e.write_all(text.as_bytes()).unwrap();
+        e.finish().unwrap();
+    } else {
+        std::fs::write(path, text).unwrap();
+    }
+}
+
+/// `--sync` on a gzip file: the steps of an epoch are counted from its
+/// lines, not its compressed bytes, so every line is trained each epoch.
+#[test]
+fn a_sync_run_on_a_gz_file_trains_every_line_each_epoch() {
+    let dir = tempfile::tempdir().unwrap();
+    let train = dir.path().join("train.tsv.gz");
+    write_lines(&train, &criteo_lines(4_000));
+    let r = run_local(&TrainConfig {
+        sync: true,
+        workers: 2,
+        epochs: 2,
+        eval_examples: 0,
+        train: DataSource::Criteo(train),
+        ..small()
+    })
+    .unwrap();
+    // Two shares of 2 000 lines: 8 steps an epoch each (the last of 208).
+    assert_eq!((r.steps, r.samples), (32, 8_000));
+    assert_eq!(
+        (r.examples_trained, r.examples_planned),
+        (8_000, Some(8_000))
+    );
+}
+
+/// `--sync` on a directory (and a glob pattern) of files: each worker's
+/// steps an epoch are counted over its own files, and every line is
+/// trained.
+#[test]
+fn a_sync_run_on_a_directory_of_files_trains_them_all() {
+    let dir = tempfile::tempdir().unwrap();
+    let lines = criteo_lines(2_000);
+    let parts = dir.path().join("parts");
+    std::fs::create_dir(&parts).unwrap();
+    write_lines(&parts.join("part-0.tsv"), &lines[..1_000]);
+    write_lines(&parts.join("part-1.tsv.gz"), &lines[1_000..]);
+    let cfg = TrainConfig {
+        sync: true,
+        workers: 2,
+        epochs: 2,
+        eval_examples: 0,
+        train: DataSource::Criteo(parts.clone()),
+        ..small()
+    };
+    let r = run_local(&cfg).unwrap();
+    // A file each: 4 steps an epoch (the last of 232).
+    assert_eq!((r.steps, r.samples), (16, 4_000));
+    assert_eq!(r.examples_planned, Some(4_000));
+    let glob = run_local(&TrainConfig {
+        train: DataSource::Criteo(parts.join("part-*")),
+        ..cfg
+    })
+    .unwrap();
+    assert_eq!((glob.steps, glob.samples), (16, 4_000));
+}
+
+/// `--sync` on files whose batches are not all full (a batch does not
+/// span files): every worker takes the steps of the share with the
+/// fewest, and a run resumed from a checkpoint past a file's end takes
+/// the steps an uninterrupted one takes from there, training each line
+/// it trains once.
+#[test]
+fn a_sync_run_on_short_files_resumes_past_a_file_boundary() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let lines = criteo_lines(800);
+    let parts = d.join("parts");
+    std::fs::create_dir(&parts).unwrap();
+    // Worker 0 reads parts 0, 2 and 4 (100 lines each: 3 steps an epoch),
+    // worker 1 parts 1, 3 (100 each) and 5 (300: batches of 256 and 44),
+    // 4 steps: both take 3, worker 1 its batches of 100, 100 and 256.
+    let mut at = 0;
+    for (i, n) in [100, 100, 100, 100, 100, 300].into_iter().enumerate() {
+        write_lines(&parts.join(format!("part-{i}.tsv")), &lines[at..at + n]);
+        at += n;
+    }
+    let ckpt = d.join("ckpt");
+    let cfg = TrainConfig {
+        sync: true,
+        workers: 2,
+        epochs: 2,
+        eval_examples: 0,
+        train: DataSource::Criteo(parts),
+        checkpoint_dir: Some(ckpt.clone()),
+        checkpoint_every_steps: Some(10),
+        ..small()
+    };
+    let first = run_local(&cfg).unwrap();
+    let per_epoch = 300 + 456;
+    assert_eq!((first.steps, first.samples), (12, 2 * per_epoch));
+    assert_eq!(
+        (first.examples_trained, first.examples_planned),
+        (2 * per_epoch, Some(2 * per_epoch))
+    );
+    // The checkpoint at global step 10: each worker after its 2 batches
+    // of 100 lines of epoch 1, the ends of two files.
+    let steps = ckpt.join("steps");
+    let at10: Vec<serde_json::Value> = (0..2)
+        .map(|w| {
+            serde_json::from_slice(
+                &std::fs::read(steps.join("10").join(format!("worker-{w:04}.json"))).unwrap(),
+            )
+            .unwrap()
+        })
+        .collect();
+    for p in &at10 {
+        assert_eq!(
+            (&p["epoch"], &p["steps"], &p["offset"]),
+            (&1.into(), &5.into(), &200.into()),
+            "{p}"
+        );
+    }
+    // Resume there: each worker's last step of the epoch, no more.
+    let mpath = ckpt.join("manifest.json");
+    let mut m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&mpath).unwrap()).unwrap();
+    m["global_step"] = 10.into();
+    m["shard_steps"] = serde_json::json!([10, 10]);
+    m["shard_files"] = serde_json::json!(["steps/10/shard-0000.ckpt", "steps/10/shard-0001.ckpt"]);
+    m["workers"] = serde_json::json!(at10);
+    std::fs::write(&mpath, m.to_string()).unwrap();
+    let second = run_local(&cfg).unwrap();
+    assert_eq!(second.resumed_from_step, Some(10));
+    assert_eq!((second.steps, second.samples), (2, 100 + 256));
+    assert_eq!(second.examples_trained, 2 * per_epoch);
 }
 
 #[test]

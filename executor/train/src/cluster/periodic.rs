@@ -32,7 +32,8 @@
 //! writes at `C`, inside the push that completes it, as above. With
 //! `--sync` the workers move in lockstep, so every worker's position at
 //! `C` follows from the step count (the same number of steps per epoch
-//! for all, every batch full but an epoch's last): worker 0 writes them
+//! for all) and its batches of an epoch, counted before the run (full but
+//! a file's last, for Criteo files): worker 0 writes them
 //! into the manifest without the workers writing files.
 //!
 //! Each checkpoint lives in `DIR/steps/C/`; `DIR/manifest.json` names the
@@ -45,7 +46,7 @@ use std::path::{Path, PathBuf};
 use starwire_ps::WorkerProgress;
 
 use super::roles::{read_manifest, write_manifest};
-use super::shares::{deal_block, examples_after};
+use super::shares::{deal_block, examples_after, EpochBatches};
 use super::{Plan, TrainConfig};
 use crate::handler::shard_file;
 use crate::net::Exchange;
@@ -216,25 +217,25 @@ pub(super) fn complete(
 }
 
 /// Every worker's position after `k` synchronous steps of `epoch_steps`
-/// steps per epoch: all run the same steps, every batch full but an
-/// epoch's last, so `k` steps are `k / epoch_steps` epochs and
-/// `k % epoch_steps` full batches.
+/// steps per epoch: all run the same steps, so `k` steps are
+/// `k / epoch_steps` epochs and `k % epoch_steps` batches of each
+/// worker's share, `shares` (full but where a run of them ends: a batch
+/// does not span files).
 pub(super) fn sync_progress(
     cfg: &TrainConfig,
     k: u64,
     epoch_steps: Option<u64>,
+    shares: &[EpochBatches],
 ) -> Vec<WorkerProgress> {
     let e = epoch_steps.unwrap_or(0).max(1);
-    let b = cfg.batch_size as u64;
     (0..cfg.workers as u32)
-        .map(|worker| WorkerProgress {
+        .zip(shares)
+        .map(|(worker, share)| WorkerProgress {
             worker,
             epoch: k / e,
-            offset: (k % e) * b,
+            offset: share.examples_in(k % e),
             steps: k,
-            // A share not known without reading it (Criteo) counts every
-            // batch as full.
-            examples: examples_after(cfg, worker as usize, k, epoch_steps).unwrap_or(k * b),
+            examples: examples_after(cfg, share, k, epoch_steps),
             deal_block: deal_block(cfg) as u64,
         })
         .collect()
@@ -455,6 +456,29 @@ mod tests {
         );
     }
 
+    /// Where a worker's batches are not all full (a file's last), its
+    /// position counts the examples of its batches, not full ones; a
+    /// worker whose share has more steps than the epoch's stops there.
+    #[test]
+    fn sync_progress_counts_short_batches_at_file_ends() {
+        let cfg = TrainConfig {
+            workers: 2,
+            batch_size: 256,
+            epochs: 2,
+            ..TrainConfig::default()
+        };
+        let shares = [
+            EpochBatches::new(vec![100, 100, 100], 256),
+            EpochBatches::new(vec![100, 100, 300], 256),
+        ];
+        let p = sync_progress(&cfg, 5, Some(3), &shares);
+        let got: Vec<_> = p.iter().map(|p| (p.epoch, p.offset, p.examples)).collect();
+        assert_eq!(got, [(1, 200, 300 + 200), (1, 200, 456 + 200)]);
+        // At the end of the run: every epoch, cut to 3 steps.
+        let p = sync_progress(&cfg, 6, Some(3), &shares);
+        assert_eq!((p[1].epoch, p[1].examples), (2, 2 * 456));
+    }
+
     /// Lockstep workers' positions follow from the step count, across
     /// epochs.
     #[test]
@@ -465,7 +489,8 @@ mod tests {
             epochs: 3,
             ..TrainConfig::default()
         };
-        let p = sync_progress(&cfg, 13, Some(5));
+        let shares = vec![EpochBatches::new(vec![500], 100); 2];
+        let p = sync_progress(&cfg, 13, Some(5), &shares);
         assert_eq!(p.len(), 2);
         assert_eq!(
             (

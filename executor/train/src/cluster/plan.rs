@@ -40,6 +40,10 @@ pub struct Plan {
     /// an epoch ([`expected_keys`]; the sample's count for data read from
     /// files), which its shards reserve rows for.
     pub expected_keys: Vec<u64>,
+    /// Every worker's batches of an epoch, counted when first needed
+    /// (`--sync`, checkpoints during the run) and shared by the workers
+    /// of this process.
+    pub shares: super::shares::ShareCache,
 }
 
 fn to_def(v: &VarSpec) -> VarDef {
@@ -260,6 +264,7 @@ pub fn plan(cfg: &TrainConfig) -> Result<Plan, TrainError> {
         stats,
         sample_keys,
         expected_keys,
+        shares: Default::default(),
     })
 }
 

@@ -92,7 +92,8 @@ pub struct TrainReport {
     /// `placement`, after the `--placement` flag.
     #[serde(rename = "placement")]
     pub assignment: AssignmentReport,
-    /// Lines skipped as bad (Criteo with `--skip-bad-lines`).
+    /// Lines skipped as bad (Criteo with `--skip-bad-lines`), over every
+    /// epoch of this session and every worker.
     pub skipped_lines: u64,
     /// The checkpoint written, if any.
     pub checkpoint: Option<PathBuf>,

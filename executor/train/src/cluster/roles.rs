@@ -580,7 +580,7 @@ pub struct WorkerOutcome {
     pub intervals: Vec<Interval>,
     /// Loss of the last interval.
     pub last_loss: f64,
-    /// Bad lines skipped.
+    /// Bad lines skipped, over every epoch of this session.
     pub skipped: u64,
     /// When training ended.
     pub end: Option<Instant>,
@@ -677,20 +677,20 @@ pub fn worker_loop(
         cfg.skip_bad_lines,
     )?;
     let cap = step_cap(cfg, w);
-    let epoch_cap = sync_epoch_steps(cfg)?;
+    let epoch_cap = sync_epoch_steps(cfg, &plan.shares)?;
     // Asynchronously a checkpoint step stops every worker at a barrier, so
     // only the steps every worker reaches are checkpoint steps.
     let during_run = cfg.checkpoints_during_run();
     let async_cut = match (cfg.sync, during_run) {
         (true, _) => u64::MAX,
-        (false, true) => last_common_step(cfg)?.unwrap_or(0),
+        (false, true) => last_common_step(cfg, &plan.shares)?.unwrap_or(0),
         (false, false) => 0,
     };
     let mut batch = Batch::with_capacity(cfg.batch_size);
     let mut out = WorkerOutcome::default();
     let (mut epoch, mut offset, mut steps_done) = (0u64, 0u64, 0u64);
     let mut resumed_in_epoch = 0u64;
-    out.examples_planned = examples_planned(cfg, w)?;
+    out.examples_planned = examples_planned(cfg, &plan.shares, w)?;
     let resume = from.position;
     // Examples in the model before this session's training: those of the
     // resumed position, then those of the steps the PS holds already.
@@ -708,7 +708,11 @@ pub fn worker_loop(
         }
         epoch = p.epoch;
         steps_done = p.steps;
-        // Skip what this worker had consumed of the resumed epoch.
+        // Skip what this worker had consumed of the resumed epoch. The
+        // position is at the end of one of its batches, so reads of a
+        // batch at most are those batches, one read each (a batch does
+        // not span files, so not all are full): they count its steps of
+        // the epoch.
         let mut skipped = 0u64;
         while skipped < p.offset {
             let want = (p.offset - skipped).min(cfg.batch_size as u64) as usize;
@@ -717,9 +721,9 @@ pub fn worker_loop(
                 break;
             }
             skipped += n as u64;
+            resumed_in_epoch += 1;
         }
         offset = skipped;
-        resumed_in_epoch = skipped.div_ceil(cfg.batch_size as u64);
     }
     // Past the resumed position, the batches are read ahead (on the
     // worker's core when pinned) unless `--prefetch 0`.
@@ -752,10 +756,14 @@ pub fn worker_loop(
     // With --sync (and no checkpoints to take between steps): the step the
     // next step's pulls wait for.
     let mut sync_turn: Option<u64> = None;
+    // Bad lines skipped in the epochs rewound (a rewind starts the count
+    // again), and whether the step cap stopped an epoch before its rewind.
+    let (mut skipped_lines, mut capped) = (0u64, false);
     'epochs: while epoch < cfg.epochs {
         let mut in_epoch = std::mem::take(&mut resumed_in_epoch);
         loop {
             if cap.is_some_and(|c| steps_done >= c) {
+                capped = true;
                 break 'epochs;
             }
             if epoch_cap.is_some_and(|c| in_epoch >= c) {
@@ -856,7 +864,8 @@ pub fn worker_loop(
                     last_checkpoint = Instant::now();
                 }
                 if let Some(dir) = timed_dir {
-                    let progress = periodic::sync_progress(cfg, steps_done, epoch_cap);
+                    let shares = plan.shares.get(cfg)?;
+                    let progress = periodic::sync_progress(cfg, steps_done, epoch_cap, &shares);
                     periodic::publish(cfg, plan, dir, c, progress)?;
                     last_checkpoint = Instant::now();
                 }
@@ -912,6 +921,7 @@ pub fn worker_loop(
             loss_sum = 0.0;
             loss_n = 0;
         }
+        skipped_lines += reader.skipped();
         reader.rewind()?;
     }
     match sync_turn {
@@ -923,7 +933,7 @@ pub fn worker_loop(
         out.last_loss = loss_sum / loss_n as f64;
     }
     out.traffic = net.traffic();
-    out.skipped = reader.skipped();
+    out.skipped = skipped_lines + if capped { reader.skipped() } else { 0 };
     out.staleness = core.staleness().clone();
     out.examples_trained = resumed_examples + out.samples;
     out.progress = Some(WorkerProgress {
