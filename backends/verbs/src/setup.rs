@@ -86,19 +86,15 @@ pub fn prepare_reserved(driver: &mut VerbsRdma, conn: ConnId) -> Result<Pending,
 }
 
 /// Take the queue pair to RTR and RTS against `peer`. On error the
-/// connection is detached (queue pair destroyed, regions deregistered).
+/// connection stays attached, for its owner to detach when it takes the
+/// failure: detached here, its slot could go to a connection set up in
+/// between, which the owner's detach would then end.
 pub fn connect_qp(
     driver: &mut VerbsRdma,
     p: &Pending,
     peer: &QpEndpoint,
 ) -> Result<(), SetupError> {
-    match driver.verbs_mut().connect_qp(p.qpn, peer) {
-        Ok(()) => Ok(()),
-        Err(e) => {
-            driver.detach(p.conn);
-            Err(e.into())
-        }
-    }
+    Ok(driver.verbs_mut().connect_qp(p.qpn, peer)?)
 }
 
 /// [`connect_qp`], then start the ring protocol (`RdmaDriver::connect`).
@@ -110,7 +106,10 @@ pub fn finish(
     p: &Pending,
     peer: &QpEndpoint,
 ) -> Result<ConnId, SetupError> {
-    connect_qp(driver, p, peer)?;
+    if let Err(e) = connect_qp(driver, p, peer) {
+        driver.detach(p.conn);
+        return Err(e);
+    }
     match driver.connect(p.conn, peer.ring) {
         Ok(()) => Ok(p.conn),
         Err(e) => {
@@ -133,23 +132,19 @@ pub fn connect_local(a: &mut VerbsRdma, b: &mut VerbsRdma) -> Result<(ConnId, Co
             return Err(e);
         }
     };
-    let ea = QpEndpoint::parse(&pa.local.to_bytes())?;
-    let eb = QpEndpoint::parse(&pb.local.to_bytes())?;
-    if let Err(e) = connect_qp(a, &pa, &eb) {
-        b.detach(pb.conn);
-        return Err(e);
-    }
-    if let Err(e) = connect_qp(b, &pb, &ea) {
-        a.detach(pa.conn);
-        return Err(e);
-    }
-    let started = a
-        .connect(pa.conn, eb.ring)
-        .and_then(|()| b.connect(pb.conn, ea.ring));
+    let started = (|| {
+        let ea = QpEndpoint::parse(&pa.local.to_bytes())?;
+        let eb = QpEndpoint::parse(&pb.local.to_bytes())?;
+        connect_qp(a, &pa, &eb)?;
+        connect_qp(b, &pb, &ea)?;
+        a.connect(pa.conn, eb.ring)?;
+        b.connect(pb.conn, ea.ring)?;
+        Ok::<_, SetupError>(())
+    })();
     if let Err(e) = started {
         a.detach(pa.conn);
         b.detach(pb.conn);
-        return Err(e.into());
+        return Err(e);
     }
     Ok((pa.conn, pb.conn))
 }
