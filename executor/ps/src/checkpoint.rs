@@ -577,6 +577,11 @@ pub struct WorkerProgress {
     /// before shares were dealt in blocks).
     #[serde(default = "one")]
     pub deal_block: u64,
+    /// Workers the data was dealt to when `offset` was taken: the shares
+    /// `offset` counts into are one of that many (`None` in manifests
+    /// written before it was recorded: not known, so not checked).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workers: Option<u64>,
 }
 
 fn one() -> u64 {
@@ -619,6 +624,14 @@ impl WorkerProgress {
         ] {
             if v > Self::MAX_EXAMPLES {
                 return bad(what, v, Self::MAX_EXAMPLES);
+            }
+        }
+        if let Some(n) = self.workers {
+            if n <= u64::from(self.worker) {
+                return Err(CheckpointError::Corrupt(format!(
+                    "worker {}'s position: counted in {n} worker(s)' shares, which have no worker {}",
+                    self.worker, self.worker
+                )));
             }
         }
         Ok(())

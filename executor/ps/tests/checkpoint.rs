@@ -238,6 +238,7 @@ fn atomic_write_and_manifest() {
             steps: 20,
             examples: 86_016,
             deal_block: 4096,
+            workers: Some(2),
         }],
         shard_steps: vec![s.global_step()],
     };
@@ -263,6 +264,28 @@ fn atomic_write_and_manifest() {
         .remove("deal_block");
     let back = Manifest::from_json(&old.to_string()).unwrap();
     assert_eq!(back.workers[0].deal_block, 1);
+    // A position without its worker count was counted in shares not
+    // known: the count is not checked.
+    let mut old = serde_json::to_value(&m).unwrap();
+    assert_eq!(old["workers"][0]["workers"], 2);
+    old["workers"][0].as_object_mut().unwrap().remove("workers");
+    let back = Manifest::from_json(&old.to_string()).unwrap();
+    assert_eq!(back.workers[0].workers, None);
+    // Nor is it written when not known.
+    let s = back.to_json().unwrap();
+    let again: serde_json::Value = serde_json::from_str(&s).unwrap();
+    assert!(again["workers"][0].get("workers").is_none(), "{s}");
+    // A count of workers that has no such worker is corrupt.
+    for n in [0u64, 1] {
+        let mut bad = m.clone();
+        bad.workers[0].worker = 1;
+        bad.workers[0].workers = Some(n);
+        let e = Manifest::from_json(&bad.to_json().unwrap()).unwrap_err();
+        assert!(
+            matches!(&e, CheckpointError::Corrupt(w) if w.contains("which have no worker 1")),
+            "{n}: {e}"
+        );
+    }
     let mut bad = m.clone();
     bad.shard_steps = vec![1, 2];
     assert!(matches!(

@@ -1193,6 +1193,91 @@ fn checkpoints_during_an_async_run_on_a_criteo_file_record_positions_and_resume(
     assert_eq!(second.examples_trained, 16_000);
 }
 
+/// A Criteo file's shares are dealt a line at a time whatever the batch,
+/// so the dealing block does not tell them apart: a checkpoint's positions
+/// record how many workers' shares they count into, and a run with
+/// another `--workers` refuses them (else it would skip lines never
+/// trained in its smaller shares, and retrain the data of the workers the
+/// checkpoint has no position of), with `--sync` or not.
+#[test]
+fn a_criteo_checkpoint_refuses_another_worker_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let train = d.join("train.tsv");
+    let spec = starwire_data::SyntheticSpec {
+        seed: 3,
+        examples_per_epoch: 8_000,
+        ..Default::default()
+    };
+    starwire_data::write_criteo(&train, 8_000, spec).unwrap();
+    for sync in [false, true] {
+        let ckpt = d.join(format!("ckpt-{sync}"));
+        let cfg = TrainConfig {
+            train: DataSource::Criteo(train.clone()),
+            checkpoint_dir: Some(ckpt.clone()),
+            checkpoint_every_steps: Some(16),
+            eval_examples: 0,
+            workers: 2,
+            sync,
+            ..small()
+        };
+        let first = run_local(&cfg).unwrap();
+        assert_eq!(first.examples_trained, 8_000, "sync {sync}");
+        let mpath = ckpt.join("manifest.json");
+        let m: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&mpath).unwrap()).unwrap();
+        for w in 0..2 {
+            assert_eq!(
+                (&m["workers"][w]["deal_block"], &m["workers"][w]["workers"]),
+                (&1.into(), &2.into()),
+                "sync {sync}: {m}"
+            );
+        }
+        // The positions taken during the run record it too.
+        let steps = ckpt.join("steps");
+        let taken: Vec<_> = std::fs::read_dir(&steps)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        assert!(!taken.is_empty(), "sync {sync}");
+        for step in &taken {
+            for w in 0..2 {
+                let f = step.join(format!("worker-{w:04}.json"));
+                let Ok(b) = std::fs::read(&f) else {
+                    // A synchronous run's positions are computed.
+                    assert!(sync, "{}", f.display());
+                    continue;
+                };
+                let p: serde_json::Value = serde_json::from_slice(&b).unwrap();
+                assert_eq!(p["workers"], 2, "{}: {p}", f.display());
+            }
+        }
+        for workers in [4, 1] {
+            let other = TrainConfig {
+                workers,
+                ..cfg.clone()
+            };
+            let e = run_local(&other).unwrap_err();
+            let msg = e.to_string();
+            assert!(
+                matches!(e, starwire_train::TrainError::Config(_))
+                    && msg.contains("one of 2 worker(s)' shares")
+                    && msg.contains(&format!("deals it to {workers} worker(s)")),
+                "sync {sync}, {workers} workers: {msg}"
+            );
+        }
+        // A manifest written before the count was recorded is not
+        // checked: with 2 workers again it resumes at its end.
+        let mut old = m.clone();
+        for w in 0..2 {
+            old["workers"][w].as_object_mut().unwrap().remove("workers");
+        }
+        std::fs::write(&mpath, old.to_string()).unwrap();
+        let again = run_local(&cfg).unwrap();
+        assert_eq!(again.examples_trained, 8_000, "sync {sync}");
+    }
+}
+
 /// `--checkpoint-every-secs` without `--sync`: shard 0 decides, at the
 /// workers' votes (every 16 steps of each), which global steps are
 /// checkpoint steps, and every worker stops at each: each step directory

@@ -204,6 +204,7 @@ mod tests {
             steps,
             examples: steps * 10,
             deal_block: 10,
+            workers: Some(2),
         }
     }
 

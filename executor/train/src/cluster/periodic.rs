@@ -237,6 +237,7 @@ pub(super) fn sync_progress(
             steps: k,
             examples: examples_after(cfg, share, k, epoch_steps),
             deal_block: deal_block(cfg) as u64,
+            workers: Some(cfg.workers as u64),
         })
         .collect()
 }

@@ -696,7 +696,16 @@ pub fn worker_loop(
     // resumed position, then those of the steps the PS holds already.
     let mut resumed_examples = resume.map_or(0, |p| p.examples);
     if let Some(p) = resume {
-        // A position counts into the share it was taken in.
+        // A position counts into the share it was taken in: one of as many
+        // as there were workers (when recorded), dealt in blocks.
+        if let Some(n) = p.workers.filter(|&n| n != cfg.workers as u64) {
+            return Err(TrainError::Config(format!(
+                "worker {w}'s checkpointed position counts into one of {n} worker(s)' shares of \
+                 the data, and this run deals it to {} worker(s): resume with the checkpoint's \
+                 --workers {n}, or start from an empty directory",
+                cfg.workers
+            )));
+        }
         if p.deal_block != deal.block() as u64 {
             return Err(TrainError::Config(format!(
                 "worker {w}'s checkpointed position counts into a share dealt {} example(s) at \
@@ -820,6 +829,7 @@ pub fn worker_loop(
                     steps: steps_done + 1,
                     examples: resumed_examples + out.samples + n as u64,
                     deal_block: deal.block() as u64,
+                    workers: Some(w_count),
                 };
                 periodic::write_progress(dir, c, &progress)?;
             }
@@ -943,6 +953,7 @@ pub fn worker_loop(
         steps: steps_done,
         examples: out.examples_trained,
         deal_block: deal.block() as u64,
+        workers: Some(w_count),
     });
     Ok(out)
 }

@@ -136,6 +136,7 @@ fn json_seeds() -> Vec<Vec<u8>> {
             steps: 900,
             examples: 123_456,
             deal_block: 4096,
+            workers: Some(2),
         },
         WorkerProgress {
             worker: 1,
@@ -144,6 +145,7 @@ fn json_seeds() -> Vec<Vec<u8>> {
             steps: WorkerProgress::MAX_STEPS,
             examples: WorkerProgress::MAX_EXAMPLES,
             deal_block: 1,
+            workers: None,
         },
     ];
     let m = Manifest {
