@@ -53,6 +53,9 @@ cleanup() {
     rm -rf "$LOG_DIR"
 }
 trap cleanup EXIT
+# A timeout's or a user's signal ends the script through its EXIT trap too.
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 echo "--- building (debug) starwire with --features dpdk and the kernel-peer and net_tap tests" >&2
 cargo build --locked -q -p starwire --features dpdk

@@ -17,7 +17,9 @@ BACKENDS="${SOAK_LONG_BACKENDS:-tcp uring}"
 cargo build --release --locked -p starwire --features uring
 status=0
 for b in $BACKENDS; do
-    if [ "$b" = uring ] && ! ./target/release/starwire info | grep -Eq "^ *uring .*usable"; then
+    # grep the whole output: `grep -q` leaving early would break info's
+    # pipe and, under pipefail, read as io_uring missing.
+    if [ "$b" = uring ] && ! grep -Eq "^ *uring .*usable" <<<"$(./target/release/starwire info)"; then
         echo "=== soak-long: uring skipped: io_uring is not available here"
         continue
     fi

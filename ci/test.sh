@@ -61,7 +61,18 @@ apt_deps() {
     fi
 }
 
-fetch() { cargo fetch --locked 2>/dev/null || cargo fetch; }
+# --locked: a Cargo.lock out of step with the manifests is an error, never
+# re-resolved here (every later stage is --locked too). Retried, as the
+# registry is the one network this stage needs.
+fetch() {
+    local i
+    for i in 1 2 3; do
+        cargo fetch --locked && return 0
+        echo "cargo fetch failed (try $i of 3)" >&2
+        sleep 10
+    done
+    return 1
+}
 fmt() { cargo fmt --all -- --check; }
 clippy() {
     cargo clippy --workspace --all-targets --locked -- -D warnings
@@ -120,7 +131,9 @@ train_check() {
     # The README's run command must work and come within 0.02 of the oracle
     # AUC (the bar is 0.01, measured and reported; CI leaves room
     # for a noisy run).
-    ./target/release/starwire train --json | tail -1 > target/train.json
+    # Exactly the README's command (default features; an earlier stage
+    # built target/release/starwire with other features).
+    cargo run --release --locked -q -- train --json | tail -1 > target/train.json
     local auc oracle
     auc=$(grep -o '"auc":[0-9.]*' target/train.json | head -1 | cut -d: -f2)
     oracle=$(grep -o '"oracle_auc":[0-9.]*' target/train.json | cut -d: -f2)

@@ -44,9 +44,14 @@ netns_up() { # TAG NET
 }
 
 netns_down() {
-    [ -n "${NS_A:-}" ] && ip netns del "$NS_A" 2>/dev/null
-    [ -n "${NS_B:-}" ] && ip netns del "$NS_B" 2>/dev/null
-    [ -n "${NS_S:-}" ] && ip netns del "$NS_S" 2>/dev/null
+    local ns
+    for ns in "${NS_A:-}" "${NS_B:-}" "${NS_S:-}"; do
+        [ -n "$ns" ] || continue
+        # Processes still in it (a peer left running by a failed step)
+        # would keep it and its veths alive past its deletion.
+        { ip netns pids "$ns" 2>/dev/null || true; } | xargs -r kill -9 2>/dev/null || true
+        ip netns del "$ns" 2>/dev/null || true
+    done
     return 0
 }
 
