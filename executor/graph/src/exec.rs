@@ -69,7 +69,11 @@ impl Pool {
     fn work(&self) {
         loop {
             match self.jobs.pop() {
-                Some(job) => job(),
+                // Jobs catch their tasks' panics themselves; this only
+                // keeps the thread alive should one slip through.
+                Some(job) => {
+                    let _ = catch_unwind(AssertUnwindSafe(job));
+                }
                 None if self.stop.load(Ordering::Acquire) => return,
                 None => thread::park(),
             }
@@ -186,9 +190,12 @@ impl Executor {
             pending: (0..n)
                 .map(|t| AtomicU32::new(tasks.predecessors(t)))
                 .collect(),
-            remaining: AtomicUsize::new(n),
+            done: Arc::new(Done {
+                remaining: AtomicUsize::new(n),
+                aborted: AtomicBool::new(false),
+                caller: thread::current(),
+            }),
             inline: SegQueue::new(),
-            caller: thread::current(),
             pool: self.pool.clone(),
             threshold: self.threshold,
             handoffs: Arc::clone(&self.handoffs),
@@ -203,7 +210,7 @@ impl Executor {
             while let Some(t) = run.inline.pop() {
                 Run::execute(&run, t);
             }
-            if run.remaining.load(Ordering::Acquire) == 0 {
+            if run.done.finished() {
                 return;
             }
             thread::park();
@@ -228,44 +235,111 @@ impl Drop for Executor {
 struct Run<T> {
     tasks: Arc<T>,
     pending: Vec<AtomicU32>,
-    remaining: AtomicUsize,
+    done: Arc<Done>,
     inline: SegQueue<usize>,
-    caller: Thread,
     pool: Option<Arc<Pool>>,
     threshold: u64,
     handoffs: Arc<AtomicU64>,
 }
 
+/// What the calling thread waits on. Kept apart from the [`Run`] so that a
+/// compute thread lets go of the run (and so of the task set) before it
+/// reports its task done: once the caller wakes up, it holds the only
+/// reference, and the task set's owner can take its values back.
+struct Done {
+    /// Tasks not finished yet.
+    remaining: AtomicUsize,
+    /// The bookkeeping of a task panicked: some tasks will never be
+    /// dispatched, so the caller stops waiting for them.
+    aborted: AtomicBool,
+    caller: Thread,
+}
+
+impl Done {
+    fn finished(&self) -> bool {
+        self.remaining.load(Ordering::Acquire) == 0 || self.aborted.load(Ordering::Acquire)
+    }
+
+    /// One task is done; `aborted` if its bookkeeping panicked.
+    fn task_done(&self, aborted: bool) {
+        if aborted {
+            self.aborted.store(true, Ordering::Release);
+        }
+        if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 || aborted {
+            self.caller.unpark();
+        }
+    }
+}
+
 impl<T: TaskSet> Run<T> {
     fn dispatch(this: &Arc<Self>, t: usize) {
-        match &this.pool {
-            Some(pool) if this.tasks.cost(t) >= this.threshold => {
+        let handoff = this.pool.as_ref().filter(|_| {
+            // A task whose cost panics is recorded as panicked and queued
+            // inline: the task set skips the work of a failed run, and the
+            // run still completes.
+            match catch_unwind(AssertUnwindSafe(|| this.tasks.cost(t))) {
+                Ok(cost) => cost >= this.threshold,
+                Err(_) => {
+                    this.panicked(t);
+                    false
+                }
+            }
+        });
+        match handoff {
+            Some(pool) => {
                 this.handoffs.fetch_add(1, Ordering::Relaxed);
                 let run = Arc::clone(this);
-                pool.submit(Box::new(move || Run::execute(&run, t)));
+                pool.submit(Box::new(move || Run::execute_owned(run, t)));
             }
-            _ => {
+            None => {
                 this.inline.push(t);
-                if thread::current().id() != this.caller.id() {
-                    this.caller.unpark();
+                if thread::current().id() != this.done.caller.id() {
+                    this.done.caller.unpark();
                 }
             }
         }
     }
 
-    fn execute(this: &Arc<Self>, t: usize) {
+    /// Records that `t` panicked (a panic in doing so is swallowed: the
+    /// run must still complete).
+    fn panicked(&self, t: usize) {
+        let _ = catch_unwind(AssertUnwindSafe(|| self.tasks.panicked(t)));
+    }
+
+    /// Runs task `t` and dispatches its ready successors. False if the
+    /// bookkeeping panicked, leaving successors undispatched.
+    fn step(this: &Arc<Self>, t: usize) -> bool {
         if catch_unwind(AssertUnwindSafe(|| this.tasks.run(t))).is_err() {
-            this.tasks.panicked(t);
+            this.panicked(t);
         }
-        for &s in this.tasks.successors(t) {
-            let s = s as usize;
-            if this.pending[s].fetch_sub(1, Ordering::AcqRel) == 1 {
-                Run::dispatch(this, s);
+        let dispatched = catch_unwind(AssertUnwindSafe(|| {
+            for &s in this.tasks.successors(t) {
+                let s = s as usize;
+                if this.pending[s].fetch_sub(1, Ordering::AcqRel) == 1 {
+                    Run::dispatch(this, s);
+                }
             }
+        }));
+        if dispatched.is_err() {
+            this.panicked(t);
+            return false;
         }
-        if this.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
-            this.caller.unpark();
-        }
+        true
+    }
+
+    /// Runs task `t` on the calling thread.
+    fn execute(this: &Arc<Self>, t: usize) {
+        let ok = Run::step(this, t);
+        this.done.task_done(!ok);
+    }
+
+    /// Runs task `t` on a compute thread, letting go of the run before
+    /// reporting it done (see [`Done`]).
+    fn execute_owned(this: Arc<Self>, t: usize) {
+        let ok = Run::step(&this, t);
+        let done = Arc::clone(&this.done);
+        drop(this);
+        done.task_done(!ok);
     }
 }
 
@@ -273,6 +347,91 @@ impl<T: TaskSet> Run<T> {
 mod tests {
     use super::*;
     use std::sync::atomic::AtomicUsize;
+
+    /// A chain `0 -> 1 -> 2` whose bookkeeping can be made to panic.
+    struct Chain {
+        succ: Vec<Vec<u32>>,
+        /// `cost(t)` panics for this task.
+        cost_panics: Option<usize>,
+        /// `successors(t)` panics for this task.
+        successors_panics: Option<usize>,
+        ran: AtomicUsize,
+        panicked: OnceLock<usize>,
+    }
+
+    impl Chain {
+        fn new(cost_panics: Option<usize>, successors_panics: Option<usize>) -> Self {
+            Self {
+                succ: vec![vec![1], vec![2], vec![]],
+                cost_panics,
+                successors_panics,
+                ran: AtomicUsize::new(0),
+                panicked: OnceLock::new(),
+            }
+        }
+    }
+
+    impl TaskSet for Chain {
+        fn len(&self) -> usize {
+            self.succ.len()
+        }
+        fn successors(&self, task: usize) -> &[u32] {
+            assert!(self.successors_panics != Some(task), "successors({task})");
+            &self.succ[task]
+        }
+        fn predecessors(&self, task: usize) -> u32 {
+            u32::from(task > 0)
+        }
+        fn cost(&self, task: usize) -> u64 {
+            assert!(self.cost_panics != Some(task), "cost({task})");
+            1000
+        }
+        fn run(&self, _task: usize) {
+            self.ran.fetch_add(1, Ordering::SeqCst);
+        }
+        fn panicked(&self, task: usize) {
+            let _ = self.panicked.set(task);
+        }
+    }
+
+    /// Runs `tasks` on a spawned thread; the task that was recorded as
+    /// panicked, or an error if none was or the run did not finish.
+    fn run_chain(exec: &Arc<Executor>, tasks: Chain) -> Result<usize, String> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let exec = Arc::clone(exec);
+        thread::spawn(move || {
+            let tasks = Arc::new(tasks);
+            exec.run(Arc::clone(&tasks));
+            let _ = tx.send(tasks.panicked.get().copied());
+        });
+        match rx.recv_timeout(std::time::Duration::from_secs(5)) {
+            Ok(Some(t)) => Ok(t),
+            Ok(None) => Err("no panic recorded".into()),
+            Err(e) => Err(format!("the run did not finish: {e}")),
+        }
+    }
+
+    #[test]
+    fn a_panic_in_the_bookkeeping_of_a_compute_thread_fails_the_run() {
+        // Threshold 0: every task goes to the compute thread, so `cost(1)`
+        // and `successors(1)` are called there.
+        let exec = Arc::new(Executor::with_threshold(1, 0).unwrap());
+        assert_eq!(run_chain(&exec, Chain::new(Some(1), None)), Ok(1));
+        assert_eq!(run_chain(&exec, Chain::new(Some(2), None)), Ok(2));
+        assert_eq!(run_chain(&exec, Chain::new(None, Some(1))), Ok(1));
+        assert_eq!(run_chain(&exec, Chain::new(None, Some(2))), Ok(2));
+        // The compute thread survived and still runs tasks.
+        let tasks = Arc::new(Chain::new(None, None));
+        let before = exec.handoffs();
+        exec.run(Arc::clone(&tasks));
+        assert_eq!(tasks.ran.load(Ordering::SeqCst), 3);
+        assert!(tasks.panicked.get().is_none());
+        assert_eq!(exec.handoffs(), before + 3);
+        // Inline too (where costs are never asked for).
+        let inline = Arc::new(Executor::new(0).unwrap());
+        assert_eq!(run_chain(&inline, Chain::new(None, Some(0))), Ok(0));
+        assert_eq!(run_chain(&inline, Chain::new(None, Some(2))), Ok(2));
+    }
 
     #[test]
     fn a_thread_that_cannot_start_is_an_error_and_stops_the_others() {

@@ -13,8 +13,10 @@
 //! dense `Variable`s pulled from the PS, and per lookup either unique rows
 //! plus a ragged key layout ([`Op::EmbeddingLookup`]) or an already pooled
 //! tensor ([`Op::Pooled`]). Every feed is checked before anything runs; a
-//! missing, duplicate, misshapen or wrong-form feed, or a key index past the
-//! fed rows, is a [`GraphError`].
+//! missing, duplicate, misshapen or wrong-form feed, a key index past the
+//! fed rows, or batch-shaped feeds (`Input` matrices, lookup offsets with
+//! `B+1` entries, pooled lookups) that disagree on the batch size `B`, is a
+//! [`GraphError`]. Only dense variables may be broadcast over the batch.
 //!
 //! # Autodiff
 //!

@@ -187,7 +187,9 @@ fn add_broadcast(a: &Tensor, b: &Tensor) -> Result<bool, GraphError> {
 pub(crate) fn add(a: &Tensor, b: &Tensor) -> Result<Tensor, GraphError> {
     let mut out = a.data().to_vec();
     if add_broadcast(a, b)? {
-        let n = b.len();
+        // A zero-width bias (`[B,0] + [0]`) adds nothing (and `n = 0` is
+        // no chunk size).
+        let n = b.len().max(1);
         for row in out.chunks_exact_mut(n) {
             for (o, &bv) in row.iter_mut().zip(b.data()) {
                 *o += bv;
@@ -208,7 +210,8 @@ pub(crate) fn add_grad_rhs(a: &Tensor, b: &Tensor, g: &Tensor) -> Result<Tensor,
     }
     let n = b.len();
     let mut out = vec![0.0f32; n];
-    for row in g.data().chunks_exact(n) {
+    // `max(1)`: a zero-width `g` has no elements, so no rows to sum.
+    for row in g.data().chunks_exact(n.max(1)) {
         for (o, &gv) in out.iter_mut().zip(row) {
             *o += gv;
         }

@@ -208,12 +208,36 @@ fn shape(op: &'static str, detail: String) -> GraphError {
     GraphError::Shape { op, detail }
 }
 
+/// The batch size `B` of a run: set by the first batch-shaped feed (an
+/// `Input` matrix, a lookup's offsets or a pooled lookup), checked against
+/// every later one. Only variables may differ (and be broadcast).
+#[derive(Default)]
+struct Batch(Option<(usize, String)>);
+
+impl Batch {
+    /// Checks that `what` (a feed of node kind `op`) has `rows` examples.
+    fn check(&mut self, op: &'static str, what: String, rows: usize) -> Result<(), GraphError> {
+        match &self.0 {
+            None => {
+                self.0 = Some((rows, what));
+                Ok(())
+            }
+            Some((b, _)) if *b == rows => Ok(()),
+            Some((b, first)) => Err(shape(
+                op,
+                format!("{what} has {rows} examples, but {first} has {b}"),
+            )),
+        }
+    }
+}
+
 impl RunState {
     /// Checks every feed against the graph and places it.
     fn new(graph: Arc<Graph>, feeds: GraphFeeds, backward: bool) -> Result<Self, GraphError> {
         let n = graph.nodes.len();
         let fwd: Vec<OnceLock<Tensor>> = (0..n).map(|_| OnceLock::new()).collect();
         let mut rows: Vec<Option<RowsFeed>> = (0..n).map(|_| None).collect();
+        let mut batch = Batch::default();
 
         if feeds.inputs.len() != graph.inputs.len() {
             return Err(GraphError::MissingFeed(format!(
@@ -228,7 +252,7 @@ impl RunState {
                 unreachable!("inputs only lists Input nodes")
             };
             match t.as_matrix() {
-                Some((_, c)) if c == cols => {}
+                Some((b, c)) if c == cols => batch.check("Input", format!("input {slot}"), b)?,
                 _ => {
                     return Err(shape(
                         "Input",
@@ -291,6 +315,8 @@ impl RunState {
                         }
                     }
                     ops::check_ragged(slot, r.shape()[0], &index, &offsets)?;
+                    let what = format!("lookup {slot} (offsets)");
+                    batch.check("EmbeddingLookup", what, offsets.len() - 1)?;
                     rows[node] = Some(RowsFeed {
                         rows: FeedRows::Tensor(r),
                         index,
@@ -316,6 +342,8 @@ impl RunState {
                         ));
                     }
                     ops::check_ragged(slot, r.rows(), &index, &offsets)?;
+                    let what = format!("lookup {slot} (offsets)");
+                    batch.check("EmbeddingLookup", what, offsets.len() - 1)?;
                     rows[node] = Some(RowsFeed {
                         rows: FeedRows::Wire(r),
                         index,
@@ -324,7 +352,9 @@ impl RunState {
                 }
                 (Op::Pooled { dim, .. }, LookupFeed::Pooled(t)) => {
                     match t.as_matrix() {
-                        Some((_, d)) if d == *dim => {}
+                        Some((b, d)) if d == *dim => {
+                            batch.check("Pooled", format!("lookup {slot}"), b)?
+                        }
                         _ => {
                             return Err(shape(
                                 "Pooled",

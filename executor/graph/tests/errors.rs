@@ -119,12 +119,18 @@ fn lookup_feed_errors() {
             ..
         })
     ));
-    // A different batch size in one lookup is caught by the ops.
+    // A different batch size in one lookup is refused up front.
     let f = with_rows(&good, |_, _, off| {
         let last = *off.last().unwrap();
         off.push(last);
     });
-    assert!(matches!(run(&p, f), Err(GraphError::Shape { .. })));
+    assert!(matches!(
+        run(&p, f),
+        Err(GraphError::Shape {
+            op: "EmbeddingLookup",
+            ..
+        })
+    ));
 
     let mut f = good.clone();
     f.lookups[2] = LookupFeed::Pooled(Tensor::zeros(vec![6, 2]).unwrap());
@@ -235,5 +241,109 @@ fn empty_batch_runs() {
             .dense_grads
             .iter()
             .all(|(_, g)| g.data().iter().all(|v| *v == 0.0)));
+    }
+}
+
+/// Every batch-shaped feed must agree on the batch size `B`: a `[1,D]`
+/// lookup feed must not be broadcast as a bias over `B` rows.
+#[test]
+fn feeds_must_agree_on_the_batch_size() {
+    let spec = small_wdl();
+    let model = Model::build(spec.clone()).unwrap();
+    let lite = partition(&model, Protocol::StarServerLite);
+    let mut store = Store::new(&model, 45);
+    let b = batch(&mut rng(46), &spec, 8);
+    let (good, _) = step_feeds(&lite, &mut store, &b);
+    assert!(run(&lite, good.clone()).is_ok());
+
+    // Lookup 0 is the wide embedding (width 1), added to the wide `[B,1]`.
+    let mut f = good.clone();
+    f.lookups[0] = LookupFeed::Pooled(Tensor::zeros(vec![1, 1]).unwrap());
+    let e = run(&lite, f).unwrap_err();
+    assert!(
+        matches!(&e, GraphError::Shape { op: "Pooled", detail } if detail.contains("lookup 0")),
+        "{e}"
+    );
+    // Any other pooled lookup too.
+    let mut f = good.clone();
+    f.lookups[2] = LookupFeed::Pooled(Tensor::zeros(vec![7, 2]).unwrap());
+    let e = run(&lite, f).unwrap_err();
+    assert!(
+        matches!(&e, GraphError::Shape { op: "Pooled", detail } if detail.contains("lookup 2")),
+        "{e}"
+    );
+    // Labels and numeric input.
+    let mut f = good.clone();
+    f.labels = Tensor::zeros(vec![1, 1]).unwrap();
+    let e = run(&lite, f).unwrap_err();
+    assert!(
+        matches!(&e, GraphError::Shape { op: "Input", detail } if detail.contains("input 1")),
+        "{e}"
+    );
+    let mut f = good;
+    f.numeric = Tensor::zeros(vec![1, 3]).unwrap();
+    assert!(matches!(
+        run(&lite, f),
+        Err(GraphError::Shape { op: "Input", .. })
+    ));
+
+    // Rows feeds: offsets must have B+1 entries.
+    let robust = partition(&model, Protocol::StarServer);
+    let (good, _) = step_feeds(&robust, &mut store, &b);
+    assert!(run(&robust, good.clone()).is_ok());
+    let mut f = good.clone();
+    f.lookups[0] = LookupFeed::Rows {
+        rows: Tensor::zeros(vec![1, 1]).unwrap(),
+        index: vec![0],
+        offsets: vec![0, 1],
+    };
+    let e = run(&robust, f).unwrap_err();
+    assert!(
+        matches!(&e, GraphError::Shape { op: "EmbeddingLookup", detail } if detail.contains("lookup 0")),
+        "{e}"
+    );
+    // Empty offsets are still a layout error.
+    let mut f = good;
+    f.lookups[0] = LookupFeed::Rows {
+        rows: Tensor::zeros(vec![1, 1]).unwrap(),
+        index: vec![],
+        offsets: vec![],
+    };
+    assert!(matches!(
+        run(&robust, f),
+        Err(GraphError::BadOffsets { index: 0, .. })
+    ));
+}
+
+/// A batch of examples with no columns: `[B,0] + [0]` is `[B,0]`.
+#[test]
+fn adding_zero_width_tensors() {
+    for bias in [vec![0], vec![1, 0]] {
+        let mut g = GraphBuilder::new();
+        let labels = g.input(0, 1);
+        let x = g.variable(VarId(0), vec![3, 0]);
+        let b = g.variable(VarId(1), bias.clone());
+        let s = g.add(x, b);
+        let w = g.variable(VarId(2), vec![0, 1]);
+        let logits = g.matmul(s, w);
+        let loss = g.sigmoid_cross_entropy(logits, labels);
+        let graph = std::sync::Arc::new(g.build(loss).unwrap());
+        let feeds = GraphFeeds {
+            inputs: vec![Tensor::zeros(vec![3, 1]).unwrap()],
+            dense: vec![
+                (VarId(0), Tensor::zeros(vec![3, 0]).unwrap()),
+                (VarId(1), Tensor::zeros(bias.clone()).unwrap()),
+                (VarId(2), Tensor::zeros(vec![0, 1]).unwrap()),
+            ],
+            lookups: vec![],
+        };
+        let out = graph.run(&Executor::new(0).unwrap(), feeds, true).unwrap();
+        assert_eq!(out.probs, vec![0.5; 3]);
+        let (_, gb) = out
+            .dense_grads
+            .iter()
+            .find(|(v, _)| *v == VarId(1))
+            .unwrap();
+        assert_eq!(gb.shape(), bias.as_slice());
     }
 }

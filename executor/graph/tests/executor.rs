@@ -109,20 +109,40 @@ fn concurrent_runs_stress() {
 
 #[test]
 fn errors_come_back_from_compute_threads() {
-    // Labels with the wrong row count only fail inside the loss kernel.
+    // Labels with the wrong row count are refused before anything runs.
     let exec = Executor::with_threshold(2, 0).unwrap();
     let c = &cases()[1];
     let mut feeds = c.feeds.clone();
     feeds.labels = Tensor::zeros(vec![3, 1]).unwrap();
+    assert!(matches!(
+        c.p.forward_backward(&exec, feeds),
+        Err(GraphError::Shape { op: "Input", .. })
+    ));
+    // Variables whose shapes the graph gets wrong only fail inside the
+    // matmul kernel, on a compute thread.
+    let mut g = GraphBuilder::new();
+    let labels = g.input(0, 1);
+    let x = g.variable(VarId(0), vec![2, 3]);
+    let w = g.variable(VarId(1), vec![4, 1]);
+    let logits = g.matmul(x, w);
+    let loss = g.sigmoid_cross_entropy(logits, labels);
+    let graph = std::sync::Arc::new(g.build(loss).unwrap());
+    let feeds = GraphFeeds {
+        inputs: vec![Tensor::zeros(vec![2, 1]).unwrap()],
+        dense: vec![
+            (VarId(0), Tensor::zeros(vec![2, 3]).unwrap()),
+            (VarId(1), Tensor::zeros(vec![4, 1]).unwrap()),
+        ],
+        lookups: vec![],
+    };
+    let before = exec.handoffs();
     for _ in 0..10 {
         assert!(matches!(
-            c.p.forward_backward(&exec, feeds.clone()),
-            Err(GraphError::Shape {
-                op: "SigmoidCrossEntropy",
-                ..
-            })
+            graph.run(&exec, feeds.clone(), true),
+            Err(GraphError::Shape { op: "MatMul", .. })
         ));
     }
+    assert!(exec.handoffs() > before);
     // And the executor still works afterwards.
     let got = bits(&c.p.forward_backward(&exec, c.feeds.clone()).unwrap());
     assert!(got == c.expected);
@@ -134,4 +154,29 @@ fn executor_reports_its_configuration() {
     assert_eq!(e.threads(), 0);
     assert_eq!(e.handoff_flops(), DEFAULT_HANDOFF_FLOPS);
     assert_eq!(Executor::with_threshold(2, 7).unwrap().threads(), 2);
+}
+
+/// A step's buffers come back for the next step even when the last task
+/// ran on a compute thread: the thread lets go of the run before the
+/// caller wakes up.
+#[test]
+fn buffers_come_back_from_compute_threads() {
+    let spec = small_wdl();
+    let model = Model::build(spec.clone()).unwrap();
+    let p = partition(&model, Protocol::StarServer);
+    let mut store = Store::new(&model, 51);
+    let b = batch(&mut rng(52), &spec, 16);
+    let (feeds, _) = step_feeds(&p, &mut store, &b);
+    // Every task goes to the one compute thread, the last one included.
+    let exec = Executor::with_threshold(1, 0).unwrap();
+    let mut bufs = RunBuffers::default();
+    for step in 0..3000 {
+        p.forward_backward_with(&exec, feeds.clone(), &mut bufs)
+            .unwrap();
+        let kept = bufs.take_rows_feed(0);
+        assert!(
+            kept.index.capacity() > 0 && kept.offsets.capacity() > 0,
+            "step {step}: the rows feed's buffers were not kept"
+        );
+    }
 }

@@ -45,16 +45,31 @@ impl Default for FusionConfig {
 }
 
 /// An owned tensor waiting to be sent.
+///
+/// Only [`OutTensor::new`] makes one, so every tensor handed to
+/// [`FusionBatcher::add`] has data matching its type and dimensions (the
+/// encoder relies on it). A struct literal does not compile:
+///
+/// ```compile_fail,E0451
+/// use starwire_transport::fusion::OutTensor;
+/// use starwire_wire::tensor::DType;
+/// let t = OutTensor {
+///     key: 1,
+///     dtype: DType::F32,
+///     dims: vec![4],
+///     data: Default::default(),
+/// };
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutTensor {
     /// Rendezvous key (which tensor this is, agreed by both ends).
-    pub key: u64,
+    key: u64,
     /// Element type.
-    pub dtype: DType,
+    dtype: DType,
     /// Dimensions.
-    pub dims: Vec<u64>,
+    dims: Vec<u64>,
     /// Little-endian element bytes.
-    pub data: Bytes,
+    data: Bytes,
 }
 
 impl OutTensor {
@@ -67,6 +82,26 @@ impl OutTensor {
             dims,
             data,
         })
+    }
+
+    /// Rendezvous key (which tensor this is, agreed by both ends).
+    pub fn key(&self) -> u64 {
+        self.key
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Dimensions.
+    pub fn dims(&self) -> &[u64] {
+        &self.dims
+    }
+
+    /// Little-endian element bytes.
+    pub fn data(&self) -> &Bytes {
+        &self.data
     }
 
     fn as_ref(&self) -> TensorRef<'_> {
