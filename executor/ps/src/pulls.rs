@@ -10,11 +10,13 @@
 //! is the one the push was computed on. The memory is one step's pull per
 //! worker between its pull and its push (below): the record starts again
 //! at the first pull after a push. Pushes of an unknown sender (the gRPC baseline, a merged synchronous step)
-//! find no record and are applied as they are.
+//! find no record and are applied as they are; a shard serving a
+//! synchronous run records none ([`crate::PsShard::set_recorded_workers`]).
 //!
 //! A worker pushes its rows' gradients in the order it pulled them, so a
 //! push is matched with its pull by position (one comparison of the key
-//! lists); a key map is built only for a push in another order.
+//! lists); a key map is built only for a push in another order (or after
+//! pulls no push followed), and finds each row at its last pull.
 //!
 //! A rows item of a table without a frequency filter is recorded from the
 //! pull's request and reply (its keys, and its rows as the reply carries
@@ -68,7 +70,7 @@ pub(crate) struct VarPulls {
     /// Until the reply is attached: the values' byte offset in it and
     /// their count of floats.
     in_reply: Option<(usize, usize)>,
-    /// Key -> first position, built on demand.
+    /// Key -> last position, built on demand.
     index: FxHashMap<u64, u32>,
     indexed: bool,
 }
@@ -121,11 +123,11 @@ impl VarPulls {
         }
     }
 
-    /// The position of `key`'s first pull.
+    /// The position of `key`'s last pull.
     fn position(&mut self, key: u64) -> Option<usize> {
         if !self.indexed {
             for (j, &k) in self.keys.iter().enumerate() {
-                self.index.entry(k).or_insert(j as u32);
+                self.index.insert(k, j as u32);
             }
             self.indexed = true;
         }
@@ -180,9 +182,11 @@ impl WorkerPulls {
 
     /// Variable `var`'s row `key` was pulled after `updates` updates (if
     /// kept), holding `values`. A row pulled twice before a push is found
-    /// at its first pull (the older values, which the gradient may have
-    /// used). A variable's rows are recorded all with or all without
-    /// update counts and values.
+    /// at its last pull: the pulls a push is computed on are the worker's
+    /// last before it, and an earlier one may be of no step (worker 0's
+    /// evaluation between epochs, on its training connection, whose pulls
+    /// no push follows). A variable's rows are recorded all with or all
+    /// without update counts and values.
     pub(crate) fn record(
         &mut self,
         var: u32,
@@ -334,6 +338,13 @@ impl Pulls {
         self.by_worker.get_mut(w as usize).map(std::mem::take)
     }
 
+    /// The keys all records hold (a dense variable counts as one).
+    #[cfg(test)]
+    pub(crate) fn recorded_keys(&self) -> usize {
+        let vars = self.by_worker.iter().flat_map(|w| &w.vars);
+        vars.map(|v| v.keys.len()).sum()
+    }
+
     /// Return a record [`Self::take`] took.
     pub(crate) fn put_back(&mut self, w: u32, rec: WorkerPulls) {
         if let Some(r) = self.by_worker.get_mut(w as usize) {
@@ -347,7 +358,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_push_uses_the_first_pull_and_the_next_pull_starts_again() {
+    fn a_push_uses_the_last_pull_and_the_next_pull_starts_again() {
         let mut p = Pulls::default();
         assert!(p.begin_pull(MAX_TRACKED_WORKERS, 2).is_none());
         let w = p.begin_pull(3, 2).unwrap();
@@ -356,8 +367,8 @@ mod tests {
         w.record(1, 7, Some(5), Some(&[9.0, 9.0]));
         w.record(0, 0, Some(4), None);
         let got = w.pulled(1, 7, 6, 2);
-        assert_eq!(got.staleness, Some(4));
-        assert_eq!(got.values, Some(&[1.0f32, 2.0][..]));
+        assert_eq!(got.staleness, Some(1));
+        assert_eq!(got.values, Some(&[9.0f32, 9.0][..]));
         assert_eq!(w.var(1).unwrap().keys, [7, 9, 7]);
         assert_eq!(
             w.var(1).unwrap().at(1, 1, 2).values,
@@ -375,6 +386,32 @@ mod tests {
         let rec = p.take(3).unwrap();
         assert!(p.take(4).is_none());
         p.put_back(3, rec);
+    }
+
+    /// Worker 0's evaluation between epochs pulls on its training
+    /// connection after its last push, and no push follows: its next
+    /// step's push is matched with that step's pull, not the evaluation's.
+    #[test]
+    fn a_push_after_pulls_no_push_followed_uses_its_step_s_pull() {
+        let mut p = Pulls::default();
+        let w = p.begin_pull(0, 2).unwrap();
+        w.record(1, 7, Some(1), Some(&[1.0]));
+        w.record(0, 0, Some(1), Some(&[1.0]));
+        w.end_push();
+        // The evaluation: a new record, then the next step's pull.
+        let w = p.begin_pull(0, 2).unwrap();
+        w.record(1, 7, Some(3), Some(&[3.0]));
+        w.record(1, 8, Some(3), Some(&[3.5]));
+        w.record(0, 0, Some(3), Some(&[3.0]));
+        let w = p.begin_pull(0, 2).unwrap();
+        w.record(1, 9, Some(4), Some(&[4.5]));
+        w.record(1, 7, Some(5), Some(&[5.0]));
+        w.record(0, 0, Some(5), Some(&[5.0]));
+        let got = w.pulled(1, 7, 6, 1);
+        assert_eq!((got.staleness, got.values), (Some(1), Some(&[5.0f32][..])));
+        let got = w.pulled(0, 0, 6, 1);
+        assert_eq!((got.staleness, got.values), (Some(1), Some(&[5.0f32][..])));
+        assert_eq!(w.pulled(1, 9, 6, 1).values, Some(&[4.5f32][..]));
     }
 
     #[test]
@@ -432,12 +469,12 @@ mod tests {
             one.record(2, k, None, Some(&vals[2 * j..2 * j + 2]));
         }
         assert_eq!(bulk.var(2).unwrap().keys, one.var(2).unwrap().keys);
-        for (key, first) in [(7u64, 0usize), (9, 1), (4, 3)] {
+        for (key, last) in [(7u64, 2usize), (9, 1), (4, 3)] {
             let got = bulk.pulled(2, key, 3, 2);
             assert_eq!(got, one.pulled(2, key, 3, 2));
-            // No update counts: no staleness, the values of the first pull.
+            // No update counts: no staleness, the values of the last pull.
             assert_eq!(got.staleness, None);
-            let want = &vals[2 * first..2 * first + 2];
+            let want = &vals[2 * last..2 * last + 2];
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(got.values.unwrap()), bits(want));
         }
@@ -462,9 +499,9 @@ mod tests {
         let unaligned = F32s::new(&odd[1..]).unwrap();
         assert!(unaligned.try_as_slice().is_none());
         bulk.record_rows(2, U64s::new(&keys).unwrap(), unaligned);
-        for (key, first) in [(7u64, 0usize), (9, 1), (4, 3)] {
+        for (key, last) in [(7u64, 2usize), (9, 1), (4, 3)] {
             let got = bulk.pulled(2, key, 3, 2).values.unwrap();
-            let want = &vals[2 * first..2 * first + 2];
+            let want = &vals[2 * last..2 * last + 2];
             assert_eq!(
                 got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
                 want.iter().map(|x| x.to_bits()).collect::<Vec<_>>()

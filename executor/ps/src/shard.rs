@@ -176,6 +176,9 @@ pub struct PsShard {
     /// Each worker's last pull, when the optimizer reads it
     /// ([`OptimizerConfig::tracks_pulls`]); not state a checkpoint keeps.
     pulls: Pulls,
+    /// The pulls of workers below this index are recorded in `pulls`
+    /// (none for a `--sync` run: see [`Self::set_recorded_workers`]).
+    recorded_workers: u32,
     // Scratch reused across requests (not state).
     touched: Vec<usize>,
     /// By variable: the items of the push being handled.
@@ -265,6 +268,7 @@ impl PsShard {
             stats: ShardStats::default(),
             applied: AppliedSteps::default(),
             pulls: Pulls::default(),
+            recorded_workers: u32::MAX,
             touched: Vec::new(),
             items_of: vec![0; vars.len()],
             pulled: Vec::new(),
@@ -407,7 +411,14 @@ impl PsShard {
     /// Answer a pull request: `req` is the body, the response is written to
     /// `out` (cleared first). Creates rows of admitted keys; counts filter
     /// pulls. A reply of more than `limits.max_elems` floats is refused
-    /// (`Oversized`). On error nothing is changed and `out` is left empty.
+    /// (`Oversized`). On error `out` is left empty and the error counted.
+    /// A pull refused before any row is read (a request that does not
+    /// decode, a wrong kind, a reply too large, a table it could take past
+    /// `max_rows`) changes nothing else. One that fails making a row (no
+    /// memory, no row index left) keeps what its keys before that row did
+    /// (rows made, with their initial values; rows' access times; filter
+    /// counts), and the failing key's filter count: a key refused a row at
+    /// the threshold gets it on its next pull with room.
     pub fn handle_pull(&mut self, req: &[u8], out: &mut Vec<u8>) -> Result<(), PsError> {
         self.handle_pull_from(None, req, out)
     }
@@ -451,6 +462,32 @@ impl PsShard {
         }
     }
 
+    /// Record the pulls of workers `0..n` only, for their pushes (all by
+    /// default; only an optimizer that reads them,
+    /// [`OptimizerConfig::tracks_pulls`], records any). A shard serving a
+    /// synchronous run (`--sync`) records none: its workers' pushes are
+    /// merged and applied as one push of no worker, which no record
+    /// matches, so a record would only grow, by a whole pull per worker
+    /// per step. An asynchronous run records its training workers' only:
+    /// a sender past them (the local cluster's evaluator) never pushes.
+    /// Changing it drops the records kept.
+    pub fn set_recorded_workers(&mut self, n: u32) {
+        self.recorded_workers = n;
+        self.pulls = Pulls::default();
+    }
+
+    /// See [`Self::set_recorded_workers`].
+    pub fn recorded_workers(&self) -> u32 {
+        self.recorded_workers
+    }
+
+    /// The keys (a dense variable counts as one) held by the workers'
+    /// pull records.
+    #[cfg(test)]
+    pub(crate) fn recorded_pull_keys(&self) -> usize {
+        self.pulls.recorded_keys()
+    }
+
     fn pull_recorded(
         &mut self,
         worker: Option<u32>,
@@ -464,7 +501,8 @@ impl PsShard {
         let r = self.handle_pull_inner(worker, req, out);
         match &r {
             Ok(()) => {
-                if let Some(w) = worker.filter(|_| self.cfg.optimizer.tracks_pulls()) {
+                let tracks = self.cfg.optimizer.tracks_pulls();
+                if let Some(w) = worker.filter(|&w| tracks && w < self.recorded_workers) {
                     self.record_pull(w, req, out, shared);
                 }
                 self.stats.pulls += 1;
@@ -771,6 +809,65 @@ impl PsShard {
     /// `evict_interval` steps, TTL eviction runs. On error nothing is changed.
     pub fn handle_push(&mut self, req: &[u8], out: &mut Vec<u8>) -> Result<(), PsError> {
         self.handle_push_from(None, req, out)
+    }
+
+    /// The error [`handle_push`](Self::handle_push) would refuse push
+    /// `req` with for what it holds, found without applying it or
+    /// changing anything (counters included): it must decode against this
+    /// shard's limits, each item must name a variable of this shard of
+    /// the item's kind and width (the first item that does not is the
+    /// error, as there), and every gradient it applies must be finite.
+    ///
+    /// With `--sync` a worker's push is checked so as it arrives, before
+    /// it is kept for its step, so that only its sender fails. A push
+    /// that passes can still be refused for a sum that is not finite: of
+    /// its duplicate keys, or of a gathered step's pushes.
+    pub fn check_push(&self, req: &[u8]) -> Result<(), PsError> {
+        let view = PushRequest::parse(req, &self.cfg.limits)?;
+        for item in view.items() {
+            match item {
+                PushItem::Dense { var, grad } => {
+                    let i = self.kind_check(var, "dense", false)?;
+                    self.shape_check(i, var, "tensor", grad.len() as u64)?;
+                }
+                PushItem::Rows { var, dim, .. } => {
+                    let i = self.kind_check(var, "rows", true)?;
+                    self.shape_check(i, var, "row", dim.into())?;
+                }
+                PushItem::Pooled { var, dim, .. } => {
+                    let i = self.kind_check(var, "pooled", true)?;
+                    self.shape_check(i, var, "row", dim.into())?;
+                }
+            }
+        }
+        // Every item's variable is known: a NaN or an infinity is refused
+        // as `handle_push` refuses it, naming a variable it is in.
+        for item in view.items() {
+            let finite = match item {
+                PushItem::Dense { grad, .. } => grad.all_finite(),
+                PushItem::Rows { grads, .. } => grads.all_finite(),
+                // An example's gradient goes to each key of its bag: one
+                // with no keys is not applied.
+                PushItem::Pooled {
+                    dim,
+                    offsets,
+                    grads,
+                    ..
+                } => {
+                    let dim = dim as usize;
+                    let mut start = 0u32;
+                    offsets.iter().skip(1).enumerate().all(|(b, end)| {
+                        let used = end > start;
+                        start = end;
+                        !used || grads.slice(b * dim, (b + 1) * dim).all_finite()
+                    })
+                }
+            };
+            if !finite {
+                return Err(PsError::NonFinite { var: item.var() });
+            }
+        }
+        Ok(())
     }
 
     /// [`Self::handle_push`] of worker `worker` (its task index), when the
@@ -1083,6 +1180,40 @@ mod tests {
         let mut req = Vec::new();
         PullRequestWriter::new(&mut req).rows(EMB, keys);
         s.handle_pull(&req, &mut Vec::new()).unwrap();
+    }
+
+    /// A worker's pulls with no push of its own between them (as a
+    /// `--sync` step's: its push is merged into one of no worker) pile up
+    /// in its record; a shard that records no pulls keeps none.
+    #[test]
+    fn a_shard_that_records_no_pulls_keeps_none_of_a_worker_s_pulls() {
+        let mut s = shard();
+        s.cfg.optimizer = OptimizerConfig::with_kind(crate::OptimizerKind::DcAsgd, 0.5);
+        assert_eq!(s.recorded_workers(), u32::MAX);
+        let mut req = Vec::new();
+        PullRequestWriter::new(&mut req).rows(EMB, &[7, 8]).dense(W);
+        let mut out = Vec::new();
+        for step in 1..=3 {
+            s.handle_pull_from(Some(0), &req, &mut out).unwrap();
+            assert_eq!(s.recorded_pull_keys(), 3 * step);
+            // The step's merged push (no worker) uses up no record.
+            let mut push = Vec::new();
+            PushRequestWriter::new(&mut push, true).rows(EMB, 2, &[7, 8], &[1.0; 4]);
+            s.handle_push(&push, &mut Vec::new()).unwrap();
+        }
+        s.set_recorded_workers(0);
+        assert_eq!(s.recorded_pull_keys(), 0);
+        for _ in 0..3 {
+            s.handle_pull_from(Some(0), &req, &mut out).unwrap();
+            s.handle_pull_shared(1, &req, &mut out).unwrap();
+            s.attach_pull_reply(1, &Bytes::copy_from_slice(&out));
+            assert_eq!(s.recorded_pull_keys(), 0);
+        }
+        // A worker's own push then finds no record, as an unknown sender's.
+        let mut push = Vec::new();
+        PushRequestWriter::new(&mut push, true).rows(EMB, 2, &[7, 8], &[1.0; 4]);
+        s.handle_push_from(Some(0), &push, &mut out).unwrap();
+        assert_eq!(s.recorded_pull_keys(), 0);
     }
 
     /// A push with several items per variable, as a gathered `--sync`

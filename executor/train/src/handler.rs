@@ -267,6 +267,10 @@ impl PsHandler for ShardHandler {
         self.shard.handle_kept(worker);
     }
 
+    fn check_push(&self, body: &[u8]) -> Result<(), HandlerError> {
+        self.shard.check_push(body).map_err(err)
+    }
+
     fn applied_position(&self, worker: u32) -> Position {
         self.shard.applied_position(worker).unwrap_or_default()
     }

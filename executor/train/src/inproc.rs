@@ -106,12 +106,27 @@ fn slot(
 fn wait_step(
     st: &LockedShards,
     m: &Mutex<ShardService>,
+    worker: u32,
     n: u64,
     shard: usize,
-) -> Result<(), TrainError> {
+) -> Result<Option<(Status, String)>, TrainError> {
     let deadline = Instant::now() + BARRIER_TIMEOUT;
     let mut spins = 0u32;
-    while lock(m).handler().global_step() < n {
+    loop {
+        {
+            let g = lock(m);
+            if g.handler().global_step() >= n {
+                break;
+            }
+            // With `--sync`: the worker's push of the step was refused, or
+            // dropped with a step the shard refused; the step needs it.
+            if let Some((status, why)) = g.barrier_refused(Some(worker), n) {
+                return Ok(Some((
+                    status,
+                    format!("WAIT_STEP {n} cannot be reached: {why}"),
+                )));
+            }
+        }
         st.check_serving(shard)?;
         if Instant::now() > deadline {
             return Err(TrainError::Link(
@@ -126,7 +141,7 @@ fn wait_step(
             std::thread::sleep(Duration::from_micros(50));
         }
     }
-    Ok(())
+    Ok(None)
 }
 
 impl Exchange for InprocNet {
@@ -256,10 +271,13 @@ fn serve_one(
             // here): taken back without a copy.
             rep.body = Vec::from(bytes);
         }
-        psserver::Reply::Wait(step) => {
-            wait_step(st, m, step, r.shard)?;
-            rep.status = Some(Status::Ok);
-        }
+        psserver::Reply::Wait(step) => match wait_step(st, m, worker, step, r.shard)? {
+            None => rep.status = Some(Status::Ok),
+            Some((status, why)) => {
+                rep.status = Some(status);
+                rep.body = why.into_bytes();
+            }
+        },
         psserver::Reply::Done => {
             st.done(local, u64::from(worker));
             rep.status = Some(Status::Ok);

@@ -79,6 +79,11 @@ pub trait PsHandler: Send + 'static {
     fn number_push(&mut self, worker: u32, completes: bool) -> Result<bool, HandlerError>;
     /// The push [`number_push`](Self::number_push) let through was kept.
     fn push_kept(&mut self, worker: u32);
+    /// With `--sync`, before a worker's push is kept: the error
+    /// [`push`](Self::push) would refuse it with for what the shard holds
+    /// (a variable it does not have, of another kind or width, gradients
+    /// that are not finite), found without changing anything.
+    fn check_push(&self, body: &[u8]) -> Result<(), HandlerError>;
     /// The position of worker `worker`'s pushes the shard counts as
     /// applied (the default if it never heard from the worker).
     fn applied_position(&self, worker: u32) -> Position;
@@ -127,10 +132,19 @@ pub struct Service<H> {
     served: HashMap<&'static str, u64>,
     failed: u64,
     sync: Option<SyncStep>,
+    /// With `--sync`, per worker: why its last push was refused, or its
+    /// kept pushes dropped with a step the shard refused, until a push of
+    /// it is kept again. Its `WAIT_STEP` cannot be reached without that
+    /// push, so it is answered with this error instead of being held.
+    refused: Vec<Option<Refusal>>,
     /// Workers' pull replies are kept by the shard as they leave
     /// ([`PsHandler::pull_sent`]).
     share_pulls: bool,
 }
+
+/// Why a worker's `WAIT_STEP` fails at once (`--sync`): the status and
+/// reason of the refusal.
+type Refusal = (Status, String);
 
 impl<H: PsHandler> Service<H> {
     /// Serve requests against `handler`.
@@ -141,6 +155,7 @@ impl<H: PsHandler> Service<H> {
             served: HashMap::new(),
             failed: 0,
             sync: None,
+            refused: Vec::new(),
             share_pulls: false,
         }
     }
@@ -165,6 +180,7 @@ impl<H: PsHandler> Service<H> {
         // The shard checks the merged push against its own limits; each
         // worker's push is checked against the codec's defaults on arrival.
         self.sync = Some(SyncStep::new(workers, Limits::default(), budget));
+        self.refused = vec![None; workers];
         self
     }
 
@@ -184,6 +200,16 @@ impl<H: PsHandler> Service<H> {
                 self.handler.rewind_applied(w, at);
             }
         }
+    }
+
+    /// With `--sync`: why a `WAIT_STEP` of worker `worker` for global step
+    /// `n` fails now rather than being held: the worker's last push was
+    /// refused, or its kept pushes were dropped with a step the shard
+    /// refused, and the global step has not reached `n` (the step needs
+    /// that worker's push again).
+    pub fn barrier_refused(&self, worker: Option<u32>, n: u64) -> Option<(Status, &str)> {
+        let (status, why) = self.refused.get(worker? as usize)?.as_ref()?;
+        (self.handler.global_step() < n).then_some((*status, why.as_str()))
     }
 
     /// Requests served, by kind (`pull`, `push`, `stats`, ...).
@@ -224,6 +250,7 @@ impl<H: PsHandler> Service<H> {
             served,
             failed,
             sync,
+            refused,
             share_pulls,
         } = self;
         let shared = from.filter(|_| *share_pulls && opcode == Opcode::SparsePull);
@@ -237,17 +264,32 @@ impl<H: PsHandler> Service<H> {
                 ("pull", handler.pull_from(from, shared.is_some(), body, out))
             }
             (Opcode::SparsePush, Some((sync, w))) => {
-                ("push", push_sync(handler, sync, w, body, out))
+                let r = push_sync(handler, sync, refused, w, body, out);
+                let why = r.as_ref().err().map(|e| (e.status, e.message.clone()));
+                if let Some(slot) = refused.get_mut(w as usize) {
+                    *slot = why;
+                }
+                ("push", r)
             }
             (Opcode::SparsePush, None) => match async_from {
                 Some(w) => ("push", handler.push_from(w, body, out)),
                 None => ("push", handler.push(body, out)),
             },
             (Opcode::Rpc, s) => match Control::parse(body) {
-                Ok(Control::WaitStep(n)) => return Reply::Wait(n),
+                Ok(Control::WaitStep(n)) => {
+                    let why = from.and_then(|w| refused.get(w as usize)?.as_ref());
+                    match why {
+                        Some((status, why)) if handler.global_step() < n => {
+                            *failed += 1;
+                            let m = format!("WAIT_STEP {n} cannot be reached: {why}");
+                            return Reply::Now(*status, Bytes::from(m.into_bytes()));
+                        }
+                        _ => return Reply::Wait(n),
+                    }
+                }
                 Ok(Control::Done) => {
                     if let Some((sync, w)) = s {
-                        done_sync(handler, sync, w, out);
+                        done_sync(handler, sync, refused, w, out);
                     }
                     return Reply::Done;
                 }
@@ -331,9 +373,16 @@ impl<H: PsHandler> Service<H> {
 /// already (a restarted worker replaying the step it died in) is only
 /// acknowledged. The reply carries the global step as it is after this
 /// push.
+///
+/// A push is checked against the shard before it is kept
+/// ([`PsHandler::check_push`]): one the shard would refuse fails with the
+/// status an asynchronous push gets (`UnknownVariable`, `WrongShape`,
+/// `NonFinite`), for its sender alone. A refused push is not kept and
+/// keeps no number: the worker's next push is numbered as this one was.
 fn push_sync<H: PsHandler>(
     handler: &mut H,
     sync: &mut SyncStep,
+    refused: &mut [Option<Refusal>],
     w: u32,
     body: &[u8],
     out: &mut Vec<u8>,
@@ -346,25 +395,43 @@ fn push_sync<H: PsHandler>(
         }
     }
     let before = handler.applied_position(w);
-    let complete = sync.handle_push(w, body).map_err(|e| HandlerError {
-        status: Status::BadRequest,
-        message: e.to_string(),
-    })?;
+    let kept = handler.check_push(body).and_then(|()| {
+        sync.handle_push(w, body).map_err(|e| HandlerError {
+            status: Status::BadRequest,
+            message: e.to_string(),
+        })
+    });
+    let complete = match kept {
+        Ok(complete) => complete,
+        Err(e) => {
+            // `number_push` counted it: take the count back (the applied
+            // position stays, only the next push's number goes back).
+            handler.rewind_applied(w, before);
+            return Err(e);
+        }
+    };
     sync.keeping(w, before);
     handler.push_kept(w);
     if complete {
-        apply_step(handler, sync, out)?;
+        apply_step(handler, sync, refused, out)?;
     }
     write_push_response(out, handler.global_step());
     Ok(())
 }
 
 /// Worker `w` said `DONE`; if the step was waiting only for it, it is
-/// applied (an error is logged: `DONE` has no error reply, and the workers
-/// that pushed the step find it at their barrier).
-fn done_sync<H: PsHandler>(handler: &mut H, sync: &mut SyncStep, w: u32, out: &mut Vec<u8>) {
+/// applied. `DONE` has no error reply: an error is logged, and a step the
+/// shard refused fails the barriers of the workers that pushed it
+/// ([`apply_step`]).
+fn done_sync<H: PsHandler>(
+    handler: &mut H,
+    sync: &mut SyncStep,
+    refused: &mut [Option<Refusal>],
+    w: u32,
+    out: &mut Vec<u8>,
+) {
     if sync.handle_done(w) {
-        if let Err(e) = apply_step(handler, sync, out) {
+        if let Err(e) = apply_step(handler, sync, refused, out) {
             tracing::error!(worker = w, "synchronous step: {}", e.message);
         }
     }
@@ -372,27 +439,58 @@ fn done_sync<H: PsHandler>(handler: &mut H, sync: &mut SyncStep, w: u32, out: &m
 
 /// Apply the gathered step: the merged push, then one step marker per
 /// other worker, so the global step moves by the worker count.
+///
+/// A merged push the shard refuses (a sum that is not finite) is not
+/// applied, and the step's pushes are dropped: the applied positions they
+/// moved go back to where they were before them, and every worker that
+/// pushed the step is refused (its `WAIT_STEP` fails with the error): it
+/// must push the step again. The error is the reply of the push that
+/// completed the step, if a push did.
 fn apply_step<H: PsHandler>(
     handler: &mut H,
     sync: &mut SyncStep,
+    refused: &mut [Option<Refusal>],
     out: &mut Vec<u8>,
 ) -> Result<(), HandlerError> {
     let Some(merged) = sync.take_step() else {
         return Ok(());
     };
-    handler.push(merged, out).map_err(|e| HandlerError {
-        status: e.status,
-        message: format!(
-            "the synchronous step (every worker's push, summed): {}",
-            e.message
-        ),
-    })?;
+    let step = handler.global_step();
+    let mut first = None;
+    if let Err(e) = handler.push(merged, out) {
+        let e = HandlerError {
+            status: e.status,
+            message: format!(
+                "the synchronous step (every worker's push, summed): {}",
+                e.message
+            ),
+        };
+        if handler.global_step() == step {
+            for (w, at) in sync.taken_from() {
+                handler.rewind_applied(w, at);
+                if let Some(slot) = refused.get_mut(w as usize) {
+                    let why = format!(
+                        "{}; not applied, and worker {w}'s pushes of it were dropped",
+                        e.message
+                    );
+                    *slot = Some((e.status, why));
+                }
+            }
+            return Err(e);
+        }
+        // Applied, but what its global step calls for after (a checkpoint
+        // file) failed: the step stands, and the markers still move the
+        // global step to where the barriers wait.
+        first = Some(e);
+    }
     let mut marker = Vec::new();
     for _ in 1..sync.workers() {
         out.clear();
-        handler.push(step_marker(&mut marker), out)?;
+        if let Err(e) = handler.push(step_marker(&mut marker), out) {
+            first.get_or_insert(e);
+        }
     }
-    Ok(())
+    first.map_or(Ok(()), Err)
 }
 
 /// Why a connection must end. The other connections are served on.
@@ -415,7 +513,9 @@ impl ServeError {
 }
 
 /// A `WAIT_STEP` barrier the global step has reached: answer request `id`
-/// of connection `conn` with [`Release::body`].
+/// of connection `conn` with [`Release::body`]. Or, with `refused`, one
+/// that cannot be reached ([`Service::barrier_refused`]): it is answered
+/// with the refusal's error ([`PsServer::handle_release`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Release {
     /// The connection the barrier came in on.
@@ -424,6 +524,9 @@ pub struct Release {
     pub id: u64,
     /// The global step that released it.
     pub step: u64,
+    /// It fails: its worker's push of the step it waits for was refused
+    /// or dropped.
+    pub refused: bool,
 }
 
 impl Release {
@@ -493,8 +596,9 @@ pub struct PsServer<H> {
     lent: Vec<Bytes>,
     /// Per connection key: its state.
     conns: Vec<ConnState>,
-    /// Barriers waiting for the global step: (connection, id, step).
-    waiting: Vec<(usize, u64, u64)>,
+    /// Barriers waiting for the global step: (connection, id, step, the
+    /// worker that sent it).
+    waiting: Vec<(usize, u64, u64, Option<u32>)>,
     /// Connections that may have deferred replies (see
     /// [`take_deferred`](Self::take_deferred)).
     deferred_conns: Vec<usize>,
@@ -709,10 +813,11 @@ impl<H: PsHandler> PsServer<H> {
                 conn: key,
                 id,
                 step,
+                refused: false,
             }
             .respond(conn),
             Reply::Wait(n) => {
-                waiting.push((key, id, n));
+                waiting.push((key, id, n, from));
                 conns[key].barrier = true;
                 Ok(())
             }
@@ -785,11 +890,24 @@ impl<H: PsHandler> PsServer<H> {
     /// `conn`, its connection, then serve the requests held behind it in
     /// order, until one of them is a barrier that holds the rest again. An
     /// error ends the connection, as in
-    /// [`handle_message`](Self::handle_message).
+    /// [`handle_message`](Self::handle_message). A barrier that cannot be
+    /// reached ([`Release::refused`]) is answered with its worker's
+    /// refusal ([`Service::barrier_refused`]).
     pub fn handle_release(&mut self, r: &Release, conn: &mut Connection) -> Result<(), ServeError> {
         self.conn_state(r.conn).barrier = false;
         self.flush_deferred(r.conn, conn)?;
-        r.respond(conn)?;
+        if r.refused {
+            let why = worker_index(conn)
+                .and_then(|w| self.service.refused.get(w as usize)?.as_ref())
+                .map(|(status, why)| (*status, why.as_str()));
+            let (status, why) = why.unwrap_or((Status::Cancelled, "its push was refused"));
+            let msg = format!("WAIT_STEP cannot be reached: {why}");
+            self.service.failed += 1;
+            conn.respond_error(r.id, Opcode::Rpc, status, &msg)
+                .map_err(|_| ServeError::ReplyNotQueued)?;
+        } else {
+            r.respond(conn)?;
+        }
         self.serve_held(r.conn, conn)
     }
 
@@ -799,7 +917,7 @@ impl<H: PsHandler> PsServer<H> {
         self.conn_state(key).barrier = false;
         self.flush_deferred(key, conn)?;
         if let Some(i) = self.waiting.iter().position(|w| w.0 == key) {
-            let (_, id, n) = self.waiting.swap_remove(i);
+            let (_, id, n, _) = self.waiting.swap_remove(i);
             let msg = format!("WAIT_STEP {n} given up: a push came in behind it");
             conn.respond_error(id, Opcode::Rpc, Status::Cancelled, &msg)
                 .map_err(|_| ServeError::ReplyNotQueued)?;
@@ -867,7 +985,7 @@ impl<H: PsHandler> PsServer<H> {
     /// step they wait for will not come.
     pub fn take_barriers(&mut self) -> Vec<(usize, u64, Opcode)> {
         let mut out = Vec::new();
-        for (c, id, _) in self.waiting.drain(..) {
+        for (c, id, _, _) in self.waiting.drain(..) {
             out.push((c, id, Opcode::Rpc));
             if let Some(state) = self.conns.get_mut(c) {
                 state.barrier = false;
@@ -879,12 +997,23 @@ impl<H: PsHandler> PsServer<H> {
         out
     }
 
-    /// The next barrier the global step has reached, if any.
+    /// The next barrier the global step has reached, if any, or one that
+    /// cannot be reached any more ([`Service::barrier_refused`]: its
+    /// worker's push of the step was refused or dropped).
     pub fn poll_release(&mut self) -> Option<Release> {
         let step = self.service.handler().global_step();
-        let i = self.waiting.iter().position(|w| step >= w.2)?;
-        let (conn, id, _) = self.waiting.swap_remove(i);
-        Some(Release { conn, id, step })
+        let service = &self.service;
+        let i = self
+            .waiting
+            .iter()
+            .position(|w| step >= w.2 || service.barrier_refused(w.3, w.2).is_some())?;
+        let (conn, id, n, _) = self.waiting.swap_remove(i);
+        Some(Release {
+            conn,
+            id,
+            step,
+            refused: step < n,
+        })
     }
 
     /// True once every expected worker is done or lost.
@@ -1045,6 +1174,130 @@ mod tests {
         push(&mut idle, 1, 1.0);
         idle.rewind_kept();
         assert_eq!(steps(&idle), serde_json::json!({"0": 1, "1": 1}));
+    }
+
+    fn steps(svc: &Service<ShardHandler>) -> serde_json::Value {
+        svc.handler().stats()["worker_steps"].clone()
+    }
+
+    fn serve(svc: &mut Service<ShardHandler>, w: u32, op: Opcode, body: &[u8]) -> Reply {
+        svc.serve_from(Some(w), op, body, Vec::with_capacity)
+    }
+
+    fn status(r: &Reply) -> Option<Status> {
+        match r {
+            Reply::Now(s, _) => Some(*s),
+            _ => None,
+        }
+    }
+
+    /// With `--sync`, a push the shard would refuse (a variable it does
+    /// not have, one of another width, a NaN) fails its sender at once,
+    /// with the status an asynchronous push gets, and nothing of it is
+    /// kept or counted: the other worker's push stands, the sender's
+    /// barrier fails rather than waiting for a step that needs its push,
+    /// and its push sent again completes the step as usual.
+    #[test]
+    fn a_sync_push_the_shard_would_refuse_fails_its_sender_and_keeps_nothing() {
+        let mut unknown = Vec::new();
+        PushRequestWriter::new(&mut unknown, true).rows(7, 2, &[3], &[1.0, 1.0]);
+        let mut nan = Vec::new();
+        PushRequestWriter::new(&mut nan, true).dense(0, &[1.0, f32::NAN]);
+        let mut wide = Vec::new();
+        PushRequestWriter::new(&mut wide, true).dense(0, &[1.0; 3]);
+        let wait = |n| Control::WaitStep(n).encode();
+        for (bad, want) in [
+            (unknown, Status::UnknownVariable),
+            (nan, Status::NonFinite),
+            (wide, Status::WrongShape),
+        ] {
+            let mut svc = sync_service();
+            push(&mut svc, 1, 1.0);
+            let r = serve(&mut svc, 0, Opcode::SparsePush, &bad);
+            assert_eq!(status(&r), Some(want), "{r:?}");
+            assert_eq!(svc.handler().global_step(), 0);
+            assert_eq!(weights(&svc), [0.0, 0.0]);
+            assert_eq!(steps(&svc), serde_json::json!({"0": 0, "1": 1}));
+            let r = serve(&mut svc, 0, Opcode::Rpc, &wait(2));
+            assert_eq!(status(&r), Some(want), "{r:?}");
+            assert!(matches!(
+                serve(&mut svc, 1, Opcode::Rpc, &wait(2)),
+                Reply::Wait(2)
+            ));
+            // Worker 0's push again: the step is worker 1's and this one.
+            push(&mut svc, 0, 2.0);
+            assert_eq!(svc.handler().global_step(), 2);
+            assert_eq!(weights(&svc), [-3.0, -3.0]);
+            assert_eq!(steps(&svc), serde_json::json!({"0": 1, "1": 1}));
+            assert!(matches!(
+                serve(&mut svc, 0, Opcode::Rpc, &wait(4)),
+                Reply::Wait(4)
+            ));
+            assert!(matches!(
+                serve(&mut svc, 0, Opcode::Rpc, &wait(2)),
+                Reply::Wait(2)
+            ));
+        }
+    }
+
+    /// A merged step the shard refuses (finite pushes whose sum is not) is
+    /// not applied: the push that completed it fails, no position counts
+    /// it, and every worker that pushed it finds its barrier failed, not
+    /// held for a step that will not come. Sent again, the step applies.
+    #[test]
+    fn a_sync_step_whose_sum_is_not_finite_is_not_applied_nor_counted() {
+        let wait = Control::WaitStep(2).encode();
+        let mut svc = sync_service();
+        push(&mut svc, 1, f32::MAX);
+        assert!(matches!(
+            serve(&mut svc, 1, Opcode::Rpc, &wait),
+            Reply::Wait(2)
+        ));
+        let mut max = Vec::new();
+        PushRequestWriter::new(&mut max, true).dense(0, &[f32::MAX; 2]);
+        let r = serve(&mut svc, 0, Opcode::SparsePush, &max);
+        assert_eq!(status(&r), Some(Status::NonFinite), "{r:?}");
+        assert_eq!(svc.handler().global_step(), 0);
+        assert_eq!(weights(&svc), [0.0, 0.0]);
+        assert_eq!(steps(&svc), serde_json::json!({"0": 0, "1": 0}));
+        for w in [0, 1] {
+            assert_eq!(
+                svc.barrier_refused(Some(w), 2).map(|r| r.0),
+                Some(Status::NonFinite)
+            );
+            let r = serve(&mut svc, w, Opcode::Rpc, &wait);
+            assert_eq!(status(&r), Some(Status::NonFinite), "{r:?}");
+        }
+        push(&mut svc, 1, 1.0);
+        push(&mut svc, 0, 2.0);
+        assert_eq!(svc.handler().global_step(), 2);
+        assert_eq!(weights(&svc), [-3.0, -3.0]);
+        assert_eq!(steps(&svc), serde_json::json!({"0": 1, "1": 1}));
+        assert!(svc.barrier_refused(Some(0), 4).is_none());
+
+        // Completed by `DONE`, which has no error reply: the step is not
+        // applied either, and its worker's barrier fails.
+        let mut svc = sync_service();
+        let mut part = Vec::new();
+        PushRequestWriter::new(&mut part, false).dense(0, &[f32::MAX; 2]);
+        let r = serve(&mut svc, 0, Opcode::SparsePush, &part);
+        assert_eq!(status(&r), Some(Status::Ok), "{r:?}");
+        push(&mut svc, 0, f32::MAX);
+        assert_eq!(steps(&svc), serde_json::json!({"0": 1}));
+        let done = Control::Done.encode();
+        assert!(matches!(
+            serve(&mut svc, 1, Opcode::Rpc, &done),
+            Reply::Done
+        ));
+        assert_eq!(svc.handler().global_step(), 0);
+        assert_eq!(steps(&svc), serde_json::json!({"0": 0}));
+        let r = serve(&mut svc, 0, Opcode::Rpc, &wait);
+        assert_eq!(status(&r), Some(Status::NonFinite), "{r:?}");
+        // The step's pushes are asked for again, each numbered afresh.
+        push(&mut svc, 0, 1.0);
+        assert_eq!(svc.handler().global_step(), 2);
+        assert_eq!(weights(&svc), [-1.0, -1.0]);
+        assert_eq!(steps(&svc), serde_json::json!({"0": 1}));
     }
 
     /// A worker's pull reply, served by a service that shares them (a

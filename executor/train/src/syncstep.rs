@@ -26,6 +26,15 @@
 //! is refused, and only its sender fails. The bytes kept are counted in
 //! the budget until the step is taken, so the connections' messages and
 //! replies see the room they take.
+//!
+//! What needs the shard's variables (each item's variable, its kind and
+//! width, finite gradients) is checked by the server against the shard
+//! before a push is given here (`PsShard::check_push`), so such a push too
+//! fails only its sender, and nothing of it is kept. A merged step the
+//! shard still refuses (a sum of finite gradients that is not finite) is
+//! not applied: its pushes are dropped, the applied positions they moved
+//! go back ([`SyncStep::taken_from`]), and every worker that pushed it is
+//! told so at its barrier (`crate::psserver`).
 
 use starwire_ps::Position;
 use starwire_transport::MemoryBudget;
@@ -118,6 +127,8 @@ pub struct SyncStep {
     /// position of its pushes before the first of them, which a checkpoint
     /// taken before the step is applied must go back to.
     before: Vec<Option<Position>>,
+    /// `before` of the step taken last ([`SyncStep::taken_from`]).
+    taken: Vec<Option<Position>>,
 }
 
 impl SyncStep {
@@ -133,6 +144,7 @@ impl SyncStep {
             items: 0,
             kept: 0,
             before: vec![None; workers],
+            taken: vec![None; workers],
         }
     }
 
@@ -148,6 +160,17 @@ impl SyncStep {
     /// applied position of each before them ([`Self::keeping`]).
     pub fn kept_from(&self) -> impl Iterator<Item = (u32, Position)> + '_ {
         self.before
+            .iter()
+            .enumerate()
+            .filter_map(|(w, b)| b.map(|p| (w as u32, p)))
+    }
+
+    /// The workers whose pushes the step taken last
+    /// ([`take_step`](Self::take_step)) holds, and the applied position of
+    /// each before them: where they go back to if the shard refuses the
+    /// step.
+    pub fn taken_from(&self) -> impl Iterator<Item = (u32, Position)> + '_ {
+        self.taken
             .iter()
             .enumerate()
             .filter_map(|(w, b)| b.map(|p| (w as u32, p)))
@@ -242,6 +265,7 @@ impl SyncStep {
         self.merged[4..8].copy_from_slice(&n.to_le_bytes());
         self.budget.release(std::mem::take(&mut self.kept));
         self.items = 0;
+        std::mem::swap(&mut self.before, &mut self.taken);
         self.before.fill(None);
         Some(&self.merged)
     }

@@ -333,6 +333,12 @@ impl EmbeddingTable {
             return Err(full(NoRoom::MaxRows));
         }
         let index = alloc(&mut rows.arena, &mut rows.next, &mut rows.free).map_err(full)?;
+        // Admitted and given a row: its counter is done with. A refusal
+        // above keeps it (at the threshold: the key's next pull with room
+        // admits it).
+        if self.policy.filter_freq > 1 {
+            self.pending.remove(&key);
+        }
         self.stats.admitted += 1;
         rows.start_meta(index, 0, step);
         rows.map.insert_at(found, key, Held { index });
@@ -740,6 +746,9 @@ impl EmbeddingTable {
 }
 
 /// Count one pull of `key`, which has no row; true when it is admitted now.
+/// The key's counter stays: the caller removes it once the key has its
+/// row, so that a key refused a row (no room) is not counted again from
+/// zero.
 fn admit(
     pending: &mut Map<Pending>,
     stats: &mut TableStats,
@@ -770,7 +779,6 @@ fn admit(
         return false;
     };
     if count >= need {
-        pending.remove(&key);
         true
     } else {
         stats.filtered_pulls += 1;
@@ -1014,6 +1022,29 @@ mod tests {
         assert_eq!(t.pending_len(), 0);
         assert_eq!(t.stats().filtered_pulls, 2);
         assert_eq!(t.stats().admitted, 1);
+    }
+
+    /// A key the filter admits when the table has no room for it keeps
+    /// its count: its next pull with room admits it.
+    #[test]
+    fn a_key_admitted_into_a_full_table_keeps_its_count() {
+        let mut t = table_with(TablePolicy {
+            filter_freq: 2,
+            max_rows: 1,
+            ..TablePolicy::default()
+        });
+        t.pull(1, 0).expect("room");
+        assert!(t.pull(1, 0).expect("room").is_some());
+        assert!(t.pull(5, 1).expect("counted").is_none());
+        let e = t.pull(5, 2).unwrap_err();
+        assert_eq!((e.var, e.rows, e.why), (3, 1, NoRoom::MaxRows));
+        let count = |t: &EmbeddingTable| t.pending.get(&5).map(|p| p.count);
+        assert_eq!(count(&t), Some(2));
+        assert_eq!((t.len(), t.stats().admitted), (1, 1));
+        // With room (a larger cap), the key's next pull admits it.
+        t.policy.max_rows = 2;
+        assert!(t.pull(5, 3).expect("room").is_some());
+        assert_eq!((count(&t), t.pending_len(), t.len()), (None, 0, 2));
     }
 
     #[test]

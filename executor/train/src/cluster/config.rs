@@ -389,6 +389,24 @@ mod tests {
         assert_eq!(default_prefetch(BackendKind::Inproc, 1), 0);
     }
 
+    /// A `--sync` run's shards keep no pull records (its merged pushes
+    /// use none), an asynchronous run's do.
+    #[test]
+    fn only_an_asynchronous_run_s_shards_record_pulls() {
+        for sync in [false, true] {
+            let cfg = TrainConfig {
+                sync,
+                optimizer: OptimizerKind::DcAsgd,
+                ..TrainConfig::default()
+            };
+            let plan = crate::cluster::plan(&cfg).unwrap();
+            let shard = crate::cluster::make_shard(&cfg, &plan, 0, None).unwrap();
+            assert!(shard.config().optimizer.tracks_pulls());
+            let trained = if sync { 0 } else { cfg.workers as u32 };
+            assert_eq!(shard.recorded_workers(), trained);
+        }
+    }
+
     #[test]
     fn scaling_and_warmup_reach_the_shards() {
         let cfg = TrainConfig {

@@ -198,6 +198,11 @@ pub fn make_shard(
 ) -> Result<PsShard, TrainError> {
     let mut shard = PsShard::try_new(s, &plan.shard_vars[s], shard_config(cfg))
         .map_err(|e| TrainError::Config(e.to_string()))?;
+    // With --sync the workers' pushes are merged into one push of no
+    // worker (applied as Adagrad, `dc_asgd` or `--staleness-lr` alike):
+    // no push ever uses a worker's pull record, which would only grow.
+    // Asynchronously, the evaluator (task index `workers`) never pushes.
+    shard.set_recorded_workers(if cfg.sync { 0 } else { cfg.workers as u32 });
     // Tables start with room for the rows they are expected to reach (a
     // sharded table's share of them), so their maps do not grow, and a
     // thread faults those rows' pages in, so the pulls that make the rows
