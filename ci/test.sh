@@ -46,6 +46,8 @@ apt_deps() {
     # backends' crates are workspace members, so every workspace build
     # needs these.
     want+=(libibverbs-dev librdmacm-dev)
+    # The faulted soak's check reads its JSON report.
+    want+=(python3)
     local missing=()
     for p in "${want[@]}"; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -116,13 +118,35 @@ soak_uring_long_frames() {
 }
 soak_faulted() {
     # TCP has no reliability of its own at our layer: with faults injected
-    # under it the soak must detect the damage and fail. Passing is the bug.
-    if ./target/release/starwire soak --backend tcp --connections 8 --duration 5 \
-        --faults drop=0.01,corrupt=0.001 --json; then
-        echo "faulted soak passed: faults went unnoticed" >&2
+    # under it the soak must detect the damage and fail: exit status 1 with
+    # its report saying so, faults injected and damage counted. Passing is
+    # the bug, and so is any other failure (a panic, a usage error, a run
+    # that ends with no report).
+    local out rc=0
+    out=$(./target/release/starwire soak --backend tcp --connections 8 --duration 5 \
+        --faults drop=0.01,corrupt=0.001 --json) || rc=$?
+    if [ "$rc" -ne 1 ]; then
+        echo "faulted soak: exit status $rc, expected 1 (a soak that found damage)" >&2
+        printf '%s\n' "$out" >&2
         return 1
     fi
-    echo "faulted soak failed, as it must"
+    printf '%s\n' "$out" | python3 -c '
+import json, sys
+r = json.loads(sys.stdin.read())
+inj = r.get("faults_injected") or {}
+injected = sum(inj.get(k, 0) for k in ("dropped", "corrupted", "delayed", "reordered"))
+damage = sum(r.get(k, 0) for k in ("lost", "corrupted", "rejected", "unmatched_responses"))
+bad = []
+if r.get("passed") is not False:
+    bad.append("passed is %r, expected false" % r.get("passed"))
+if injected <= 0:
+    bad.append("no faults injected")
+if damage <= 0:
+    bad.append("no loss, corruption, rejection or unmatched response counted")
+if bad:
+    sys.exit("faulted soak: " + "; ".join(bad) + "\n" + json.dumps(r))
+print("faulted soak failed, as it must: %d faults injected, %d messages damaged" % (injected, damage))
+'
 }
 fuzz() { bash ci/fuzz.sh "$FUZZ_SECONDS"; }
 dpdk_netns() { bash ci/dpdk-netns.sh; }

@@ -3,27 +3,26 @@
 //! about timing is asserted.
 
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
 
 mod common;
 
+/// Three connections to two server reactors.
+const THREE: &[&str] = &["--connections", "3", "--server-reactors", "2"];
+
 fn soak(extra: &[&str]) -> Command {
+    soak_of(THREE, extra)
+}
+
+/// A one-second tcp soak with `shape`'s connections and reactors.
+fn soak_of(shape: &[&str], extra: &[&str]) -> Command {
     let mut c = common::bare(&["soak"]);
-    c.args([
-        "--backend",
-        "tcp",
-        "--connections",
-        "3",
-        "--server-reactors",
-        "2",
-        "--duration",
-        "1",
-        "--json",
-    ])
-    .args(extra)
-    .env_remove("STARWIRE_CLUSTER_TOKEN");
+    c.args(["--backend", "tcp", "--duration", "1", "--json"])
+        .args(shape)
+        .args(extra)
+        .env_remove("STARWIRE_CLUSTER_TOKEN");
     c
 }
 
@@ -32,9 +31,12 @@ fn report(stdout: &[u8]) -> Value {
     serde_json::from_str(s.trim()).unwrap_or_else(|e| panic!("bad soak JSON {s:?}: {e}"))
 }
 
-#[test]
-fn a_soak_across_two_processes_passes_on_both_sides() {
-    let mut server = soak(&["--listen", "127.0.0.1:0"])
+/// A soak server in one process (`server` added to its flags), its client
+/// (`client` added) in another: each one's output, and the server's log.
+fn two_processes(shape: &[&str], server: &[&str], client: &[&str]) -> (Output, Output, String) {
+    let mut listen = vec!["--listen", "127.0.0.1:0"];
+    listen.extend_from_slice(server);
+    let mut server = soak_of(shape, &listen)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -57,11 +59,19 @@ fn a_soak_across_two_processes_passes_on_both_sides() {
     };
     // Keep draining the server's log so it never blocks on a full pipe.
     let log = std::thread::spawn(move || lines.map_while(Result::ok).collect::<Vec<_>>());
-    let client = soak(&["--connect", &addr])
+    let mut connect = vec!["--connect", addr.as_str()];
+    connect.extend_from_slice(client);
+    let client = soak_of(shape, &connect)
         .output()
         .expect("run the soak client");
     let served = server.wait_with_output().expect("soak server");
     let log = log.join().expect("server log").join("\n");
+    (client, served, log)
+}
+
+#[test]
+fn a_soak_across_two_processes_passes_on_both_sides() {
+    let (client, served, log) = two_processes(THREE, &[], &[]);
     let (c, s) = (report(&client.stdout), report(&served.stdout));
     assert!(
         client.status.success() && served.status.success(),
@@ -78,6 +88,8 @@ fn a_soak_across_two_processes_passes_on_both_sides() {
             "lost",
             "duplicated",
             "corrupted",
+            "rejected",
+            "unmatched_responses",
             "out_of_order",
             "connections_failed",
         ] {
@@ -93,6 +105,48 @@ fn a_soak_across_two_processes_passes_on_both_sides() {
     );
     assert_eq!(s["answered"].as_u64(), Some(sent), "and answered each");
     assert_eq!(s["server_reactors"], 2);
+}
+
+/// Faults under the server only: it finds corrupted requests and answers
+/// them `BadRequest`; the client, in a process of its own and without
+/// faults, must fail on those answers too (it passed, counting any answer
+/// that was not `Ok` as fine, and any status garbled on the way with it).
+#[test]
+fn a_client_fails_on_answers_that_are_not_ok() {
+    // Two connections, few and large messages, so that the few flipped
+    // bits land in bodies (a header hit fails the connection instead,
+    // which the client saw already).
+    let shape = [
+        "--connections",
+        "2",
+        "--server-reactors",
+        "1",
+        "--client-reactors",
+        "1",
+        "--max-size",
+        "1000000",
+    ];
+    let (client, served, log) = two_processes(&shape, &["--faults", "corrupt=0.005,seed=3"], &[]);
+    let (c, s) = (report(&client.stdout), report(&served.stdout));
+    let why = format!(
+        "client {c}\n{}\nserver {s}\n{log}",
+        String::from_utf8_lossy(&client.stderr)
+    );
+    let n = |v: &Value, k: &str| v[k].as_u64().unwrap_or_else(|| panic!("{k}: {why}"));
+    assert!(n(&s["faults_injected"], "corrupted") > 0, "{why}");
+    assert_eq!(served.status.code(), Some(1), "{why}");
+    assert_eq!(s["passed"], false, "{why}");
+    assert_eq!(client.status.code(), Some(1), "{why}");
+    assert_eq!(c["passed"], false, "{why}");
+    assert_eq!(c["faults_injected"], Value::Null, "{why}");
+    if n(&c, "connections_failed") == 0 && n(&c, "lost") == 0 {
+        // No header was hit (with this seed, the usual run): every failure
+        // is a rejected request, counted by the server as corrupted and by
+        // the client as rejected, its only failure.
+        assert!(n(&c, "rejected") > 0, "{why}");
+        assert_eq!(n(&c, "rejected"), n(&s, "corrupted"), "{why}");
+        assert_eq!(n(&c, "corrupted"), 0, "{why}");
+    }
 }
 
 #[test]

@@ -18,13 +18,18 @@ pub struct SoakCounts {
     pub duplicated: u64,
     /// Answers whose body did not check.
     pub corrupted: u64,
+    /// Answers with a status other than `Ok`.
+    pub rejected: u64,
+    /// Responses the connections dropped as matching no pending request
+    /// (duplicates among them).
+    pub unmatched_responses: u64,
     /// Answers out of order.
     pub out_of_order: u64,
 }
 
 /// One client reactor's cells of `starwire_soak_messages_total{outcome}`.
 #[derive(Debug)]
-pub struct SoakCells([Arc<Counter>; 6]);
+pub struct SoakCells([Arc<Counter>; 8]);
 
 impl SoakCells {
     /// Cells in `t`.
@@ -32,7 +37,7 @@ impl SoakCells {
         let c = |outcome| {
             t.counter(
                 "starwire_soak_messages",
-                "Soak messages by outcome (sent, answered, lost, duplicated, corrupted, out_of_order)",
+                "Soak messages by outcome (sent, answered, lost, duplicated, corrupted, rejected, unmatched, out_of_order)",
                 &[("outcome", outcome)],
             )
         };
@@ -42,6 +47,8 @@ impl SoakCells {
             c("lost"),
             c("duplicated"),
             c("corrupted"),
+            c("rejected"),
+            c("unmatched"),
             c("out_of_order"),
         ])
     }
@@ -54,6 +61,8 @@ impl SoakCells {
             c.lost,
             c.duplicated,
             c.corrupted,
+            c.rejected,
+            c.unmatched_responses,
             c.out_of_order,
         ];
         for (cell, v) in self.0.iter().zip(v) {

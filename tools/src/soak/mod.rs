@@ -160,6 +160,14 @@ struct Report {
     lost: u64,
     duplicated: u64,
     corrupted: u64,
+    /// Answers with a status other than `Ok` (a garbled status, the frame
+    /// header having no checksum), beyond, in one process, those the
+    /// server sent for requests it found corrupted (in `corrupted`).
+    rejected: u64,
+    /// Responses the connections dropped as matching no pending request:
+    /// duplicates, or answers to ids never sent or to requests that
+    /// failed (a soak neither cancels requests nor sets deadlines).
+    unmatched_responses: u64,
     out_of_order: u64,
     connections_failed: u64,
     faults_injected: Option<FaultCounts>,
@@ -211,6 +219,15 @@ struct Counts {
     lost: u64,
     duplicated: u64,
     corrupted: u64,
+    /// The client's: answers whose status is not `Ok`.
+    rejected: u64,
+    /// The server's: `BadRequest` answers it queued for requests it found
+    /// corrupted (and counted in `corrupted`). Not reported: in one
+    /// process it takes those out of the client's `rejected`.
+    rejections_sent: u64,
+    /// Responses that matched no pending request
+    /// ([`Connection::unmatched_responses`]).
+    unmatched_responses: u64,
     out_of_order: u64,
     failed: u64,
 }
@@ -222,8 +239,40 @@ impl Counts {
         self.lost += o.lost;
         self.duplicated += o.duplicated;
         self.corrupted += o.corrupted;
+        self.rejected += o.rejected;
+        self.rejections_sent += o.rejections_sent;
+        self.unmatched_responses += o.unmatched_responses;
         self.out_of_order += o.out_of_order;
         self.failed += o.failed;
+    }
+
+    /// Add the server's counts of a soak in one process to the client's.
+    fn add_server(&mut self, server: &Counts) {
+        let mut sc = *server;
+        // Requests are counted by the client.
+        sc.messages = 0;
+        sc.answered = 0;
+        // The server's rejections of corrupted requests are in its
+        // `corrupted`: the client's `rejected` keeps only the others
+        // (garbled statuses). Where a rejection never reached the client
+        // (lost), one of those may be taken out too, but the run fails on
+        // `corrupted` anyway.
+        self.rejected = self.rejected.saturating_sub(sc.rejections_sent);
+        self.add(&sc);
+    }
+
+    /// Whether nothing went wrong: something was sent, and nothing was
+    /// lost, duplicated, corrupted, rejected, unmatched or reordered, and
+    /// no connection failed.
+    fn clean(&self) -> bool {
+        self.messages > 0
+            && self.lost == 0
+            && self.duplicated == 0
+            && self.corrupted == 0
+            && self.rejected == 0
+            && self.unmatched_responses == 0
+            && self.out_of_order == 0
+            && self.failed == 0
     }
 }
 
@@ -385,11 +434,8 @@ fn run_soak<D: SoakDriver, A: Attach<D>>(
     let served = stop_servers(servers);
     drop(acceptor);
     let (mut counts, mut faults, mut driver) = clients?;
-    let (mut sc, sf, sd) = served?;
-    // Requests are counted by the client.
-    sc.messages = 0;
-    sc.answered = 0;
-    counts.add(&sc);
+    let (sc, sf, sd) = served?;
+    counts.add_server(&sc);
     faults.add_counts(sf);
     driver.extend(sd);
     Ok(Outcome {
@@ -528,7 +574,8 @@ fn run_clients<D: SoakDriver, A: Attach<D>>(
     let mut driver = Vec::new();
     for (k, r) in client_reactors.into_iter().enumerate() {
         let (ep, _) = r.join().map_err(|e| format!("client reactor {k}: {e}"))?;
-        let (client, sessions) = ep.into_parts();
+        let (mut client, sessions) = ep.into_parts();
+        client.sync_unmatched(&sessions);
         counts.add(&client.counts);
         faults.add_counts(client.faults);
         faults.add_counts(fault_counts(&sessions));
@@ -550,6 +597,7 @@ fn stop_servers<D: SoakDriver>(
             Ok((ep, _)) => {
                 let (server, sessions) = ep.into_parts();
                 counts.add(&server.counts);
+                counts.unmatched_responses += unmatched_responses(&sessions);
                 faults.add_counts(server.faults);
                 faults.add_counts(fault_counts(&sessions));
                 driver.extend(side_counters(&sessions, "server", k));
@@ -744,12 +792,7 @@ fn report(
     let rss_full_kb = rss_full.take();
     let growth_checked = args.duration >= crate::rss::MIN_CHECKED_SECS;
     let c = out.counts;
-    let passed = c.messages > 0
-        && c.lost == 0
-        && c.duplicated == 0
-        && c.corrupted == 0
-        && c.out_of_order == 0
-        && c.failed == 0
+    let passed = c.clean()
         && (!growth_checked
             || crate::rss::within_limit(rss_quarter_kb, rss_full_kb.or(rss_end_kb)));
     let side = match Ends::of(args) {
@@ -773,6 +816,8 @@ fn report(
         lost: c.lost,
         duplicated: c.duplicated,
         corrupted: c.corrupted,
+        rejected: c.rejected,
+        unmatched_responses: c.unmatched_responses,
         out_of_order: c.out_of_order,
         connections_failed: c.failed,
         faults_injected: args.faults.map(|_| out.faults),
@@ -828,6 +873,8 @@ fn print_report(r: &Report) {
     println!("  lost         {}", r.lost);
     println!("  duplicated   {}", r.duplicated);
     println!("  corrupted    {}", r.corrupted);
+    println!("  rejected     {}", r.rejected);
+    println!("  unmatched    {}", r.unmatched_responses);
     println!("  out of order {}", r.out_of_order);
     println!("  conn. failed {}", r.connections_failed);
     if let Some(f) = r.faults_injected {
@@ -883,5 +930,103 @@ mod tests {
         }
         assert_eq!(c.out_of_order, 1);
         assert_eq!(c.duplicated, 1);
+    }
+
+    fn response(id: u64, status: Status, body: &[u8]) -> Incoming<'_> {
+        Incoming::Response {
+            id,
+            opcode: Opcode::Rpc,
+            status,
+            body,
+        }
+    }
+
+    /// A status garbled on the way (the frame header has no checksum)
+    /// fails the soak even where no server counts a rejection: a client
+    /// in a process of its own.
+    #[test]
+    fn a_response_that_is_not_ok_is_counted_rejected_and_fails() {
+        let body = make_body(0, 100, 3);
+        let flat: Vec<u8> = body.segments().iter().flat_map(|s| s.to_vec()).collect();
+        for status in [Status::BadRequest, Status::UnknownVariable] {
+            let mut outstanding = HashMap::from([(7, 0)]);
+            let mut track = SeqTrack::default();
+            let mut c = Counts {
+                messages: 1,
+                ..Counts::default()
+            };
+            on_response(
+                &mut outstanding,
+                &mut track,
+                &mut c,
+                response(7, status, &flat),
+            );
+            assert_eq!((c.answered, c.rejected, c.corrupted), (1, 1, 0));
+            assert!(!c.clean(), "{status:?} passed");
+        }
+        // The same answer with its status intact passes.
+        let mut outstanding = HashMap::from([(7, 0)]);
+        let mut c = Counts {
+            messages: 1,
+            ..Counts::default()
+        };
+        on_response(
+            &mut outstanding,
+            &mut SeqTrack::default(),
+            &mut c,
+            response(7, Status::Ok, &flat),
+        );
+        assert_eq!((c.answered, c.rejected), (1, 0));
+        assert!(c.clean());
+    }
+
+    /// In one process the server's rejections of corrupted requests are
+    /// counted once (in `corrupted`), a garbled status on top of them in
+    /// `rejected`.
+    #[test]
+    fn one_process_counts_the_servers_rejections_once() {
+        let client = Counts {
+            messages: 10,
+            answered: 10,
+            rejected: 3,
+            ..Counts::default()
+        };
+        let server = Counts {
+            messages: 10,
+            answered: 10,
+            corrupted: 2,
+            rejections_sent: 2,
+            ..Counts::default()
+        };
+        let mut c = client;
+        c.add_server(&server);
+        assert_eq!(
+            (c.messages, c.answered, c.corrupted, c.rejected),
+            (10, 10, 2, 1)
+        );
+        // Rejections only, all the server's: counted as corrupted.
+        let mut c = Counts {
+            rejected: 2,
+            ..client
+        };
+        c.add_server(&server);
+        assert_eq!((c.corrupted, c.rejected), (2, 0));
+        assert!(!c.clean());
+    }
+
+    #[test]
+    fn unmatched_responses_fail_the_soak() {
+        let c = Counts {
+            messages: 5,
+            answered: 5,
+            unmatched_responses: 1,
+            ..Counts::default()
+        };
+        assert!(!c.clean());
+        assert!(Counts {
+            unmatched_responses: 0,
+            ..c
+        }
+        .clean());
     }
 }

@@ -107,6 +107,18 @@ pub(super) struct ClientConn {
     /// request id -> seq
     pub(super) outstanding: HashMap<u64, u64>,
     pub(super) track: SeqTrack,
+    /// The connection's [`Connection::unmatched_responses`] as last added
+    /// to the counts.
+    pub(super) unmatched_seen: u64,
+}
+
+impl ClientConn {
+    /// Add what `conn` dropped as unmatched since the last look.
+    pub(super) fn sync_unmatched(&mut self, conn: &Connection, counts: &mut Counts) {
+        let now = conn.unmatched_responses();
+        counts.unmatched_responses += now.saturating_sub(self.unmatched_seen);
+        self.unmatched_seen = now;
+    }
 }
 
 /// The client's role on one reactor: keeps `inflight` requests
@@ -150,8 +162,19 @@ pub(super) fn put<T>(slots: &mut Vec<Option<T>>, id: ConnId, value: T) {
 }
 
 impl SoakClient {
+    /// Add what every connection still attached dropped as unmatched.
+    pub(super) fn sync_unmatched<D: Driver>(&mut self, sessions: &Sessions<D>) {
+        for (i, c) in self.conns.iter_mut().enumerate() {
+            let Some(c) = c else { continue };
+            if let Some(conn) = sessions.conn_ref(ConnId::new(i as u32)) {
+                c.sync_unmatched(conn, &mut self.counts);
+            }
+        }
+    }
+
     /// What is still unanswered is lost; every connection is closed.
     pub(super) fn finish<D: Driver>(&mut self, sessions: &mut Sessions<D>) {
+        self.sync_unmatched(sessions);
         for (i, c) in self.conns.iter_mut().enumerate() {
             let Some(c) = c else { continue };
             self.counts.lost += c.outstanding.len() as u64;
@@ -178,12 +201,18 @@ pub(super) fn on_response(
         return;
     };
     let Some(want) = outstanding.remove(&id) else {
+        // The connection drops a response no request waits for (counted
+        // in `unmatched_responses`): this is one it delivered anyway.
         counts.duplicated += 1;
         return;
     };
     counts.answered += 1;
     if status != Status::Ok {
-        // The server found the request corrupted (and counted it).
+        // The server's rejection of a request it found corrupted (which it
+        // counts too: one process takes those out), or a status garbled on
+        // the way (the frame header has no checksum). Either way a
+        // failure, which a client in a process of its own must see.
+        counts.rejected += 1;
         return;
     }
     match check_body(body) {
@@ -204,6 +233,7 @@ impl<D: SoakDriver> Service<D> for SoakClient {
                 next_seq: 0,
                 outstanding: HashMap::new(),
                 track: SeqTrack::default(),
+                unmatched_seen: 0,
             },
         );
     }
@@ -224,15 +254,16 @@ impl<D: SoakDriver> Service<D> for SoakClient {
     fn on_closed(
         &mut self,
         id: ConnId,
-        _conn: &mut Connection,
+        conn: &mut Connection,
         _error: &ConnError,
         driver: &D,
         _now: Instant,
     ) {
         self.faults.add(driver.fault_stats(id));
-        let Some(c) = self.conns.get_mut(id.index()).and_then(Option::take) else {
+        let Some(mut c) = self.conns.get_mut(id.index()).and_then(Option::take) else {
             return;
         };
+        c.sync_unmatched(conn, &mut self.counts);
         // Closed by the soak's end: counted there.
         if !self.done {
             self.counts.failed += 1;
@@ -246,6 +277,7 @@ impl<D: SoakDriver> Service<D> for SoakClient {
         }
         if self.driver.due(now) {
             self.driver.publish(&sessions.driver().counters());
+            self.sync_unmatched(sessions);
         }
         let c = &self.counts;
         self.cells.publish(SoakCounts {
@@ -254,6 +286,8 @@ impl<D: SoakDriver> Service<D> for SoakClient {
             lost: c.lost,
             duplicated: c.duplicated,
             corrupted: c.corrupted,
+            rejected: c.rejected,
+            unmatched_responses: c.unmatched_responses,
             out_of_order: c.out_of_order,
         });
         self.sending = now < self.stop_sending;
@@ -358,6 +392,9 @@ pub(super) fn serve_request(
     };
     if conn.respond(id, opcode, status, reply).is_ok() {
         counts.answered += 1;
+        if status != Status::Ok {
+            counts.rejections_sent += 1;
+        }
     }
 }
 
@@ -389,12 +426,14 @@ impl<D: SoakDriver> Service<D> for SoakServer {
     fn on_closed(
         &mut self,
         id: ConnId,
-        _conn: &mut Connection,
+        conn: &mut Connection,
         error: &ConnError,
         driver: &D,
         _now: Instant,
     ) {
         self.faults.add(driver.fault_stats(id));
+        // The server sends no requests: any response it gets is unmatched.
+        self.counts.unmatched_responses += conn.unmatched_responses();
         if let Some(t) = self.tracks.get_mut(id.index()) {
             *t = None;
         }

@@ -333,6 +333,8 @@ pub struct Connection {
     charged: usize,
     /// Data frames written so far.
     data_frames_sent: u64,
+    /// Responses that matched no pending request, dropped.
+    unmatched_responses: u64,
 }
 
 impl Connection {
@@ -361,6 +363,7 @@ impl Connection {
             error: None,
             charged: 0,
             data_frames_sent: 0,
+            unmatched_responses: 0,
             cfg,
         };
         let local = &c.cfg.local;
@@ -430,6 +433,15 @@ impl Connection {
     /// compares.
     pub fn data_frames_sent(&self) -> u64 {
         self.data_frames_sent
+    }
+
+    /// Responses received that matched no pending request and were
+    /// dropped: a reply to a request that was cancelled or timed out (or
+    /// failed with the connection), a second reply to one request, or one
+    /// to an id never sent (a corrupted or made-up frame). Where no request
+    /// is cancelled or times out (a soak), any is a failure.
+    pub fn unmatched_responses(&self) -> u64 {
+        self.unmatched_responses
     }
 
     /// Fail the connection ([`ConnError::TimedOut`]) if its handshake has
@@ -811,7 +823,13 @@ impl Connection {
                     "unchunked frame inside a chunked message",
                 )));
             }
-            return Ok(settle(&mut self.pending, &mut self.deadlines, h, body));
+            return Ok(settle(
+                &mut self.pending,
+                &mut self.deadlines,
+                &mut self.unmatched_responses,
+                h,
+                body,
+            ));
         }
         if body.is_empty() {
             return Err(self.fatal(ConnError::Protocol("empty chunk")));
@@ -885,6 +903,7 @@ impl Connection {
                     // A reply no request waits for (cancelled, timed out,
                     // or made up): dropped here with its buffer, which the
                     // caller would keep uncharged until its next message.
+                    self.unmatched_responses += 1;
                     return Ok(None);
                 }
                 // The buffer goes to the caller, which drops it once the
@@ -892,7 +911,13 @@ impl Connection {
                 let header = r.header;
                 *reassembled = r.buf;
                 let body: &'a Vec<u8> = reassembled;
-                Ok(settle(&mut self.pending, &mut self.deadlines, header, body))
+                Ok(settle(
+                    &mut self.pending,
+                    &mut self.deadlines,
+                    &mut self.unmatched_responses,
+                    header,
+                    body,
+                ))
             }
             _ => Err(self.fatal(ConnError::Protocol("chunk out of sequence"))),
         }
@@ -1014,15 +1039,20 @@ impl Connection {
 
 /// Turn a complete message into an [`Incoming`], settling the pending
 /// table for a response. A response to a request that is no longer pending
-/// (cancelled, or past its deadline) is discarded.
+/// (cancelled, past its deadline, already answered, or never sent) is
+/// discarded and counted in `unmatched`.
 fn settle<'a>(
     pending: &mut HashMap<u64, Option<Instant>>,
     deadlines: &mut BTreeSet<(Instant, u64)>,
+    unmatched: &mut u64,
     h: Header,
     body: &'a [u8],
 ) -> Option<Incoming<'a>> {
     if h.flags.contains(Flags::RESPONSE) {
-        let deadline = pending.remove(&h.request_id)?;
+        let Some(deadline) = pending.remove(&h.request_id) else {
+            *unmatched += 1;
+            return None;
+        };
         if let Some(d) = deadline {
             deadlines.remove(&(d, h.request_id));
         }
