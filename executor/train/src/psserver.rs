@@ -146,6 +146,12 @@ pub struct Service<H> {
 /// reason of the refusal.
 type Refusal = (Status, String);
 
+/// Worker `worker`'s refusal in `refused`, if it has one.
+fn refusal(refused: &[Option<Refusal>], worker: Option<u32>) -> Option<(Status, &str)> {
+    let (status, why) = refused.get(worker? as usize)?.as_ref()?;
+    Some((*status, why.as_str()))
+}
+
 impl<H: PsHandler> Service<H> {
     /// Serve requests against `handler`.
     pub fn new(handler: H) -> Self {
@@ -208,8 +214,7 @@ impl<H: PsHandler> Service<H> {
     /// refused, and the global step has not reached `n` (the step needs
     /// that worker's push again).
     pub fn barrier_refused(&self, worker: Option<u32>, n: u64) -> Option<(Status, &str)> {
-        let (status, why) = self.refused.get(worker? as usize)?.as_ref()?;
-        (self.handler.global_step() < n).then_some((*status, why.as_str()))
+        refusal(&self.refused, worker).filter(|_| self.handler.global_step() < n)
     }
 
     /// Requests served, by kind (`pull`, `push`, `stats`, ...).
@@ -276,17 +281,14 @@ impl<H: PsHandler> Service<H> {
                 None => ("push", handler.push(body, out)),
             },
             (Opcode::Rpc, s) => match Control::parse(body) {
-                Ok(Control::WaitStep(n)) => {
-                    let why = from.and_then(|w| refused.get(w as usize)?.as_ref());
-                    match why {
-                        Some((status, why)) if handler.global_step() < n => {
-                            *failed += 1;
-                            let m = format!("WAIT_STEP {n} cannot be reached: {why}");
-                            return Reply::Now(*status, Bytes::from(m.into_bytes()));
-                        }
-                        _ => return Reply::Wait(n),
+                Ok(Control::WaitStep(n)) => match refusal(refused, from) {
+                    Some((status, why)) if handler.global_step() < n => {
+                        *failed += 1;
+                        let m = format!("WAIT_STEP {n} cannot be reached: {why}");
+                        return Reply::Now(status, Bytes::from(m.into_bytes()));
                     }
-                }
+                    _ => return Reply::Wait(n),
+                },
                 Ok(Control::Done) => {
                     if let Some((sync, w)) = s {
                         done_sync(handler, sync, refused, w, out);
@@ -897,10 +899,8 @@ impl<H: PsHandler> PsServer<H> {
         self.conn_state(r.conn).barrier = false;
         self.flush_deferred(r.conn, conn)?;
         if r.refused {
-            let why = worker_index(conn)
-                .and_then(|w| self.service.refused.get(w as usize)?.as_ref())
-                .map(|(status, why)| (*status, why.as_str()));
-            let (status, why) = why.unwrap_or((Status::Cancelled, "its push was refused"));
+            let (status, why) = refusal(&self.service.refused, worker_index(conn))
+                .unwrap_or((Status::Cancelled, "its push was refused"));
             let msg = format!("WAIT_STEP cannot be reached: {why}");
             self.service.failed += 1;
             conn.respond_error(r.id, Opcode::Rpc, status, &msg)
