@@ -274,6 +274,9 @@ pub struct ReliableCore {
     srtt: Option<Duration>,
     rttvar: Duration,
     rto: Duration,
+    /// Timeouts since the last RTT sample: `rto` doubles with each
+    /// ([`current_rto`](Self::current_rto)). Only a sample resets it, not
+    /// an acknowledgement of retransmitted packets (Karn's algorithm).
     backoff: u32,
     rto_deadline: Option<Instant>,
     timeouts: u32,

@@ -9,6 +9,15 @@
 //! an index and a comparison, and a late packet of a closed connection
 //! does not reach the next one. Packets whose id names no connected slot
 //! are counted and dropped.
+//!
+//! The generation has 12 bits, so a slot's ids repeat every 4096 reuses.
+//! A slot whose generation wraps is therefore parked for
+//! [`DatagramDriver::reuse_quarantine`] before it is used again (other
+//! slots serve meanwhile): no id comes back within that time of the end of
+//! the connection that last had it, which outlasts every retransmission of
+//! a peer that is not answered. The 32 bits of an id are all the packet
+//! header has; more generation bits would be fewer slots, and would only
+//! postpone the wrap.
 
 use std::collections::VecDeque;
 use std::net::TcpStream;
@@ -27,7 +36,10 @@ use crate::packet::{PacketError, PacketHeader};
 /// Bits of a connection id that name its slot.
 const SLOT_BITS: u32 = 20;
 const SLOT_MASK: u32 = (1 << SLOT_BITS) - 1;
-/// Connections one driver can hold.
+/// Generations a slot goes through before its ids repeat.
+const GENERATIONS: u32 = 1 << (u32::BITS - SLOT_BITS);
+/// Connections one driver can hold (slots parked after a generation
+/// wrap, [`DatagramDriver::reuse_quarantine`], count).
 pub const MAX_CONNECTIONS: usize = 1 << SLOT_BITS;
 /// Longest a parked driver sleeps before its reactor polls again.
 pub const IDLE_NAP: Duration = Duration::from_micros(20);
@@ -42,7 +54,8 @@ pub enum DatagramError {
     /// The connection is not one prepared and not yet connected.
     #[error("{0} is not a prepared connection of this driver")]
     NotPrepared(ConnId),
-    /// The driver holds [`MAX_CONNECTIONS`] connections.
+    /// The driver holds [`MAX_CONNECTIONS`] connections, slots parked
+    /// after a generation wrap included.
     #[error("the driver already holds {MAX_CONNECTIONS} connections")]
     TooManyConnections,
 }
@@ -128,6 +141,12 @@ pub struct DatagramDriver<L> {
     cfg: ReliableConfig,
     slots: Vec<Slot>,
     free: Vec<u32>,
+    /// Slots whose generation wrapped, oldest first, with the first `now`
+    /// the driver saw after they were freed (none yet: not stamped): not
+    /// reused until [`reuse_quarantine`](Self::reuse_quarantine) after it.
+    parked: VecDeque<(u32, Option<Instant>)>,
+    /// The latest `now` given to `flush` or `rx_burst`.
+    last_now: Option<Instant>,
     failed: VecDeque<(ConnId, TransportError)>,
     /// Where the next flush starts writing packets.
     next_tx: usize,
@@ -171,6 +190,8 @@ impl<L: DatagramLink> DatagramDriver<L> {
             cfg,
             slots: Vec::new(),
             free: Vec::new(),
+            parked: VecDeque::new(),
+            last_now: None,
             failed: VecDeque::new(),
             next_tx: 0,
             stats: DatagramStats::default(),
@@ -214,23 +235,67 @@ impl<L: DatagramLink> DatagramDriver<L> {
         self.exchanges = going;
     }
 
+    /// How long a slot whose generation wrapped is kept from reuse after
+    /// the connection that had it was freed: the longest a peer goes on
+    /// retransmitting to a connection that does not answer before it
+    /// fails (`dead_after_timeouts` timeouts, each at most `rto_max`),
+    /// and one `rto_max` more for the packets on their way. Within it,
+    /// none of the slot's 4096 ids is handed out a second time.
+    pub fn reuse_quarantine(&self) -> Duration {
+        self.cfg
+            .rto_max
+            .saturating_mul(self.cfg.dead_after_timeouts.saturating_add(1))
+    }
+
+    /// The driver's clock is the `now` of its calls: slots parked since
+    /// the last one are stamped with this one, which is no earlier than
+    /// the moment they were freed.
+    fn observe(&mut self, now: Instant) {
+        let now = self.last_now.map_or(now, |t| t.max(now));
+        self.last_now = Some(now);
+        for (_, since) in self.parked.iter_mut().rev() {
+            if since.is_some() {
+                break;
+            }
+            *since = Some(now);
+        }
+    }
+
+    /// The oldest parked slot, once its quarantine is over.
+    fn unpark(&mut self) -> Option<usize> {
+        let (Some((index, Some(since))), Some(now)) = (self.parked.front(), self.last_now) else {
+            return None;
+        };
+        if now.saturating_duration_since(*since) < self.reuse_quarantine() {
+            return None;
+        }
+        let index = *index as usize;
+        self.parked.pop_front();
+        Some(index)
+    }
+
     /// Take a slot for a new connection. Returns its handle and the id the
     /// peer addresses its packets to (to send in the out-of-band exchange).
+    /// A slot whose generation wrapped is not taken before its
+    /// [`reuse_quarantine`](Self::reuse_quarantine) is over.
     pub fn prepare(&mut self) -> Result<(ConnId, u32), DatagramError> {
         let index = match self.free.pop() {
             Some(i) => i as usize,
-            None if self.slots.len() < MAX_CONNECTIONS => {
-                self.slots.push(Slot {
-                    generation: 0,
-                    held: false,
-                    core: None,
-                    failure: None,
-                    budget: 0,
-                    lingering: false,
-                });
-                self.slots.len() - 1
-            }
-            None => return Err(DatagramError::TooManyConnections),
+            None => match self.unpark() {
+                Some(i) => i,
+                None if self.slots.len() < MAX_CONNECTIONS => {
+                    self.slots.push(Slot {
+                        generation: 0,
+                        held: false,
+                        core: None,
+                        failure: None,
+                        budget: 0,
+                        lingering: false,
+                    });
+                    self.slots.len() - 1
+                }
+                None => return Err(DatagramError::TooManyConnections),
+            },
         };
         let slot = &mut self.slots[index];
         slot.held = true;
@@ -330,18 +395,28 @@ impl<L: DatagramLink> DatagramDriver<L> {
             if done {
                 slot.lingering = false;
                 self.lingering -= 1;
-                Self::free_slot(slot, i, &mut self.free, &mut self.retired, &mut self.link);
+                Self::free_slot(
+                    slot,
+                    i,
+                    &mut self.free,
+                    &mut self.parked,
+                    &mut self.retired,
+                    &mut self.link,
+                );
             }
         }
     }
 
     /// Give slot `index` back: its core's counters retire, and its id
     /// changes, so packets still in flight to it are dropped as unknown;
-    /// the link forgets the old id ([`DatagramLink::forget`]).
+    /// the link forgets the old id ([`DatagramLink::forget`]). A slot
+    /// whose generation wraps is parked, stamped by the next call that
+    /// brings a `now` (see [`reuse_quarantine`](Self::reuse_quarantine)).
     fn free_slot(
         slot: &mut Slot,
         index: usize,
         free: &mut Vec<u32>,
+        parked: &mut VecDeque<(u32, Option<Instant>)>,
         retired: &mut CoreStats,
         link: &mut L,
     ) {
@@ -349,8 +424,12 @@ impl<L: DatagramLink> DatagramDriver<L> {
             retired.accumulate(core.stats());
         }
         link.forget(slot.id(index));
-        slot.generation = (slot.generation + 1) & (u32::MAX >> SLOT_BITS);
-        free.push(index as u32);
+        slot.generation = (slot.generation + 1) % GENERATIONS;
+        if slot.generation == 0 {
+            parked.push_back((index as u32, None));
+        } else {
+            free.push(index as u32);
+        }
     }
 
     /// True when the driver holds no connection.
@@ -450,6 +529,7 @@ impl<L: DatagramLink> Driver for DatagramDriver<L> {
     }
 
     fn rx_burst(&mut self, now: Instant, max: usize, sink: &mut dyn FnMut(ConnId, &[u8])) -> usize {
+        self.observe(now);
         // A connection detached since gives no frame more.
         self.wind_down(now);
         let Self {
@@ -534,6 +614,7 @@ impl<L: DatagramLink> Driver for DatagramDriver<L> {
     /// burst.
     fn flush(&mut self, now: Instant) -> bool {
         self.stats.flushes += 1;
+        self.observe(now);
         self.step_exchanges(now);
         self.wind_down(now);
         for slot in &mut self.slots {
@@ -625,6 +706,7 @@ impl<L: DatagramLink> Driver for DatagramDriver<L> {
                 slot,
                 index,
                 &mut self.free,
+                &mut self.parked,
                 &mut self.retired,
                 &mut self.link,
             );

@@ -347,6 +347,60 @@ fn a_reused_slot_ignores_packets_of_its_previous_connection() {
     ));
 }
 
+/// Generations are 12 bits: the 4096th reuse of a slot would give it the
+/// id of its first connection again. A slot whose generation wraps waits
+/// out the reuse quarantine, so a late packet of that first connection
+/// (from a peer whose slot cycled alike) is not taken by a new one.
+#[test]
+fn a_slot_is_not_reused_under_an_old_id_within_the_quarantine() {
+    let (mut a, _, mut b, b_ids) = pair(1, LossConfig::lossless(1500), 5);
+    let whole = PacketFlags::DATA
+        .with(PacketFlags::FIRST)
+        .with(PacketFlags::LAST);
+    let t0 = Instant::now();
+    let old = b.local_id(b_ids[0]).unwrap();
+    let peer = b.core(b_ids[0]).unwrap().ids().peer;
+    b.detach(b_ids[0]);
+    let mut now = t0;
+    // 4095 more connections come and go through the slot, the peer's id
+    // the same each time, the last one's end not yet seen by a flush.
+    for k in 1..4096 {
+        let (c, id) = b.prepare().unwrap();
+        assert_eq!(c, b_ids[0], "the slot is reused");
+        assert_eq!(id, old + (k << 20));
+        b.connect(c, peer).unwrap();
+        now += Duration::from_micros(10);
+        b.flush(now);
+        b.detach(c);
+    }
+    let q = b.reuse_quarantine();
+    assert!(q >= Duration::from_secs(5), "{q:?}");
+    // A new connection toward the same peer id, and a packet of the first
+    // connection, late: it is not taken for the new one's.
+    let (c, id) = b.prepare().unwrap();
+    b.connect(c, peer).unwrap();
+    now += Duration::from_millis(1);
+    inject(&mut a, whole, old, peer, b"stale");
+    a.link_mut().tx_burst_flush(now).unwrap();
+    assert_eq!(b.rx_burst(now, 8, &mut |_, _| panic!("stale frame")), 0);
+    assert_eq!(b.stats().dropped_unknown_conn, 1);
+    // The slot's ids are used up: another slot serves, under another id.
+    assert_ne!(c, b_ids[0], "the wrapped slot is parked");
+    assert_ne!(id, old);
+    // Not before the quarantine is over, counted from the first `now`
+    // seen after the slot was freed (this receive pass).
+    b.flush(now + q - Duration::from_micros(1));
+    let (c2, _) = b.prepare().unwrap();
+    assert_ne!(c2, b_ids[0], "still parked");
+    b.flush(now + q);
+    let (c3, id3) = b.prepare().unwrap();
+    assert_eq!(
+        c3, b_ids[0],
+        "the slot serves again once the quarantine is over"
+    );
+    assert_eq!(id3, old, "with its first id");
+}
+
 #[test]
 fn poll_timeout_is_the_earliest_timer_over_connections() {
     let (mut a, a_ids, _b, _) = pair(3, LossConfig::lossless(1500), 5);

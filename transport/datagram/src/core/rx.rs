@@ -90,8 +90,15 @@ impl ReliableCore {
         }
         if progress {
             self.timeouts = 0;
-            self.backoff = 0;
+            // Karn's algorithm (RFC 6298 §5.7): the backed-off timeout is
+            // kept until an RTT sample, from a packet sent only once, says
+            // what the timeout should be. An acknowledgement of
+            // retransmissions alone gives none: were the backoff dropped
+            // there, a path whose round trip outgrew the timeout would
+            // time out every packet, each acknowledged only once resent,
+            // and the estimate would never learn the longer round trip.
             if let Some(sent) = sample {
+                self.backoff = 0;
                 self.rtt_sample(now.saturating_duration_since(sent));
             }
             self.rto_deadline = if self.snd_una == self.next_new {

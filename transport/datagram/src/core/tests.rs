@@ -248,7 +248,7 @@ fn frames_are_fragmented_with_first_and_last_flags() {
 }
 
 #[test]
-fn retransmission_timer_backs_off_and_resets_on_progress() {
+fn retransmission_timer_backs_off_until_an_rtt_sample() {
     let (mut a, mut b) = pair(cfg());
     let t0 = Instant::now();
     send_frame(&mut a, b"hello");
@@ -278,7 +278,108 @@ fn retransmission_timer_backs_off_and_resets_on_progress() {
     assert_eq!(acks.len(), 1);
     feed(&mut a, t2, &acks, &mut Vec::new());
     assert!(!a.tx_pending());
-    assert!(a.current_rto() < rto0 * 2, "backoff reset");
+    // The acknowledgement of a retransmission is progress but no RTT
+    // sample (Karn): the backed-off timeout stays.
+    assert_eq!(a.current_rto(), rto0 * 2, "backoff kept");
+    // A frame sent once and acknowledged is a sample: the backoff goes.
+    send_frame(&mut a, b"again");
+    let pkts = drain_tx(&mut a, t2);
+    assert_eq!(a.poll_timeout(), Some(t2 + rto0 * 2), "armed backed off");
+    let t3 = t2 + Duration::from_micros(50);
+    feed(&mut b, t3, &pkts, &mut Vec::new());
+    let t4 = t3 + cfg().ack_delay;
+    let acks = drain_tx(&mut b, t4);
+    feed(&mut a, t4, &acks, &mut Vec::new());
+    assert!(!a.tx_pending());
+    assert!(a.current_rto() < rto0 * 2, "backoff reset by the sample");
+}
+
+/// Frames sent one at a time (the next once the last is acknowledged)
+/// from `a` to `b` over a path that delays every packet by `one_way`,
+/// where `lose(n)` drops a's `n`-th data transmission. A virtual clock
+/// steps from event to event. Returns `a`'s RTO after each frame's
+/// acknowledgement.
+fn stop_and_wait(
+    a: &mut ReliableCore,
+    b: &mut ReliableCore,
+    frames: usize,
+    one_way: Duration,
+    lose: impl Fn(usize) -> bool,
+) -> Vec<Duration> {
+    let mut now = Instant::now();
+    // (arrival, to b, packet), in arrival order: the delay is constant.
+    let mut wire: VecDeque<(Instant, bool, Vec<u8>)> = VecDeque::new();
+    let mut data_sent = 0;
+    let mut rtos = Vec::new();
+    let mut next = 0;
+    for _ in 0..100_000 {
+        if !a.tx_pending() {
+            if next > 0 {
+                rtos.push(a.current_rto());
+            }
+            if next == frames {
+                return rtos;
+            }
+            send_frame(a, &frame(next, 40));
+            next += 1;
+        }
+        a.handle_timeout(now);
+        b.handle_timeout(now);
+        for p in drain_tx(a, now) {
+            data_sent += 1;
+            if !lose(data_sent) {
+                wire.push_back((now + one_way, true, p));
+            }
+        }
+        for p in drain_tx(b, now) {
+            wire.push_back((now + one_way, false, p));
+        }
+        while wire.front().is_some_and(|w| w.0 <= now) {
+            let (_, to_b, p) = wire.pop_front().unwrap();
+            let to = if to_b { &mut *b } else { &mut *a };
+            feed(to, now, &[p], &mut Vec::new());
+        }
+        if !a.tx_pending() {
+            // Acknowledged: the next frame goes at once.
+            continue;
+        }
+        let t = [
+            a.poll_timeout(),
+            b.poll_timeout(),
+            wire.front().map(|w| w.0),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        .expect("a frame unacknowledged has a timer running");
+        now = now.max(t);
+    }
+    panic!("the frames were never all acknowledged");
+}
+
+/// Karn's algorithm: a round trip longer than the RTO before any sample
+/// (8 ms against 5 ms), and the first transmission lost. Each frame then
+/// times out and is acknowledged only once resent, an acknowledgement that
+/// gives no RTT sample. Were the backoff dropped on that acknowledgement
+/// (as it was), the RTO would fall back to 5 ms and every frame would be
+/// resent, the estimate never learning the round trip; kept, the next
+/// frame's timeout is long enough for it to be acknowledged first, its RTT
+/// is measured, and no frame is resent after.
+#[test]
+fn an_acknowledged_retransmission_keeps_the_backoff() {
+    let (mut a, mut b) = pair(cfg());
+    let rto0 = cfg().rto_initial;
+    let rtos = stop_and_wait(&mut a, &mut b, 20, Duration::from_millis(4), |n| n == 1);
+    assert_eq!(
+        rtos[0],
+        rto0 * 2,
+        "the backoff outlives the acknowledgement"
+    );
+    assert!(
+        rtos[1..].iter().all(|&r| r > Duration::from_millis(8)),
+        "the RTO learnt the round trip: {rtos:?}"
+    );
+    assert_eq!(a.stats().retransmits, 1, "only the lost packet was resent");
 }
 
 #[test]

@@ -27,7 +27,9 @@ impl ReliableCore {
 
     /// Run the timers at `now`: on a retransmission timeout the oldest
     /// unacknowledged packet is queued again (on the n-th timeout in a
-    /// row, the 2^(n-1) oldest) and the timeout backs off;
+    /// row, the 2^(n-1) oldest) and the timeout backs off, until the next
+    /// RTT sample (an acknowledgement of a packet sent only once: Karn's
+    /// algorithm, see `on_ack`);
     /// after [`dead_after_timeouts`](crate::ReliableConfig::dead_after_timeouts)
     /// consecutive timeouts without progress the connection fails.
     ///
@@ -67,7 +69,9 @@ impl ReliableCore {
             self.fail(why);
             return;
         }
-        self.backoff += 1;
+        // Kept across acknowledgements without an RTT sample, so it only
+        // saturates; `current_rto` caps the factor anyway.
+        self.backoff = self.backoff.saturating_add(1);
         tracing::debug!(
             conn = self.ids.local,
             snd_una = self.snd_una,
