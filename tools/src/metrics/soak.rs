@@ -18,8 +18,13 @@ pub struct SoakCounts {
     pub duplicated: u64,
     /// Answers whose body did not check.
     pub corrupted: u64,
-    /// Answers with a status other than `Ok`.
+    /// Answers with a status other than `Ok`, but for those in `refused`
+    /// (as the report's `rejected`).
     pub rejected: u64,
+    /// With the server in the same process: its refusals of requests it
+    /// found corrupted (`BadRequest`, no body), which it counts in its
+    /// `corrupted`.
+    pub refused: u64,
     /// Responses the connections dropped as matching no pending request
     /// (duplicates among them).
     pub unmatched_responses: u64,
@@ -29,7 +34,7 @@ pub struct SoakCounts {
 
 /// One client reactor's cells of `starwire_soak_messages_total{outcome}`.
 #[derive(Debug)]
-pub struct SoakCells([Arc<Counter>; 8]);
+pub struct SoakCells([Arc<Counter>; 9]);
 
 impl SoakCells {
     /// Cells in `t`.
@@ -37,7 +42,7 @@ impl SoakCells {
         let c = |outcome| {
             t.counter(
                 "starwire_soak_messages",
-                "Soak messages by outcome (sent, answered, lost, duplicated, corrupted, rejected, unmatched, out_of_order)",
+                "Soak messages by outcome (sent, answered, lost, duplicated, corrupted, rejected, refused, unmatched, out_of_order)",
                 &[("outcome", outcome)],
             )
         };
@@ -48,6 +53,7 @@ impl SoakCells {
             c("duplicated"),
             c("corrupted"),
             c("rejected"),
+            c("refused"),
             c("unmatched"),
             c("out_of_order"),
         ])
@@ -62,6 +68,7 @@ impl SoakCells {
             c.duplicated,
             c.corrupted,
             c.rejected,
+            c.refused,
             c.unmatched_responses,
             c.out_of_order,
         ];

@@ -161,8 +161,8 @@ struct Report {
     duplicated: u64,
     corrupted: u64,
     /// Answers with a status other than `Ok` (a garbled status, the frame
-    /// header having no checksum), beyond, in one process, those the
-    /// server sent for requests it found corrupted (in `corrupted`).
+    /// header having no checksum), except, in one process, the server's
+    /// refusals of requests it found corrupted (in `corrupted`).
     rejected: u64,
     /// Responses the connections dropped as matching no pending request:
     /// duplicates, or answers to ids never sent or to requests that
@@ -219,12 +219,14 @@ struct Counts {
     lost: u64,
     duplicated: u64,
     corrupted: u64,
-    /// The client's: answers whose status is not `Ok`.
+    /// The client's: answers whose status is not `Ok`, but for those in
+    /// `refused`.
     rejected: u64,
-    /// The server's: `BadRequest` answers it queued for requests it found
-    /// corrupted (and counted in `corrupted`). Not reported: in one
-    /// process it takes those out of the client's `rejected`.
-    rejections_sent: u64,
+    /// The client's, with the server in this process: the server's
+    /// refusals of requests it found corrupted ([`is_refusal`]), which the
+    /// server counts in its `corrupted`. Published apart from `rejected`;
+    /// not reported (the report's `corrupted` has them).
+    refused: u64,
     /// Responses that matched no pending request
     /// ([`Connection::unmatched_responses`]).
     unmatched_responses: u64,
@@ -240,7 +242,7 @@ impl Counts {
         self.duplicated += o.duplicated;
         self.corrupted += o.corrupted;
         self.rejected += o.rejected;
-        self.rejections_sent += o.rejections_sent;
+        self.refused += o.refused;
         self.unmatched_responses += o.unmatched_responses;
         self.out_of_order += o.out_of_order;
         self.failed += o.failed;
@@ -252,27 +254,42 @@ impl Counts {
         // Requests are counted by the client.
         sc.messages = 0;
         sc.answered = 0;
-        // The server's rejections of corrupted requests are in its
-        // `corrupted`: the client's `rejected` keeps only the others
-        // (garbled statuses). Where a rejection never reached the client
-        // (lost), one of those may be taken out too, but the run fails on
-        // `corrupted` anyway.
-        self.rejected = self.rejected.saturating_sub(sc.rejections_sent);
+        // The server's refusals of corrupted requests are in its
+        // `corrupted`; the client counted those it got in `refused`, not
+        // in `rejected`.
         self.add(&sc);
     }
 
     /// Whether nothing went wrong: something was sent, and nothing was
-    /// lost, duplicated, corrupted, rejected, unmatched or reordered, and
-    /// no connection failed.
+    /// lost, duplicated, corrupted, rejected, refused, unmatched or
+    /// reordered, and no connection failed.
     fn clean(&self) -> bool {
         self.messages > 0
             && self.lost == 0
             && self.duplicated == 0
             && self.corrupted == 0
             && self.rejected == 0
+            && self.refused == 0
             && self.unmatched_responses == 0
             && self.out_of_order == 0
             && self.failed == 0
+    }
+
+    /// What a client reactor publishes of its counts at `/metrics`;
+    /// `rejected` is what the report counts (the refusals of a server in
+    /// this process are `refused`).
+    fn published(&self) -> SoakCounts {
+        SoakCounts {
+            sent: self.messages,
+            answered: self.answered,
+            lost: self.lost,
+            duplicated: self.duplicated,
+            corrupted: self.corrupted,
+            rejected: self.rejected,
+            refused: self.refused,
+            unmatched_responses: self.unmatched_responses,
+            out_of_order: self.out_of_order,
+        }
     }
 }
 
@@ -526,6 +543,8 @@ fn run_clients<D: SoakDriver, A: Attach<D>>(
             give_up,
             sending: true,
             counts: Counts::default(),
+            // A `--connect` client has no server here to count refusals.
+            server_here: !Ends::of(args).remote(),
             faults: FaultCounts::default(),
             done: false,
             cells: SoakCells::new(&lay.telemetry),
@@ -941,43 +960,112 @@ mod tests {
         }
     }
 
+    /// `body` as one slice.
+    fn flat(body: &Payload) -> Vec<u8> {
+        body.segments().iter().flat_map(|s| s.to_vec()).collect()
+    }
+
+    /// One answer to request 7 (seq 0) checked by a client, on `c`.
+    fn answer(c: &mut Counts, server_here: bool, status: Status, body: &[u8]) {
+        let mut outstanding = HashMap::from([(7, 0)]);
+        c.messages += 1;
+        on_response(
+            &mut outstanding,
+            &mut SeqTrack::default(),
+            c,
+            server_here,
+            response(7, status, body),
+        );
+    }
+
     /// A status garbled on the way (the frame header has no checksum)
     /// fails the soak even where no server counts a rejection: a client
     /// in a process of its own.
     #[test]
     fn a_response_that_is_not_ok_is_counted_rejected_and_fails() {
-        let body = make_body(0, 100, 3);
-        let flat: Vec<u8> = body.segments().iter().flat_map(|s| s.to_vec()).collect();
-        for status in [Status::BadRequest, Status::UnknownVariable] {
-            let mut outstanding = HashMap::from([(7, 0)]);
-            let mut track = SeqTrack::default();
-            let mut c = Counts {
-                messages: 1,
-                ..Counts::default()
-            };
-            on_response(
-                &mut outstanding,
-                &mut track,
-                &mut c,
-                response(7, status, &flat),
-            );
-            assert_eq!((c.answered, c.rejected, c.corrupted), (1, 1, 0));
-            assert!(!c.clean(), "{status:?} passed");
+        let body = flat(&make_body(0, 100, 3));
+        for server_here in [false, true] {
+            for status in [Status::BadRequest, Status::UnknownVariable] {
+                let mut c = Counts::default();
+                answer(&mut c, server_here, status, &body);
+                assert_eq!(
+                    (c.answered, c.rejected, c.refused, c.corrupted),
+                    (1, 1, 0, 0),
+                    "{status:?}, server here: {server_here}"
+                );
+                assert!(!c.clean(), "{status:?} passed");
+            }
+            // The same answer with its status intact passes.
+            let mut c = Counts::default();
+            answer(&mut c, server_here, Status::Ok, &body);
+            assert_eq!((c.answered, c.rejected), (1, 0));
+            assert!(c.clean());
         }
-        // The same answer with its status intact passes.
-        let mut outstanding = HashMap::from([(7, 0)]);
-        let mut c = Counts {
-            messages: 1,
+    }
+
+    /// The server's refusal (`BadRequest`, no body) is `rejected` for a
+    /// client in a process of its own, which alone reports it; with the
+    /// server here, which counts it in `corrupted`, it is `refused`.
+    /// Either way the soak fails.
+    #[test]
+    fn a_refusal_is_rejected_by_a_client_alone_and_refused_beside_its_server() {
+        assert!(is_refusal(Status::BadRequest, &[]));
+        assert!(!is_refusal(Status::UnknownVariable, &[]));
+        assert!(!is_refusal(Status::BadRequest, &flat(&make_body(0, 0, 1))));
+        for (server_here, rejected, refused) in [(false, 1, 0), (true, 0, 1)] {
+            let mut c = Counts::default();
+            answer(&mut c, server_here, Status::BadRequest, &[]);
+            assert_eq!(
+                (c.answered, c.rejected, c.refused, c.corrupted),
+                (1, rejected, refused, 0),
+                "server here: {server_here}"
+            );
+            assert!(!c.clean(), "server here: {server_here}");
+        }
+    }
+
+    /// The value of `starwire_soak_messages_total{outcome}` in `scrape`.
+    fn scraped(scrape: &str, outcome: &str) -> u64 {
+        let series = format!("starwire_soak_messages_total{{outcome=\"{outcome}\"}} ");
+        let line = scrape
+            .lines()
+            .find(|l| l.starts_with(&series))
+            .unwrap_or_else(|| panic!("no {series} in\n{scrape}"));
+        line[series.len()..].trim().parse().expect("a count")
+    }
+
+    /// In one process, `/metrics`' `rejected` is the report's: the
+    /// server's refusal of a request it found corrupted is counted once,
+    /// in the report's `corrupted` (the server's) and at `/metrics` as
+    /// `refused`; a garbled status is `rejected` in both.
+    #[test]
+    fn one_process_metrics_rejected_is_the_reports() {
+        let ok = flat(&make_body(0, 100, 3));
+        let mut client = Counts::default();
+        answer(&mut client, true, Status::Ok, &ok);
+        answer(&mut client, true, Status::BadRequest, &[]);
+        answer(&mut client, true, Status::UnknownVariable, &ok);
+        // The server saw the three requests, refused the one it found
+        // corrupted, and answered all.
+        let server = Counts {
+            messages: 3,
+            answered: 3,
+            corrupted: 1,
             ..Counts::default()
         };
-        on_response(
-            &mut outstanding,
-            &mut SeqTrack::default(),
-            &mut c,
-            response(7, Status::Ok, &flat),
+        let t = Telemetry::new();
+        SoakCells::new(&t).publish(client.published());
+        let scrape = crate::metrics::render(&t).expect("a scrape");
+        let mut report = client;
+        report.add_server(&server);
+        assert_eq!(scraped(&scrape, "rejected"), report.rejected, "{scrape}");
+        assert_eq!(
+            (report.messages, report.corrupted, report.rejected),
+            (3, 1, 1)
         );
-        assert_eq!((c.answered, c.rejected), (1, 0));
-        assert!(c.clean());
+        assert_eq!(scraped(&scrape, "refused"), 1, "{scrape}");
+        assert_eq!(scraped(&scrape, "answered"), 3, "{scrape}");
+        assert!(!report.clean());
     }
 
     /// In one process the server's rejections of corrupted requests are
@@ -988,14 +1076,14 @@ mod tests {
         let client = Counts {
             messages: 10,
             answered: 10,
-            rejected: 3,
+            rejected: 1,
+            refused: 2,
             ..Counts::default()
         };
         let server = Counts {
             messages: 10,
             answered: 10,
             corrupted: 2,
-            rejections_sent: 2,
             ..Counts::default()
         };
         let mut c = client;
@@ -1004,9 +1092,9 @@ mod tests {
             (c.messages, c.answered, c.corrupted, c.rejected),
             (10, 10, 2, 1)
         );
-        // Rejections only, all the server's: counted as corrupted.
+        // Refusals only, all the server's: counted as corrupted.
         let mut c = Counts {
-            rejected: 2,
+            rejected: 0,
             ..client
         };
         c.add_server(&server);

@@ -140,6 +140,10 @@ pub(super) struct SoakClient {
     /// Whether the last turn was before `stop_sending`.
     pub(super) sending: bool,
     pub(super) counts: Counts,
+    /// Whether the soak's server runs in this process: it counts its
+    /// refusals (in its `corrupted`), so this client counts the ones it
+    /// gets apart (`refused`), not again in `rejected`.
+    pub(super) server_here: bool,
     /// Faults injected on connections that ended (and went).
     pub(super) faults: FaultCounts,
     pub(super) done: bool,
@@ -188,10 +192,21 @@ impl SoakClient {
     }
 }
 
+/// Whether an answer is the soak server's refusal of a request it found
+/// corrupted: `BadRequest` with no body. Every answer of its that is `Ok`
+/// carries a checked body (at least [`SEQ_HDR`] bytes), so a status
+/// garbled on the way into `BadRequest` still has one.
+pub(super) fn is_refusal(status: Status, body: &[u8]) -> bool {
+    status == Status::BadRequest && body.is_empty()
+}
+
+/// Check one answer. `server_here`: whether the server runs in this
+/// process and counts its own refusals ([`SoakClient::server_here`]).
 pub(super) fn on_response(
     outstanding: &mut HashMap<u64, u64>,
     track: &mut SeqTrack,
     counts: &mut Counts,
+    server_here: bool,
     m: Incoming<'_>,
 ) {
     let Incoming::Response {
@@ -207,11 +222,16 @@ pub(super) fn on_response(
         return;
     };
     counts.answered += 1;
+    if server_here && is_refusal(status, body) {
+        // The server's refusal of a request it found corrupted, which it
+        // counts in its `corrupted`: counted apart, not twice as a failure.
+        counts.refused += 1;
+        return;
+    }
     if status != Status::Ok {
-        // The server's rejection of a request it found corrupted (which it
-        // counts too: one process takes those out), or a status garbled on
-        // the way (the frame header has no checksum). Either way a
-        // failure, which a client in a process of its own must see.
+        // A status garbled on the way (the frame header has no checksum),
+        // or the refusal of a server in another process, which only this
+        // client reports. Either way a failure.
         counts.rejected += 1;
         return;
     }
@@ -246,7 +266,13 @@ impl<D: SoakDriver> Service<D> for SoakClient {
         _now: Instant,
     ) -> Result<(), ConnError> {
         if let Some(c) = slot(&mut self.conns, id) {
-            on_response(&mut c.outstanding, &mut c.track, &mut self.counts, msg);
+            on_response(
+                &mut c.outstanding,
+                &mut c.track,
+                &mut self.counts,
+                self.server_here,
+                msg,
+            );
         }
         Ok(())
     }
@@ -279,17 +305,7 @@ impl<D: SoakDriver> Service<D> for SoakClient {
             self.driver.publish(&sessions.driver().counters());
             self.sync_unmatched(sessions);
         }
-        let c = &self.counts;
-        self.cells.publish(SoakCounts {
-            sent: c.messages,
-            answered: c.answered,
-            lost: c.lost,
-            duplicated: c.duplicated,
-            corrupted: c.corrupted,
-            rejected: c.rejected,
-            unmatched_responses: c.unmatched_responses,
-            out_of_order: c.out_of_order,
-        });
+        self.cells.publish(self.counts.published());
         self.sending = now < self.stop_sending;
         if !self.sending {
             let all_quiet = self
@@ -387,14 +403,12 @@ pub(super) fn serve_request(
         }
         None => {
             counts.corrupted += 1;
+            // A refusal: what the client's `is_refusal` recognises.
             (Status::BadRequest, Payload::empty())
         }
     };
     if conn.respond(id, opcode, status, reply).is_ok() {
         counts.answered += 1;
-        if status != Status::Ok {
-            counts.rejections_sent += 1;
-        }
     }
 }
 
