@@ -9,9 +9,18 @@
 //! connection its pulls came on, in order, so the last pull before a push
 //! is the one the push was computed on. The memory is one step's pull per
 //! worker between its pull and its push (below): the record starts again
-//! at the first pull after a push. Pushes of an unknown sender (the gRPC baseline, a merged synchronous step)
-//! find no record and are applied as they are; a shard serving a
-//! synchronous run records none ([`crate::PsShard::set_recorded_workers`]).
+//! at the first pull after a push. Pushes of an unknown sender (the gRPC
+//! baseline, a merged synchronous step) find no record and are applied as
+//! they are; a shard serving a synchronous run records none
+//! ([`crate::PsShard::set_recorded_workers`]).
+//!
+//! A pull of no items drops its worker's record at once
+//! ([`Pulls::drop_record`]): a worker sends one after pulls that no push
+//! of its own follows (worker 0's evaluation between epochs sends one
+//! after each batch's pulls, in the same exchange), so those are not held
+//! until its next push. Training never sends an empty pull, and a shard
+//! that does not know this answers it as any pull: the wire format is
+//! unchanged.
 //!
 //! A worker pushes its rows' gradients in the order it pulled them, so a
 //! push is matched with its pull by position (one comparison of the key
@@ -183,10 +192,10 @@ impl WorkerPulls {
     /// Variable `var`'s row `key` was pulled after `updates` updates (if
     /// kept), holding `values`. A row pulled twice before a push is found
     /// at its last pull: the pulls a push is computed on are the worker's
-    /// last before it, and an earlier one may be of no step (worker 0's
-    /// evaluation between epochs, on its training connection, whose pulls
-    /// no push follows). A variable's rows are recorded all with or all
-    /// without update counts and values.
+    /// last before it, and an earlier one may be of no step (pulls no push
+    /// follows, whose worker sent no empty pull after them). A variable's
+    /// rows are recorded all with or all without update counts and
+    /// values.
     pub(crate) fn record(
         &mut self,
         var: u32,
@@ -327,6 +336,22 @@ impl Pulls {
         }
     }
 
+    /// Worker `w`'s record is dropped whole (it sent a pull of no items:
+    /// see the module documentation): its buffers go back to the pool, and
+    /// its next pull starts a new record.
+    pub(crate) fn drop_record(&mut self, w: u32) {
+        let Some(rec) = self.by_worker.get_mut(w as usize) else {
+            return;
+        };
+        rec.pushed = false;
+        for v in &mut rec.vars {
+            v.clear();
+            if !v.unallocated() {
+                self.spare.push(std::mem::take(v));
+            }
+        }
+    }
+
     /// Worker `w`'s record, if it has one.
     pub(crate) fn get_mut(&mut self, w: u32) -> Option<&mut WorkerPulls> {
         self.by_worker.get_mut(w as usize)
@@ -449,6 +474,30 @@ mod tests {
         // An untracked worker releases nothing and panics not.
         p.release(MAX_TRACKED_WORKERS + 1, &[0, 5]);
         p.release(1, &[99]);
+    }
+
+    /// A dropped record gives its buffers to the pool, which the next
+    /// pull of any worker records into; the worker's next pull starts a
+    /// new record.
+    #[test]
+    fn a_dropped_record_s_buffers_go_to_the_pool() {
+        let mut p = Pulls::default();
+        let w = p.begin_pull(0, 2).unwrap();
+        w.record(0, 0, None, Some(&[1.0]));
+        w.record(1, 7, None, Some(&[2.0, 3.0]));
+        p.drop_record(0);
+        assert_eq!(p.recorded_keys(), 0);
+        assert_eq!(p.spare.len(), 2);
+        let w1 = p.begin_pull(1, 2).unwrap();
+        assert!(w1.vars.iter().all(|v| !v.unallocated()));
+        assert!(p.spare.is_empty());
+        let w = p.begin_pull(0, 2).unwrap();
+        assert!(w.var(1).is_none());
+        w.record(1, 8, None, Some(&[4.0, 5.0]));
+        assert_eq!(w.var(1).unwrap().keys, [8]);
+        // A worker with no record: nothing to drop, no panic.
+        p.drop_record(MAX_TRACKED_WORKERS + 1);
+        p.drop_record(3);
     }
 
     fn le<T: Copy>(xs: &[T], to: impl Fn(T) -> Vec<u8>) -> Vec<u8> {

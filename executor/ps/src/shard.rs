@@ -426,9 +426,12 @@ impl PsShard {
     /// [`Self::handle_pull`] of worker `worker` (its task index), when the
     /// sender is known: with an optimizer that reads what a push was
     /// computed on ([`OptimizerConfig::tracks_pulls`]), the pulled rows'
-    /// update counts (and values, for DC-ASGD) are kept for its next push.
-    /// Whatever the optimizer, its rows items' keys' places in the key
-    /// maps are kept, where its push of the same keys looks first.
+    /// update counts (and values, for DC-ASGD) are kept for its next push;
+    /// a pull of no items drops what was kept of the worker's pulls (the
+    /// worker sends one after pulls no push of its own follows, as an
+    /// evaluation's). Whatever the optimizer, its rows items' keys' places
+    /// in the key maps are kept, where its push of the same keys looks
+    /// first.
     pub fn handle_pull_from(
         &mut self,
         worker: Option<u32>,
@@ -645,12 +648,18 @@ impl PsShard {
 
     /// Keep what worker `w` pulled with `req` (a pull already answered
     /// with `reply`, whose rows items are recorded from it; `shared`: by
-    /// their place in it, the reply to be attached).
+    /// their place in it, the reply to be attached). A pull of no items
+    /// drops the worker's record instead: no push follows what it pulled
+    /// before (see [`crate::pulls`]).
     fn record_pull(&mut self, w: u32, req: &[u8], reply: &[u8], shared: bool) {
         let base = reply.as_ptr() as usize;
         let Ok(view) = PullRequest::parse(req, &self.cfg.limits) else {
             return;
         };
+        if view.is_empty() {
+            self.pulls.drop_record(w);
+            return;
+        }
         let Some(rec) = self.pulls.begin_pull(w, self.vars.len()) else {
             return;
         };
@@ -868,6 +877,21 @@ impl PsShard {
             }
         }
         Ok(())
+    }
+
+    /// [`Self::check_push`] of a push about to be kept for its `--sync`
+    /// step, counted: a push it refuses never reaches the shard again, so
+    /// it is counted here as [`Self::handle_push`] counts a push it
+    /// refuses (its request bytes and one error). A push that passes is
+    /// not counted here: its items are counted with the merged push of its
+    /// step, when that is handled.
+    pub fn handle_push_check(&mut self, req: &[u8]) -> Result<(), PsError> {
+        let r = self.check_push(req);
+        if r.is_err() {
+            self.stats.request_bytes += req.len() as u64;
+            self.stats.errors += 1;
+        }
+        r
     }
 
     /// [`Self::handle_push`] of worker `worker` (its task index), when the
@@ -1129,6 +1153,10 @@ mod tests {
     const W: u32 = 2;
 
     fn shard() -> PsShard {
+        shard_with(OptimizerConfig::sgd(1.0))
+    }
+
+    fn shard_with(optimizer: OptimizerConfig) -> PsShard {
         let vars = [
             VarDef {
                 id: W,
@@ -1144,7 +1172,7 @@ mod tests {
             },
         ];
         let cfg = ShardConfig {
-            optimizer: OptimizerConfig::sgd(1.0),
+            optimizer,
             ..ShardConfig::default()
         };
         PsShard::new(0, &vars, cfg)
@@ -1214,6 +1242,83 @@ mod tests {
         PushRequestWriter::new(&mut push, true).rows(EMB, 2, &[7, 8], &[1.0; 4]);
         s.handle_push_from(Some(0), &push, &mut out).unwrap();
         assert_eq!(s.recorded_pull_keys(), 0);
+    }
+
+    /// Worker 0's evaluation between epochs follows each batch's pull with
+    /// a pull of no items: the worker's record then holds nothing of the
+    /// evaluation (nor a reference to its replies), the empty pull is
+    /// answered as any pull, and the next step's pull is recorded alone,
+    /// for its push.
+    #[test]
+    fn an_empty_pull_drops_what_the_worker_s_record_holds() {
+        let mut s = shard_with(OptimizerConfig::with_kind(
+            crate::OptimizerKind::DcAsgd,
+            0.5,
+        ));
+        let emb = s.index[&EMB] as u32;
+        let mut step = Vec::new();
+        PullRequestWriter::new(&mut step)
+            .rows(EMB, &[7, 8])
+            .dense(W);
+        let mut eval = Vec::new();
+        PullRequestWriter::new(&mut eval)
+            .rows(EMB, &[7, 9, 10])
+            .dense(W);
+        let mut empty = Vec::new();
+        PullRequestWriter::new(&mut empty);
+        let mut push = Vec::new();
+        PushRequestWriter::new(&mut push, true)
+            .rows(EMB, 2, &[7, 8], &[1.0; 4])
+            .dense(W, &[1.0, 1.0]);
+        let mut out = Vec::new();
+        s.handle_pull_from(Some(0), &step, &mut out).unwrap();
+        assert_eq!(s.recorded_pull_keys(), 3);
+        s.handle_push_from(Some(0), &push, &mut out).unwrap();
+        assert_eq!(s.recorded_pull_keys(), 0);
+        // The evaluation: two batches, their replies copied, then two
+        // whose replies the record refers to (a network server's).
+        for shared in [false, false, true, true] {
+            let reply = if shared {
+                s.handle_pull_shared(0, &eval, &mut out).unwrap();
+                let reply = Bytes::copy_from_slice(&out);
+                s.attach_pull_reply(0, &reply);
+                assert!(!reply.is_unique(), "the record refers to the reply");
+                Some(reply)
+            } else {
+                s.handle_pull_from(Some(0), &eval, &mut out).unwrap();
+                None
+            };
+            assert_eq!(s.recorded_pull_keys(), 4);
+            let pulls = s.stats().pulls;
+            if shared {
+                s.handle_pull_shared(0, &empty, &mut out).unwrap();
+                s.attach_pull_reply(0, &Bytes::copy_from_slice(&out));
+            } else {
+                s.handle_pull_from(Some(0), &empty, &mut out).unwrap();
+            }
+            assert_eq!(s.recorded_pull_keys(), 0);
+            assert!(reply.map_or(true, |r| r.is_unique()), "reply released");
+            let r = ps::PullResponse::parse(&out, &Limits::default()).unwrap();
+            assert!(r.is_empty());
+            assert_eq!(r.global_step, 1);
+            assert_eq!(s.stats().pulls, pulls + 1);
+        }
+        // The next step's pull is recorded alone, and its push uses it up.
+        s.handle_pull_from(Some(0), &step, &mut out).unwrap();
+        assert_eq!(s.recorded_pull_keys(), 3);
+        let rec = s.pulls.get_mut(0).unwrap();
+        assert_eq!(rec.var(emb).unwrap().keys, [7, 8]);
+        s.handle_push_from(Some(0), &push, &mut out).unwrap();
+        assert_eq!(s.recorded_pull_keys(), 0);
+        assert_eq!(s.global_step(), 2);
+        // An empty pull of a worker with no record, or not recorded (the
+        // evaluator past the training workers), changes nothing.
+        s.handle_pull_from(Some(5), &empty, &mut out).unwrap();
+        s.set_recorded_workers(1);
+        s.handle_pull_from(Some(1), &eval, &mut out).unwrap();
+        s.handle_pull_from(Some(1), &empty, &mut out).unwrap();
+        assert_eq!(s.recorded_pull_keys(), 0);
+        assert_eq!(s.stats().errors, 0);
     }
 
     /// A push with several items per variable, as a gathered `--sync`

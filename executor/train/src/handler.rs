@@ -267,8 +267,12 @@ impl PsHandler for ShardHandler {
         self.shard.handle_kept(worker);
     }
 
-    fn check_push(&self, body: &[u8]) -> Result<(), HandlerError> {
-        self.shard.check_push(body).map_err(err)
+    fn check_push(&mut self, body: &[u8]) -> Result<(), HandlerError> {
+        let r = self.shard.handle_push_check(body).map_err(err);
+        if r.is_err() {
+            self.publish();
+        }
+        r
     }
 
     fn applied_position(&self, worker: u32) -> Position {

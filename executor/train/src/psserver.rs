@@ -82,8 +82,11 @@ pub trait PsHandler: Send + 'static {
     /// With `--sync`, before a worker's push is kept: the error
     /// [`push`](Self::push) would refuse it with for what the shard holds
     /// (a variable it does not have, of another kind or width, gradients
-    /// that are not finite), found without changing anything.
-    fn check_push(&self, body: &[u8]) -> Result<(), HandlerError>;
+    /// that are not finite), found without changing the shard's state. A
+    /// push refused here is counted in the shard's errors (once: it never
+    /// reaches the shard again); one that passes is counted with the merged
+    /// push of its step.
+    fn check_push(&mut self, body: &[u8]) -> Result<(), HandlerError>;
     /// The position of worker `worker`'s pushes the shard counts as
     /// applied (the default if it never heard from the worker).
     fn applied_position(&self, worker: u32) -> Position;
@@ -379,7 +382,8 @@ impl<H: PsHandler> Service<H> {
 /// A push is checked against the shard before it is kept
 /// ([`PsHandler::check_push`]): one the shard would refuse fails with the
 /// status an asynchronous push gets (`UnknownVariable`, `WrongShape`,
-/// `NonFinite`), for its sender alone. A refused push is not kept and
+/// `NonFinite`), for its sender alone, and counts once in the shard's
+/// errors. A refused push is not kept and
 /// keeps no number: the worker's next push is numbered as this one was.
 fn push_sync<H: PsHandler>(
     handler: &mut H,
@@ -1097,23 +1101,36 @@ fn reuse_reply(lent: &mut Vec<Bytes>, cap: usize) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Instant;
+
     use crate::handler::ShardHandler;
     use starwire_ps::{Init, OptimizerConfig, PsShard, ShardConfig, VarDef, VarKind};
+    use starwire_transport::testing::MemTransport;
+    use starwire_transport::{ConnConfig, PeerInfo, Side, Transport};
     use starwire_wire::ps::PushRequestWriter;
 
-    fn sync_service() -> Service<ShardHandler> {
-        let var = VarDef {
+    fn dense_var() -> VarDef {
+        VarDef {
             id: 0,
             name: "w".into(),
             kind: VarKind::Dense { shape: vec![2] },
             init: Init::Zeros,
-        };
-        let cfg = ShardConfig {
+        }
+    }
+
+    fn sgd_config() -> ShardConfig {
+        ShardConfig {
             optimizer: OptimizerConfig::sgd(1.0),
             ..ShardConfig::default()
-        };
-        Service::new(ShardHandler::new(PsShard::new(0, &[var], cfg), 0))
-            .with_sync(2, MemoryBudget::new(1 << 20))
+        }
+    }
+
+    fn sync_service() -> Service<ShardHandler> {
+        Service::new(ShardHandler::new(
+            PsShard::new(0, &[dense_var()], sgd_config()),
+            0,
+        ))
+        .with_sync(2, MemoryBudget::new(1 << 20))
     }
 
     fn push(svc: &mut Service<ShardHandler>, w: u32, g: f32) {
@@ -1240,6 +1257,45 @@ mod tests {
         }
     }
 
+    /// A `--sync` push the shard refuses on arrival is counted in the
+    /// shard's errors once, as a refused asynchronous push is (its bytes
+    /// too); the barrier it then fails is the service's failure only, and
+    /// the step applied after counts no error.
+    #[test]
+    fn a_sync_push_refused_on_arrival_counts_once_in_the_shard_s_errors() {
+        let mut nan = Vec::new();
+        PushRequestWriter::new(&mut nan, true).dense(0, &[1.0, f32::NAN]);
+        let shard = |svc: &Service<ShardHandler>| svc.handler().shard.stats();
+        let mut svc = sync_service();
+        push(&mut svc, 1, 1.0);
+        let before = shard(&svc);
+        assert_eq!(before.errors, 0);
+        let r = serve(&mut svc, 0, Opcode::SparsePush, &nan);
+        assert_eq!(status(&r), Some(Status::NonFinite), "{r:?}");
+        let after = shard(&svc);
+        assert_eq!(after.errors, 1);
+        assert_eq!(after.request_bytes - before.request_bytes, nan.len() as u64);
+        assert_eq!(svc.handler().stats()["errors"], 1);
+        let r = serve(&mut svc, 0, Opcode::Rpc, &Control::WaitStep(2).encode());
+        assert_eq!(status(&r), Some(Status::NonFinite), "{r:?}");
+        assert_eq!(shard(&svc).errors, 1, "the barrier is the service's");
+        assert_eq!(svc.failed(), 2);
+        // Sent again, the push is kept and the step applied: the merged
+        // push and one step marker, no error.
+        push(&mut svc, 0, 2.0);
+        let s = shard(&svc);
+        assert_eq!((s.errors, s.pushes), (1, 2));
+        // As an asynchronous shard counts the same push.
+        let mut async_svc = Service::new(ShardHandler::new(
+            PsShard::new(0, &[dense_var()], sgd_config()),
+            0,
+        ));
+        let r = serve(&mut async_svc, 0, Opcode::SparsePush, &nan);
+        assert_eq!(status(&r), Some(Status::NonFinite), "{r:?}");
+        let s = async_svc.handler().shard.stats();
+        assert_eq!((s.errors, s.request_bytes), (1, nan.len() as u64));
+    }
+
     /// A merged step the shard refuses (finite pushes whose sum is not) is
     /// not applied: the push that completed it fails, no position counts
     /// it, and every worker that pushed it finds its barrier failed, not
@@ -1298,6 +1354,178 @@ mod tests {
         assert_eq!(svc.handler().global_step(), 2);
         assert_eq!(weights(&svc), [-1.0, -1.0]);
         assert_eq!(steps(&svc), serde_json::json!({"0": 1}));
+    }
+
+    /// One end of an in-memory connection, for a [`PsServer`] to serve.
+    struct End {
+        conn: Connection,
+        link: MemTransport,
+    }
+
+    impl End {
+        /// Write what the connection has queued to the link.
+        fn send(&mut self) {
+            self.conn.poll_transmit(&mut self.link).unwrap();
+            self.link.flush(Instant::now()).unwrap();
+        }
+
+        /// Hand each message received to `f`.
+        fn recv(&mut self, mut f: impl FnMut(&mut Connection, Incoming<'_>)) {
+            let End { conn, link } = self;
+            let mut whole = Vec::new();
+            let mut sink = |frame: &[u8]| {
+                if let Some(m) = conn.handle_frame(frame, &mut whole).unwrap() {
+                    f(conn, m);
+                }
+            };
+            link.rx_burst(Instant::now(), usize::MAX, &mut sink)
+                .unwrap();
+        }
+
+        /// Send a request; its id.
+        fn request(&mut self, opcode: Opcode, body: Vec<u8>) -> u64 {
+            let id = self.conn.request(opcode, 0, Payload::from(body), None);
+            self.send();
+            id.unwrap()
+        }
+
+        /// The responses received: (request id, status, body).
+        fn responses(&mut self) -> Vec<(u64, Status, Vec<u8>)> {
+            let mut out = Vec::new();
+            self.recv(|_, m| match m {
+                Incoming::Response {
+                    id, status, body, ..
+                } => out.push((id, status, body.to_vec())),
+                Incoming::Request { .. } => panic!("a request to the worker: {m:?}"),
+            });
+            out
+        }
+    }
+
+    /// A PS's end and worker `worker`'s end of a connection, handshake
+    /// done.
+    fn connected(worker: u32) -> (End, End) {
+        const FRAME: usize = 1 << 16;
+        let info = |role, task_index| PeerInfo {
+            role,
+            job: "t".into(),
+            task_index,
+            incarnation: 1,
+            shards: 1,
+        };
+        let (a, b) = MemTransport::pair(FRAME, 64);
+        let mut ps_cfg = ConnConfig::new(info(TaskRole::Ps, 0));
+        ps_cfg.side = Side::Acceptor;
+        let mut ps = End {
+            conn: Connection::new(ps_cfg, FRAME),
+            link: a,
+        };
+        let w_cfg = ConnConfig::new(info(TaskRole::Worker, worker));
+        let mut w = End {
+            conn: Connection::new(w_cfg, FRAME),
+            link: b,
+        };
+        for _ in 0..4 {
+            ps.send();
+            w.send();
+            ps.recv(|_, m| panic!("before the handshake: {m:?}"));
+            w.recv(|_, m| panic!("before the handshake: {m:?}"));
+        }
+        assert!(ps.conn.is_established() && w.conn.is_established());
+        (ps, w)
+    }
+
+    /// Serve what connection `key` (`end`, the PS's end) received, and
+    /// send the replies.
+    fn serve_conn(server: &mut PsServer<ShardHandler>, key: usize, end: &mut End) {
+        end.recv(|conn, m| server.handle_message(key, conn, m).unwrap());
+        end.send();
+    }
+
+    /// With `--sync`, worker 1's barrier is held on its connection, a pull
+    /// held behind it, when worker 0's push completes a step the shard
+    /// refuses (a sum that is not finite): [`PsServer::poll_release`] gives
+    /// the barrier as refused, and [`PsServer::handle_release`] answers it
+    /// with the refusal, then serves the pull held behind it. Sent again,
+    /// the step is applied and the next barrier released as usual.
+    #[test]
+    fn a_held_sync_barrier_failed_through_poll_release_answers_the_refusal() {
+        let shard = PsShard::new(0, &[dense_var()], sgd_config());
+        let mut server =
+            PsServer::new(ShardHandler::new(shard, 0), 2).with_sync(2, MemoryBudget::new(1 << 20));
+        let (mut ps0, mut w0) = connected(0);
+        let (mut ps1, mut w1) = connected(1);
+        server.handle_open(0);
+        server.handle_open(1);
+        let dense = |g: f32| {
+            let mut b = Vec::new();
+            PushRequestWriter::new(&mut b, true).dense(0, &[g, g]);
+            b
+        };
+        let mut pull = Vec::new();
+        starwire_wire::ps::PullRequestWriter::new(&mut pull).dense(0);
+        let wait = Control::WaitStep(2).encode();
+
+        let push1 = w1.request(Opcode::SparsePush, dense(f32::MAX));
+        let wait1 = w1.request(Opcode::Rpc, wait.clone());
+        let pull1 = w1.request(Opcode::SparsePull, pull.clone());
+        serve_conn(&mut server, 1, &mut ps1);
+        assert_eq!(server.held(1), 1, "the pull waits behind the barrier");
+        assert!(server.poll_release().is_none());
+        let got = w1.responses();
+        assert_eq!(got.len(), 1);
+        assert_eq!((got[0].0, got[0].1), (push1, Status::Ok));
+
+        let push0 = w0.request(Opcode::SparsePush, dense(f32::MAX));
+        serve_conn(&mut server, 0, &mut ps0);
+        let got = w0.responses();
+        assert_eq!(got.len(), 1);
+        assert_eq!((got[0].0, got[0].1), (push0, Status::NonFinite));
+        assert_eq!(server.handler().global_step(), 0);
+
+        let r = server.poll_release().expect("the held barrier fails");
+        assert_eq!((r.conn, r.id, r.refused), (1, wait1, true));
+        assert!(server.poll_release().is_none(), "released once");
+        server.handle_release(&r, &mut ps1.conn).unwrap();
+        ps1.send();
+        let got = w1.responses();
+        let ids: Vec<u64> = got.iter().map(|g| g.0).collect();
+        assert_eq!(ids, [wait1, pull1], "the refusal, then the held pull");
+        assert_eq!(got[0].1, Status::NonFinite);
+        let why = String::from_utf8_lossy(&got[0].2);
+        assert!(why.contains("WAIT_STEP cannot be reached"), "{why}");
+        assert!(
+            why.contains("worker 1's pushes of it were dropped"),
+            "{why}"
+        );
+        assert_eq!(got[1].1, Status::Ok);
+        assert_eq!(server.held(1), 0);
+        // Worker 0's push and worker 1's barrier.
+        assert_eq!(server.service().failed(), 2);
+
+        // Both push the step again: it is applied, and worker 1's next
+        // barrier is released with the global step.
+        w1.request(Opcode::SparsePush, dense(1.0));
+        let wait1 = w1.request(Opcode::Rpc, wait);
+        serve_conn(&mut server, 1, &mut ps1);
+        assert_eq!(w1.responses().len(), 1);
+        assert!(server.poll_release().is_none());
+        w0.request(Opcode::SparsePush, dense(2.0));
+        serve_conn(&mut server, 0, &mut ps0);
+        assert_eq!(w0.responses()[0].1, Status::Ok);
+        let r = server
+            .poll_release()
+            .expect("the step releases the barrier");
+        assert_eq!((r.conn, r.id, r.refused, r.step), (1, wait1, false, 2));
+        server.handle_release(&r, &mut ps1.conn).unwrap();
+        ps1.send();
+        let got = w1.responses();
+        assert_eq!(got.len(), 1);
+        assert_eq!((got[0].0, got[0].1), (wait1, Status::Ok));
+        assert_eq!(got[0].2, 2u64.to_le_bytes());
+        let w = server.handler().shard.dense(0).unwrap().values().to_vec();
+        assert_eq!(w, [-3.0, -3.0]);
+        assert_eq!(server.service().failed(), 2);
     }
 
     /// A worker's pull reply, served by a service that shares them (a

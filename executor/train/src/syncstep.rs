@@ -29,8 +29,9 @@
 //!
 //! What needs the shard's variables (each item's variable, its kind and
 //! width, finite gradients) is checked by the server against the shard
-//! before a push is given here (`PsShard::check_push`), so such a push too
-//! fails only its sender, and nothing of it is kept. A merged step the
+//! before a push is given here (`PsShard::handle_push_check`), so such a
+//! push too fails only its sender, and nothing of it is kept (the shard
+//! counts it in its errors, once). A merged step the
 //! shard still refuses (a sum of finite gradients that is not finite) is
 //! not applied: its pushes are dropped, the applied positions they moved
 //! go back ([`SyncStep::taken_from`]), and every worker that pushed it is

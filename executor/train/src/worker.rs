@@ -868,13 +868,35 @@ impl WorkerCore {
     }
 
     /// Predictions for `batch` (evaluation): pulls, forward, no push.
+    ///
+    /// No push follows the pulls, so each shard pulled from is sent an
+    /// empty pull after them, in the same exchange: a shard that keeps a
+    /// worker's pulls for its next push (`dc_asgd`, `--staleness-lr`)
+    /// drops them at once rather than holding them until this worker's
+    /// next step is pushed. Its reply is not read: a shard that fails it
+    /// only keeps the pulls until then, as one that ignores it does.
     pub fn predict(
         &mut self,
         net: &mut dyn Exchange,
         batch: &Batch,
     ) -> Result<Vec<f32>, TrainError> {
         self.plan_lookups(batch);
-        let (reqs, metas) = self.pull_requests();
+        let (mut reqs, metas) = self.pull_requests();
+        let mut pulled = vec![false; self.layout.shards];
+        for r in &reqs {
+            if let Some(p) = pulled.get_mut(r.shard) {
+                *p = true;
+            }
+        }
+        for (shard, _) in pulled.iter().enumerate().filter(|(_, &p)| p) {
+            let mut buf = Vec::with_capacity(pull_request_header_len());
+            PullRequestWriter::new(&mut buf);
+            reqs.push(Request {
+                shard,
+                opcode: Opcode::SparsePull,
+                body: bytes_body(buf),
+            });
+        }
         let mut replies = std::mem::take(&mut self.replies);
         let r = net.exchange(reqs, &mut replies);
         self.replies = replies;
@@ -1047,6 +1069,144 @@ mod tests {
                 Err(TrainError::Remote(e)) => assert!(e.contains(want), "{want}: {e}"),
                 other => panic!("{want}: {other:?}"),
             }
+        }
+    }
+
+    /// In-process shards serving worker 0, their pull replies shared as a
+    /// network server's are (a DC-ASGD shard's record of a pull refers to
+    /// its reply); each pull reply is kept, and each request.
+    struct Served {
+        shards: Vec<crate::psserver::Service<crate::handler::ShardHandler>>,
+        sent: Vec<(usize, Vec<u8>)>,
+        pull_replies: Vec<Bytes>,
+    }
+
+    impl Exchange for Served {
+        fn exchange(
+            &mut self,
+            reqs: Vec<Request>,
+            replies: &mut Vec<Reply>,
+        ) -> Result<(), TrainError> {
+            replies.clear();
+            for r in reqs {
+                let body: Vec<u8> = r.body.segments().concat();
+                let svc = &mut self.shards[r.shard];
+                let crate::psserver::Reply::Now(status, bytes) =
+                    svc.serve_from(Some(0), r.opcode, &body, Vec::with_capacity)
+                else {
+                    return Err(TrainError::Internal("not answered at once".into()));
+                };
+                if r.opcode == Opcode::SparsePull {
+                    self.pull_replies.push(bytes.clone());
+                    self.sent.push((r.shard, body));
+                }
+                replies.push(Reply {
+                    status: Some(status),
+                    body: bytes.to_vec(),
+                });
+            }
+            Ok(())
+        }
+
+        fn traffic(&self) -> crate::net::Traffic {
+            crate::net::Traffic::default()
+        }
+    }
+
+    fn batch(seed: u64, n: usize) -> Batch {
+        use starwire_data::{MISSING_KEY, NUM_CATEGORICAL, NUM_NUMERIC};
+        let mut b = Batch::with_capacity(n);
+        let mut x = 2 * seed + 1;
+        for i in 0..n {
+            b.labels.push((i % 2) as f32);
+            b.numeric
+                .extend((0..NUM_NUMERIC).map(|j| (i + j) as f32 / 16.0));
+            b.keys.extend((0..NUM_CATEGORICAL).map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                MISSING_KEY + 1 + x % 500
+            }));
+            b.len += 1;
+        }
+        b
+    }
+
+    /// An evaluation's pulls go, in their exchange, with an empty pull to
+    /// each shard pulled from, after that shard's pulls: a DC-ASGD shard
+    /// then holds nothing of them (no reference to their replies) once the
+    /// prediction returns, where it held the last one until the worker's
+    /// next push. Fused or not.
+    #[test]
+    fn an_evaluation_s_pulls_are_not_held_by_the_shards() {
+        for fuse in [true, false] {
+            let cfg = crate::TrainConfig {
+                ps: 2,
+                workers: 1,
+                optimizer: starwire_ps::OptimizerKind::DcAsgd,
+                tensor_fuse: fuse,
+                ..crate::TrainConfig::default()
+            };
+            let plan = crate::cluster::plan(&cfg).unwrap();
+            assert!(plan.shards >= 2);
+            let shards = (0..plan.shards)
+                .map(|s| {
+                    let shard = crate::cluster::make_shard(&cfg, &plan, s, None).unwrap();
+                    assert!(shard.config().optimizer.tracks_pulls());
+                    crate::psserver::Service::new(crate::handler::ShardHandler::new(shard, s))
+                        .sharing_pull_replies()
+                })
+                .collect();
+            let mut net = Served {
+                shards,
+                sent: Vec::new(),
+                pull_replies: Vec::new(),
+            };
+            let mut core = WorkerCore::new(
+                starwire_graph::partition(&plan.model, cfg.protocol),
+                plan.layout.clone(),
+                fuse,
+                Executor::new(0).unwrap(),
+            );
+            core.step(&mut net, &batch(1, 16)).unwrap();
+            // The step's pull is held by the shards until its push.
+            assert!(!net.pull_replies.iter().all(Bytes::is_unique));
+            core.flush(&mut net).unwrap();
+            for seed in 2..5 {
+                net.sent.clear();
+                net.pull_replies.clear();
+                let probs = core.predict(&mut net, &batch(seed, 16)).unwrap();
+                assert_eq!(probs.len(), 16);
+                assert!(
+                    net.pull_replies.iter().all(Bytes::is_unique),
+                    "fuse {fuse}: a shard holds an evaluation's pull reply"
+                );
+                let limits = Limits::default();
+                let empty = |b: &[u8]| {
+                    starwire_wire::ps::PullRequest::parse(b, &limits)
+                        .unwrap()
+                        .is_empty()
+                };
+                let mut pulled = 0;
+                for shard in 0..plan.shards {
+                    let to: Vec<bool> = net
+                        .sent
+                        .iter()
+                        .filter(|(s, _)| *s == shard)
+                        .map(|(_, b)| empty(b))
+                        .collect();
+                    let Some((last, pulls)) = to.split_last() else {
+                        continue;
+                    };
+                    assert!(*last, "fuse {fuse}: shard {shard}: {to:?}");
+                    assert!(!pulls.is_empty() && pulls.iter().all(|e| !e), "{to:?}");
+                    pulled += 1;
+                }
+                assert!(pulled >= 2, "fuse {fuse}: {pulled} shards pulled from");
+            }
+            // Training goes on as before.
+            core.step(&mut net, &batch(9, 16)).unwrap();
+            core.flush(&mut net).unwrap();
         }
     }
 }
