@@ -663,7 +663,17 @@ mod tests {
                 eal.register_thread().expect("lcore");
                 let mut next = 0u32;
                 let mut idle = 0;
-                while sending.load(Ordering::Relaxed) || idle < 1000 {
+                // Idle polls are counted from the first that follows the
+                // end of sending: those before it may precede s's last
+                // hand-over.
+                let mut ended = false;
+                loop {
+                    if !ended && !sending.load(Ordering::Acquire) {
+                        ended = true;
+                        idle = 0;
+                    } else if ended && idle >= 1000 {
+                        break;
+                    }
                     let n = r
                         .rx_burst(Instant::now(), 32, &mut |p| {
                             assert_eq!(p.len(), 14);
@@ -729,23 +739,23 @@ mod tests {
                 }
             }
             // What is left in s's queue: s holds its queue back while r's
-            // ring is full (up to HANDOVER_HOLD at a time), and r's thread
-            // may not run for a while on a loaded host, so s polls until
-            // its queue has given nothing for many holds, not a number of
-            // times (a thousand polls could all fall in one hold).
-            let mut seen = (0, Instant::now());
+            // ring is full (up to HANDOVER_HOLD at a time, counted in
+            // rx_held_back), and r's thread may not run for a while on a
+            // loaded host, so a number of polls could all fall in holds.
+            // net_ring delivers at once: the queue is empty when a poll
+            // that was not held back takes nothing from it.
+            let polled = |st: &DpdkLinkStats| {
+                st.rx_handed_over + st.rx_filtered + st.rx_inbox_full + st.rx_held_back
+            };
             loop {
+                let before = polled(&s.stats());
                 s.rx_burst(Instant::now(), 32, &mut |_| panic!("nothing is for s"))
                     .expect("rx_burst");
-                let st = s.stats();
-                let polled = st.rx_handed_over + st.rx_filtered + st.rx_inbox_full;
-                if polled != seen.0 {
-                    seen = (polled, Instant::now());
-                } else if seen.1.elapsed() > HANDOVER_HOLD * 10 {
+                if polled(&s.stats()) == before {
                     break;
                 }
             }
-            sending.store(false, Ordering::Relaxed);
+            sending.store(false, Ordering::Release);
             receiver.join().expect("the receiver panicked")
         });
         let sent = u64::from(ROUNDS * PER_ROUND);
