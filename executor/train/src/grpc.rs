@@ -192,6 +192,11 @@ impl Exchange for GrpcNet {
     fn traffic(&self) -> Traffic {
         self.traffic
     }
+
+    /// The gRPC PS serves every call with no sender: it records no pulls.
+    fn sender_known(&self) -> bool {
+        false
+    }
 }
 
 impl GrpcNet {

@@ -69,6 +69,14 @@ pub trait Exchange {
     fn driver_counters(&self) -> Option<DriverCounters> {
         None
     }
+    /// Whether a shard knows this worker's requests as its own, in order
+    /// (one ordered connection per shard, the sender's task index known):
+    /// then a shard that keeps the worker's pulls for its next push
+    /// drops them on an empty pull. The gRPC baseline's calls carry no
+    /// sender and no order, so its shards keep nothing to drop.
+    fn sender_known(&self) -> bool {
+        true
+    }
 }
 
 /// A worker's [`PsClient`] over its connections, one per shard, as an

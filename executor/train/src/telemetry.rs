@@ -357,6 +357,10 @@ impl Exchange for TimedExchange<'_> {
     fn driver_counters(&self) -> Option<DriverCounters> {
         self.net.driver_counters()
     }
+
+    fn sender_known(&self) -> bool {
+        self.net.sender_known()
+    }
 }
 
 /// How often a reactor publishes its driver's counters: some are summed

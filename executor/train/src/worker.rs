@@ -874,7 +874,9 @@ impl WorkerCore {
     /// worker's pulls for its next push (`dc_asgd`, `--staleness-lr`)
     /// drops them at once rather than holding them until this worker's
     /// next step is pushed. Its reply is not read: a shard that fails it
-    /// only keeps the pulls until then, as one that ignores it does.
+    /// only keeps the pulls until then, as one that ignores it does. Not
+    /// where the shards cannot tell this worker's pulls apart (the gRPC
+    /// baseline, [`Exchange::sender_known`]): they keep none.
     pub fn predict(
         &mut self,
         net: &mut dyn Exchange,
@@ -882,10 +884,13 @@ impl WorkerCore {
     ) -> Result<Vec<f32>, TrainError> {
         self.plan_lookups(batch);
         let (mut reqs, metas) = self.pull_requests();
+        // The shards pulled from, where they keep this worker's pulls.
         let mut pulled = vec![false; self.layout.shards];
-        for r in &reqs {
-            if let Some(p) = pulled.get_mut(r.shard) {
-                *p = true;
+        if net.sender_known() {
+            for r in &reqs {
+                if let Some(p) = pulled.get_mut(r.shard) {
+                    *p = true;
+                }
             }
         }
         for (shard, _) in pulled.iter().enumerate().filter(|(_, &p)| p) {
@@ -1079,6 +1084,8 @@ mod tests {
         shards: Vec<crate::psserver::Service<crate::handler::ShardHandler>>,
         sent: Vec<(usize, Vec<u8>)>,
         pull_replies: Vec<Bytes>,
+        /// Answers [`Exchange::sender_known`] with false (as gRPC's).
+        anonymous: bool,
     }
 
     impl Exchange for Served {
@@ -1110,6 +1117,10 @@ mod tests {
 
         fn traffic(&self) -> crate::net::Traffic {
             crate::net::Traffic::default()
+        }
+
+        fn sender_known(&self) -> bool {
+            !self.anonymous
         }
     }
 
@@ -1161,6 +1172,7 @@ mod tests {
                 shards,
                 sent: Vec::new(),
                 pull_replies: Vec::new(),
+                anonymous: false,
             };
             let mut core = WorkerCore::new(
                 starwire_graph::partition(&plan.model, cfg.protocol),
@@ -1207,6 +1219,20 @@ mod tests {
             // Training goes on as before.
             core.step(&mut net, &batch(9, 16)).unwrap();
             core.flush(&mut net).unwrap();
+            // Shards that cannot tell the sender (gRPC's) keep no pulls:
+            // no empty pull goes to them.
+            net.anonymous = true;
+            net.sent.clear();
+            core.predict(&mut net, &batch(10, 16)).unwrap();
+            let limits = Limits::default();
+            assert!(!net.sent.is_empty());
+            for (_, b) in &net.sent {
+                let r = starwire_wire::ps::PullRequest::parse(b, &limits).unwrap();
+                assert!(
+                    !r.is_empty(),
+                    "fuse {fuse}: an empty pull to an anonymous PS"
+                );
+            }
         }
     }
 }
