@@ -1,22 +1,28 @@
 //! What `starwire soak` publishes: each client reactor's message counts,
-//! once per reactor turn.
+//! and with both sides in one process each server reactor's share of the
+//! report's (what it found wrong with the requests), once per reactor
+//! turn and once more at the end; each series adds up to the report's
+//! field of the same name.
 
 use std::sync::Arc;
 
 use starwire_telemetry::{Counter, Telemetry};
 
-/// A client reactor's counts as they stand.
+/// A reactor's counts as they stand: a client reactor's own, or what a
+/// server reactor beside its client adds to them in the report (its
+/// `sent`, `answered`, `lost`, `rejected` and `refused` are 0).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SoakCounts {
     /// Requests sent.
     pub sent: u64,
     /// Answers received.
     pub answered: u64,
-    /// Requests whose answer never came (a connection that failed).
+    /// Requests whose answer never came (a connection that failed, or the
+    /// drain ran out).
     pub lost: u64,
-    /// Answers received twice.
+    /// Answers received twice; a server's: requests.
     pub duplicated: u64,
-    /// Answers whose body did not check.
+    /// Answers whose body did not check; a server's: requests.
     pub corrupted: u64,
     /// Answers with a status other than `Ok`, but for those in `refused`
     /// (as the report's `rejected`).
@@ -26,13 +32,13 @@ pub struct SoakCounts {
     /// `corrupted`.
     pub refused: u64,
     /// Responses the connections dropped as matching no pending request
-    /// (duplicates among them).
+    /// (duplicates among them; a server's: any response it got).
     pub unmatched_responses: u64,
-    /// Answers out of order.
+    /// Answers out of order; a server's: requests.
     pub out_of_order: u64,
 }
 
-/// One client reactor's cells of `starwire_soak_messages_total{outcome}`.
+/// One reactor's cells of `starwire_soak_messages_total{outcome}`.
 #[derive(Debug)]
 pub struct SoakCells([Arc<Counter>; 9]);
 
@@ -42,7 +48,7 @@ impl SoakCells {
         let c = |outcome| {
             t.counter(
                 "starwire_soak_messages",
-                "Soak messages by outcome (sent, answered, lost, duplicated, corrupted, rejected, refused, unmatched, out_of_order)",
+                "Soak messages by outcome (sent, answered, lost, duplicated, corrupted, rejected, refused, unmatched, out_of_order), as the report counts them: the client's, plus what a server in the same process found",
                 &[("outcome", outcome)],
             )
         };

@@ -157,13 +157,3 @@ pub(super) fn fault_counts<D: SoakDriver>(sessions: &Sessions<D>) -> FaultCounts
     }
     f
 }
-
-/// Responses that matched no pending request on every connection
-/// `sessions` still holds (those that ended were counted as they did).
-pub(super) fn unmatched_responses<D: SoakDriver>(sessions: &Sessions<D>) -> u64 {
-    sessions
-        .ids()
-        .filter_map(|id| sessions.conn_ref(id))
-        .map(Connection::unmatched_responses)
-        .sum()
-}

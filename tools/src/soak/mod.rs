@@ -248,16 +248,23 @@ impl Counts {
         self.failed += o.failed;
     }
 
-    /// Add the server's counts of a soak in one process to the client's.
-    fn add_server(&mut self, server: &Counts) {
-        let mut sc = *server;
-        // Requests are counted by the client.
-        sc.messages = 0;
-        sc.answered = 0;
+    /// What a server in the same process as its client adds to the
+    /// client's counts, in the report and at `/metrics`: all but the
+    /// requests, which the client counts.
+    fn server_share(&self) -> Counts {
         // The server's refusals of corrupted requests are in its
         // `corrupted`; the client counted those it got in `refused`, not
         // in `rejected`.
-        self.add(&sc);
+        Counts {
+            messages: 0,
+            answered: 0,
+            ..*self
+        }
+    }
+
+    /// Add the server's counts of a soak in one process to the client's.
+    fn add_server(&mut self, server: &Counts) {
+        self.add(&server.server_share());
     }
 
     /// Whether nothing went wrong: something was sent, and nothing was
@@ -275,9 +282,11 @@ impl Counts {
             && self.failed == 0
     }
 
-    /// What a client reactor publishes of its counts at `/metrics`;
-    /// `rejected` is what the report counts (the refusals of a server in
-    /// this process are `refused`).
+    /// These counts as a reactor publishes them at `/metrics`: a client
+    /// reactor its own, a server reactor beside its client its
+    /// [`Counts::server_share`], so that each series adds up to the
+    /// report's field (`rejected` is what the report counts: the
+    /// refusals of a server in this process are `refused`).
     fn published(&self) -> SoakCounts {
         SoakCounts {
             sent: self.messages,
@@ -445,7 +454,11 @@ fn run_soak<D: SoakDriver, A: Attach<D>>(
     let client_drivers = (0..nc).map(|_| make()).collect::<Result<Vec<_>, _>>()?;
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
         .map_err(|e| format!("binding a loopback listener: {e}"))?;
-    let (servers, acceptor) = start_servers(args, lay, listener, server_drivers, &attacher, |s| s)?;
+    // The server reactors publish what they add to the report, into the
+    // clients' series.
+    let (servers, acceptor) = start_servers(args, lay, listener, server_drivers, &attacher, |s| {
+        s.beside_its_client(&lay.telemetry)
+    })?;
     let addr = acceptor.local_addr().to_string();
     let clients = run_clients(args, lay, client_drivers, &addr, &attacher);
     let served = stop_servers(servers);
@@ -595,6 +608,8 @@ fn run_clients<D: SoakDriver, A: Attach<D>>(
         let (ep, _) = r.join().map_err(|e| format!("client reactor {k}: {e}"))?;
         let (mut client, sessions) = ep.into_parts();
         client.sync_unmatched(&sessions);
+        // What came after its last turn (connections closing) too.
+        client.publish();
         counts.add(&client.counts);
         faults.add_counts(client.faults);
         faults.add_counts(fault_counts(&sessions));
@@ -614,9 +629,12 @@ fn stop_servers<D: SoakDriver>(
     for (k, r) in servers.into_iter().enumerate() {
         match r.stop() {
             Ok((ep, _)) => {
-                let (server, sessions) = ep.into_parts();
+                let (mut server, sessions) = ep.into_parts();
+                // The connections still here (those that ended were
+                // counted as they did).
+                server.sync_unmatched(&sessions);
+                server.publish();
                 counts.add(&server.counts);
-                counts.unmatched_responses += unmatched_responses(&sessions);
                 faults.add_counts(server.faults);
                 faults.add_counts(fault_counts(&sessions));
                 driver.extend(side_counters(&sessions, "server", k));
@@ -1037,7 +1055,10 @@ mod tests {
     /// In one process, `/metrics`' `rejected` is the report's: the
     /// server's refusal of a request it found corrupted is counted once,
     /// in the report's `corrupted` (the server's) and at `/metrics` as
-    /// `refused`; a garbled status is `rejected` in both.
+    /// `refused`; a garbled status is `rejected` in both. What the server
+    /// found (corrupted, duplicated, reordered, unmatched) is published
+    /// by the server's reactor into the same series, so each is the
+    /// report's field.
     #[test]
     fn one_process_metrics_rejected_is_the_reports() {
         let ok = flat(&make_body(0, 100, 3));
@@ -1045,27 +1066,152 @@ mod tests {
         answer(&mut client, true, Status::Ok, &ok);
         answer(&mut client, true, Status::BadRequest, &[]);
         answer(&mut client, true, Status::UnknownVariable, &ok);
-        // The server saw the three requests, refused the one it found
+        client.unmatched_responses = 1;
+        // The server saw the three requests (and a duplicate, a reordered
+        // one and an unmatched response), refused the one it found
         // corrupted, and answered all.
         let server = Counts {
-            messages: 3,
-            answered: 3,
+            messages: 5,
+            answered: 5,
             corrupted: 1,
+            duplicated: 1,
+            out_of_order: 1,
+            unmatched_responses: 2,
             ..Counts::default()
         };
         let t = Telemetry::new();
         SoakCells::new(&t).publish(client.published());
+        SoakCells::new(&t).publish(server.server_share().published());
         let scrape = crate::metrics::render(&t).expect("a scrape");
         let mut report = client;
         report.add_server(&server);
-        assert_eq!(scraped(&scrape, "rejected"), report.rejected, "{scrape}");
+        assert_metrics_are_the_report(&scrape, &report);
         assert_eq!(
-            (report.messages, report.corrupted, report.rejected),
-            (3, 1, 1)
+            (report.messages, report.answered, report.corrupted),
+            (3, 3, 1)
         );
-        assert_eq!(scraped(&scrape, "refused"), 1, "{scrape}");
-        assert_eq!(scraped(&scrape, "answered"), 3, "{scrape}");
+        assert_eq!((report.rejected, report.refused), (1, 1));
+        assert_eq!(
+            (
+                report.duplicated,
+                report.out_of_order,
+                report.unmatched_responses
+            ),
+            (1, 1, 3)
+        );
         assert!(!report.clean());
+    }
+
+    /// A `--listen` server publishes no soak series; beside its client it
+    /// publishes what it adds to the report (not the requests, which the
+    /// client counts).
+    #[test]
+    fn a_server_publishes_its_share_only_beside_its_client() {
+        let lay = layout(&soak_args(&["--connections", "1"])).expect("a layout");
+        let mut alone = SoakServer::new(&lay, "tcp");
+        alone.counts = Counts {
+            messages: 2,
+            answered: 2,
+            corrupted: 1,
+            ..Counts::default()
+        };
+        alone.publish();
+        let scrape = crate::metrics::render(&lay.telemetry).expect("a scrape");
+        assert!(!scrape.contains("starwire_soak_messages"), "{scrape}");
+        let mut beside = SoakServer::new(&lay, "tcp").beside_its_client(&lay.telemetry);
+        beside.counts = alone.counts;
+        beside.publish();
+        let scrape = crate::metrics::render(&lay.telemetry).expect("a scrape");
+        assert_metrics_are_the_report(
+            &scrape,
+            &Counts {
+                corrupted: 1,
+                ..Counts::default()
+            },
+        );
+    }
+
+    /// `soak` parsed with `flags`.
+    fn soak_args(flags: &[&str]) -> SoakArgs {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            soak: SoakArgs,
+        }
+        <Cli as clap::Parser>::parse_from(std::iter::once("soak").chain(flags.iter().copied())).soak
+    }
+
+    /// Assert that every `starwire_soak_messages_total{outcome}` in
+    /// `scrape` is the report's field of the same name: `report` holds
+    /// what [`report`] puts in them (`sent` is its `messages`, `unmatched`
+    /// its `unmatched_responses`); `refused`, which the report has not,
+    /// is the client's count of it.
+    fn assert_metrics_are_the_report(scrape: &str, report: &Counts) {
+        let want = [
+            ("sent", report.messages),
+            ("answered", report.answered),
+            ("lost", report.lost),
+            ("duplicated", report.duplicated),
+            ("corrupted", report.corrupted),
+            ("rejected", report.rejected),
+            ("refused", report.refused),
+            ("unmatched", report.unmatched_responses),
+            ("out_of_order", report.out_of_order),
+        ];
+        let got: Vec<(&str, u64)> = want.iter().map(|(o, _)| (*o, scraped(scrape, o))).collect();
+        assert_eq!(got, want, "{scrape}");
+        // No outcome is left out.
+        let series = scrape
+            .lines()
+            .filter(|l| l.starts_with("starwire_soak_messages_total{"))
+            .count();
+        assert_eq!(series, want.len(), "{scrape}");
+    }
+
+    /// A whole soak in one process over tcp, the faults (`corrupt`) under
+    /// the server's links only: the server finds corrupted requests and
+    /// refuses them. Once it is over, `/metrics` is the report.
+    #[test]
+    fn one_process_soak_metrics_are_the_report() {
+        let args = soak_args(&[
+            "--connections",
+            "8",
+            "--client-reactors",
+            "1",
+            "--server-reactors",
+            "1",
+            "--duration",
+            "0.3",
+            "--drain",
+            "2",
+            "--max-size",
+            "2048",
+            "--polling",
+            "off",
+            "--faults",
+            "corrupt=0.02,seed=5",
+        ]);
+        let spec = args.faults.expect("a fault spec");
+        let lay = layout(&args).expect("a layout");
+        let cfg = TcpConfig::default();
+        let make = || Ok(Links::new(cfg.max_frame_len));
+        // The clients' links inject nothing.
+        let attacher = move |first: u64, step: u64| {
+            let faults = if first >= SERVER_LINKS {
+                spec
+            } else {
+                FaultSpec::default()
+            };
+            faulty_attacher(faults, cfg)(first, step)
+        };
+        let out = run_soak(&args, &lay, make, attacher).expect("the soak runs");
+        let scrape = crate::metrics::render(&lay.telemetry).expect("a scrape");
+        assert!(
+            out.counts.corrupted > 0,
+            "the server found no corruption\n{scrape}"
+        );
+        assert_metrics_are_the_report(&scrape, &out.counts);
+        assert!(!out.counts.clean());
     }
 
     /// In one process the server's rejections of corrupted requests are

@@ -115,10 +115,16 @@ pub(super) struct ClientConn {
 impl ClientConn {
     /// Add what `conn` dropped as unmatched since the last look.
     pub(super) fn sync_unmatched(&mut self, conn: &Connection, counts: &mut Counts) {
-        let now = conn.unmatched_responses();
-        counts.unmatched_responses += now.saturating_sub(self.unmatched_seen);
-        self.unmatched_seen = now;
+        sync_unmatched(&mut self.unmatched_seen, conn, counts);
     }
+}
+
+/// Add what `conn` dropped as unmatched since `seen` (its
+/// [`Connection::unmatched_responses`] as last added to `counts`).
+fn sync_unmatched(seen: &mut u64, conn: &Connection, counts: &mut Counts) {
+    let now = conn.unmatched_responses();
+    counts.unmatched_responses += now.saturating_sub(*seen);
+    *seen = now;
 }
 
 /// The client's role on one reactor: keeps `inflight` requests
@@ -176,7 +182,13 @@ impl SoakClient {
         }
     }
 
-    /// What is still unanswered is lost; every connection is closed.
+    /// Publish the counts at `/metrics`.
+    pub(super) fn publish(&self) {
+        self.cells.publish(self.counts.published());
+    }
+
+    /// What is still unanswered is lost (and published); every
+    /// connection is closed.
     pub(super) fn finish<D: Driver>(&mut self, sessions: &mut Sessions<D>) {
         self.sync_unmatched(sessions);
         for (i, c) in self.conns.iter_mut().enumerate() {
@@ -188,6 +200,7 @@ impl SoakClient {
             }
         }
         self.done = true;
+        self.publish();
         self.driver.publish(&sessions.driver().counters());
     }
 }
@@ -305,7 +318,7 @@ impl<D: SoakDriver> Service<D> for SoakClient {
             self.driver.publish(&sessions.driver().counters());
             self.sync_unmatched(sessions);
         }
-        self.cells.publish(self.counts.published());
+        self.publish();
         self.sending = now < self.stop_sending;
         if !self.sending {
             let all_quiet = self
@@ -355,11 +368,24 @@ impl<D: SoakDriver> Service<D> for SoakClient {
     }
 }
 
+/// One server connection's bookkeeping.
+#[derive(Debug, Default)]
+pub(super) struct ServerConn {
+    pub(super) track: SeqTrack,
+    /// The connection's [`Connection::unmatched_responses`] as last added
+    /// to the counts.
+    pub(super) unmatched_seen: u64,
+}
+
 /// The server's role on one reactor: checks and answers every request.
 pub(super) struct SoakServer {
-    /// By [`ConnId::index`].
-    pub(super) tracks: Vec<Option<SeqTrack>>,
+    /// By [`ConnId::index`]; `None` once the connection ended.
+    pub(super) conns: Vec<Option<ServerConn>>,
     pub(super) counts: Counts,
+    /// Beside its client, in this process: where the server publishes its
+    /// share of the report's counts ([`Counts::server_share`]), in the
+    /// cells of the client's series. A `--listen` server publishes none.
+    pub(super) cells: Option<SoakCells>,
     /// Faults injected on connections that ended (and went).
     pub(super) faults: FaultCounts,
     /// The reactor's driver counters, published a few times a second.
@@ -373,11 +399,37 @@ pub(super) struct SoakServer {
 impl SoakServer {
     pub(super) fn new(lay: &Layout, backend: &str) -> Self {
         Self {
-            tracks: Vec::new(),
+            conns: Vec::new(),
             counts: Counts::default(),
+            cells: None,
             faults: FaultCounts::default(),
             driver: DriverCells::new(&lay.telemetry, backend),
             closes: remote::Closes::default(),
+        }
+    }
+
+    /// A server whose client runs in this process: it publishes its
+    /// share of the report's counts in `t`, where the client reactors
+    /// publish theirs, so each series is the report's field.
+    pub(super) fn beside_its_client(mut self, t: &Telemetry) -> Self {
+        self.cells = Some(SoakCells::new(t));
+        self
+    }
+
+    /// Add what every connection still attached dropped as unmatched.
+    pub(super) fn sync_unmatched<D: Driver>(&mut self, sessions: &Sessions<D>) {
+        for (i, c) in self.conns.iter_mut().enumerate() {
+            let Some(c) = c else { continue };
+            if let Some(conn) = sessions.conn_ref(ConnId::new(i as u32)) {
+                sync_unmatched(&mut c.unmatched_seen, conn, &mut self.counts);
+            }
+        }
+    }
+
+    /// Publish its share of the counts, if beside its client.
+    pub(super) fn publish(&self) {
+        if let Some(cells) = &self.cells {
+            cells.publish(self.counts.server_share().published());
         }
     }
 }
@@ -414,13 +466,15 @@ pub(super) fn serve_request(
 
 impl<D: SoakDriver> Service<D> for SoakServer {
     fn on_attach(&mut self, id: ConnId, _shard: u32, _now: Instant) {
-        put(&mut self.tracks, id, SeqTrack::default());
+        put(&mut self.conns, id, ServerConn::default());
     }
 
     fn poll(&mut self, sessions: &mut Sessions<D>, now: Instant) -> bool {
         if self.driver.due(now) {
             self.driver.publish(&sessions.driver().counters());
+            self.sync_unmatched(sessions);
         }
+        self.publish();
         false
     }
 
@@ -431,8 +485,8 @@ impl<D: SoakDriver> Service<D> for SoakServer {
         msg: Incoming<'_>,
         _now: Instant,
     ) -> Result<(), ConnError> {
-        if let Some(track) = slot(&mut self.tracks, id) {
-            serve_request(track, &mut self.counts, conn, msg);
+        if let Some(c) = slot(&mut self.conns, id) {
+            serve_request(&mut c.track, &mut self.counts, conn, msg);
         }
         Ok(())
     }
@@ -447,10 +501,12 @@ impl<D: SoakDriver> Service<D> for SoakServer {
     ) {
         self.faults.add(driver.fault_stats(id));
         // The server sends no requests: any response it gets is unmatched.
-        self.counts.unmatched_responses += conn.unmatched_responses();
-        if let Some(t) = self.tracks.get_mut(id.index()) {
-            *t = None;
-        }
+        let mut seen = self
+            .conns
+            .get_mut(id.index())
+            .and_then(Option::take)
+            .map_or(0, |c| c.unmatched_seen);
+        sync_unmatched(&mut seen, conn, &mut self.counts);
         if self.closes.counting() {
             if !matches!(error, ConnError::Closed) {
                 tracing::warn!(conn = id.index(), "soak connection failed: {error}");
