@@ -160,10 +160,7 @@ impl WorkerPulls {
     pub(crate) fn begin_pull(&mut self, vars: usize, spare: &mut Vec<VarPulls>) {
         if std::mem::take(&mut self.pushed) {
             for v in &mut self.vars {
-                v.clear();
-                if !v.unallocated() {
-                    spare.push(std::mem::take(v));
-                }
+                recycle(spare, v);
             }
         }
         if self.vars.len() < vars {
@@ -328,10 +325,7 @@ impl Pulls {
         };
         for &i in vars {
             if let Some(v) = rec.vars.get_mut(i) {
-                v.clear();
-                if !v.unallocated() {
-                    self.spare.push(std::mem::take(v));
-                }
+                recycle(&mut self.spare, v);
             }
         }
     }
@@ -345,10 +339,7 @@ impl Pulls {
         };
         rec.pushed = false;
         for v in &mut rec.vars {
-            v.clear();
-            if !v.unallocated() {
-                self.spare.push(std::mem::take(v));
-            }
+            recycle(&mut self.spare, v);
         }
     }
 
@@ -375,6 +366,15 @@ impl Pulls {
         if let Some(r) = self.by_worker.get_mut(w as usize) {
             *r = rec;
         }
+    }
+}
+
+/// Empty `v` and give its buffers, if it holds any, to `spare`, where the
+/// shard's next pull records into them.
+fn recycle(spare: &mut Vec<VarPulls>, v: &mut VarPulls) {
+    v.clear();
+    if !v.unallocated() {
+        spare.push(std::mem::take(v));
     }
 }
 

@@ -831,7 +831,7 @@ impl PsShard {
     /// it is kept for its step, so that only its sender fails. A push
     /// that passes can still be refused for a sum that is not finite: of
     /// its duplicate keys, or of a gathered step's pushes.
-    pub fn check_push(&self, req: &[u8]) -> Result<(), PsError> {
+    fn check_push(&self, req: &[u8]) -> Result<(), PsError> {
         let view = PushRequest::parse(req, &self.cfg.limits)?;
         for item in view.items() {
             match item {
