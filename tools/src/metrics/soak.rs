@@ -36,11 +36,17 @@ pub struct SoakCounts {
     pub unmatched_responses: u64,
     /// Answers out of order; a server's: requests.
     pub out_of_order: u64,
+    /// Connections that failed (as the report's `connections_failed`).
+    pub connections_failed: u64,
 }
 
-/// One reactor's cells of `starwire_soak_messages_total{outcome}`.
+/// One reactor's cells of `starwire_soak_messages_total{outcome}`, and
+/// of `starwire_soak_connections_failed_total`.
 #[derive(Debug)]
-pub struct SoakCells([Arc<Counter>; 9]);
+pub struct SoakCells {
+    messages: [Arc<Counter>; 9],
+    connections_failed: Arc<Counter>,
+}
 
 impl SoakCells {
     /// Cells in `t`.
@@ -52,7 +58,7 @@ impl SoakCells {
                 &[("outcome", outcome)],
             )
         };
-        Self([
+        let messages = [
             c("sent"),
             c("answered"),
             c("lost"),
@@ -62,7 +68,16 @@ impl SoakCells {
             c("refused"),
             c("unmatched"),
             c("out_of_order"),
-        ])
+        ];
+        let connections_failed = t.counter(
+            "starwire_soak_connections_failed",
+            "Soak connections that failed, as the report's connections_failed: closed with an error before the soak ended (the client's, plus a server's in the same process)",
+            &[],
+        );
+        Self {
+            messages,
+            connections_failed,
+        }
     }
 
     /// Publish the reactor's counts (plain stores).
@@ -78,8 +93,9 @@ impl SoakCells {
             c.unmatched_responses,
             c.out_of_order,
         ];
-        for (cell, v) in self.0.iter().zip(v) {
+        for (cell, v) in self.messages.iter().zip(v) {
             cell.set(v);
         }
+        self.connections_failed.set(c.connections_failed);
     }
 }

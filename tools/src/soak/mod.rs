@@ -298,6 +298,7 @@ impl Counts {
             refused: self.refused,
             unmatched_responses: self.unmatched_responses,
             out_of_order: self.out_of_order,
+            connections_failed: self.failed,
         }
     }
 }
@@ -1067,6 +1068,7 @@ mod tests {
         answer(&mut client, true, Status::BadRequest, &[]);
         answer(&mut client, true, Status::UnknownVariable, &ok);
         client.unmatched_responses = 1;
+        client.failed = 1;
         // The server saw the three requests (and a duplicate, a reordered
         // one and an unmatched response), refused the one it found
         // corrupted, and answered all.
@@ -1099,6 +1101,7 @@ mod tests {
             ),
             (1, 1, 3)
         );
+        assert_eq!(report.failed, 1);
         assert!(!report.clean());
     }
 
@@ -1117,7 +1120,7 @@ mod tests {
         };
         alone.publish();
         let scrape = crate::metrics::render(&lay.telemetry).expect("a scrape");
-        assert!(!scrape.contains("starwire_soak_messages"), "{scrape}");
+        assert!(!scrape.contains("starwire_soak_"), "{scrape}");
         let mut beside = SoakServer::new(&lay, "tcp").beside_its_client(&lay.telemetry);
         beside.counts = alone.counts;
         beside.publish();
@@ -1145,7 +1148,9 @@ mod tests {
     /// `scrape` is the report's field of the same name: `report` holds
     /// what [`report`] puts in them (`sent` is its `messages`, `unmatched`
     /// its `unmatched_responses`); `refused`, which the report has not,
-    /// is the client's count of it.
+    /// is the client's count of it. So is
+    /// `starwire_soak_connections_failed_total` the report's
+    /// `connections_failed`.
     fn assert_metrics_are_the_report(scrape: &str, report: &Counts) {
         let want = [
             ("sent", report.messages),
@@ -1166,6 +1171,15 @@ mod tests {
             .filter(|l| l.starts_with("starwire_soak_messages_total{"))
             .count();
         assert_eq!(series, want.len(), "{scrape}");
+        let failed = scrape
+            .lines()
+            .find_map(|l| l.strip_prefix("starwire_soak_connections_failed_total "))
+            .unwrap_or_else(|| panic!("no connections_failed series in\n{scrape}"));
+        assert_eq!(
+            failed.trim().parse::<u64>().expect("a count"),
+            report.failed,
+            "{scrape}"
+        );
     }
 
     /// A whole soak in one process over tcp, the faults (`corrupt`) under
