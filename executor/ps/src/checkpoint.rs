@@ -12,7 +12,7 @@ use std::io::{self, BufWriter, Read, Write};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use rustc_hash::FxHashMap;
+use crate::keyhash::KeyMapOf;
 use serde::{Deserialize, Serialize};
 
 use crate::applied::{AppliedSteps, Position};
@@ -216,10 +216,7 @@ pub(crate) fn put_row(w: &mut CrcWriter<'_>, rows: &Rows, k: u64) -> io::Result<
 }
 
 /// Every pending filter counter, by key.
-pub(crate) fn put_pending(
-    w: &mut CrcWriter<'_>,
-    pending: &FxHashMap<u64, Pending>,
-) -> io::Result<()> {
+pub(crate) fn put_pending(w: &mut CrcWriter<'_>, pending: &KeyMapOf<Pending>) -> io::Result<()> {
     let mut keys: Vec<u64> = pending.keys().copied().collect();
     keys.sort_unstable();
     for k in keys {
@@ -313,9 +310,9 @@ pub(crate) fn read_pending(
     c: &mut Cursor<'_>,
     n: u64,
     id: u32,
-) -> Result<FxHashMap<u64, Pending>, CheckpointError> {
+) -> Result<KeyMapOf<Pending>, CheckpointError> {
     let n = c.fits(n, 24, "pending counters")?;
-    let mut pending = FxHashMap::default();
+    let mut pending = KeyMapOf::default();
     pending.reserve(n);
     for _ in 0..n {
         let key = c.u64("pending key")?;

@@ -28,6 +28,7 @@ use crate::checkpoint::{
     read_pending, read_row, read_table_stats, read_var_head, CrcWriter, Cursor,
 };
 use crate::error::CheckpointError;
+use crate::keyhash::KeySet;
 use crate::shard::{PsShard, Var};
 use crate::table::Rows;
 
@@ -42,7 +43,7 @@ pub const DELTA_VERSION_1: u32 = 1;
 /// checkpoint. See the module documentation.
 #[derive(Debug, Default, Clone)]
 pub struct TouchedRows {
-    keys: FxHashMap<u32, FxHashSet<u64>>,
+    keys: FxHashMap<u32, KeySet>,
     limits: Limits,
 }
 
@@ -110,7 +111,7 @@ impl TouchedRows {
 
     /// Keys recorded, over all tables.
     pub fn len(&self) -> usize {
-        self.keys.values().map(FxHashSet::len).sum()
+        self.keys.values().map(KeySet::len).sum()
     }
 
     /// True when nothing was recorded.

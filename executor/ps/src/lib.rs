@@ -64,6 +64,7 @@ pub mod assign;
 pub mod checkpoint;
 pub mod delta;
 mod error;
+mod keyhash;
 pub mod layout;
 pub mod optim;
 mod prefetch;

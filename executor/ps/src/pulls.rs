@@ -46,8 +46,8 @@
 //!
 //! [`OptimizerConfig::tracks_pulls`]: crate::OptimizerConfig::tracks_pulls
 
+use crate::keyhash::KeyMapOf;
 use bytes::Bytes;
-use rustc_hash::FxHashMap;
 use starwire_wire::ps::{F32s, U64s};
 
 use crate::optim::{OptimizerConfig, Pulled, StalenessLr};
@@ -80,7 +80,7 @@ pub(crate) struct VarPulls {
     /// their count of floats.
     in_reply: Option<(usize, usize)>,
     /// Key -> last position, built on demand.
-    index: FxHashMap<u64, u32>,
+    index: KeyMapOf<u32>,
     indexed: bool,
 }
 

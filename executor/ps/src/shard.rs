@@ -10,6 +10,7 @@ use starwire_wire::ps::{
 use crate::applied::AppliedSteps;
 use crate::checkpoint::MAX_WORKER_INDEX;
 use crate::error::{PsError, ShardConfigError};
+use crate::keyhash::KeySet;
 use crate::optim::{OptimizerConfig, Pulled};
 use crate::pulls::{Pulls, WorkerPulls};
 use crate::table::same_keys;
@@ -187,7 +188,7 @@ pub struct PsShard {
     sum: Vec<f32>,
     /// Per variable: the keys a pull could add to it (an upper bound).
     new_rows: Vec<u64>,
-    missing: FxHashSet<u64>,
+    missing: KeySet,
 }
 
 impl PsShard {
@@ -274,7 +275,7 @@ impl PsShard {
             pulled: Vec::new(),
             sum: Vec::new(),
             new_rows: Vec::new(),
-            missing: FxHashSet::default(),
+            missing: KeySet::default(),
         }
     }
 

@@ -11,15 +11,14 @@
 //!
 //! Linear probing over a power-of-two array of [`Entry`]s, at most half
 //! full; an entry whose `Held::index` is [`NO_ROW`] is empty (`NO_ROW` is
-//! never a row index). The hash is FxHash, as for the table's other maps:
-//! keys are already well-mixed feature hashes.
+//! never a row index). The hash is seeded per map, as for the table's other
+//! maps: keys come from peers ([`crate::keyhash`]).
 
 use std::hash::BuildHasher;
 
-use rustc_hash::FxBuildHasher;
-
 use super::rows::Held;
 use super::NO_ROW;
+use crate::keyhash::KeyState;
 use crate::prefetch;
 
 /// A key and its row ([`Held`]): 16 bytes, aligned to 16, so that four
@@ -61,6 +60,8 @@ pub(crate) struct KeyMap {
     /// A power of two long (or empty); at most half full.
     entries: Vec<Entry>,
     len: usize,
+    /// The map's own seed: it stays across growth.
+    hasher: KeyState,
 }
 
 impl KeyMap {
@@ -80,7 +81,7 @@ impl KeyMap {
 
     /// The position a probe for `key` starts at (the map is not empty).
     fn home(&self, key: u64) -> usize {
-        FxBuildHasher.hash_one(key) as usize & self.mask()
+        self.hasher.hash_one(key) as usize & self.mask()
     }
 
     /// Hint that `key` will be looked up soon: the cache line its probe
@@ -221,7 +222,6 @@ impl KeyMap {
 #[cfg(test)]
 mod tests {
     use super::*;
-
     /// Add `key` with `slot`; false (and no change) when it has one.
     fn insert(m: &mut KeyMap, key: u64, slot: Held) -> bool {
         let found = m.find(key);
@@ -303,5 +303,46 @@ mod tests {
         m.reserve(1000);
         assert_eq!(m.get(4).map(|s| s.index), Some(1));
         assert_eq!(m.len(), 31);
+    }
+
+    /// How far from its home position `key` sits (it is in the map).
+    fn probe_len(m: &KeyMap, key: u64) -> usize {
+        let Some(Found::At(at)) = m.find(key) else {
+            panic!("key {key} is not in the map");
+        };
+        at.wrapping_sub(m.home(key)) & m.mask()
+    }
+
+    /// Keys made to share one home slot under an unkeyed FxHash
+    /// (`k * K` with its high bits zero, `K` FxHash's multiplier) are
+    /// spread by each map's seed: no key sits far from its home. Under
+    /// FxHash the 4096 keys formed one run, the last 4095 slots from home.
+    #[test]
+    fn keys_crafted_against_an_unkeyed_hash_do_not_share_a_probe_run() {
+        const K: u64 = 0xf1357aea2e62a9c5;
+        // K's inverse modulo 2^64, by Newton's iteration (K is odd).
+        let mut inv = K;
+        for _ in 0..6 {
+            inv = inv.wrapping_mul(2u64.wrapping_sub(K.wrapping_mul(inv)));
+        }
+        assert_eq!(K.wrapping_mul(inv), 1);
+        let keys: Vec<u64> = (1..=4096u64).map(|i| (i << 12).wrapping_mul(inv)).collect();
+        let mut m = KeyMap::default();
+        for (i, &k) in keys.iter().enumerate() {
+            assert!(insert(&mut m, k, slot(i as u32)));
+        }
+        let longest = keys.iter().map(|&k| probe_len(&m, k)).max().unwrap();
+        assert!(longest < 100, "a probe run of {longest} slots");
+        // Two maps hash the same key apart (their seeds differ), so an
+        // order learnt from one map says nothing of another.
+        let other = KeyMap::default();
+        assert_ne!(
+            keys.iter()
+                .map(|&k| m.hasher.hash_one(k))
+                .collect::<Vec<_>>(),
+            keys.iter()
+                .map(|&k| other.hasher.hash_one(k))
+                .collect::<Vec<_>>()
+        );
     }
 }

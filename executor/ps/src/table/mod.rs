@@ -2,9 +2,6 @@
 //! DeepRec EmbeddingVariable semantics (create on first pull, frequency
 //! filter, time-to-live eviction counted in global steps).
 
-use rustc_hash::FxHashMap;
-
-use rustc_hash::FxHashSet;
 use starwire_wire::ps::{put_f32s, F32s, U64s};
 
 use crate::optim::OptimizerConfig;
@@ -17,6 +14,7 @@ mod keymap;
 pub(crate) mod prefault;
 mod rows;
 mod stale;
+use crate::keyhash::{KeyMapOf, KeySet};
 use defaults::Defaults;
 use rows::alloc;
 use rows::Held;
@@ -24,9 +22,8 @@ pub(crate) use rows::Rows;
 pub use rows::{NoRoom, TableFull};
 pub(crate) use stale::same_keys;
 
-/// Keys are already well-mixed feature hashes, so the map uses FxHash (one
-/// multiply) rather than SipHash.
-type Map<V> = FxHashMap<u64, V>;
+/// Keys come from peers: a seeded hash ([`crate::keyhash`]).
+type Map<V> = KeyMapOf<V>;
 
 /// Marks a key that has no row in [`EmbeddingTable::resolve`]'s output.
 const NO_ROW: u32 = u32::MAX;
@@ -120,7 +117,7 @@ struct Scratch {
     acc_keys: Vec<u64>,
     acc_grads: Vec<f32>,
     // Keys without a row counted by the filter in the current pull request.
-    counted: FxHashSet<u64>,
+    counted: KeySet,
     // Row indices of the keys of one pull.
     resolved: Vec<u32>,
     // The new rows of one pull: position in `resolved` and key.
@@ -295,7 +292,7 @@ impl EmbeddingTable {
     pub(crate) fn count_missing(
         &self,
         keys: impl Iterator<Item = u64>,
-        seen: &mut FxHashSet<u64>,
+        seen: &mut KeySet,
     ) -> usize {
         keys.filter(|&k| !self.rows.map.contains_key(k) && seen.insert(k))
             .count()
