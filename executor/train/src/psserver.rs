@@ -145,6 +145,17 @@ pub struct Service<H> {
     share_pulls: bool,
 }
 
+/// Who sent a request, as far as the transport can tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sender {
+    /// A transport that does not name its peers (the gRPC baseline).
+    Anonymous,
+    /// The worker of this task index.
+    Worker(u32),
+    /// A peer the handshake named as no worker.
+    Peer,
+}
+
 /// Why a worker's `WAIT_STEP` fails at once (`--sync`): the status and
 /// reason of the refusal.
 type Refusal = (Status, String);
@@ -230,21 +241,27 @@ impl<H: PsHandler> Service<H> {
         self.failed
     }
 
-    /// Serve one request of a sender not known as a worker. A reply that
-    /// leaves takes the scratch buffer with it; `next(capacity)` gives the
-    /// buffer that replaces it.
+    /// Serve one request of a sender the transport cannot name (the gRPC
+    /// baseline's). A reply that leaves takes the scratch buffer with it;
+    /// `next(capacity)` gives the buffer that replaces it.
     pub fn serve(
         &mut self,
         opcode: Opcode,
         body: &[u8],
         next: impl FnOnce(usize) -> Vec<u8>,
     ) -> Reply {
-        self.serve_from(None, opcode, body, next)
+        self.serve_as(Sender::Anonymous, opcode, body, next)
     }
 
-    /// Serve one request of worker `from` (its task index, when the sender
-    /// is a worker): as [`serve`](Self::serve), and with
-    /// [`with_sync`](Self::with_sync) a worker's push joins its step.
+    /// Serve one request of worker `from` (its task index), or of a peer
+    /// the handshake named as no worker (`None`): as
+    /// [`serve`](Self::serve), and with [`with_sync`](Self::with_sync) a
+    /// worker's push joins its step. What only workers send is refused
+    /// from a peer that is not one: a push under `--sync` (it would move
+    /// the global step past the gathered step's barriers),
+    /// `CHECKPOINT_VOTE`, and `CHECKPOINT_AT` but from worker 0 (a vote or
+    /// a checkpoint step of another peer's choosing would put off or drop
+    /// the run's checkpoints).
     pub fn serve_from(
         &mut self,
         from: Option<u32>,
@@ -252,6 +269,22 @@ impl<H: PsHandler> Service<H> {
         body: &[u8],
         next: impl FnOnce(usize) -> Vec<u8>,
     ) -> Reply {
+        let sender = from.map_or(Sender::Peer, Sender::Worker);
+        self.serve_as(sender, opcode, body, next)
+    }
+
+    fn serve_as(
+        &mut self,
+        sender: Sender,
+        opcode: Opcode,
+        body: &[u8],
+        next: impl FnOnce(usize) -> Vec<u8>,
+    ) -> Reply {
+        let from = match sender {
+            Sender::Worker(w) => Some(w),
+            Sender::Anonymous | Sender::Peer => None,
+        };
+        let named = sender != Sender::Anonymous;
         let Self {
             handler,
             out,
@@ -267,6 +300,7 @@ impl<H: PsHandler> Service<H> {
         // gathers them), so a restarted worker's replayed step is not
         // applied twice.
         let async_from = from.filter(|_| sync.is_none());
+        let gathering = sync.is_some();
         let (kind, r) = match (opcode, sync.as_mut().zip(from)) {
             (Opcode::SparsePull, _) => {
                 ("pull", handler.pull_from(from, shared.is_some(), body, out))
@@ -279,6 +313,15 @@ impl<H: PsHandler> Service<H> {
                 }
                 ("push", r)
             }
+            (Opcode::SparsePush, None) if gathering => (
+                "push",
+                Err(HandlerError {
+                    status: Status::BadRequest,
+                    message: "a push from a peer that is not a worker: --sync gathers each \
+                              worker's pushes"
+                        .into(),
+                }),
+            ),
             (Opcode::SparsePush, None) => match async_from {
                 Some(w) => ("push", handler.push_from(w, body, out)),
                 None => ("push", handler.push(body, out)),
@@ -308,11 +351,25 @@ impl<H: PsHandler> Service<H> {
                         }),
                     )
                 }
+                Ok(Control::CheckpointAt(_)) if named && from != Some(0) => (
+                    "checkpoint",
+                    Err(HandlerError {
+                        status: Status::BadRequest,
+                        message: "CHECKPOINT_AT from a peer that is not worker 0".into(),
+                    }),
+                ),
                 Ok(Control::CheckpointAt(c)) => (
                     "checkpoint",
                     handler.checkpoint_at(c).map_err(|message| HandlerError {
                         status: Status::BadRequest,
                         message,
+                    }),
+                ),
+                Ok(Control::CheckpointVote { .. }) if named && from.is_none() => (
+                    "checkpoint",
+                    Err(HandlerError {
+                        status: Status::BadRequest,
+                        message: "CHECKPOINT_VOTE from a peer that is not a worker".into(),
                     }),
                 ),
                 Ok(Control::CheckpointVote { step, want }) => {
@@ -1191,6 +1248,61 @@ mod tests {
         push(&mut idle, 1, 1.0);
         idle.rewind_kept();
         assert_eq!(steps(&idle), serde_json::json!({"0": 1, "1": 1}));
+    }
+
+    /// What only workers send is refused from a peer the handshake named
+    /// as no worker: a `--sync` push (it used to be applied on its own,
+    /// moving the global step past the barriers of the step being
+    /// gathered), a checkpoint vote, and a checkpoint step but from worker
+    /// 0. Each fails with `BadRequest` and changes nothing; from the
+    /// workers they are served as before, and the gRPC baseline, whose
+    /// transport names no sender, is served as before.
+    #[test]
+    fn what_only_workers_send_is_refused_from_other_peers() {
+        let mut svc = sync_service();
+        let mut b = Vec::new();
+        PushRequestWriter::new(&mut b, true).dense(0, &[1.0, 1.0]);
+        for _ in 0..2 {
+            let r = svc.serve_from(None, Opcode::SparsePush, &b, Vec::with_capacity);
+            assert_eq!(status(&r), Some(Status::BadRequest), "{r:?}");
+        }
+        assert_eq!(svc.handler().global_step(), 0);
+        assert_eq!(weights(&svc), [0.0, 0.0]);
+        push(&mut svc, 0, 1.0);
+        push(&mut svc, 1, 1.0);
+        assert_eq!(svc.handler().global_step(), 2);
+
+        let at = Control::CheckpointAt(64).encode();
+        let vote = Control::CheckpointVote {
+            step: u64::MAX,
+            want: false,
+        }
+        .encode();
+        let refused_as_no_worker = |r: &Reply| match r {
+            Reply::Now(Status::BadRequest, m) => m.windows(11).any(|w| w == b"from a peer"),
+            _ => false,
+        };
+        for (from, body) in [(None, &at), (Some(1), &at), (None, &vote)] {
+            let r = svc.serve_from(from, Opcode::Rpc, body, Vec::with_capacity);
+            assert!(refused_as_no_worker(&r), "{from:?}: {r:?}");
+        }
+        // Worker 0's checkpoint step reaches the shard (which has no
+        // checkpoint directory here, and says so); a worker's vote is
+        // counted.
+        for (from, body) in [(Some(0), &at), (Some(1), &vote)] {
+            let r = svc.serve_from(from, Opcode::Rpc, body, Vec::with_capacity);
+            assert!(!refused_as_no_worker(&r), "{from:?}: {r:?}");
+        }
+        let r = svc.serve_from(Some(1), Opcode::Rpc, &vote, Vec::with_capacity);
+        assert_eq!(status(&r), Some(Status::Ok), "{r:?}");
+        let mut anonymous = Service::new(ShardHandler::new(
+            PsShard::new(0, &[dense_var()], sgd_config()),
+            0,
+        ));
+        for body in [&at, &vote] {
+            let r = anonymous.serve(Opcode::Rpc, body, Vec::with_capacity);
+            assert!(!refused_as_no_worker(&r), "{r:?}");
+        }
     }
 
     fn steps(svc: &Service<ShardHandler>) -> serde_json::Value {
