@@ -85,6 +85,10 @@ fn push_item<'a>(r: &mut Reader<'a>, limits: &Limits) -> Result<PushItem<'a>, De
             check_limit("batch", batch.into(), limits.max_keys.into())?;
             check_limit("keys", n.into(), limits.max_keys.into())?;
             let e = elems(batch, dim, limits, "pooled gradients")?;
+            // The shard sums a pooled gradient into a row of `dim` floats
+            // per distinct key: bounded as a rows push's gradients are,
+            // though the request carries only the keys.
+            elems(n, dim, limits, "pooled keys' rows")?;
             let offsets = offsets(r, batch, n)?;
             let keys = U64s(r.array(n.into(), 8, "keys")?);
             PushItem::Pooled {

@@ -278,3 +278,28 @@ fn f32s_all_finite_agrees_with_is_finite_on_every_edge() {
     }
     assert!(F32s::new(&[]).unwrap().all_finite());
 }
+
+/// A pooled push of a few bags over many keys: the shard sums a row of
+/// `dim` floats per key, so `n_keys × dim` is held to `max_elems` as a
+/// rows push's gradients are, though the request carries only keys (it
+/// used to pass with `batch × dim` checked alone).
+#[test]
+fn a_pooled_push_s_keys_rows_are_bounded() {
+    let l = Limits {
+        max_elems: 64,
+        ..Limits::default()
+    };
+    let push = |keys: &[u64]| {
+        let mut b = Vec::new();
+        let offs = [0, keys.len() as u32];
+        PushRequestWriter::new(&mut b, false).pooled(1, 8, &offs, keys, &[0.5; 8]);
+        b
+    };
+    let eight: Vec<u64> = (0..8).collect();
+    assert!(PushRequest::parse(&push(&eight), &l).is_ok());
+    let nine: Vec<u64> = (0..9).collect();
+    assert!(matches!(
+        PushRequest::parse(&push(&nine), &l),
+        Err(DecodeError::Oversized { .. })
+    ));
+}
