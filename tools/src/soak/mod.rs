@@ -1,6 +1,7 @@
 //! `starwire soak`: many connections over loopback for a while, every
 //! message sequence-numbered and checksummed, payload sizes varying; counts
-//! lost, duplicated, corrupted and reordered messages, and RSS growth.
+//! lost, duplicated, corrupted and reordered messages, and RSS growth, and
+//! measures throughput ([`throughput`]).
 //!
 //! Each reactor runs one [`Endpoint`] of the session layer: one driver
 //! with its share of the connections, and the soak's client or server as
@@ -18,6 +19,7 @@
 
 mod drivers;
 mod remote;
+mod throughput;
 mod traffic;
 
 use std::collections::{HashMap, HashSet};
@@ -46,6 +48,7 @@ use drivers::*;
 use remote::Ends;
 use starwire_telemetry::Telemetry;
 use starwire_train::telemetry::DriverCells;
+use throughput::{Span, Throughput};
 use traffic::*;
 
 /// Options of `starwire soak`.
@@ -157,6 +160,10 @@ struct Report {
     idle_policy: String,
     messages: u64,
     answered: u64,
+    /// `measured_s`, `msgs_per_s` and `gbps`: `answered` and the payload
+    /// bytes of those requests and answers over the side's [`Span`].
+    #[serde(flatten)]
+    throughput: Throughput,
     lost: u64,
     duplicated: u64,
     corrupted: u64,
@@ -232,6 +239,10 @@ struct Counts {
     unmatched_responses: u64,
     out_of_order: u64,
     failed: u64,
+    /// The payload bytes of the `answered` requests and of their answers.
+    payload_bytes: u64,
+    /// When this side's traffic began and ended.
+    span: Span,
 }
 
 impl Counts {
@@ -246,11 +257,19 @@ impl Counts {
         self.unmatched_responses += o.unmatched_responses;
         self.out_of_order += o.out_of_order;
         self.failed += o.failed;
+        self.payload_bytes += o.payload_bytes;
+        self.span.merge(o.span);
+    }
+
+    /// The throughput of these counts: `answered` and `payload_bytes`
+    /// over `span`.
+    fn throughput(&self) -> Throughput {
+        Throughput::new(self.answered, self.payload_bytes, self.span.secs())
     }
 
     /// What a server in the same process as its client adds to the
     /// client's counts, in the report and at `/metrics`: all but the
-    /// requests, which the client counts.
+    /// requests, which the client counts, and so their throughput.
     fn server_share(&self) -> Counts {
         // The server's refusals of corrupted requests are in its
         // `corrupted`; the client counted those it got in `refused`, not
@@ -258,6 +277,8 @@ impl Counts {
         Counts {
             messages: 0,
             answered: 0,
+            payload_bytes: 0,
+            span: Span::default(),
             ..*self
         }
     }
@@ -851,6 +872,7 @@ fn report(
         idle_policy: lay.idle_name.clone(),
         messages: c.messages,
         answered: c.answered,
+        throughput: c.throughput(),
         lost: c.lost,
         duplicated: c.duplicated,
         corrupted: c.corrupted,
@@ -907,6 +929,10 @@ fn print_report(r: &Report) {
     println!(
         "  messages     {} sent, {} answered",
         r.messages, r.answered
+    );
+    println!(
+        "  throughput   {:.0} msgs/s, {:.3} Gbit/s of payload over {:.2} s",
+        r.throughput.msgs_per_s, r.throughput.gbps, r.throughput.measured_s
     );
     println!("  lost         {}", r.lost);
     println!("  duplicated   {}", r.duplicated);
@@ -984,9 +1010,18 @@ mod tests {
         body.segments().iter().flat_map(|s| s.to_vec()).collect()
     }
 
-    /// One answer to request 7 (seq 0) checked by a client, on `c`.
+    /// The payload bytes of the request [`answer`] answers.
+    const REQUEST_BYTES: u64 = 116;
+
+    /// One answer to request 7 (seq 0, [`REQUEST_BYTES`] of payload)
+    /// checked by a client, on `c`.
     fn answer(c: &mut Counts, server_here: bool, status: Status, body: &[u8]) {
-        let mut outstanding = HashMap::from([(7, 0)]);
+        answer_at(c, server_here, status, body, Instant::now());
+    }
+
+    /// [`answer`], received at `now`.
+    fn answer_at(c: &mut Counts, server_here: bool, status: Status, body: &[u8], now: Instant) {
+        let mut outstanding = HashMap::from([(7, (0, REQUEST_BYTES))]);
         c.messages += 1;
         on_response(
             &mut outstanding,
@@ -994,6 +1029,60 @@ mod tests {
             c,
             server_here,
             response(7, status, body),
+            now,
+        );
+    }
+
+    /// Each answer adds its request's payload bytes and its own, and ends
+    /// the client's span no earlier than its arrival; an answer no
+    /// request waits for adds nothing. The report's throughput is the
+    /// client's: beside it, the server's bytes and span are left out, as
+    /// its requests are.
+    #[test]
+    fn answers_count_their_payload_bytes_over_the_clients_span() {
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let ok = flat(&make_body(0, 100, 3));
+        let mut client = Counts::default();
+        client.span.begin(t0);
+        answer_at(&mut client, true, Status::Ok, &ok, at(250));
+        answer_at(&mut client, true, Status::BadRequest, &[], at(500));
+        assert_eq!(client.answered, 2);
+        assert_eq!(
+            client.payload_bytes,
+            2 * REQUEST_BYTES + ok.len() as u64,
+            "a refusal's request counts, its empty body adds nothing"
+        );
+        // An answer to no pending request: no bytes, no later end.
+        on_response(
+            &mut HashMap::new(),
+            &mut SeqTrack::default(),
+            &mut client,
+            true,
+            response(9, Status::Ok, &ok),
+            at(900),
+        );
+        assert_eq!((client.answered, client.duplicated), (2, 1));
+        let server = Counts {
+            messages: 2,
+            answered: 2,
+            payload_bytes: 1 << 30,
+            span: {
+                let mut s = Span::default();
+                s.begin(at(1));
+                s.extend_to(at(4000));
+                s
+            },
+            ..Counts::default()
+        };
+        let mut report = client;
+        report.add_server(&server);
+        let t = report.throughput();
+        assert_eq!(t.measured_s, 0.5);
+        assert_eq!(t.msgs_per_s, 4.0);
+        assert_eq!(
+            t.gbps,
+            (2 * REQUEST_BYTES + ok.len() as u64) as f64 * 16.0 / 1e9
         );
     }
 
@@ -1226,6 +1315,23 @@ mod tests {
         );
         assert_metrics_are_the_report(&scrape, &out.counts);
         assert!(!out.counts.clean());
+        // The throughput fields, as the report has them: positive, over
+        // no more than the sending window and the drain (the span begins
+        // at the first request, after the dials).
+        let t = out.counts.throughput();
+        let json = serde_json::to_value(t).expect("throughput JSON");
+        for k in ["measured_s", "msgs_per_s", "gbps"] {
+            let v = json[k]
+                .as_f64()
+                .unwrap_or_else(|| panic!("no {k} in {json}"));
+            assert!(v > 0.0, "{k} {v}: {json}");
+        }
+        assert!(t.measured_s <= args.duration + args.drain, "{json}");
+        assert_eq!(
+            t.msgs_per_s,
+            out.counts.answered as f64 / t.measured_s,
+            "{json}"
+        );
     }
 
     /// In one process the server's rejections of corrupted requests are

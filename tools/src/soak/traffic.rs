@@ -104,8 +104,8 @@ pub(super) struct ClientConn {
     /// contents derive from it).
     pub(super) index: u64,
     pub(super) next_seq: u64,
-    /// request id -> seq
-    pub(super) outstanding: HashMap<u64, u64>,
+    /// request id -> (seq, the request's payload bytes)
+    pub(super) outstanding: HashMap<u64, (u64, u64)>,
     pub(super) track: SeqTrack,
     /// The connection's [`Connection::unmatched_responses`] as last added
     /// to the counts.
@@ -190,6 +190,11 @@ impl SoakClient {
     /// What is still unanswered is lost (and published); every
     /// connection is closed.
     pub(super) fn finish<D: Driver>(&mut self, sessions: &mut Sessions<D>) {
+        // The client sent until `stop_sending`, whether or not answers
+        // came that long: its throughput is over that time at least.
+        if self.counts.messages > 0 {
+            self.counts.span.extend_to(self.stop_sending);
+        }
         self.sync_unmatched(sessions);
         for (i, c) in self.conns.iter_mut().enumerate() {
             let Some(c) = c else { continue };
@@ -213,14 +218,16 @@ pub(super) fn is_refusal(status: Status, body: &[u8]) -> bool {
     status == Status::BadRequest && body.is_empty()
 }
 
-/// Check one answer. `server_here`: whether the server runs in this
-/// process and counts its own refusals ([`SoakClient::server_here`]).
+/// Check one answer, received at `now`. `server_here`: whether the
+/// server runs in this process and counts its own refusals
+/// ([`SoakClient::server_here`]).
 pub(super) fn on_response(
-    outstanding: &mut HashMap<u64, u64>,
+    outstanding: &mut HashMap<u64, (u64, u64)>,
     track: &mut SeqTrack,
     counts: &mut Counts,
     server_here: bool,
     m: Incoming<'_>,
+    now: Instant,
 ) {
     let Incoming::Response {
         id, status, body, ..
@@ -228,13 +235,15 @@ pub(super) fn on_response(
     else {
         return;
     };
-    let Some(want) = outstanding.remove(&id) else {
+    let Some((want, request_bytes)) = outstanding.remove(&id) else {
         // The connection drops a response no request waits for (counted
         // in `unmatched_responses`): this is one it delivered anyway.
         counts.duplicated += 1;
         return;
     };
     counts.answered += 1;
+    counts.payload_bytes += request_bytes + body.len() as u64;
+    counts.span.extend_to(now);
     if server_here && is_refusal(status, body) {
         // The server's refusal of a request it found corrupted, which it
         // counts in its `corrupted`: counted apart, not twice as a failure.
@@ -276,7 +285,7 @@ impl<D: SoakDriver> Service<D> for SoakClient {
         id: ConnId,
         _conn: &mut Connection,
         msg: Incoming<'_>,
-        _now: Instant,
+        now: Instant,
     ) -> Result<(), ConnError> {
         if let Some(c) = slot(&mut self.conns, id) {
             on_response(
@@ -285,6 +294,7 @@ impl<D: SoakDriver> Service<D> for SoakClient {
                 &mut self.counts,
                 self.server_here,
                 msg,
+                now,
             );
         }
         Ok(())
@@ -340,12 +350,14 @@ impl<D: SoakDriver> Service<D> for SoakClient {
             };
             while c.outstanding.len() < self.inflight {
                 let seq = c.next_seq;
-                let len = payload_len(c.index, seq, self.max_size);
-                match conn.request(Opcode::Rpc, 0, make_body(seq, len, c.index), None) {
+                let body = make_body(seq, payload_len(c.index, seq, self.max_size), c.index);
+                let bytes = body.len() as u64;
+                match conn.request(Opcode::Rpc, 0, body, None) {
                     Ok(id) => {
-                        c.outstanding.insert(id, seq);
+                        c.outstanding.insert(id, (seq, bytes));
                         c.next_seq += 1;
                         self.counts.messages += 1;
+                        self.counts.span.begin(now);
                         sent = true;
                     }
                     Err(_) => break,
@@ -434,11 +446,13 @@ impl SoakServer {
     }
 }
 
+/// Check and answer one request, received at `now`.
 pub(super) fn serve_request(
     track: &mut SeqTrack,
     counts: &mut Counts,
     conn: &mut Connection,
     m: Incoming<'_>,
+    now: Instant,
 ) {
     let Incoming::Request {
         id, opcode, body, ..
@@ -447,6 +461,7 @@ pub(super) fn serve_request(
         return;
     };
     counts.messages += 1;
+    counts.span.begin(now);
     let (status, reply) = match check_body(body) {
         Some(seq) => {
             track.see(seq, counts);
@@ -459,8 +474,11 @@ pub(super) fn serve_request(
             (Status::BadRequest, Payload::empty())
         }
     };
+    let bytes = (body.len() + reply.len()) as u64;
     if conn.respond(id, opcode, status, reply).is_ok() {
         counts.answered += 1;
+        counts.payload_bytes += bytes;
+        counts.span.extend_to(now);
     }
 }
 
@@ -483,10 +501,10 @@ impl<D: SoakDriver> Service<D> for SoakServer {
         id: ConnId,
         conn: &mut Connection,
         msg: Incoming<'_>,
-        _now: Instant,
+        now: Instant,
     ) -> Result<(), ConnError> {
         if let Some(c) = slot(&mut self.conns, id) {
-            serve_request(&mut c.track, &mut self.counts, conn, msg);
+            serve_request(&mut c.track, &mut self.counts, conn, msg, now);
         }
         Ok(())
     }
