@@ -43,9 +43,9 @@ pub struct GuardArgs {
     /// The token.
     #[command(flatten)]
     pub token: TokenArgs,
-    /// Most connections a PS task holds at once; more are closed at
-    /// accept.
-    #[arg(long, default_value_t = 1024)]
+    /// Most connections a PS task holds at once (at least 1); more are
+    /// closed at accept.
+    #[arg(long, default_value_t = 1024, value_parser = crate::failure::at_least_one)]
     pub max_connections: usize,
     /// Seconds a peer may take from connect to the end of its handshake.
     #[arg(long, default_value_t = 10)]
@@ -77,7 +77,7 @@ impl GuardArgs {
         Ok(Guard {
             token: self.token.token()?,
             insecure: self.token.insecure,
-            max_connections: self.max_connections.max(1),
+            max_connections: self.max_connections,
             handshake_timeout: Duration::from_secs(self.handshake_timeout_secs.max(1)),
             idle_timeout: (self.idle_timeout_secs > 0)
                 .then(|| Duration::from_secs(self.idle_timeout_secs)),

@@ -65,8 +65,12 @@ pub struct TrainArgs {
     /// than 32 workers, 512 x 32 / workers].
     #[arg(long, value_parser = at_least_one)]
     pub batch_size: Option<usize>,
-    /// Embedding width.
-    #[arg(long, default_value_t = 8, value_parser = at_least_one)]
+    /// Embedding width (1 to 65536).
+    #[arg(
+        long,
+        default_value_t = 8,
+        value_parser = RangedU64ValueParser::<usize>::new().range(1..=starwire_graph::MAX_WIDTH as u64)
+    )]
     pub embedding_dim: usize,
     /// sgd, adagrad, adam, ftrl, adagrad_decay or dc_asgd [default:
     /// adagrad; dc_asgd for asynchronous training with 32 workers or more].
@@ -183,7 +187,7 @@ pub struct TrainArgs {
     pub skip_bad_lines: bool,
     /// Workers hand their requests to NETWORK_WORKER_CORE_NUMBER network
     /// reactors through the M:N queue (on), or drive their connections on
-    /// the worker thread (off). tcp, uring and dpdk only.
+    /// the worker thread (off). tcp, uring, dpdk and verbs only.
     #[arg(long, default_value = "off", value_parser = crate::parse_on_off, action = clap::ArgAction::Set)]
     pub worker_handoff: bool,
     /// Compute threads per worker for large ops (0: inline; at most 1024).
@@ -620,10 +624,43 @@ fn dpdk_fast_endpoint(_a: &TrainArgs, _fast: &starwire_config::HostPort) -> Resu
     Ok(())
 }
 
+/// Connections each client of the local cluster (a worker, the evaluator)
+/// opens to a PS task, and what they are: one per shard of the task, one
+/// channel over grpc (it carries all of the task's shards), none over
+/// inproc.
+fn connections_per_client(cfg: &TrainConfig) -> (usize, &'static str) {
+    match cfg.backend {
+        BackendKind::Inproc => (0, "connections"),
+        #[cfg(feature = "grpc")]
+        BackendKind::Grpc => (1, "gRPC channel"),
+        _ => (cfg.ps_reactors.max(1), "shard(s) of the task"),
+    }
+}
+
+/// `--max-connections` below what a PS task of the local cluster holds
+/// would refuse one of the cluster's own connections as it starts: a
+/// usage error naming the count. Every worker's connections and the
+/// evaluator's are counted: the evaluator dials as the workers close, and
+/// a PS counts a connection until its reactor has seen it end.
+fn check_local_connections(cfg: &TrainConfig) -> Result<(), String> {
+    let (per_client, what) = connections_per_client(cfg);
+    let need = (cfg.workers + 1) * per_client;
+    if cfg.guard.max_connections >= need {
+        return Ok(());
+    }
+    Err(format!(
+        "--max-connections {} is below the {need} connections each PS task of this cluster \
+         holds: ({} workers + the evaluator) x {per_client} {what}; give --max-connections \
+         {need} or more",
+        cfg.guard.max_connections, cfg.workers
+    ))
+}
+
 pub fn main(l: LocalArgs) -> Result<(), Failure> {
     let a = &l.train;
     let mut cfg = prepare(a, l.ps, l.workers)?;
     starwire_train::cluster::fit_local_host(&mut cfg).map_err(train_failure)?;
+    check_local_connections(&cfg).map_err(Failure::Usage)?;
     let _dpdk = dpdk_setup(a);
     tracing::info!(
         target: "status",
@@ -1003,9 +1040,10 @@ pub struct ReferenceArgs {
     /// --epochs, --batch-size and --lr).
     #[arg(long, default_value = "lbfgs", value_parser = ["lbfgs", "adagrad"])]
     pub solver: String,
-    /// lbfgs: fit with this L2 strength instead of choosing one of
-    /// 1e-2, 3e-3, ... 1e-6 (largest first) on every 10th example.
-    #[arg(long)]
+    /// lbfgs: fit with this L2 strength (a finite number, 0 or more)
+    /// instead of choosing one of 1e-2, 3e-3, ... 1e-6 (largest first) on
+    /// every 10th example.
+    #[arg(long, value_parser = non_negative_f64)]
     pub l2: Option<f64>,
     /// lbfgs: most passes over the data per fit.
     #[arg(long, default_value_t = 400, value_parser = clap::value_parser!(u32).range(1..))]
@@ -1038,6 +1076,16 @@ pub struct ReferenceArgs {
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
+}
+
+/// A finite number, 0 or more (`reference --l2`: no regularisation is a
+/// strength the solver takes), for clap's `value_parser`.
+fn non_negative_f64(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        Ok(v) => Err(format!("expected a finite number, 0 or more, got {v}")),
+        Err(e) => Err(format!("expected a number: {e}")),
+    }
 }
 
 /// How the reference was fitted, for the report.
@@ -1261,6 +1309,7 @@ mod tests {
             ("--compute-threads", MAX_COMPUTE_THREADS),
             ("--prefetch", MAX_PREFETCH),
             ("--default-value-dim", MAX_DEFAULT_VALUE_DIM),
+            ("--embedding-dim", starwire_graph::MAX_WIDTH),
         ] {
             let at = max.to_string();
             assert!(Cli::try_parse_from(["train", flag, &at]).is_ok(), "{flag}");
@@ -1274,6 +1323,30 @@ mod tests {
         );
         assert_eq!(args(&["--default-value-dim", "0"]).default_value_dim, 0);
         assert_eq!(args(&["--prefetch", "0"]).prefetch, Some(0));
+    }
+
+    #[test]
+    fn an_l2_strength_is_finite_and_0_or_more() {
+        assert_eq!(non_negative_f64("0"), Ok(0.0));
+        assert_eq!(non_negative_f64(" 1e-4 "), Ok(1e-4));
+        for bad in ["-1", "nan", "inf", "-inf", "x", ""] {
+            assert!(non_negative_f64(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_local_cluster_needs_a_connection_per_worker_and_evaluator_and_shard() {
+        let check = |flags: &[&str], workers, reactors| {
+            let mut cfg = config(&args(flags), 1, workers).unwrap();
+            cfg.ps_reactors = reactors;
+            check_local_connections(&cfg)
+        };
+        assert_eq!(check(&["--max-connections", "6"], 2, 2), Ok(()));
+        let e = check(&["--max-connections", "5"], 2, 2).unwrap_err();
+        assert!(e.contains("--max-connections 6 or more"), "{e}");
+        assert!(check(&["--max-connections", "1"], 2, 1).is_err());
+        let inproc = ["--backend", "inproc", "--max-connections", "1"];
+        assert_eq!(check(&inproc, 8, 4), Ok(()));
     }
 
     #[test]

@@ -1946,3 +1946,44 @@ fn metrics_addresses_and_data_specs_are_usage_errors() {
     }
     assert!(!std::path::Path::new(out).exists(), "nothing written");
 }
+
+/// Values the trainer and the reference would refuse mid-run are usage
+/// errors (exit 2) naming their flag: an embedding wider than a model
+/// takes, an L2 strength below 0 or not finite, a connection limit of 0.
+#[test]
+fn train_and_reference_refuse_out_of_range_values_by_flag() {
+    for dim in ["0", "65537", "70000"] {
+        usage_error_naming(&["train", "--embedding-dim", dim], "--embedding-dim");
+    }
+    for l2 in ["-1", "nan", "inf"] {
+        usage_error_naming(&["reference", &format!("--l2={l2}")], "--l2");
+    }
+    for cmd in ["train", "ps"] {
+        usage_error_naming(&[cmd, "--max-connections", "0"], "--max-connections");
+    }
+}
+
+/// `train` refuses a `--max-connections` below what each of its PS tasks
+/// holds, (workers + the evaluator) x shards per task, naming the count;
+/// at that count the run starts and ends.
+#[test]
+fn train_refuses_fewer_connections_than_its_cluster_holds() {
+    let env = net_env(&[("NETWORK_PS_CORE_NUMBER", "1")]);
+    let small = [
+        "train",
+        "--quiet",
+        "--steps",
+        "4",
+        "--train-examples",
+        "4096",
+        "--eval-examples",
+        "512",
+        "--max-connections",
+    ];
+    let out = run_with(&[&small[..], &["2"]].concat(), &env);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--max-connections 3 or more"), "{err}");
+    let out = run_with(&[&small[..], &["3"]].concat(), &env);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}

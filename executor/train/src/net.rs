@@ -238,15 +238,16 @@ impl<D: Driver> Service<D> for WorkerService {
     ) {
         let s = self.shard(id).unwrap_or_default();
         // A PS that refuses a peer's proof closes at once and tells it
-        // nothing (an unauthenticated peer learns nothing of the cluster):
-        // the close may even come before the PS's hello. Say what the
-        // likely cause is.
+        // nothing (an unauthenticated peer learns nothing of the cluster),
+        // as does one at its connection limit: the close may even come
+        // before the PS's hello. Say what the likely causes are.
         let error = match error {
             ConnError::Transport(_) | ConnError::Closed if !conn.is_established() => {
                 format!(
                     "{error} during the handshake (a PS closes a peer whose cluster token \
                      differs from its own, or that has none: STARWIRE_CLUSTER_TOKEN or \
-                     --token-file)"
+                     --token-file; and any peer past its --max-connections, which its log \
+                     warns of)"
                 )
             }
             e => e.to_string(),

@@ -72,7 +72,7 @@ impl TrainConfig {
         if self.worker_handoff && !runs_reactors(self.backend) {
             return Err(TrainError::Config(
                 "--worker-handoff on hands a worker's requests to network reactors, which only \
-                 the tcp, uring and dpdk backends have"
+                 the tcp, uring, dpdk and verbs backends have"
                     .into(),
             ));
         }
@@ -81,8 +81,8 @@ impl TrainConfig {
 }
 
 /// Whether the backend serves shards on PS reactors and has workers drive
-/// their own sessions (tcp, uring). inproc and grpc serve shards behind
-/// locks, and their workers block instead of polling.
+/// their own sessions (tcp, uring, dpdk, verbs). inproc and grpc serve
+/// shards behind locks, and their workers block instead of polling.
 fn runs_reactors(b: BackendKind) -> bool {
     match b {
         BackendKind::Tcp => true,
