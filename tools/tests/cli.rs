@@ -402,6 +402,9 @@ fn soak_passes_without_faults() {
     for k in ["lost", "duplicated", "corrupted", "out_of_order"] {
         assert_eq!(v[k], 0, "{k}: {v}");
     }
+    for k in ["measured_s", "msgs_per_s", "gbps"] {
+        assert!(v[k].as_f64().is_some_and(|x| x > 0.0), "{k}: {v}");
+    }
 }
 
 #[test]
