@@ -197,11 +197,16 @@ impl<H: PsHandler> Service<H> {
     /// to `budget` (the task's `--memory-budget-mb`).
     #[must_use]
     pub fn with_sync(mut self, workers: usize, budget: MemoryBudget) -> Self {
+        self.set_sync(workers, budget);
+        self
+    }
+
+    /// What [`with_sync`](Self::with_sync) does, in place.
+    fn set_sync(&mut self, workers: usize, budget: MemoryBudget) {
         // The shard checks the merged push against its own limits; each
         // worker's push is checked against the codec's defaults on arrival.
         self.sync = Some(SyncStep::new(workers, Limits::default(), budget));
         self.refused = vec![None; workers];
-        self
     }
 
     /// The shard state.
@@ -672,6 +677,20 @@ pub struct PsServer<H> {
     workers: HashMap<u32, WorkerEnd>,
     expected_workers: usize,
     max_wait_steps: u64,
+    /// The task's `--memory-budget-mb`, which the bodies held behind
+    /// barriers are charged to ([`with_budget`](Self::with_budget)).
+    budget: Option<MemoryBudget>,
+}
+
+/// The bodies still held go back to the budget (the task's other shards
+/// go on with it).
+impl<H> Drop for PsServer<H> {
+    fn drop(&mut self) {
+        let held: usize = self.conns.iter().map(|c| c.held_bytes).sum();
+        if let (Some(b), 1..) = (&self.budget, held) {
+            b.release(held);
+        }
+    }
 }
 
 /// How a worker task's connections to a shard ended.
@@ -694,6 +713,25 @@ impl<H: PsHandler> PsServer<H> {
             workers: HashMap::new(),
             expected_workers,
             max_wait_steps: DEFAULT_MAX_WAIT_STEPS,
+            budget: None,
+        }
+    }
+
+    /// Charge the bodies held behind barriers to `budget` (the task's
+    /// `--memory-budget-mb`, which its connections' messages and replies
+    /// are charged to): a request that would take it past its limit is
+    /// answered [`Status::Overloaded`] instead of being held. Without
+    /// one, only [`MAX_HELD_BYTES`] per connection bounds them.
+    #[must_use]
+    pub fn with_budget(mut self, budget: MemoryBudget) -> Self {
+        self.budget = Some(budget);
+        self
+    }
+
+    /// Give back `n` held bytes to the budget.
+    fn release_held(&self, n: usize) {
+        if let (Some(b), 1..) = (&self.budget, n) {
+            b.release(n);
         }
     }
 
@@ -709,7 +747,7 @@ impl<H: PsHandler> PsServer<H> {
     /// Synchronous SGD over `workers` workers ([`Service::with_sync`]).
     #[must_use]
     pub fn with_sync(mut self, workers: usize, budget: MemoryBudget) -> Self {
-        self.service = self.service.with_sync(workers, budget);
+        self.service.set_sync(workers, budget);
         self
     }
 
@@ -732,7 +770,8 @@ impl<H: PsHandler> PsServer<H> {
     /// Connection `key` is new (a key may be reused once its connection
     /// was closed).
     pub fn handle_open(&mut self, key: usize) {
-        *self.conn_state(key) = ConnState::default();
+        let old = std::mem::take(self.conn_state(key));
+        self.release_held(old.held_bytes);
     }
 
     /// One message from connection `key`: a request is served and its
@@ -783,6 +822,22 @@ impl<H: PsHandler> PsServer<H> {
                 .respond_error(id, opcode, Status::LimitExceeded, &msg)
                 .map_err(|_| ServeError::ReplyNotQueued);
         }
+        if self
+            .budget
+            .as_ref()
+            .is_some_and(|b| !b.try_charge(body.len()))
+        {
+            if oneway {
+                return Ok(());
+            }
+            self.service.failed += 1;
+            let msg = "the request does not fit in the PS's --memory-budget-mb behind a held \
+                       WAIT_STEP now; retry";
+            return conn
+                .respond_error(id, opcode, Status::Overloaded, msg)
+                .map_err(|_| ServeError::ReplyNotQueued);
+        }
+        let state = self.conn_state(key);
         state.held_bytes += body.len();
         state.held.push_back(HeldRequest {
             id,
@@ -998,6 +1053,7 @@ impl<H: PsHandler> PsServer<H> {
                 return Ok(());
             };
             state.held_bytes -= h.body.len();
+            self.release_held(h.body.len());
             self.serve_request(key, conn, h.id, h.opcode, h.oneway, &h.body)?;
         }
     }
@@ -1010,7 +1066,9 @@ impl<H: PsHandler> PsServer<H> {
     /// the handshake, or is no worker, does not count.
     pub fn handle_close(&mut self, key: usize, conn: &Connection) -> Option<u32> {
         self.waiting.retain(|w| w.0 != key);
-        let said_done = std::mem::take(self.conn_state(key)).done;
+        let ended = std::mem::take(self.conn_state(key));
+        self.release_held(ended.held_bytes);
+        let said_done = ended.done;
         let w = worker_index(conn)?;
         if said_done {
             return None;
@@ -1050,7 +1108,10 @@ impl<H: PsHandler> PsServer<H> {
             out.push((c, id, Opcode::Rpc));
             if let Some(state) = self.conns.get_mut(c) {
                 state.barrier = false;
-                state.held_bytes = 0;
+                let held = std::mem::take(&mut state.held_bytes);
+                if let (Some(b), 1..) = (&self.budget, held) {
+                    b.release(held);
+                }
                 let held = state.held.drain(..).filter(|h| !h.oneway);
                 out.extend(held.map(|h| (c, h.id, h.opcode)));
             }
@@ -1638,6 +1699,67 @@ mod tests {
         let w = server.handler().shard.dense(0).unwrap().values().to_vec();
         assert_eq!(w, [-3.0, -3.0]);
         assert_eq!(server.service().failed(), 2);
+    }
+
+    /// The bodies held behind a barrier are charged to the task's memory
+    /// budget: a request that does not fit is answered `Overloaded`, not
+    /// held (they used to be copied outside it, up to 64 MiB on each
+    /// connection), and what is held goes back as it is served, when its
+    /// connection ends, and when the server goes.
+    #[test]
+    fn requests_held_behind_a_barrier_are_charged_to_the_budget() {
+        let budget = MemoryBudget::new(100);
+        let shard = PsShard::new(0, &[dense_var()], sgd_config());
+        let mut server = PsServer::new(ShardHandler::new(shard, 0), 2).with_budget(budget.clone());
+        let (mut ps, mut w) = connected(0);
+        server.handle_open(0);
+        let mut pull = Vec::new();
+        starwire_wire::ps::PullRequestWriter::new(&mut pull).dense(0);
+        let mut big = Vec::new();
+        let keys: Vec<u64> = (0..16).collect();
+        starwire_wire::ps::PullRequestWriter::new(&mut big).rows(0, &keys);
+        assert!(pull.len() < 50 && big.len() > 100 - pull.len());
+
+        let wait = w.request(Opcode::Rpc, Control::WaitStep(1).encode());
+        let held = w.request(Opcode::SparsePull, pull.clone());
+        let refused = w.request(Opcode::SparsePull, big);
+        serve_conn(&mut server, 0, &mut ps);
+        assert_eq!(server.held(0), 1);
+        assert_eq!(budget.used(), pull.len());
+        let got = w.responses();
+        assert_eq!(got.len(), 1);
+        assert_eq!((got[0].0, got[0].1), (refused, Status::Overloaded));
+
+        // The step comes: the barrier and the held pull are answered, and
+        // the pull's bytes go back.
+        let (mut ps1, mut w1) = connected(1);
+        server.handle_open(1);
+        let mut push = Vec::new();
+        PushRequestWriter::new(&mut push, true).dense(0, &[1.0, 1.0]);
+        w1.request(Opcode::SparsePush, push);
+        serve_conn(&mut server, 1, &mut ps1);
+        assert_eq!(w1.responses()[0].1, Status::Ok);
+        let r = server.poll_release().expect("the barrier is released");
+        server.handle_release(&r, &mut ps.conn).unwrap();
+        ps.send();
+        let ids: Vec<u64> = w.responses().iter().map(|g| g.0).collect();
+        assert_eq!(ids, [wait, held]);
+        assert_eq!(budget.used(), 0);
+
+        // Held when the connection ends, or when the server goes.
+        for close in [true, false] {
+            w.request(Opcode::Rpc, Control::WaitStep(9).encode());
+            w.request(Opcode::SparsePull, pull.clone());
+            serve_conn(&mut server, 0, &mut ps);
+            assert_eq!(budget.used(), pull.len());
+            if close {
+                server.handle_close(0, &ps.conn);
+                server.handle_open(0);
+                assert_eq!(budget.used(), 0);
+            }
+        }
+        drop(server);
+        assert_eq!(budget.used(), 0);
     }
 
     /// A worker's pull reply, served by a service that shares them (a

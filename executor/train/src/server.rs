@@ -71,6 +71,14 @@ impl<H: PsHandler> ShardService<H> {
         self
     }
 
+    /// Charge the requests held behind barriers to the task's memory
+    /// budget ([`PsServer::with_budget`]).
+    #[must_use]
+    pub fn with_budget(mut self, budget: MemoryBudget) -> Self {
+        self.server = self.server.with_budget(budget);
+        self
+    }
+
     /// Synchronous SGD over `workers` workers (`--sync`,
     /// [`PsServer::with_sync`]). A step cannot complete without every
     /// worker: once a worker died unfinished and has not rejoined for

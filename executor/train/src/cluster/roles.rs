@@ -459,13 +459,15 @@ pub fn start_ps<K: Backend>(
         let dead_wait = cfg.guard.idle_timeout.map_or(Duration::MAX, |t| t / 2);
         let sync_workers = cfg.sync.then_some(cfg.workers);
         let sync_budget = budget.clone();
+        let held_budget = budget.clone();
         let telemetry = cfg.telemetry.clone();
         let reactor = Reactor::spawn(spec, move |_| {
             let driver = K::driver(polling);
             let ok = driver.as_ref().map(|_| ()).map_err(|e| e.to_string());
             let _ = btx.send(ok);
-            let mut service =
-                ShardService::new(s, handler, expected).with_max_wait_steps(max_wait_steps);
+            let mut service = ShardService::new(s, handler, expected)
+                .with_max_wait_steps(max_wait_steps)
+                .with_budget(held_budget);
             if let Some(w) = sync_workers {
                 service = service.with_sync(w, dead_wait, sync_budget);
             }
