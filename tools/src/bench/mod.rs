@@ -88,7 +88,7 @@ pub struct BenchArgs {
     pub inflight: Option<usize>,
     /// Data connections per run (like perftest's -q), all driven by the one
     /// client reactor and the one server reactor; each keeps --inflight
-    /// outstanding. tcp, uring and verbs; lat, rate and bw.
+    /// outstanding. tcp, uring, dpdk and verbs; lat, rate and bw.
     #[arg(long, default_value_t = 1)]
     pub connections: usize,
     /// Measured iterations per run (steps in fuse mode).
@@ -303,7 +303,28 @@ impl Group {
     }
 }
 
-/// How [`drive`] reports.
+/// Where [`drive`] hands what it learns, as it learns it.
+pub(crate) trait Report {
+    /// A run of `backend` starts, the server's end pinned to
+    /// `server_core` (`None`: not pinned). An error ends the bench.
+    fn ready(&mut self, _backend: Backend, _server_core: Option<usize>) -> Result<(), String> {
+        Ok(())
+    }
+
+    /// A (backend, mode, size) is done: its last repetition finished. An
+    /// error ends the bench.
+    fn outcome(&mut self, outcome: Outcome) -> Result<(), String>;
+}
+
+/// Every outcome, for a caller that wants them all at the end.
+impl Report for Vec<Outcome> {
+    fn outcome(&mut self, outcome: Outcome) -> Result<(), String> {
+        self.push(outcome);
+        Ok(())
+    }
+}
+
+/// How [`drive`] measures.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct DriveOpts {
     /// The server runs in this process (its CPU use is the client's).
@@ -313,15 +334,17 @@ pub(crate) struct DriveOpts {
 }
 
 /// The client side: send the plan to the server at `ctl_addr`, run every
-/// run, and return one outcome per configuration (medians over
-/// repetitions).
+/// run, and hand `report` one outcome per configuration (medians over
+/// repetitions) as soon as its last repetition is done, so that a later
+/// failure loses only what was still running.
 /// Each run is an item of `progress`.
 fn drive(
     plan: &Plan,
     ctl_addr: SocketAddr,
     opts: DriveOpts,
     progress: &mut Progress,
-) -> Result<Vec<Outcome>, String> {
+    report: &mut dyn Report,
+) -> Result<(), String> {
     // The server refuses the same; a local error says it sooner.
     plan.check()?;
     let ctl = TcpStream::connect(ctl_addr)
@@ -337,17 +360,13 @@ fn drive(
     let runs = plan.runs();
     let started = Instant::now();
     let mut raw_fuse_noted = false;
-    // The runs of one (mode, size) are contiguous: their groups are
-    // finished, and their histograms merged and freed, before the next.
+    // The repetitions of one (mode, size) alternate between the backends:
+    // a group is finished, and its histograms merged, at its last run
+    // (`--repeat` runs per listing of its backend in `--backends`).
+    let runs_of =
+        |b: Backend| plan.repeat.max(1) * plan.backends.iter().filter(|&&x| x == b).count();
     let mut pending: Vec<Group> = Vec::new();
-    let mut out = Vec::new();
     for run in &runs {
-        if pending
-            .first()
-            .is_some_and(|g| (g.key.1, g.key.2) != (run.mode, run.size))
-        {
-            out.extend(pending.drain(..).map(|g| g.finish(opts.keep_rtts)));
-        }
         if run.skipped() {
             if !raw_fuse_noted {
                 crate::progress::suspend(|| {
@@ -372,6 +391,7 @@ fn drive(
             ServerMsg::Error(e) => return Err(format!("bench server: {e}")),
             other => return Err(format!("bench server: unexpected {other:?}")),
         };
+        report.ready(run.backend, server_core)?;
         let run_start = started.elapsed();
         let cpu = if plan.cpu_util {
             Some(CpuMeter::start()?)
@@ -444,8 +464,8 @@ fn drive(
             packets::set_packets(&mut line, p, server_datagram);
         }
         let key = (run.backend, run.mode, run.size);
-        let g = match pending.iter().position(|g| g.key == key) {
-            Some(at) => &mut pending[at],
+        let at = match pending.iter().position(|g| g.key == key) {
+            Some(at) => at,
             None => {
                 pending.push(Group {
                     key,
@@ -454,9 +474,10 @@ fn drive(
                     start: run_start,
                     measured: Duration::ZERO,
                 });
-                pending.last_mut().expect("just pushed")
+                pending.len() - 1
             }
         };
+        let g = &mut pending[at];
         g.lines.push(line);
         g.measured += m.elapsed;
         progress.end();
@@ -466,9 +487,11 @@ fn drive(
                 None => g.rtts = Some(m.rtts),
             }
         }
+        if g.lines.len() == runs_of(run.backend) {
+            report.outcome(pending.swap_remove(at).finish(opts.keep_rtts))?;
+        }
     }
-    out.extend(pending.drain(..).map(|g| g.finish(opts.keep_rtts)));
-    Ok(out)
+    Ok(())
 }
 
 pub(crate) fn resolve_addr(s: &str) -> Result<SocketAddr, String> {
@@ -553,17 +576,18 @@ pub(crate) fn run_loopback(
         loopback: true,
         keep_rtts: false,
     };
-    Ok(loopback_outcomes(plan, opts, progress)?
-        .into_iter()
-        .map(|o| o.line)
-        .collect())
+    let mut outcomes: Vec<Outcome> = Vec::new();
+    run_on_thread(plan, opts, progress, &mut outcomes)?;
+    Ok(outcomes.into_iter().map(|o| o.line).collect())
 }
 
-fn loopback_outcomes(
+/// [`drive`] against a bench server on a thread of this process.
+fn run_on_thread(
     plan: &Plan,
     opts: DriveOpts,
     progress: &mut Progress,
-) -> Result<Vec<Outcome>, String> {
+    report: &mut dyn Report,
+) -> Result<(), String> {
     // Refused before the server thread exists: it would wait for good.
     plan.check()?;
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
@@ -576,12 +600,10 @@ fn loopback_outcomes(
     // A client error returns at once: the server thread may still wait
     // for data connections that will not come (it gives up after
     // ACCEPT_TIMEOUT), and ends with the process.
-    let outcomes = drive(plan, addr, opts, progress)?;
-    let served = server
+    drive(plan, addr, opts, progress, report)?;
+    server
         .join()
-        .map_err(|_| "bench server thread panicked".to_owned())?;
-    served?;
-    Ok(outcomes)
+        .map_err(|_| "bench server thread panicked".to_owned())?
 }
 
 /// Every size of `--all-sizes`: 2 B to 8 MiB, powers of two.
@@ -641,37 +663,97 @@ pub fn main(args: BenchArgs) -> Result<(), String> {
         keep_rtts: args.histogram.is_some(),
     };
     let mut progress = Progress::new("starwire bench", Unit::Items, plan.measured_runs());
-    let outcomes = match &args.connect {
-        Some(c) => drive(&plan, resolve_addr(c)?, opts, &mut progress)?,
-        None => loopback_outcomes(&plan, opts, &mut progress)?,
+    let mut printer = Printer::new(&args, &plan);
+    let ran = match &args.connect {
+        Some(c) => {
+            resolve_addr(c).and_then(|addr| drive(&plan, addr, opts, &mut progress, &mut printer))
+        }
+        None => run_on_thread(&plan, opts, &mut progress, &mut printer),
     };
     progress.finish();
-    if let Some(p) = &args.histogram {
-        let entries: Vec<hist::LogEntry<'_>> = outcomes
-            .iter()
-            .filter_map(|o| {
-                o.rtts.as_ref().map(|rtts| hist::LogEntry {
-                    tag: format!("{}-{}-{}", o.line.backend, o.line.mode.name(), o.line.size),
-                    start: o.start,
-                    duration: o.measured,
-                    rtts,
-                })
-            })
-            .collect();
-        hist::write_log(p, started, &entries)?;
-    }
-    let lines: Vec<ResultLine> = outcomes.into_iter().map(|o| o.line).collect();
-    if args.json {
-        let stdout = std::io::stdout();
-        let mut out = stdout.lock();
-        for l in &lines {
-            let s = serde_json::to_string(l).map_err(|e| e.to_string())?;
-            writeln!(out, "{s}").map_err(|e| e.to_string())?;
+    // A failure keeps what was printed, and closes the table under it.
+    let closed = printer.finish(started, ran.is_ok());
+    ran.and(closed)
+}
+
+/// What `bench` prints on stdout, each result as it comes: a JSON line
+/// or a table row. The table's end and the `--histogram` log sum up
+/// every result, so they come last, also after a failure.
+struct Printer {
+    json: bool,
+    table: table::Table,
+    /// `--histogram`: the log's path, and the outcomes with round trips.
+    histogram: Option<(PathBuf, Vec<Outcome>)>,
+}
+
+impl Printer {
+    fn new(args: &BenchArgs, plan: &Plan) -> Self {
+        Self {
+            json: args.json,
+            table: table::Table::new(plan, args.connect.is_some()),
+            histogram: args.histogram.clone().map(|p| (p, Vec::new())),
         }
-    } else {
-        table::print(&plan, &lines);
     }
-    Ok(())
+
+    /// Write `text` to stdout now, with the progress bar hidden.
+    fn print(text: &str) -> Result<(), String> {
+        if text.is_empty() {
+            return Ok(());
+        }
+        crate::progress::suspend(|| {
+            let mut out = std::io::stdout().lock();
+            out.write_all(text.as_bytes()).and_then(|()| out.flush())
+        })
+        .map_err(|e| format!("writing the results: {e}"))
+    }
+
+    /// The end: the table's close (after a failure, only under rows it
+    /// printed) and the histogram log.
+    fn finish(mut self, started: SystemTime, complete: bool) -> Result<(), String> {
+        if !self.json && (complete || self.table.has_rows()) {
+            Self::print(&self.table.finish())?;
+        }
+        if let Some((p, outcomes)) = &self.histogram {
+            let entries: Vec<hist::LogEntry<'_>> = outcomes
+                .iter()
+                .filter_map(|o| {
+                    o.rtts.as_ref().map(|rtts| hist::LogEntry {
+                        tag: format!("{}-{}-{}", o.line.backend, o.line.mode.name(), o.line.size),
+                        start: o.start,
+                        duration: o.measured,
+                        rtts,
+                    })
+                })
+                .collect();
+            hist::write_log(p, started, &entries)?;
+        }
+        Ok(())
+    }
+}
+
+impl Report for Printer {
+    fn ready(&mut self, backend: Backend, server_core: Option<usize>) -> Result<(), String> {
+        if self.json {
+            return Ok(());
+        }
+        Self::print(&self.table.ready(backend, server_core))
+    }
+
+    fn outcome(&mut self, o: Outcome) -> Result<(), String> {
+        if self.json {
+            let mut s = serde_json::to_string(&o.line).map_err(|e| e.to_string())?;
+            s.push('\n');
+            Self::print(&s)?;
+        } else {
+            Self::print(&self.table.row(&o.line))?;
+        }
+        if let Some((_, kept)) = &mut self.histogram {
+            if o.rtts.is_some() {
+                kept.push(o);
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -309,9 +309,10 @@ impl Plan {
         if self.connections > 1 {
             if let Some(b) = self.backends.iter().find(|b| !b.multi_connection()) {
                 return Err(format!(
-                    "--connections {} applies to the tcp, uring and verbs backends; the {} \
-                     baseline uses one connection (pick --backends tcp,uring)",
+                    "--connections {} applies to the {} backends; the {} baseline uses one \
+                     connection (leave it out of --backends)",
                     self.connections,
+                    multi_connection_names(),
                     b.name()
                 ));
             }
@@ -364,6 +365,20 @@ impl Plan {
             }
         }
         Ok(())
+    }
+}
+
+/// The backends of this binary that take `--connections`, for messages:
+/// `tcp and uring`, say.
+fn multi_connection_names() -> String {
+    let names: Vec<&str> = Backend::compiled()
+        .into_iter()
+        .filter(|b| b.multi_connection())
+        .map(Backend::name)
+        .collect();
+    match names.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
+        _ => names.concat(),
     }
 }
 
@@ -473,7 +488,8 @@ pub struct ResultLine {
     #[serde(default)]
     pub retransmits: Option<u64>,
     /// CPU time of the client process per message sent or received, in
-    /// µs (getrusage; over loopback the process holds both ends) (dpdk;
+    /// µs, over the whole run: set-up, warm-up and close included
+    /// (getrusage; over loopback the process holds both ends) (dpdk;
     /// null otherwise).
     #[serde(default)]
     pub cpu_us_per_msg: Option<f64>,
@@ -687,6 +703,32 @@ mod tests {
             let e = cli(args).check().unwrap_err();
             assert!(e.contains(want), "{args:?}: {e}");
         }
+    }
+
+    #[test]
+    fn connections_are_refused_naming_exactly_the_backends_that_take_them() {
+        let e = cli(&["--connections", "2"]).check().unwrap_err();
+        let list = e
+            .split_once("applies to the ")
+            .and_then(|(_, r)| r.split_once(" backends"))
+            .unwrap_or_else(|| panic!("{e}"))
+            .0
+            .replace(" and ", ", ");
+        let named: Vec<&str> = list.split(", ").collect();
+        let many: Vec<Backend> = Backend::compiled()
+            .into_iter()
+            .filter(|b| b.multi_connection())
+            .collect();
+        assert_eq!(named, many.iter().map(|b| b.name()).collect::<Vec<_>>());
+        // Each of them runs a plan of several (dpdk among them, with its
+        // feature: its bootstrap opens the run's every connection).
+        for b in many {
+            let mut p = cli(&["--connections", "2"]);
+            p.backends = vec![b];
+            assert_eq!(p.check(), Ok(()), "{b}");
+        }
+        #[cfg(feature = "dpdk")]
+        assert!(named.contains(&"dpdk"), "{e}");
     }
 
     #[test]
