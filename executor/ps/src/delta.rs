@@ -6,7 +6,11 @@
 //! * [`TouchedRows`] records the keys of the pulls and pushes a shard
 //!   serves (a pull can add a row, or move its last access step; a push
 //!   changes it), read from the request bodies, so the shard's own
-//!   request path is left as it is.
+//!   request path is left as it is. Only keys with a row once the request
+//!   is served are kept: a key the filter held back, or a push of a key
+//!   with no row, changed no row, and a request never removes a row of
+//!   its own keys. So what is kept grows with the rows, not with the
+//!   keys peers send.
 //! * [`PsShard::save_delta`] writes the rows of those keys; a recorded key
 //!   with no row now (filtered, or evicted after its last touch) is listed
 //!   as removed.
@@ -56,45 +60,43 @@ impl TouchedRows {
         }
     }
 
-    /// A pull request `shard` was given, `served` or refused: a refused
-    /// pull keeps the rows it made before the refusal (a full table), so
-    /// of its keys those with a row now are recorded. A recorded key with
-    /// no row when the delta is written is listed as removed, which
-    /// changes nothing on a base without it. One that does not decode
-    /// changed nothing (the shard refuses it too), nor does an item of a
-    /// variable that is no table of the shard: neither is recorded, so what
-    /// is kept grows only with the keys the tables hold or admit.
-    pub fn record_pull(&mut self, shard: &PsShard, body: &[u8], served: bool) {
+    /// A pull request `shard` was given, `served` or refused (a refused
+    /// pull keeps the rows it made before the refusal, a full table): of
+    /// its keys, those with a row now are recorded. A recorded key with
+    /// no row when the delta is written (evicted since) is listed as
+    /// removed. One that does not decode changed nothing (the shard
+    /// refuses it too), nor does an item of a variable that is no table
+    /// of the shard: neither is recorded, so what is kept grows only with
+    /// the rows the tables hold.
+    pub fn record_pull(&mut self, shard: &PsShard, body: &[u8]) {
         let Ok(req) = PullRequest::parse(body, &self.limits) else {
             return;
         };
         for item in req.items() {
             if let Some(keys) = item.keys() {
-                self.record(shard, item.var(), keys, served);
+                self.record(shard, item.var(), keys);
             }
         }
     }
 
-    /// Record `keys` of table `var` of `shard`: all of them when the
-    /// request was `served`, else those with a row.
-    fn record(&mut self, shard: &PsShard, var: u32, keys: U64s<'_>, served: bool) {
+    /// Record those of `keys` of table `var` of `shard` that have a row.
+    /// (Every key of a served request was recorded before: a peer's pulls
+    /// of keys the filter holds back, or pushes of keys with no row, grew
+    /// the set without bound until the next full checkpoint.)
+    fn record(&mut self, shard: &PsShard, var: u32, keys: U64s<'_>) {
         let Some(table) = shard.table(var) else {
             return;
         };
         let set = self.keys.entry(var).or_default();
-        if served {
-            set.extend(keys.iter());
-        } else {
-            set.extend(keys.iter().filter(|&k| table.get(k).is_some()));
-        }
+        set.extend(keys.iter().filter(|&k| table.get(k).is_some()));
     }
 
     /// A push request `shard` was given and did not acknowledge as
-    /// unapplied (`served`, or refused): as [`record_pull`](Self::record_pull),
+    /// unapplied (served, or refused): as [`record_pull`](Self::record_pull),
     /// since a refusal may come after some of its rows were made or updated
     /// (a full table); recording a row that did not change costs only its
     /// place in the delta.
-    pub fn record_push(&mut self, shard: &PsShard, body: &[u8], served: bool) {
+    pub fn record_push(&mut self, shard: &PsShard, body: &[u8]) {
         let Ok(req) = PushRequest::parse(body, &self.limits) else {
             return;
         };
@@ -105,7 +107,7 @@ impl TouchedRows {
                     (var, keys)
                 }
             };
-            self.record(shard, var, keys, served);
+            self.record(shard, var, keys);
         }
     }
 

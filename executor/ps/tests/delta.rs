@@ -39,7 +39,7 @@ fn train(s: &mut PsShard, touched: &mut TouchedRows, lo: u64, steps: u64) {
         let keys: Vec<u64> = (0..6).map(|i| lo + (step * 5 + i * i) % 30).collect();
         PullRequestWriter::new(&mut req).rows(1, &keys).dense(2);
         s.handle_pull(&req, &mut out).unwrap();
-        touched.record_pull(s, &req, true);
+        touched.record_pull(s, &req);
         let grads: Vec<f32> = (0..keys.len() * 4)
             .map(|i| (i as f32 - 9.0) * 0.01)
             .collect();
@@ -47,7 +47,7 @@ fn train(s: &mut PsShard, touched: &mut TouchedRows, lo: u64, steps: u64) {
             .rows(1, 4, &keys, &grads)
             .dense(2, &[0.1; 8]);
         s.handle_push(&req, &mut out).unwrap();
-        touched.record_push(s, &req, true);
+        touched.record_push(s, &req);
     }
 }
 
@@ -127,9 +127,10 @@ fn an_empty_delta_holds_no_rows() {
     assert!(save(&r) == base);
 }
 
-/// Refused pulls and pushes record only the keys that have rows: those
-/// of a variable the shard does not hold, or past a full table, are not
-/// kept (a peer could otherwise grow the record without bound).
+/// Pulls and pushes, served or refused, record only the keys that have
+/// rows: those of a variable the shard does not hold, past a full table,
+/// held back by the frequency filter or pushed without a row are not kept
+/// (a peer could otherwise grow the record without bound).
 #[test]
 fn refused_requests_record_only_keys_with_rows() {
     let mut s = PsShard::new(
@@ -146,22 +147,41 @@ fn refused_requests_record_only_keys_with_rows() {
     let keys: Vec<u64> = (0..4).collect();
     PullRequestWriter::new(&mut req).rows(1, &keys);
     s.handle_pull(&req, &mut out).unwrap();
-    touched.record_pull(&s, &req, true);
+    touched.record_pull(&s, &req);
     assert_eq!(touched.len(), 4);
     // No variable 9 on this shard.
     PullRequestWriter::new(&mut req).rows(9, &[100, 101, 102]);
     assert!(s.handle_pull(&req, &mut out).is_err());
-    touched.record_pull(&s, &req, false);
+    touched.record_pull(&s, &req);
     assert_eq!(touched.len(), 4);
     // Past max_rows: refused, nothing made.
     let many: Vec<u64> = (1_000..1_100).collect();
     PullRequestWriter::new(&mut req).rows(1, &many);
     assert!(s.handle_pull(&req, &mut out).is_err());
-    touched.record_pull(&s, &req, false);
+    touched.record_pull(&s, &req);
     assert_eq!(touched.len(), 4);
     let grads = vec![0.1f32; many.len() * 4];
     PushRequestWriter::new(&mut req, true).rows(9, 4, &many, &grads);
     assert!(s.handle_push(&req, &mut out).is_err());
-    touched.record_push(&s, &req, false);
+    touched.record_push(&s, &req);
     assert_eq!(touched.len(), 4);
+    // Served: a push of keys with no row (ignored), and a pull of keys
+    // the filter holds back, touch no row.
+    PushRequestWriter::new(&mut req, true).rows(1, 4, &many, &grads);
+    s.handle_push(&req, &mut out).unwrap();
+    touched.record_push(&s, &req);
+    assert_eq!(touched.len(), 4);
+    let mut filtered = PsShard::new(
+        0,
+        &vars(),
+        ShardConfig {
+            filter_freq: 3,
+            ..cfg()
+        },
+    );
+    PullRequestWriter::new(&mut req).rows(1, &many);
+    filtered.handle_pull(&req, &mut out).unwrap();
+    let mut held_back = TouchedRows::new(Limits::default());
+    held_back.record_pull(&filtered, &req);
+    assert_eq!(held_back.len(), 0);
 }

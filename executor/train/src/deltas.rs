@@ -41,14 +41,14 @@ impl DeltaExport {
     }
 
     /// A pull `shard` was given ([`TouchedRows::record_pull`]).
-    pub fn record_pull(&mut self, shard: &PsShard, body: &[u8], served: bool) {
-        self.touched.record_pull(shard, body, served);
+    pub fn record_pull(&mut self, shard: &PsShard, body: &[u8]) {
+        self.touched.record_pull(shard, body);
     }
 
     /// A push `shard` was given and applied or refused
     /// ([`TouchedRows::record_push`]).
-    pub fn record_push(&mut self, shard: &PsShard, body: &[u8], served: bool) {
-        self.touched.record_push(shard, body, served);
+    pub fn record_push(&mut self, shard: &PsShard, body: &[u8]) {
+        self.touched.record_push(shard, body);
     }
 
     /// A full checkpoint of the shard at `step` was written: the new base.

@@ -199,7 +199,7 @@ impl ShardHandler {
         .map_err(err);
         // A push acknowledged without being applied touched nothing.
         if let (Some(d), false) = (&mut self.deltas, matches!(r, Ok(false))) {
-            d.record_push(&self.shard, body, r.is_ok());
+            d.record_push(&self.shard, body);
         }
         self.publish();
         let step = self.shard.global_step();
@@ -236,7 +236,7 @@ impl PsHandler for ShardHandler {
             None => self.shard.handle_pull_from(worker, body, out),
         };
         if let Some(d) = &mut self.deltas {
-            d.record_pull(&self.shard, body, r.is_ok());
+            d.record_pull(&self.shard, body);
         }
         self.publish();
         r.map_err(err)

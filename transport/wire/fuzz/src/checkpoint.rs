@@ -94,7 +94,7 @@ fn step(s: &mut PsShard, touched: &mut TouchedRows, keys: &[u64]) {
         .rows(2, keys)
         .dense(3);
     s.handle_pull(&req, &mut out).expect("seed pull");
-    touched.record_pull(s, &req, true);
+    touched.record_pull(s, &req);
     let g4: Vec<f32> = (0..keys.len() * 4).map(|i| i as f32 * 0.01).collect();
     let g2: Vec<f32> = (0..keys.len() * 2).map(|i| 0.3 - i as f32 * 0.02).collect();
     PushRequestWriter::new(&mut req, true)
@@ -102,7 +102,7 @@ fn step(s: &mut PsShard, touched: &mut TouchedRows, keys: &[u64]) {
         .rows(2, 2, keys, &g2)
         .dense(3, &[0.1; 6]);
     s.handle_push(&req, &mut out).expect("seed push");
-    touched.record_push(s, &req, true);
+    touched.record_push(s, &req);
 }
 
 /// The shard files and deltas the seeds and the target start from.
