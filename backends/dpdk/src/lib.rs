@@ -54,9 +54,10 @@ pub(crate) mod testing {
     use crate::Eal;
 
     /// Ring-backed ports without hugepages or PCI devices: port 0 for
-    /// `ffi`'s test, 1 and 2 for `link`'s, 3 and 4 for `steer`'s.
+    /// `ffi`'s test, 1 and 2 for `link`'s, 3 to 5 for `steer`'s.
     const EAL_ARGS: &str = "--no-huge --no-pci --no-shconf -m 512 --vdev=net_ring0 \
-        --vdev=net_ring1 --vdev=net_ring2 --vdev=net_ring3 --vdev=net_ring4";
+        --vdev=net_ring1 --vdev=net_ring2 --vdev=net_ring3 --vdev=net_ring4 \
+        --vdev=net_ring5";
 
     /// The EAL, with the calling thread registered as an lcore.
     pub(crate) fn eal() -> &'static Eal {

@@ -196,6 +196,21 @@ impl Shared {
     /// to the pool. A new link then starts on fresh packets.
     fn clear(&self, slot: &mut Slot) {
         let stale = slot.inbox.drain(usize::MAX, drop);
+        let dropped = self.hand_over_queue(slot);
+        if stale + dropped > 0 {
+            tracing::debug!(
+                queue = slot.queue.index(),
+                stale,
+                dropped,
+                "packets left for a link that is gone"
+            );
+        }
+    }
+
+    /// Empty the receive queue of `slot`, whose link has gone or not
+    /// come yet: each packet goes to the link bound to its UDP port, if
+    /// any and its ring has room. Returns how many were dropped.
+    fn hand_over_queue(&self, slot: &mut Slot) -> usize {
         let mut burst = Vec::new();
         let mut dropped = 0;
         while slot.queue.rx_burst(&mut burst, 32) > 0 {
@@ -209,14 +224,7 @@ impl Shared {
                 dropped += 1;
             }
         }
-        if stale + dropped > 0 {
-            tracing::debug!(
-                queue = slot.queue.index(),
-                stale,
-                dropped,
-                "packets left for a link that is gone"
-            );
-        }
+        dropped
     }
 }
 
@@ -460,9 +468,21 @@ impl Drop for Lease {
         // the fields' order.
         self.scratch.clear();
         drop(self.flow.take());
-        if let Some(slot) = self.slot.take() {
+        if let Some(mut slot) = self.slot.take() {
             let mut free = self.set.free.lock().unwrap_or_else(|e| e.into_inner());
             self.set.routes.unbind(slot.index);
+            // What waits on the queue goes to the links still bound, now
+            // that nobody polls it: on `net_ring` a link's last packets
+            // (the acknowledgement of its peer's `Goodbye`) land on its
+            // own queue, and the peer would retransmit into the void.
+            let dropped = self.set.hand_over_queue(&mut slot);
+            if dropped > 0 {
+                tracing::debug!(
+                    queue = slot.queue.index(),
+                    dropped,
+                    "packets on the queue of a departing link for no link"
+                );
+            }
             free.push(slot);
         }
     }
@@ -620,6 +640,35 @@ mod tests {
             Some((size, size)),
             "every mbuf back before the pool was freed"
         );
+    }
+
+    /// A link that goes leaves no packet for a link still bound on its
+    /// queue: net_ring brings a's packets for b back on a's queue, and a
+    /// drops before it polls it (a reactor that stops right after the
+    /// burst with its last acknowledgement); b receives them all.
+    #[test]
+    fn a_departing_link_hands_over_what_waits_on_its_queue() {
+        let mut port = open(5, 2);
+        let set = QueueSet::new(&mut port, Steering::Software).expect("queue set");
+        let mtu = port.info().mtu;
+        let (ea, eb) = (endpoint(&port, 7600), endpoint(&port, 7601));
+        let mut a = DpdkLink::steered(&set, mtu, LinkConfig::new(ea, eb)).expect("link a");
+        let mut b = DpdkLink::steered(&set, mtu, LinkConfig::new(eb, ea)).expect("link b");
+        let now = Instant::now();
+        for seq in 0..8 {
+            let p = payload(seq, 0, 7601);
+            a.tx_alloc(p.len()).expect("tx_alloc")[..p.len()].copy_from_slice(&p);
+            a.tx_commit(p.len()).expect("tx_commit");
+        }
+        assert_eq!(a.tx_burst_flush(now).expect("flush"), 8);
+        drop(a);
+        let mut got = Vec::new();
+        b.rx_burst(now, 32, &mut |p| {
+            got.push(u32::from_le_bytes([p[0], p[1], p[2], p[3]]));
+        })
+        .expect("rx_burst");
+        assert_eq!(got, (0..8).collect::<Vec<_>>());
+        assert_eq!(b.stats().rx_handed_in, 8);
     }
 
     /// The payload of the churn test: a sequence number, a `dst_conn` the
