@@ -117,7 +117,7 @@ fn main() -> ExitCode {
             .map(|()| true),
         Command::Soak(a) => soak::validate(&a)
             .map_err(Failure::Usage)
-            .and_then(|()| Ok(soak::main(a)?)),
+            .and_then(|()| soak::main(a)),
         Command::Info(a) => info::main(a).map(|()| true),
         Command::Train(a) => train::main(a).map(|()| true),
         Command::Ps(a) => train::ps_main(a).map(|()| true),

@@ -18,6 +18,7 @@
 //! other side runs in another process ([`remote`]).
 
 mod drivers;
+mod layout;
 mod remote;
 mod throughput;
 mod traffic;
@@ -27,11 +28,9 @@ use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use starwire_config::{FlagOverride, NetworkSettings, Overrides, Role};
-use starwire_placement::{plan, CpuSet, Placement, ReactorMode, Topology};
 use starwire_tcp::{TcpConfig, TcpDriver, TcpTransport};
 use starwire_transport::accept::{dial, inboxes, AcceptConfig, Acceptor};
-use starwire_transport::reactor::{IdlePolicy, Reactor, ReactorSpec};
+use starwire_transport::reactor::Reactor;
 use starwire_transport::testing::{FaultSpec, FaultStats, Faulty};
 use starwire_transport::wire::{Opcode, Status};
 use starwire_transport::{
@@ -41,10 +40,11 @@ use starwire_transport::{
 
 use crate::bench::sessions::conn_config;
 use crate::bench::{MAX_CONNECTIONS, MAX_INFLIGHT, MAX_SECONDS};
-use crate::failure::at_least_one;
+use crate::failure::{at_least_one, Failure};
 use crate::metrics::{SoakCells, SoakCounts};
 use crate::progress::{Progress, Unit};
 use drivers::*;
+use layout::{layout, Layout, Side};
 use remote::Ends;
 use starwire_telemetry::Telemetry;
 use starwire_train::telemetry::DriverCells;
@@ -158,6 +158,9 @@ struct Report {
     cpus: usize,
     oversubscribed: bool,
     idle_policy: String,
+    /// Which sides' reactors are pinned, for the text report.
+    #[serde(skip)]
+    pinning: String,
     messages: u64,
     answered: u64,
     /// `measured_s`, `msgs_per_s` and `gbps`: `answered` and the payload
@@ -326,90 +329,6 @@ impl Counts {
 
 use crate::rss::rss_kb;
 
-struct Layout {
-    client_cpus: Vec<Option<usize>>,
-    server_cpus: Vec<Option<usize>>,
-    idle: IdlePolicy,
-    idle_name: String,
-    oversubscribed: bool,
-    cpus: usize,
-    /// Where the client reactors publish their counts.
-    telemetry: Telemetry,
-}
-
-fn layout(args: &SoakArgs) -> Result<Layout, String> {
-    let polling = args.polling.unwrap_or(true);
-    let mut o = Overrides::default();
-    for role in Role::ALL {
-        o.role_mut(role).enable_polling = Some(FlagOverride::new("--polling", polling));
-    }
-    if let Some(n) = args.client_reactors {
-        o.worker.core_number = Some(FlagOverride::new("--client-reactors", n));
-    }
-    if let Some(n) = args.server_reactors {
-        o.ps.core_number = Some(FlagOverride::new("--server-reactors", n));
-    }
-    let n = args.connections;
-    let worker =
-        NetworkSettings::from_process_env(Role::Worker, n, &o).map_err(|e| e.to_string())?;
-    let ps = NetworkSettings::from_process_env(Role::Ps, n, &o).map_err(|e| e.to_string())?;
-    let c = worker.cores.value.min(n).max(1);
-    let s = ps.cores.value.min(n).max(1);
-    let usable = CpuSet::process_affinity().map_err(|e| format!("reading CPU affinity: {e}"))?;
-    let topo = Topology::detect().unwrap_or_default();
-    let p = plan(
-        &Placement::MaxPack,
-        c + s,
-        ReactorMode::PollThenPark,
-        &usable,
-        &topo,
-    )
-    .map_err(|e| format!("placing {} reactors: {e}", c + s))?;
-    let cpus = p.cpus();
-    let (idle, idle_name) = if !polling {
-        (IdlePolicy::Park, "park".to_owned())
-    } else if p.oversubscribed {
-        let us = match worker.idle_policy() {
-            starwire_config::IdlePolicy::PollThenPark(d) => d.as_micros() as u64,
-            _ => 50,
-        };
-        (
-            IdlePolicy::PollThenPark(Duration::from_micros(us)),
-            format!(
-                "poll-then-park ({us} us): {} reactors on {} cpus",
-                c + s,
-                usable.len()
-            ),
-        )
-    } else {
-        match worker.idle_policy() {
-            starwire_config::IdlePolicy::PollThenPark(d) => (
-                IdlePolicy::PollThenPark(d),
-                format!("poll-then-park ({} us)", d.as_micros()),
-            ),
-            _ => (IdlePolicy::BusyPoll, "busy-poll".to_owned()),
-        }
-    };
-    Ok(Layout {
-        client_cpus: cpus[..c].to_vec(),
-        server_cpus: cpus[c..].to_vec(),
-        idle,
-        idle_name,
-        oversubscribed: p.oversubscribed,
-        cpus: usable.len(),
-        telemetry: Telemetry::new(),
-    })
-}
-
-fn spec(index: usize, cpu: Option<usize>, idle: IdlePolicy) -> ReactorSpec {
-    ReactorSpec {
-        index,
-        cpu,
-        idle,
-        max_park: Duration::from_millis(50),
-    }
-}
-
 struct Outcome {
     counts: Counts,
     faults: FaultCounts,
@@ -467,13 +386,17 @@ type ServerReactor<D> = Reactor<Endpoint<D, SoakServer>>;
 fn run_soak<D: SoakDriver, A: Attach<D>>(
     args: &SoakArgs,
     lay: &Layout,
-    make: impl Fn() -> Result<D, String>,
+    make: impl Fn(Side) -> Result<D, String>,
     attacher: impl Fn(u64, u64) -> A,
 ) -> Result<Outcome, String> {
     let (nc, ns) = (lay.client_cpus.len(), lay.server_cpus.len());
     // Every driver first: what fails then fails before any thread starts.
-    let server_drivers = (0..ns).map(|_| make()).collect::<Result<Vec<_>, _>>()?;
-    let client_drivers = (0..nc).map(|_| make()).collect::<Result<Vec<_>, _>>()?;
+    let server_drivers = (0..ns)
+        .map(|_| make(Side::Server))
+        .collect::<Result<Vec<_>, _>>()?;
+    let client_drivers = (0..nc)
+        .map(|_| make(Side::Client))
+        .collect::<Result<Vec<_>, _>>()?;
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
         .map_err(|e| format!("binding a loopback listener: {e}"))?;
     // The server reactors publish what they add to the report, into the
@@ -507,14 +430,14 @@ fn start_servers<D: SoakDriver, A: Attach<D>>(
     attacher: &impl Fn(u64, u64) -> A,
     service: impl Fn(SoakServer) -> SoakServer,
 ) -> Result<(Vec<ServerReactor<D>>, Acceptor), String> {
-    let (nc, ns) = (lay.client_cpus.len(), server_drivers.len());
+    let ns = server_drivers.len();
     let (tx, rxs) = inboxes(ns).map_err(|e| format!("acceptor: {e}"))?;
     let mut servers: Vec<ServerReactor<D>> = Vec::with_capacity(ns);
     for (k, (driver, rx)) in server_drivers.into_iter().zip(rxs).enumerate() {
         let attach = attacher(SERVER_LINKS + k as u64, ns as u64);
         let cfg = conn_config(TaskRole::Ps, 256);
         let service = service(SoakServer::new(lay, &args.backend));
-        let r = Reactor::spawn(spec(nc + k, lay.server_cpus[k], lay.idle), move |_| {
+        let r = Reactor::spawn(lay.spec(Side::Server, k), move |_| {
             driver.on_reactor_thread();
             Endpoint::new(driver, service, cfg).with_inbox_attach(rx, attach)
         });
@@ -590,7 +513,7 @@ fn run_clients<D: SoakDriver, A: Attach<D>>(
         for (id, shard) in group {
             ep.open(id, shard, now);
         }
-        let r = Reactor::spawn(spec(k, lay.client_cpus[k], lay.idle), move |_| {
+        let r = Reactor::spawn(lay.spec(Side::Client, k), move |_| {
             ep.sessions().driver().on_reactor_thread();
             ep
         })
@@ -718,8 +641,8 @@ pub(crate) fn validate(args: &SoakArgs) -> Result<(), String> {
 }
 
 /// Run `starwire soak`. Returns whether the soak passed.
-pub fn main(args: SoakArgs) -> Result<bool, String> {
-    validate(&args)?;
+pub fn main(args: SoakArgs) -> Result<bool, Failure> {
+    validate(&args).map_err(Failure::Usage)?;
     let ends = Ends::of(&args);
     if ends.remote() {
         // The connections prove the token in their handshake
@@ -760,22 +683,24 @@ pub fn main(args: SoakArgs) -> Result<bool, String> {
             (Some(ip), _) => ip,
             (None, false) => ctx.ip_or_loopback(),
             (None, true) => {
-                return Err("--listen/--connect over dpdk: give --dpdk-ip, this end's \
-                            IPv4 address on the DPDK port"
-                    .into())
+                return Err(Failure::Usage(
+                    "--listen/--connect over dpdk: give --dpdk-ip, this end's IPv4 address \
+                     on the DPDK port"
+                        .into(),
+                ))
             }
         };
         let cfg = starwire_datagram::ReliableConfig::default();
         let out = match args.faults {
             None => {
-                let make = || ctx.driver(ip, cfg.clone()).map_err(|e| e.to_string());
+                let make = |_| ctx.driver(ip, cfg.clone()).map_err(|e| e.to_string());
                 remote::run(&args, &lay, make, dpdk_attacher)?
             }
             // Faults under every link: the reliability core repairs them,
             // so this soak must pass.
             Some(spec) => {
                 let seed = std::sync::atomic::AtomicU64::new(spec.seed);
-                let make = || {
+                let make = |_| {
                     let s = seed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     let link = starwire_datagram::Impaired::new(
                         ctx.link(ip).map_err(|e| e.to_string())?,
@@ -793,33 +718,31 @@ pub fn main(args: SoakArgs) -> Result<bool, String> {
     #[cfg(all(feature = "uring", target_os = "linux"))]
     if args.backend == "uring" {
         crate::backend::Backend::Uring.check_available()?;
-        // Each ring binds to its reactor thread at the first enter.
-        let cfg = crate::bench::sessions::uring_config(lay.idle, 0);
-        let make = || starwire_uring::UringDriver::new(&cfg).map_err(|e| e.to_string());
+        // Each ring binds to its reactor thread at the first enter, and
+        // receives as its reactor idles.
+        let make = |side| {
+            let cfg = crate::bench::sessions::uring_config(lay.idle(side), 0);
+            starwire_uring::UringDriver::new(&cfg).map_err(|e| e.to_string())
+        };
         let out = remote::run(&args, &lay, make, stream_attacher)?;
         return report(&args, &lay, (rss_start_kb, rss_quarter, rss_full), out);
     }
     #[cfg(all(feature = "verbs", target_os = "linux"))]
     if args.backend == "verbs" {
         if args.faults.is_some() {
-            return Err("--faults is supported with --backend tcp only".into());
+            return Err(Failure::Usage(
+                "--faults is supported with --backend tcp or dpdk only".into(),
+            ));
         }
         let (client_dev, server_dev) = crate::rdma::verbs::open_pair(&args.rdma)?;
         // Rings hold at least two of the largest frames a request makes.
         let ring_len = (2 * (args.max_size + 4096))
             .next_power_of_two()
             .max(64 << 10);
-        // run_soak makes the server reactors' drivers first, then the
-        // clients'.
-        let servers = lay.server_cpus.len();
-        let made = std::cell::Cell::new(0);
-        let make = || {
-            let k = made.get();
-            made.set(k + 1);
-            let dev = if k < servers {
-                &server_dev
-            } else {
-                &client_dev
+        let make = |side| {
+            let dev = match side {
+                Side::Client => &client_dev,
+                Side::Server => &server_dev,
             };
             crate::rdma::verbs::driver(dev, args.connections, ring_len)
         };
@@ -829,11 +752,11 @@ pub fn main(args: SoakArgs) -> Result<bool, String> {
     let cfg = TcpConfig::default();
     let out = match args.faults {
         None => {
-            let make = || TcpDriver::new(cfg).map_err(|e| format!("tcp driver: {e}"));
+            let make = |_| TcpDriver::new(cfg).map_err(|e| format!("tcp driver: {e}"));
             remote::run(&args, &lay, make, stream_attacher)?
         }
         Some(spec) => {
-            let make = || Ok(Links::new(cfg.max_frame_len));
+            let make = |_| Ok(Links::new(cfg.max_frame_len));
             remote::run(&args, &lay, make, faulty_attacher(spec, cfg))?
         }
     };
@@ -845,7 +768,7 @@ fn report(
     lay: &Layout,
     (rss_start_kb, rss_quarter, rss_full): (Option<u64>, crate::rss::RssAt, crate::rss::RssAt),
     out: Outcome,
-) -> Result<bool, String> {
+) -> Result<bool, Failure> {
     let rss_end_kb = rss_kb();
     let rss_quarter_kb = rss_quarter.take();
     let rss_full_kb = rss_full.take();
@@ -870,6 +793,7 @@ fn report(
         cpus: lay.cpus,
         oversubscribed: lay.oversubscribed,
         idle_policy: lay.idle_name.clone(),
+        pinning: lay.pinning.clone(),
         messages: c.messages,
         answered: c.answered,
         throughput: c.throughput(),
@@ -915,10 +839,11 @@ fn print_report(r: &Report) {
             .unwrap_or_default()
     );
     println!(
-        "  reactors     {} client + {} server on {} cpus; idle policy {}{}",
+        "  reactors     {} client + {} server on {} cpus, {}; idle policy {}{}",
         r.client_reactors,
         r.server_reactors,
         r.cpus,
+        r.pinning,
         r.idle_policy,
         if r.oversubscribed {
             " (more reactors than cores)"
@@ -1297,7 +1222,7 @@ mod tests {
         let spec = args.faults.expect("a fault spec");
         let lay = layout(&args).expect("a layout");
         let cfg = TcpConfig::default();
-        let make = || Ok(Links::new(cfg.max_frame_len));
+        let make = |_| Ok(Links::new(cfg.max_frame_len));
         // The clients' links inject nothing.
         let attacher = move |first: u64, step: u64| {
             let faults = if first >= SERVER_LINKS {

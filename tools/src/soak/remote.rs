@@ -36,6 +36,15 @@ impl Ends {
     pub(super) fn remote(&self) -> bool {
         !matches!(self, Ends::Local)
     }
+
+    /// Whether `side` runs in this process.
+    pub(super) fn runs(&self, side: Side) -> bool {
+        match self {
+            Ends::Local => true,
+            Ends::Listen(_) => side == Side::Server,
+            Ends::Connect(_) => side == Side::Client,
+        }
+    }
 }
 
 /// How long a `--listen` server waits for its client beyond the soak's
@@ -46,7 +55,7 @@ const LISTEN_SLACK: Duration = Duration::from_secs(60);
 pub(super) fn run<D: SoakDriver, A: Attach<D>>(
     args: &SoakArgs,
     lay: &Layout,
-    make: impl Fn() -> Result<D, String>,
+    make: impl Fn(Side) -> Result<D, String>,
     attacher: impl Fn(u64, u64) -> A,
 ) -> Result<Outcome, String> {
     match Ends::of(args) {
@@ -54,7 +63,7 @@ pub(super) fn run<D: SoakDriver, A: Attach<D>>(
         Ends::Listen(addr) => serve(args, lay, &addr, make, attacher),
         Ends::Connect(addr) => {
             let drivers = (0..lay.client_cpus.len())
-                .map(|_| make())
+                .map(|_| make(Side::Client))
                 .collect::<Result<Vec<_>, _>>()?;
             let (counts, faults, driver) = run_clients(args, lay, drivers, &addr, &attacher)?;
             Ok(Outcome {
@@ -73,13 +82,13 @@ fn serve<D: SoakDriver, A: Attach<D>>(
     args: &SoakArgs,
     lay: &Layout,
     addr: &str,
-    make: impl Fn() -> Result<D, String>,
+    make: impl Fn(Side) -> Result<D, String>,
     attacher: impl Fn(u64, u64) -> A,
 ) -> Result<Outcome, String> {
     let at = crate::bench::resolve_addr(addr)?;
     let listener = TcpListener::bind(at).map_err(|e| format!("binding --listen {at}: {e}"))?;
     let drivers = (0..lay.server_cpus.len())
-        .map(|_| make())
+        .map(|_| make(Side::Server))
         .collect::<Result<Vec<_>, _>>()?;
     let closed = Arc::new(AtomicU64::new(0));
     let (servers, acceptor) = start_servers(args, lay, listener, drivers, &attacher, |s| {
