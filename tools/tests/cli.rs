@@ -1990,3 +1990,65 @@ fn train_refuses_fewer_connections_than_its_cluster_holds() {
     let out = run_with(&[&small[..], &["3"]].concat(), &env);
     assert!(out.status.success(), "{}", text(&out.stderr));
 }
+
+/// `soak` reads an invalid DeepRec variable as `train` does: a usage
+/// error (exit 2) naming the variable, before any traffic.
+#[test]
+fn soak_refuses_an_invalid_deeprec_variable_as_a_usage_error() {
+    for (var, value) in [
+        ("NETWORK_PS_CORE_NUMBER", "0"),
+        ("NETWORK_WORKER_CORE_NUMBER", "two"),
+        ("WORKER_ENABLE_POLLING", "yes"),
+        ("PS_DISABLE_PIN_CORES", ""),
+    ] {
+        let out = run_with(
+            &["soak", "--connections", "1", "--duration", "0.1"],
+            &net_env(&[(var, value)]),
+        );
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{var}={value:?}: {err}");
+        assert!(err.contains(var), "{var}={value:?}: {err}");
+    }
+}
+
+/// `soak` takes each side's polling from its role's variable when
+/// `--polling` is not given, and runs at most one reactor per connection,
+/// saying so, whether the count came from a flag or a variable.
+#[test]
+fn soak_follows_the_deeprec_variables_and_caps_reactors_at_the_connections() {
+    let out = run_with(
+        &[
+            "soak",
+            "--connections",
+            "2",
+            "--client-reactors",
+            "3",
+            "--duration",
+            "0.3",
+            "--drain",
+            "2",
+            "--max-size",
+            "1024",
+            "--json",
+        ],
+        &net_env(&[("NETWORK_PS_CORE_NUMBER", "4")]),
+    );
+    let (s, err) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{s}\n{err}");
+    let v: Value = serde_json::from_str(s.trim()).expect("soak JSON");
+    assert_eq!(
+        (v["client_reactors"].as_u64(), v["server_reactors"].as_u64()),
+        (Some(2), Some(2)),
+        "{v}"
+    );
+    // The variables say no polling, and no flag overrides them.
+    assert_eq!(v["idle_policy"], "park", "{v}");
+    assert!(
+        err.contains("3 client reactors (flag --client-reactors)"),
+        "{err}"
+    );
+    assert!(
+        err.contains("4 server reactors (env NETWORK_PS_CORE_NUMBER)"),
+        "{err}"
+    );
+}

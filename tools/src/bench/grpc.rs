@@ -23,7 +23,7 @@ use starwire_transport::wire::Opcode;
 use starwire_transport::Payload;
 
 use super::hist::{IntervalReport, Rtts};
-use super::{Measured, Mode, Run};
+use super::{Completion, Measured, Mode, Run, WarmupGate};
 
 /// Message limit both ends derive from the run: a fused step must fit.
 /// The bench's cluster token, if any, authenticates the data connection.
@@ -89,10 +89,11 @@ pub fn client(stream: TcpStream, run: &Run, core: Option<usize>) -> Result<Measu
         .map_err(|_| "grpc client thread panicked".to_owned())?
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct WindowState {
     issued: u64,
     completed: u64,
+    gate: WarmupGate,
     measure_start: Option<Instant>,
     measure_end: Option<Instant>,
     rtts: Rtts,
@@ -107,15 +108,21 @@ fn window(c: &GrpcClient, run: &Run) -> Result<Measured, String> {
     let op = if echo { Opcode::Rpc } else { Opcode::DensePush };
     let record = matches!(run.mode, Mode::Lat | Mode::Rate);
     let payload = Bytes::from((0..run.size).map(|i| i as u8).collect::<Vec<u8>>());
-    let measure_start = (run.warmup == 0).then(Instant::now);
+    let gate = WarmupGate::new(run.warmup);
+    let measure_start = gate.is_none().then(Instant::now);
     let mut interval = run.interval_report();
     if let (Some(r), Some(t0)) = (&mut interval, measure_start) {
         r.start(t0);
     }
     let st = RefCell::new(WindowState {
+        issued: 0,
+        completed: 0,
+        gate,
         measure_start,
+        measure_end: None,
+        rtts: Rtts::new(),
         interval,
-        ..WindowState::default()
+        error: None,
     });
     let duration = run.duration();
     c.call_pipelined(
@@ -126,9 +133,12 @@ fn window(c: &GrpcClient, run: &Run) -> Result<Measured, String> {
                 && match (duration, s.measure_start) {
                     (Some(d), Some(t0)) => t0.elapsed() < d,
                     (Some(_), None) => true,
-                    (None, _) => s.issued < run.warmup + run.iters,
+                    (None, _) => s.issued < s.gate.budget(run.iters),
                 };
             more.then(|| {
+                if s.issued == 0 {
+                    s.gate.on_send(Instant::now());
+                }
                 s.issued += 1;
                 (op as u8, payload.clone())
             })
@@ -150,20 +160,24 @@ fn window(c: &GrpcClient, run: &Run) -> Result<Measured, String> {
                 }
             }
             s.completed += 1;
-            if s.completed > run.warmup {
-                let ns = now.duration_since(t0).as_nanos() as u64;
-                if record {
-                    s.rtts.record(ns);
+            let completed = s.completed;
+            match s.gate.on_complete(completed, now) {
+                Completion::Measured => {
+                    let ns = now.duration_since(t0).as_nanos() as u64;
+                    if record {
+                        s.rtts.record(ns);
+                    }
+                    if let Some(r) = &mut s.interval {
+                        r.on_complete(now, record.then_some(ns));
+                    }
                 }
-                if let Some(r) = &mut s.interval {
-                    r.on_complete(now, record.then_some(ns));
+                Completion::Last => {
+                    s.measure_start = Some(now);
+                    if let Some(r) = &mut s.interval {
+                        r.start(now);
+                    }
                 }
-            }
-            if s.completed == run.warmup {
-                s.measure_start = Some(now);
-                if let Some(r) = &mut s.interval {
-                    r.start(now);
-                }
+                Completion::Warmup => {}
             }
             s.measure_end = Some(now);
         },
@@ -177,7 +191,7 @@ fn window(c: &GrpcClient, run: &Run) -> Result<Measured, String> {
     }
     let t0 = s.measure_start.unwrap_or_else(Instant::now);
     Ok(Measured {
-        iters: s.completed.saturating_sub(run.warmup),
+        iters: s.gate.measured(s.completed),
         elapsed: s
             .measure_end
             .map_or(Duration::ZERO, |t| t.saturating_duration_since(t0)),
@@ -225,15 +239,20 @@ fn fuse(c: &GrpcClient, run: &Run) -> Result<Measured, String> {
             1,
         );
         let mut steps = 0u64;
-        let mut t0 = (run.warmup == 0).then(Instant::now);
+        // Each phase warms up.
+        let mut gate = WarmupGate::new(run.warmup);
+        let mut t0 = gate.is_none().then(Instant::now);
         loop {
             let more = match (run.duration(), t0) {
                 (Some(d), Some(t0)) => t0.elapsed() < d,
                 (Some(_), None) => true,
-                (None, _) => steps < run.warmup + run.iters,
+                (None, _) => steps < gate.budget(run.iters),
             };
             if !more {
                 break;
+            }
+            if steps == 0 {
+                gate.on_send(Instant::now());
             }
             for t in &tensors {
                 batcher.add(0, t);
@@ -246,12 +265,13 @@ fn fuse(c: &GrpcClient, run: &Run) -> Result<Measured, String> {
                 r.map_err(|e| format!("grpc fuse call: {e}"))?;
             }
             steps += 1;
-            if steps == run.warmup {
-                t0 = Some(Instant::now());
+            let now = Instant::now();
+            if gate.on_complete(steps, now) == Completion::Last {
+                t0 = Some(now);
             }
         }
         let secs = t0.map_or(0.0, |t| t.elapsed().as_secs_f64());
-        let n = steps.saturating_sub(run.warmup);
+        let n = gate.measured(steps);
         rates[i] = (secs > 0.0).then(|| n as f64 / secs);
         measured = measured.min(n);
     }

@@ -11,6 +11,10 @@ use std::time::{Duration, Instant, SystemTime};
 use hdrhistogram::serialization::interval_log::{IntervalLogWriterBuilder, Tag};
 use hdrhistogram::serialization::V2DeflateSerializer;
 use hdrhistogram::Histogram;
+use serde::{Deserialize, Serialize};
+
+use super::Mode;
+use crate::backend::Backend;
 
 /// Largest round trip recorded as itself, in ns (one hour); longer ones
 /// are recorded as this.
@@ -139,16 +143,27 @@ pub fn write_log(path: &Path, started: SystemTime, entries: &[LogEntry<'_>]) -> 
     f.write_all(&buf).map_err(|e| ctx(&e))
 }
 
+/// Where a run's `--interval` reports go.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum IntervalOutput {
+    /// A line of text on stderr (stdout holds the table).
+    #[default]
+    Text,
+    /// A JSON line on stdout, among the result lines (`--json`).
+    Json,
+}
+
 /// `--interval` reports of one run: every `every`, the rate and round
-/// trips of the messages completed in that interval, on stderr (stdout
-/// holds the results). Costs a clock comparison per message; the line is
-/// formatted once per interval.
+/// trips of the messages completed in that interval. Costs a clock
+/// comparison per message; the report is formatted once per interval.
 #[derive(Debug)]
 pub struct IntervalReport {
     every: Duration,
-    label: String,
+    /// Backend, mode and size of the run.
+    run: (Backend, Mode, usize),
     /// Payload bits a completed message carries (both ways when echoed).
     bits_per_msg: f64,
+    output: IntervalOutput,
     /// When the measurement started (the reports' zero).
     t0: Option<Instant>,
     /// Start of the current interval.
@@ -158,12 +173,18 @@ pub struct IntervalReport {
 }
 
 impl IntervalReport {
-    /// Reports every `every` for the run named `label`.
-    pub fn new(every: Duration, label: String, bits_per_msg: f64) -> Self {
+    /// Reports every `every` for `run` (backend, mode, size), to `output`.
+    pub fn new(
+        every: Duration,
+        run: (Backend, Mode, usize),
+        bits_per_msg: f64,
+        output: IntervalOutput,
+    ) -> Self {
         Self {
             every,
-            label,
+            run,
             bits_per_msg,
+            output,
             t0: None,
             from: None,
             msgs: 0,
@@ -200,49 +221,96 @@ impl IntervalReport {
     }
 
     fn emit(&mut self, now: Instant) {
-        let (Some(t0), Some(from)) = (self.t0, self.from) else {
+        let Some(interval) = self.interval(now) else {
             return;
         };
-        let secs = now.saturating_duration_since(from).as_secs_f64();
-        let line = interval_line(
-            &self.label,
-            from.saturating_duration_since(t0).as_secs_f64(),
-            now.saturating_duration_since(t0).as_secs_f64(),
-            self.msgs,
-            secs,
-            self.bits_per_msg,
-            self.rtts.summary().as_ref(),
-        );
-        crate::progress::suspend(|| eprintln!("{line}"));
+        match self.output {
+            IntervalOutput::Text => {
+                crate::progress::suspend(|| eprintln!("{}", interval.text()));
+            }
+            // A stdout that cannot be written fails the next result line,
+            // which ends the bench with the error.
+            IntervalOutput::Json => {
+                let _ = super::write_stdout(&format!("{}\n", interval.json()));
+            }
+        }
         self.msgs = 0;
         self.rtts.reset();
         self.from = Some(now);
     }
+
+    /// The current interval, ending at `now`.
+    fn interval(&self, now: Instant) -> Option<Interval> {
+        let (t0, from) = (self.t0?, self.from?);
+        let secs = now.saturating_duration_since(from).as_secs_f64();
+        let rate = if secs > 0.0 {
+            self.msgs as f64 / secs
+        } else {
+            0.0
+        };
+        let lat = self.rtts.summary();
+        let (backend, mode, size) = self.run;
+        Some(Interval {
+            backend,
+            mode,
+            size,
+            from_s: from.saturating_duration_since(t0).as_secs_f64(),
+            to_s: now.saturating_duration_since(t0).as_secs_f64(),
+            msgs_per_s: rate,
+            gbps: rate * self.bits_per_msg / 1e9,
+            p50_us: lat.map(|l| l.p50_us),
+            p99_us: lat.map(|l| l.p99_us),
+            max_us: lat.map(|l| l.max_us),
+        })
+    }
 }
 
-/// `[tcp lat 64 B]   1.00-2.00 s  msgs/s 40213  Gb/s 0.021  rtt p50 21.33 p99 40.10 us`
-fn interval_line(
-    label: &str,
-    from_s: f64,
-    to_s: f64,
-    msgs: u64,
-    secs: f64,
-    bits_per_msg: f64,
-    lat: Option<&LatencySummary>,
-) -> String {
-    let rate = if secs > 0.0 { msgs as f64 / secs } else { 0.0 };
-    let mut s = format!(
-        "[{label}] {:>15} s  msgs/s {rate:>10.0}  Gb/s {:>8.3}",
-        format!("{from_s:.2}-{to_s:.2}"),
-        rate * bits_per_msg / 1e9
-    );
-    if let Some(l) = lat {
-        s.push_str(&format!(
-            "  rtt p50 {:.2} p99 {:.2} max {:.2} us",
-            l.p50_us, l.p99_us, l.max_us
-        ));
+/// One `--interval` report; the field names are the result lines' (see
+/// docs/CLI.md).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Interval {
+    pub backend: Backend,
+    pub mode: Mode,
+    pub size: usize,
+    /// The interval, in seconds from the start of the measurement.
+    pub from_s: f64,
+    pub to_s: f64,
+    pub msgs_per_s: f64,
+    pub gbps: f64,
+    /// Round trips in the interval (lat and rate; `None` otherwise).
+    pub p50_us: Option<f64>,
+    pub p99_us: Option<f64>,
+    pub max_us: Option<f64>,
+}
+
+impl Interval {
+    /// `[tcp lat 64 B]   1.00-2.00 s  msgs/s 40213  Gb/s 0.021  rtt p50 21.33 p99 40.10 max 52.00 us`
+    fn text(&self) -> String {
+        let mut s = format!(
+            "[{} {} {} B] {:>15} s  msgs/s {:>10.0}  Gb/s {:>8.3}",
+            self.backend,
+            self.mode.name(),
+            self.size,
+            format!("{:.2}-{:.2}", self.from_s, self.to_s),
+            self.msgs_per_s,
+            self.gbps
+        );
+        if let (Some(p50), Some(p99), Some(max)) = (self.p50_us, self.p99_us, self.max_us) {
+            s.push_str(&format!("  rtt p50 {p50:.2} p99 {p99:.2} max {max:.2} us"));
+        }
+        s
     }
-    s
+
+    /// `{"interval":{...}}`: a consumer of `--json` tells it from a result
+    /// line by its one key.
+    fn json(&self) -> String {
+        #[derive(Serialize)]
+        struct Tagged<'a> {
+            interval: &'a Interval,
+        }
+        serde_json::to_string(&Tagged { interval: self })
+            .expect("an interval of plain numbers and names serializes")
+    }
 }
 
 #[cfg(test)]
@@ -391,31 +459,109 @@ mod tests {
         assert!(err.contains("bad tag"), "{err}");
     }
 
+    fn interval(mode: Mode, lat: Option<&LatencySummary>) -> Interval {
+        Interval {
+            backend: Backend::Tcp,
+            mode,
+            size: 64,
+            from_s: 1.0,
+            to_s: 2.0,
+            msgs_per_s: 1000.0,
+            gbps: 0.001,
+            p50_us: lat.map(|l| l.p50_us),
+            p99_us: lat.map(|l| l.p99_us),
+            max_us: lat.map(|l| l.max_us),
+        }
+    }
+
     #[test]
     fn interval_lines_name_the_run_and_the_window() {
         let mut r = Rtts::new();
         r.record(21_000);
-        let s = interval_line(
-            "tcp lat 64 B",
-            1.0,
-            2.0,
-            500,
-            0.5,
-            1024.0,
-            r.summary().as_ref(),
-        );
+        let s = interval(Mode::Lat, r.summary().as_ref()).text();
         assert!(s.starts_with("[tcp lat 64 B]"), "{s}");
         assert!(s.contains("1.00-2.00"), "{s}");
         assert!(s.contains("msgs/s       1000"), "{s}");
         assert!(s.contains("Gb/s    0.001"), "{s}");
         assert!(s.contains("rtt p50 21.0"), "{s}");
-        let bw = interval_line("tcp bw 1 MiB", 0.0, 1.0, 10, 1.0, 8.0, None);
-        assert!(!bw.contains("rtt"), "{bw}");
+        let bw = interval(Mode::Bw, None).text();
+        assert!(
+            bw.starts_with("[tcp bw 64 B]") && !bw.contains("rtt"),
+            "{bw}"
+        );
+    }
+
+    #[test]
+    fn an_interval_in_json_is_one_object_under_its_key() {
+        let mut r = Rtts::new();
+        r.record(21_000);
+        let line = interval(Mode::Rate, r.summary().as_ref()).json();
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        let top: Vec<&String> = v.as_object().unwrap().keys().collect();
+        assert_eq!(top, ["interval"], "{line}");
+        let i = v["interval"].as_object().unwrap();
+        let mut keys: Vec<&str> = i.keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        assert_eq!(
+            keys,
+            [
+                "backend",
+                "from_s",
+                "gbps",
+                "max_us",
+                "mode",
+                "msgs_per_s",
+                "p50_us",
+                "p99_us",
+                "size",
+                "to_s"
+            ],
+            "{line}"
+        );
+        assert_eq!(
+            (&i["backend"], &i["mode"], &i["size"]),
+            (&"tcp".into(), &"rate".into(), &64.into())
+        );
+        assert_eq!(
+            (i["from_s"].as_f64(), i["to_s"].as_f64()),
+            (Some(1.0), Some(2.0))
+        );
+        assert_eq!(i["msgs_per_s"].as_f64(), Some(1000.0));
+        assert!((i["p50_us"].as_f64().unwrap() - 21.0).abs() < 0.1, "{line}");
+        // Without round trips (bw) the percentiles are null, as in the
+        // result lines.
+        let bw: serde_json::Value = serde_json::from_str(&interval(Mode::Bw, None).json()).unwrap();
+        assert!(bw["interval"]["p50_us"].is_null(), "{bw}");
+        assert_eq!(bw["interval"]["mode"], "bw");
+    }
+
+    #[test]
+    fn an_interval_reports_its_window_rate_and_round_trips() {
+        let t = Instant::now();
+        let mut rep = IntervalReport::new(
+            Duration::from_secs(1),
+            (Backend::Tcp, Mode::Lat, 64),
+            512.0,
+            IntervalOutput::Json,
+        );
+        rep.start(t);
+        for _ in 0..10 {
+            rep.on_complete(t, Some(20_000));
+        }
+        let i = rep.interval(t + Duration::from_millis(500)).unwrap();
+        assert_eq!((i.from_s, i.to_s, i.msgs_per_s), (0.0, 0.5, 20.0));
+        assert!((i.gbps - 20.0 * 512.0 / 1e9).abs() < 1e-15, "{i:?}");
+        assert!((i.p99_us.unwrap() - 20.0).abs() < 0.1, "{i:?}");
     }
 
     #[test]
     fn interval_report_counts_only_after_start() {
-        let mut rep = IntervalReport::new(Duration::from_secs(3600), "x".into(), 8.0);
+        let mut rep = IntervalReport::new(
+            Duration::from_secs(3600),
+            (Backend::Tcp, Mode::Lat, 1),
+            8.0,
+            IntervalOutput::Text,
+        );
         let t = Instant::now();
         rep.on_complete(t, Some(1000));
         assert_eq!(rep.msgs, 0, "before start nothing is counted");

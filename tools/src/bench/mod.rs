@@ -26,6 +26,7 @@ mod raw;
 mod remote;
 pub mod sessions;
 mod table;
+mod warmup;
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -43,9 +44,11 @@ use crate::backend::Backend;
 use crate::progress::{Progress, Unit};
 use crate::stats::median;
 use cpu::CpuMeter;
-use hist::{IntervalReport, Rtts};
+use hist::{IntervalOutput, IntervalReport, Rtts};
 pub use plan::*;
 use remote::*;
+pub use warmup::{parse_warmup, Warmup};
+use warmup::{Completion, WarmupGate};
 
 /// Options of `starwire bench` (see docs/CLI.md).
 #[derive(Debug, clap::Args)]
@@ -71,7 +74,7 @@ pub struct BenchArgs {
     #[arg(long)]
     pub bidirectional: bool,
     /// Report rate and round trips every SECS seconds of each run, on
-    /// stderr (iperf3's -i).
+    /// stderr; with --json as JSON lines among the results (iperf3's -i).
     #[arg(long, value_name = "SECS")]
     pub interval: Option<f64>,
     /// Report the CPU use of the process over each run, in % of one core
@@ -97,10 +100,12 @@ pub struct BenchArgs {
     /// Measure each run for this many seconds instead of --iters.
     #[arg(long)]
     pub duration: Option<f64>,
-    /// Warm-up iterations per run [default: iters/10, at most 1000, but
-    /// at least 2 x connections x inflight in lat, rate and bw].
-    #[arg(long)]
-    pub warmup: Option<u64>,
+    /// Warm-up per run: N iterations, or a time since the run's first
+    /// send with its unit, e.g. 2s or 500ms (perftest's --margin)
+    /// [default: iters/10 iterations, at most 1000, but at least 2 x
+    /// connections x inflight in lat, rate and bw].
+    #[arg(long, value_name = "N|TIME", value_parser = parse_warmup)]
+    pub warmup: Option<Warmup>,
     /// Alternate the backends this many times; report the median.
     #[arg(long, default_value_t = 1)]
     pub repeat: usize,
@@ -331,6 +336,8 @@ pub(crate) struct DriveOpts {
     pub loopback: bool,
     /// Keep each result's merged histogram (for `--histogram`).
     pub keep_rtts: bool,
+    /// Where the runs' `--interval` reports go.
+    pub intervals: IntervalOutput,
 }
 
 /// The client side: send the plan to the server at `ctl_addr`, run every
@@ -357,7 +364,10 @@ fn drive(
     let mut r = control_reader(ctl);
     send_line(&mut w, &ClientHello { plan: plan.clone() })?;
     let client_idle = idle_policy(Role::Worker, plan.polling)?;
-    let runs = plan.runs();
+    let mut runs = plan.runs();
+    for run in &mut runs {
+        run.intervals = opts.intervals;
+    }
     let started = Instant::now();
     let mut raw_fuse_noted = false;
     // The repetitions of one (mode, size) alternate between the backends:
@@ -552,7 +562,14 @@ fn plan_of(args: &BenchArgs, (client_core, server_core): (Option<usize>, Option<
         inflight: args.inflight,
         iters: args.iters,
         duration_s: args.duration,
-        warmup: args.warmup,
+        warmup: match args.warmup {
+            Some(Warmup::Iters(n)) => Some(n),
+            _ => None,
+        },
+        warmup_s: match args.warmup {
+            Some(Warmup::Time(t)) => Some(t.as_secs_f64()),
+            _ => None,
+        },
         tensors: args.tensors,
         repeat: args.repeat,
         polling: args.polling.unwrap_or(true),
@@ -575,6 +592,7 @@ pub(crate) fn run_loopback(
     let opts = DriveOpts {
         loopback: true,
         keep_rtts: false,
+        intervals: IntervalOutput::Text,
     };
     let mut outcomes: Vec<Outcome> = Vec::new();
     run_on_thread(plan, opts, progress, &mut outcomes)?;
@@ -661,6 +679,11 @@ pub fn main(args: BenchArgs) -> Result<(), String> {
     let opts = DriveOpts {
         loopback: args.connect.is_none(),
         keep_rtts: args.histogram.is_some(),
+        intervals: if args.json {
+            IntervalOutput::Json
+        } else {
+            IntervalOutput::Text
+        },
     };
     let mut progress = Progress::new("starwire bench", Unit::Items, plan.measured_runs());
     let mut printer = Printer::new(&args, &plan);
@@ -674,6 +697,20 @@ pub fn main(args: BenchArgs) -> Result<(), String> {
     // A failure keeps what was printed, and closes the table under it.
     let closed = printer.finish(started, ran.is_ok());
     ran.and(closed)
+}
+
+/// Write `text` to stdout now, with the progress bar hidden: each result
+/// as it comes, and with `--json` each interval report (from the client's
+/// thread, while its run goes on).
+fn write_stdout(text: &str) -> Result<(), String> {
+    if text.is_empty() {
+        return Ok(());
+    }
+    crate::progress::suspend(|| {
+        let mut out = std::io::stdout().lock();
+        out.write_all(text.as_bytes()).and_then(|()| out.flush())
+    })
+    .map_err(|e| format!("writing the results: {e}"))
 }
 
 /// What `bench` prints on stdout, each result as it comes: a JSON line
@@ -695,23 +732,11 @@ impl Printer {
         }
     }
 
-    /// Write `text` to stdout now, with the progress bar hidden.
-    fn print(text: &str) -> Result<(), String> {
-        if text.is_empty() {
-            return Ok(());
-        }
-        crate::progress::suspend(|| {
-            let mut out = std::io::stdout().lock();
-            out.write_all(text.as_bytes()).and_then(|()| out.flush())
-        })
-        .map_err(|e| format!("writing the results: {e}"))
-    }
-
     /// The end: the table's close (after a failure, only under rows it
     /// printed) and the histogram log.
     fn finish(mut self, started: SystemTime, complete: bool) -> Result<(), String> {
         if !self.json && (complete || self.table.has_rows()) {
-            Self::print(&self.table.finish())?;
+            write_stdout(&self.table.finish())?;
         }
         if let Some((p, outcomes)) = &self.histogram {
             let entries: Vec<hist::LogEntry<'_>> = outcomes
@@ -736,16 +761,16 @@ impl Report for Printer {
         if self.json {
             return Ok(());
         }
-        Self::print(&self.table.ready(backend, server_core))
+        write_stdout(&self.table.ready(backend, server_core))
     }
 
     fn outcome(&mut self, o: Outcome) -> Result<(), String> {
         if self.json {
             let mut s = serde_json::to_string(&o.line).map_err(|e| e.to_string())?;
             s.push('\n');
-            Self::print(&s)?;
+            write_stdout(&s)?;
         } else {
-            Self::print(&self.table.row(&o.line))?;
+            write_stdout(&self.table.row(&o.line))?;
         }
         if let Some((_, kept)) = &mut self.histogram {
             if o.rtts.is_some() {
@@ -769,6 +794,7 @@ mod tests {
             iters: Some(10),
             duration_s: None,
             warmup: None,
+            warmup_s: None,
             tensors: 4,
             repeat: 2,
             polling: false,

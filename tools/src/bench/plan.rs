@@ -43,8 +43,12 @@ pub struct Plan {
     pub iters: Option<u64>,
     /// `--duration` in seconds, if given.
     pub duration_s: Option<f64>,
-    /// `--warmup`, if given.
+    /// `--warmup` as a count, if given.
     pub warmup: Option<u64>,
+    /// `--warmup` as a time, in seconds, if given (then `warmup` is
+    /// `None`).
+    #[serde(default)]
+    pub warmup_s: Option<f64>,
     /// `--tensors` (fuse mode).
     pub tensors: usize,
     /// `--repeat`.
@@ -91,8 +95,8 @@ pub struct Run {
     pub connections: usize,
     /// Measured iterations (steps in fuse mode); ignored with a duration.
     pub iters: u64,
-    /// Warm-up iterations, not measured.
-    pub warmup: u64,
+    /// What comes before the measurement.
+    pub warmup: Warmup,
     /// Measure for this long instead of `iters`.
     pub duration_s: Option<f64>,
     /// Tensors per step (fuse mode).
@@ -108,6 +112,9 @@ pub struct Run {
     /// Rate and bw requests are echoed (see [`Plan::bidirectional`]).
     #[serde(default)]
     pub bidirectional: bool,
+    /// Where the interval reports go (the client's `--json`).
+    #[serde(skip)]
+    pub intervals: IntervalOutput,
 }
 
 impl Run {
@@ -141,11 +148,11 @@ impl Run {
         if self.mode == Mode::Fuse {
             return None;
         }
-        let label = format!("{} {} {} B", self.backend, self.mode.name(), self.size);
         Some(IntervalReport::new(
             Duration::from_secs_f64(every),
-            label,
+            (self.backend, self.mode, self.size),
             self.bits_per_msg(),
+            self.intervals,
         ))
     }
 }
@@ -187,9 +194,14 @@ impl Plan {
                             Mode::Fuse => 0,
                             _ => 2 * (self.connections.max(1) * inflight) as u64,
                         };
-                        let warmup = self
-                            .warmup
-                            .unwrap_or((iters / 10).clamp(1, 1_000).max(burst));
+                        let warmup = match (self.warmup_s, self.warmup) {
+                            // A refused plan never runs: any length will do.
+                            (Some(s), _) => Warmup::Time(
+                                Duration::try_from_secs_f64(s).unwrap_or(Duration::ZERO),
+                            ),
+                            (None, Some(n)) => Warmup::Iters(n),
+                            (None, None) => Warmup::Iters((iters / 10).clamp(1, 1_000).max(burst)),
+                        };
                         out.push(Run {
                             backend,
                             mode,
@@ -204,6 +216,7 @@ impl Plan {
                             rep,
                             interval_s: self.interval_s,
                             bidirectional: self.bidirectional,
+                            intervals: IntervalOutput::default(),
                         });
                     }
                 }
@@ -239,8 +252,9 @@ pub(super) const MAX_RUNS: usize = 100_000;
 /// Most iterations (`--iters`, `--warmup`) of a run: over a day at
 /// 10 M messages/s, and their sum cannot overflow a `u64`.
 pub(super) const MAX_ITERS: u64 = 1 << 40;
-/// Longest `--duration` and `--interval`, in seconds: one day. Also the
-/// bound of `starwire soak`'s `--duration` and `--drain`.
+/// Longest `--duration`, `--interval` and time `--warmup`, in seconds:
+/// one day. Also the bound of `starwire soak`'s `--duration` and
+/// `--drain`.
 pub(crate) const MAX_SECONDS: f64 = 86_400.0;
 /// CPUs a core number may name: `CPU_SETSIZE`, what `sched_setaffinity(2)`
 /// takes through nix.
@@ -298,6 +312,17 @@ impl Plan {
         for (flag, n) in [("--iters", self.iters), ("--warmup", self.warmup)] {
             if let Some(n) = n.filter(|&n| n > MAX_ITERS) {
                 return Err(format!("{flag} {n}: at most {MAX_ITERS}"));
+            }
+        }
+        if let Some(s) = self.warmup_s {
+            if self.warmup.is_some() {
+                return Err("--warmup is a count or a time, not both".into());
+            }
+            if !(s > 0.0 && s <= MAX_SECONDS) {
+                return Err(format!(
+                    "--warmup {s}s: expected a positive time, at most {MAX_SECONDS} s \
+                     (--warmup 0 for none)"
+                ));
             }
         }
         if self.connections == 0 || self.connections > MAX_CONNECTIONS {
@@ -386,6 +411,14 @@ impl Run {
     /// A run the client skips (fuse over the raw baseline).
     pub(super) fn skipped(&self) -> bool {
         self.backend == Backend::Raw && self.mode == Mode::Fuse
+    }
+
+    /// The warm-up as the result lines say it: a count, or seconds.
+    fn warmup_fields(&self) -> (Option<u64>, Option<f64>) {
+        match self.warmup {
+            Warmup::Iters(n) => (Some(n), None),
+            Warmup::Time(t) => (None, Some(t.as_secs_f64())),
+        }
     }
 
     /// What the progress calls it: `tcp lat 64 B rep 1`.
@@ -506,6 +539,13 @@ pub struct ResultLine {
     /// `software` or `single` (dpdk; null otherwise).
     #[serde(default)]
     pub steering: Option<String>,
+    /// Warm-up iterations before the measurement (null with a time
+    /// warm-up).
+    #[serde(default)]
+    pub warmup: Option<u64>,
+    /// Warm-up time before the measurement, in seconds (null with a count).
+    #[serde(default)]
+    pub warmup_s: Option<f64>,
 }
 
 impl ResultLine {
@@ -529,6 +569,7 @@ pub(super) fn result_line(plan: &Plan, run: &Run, m: &Measured) -> ResultLine {
         Mode::Fuse => (None, None),
         _ => (rate, rate.map(|r| r * run.bits_per_msg() / 1e9)),
     };
+    let (warmup, warmup_s) = run.warmup_fields();
     let mut line = ResultLine {
         backend: run.backend,
         mode: run.mode,
@@ -566,6 +607,8 @@ pub(super) fn result_line(plan: &Plan, run: &Run, m: &Measured) -> ResultLine {
         port_stats: None,
         port_xstats: None,
         steering: None,
+        warmup,
+        warmup_s,
     };
     if matches!(run.mode, Mode::Lat | Mode::Rate) {
         line.set_latency(m.rtts.summary());
@@ -648,6 +691,8 @@ mod tests {
                 "--warmup",
                 "0",
             ],
+            &["--warmup", "86400s", "--mode", "lat,rate,bw,fuse"],
+            &["--warmup", "1us"],
         ] {
             let p = cli(args);
             assert_eq!(p.check(), Ok(()), "{args:?}");
@@ -665,6 +710,8 @@ mod tests {
             (&["--repeat", "0"], "at least 1"),
             (&["--iters", "1099511627777"], "--iters 1099511627777"),
             (&["--warmup", "18446744073709551615"], "--warmup"),
+            (&["--warmup", "0s"], "--warmup 0s"),
+            (&["--warmup", "86401s"], "--warmup 86401s"),
             (&["--duration", "86401"], "--duration"),
             (&["--duration", "NaN"], "--duration"),
             (&["--duration=-1"], "--duration"),
@@ -703,6 +750,43 @@ mod tests {
             let e = cli(args).check().unwrap_err();
             assert!(e.contains(want), "{args:?}: {e}");
         }
+    }
+
+    #[test]
+    fn a_warmup_is_a_count_or_a_time_and_the_results_say_which() {
+        let run = |args: &[&str]| {
+            let p = cli(args);
+            assert_eq!(p.check(), Ok(()), "{args:?}");
+            let r = p.runs().remove(0);
+            let line = result_line(&p, &r, &Measured::default());
+            (r.warmup, line.warmup, line.warmup_s)
+        };
+        // The count form as it was: given, or by mode and size.
+        assert_eq!(run(&["--warmup", "0"]), (Warmup::Iters(0), Some(0), None));
+        assert_eq!(
+            run(&["--warmup", "25", "--duration", "10"]),
+            (Warmup::Iters(25), Some(25), None)
+        );
+        let rate = default_iters(Mode::Rate, 64, 100);
+        assert_eq!(
+            run(&["--mode", "rate"]).0,
+            Warmup::Iters((rate / 10).clamp(1, 1_000)),
+        );
+        // The time form, whatever --duration or --iters say.
+        for args in [
+            &["--warmup", "2s", "--duration", "10"][..],
+            &["--warmup", "2000ms", "--iters", "5"],
+        ] {
+            assert_eq!(
+                run(args),
+                (Warmup::Time(Duration::from_secs(2)), None, Some(2.0)),
+                "{args:?}"
+            );
+        }
+        // A plan from the network holds one form.
+        let mut p = cli(&["--warmup", "1s"]);
+        p.warmup = Some(3);
+        assert!(p.check().unwrap_err().contains("not both"));
     }
 
     #[test]

@@ -13,7 +13,7 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use super::hist::Rtts;
-use super::{Measured, Mode, Run};
+use super::{Completion, Measured, Mode, Run, WarmupGate};
 
 const HDR: usize = 8;
 const OP_ECHO: u32 = 1;
@@ -197,7 +197,7 @@ fn client_here(
     req.extend((0..run.size).map(|i| i as u8));
     let mut rx = vec![0u8; rx_buf_len(run)];
     let duration = run.duration();
-    let total = run.warmup + run.iters;
+    let mut gate = WarmupGate::new(run.warmup);
     let mut rtts = Rtts::new();
     let mut interval = run.interval_report();
     let mut starts: VecDeque<Instant> = VecDeque::with_capacity(run.inflight);
@@ -205,12 +205,15 @@ fn client_here(
     let mut tx_at: Option<usize> = None;
     let mut queued = 0usize;
     let mut rx_acc = 0usize;
-    let mut measure_start = (run.warmup == 0).then(Instant::now);
+    let mut measure_start = gate.is_none().then(Instant::now);
     if let (Some(r), Some(t0)) = (&mut interval, measure_start) {
         r.start(t0);
     }
     let mut measure_end = None;
     loop {
+        // Requests to issue: the warm-up's and `iters` (unbounded with
+        // `--duration`, or while a time warm-up lasts).
+        let total = gate.budget(run.iters);
         let may_start = match (duration, measure_start) {
             (Some(d), Some(t0)) => t0.elapsed() < d,
             (Some(_), None) => true,
@@ -220,7 +223,9 @@ fn client_here(
         // vectored send (the rest of a partly written one first).
         while may_start && started - completed < inflight && (duration.is_some() || started < total)
         {
-            starts.push_back(Instant::now());
+            let now = Instant::now();
+            gate.on_send(now);
+            starts.push_back(now);
             started += 1;
             queued += 1;
             if queued == 1 {
@@ -287,20 +292,23 @@ fn client_here(
                     .pop_front()
                     .ok_or("raw client: response without a request")?;
                 completed += 1;
-                if completed > run.warmup {
-                    let ns = now.duration_since(t0).as_nanos() as u64;
-                    if record {
-                        rtts.record(ns);
+                match gate.on_complete(completed, now) {
+                    Completion::Measured => {
+                        let ns = now.duration_since(t0).as_nanos() as u64;
+                        if record {
+                            rtts.record(ns);
+                        }
+                        if let Some(r) = &mut interval {
+                            r.on_complete(now, record.then_some(ns));
+                        }
                     }
-                    if let Some(r) = &mut interval {
-                        r.on_complete(now, record.then_some(ns));
+                    Completion::Last => {
+                        measure_start = Some(now);
+                        if let Some(r) = &mut interval {
+                            r.start(now);
+                        }
                     }
-                }
-                if completed == run.warmup {
-                    measure_start = Some(now);
-                    if let Some(r) = &mut interval {
-                        r.start(now);
-                    }
+                    Completion::Warmup => {}
                 }
                 measure_end = Some(now);
             }
@@ -312,7 +320,7 @@ fn client_here(
         r.finish(end);
     }
     Ok(Measured {
-        iters: completed.saturating_sub(run.warmup),
+        iters: gate.measured(completed),
         elapsed,
         rtts,
         ..Measured::default()
@@ -334,6 +342,7 @@ mod tests {
             iters: Some(10),
             duration_s: None,
             warmup: None,
+            warmup_s: None,
             tensors: 1,
             repeat: 1,
             polling: true,

@@ -443,6 +443,7 @@ mod tests {
             iters: Some(100),
             duration_s: None,
             warmup: Some(10),
+            warmup_s: None,
             tensors: 100,
             repeat: 3,
             polling: true,
@@ -807,7 +808,9 @@ mod tests {
                         let _ = run.interval_report();
                         let _ = sessions::tcp_config(run.max_size);
                         assert!(data_connections(run) <= MAX_CONNECTIONS);
-                        assert!(run.warmup.checked_add(run.iters).is_some());
+                        if let Warmup::Iters(w) = run.warmup {
+                            assert!(w.checked_add(run.iters).is_some());
+                        }
                     }
                 }
             }

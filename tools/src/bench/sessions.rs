@@ -26,7 +26,7 @@ use starwire_transport::{
 
 use super::hist::{IntervalReport, Rtts};
 use super::packets::{ClientPackets, DatagramCounters};
-use super::{Measured, Mode, Run, ACCEPT_TIMEOUT};
+use super::{Completion, Measured, Mode, Run, WarmupGate, ACCEPT_TIMEOUT};
 
 /// TCP settings both ends derive from the plan, so they agree: a frame
 /// holds the largest payload whole (no chunking in the measurement).
@@ -386,6 +386,8 @@ struct FuseState {
     /// Acks still missing for the current step; 0 = no step running.
     step_acks: usize,
     steps: u64,
+    /// The current phase's warm-up (each phase warms up).
+    gate: WarmupGate,
     phase_start: Option<Instant>,
     fused_rate: Option<f64>,
     unfused_rate: Option<f64>,
@@ -417,6 +419,7 @@ struct GenState {
     /// Over all connections.
     issued: u64,
     completed: u64,
+    gate: WarmupGate,
     measure_start: Option<Instant>,
     measure_end: Option<Instant>,
     rtts: Rtts,
@@ -461,6 +464,7 @@ impl GenState {
                 phase: FusePhase::Fused,
                 step_acks: 0,
                 steps: 0,
+                gate: WarmupGate::new(run.warmup),
                 phase_start: None,
                 fused_rate: None,
                 unfused_rate: None,
@@ -476,6 +480,7 @@ impl GenState {
             conns: 0,
             issued: 0,
             completed: 0,
+            gate: WarmupGate::new(run.warmup),
             measure_start: None,
             measure_end: None,
             rtts: Rtts::new(),
@@ -510,7 +515,7 @@ impl GenState {
             (Some(d), Some(t0)) => now.duration_since(t0) < d,
             (Some(_), None) => true,
             (None, _) => {
-                let total = self.run.warmup + self.run.iters;
+                let total = self.gate.budget(self.run.iters);
                 let n = self.conns.max(1) as u64;
                 let share = total / n + u64::from((self.rank[c] as u64) < total % n);
                 self.issued_on[c] < share
@@ -533,6 +538,7 @@ impl GenState {
             }
             match conn.request(self.op, 0, Payload::from_bytes(self.payload.clone()), None) {
                 Ok(id) => {
+                    self.gate.on_send(t);
                     self.starts[c].push_back((id, t));
                     self.issued_on[c] += 1;
                     self.issued += 1;
@@ -563,17 +569,18 @@ impl GenState {
             return self.fail(format!("response {id} out of order (expected {want})"));
         }
         self.completed += 1;
-        if self.completed > self.run.warmup {
-            let ns = now.duration_since(t0).as_nanos() as u64;
-            if self.record {
-                self.rtts.record(ns);
+        match self.gate.on_complete(self.completed, now) {
+            Completion::Measured => {
+                let ns = now.duration_since(t0).as_nanos() as u64;
+                if self.record {
+                    self.rtts.record(ns);
+                }
+                if let Some(r) = &mut self.interval {
+                    r.on_complete(now, self.record.then_some(ns));
+                }
             }
-            if let Some(r) = &mut self.interval {
-                r.on_complete(now, self.record.then_some(ns));
-            }
-        }
-        if self.completed == self.run.warmup {
-            self.start_measuring(now);
+            Completion::Last => self.start_measuring(now),
+            Completion::Warmup => {}
         }
         self.measure_end = Some(now);
         self.issue(c, conn);
@@ -589,13 +596,13 @@ impl GenState {
         let more = match (run.duration(), f.phase_start) {
             (Some(d), Some(t0)) => now.duration_since(t0) < d,
             (Some(_), None) => true,
-            (None, _) => f.steps < run.warmup + run.iters,
+            (None, _) => f.steps < f.gate.budget(run.iters),
         };
         if !more {
             let secs = f
                 .phase_start
                 .map_or(0.0, |t0| now.duration_since(t0).as_secs_f64());
-            let measured = f.steps.saturating_sub(run.warmup);
+            let measured = f.gate.measured(f.steps);
             let rate = (secs > 0.0).then(|| measured as f64 / secs);
             match f.phase {
                 FusePhase::Fused => {
@@ -603,6 +610,7 @@ impl GenState {
                     self.completed = measured;
                     f.phase = FusePhase::Unfused;
                     f.steps = 0;
+                    f.gate = WarmupGate::new(run.warmup);
                     f.phase_start = None;
                 }
                 FusePhase::Unfused => {
@@ -613,9 +621,10 @@ impl GenState {
                 }
             }
         }
-        if f.steps == 0 && run.warmup == 0 {
+        if f.steps == 0 && f.gate.is_none() {
             f.phase_start = Some(now);
         }
+        f.gate.on_send(now);
         let batcher = match f.phase {
             FusePhase::Fused => &mut f.fused,
             FusePhase::Unfused => &mut f.unfused,
@@ -642,15 +651,15 @@ impl GenState {
     }
 
     fn on_step_ack(&mut self, conn: &mut Connection) {
-        let warmup = self.run.warmup;
         let Some(f) = self.fuse.as_mut() else { return };
         f.step_acks = f.step_acks.saturating_sub(1);
         if f.step_acks > 0 {
             return;
         }
         f.steps += 1;
-        if f.steps == warmup {
-            f.phase_start = Some(Instant::now());
+        let now = Instant::now();
+        if f.gate.on_complete(f.steps, now) == Completion::Last {
+            f.phase_start = Some(now);
         }
         self.issue_step(conn);
     }
@@ -718,7 +727,7 @@ impl<D: Driver> Service<D> for LoadGen {
                 return false;
             }
             st.kicked = true;
-            if st.run.warmup == 0 {
+            if st.gate.is_none() {
                 st.start_measuring(now);
             }
             for &id in ids.iter() {
@@ -846,7 +855,7 @@ fn client_outcome<D: BenchDriver>(joined: Joined<D, LoadGen>) -> Result<Measured
         r.finish(end);
     }
     Ok(Measured {
-        iters: st.completed.saturating_sub(st.run.warmup),
+        iters: st.gate.measured(st.completed),
         elapsed,
         rtts: st.rtts,
         fused_steps_per_s: None,

@@ -385,6 +385,7 @@ mod tests {
             iters: Some(10),
             duration_s: None,
             warmup: Some(1),
+            warmup_s: None,
             tensors: 4,
             repeat: 1,
             polling: true,

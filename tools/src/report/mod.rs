@@ -263,6 +263,7 @@ fn plans(args: &ReportArgs, backends: &[Backend], m: &Machine) -> Vec<Plan> {
         iters: args.quick.then_some(30),
         duration_s: (!args.quick).then_some(args.duration),
         warmup: Some(if args.quick { 3 } else { 200 }),
+        warmup_s: None,
         tensors: if args.quick { 8 } else { FUSE_TENSORS },
         repeat: args.repeat,
         polling: m.polling,
