@@ -19,7 +19,7 @@ use crate::applied::{AppliedSteps, Position};
 use crate::error::CheckpointError;
 use crate::optim::OptimizerKind;
 use crate::shard::{DenseVar, PsShard, Var};
-use crate::table::{Pending, Rows, TableStats};
+use crate::table::{Counters, Pending, Rows, TableStats};
 
 /// File magic.
 pub const MAGIC: [u8; 8] = *b"SWPSCKPT";
@@ -216,11 +216,10 @@ pub(crate) fn put_row(w: &mut CrcWriter<'_>, rows: &Rows, k: u64) -> io::Result<
 }
 
 /// Every pending filter counter, by key.
-pub(crate) fn put_pending(w: &mut CrcWriter<'_>, pending: &KeyMapOf<Pending>) -> io::Result<()> {
-    let mut keys: Vec<u64> = pending.keys().copied().collect();
-    keys.sort_unstable();
-    for k in keys {
-        let p = pending[&k];
+pub(crate) fn put_pending(w: &mut CrcWriter<'_>, pending: &Counters) -> io::Result<()> {
+    let mut all: Vec<(u64, Pending)> = pending.iter().collect();
+    all.sort_unstable_by_key(|&(k, _)| k);
+    for (k, p) in all {
         w.u64(k)?;
         w.u32(p.count)?;
         w.u32(0)?;
@@ -531,7 +530,7 @@ impl PsShard {
                             ))
                         })?;
                     }
-                    t.pending = read_pending(&mut c, n_pending, id)?;
+                    t.pending = Counters::restored(read_pending(&mut c, n_pending, id)?);
                     t.rows = rows;
                 }
             }

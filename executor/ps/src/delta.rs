@@ -34,7 +34,7 @@ use crate::checkpoint::{
 use crate::error::CheckpointError;
 use crate::keyhash::KeySet;
 use crate::shard::{PsShard, Var};
-use crate::table::Rows;
+use crate::table::{Counters, Rows};
 
 /// The first eight bytes of a delta file.
 pub const DELTA_MAGIC: [u8; 8] = *b"SWPSDELT";
@@ -260,7 +260,7 @@ impl PsShard {
                     }
                     t.stats = stats;
                     t.rows = rows;
-                    t.pending = pending;
+                    t.pending = Counters::restored(pending);
                 }
             }
         }

@@ -9,12 +9,15 @@ use crate::prefetch;
 use crate::pulls::MAX_TRACKED_WORKERS;
 use crate::var::VarDef;
 
+mod counters;
 mod defaults;
 mod keymap;
 pub(crate) mod prefault;
 mod rows;
 mod stale;
 use crate::keyhash::{KeyMapOf, KeySet};
+use counters::Counted;
+pub(crate) use counters::Counters;
 use defaults::Defaults;
 use rows::alloc;
 use rows::Held;
@@ -49,9 +52,10 @@ pub struct TablePolicy {
     /// `steps_to_live` global steps are removed by [`EmbeddingTable::evict`]; 0 = never.
     pub steps_to_live: u64,
     /// At most this many keys are counted by the frequency filter at once.
-    /// When the counter map is full, pulls of further new keys are filtered
-    /// without being counted (see [`TableStats::filter_overflow`]); counters
-    /// leave the map when their key is admitted or evicted by the TTL.
+    /// When the counters are full, a new key's counter takes the place of
+    /// one chosen by CLOCK ([`counters`], [`TableStats::filter_overflow`]);
+    /// counters also leave when their key is admitted or evicted by the
+    /// TTL.
     pub filter_capacity: usize,
     /// DeepRec `default_value_dim`: a new row copies row
     /// `key % default_value_dim` of the table's default value matrix,
@@ -86,7 +90,9 @@ pub struct TableStats {
     pub admitted: u64,
     /// Pulls of a key that has no row yet because of the frequency filter (answered with zeros).
     pub filtered_pulls: u64,
-    /// Pulls of a new key that the full filter counter map could not count.
+    /// Counters of the frequency filter dropped to make room for a new
+    /// key's, the map being full (or, with a capacity of 0, pulls of new
+    /// keys not counted).
     pub filter_overflow: u64,
     /// Rows removed by [`EmbeddingTable::evict`].
     pub evicted: u64,
@@ -103,7 +109,7 @@ pub struct EmbeddingTable {
     pub(crate) opt: OptimizerConfig,
     pub(crate) policy: TablePolicy,
     pub(crate) rows: Rows,
-    pub(crate) pending: Map<Pending>,
+    pub(crate) pending: Counters,
     pub(crate) stats: TableStats,
     defaults: Option<std::sync::Arc<Defaults>>,
     scratch: Box<Scratch>,
@@ -185,7 +191,7 @@ impl EmbeddingTable {
             opt,
             policy,
             rows: Rows::with_capacity(dim * (1 + opt.slots()), 0),
-            pending: Map::default(),
+            pending: Counters::default(),
             stats: TableStats::default(),
             defaults,
             scratch: Box::default(),
@@ -334,7 +340,7 @@ impl EmbeddingTable {
         // above keeps it (at the threshold: the key's next pull with room
         // admits it).
         if self.policy.filter_freq > 1 {
-            self.pending.remove(&key);
+            self.pending.remove(key);
         }
         self.stats.admitted += 1;
         rows.start_meta(index, 0, step);
@@ -747,7 +753,7 @@ impl EmbeddingTable {
 /// row, so that a key refused a row (no room) is not counted again from
 /// zero.
 fn admit(
-    pending: &mut Map<Pending>,
+    pending: &mut Counters,
     stats: &mut TableStats,
     policy: &TablePolicy,
     key: u64,
@@ -757,23 +763,17 @@ fn admit(
     if need <= 1 {
         return true;
     }
-    let count = if let Some(p) = pending.get_mut(&key) {
-        p.count += 1;
-        p.last_seen = step;
-        p.count
-    } else if pending.len() < policy.filter_capacity {
-        pending.insert(
-            key,
-            Pending {
-                count: 1,
-                last_seen: step,
-            },
-        );
-        1
-    } else {
-        stats.filter_overflow += 1;
-        stats.filtered_pulls += 1;
-        return false;
+    let count = match pending.count(key, step, policy.filter_capacity) {
+        Counted::Now(n) => n,
+        Counted::Replaced => {
+            stats.filter_overflow += 1;
+            1
+        }
+        Counted::Refused => {
+            stats.filter_overflow += 1;
+            stats.filtered_pulls += 1;
+            return false;
+        }
     };
     if count >= need {
         true
@@ -1035,7 +1035,7 @@ mod tests {
         assert!(t.pull(5, 1).expect("counted").is_none());
         let e = t.pull(5, 2).unwrap_err();
         assert_eq!((e.var, e.rows, e.why), (3, 1, NoRoom::MaxRows));
-        let count = |t: &EmbeddingTable| t.pending.get(&5).map(|p| p.count);
+        let count = |t: &EmbeddingTable| t.pending.get(5).map(|p| p.count);
         assert_eq!(count(&t), Some(2));
         assert_eq!((t.len(), t.stats().admitted), (1, 1));
         // With room (a larger cap), the key's next pull admits it.
@@ -1044,17 +1044,23 @@ mod tests {
         assert_eq!((count(&t), t.pending_len(), t.len()), (None, 0, 2));
     }
 
+    /// The counters are bounded; a full map makes room for a new key by
+    /// dropping the oldest counter not pulled again (it used to refuse
+    /// every new key once full, so a key that came after the first
+    /// `filter_capacity` was never admitted).
     #[test]
-    fn filter_counter_map_is_bounded() {
+    fn filter_counter_map_is_bounded_and_takes_new_keys() {
         let mut t = table(2, 0, 2);
         for k in 1..=5 {
             assert!(t.pull(k, 0).expect("room").is_none());
         }
         assert_eq!(t.pending_len(), 2);
         assert_eq!(t.stats().filter_overflow, 3);
-        // Keys 1 and 2 are counted, so they are admitted on the next pull.
-        assert!(t.pull(1, 1).expect("room").is_some());
-        assert!(t.pull(5, 1).expect("room").is_none());
+        // Keys 4 and 5 are counted, so 5 is admitted on its next pull; 1
+        // is counted from 1 again.
+        assert!(t.pull(5, 1).expect("room").is_some());
+        assert!(t.pull(1, 1).expect("room").is_none());
+        assert!(t.pull(1, 2).expect("room").is_some());
     }
 
     #[test]
