@@ -44,9 +44,10 @@ pub struct GuardArgs {
     #[command(flatten)]
     pub token: TokenArgs,
     /// Most connections a PS task holds at once (at least 1); more are
-    /// closed at accept.
-    #[arg(long, default_value_t = 1024, value_parser = crate::failure::at_least_one)]
-    pub max_connections: usize,
+    /// closed at accept [default: 1024; `train` raises it to what its
+    /// local cluster holds].
+    #[arg(long, value_parser = crate::failure::at_least_one)]
+    pub max_connections: Option<usize>,
     /// Seconds a peer may take from connect to the end of its handshake.
     #[arg(long, default_value_t = 10)]
     pub handshake_timeout_secs: u64,
@@ -77,7 +78,9 @@ impl GuardArgs {
         Ok(Guard {
             token: self.token.token()?,
             insecure: self.token.insecure,
-            max_connections: self.max_connections,
+            max_connections: self
+                .max_connections
+                .unwrap_or(starwire_transport::accept::DEFAULT_MAX_CONNECTIONS),
             handshake_timeout: Duration::from_secs(self.handshake_timeout_secs.max(1)),
             idle_timeout: (self.idle_timeout_secs > 0)
                 .then(|| Duration::from_secs(self.idle_timeout_secs)),

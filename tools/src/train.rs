@@ -637,15 +637,21 @@ fn connections_per_client(cfg: &TrainConfig) -> (usize, &'static str) {
     }
 }
 
-/// `--max-connections` below what a PS task of the local cluster holds
-/// would refuse one of the cluster's own connections as it starts: a
-/// usage error naming the count. Every worker's connections and the
-/// evaluator's are counted: the evaluator dials as the workers close, and
-/// a PS counts a connection until its reactor has seen it end.
-fn check_local_connections(cfg: &TrainConfig) -> Result<(), String> {
+/// A `--max-connections` below what a PS task of the local cluster holds
+/// would refuse one of the cluster's own connections as it starts: given
+/// (`explicit`), a usage error naming the count; left at its default
+/// (1024), raised to the count (`--workers 1024` needs 1025 and more).
+/// Every worker's connections and the evaluator's are counted: the
+/// evaluator dials as the workers close, and a PS counts a connection
+/// until its reactor has seen it end.
+fn check_local_connections(cfg: &mut TrainConfig, explicit: bool) -> Result<(), String> {
     let (per_client, what) = connections_per_client(cfg);
     let need = (cfg.workers + 1) * per_client;
     if cfg.guard.max_connections >= need {
+        return Ok(());
+    }
+    if !explicit {
+        cfg.guard.max_connections = need;
         return Ok(());
     }
     Err(format!(
@@ -660,7 +666,7 @@ pub fn main(l: LocalArgs) -> Result<(), Failure> {
     let a = &l.train;
     let mut cfg = prepare(a, l.ps, l.workers)?;
     starwire_train::cluster::fit_local_host(&mut cfg).map_err(train_failure)?;
-    check_local_connections(&cfg).map_err(Failure::Usage)?;
+    check_local_connections(&mut cfg, a.guard.max_connections.is_some()).map_err(Failure::Usage)?;
     let _dpdk = dpdk_setup(a);
     tracing::info!(
         target: "status",
@@ -1337,16 +1343,22 @@ mod tests {
     #[test]
     fn the_local_cluster_needs_a_connection_per_worker_and_evaluator_and_shard() {
         let check = |flags: &[&str], workers, reactors| {
-            let mut cfg = config(&args(flags), 1, workers).unwrap();
+            let a = args(flags);
+            let mut cfg = config(&a, 1, workers).unwrap();
             cfg.ps_reactors = reactors;
-            check_local_connections(&cfg)
+            check_local_connections(&mut cfg, a.guard.max_connections.is_some())
+                .map(|()| cfg.guard.max_connections)
         };
-        assert_eq!(check(&["--max-connections", "6"], 2, 2), Ok(()));
+        assert_eq!(check(&["--max-connections", "6"], 2, 2), Ok(6));
         let e = check(&["--max-connections", "5"], 2, 2).unwrap_err();
         assert!(e.contains("--max-connections 6 or more"), "{e}");
         assert!(check(&["--max-connections", "1"], 2, 1).is_err());
         let inproc = ["--backend", "inproc", "--max-connections", "1"];
-        assert_eq!(check(&inproc, 8, 4), Ok(()));
+        assert_eq!(check(&inproc, 8, 4), Ok(1));
+        // Not given: the default, raised where the cluster needs more.
+        assert_eq!(check(&[], 2, 2), Ok(1024));
+        assert_eq!(check(&[], 1024, 1), Ok(1025));
+        assert_eq!(check(&[], 128, 8), Ok(129 * 8));
     }
 
     #[test]

@@ -116,3 +116,29 @@ fn a_sweep_whose_server_dies_keeps_the_results_that_finished() {
         }
     }
 }
+
+/// A size given twice is one result, the median of all its runs, as it
+/// was before results were printed as they finish (each listing then
+/// finished a group of its own).
+#[test]
+fn a_size_given_twice_is_one_result() {
+    let out = run(&[
+        "bench",
+        "--backends",
+        "tcp",
+        "--mode",
+        "lat",
+        "--sizes",
+        "64,64",
+        "--iters",
+        "200",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let lines: Vec<Value> = text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0]["size"], 64);
+}

@@ -318,7 +318,7 @@ impl<H: PsHandler> Service<H> {
                 }
                 ("push", r)
             }
-            (Opcode::SparsePush, None) if gathering => (
+            (Opcode::SparsePush, None) if gathering && named => (
                 "push",
                 Err(HandlerError {
                     status: Status::BadRequest,

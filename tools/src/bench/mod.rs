@@ -372,9 +372,13 @@ fn drive(
     let mut raw_fuse_noted = false;
     // The repetitions of one (mode, size) alternate between the backends:
     // a group is finished, and its histograms merged, at its last run
-    // (`--repeat` runs per listing of its backend in `--backends`).
-    let runs_of =
-        |b: Backend| plan.repeat.max(1) * plan.backends.iter().filter(|&&x| x == b).count();
+    // (its runs counted over the plan: `--repeat` per listing of its
+    // backend, mode and size).
+    let mut runs_of: std::collections::HashMap<(Backend, Mode, usize), usize> =
+        std::collections::HashMap::new();
+    for r in runs.iter().filter(|r| !r.skipped()) {
+        *runs_of.entry((r.backend, r.mode, r.size)).or_default() += 1;
+    }
     let mut pending: Vec<Group> = Vec::new();
     for run in &runs {
         if run.skipped() {
@@ -497,9 +501,14 @@ fn drive(
                 None => g.rtts = Some(m.rtts),
             }
         }
-        if g.lines.len() == runs_of(run.backend) {
+        if runs_of.get(&key).map_or(true, |&n| g.lines.len() >= n) {
             report.outcome(pending.swap_remove(at).finish(opts.keep_rtts))?;
         }
+    }
+    // Every group finished at its last run; none is left, but none is
+    // lost either.
+    for g in pending {
+        report.outcome(g.finish(opts.keep_rtts))?;
     }
     Ok(())
 }
