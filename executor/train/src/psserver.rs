@@ -1104,18 +1104,17 @@ impl<H: PsHandler> PsServer<H> {
     /// step they wait for will not come.
     pub fn take_barriers(&mut self) -> Vec<(usize, u64, Opcode)> {
         let mut out = Vec::new();
+        let mut released = 0;
         for (c, id, _, _) in self.waiting.drain(..) {
             out.push((c, id, Opcode::Rpc));
             if let Some(state) = self.conns.get_mut(c) {
                 state.barrier = false;
-                let held = std::mem::take(&mut state.held_bytes);
-                if let (Some(b), 1..) = (&self.budget, held) {
-                    b.release(held);
-                }
+                released += std::mem::take(&mut state.held_bytes);
                 let held = state.held.drain(..).filter(|h| !h.oneway);
                 out.extend(held.map(|h| (c, h.id, h.opcode)));
             }
         }
+        self.release_held(released);
         out
     }
 

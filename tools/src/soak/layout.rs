@@ -315,16 +315,7 @@ fn idle_policy(polling: bool, idle_poll_us: u64, oversubscribed: bool) -> (IdleP
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// `soak` parsed with `flags`.
-    fn args(flags: &[&str]) -> SoakArgs {
-        #[derive(clap::Parser)]
-        struct Cli {
-            #[command(flatten)]
-            soak: SoakArgs,
-        }
-        <Cli as clap::Parser>::parse_from(std::iter::once("soak").chain(flags.iter().copied())).soak
-    }
+    use crate::soak::tests::soak_args as args;
 
     /// The settings of `flags` with only `vars` set.
     fn resolved(flags: &[&str], vars: &[(&str, &str)]) -> Result<SoakSettings, ConfigError> {

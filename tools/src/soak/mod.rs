@@ -1148,8 +1148,8 @@ mod tests {
         );
     }
 
-    /// `soak` parsed with `flags`.
-    fn soak_args(flags: &[&str]) -> SoakArgs {
+    /// `soak` parsed with `flags` (also [`super::layout`]'s tests).
+    pub(super) fn soak_args(flags: &[&str]) -> SoakArgs {
         #[derive(clap::Parser)]
         struct Cli {
             #[command(flatten)]
