@@ -44,6 +44,15 @@
 //! record, so many workers' records reuse a few warm buffers rather than
 //! each worker faulting in and keeping its own.
 //!
+//! A worker that pulls and does not push (a bug, or a peer that means
+//! harm) would grow its record by every pull. A record holding more than
+//! [`MAX_RECORD_BYTES`] when the worker's next pull begins is dropped
+//! instead, its buffers freed, and that pull is recorded alone: the
+//! worker's push is matched with its last pull, as always, and rows it
+//! pulled only before are applied as they are. A worker's record then
+//! holds at most that plus one pull (which the codec's limits bound), and
+//! a shard's records at most that per recorded worker.
+//!
 //! [`OptimizerConfig::tracks_pulls`]: crate::OptimizerConfig::tracks_pulls
 
 use crate::keyhash::KeyMapOf;
@@ -55,6 +64,14 @@ use crate::optim::{OptimizerConfig, Pulled, StalenessLr};
 /// Workers with a larger task index are not tracked (their pushes are
 /// applied as they are): bounds the memory a peer's index can claim.
 pub(crate) const MAX_TRACKED_WORKERS: u32 = 1 << 12;
+
+/// The bytes of keys, update counts and values one worker's record may
+/// hold when its next pull begins; past them the record is dropped and
+/// the pull recorded alone. A step's pull is far below it (4096 examples
+/// of 26 fields of width 64 are under 30 MiB whole, before the shards
+/// split them), so only a worker that keeps pulling without pushing
+/// reaches it; a `--prefetch` window of a few steps does not.
+pub(crate) const MAX_RECORD_BYTES: usize = 64 << 20;
 
 /// True when the records keep each row's update count: only a
 /// staleness-aware rate reads it (a push's staleness scales nothing
@@ -92,6 +109,16 @@ impl VarPulls {
             && self.updates.capacity() == 0
             && self.values.capacity() == 0
             && self.index.capacity() == 0
+    }
+
+    /// The bytes of what it holds: keys, update counts and values (in its
+    /// own buffer or in a reply it refers to, whose buffer it keeps
+    /// alive).
+    fn held_bytes(&self) -> usize {
+        let floats = self.values.len()
+            + self.reply.as_ref().map_or(0, |r| r.len() / 4)
+            + self.in_reply.map_or(0, |(_, n)| n);
+        8 * (self.keys.len() + self.updates.len()) + 4 * floats
     }
 
     fn clear(&mut self) {
@@ -156,12 +183,25 @@ pub(crate) struct WorkerPulls {
 impl WorkerPulls {
     /// A pull of `vars` variables is about to be recorded: after a push
     /// the record starts again, its buffers going to `spare`, and each
-    /// variable without buffers takes some from `spare`.
-    pub(crate) fn begin_pull(&mut self, vars: usize, spare: &mut Vec<VarPulls>) {
+    /// variable without buffers takes some from `spare`. A record that
+    /// holds more than `limit` bytes with no push since it began starts
+    /// again too, its buffers freed rather than pooled: true then.
+    pub(crate) fn begin_pull(
+        &mut self,
+        vars: usize,
+        spare: &mut Vec<VarPulls>,
+        limit: usize,
+    ) -> bool {
+        let mut dropped = false;
         if std::mem::take(&mut self.pushed) {
             for v in &mut self.vars {
                 recycle(spare, v);
             }
+        } else if self.held_bytes() > limit {
+            for v in &mut self.vars {
+                *v = VarPulls::default();
+            }
+            dropped = true;
         }
         if self.vars.len() < vars {
             self.vars.resize_with(vars, VarPulls::default);
@@ -174,6 +214,12 @@ impl WorkerPulls {
                 }
             }
         }
+        dropped
+    }
+
+    /// The bytes its variables' records hold.
+    pub(crate) fn held_bytes(&self) -> usize {
+        self.vars.iter().map(VarPulls::held_bytes).sum()
     }
 
     fn var_mut(&mut self, var: u32) -> &mut VarPulls {
@@ -289,12 +335,27 @@ impl WorkerPulls {
 }
 
 /// Every tracked worker's last pull.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Pulls {
     by_worker: Vec<WorkerPulls>,
     /// Cleared variable records whose push was applied, for the next pull
     /// to record into.
     spare: Vec<VarPulls>,
+    /// [`MAX_RECORD_BYTES`], smaller in tests.
+    limit: usize,
+    /// Records dropped past it.
+    dropped: u64,
+}
+
+impl Default for Pulls {
+    fn default() -> Self {
+        Self {
+            by_worker: Vec::new(),
+            spare: Vec::new(),
+            limit: MAX_RECORD_BYTES,
+            dropped: 0,
+        }
+    }
 }
 
 impl Pulls {
@@ -310,7 +371,9 @@ impl Pulls {
             self.by_worker.resize_with(w + 1, WorkerPulls::default);
         }
         let rec = &mut self.by_worker[w];
-        rec.begin_pull(vars, &mut self.spare);
+        if rec.begin_pull(vars, &mut self.spare, self.limit) {
+            self.dropped += 1;
+        }
         Some(rec)
     }
 
@@ -352,6 +415,17 @@ impl Pulls {
     /// change); [`Self::put_back`] returns it.
     pub(crate) fn take(&mut self, w: u32) -> Option<WorkerPulls> {
         self.by_worker.get_mut(w as usize).map(std::mem::take)
+    }
+
+    /// Records dropped because they held more than [`MAX_RECORD_BYTES`].
+    pub(crate) fn dropped(&self) -> u64 {
+        self.dropped
+    }
+
+    /// A smaller limit than [`MAX_RECORD_BYTES`], for tests.
+    #[cfg(test)]
+    pub(crate) fn set_limit(&mut self, limit: usize) {
+        self.limit = limit;
     }
 
     /// The keys all records hold (a dense variable counts as one).
@@ -405,7 +479,7 @@ mod tests {
         w.end_push();
         // Pushes after the same pull (no fusion) still see it.
         assert_eq!(w.pulled(0, 0, 9, 3).staleness, Some(5));
-        w.begin_pull(0, &mut Vec::new());
+        w.begin_pull(0, &mut Vec::new(), MAX_RECORD_BYTES);
         assert_eq!(w.pulled(1, 7, 6, 2), Pulled::default());
         assert!(w.var(1).is_none());
         let rec = p.take(3).unwrap();
@@ -510,10 +584,10 @@ mod tests {
         let vals = [1.0f32, 2.0, 3.0, 4.0, 9.0, 9.0, -0.0, f32::MIN_POSITIVE];
         let bytes = le(&vals, |x| x.to_le_bytes().to_vec());
         let mut bulk = WorkerPulls::default();
-        bulk.begin_pull(0, &mut Vec::new());
+        bulk.begin_pull(0, &mut Vec::new(), MAX_RECORD_BYTES);
         bulk.record_rows(2, U64s::new(&keys).unwrap(), F32s::new(&bytes).unwrap());
         let mut one = WorkerPulls::default();
-        one.begin_pull(0, &mut Vec::new());
+        one.begin_pull(0, &mut Vec::new(), MAX_RECORD_BYTES);
         for (j, k) in [7u64, 9, 7, 4].into_iter().enumerate() {
             one.record(2, k, None, Some(&vals[2 * j..2 * j + 2]));
         }
@@ -540,7 +614,7 @@ mod tests {
         assert_eq!(bulk.var(2).unwrap().keys, [7, 9, 7, 4, 7]);
         assert_eq!(bulk.pulled(2, 7, 0, 2).values, Some(&[1.0f32, 2.0][..]));
         bulk.end_push();
-        bulk.begin_pull(0, &mut Vec::new());
+        bulk.begin_pull(0, &mut Vec::new(), MAX_RECORD_BYTES);
         assert!(bulk.var(2).is_none());
         // Values not 4-aligned in memory are decoded, to the same record.
         let mut odd = vec![0u8];

@@ -485,6 +485,14 @@ impl PsShard {
         self.recorded_workers
     }
 
+    /// Workers' pull records dropped because they held more than
+    /// [`crate::pulls::MAX_RECORD_BYTES`] with no push (see
+    /// [`crate::pulls`]): pushes applied without part of what they were
+    /// computed on.
+    pub fn pull_records_dropped(&self) -> u64 {
+        self.pulls.dropped()
+    }
+
     /// The keys (a dense variable counts as one) held by the workers'
     /// pull records.
     #[cfg(test)]
@@ -1243,6 +1251,51 @@ mod tests {
         PushRequestWriter::new(&mut push, true).rows(EMB, 2, &[7, 8], &[1.0; 4]);
         s.handle_push_from(Some(0), &push, &mut out).unwrap();
         assert_eq!(s.recorded_pull_keys(), 0);
+    }
+
+    /// A worker that pulls and never pushes holds a bounded record: past
+    /// the limit its next pull starts the record again, and its push is
+    /// matched with that pull.
+    #[test]
+    fn a_worker_that_only_pulls_holds_a_bounded_record() {
+        let mut s = shard_with(OptimizerConfig::with_kind(
+            crate::OptimizerKind::DcAsgd,
+            0.5,
+        ));
+        // Two keys of width 2 and the dense variable: 2 x (8 + 8) + (8 + 8)
+        // bytes a pull of keys and values; room for three pulls.
+        s.pulls.set_limit(3 * 48);
+        let mut out = Vec::new();
+        for i in 0..1000u64 {
+            let mut req = Vec::new();
+            PullRequestWriter::new(&mut req)
+                .rows(EMB, &[2 * i, 2 * i + 1])
+                .dense(W);
+            s.handle_pull_from(Some(0), &req, &mut out).unwrap();
+            assert!(s.recorded_pull_keys() <= 4 * 3, "pull {i}");
+        }
+        assert_eq!(s.pull_records_dropped(), 249);
+        // The push of the last pull finds it.
+        let emb = s.index[&EMB] as u32;
+        let rec = s.pulls.get_mut(0).unwrap();
+        assert_eq!(rec.var(emb).unwrap().keys.last(), Some(&1999));
+        assert!(rec.pulled(emb, 1999, 0, 2).values.is_some());
+        let mut push = Vec::new();
+        PushRequestWriter::new(&mut push, true)
+            .rows(EMB, 2, &[1998, 1999], &[1.0; 4])
+            .dense(W, &[1.0, 1.0]);
+        s.handle_push_from(Some(0), &push, &mut out).unwrap();
+        assert_eq!(s.recorded_pull_keys(), 0);
+        // A worker that pushes after each pull never reaches it.
+        let mut req = Vec::new();
+        PullRequestWriter::new(&mut req)
+            .rows(EMB, &[1998, 1999])
+            .dense(W);
+        for _ in 0..10 {
+            s.handle_pull_from(Some(0), &req, &mut out).unwrap();
+            s.handle_push_from(Some(0), &push, &mut out).unwrap();
+        }
+        assert_eq!(s.pull_records_dropped(), 249);
     }
 
     /// Worker 0's evaluation between epochs follows each batch's pull with

@@ -365,6 +365,7 @@ impl PsHandler for ShardHandler {
             "rows": rows,
             "evicted": evicted,
             "filtered_pulls": filtered,
+            "pull_records_dropped": self.shard.pull_records_dropped(),
         })
     }
 }
