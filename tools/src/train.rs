@@ -163,6 +163,17 @@ pub struct TrainArgs {
     /// many lookups (0: at once).
     #[arg(long, default_value_t = 0)]
     pub filter_freq: u32,
+    /// With --filter-freq above 1: the keys each PS shard counts per table
+    /// at once (as DeepRec CBFFilter's max_element_size sizes its
+    /// filter), about 50 bytes each; past it a new key takes the oldest
+    /// counter not pulled again.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = starwire_ps::TablePolicy::default().filter_capacity,
+        value_parser = RangedU64ValueParser::<usize>::new().range(1..=MAX_FILTER_CAPACITY as u64)
+    )]
+    pub filter_capacity: usize,
     /// DeepRec EmbeddingVariable steps_to_live: evict rows untouched for
     /// this many global steps (0: never).
     #[arg(long, default_value_t = 0)]
@@ -236,6 +247,10 @@ pub struct TrainArgs {
 /// (`--embedding-dim`'s bound), so the matrix is at most 65536 x 65536
 /// floats per table, not whatever a typo asks for.
 const MAX_DEFAULT_VALUE_DIM: usize = starwire_graph::MAX_WIDTH;
+/// Largest `--filter-capacity`: 2^28 counters are about 13 GB per table
+/// per shard, far past any budget a PS is given; a typo should not ask
+/// for more.
+const MAX_FILTER_CAPACITY: usize = 1 << 28;
 
 /// Most `--compute-threads` per worker: each is an OS thread per worker
 /// (and the evaluator), so a larger count only fails to start.
@@ -484,6 +499,7 @@ fn config(a: &TrainArgs, ps: usize, workers: usize) -> Result<TrainConfig, Strin
         checkpoint_every_secs: a.checkpoint_every_secs.map(std::time::Duration::from_secs),
         delta_every_steps: a.delta_every_steps,
         filter_freq: a.filter_freq,
+        filter_capacity: a.filter_capacity,
         steps_to_live: a.steps_to_live,
         default_value_dim: a.default_value_dim,
         train_examples: a.train_examples,
@@ -1316,6 +1332,7 @@ mod tests {
             ("--prefetch", MAX_PREFETCH),
             ("--default-value-dim", MAX_DEFAULT_VALUE_DIM),
             ("--embedding-dim", starwire_graph::MAX_WIDTH),
+            ("--filter-capacity", MAX_FILTER_CAPACITY),
         ] {
             let at = max.to_string();
             assert!(Cli::try_parse_from(["train", flag, &at]).is_ok(), "{flag}");
@@ -1329,6 +1346,9 @@ mod tests {
         );
         assert_eq!(args(&["--default-value-dim", "0"]).default_value_dim, 0);
         assert_eq!(args(&["--prefetch", "0"]).prefetch, Some(0));
+        assert!(Cli::try_parse_from(["train", "--filter-capacity", "0"]).is_err());
+        let cfg = config(&args(&["--filter-capacity", "1000"]), 1, 2).unwrap();
+        assert_eq!(cfg.filter_capacity, 1000);
     }
 
     #[test]

@@ -140,6 +140,9 @@ pub struct TrainConfig {
     pub delta_every_steps: Option<u64>,
     /// DeepRec `filter_freq` (0: off).
     pub filter_freq: u32,
+    /// Keys each shard's frequency filter counts per table at once
+    /// (`--filter-capacity`).
+    pub filter_capacity: usize,
     /// DeepRec `steps_to_live` (0: off).
     pub steps_to_live: u64,
     /// DeepRec `default_value_dim`: rows of each table's default value
@@ -239,6 +242,7 @@ impl Default for TrainConfig {
             checkpoint_every_secs: None,
             delta_every_steps: None,
             filter_freq: 0,
+            filter_capacity: starwire_ps::TablePolicy::default().filter_capacity,
             steps_to_live: 0,
             default_value_dim: starwire_ps::DEFAULT_VALUE_DIM,
             train_examples: SyntheticSpec::default().examples_per_epoch,
@@ -345,6 +349,7 @@ pub(super) fn shard_config(cfg: &TrainConfig) -> ShardConfig {
             ..cfg.optimizer_params
         },
         filter_freq: cfg.filter_freq,
+        filter_capacity: cfg.filter_capacity,
         steps_to_live: cfg.steps_to_live,
         default_value_dim: cfg.default_value_dim,
         max_reply_bytes: cfg.guard.max_reply_bytes,
@@ -418,6 +423,17 @@ mod tests {
         };
         let o = shard_config(&cfg).optimizer;
         assert_eq!((o.lr, o.warmup_steps), (0.1, 100));
+        let cfg = TrainConfig {
+            filter_freq: 3,
+            filter_capacity: 4096,
+            ..TrainConfig::default()
+        };
+        let s = shard_config(&cfg);
+        assert_eq!((s.filter_freq, s.filter_capacity), (3, 4096));
+        assert_eq!(
+            shard_config(&TrainConfig::default()).filter_capacity,
+            starwire_ps::TablePolicy::default().filter_capacity
+        );
         assert_eq!(LrScaling::Linear.factor(16), 1.0 / 16.0);
         assert_eq!(LrScaling::None.factor(64), 1.0);
         for (name, s) in LrScaling::ALL {
