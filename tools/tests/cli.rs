@@ -374,6 +374,8 @@ fn info_fails_on_a_malformed_endpoint_map() {
 
 #[test]
 fn soak_passes_without_faults() {
+    // A bar no round trip can miss: each is answered within --duration
+    // and --drain (5 s), or lost.
     let out = run(&[
         "soak",
         "--backend",
@@ -382,6 +384,8 @@ fn soak_passes_without_faults() {
         "8",
         "--duration",
         "3",
+        "--max-latency-ms",
+        "60000",
         "--json",
     ]);
     let s = text(&out.stdout);
@@ -405,6 +409,59 @@ fn soak_passes_without_faults() {
     for k in ["measured_s", "msgs_per_s", "gbps"] {
         assert!(v[k].as_f64().is_some_and(|x| x > 0.0), "{k}: {v}");
     }
+    check_soak_latency(&v);
+    assert_eq!(v["max_latency_ms"].as_f64(), Some(60000.0), "{v}");
+}
+
+/// A soak report's `latency_us`: a round trip for every answered request,
+/// its percentiles in order.
+fn check_soak_latency(v: &Value) {
+    let l = &v["latency_us"];
+    let count = l["count"].as_u64().unwrap_or(0);
+    assert!(count > 0, "{v}");
+    assert_eq!(Some(count), v["answered"].as_u64(), "{v}");
+    let (p50, p99, p999, max) = (num(l, "p50"), num(l, "p99"), num(l, "p999"), num(l, "max"));
+    assert!(p50 > 0.0 && p50 <= p99 && p99 <= p999 && p999 <= max, "{v}");
+}
+
+/// A bar of a nanosecond, which no round trip over loopback meets: the
+/// soak loses nothing and still fails (exit status 1), saying why on
+/// stderr; the text report shows the percentiles and the result.
+#[test]
+fn soak_fails_when_the_p99_is_over_max_latency_ms() {
+    let out = run(&[
+        "soak",
+        "--backend",
+        "tcp",
+        "--connections",
+        "2",
+        "--duration",
+        "1",
+        "--max-latency-ms",
+        "0.000001",
+    ]);
+    let (s, e) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(1), "{s}\n{e}");
+    assert!(s.contains("  lost         0\n"), "{s}");
+    let line = s
+        .lines()
+        .find(|l| l.trim_start().starts_with("latency "))
+        .unwrap_or_else(|| panic!("no latency line in\n{s}"));
+    for k in [
+        "p50 ",
+        "p99 ",
+        "p99.9 ",
+        "max ",
+        "round trips",
+        "--max-latency-ms",
+    ] {
+        assert!(line.contains(k), "{k}: {line}");
+    }
+    assert!(s.contains("result       FAIL"), "{s}");
+    assert!(
+        e.contains("--max-latency-ms 0.000001: p99 latency") && e.contains("over the bar"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -1135,6 +1192,10 @@ fn soak_refuses_unbounded_durations_and_zero_counts() {
         ("--inflight", "65537"),
         ("--client-reactors", "0"),
         ("--server-reactors", "0"),
+        ("--max-latency-ms", "0"),
+        ("--max-latency-ms", "-1"),
+        ("--max-latency-ms", "nan"),
+        ("--max-latency-ms", "inf"),
     ] {
         usage_error_naming(
             &["soak", "--connections", "1", &format!("{flag}={value}")],

@@ -105,6 +105,16 @@ fn a_soak_across_two_processes_passes_on_both_sides() {
     );
     assert_eq!(s["answered"].as_u64(), Some(sent), "and answered each");
     assert_eq!(s["server_reactors"], 2);
+    // The client measures a round trip for each answer; the server, which
+    // sends no requests, reports none.
+    let l = &c["latency_us"];
+    assert_eq!(l["count"].as_u64(), Some(sent), "{c}");
+    let p = |k: &str| l[k].as_f64().unwrap_or_else(|| panic!("{k}: {c}"));
+    assert!(
+        p("p50") > 0.0 && p("p50") <= p("p99") && p("p99") <= p("p999") && p("p999") <= p("max"),
+        "{c}"
+    );
+    assert!(s.get("latency_us").is_none(), "{s}");
 }
 
 /// Faults under the server only: it finds corrupted requests and answers

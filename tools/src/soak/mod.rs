@@ -1,7 +1,7 @@
 //! `starwire soak`: many connections over loopback for a while, every
 //! message sequence-numbered and checksummed, payload sizes varying; counts
 //! lost, duplicated, corrupted and reordered messages, and RSS growth, and
-//! measures throughput ([`throughput`]).
+//! measures throughput ([`throughput`]) and round trips ([`latency`]).
 //!
 //! Each reactor runs one [`Endpoint`] of the session layer: one driver
 //! with its share of the connections, and the soak's client or server as
@@ -18,6 +18,7 @@
 //! other side runs in another process ([`remote`]).
 
 mod drivers;
+mod latency;
 mod layout;
 mod remote;
 mod throughput;
@@ -25,6 +26,7 @@ mod traffic;
 
 use std::collections::{HashMap, HashSet};
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -44,6 +46,7 @@ use crate::failure::{at_least_one, Failure};
 use crate::metrics::{SoakCells, SoakCounts};
 use crate::progress::{Progress, Unit};
 use drivers::*;
+use latency::{LatencyCells, LatencyUs, MergedRoundTrips, RoundTripFeed, RoundTrips};
 use layout::{layout, Layout, Side};
 use remote::Ends;
 use starwire_telemetry::Telemetry;
@@ -89,6 +92,10 @@ pub struct SoakArgs {
     /// The verbs backend's devices.
     #[command(flatten)]
     pub rdma: crate::rdma::RdmaArgs,
+    /// Fail the soak when the p99 of the requests' round trips is over
+    /// MS milliseconds (above 0); the client side measures them.
+    #[arg(long, value_name = "MS", value_parser = latency::parse_max_latency_ms)]
+    pub max_latency_ms: Option<f64>,
     /// One JSON object at the end instead of text.
     #[arg(long)]
     pub json: bool,
@@ -167,6 +174,12 @@ struct Report {
     /// bytes of those requests and answers over the side's [`Span`].
     #[serde(flatten)]
     throughput: Throughput,
+    /// The round trips of the `answered` requests; absent for a
+    /// `--listen` server, which sends none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    latency_us: Option<LatencyUs>,
+    /// `--max-latency-ms`, the bar `latency_us.p99` must not be over.
+    max_latency_ms: Option<f64>,
     lost: u64,
     duplicated: u64,
     corrupted: u64,
@@ -331,10 +344,16 @@ use crate::rss::rss_kb;
 
 struct Outcome {
     counts: Counts,
+    /// The client reactors' round trips; `None` without a client here.
+    round_trips: Option<RoundTrips>,
     faults: FaultCounts,
     /// Each reactor's driver counters, clients first.
     driver: Vec<serde_json::Value>,
 }
+
+/// How often the soak's round-trip percentiles are published while it
+/// runs (and once more at its end).
+const LATENCY_PUBLISH_EVERY: Duration = Duration::from_secs(1);
 
 /// How long dialing one connection may keep retrying.
 const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -408,16 +427,12 @@ fn run_soak<D: SoakDriver, A: Attach<D>>(
     let clients = run_clients(args, lay, client_drivers, &addr, &attacher);
     let served = stop_servers(servers);
     drop(acceptor);
-    let (mut counts, mut faults, mut driver) = clients?;
+    let mut out = clients?;
     let (sc, sf, sd) = served?;
-    counts.add_server(&sc);
-    faults.add_counts(sf);
-    driver.extend(sd);
-    Ok(Outcome {
-        counts,
-        faults,
-        driver,
-    })
+    out.counts.add_server(&sc);
+    out.faults.add_counts(sf);
+    out.driver.extend(sd);
+    Ok(out)
 }
 
 /// The server reactors (each service set up by `service`) behind an
@@ -461,14 +476,15 @@ fn start_servers<D: SoakDriver, A: Attach<D>>(
 
 /// Dial every connection (connection `i` to server reactor `i % ns`, on
 /// client reactor `i % nc`), run the client reactors for `--duration`
-/// plus at most `--drain`, and add up what they counted.
+/// plus at most `--drain`, add up what they counted, and publish their
+/// round trips' percentiles.
 fn run_clients<D: SoakDriver, A: Attach<D>>(
     args: &SoakArgs,
     lay: &Layout,
     drivers: Vec<D>,
     addr: &str,
     attacher: &impl Fn(u64, u64) -> A,
-) -> Result<(Counts, FaultCounts, Vec<serde_json::Value>), String> {
+) -> Result<Outcome, String> {
     let (nc, ns) = (drivers.len(), lay.server_cpus.len());
     let deadline = Instant::now() + DIAL_TIMEOUT;
     let mut drivers = drivers;
@@ -488,6 +504,8 @@ fn run_clients<D: SoakDriver, A: Attach<D>>(
     let start = Instant::now();
     let stop_sending = start + Duration::from_secs_f64(args.duration);
     let give_up = stop_sending + Duration::from_secs_f64(args.drain);
+    let round_trips = MergedRoundTrips::default();
+    let latency_cells = LatencyCells::new(&lay.telemetry);
     let mut client_reactors = Vec::with_capacity(nc);
     for (k, (driver, group)) in drivers.into_iter().zip(groups).enumerate() {
         let client = SoakClient {
@@ -501,6 +519,7 @@ fn run_clients<D: SoakDriver, A: Attach<D>>(
             give_up,
             sending: true,
             counts: Counts::default(),
+            round_trips: RoundTripFeed::new(Arc::clone(&round_trips)),
             // A `--connect` client has no server here to count refusals.
             server_here: !Ends::of(args).remote(),
             faults: FaultCounts::default(),
@@ -526,12 +545,17 @@ fn run_clients<D: SoakDriver, A: Attach<D>>(
     let secs = |s: f64| s.ceil() as u64;
     let mut progress = Progress::new("soak: sending", Unit::Seconds, secs(args.duration));
     let mut draining = false;
+    let mut latency_due = Instant::now() + LATENCY_PUBLISH_EVERY;
     while Instant::now() < give_up {
         std::thread::sleep(Duration::from_millis(100));
         // A client reactor ends once every answer is in after
         // --duration: the drain lasts only as long as answers are out.
         if client_reactors.iter().all(Reactor::is_finished) {
             break;
+        }
+        if Instant::now() >= latency_due {
+            latency_due += LATENCY_PUBLISH_EVERY;
+            latency_cells.publish(&latency::snapshot(&round_trips).latency());
         }
         let t = start.elapsed().as_secs_f64();
         if t < args.duration {
@@ -555,12 +579,20 @@ fn run_clients<D: SoakDriver, A: Attach<D>>(
         client.sync_unmatched(&sessions);
         // What came after its last turn (connections closing) too.
         client.publish();
+        client.round_trips.flush();
         counts.add(&client.counts);
         faults.add_counts(client.faults);
         faults.add_counts(fault_counts(&sessions));
         driver.extend(side_counters(&sessions, "client", k));
     }
-    Ok((counts, faults, driver))
+    let round_trips = latency::snapshot(&round_trips);
+    latency_cells.publish(&round_trips.latency());
+    Ok(Outcome {
+        counts,
+        round_trips: Some(round_trips),
+        faults,
+        driver,
+    })
 }
 
 /// Stop every server reactor and add up what they counted.
@@ -636,6 +668,13 @@ pub(crate) fn validate(args: &SoakArgs) -> Result<(), String> {
     // verbs opens both sides' devices in this process.
     if Ends::of(args).remote() && args.backend == "verbs" {
         return Err("--listen/--connect: the verbs soak runs both sides in one process".into());
+    }
+    if args.listen.is_some() && args.max_latency_ms.is_some() {
+        return Err(
+            "--max-latency-ms: the client side measures the round trips; give it to the \
+             --connect side, not to --listen"
+                .into(),
+        );
     }
     Ok(())
 }
@@ -774,7 +813,18 @@ fn report(
     let rss_full_kb = rss_full.take();
     let growth_checked = args.duration >= crate::rss::MIN_CHECKED_SECS;
     let c = out.counts;
+    let latency_us = out.round_trips.as_ref().map(RoundTrips::latency);
+    let latency_ok = match latency::check_bar(&latency_us.unwrap_or_default(), args.max_latency_ms)
+    {
+        Ok(()) => true,
+        Err(why) => {
+            // On stderr: --json owns stdout.
+            eprintln!("starwire soak: {why}");
+            false
+        }
+    };
     let passed = c.clean()
+        && latency_ok
         && (!growth_checked
             || crate::rss::within_limit(rss_quarter_kb, rss_full_kb.or(rss_end_kb)));
     let side = match Ends::of(args) {
@@ -797,6 +847,8 @@ fn report(
         messages: c.messages,
         answered: c.answered,
         throughput: c.throughput(),
+        latency_us,
+        max_latency_ms: args.max_latency_ms,
         lost: c.lost,
         duplicated: c.duplicated,
         corrupted: c.corrupted,
@@ -824,6 +876,22 @@ fn report(
         print_report(&report);
     }
     Ok(passed)
+}
+
+/// `p50 21.3 us, p99 40.1 us, p99.9 52.0 us, max 60.2 us over 1000 round
+/// trips`, and the bar when there is one.
+fn latency_line(l: &LatencyUs, max_ms: Option<f64>) -> String {
+    let mut s = format!(
+        "p50 {:.1} us, p99 {:.1} us, p99.9 {:.1} us, max {:.1} us over {} round trips",
+        l.p50, l.p99, l.p999, l.max, l.count
+    );
+    if let Some(ms) = max_ms {
+        s.push_str(&format!(
+            " (--max-latency-ms {ms}: p99 at most {:.1} us)",
+            ms * 1000.0
+        ));
+    }
+    s
 }
 
 fn print_report(r: &Report) {
@@ -859,6 +927,9 @@ fn print_report(r: &Report) {
         "  throughput   {:.0} msgs/s, {:.3} Gbit/s of payload over {:.2} s",
         r.throughput.msgs_per_s, r.throughput.gbps, r.throughput.measured_s
     );
+    if let Some(l) = r.latency_us {
+        println!("  latency      {}", latency_line(&l, r.max_latency_ms));
+    }
     println!("  lost         {}", r.lost);
     println!("  duplicated   {}", r.duplicated);
     println!("  corrupted    {}", r.corrupted);
@@ -944,9 +1015,27 @@ mod tests {
         answer_at(c, server_here, status, body, Instant::now());
     }
 
-    /// [`answer`], received at `now`.
+    /// [`answer`], received at `now`, the request sent at `now`.
     fn answer_at(c: &mut Counts, server_here: bool, status: Status, body: &[u8], now: Instant) {
-        let mut outstanding = HashMap::from([(7, (0, REQUEST_BYTES))]);
+        answer_sent_at(c, server_here, status, body, now, now);
+    }
+
+    /// [`answer`], the request sent at `sent`, its answer received at
+    /// `now`: the round trip [`on_response`] gives.
+    fn answer_sent_at(
+        c: &mut Counts,
+        server_here: bool,
+        status: Status,
+        body: &[u8],
+        sent: Instant,
+        now: Instant,
+    ) -> Option<Duration> {
+        let pending = Pending {
+            seq: 0,
+            bytes: REQUEST_BYTES,
+            sent,
+        };
+        let mut outstanding = HashMap::from([(7, pending)]);
         c.messages += 1;
         on_response(
             &mut outstanding,
@@ -955,6 +1044,101 @@ mod tests {
             server_here,
             response(7, status, body),
             now,
+        )
+    }
+
+    /// Every answered request gives its round trip, from the turn that
+    /// sent it to the one that got its answer, whatever the answer says
+    /// (each is in `answered`, which `msgs_per_s` and `latency_us.count`
+    /// count); an answer no request waits for gives none.
+    #[test]
+    fn every_answered_request_gives_its_round_trip() {
+        let t0 = Instant::now();
+        let at = |us| t0 + Duration::from_micros(us);
+        let ok = flat(&make_body(0, 100, 3));
+        let mut c = Counts::default();
+        let mut trips = RoundTrips::default();
+        for (status, body, us) in [
+            (Status::Ok, &ok[..], 40),
+            (Status::Ok, &ok[..], 250),
+            (Status::BadRequest, &[][..], 90),
+            (Status::UnknownVariable, &ok[..], 1000),
+        ] {
+            let rtt = answer_sent_at(&mut c, true, status, body, at(10), at(10 + us));
+            assert_eq!(rtt, Some(Duration::from_micros(us)), "{status:?}");
+            trips.record(rtt.unwrap());
+        }
+        let stray = on_response(
+            &mut HashMap::new(),
+            &mut SeqTrack::default(),
+            &mut c,
+            true,
+            response(9, Status::Ok, &ok),
+            at(5000),
+        );
+        assert_eq!(stray, None);
+        let l = trips.latency();
+        assert_eq!(l.count, c.answered);
+        assert_eq!(c.answered, 4);
+        assert!((l.max - 1000.0).abs() <= 1.0, "{l:?}");
+        assert!(l.p50 <= l.p99 && l.p99 <= l.max, "{l:?}");
+        // A clock that went back (turns of one reactor do not): 0, not a
+        // panic.
+        assert_eq!(
+            answer_sent_at(&mut c, true, Status::Ok, &ok, at(10), at(5)),
+            Some(Duration::ZERO)
+        );
+    }
+
+    /// `--max-latency-ms`: parsed in milliseconds; 0, negative, NaN and
+    /// infinite bars are usage errors naming the flag; a `--listen`
+    /// server, which measures no round trips, refuses it.
+    #[test]
+    fn max_latency_ms_is_parsed_and_refused_where_it_cannot_work() {
+        assert_eq!(soak_args(&[]).max_latency_ms, None);
+        assert_eq!(
+            soak_args(&["--max-latency-ms", "2.5"]).max_latency_ms,
+            Some(2.5)
+        );
+        #[derive(clap::Parser, Debug)]
+        struct Cli {
+            #[command(flatten)]
+            soak: SoakArgs,
+        }
+        for bad in ["0", "-1", "nan", "inf", "1e400", "fast"] {
+            let e =
+                <Cli as clap::Parser>::try_parse_from(["soak", &format!("--max-latency-ms={bad}")])
+                    .expect_err(bad);
+            assert_eq!(e.exit_code(), 2, "{bad}: {e}");
+            assert!(e.to_string().contains("--max-latency-ms"), "{bad}: {e}");
+        }
+        let listen = soak_args(&["--listen", "127.0.0.1:0", "--max-latency-ms", "5"]);
+        let e = validate(&listen).expect_err("a --listen server measures no round trips");
+        assert!(e.contains("--max-latency-ms"), "{e}");
+        let connect = soak_args(&["--connect", "127.0.0.1:1", "--max-latency-ms", "5"]);
+        assert_eq!(validate(&connect), Ok(()));
+    }
+
+    /// The text report's latency line has every figure, and the bar in
+    /// microseconds when there is one.
+    #[test]
+    fn the_latency_line_has_every_figure_and_the_bar() {
+        let l = LatencyUs {
+            p50: 21.3,
+            p99: 40.0,
+            p999: 52.5,
+            max: 60.0,
+            count: 1234,
+        };
+        let s = latency_line(&l, None);
+        assert_eq!(
+            s,
+            "p50 21.3 us, p99 40.0 us, p99.9 52.5 us, max 60.0 us over 1234 round trips"
+        );
+        let s = latency_line(&l, Some(0.5));
+        assert!(
+            s.ends_with("(--max-latency-ms 0.5: p99 at most 500.0 us)"),
+            "{s}"
         );
     }
 
@@ -1257,6 +1441,33 @@ mod tests {
             out.counts.answered as f64 / t.measured_s,
             "{json}"
         );
+        // A round trip for every answered request, and at `/metrics` the
+        // same percentiles as the report's.
+        let l = out
+            .round_trips
+            .as_ref()
+            .expect("the clients' round trips")
+            .latency();
+        assert!(l.count > 0, "{l:?}");
+        assert_eq!(l.count, out.counts.answered, "{l:?}");
+        assert!(
+            l.p50 <= l.p99 && l.p99 <= l.p999 && l.p999 <= l.max,
+            "{l:?}"
+        );
+        for (q, want) in [
+            ("0.5", l.p50),
+            ("0.99", l.p99),
+            ("0.999", l.p999),
+            ("1", l.max),
+        ] {
+            let series = format!("starwire_soak_latency_us{{quantile=\"{q}\"}} ");
+            let got: f64 = scrape
+                .lines()
+                .find_map(|line| line.strip_prefix(&series))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or_else(|| panic!("no {series} in\n{scrape}"));
+            assert_eq!(got, want, "{scrape}");
+        }
     }
 
     /// In one process the server's rejections of corrupted requests are

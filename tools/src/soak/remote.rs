@@ -65,12 +65,7 @@ pub(super) fn run<D: SoakDriver, A: Attach<D>>(
             let drivers = (0..lay.client_cpus.len())
                 .map(|_| make(Side::Client))
                 .collect::<Result<Vec<_>, _>>()?;
-            let (counts, faults, driver) = run_clients(args, lay, drivers, &addr, &attacher)?;
-            Ok(Outcome {
-                counts,
-                faults,
-                driver,
-            })
+            run_clients(args, lay, drivers, &addr, &attacher)
         }
     }
 }
@@ -113,6 +108,7 @@ fn serve<D: SoakDriver, A: Attach<D>>(
     counts.failed += want.saturating_sub(ended);
     Ok(Outcome {
         counts,
+        round_trips: None,
         faults,
         driver,
     })

@@ -104,12 +104,22 @@ pub(super) struct ClientConn {
     /// contents derive from it).
     pub(super) index: u64,
     pub(super) next_seq: u64,
-    /// request id -> (seq, the request's payload bytes)
-    pub(super) outstanding: HashMap<u64, (u64, u64)>,
+    /// By request id.
+    pub(super) outstanding: HashMap<u64, Pending>,
     pub(super) track: SeqTrack,
     /// The connection's [`Connection::unmatched_responses`] as last added
     /// to the counts.
     pub(super) unmatched_seen: u64,
+}
+
+/// A request waiting for its answer.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Pending {
+    pub(super) seq: u64,
+    /// Its payload bytes.
+    pub(super) bytes: u64,
+    /// The turn that sent it (its round trip's start).
+    pub(super) sent: Instant,
 }
 
 impl ClientConn {
@@ -146,6 +156,9 @@ pub(super) struct SoakClient {
     /// Whether the last turn was before `stop_sending`.
     pub(super) sending: bool,
     pub(super) counts: Counts,
+    /// The round trips of the `answered` requests, merged into the
+    /// soak's a few times a second.
+    pub(super) round_trips: RoundTripFeed,
     /// Whether the soak's server runs in this process: it counts its
     /// refusals (in its `corrupted`), so this client counts the ones it
     /// gets apart (`refused`), not again in `rejected`.
@@ -206,6 +219,7 @@ impl SoakClient {
         }
         self.done = true;
         self.publish();
+        self.round_trips.flush();
         self.driver.publish(&sessions.driver().counters());
     }
 }
@@ -220,47 +234,51 @@ pub(super) fn is_refusal(status: Status, body: &[u8]) -> bool {
 
 /// Check one answer, received at `now`. `server_here`: whether the
 /// server runs in this process and counts its own refusals
-/// ([`SoakClient::server_here`]).
+/// ([`SoakClient::server_here`]). Returns the round trip of the request
+/// it answered (every answered one, as `msgs_per_s` counts them); `None`
+/// when no request waited for it.
 pub(super) fn on_response(
-    outstanding: &mut HashMap<u64, (u64, u64)>,
+    outstanding: &mut HashMap<u64, Pending>,
     track: &mut SeqTrack,
     counts: &mut Counts,
     server_here: bool,
     m: Incoming<'_>,
     now: Instant,
-) {
+) -> Option<Duration> {
     let Incoming::Response {
         id, status, body, ..
     } = m
     else {
-        return;
+        return None;
     };
-    let Some((want, request_bytes)) = outstanding.remove(&id) else {
+    let Some(pending) = outstanding.remove(&id) else {
         // The connection drops a response no request waits for (counted
         // in `unmatched_responses`): this is one it delivered anyway.
         counts.duplicated += 1;
-        return;
+        return None;
     };
     counts.answered += 1;
-    counts.payload_bytes += request_bytes + body.len() as u64;
+    counts.payload_bytes += pending.bytes + body.len() as u64;
     counts.span.extend_to(now);
+    let rtt = Some(now.saturating_duration_since(pending.sent));
     if server_here && is_refusal(status, body) {
         // The server's refusal of a request it found corrupted, which it
         // counts in its `corrupted`: counted apart, not twice as a failure.
         counts.refused += 1;
-        return;
+        return rtt;
     }
     if status != Status::Ok {
         // A status garbled on the way (the frame header has no checksum),
         // or the refusal of a server in another process, which only this
         // client reports. Either way a failure.
         counts.rejected += 1;
-        return;
+        return rtt;
     }
     match check_body(body) {
-        Some(seq) if seq == want => track.see(seq, counts),
+        Some(seq) if seq == pending.seq => track.see(seq, counts),
         _ => counts.corrupted += 1,
     }
+    rtt
 }
 
 impl<D: SoakDriver> Service<D> for SoakClient {
@@ -288,7 +306,7 @@ impl<D: SoakDriver> Service<D> for SoakClient {
         now: Instant,
     ) -> Result<(), ConnError> {
         if let Some(c) = slot(&mut self.conns, id) {
-            on_response(
+            let rtt = on_response(
                 &mut c.outstanding,
                 &mut c.track,
                 &mut self.counts,
@@ -296,6 +314,9 @@ impl<D: SoakDriver> Service<D> for SoakClient {
                 msg,
                 now,
             );
+            if let Some(rtt) = rtt {
+                self.round_trips.record(rtt);
+            }
         }
         Ok(())
     }
@@ -327,6 +348,7 @@ impl<D: SoakDriver> Service<D> for SoakClient {
         if self.driver.due(now) {
             self.driver.publish(&sessions.driver().counters());
             self.sync_unmatched(sessions);
+            self.round_trips.flush();
         }
         self.publish();
         self.sending = now < self.stop_sending;
@@ -354,7 +376,12 @@ impl<D: SoakDriver> Service<D> for SoakClient {
                 let bytes = body.len() as u64;
                 match conn.request(Opcode::Rpc, 0, body, None) {
                     Ok(id) => {
-                        c.outstanding.insert(id, (seq, bytes));
+                        let pending = Pending {
+                            seq,
+                            bytes,
+                            sent: now,
+                        };
+                        c.outstanding.insert(id, pending);
                         c.next_seq += 1;
                         self.counts.messages += 1;
                         self.counts.span.begin(now);
