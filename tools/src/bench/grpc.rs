@@ -23,7 +23,7 @@ use starwire_transport::wire::Opcode;
 use starwire_transport::Payload;
 
 use super::hist::{IntervalReport, Rtts};
-use super::{Completion, Measured, Mode, Run, WarmupGate};
+use super::{Completion, Measured, Mode, RequestBudget, Run, WarmupGate};
 
 /// Message limit both ends derive from the run: a fused step must fit.
 /// The bench's cluster token, if any, authenticates the data connection.
@@ -91,11 +91,7 @@ pub fn client(stream: TcpStream, run: &Run, core: Option<usize>) -> Result<Measu
 
 #[derive(Debug)]
 struct WindowState {
-    issued: u64,
-    completed: u64,
-    gate: WarmupGate,
-    measure_start: Option<Instant>,
-    measure_end: Option<Instant>,
+    budget: RequestBudget,
     rtts: Rtts,
     interval: Option<IntervalReport>,
     error: Option<String>,
@@ -108,44 +104,48 @@ fn window(c: &GrpcClient, run: &Run) -> Result<Measured, String> {
     let op = if echo { Opcode::Rpc } else { Opcode::DensePush };
     let record = matches!(run.mode, Mode::Lat | Mode::Rate);
     let payload = Bytes::from((0..run.size).map(|i| i as u8).collect::<Vec<u8>>());
-    let gate = WarmupGate::new(run.warmup);
-    let measure_start = gate.is_none().then(Instant::now);
+    let mut budget = RequestBudget::new(run.warmup, run.iters, run.duration());
+    let conn = budget.add_connection();
     let mut interval = run.interval_report();
-    if let (Some(r), Some(t0)) = (&mut interval, measure_start) {
-        r.start(t0);
+    let now = Instant::now();
+    if budget.begin(now) {
+        if let Some(r) = &mut interval {
+            r.start(now);
+        }
     }
     let st = RefCell::new(WindowState {
-        issued: 0,
-        completed: 0,
-        gate,
-        measure_start,
-        measure_end: None,
+        budget,
         rtts: Rtts::new(),
         interval,
         error: None,
     });
-    let duration = run.duration();
     c.call_pipelined(
         run.inflight,
         || {
             let mut s = st.borrow_mut();
-            let more = s.error.is_none()
-                && match (duration, s.measure_start) {
-                    (Some(d), Some(t0)) => t0.elapsed() < d,
-                    (Some(_), None) => true,
-                    (None, _) => s.issued < s.gate.budget(run.iters),
-                };
-            more.then(|| {
-                if s.issued == 0 {
-                    s.gate.on_send(Instant::now());
+            let mut now = Instant::now();
+            if s.error.is_some() || !s.budget.may_start(conn, now) {
+                return None;
+            }
+            // Completions come in any order, with the instant their call
+            // started, taken after this returns: a call is measured if it
+            // started after the measurement did. One that started in the
+            // warm-up took its instant before the completion that ended
+            // it; this one's must come strictly after, even on a coarse
+            // clock.
+            if let Some(t0) = s.budget.start() {
+                while now <= t0 {
+                    std::hint::spin_loop();
+                    now = Instant::now();
                 }
-                s.issued += 1;
-                (op as u8, payload.clone())
-            })
+            }
+            s.budget.on_send(conn, now);
+            Some((op as u8, payload.clone()))
         },
         |r, t0| {
             let now = Instant::now();
             let mut s = st.borrow_mut();
+            let measured = s.budget.start().is_some_and(|start| t0 > start);
             match r {
                 Ok(b) if echo && b.len() != run.size => {
                     s.error.get_or_insert(format!(
@@ -159,9 +159,7 @@ fn window(c: &GrpcClient, run: &Run) -> Result<Measured, String> {
                     s.error.get_or_insert(format!("grpc call: {e}"));
                 }
             }
-            s.completed += 1;
-            let completed = s.completed;
-            match s.gate.on_complete(completed, now) {
+            match s.budget.on_complete(measured, now) {
                 Completion::Measured => {
                     let ns = now.duration_since(t0).as_nanos() as u64;
                     if record {
@@ -172,29 +170,24 @@ fn window(c: &GrpcClient, run: &Run) -> Result<Measured, String> {
                     }
                 }
                 Completion::Last => {
-                    s.measure_start = Some(now);
                     if let Some(r) = &mut s.interval {
                         r.start(now);
                     }
                 }
                 Completion::Warmup => {}
             }
-            s.measure_end = Some(now);
         },
     );
     let s = st.into_inner();
     if let Some(e) = s.error {
         return Err(e);
     }
-    if let (Some(mut r), Some(end)) = (s.interval, s.measure_end) {
+    if let (Some(mut r), Some(end)) = (s.interval, s.budget.end()) {
         r.finish(end);
     }
-    let t0 = s.measure_start.unwrap_or_else(Instant::now);
     Ok(Measured {
-        iters: s.gate.measured(s.completed),
-        elapsed: s
-            .measure_end
-            .map_or(Duration::ZERO, |t| t.saturating_duration_since(t0)),
+        iters: s.budget.measured(),
+        elapsed: s.budget.elapsed(),
         rtts: s.rtts,
         fused_steps_per_s: None,
         unfused_steps_per_s: None,

@@ -48,7 +48,7 @@ use hist::{IntervalOutput, IntervalReport, Rtts};
 pub use plan::*;
 use remote::*;
 pub use warmup::{parse_warmup, Warmup};
-use warmup::{Completion, WarmupGate};
+use warmup::{Completion, RequestBudget, WarmupGate};
 
 /// Options of `starwire bench` (see docs/CLI.md).
 #[derive(Debug, clap::Args)]

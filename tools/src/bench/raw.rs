@@ -10,10 +10,10 @@
 use std::collections::VecDeque;
 use std::io::{ErrorKind, IoSlice, Read, Write};
 use std::net::TcpStream;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::hist::Rtts;
-use super::{Completion, Measured, Mode, Run, WarmupGate};
+use super::{Completion, Measured, Mode, RequestBudget, Run};
 
 const HDR: usize = 8;
 const OP_ECHO: u32 = 1;
@@ -196,36 +196,30 @@ fn client_here(
     req.extend_from_slice(&header(run.size, op));
     req.extend((0..run.size).map(|i| i as u8));
     let mut rx = vec![0u8; rx_buf_len(run)];
-    let duration = run.duration();
-    let mut gate = WarmupGate::new(run.warmup);
+    let mut budget = RequestBudget::new(run.warmup, run.iters, run.duration());
+    let conn = budget.add_connection();
     let mut rtts = Rtts::new();
     let mut interval = run.interval_report();
-    let mut starts: VecDeque<Instant> = VecDeque::with_capacity(run.inflight);
+    // The outstanding requests: when each was sent, whether it is measured.
+    let mut starts: VecDeque<(Instant, bool)> = VecDeque::with_capacity(run.inflight);
     let (mut started, mut completed) = (0u64, 0u64);
     let mut tx_at: Option<usize> = None;
     let mut queued = 0usize;
     let mut rx_acc = 0usize;
-    let mut measure_start = gate.is_none().then(Instant::now);
-    if let (Some(r), Some(t0)) = (&mut interval, measure_start) {
-        r.start(t0);
+    let now = Instant::now();
+    if budget.begin(now) {
+        if let Some(r) = &mut interval {
+            r.start(now);
+        }
     }
-    let mut measure_end = None;
     loop {
-        // Requests to issue: the warm-up's and `iters` (unbounded with
-        // `--duration`, or while a time warm-up lasts).
-        let total = gate.budget(run.iters);
-        let may_start = match (duration, measure_start) {
-            (Some(d), Some(t0)) => t0.elapsed() < d,
-            (Some(_), None) => true,
-            (None, _) => started < total,
-        };
-        // Queue every request that may start now, then write them with one
-        // vectored send (the rest of a partly written one first).
-        while may_start && started - completed < inflight && (duration.is_some() || started < total)
-        {
-            let now = Instant::now();
-            gate.on_send(now);
-            starts.push_back(now);
+        // Queue every request that may start now (all through the
+        // warm-up, then `iters` or for `--duration`), then write them with
+        // one vectored send (the rest of a partly written one first).
+        let now = Instant::now();
+        while started - completed < inflight && budget.may_start(conn, now) {
+            let measured = budget.on_send(conn, now);
+            starts.push_back((now, measured));
             started += 1;
             queued += 1;
             if queued == 1 {
@@ -262,14 +256,14 @@ fn client_here(
             }
         }
         let outstanding = started - completed;
+        let can_send = budget.may_start(conn, now);
         if outstanding == 0 {
-            if !(may_start && (duration.is_some() || started < total)) {
+            if !can_send {
                 break;
             }
             continue;
         }
         // Blocking mode: read only when nothing more can be sent now.
-        let can_send = may_start && (duration.is_some() || started < total);
         if !polling && (tx_at.is_some() || (can_send && outstanding < inflight)) {
             continue;
         }
@@ -288,11 +282,11 @@ fn client_here(
             let now = Instant::now();
             while rx_acc >= resp_len {
                 rx_acc -= resp_len;
-                let t0 = starts
+                let (t0, measured) = starts
                     .pop_front()
                     .ok_or("raw client: response without a request")?;
                 completed += 1;
-                match gate.on_complete(completed, now) {
+                match budget.on_complete(measured, now) {
                     Completion::Measured => {
                         let ns = now.duration_since(t0).as_nanos() as u64;
                         if record {
@@ -303,25 +297,21 @@ fn client_here(
                         }
                     }
                     Completion::Last => {
-                        measure_start = Some(now);
                         if let Some(r) = &mut interval {
                             r.start(now);
                         }
                     }
                     Completion::Warmup => {}
                 }
-                measure_end = Some(now);
             }
         }
     }
-    let t0 = measure_start.unwrap_or_else(Instant::now);
-    let elapsed = measure_end.map_or(Duration::ZERO, |t| t.saturating_duration_since(t0));
-    if let (Some(mut r), Some(end)) = (interval, measure_end) {
+    if let (Some(mut r), Some(end)) = (interval, budget.end()) {
         r.finish(end);
     }
     Ok(Measured {
-        iters: gate.measured(completed),
-        elapsed,
+        iters: budget.measured(),
+        elapsed: budget.elapsed(),
         rtts,
         ..Measured::default()
     })

@@ -26,7 +26,7 @@ use starwire_transport::{
 
 use super::hist::{IntervalReport, Rtts};
 use super::packets::{ClientPackets, DatagramCounters};
-use super::{Completion, Measured, Mode, Run, WarmupGate, ACCEPT_TIMEOUT};
+use super::{Completion, Measured, Mode, RequestBudget, Run, WarmupGate, ACCEPT_TIMEOUT};
 
 /// TCP settings both ends derive from the plan, so they agree: a frame
 /// holds the largest payload whole (no chunking in the measurement).
@@ -408,20 +408,16 @@ struct GenState {
     op: Opcode,
     payload: Bytes,
     record: bool,
-    /// By [`ConnId::index`]: the outstanding requests (id, start), in
-    /// order.
-    starts: Vec<VecDeque<(u64, Instant)>>,
-    /// By [`ConnId::index`]: the requests issued on that connection, and
-    /// its rank in attach order (its share of an `--iters` budget).
-    issued_on: Vec<u64>,
+    /// By [`ConnId::index`]: the outstanding requests (id, start,
+    /// measured), in order.
+    starts: Vec<VecDeque<(u64, Instant, bool)>>,
+    /// By [`ConnId::index`]: the connection's rank in attach order, in
+    /// `budget`.
     rank: Vec<usize>,
-    conns: usize,
     /// Over all connections.
     issued: u64,
     completed: u64,
-    gate: WarmupGate,
-    measure_start: Option<Instant>,
-    measure_end: Option<Instant>,
+    budget: RequestBudget,
     rtts: Rtts,
     interval: Option<IntervalReport>,
     fuse: Option<FuseState>,
@@ -475,14 +471,10 @@ impl GenState {
             payload,
             record,
             starts: Vec::new(),
-            issued_on: Vec::new(),
             rank: Vec::new(),
-            conns: 0,
             issued: 0,
             completed: 0,
-            gate: WarmupGate::new(run.warmup),
-            measure_start: None,
-            measure_end: None,
+            budget: RequestBudget::new(run.warmup, run.iters, run.duration()),
             rtts: Rtts::new(),
             interval: run.interval_report(),
             fuse,
@@ -494,8 +486,26 @@ impl GenState {
         }
     }
 
-    fn start_measuring(&mut self, now: Instant) {
-        self.measure_start = Some(now);
+    /// Connection `c` (its [`ConnId::index`]) joined the run.
+    fn attach(&mut self, c: usize) {
+        if self.starts.len() <= c {
+            let inflight = self.run.inflight;
+            self.starts
+                .resize_with(c + 1, || VecDeque::with_capacity(inflight));
+            self.rank.resize(c + 1, 0);
+        }
+        self.rank[c] = self.budget.add_connection();
+    }
+
+    /// The run's connections are ready at `now`: with `--warmup 0` the
+    /// measured window starts.
+    fn begin(&mut self, now: Instant) {
+        if self.budget.begin(now) {
+            self.start_interval(now);
+        }
+    }
+
+    fn start_interval(&mut self, now: Instant) {
         if let Some(r) = &mut self.interval {
             r.start(now);
         }
@@ -506,41 +516,20 @@ impl GenState {
         self.complete = true;
     }
 
-    /// Whether connection `c` may issue one more request. A run of
-    /// `--iters` splits its budget evenly over the connections (as
-    /// perftest gives each QP its `-n`): a connection that answers faster
-    /// does not take the others' share, so every connection is measured.
-    fn may_start(&self, c: usize, now: Instant) -> bool {
-        match (self.run.duration(), self.measure_start) {
-            (Some(d), Some(t0)) => now.duration_since(t0) < d,
-            (Some(_), None) => true,
-            (None, _) => {
-                let total = self.gate.budget(self.run.iters);
-                let n = self.conns.max(1) as u64;
-                let share = total / n + u64::from((self.rank[c] as u64) < total % n);
-                self.issued_on[c] < share
-            }
-        }
-    }
-
     /// Top up the outstanding requests of connection `c` (its
-    /// [`ConnId::index`]): `inflight` on each, until the run's budget (over
-    /// all connections) is issued.
-    fn issue(&mut self, c: usize, conn: &mut Connection) {
+    /// [`ConnId::index`]) at `now`: `inflight` on each, until its share
+    /// of the run's budget is issued (see [`RequestBudget`]).
+    fn issue(&mut self, c: usize, conn: &mut Connection, now: Instant) {
         if self.fuse.is_some() {
             return self.issue_step(conn);
         }
         let inflight = self.run.inflight;
-        while self.starts[c].len() < inflight {
-            let t = Instant::now();
-            if !self.may_start(c, t) {
-                break;
-            }
+        let rank = self.rank[c];
+        while self.starts[c].len() < inflight && self.budget.may_start(rank, now) {
             match conn.request(self.op, 0, Payload::from_bytes(self.payload.clone()), None) {
                 Ok(id) => {
-                    self.gate.on_send(t);
-                    self.starts[c].push_back((id, t));
-                    self.issued_on[c] += 1;
+                    let measured = self.budget.on_send(rank, now);
+                    self.starts[c].push_back((id, now, measured));
                     self.issued += 1;
                 }
                 Err(e) => return self.fail(format!("request: {e}")),
@@ -551,7 +540,7 @@ impl GenState {
         }
     }
 
-    fn on_incoming(&mut self, c: usize, conn: &mut Connection, m: Incoming<'_>) {
+    fn on_incoming(&mut self, c: usize, conn: &mut Connection, m: Incoming<'_>, now: Instant) {
         let Incoming::Response { id, status, .. } = m else {
             return;
         };
@@ -561,15 +550,14 @@ impl GenState {
         if self.fuse.is_some() {
             return self.on_step_ack(conn);
         }
-        let now = Instant::now();
-        let Some((want, t0)) = self.starts[c].pop_front() else {
+        let Some((want, t0, measured)) = self.starts[c].pop_front() else {
             return self.fail(format!("response {id} without a request"));
         };
         if want != id {
             return self.fail(format!("response {id} out of order (expected {want})"));
         }
         self.completed += 1;
-        match self.gate.on_complete(self.completed, now) {
+        match self.budget.on_complete(measured, now) {
             Completion::Measured => {
                 let ns = now.duration_since(t0).as_nanos() as u64;
                 if self.record {
@@ -579,11 +567,10 @@ impl GenState {
                     r.on_complete(now, self.record.then_some(ns));
                 }
             }
-            Completion::Last => self.start_measuring(now),
+            Completion::Last => self.start_interval(now),
             Completion::Warmup => {}
         }
-        self.measure_end = Some(now);
-        self.issue(c, conn);
+        self.issue(c, conn, now);
     }
 
     fn issue_step(&mut self, conn: &mut Connection) {
@@ -668,16 +655,7 @@ impl GenState {
 impl<D: Driver> Service<D> for LoadGen {
     fn on_attach(&mut self, id: ConnId, _shard: u32, _now: Instant) {
         self.ids.push(id);
-        let st = &mut self.st;
-        if st.starts.len() <= id.index() {
-            let inflight = st.run.inflight;
-            st.starts
-                .resize_with(id.index() + 1, || VecDeque::with_capacity(inflight));
-            st.issued_on.resize(id.index() + 1, 0);
-            st.rank.resize(id.index() + 1, 0);
-        }
-        st.rank[id.index()] = st.conns;
-        st.conns += 1;
+        self.st.attach(id.index());
     }
 
     fn on_message(
@@ -688,7 +666,9 @@ impl<D: Driver> Service<D> for LoadGen {
         _now: Instant,
     ) -> Result<(), ConnError> {
         if !self.st.closed {
-            self.st.on_incoming(id.index(), conn, msg);
+            // The clock read for this message, not the turn's `now`: a
+            // turn handles many messages.
+            self.st.on_incoming(id.index(), conn, msg, Instant::now());
         }
         Ok(())
     }
@@ -727,12 +707,10 @@ impl<D: Driver> Service<D> for LoadGen {
                 return false;
             }
             st.kicked = true;
-            if st.gate.is_none() {
-                st.start_measuring(now);
-            }
+            st.begin(now);
             for &id in ids.iter() {
                 if let Some(conn) = sessions.conn(id) {
-                    st.issue(id.index(), conn);
+                    st.issue(id.index(), conn, Instant::now());
                 }
             }
             return true;
@@ -847,16 +825,12 @@ fn client_outcome<D: BenchDriver>(joined: Joined<D, LoadGen>) -> Result<Measured
             packets,
         });
     }
-    let t0 = st.measure_start.unwrap_or_else(Instant::now);
-    let elapsed = st
-        .measure_end
-        .map_or(Duration::ZERO, |t| t.saturating_duration_since(t0));
-    if let (Some(mut r), Some(end)) = (st.interval, st.measure_end) {
+    if let (Some(mut r), Some(end)) = (st.interval, st.budget.end()) {
         r.finish(end);
     }
     Ok(Measured {
-        iters: st.gate.measured(st.completed),
-        elapsed,
+        iters: st.budget.measured(),
+        elapsed: st.budget.elapsed(),
         rtts: st.rtts,
         fused_steps_per_s: None,
         unfused_steps_per_s: None,
@@ -864,4 +838,148 @@ fn client_outcome<D: BenchDriver>(joined: Joined<D, LoadGen>) -> Result<Measured
         zero_copy,
         packets,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Plan, Warmup};
+    use super::*;
+    use crate::backend::Backend;
+
+    /// One run's load generator over `conns` unconnected connections:
+    /// requests are queued on them and never sent, and the test answers
+    /// them at the times it chooses.
+    struct Rig {
+        st: GenState,
+        conns: Vec<Connection>,
+    }
+
+    fn run_of(mode: Mode, inflight: usize, iters: u64, warmup: Warmup, conns: usize) -> Run {
+        let p = Plan {
+            backends: vec![Backend::Tcp],
+            modes: vec![mode],
+            sizes: vec![8],
+            inflight: Some(inflight),
+            iters: Some(iters),
+            duration_s: None,
+            warmup: Some(0),
+            warmup_s: None,
+            tensors: 1,
+            repeat: 1,
+            polling: true,
+            client_core: None,
+            server_core: None,
+            connections: conns,
+            interval_s: None,
+            bidirectional: false,
+            cpu_util: false,
+        };
+        let mut run = p.runs().remove(0);
+        run.warmup = warmup;
+        run
+    }
+
+    impl Rig {
+        /// Attach `run.connections` connections and issue every
+        /// connection's first window at `now`, as the first turn does.
+        fn kick(run: &Run, now: Instant) -> Self {
+            let mut st = GenState::new(run);
+            let cfg = conn_config(TaskRole::Worker, window_for(run));
+            let conns = (0..run.connections)
+                .map(|c| {
+                    st.attach(c);
+                    Connection::new(cfg.clone(), 1 << 20)
+                })
+                .collect::<Vec<_>>();
+            let mut rig = Self { st, conns };
+            rig.st.begin(now);
+            for c in 0..rig.conns.len() {
+                rig.st.issue(c, &mut rig.conns[c], now);
+            }
+            rig
+        }
+
+        /// Answer the oldest outstanding request of connection `c` at
+        /// `now`; false if it has none.
+        fn answer(&mut self, c: usize, now: Instant) -> bool {
+            let Some(&(id, _, _)) = self.st.starts[c].front() else {
+                return false;
+            };
+            let m = Incoming::Response {
+                id,
+                opcode: self.st.op,
+                status: Status::Ok,
+                body: &[],
+            };
+            self.st.on_incoming(c, &mut self.conns[c], m, now);
+            assert_eq!(self.st.error, None);
+            true
+        }
+
+        /// Answer every connection in turn, one request each, a
+        /// microsecond apart from `from`, until the run is complete.
+        fn finish(&mut self, from: Instant) {
+            let mut now = from;
+            for _ in 0..10_000 {
+                if self.st.complete {
+                    return;
+                }
+                for c in 0..self.conns.len() {
+                    now += Duration::from_micros(1);
+                    self.answer(c, now);
+                }
+            }
+            panic!("the run never completed");
+        }
+
+        /// The slowest round trip recorded, if any.
+        fn max_rtt(&self) -> Option<Duration> {
+            let s = self.st.rtts.summary()?;
+            Some(Duration::from_nanos((s.max_us * 1000.0) as u64))
+        }
+    }
+
+    /// Windows of 4 on 4 connections, answered round-robin a millisecond
+    /// apart through the warm-up, then a microsecond apart: the requests
+    /// in flight when the warm-up ends were sent in it, and the
+    /// measurement takes exactly `--iters` sent after it.
+    #[test]
+    fn requests_in_flight_when_the_warm_up_ends_are_not_measured() {
+        let t0 = Instant::now();
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        for warmup in [Warmup::Time(Duration::from_millis(10)), Warmup::Iters(10)] {
+            let run = run_of(Mode::Rate, 4, 6, warmup, 4);
+            let mut rig = Rig::kick(&run, t0);
+            for k in 1..=10 {
+                assert!(rig.answer((k as usize - 1) % 4, ms(k)));
+            }
+            assert_eq!(rig.st.budget.start(), Some(ms(10)), "{warmup:?}");
+            rig.finish(ms(10));
+            assert_eq!(rig.st.budget.measured(), 6, "{warmup:?}");
+            // Every measured request was sent at or after 10 ms and
+            // answered within microseconds; every warm-up one waited 1 ms
+            // or more.
+            let max = rig.max_rtt().expect("round trips recorded");
+            assert!(max < Duration::from_millis(1), "{warmup:?}: {max:?}");
+        }
+    }
+
+    /// One connection answers through the whole warm-up while three wait:
+    /// the fast one must not have used up the others' shares, nor the
+    /// others measure their warm-up requests.
+    #[test]
+    fn a_time_warm_up_over_uneven_connections_measures_exactly_iters() {
+        let t0 = Instant::now();
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        let run = run_of(Mode::Lat, 1, 8, Warmup::Time(Duration::from_millis(10)), 4);
+        let mut rig = Rig::kick(&run, t0);
+        for k in 1..=10 {
+            assert!(rig.answer(0, ms(k)));
+        }
+        assert_eq!(rig.st.budget.start(), Some(ms(10)));
+        rig.finish(ms(10));
+        assert_eq!(rig.st.budget.measured(), 8);
+        let max = rig.max_rtt().expect("round trips recorded");
+        assert!(max < Duration::from_millis(1), "{max:?}");
+    }
 }

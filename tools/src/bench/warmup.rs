@@ -1,7 +1,8 @@
 //! A run's warm-up: a count of completions (`--warmup 1000`), or a time
-//! since the run's first send (`--warmup 2s`, perftest's `--margin`), and
-//! the gate every client passes its completions through to learn which
-//! are measured.
+//! since the run's first send (`--warmup 2s`, perftest's `--margin`); the
+//! gate that says at which completion it ends, and the budget every lat,
+//! rate and bw client passes its requests through to learn which may be
+//! sent and which are measured.
 
 use std::time::{Duration, Instant};
 
@@ -123,6 +124,172 @@ impl WarmupGate {
     }
 }
 
+/// The requests of a lat, rate or bw run, over its connections: when each
+/// may send one more, and which are measured.
+///
+/// A request is measured if it was sent after the warm-up ended (at its
+/// [`Completion::Last`]), whenever it completes: one still in flight then
+/// was sent in the warm-up, and warm-up messages stay out of the
+/// statistics, as sockperf keeps only the messages sent after its warm-up
+/// and perftest runs its warm-up before its measured iterations. `--iters`
+/// is then a count of requests sent after the warm-up, split evenly over
+/// the connections (as perftest gives each QP its `-n`), so a connection
+/// that answered faster in the warm-up does not take the others' share.
+///
+/// The warm-up's requests still in flight when it ends are answered after
+/// it, among the measured ones: the measured time is that of the run's
+/// last completions, as many as were measured, so that rates are the
+/// rates of the completions in it.
+#[derive(Debug)]
+pub(crate) struct RequestBudget {
+    gate: WarmupGate,
+    /// `--iters`; ignored with a duration.
+    iters: u64,
+    duration: Option<Duration>,
+    /// By connection rank: measured requests sent on it.
+    sent_on: Vec<u64>,
+    /// Requests sent in the warm-up.
+    warmup_sent: u64,
+    completed: u64,
+    measured: u64,
+    start: Option<Instant>,
+    /// Completions still to come before the measured time starts: the
+    /// warm-up's requests in flight when it ended.
+    skip: u64,
+    /// When the measured time starts: the last of those completions.
+    window_start: Option<Instant>,
+    /// The last measured completion.
+    end: Option<Instant>,
+}
+
+impl RequestBudget {
+    /// A run of `iters` measured requests (or of `duration`, measured)
+    /// after `warmup`, with no connection yet.
+    pub(crate) fn new(warmup: Warmup, iters: u64, duration: Option<Duration>) -> Self {
+        Self {
+            gate: WarmupGate::new(warmup),
+            iters,
+            duration,
+            sent_on: Vec::new(),
+            warmup_sent: 0,
+            completed: 0,
+            measured: 0,
+            start: None,
+            skip: 0,
+            window_start: None,
+            end: None,
+        }
+    }
+
+    /// One more connection; its rank, the index the other calls take.
+    pub(crate) fn add_connection(&mut self) -> usize {
+        self.sent_on.push(0);
+        self.sent_on.len() - 1
+    }
+
+    /// The connections are ready to send at `now`. Without a warm-up
+    /// (`--warmup 0`) the measurement starts here: true then.
+    pub(crate) fn begin(&mut self, now: Instant) -> bool {
+        if self.gate.is_none() && self.start.is_none() {
+            self.start_at(now);
+            return true;
+        }
+        false
+    }
+
+    fn start_at(&mut self, now: Instant) {
+        self.start = Some(now);
+        self.end = Some(now);
+        self.skip = self.warmup_sent - self.completed;
+        if self.skip == 0 {
+            self.window_start = Some(now);
+        }
+    }
+
+    /// When the measurement started (the warm-up ended), if it did.
+    #[cfg(any(feature = "grpc", test))]
+    pub(crate) fn start(&self) -> Option<Instant> {
+        self.start
+    }
+
+    /// The last measured completion, or the measurement's start.
+    pub(crate) fn end(&self) -> Option<Instant> {
+        self.end
+    }
+
+    /// The measured time: that of the run's last completions, as many as
+    /// were measured (from the completion of the warm-up's last request
+    /// that was in flight when it ended, or from its end).
+    pub(crate) fn elapsed(&self) -> Duration {
+        match (self.window_start.or(self.start), self.end) {
+            (Some(t0), Some(t1)) => t1.saturating_duration_since(t0),
+            _ => Duration::ZERO,
+        }
+    }
+
+    /// The measured requests completed so far.
+    pub(crate) fn measured(&self) -> u64 {
+        self.measured
+    }
+
+    /// Whether connection `rank` may send one more request at `now`:
+    /// always in the warm-up, then until its share of `iters` is sent or
+    /// the duration has passed.
+    pub(crate) fn may_start(&self, rank: usize, now: Instant) -> bool {
+        let Some(t0) = self.start else {
+            return true;
+        };
+        if let Some(d) = self.duration {
+            return now.saturating_duration_since(t0) < d;
+        }
+        let n = self.sent_on.len().max(1) as u64;
+        let share = self.iters / n + u64::from((rank as u64) < self.iters % n);
+        self.sent_on.get(rank).is_some_and(|&sent| sent < share)
+    }
+
+    /// Connection `rank` sent a request at `now`: whether it is measured.
+    pub(crate) fn on_send(&mut self, rank: usize, now: Instant) -> bool {
+        self.gate.on_send(now);
+        if self.start.is_none() {
+            self.warmup_sent += 1;
+            return false;
+        }
+        if let Some(sent) = self.sent_on.get_mut(rank) {
+            *sent += 1;
+        }
+        true
+    }
+
+    /// A request completed at `now`; `measured` is what [`Self::on_send`]
+    /// said of it. At the warm-up's last completion the measurement
+    /// starts.
+    pub(crate) fn on_complete(&mut self, measured: bool, now: Instant) -> Completion {
+        self.completed += 1;
+        if self.start.is_some() && self.skip > 0 {
+            self.skip -= 1;
+            if self.skip == 0 {
+                self.window_start = Some(now);
+            }
+        }
+        if measured {
+            self.measured += 1;
+            self.end = Some(now);
+            return Completion::Measured;
+        }
+        if self.start.is_some() {
+            return Completion::Warmup;
+        }
+        match self.gate.on_complete(self.completed, now) {
+            Completion::Warmup => Completion::Warmup,
+            // The warm-up's last request: not measured either.
+            Completion::Last | Completion::Measured => {
+                self.start_at(now);
+                Completion::Last
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -188,5 +355,94 @@ mod tests {
         assert_eq!(g.on_complete(3, ms(100)), Completion::Last);
         assert_eq!(g.on_complete(4, ms(101)), Completion::Measured);
         assert_eq!((g.budget(10), g.measured(4)), (13, 1));
+    }
+
+    /// Sends `budget` lets connection `rank` make at `now`, up to `max`.
+    fn send_all(b: &mut RequestBudget, rank: usize, now: Instant, max: usize) -> Vec<bool> {
+        let mut sent = Vec::new();
+        while sent.len() < max && b.may_start(rank, now) {
+            sent.push(b.on_send(rank, now));
+        }
+        sent
+    }
+
+    #[test]
+    fn only_requests_sent_after_the_warm_up_are_measured() {
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        // One connection with 16 outstanding and 4 iterations: the 15
+        // still in flight when the warm-up ends are not among them.
+        let mut b = RequestBudget::new(Warmup::Time(Duration::from_millis(10)), 4, None);
+        let c = b.add_connection();
+        assert!(!b.begin(t0), "a warm-up to wait out");
+        assert_eq!(send_all(&mut b, c, t0, 16), [false; 16]);
+        assert_eq!(b.on_complete(false, ms(5)), Completion::Warmup);
+        assert_eq!(send_all(&mut b, c, ms(5), 1), [false]);
+        assert_eq!(b.on_complete(false, ms(10)), Completion::Last);
+        assert_eq!(b.start(), Some(ms(10)));
+        assert_eq!(send_all(&mut b, c, ms(10), 16), [true; 4]);
+        for _ in 0..15 {
+            assert_eq!(b.on_complete(false, ms(11)), Completion::Warmup);
+        }
+        for k in 0..4 {
+            assert_eq!(b.on_complete(true, ms(12 + k)), Completion::Measured);
+        }
+        assert_eq!(b.measured(), 4);
+        // The last 4 completions: after the 15th at 11 ms.
+        assert_eq!(b.elapsed(), Duration::from_millis(4));
+        assert_eq!(b.end(), Some(ms(15)));
+    }
+
+    #[test]
+    fn iters_are_shared_evenly_from_the_end_of_the_warm_up() {
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        // Whatever each connection sent in the warm-up, 10 over 4 is 3,
+        // 3, 2 and 2, in attach order.
+        let mut b = RequestBudget::new(Warmup::Iters(3), 10, None);
+        let ranks: Vec<usize> = (0..4).map(|_| b.add_connection()).collect();
+        assert_eq!(ranks, [0, 1, 2, 3]);
+        assert_eq!(send_all(&mut b, 0, t0, 50), [false; 50]);
+        for k in 1..=3 {
+            let want = if k == 3 {
+                Completion::Last
+            } else {
+                Completion::Warmup
+            };
+            assert_eq!(b.on_complete(false, ms(k)), want);
+        }
+        let shares: Vec<usize> = (0..4)
+            .map(|r| send_all(&mut b, r, ms(3), 50).len())
+            .collect();
+        assert_eq!(shares, [3, 3, 2, 2]);
+        // No warm-up: measured from the first send.
+        let mut none = RequestBudget::new(Warmup::Iters(0), 2, None);
+        let c = none.add_connection();
+        assert!(none.begin(t0));
+        assert_eq!(send_all(&mut none, c, t0, 5), [true, true]);
+        assert_eq!(none.on_complete(true, ms(1)), Completion::Measured);
+    }
+
+    #[test]
+    fn a_duration_counts_from_the_end_of_the_warm_up() {
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        let d = Some(Duration::from_millis(20));
+        let mut b = RequestBudget::new(Warmup::Time(Duration::from_millis(10)), 1, d);
+        let c = b.add_connection();
+        assert_eq!(send_all(&mut b, c, t0, 3), [false; 3]);
+        assert_eq!(b.on_complete(false, ms(10)), Completion::Last);
+        assert_eq!(send_all(&mut b, c, ms(29), 3), [true; 3]);
+        assert!(!b.may_start(c, ms(30)));
+        assert_eq!(b.on_complete(false, ms(31)), Completion::Warmup);
+        assert_eq!(b.on_complete(true, ms(32)), Completion::Measured);
+        assert_eq!(b.on_complete(false, ms(33)), Completion::Warmup);
+        for k in 34..36 {
+            assert_eq!(b.on_complete(true, ms(k)), Completion::Measured);
+        }
+        // 3 measured, 2 of the warm-up in flight at its end: the last 3
+        // completions, after the second since its end (at 32 ms).
+        assert_eq!((b.measured(), b.elapsed()), (3, Duration::from_millis(3)));
+        assert_eq!(b.end(), Some(ms(35)));
     }
 }
