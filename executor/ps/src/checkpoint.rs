@@ -530,7 +530,12 @@ impl PsShard {
                             ))
                         })?;
                     }
-                    t.pending = Counters::restored(read_pending(&mut c, n_pending, id)?);
+                    let (pending, dropped) = Counters::restored(
+                        read_pending(&mut c, n_pending, id)?,
+                        t.policy.filter_capacity,
+                    );
+                    t.pending = pending;
+                    t.stats.filter_overflow += dropped;
                     t.rows = rows;
                 }
             }

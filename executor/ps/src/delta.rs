@@ -260,7 +260,9 @@ impl PsShard {
                     }
                     t.stats = stats;
                     t.rows = rows;
-                    t.pending = Counters::restored(pending);
+                    let (pending, dropped) = Counters::restored(pending, t.policy.filter_capacity);
+                    t.pending = pending;
+                    t.stats.filter_overflow += dropped;
                 }
             }
         }

@@ -45,13 +45,17 @@
 //! each worker faulting in and keeping its own.
 //!
 //! A worker that pulls and does not push (a bug, or a peer that means
-//! harm) would grow its record by every pull. A record holding more than
-//! [`MAX_RECORD_BYTES`] when the worker's next pull begins is dropped
-//! instead, its buffers freed, and that pull is recorded alone: the
-//! worker's push is matched with its last pull, as always, and rows it
-//! pulled only before are applied as they are. A worker's record then
-//! holds at most that plus one pull (which the codec's limits bound), and
-//! a shard's records at most that per recorded worker.
+//! harm) would grow its record by every pull. A pull that pulls again a
+//! variable the record holds since its last push (a new step's pull, or
+//! a `--prefetch` window's) while the record holds more than
+//! [`MAX_RECORD_BYTES`] drops the record instead, its buffers freed, and
+//! is recorded alone: the worker's push is matched with its last pull,
+//! as always, and rows it pulled only before are applied as they are.
+//! One step's pulls are never dropped, however large: without fusion
+//! they come one variable per request, each variable once. A worker's
+//! record then holds at most that plus one pull of each variable (which
+//! the codec's limits bound), and a shard's records at most that per
+//! recorded worker.
 //!
 //! [`OptimizerConfig::tracks_pulls`]: crate::OptimizerConfig::tracks_pulls
 
@@ -66,11 +70,12 @@ use crate::optim::{OptimizerConfig, Pulled, StalenessLr};
 pub(crate) const MAX_TRACKED_WORKERS: u32 = 1 << 12;
 
 /// The bytes of keys, update counts and values one worker's record may
-/// hold when its next pull begins; past them the record is dropped and
-/// the pull recorded alone. A step's pull is far below it (4096 examples
-/// of 26 fields of width 64 are under 30 MiB whole, before the shards
-/// split them), so only a worker that keeps pulling without pushing
-/// reaches it; a `--prefetch` window of a few steps does not.
+/// hold when a pull of a variable it holds already begins; past them the
+/// record is dropped and the pull recorded alone. A step's pull is far
+/// below it (4096 examples of 26 fields of width 64 are under 30 MiB
+/// whole, before the shards split them), so a `--prefetch` window of a
+/// few steps does not reach it, only a worker that keeps pulling without
+/// pushing.
 pub(crate) const MAX_RECORD_BYTES: usize = 64 << 20;
 
 /// True when the records keep each row's update count: only a
@@ -181,23 +186,31 @@ pub(crate) struct WorkerPulls {
 }
 
 impl WorkerPulls {
-    /// A pull of `vars` variables is about to be recorded: after a push
-    /// the record starts again, its buffers going to `spare`, and each
-    /// variable without buffers takes some from `spare`. A record that
-    /// holds more than `limit` bytes with no push since it began starts
-    /// again too, its buffers freed rather than pooled: true then.
+    /// A pull of `vars` variables, of which it pulls those at `pulled`
+    /// (indices), is about to be recorded: after a push the record
+    /// starts again, its buffers going to `spare`, and each variable
+    /// without buffers takes some from `spare`. A record with no push
+    /// since it began that holds one of `pulled` already and more than
+    /// `limit` bytes starts again too, its buffers freed rather than
+    /// pooled: true then.
     pub(crate) fn begin_pull(
         &mut self,
         vars: usize,
+        pulled: &[usize],
         spare: &mut Vec<VarPulls>,
         limit: usize,
     ) -> bool {
         let mut dropped = false;
+        let again = || {
+            pulled
+                .iter()
+                .any(|&i| self.vars.get(i).is_some_and(|v| !v.keys.is_empty()))
+        };
         if std::mem::take(&mut self.pushed) {
             for v in &mut self.vars {
                 recycle(spare, v);
             }
-        } else if self.held_bytes() > limit {
+        } else if self.held_bytes() > limit && again() {
             for v in &mut self.vars {
                 *v = VarPulls::default();
             }
@@ -359,10 +372,15 @@ impl Default for Pulls {
 }
 
 impl Pulls {
-    /// Worker `w`'s record, about to record a pull of a shard holding
-    /// `vars` variables ([`WorkerPulls::begin_pull`], with the shard's
-    /// pool). `None` when `w` is not tracked.
-    pub(crate) fn begin_pull(&mut self, w: u32, vars: usize) -> Option<&mut WorkerPulls> {
+    /// Worker `w`'s record, about to record a pull of the variables at
+    /// `pulled` of a shard holding `vars` ([`WorkerPulls::begin_pull`],
+    /// with the shard's pool). `None` when `w` is not tracked.
+    pub(crate) fn begin_pull(
+        &mut self,
+        w: u32,
+        vars: usize,
+        pulled: &[usize],
+    ) -> Option<&mut WorkerPulls> {
         if w >= MAX_TRACKED_WORKERS {
             return None;
         }
@@ -371,7 +389,7 @@ impl Pulls {
             self.by_worker.resize_with(w + 1, WorkerPulls::default);
         }
         let rec = &mut self.by_worker[w];
-        if rec.begin_pull(vars, &mut self.spare, self.limit) {
+        if rec.begin_pull(vars, pulled, &mut self.spare, self.limit) {
             self.dropped += 1;
         }
         Some(rec)
@@ -459,8 +477,8 @@ mod tests {
     #[test]
     fn a_push_uses_the_last_pull_and_the_next_pull_starts_again() {
         let mut p = Pulls::default();
-        assert!(p.begin_pull(MAX_TRACKED_WORKERS, 2).is_none());
-        let w = p.begin_pull(3, 2).unwrap();
+        assert!(p.begin_pull(MAX_TRACKED_WORKERS, 2, &[]).is_none());
+        let w = p.begin_pull(3, 2, &[]).unwrap();
         w.record(1, 7, Some(2), Some(&[1.0, 2.0]));
         w.record(1, 9, Some(0), Some(&[3.0, 4.0]));
         w.record(1, 7, Some(5), Some(&[9.0, 9.0]));
@@ -479,7 +497,7 @@ mod tests {
         w.end_push();
         // Pushes after the same pull (no fusion) still see it.
         assert_eq!(w.pulled(0, 0, 9, 3).staleness, Some(5));
-        w.begin_pull(0, &mut Vec::new(), MAX_RECORD_BYTES);
+        w.begin_pull(0, &[], &mut Vec::new(), MAX_RECORD_BYTES);
         assert_eq!(w.pulled(1, 7, 6, 2), Pulled::default());
         assert!(w.var(1).is_none());
         let rec = p.take(3).unwrap();
@@ -493,16 +511,16 @@ mod tests {
     #[test]
     fn a_push_after_pulls_no_push_followed_uses_its_step_s_pull() {
         let mut p = Pulls::default();
-        let w = p.begin_pull(0, 2).unwrap();
+        let w = p.begin_pull(0, 2, &[]).unwrap();
         w.record(1, 7, Some(1), Some(&[1.0]));
         w.record(0, 0, Some(1), Some(&[1.0]));
         w.end_push();
         // The evaluation: a new record, then the next step's pull.
-        let w = p.begin_pull(0, 2).unwrap();
+        let w = p.begin_pull(0, 2, &[]).unwrap();
         w.record(1, 7, Some(3), Some(&[3.0]));
         w.record(1, 8, Some(3), Some(&[3.5]));
         w.record(0, 0, Some(3), Some(&[3.0]));
-        let w = p.begin_pull(0, 2).unwrap();
+        let w = p.begin_pull(0, 2, &[]).unwrap();
         w.record(1, 9, Some(4), Some(&[4.5]));
         w.record(1, 7, Some(5), Some(&[5.0]));
         w.record(0, 0, Some(5), Some(&[5.0]));
@@ -516,7 +534,7 @@ mod tests {
     #[test]
     fn a_pushed_variable_s_buffers_go_to_the_next_pull_of_any_worker() {
         let mut p = Pulls::default();
-        let w = p.begin_pull(1, 3).unwrap();
+        let w = p.begin_pull(1, 3, &[]).unwrap();
         w.record(0, 0, None, Some(&[1.0]));
         w.record(2, 7, None, Some(&[2.0, 3.0]));
         w.record(2, 8, None, Some(&[4.0, 5.0]));
@@ -527,19 +545,19 @@ mod tests {
         // stays for a later push (no fusion).
         p.release(1, &[2]);
         // Worker 2's first pull records into them: no allocation.
-        let w2 = p.begin_pull(2, 3).unwrap();
+        let w2 = p.begin_pull(2, 3, &[]).unwrap();
         assert_eq!(w2.vars.iter().filter(|v| !v.unallocated()).count(), 1);
         let got = w2.vars.iter().find(|v| !v.unallocated()).unwrap();
         assert!(got.keys.is_empty() && got.values.capacity() >= cap);
         w2.record(1, 9, None, Some(&[6.0]));
         assert_eq!(w2.pulled(1, 9, 0, 1).values, Some(&[6.0f32][..]));
-        let w = p.begin_pull(1, 3).unwrap();
+        let w = p.begin_pull(1, 3, &[]).unwrap();
         assert!(w.var(2).is_none());
         assert!(w.vars[2].unallocated(), "worker 1 gave its buffers away");
         assert_eq!(w.pulled(0, 0, 1, 1).values, Some(&[1.0f32][..]));
         // After a push, the next pull of worker 1 pools what it still held.
         w.end_push();
-        let w = p.begin_pull(1, 3).unwrap();
+        let w = p.begin_pull(1, 3, &[]).unwrap();
         assert!(w.var(0).is_none());
         // Variable 0's buffers went to the pool and came back empty: one
         // variable holds buffers, none are left over.
@@ -556,16 +574,16 @@ mod tests {
     #[test]
     fn a_dropped_record_s_buffers_go_to_the_pool() {
         let mut p = Pulls::default();
-        let w = p.begin_pull(0, 2).unwrap();
+        let w = p.begin_pull(0, 2, &[]).unwrap();
         w.record(0, 0, None, Some(&[1.0]));
         w.record(1, 7, None, Some(&[2.0, 3.0]));
         p.drop_record(0);
         assert_eq!(p.recorded_keys(), 0);
         assert_eq!(p.spare.len(), 2);
-        let w1 = p.begin_pull(1, 2).unwrap();
+        let w1 = p.begin_pull(1, 2, &[]).unwrap();
         assert!(w1.vars.iter().all(|v| !v.unallocated()));
         assert!(p.spare.is_empty());
-        let w = p.begin_pull(0, 2).unwrap();
+        let w = p.begin_pull(0, 2, &[]).unwrap();
         assert!(w.var(1).is_none());
         w.record(1, 8, None, Some(&[4.0, 5.0]));
         assert_eq!(w.var(1).unwrap().keys, [8]);
@@ -584,10 +602,10 @@ mod tests {
         let vals = [1.0f32, 2.0, 3.0, 4.0, 9.0, 9.0, -0.0, f32::MIN_POSITIVE];
         let bytes = le(&vals, |x| x.to_le_bytes().to_vec());
         let mut bulk = WorkerPulls::default();
-        bulk.begin_pull(0, &mut Vec::new(), MAX_RECORD_BYTES);
+        bulk.begin_pull(0, &[], &mut Vec::new(), MAX_RECORD_BYTES);
         bulk.record_rows(2, U64s::new(&keys).unwrap(), F32s::new(&bytes).unwrap());
         let mut one = WorkerPulls::default();
-        one.begin_pull(0, &mut Vec::new(), MAX_RECORD_BYTES);
+        one.begin_pull(0, &[], &mut Vec::new(), MAX_RECORD_BYTES);
         for (j, k) in [7u64, 9, 7, 4].into_iter().enumerate() {
             one.record(2, k, None, Some(&vals[2 * j..2 * j + 2]));
         }
@@ -614,7 +632,7 @@ mod tests {
         assert_eq!(bulk.var(2).unwrap().keys, [7, 9, 7, 4, 7]);
         assert_eq!(bulk.pulled(2, 7, 0, 2).values, Some(&[1.0f32, 2.0][..]));
         bulk.end_push();
-        bulk.begin_pull(0, &mut Vec::new(), MAX_RECORD_BYTES);
+        bulk.begin_pull(0, &[], &mut Vec::new(), MAX_RECORD_BYTES);
         assert!(bulk.var(2).is_none());
         // Values not 4-aligned in memory are decoded, to the same record.
         let mut odd = vec![0u8];

@@ -669,7 +669,13 @@ impl PsShard {
             self.pulls.drop_record(w);
             return;
         }
-        let Some(rec) = self.pulls.begin_pull(w, self.vars.len()) else {
+        // The variables it pulls: pulling one the record holds again is
+        // what may drop a record grown past its bound (see `crate::pulls`).
+        let pulled: Vec<usize> = view
+            .items()
+            .filter_map(|item| self.index.get(&item.var()).copied())
+            .collect();
+        let Some(rec) = self.pulls.begin_pull(w, self.vars.len(), &pulled) else {
             return;
         };
         let values = self.cfg.optimizer.kind.needs_pulled_values();
@@ -1263,7 +1269,8 @@ mod tests {
             0.5,
         ));
         // Two keys of width 2 and the dense variable: 2 x (8 + 8) + (8 + 8)
-        // bytes a pull of keys and values; room for three pulls.
+        // bytes a pull of keys and values. Three pulls are not past the
+        // limit: the fifth finds four past it and starts again.
         s.pulls.set_limit(3 * 48);
         let mut out = Vec::new();
         for i in 0..1000u64 {
@@ -1296,6 +1303,26 @@ mod tests {
             s.handle_push_from(Some(0), &push, &mut out).unwrap();
         }
         assert_eq!(s.pull_records_dropped(), 249);
+        // One step's pulls, one variable per request (no fusion), are
+        // never dropped, however far past the limit they go together.
+        s.pulls.set_limit(20);
+        let mut emb = Vec::new();
+        PullRequestWriter::new(&mut emb).rows(EMB, &[1998, 1999]);
+        let mut w = Vec::new();
+        PullRequestWriter::new(&mut w).dense(W);
+        for _ in 0..3 {
+            s.handle_pull_from(Some(0), &emb, &mut out).unwrap();
+            s.handle_pull_from(Some(0), &w, &mut out).unwrap();
+            assert_eq!(s.recorded_pull_keys(), 3);
+            s.handle_push_from(Some(0), &push, &mut out).unwrap();
+        }
+        assert_eq!(s.pull_records_dropped(), 249);
+        // Pulling a variable it holds again is a new step's pull.
+        s.handle_pull_from(Some(0), &emb, &mut out).unwrap();
+        s.handle_pull_from(Some(0), &w, &mut out).unwrap();
+        s.handle_pull_from(Some(0), &emb, &mut out).unwrap();
+        assert_eq!(s.pull_records_dropped(), 250);
+        assert_eq!(s.recorded_pull_keys(), 2);
     }
 
     /// Worker 0's evaluation between epochs follows each batch's pull with

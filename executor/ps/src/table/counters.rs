@@ -70,16 +70,24 @@ pub(crate) struct Counters {
 
 impl Counters {
     /// Counters restored from a checkpoint: the ring in the order of the
-    /// keys' last pull (then key), the oldest first.
-    pub(crate) fn restored(counters: impl IntoIterator<Item = (u64, Pending)>) -> Self {
+    /// keys' last pull (then key), the oldest first. At most `capacity`
+    /// are kept, the latest pulled: a run resumed with a smaller
+    /// `--filter-capacity` holds its bound from the start (rather than
+    /// dropping the surplus all at once at its first new key). Also
+    /// returns how many were dropped.
+    pub(crate) fn restored(
+        counters: impl IntoIterator<Item = (u64, Pending)>,
+        capacity: usize,
+    ) -> (Self, u64) {
         let mut all: Vec<(u64, Pending)> = counters.into_iter().collect();
         all.sort_unstable_by_key(|&(k, p)| (p.last_seen, k));
+        let dropped = all.len().saturating_sub(capacity);
         let mut c = Self::default();
-        c.map.reserve(all.len());
-        for (key, pending) in all {
+        c.map.reserve(all.len() - dropped);
+        for &(key, pending) in &all[dropped..] {
             c.make(key, pending);
         }
-        c
+        (c, dropped as u64)
     }
 
     fn make(&mut self, key: u64, pending: Pending) {
@@ -281,10 +289,16 @@ mod tests {
     #[test]
     fn restored_counters_go_round_oldest_pull_first() {
         let p = |count, last_seen| Pending { count, last_seen };
-        let mut c = Counters::restored([(5, p(1, 9)), (6, p(1, 2)), (7, p(2, 4))]);
+        let (mut c, dropped) = Counters::restored([(5, p(1, 9)), (6, p(1, 2)), (7, p(2, 4))], 3);
+        assert_eq!(dropped, 0);
         assert_eq!(c.count(8, 10, 3), Counted::Replaced);
         assert_eq!(counts(&c), [(5, 1), (7, 2), (8, 1)]);
         assert_eq!(c.count(9, 11, 3), Counted::Replaced);
         assert_eq!(counts(&c), [(5, 1), (8, 1), (9, 1)]);
+        // Restored under a smaller capacity: the latest pulled are kept.
+        let (c, dropped) = Counters::restored([(5, p(1, 9)), (6, p(1, 2)), (7, p(2, 4))], 2);
+        assert_eq!(dropped, 1);
+        assert_eq!(counts(&c), [(5, 1), (7, 2)]);
+        assert_eq!(c.ring_len(), 2);
     }
 }
