@@ -94,6 +94,12 @@ pub struct BenchArgs {
     /// outstanding. tcp, uring, dpdk and verbs; lat, rate and bw.
     #[arg(long, default_value_t = 1)]
     pub connections: usize,
+    /// Open loop, lat and rate: send the measured requests on a schedule
+    /// of MSGS_PER_S per second over all connections (wrk2's -R), each
+    /// timed from when it was due, not sent; a request due while its
+    /// connection has --inflight outstanding waits.
+    #[arg(long, value_name = "MSGS_PER_S", allow_negative_numbers = true, value_parser = parse_rate)]
+    pub rate: Option<f64>,
     /// Measured iterations per run (steps in fuse mode).
     #[arg(long, conflicts_with = "duration")]
     pub iters: Option<u64>,
@@ -151,6 +157,16 @@ pub struct BenchArgs {
     /// The verbs backend's devices.
     #[command(flatten)]
     pub rdma: crate::rdma::RdmaArgs,
+}
+
+/// `--rate`: a positive, finite number of requests per second.
+pub(crate) fn parse_rate(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(r) if r.is_finite() && r > 0.0 => Ok(r),
+        _ => Err(format!(
+            "{s:?}: expected a positive number of requests per second"
+        )),
+    }
 }
 
 /// `--cores C,S`.
@@ -338,6 +354,8 @@ pub(crate) struct DriveOpts {
     pub keep_rtts: bool,
     /// Where the runs' `--interval` reports go.
     pub intervals: IntervalOutput,
+    /// `--rate`: the schedule of every run (the client's alone).
+    pub rate: Option<f64>,
 }
 
 /// The client side: send the plan to the server at `ctl_addr`, run every
@@ -354,6 +372,7 @@ fn drive(
 ) -> Result<(), String> {
     // The server refuses the same; a local error says it sooner.
     plan.check()?;
+    check_rate(plan, opts.rate)?;
     let ctl = TcpStream::connect(ctl_addr)
         .map_err(|e| format!("connecting to the bench server {ctl_addr}: {e}"))?;
     auth::dial(&ctl, auth::Purpose::Control)?;
@@ -367,6 +386,7 @@ fn drive(
     let mut runs = plan.runs();
     for run in &mut runs {
         run.intervals = opts.intervals;
+        run.rate = opts.rate;
     }
     let started = Instant::now();
     let mut raw_fuse_noted = false;
@@ -533,7 +553,9 @@ pub(crate) fn validate(args: &BenchArgs) -> Result<(), String> {
     let cores = args
         .cores
         .map_or((None, None), |c| (Some(c.client), Some(c.server)));
-    plan_of(args, cores).check()?;
+    let plan = plan_of(args, cores);
+    plan.check()?;
+    check_rate(&plan, args.rate)?;
     if args.connections > 1 {
         // Both ends in this process over loopback; one end with --connect
         // or --listen. Plus the control connection, listeners, rings.
@@ -602,6 +624,7 @@ pub(crate) fn run_loopback(
         loopback: true,
         keep_rtts: false,
         intervals: IntervalOutput::Text,
+        rate: None,
     };
     let mut outcomes: Vec<Outcome> = Vec::new();
     run_on_thread(plan, opts, progress, &mut outcomes)?;
@@ -693,6 +716,7 @@ pub fn main(args: BenchArgs) -> Result<(), String> {
         } else {
             IntervalOutput::Text
         },
+        rate: args.rate,
     };
     let mut progress = Progress::new("starwire bench", Unit::Items, plan.measured_runs());
     let mut printer = Printer::new(&args, &plan);

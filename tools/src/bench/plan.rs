@@ -115,6 +115,12 @@ pub struct Run {
     /// Where the interval reports go (the client's `--json`).
     #[serde(skip)]
     pub intervals: IntervalOutput,
+    /// `--rate`: the measured requests' schedule, in requests per second
+    /// over all connections (`None`: closed loop). The client's alone: the
+    /// server answers the same either way, so the plan on the wire does
+    /// not carry it.
+    #[serde(skip)]
+    pub rate: Option<f64>,
 }
 
 impl Run {
@@ -217,6 +223,7 @@ impl Plan {
                             interval_s: self.interval_s,
                             bidirectional: self.bidirectional,
                             intervals: IntervalOutput::default(),
+                            rate: None,
                         });
                     }
                 }
@@ -393,6 +400,77 @@ impl Plan {
     }
 }
 
+/// The backends that send on a schedule (`--rate`): the session-layer
+/// client and the raw baseline's loop. The gRPC baseline's window issues a
+/// call only as another completes, with no way to wait for a due time in
+/// between.
+fn takes_rate(b: Backend) -> bool {
+    match b {
+        Backend::Raw | Backend::Tcp => true,
+        #[cfg(all(feature = "uring", target_os = "linux"))]
+        Backend::Uring => true,
+        #[cfg(feature = "grpc")]
+        Backend::Grpc => false,
+        #[cfg(feature = "dpdk")]
+        Backend::Dpdk => true,
+        #[cfg(all(feature = "verbs", target_os = "linux"))]
+        Backend::Verbs => true,
+    }
+}
+
+/// The backends of this binary that take `--rate`, for messages.
+fn rate_names() -> String {
+    let names: Vec<&str> = Backend::compiled()
+        .into_iter()
+        .filter(|&b| takes_rate(b))
+        .map(Backend::name)
+        .collect();
+    match names.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
+        _ => names.concat(),
+    }
+}
+
+/// `--rate` of `plan`: a positive, finite number of requests per second,
+/// in lat and rate mode, on a backend that sends on a schedule (the raw
+/// baseline with polling on: its blocking `recv` cannot wake at a due
+/// time). The error names the flag.
+pub(crate) fn check_rate(plan: &Plan, rate: Option<f64>) -> Result<(), String> {
+    let Some(r) = rate else {
+        return Ok(());
+    };
+    if !(r.is_finite() && r > 0.0) {
+        return Err(format!(
+            "--rate {r}: expected a positive number of requests per second"
+        ));
+    }
+    if let Some(m) = plan
+        .modes
+        .iter()
+        .find(|m| !matches!(m, Mode::Lat | Mode::Rate))
+    {
+        return Err(format!(
+            "--rate applies to lat and rate mode, not {} (which send as fast as they can)",
+            m.name()
+        ));
+    }
+    if let Some(b) = plan.backends.iter().find(|&&b| !takes_rate(b)) {
+        return Err(format!(
+            "--rate applies to the {} backends, not {} (leave it out of --backends)",
+            rate_names(),
+            b.name()
+        ));
+    }
+    if !plan.polling && plan.backends.contains(&Backend::Raw) {
+        return Err(
+            "--rate with the raw baseline needs --polling on: its blocking recv cannot wake \
+             when a request is due"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
 /// The backends of this binary that take `--connections`, for messages:
 /// `tcp and uring`, say.
 fn multi_connection_names() -> String {
@@ -546,6 +624,11 @@ pub struct ResultLine {
     /// Warm-up time before the measurement, in seconds (null with a count).
     #[serde(default)]
     pub warmup_s: Option<f64>,
+    /// `--rate`: the requests per second the run offered on its schedule
+    /// (open loop; `msgs_per_s` is what it achieved); null in the closed
+    /// loop.
+    #[serde(default)]
+    pub offered_rate: Option<f64>,
 }
 
 impl ResultLine {
@@ -609,6 +692,7 @@ pub(super) fn result_line(plan: &Plan, run: &Run, m: &Measured) -> ResultLine {
         steering: None,
         warmup,
         warmup_s,
+        offered_rate: run.rate,
     };
     if matches!(run.mode, Mode::Lat | Mode::Rate) {
         line.set_latency(m.rtts.summary());
@@ -650,22 +734,97 @@ pub(super) fn median_line(lines: &[ResultLine], rtts: Option<&Rtts>) -> ResultLi
 mod tests {
     use super::*;
 
-    /// The plan of `bench` with `args` (its cores as given).
-    fn cli(args: &[&str]) -> Plan {
+    /// The arguments of `bench` with `args`.
+    fn parse(args: &[&str]) -> Result<BenchArgs, clap::Error> {
         #[derive(clap::Parser)]
         struct Cli {
             #[command(flatten)]
             bench: BenchArgs,
         }
-        let a = <Cli as clap::Parser>::try_parse_from(
-            std::iter::once("bench").chain(args.iter().copied()),
-        )
-        .unwrap()
-        .bench;
+        <Cli as clap::Parser>::try_parse_from(std::iter::once("bench").chain(args.iter().copied()))
+            .map(|c| c.bench)
+    }
+
+    /// The plan of `bench` with `args` (its cores as given).
+    fn cli(args: &[&str]) -> Plan {
+        let a = parse(args).unwrap();
         let cores = a
             .cores
             .map_or((None, None), |c| (Some(c.client), Some(c.server)));
         plan_of(&a, cores)
+    }
+
+    /// The plan and `--rate` check of `bench` with `args`.
+    fn rate_check(args: &[&str]) -> Result<(), String> {
+        let a = parse(args).map_err(|e| e.to_string())?;
+        check_rate(&plan_of(&a, (None, None)), a.rate)
+    }
+
+    #[test]
+    fn a_rate_is_a_positive_number_in_lat_and_rate_mode() {
+        for args in [
+            &["--rate", "1000"][..],
+            &[
+                "--rate",
+                "0.5",
+                "--mode",
+                "lat,rate",
+                "--backends",
+                "raw,tcp",
+            ],
+            &["--rate=2.5e6", "--backends", "tcp", "--polling", "off"],
+        ] {
+            assert_eq!(rate_check(args), Ok(()), "{args:?}");
+        }
+        assert_eq!(parse(&["--rate", "1e3"]).unwrap().rate, Some(1000.0));
+        for (args, want) in [
+            (&["--rate", "0"][..], "--rate"),
+            (&["--rate", "-5"], "--rate"),
+            (&["--rate=-5"], "--rate"),
+            (&["--rate", "NaN"], "--rate"),
+            (&["--rate", "inf"], "--rate"),
+            (&["--rate", "fast"], "--rate"),
+            (
+                &["--rate", "10", "--mode", "bw"],
+                "--rate applies to lat and rate",
+            ),
+            (&["--rate", "10", "--mode", "lat,fuse"], "not fuse"),
+            (
+                &["--rate", "10", "--polling", "off"],
+                "raw baseline needs --polling on",
+            ),
+        ] {
+            let e = rate_check(args).unwrap_err();
+            assert!(e.contains(want), "{args:?}: {e}");
+        }
+        // A value that bypassed the parser (the check stands alone).
+        assert!(check_rate(&cli(&[]), Some(f64::NAN)).is_err());
+        assert!(check_rate(&cli(&[]), Some(0.0)).is_err());
+    }
+
+    #[cfg(feature = "grpc")]
+    #[test]
+    fn a_rate_over_grpc_names_the_backends_that_take_one() {
+        let e = rate_check(&["--rate", "10", "--backends", "tcp,grpc"]).unwrap_err();
+        assert!(e.contains("not grpc"), "{e}");
+        assert!(e.contains("raw, tcp"), "{e}");
+    }
+
+    #[test]
+    fn the_offered_rate_is_in_the_result_and_not_on_the_wire() {
+        let p = cli(&["--mode", "rate"]);
+        let mut run = p.runs().remove(0);
+        let closed = serde_json::to_value(result_line(&p, &run, &Measured::default())).unwrap();
+        assert_eq!(closed["offered_rate"], serde_json::Value::Null);
+        run.rate = Some(1234.5);
+        let open = serde_json::to_value(result_line(&p, &run, &Measured::default())).unwrap();
+        assert_eq!(open["offered_rate"], 1234.5);
+        // The server needs no rate: a run (and the plan) serialize as
+        // before, and the server's run has none.
+        let wire = serde_json::to_value(&run).unwrap();
+        assert!(wire.get("rate").is_none(), "{wire}");
+        let back: Run = serde_json::from_value(wire).unwrap();
+        assert_eq!(back.rate, None);
     }
 
     #[test]

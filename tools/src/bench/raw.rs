@@ -196,11 +196,15 @@ fn client_here(
     req.extend_from_slice(&header(run.size, op));
     req.extend((0..run.size).map(|i| i as u8));
     let mut rx = vec![0u8; rx_buf_len(run)];
-    let mut budget = RequestBudget::new(run.warmup, run.iters, run.duration());
+    // With --rate the measured requests leave on their schedule; a
+    // blocking recv could not wake at a due time, so the plan takes a rate
+    // here only with polling on (`Plan::check_rate`).
+    let mut budget = RequestBudget::new(run.warmup, run.iters, run.duration()).with_rate(run.rate);
     let conn = budget.add_connection();
     let mut rtts = Rtts::new();
     let mut interval = run.interval_report();
-    // The outstanding requests: when each was sent, whether it is measured.
+    // The outstanding requests: when each one's latency counts from (its
+    // send, or when it was due with a rate), whether it is measured.
     let mut starts: VecDeque<(Instant, bool)> = VecDeque::with_capacity(run.inflight);
     let (mut started, mut completed) = (0u64, 0u64);
     let mut tx_at: Option<usize> = None;
@@ -218,8 +222,8 @@ fn client_here(
         // one vectored send (the rest of a partly written one first).
         let now = Instant::now();
         while started - completed < inflight && budget.may_start(conn, now) {
-            let measured = budget.on_send(conn, now);
-            starts.push_back((now, measured));
+            let origin = budget.on_send(conn, now);
+            starts.push_back((origin.unwrap_or(now), origin.is_some()));
             started += 1;
             queued += 1;
             if queued == 1 {
@@ -258,7 +262,8 @@ fn client_here(
         let outstanding = started - completed;
         let can_send = budget.may_start(conn, now);
         if outstanding == 0 {
-            if !can_send {
+            // With a rate, the next request may not be due yet.
+            if !can_send && !budget.scheduled_left() {
                 break;
             }
             continue;

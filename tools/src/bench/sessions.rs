@@ -393,6 +393,15 @@ struct FuseState {
     unfused_rate: Option<f64>,
 }
 
+/// With `--rate`, how long before a due time a parked client reactor
+/// asks to wake: a park lasts whole milliseconds of `poll(2)` (rounded
+/// down, at least one), and the kernel may add its timer slack (50 µs by
+/// default) to it.
+const WAKE_EARLY: Duration = Duration::from_micros(200);
+/// With `--rate`, how near a due time the client reactor spins instead of
+/// parking: the shortest park (1 ms) could outlast it.
+const SPIN_WITHIN: Duration = Duration::from_micros(1200);
+
 /// The load generator: the client's role, over every connection of the
 /// run (fuse mode uses one).
 #[derive(Debug)]
@@ -408,8 +417,9 @@ struct GenState {
     op: Opcode,
     payload: Bytes,
     record: bool,
-    /// By [`ConnId::index`]: the outstanding requests (id, start,
-    /// measured), in order.
+    /// By [`ConnId::index`]: the outstanding requests (id, the instant
+    /// its latency counts from, measured), in order: a measured request's
+    /// is when it was due with `--rate`, else when it was sent.
     starts: Vec<VecDeque<(u64, Instant, bool)>>,
     /// By [`ConnId::index`]: the connection's rank in attach order, in
     /// `budget`.
@@ -474,7 +484,7 @@ impl GenState {
             rank: Vec::new(),
             issued: 0,
             completed: 0,
-            budget: RequestBudget::new(run.warmup, run.iters, run.duration()),
+            budget: RequestBudget::new(run.warmup, run.iters, run.duration()).with_rate(run.rate),
             rtts: Rtts::new(),
             interval: run.interval_report(),
             fuse,
@@ -518,29 +528,66 @@ impl GenState {
 
     /// Top up the outstanding requests of connection `c` (its
     /// [`ConnId::index`]) at `now`: `inflight` on each, until its share
-    /// of the run's budget is issued (see [`RequestBudget`]).
-    fn issue(&mut self, c: usize, conn: &mut Connection, now: Instant) {
+    /// of the run's budget is issued (see [`RequestBudget`]); with
+    /// `--rate`, those of its measured requests that are due. Returns how
+    /// many it sent.
+    fn issue(&mut self, c: usize, conn: &mut Connection, now: Instant) -> usize {
         if self.fuse.is_some() {
-            return self.issue_step(conn);
+            self.issue_step(conn);
+            return 0;
         }
         let inflight = self.run.inflight;
         let rank = self.rank[c];
+        let mut sent = 0;
         while self.starts[c].len() < inflight && self.budget.may_start(rank, now) {
             match conn.request(self.op, 0, Payload::from_bytes(self.payload.clone()), None) {
                 Ok(id) => {
-                    let measured = self.budget.on_send(rank, now);
-                    self.starts[c].push_back((id, now, measured));
+                    let origin = self.budget.on_send(rank, now);
+                    self.starts[c].push_back((id, origin.unwrap_or(now), origin.is_some()));
                     self.issued += 1;
+                    sent += 1;
                 }
-                Err(e) => return self.fail(format!("request: {e}")),
+                Err(e) => {
+                    self.fail(format!("request: {e}"));
+                    return sent;
+                }
             }
         }
-        if self.issued == self.completed {
+        // With a rate, everything sent may be answered while requests are
+        // still to come on the schedule.
+        if self.issued == self.completed && !self.budget.scheduled_left() {
             self.complete = true;
         }
+        sent
     }
 
-    fn on_incoming(&mut self, c: usize, conn: &mut Connection, m: Incoming<'_>, now: Instant) {
+    /// With `--rate`, once the measurement started: the earliest instant
+    /// a connection with room in its window has a request due. A
+    /// connection whose window is full sends when a response frees it.
+    fn next_due(&self) -> Option<Instant> {
+        if !self.budget.open_loop() || self.complete {
+            return None;
+        }
+        self.starts
+            .iter()
+            .zip(&self.rank)
+            .filter(|(out, _)| out.len() < self.run.inflight)
+            .filter_map(|(_, &rank)| self.budget.next_due(rank))
+            .min()
+    }
+
+    /// A message `m` on connection `c`, received at `now`; `clock` reads
+    /// the time the refill requests leave at (after the completion is
+    /// recorded, so a round trip does not hold the client's own
+    /// bookkeeping, as raw's does not).
+    fn on_incoming(
+        &mut self,
+        c: usize,
+        conn: &mut Connection,
+        m: Incoming<'_>,
+        now: Instant,
+        clock: impl Fn() -> Instant,
+    ) {
         let Incoming::Response { id, status, .. } = m else {
             return;
         };
@@ -570,7 +617,7 @@ impl GenState {
             Completion::Last => self.start_interval(now),
             Completion::Warmup => {}
         }
-        self.issue(c, conn, now);
+        self.issue(c, conn, clock());
     }
 
     fn issue_step(&mut self, conn: &mut Connection) {
@@ -668,7 +715,8 @@ impl<D: Driver> Service<D> for LoadGen {
         if !self.st.closed {
             // The clock read for this message, not the turn's `now`: a
             // turn handles many messages.
-            self.st.on_incoming(id.index(), conn, msg, Instant::now());
+            self.st
+                .on_incoming(id.index(), conn, msg, Instant::now(), Instant::now);
         }
         Ok(())
     }
@@ -724,7 +772,30 @@ impl<D: Driver> Service<D> for LoadGen {
             st.closed = true;
             return true;
         }
-        false
+        if st.next_due().is_none() {
+            return false;
+        }
+        // `--rate`: the requests that came due since the last turn.
+        let now = Instant::now();
+        let mut sent = 0;
+        for &id in ids.iter() {
+            if let Some(conn) = sessions.conn(id) {
+                sent += st.issue(id.index(), conn, now);
+            }
+        }
+        // Spinning when the next one is near keeps the reactor from a
+        // park that could outlast it (see `SPIN_WITHIN`).
+        sent > 0
+            || st
+                .next_due()
+                .is_some_and(|due| due.saturating_duration_since(now) < SPIN_WITHIN)
+    }
+
+    /// With `--rate`: shortly before the next request is due (see
+    /// `WAKE_EARLY`), so that a parked reactor sends it on time.
+    fn next_deadline(&self) -> Option<Instant> {
+        let due = self.st.next_due()?;
+        Some(due.checked_sub(WAKE_EARLY).unwrap_or(due))
     }
 
     fn finished(&self) -> bool {
@@ -911,7 +982,7 @@ mod tests {
                 status: Status::Ok,
                 body: &[],
             };
-            self.st.on_incoming(c, &mut self.conns[c], m, now);
+            self.st.on_incoming(c, &mut self.conns[c], m, now, || now);
             assert_eq!(self.st.error, None);
             true
         }
@@ -981,5 +1052,125 @@ mod tests {
         assert_eq!(rig.st.budget.measured(), 8);
         let max = rig.max_rtt().expect("round trips recorded");
         assert!(max < Duration::from_millis(1), "{max:?}");
+    }
+
+    impl Rig {
+        /// What a turn's `poll` does with `--rate`: issue the requests
+        /// due on every connection at `now`; how many were sent.
+        fn pump(&mut self, now: Instant) -> usize {
+            (0..self.conns.len())
+                .map(|c| self.st.issue(c, &mut self.conns[c], now))
+                .sum()
+        }
+
+        fn outstanding(&self, c: usize) -> usize {
+            self.st.starts[c].len()
+        }
+    }
+
+    fn open_loop(mode: Mode, inflight: usize, iters: u64, warmup: Warmup, conns: usize) -> Run {
+        let mut run = run_of(mode, inflight, iters, warmup, conns);
+        run.rate = Some(1000.0);
+        run
+    }
+
+    /// 1000/s with a window of 2: requests leave when due, not sooner;
+    /// those due while the window is full wait for a response, and the
+    /// reactor is not woken for them until then.
+    #[test]
+    fn a_rate_sends_when_due_and_waits_while_the_window_is_full() {
+        let t0 = Instant::now();
+        let us = |n: u64| t0 + Duration::from_micros(n);
+        let run = open_loop(Mode::Rate, 2, 6, Warmup::Iters(0), 1);
+        let mut rig = Rig::kick(&run, t0);
+        assert_eq!(rig.outstanding(0), 1, "only the first is due at the start");
+        assert_eq!(rig.st.next_due(), Some(us(1000)));
+        assert_eq!(rig.pump(us(999)), 0);
+        assert_eq!(rig.pump(us(1000)), 1);
+        // Window full: nothing to wake for, whatever is due.
+        assert_eq!(rig.st.next_due(), None);
+        assert_eq!(rig.pump(us(5000)), 0);
+        // A response frees a slot: the request due at 2 ms leaves at once
+        // (late), and the one due at 3 ms waits for the next.
+        assert!(rig.answer(0, us(5000)));
+        assert_eq!(rig.outstanding(0), 2);
+        let (_, origin, measured) = rig.st.starts[0][1];
+        assert_eq!((origin, measured), (us(2000), true));
+        assert!(!rig.st.complete);
+    }
+
+    /// Lat (one outstanding) at 1000/s, the first answer 3 ms late: each
+    /// round trip counts from its due time, so the backlog shows (3, 2
+    /// and 1 ms) where the send times would say a microsecond each.
+    #[test]
+    fn a_rate_measures_latency_from_the_due_time() {
+        let t0 = Instant::now();
+        let us = |n: u64| t0 + Duration::from_micros(n);
+        let run = open_loop(Mode::Lat, 1, 4, Warmup::Iters(0), 1);
+        let mut rig = Rig::kick(&run, t0);
+        assert!(rig.answer(0, us(3000)));
+        for k in 1..=3 {
+            assert!(rig.answer(0, us(3000 + k)));
+        }
+        assert!(rig.st.complete);
+        assert_eq!(rig.st.budget.measured(), 4);
+        let s = rig.st.rtts.summary().expect("round trips recorded");
+        // 3000, 2001, 1002 and 3 µs, within the histogram's 0.1%.
+        assert!((s.max_us - 3000.0).abs() <= 3.0, "{s:?}");
+        assert!((s.min_us - 3.0).abs() <= 0.01, "{s:?}");
+        assert!((s.avg_us - 1501.5).abs() <= 1.5, "{s:?}");
+    }
+
+    /// A warm-up over 3 connections, then a schedule of exactly `--iters`
+    /// requests dealt over them; the run completes only when the last
+    /// scheduled one is answered, not when the window first drains.
+    #[test]
+    fn a_rate_measures_exactly_iters_over_connections() {
+        let t0 = Instant::now();
+        let us = |n: u64| t0 + Duration::from_micros(n);
+        let run = open_loop(Mode::Rate, 4, 10, Warmup::Iters(12), 3);
+        let mut rig = Rig::kick(&run, t0);
+        let mut now = t0;
+        let mut k = 0u64;
+        while !rig.st.complete {
+            k += 1;
+            assert!(k < 100_000, "the run never completed");
+            now = us(10 * k);
+            rig.pump(now);
+            for c in 0..3 {
+                rig.answer(c, now);
+            }
+            // Between two due times every request may be answered: the
+            // run is not over while the schedule has more.
+            if rig.st.budget.start().is_some() && rig.st.issued == rig.st.completed {
+                assert_eq!(rig.st.complete, !rig.st.budget.scheduled_left());
+            }
+        }
+        assert_eq!(rig.st.budget.measured(), 10);
+        // 10 ms of schedule at 1000/s from the warm-up's end.
+        let start = rig.st.budget.start().expect("measured");
+        assert!(now >= start + Duration::from_millis(9), "{:?}", now - start);
+    }
+
+    /// The reactor is asked to wake a little before the next due time,
+    /// and polls (spins) when it is near rather than park past it.
+    #[test]
+    fn a_rate_wakes_the_reactor_before_the_next_due_time() {
+        let t0 = Instant::now();
+        let run = open_loop(Mode::Rate, 4, 10, Warmup::Iters(0), 1);
+        let rig = Rig::kick(&run, t0);
+        let gen = LoadGen {
+            ids: Vec::new(),
+            st: rig.st,
+        };
+        let due = t0 + Duration::from_millis(1);
+        assert_eq!(gen.st.next_due(), Some(due));
+        assert_eq!(
+            <LoadGen as Service<TcpDriver>>::next_deadline(&gen),
+            Some(due - WAKE_EARLY)
+        );
+        // Closed loop: no timer.
+        let closed = Rig::kick(&run_of(Mode::Rate, 4, 10, Warmup::Iters(0), 1), t0);
+        assert_eq!(closed.st.next_due(), None);
     }
 }

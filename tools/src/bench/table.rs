@@ -83,7 +83,7 @@ pub(super) struct Table {
     header_done: bool,
     /// Whether a row was made (printed or held).
     rows: bool,
-    /// The zero-copy notes printed under the table.
+    /// The notes printed under the table (offered rates, zero copy).
     notes: String,
 }
 
@@ -153,7 +153,7 @@ impl Table {
 
     /// The end of the table: the header and rows still held (a bench that
     /// ended before every backend reported), the closing rule and the
-    /// zero-copy notes, which sum up every row.
+    /// notes, which sum up every row.
     pub(super) fn finish(&mut self) -> String {
         let mut out = String::new();
         if !self.header_done {
@@ -239,8 +239,20 @@ impl Table {
         out
     }
 
-    /// Keep the zero-copy note of `l`, if it tried zero copy.
+    /// Keep the notes of `l`: its offered rate (`--rate`), and its
+    /// zero-copy sends, if it tried zero copy.
     fn note(&mut self, l: &ResultLine) {
+        if let Some(r) = l.offered_rate {
+            let _ = writeln!(
+                self.notes,
+                " {} {} {} B: open loop, {r} msgs/s offered ({} achieved); rtt_* count from \
+                 when each request was due",
+                l.backend.name(),
+                l.mode.name(),
+                l.size,
+                fmt_opt(l.msgs_per_s, 0)
+            );
+        }
         if let (Some(z), Some(c)) = (l.zc_sends, l.zc_copied) {
             if z > 0 {
                 let _ = writeln!(

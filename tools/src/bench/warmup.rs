@@ -140,12 +140,24 @@ impl WarmupGate {
 /// it, among the measured ones: the measured time is that of the run's
 /// last completions, as many as were measured, so that rates are the
 /// rates of the completions in it.
+///
+/// With a target rate (`--rate`, [`Self::with_rate`]) the measured
+/// requests are sent on a schedule (open loop, as wrk2's `-R`): the
+/// measurement's request `i` is due `i / rate` seconds after it starts,
+/// dealt round-robin over the connections (request `i` to rank `i mod n`,
+/// so `--iters` shares stay those of the closed loop). A request may not
+/// leave before it is due, and its latency counts from when it was due
+/// ([`Self::on_send`]), so a window that is full when it is due shows in
+/// the percentiles. With `--duration` the requests due within it are
+/// sent, however late. The warm-up stays closed-loop.
 #[derive(Debug)]
 pub(crate) struct RequestBudget {
     gate: WarmupGate,
     /// `--iters`; ignored with a duration.
     iters: u64,
     duration: Option<Duration>,
+    /// `--rate`: measured requests per second over all connections.
+    rate: Option<f64>,
     /// By connection rank: measured requests sent on it.
     sent_on: Vec<u64>,
     /// Requests sent in the warm-up.
@@ -170,6 +182,7 @@ impl RequestBudget {
             gate: WarmupGate::new(warmup),
             iters,
             duration,
+            rate: None,
             sent_on: Vec::new(),
             warmup_sent: 0,
             completed: 0,
@@ -179,6 +192,13 @@ impl RequestBudget {
             window_start: None,
             end: None,
         }
+    }
+
+    /// The measured requests follow the schedule of `rate` requests per
+    /// second over all connections (`None`: closed loop).
+    pub(crate) fn with_rate(mut self, rate: Option<f64>) -> Self {
+        self.rate = rate;
+        self
     }
 
     /// One more connection; its rank, the index the other calls take.
@@ -234,34 +254,79 @@ impl RequestBudget {
 
     /// Whether connection `rank` may send one more request at `now`:
     /// always in the warm-up, then until its share of `iters` is sent or
-    /// the duration has passed.
+    /// the duration has passed; with a rate, only once its next request is
+    /// due ([`Self::next_due`]).
     pub(crate) fn may_start(&self, rank: usize, now: Instant) -> bool {
         let Some(t0) = self.start else {
             return true;
         };
+        if self.rate.is_some() {
+            return self.next_due(rank).is_some_and(|due| due <= now);
+        }
         if let Some(d) = self.duration {
             return now.saturating_duration_since(t0) < d;
         }
-        let n = self.sent_on.len().max(1) as u64;
-        let share = self.iters / n + u64::from((rank as u64) < self.iters % n);
-        self.sent_on.get(rank).is_some_and(|&sent| sent < share)
+        self.sent_on
+            .get(rank)
+            .is_some_and(|&sent| sent < self.share(rank))
     }
 
-    /// Connection `rank` sent a request at `now`: whether it is measured.
-    pub(crate) fn on_send(&mut self, rank: usize, now: Instant) -> bool {
+    /// Connection `rank`'s share of `iters`.
+    fn share(&self, rank: usize) -> u64 {
+        let n = self.sent_on.len().max(1) as u64;
+        self.iters / n + u64::from((rank as u64) < self.iters % n)
+    }
+
+    /// With a rate, once the measurement started: when connection
+    /// `rank`'s next measured request is due, if it has one left (within
+    /// its share of `iters`, or due within the duration). `None` in the
+    /// closed loop.
+    pub(crate) fn next_due(&self, rank: usize) -> Option<Instant> {
+        let (rate, t0) = (self.rate?, self.start?);
+        let sent = *self.sent_on.get(rank)?;
+        let n = self.sent_on.len() as u64;
+        // The index of this request in the measurement's schedule.
+        let i = sent.checked_mul(n)?.checked_add(rank as u64)?;
+        let offset = i as f64 / rate;
+        let scheduled = match self.duration {
+            Some(d) => offset < d.as_secs_f64(),
+            None => sent < self.share(rank),
+        };
+        if !scheduled {
+            return None;
+        }
+        t0.checked_add(Duration::try_from_secs_f64(offset).ok()?)
+    }
+
+    /// Whether the run sends on a schedule (`--rate`).
+    pub(crate) fn open_loop(&self) -> bool {
+        self.rate.is_some()
+    }
+
+    /// With a rate: whether some connection has a scheduled request left
+    /// to send. False in the closed loop and before the measurement.
+    pub(crate) fn scheduled_left(&self) -> bool {
+        (0..self.sent_on.len()).any(|r| self.next_due(r).is_some())
+    }
+
+    /// Connection `rank` sent a request at `now`. A measured one gives
+    /// the instant its latency counts from: when it was due with a rate
+    /// (it may leave late), else `now`. `None` for a warm-up request.
+    pub(crate) fn on_send(&mut self, rank: usize, now: Instant) -> Option<Instant> {
         self.gate.on_send(now);
         if self.start.is_none() {
             self.warmup_sent += 1;
-            return false;
+            return None;
         }
+        let origin = self.next_due(rank).unwrap_or(now);
         if let Some(sent) = self.sent_on.get_mut(rank) {
             *sent += 1;
         }
-        true
+        Some(origin)
     }
 
-    /// A request completed at `now`; `measured` is what [`Self::on_send`]
-    /// said of it. At the warm-up's last completion the measurement
+    /// A request completed at `now`; `measured`: [`Self::on_send`] gave
+    /// it an instant. At the warm-up's last completion the measurement
     /// starts.
     pub(crate) fn on_complete(&mut self, measured: bool, now: Instant) -> Completion {
         self.completed += 1;
@@ -277,6 +342,10 @@ impl RequestBudget {
             return Completion::Measured;
         }
         if self.start.is_some() {
+            // A warm-up request answered after a measured one (on another
+            // connection): the measured time still ends at the run's last
+            // completion, so that it holds as many as were measured.
+            self.end = Some(now);
             return Completion::Warmup;
         }
         match self.gate.on_complete(self.completed, now) {
@@ -361,7 +430,7 @@ mod tests {
     fn send_all(b: &mut RequestBudget, rank: usize, now: Instant, max: usize) -> Vec<bool> {
         let mut sent = Vec::new();
         while sent.len() < max && b.may_start(rank, now) {
-            sent.push(b.on_send(rank, now));
+            sent.push(b.on_send(rank, now).is_some());
         }
         sent
     }
@@ -444,5 +513,107 @@ mod tests {
         // completions, after the second since its end (at 32 ms).
         assert_eq!((b.measured(), b.elapsed()), (3, Duration::from_millis(3)));
         assert_eq!(b.end(), Some(ms(35)));
+    }
+
+    /// A connection with no share of `--iters` whose warm-up request is
+    /// answered last: the measured time is the run's last completion's,
+    /// not 0 (which gave no rate at all).
+    #[test]
+    fn the_measured_time_ends_at_the_run_s_last_completion() {
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        let mut b = RequestBudget::new(Warmup::Iters(1), 1, None);
+        let (r0, r1) = (b.add_connection(), b.add_connection());
+        assert!(!b.begin(t0));
+        assert_eq!(send_all(&mut b, r0, t0, 1), [false]);
+        assert_eq!(send_all(&mut b, r1, t0, 1), [false]);
+        assert_eq!(b.on_complete(false, ms(1)), Completion::Last);
+        assert_eq!(send_all(&mut b, r0, ms(1), 1), [true]);
+        assert_eq!(send_all(&mut b, r1, ms(1), 1), [] as [bool; 0]);
+        assert_eq!(b.on_complete(true, ms(2)), Completion::Measured);
+        assert_eq!(b.on_complete(false, ms(5)), Completion::Warmup);
+        assert_eq!(b.measured(), 1);
+        assert_eq!(b.elapsed(), Duration::from_millis(3));
+        assert_eq!(b.end(), Some(ms(5)));
+    }
+
+    #[test]
+    fn a_rate_deals_due_times_round_robin_from_the_end_of_the_warm_up() {
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        // 1000/s over 2 connections: request i of the measurement is due
+        // at i ms, on rank i mod 2; 5 iterations are 3 and 2.
+        let mut b = RequestBudget::new(Warmup::Iters(1), 5, None).with_rate(Some(1000.0));
+        let ranks: Vec<usize> = (0..2).map(|_| b.add_connection()).collect();
+        assert!(b.open_loop());
+        // The warm-up is closed-loop: no schedule yet.
+        assert!(!b.begin(t0));
+        assert_eq!((b.next_due(0), b.scheduled_left()), (None, false));
+        assert_eq!(send_all(&mut b, 0, t0, 3), [false; 3]);
+        assert_eq!(b.on_complete(false, ms(10)), Completion::Last);
+        assert_eq!((b.next_due(0), b.next_due(1)), (Some(ms(10)), Some(ms(11))));
+        assert!(b.may_start(0, ms(10)) && !b.may_start(1, ms(10)));
+        let mut sent = Vec::new();
+        for now in (10..20).map(ms) {
+            for &r in &ranks {
+                while b.may_start(r, now) {
+                    sent.push((r, b.on_send(r, now).expect("measured")));
+                }
+            }
+        }
+        assert_eq!(
+            sent,
+            [
+                (0, ms(10)),
+                (1, ms(11)),
+                (0, ms(12)),
+                (1, ms(13)),
+                (0, ms(14))
+            ]
+        );
+        assert_eq!((b.next_due(0), b.next_due(1)), (None, None));
+        assert!(!b.scheduled_left());
+    }
+
+    #[test]
+    fn a_late_request_counts_from_when_it_was_due() {
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        let mut b = RequestBudget::new(Warmup::Iters(0), 10, None).with_rate(Some(1000.0));
+        let c = b.add_connection();
+        assert!(b.begin(t0));
+        assert_eq!(b.on_send(c, t0), Some(t0));
+        // Sent 4 ms after it was due (its window was full, say): the
+        // latency counts from 1 ms, and the next ones are due already.
+        assert!(b.may_start(c, ms(5)));
+        assert_eq!(b.on_send(c, ms(5)), Some(ms(1)));
+        assert_eq!(b.on_send(c, ms(5)), Some(ms(2)));
+        assert_eq!(b.next_due(c), Some(ms(3)));
+        // Not before it is due.
+        assert!(!b.may_start(c, ms(3) - Duration::from_nanos(1)));
+        // The closed loop counts from the send.
+        let mut closed = RequestBudget::new(Warmup::Iters(0), 10, None);
+        let c = closed.add_connection();
+        assert!(closed.begin(t0));
+        assert_eq!(closed.next_due(c), None);
+        assert_eq!(closed.on_send(c, ms(5)), Some(ms(5)));
+    }
+
+    #[test]
+    fn a_rate_with_a_duration_sends_what_is_due_within_it() {
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        let d = Some(Duration::from_micros(3500));
+        let mut b = RequestBudget::new(Warmup::Iters(0), 1, d).with_rate(Some(1000.0));
+        let c = b.add_connection();
+        assert!(b.begin(t0));
+        // Due at 0, 1, 2 and 3 ms; sent late, after the duration, all the
+        // same: a backlog is measured, not dropped.
+        assert_eq!(send_all(&mut b, c, ms(50), 10), [true; 4]);
+        assert!(!b.scheduled_left());
+        for k in 0..4 {
+            assert_eq!(b.on_complete(true, ms(51 + k)), Completion::Measured);
+        }
+        assert_eq!(b.measured(), 4);
     }
 }

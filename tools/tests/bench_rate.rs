@@ -1,0 +1,97 @@
+//! `starwire bench --rate`: the open-loop schedule end to end over
+//! loopback, and its refusals. Counts and fields only; no timing is
+//! asserted.
+
+mod common;
+
+use common::{json_lines, num, run, text};
+
+/// Exactly `--iters` measured at a rate, over the session layer (parked
+/// and polling reactors, several connections) and the raw baseline.
+#[test]
+fn a_rate_measures_exactly_iters_and_says_what_it_offered() {
+    let mut backends = vec!["raw", "tcp"];
+    if cfg!(all(feature = "uring", target_os = "linux")) {
+        backends.push("uring");
+    }
+    for (polling, conns) in [("on", "1"), ("off", "3")] {
+        let list: Vec<&str> = backends
+            .iter()
+            .copied()
+            .filter(|&b| polling == "on" || b != "raw")
+            .collect();
+        let list = list.join(",");
+        let out = run(&[
+            "bench",
+            "--backends",
+            &list,
+            "--mode",
+            "lat,rate",
+            "--connections",
+            conns,
+            "--rate",
+            "20000",
+            "--iters",
+            "60",
+            "--warmup",
+            "10",
+            "--polling",
+            polling,
+            "--json",
+        ]);
+        let lines = json_lines(&out);
+        assert_eq!(lines.len(), 2 * list.split(',').count(), "{lines:?}");
+        for v in &lines {
+            assert_eq!(v["iters"], 60, "{v}");
+            assert_eq!(num(v, "offered_rate"), 20000.0, "{v}");
+            assert!(num(v, "msgs_per_s") > 0.0, "{v}");
+            assert!(num(v, "p99_us") > 0.0, "{v}");
+        }
+    }
+}
+
+/// The closed loop says it offered nothing; the table notes the rate.
+#[test]
+fn the_closed_loop_has_no_offered_rate_and_the_table_notes_one() {
+    let closed = run(&["bench", "--backends", "tcp", "--iters", "20", "--json"]);
+    for v in &json_lines(&closed) {
+        assert!(v["offered_rate"].is_null(), "{v}");
+    }
+    let table = run(&[
+        "bench",
+        "--backends",
+        "tcp",
+        "--iters",
+        "20",
+        "--rate",
+        "5000",
+        "--quiet",
+    ]);
+    assert!(table.status.success(), "{}", text(&table.stderr));
+    let out = text(&table.stdout);
+    assert!(out.contains("open loop, 5000 msgs/s offered"), "{out}");
+}
+
+#[test]
+fn a_bad_rate_is_a_usage_error_naming_the_flag() {
+    let mut cases: Vec<Vec<&str>> = vec![
+        vec!["--rate", "0"],
+        vec!["--rate", "-5"],
+        vec!["--rate", "NaN"],
+        vec!["--rate", "fast"],
+        vec!["--rate", "100", "--mode", "bw"],
+        vec!["--rate", "100", "--mode", "fuse"],
+        vec!["--rate", "100", "--polling", "off"],
+    ];
+    if cfg!(feature = "grpc") {
+        cases.push(vec!["--rate", "100", "--backends", "grpc"]);
+    }
+    for args in cases {
+        let mut all = vec!["bench"];
+        all.extend(&args);
+        let out = run(&all);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains("--rate"), "{args:?}: {err}");
+    }
+}
