@@ -50,6 +50,32 @@ fn a_rate_measures_exactly_iters_and_says_what_it_offered() {
     }
 }
 
+/// A rate slow enough for a parked reactor to sleep between due times
+/// (5 ms apart): it wakes for each and the run measures them all.
+#[test]
+fn a_slow_rate_over_a_parked_reactor_measures_exactly_iters() {
+    let out = run(&[
+        "bench",
+        "--backends",
+        "tcp",
+        "--mode",
+        "lat",
+        "--rate",
+        "200",
+        "--iters",
+        "10",
+        "--warmup",
+        "2",
+        "--polling",
+        "off",
+        "--json",
+    ]);
+    let lines = json_lines(&out);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0]["iters"], 10, "{}", lines[0]);
+    assert_eq!(num(&lines[0], "offered_rate"), 200.0, "{}", lines[0]);
+}
+
 /// The closed loop says it offered nothing; the table notes the rate.
 #[test]
 fn the_closed_loop_has_no_offered_rate_and_the_table_notes_one() {
@@ -79,12 +105,14 @@ fn a_bad_rate_is_a_usage_error_naming_the_flag() {
         vec!["--rate", "-5"],
         vec!["--rate", "NaN"],
         vec!["--rate", "fast"],
-        vec!["--rate", "100", "--mode", "bw"],
-        vec!["--rate", "100", "--mode", "fuse"],
-        vec!["--rate", "100", "--polling", "off"],
+        vec!["--rate", "100", "--mode", "bw", "--iters", "5"],
+        vec!["--rate", "100", "--mode", "fuse", "--iters", "5"],
+        vec!["--rate", "100", "--polling", "off", "--iters", "5"],
+        // No --iters or --duration: the schedule's length is not given.
+        vec!["--rate", "100"],
     ];
     if cfg!(feature = "grpc") {
-        cases.push(vec!["--rate", "100", "--backends", "grpc"]);
+        cases.push(vec!["--rate", "100", "--backends", "grpc", "--iters", "5"]);
     }
     for args in cases {
         let mut all = vec!["bench"];

@@ -463,10 +463,29 @@ pub(crate) fn check_rate(plan: &Plan, rate: Option<f64>) -> Result<(), String> {
     }
     if !plan.polling && plan.backends.contains(&Backend::Raw) {
         return Err(
-            "--rate with the raw baseline needs --polling on: its blocking recv cannot wake \
-             when a request is due"
+            "--rate with the raw baseline needs --polling on (or leave raw out of --backends): \
+             its blocking recv cannot wake when a request is due"
                 .into(),
         );
+    }
+    // The schedule's length is the user's: the defaults of --iters are
+    // sized for a closed loop (200,000 at 64 B in rate mode: 55 hours at
+    // --rate 1).
+    match (plan.iters, plan.duration_s) {
+        (None, None) => {
+            return Err(
+                "--rate needs --iters N or --duration S: the schedule lasts N / rate seconds, \
+                 or S"
+                    .into(),
+            )
+        }
+        (Some(n), _) if n as f64 / r > MAX_SECONDS => {
+            return Err(format!(
+                "--rate {r} --iters {n}: a schedule of {:.0} s, past {MAX_SECONDS} s",
+                n as f64 / r
+            ))
+        }
+        _ => {}
     }
     Ok(())
 }
@@ -763,7 +782,7 @@ mod tests {
     #[test]
     fn a_rate_is_a_positive_number_in_lat_and_rate_mode() {
         for args in [
-            &["--rate", "1000"][..],
+            &["--rate", "1000", "--iters", "100"][..],
             &[
                 "--rate",
                 "0.5",
@@ -771,8 +790,18 @@ mod tests {
                 "lat,rate",
                 "--backends",
                 "raw,tcp",
+                "--duration",
+                "2",
             ],
-            &["--rate=2.5e6", "--backends", "tcp", "--polling", "off"],
+            &[
+                "--rate=2.5e6",
+                "--backends",
+                "tcp",
+                "--polling",
+                "off",
+                "--iters",
+                "10",
+            ],
         ] {
             assert_eq!(rate_check(args), Ok(()), "{args:?}");
         }
@@ -790,9 +819,12 @@ mod tests {
             ),
             (&["--rate", "10", "--mode", "lat,fuse"], "not fuse"),
             (
-                &["--rate", "10", "--polling", "off"],
+                &["--rate", "10", "--polling", "off", "--iters", "5"],
                 "raw baseline needs --polling on",
             ),
+            // The closed loop's default --iters would be the schedule.
+            (&["--rate", "10"], "--rate needs --iters N or --duration S"),
+            (&["--rate", "1e-6", "--iters", "1"], "past 86400 s"),
         ] {
             let e = rate_check(args).unwrap_err();
             assert!(e.contains(want), "{args:?}: {e}");
@@ -805,9 +837,11 @@ mod tests {
     #[cfg(feature = "grpc")]
     #[test]
     fn a_rate_over_grpc_names_the_backends_that_take_one() {
-        let e = rate_check(&["--rate", "10", "--backends", "tcp,grpc"]).unwrap_err();
+        let e =
+            rate_check(&["--rate", "10", "--backends", "tcp,grpc", "--iters", "5"]).unwrap_err();
         assert!(e.contains("not grpc"), "{e}");
-        assert!(e.contains("raw, tcp"), "{e}");
+        assert!(e.contains(&rate_names()), "{e}");
+        assert!(rate_names().contains("raw") && rate_names().contains("tcp"));
     }
 
     #[test]

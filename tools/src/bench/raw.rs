@@ -263,7 +263,7 @@ fn client_here(
         let can_send = budget.may_start(conn, now);
         if outstanding == 0 {
             // With a rate, the next request may not be due yet.
-            if !can_send && !budget.scheduled_left() {
+            if !can_send && !budget.scheduled_left(now) {
                 break;
             }
             continue;

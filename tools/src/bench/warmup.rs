@@ -261,7 +261,7 @@ impl RequestBudget {
             return true;
         };
         if self.rate.is_some() {
-            return self.next_due(rank).is_some_and(|due| due <= now);
+            return !self.past_duration(now) && self.next_due(rank).is_some_and(|due| due <= now);
         }
         if let Some(d) = self.duration {
             return now.saturating_duration_since(t0) < d;
@@ -277,12 +277,17 @@ impl RequestBudget {
         self.iters / n + u64::from((rank as u64) < self.iters % n)
     }
 
-    /// With a rate, once the measurement started: when connection
-    /// `rank`'s next measured request is due, if it has one left (within
-    /// its share of `iters`, or due within the duration). `None` in the
-    /// closed loop.
+    /// With a rate, once the schedule started: when connection `rank`'s
+    /// next measured request is due, if it has one left (within its share
+    /// of `iters`, or due within the duration). `None` in the closed loop.
+    ///
+    /// The schedule starts once the warm-up's requests still in flight as
+    /// it ended are answered (`window_start`): the closed-loop warm-up
+    /// leaves every window full, and the first scheduled requests would
+    /// otherwise wait behind that backlog, their latencies counted from
+    /// their due times.
     pub(crate) fn next_due(&self, rank: usize) -> Option<Instant> {
-        let (rate, t0) = (self.rate?, self.start?);
+        let (rate, t0) = (self.rate?, self.window_start?);
         let sent = *self.sent_on.get(rank)?;
         let n = self.sent_on.len() as u64;
         // The index of this request in the measurement's schedule.
@@ -304,9 +309,21 @@ impl RequestBudget {
     }
 
     /// With a rate: whether some connection has a scheduled request left
-    /// to send. False in the closed loop and before the measurement.
-    pub(crate) fn scheduled_left(&self) -> bool {
-        (0..self.sent_on.len()).any(|r| self.next_due(r).is_some())
+    /// to send at `now`. False in the closed loop, before the schedule
+    /// starts, and past the duration.
+    pub(crate) fn scheduled_left(&self, now: Instant) -> bool {
+        !self.past_duration(now) && (0..self.sent_on.len()).any(|r| self.next_due(r).is_some())
+    }
+
+    /// With a rate and a duration: whether the duration has passed since
+    /// the schedule started. Nothing is sent after it, as wrk2 stops at
+    /// its `-d`: requests due but not sent by then (the window was full)
+    /// are not sent, and `msgs_per_s` falls short of the rate by them.
+    fn past_duration(&self, now: Instant) -> bool {
+        match (self.duration, self.window_start) {
+            (Some(d), Some(t0)) => now.saturating_duration_since(t0) >= d,
+            _ => false,
+        }
     }
 
     /// Connection `rank` sent a request at `now`. A measured one gives
@@ -548,9 +565,15 @@ mod tests {
         assert!(b.open_loop());
         // The warm-up is closed-loop: no schedule yet.
         assert!(!b.begin(t0));
-        assert_eq!((b.next_due(0), b.scheduled_left()), (None, false));
+        assert_eq!((b.next_due(0), b.scheduled_left(t0)), (None, false));
         assert_eq!(send_all(&mut b, 0, t0, 3), [false; 3]);
-        assert_eq!(b.on_complete(false, ms(10)), Completion::Last);
+        assert_eq!(b.on_complete(false, ms(8)), Completion::Last);
+        // The schedule waits for the warm-up's requests still in flight,
+        // so that the first scheduled ones do not queue behind them.
+        assert_eq!((b.next_due(0), b.may_start(0, ms(9))), (None, false));
+        assert_eq!(b.on_complete(false, ms(9)), Completion::Warmup);
+        assert_eq!(b.next_due(0), None);
+        assert_eq!(b.on_complete(false, ms(10)), Completion::Warmup);
         assert_eq!((b.next_due(0), b.next_due(1)), (Some(ms(10)), Some(ms(11))));
         assert!(b.may_start(0, ms(10)) && !b.may_start(1, ms(10)));
         let mut sent = Vec::new();
@@ -572,7 +595,7 @@ mod tests {
             ]
         );
         assert_eq!((b.next_due(0), b.next_due(1)), (None, None));
-        assert!(!b.scheduled_left());
+        assert!(!b.scheduled_left(ms(20)));
     }
 
     #[test]
@@ -600,20 +623,28 @@ mod tests {
     }
 
     #[test]
-    fn a_rate_with_a_duration_sends_what_is_due_within_it() {
+    fn a_rate_with_a_duration_sends_what_is_due_until_it_ends() {
         let t0 = Instant::now();
         let ms = |n| t0 + Duration::from_millis(n);
         let d = Some(Duration::from_micros(3500));
         let mut b = RequestBudget::new(Warmup::Iters(0), 1, d).with_rate(Some(1000.0));
         let c = b.add_connection();
         assert!(b.begin(t0));
-        // Due at 0, 1, 2 and 3 ms; sent late, after the duration, all the
-        // same: a backlog is measured, not dropped.
-        assert_eq!(send_all(&mut b, c, ms(50), 10), [true; 4]);
-        assert!(!b.scheduled_left());
-        for k in 0..4 {
-            assert_eq!(b.on_complete(true, ms(51 + k)), Completion::Measured);
+        // Due at 0, 1, 2 and 3 ms: those due by 2 ms leave then, late
+        // ones included; the one due at 3 ms is not sent past the
+        // duration (wrk2 stops at its -d too).
+        assert_eq!(send_all(&mut b, c, ms(2), 10), [true; 3]);
+        assert!(b.scheduled_left(ms(3)));
+        assert!(!b.may_start(c, ms(4)));
+        assert!(!b.scheduled_left(ms(4)));
+        for k in 0..3 {
+            assert_eq!(b.on_complete(true, ms(5 + k)), Completion::Measured);
         }
-        assert_eq!(b.measured(), 4);
+        assert_eq!(b.measured(), 3);
+        // Without the duration, a backlog is sent late and measured.
+        let mut b = RequestBudget::new(Warmup::Iters(0), 4, None).with_rate(Some(1000.0));
+        let c = b.add_connection();
+        assert!(b.begin(t0));
+        assert_eq!(send_all(&mut b, c, ms(50), 10), [true; 4]);
     }
 }
