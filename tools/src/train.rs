@@ -754,6 +754,7 @@ const PS_ONLY: &[&str] = &[
     "max_reply_bytes",
     "max_rows",
     "max_wait_steps",
+    "filter_capacity",
 ];
 
 /// The flags of [`crate::launch::PsArgs`] besides the shared ones.

@@ -110,6 +110,8 @@ fn a_bad_rate_is_a_usage_error_naming_the_flag() {
         vec!["--rate", "100", "--polling", "off", "--iters", "5"],
         // No --iters or --duration: the schedule's length is not given.
         vec!["--rate", "100"],
+        // A server's load is its client's.
+        vec!["--rate", "100", "--iters", "5", "--listen", "127.0.0.1:0"],
     ];
     if cfg!(feature = "grpc") {
         cases.push(vec!["--rate", "100", "--backends", "grpc", "--iters", "5"]);

@@ -975,6 +975,7 @@ fn ps_and_worker_help_group_the_other_roles_flags() {
         "--prefetch <",
     ];
     let ps_only = [
+        "--filter-capacity <",
         "--insecure",
         "--max-connections <",
         "--idle-timeout-secs <",

@@ -196,21 +196,20 @@ impl WorkerPulls {
     pub(crate) fn begin_pull(
         &mut self,
         vars: usize,
-        pulled: &[usize],
+        pulled: impl IntoIterator<Item = usize>,
         spare: &mut Vec<VarPulls>,
         limit: usize,
     ) -> bool {
         let mut dropped = false;
-        let again = || {
-            pulled
-                .iter()
-                .any(|&i| self.vars.get(i).is_some_and(|v| !v.keys.is_empty()))
-        };
         if std::mem::take(&mut self.pushed) {
             for v in &mut self.vars {
                 recycle(spare, v);
             }
-        } else if self.held_bytes() > limit && again() {
+        } else if self.held_bytes() > limit
+            && pulled
+                .into_iter()
+                .any(|i| self.vars.get(i).is_some_and(|v| !v.keys.is_empty()))
+        {
             for v in &mut self.vars {
                 *v = VarPulls::default();
             }
@@ -379,7 +378,7 @@ impl Pulls {
         &mut self,
         w: u32,
         vars: usize,
-        pulled: &[usize],
+        pulled: impl IntoIterator<Item = usize>,
     ) -> Option<&mut WorkerPulls> {
         if w >= MAX_TRACKED_WORKERS {
             return None;
@@ -477,8 +476,8 @@ mod tests {
     #[test]
     fn a_push_uses_the_last_pull_and_the_next_pull_starts_again() {
         let mut p = Pulls::default();
-        assert!(p.begin_pull(MAX_TRACKED_WORKERS, 2, &[]).is_none());
-        let w = p.begin_pull(3, 2, &[]).unwrap();
+        assert!(p.begin_pull(MAX_TRACKED_WORKERS, 2, []).is_none());
+        let w = p.begin_pull(3, 2, []).unwrap();
         w.record(1, 7, Some(2), Some(&[1.0, 2.0]));
         w.record(1, 9, Some(0), Some(&[3.0, 4.0]));
         w.record(1, 7, Some(5), Some(&[9.0, 9.0]));
@@ -497,7 +496,7 @@ mod tests {
         w.end_push();
         // Pushes after the same pull (no fusion) still see it.
         assert_eq!(w.pulled(0, 0, 9, 3).staleness, Some(5));
-        w.begin_pull(0, &[], &mut Vec::new(), MAX_RECORD_BYTES);
+        w.begin_pull(0, [], &mut Vec::new(), MAX_RECORD_BYTES);
         assert_eq!(w.pulled(1, 7, 6, 2), Pulled::default());
         assert!(w.var(1).is_none());
         let rec = p.take(3).unwrap();
@@ -511,16 +510,16 @@ mod tests {
     #[test]
     fn a_push_after_pulls_no_push_followed_uses_its_step_s_pull() {
         let mut p = Pulls::default();
-        let w = p.begin_pull(0, 2, &[]).unwrap();
+        let w = p.begin_pull(0, 2, []).unwrap();
         w.record(1, 7, Some(1), Some(&[1.0]));
         w.record(0, 0, Some(1), Some(&[1.0]));
         w.end_push();
         // The evaluation: a new record, then the next step's pull.
-        let w = p.begin_pull(0, 2, &[]).unwrap();
+        let w = p.begin_pull(0, 2, []).unwrap();
         w.record(1, 7, Some(3), Some(&[3.0]));
         w.record(1, 8, Some(3), Some(&[3.5]));
         w.record(0, 0, Some(3), Some(&[3.0]));
-        let w = p.begin_pull(0, 2, &[]).unwrap();
+        let w = p.begin_pull(0, 2, []).unwrap();
         w.record(1, 9, Some(4), Some(&[4.5]));
         w.record(1, 7, Some(5), Some(&[5.0]));
         w.record(0, 0, Some(5), Some(&[5.0]));
@@ -534,7 +533,7 @@ mod tests {
     #[test]
     fn a_pushed_variable_s_buffers_go_to_the_next_pull_of_any_worker() {
         let mut p = Pulls::default();
-        let w = p.begin_pull(1, 3, &[]).unwrap();
+        let w = p.begin_pull(1, 3, []).unwrap();
         w.record(0, 0, None, Some(&[1.0]));
         w.record(2, 7, None, Some(&[2.0, 3.0]));
         w.record(2, 8, None, Some(&[4.0, 5.0]));
@@ -545,19 +544,19 @@ mod tests {
         // stays for a later push (no fusion).
         p.release(1, &[2]);
         // Worker 2's first pull records into them: no allocation.
-        let w2 = p.begin_pull(2, 3, &[]).unwrap();
+        let w2 = p.begin_pull(2, 3, []).unwrap();
         assert_eq!(w2.vars.iter().filter(|v| !v.unallocated()).count(), 1);
         let got = w2.vars.iter().find(|v| !v.unallocated()).unwrap();
         assert!(got.keys.is_empty() && got.values.capacity() >= cap);
         w2.record(1, 9, None, Some(&[6.0]));
         assert_eq!(w2.pulled(1, 9, 0, 1).values, Some(&[6.0f32][..]));
-        let w = p.begin_pull(1, 3, &[]).unwrap();
+        let w = p.begin_pull(1, 3, []).unwrap();
         assert!(w.var(2).is_none());
         assert!(w.vars[2].unallocated(), "worker 1 gave its buffers away");
         assert_eq!(w.pulled(0, 0, 1, 1).values, Some(&[1.0f32][..]));
         // After a push, the next pull of worker 1 pools what it still held.
         w.end_push();
-        let w = p.begin_pull(1, 3, &[]).unwrap();
+        let w = p.begin_pull(1, 3, []).unwrap();
         assert!(w.var(0).is_none());
         // Variable 0's buffers went to the pool and came back empty: one
         // variable holds buffers, none are left over.
@@ -574,16 +573,16 @@ mod tests {
     #[test]
     fn a_dropped_record_s_buffers_go_to_the_pool() {
         let mut p = Pulls::default();
-        let w = p.begin_pull(0, 2, &[]).unwrap();
+        let w = p.begin_pull(0, 2, []).unwrap();
         w.record(0, 0, None, Some(&[1.0]));
         w.record(1, 7, None, Some(&[2.0, 3.0]));
         p.drop_record(0);
         assert_eq!(p.recorded_keys(), 0);
         assert_eq!(p.spare.len(), 2);
-        let w1 = p.begin_pull(1, 2, &[]).unwrap();
+        let w1 = p.begin_pull(1, 2, []).unwrap();
         assert!(w1.vars.iter().all(|v| !v.unallocated()));
         assert!(p.spare.is_empty());
-        let w = p.begin_pull(0, 2, &[]).unwrap();
+        let w = p.begin_pull(0, 2, []).unwrap();
         assert!(w.var(1).is_none());
         w.record(1, 8, None, Some(&[4.0, 5.0]));
         assert_eq!(w.var(1).unwrap().keys, [8]);
@@ -602,10 +601,10 @@ mod tests {
         let vals = [1.0f32, 2.0, 3.0, 4.0, 9.0, 9.0, -0.0, f32::MIN_POSITIVE];
         let bytes = le(&vals, |x| x.to_le_bytes().to_vec());
         let mut bulk = WorkerPulls::default();
-        bulk.begin_pull(0, &[], &mut Vec::new(), MAX_RECORD_BYTES);
+        bulk.begin_pull(0, [], &mut Vec::new(), MAX_RECORD_BYTES);
         bulk.record_rows(2, U64s::new(&keys).unwrap(), F32s::new(&bytes).unwrap());
         let mut one = WorkerPulls::default();
-        one.begin_pull(0, &[], &mut Vec::new(), MAX_RECORD_BYTES);
+        one.begin_pull(0, [], &mut Vec::new(), MAX_RECORD_BYTES);
         for (j, k) in [7u64, 9, 7, 4].into_iter().enumerate() {
             one.record(2, k, None, Some(&vals[2 * j..2 * j + 2]));
         }
@@ -632,7 +631,7 @@ mod tests {
         assert_eq!(bulk.var(2).unwrap().keys, [7, 9, 7, 4, 7]);
         assert_eq!(bulk.pulled(2, 7, 0, 2).values, Some(&[1.0f32, 2.0][..]));
         bulk.end_push();
-        bulk.begin_pull(0, &[], &mut Vec::new(), MAX_RECORD_BYTES);
+        bulk.begin_pull(0, [], &mut Vec::new(), MAX_RECORD_BYTES);
         assert!(bulk.var(2).is_none());
         // Values not 4-aligned in memory are decoded, to the same record.
         let mut odd = vec![0u8];

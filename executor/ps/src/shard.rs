@@ -669,13 +669,14 @@ impl PsShard {
             self.pulls.drop_record(w);
             return;
         }
-        // The variables it pulls: pulling one the record holds again is
-        // what may drop a record grown past its bound (see `crate::pulls`).
-        let pulled: Vec<usize> = view
+        // The variables it pulls (read only for a record past its bound):
+        // pulling one the record holds again is what may drop it (see
+        // `crate::pulls`).
+        let index = &self.index;
+        let pulled = view
             .items()
-            .filter_map(|item| self.index.get(&item.var()).copied())
-            .collect();
-        let Some(rec) = self.pulls.begin_pull(w, self.vars.len(), &pulled) else {
+            .filter_map(|item| index.get(&item.var()).copied());
+        let Some(rec) = self.pulls.begin_pull(w, self.vars.len(), pulled) else {
             return;
         };
         let values = self.cfg.optimizer.kind.needs_pulled_values();

@@ -555,6 +555,10 @@ pub(crate) fn validate(args: &BenchArgs) -> Result<(), String> {
         .map_or((None, None), |c| (Some(c.client), Some(c.server)));
     let plan = plan_of(args, cores);
     plan.check()?;
+    if args.listen.is_some() && args.rate.is_some() {
+        // A server answers what comes: the schedule is the client's.
+        return Err("--rate is the client's (give it to bench --connect), not --listen's".into());
+    }
     check_rate(&plan, args.rate)?;
     if args.connections > 1 {
         // Both ends in this process over loopback; one end with --connect

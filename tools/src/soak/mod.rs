@@ -94,7 +94,12 @@ pub struct SoakArgs {
     pub rdma: crate::rdma::RdmaArgs,
     /// Fail the soak when the p99 of the requests' round trips is over
     /// MS milliseconds (above 0); the client side measures them.
-    #[arg(long, value_name = "MS", value_parser = latency::parse_max_latency_ms)]
+    #[arg(
+        long,
+        value_name = "MS",
+        allow_negative_numbers = true,
+        value_parser = latency::parse_max_latency_ms
+    )]
     pub max_latency_ms: Option<f64>,
     /// One JSON object at the end instead of text.
     #[arg(long)]

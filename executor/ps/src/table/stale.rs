@@ -133,7 +133,7 @@ mod tests {
     #[test]
     fn same_keys_means_the_same_keys_in_the_same_order() {
         let mut rec = WorkerPulls::default();
-        rec.begin_pull(0, &[], &mut Vec::new(), crate::pulls::MAX_RECORD_BYTES);
+        rec.begin_pull(0, [], &mut Vec::new(), crate::pulls::MAX_RECORD_BYTES);
         for k in [7u64, 1 << 40, 3] {
             rec.record(0, k, None, None);
         }

@@ -240,8 +240,7 @@ fn a_rate_measures_exactly_iters_over_connections() {
     assert!(now >= start + Duration::from_millis(9), "{:?}", now - start);
 }
 
-/// The reactor is asked to wake a little before the next due time,
-/// and polls (spins) when it is near rather than park past it.
+/// The reactor is asked to wake a little before the next due time.
 #[test]
 fn a_rate_wakes_the_reactor_before_the_next_due_time() {
     let t0 = Instant::now();
