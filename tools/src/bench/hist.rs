@@ -56,6 +56,16 @@ impl Rtts {
         let _ = self.h.add(&other.h);
     }
 
+    /// The values recorded.
+    pub fn len(&self) -> u64 {
+        self.h.len()
+    }
+
+    /// True when nothing was recorded.
+    pub fn is_empty(&self) -> bool {
+        self.h.is_empty()
+    }
+
     /// Forget every value (the memory stays).
     pub fn reset(&mut self) {
         self.h.reset();

@@ -24,9 +24,6 @@ use crate::bench::hist::Rtts;
 #[derive(Debug, Clone, Default)]
 pub(super) struct RoundTrips {
     rtts: Rtts,
-    /// Round trips recorded (the histogram's count, kept here to report
-    /// it).
-    count: u64,
 }
 
 impl RoundTrips {
@@ -35,19 +32,16 @@ impl RoundTrips {
     pub(super) fn record(&mut self, rtt: Duration) {
         self.rtts
             .record(u64::try_from(rtt.as_nanos()).unwrap_or(u64::MAX));
-        self.count += 1;
     }
 
     /// Add another reactor's round trips.
     pub(super) fn merge(&mut self, other: &RoundTrips) {
         self.rtts.merge(&other.rtts);
-        self.count += other.count;
     }
 
     /// Forget every round trip (the memory stays).
     fn reset(&mut self) {
         self.rtts.reset();
-        self.count = 0;
     }
 
     /// The report's `latency_us`: all 0 when nothing was answered, as the
@@ -59,7 +53,7 @@ impl RoundTrips {
                 p99: s.p99_us,
                 p999: s.p999_us,
                 max: s.max_us,
-                count: self.count,
+                count: self.rtts.len(),
             },
             None => LatencyUs::default(),
         }
@@ -104,7 +98,7 @@ impl RoundTripFeed {
 
     /// Merge what was recorded since the last flush into the soak's.
     pub(super) fn flush(&mut self) {
-        if self.fresh.count == 0 {
+        if self.fresh.rtts.is_empty() {
             return;
         }
         self.merged
