@@ -376,7 +376,7 @@ type DriverFamily = (
 );
 
 /// The families of [`DriverCounters`], in [`counter_values`]'s order.
-const DRIVER_FAMILIES: [DriverFamily; 9] = [
+const DRIVER_FAMILIES: [DriverFamily; 10] = [
     (
         "starwire_transport_syscalls",
         "System calls the drivers made on the datapath (socket reads and writes, io_uring enters, completion-channel reads)",
@@ -408,6 +408,11 @@ const DRIVER_FAMILIES: [DriverFamily; 9] = [
         None,
     ),
     (
+        "starwire_transport_backlog_drops",
+        "Data packets a reliable-datagram core dropped unacknowledged, its application's received frames at their bound (resent by the peer)",
+        None,
+    ),
+    (
         "starwire_transport_doorbells",
         "Doorbells the RDMA drivers rang (at most one per flush)",
         None,
@@ -424,7 +429,7 @@ const DRIVER_FAMILIES: [DriverFamily; 9] = [
     ),
 ];
 
-fn counter_values(c: &DriverCounters) -> [Option<u64>; 9] {
+fn counter_values(c: &DriverCounters) -> [Option<u64>; 10] {
     [
         c.syscalls,
         c.packets_sent,
@@ -432,6 +437,7 @@ fn counter_values(c: &DriverCounters) -> [Option<u64>; 9] {
         c.retransmits,
         c.retransmit_timeouts,
         c.cwnd_reductions,
+        c.backlog_drops,
         c.doorbells,
         c.credit_stalls,
         c.receive_stalls,
@@ -446,7 +452,7 @@ fn counter_values(c: &DriverCounters) -> [Option<u64>; 9] {
 pub struct DriverCells {
     telemetry: Telemetry,
     backend: String,
-    cells: [Option<Arc<Counter>>; 9],
+    cells: [Option<Arc<Counter>>; 10],
     next: Option<Instant>,
 }
 

@@ -232,6 +232,10 @@ pub struct DriverCounters {
     /// Loss episodes that reduced a reliable-datagram core's congestion
     /// window.
     pub cwnd_reductions: Option<u64>,
+    /// In-order data packets a reliable-datagram core dropped
+    /// unacknowledged while the frames waiting for the application were
+    /// at their bound (its peer resends them).
+    pub backlog_drops: Option<u64>,
     /// Doorbells rung (RDMA: at most one per flush).
     pub doorbells: Option<u64>,
     /// RDMA posting passes that left frames queued for lack of ring

@@ -71,6 +71,11 @@ pub struct ReliableConfig {
     pub min_cwnd: u32,
 }
 
+/// The frames waiting for the application may hold this many frames'
+/// maximum length (`max_frame_len`) of bytes; see
+/// [`ReliableCore::ready_frames`].
+pub const BACKLOG_FRAMES_LEN: usize = 4;
+
 impl Default for ReliableConfig {
     fn default() -> Self {
         Self {
@@ -139,6 +144,10 @@ pub struct CoreStats {
     pub out_of_window: u64,
     /// Data packets buffered out of order.
     pub out_of_order: u64,
+    /// In-order data packets dropped unacknowledged because the frames
+    /// waiting for [`ReliableCore::deliver`] were at their bound (see
+    /// [`ReliableCore::ready_frames`]): the peer sends them again.
+    pub dropped_backlog: u64,
     /// Retransmission timeouts.
     pub timeouts: u64,
     /// `tx_reserve` calls refused for a full window.
@@ -165,6 +174,7 @@ impl CoreStats {
             duplicates,
             out_of_window,
             out_of_order,
+            dropped_backlog,
             timeouts,
             window_full,
             cwnd_reductions,
@@ -183,6 +193,7 @@ impl CoreStats {
         self.duplicates += duplicates;
         self.out_of_window += out_of_window;
         self.out_of_order += out_of_order;
+        self.dropped_backlog += dropped_backlog;
         self.timeouts += timeouts;
         self.window_full += window_full;
         self.cwnd_reductions += cwnd_reductions;
@@ -293,6 +304,8 @@ pub struct ReliableCore {
     assembling: bool,
     assembly: Vec<u8>,
     ready: VecDeque<Vec<u8>>,
+    /// Bytes of the frames in `ready`.
+    ready_bytes: usize,
 
     failed: Option<String>,
     /// When the application let the connection go
@@ -391,6 +404,7 @@ impl ReliableCore {
             assembling: false,
             assembly: Vec::new(),
             ready: VecDeque::new(),
+            ready_bytes: 0,
             failed: None,
             closed_at: None,
             pool: Vec::new(),
@@ -483,8 +497,26 @@ impl ReliableCore {
     }
 
     /// Frames reassembled and waiting for [`deliver`](Self::deliver).
+    ///
+    /// They are bounded: once `window` frames or [`BACKLOG_FRAMES_LEN`]
+    /// frame lengths wait, in-order data packets are dropped without
+    /// acknowledgement (counted in [`CoreStats::dropped_backlog`]) until
+    /// the application takes some, and the peer sends them again, as a
+    /// receiver with a full buffer drops. The peer's window keeps
+    /// flowing otherwise (acknowledgements say what arrived, not what was
+    /// taken), so a peer faster than its reader, or one that means harm,
+    /// would grow this queue without end. The packets the reorder buffer
+    /// holds can still complete frames past the bound: at most `window`
+    /// more.
     pub fn ready_frames(&self) -> usize {
         self.ready.len()
+    }
+
+    /// Whether the frames waiting for the application are at their bound
+    /// (see [`Self::ready_frames`]).
+    fn backlog_full(&self) -> bool {
+        self.ready.len() >= self.cfg.window as usize
+            || self.ready_bytes >= BACKLOG_FRAMES_LEN * self.cfg.max_frame_len
     }
 
     /// The current retransmission timeout, backoff included.
@@ -522,6 +554,7 @@ impl ReliableCore {
             while let Some(f) = self.ready.pop_front() {
                 self.recycle_frame(f);
             }
+            self.ready_bytes = 0;
         }
     }
 

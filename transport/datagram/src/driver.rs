@@ -486,8 +486,9 @@ impl<L: DatagramLink> Driver for DatagramDriver<L> {
     }
 
     /// Packets through the link, and the reliability cores'
-    /// retransmissions, timeouts and congestion-window reductions
-    /// (detached connections' included).
+    /// retransmissions, timeouts, congestion-window reductions and
+    /// packets dropped for a full receive backlog (detached connections'
+    /// included).
     fn counters(&self) -> DriverCounters {
         let core = self.core_totals();
         DriverCounters {
@@ -496,6 +497,7 @@ impl<L: DatagramLink> Driver for DatagramDriver<L> {
             retransmits: Some(core.retransmits),
             retransmit_timeouts: Some(core.timeouts),
             cwnd_reductions: Some(core.cwnd_reductions),
+            backlog_drops: Some(core.dropped_backlog),
             ..DriverCounters::default()
         }
     }

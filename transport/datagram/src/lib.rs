@@ -38,7 +38,9 @@ pub mod lossy;
 pub mod packet;
 pub mod udp;
 
-pub use crate::core::{ConfigError, ConnIds, CoreStats, ReliableConfig, ReliableCore};
+pub use crate::core::{
+    ConfigError, ConnIds, CoreStats, ReliableConfig, ReliableCore, BACKLOG_FRAMES_LEN,
+};
 pub use crate::driver::{
     DatagramDriver, DatagramError, DatagramStats, Exchange, StreamBootstrap, IDLE_NAP,
     MAX_CONNECTIONS,

@@ -891,3 +891,64 @@ fn a_freed_connection_is_forgotten_by_the_link() {
     }
     assert_eq!(a.link_mut().forgotten, vec![id, id2], "after the linger");
 }
+
+/// A peer that sends small frames as fast as its window allows, against a
+/// reader that takes the `max` of 32 frames a connection per receive
+/// burst (`Sessions`' own) while a burst brings up to `rx_batch` (64)
+/// packets: the frames waiting for the reader stay within their bound
+/// (they grew by the difference every turn before it), the packets past
+/// it come again, and every frame arrives, in order.
+#[test]
+fn a_reader_slower_than_its_peer_holds_a_bounded_backlog_and_loses_nothing() {
+    let cfg = ReliableConfig::default();
+    let window = cfg.window as usize;
+    let (mut a, a_ids, mut b, b_ids) = pair_with(1, LossConfig::lossless(1500), 1, cfg);
+    let (ca, cb) = (a_ids[0], b_ids[0]);
+    let total = 20_000u32;
+    let mut now = Instant::now();
+    let (mut sent, mut got) = (0u32, Vec::new());
+    let mut most_waiting = 0;
+    for _ in 0..100_000 {
+        while sent < total {
+            match a.tx_reserve(ca, 4).expect("reserve") {
+                Some(buf) => {
+                    buf.copy_from_slice(&sent.to_le_bytes());
+                    a.tx_commit(ca, 4);
+                    sent += 1;
+                }
+                None => break,
+            }
+        }
+        a.flush(now);
+        // The reader is slower still for the first half: one burst a turn
+        // with room for only 8 frames.
+        let max = if got.len() < total as usize / 2 {
+            8
+        } else {
+            32
+        };
+        b.rx_burst(now, max, &mut |c, f| {
+            assert_eq!(c, cb);
+            got.push(u32::from_le_bytes(f.try_into().expect("4 bytes")));
+        });
+        most_waiting = most_waiting.max(b.core(cb).expect("core").ready_frames());
+        b.flush(now);
+        a.rx_burst(now, 32, &mut |_, _| {});
+        now += Duration::from_micros(200);
+        if got.len() == total as usize && !a.tx_pending(ca) {
+            break;
+        }
+    }
+    assert_eq!(
+        got,
+        (0..total).collect::<Vec<_>>(),
+        "every frame, once, in order"
+    );
+    assert!(most_waiting <= 2 * window, "{most_waiting} frames waited");
+    let stats = *b.core(cb).expect("core").stats();
+    assert!(
+        stats.dropped_backlog > 0,
+        "the bound was reached: {stats:?}"
+    );
+    assert_eq!(b.counters().backlog_drops, Some(stats.dropped_backlog));
+}

@@ -241,6 +241,11 @@ impl ReliableCore {
             return;
         }
         // In order.
+        if self.backlog_full() {
+            // Not taken: the peer sends it again (see `ready_frames`).
+            self.stats.dropped_backlog += 1;
+            return;
+        }
         self.reorder.pop_front();
         self.rcv_nxt = self.rcv_nxt.wrapping_add(1);
         self.accept(frag, payload, sink, budget);
@@ -300,6 +305,7 @@ impl ReliableCore {
                 let mut frame = self.frame_buf();
                 frame.clear();
                 frame.extend_from_slice(data);
+                self.ready_bytes += frame.len();
                 self.ready.push_back(frame);
             }
             return;
@@ -324,6 +330,7 @@ impl ReliableCore {
                 let mut fresh = self.frame_buf();
                 fresh.clear();
                 let frame = std::mem::replace(&mut self.assembly, fresh);
+                self.ready_bytes += frame.len();
                 self.ready.push_back(frame);
             }
         }
@@ -337,6 +344,7 @@ impl ReliableCore {
             let Some(frame) = self.ready.pop_front() else {
                 break;
             };
+            self.ready_bytes -= frame.len();
             sink(&frame);
             self.recycle_frame(frame);
             n += 1;

@@ -986,3 +986,54 @@ fn a_minimum_window_of_the_send_window_keeps_it() {
     a.handle_timeout(now + a.current_rto());
     assert_eq!((a.cwnd(), a.stats().cwnd_reductions), (32, 1));
 }
+
+/// A reader that takes nothing while its peer goes on sending: the
+/// frames waiting for it stop at their bound (the window, here), the
+/// in-order packets past it are dropped unacknowledged, and once the
+/// reader takes its frames the peer's resends bring every one, in order.
+#[test]
+fn the_frames_waiting_for_a_slow_reader_are_bounded_and_none_is_lost() {
+    let cfg = cfg();
+    let window = cfg.window as usize;
+    let (mut a, mut b) = pair(cfg);
+    let frames: Vec<_> = (0..10 * window).map(|i| frame(i, 50)).collect();
+    let mut now = Instant::now();
+    let mut next = 0;
+    let mut got = Vec::new();
+    let mut most_waiting = 0;
+    for round in 0..2_000 {
+        // The reader takes nothing for the first 200 rounds.
+        let reading = round >= 200;
+        while next < frames.len() {
+            match a.tx_reserve(frames[next].len()).unwrap() {
+                Some(buf) => {
+                    buf.copy_from_slice(&frames[next]);
+                    a.tx_commit(frames[next].len());
+                    next += 1;
+                }
+                None => break,
+            }
+        }
+        for p in drain_tx(&mut a, now) {
+            let mut budget = if reading { usize::MAX } else { 0 };
+            b.handle_packet(now, &p, &mut |f| got.push(f.to_vec()), &mut budget);
+        }
+        most_waiting = most_waiting.max(b.ready_frames());
+        if reading {
+            b.deliver(usize::MAX, &mut |f| got.push(f.to_vec()));
+        }
+        for p in drain_tx(&mut b, now) {
+            a.handle_packet(now, &p, &mut |_| {}, &mut 0);
+        }
+        now += Duration::from_millis(1);
+        a.handle_timeout(now);
+        b.handle_timeout(now);
+        if got.len() == frames.len() && !a.tx_pending() {
+            break;
+        }
+    }
+    assert_eq!(most_waiting, window, "the backlog filled to its bound");
+    assert!(b.stats().dropped_backlog > 0, "{:?}", b.stats());
+    assert_eq!(got, frames, "every frame, once, in order");
+    assert!(a.check().is_ok() && b.check().is_ok());
+}

@@ -741,7 +741,7 @@ fn shown(c: &ReliableCore, now: Instant) -> Shown {
 }
 
 /// The counters in a fixed order.
-fn counters(s: &CoreStats) -> [u64; 17] {
+fn counters(s: &CoreStats) -> [u64; 18] {
     let CoreStats {
         frames_sent,
         frames_delivered,
@@ -757,6 +757,7 @@ fn counters(s: &CoreStats) -> [u64; 17] {
         duplicates,
         out_of_window,
         out_of_order,
+        dropped_backlog,
         timeouts,
         window_full,
         cwnd_reductions,
@@ -776,6 +777,7 @@ fn counters(s: &CoreStats) -> [u64; 17] {
         duplicates,
         out_of_window,
         out_of_order,
+        dropped_backlog,
         timeouts,
         window_full,
         cwnd_reductions,
@@ -856,7 +858,10 @@ fn check_accepted(s: &Step<'_>, h: &PacketHeader) -> Result<(), String> {
         ));
     }
     let data = h.flags.contains(PacketFlags::DATA);
-    let kinds = d(|s| s.duplicates) + d(|s| s.out_of_window) + d(|s| s.out_of_order);
+    let kinds = d(|s| s.duplicates)
+        + d(|s| s.out_of_window)
+        + d(|s| s.out_of_order)
+        + d(|s| s.dropped_backlog);
     if kinds > u64::from(data) || d(|s| s.bad_acks) > 1 {
         return Err(format!(
             "one packet {h:?} counted as {:?} -> {:?}",
@@ -896,6 +901,14 @@ fn check_accepted(s: &Step<'_>, h: &PacketHeader) -> Result<(), String> {
             b.ready, a.ready, s.lent
         ));
     }
+    // The backlog's bound, plus the frames a drained reorder buffer can
+    // complete past it.
+    if a.ready > 2 * WINDOW as usize {
+        return Err(format!(
+            "{h:?} left {} frames waiting, past twice the window",
+            a.ready
+        ));
+    }
     if s.closed && (s.lent != 0 || a.ready != 0) {
         return Err(format!(
             "a closed core lent {} frames, holds {}",
@@ -930,7 +943,8 @@ fn check_end(e: &End, peer: &End, name: &str) -> Result<(), String> {
         + st.dropped_foreign
         + st.duplicates
         + st.out_of_window
-        + st.out_of_order;
+        + st.out_of_order
+        + st.dropped_backlog;
     if drops > st.packets_received {
         return Err(format!(
             "{name} dropped more packets than it received: {st:?}"
@@ -1038,7 +1052,7 @@ pub struct Datagram {
 }
 
 /// Names of [`counters`], for the summary.
-const COUNTERS: [&str; 17] = [
+const COUNTERS: [&str; 18] = [
     "frames_sent",
     "frames_delivered",
     "data_packets_sent",
@@ -1053,6 +1067,7 @@ const COUNTERS: [&str; 17] = [
     "duplicates",
     "out_of_window",
     "out_of_order",
+    "dropped_backlog",
     "timeouts",
     "window_full",
     "cwnd_reductions",
