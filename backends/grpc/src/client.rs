@@ -5,7 +5,8 @@ use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::task::Poll;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::future::join_all;
@@ -162,15 +163,24 @@ impl GrpcClient {
         self.rt.block_on(join_all(futs))
     }
 
-    /// Keep up to `inflight` calls outstanding: `next` gives the next
-    /// request (`None` ends the stream), `done` gets every result with the
-    /// instant its call started, in completion order. Returns when every
-    /// started call has completed.
-    pub fn call_pipelined(
+    /// Keep up to `inflight` calls outstanding. While the window has room,
+    /// `next` says what comes next ([`NextCall`]): a call, with a tag of
+    /// the caller's that `done` gets back with its result (in completion
+    /// order), an instant before which there is none (the window takes
+    /// completions until then, then asks again), or the end. Returns when
+    /// every started call has completed.
+    ///
+    /// Waiting for an instant: a tokio timer (whose wheel ticks in
+    /// milliseconds) until 0.2 ms before it when it is more than 1.2 ms
+    /// away, then this thread spins, polling its calls, so that the next
+    /// call leaves on time rather than up to a tick late. These are the
+    /// bounds at which the session layer's open loop (the bench's
+    /// reactors) parks and spins.
+    pub fn call_pipelined<T>(
         &self,
         inflight: usize,
-        mut next: impl FnMut() -> Option<(u8, Bytes)>,
-        mut done: impl FnMut(Result<Bytes, GrpcError>, Instant),
+        mut next: impl FnMut() -> NextCall<T>,
+        mut done: impl FnMut(Result<Bytes, GrpcError>, T),
     ) {
         let inflight = inflight.max(1);
         // The calls are polled by this thread (as a tonic caller's task
@@ -180,20 +190,30 @@ impl GrpcClient {
             let mut outstanding = FuturesUnordered::new();
             let mut more = true;
             loop {
+                let mut not_before = None;
                 while more && outstanding.len() < inflight {
                     match next() {
-                        Some((op, p)) => {
+                        NextCall::Call(op, p, tag) => {
                             let f = self.call_future(op, p);
-                            let t0 = Instant::now();
-                            outstanding.push(async move { (f.await, t0) });
+                            outstanding.push(async move { (f.await, tag) });
                         }
-                        None => more = false,
+                        NextCall::NotBefore(t) => {
+                            not_before = Some(t);
+                            break;
+                        }
+                        NextCall::End => more = false,
                     }
                 }
-                let Some((r, t0)) = outstanding.next().await else {
-                    break;
+                let completed = match not_before {
+                    None => match outstanding.next().await {
+                        Some(c) => Some(c),
+                        None => break,
+                    },
+                    Some(t) => until(&mut outstanding, t).await,
                 };
-                done(r, t0);
+                if let Some((r, tag)) = completed {
+                    done(r, tag);
+                }
             }
         });
     }
@@ -347,4 +367,56 @@ fn unprocessed(s: &tonic::Status) -> bool {
         e = x.source();
     }
     false
+}
+
+/// What [`GrpcClient::call_pipelined`]'s source gives when its window has
+/// room.
+#[derive(Debug)]
+pub enum NextCall<T> {
+    /// Start this call (opcode, payload) now; `T` comes back with its
+    /// result.
+    Call(u8, Bytes, T),
+    /// No call before this instant (an open-loop schedule's next due
+    /// time): ask again then, or at the next completion.
+    NotBefore(Instant),
+    /// No more calls: the window drains.
+    End,
+}
+
+/// Below this much time to an instant [`GrpcClient::call_pipelined`]
+/// waits for, it spins instead of arming a timer.
+const SPIN_WITHIN: Duration = Duration::from_micros(1200);
+
+/// How long before the instant a timer wakes the waiting thread.
+const WAKE_EARLY: Duration = Duration::from_micros(200);
+
+/// The next of `outstanding` to complete before `t`, or `None` at `t`
+/// (at once if `t` has passed).
+async fn until<F: Future>(outstanding: &mut FuturesUnordered<F>, t: Instant) -> Option<F::Output> {
+    let far = t.saturating_duration_since(Instant::now()) > SPIN_WITHIN;
+    let timer = far.then(|| tokio::time::sleep_until((t - WAKE_EARLY).into()));
+    let mut timer = std::pin::pin!(timer);
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(Some(c)) = outstanding.poll_next_unpin(cx) {
+            return Poll::Ready(Some(c));
+        }
+        let now = Instant::now();
+        if now >= t {
+            return Poll::Ready(None);
+        }
+        // Until the timer fires, its wake-up or a completion's; then (or
+        // with no timer, the instant being near) poll again at once.
+        let armed = timer
+            .as_mut()
+            .as_pin_mut()
+            .is_some_and(|sleep| sleep.poll(cx).is_pending());
+        if !armed {
+            // The runtimes' workers, unpinned, may be waiting for this
+            // CPU: the spin gives it up between polls.
+            std::thread::yield_now();
+            cx.waker().wake_by_ref();
+        }
+        Poll::Pending
+    })
+    .await
 }

@@ -41,7 +41,7 @@ mod budget;
 mod client;
 mod server;
 
-pub use client::{GrpcClient, SparseRows};
+pub use client::{GrpcClient, NextCall, SparseRows};
 pub use server::{ConnectionServer, GrpcServer};
 
 use std::time::Duration;

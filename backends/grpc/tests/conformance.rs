@@ -6,10 +6,11 @@ mod common;
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::{TestHandler, DENSE_PUSH, DIM, RPC};
-use starwire_grpc::{ConnectionServer, GrpcClient, GrpcConfig, GrpcServer};
+use starwire_grpc::{ConnectionServer, GrpcClient, GrpcConfig, GrpcServer, NextCall};
 
 fn loopback() -> SocketAddr {
     SocketAddr::from((Ipv4Addr::LOCALHOST, 0))
@@ -60,19 +61,61 @@ fn pipelined_window_completes_every_call() {
     c.call_pipelined(
         64,
         || {
-            (issued < total).then(|| {
-                issued += 1;
-                (RPC, Bytes::from((issued as u32 - 1).to_le_bytes().to_vec()))
-            })
+            if issued == total {
+                return NextCall::End;
+            }
+            issued += 1;
+            let i = issued as u32 - 1;
+            NextCall::Call(RPC, Bytes::from(i.to_le_bytes().to_vec()), i)
         },
-        |r, _| {
+        |r, tag| {
             let b = r.unwrap();
-            let i = u32::from_le_bytes(b[..].try_into().unwrap()) as usize;
-            assert!(!seen[i], "reply {i} twice");
-            seen[i] = true;
+            let i = u32::from_le_bytes(b[..].try_into().unwrap());
+            assert_eq!(i, tag, "each call's tag comes back with its reply");
+            assert!(!seen[i as usize], "reply {i} twice");
+            seen[i as usize] = true;
         },
     );
     assert!(seen.iter().all(|&s| s), "every call answered");
+    s.shutdown();
+}
+
+/// A source that is not ready: the window waits for the instant it
+/// names, near (spinning) and far (a timer), then asks again; no call
+/// leaves before its instant.
+#[test]
+fn pipelined_window_waits_for_the_instant_the_source_names() {
+    let (s, c) = pair();
+    let t0 = Instant::now();
+    // Due 0.5 ms apart (spun), then 5 ms apart (timed).
+    let due: Vec<Instant> = (0..6u64)
+        .map(|i| t0 + Duration::from_micros(if i < 3 { 500 * i } else { 5_000 * i }))
+        .collect();
+    let mut issued = 0usize;
+    let mut asked_early = 0;
+    let mut left = Vec::new();
+    c.call_pipelined(
+        4,
+        || {
+            let Some(&at) = due.get(issued) else {
+                return NextCall::End;
+            };
+            let now = Instant::now();
+            if now < at {
+                asked_early += 1;
+                return NextCall::NotBefore(at);
+            }
+            left.push(now);
+            issued += 1;
+            NextCall::Call(RPC, Bytes::from_static(b"x"), issued - 1)
+        },
+        |r, _| assert_eq!(&r.unwrap()[..], b"x"),
+    );
+    assert_eq!(left.len(), due.len());
+    for (l, d) in left.iter().zip(&due) {
+        assert!(l >= d, "a call left before its instant");
+    }
+    assert!(asked_early > 0, "the source was asked again after waiting");
     s.shutdown();
 }
 

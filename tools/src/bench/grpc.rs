@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use starwire_grpc::{ConnectionServer, GrpcClient, GrpcConfig, Handler, HandlerError};
+use starwire_grpc::{ConnectionServer, GrpcClient, GrpcConfig, Handler, HandlerError, NextCall};
 use starwire_transport::fusion::{FusionBatcher, FusionConfig, OutTensor};
 use starwire_transport::wire::tensor::DType;
 use starwire_transport::wire::tensors::TensorList;
@@ -104,7 +104,7 @@ fn window(c: &GrpcClient, run: &Run) -> Result<Measured, String> {
     let op = if echo { Opcode::Rpc } else { Opcode::DensePush };
     let record = matches!(run.mode, Mode::Lat | Mode::Rate);
     let payload = Bytes::from((0..run.size).map(|i| i as u8).collect::<Vec<u8>>());
-    let mut budget = RequestBudget::new(run.warmup, run.iters, run.duration());
+    let mut budget = RequestBudget::new(run.warmup, run.iters, run.duration()).with_rate(run.rate);
     let conn = budget.add_connection();
     let mut interval = run.interval_report();
     let now = Instant::now();
@@ -123,29 +123,33 @@ fn window(c: &GrpcClient, run: &Run) -> Result<Measured, String> {
         run.inflight,
         || {
             let mut s = st.borrow_mut();
-            let mut now = Instant::now();
-            if s.error.is_some() || !s.budget.may_start(conn, now) {
-                return None;
+            let now = Instant::now();
+            if s.error.is_some() {
+                return NextCall::End;
             }
-            // Completions come in any order, with the instant their call
-            // started, taken after this returns: a call is measured if it
-            // started after the measurement did. One that started in the
-            // warm-up took its instant before the completion that ended
-            // it; this one's must come strictly after, even on a coarse
-            // clock.
-            if let Some(t0) = s.budget.start() {
-                while now <= t0 {
-                    std::hint::spin_loop();
-                    now = Instant::now();
+            if !s.budget.may_start(conn, now) {
+                if !s.budget.open_loop() {
+                    return NextCall::End;
                 }
+                // `--rate`: the next scheduled call, if one is left; before
+                // the schedule starts (the warm-up's calls still in
+                // flight), the next completion.
+                return match s.budget.next_due(conn) {
+                    Some(due) if s.budget.scheduled_left(now) => NextCall::NotBefore(due),
+                    None if !s.budget.schedule_started() => {
+                        NextCall::NotBefore(now + Duration::from_secs(1))
+                    }
+                    _ => NextCall::End,
+                };
             }
-            s.budget.on_send(conn, now);
-            Some((op as u8, payload.clone()))
+            // Measured calls count from when they left, or with a rate
+            // from when they were due.
+            let origin = s.budget.on_send(conn, now);
+            NextCall::Call(op as u8, payload.clone(), origin)
         },
-        |r, t0| {
+        |r, origin: Option<Instant>| {
             let now = Instant::now();
             let mut s = st.borrow_mut();
-            let measured = s.budget.start().is_some_and(|start| t0 > start);
             match r {
                 Ok(b) if echo && b.len() != run.size => {
                     s.error.get_or_insert(format!(
@@ -159,9 +163,9 @@ fn window(c: &GrpcClient, run: &Run) -> Result<Measured, String> {
                     s.error.get_or_insert(format!("grpc call: {e}"));
                 }
             }
-            match s.budget.on_complete(measured, now) {
+            match s.budget.on_complete(origin.is_some(), now) {
                 Completion::Measured => {
-                    let ns = now.duration_since(t0).as_nanos() as u64;
+                    let ns = origin.map_or(0, |t0| now.duration_since(t0).as_nanos() as u64);
                     if record {
                         s.rtts.record(ns);
                     }

@@ -400,39 +400,8 @@ impl Plan {
     }
 }
 
-/// The backends that send on a schedule (`--rate`): the session-layer
-/// client and the raw baseline's loop. The gRPC baseline's window issues a
-/// call only as another completes, with no way to wait for a due time in
-/// between.
-fn takes_rate(b: Backend) -> bool {
-    match b {
-        Backend::Raw | Backend::Tcp => true,
-        #[cfg(all(feature = "uring", target_os = "linux"))]
-        Backend::Uring => true,
-        #[cfg(feature = "grpc")]
-        Backend::Grpc => false,
-        #[cfg(feature = "dpdk")]
-        Backend::Dpdk => true,
-        #[cfg(all(feature = "verbs", target_os = "linux"))]
-        Backend::Verbs => true,
-    }
-}
-
-/// The backends of this binary that take `--rate`, for messages.
-fn rate_names() -> String {
-    let names: Vec<&str> = Backend::compiled()
-        .into_iter()
-        .filter(|&b| takes_rate(b))
-        .map(Backend::name)
-        .collect();
-    match names.split_last() {
-        Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
-        _ => names.concat(),
-    }
-}
-
 /// `--rate` of `plan`: a positive, finite number of requests per second,
-/// in lat and rate mode, on a backend that sends on a schedule (the raw
+/// in lat and rate mode (every backend sends on a schedule; the raw
 /// baseline with polling on: its blocking `recv` cannot wake at a due
 /// time). The error names the flag.
 pub(crate) fn check_rate(plan: &Plan, rate: Option<f64>) -> Result<(), String> {
@@ -452,13 +421,6 @@ pub(crate) fn check_rate(plan: &Plan, rate: Option<f64>) -> Result<(), String> {
         return Err(format!(
             "--rate applies to lat and rate mode, not {} (which send as fast as they can)",
             m.name()
-        ));
-    }
-    if let Some(b) = plan.backends.iter().find(|&&b| !takes_rate(b)) {
-        return Err(format!(
-            "--rate applies to the {} backends, not {} (leave it out of --backends)",
-            rate_names(),
-            b.name()
         ));
     }
     if !plan.polling && plan.backends.contains(&Backend::Raw) {
@@ -832,16 +794,6 @@ mod tests {
         // A value that bypassed the parser (the check stands alone).
         assert!(check_rate(&cli(&[]), Some(f64::NAN)).is_err());
         assert!(check_rate(&cli(&[]), Some(0.0)).is_err());
-    }
-
-    #[cfg(feature = "grpc")]
-    #[test]
-    fn a_rate_over_grpc_names_the_backends_that_take_one() {
-        let e =
-            rate_check(&["--rate", "10", "--backends", "tcp,grpc", "--iters", "5"]).unwrap_err();
-        assert!(e.contains("not grpc"), "{e}");
-        assert!(e.contains(&rate_names()), "{e}");
-        assert!(rate_names().contains("raw") && rate_names().contains("tcp"));
     }
 
     #[test]

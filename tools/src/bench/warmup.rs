@@ -227,7 +227,7 @@ impl RequestBudget {
     }
 
     /// When the measurement started (the warm-up ended), if it did.
-    #[cfg(any(feature = "grpc", test))]
+    #[cfg(test)]
     pub(crate) fn start(&self) -> Option<Instant> {
         self.start
     }
@@ -301,6 +301,13 @@ impl RequestBudget {
             return None;
         }
         t0.checked_add(Duration::try_from_secs_f64(offset).ok()?)
+    }
+
+    /// With a rate: whether the schedule has started (the warm-up's
+    /// requests in flight as it ended are answered).
+    #[cfg(feature = "grpc")]
+    pub(crate) fn schedule_started(&self) -> bool {
+        self.window_start.is_some()
     }
 
     /// Whether the run sends on a schedule (`--rate`).
