@@ -170,12 +170,12 @@ impl GrpcClient {
     /// completions until then, then asks again), or the end. Returns when
     /// every started call has completed.
     ///
-    /// Waiting for an instant: a tokio timer (whose wheel ticks in
-    /// milliseconds) until 0.2 ms before it when it is more than 1.2 ms
-    /// away, then this thread spins, polling its calls, so that the next
-    /// call leaves on time rather than up to a tick late. These are the
-    /// bounds at which the session layer's open loop (the bench's
-    /// reactors) parks and spins.
+    /// Waiting for an instant: a tokio timer until 1.2 ms before it when
+    /// it is more than 2.2 ms away, then this thread spins, polling its
+    /// calls and yielding its CPU between polls, so that the next call
+    /// leaves on time. tokio's timer wheel ticks in milliseconds and
+    /// rounds a deadline up to the next tick, so a timer set closer
+    /// would wake after the instant.
     pub fn call_pipelined<T>(
         &self,
         inflight: usize,
@@ -385,10 +385,12 @@ pub enum NextCall<T> {
 
 /// Below this much time to an instant [`GrpcClient::call_pipelined`]
 /// waits for, it spins instead of arming a timer.
-const SPIN_WITHIN: Duration = Duration::from_micros(1200);
+const SPIN_WITHIN: Duration = Duration::from_micros(2200);
 
-/// How long before the instant a timer wakes the waiting thread.
-const WAKE_EARLY: Duration = Duration::from_micros(200);
+/// How long before the instant a timer is set to wake the waiting
+/// thread: more than one tick of tokio's wheel, which rounds deadlines
+/// up to its next millisecond.
+const WAKE_EARLY: Duration = Duration::from_micros(1200);
 
 /// The next of `outstanding` to complete before `t`, or `None` at `t`
 /// (at once if `t` has passed).

@@ -741,7 +741,7 @@ fn shown(c: &ReliableCore, now: Instant) -> Shown {
 }
 
 /// The counters in a fixed order.
-fn counters(s: &CoreStats) -> [u64; 18] {
+fn counters(s: &CoreStats) -> [u64; COUNTERS.len()] {
     let CoreStats {
         frames_sent,
         frames_delivered,
@@ -1044,7 +1044,7 @@ pub struct Datagram {
     /// Most steps an exchange took to settle.
     most_steps: usize,
     /// Runs whose input moved each counter of [`counters`].
-    moved: [u64; 17],
+    moved: [u64; COUNTERS.len()],
     /// Why cores failed, either end.
     failures: BTreeMap<String, u64>,
     /// The class of the last run's input.
@@ -1083,7 +1083,7 @@ impl Default for Datagram {
             forged_frames: 0,
             completed: 0,
             most_steps: 0,
-            moved: [0; 17],
+            moved: [0; COUNTERS.len()],
             failures: BTreeMap::new(),
             last: None,
         }
