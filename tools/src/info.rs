@@ -274,6 +274,16 @@ fn cluster(a: &InfoArgs) -> Result<Option<(ClusterSpec, Option<String>)>, String
 /// Run `starwire info`. An invalid cluster, setting or endpoint map is a
 /// usage error, as it is for `ps` and `worker`.
 pub fn main(a: InfoArgs) -> Result<(), Failure> {
+    // The DPDK flags are those of the backends; `info` probes the port
+    // and has no address to give it.
+    #[cfg(feature = "dpdk")]
+    if a.dpdk.dpdk_ip.is_some() {
+        return Err(Failure::Usage(
+            "--dpdk-ip applies to bench, soak, train, ps and worker; info probes the port \
+             without an address"
+                .into(),
+        ));
+    }
     let o = overrides(&a);
     let cluster = cluster(&a).map_err(Failure::Usage)?;
     let settings = match &cluster {

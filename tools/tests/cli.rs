@@ -1789,6 +1789,20 @@ fn report_quick_writes_markdown_json_and_svg_plots() {
 #[cfg(feature = "dpdk")]
 const NET_RING: &str = "--no-huge --no-pci --no-shconf -m 512 --vdev=net_ring0";
 
+/// `info` probes the port and gives it no address: `--dpdk-ip` (a flag of
+/// the backends' DPDK group) is refused rather than ignored.
+#[cfg(feature = "dpdk")]
+#[test]
+fn info_refuses_dpdk_ip() {
+    let out = run(&["info", "--dpdk-ip", "10.0.0.1"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("--dpdk-ip applies to"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
 /// Bench and soak over DPDK on a net_ring port, both ends in one process
 /// (each run is a process of its own: the EAL initialises once).
 #[cfg(feature = "dpdk")]

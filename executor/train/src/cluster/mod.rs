@@ -99,7 +99,8 @@ pub fn run_local(cfg: &TrainConfig) -> Result<TrainReport, TrainError> {
 fn check_shard_count(m: &starwire_ps::Manifest, plan: &Plan) -> Result<(), TrainError> {
     if m.shard_count != plan.shards {
         return Err(TrainError::Config(format!(
-            "the checkpoint has {} shards, this cluster {}; use the same --ps and NETWORK_PS_CORE_NUMBER",
+            "the checkpoint has {} shards, this cluster {}; use as many PS (train --ps, or \
+             the hosts of --ps-hosts or TF_CONFIG) and the same NETWORK_PS_CORE_NUMBER",
             m.shard_count, plan.shards
         )));
     }

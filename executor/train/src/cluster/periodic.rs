@@ -166,8 +166,9 @@ pub(super) fn check(cfg: &TrainConfig) -> Result<(), TrainError> {
     }
     if n == 0 || n % cfg.workers as u64 != 0 {
         return bad(&format!(
-            "must be a positive multiple of --workers {} (the global step moves by \
-             one per worker each step)",
+            "must be a positive multiple of the {} workers (train --workers, or the hosts \
+             of --worker-hosts or TF_CONFIG; the global step moves by one per worker each \
+             step)",
             cfg.workers
         ));
     }
@@ -428,7 +429,7 @@ mod tests {
                     checkpoint_every_steps: Some(3),
                     ..ok.clone()
                 },
-                "multiple of --workers 2",
+                "multiple of the 2 workers",
             ),
         ] {
             let e = check(&cfg).unwrap_err().to_string();

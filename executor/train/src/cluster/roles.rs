@@ -709,7 +709,8 @@ pub fn worker_loop(
             return Err(TrainError::Config(format!(
                 "worker {w}'s checkpointed position counts into one of {n} worker(s)' shares of \
                  the data, and this run deals it to {} worker(s): resume with the checkpoint's \
-                 --workers {n}, or start from an empty directory",
+                 {n} worker(s) (train --workers, or the hosts of --worker-hosts or TF_CONFIG), \
+                 or start from an empty directory",
                 cfg.workers
             )));
         }
