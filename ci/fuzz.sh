@@ -4,7 +4,8 @@
 # end of a connection's handshake (hello, auth, the cluster-token check),
 # the PS pull/push codec through the shard's request handlers, the PS
 # checkpoint readers (shard files, deltas, manifests and worker
-# positions), then the DPDK backend's Ethernet/IPv4/UDP parser. SECONDS is
+# positions), then the DPDK backend's Ethernet/IPv4/UDP parser and its
+# bootstrap hello line. SECONDS is
 # split between them; then 5 s each of the RDMA side-channel message
 # parser, the reliable-datagram protocol (its packet decoder and a
 # ReliableCore's packet handling), the text parsers of user and peer input

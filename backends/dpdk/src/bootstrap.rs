@@ -1,11 +1,9 @@
 //! The bootstrap over TCP: before any datagram flows, the two ends of a
 //! connection tell each other, over a TCP stream they already share, the
 //! MAC, IPv4 address and UDP port their packets go to and the connection
-//! ids to address. Each end writes one line and reads the peer's:
-//!
-//! ```text
-//! starwire-dpdk-hello 1 MAC IP PORT ID,ID,...
-//! ```
+//! ids to address. Each end writes one line and reads the peer's
+//! ([`Hello`], with its parser and bounded reader, in
+//! `starwire_datagram::hello`).
 //!
 //! A link may carry connections to several peers: it reads each
 //! datagram's `src_conn` (our connection's id) to pick the destination
@@ -22,17 +20,14 @@ use std::io::{Read, Write};
 use std::net::{IpAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use starwire_datagram::udp::UdpEndpoint;
+pub use starwire_datagram::hello::Hello;
+use starwire_datagram::hello::{HelloError, LineReader};
 use starwire_datagram::{DatagramDriver, DatagramLink, Exchange, Impaired, StreamBootstrap};
 use starwire_transport::{ConnId, Driver, TransportError};
 use thiserror::Error;
 
 use crate::link::DpdkLink;
 
-/// Magic word of a bootstrap line.
-const HELLO: &str = "starwire-dpdk-hello";
-/// Bootstrap protocol version.
-const HELLO_VERSION: u32 = 1;
 /// How long a bootstrap exchange may take.
 pub const BOOTSTRAP_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -70,111 +65,12 @@ impl From<BootstrapError> for TransportError {
     }
 }
 
-/// What each end tells the other over the bootstrap connection: where its
-/// datagrams go and the connection ids to address.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Hello {
-    /// The sender's MAC, IPv4 address and UDP port.
-    pub endpoint: UdpEndpoint,
-    /// Its connection ids, in connection order.
-    pub ids: Vec<u32>,
-}
-
-impl Hello {
-    /// The longest line a hello of `n` connection ids can be: the fixed
-    /// fields at their widest, and `n` ids of ten digits and a comma.
-    pub fn max_line(n: usize) -> usize {
-        const FIXED: usize = HELLO.len()
-            + " 4294967295 ".len()
-            + "ff:ff:ff:ff:ff:ff 255.255.255.255 65535 - \n".len();
-        FIXED.saturating_add(n.saturating_mul(11))
-    }
-
-    /// The line that carries this hello, with its end.
-    pub fn line(&self) -> String {
-        let ids: Vec<String> = self.ids.iter().map(u32::to_string).collect();
-        format!(
-            "{HELLO} {HELLO_VERSION} {} {} {} {}\n",
-            self.endpoint.mac,
-            self.endpoint.ip,
-            self.endpoint.port,
-            if ids.is_empty() {
-                "-".to_owned()
-            } else {
-                ids.join(",")
-            }
-        )
-    }
-
-    /// Parse a hello line.
-    pub fn parse(line: &str) -> Result<Self, BootstrapError> {
-        let bad = |why: &str| BootstrapError::BadHello {
-            line: line.trim_end().to_owned(),
-            why: why.to_owned(),
-        };
-        let w: Vec<&str> = line.split_whitespace().collect();
-        let [magic, version, mac, ip, port, ids] = w[..] else {
-            return Err(bad("expected 6 fields"));
-        };
-        if magic != HELLO || version != HELLO_VERSION.to_string() {
-            return Err(bad("not a starwire DPDK hello of this version"));
+impl From<HelloError> for BootstrapError {
+    fn from(e: HelloError) -> Self {
+        BootstrapError::BadHello {
+            line: e.line,
+            why: e.why,
         }
-        let ids = if ids == "-" {
-            Vec::new()
-        } else {
-            ids.split(',')
-                .map(|x| x.parse::<u32>().map_err(|_| bad("connection id")))
-                .collect::<Result<_, _>>()?
-        };
-        Ok(Hello {
-            endpoint: UdpEndpoint {
-                mac: mac.parse().map_err(|e| bad(&format!("{e}")))?,
-                ip: ip.parse().map_err(|_| bad("IPv4 address"))?,
-                port: port.parse().map_err(|_| bad("UDP port"))?,
-            },
-            ids,
-        })
-    }
-}
-
-/// The peer's hello line as it arrives, at most `max` bytes long (the
-/// stream comes from a peer not yet authenticated). The peer writes
-/// nothing after its line; bytes past it are dropped with the stream.
-#[derive(Debug)]
-struct LineReader {
-    line: Vec<u8>,
-    max: usize,
-}
-
-impl LineReader {
-    fn new(max: usize) -> Self {
-        Self {
-            line: Vec::new(),
-            max,
-        }
-    }
-
-    /// Take `bytes` read from the stream: the line (without its newline)
-    /// once it is whole.
-    fn feed(&mut self, bytes: &[u8]) -> Result<Option<String>, BootstrapError> {
-        let end = bytes.iter().position(|&b| b == b'\n');
-        self.line
-            .extend_from_slice(&bytes[..end.unwrap_or(bytes.len())]);
-        if self.line.len() > self.max {
-            return Err(BootstrapError::BadHello {
-                line: String::from_utf8_lossy(&self.line[..64.min(self.line.len())]).into_owned(),
-                why: format!("longer than the {} bytes a hello can be", self.max),
-            });
-        }
-        if end.is_none() {
-            return Ok(None);
-        }
-        String::from_utf8(std::mem::take(&mut self.line))
-            .map(Some)
-            .map_err(|e| BootstrapError::BadHello {
-                line: String::from_utf8_lossy(e.as_bytes()).into_owned(),
-                why: "not UTF-8".into(),
-            })
     }
 }
 
@@ -431,7 +327,7 @@ impl<L: OnDpdk> Exchange<L> for HelloExchange {
             None if now >= self.deadline => return Err(timed_out().into()),
             None => return Ok(false),
         };
-        let peer = Hello::parse(&line)?;
+        let peer = Hello::parse(&line).map_err(BootstrapError::from)?;
         let [peer_id] = peer.ids[..] else {
             return Err(BootstrapError::Count {
                 peer: peer.ids.len(),
@@ -455,35 +351,9 @@ impl<L: OnDpdk> Exchange<L> for HelloExchange {
 mod tests {
     use std::net::Ipv4Addr;
 
-    use super::*;
+    use starwire_datagram::udp::UdpEndpoint;
 
-    #[test]
-    fn hello_lines_round_trip_and_refuse_garbage() {
-        let h = Hello {
-            endpoint: UdpEndpoint {
-                mac: "02:00:00:00:00:07".parse().unwrap(),
-                ip: Ipv4Addr::new(10, 1, 2, 3),
-                port: 20001,
-            },
-            ids: vec![0, 1, 1 << 20],
-        };
-        assert_eq!(Hello::parse(&h.line()), Ok(h.clone()));
-        let none = Hello { ids: vec![], ..h };
-        assert_eq!(Hello::parse(&none.line()), Ok(none));
-        for bad in [
-            "",
-            "starwire-dpdk-hello 2 02:00:00:00:00:07 10.1.2.3 1 0",
-            "starwire-dpdk-hello 1 02:00:00:00:00 10.1.2.3 1 0",
-            "starwire-dpdk-hello 1 02:00:00:00:00:07 10.1.2 1 0",
-            "starwire-dpdk-hello 1 02:00:00:00:00:07 10.1.2.3 70000 0",
-            "starwire-dpdk-hello 1 02:00:00:00:00:07 10.1.2.3 1 0,x",
-        ] {
-            assert!(
-                matches!(Hello::parse(bad), Err(BootstrapError::BadHello { .. })),
-                "{bad}"
-            );
-        }
-    }
+    use super::*;
 
     /// A connected pair of loopback streams.
     fn pair() -> (TcpStream, TcpStream) {

@@ -21,7 +21,8 @@
 //!   [`Impaired`] does the same to what is sent over any other link (a
 //!   real DPDK port).
 //! * [`udp`]: the Ethernet/IPv4/UDP encapsulation of the DPDK backend;
-//!   [`arp`]: the ARP messages it answers.
+//!   [`arp`]: the ARP messages it answers; [`hello`]: the line each end
+//!   of its connections sends the other before any datagram.
 //!
 //! The packet format and protocol rules are in [`packet`] and in
 //! `docs/backends/datagram.md`.
@@ -32,6 +33,7 @@ pub mod arp;
 pub mod core;
 pub mod driver;
 mod faults;
+pub mod hello;
 pub mod impair;
 pub mod link;
 pub mod lossy;

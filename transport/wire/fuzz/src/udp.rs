@@ -1,7 +1,9 @@
 //! [`Udp`]: the DPDK backend's Ethernet parsers, IPv4/UDP
-//! ([`starwire_datagram::udp`]) and ARP ([`starwire_datagram::arp`]), as
-//! a driver target (`fuzz-udp`), with [`Packets`], mutations aimed at
-//! their header fields.
+//! ([`starwire_datagram::udp`]) and ARP ([`starwire_datagram::arp`]), and
+//! the hello line its connections exchange over TCP first
+//! ([`starwire_datagram::hello`]: an input whose first byte is `s`), as a
+//! driver target (`fuzz-udp`), with [`Packets`], mutations aimed at their
+//! header fields.
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
@@ -9,6 +11,7 @@ use std::net::Ipv4Addr;
 use rand::rngs::SmallRng;
 use rand::Rng;
 use starwire_datagram::arp::{ArpOp, ArpRepr, ETHERTYPE_ARP};
+use starwire_datagram::hello::{Hello, LineReader};
 use starwire_datagram::udp::{
     checksum, classify, MacAddr, UdpEndpoint, UdpFrameError, UdpRepr, ETHERNET_HEADER_LEN,
     HEADERS_LEN,
@@ -110,7 +113,68 @@ pub fn corpus() -> Vec<Vec<u8>> {
     let mut b = vec![0; arp.buffer_len()];
     arp.emit(&mut b);
     out.push(b);
+    // Hello lines, of three connection ids and of none.
+    let mut h = Hello {
+        endpoint: ep(7, 20001),
+        ids: vec![0, 1, 1 << 20],
+    };
+    out.push(h.line().into_bytes());
+    h.ids.clear();
+    out.push(h.line().into_bytes());
     out
+}
+
+/// Connection ids the hello reader is sized for: the bound of its line.
+const HELLO_IDS: usize = 3;
+
+/// A hello line, as the DPDK bootstrap reads one: fed to a
+/// [`LineReader`] in pieces, it must give the text before the first
+/// newline when that is UTF-8 and within [`Hello::max_line`], and refuse
+/// it otherwise, quoting at most 64 of its bytes (each invalid one three
+/// bytes once replaced); what `Hello::parse` accepts
+/// must write back to a line that parses the same and fits the bound of
+/// its ids.
+fn check_hello(input: &[u8]) -> Result<&'static str, String> {
+    let max = Hello::max_line(HELLO_IDS);
+    let end = input.iter().position(|&b| b == b'\n');
+    let text = &input[..end.unwrap_or(input.len())];
+    let mut r = LineReader::new(max);
+    let mut got = Ok(None);
+    for piece in input.chunks(7) {
+        got = r.feed(piece);
+        if !matches!(got, Ok(None)) {
+            break;
+        }
+    }
+    let line = match (got, end) {
+        (Ok(Some(line)), Some(_)) if line.as_bytes() == text && text.len() <= max => line,
+        (Ok(None), None) if text.len() <= max => return Ok("HelloPartial"),
+        (Err(e), _) if e.line.len() <= 64 * 3 => {
+            let long = text.len() > max;
+            let utf8 = std::str::from_utf8(text).is_ok();
+            return match (long, utf8, e.why.as_str()) {
+                (true, _, w) if w.starts_with("longer than") => Ok("HelloTooLong"),
+                (false, false, "not UTF-8") if end.is_some() => Ok("HelloNotUtf8"),
+                _ => Err(format!("the reader refused {text:?}: {e}")),
+            };
+        }
+        (other, _) => return Err(format!("the reader gave {other:?} for {input:?}")),
+    };
+    match Hello::parse(&line) {
+        Ok(h) => {
+            let again = h.line();
+            if again.len() > Hello::max_line(h.ids.len()) {
+                return Err(format!("{again:?} is past the bound of its ids"));
+            }
+            match Hello::parse(&again) {
+                Ok(h2) if h2 == h => Ok("hello"),
+                other => Err(format!(
+                    "{line:?} written back as {again:?} parses as {other:?}"
+                )),
+            }
+        }
+        Err(_) => Ok("HelloRefused"),
+    }
 }
 
 /// An ARP frame: the parser must not panic, and what it accepts must
@@ -149,6 +213,9 @@ fn kind(e: &UdpFrameError) -> &'static str {
 /// must be as long as it says, and emitting what it parsed around that
 /// payload must parse back to the same. Returns the outcome's kind.
 pub fn check(input: &[u8]) -> Result<&'static str, String> {
+    if input.first() == Some(&b's') {
+        return check_hello(input);
+    }
     let filtered = classify(input);
     match UdpRepr::parse(input) {
         Ok((repr, payload)) => {
@@ -239,8 +306,13 @@ mod tests {
 
     #[test]
     fn seeds_parse_and_round_trip() {
+        let n = corpus().len();
         for (i, s) in corpus().iter().enumerate() {
-            let want = if i + 1 == corpus().len() { "arp" } else { "ok" };
+            let want = match n - i {
+                1 | 2 => "hello",
+                3 => "arp",
+                _ => "ok",
+            };
             assert_eq!(check(s), Ok(want), "seed {i}");
         }
     }
@@ -268,6 +340,11 @@ mod tests {
             "UdpLength",
             "arp",
             "ArpRefused",
+            "hello",
+            "HelloRefused",
+            "HelloPartial",
+            "HelloTooLong",
+            "HelloNotUtf8",
         ] {
             assert!(seen.contains_key(k), "{k} never reached: {seen:?}");
         }
