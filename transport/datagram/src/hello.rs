@@ -122,7 +122,8 @@ impl LineReader {
 
     /// Take `bytes` read from the stream: the line (without its newline)
     /// once it is whole; an error once it is longer than `max` or whole
-    /// and not UTF-8.
+    /// and not UTF-8. After an error the reader is done with: it keeps
+    /// only what the error quoted.
     pub fn feed(&mut self, bytes: &[u8]) -> Result<Option<String>, HelloError> {
         let end = bytes.iter().position(|&b| b == b'\n');
         let take = &bytes[..end.unwrap_or(bytes.len())];
